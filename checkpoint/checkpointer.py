@@ -1,0 +1,279 @@
+"""The record processor's checkpointer, with amazon-kclpy's API and the KCL's semantics.
+
+``checkpoint(sequence_number=None, sub_sequence_number=None)`` records progress for one lease.
+``None`` means "everything delivered so far": the worker keeps the largest permitted position
+current with ``set_largest_permitted`` after each delivery and ``mark_shard_end`` when a shard is
+closed, after which the largest permitted position is SHARD_END and a checkpoint at the shard's last
+sequence number is stored as SHARD_END (KCL #211).
+
+Failures raise ``CheckpointError`` whose ``value`` is the Java exception name kclpy programs test:
+
+* ``IllegalArgumentException``: not a sequence number, a negative sub-sequence number, or a value
+  outside ``[last checkpoint, largest permitted]``.
+* ``ShutdownException``: the lease is lost (not held, expired locally, taken again under a new
+  concurrency token, or the conditional write lost). Nothing is written.
+* ``ThrottlingException``: the lease table kept throttling after a few retries.
+* ``KinesisClientLibDependencyException``: the lease table failed otherwise (not retried here: the
+  write's outcome is unknown, and retrying a conditional write that did land would look lost).
+* ``InvalidStateException``: stored state is corrupt or the table is missing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+
+from checkpoint.errors import (
+    DependencyError,
+    InvalidStateError,
+    KclpySparkError,
+    ResourceNotFoundError,
+    ThrottledError,
+)
+from checkpoint.held import LeaseHolder
+from checkpoint.lease import Lease
+from checkpoint.retry import RetryPolicy, call_with_retry
+from checkpoint.sequence import SHARD_END, ExtendedSequenceNumber, parse_sequence_number
+
+ILLEGAL_ARGUMENT = "IllegalArgumentException"
+SHUTDOWN = "ShutdownException"
+THROTTLING = "ThrottlingException"
+DEPENDENCY = "KinesisClientLibDependencyException"
+INVALID_STATE = "InvalidStateException"
+
+# A checkpoint blocks the processor, and kclpy programs already retry ThrottlingException in their
+# own loop (the sample app: 5 tries, 5 s apart), so retry briefly here: at most ~0.7 s of backoff.
+CHECKPOINT_RETRY = RetryPolicy(base_delay=0.1, max_delay=1.0, max_attempts=4, max_elapsed=10.0)
+
+
+class CheckpointError(KclpySparkError):
+    """A failed checkpoint. ``value`` is the Java exception name, as in amazon_kclpy.kcl."""
+
+    def __init__(self, value: str, detail: str = "") -> None:
+        super().__init__(f"{value}: {detail}" if detail else value)
+        self.value = value
+        self.detail = detail
+
+    @property
+    def retry_may_help(self) -> bool:
+        """True for throttling and dependency failures; False once the lease is lost."""
+        return self.value in {THROTTLING, DEPENDENCY}
+
+
+def _illegal(detail: str) -> CheckpointError:
+    return CheckpointError(ILLEGAL_ARGUMENT, detail)
+
+
+def _parse_position(sequence_number: object, sub_sequence_number: object) -> ExtendedSequenceNumber:
+    if not isinstance(sequence_number, str):
+        raise _illegal(f"sequence number must be a str, got {sequence_number!r}")
+    try:
+        parse_sequence_number(sequence_number)
+    except ValueError as exc:
+        raise _illegal(str(exc)) from None
+    sub = 0 if sub_sequence_number is None else sub_sequence_number
+    if isinstance(sub, bool) or not isinstance(sub, int):
+        raise _illegal(f"sub-sequence number must be an int, got {sub_sequence_number!r}")
+    if sub < 0:
+        raise _illegal(f"could not checkpoint at invalid, negative sub-sequence number {sub}")
+    return ExtendedSequenceNumber(sequence_number, sub)
+
+
+class PreparedCheckpoint:
+    """A pending checkpoint written by ``prepare_checkpoint``; ``checkpoint()`` commits it."""
+
+    def __init__(self, checkpointer: Checkpointer | None, pending: ExtendedSequenceNumber) -> None:
+        self._checkpointer = checkpointer
+        self.pending = pending
+
+    def checkpoint(self) -> None:
+        """Commit: checkpoint := the pending value, pending cleared. Raises CheckpointError."""
+        if self._checkpointer is not None:
+            self._checkpointer._commit(self.pending)
+
+
+class Checkpointer:
+    """Checkpoints one lease held by ``holder`` under concurrency token ``token``.
+
+    ``sleep`` is injected so tests of throttling do not wait.
+    """
+
+    def __init__(
+        self,
+        holder: LeaseHolder,
+        lease_key: str,
+        token: uuid.UUID,
+        largest_permitted: ExtendedSequenceNumber,
+        *,
+        retry_policy: RetryPolicy = CHECKPOINT_RETRY,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._holder = holder
+        self.lease_key = lease_key
+        self._token = token
+        self._largest_permitted = largest_permitted
+        self._at_shard_end: ExtendedSequenceNumber | None = None
+        self._retry_policy = retry_policy
+        self._sleep = sleep
+        self._lock = threading.Lock()
+
+    # --- what the worker tells the checkpointer ---------------------------------------------------
+
+    @property
+    def largest_permitted(self) -> ExtendedSequenceNumber:
+        with self._lock:
+            return self._largest_permitted
+
+    def set_largest_permitted(self, position: ExtendedSequenceNumber) -> None:
+        """The last record delivered to the processor: the position ``checkpoint()`` records."""
+        with self._lock:
+            self._largest_permitted = position
+
+    def mark_shard_end(self, last_sequence: ExtendedSequenceNumber | None = None) -> None:
+        """The shard is closed and every record was delivered (``last_sequence``: its last record,
+        by default the largest permitted position). From now on ``checkpoint()`` records SHARD_END,
+        and so does a checkpoint at ``last_sequence``."""
+        with self._lock:
+            self._at_shard_end = self._largest_permitted if last_sequence is None else last_sequence
+            self._largest_permitted = SHARD_END
+
+    # --- the kclpy API ---------------------------------------------------------------------------
+
+    def checkpoint(
+        self, sequence_number: str | None = None, sub_sequence_number: int | None = None
+    ) -> None:
+        """Record progress at the given position, or at the last record delivered if None.
+
+        As with kclpy's daemon, ``sub_sequence_number`` is ignored when ``sequence_number`` is None.
+        """
+        _, target = self._validated(sequence_number, sub_sequence_number)
+        self._run(lambda: self._try_checkpoint(target))
+
+    def prepare_checkpoint(
+        self,
+        sequence_number: str | None = None,
+        sub_sequence_number: int | None = None,
+        application_state: bytes | None = None,
+    ) -> PreparedCheckpoint:
+        """Write a pending checkpoint (and optional application state); commit it later with the
+        returned object's ``checkpoint()``. Validated like ``checkpoint``."""
+        last, target = self._validated(sequence_number, sub_sequence_number)
+        if target == last and application_state is None:
+            return PreparedCheckpoint(None, target)  # nothing to prepare: already checkpointed
+        self._run(lambda: self._try_prepare(target, application_state))
+        return PreparedCheckpoint(self, target)
+
+    # --- inside ----------------------------------------------------------------------------------
+
+    def _held_or_raise(self) -> Lease:
+        held = self._holder.get_if_held(self.lease_key)
+        if held is None or held.token != self._token:
+            raise CheckpointError(
+                SHUTDOWN,
+                f"can't update checkpoint: this worker doesn't hold the lease for {self.lease_key}",
+            )
+        return held.lease
+
+    def _validated(
+        self, sequence_number: str | None, sub_sequence_number: int | None
+    ) -> tuple[ExtendedSequenceNumber, ExtendedSequenceNumber]:
+        """(last checkpoint, position to record: SHARD_END at a closed shard's last record). Raises
+        ShutdownException if the lease is already lost, IllegalArgumentException if out of range."""
+        last = self._held_or_raise().checkpoint
+        with self._lock:
+            largest, at_end = self._largest_permitted, self._at_shard_end
+        if sequence_number is None:
+            target = largest
+        else:
+            target = _parse_position(sequence_number, sub_sequence_number)
+        if not last <= target <= largest:
+            raise _illegal(
+                f"could not checkpoint at {target}: it is outside the range between the last "
+                f"checkpoint {last} and the largest position delivered {largest}"
+            )
+        if at_end is not None and target == at_end:
+            return last, SHARD_END
+        return last, target
+
+    def _commit(self, target: ExtendedSequenceNumber) -> None:
+        last = self._held_or_raise().checkpoint
+        with self._lock:
+            largest = self._largest_permitted
+        if not last <= target <= largest:
+            raise _illegal(f"prepared checkpoint {target} is outside [{last}, {largest}]")
+        self._run(lambda: self._try_checkpoint(target))
+
+    def _run(self, attempt: Callable[[], None]) -> None:
+        """The retry loop outside; maps what is left to kclpy's CheckpointError values."""
+        try:
+            call_with_retry(
+                attempt,
+                what=f"checkpoint of lease {self.lease_key}",
+                policy=self._retry_policy,
+                sleep=self._sleep,
+            )
+        except CheckpointError:
+            raise
+        except ThrottledError as exc:
+            raise CheckpointError(THROTTLING, str(exc)) from exc
+        except (InvalidStateError, ResourceNotFoundError) as exc:
+            raise CheckpointError(INVALID_STATE, str(exc)) from exc
+        except KclpySparkError as exc:
+            raise CheckpointError(DEPENDENCY, str(exc)) from exc
+
+    def _write(self, write: Callable[[Lease], Lease | None]) -> None:
+        """One conditional write through the holder; a refusal or a lost write is a lost lease.
+
+        Only throttling may be retried: it means the write was refused. Any other dependency error
+        leaves the outcome unknown, so it is turned into a non-retriable CheckpointError here.
+        """
+        try:
+            result = self._holder.update(self.lease_key, self._token, write)
+        except ThrottledError:
+            raise
+        except DependencyError as exc:
+            raise CheckpointError(DEPENDENCY, str(exc)) from exc
+        if not result.won:
+            reason = result.loss.value if result.loss is not None else "unknown"
+            raise CheckpointError(
+                SHUTDOWN,
+                f"can't update checkpoint: this worker doesn't hold the lease for "
+                f"{self.lease_key} ({reason})",
+            )
+
+    def _try_checkpoint(self, target: ExtendedSequenceNumber) -> None:
+        def write(lease: Lease) -> Lease | None:
+            if lease.checkpoint == target and lease.pending_checkpoint is None:
+                return lease  # already stored: the KCL skips a checkpoint it already made
+            return self._holder.table.update_checkpoint(lease, target, None)
+
+        self._write(write)
+
+    def _try_prepare(self, target: ExtendedSequenceNumber, state: bytes | None) -> None:
+        def write(lease: Lease) -> Lease | None:
+            pending = replace(lease, pending_checkpoint=target, pending_checkpoint_state=state)
+            return self._holder.table.update_lease(pending)
+
+        self._write(write)
+
+
+class LeaseLostCheckpointer:
+    """The checkpointer given once the lease is lost: every call raises ShutdownException."""
+
+    _DETAIL = "checkpointing is not allowed when the lease is lost"
+
+    def checkpoint(
+        self, sequence_number: str | None = None, sub_sequence_number: int | None = None
+    ) -> None:
+        raise CheckpointError(SHUTDOWN, self._DETAIL)
+
+    def prepare_checkpoint(
+        self,
+        sequence_number: str | None = None,
+        sub_sequence_number: int | None = None,
+        application_state: bytes | None = None,
+    ) -> PreparedCheckpoint:
+        raise CheckpointError(SHUTDOWN, self._DETAIL)

@@ -1,0 +1,441 @@
+"""The DynamoDB lease table: the Java KCL's table, schema and conditional writes, with boto3.
+
+Every state change is one conditional UpdateItem/PutItem/DeleteItem (ConditionExpression) whose
+condition is the port's; ``ConditionalCheckFailedException`` means a lost race and becomes the
+``None``/``False`` result. Won writes ask for ``ReturnValues=ALL_NEW`` and return the stored lease.
+Every other AWS error goes through ``map_aws_error``; retriable ones (throttling, transient service
+errors, connection failures) are retried by ``checkpoint.retry`` around a single-attempt method.
+
+A write retried after an unknown outcome (a timeout or a 500, seen by us or retried inside botocore;
+not a throttle, which DynamoDB refuses before writing) may fail its condition on its own earlier
+write. Conditional writes therefore ask for the item as it stood when the condition failed
+(``ReturnValuesOnConditionCheckFailure=ALL_OLD``); after an unknown outcome, an item that holds
+exactly what this write stores counts as a win, as the KCL's renewLease recovers. Otherwise a
+failed condition is a lost race, with no further read.
+
+Coordination records (``CoordinationStore``) live in the same table, under the lease key
+``__kclpy_spark__/<key>`` with ``entityType`` = ``KCLPY_SPARK_COORDINATION``, so KCL 3.5 and this
+module skip them when listing leases. A KCL 2.x reader does not know ``entityType`` and would see
+them as corrupt leases: do not point a KCL 2.x application at a table kclpy-spark coordinates in.
+Different applications use different tables (the KCL names the table after the application), so
+there is no key prefix.
+
+The client is boto3's low-level client, which is thread-safe: one table object may serve the
+renewer, taker and checkpointer threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from checkpoint import dynamo_codec as codec
+from checkpoint.clock import Clock, SystemClock
+from checkpoint.dynamo_codec import Expr
+from checkpoint.errors import (
+    DependencyError,
+    InvalidStateError,
+    ResourceNotFoundError,
+    ThrottledError,
+    error_code,
+    map_aws_error,
+)
+from checkpoint.lease import Lease
+from checkpoint.port import CoordinationRecord
+from checkpoint.retry import DEFAULT_POLICY, RetryPolicy, call_with_retry
+from checkpoint.sequence import ExtendedSequenceNumber
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb.client import DynamoDBClient
+    from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+OWNER_INDEX = codec.OWNER_INDEX
+# How often to poll DescribeTable while a new table and its index become ACTIVE.
+_POLL_SECONDS = 0.5
+# A coordination record's TTL is its expiry plus this, so only records abandoned for a day go.
+_TTL_GRACE_SECONDS = 86_400.0
+
+
+class DynamoDBLeaseTable:
+    """Implements LeaseTable and CoordinationStore on a DynamoDB table in the KCL's schema."""
+
+    def __init__(
+        self,
+        client: DynamoDBClient,
+        table_name: str,
+        *,
+        create_if_missing: bool = True,
+        ttl_attribute: str | None = None,
+        clock: Clock | None = None,
+        retry: RetryPolicy = DEFAULT_POLICY,
+        sleep: Callable[[float], None] = time.sleep,
+        create_timeout: float = 300.0,
+    ) -> None:
+        self._client = client
+        self._table = table_name
+        self._create = create_if_missing
+        self._ttl_attribute = ttl_attribute
+        self._clock = clock or SystemClock()
+        self._retry = retry
+        self._sleep = sleep
+        self._create_timeout = create_timeout
+
+    @property
+    def table_name(self) -> str:
+        return self._table
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def _retried(self, what: str, attempt: Callable[[], T]) -> T:
+        return call_with_retry(attempt, what=what, policy=self._retry, sleep=self._sleep)
+
+    def _call(
+        self, operation: str, *, tolerate: frozenset[str] = frozenset(), **kwargs: Any
+    ) -> Any:
+        """One client call on this table; an error whose code is in ``tolerate`` returns None,
+        a failed ConditionExpression returns a ``_Lost``."""
+        method = getattr(self._client, _snake(operation))
+        try:
+            return method(TableName=self._table, **kwargs)
+        except ClientError as exc:
+            code = error_code(exc)
+            if code in tolerate:
+                return None
+            if code == "ConditionalCheckFailedException" and "ConditionExpression" in kwargs:
+                retried = exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
+                found: Any = exc.response.get("Item")
+                return _Lost(found, bool(retried))
+            raise map_aws_error(exc, f"{operation} on table {self._table!r}") from exc
+        except BotoCoreError as exc:
+            raise map_aws_error(exc, f"{operation} on table {self._table!r}") from exc
+
+    def _write(
+        self,
+        what: str,
+        operation: str,
+        build: Callable[[Expr], dict[str, Any]],
+        won: Callable[[dict[str, Any]], T],
+        landed: Callable[[dict[str, Any] | None], T | None],
+    ) -> T | None:
+        """A conditional write, retried; None if it lost. ``build`` makes the request, ``won``
+        reads the response of a win, ``landed`` judges the item found by a failed condition
+        after an unknown outcome (a result if it holds this write, else None)."""
+        unknown = False
+
+        def once() -> T | None:
+            nonlocal unknown
+            expr = Expr()
+            request = build(expr)
+            try:
+                response = self._call(
+                    operation, ReturnValuesOnConditionCheckFailure="ALL_OLD", **request,
+                    **expr.kwargs(),
+                )  # fmt: skip
+            except DependencyError as exc:
+                unknown = unknown or not isinstance(exc, ThrottledError)
+                raise
+            if not isinstance(response, _Lost):
+                return won(response)
+            if not (unknown or response.retried):
+                return None
+            result = landed(response.item)
+            if result is not None:
+                log.info("%s: an earlier attempt had landed", what)
+            return result
+
+        return self._retried(what, once)
+
+    def _pages(self, operation: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        """Every item of a Scan or Query, page by page."""
+        while True:
+            page = self._call(operation, **kwargs)
+            yield from page.get("Items", [])
+            kwargs["ExclusiveStartKey"] = page.get("LastEvaluatedKey")
+            if not kwargs["ExclusiveStartKey"]:
+                return
+
+    # -- table ----------------------------------------------------------------------------------
+
+    def ensure_table(self) -> None:
+        self._retried(f"ensure_table {self._table!r}", self._try_ensure_table)
+
+    def _describe(self) -> dict[str, Any] | None:
+        response = self._call("DescribeTable", tolerate=frozenset({"ResourceNotFoundException"}))
+        return None if response is None else dict(response["Table"])
+
+    def _try_ensure_table(self) -> None:
+        table = self._describe()
+        if table is None:
+            if not self._create:
+                raise ResourceNotFoundError(
+                    f"lease table {self._table!r} does not exist and creating it is disabled"
+                )
+            self._create_table()
+            table = self._wait_active()
+        problem = codec.key_schema_problem(table)
+        if problem is not None:
+            raise InvalidStateError(f"table {self._table!r} is not a KCL lease table: {problem}")
+        if table.get("TableStatus") != "ACTIVE":
+            self._wait_active()
+        if self._ttl_attribute is not None:
+            self._ensure_ttl(self._ttl_attribute)
+
+    def _create_table(self) -> None:
+        created = self._call(
+            "CreateTable",
+            tolerate=frozenset({"ResourceInUseException"}),  # another worker is creating it
+            **codec.TABLE_DEFINITION,
+        )
+        if created is not None:
+            log.info("created lease table %r", self._table)
+
+    def _wait_active(self) -> dict[str, Any]:
+        deadline = self._clock.monotonic() + self._create_timeout
+        while True:
+            table = self._describe()
+            if table is not None and table.get("TableStatus") == "ACTIVE":
+                indexes = table.get("GlobalSecondaryIndexes", [])
+                if all(i.get("IndexStatus", "ACTIVE") == "ACTIVE" for i in indexes):
+                    return table
+            if self._clock.monotonic() >= deadline:
+                raise DependencyError(
+                    f"lease table {self._table!r} is not ACTIVE after {self._create_timeout:.0f}s"
+                )
+            self._sleep(_POLL_SECONDS)
+
+    def _ensure_ttl(self, attribute: str) -> None:
+        description = self._call("DescribeTimeToLive").get("TimeToLiveDescription", {})
+        if description.get("TimeToLiveStatus") in {"ENABLED", "ENABLING"}:
+            if description.get("AttributeName") != attribute:
+                raise InvalidStateError(
+                    f"table {self._table!r} has TTL on attribute "
+                    f"{description.get('AttributeName')!r}, not {attribute!r}"
+                )
+            return
+        self._call(
+            "UpdateTimeToLive",
+            TimeToLiveSpecification={"Enabled": True, "AttributeName": attribute},
+        )
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def list_leases(self) -> list[Lease]:
+        return self._retried(f"list leases in {self._table!r}", self._try_list_leases)
+
+    def _try_list_leases(self) -> list[Lease]:
+        items = self._pages("Scan", ConsistentRead=True)
+        return [codec.lease_from_item(i) for i in items if codec.is_lease_item(i)]
+
+    def get_lease(self, lease_key: str) -> Lease | None:
+        return self._retried(f"get lease {lease_key!r}", lambda: self._try_get_lease(lease_key))
+
+    def _get_item(self, lease_key: str) -> dict[str, Any] | None:
+        response = self._call("GetItem", Key=codec.key_of(lease_key), ConsistentRead=True)
+        item: dict[str, Any] | None = response.get("Item")
+        return item
+
+    def _try_get_lease(self, lease_key: str) -> Lease | None:
+        item = self._get_item(lease_key)
+        return codec.lease_from_item(item) if item and codec.is_lease_item(item) else None
+
+    def is_empty(self) -> bool:
+        return self._retried(f"is_empty {self._table!r}", self._try_is_empty)
+
+    def _try_is_empty(self) -> bool:
+        expr = Expr()
+        projection = f"{expr.name(codec.LEASE_KEY)}, {expr.name(codec.ENTITY_TYPE)}"
+        items = self._pages(
+            "Scan", ConsistentRead=True, ProjectionExpression=projection, **expr.kwargs()
+        )
+        return not any(codec.is_lease_item(i) for i in items)
+
+    def list_lease_keys_by_owner(self, owner: str) -> list[str]:
+        """The keys of ``owner``'s leases, from the KCL's owner index (eventually consistent).
+
+        The KCL 3.x lease discoverer reads the same index. Raises InvalidStateError if the table
+        has no such index (a table created by KCL 2.x).
+        """
+        expr = Expr()
+        condition = expr.owner_is(owner)
+        return self._retried(
+            f"list leases of {owner!r}",
+            lambda: [
+                i[codec.LEASE_KEY]["S"]
+                for i in self._pages(
+                    "Query",
+                    IndexName=OWNER_INDEX,
+                    KeyConditionExpression=condition,
+                    **expr.kwargs(),
+                )
+            ],
+        )
+
+    # -- conditional writes ---------------------------------------------------------------------
+
+    def create_lease_if_absent(self, lease: Lease) -> bool:
+        def landed(item: dict[str, Any] | None) -> bool | None:
+            return True if item is not None and codec.lease_from_item(item) == lease else None
+
+        return bool(
+            self._write(
+                f"create lease {lease.lease_key!r}",
+                "PutItem",
+                lambda e: {
+                    "Item": codec.lease_to_item(lease),
+                    "ConditionExpression": e.absent(codec.LEASE_KEY),
+                },
+                lambda _: True,
+                landed,
+            )
+        )
+
+    def _lease_write(
+        self,
+        what: str,
+        lease: Lease,
+        sets: dict[str, AttributeValueTypeDef],
+        removes: list[str],
+        *,
+        check_owner: bool = True,
+    ) -> Lease | None:
+        """UpdateItem SET ``sets`` (plus counter + 1) REMOVE ``removes``, on condition that the
+        stored counter (and owner, if ``check_owner``) are ``lease``'s."""
+        sets = {**sets, codec.LEASE_COUNTER: codec.n_value(lease.lease_counter + 1)}
+        expect = dict(sets)  # what the item holds once this write landed
+        if check_owner and lease.lease_owner is not None and codec.LEASE_OWNER not in removes:
+            expect[codec.LEASE_OWNER] = codec.s_value(lease.lease_owner)
+
+        def build(expr: Expr) -> dict[str, Any]:
+            condition = expr.counter_is(lease.lease_counter)
+            if check_owner:
+                condition += f" AND {expr.owner_is(lease.lease_owner)}"
+            return {
+                "Key": codec.key_of(lease.lease_key),
+                "UpdateExpression": expr.update(sets, removes),
+                "ConditionExpression": condition,
+                "ReturnValues": "ALL_NEW",
+            }
+
+        def landed(item: dict[str, Any] | None) -> Lease | None:
+            if item is None:
+                return None
+            found = codec.lease_from_item(item)
+            normal = codec.lease_to_item(found)
+            done = all(normal.get(k) == v for k, v in expect.items())
+            return found if done and not any(k in normal for k in removes) else None
+
+        return self._write(
+            f"{what} lease {lease.lease_key!r}",
+            "UpdateItem",
+            build,
+            lambda response: codec.lease_from_item(response["Attributes"]),
+            landed,
+        )
+
+    def renew_lease(self, lease: Lease) -> Lease | None:
+        if lease.lease_owner is None:
+            return None  # nobody holds it: nothing to renew
+        return self._lease_write("renew", lease, {}, [])
+
+    def take_lease(self, lease: Lease, owner: str) -> Lease | None:
+        # The counter condition pins the item to the version the caller read, so the caller's
+        # owner and owner switches are the stored ones (the KCL computes them the same way).
+        # The KCL counts a switch only from one owner to another, not from unowned.
+        switched = lease.lease_owner is not None and lease.lease_owner != owner
+        switches = lease.owner_switches_since_checkpoint + switched
+        sets = {
+            codec.LEASE_OWNER: codec.s_value(owner),
+            codec.OWNER_SWITCHES: codec.n_value(switches),
+        }
+        return self._lease_write(
+            f"take ({owner!r})", lease, sets, [codec.CHECKPOINT_OWNER], check_owner=False
+        )
+
+    def evict_lease(self, lease: Lease) -> Lease | None:
+        return self._lease_write("evict", lease, {}, [codec.LEASE_OWNER])
+
+    def update_lease(self, lease: Lease) -> Lease | None:
+        sets, removes = codec.progress_changes(lease)
+        return self._lease_write("update", lease, sets, removes)
+
+    def update_checkpoint(
+        self,
+        lease: Lease,
+        checkpoint: ExtendedSequenceNumber,
+        pending: ExtendedSequenceNumber | None = None,
+    ) -> Lease | None:
+        state = None if pending is None else lease.pending_checkpoint_state
+        return self.update_lease(
+            replace(
+                lease,
+                checkpoint=checkpoint,
+                pending_checkpoint=pending,
+                pending_checkpoint_state=state,
+                owner_switches_since_checkpoint=0,
+            )
+        )
+
+    def delete_lease(self, lease: Lease) -> bool:
+        return bool(
+            self._write(
+                f"delete lease {lease.lease_key!r}",
+                "DeleteItem",
+                lambda e: {
+                    "Key": codec.key_of(lease.lease_key),
+                    "ConditionExpression": e.counter_is(lease.lease_counter),
+                },
+                lambda _: True,
+                lambda item: True if item is None else None,
+            )
+        )
+
+    # -- coordination records -------------------------------------------------------------------
+
+    def get_record(self, key: str) -> CoordinationRecord | None:
+        return self._retried(f"get record {key!r}", lambda: self._try_get_record(key))
+
+    def _try_get_record(self, key: str) -> CoordinationRecord | None:
+        item = self._get_item(codec.record_item_key(key))
+        return None if item is None else codec.record_from_item(item)
+
+    def put_record(self, record: CoordinationRecord, expected_version: int | None) -> bool:
+        def build(e: Expr) -> dict[str, Any]:
+            if expected_version is None:
+                condition = e.absent(codec.LEASE_KEY)
+            else:
+                condition = (
+                    f"{e.equals(codec.RECORD_VERSION, codec.n_value(expected_version))} AND "
+                    f"{e.equals(codec.ENTITY_TYPE, codec.s_value(codec.RECORD_ENTITY))}"
+                )
+            item = codec.record_to_item(record, self._ttl_attribute, _TTL_GRACE_SECONDS)
+            return {"Item": item, "ConditionExpression": condition}
+
+        def landed(item: dict[str, Any] | None) -> bool | None:
+            return True if item is not None and codec.record_from_item(item) == record else None
+
+        return bool(
+            self._write(f"put record {record.key!r}", "PutItem", build, lambda _: True, landed)
+        )
+
+
+class _Lost:
+    """A failed condition: the item as it stood (None if absent), and whether botocore had
+    retried the request internally (so an earlier try of it may have landed)."""
+
+    def __init__(self, item: dict[str, Any] | None, retried: bool) -> None:
+        self.item = item
+        self.retried = retried
+
+
+def _snake(operation: str) -> str:
+    """``UpdateItem`` -> ``update_item``: boto3's method for an API operation."""
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in operation).lstrip("_")

@@ -1,0 +1,140 @@
+"""The one exception root of kclpy-spark, and the one place AWS error codes are mapped to it.
+
+Losing a race (a conditional write whose condition no longer holds) is never an exception here: the
+port methods return whether they won. Exceptions are for infrastructure failures and bad input, and
+each class says with ``retriable`` whether trying the same call again may succeed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class KclpySparkError(Exception):
+    """Root of every error kclpy-spark raises on purpose."""
+
+    retriable: ClassVar[bool] = False
+
+
+class ConfigError(KclpySparkError):
+    """The configuration is invalid; the message names the setting."""
+
+
+class DependencyError(KclpySparkError):
+    """An AWS service (or the embedded store) failed in a way a retry may fix."""
+
+    retriable = True
+
+
+class ThrottledError(DependencyError):
+    """The service asked us to slow down (ProvisionedThroughputExceeded, ThrottlingException...)."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ResourceNotFoundError(KclpySparkError):
+    """A stream or table does not exist (and we were not allowed to create it)."""
+
+
+class InvalidStateError(KclpySparkError):
+    """Stored state is not what the code can work with: a corrupt lease item, a wrong key schema."""
+
+
+class CorruptLeaseError(InvalidStateError):
+    """A lease item lacks a required attribute or has one of the wrong type."""
+
+    def __init__(self, lease_key: str, problem: str) -> None:
+        super().__init__(f"lease {lease_key!r} is corrupt: {problem}")
+        self.lease_key = lease_key
+        self.problem = problem
+
+
+class AccessError(KclpySparkError):
+    """The credentials are missing, wrong, expired, or not allowed to do this."""
+
+
+class RequestError(KclpySparkError):
+    """AWS rejected the request as invalid (a 4xx that is none of the above)."""
+
+
+_ACCESS_CODES = frozenset(
+    {
+        "AccessDeniedException",
+        "AccessDenied",
+        "UnrecognizedClientException",
+        "InvalidSignatureException",
+        "ExpiredTokenException",
+        "InvalidClientTokenId",
+        "MissingAuthenticationToken",
+    }
+)
+
+# AWS error codes whose meaning is "slow down and try again".
+_THROTTLE_CODES = frozenset(
+    {
+        "ProvisionedThroughputExceededException",
+        "ThrottlingException",
+        "Throttling",
+        "RequestLimitExceeded",
+        "LimitExceededException",
+        "TooManyRequestsException",
+    }
+)
+# Codes that a retry may fix but that are not throttling.
+_TRANSIENT_CODES = frozenset(
+    {
+        "InternalServerError",
+        "InternalFailure",
+        "ServiceUnavailable",
+        "ResourceInUseException",
+        "KMSThrottlingException",
+        "TransactionInProgressException",
+    }
+)
+
+
+def error_code(exc: BaseException) -> str | None:
+    """The AWS error code of a botocore ClientError (or None for anything else)."""
+    response: Any = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        code = response.get("Error", {}).get("Code")
+        return str(code) if code is not None else None
+    return None
+
+
+def map_aws_error(exc: BaseException, what: str) -> KclpySparkError:
+    """Translate a botocore/aiobotocore exception into this package's hierarchy.
+
+    ``what`` names the call and resource (``"UpdateItem on table 'app'"``); it leads the message.
+    Connection problems (no response at all) are retriable dependency errors.
+    """
+    code = error_code(exc)
+    message = f"{what}: {exc}"
+    if code in _THROTTLE_CODES:
+        return ThrottledError(message)
+    if code == "ResourceNotFoundException":
+        return ResourceNotFoundError(message)
+    if code in _TRANSIENT_CODES:
+        return DependencyError(message)
+    if code is None:
+        # EndpointConnectionError, ReadTimeoutError, ConnectionClosedError...: no answer at all.
+        return DependencyError(message)
+    if code in {"ValidationException", "SerializationException"}:
+        return InvalidStateError(message)
+    if code in _ACCESS_CODES:
+        return AccessError(message)
+    status = _http_status(exc)
+    if status is not None and 400 <= status < 500:
+        # Any other client error: the request itself is wrong, sending it again will not help.
+        return RequestError(message)
+    return DependencyError(message)
+
+
+def _http_status(exc: BaseException) -> int | None:
+    response: Any = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return int(status) if status is not None else None
+    return None

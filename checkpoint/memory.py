@@ -1,0 +1,134 @@
+"""An in-memory lease table: the port's reference semantics, for tests and single processes."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+from checkpoint.lease import Lease
+from checkpoint.port import CoordinationRecord
+from checkpoint.sequence import ExtendedSequenceNumber
+
+
+class MemoryLeaseTable:
+    """Implements LeaseTable and CoordinationStore in a dict guarded by a lock."""
+
+    def __init__(self) -> None:
+        self._leases: dict[str, Lease] = {}
+        self._records: dict[str, CoordinationRecord] = {}
+        self._lock = threading.Lock()
+
+    def ensure_table(self) -> None:
+        return None
+
+    def list_leases(self) -> list[Lease]:
+        with self._lock:
+            return list(self._leases.values())
+
+    def get_lease(self, lease_key: str) -> Lease | None:
+        with self._lock:
+            return self._leases.get(lease_key)
+
+    def is_empty(self) -> bool:
+        with self._lock:
+            return not self._leases
+
+    def create_lease_if_absent(self, lease: Lease) -> bool:
+        with self._lock:
+            if lease.lease_key in self._leases:
+                return False
+            self._leases[lease.lease_key] = lease
+            return True
+
+    def _swap(self, expected: Lease, new: Lease, *, check_owner: bool) -> Lease | None:
+        with self._lock:
+            current = self._leases.get(expected.lease_key)
+            if current is None or current.lease_counter != expected.lease_counter:
+                return None
+            if check_owner and current.lease_owner != expected.lease_owner:
+                return None
+            self._leases[expected.lease_key] = new
+            return new
+
+    def renew_lease(self, lease: Lease) -> Lease | None:
+        if lease.lease_owner is None:
+            return None
+        current = self.get_lease(lease.lease_key)
+        if current is None:
+            return None
+        return self._swap(lease, current.bumped(), check_owner=True)
+
+    def take_lease(self, lease: Lease, owner: str) -> Lease | None:
+        current = self.get_lease(lease.lease_key)
+        if current is None:
+            return None
+        # The KCL counts a switch only from one owner to another, not from unowned.
+        switched = current.lease_owner is not None and current.lease_owner != owner
+        switches = current.owner_switches_since_checkpoint + switched
+        new = current.bumped(
+            lease_owner=owner, owner_switches_since_checkpoint=switches, checkpoint_owner=None
+        )
+        return self._swap(lease, new, check_owner=False)
+
+    def evict_lease(self, lease: Lease) -> Lease | None:
+        current = self.get_lease(lease.lease_key)
+        if current is None:
+            return None
+        return self._swap(lease, current.bumped(lease_owner=None), check_owner=True)
+
+    def update_lease(self, lease: Lease) -> Lease | None:
+        return self._update(lease)
+
+    def _update(self, lease: Lease) -> Lease | None:
+        current = self.get_lease(lease.lease_key)
+        if current is None:
+            return None
+        new = current.bumped(
+            checkpoint=lease.checkpoint,
+            pending_checkpoint=lease.pending_checkpoint,
+            pending_checkpoint_state=lease.pending_checkpoint_state,
+            owner_switches_since_checkpoint=lease.owner_switches_since_checkpoint,
+            child_shard_ids=lease.child_shard_ids,
+            closed_until=lease.closed_until,
+            closed_count=lease.closed_count,
+        )
+        return self._swap(lease, new, check_owner=True)
+
+    def update_checkpoint(
+        self,
+        lease: Lease,
+        checkpoint: ExtendedSequenceNumber,
+        pending: ExtendedSequenceNumber | None = None,
+    ) -> Lease | None:
+        return self._update(
+            replace(
+                lease,
+                checkpoint=checkpoint,
+                pending_checkpoint=pending,
+                pending_checkpoint_state=None
+                if pending is None
+                else lease.pending_checkpoint_state,
+                owner_switches_since_checkpoint=0,
+            )
+        )
+
+    def delete_lease(self, lease: Lease) -> bool:
+        with self._lock:
+            current = self._leases.get(lease.lease_key)
+            if current is None or current.lease_counter != lease.lease_counter:
+                return False
+            del self._leases[lease.lease_key]
+            return True
+
+    def get_record(self, key: str) -> CoordinationRecord | None:
+        with self._lock:
+            return self._records.get(key)
+
+    def put_record(self, record: CoordinationRecord, expected_version: int | None) -> bool:
+        with self._lock:
+            current = self._records.get(record.key)
+            stored_version = None if current is None else current.version
+            if stored_version != expected_version:
+                return False
+            self._records[record.key] = record
+            return True

@@ -1,0 +1,102 @@
+"""The lease-table port: every store (memory, SQLite, DynamoDB) implements these methods.
+
+Every state change is a conditional write on the lease counter (and, where the KCL requires it, the
+owner). A write that loses its condition returns ``None`` (or ``False``): losing a race is a result,
+never an exception. Methods raise only for infrastructure failures (``DependencyError``, retriable),
+missing tables (``ResourceNotFoundError``) and corrupt items (``CorruptLeaseError``).
+
+A won write returns the lease as now stored (counter incremented): callers never guess it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from checkpoint.lease import Lease
+from checkpoint.sequence import ExtendedSequenceNumber
+
+
+@dataclass(frozen=True)
+class CoordinationRecord:
+    """A small per-application record (e.g. the shard-sync leader) kept in the lease store.
+
+    ``version`` plays the lease counter's role: writes are conditional on it and increment it.
+    """
+
+    key: str
+    owner: str | None
+    version: int
+    expires_at: float  # wall-clock seconds; only the owner's own renewals move it
+    data: str = "{}"  # JSON text, free for the record's user
+
+
+class LeaseTable(Protocol):
+    def ensure_table(self) -> None:
+        """Create the table if missing (unless creation is disabled) and check its key schema.
+
+        Raises ResourceNotFoundError if it is missing and creation is disabled, InvalidStateError if
+        it exists with the wrong key schema.
+        """
+        ...
+
+    def list_leases(self) -> list[Lease]:
+        """Every lease (consistent read). Raises CorruptLeaseError naming a bad item."""
+        ...
+
+    def get_lease(self, lease_key: str) -> Lease | None:
+        """One lease, or None if absent (consistent read)."""
+        ...
+
+    def is_empty(self) -> bool:
+        """True when the table holds no lease."""
+        ...
+
+    def create_lease_if_absent(self, lease: Lease) -> bool:
+        """Store ``lease`` as given if no lease has its key. True if it was created."""
+        ...
+
+    def renew_lease(self, lease: Lease) -> Lease | None:
+        """Condition: counter == lease.lease_counter and owner == lease.lease_owner.
+        Change: counter + 1. Returns the renewed lease, or None if the condition failed."""
+        ...
+
+    def take_lease(self, lease: Lease, owner: str) -> Lease | None:
+        """Condition: counter == lease.lease_counter. Change: owner := ``owner``, counter + 1,
+        owner_switches_since_checkpoint + 1 if it had another owner (not when it was unowned: the
+        KCL's rule), checkpoint_owner removed."""
+        ...
+
+    def evict_lease(self, lease: Lease) -> Lease | None:
+        """Release: condition counter == lease.lease_counter and owner == lease.lease_owner.
+        Change: owner removed, counter + 1."""
+        ...
+
+    def update_lease(self, lease: Lease) -> Lease | None:
+        """Write ``lease``'s progress fields (checkpoint, pending checkpoint, owner switches, child
+        shard ids, parking fields). Condition: the stored counter == lease.lease_counter and the
+        stored owner == lease.lease_owner. Change: those fields, counter + 1."""
+        ...
+
+    def update_checkpoint(
+        self,
+        lease: Lease,
+        checkpoint: ExtendedSequenceNumber,
+        pending: ExtendedSequenceNumber | None = None,
+    ) -> Lease | None:
+        """Condition as update_lease. Change: checkpoint, pending checkpoint := ``pending``,
+        owner_switches_since_checkpoint := 0, counter + 1."""
+        ...
+
+    def delete_lease(self, lease: Lease) -> bool:
+        """Delete if the counter still equals lease.lease_counter. True if deleted."""
+        ...
+
+
+class CoordinationStore(Protocol):
+    def get_record(self, key: str) -> CoordinationRecord | None: ...
+
+    def put_record(self, record: CoordinationRecord, expected_version: int | None) -> bool:
+        """Write ``record`` if the stored version equals ``expected_version`` (None: if absent).
+        The stored version becomes ``record.version``. True if it won."""
+        ...

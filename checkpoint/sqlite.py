@@ -1,0 +1,448 @@
+"""The SQLite lease table: the embedded, durable, single-machine default store.
+
+One database file may hold several applications, told apart by the ``namespace`` column (the
+application name, or any prefix the caller chooses). Several worker *processes* on one machine may
+share the file: it runs in WAL mode with a busy timeout, and every conditional write is one
+``UPDATE ... WHERE lease_key = ? AND lease_counter = ? [AND lease_owner IS ?]`` inside
+``BEGIN IMMEDIATE``, so the row count says who won and the stored row is read back in the same
+transaction. A write that fails rolls back whole, so a retried write never finds its own earlier
+attempt. Each thread gets its own connection.
+
+Sequence numbers and hash keys are TEXT (they exceed 64-bit integers), shard-id sets JSON text.
+``database is locked`` becomes a retriable DependencyError, retried by ``checkpoint.retry``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+from checkpoint.errors import (
+    CorruptLeaseError,
+    DependencyError,
+    InvalidStateError,
+    KclpySparkError,
+    ResourceNotFoundError,
+)
+from checkpoint.lease import HashKeyRange, Lease
+from checkpoint.port import CoordinationRecord
+from checkpoint.retry import DEFAULT_POLICY, RetryPolicy, call_with_retry
+from checkpoint.sequence import ExtendedSequenceNumber
+
+T = TypeVar("T")
+
+LEASES = "kclpy_spark_leases"
+RECORDS = "kclpy_spark_records"
+
+# Typed loosely on purpose (nothing NOT NULL but the key): a damaged row must still be readable,
+# so that it can be reported as a CorruptLeaseError naming the lease.
+_LEASE_TYPES = {
+    "namespace": "TEXT NOT NULL", "lease_key": "TEXT NOT NULL", "lease_owner": "TEXT",
+    "lease_counter": "INTEGER", "checkpoint": "TEXT", "checkpoint_sub": "INTEGER",
+    "pending_checkpoint": "TEXT", "pending_checkpoint_sub": "INTEGER",
+    "pending_checkpoint_state": "BLOB", "owner_switches": "INTEGER", "parent_shard_ids": "TEXT",
+    "child_shard_ids": "TEXT", "starting_hash_key": "TEXT", "ending_hash_key": "TEXT",
+    "checkpoint_owner": "TEXT", "closed_until": "REAL", "closed_count": "INTEGER",
+}  # fmt: skip
+_RECORD_TYPES = {
+    "namespace": "TEXT NOT NULL", "key": "TEXT NOT NULL", "owner": "TEXT",
+    "version": "INTEGER NOT NULL", "expires_at": "REAL NOT NULL", "data": "TEXT NOT NULL",
+}  # fmt: skip
+_LEASE_COLUMNS = tuple(_LEASE_TYPES)
+_RECORD_COLUMNS = tuple(_RECORD_TYPES)
+_SCHEMA = [
+    f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(f'{c} {t}' for c, t in types.items())}, "
+    f"PRIMARY KEY (namespace, {key}))"
+    for table, types, key in ((LEASES, _LEASE_TYPES, "lease_key"), (RECORDS, _RECORD_TYPES, "key"))
+]
+
+# sqlite3.OperationalError messages, and what they mean here.
+_OPERATIONAL_ERRORS: tuple[tuple[str, type[KclpySparkError]], ...] = (
+    ("locked", DependencyError),  # another process holds the write lock past the busy timeout
+    ("busy", DependencyError),
+    ("no such table", ResourceNotFoundError),  # ensure_table() was not called
+    ("unable to open", ResourceNotFoundError),
+    ("no such column", InvalidStateError),
+    ("has no column", InvalidStateError),
+)
+# Long enough to ride out another process's write transaction (a few milliseconds each) even on a
+# slow disk; past it, "database is locked" surfaces as a retriable DependencyError.
+_BUSY_TIMEOUT_SECONDS = 5.0
+
+
+class SQLiteLeaseTable:
+    """Implements LeaseTable and CoordinationStore in one SQLite file (one namespace of it)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        namespace: str = "default",
+        create_if_missing: bool = True,
+        retry: RetryPolicy = DEFAULT_POLICY,
+        sleep: Callable[[float], None] = time.sleep,
+        busy_timeout: float = _BUSY_TIMEOUT_SECONDS,
+    ) -> None:
+        self._path = Path(path)
+        self._busy_timeout = busy_timeout
+        self._namespace = namespace
+        self._create = create_if_missing
+        self._retry = retry
+        self._sleep = sleep
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._all_lock = threading.Lock()
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def _where(self) -> str:
+        return f"SQLite lease database {str(self._path)!r}"
+
+    @property
+    def namespace(self) -> str:
+        return self._namespace
+
+    def close(self) -> None:
+        """Close every thread's connection (the table object must not be used afterwards)."""
+        with self._all_lock:
+            connections, self._all = self._all, []
+        for conn in connections:
+            conn.close()
+        self._local = threading.local()
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        if not self._create and not self._path.exists():
+            raise ResourceNotFoundError(f"{self._where} does not exist")
+        if self._create:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+        # mode=rw never creates the file, so a path that vanished is not silently recreated.
+        uri = f"{self._path.resolve().as_uri()}?mode={'rwc' if self._create else 'rw'}"
+        with self._errors():
+            conn = sqlite3.connect(
+                uri,
+                uri=True,
+                timeout=self._busy_timeout,
+                isolation_level=None,  # we issue BEGIN/COMMIT ourselves
+                check_same_thread=False,  # only for close(); each thread uses its own
+            )
+            try:
+                conn.execute("PRAGMA journal_mode=WAL").fetchone()
+                # FULL: a commit that returned is on disk, even after a power cut, so a won
+                # checkpoint or take is never rolled back behind the worker's back.
+                conn.execute("PRAGMA synchronous=FULL")
+            except BaseException:
+                conn.close()
+                raise
+        with self._all_lock:
+            self._all.append(conn)
+        self._local.conn = conn
+        return conn
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """Translate sqlite3 errors into this package's hierarchy."""
+        try:
+            yield
+        except KclpySparkError:
+            raise
+        except sqlite3.OperationalError as exc:
+            text = str(exc)
+            for needle, error in _OPERATIONAL_ERRORS:
+                if needle in text:
+                    raise error(f"{self._where}: {text}") from exc
+            raise DependencyError(f"{self._where}: {text}") from exc  # I/O errors, full disk
+        except sqlite3.DatabaseError as exc:  # "file is not a database", corruption
+            raise InvalidStateError(
+                f"{self._where} is not a usable SQLite database: {exc}"
+            ) from exc
+
+    @contextmanager
+    def _transaction(self, *, write: bool) -> Iterator[sqlite3.Connection]:
+        """One transaction; IMMEDIATE takes the write lock first, so its reads are current."""
+        with self._errors():
+            conn = self._connect()
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:  # a failed COMMIT leaves the transaction open
+                    conn.execute("ROLLBACK")
+                raise
+
+    def _run(self, what: str, body: Callable[[sqlite3.Connection], T], *, write: bool) -> T:
+        """``body`` in one transaction, retried as a whole on retriable errors."""
+
+        def attempt() -> T:
+            with self._transaction(write=write) as conn:
+                return body(conn)
+
+        return call_with_retry(attempt, what=what, policy=self._retry, sleep=self._sleep)
+
+    def _won(self, what: str, sql: str, args: tuple[Any, ...]) -> bool:
+        """One conditional INSERT/UPDATE/DELETE of one row: True if it changed the row."""
+        return self._run(what, lambda conn: conn.execute(sql, args).rowcount == 1, write=True)
+
+    # -- table ----------------------------------------------------------------------------------
+
+    def ensure_table(self) -> None:
+        self._run(f"ensure_table {str(self._path)!r}", self._ensure_table, write=True)
+
+    def _ensure_table(self, conn: sqlite3.Connection) -> None:
+        found = {
+            name: [row[1] for row in conn.execute(f"PRAGMA table_info({name})")]
+            for name in (LEASES, RECORDS)
+        }
+        if not all(found.values()):
+            if not self._create:
+                raise ResourceNotFoundError(
+                    f"{self._where} has no lease tables and creating them is disabled"
+                )
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            return
+        for name, expected in ((LEASES, _LEASE_COLUMNS), (RECORDS, _RECORD_COLUMNS)):
+            if tuple(found[name]) != expected:
+                raise InvalidStateError(
+                    f"{self._where}: table {name} has columns "
+                    f"{found[name]}, expected {list(expected)}"
+                )
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def _select(self, conn: sqlite3.Connection, lease_key: str | None = None) -> list[Lease]:
+        sql = f"SELECT {', '.join(_LEASE_COLUMNS)} FROM {LEASES} WHERE namespace = ?"
+        args: tuple[str, ...] = (self._namespace,)
+        if lease_key is not None:
+            sql += " AND lease_key = ?"
+            args += (lease_key,)
+        return [_lease_from_row(row) for row in conn.execute(sql + " ORDER BY lease_key", args)]
+
+    def list_leases(self) -> list[Lease]:
+        return self._run("list leases", self._select, write=False)
+
+    def get_lease(self, lease_key: str) -> Lease | None:
+        found = self._run(
+            f"get lease {lease_key!r}", lambda conn: self._select(conn, lease_key), write=False
+        )
+        return found[0] if found else None
+
+    def is_empty(self) -> bool:
+        sql = f"SELECT 1 FROM {LEASES} WHERE namespace = ? LIMIT 1"
+        return self._run(
+            "is_empty",
+            lambda conn: conn.execute(sql, (self._namespace,)).fetchone() is None,
+            write=False,
+        )
+
+    # -- conditional writes ---------------------------------------------------------------------
+
+    def create_lease_if_absent(self, lease: Lease) -> bool:
+        row = _lease_to_row(self._namespace, lease)
+        marks = ", ".join("?" * len(_LEASE_COLUMNS))
+        sql = f"INSERT OR IGNORE INTO {LEASES} ({', '.join(_LEASE_COLUMNS)}) VALUES ({marks})"
+        return self._won(f"create lease {lease.lease_key!r}", sql, row)
+
+    def _conditional_update(
+        self, what: str, lease: Lease, assignments: str, args: tuple[Any, ...], *, check_owner: bool
+    ) -> Lease | None:
+        """``UPDATE ... SET <assignments>, counter + 1`` where counter (and owner) are ``lease``'s;
+        the stored lease if the update won, None if it lost."""
+        sql = (
+            f"UPDATE {LEASES} SET {assignments}lease_counter = lease_counter + 1 "
+            "WHERE namespace = ? AND lease_key = ? AND lease_counter = ?"
+        )
+        where: tuple[Any, ...] = (self._namespace, lease.lease_key, lease.lease_counter)
+        if check_owner:
+            sql += " AND lease_owner IS ?"
+            where += (lease.lease_owner,)
+
+        def body(conn: sqlite3.Connection) -> Lease | None:
+            if conn.execute(sql, args + where).rowcount != 1:
+                return None
+            # Decoded inside the transaction: a corrupt result rolls the write back.
+            return self._select(conn, lease.lease_key)[0]
+
+        return self._run(f"{what} lease {lease.lease_key!r}", body, write=True)
+
+    def renew_lease(self, lease: Lease) -> Lease | None:
+        if lease.lease_owner is None:
+            return None  # nobody holds it: nothing to renew
+        return self._conditional_update("renew", lease, "", (), check_owner=True)
+
+    def take_lease(self, lease: Lease, owner: str) -> Lease | None:
+        assignments = (
+            # The KCL counts a switch only from one owner to another, not from unowned.
+            "owner_switches = owner_switches + (lease_owner IS NOT NULL AND lease_owner != ?), "
+            "lease_owner = ?, "
+            "checkpoint_owner = NULL, "
+        )
+        return self._conditional_update(
+            f"take ({owner!r})", lease, assignments, (owner, owner), check_owner=False
+        )
+
+    def evict_lease(self, lease: Lease) -> Lease | None:
+        return self._conditional_update(
+            "evict", lease, "lease_owner = NULL, ", (), check_owner=True
+        )
+
+    def update_lease(self, lease: Lease) -> Lease | None:
+        assignments = "".join(f"{name} = ?, " for name in _PROGRESS_COLUMNS)
+        values = _progress_values(lease)
+        return self._conditional_update("update", lease, assignments, values, check_owner=True)
+
+    def update_checkpoint(
+        self,
+        lease: Lease,
+        checkpoint: ExtendedSequenceNumber,
+        pending: ExtendedSequenceNumber | None = None,
+    ) -> Lease | None:
+        state = None if pending is None else lease.pending_checkpoint_state
+        return self.update_lease(
+            replace(
+                lease,
+                checkpoint=checkpoint,
+                pending_checkpoint=pending,
+                pending_checkpoint_state=state,
+                owner_switches_since_checkpoint=0,
+            )
+        )
+
+    def delete_lease(self, lease: Lease) -> bool:
+        sql = f"DELETE FROM {LEASES} WHERE namespace = ? AND lease_key = ? AND lease_counter = ?"
+        args = (self._namespace, lease.lease_key, lease.lease_counter)
+        return self._won(f"delete lease {lease.lease_key!r}", sql, args)
+
+    # -- coordination records -------------------------------------------------------------------
+
+    def get_record(self, key: str) -> CoordinationRecord | None:
+        sql = (
+            f"SELECT key, owner, version, expires_at, data FROM {RECORDS} "
+            "WHERE namespace = ? AND key = ?"
+        )
+        row = self._run(
+            f"get record {key!r}",
+            lambda conn: conn.execute(sql, (self._namespace, key)).fetchone(),
+            write=False,
+        )
+        if row is None:
+            return None
+        return CoordinationRecord(
+            key=row[0], owner=row[1], version=int(row[2]), expires_at=float(row[3]), data=row[4]
+        )
+
+    def put_record(self, record: CoordinationRecord, expected_version: int | None) -> bool:
+        values = (record.owner, record.version, record.expires_at, record.data, self._namespace)
+        if expected_version is None:
+            sql = (
+                f"INSERT OR IGNORE INTO {RECORDS} (owner, version, expires_at, data, namespace, "
+                "key) VALUES (?, ?, ?, ?, ?, ?)"
+            )
+            args: tuple[Any, ...] = (*values, record.key)
+        else:
+            sql = (
+                f"UPDATE {RECORDS} SET owner = ?, version = ?, expires_at = ?, data = ? "
+                "WHERE namespace = ? AND key = ? AND version = ?"
+            )
+            args = (*values, record.key, expected_version)
+        return self._won(f"put record {record.key!r}", sql, args)
+
+
+# -- rows <-> leases ----------------------------------------------------------------------------
+
+_PROGRESS_COLUMNS = (
+    "checkpoint", "checkpoint_sub", "pending_checkpoint", "pending_checkpoint_sub",
+    "pending_checkpoint_state", "owner_switches", "child_shard_ids", "closed_until", "closed_count",
+)  # fmt: skip
+
+
+def _progress_values(lease: Lease) -> tuple[Any, ...]:
+    pending = lease.pending_checkpoint
+    return (
+        lease.checkpoint.sequence_number, lease.checkpoint.sub_sequence_number,
+        pending and pending.sequence_number, pending and pending.sub_sequence_number,
+        lease.pending_checkpoint_state, lease.owner_switches_since_checkpoint,
+        json.dumps(sorted(lease.child_shard_ids)), lease.closed_until, lease.closed_count,
+    )  # fmt: skip
+
+
+def _lease_to_row(namespace: str, lease: Lease) -> tuple[Any, ...]:
+    hash_range = lease.hash_key_range
+    by_name = dict(
+        zip(_PROGRESS_COLUMNS, _progress_values(lease), strict=True),
+        namespace=namespace, lease_key=lease.lease_key, lease_owner=lease.lease_owner,
+        lease_counter=lease.lease_counter, checkpoint_owner=lease.checkpoint_owner,
+        parent_shard_ids=json.dumps(sorted(lease.parent_shard_ids)),
+        starting_hash_key=None if hash_range is None else str(hash_range.start),
+        ending_hash_key=None if hash_range is None else str(hash_range.end),
+    )  # fmt: skip
+    return tuple(by_name[name] for name in _LEASE_COLUMNS)
+
+
+def _lease_from_row(row: tuple[Any, ...]) -> Lease:
+    col = dict(zip(_LEASE_COLUMNS, row, strict=True))
+    key = str(col["lease_key"])
+
+    def get(name: str, kind: type[T]) -> T | None:
+        value = col[name]
+        if value is not None and type(value) is not kind:
+            raise CorruptLeaseError(key, f"column {name} is {value!r}, not {kind.__name__}")
+        return value
+
+    def need(name: str, kind: type[T]) -> T:
+        value = get(name, kind)
+        if value is None:
+            raise CorruptLeaseError(key, f"column {name} is NULL")
+        return value
+
+    def ids(name: str) -> frozenset[str]:
+        try:
+            values = json.loads(get(name, str) or "[]")
+        except ValueError:
+            raise CorruptLeaseError(key, f"column {name} is not JSON: {col[name]!r}") from None
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise CorruptLeaseError(key, f"column {name} is not a JSON list of strings")
+        return frozenset(values)
+
+    pending = get("pending_checkpoint", str)
+    start, end = get("starting_hash_key", str), get("ending_hash_key", str)
+    if (start is None) != (end is None):
+        raise CorruptLeaseError(key, "only one of starting_hash_key and ending_hash_key is set")
+    try:
+        return Lease(
+            lease_key=key,
+            checkpoint=ExtendedSequenceNumber(
+                need("checkpoint", str), get("checkpoint_sub", int) or 0
+            ),
+            lease_owner=get("lease_owner", str),
+            lease_counter=need("lease_counter", int),
+            pending_checkpoint=None
+            if pending is None
+            else ExtendedSequenceNumber(pending, get("pending_checkpoint_sub", int) or 0),
+            pending_checkpoint_state=get("pending_checkpoint_state", bytes),
+            owner_switches_since_checkpoint=get("owner_switches", int) or 0,
+            parent_shard_ids=ids("parent_shard_ids"),
+            child_shard_ids=ids("child_shard_ids"),
+            hash_key_range=None if start is None else HashKeyRange.from_strings(start, end or ""),
+            checkpoint_owner=get("checkpoint_owner", str),
+            closed_until=get("closed_until", float),
+            closed_count=get("closed_count", int) or 0,
+        )
+    except ValueError as exc:  # a bad sequence number or hash key range
+        raise CorruptLeaseError(key, str(exc)) from None

@@ -1,0 +1,117 @@
+"""The ``kclpy-spark`` command: ``run`` (the consumer daemon) and ``demo``.
+
+Errors the user can fix (bad config, missing stream or table, bad credentials) print one line
+and exit with status 2; no stack trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from checkpoint.errors import ConfigError, KclpySparkError
+
+LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+
+
+def _add_worker_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="TOML config file (flags override it)")
+    p.add_argument("--stream-name")
+    p.add_argument("--stream-arn")
+    p.add_argument("--application-name")
+    p.add_argument("--region")
+    p.add_argument("--endpoint-url", help="a local endpoint (LocalStack); default: AWS")
+    p.add_argument(
+        "--initial-position", help="LATEST, TRIM_HORIZON or AT_TIMESTAMP:<epoch|ISO time>"
+    )
+    p.add_argument("--lease-store", help="sqlite:<path> (default), dynamodb, or memory")
+    p.add_argument("--processor", help="package.module:Class")
+    p.add_argument("--worker-id")
+    p.add_argument("--failover-time", type=float, help="seconds")
+    p.add_argument("--max-records", type=int)
+    p.add_argument("--idle-time-between-reads", type=float, help="seconds")
+    p.add_argument("--shard-sync-interval", type=float, help="seconds")
+    p.add_argument("--parent-shard-poll-interval", type=float, help="seconds")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kclpy-spark", description="A pure-Python, KCL-style Kinesis consumer."
+    )
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the consumer daemon")
+    _add_worker_flags(run)
+    demo = sub.add_parser("demo", help="a live demo against a local endpoint")
+    demo.add_argument("--endpoint", required=True, help="e.g. http://127.0.0.1:4566")
+    demo.add_argument("--shards", type=int, default=2)
+    demo.add_argument("--records", type=int, default=300)
+    demo.add_argument("--timeout", type=float, default=240.0, help="seconds before giving up")
+    return parser
+
+
+_FLAG_FIELDS = (
+    "stream_name",
+    "stream_arn",
+    "application_name",
+    "region",
+    "endpoint_url",
+    "initial_position",
+    "lease_store",
+    "processor",
+    "worker_id",
+    "failover_time",
+    "max_records",
+    "idle_time_between_reads",
+    "shard_sync_interval",
+    "parent_shard_poll_interval",
+)
+
+
+def _config_from_args(args: argparse.Namespace) -> object:
+    from kclpy_spark.config import from_mapping, load_toml
+
+    overrides = {name: getattr(args, name) for name in _FLAG_FIELDS}
+    if args.config:
+        return load_toml(args.config).with_overrides(**overrides)
+    return from_mapping(
+        {k: v for k, v in overrides.items() if v is not None}, source="command line"
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    from kclpy_spark.config import WorkerConfig
+    from kclpy_spark.daemon import load_processor_factory, run_worker
+
+    cfg = _config_from_args(args)
+    assert isinstance(cfg, WorkerConfig)
+    if cfg.processor is None:
+        raise ConfigError("config 'processor' is required (package.module:Class)")
+    factory = load_processor_factory(cfg.processor)
+    asyncio.run(run_worker(cfg, factory))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    for noisy in ("botocore", "aiobotocore", "urllib3", "py4j"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        if args.command == "run":
+            return _run(args)
+        from kclpy_spark.demo import run_demo
+
+        return run_demo(args)
+    except KclpySparkError as exc:
+        print(f"kclpy-spark: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

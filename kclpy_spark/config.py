@@ -1,0 +1,212 @@
+"""The daemon's one typed configuration: a TOML file, overridden by command-line flags.
+
+Every duration is in seconds (floats). The KCL's ``...Millis`` property names are accepted only at
+the edge (the .properties reader) and converted once. Each bad value raises ConfigError naming
+the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import socket
+import tomllib
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from checkpoint.errors import ConfigError
+from checkpoint.sequence import InitialPosition
+
+DEFAULT_LEASE_STORE = "sqlite:.kclpy-spark/leases.db"
+_STREAM_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
+_APP_NAME = re.compile(r"^[a-zA-Z0-9_.-]{3,255}$")
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What one worker process needs. Field names double as the TOML keys."""
+
+    application_name: str = "kclpy-spark-app"
+    stream_name: str | None = None
+    stream_arn: str | None = None
+    region: str = "us-east-1"
+    # A local endpoint (LocalStack, kinesalite) for Kinesis and DynamoDB; None = AWS's TLS defaults.
+    endpoint_url: str | None = None
+    initial_position: InitialPosition = field(default_factory=InitialPosition.latest)
+    # "sqlite:<path>" (embedded, one machine), "dynamodb" (table = application name), "memory".
+    lease_store: str = DEFAULT_LEASE_STORE
+    create_lease_table: bool = True
+    processor: str | None = None  # "module:Class"
+    worker_id: str = field(default_factory=_default_worker_id)
+    failover_time: float = 10.0
+    max_records: int = 10_000
+    idle_time_between_reads: float = 1.0
+    max_leases_for_worker: int = 2**31 - 1
+    max_leases_to_steal: int = 1
+    shard_sync_interval: float = 60.0
+    parent_shard_poll_interval: float = 10.0
+    prefetch_batches: int = 3
+    shutdown_grace: float = 20.0
+    # A batch whose process_records keeps raising is offered again with backoff this many times,
+    # then its lease is parked for park_duration and redelivered from the last checkpoint.
+    max_processing_attempts: int = 10
+    park_duration: float = 60.0
+    ignore_unexpected_child_shards: bool = False
+    status_port: int | None = None
+
+    def __post_init__(self) -> None:
+        _check(self)
+
+    @property
+    def stream(self) -> str:
+        return self.stream_arn or str(self.stream_name)
+
+    @property
+    def sqlite_path(self) -> Path | None:
+        if self.lease_store.startswith("sqlite:"):
+            return Path(self.lease_store.removeprefix("sqlite:"))
+        return None
+
+    def with_overrides(self, **overrides: Any) -> WorkerConfig:
+        given = {k: v for k, v in overrides.items() if v is not None}
+        return from_mapping({**_as_mapping(self), **given}, source="command line")
+
+
+def _positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"config {name!r} must be > 0, got {value!r}")
+
+
+def _check(cfg: WorkerConfig) -> None:
+    if not cfg.stream_name and not cfg.stream_arn:
+        raise ConfigError("config 'stream_name' (or 'stream_arn') is required")
+    if cfg.stream_name and not _STREAM_NAME.match(cfg.stream_name):
+        raise ConfigError(f"config 'stream_name' is not a valid stream name: {cfg.stream_name!r}")
+    if cfg.stream_arn and not cfg.stream_arn.startswith("arn:"):
+        raise ConfigError(f"config 'stream_arn' is not an ARN: {cfg.stream_arn!r}")
+    if not _APP_NAME.match(cfg.application_name):
+        raise ConfigError(
+            "config 'application_name' must be 3-255 characters of letters, digits, '_', '-', '.'"
+            f" (it names the lease table), got {cfg.application_name!r}"
+        )
+    if not (
+        cfg.lease_store in {"dynamodb", "memory"}
+        or (cfg.lease_store.startswith("sqlite:") and len(cfg.lease_store) > len("sqlite:"))
+    ):
+        raise ConfigError(
+            f"config 'lease_store' must be 'sqlite:<path>', 'dynamodb' or 'memory', "
+            f"got {cfg.lease_store!r}"
+        )
+    if cfg.processor is not None and not re.match(r"^[\w.]+:[\w.]+$", cfg.processor):
+        raise ConfigError(
+            f"config 'processor' must look like 'package.module:Class', got {cfg.processor!r}"
+        )
+    for name in (
+        "failover_time",
+        "idle_time_between_reads",
+        "shard_sync_interval",
+        "parent_shard_poll_interval",
+        "shutdown_grace",
+        "park_duration",
+    ):
+        _positive(name, getattr(cfg, name))
+    if not 1 <= cfg.max_records <= 10_000:
+        raise ConfigError(
+            f"config 'max_records' must be 1..10000 (GetRecords' limit), got {cfg.max_records}"
+        )
+    for name in (
+        "max_leases_for_worker",
+        "max_leases_to_steal",
+        "prefetch_batches",
+        "max_processing_attempts",
+    ):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"config {name!r} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.endpoint_url is not None and not re.match(r"^https?://", cfg.endpoint_url):
+        raise ConfigError(
+            f"config 'endpoint_url' must start with http:// or https://, got {cfg.endpoint_url!r}"
+        )
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(WorkerConfig)}
+
+
+def _as_mapping(cfg: WorkerConfig) -> dict[str, Any]:
+    return {name: getattr(cfg, name) for name in _FIELDS}
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    if name == "initial_position":
+        if isinstance(value, InitialPosition):
+            return value
+        try:
+            return InitialPosition.parse(str(value))
+        except ValueError as exc:
+            raise ConfigError(f"config 'initial_position' in {source}: {exc}") from None
+    kind = _FIELDS[name].type
+    try:
+        if kind in ("float",):
+            if isinstance(value, bool):
+                raise TypeError
+            return float(value)
+        if kind in ("int",):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise TypeError
+            return int(value)
+        if kind in ("int | None",):
+            return None if value is None else int(value)
+        if kind == "bool":
+            if isinstance(value, str):
+                if value.lower() in {"true", "1", "yes"}:
+                    return True
+                if value.lower() in {"false", "0", "no"}:
+                    return False
+                raise TypeError
+            if not isinstance(value, bool):
+                raise TypeError
+            return value
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise TypeError
+        return value
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"config {name!r} in {source} must be of type {kind}, got {value!r}"
+        ) from None
+
+
+def from_mapping(values: Mapping[str, Any], *, source: str = "configuration") -> WorkerConfig:
+    unknown = sorted(set(values) - set(_FIELDS))
+    if unknown:
+        raise ConfigError(
+            f"unknown config key(s) in {source}: {', '.join(unknown)} "
+            f"(known: {', '.join(sorted(_FIELDS))})"
+        )
+    coerced = {k: _coerce(k, v, source) for k, v in values.items()}
+    return WorkerConfig(**coerced)
+
+
+def load_toml(path: str | Path) -> WorkerConfig:
+    """Read a TOML config file: top-level keys, or a ``[kclpy_spark]`` table."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(p)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {str(p)!r} cannot be read: {exc}") from None
+    table = data.get("kclpy_spark", data)
+    if not isinstance(table, dict):
+        raise ConfigError(f"config file {str(p)!r}: [kclpy_spark] must be a table")
+    return from_mapping(table, source=str(p))

@@ -1,0 +1,90 @@
+"""Run a worker as a long-lived process: open the store and clients, handle SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+
+from checkpoint.errors import ConfigError
+from kclpy_spark.config import WorkerConfig
+from kclpy_spark.processor import RecordProcessor
+from kclpy_spark.worker import ProcessorFactory, Worker
+
+log = logging.getLogger(__name__)
+
+
+def load_processor_factory(path: str) -> ProcessorFactory:
+    """``"package.module:Class"`` -> a factory of processor instances; ConfigError if unusable."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"processor {path!r} must look like 'package.module:Class'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, or whatever the module raised on import
+        raise ConfigError(f"cannot import processor module {module_name!r}: {exc}") from None
+    target: object = module
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ConfigError(
+                f"module {module_name!r} has no {attr!r} (processor {path!r})"
+            ) from None
+    if inspect.isclass(target):
+        if not callable(getattr(target, "process_records", None)):
+            raise ConfigError(f"processor {path!r} has no process_records method")
+        if inspect.isabstract(target):
+            raise ConfigError(f"processor {path!r} is abstract: implement process_records")
+        cls: type[RecordProcessor] = target  # type: ignore[assignment]
+
+        def factory() -> RecordProcessor:
+            return cls()
+
+        return factory
+    raise ConfigError(f"processor {path!r} is not a class")
+
+
+async def run_worker(
+    cfg: WorkerConfig,
+    factory: ProcessorFactory,
+    *,
+    on_started: Callable[[Worker], Awaitable[None]] | None = None,
+    install_signal_handlers: bool = True,
+) -> None:
+    """Run one worker until SIGTERM/SIGINT (or ``worker.request_shutdown()``)."""
+    from kclpy_spark.aws import aio_client, boto3_client
+    from kclpy_spark.lease_store import open_lease_store
+
+    store = await asyncio.to_thread(open_lease_store, cfg)
+    kinesis_sync = boto3_client("kinesis", cfg)
+    async with aio_client("kinesis", cfg) as kinesis:
+        worker = Worker(cfg, factory, store=store, kinesis_sync=kinesis_sync, kinesis_async=kinesis)
+        loop = asyncio.get_running_loop()
+        if install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, _on_signal, worker, sig)
+        watcher = None
+        if on_started is not None:
+
+            async def started() -> None:
+                await worker.started.wait()
+                await on_started(worker)
+
+            watcher = asyncio.create_task(started())
+        try:
+            await worker.run()
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            if install_signal_handlers:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+
+
+def _on_signal(worker: Worker, sig: signal.Signals) -> None:
+    log.info("received %s: shutting down gracefully", sig.name)
+    worker.request_shutdown()

@@ -1,0 +1,18 @@
+"""Lease taking and expiry: pure rules (the KCL 2.x taker), fed by scans of the lease table.
+
+Import-light: only the standard library and the lease value types.
+"""
+
+from kclpy_spark.leasing.observer import LeaseObserver, ObservedLease, ObservedScan
+from kclpy_spark.leasing.taker import UNLIMITED, TakePlan, plan_takes
+from kclpy_spark.leasing.timing import LeaseTiming
+
+__all__ = [
+    "UNLIMITED",
+    "LeaseObserver",
+    "LeaseTiming",
+    "ObservedLease",
+    "ObservedScan",
+    "TakePlan",
+    "plan_takes",
+]

@@ -1,0 +1,89 @@
+"""Lease timing: every interval of lease renewal and taking, derived from one failover time.
+
+The KCL derives its intervals from ``failoverTimeMillis`` (the lease duration) and a small epsilon:
+
+* renew every ``failover / 3 - epsilon``, so a holder gets three tries at renewing before anyone may
+  judge its lease expired (the epsilon keeps the third try strictly inside the duration);
+* take every ``(failover + epsilon) * 2``: a lease needs a full duration without a counter change to
+  expire, so scanning more often than that only costs lease-table reads;
+* a lease is "very old" after ``3 * failover`` without a counter change, and is then taken first.
+
+Seconds as floats throughout; the KCL's milliseconds are accepted only by ``from_failover_millis``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from checkpoint.errors import ConfigError
+
+# The KCL's epsilonMillis (25 ms): margin so the last renewal lands before the lease could expire.
+DEFAULT_EPSILON = 0.025
+# The KCL's veryOldLeaseDurationNanosMultiplier.
+DEFAULT_VERY_OLD_MULTIPLIER = 3.0
+# Not in the KCL: how many take intervals a worker waits before it steals again after one of its
+# leases was taken by another worker (see kclpy_spark.leasing.taker). Two intervals let every other
+# worker's taker run at least once whatever its phase, so the counts we steal on have settled.
+DEFAULT_STEAL_COOLDOWN_INTERVALS = 2.0
+
+
+@dataclass(frozen=True)
+class LeaseTiming:
+    """Lease timing derived from ``failover`` (seconds), the KCL's ``failoverTimeMillis``."""
+
+    failover: float = 10.0
+    epsilon: float = DEFAULT_EPSILON
+    very_old_multiplier: float = DEFAULT_VERY_OLD_MULTIPLIER
+    steal_cooldown_intervals: float = DEFAULT_STEAL_COOLDOWN_INTERVALS
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.failover) and self.failover > 0):
+            raise ConfigError(
+                f"failover time must be a positive number of seconds: {self.failover}"
+            )
+        if not (math.isfinite(self.epsilon) and self.epsilon >= 0):
+            raise ConfigError(f"lease timing epsilon must be >= 0 seconds: {self.epsilon}")
+        if self.renew_interval <= 0:
+            raise ConfigError(
+                f"failover time {self.failover} s is too short: the renewal interval "
+                f"failover/3 - {self.epsilon} s would not be positive"
+            )
+        if not self.very_old_multiplier >= 1:
+            raise ConfigError(f"very-old multiplier must be >= 1: {self.very_old_multiplier}")
+        if not self.steal_cooldown_intervals >= 0:
+            raise ConfigError(
+                f"steal cooldown must be >= 0 take intervals: {self.steal_cooldown_intervals}"
+            )
+
+    @classmethod
+    def from_failover_millis(
+        cls, failover_time_millis: float, *, epsilon_millis: float = DEFAULT_EPSILON * 1000
+    ) -> LeaseTiming:
+        """From the KCL's ``failoverTimeMillis`` (and ``epsilonMillis``) properties."""
+        return cls(failover=failover_time_millis / 1000.0, epsilon=epsilon_millis / 1000.0)
+
+    @property
+    def lease_duration(self) -> float:
+        """A lease whose counter has not moved for longer than this is expired."""
+        return self.failover
+
+    @property
+    def renew_interval(self) -> float:
+        """How often a holder renews each lease it holds."""
+        return self.failover / 3 - self.epsilon
+
+    @property
+    def take_interval(self) -> float:
+        """How often a worker scans the lease table and takes or steals leases."""
+        return (self.failover + self.epsilon) * 2
+
+    @property
+    def very_old(self) -> float:
+        """A lease whose counter has not moved for longer than this is taken before any other."""
+        return self.very_old_multiplier * self.failover
+
+    @property
+    def steal_cooldown(self) -> float:
+        """After a lease was taken from us, do not steal for this long (kclpy-spark's damping)."""
+        return self.steal_cooldown_intervals * self.take_interval

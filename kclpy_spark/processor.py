@@ -1,0 +1,317 @@
+"""The record-processor API user code implements, in amazon-kclpy v3's shape.
+
+A program written for ``amazon_kclpy.v3.processor.RecordProcessorBase`` ports by changing its base
+class to ``RecordProcessor``: the method names, the input objects and their attribute names, the
+``Record`` fields, the checkpointer's ``checkpoint(sequence_number=None, sub_sequence_number=None)``
+and ``CheckpointError(value).value`` are amazon-kclpy's. Differences:
+
+* any method may be ``async def``; the worker awaits it (see ``is_async``);
+* default implementations instead of amazon-kclpy's abstract-in-name-only methods (only
+  ``process_records`` must be written; the others are chosen so that the defaults never lose data):
+
+  - ``initialize``, ``lease_lost``, ``shutdown_requested``: do nothing. ``shutdown_requested`` does
+    not checkpoint by default: a processor that buffers records would otherwise commit records it
+    has not written yet. Override it to flush and checkpoint for a faster hand-over.
+  - ``shard_ended``: ``checkpointer.checkpoint()``. The KCL requires a SHARD_END checkpoint before
+    the child shards may start, and retries shard end until it is made. A processor that buffers
+    records must override this to flush first, then checkpoint.
+"""
+
+from __future__ import annotations
+
+import abc
+import base64
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, ClassVar, Protocol
+
+from checkpoint.checkpointer import CheckpointError
+
+__all__ = [
+    "CheckpointError",
+    "Checkpointer",
+    "InitializeInput",
+    "LeaseLostInput",
+    "ProcessRecordsInput",
+    "Record",
+    "RecordProcessor",
+    "ShardEndedInput",
+    "ShutdownRequestedInput",
+    "is_async",
+]
+
+
+class Checkpointer(Protocol):
+    """What a processor is given to record its progress in a shard (amazon_kclpy.kcl.Checkpointer).
+
+    ``checkpoint()`` with no argument records everything delivered so far (at shard end: SHARD_END);
+    with a sequence number (and optional sub-sequence number) it records that position, which must
+    lie between the last checkpoint and the last record delivered. Raises ``CheckpointError``, whose
+    ``value`` is the Java exception name (``ShutdownException`` once the lease is lost,
+    ``ThrottlingException``, ``KinesisClientLibDependencyException``, ``InvalidStateException``,
+    ``IllegalArgumentException``).
+    """
+
+    def checkpoint(
+        self, sequence_number: str | None = None, sub_sequence_number: int | None = None
+    ) -> None: ...
+
+
+_MISSING: Any = object()
+
+
+class Record:
+    """One Kinesis record (a KPL sub-record after de-aggregation), as amazon-kclpy presents it.
+
+    Built once per record on the hot path, so it holds the decoded fields as given (``bytes`` data,
+    integer milliseconds) and computes amazon-kclpy's derived views on first use: ``data`` (the
+    base64 text) and ``approximate_arrival_timestamp`` (a naive local-time datetime, made with
+    ``datetime.fromtimestamp`` exactly as amazon-kclpy does, for compatibility). Read-only.
+
+    Dict-style access uses amazon-kclpy's raw JSON keys: ``record["data"]``,
+    ``record.get("partitionKey")``; as in amazon-kclpy an unknown key raises KeyError, unless a
+    default is given to ``get``.
+    """
+
+    __slots__ = (
+        "_arrival",
+        "_b64",
+        "_binary",
+        "_partition_key",
+        "_sequence_number",
+        "_sub_sequence_number",
+        "_timestamp_millis",
+    )
+
+    # amazon-kclpy's raw record keys -> attribute names.
+    _JSON_KEYS: ClassVar[Mapping[str, str]] = {
+        "data": "data",
+        "partitionKey": "partition_key",
+        "sequenceNumber": "sequence_number",
+        "subSequenceNumber": "sub_sequence_number",
+        "approximateArrivalTimestamp": "timestamp_millis",
+        "action": "action",
+    }
+    action: ClassVar[str] = "record"
+
+    def __init__(
+        self,
+        binary_data: bytes,
+        partition_key: str,
+        sequence_number: str,
+        sub_sequence_number: int = 0,
+        timestamp_millis: int = 0,
+    ) -> None:
+        self._binary: bytes | None = binary_data
+        self._b64: str | None = None
+        self._partition_key = partition_key
+        self._sequence_number = sequence_number
+        self._sub_sequence_number = sub_sequence_number
+        self._timestamp_millis = timestamp_millis
+        self._arrival: datetime | None = None
+
+    @classmethod
+    def from_base64(
+        cls,
+        data: str,
+        partition_key: str,
+        sequence_number: str,
+        sub_sequence_number: int = 0,
+        timestamp_millis: int = 0,
+    ) -> Record:
+        """A record whose data is still base64 text (as in a raw GetRecords body); it is decoded
+        on first access to ``binary_data``."""
+        record = cls(b"", partition_key, sequence_number, sub_sequence_number, timestamp_millis)
+        record._binary = None
+        record._b64 = data
+        return record
+
+    @classmethod
+    def from_json(cls, json_dict: Mapping[str, Any]) -> Record:
+        """From amazon-kclpy's raw record dict (the MultiLangDaemon's JSON keys)."""
+        return cls.from_base64(
+            json_dict["data"],
+            json_dict["partitionKey"],
+            json_dict["sequenceNumber"],
+            int(json_dict.get("subSequenceNumber") or 0),
+            int(json_dict["approximateArrivalTimestamp"]),
+        )
+
+    @property
+    def binary_data(self) -> bytes:
+        """The record's payload."""
+        binary = self._binary
+        if binary is None:
+            binary = self._binary = base64.b64decode(self._b64 or "")
+        return binary
+
+    @property
+    def data(self) -> str:
+        """The payload as base64 text (amazon-kclpy's ``data``); prefer ``binary_data``."""
+        b64 = self._b64
+        if b64 is None:
+            b64 = self._b64 = base64.b64encode(self._binary or b"").decode("ascii")
+        return b64
+
+    @property
+    def partition_key(self) -> str:
+        return self._partition_key
+
+    @property
+    def sequence_number(self) -> str:
+        return self._sequence_number
+
+    @property
+    def sub_sequence_number(self) -> int:
+        """The KPL sub-record index; 0 for a record that was not aggregated."""
+        return self._sub_sequence_number
+
+    @property
+    def timestamp_millis(self) -> int:
+        """Approximate arrival time in milliseconds since the Unix epoch."""
+        return self._timestamp_millis
+
+    @property
+    def approximate_arrival_timestamp(self) -> datetime:
+        """Approximate arrival time as a naive datetime in the local time zone (as amazon-kclpy)."""
+        arrival = self._arrival
+        if arrival is None:
+            arrival = self._arrival = datetime.fromtimestamp(self._timestamp_millis / 1000.0)
+        return arrival
+
+    def get(self, field: str, default: Any = _MISSING) -> Any:
+        """The value under amazon-kclpy's raw JSON key ``field``; KeyError if unknown and no
+        ``default`` is given."""
+        name = self._JSON_KEYS.get(field)
+        if name is None:
+            if default is _MISSING:
+                raise KeyError(field)
+            return default
+        return getattr(self, name)
+
+    def __getitem__(self, field: str) -> Any:
+        return self.get(field)
+
+    def __contains__(self, field: object) -> bool:
+        return field in self._JSON_KEYS
+
+    def _identity(self) -> tuple[str, int, str, bytes, int]:
+        return (
+            self._sequence_number,
+            self._sub_sequence_number,
+            self._partition_key,
+            self.binary_data,
+            self._timestamp_millis,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Record):
+            return NotImplemented
+        return self._identity() == other._identity()
+
+    def __hash__(self) -> int:
+        return hash((self._sequence_number, self._sub_sequence_number, self._partition_key))
+
+    def __repr__(self) -> str:
+        size = len(self.binary_data)
+        return (
+            f"Record(sequence_number={self._sequence_number!r}, "
+            f"sub_sequence_number={self._sub_sequence_number}, "
+            f"partition_key={self._partition_key!r}, {size} bytes, "
+            f"timestamp_millis={self._timestamp_millis})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class InitializeInput:
+    """Given once before any records. ``sequence_number`` is the lease's checkpoint: a sequence
+    number, a sentinel (``TRIM_HORIZON``, ``LATEST``, ``AT_TIMESTAMP``, ``SHARD_END``) or None."""
+
+    shard_id: str
+    sequence_number: str | None
+    sub_sequence_number: int = 0
+    action: ClassVar[str] = "initialize"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessRecordsInput:
+    """A batch of records, how far behind the stream's tip they are, and the checkpointer."""
+
+    records: list[Record]
+    millis_behind_latest: int
+    checkpointer: Checkpointer
+    action: ClassVar[str] = "processRecords"
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseLostInput:
+    """The lease was lost to another worker: no checkpointer; checkpointing is impossible now."""
+
+    action: ClassVar[str] = "leaseLost"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardEndedInput:
+    """Every record of a closed shard was delivered: checkpoint (SHARD_END) to release children."""
+
+    checkpointer: Checkpointer
+    action: ClassVar[str] = "shardEnded"
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownRequestedInput:
+    """The worker is shutting down: a last chance to checkpoint before the lease is released."""
+
+    checkpointer: Checkpointer
+    action: ClassVar[str] = "shutdownRequested"
+
+
+# A processor method returns None, or an awaitable when written as ``async def``.
+MaybeAwaitable = Awaitable[None] | None
+
+
+class RecordProcessor(abc.ABC):
+    """Subclass this; one instance processes one shard at a time. Any method may be ``async``."""
+
+    # amazon-kclpy's processor-version attribute; this API is its version 3.
+    version: ClassVar[int] = 3
+
+    def initialize(self, initialize_input: InitializeInput) -> MaybeAwaitable:
+        """Called once before any ``process_records``. Default: nothing."""
+        return None
+
+    @abc.abstractmethod
+    def process_records(self, process_records_input: ProcessRecordsInput) -> MaybeAwaitable:
+        """Called with each batch of records, in order; checkpoint with its ``checkpointer``."""
+
+    def lease_lost(self, lease_lost_input: LeaseLostInput) -> MaybeAwaitable:
+        """The lease is gone; clean up. Checkpointing is impossible now. Default: nothing."""
+        return None
+
+    def shard_ended(self, shard_ended_input: ShardEndedInput) -> MaybeAwaitable:
+        """The shard is closed and fully delivered. Default: checkpoint SHARD_END, which the KCL
+        requires before child shards start. Override to flush buffered records first."""
+        shard_ended_input.checkpointer.checkpoint()
+        return None
+
+    def shutdown_requested(
+        self, shutdown_requested_input: ShutdownRequestedInput
+    ) -> MaybeAwaitable:
+        """The worker is stopping; checkpoint here to hand over without replays. Default: nothing
+        (a default checkpoint could commit records a buffering processor has not written yet)."""
+        return None
+
+
+def is_async(method: Callable[..., object]) -> bool:
+    """True if calling ``method`` returns a coroutine to await (an ``async def`` function or bound
+    method, a ``functools.partial`` of one, or an object with an ``async def __call__``).
+
+    A sync wrapper around an async function looks sync here; callers should still await a result
+    for which ``inspect.isawaitable`` is true.
+    """
+    if inspect.iscoroutinefunction(method):
+        return True
+    call = getattr(method, "__call__", None)  # noqa: B004 - an async __call__, not callability
+    return call is not None and inspect.iscoroutinefunction(call)

@@ -1,0 +1,1 @@
+"""Getting records from Kinesis: polling (GetRecords) now; enhanced fan-out later."""

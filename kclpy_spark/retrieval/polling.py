@@ -1,0 +1,162 @@
+"""Polling retrieval on aiobotocore: GetShardIterator + GetRecords into a bounded prefetch queue.
+
+One ``PollingFetcher`` per shard runs as an asyncio task. The queue it fills is bounded, so a slow
+processor stops the fetcher (``await queue.put`` blocks) instead of letting memory grow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from checkpoint.errors import (
+    DependencyError,
+    ResourceNotFoundError,
+    ThrottledError,
+    error_code,
+    map_aws_error,
+)
+from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
+from kclpy_spark.processor import Record
+from kclpy_spark.retrieval.positions import iterator_args
+
+log = logging.getLogger(__name__)
+
+# Kinesis allows 5 GetRecords calls per second per shard, shared by every polling consumer: while
+# behind (a full response or MillisBehindLatest > 0) we read again after this short pause instead
+# of the configured idle time, which stays the pause after an empty or caught-up response.
+MIN_INTERVAL_WHILE_BEHIND = 0.2
+BACKOFF_BASE = 0.5
+BACKOFF_CAP = 10.0
+
+
+@dataclass(frozen=True)
+class FetchedBatch:
+    """What one GetRecords call gave: the records, the lag, and whether the shard ended."""
+
+    records: list[Record]
+    millis_behind_latest: int | None
+    shard_ended: bool = False
+    child_shards: list[dict[str, Any]] = field(default_factory=list)
+
+
+def record_from_api(entry: dict[str, Any]) -> Record:
+    """A Record from botocore's parsed GetRecords entry."""
+    arrival = entry.get("ApproximateArrivalTimestamp")
+    millis = int(arrival.timestamp() * 1000) if arrival is not None else 0
+    return Record(entry["Data"], entry["PartitionKey"], entry["SequenceNumber"], 0, millis)
+
+
+class PollingFetcher:
+    """Reads one shard from ``checkpoint`` onward and puts FetchedBatch items on ``queue``.
+
+    Ends after putting the batch with ``shard_ended=True``. Expired iterators are replaced from the
+    last record delivered; throttling backs off with full jitter; a stream or shard that vanished
+    raises ResourceNotFoundError; other failures are retried with backoff until cancelled.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        stream: dict[str, str],
+        shard_id: str,
+        checkpoint: ExtendedSequenceNumber,
+        initial_position: InitialPosition,
+        queue: asyncio.Queue[FetchedBatch],
+        *,
+        max_records: int = 10_000,
+        idle_time: float = 1.0,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._client = client
+        self._stream = stream
+        self._shard_id = shard_id
+        self._start = checkpoint
+        self._initial = initial_position
+        self._queue = queue
+        self._max_records = max_records
+        self._idle = idle_time
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self._last_delivered: str | None = None
+        self._failures = 0
+        self.calls = 0
+
+    def _backoff(self) -> float:
+        self._failures += 1
+        cap = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** min(self._failures, 10))
+        return self._rng.uniform(0, cap)
+
+    async def _iterator(self) -> str:
+        if self._last_delivered is not None:
+            args: dict[str, Any] = {
+                "ShardIteratorType": "AFTER_SEQUENCE_NUMBER",
+                "StartingSequenceNumber": self._last_delivered,
+            }
+        else:
+            args = iterator_args(self._start, self._initial)
+        while True:
+            try:
+                resp = await self._client.get_shard_iterator(
+                    **self._stream, ShardId=self._shard_id, **args
+                )
+                self._failures = 0
+                return str(resp["ShardIterator"])
+            except Exception as exc:
+                await self._handle(exc, "GetShardIterator")
+
+    async def _handle(self, exc: Exception, operation: str) -> None:
+        """Back off after a retriable failure; raise the mapped error otherwise."""
+        if isinstance(exc, asyncio.CancelledError):
+            raise exc
+        mapped = map_aws_error(exc, f"{operation} on shard {self._shard_id}")
+        if isinstance(mapped, ResourceNotFoundError):
+            raise mapped from exc
+        if not isinstance(mapped, ThrottledError | DependencyError):
+            raise mapped from exc
+        delay = self._backoff()
+        level = logging.DEBUG if isinstance(mapped, ThrottledError) else logging.WARNING
+        log.log(level, "%s; retrying in %.2fs", mapped, delay)
+        await self._sleep(delay)
+
+    async def run(self) -> None:
+        iterator = await self._iterator()
+        while True:
+            try:
+                self.calls += 1
+                resp = await self._client.get_records(
+                    ShardIterator=iterator, Limit=self._max_records
+                )
+            except Exception as exc:
+                if error_code(exc) == "ExpiredIteratorException":
+                    log.info("shard %s: iterator expired; getting a new one", self._shard_id)
+                    iterator = await self._iterator()
+                    continue
+                await self._handle(exc, "GetRecords")
+                continue
+            self._failures = 0
+            records = [record_from_api(r) for r in resp.get("Records", ())]
+            lag = resp.get("MillisBehindLatest")
+            next_iterator = resp.get("NextShardIterator")
+            ended = next_iterator is None
+            if records:
+                self._last_delivered = records[-1].sequence_number
+            if records or ended:
+                await self._queue.put(
+                    FetchedBatch(
+                        records=records,
+                        millis_behind_latest=lag,
+                        shard_ended=ended,
+                        child_shards=list(resp.get("ChildShards") or ()),
+                    )
+                )
+            if ended:
+                return
+            iterator = str(next_iterator)
+            behind = len(records) >= self._max_records or bool(lag)
+            await self._sleep(MIN_INTERVAL_WHILE_BEHIND if behind else self._idle)

@@ -1,0 +1,281 @@
+"""The worker: renews and takes leases, leads shard sync when elected, runs one ShardConsumer per
+held lease, and shuts down gracefully.
+
+Lease-table calls are synchronous (boto3, sqlite3) and run in threads; Kinesis reads are asyncio
+(aiobotocore). Lease expiry is judged only by this process's monotonic clock (see leasing/).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from checkpoint.clock import Clock, SystemClock
+from checkpoint.coordination import CoordinationCounters, Counter
+from checkpoint.errors import KclpySparkError
+from checkpoint.held import LeaseHolder
+from checkpoint.lease import LeaseState
+from kclpy_spark.config import WorkerConfig
+from kclpy_spark.consumer import Outcome, ShardConsumer, ShardStats
+from kclpy_spark.lease_store import LeaseStore
+from kclpy_spark.leasing.observer import LeaseObserver
+from kclpy_spark.leasing.taker import plan_takes
+from kclpy_spark.leasing.timing import LeaseTiming
+from kclpy_spark.processor import RecordProcessor
+from shard_sync.cleanup import LeaderMaintenance
+from shard_sync.discovery import KinesisShardLister
+from shard_sync.leader import LeaderElection
+from shard_sync.syncer import ShardSyncer
+
+log = logging.getLogger(__name__)
+
+ProcessorFactory = Callable[[], RecordProcessor]
+
+
+@dataclass
+class _Running:
+    consumer: ShardConsumer
+    task: asyncio.Task[Outcome]
+
+
+class Worker:
+    """One worker of an application. ``run()`` returns after ``request_shutdown()``."""
+
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        processor_factory: ProcessorFactory,
+        *,
+        store: LeaseStore,
+        kinesis_sync: Any,
+        kinesis_async: Any,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self._factory = processor_factory
+        self.store = store
+        self._kinesis = kinesis_async
+        self._clock = clock or SystemClock()
+        self._rng = rng or random.Random()
+        self.timing = LeaseTiming(failover=cfg.failover_time)
+        self.counters = CoordinationCounters()
+        self.holder = LeaseHolder(store, cfg.worker_id, self._clock, self.timing.lease_duration)
+        self._observer = LeaseObserver(self.timing)
+        self.lister = KinesisShardLister(
+            kinesis_sync, stream_name=cfg.stream_name, stream_arn=cfg.stream_arn
+        )
+        self._stream = (
+            {"StreamARN": cfg.stream_arn}
+            if cfg.stream_arn
+            else {"StreamName": str(cfg.stream_name)}
+        )
+        self.leader = LeaderElection(
+            store, cfg.worker_id, lease_duration=self.timing.lease_duration, clock=self._clock
+        )
+        self._maintenance = LeaderMaintenance(
+            ShardSyncer(
+                self.lister,
+                store,
+                cfg.initial_position,
+                ignore_unexpected_child_shards=cfg.ignore_unexpected_child_shards,
+                counters=self.counters,
+            ),
+            store,
+        )
+        self._running: dict[str, _Running] = {}
+        self.finished: dict[str, ShardStats] = {}
+        self._stop = asyncio.Event()
+        self._take_now = asyncio.Event()
+        self._last_maintenance: float | None = None
+        self.started = asyncio.Event()
+
+    # --- public ----------------------------------------------------------------------------------
+
+    def request_shutdown(self) -> None:
+        log.info("worker %s: shutdown requested", self.cfg.worker_id)
+        self._stop.set()
+
+    def shard_stats(self) -> list[ShardStats]:
+        return [r.consumer.stats for r in self._running.values()]
+
+    async def run(self) -> None:
+        await asyncio.to_thread(self.lister.wait_until_active)
+        log.info(
+            "worker %s starts on stream %s (application %s, lease store %s)",
+            self.cfg.worker_id,
+            self.cfg.stream,
+            self.cfg.application_name,
+            self.cfg.lease_store,
+        )
+        await self._leader_round()
+        loops = [
+            asyncio.create_task(self._loop(self._renew_round, self.timing.renew_interval)),
+            asyncio.create_task(self._take_loop()),
+            asyncio.create_task(self._loop(self._leader_round, self.timing.renew_interval)),
+        ]
+        self.started.set()
+        try:
+            await self._stop.wait()
+        finally:
+            renewer = loops[0]
+            for task in loops[1:]:
+                task.cancel()
+            await asyncio.gather(*loops[1:], return_exceptions=True)
+            await self._shutdown_consumers()
+            renewer.cancel()
+            await asyncio.gather(renewer, return_exceptions=True)
+            await self._release_all()
+            log.info("worker %s stopped", self.cfg.worker_id)
+
+    # --- loops -----------------------------------------------------------------------------------
+
+    async def _loop(self, step: Callable[[], Any], interval: float) -> None:
+        while True:
+            try:
+                await step()
+            except KclpySparkError as exc:
+                log.warning("worker %s: %s", self.cfg.worker_id, exc)
+            except Exception:
+                log.exception("worker %s: unexpected error in %s", self.cfg.worker_id, step)
+            await asyncio.sleep(interval)
+
+    async def _take_loop(self) -> None:
+        while True:
+            try:
+                await self._take_round()
+            except KclpySparkError as exc:
+                log.warning("worker %s: lease taking failed: %s", self.cfg.worker_id, exc)
+            except Exception:
+                log.exception("worker %s: unexpected error taking leases", self.cfg.worker_id)
+            self._take_now.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._take_now.wait(), self.timing.take_interval)
+
+    async def _renew_round(self) -> None:
+        report = await asyncio.to_thread(self.holder.renew_all)
+        for lease in report.lost:
+            running = self._running.get(lease.lease_key)
+            if running is not None:
+                log.warning("worker %s lost lease %s", self.cfg.worker_id, lease.lease_key)
+                running.consumer.lease_lost()
+
+    async def _leader_round(self) -> None:
+        leading = await asyncio.to_thread(self.leader.tick)
+        if not leading:
+            return
+        now = self._clock.monotonic()
+        due = self._last_maintenance is None or (
+            now - self._last_maintenance >= self.cfg.shard_sync_interval
+        )
+        if due:
+            self._last_maintenance = now
+            result = await asyncio.to_thread(self._maintenance.run_once)
+            if result.synced is not None and result.synced.created:
+                self._take_now.set()
+            await asyncio.to_thread(self.leader.note, last_sync=self._clock.wall())
+
+    async def _take_round(self) -> None:
+        leases = await asyncio.to_thread(self.store.list_leases)
+        now_wall = self._clock.wall()
+        # Parked leases are invisible to the taker until their reopen time.
+        open_leases = [x for x in leases if x.state(now_wall) is not LeaseState.CLOSED]
+        scan = self._observer.observe(open_leases, self._clock.monotonic())
+        plan = plan_takes(
+            scan,
+            self.cfg.worker_id,
+            max_leases_for_worker=self.cfg.max_leases_for_worker,
+            max_leases_to_steal=self.cfg.max_leases_to_steal,
+            rng=self._rng,
+            steal_cooldown=self.timing.steal_cooldown,
+        )
+        if not plan.leases:
+            if plan.mine < plan.target:
+                self.counters.increment(Counter.NO_PARTITIONS_ACQUIRED)
+            return
+        log.info("worker %s: %s", self.cfg.worker_id, plan.reason)
+        for lease in plan.leases:
+            if lease.lease_key in self._running:
+                continue
+            taken = await asyncio.to_thread(self.store.take_lease, lease, self.cfg.worker_id)
+            if taken is None:
+                log.info("lease %s: another worker took it first", lease.lease_key)
+                continue
+            self.counters.increment(Counter.PARTITIONS_ACQUIRED)
+            self._start_consumer(taken.lease_key, self.holder.add_taken(taken))
+
+    # --- consumers -------------------------------------------------------------------------------
+
+    def _start_consumer(self, key: str, held: Any) -> None:
+        consumer = ShardConsumer(
+            held=held,
+            holder=self.holder,
+            table=self.store,
+            processor=self._factory(),
+            kinesis=self._kinesis,
+            stream=self._stream,
+            cfg=self.cfg,
+            wall=self._clock.wall,
+            rng=self._rng,
+        )
+        task = asyncio.create_task(consumer.run(), name=f"shard-{held.lease.shard_id}")
+        self._running[key] = _Running(consumer, task)
+        task.add_done_callback(functools.partial(self._consumer_done, key))
+        log.info(
+            "worker %s took lease %s (checkpoint %s)",
+            self.cfg.worker_id,
+            key,
+            held.lease.checkpoint,
+        )
+
+    def _consumer_done(self, key: str, task: asyncio.Task[Outcome]) -> None:
+        running = self._running.pop(key, None)
+        if running is not None:
+            self.finished[key] = running.consumer.stats
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("shard consumer for %s failed: %r; releasing the lease", key, exc)
+            self.holder.drop(key)
+            return
+        outcome = task.result()
+        if outcome is Outcome.SHARD_END:
+            self.counters.increment(Counter.PARTITIONS_COMPLETED)
+            self._take_now.set()  # the children may be ready for someone: look now
+        elif outcome is Outcome.LEASE_LOST:
+            self.counters.increment(Counter.PARTITION_NOT_OWNED_ERRORS)
+            self.holder.drop(key)
+
+    async def _shutdown_consumers(self) -> None:
+        running = list(self._running.values())
+        for r in running:
+            r.consumer.request_shutdown()
+        if not running:
+            return
+        _, pending = await asyncio.wait([r.task for r in running], timeout=self.cfg.shutdown_grace)
+        for task in pending:
+            log.warning("shard task %s did not stop within the grace time; cancelling", task)
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _release_all(self) -> None:
+        for held in self.holder.held():
+            result = await asyncio.to_thread(
+                self.holder.update, held.lease_key, held.token, self.store.evict_lease
+            )
+            self.holder.drop(held.lease_key)
+            log.info(
+                "worker %s released lease %s%s",
+                self.cfg.worker_id,
+                held.lease_key,
+                "" if result.won else " (already lost)",
+            )
+        with contextlib.suppress(KclpySparkError):
+            await asyncio.to_thread(self.leader.resign)

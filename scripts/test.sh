@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The whole test suite: makes .venv, installs LocalStack (cached), runs pytest.
+# The session fixture starts LocalStack (or uses LOCALSTACK_ENDPOINT) and stops it at the end.
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not integration and not spark"`.
+source "$(dirname "$0")/_venv.sh"
+python localstack/lsctl.py install
+exec python -m pytest "$@"

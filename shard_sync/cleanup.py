@@ -1,0 +1,115 @@
+"""Lease cleanup and the hash-range auditor: which leases may go, and when a sync is due.
+
+Pure decisions over a lease-table scan (and, for garbage, a shard listing), plus a small manager
+the leader ticks. Deletes are conditional on the counter seen in the scan, so a lease that changed
+since is left alone until the next round.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+from checkpoint.lease import Lease
+from checkpoint.port import LeaseTable
+from checkpoint.sequence import Sentinel
+from shard_sync.hierarchy import lease_hash_range_holes
+from shard_sync.syncer import ShardSyncer, SyncResult
+
+log = logging.getLogger(__name__)
+
+_NOT_STARTED = {Sentinel.TRIM_HORIZON, Sentinel.AT_TIMESTAMP}
+
+
+def completed_leases_to_delete(leases: Iterable[Lease]) -> list[Lease]:
+    """SHARD_END leases that may be deleted (the KCL's LeaseCleanupManager rule).
+
+    A finished lease goes once every child it recorded has a lease that has started (its
+    checkpoint is past TRIM_HORIZON / AT_TIMESTAMP), and no lease of its own parents remains
+    (so parents always leave before their children, and a child's wait on its parents ends).
+    A lease that recorded no children stays: without them we cannot tell its children started.
+    """
+    by_key = {lease.lease_key: lease for lease in leases}
+    deletable: list[Lease] = []
+    for lease in by_key.values():
+        if not lease.checkpoint.is_shard_end or not lease.child_shard_ids:
+            continue
+        prefix = lease.lease_key[: len(lease.lease_key) - len(lease.shard_id)]
+        children = [by_key.get(prefix + child) for child in lease.child_shard_ids]
+        if any(child is None or child.checkpoint.sentinel in _NOT_STARTED for child in children):
+            continue
+        if any(prefix + parent in by_key for parent in lease.parent_shard_ids):
+            continue
+        deletable.append(lease)
+    return sorted(deletable, key=lambda lease: lease.lease_key)
+
+
+def garbage_leases(leases: Iterable[Lease], listed_shard_ids: Collection[str]) -> list[Lease]:
+    """Leases whose shard no longer exists in a complete listing of the stream."""
+    return sorted(
+        (lease for lease in leases if lease.shard_id not in listed_shard_ids),
+        key=lambda lease: lease.lease_key,
+    )
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    holes: int
+    consecutive: int
+    synced: SyncResult | None
+    deleted: tuple[str, ...]
+
+
+class LeaderMaintenance:
+    """What the shard-sync leader does each round: audit hash-range coverage, sync when leases
+    have left a hole for ``hole_threshold`` consecutive rounds (the KCL's lease-recovery auditor;
+    holes appear briefly during every reshard, hence the confidence threshold) or when the table
+    is empty, and delete finished leases."""
+
+    def __init__(self, syncer: ShardSyncer, table: LeaseTable, *, hole_threshold: int = 3) -> None:
+        if hole_threshold < 1:
+            raise ValueError("hole_threshold must be >= 1")
+        self._syncer = syncer
+        self._table = table
+        self._threshold = hole_threshold
+        self._consecutive = 0
+
+    def run_once(self) -> AuditResult:
+        leases = self._table.list_leases()
+        synced: SyncResult | None = None
+        active = [lease for lease in leases if not lease.checkpoint.is_shard_end]
+        holes = lease_hash_range_holes(leases)
+        unknown_range = any(lease.hash_key_range is None for lease in active)
+        if not leases:
+            synced = self._syncer.sync(leases)
+            self._consecutive = 0
+        elif holes or unknown_range:
+            self._consecutive += 1
+            log.info(
+                "lease audit: %d hash-range hole(s)%s (%d of %d rounds before a sync)",
+                len(holes),
+                ", leases without a hash range" if unknown_range else "",
+                self._consecutive,
+                self._threshold,
+            )
+            if self._consecutive >= self._threshold:
+                synced = self._syncer.sync(leases)
+                self._consecutive = 0
+        else:
+            self._consecutive = 0
+        deleted = []
+        for lease in completed_leases_to_delete(leases):
+            if self._table.delete_lease(lease):
+                deleted.append(lease.lease_key)
+                log.info("deleted finished lease %s: its children have started", lease.lease_key)
+        return AuditResult(len(holes), self._consecutive, synced, tuple(deleted))
+
+    def delete_garbage(self, listed_shard_ids: Collection[str]) -> list[str]:
+        """Delete leases of shards absent from ``listed_shard_ids`` (a complete listing)."""
+        deleted = []
+        for lease in garbage_leases(self._table.list_leases(), listed_shard_ids):
+            if self._table.delete_lease(lease):
+                deleted.append(lease.lease_key)
+                log.warning("deleted lease %s: its shard no longer exists", lease.lease_key)
+        return deleted

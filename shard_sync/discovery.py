@@ -1,0 +1,138 @@
+"""Shard discovery: the one adapter over Kinesis ListShards / DescribeStreamSummary.
+
+Single attempts inside, retries outside (checkpoint.retry): LimitExceeded and ResourceInUse are
+retriable; a missing stream is a clear ResourceNotFoundError; a stream that is CREATING or UPDATING
+is waited for (ListShards during a reshard can show children of still-open parents).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from checkpoint.errors import (
+    DependencyError,
+    KclpySparkError,
+    ResourceNotFoundError,
+    map_aws_error,
+)
+from checkpoint.retry import RetryPolicy, call_with_retry
+from checkpoint.sequence import InitialPosition, Position
+from shard_sync.shards import Shard
+
+log = logging.getLogger(__name__)
+
+# The KCL backs ListShards off 1.5 s and tries up to 50 times; a shorter, jittered policy of the
+# same total patience (about a minute) keeps a worker responsive to SIGTERM between attempts.
+LIST_SHARDS_POLICY = RetryPolicy(base_delay=0.5, max_delay=5.0, max_attempts=15, max_elapsed=60.0)
+
+
+class StreamNotReadyError(DependencyError):
+    """The stream is CREATING or UPDATING; a later attempt will find it ACTIVE."""
+
+
+class ShardLister(Protocol):
+    def list_shards(self, shard_filter: dict[str, Any] | None = None) -> list[Shard]:
+        """Every shard of the stream (all pages), optionally with a ListShards ShardFilter."""
+        ...
+
+
+def shard_filter_for(position: InitialPosition) -> dict[str, Any]:
+    """The ShardFilter the KCL uses for an empty lease table at ``position``."""
+    if position.position is Position.LATEST:
+        return {"Type": "AT_LATEST"}
+    if position.position is Position.TRIM_HORIZON:
+        return {"Type": "AT_TRIM_HORIZON"}
+    return {"Type": "AT_TIMESTAMP", "Timestamp": position.timestamp}
+
+
+class KinesisShardLister:
+    """ListShards over a boto3 Kinesis client, by stream name or ARN (the ARN wins if both)."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        stream_name: str | None = None,
+        stream_arn: str | None = None,
+        policy: RetryPolicy = LIST_SHARDS_POLICY,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if not stream_name and not stream_arn:
+            raise ValueError("a stream name or ARN is required")
+        self._client = client
+        self._stream: dict[str, str] = (
+            {"StreamARN": stream_arn} if stream_arn else {"StreamName": str(stream_name)}
+        )
+        self._label = stream_arn or str(stream_name)
+        self._policy = policy
+        self._sleep = sleep
+
+    @property
+    def stream(self) -> str:
+        return self._label
+
+    def _call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
+        try:
+            result: dict[str, Any] = getattr(self._client, operation)(**kwargs)
+        except KclpySparkError:
+            raise
+        except Exception as exc:  # botocore raises many unrelated classes; map them in one place
+            mapped = map_aws_error(exc, f"{operation} on stream {self._label!r}")
+            if isinstance(mapped, ResourceNotFoundError):
+                raise ResourceNotFoundError(
+                    f"Kinesis stream {self._label!r} does not exist (or is not visible with these "
+                    f"credentials and region)"
+                ) from exc
+            raise mapped from exc
+        return result
+
+    def stream_status(self) -> str:
+        summary = self._call("describe_stream_summary", **self._stream)
+        return str(summary["StreamDescriptionSummary"]["StreamStatus"])
+
+    def _wait_until_active_once(self) -> None:
+        status = self.stream_status()
+        if status == "DELETING":
+            raise ResourceNotFoundError(f"Kinesis stream {self._label!r} is being deleted")
+        if status != "ACTIVE":
+            raise StreamNotReadyError(f"Kinesis stream {self._label!r} is {status}")
+
+    def wait_until_active(self) -> None:
+        call_with_retry(
+            self._wait_until_active_once,
+            what=f"waiting for stream {self._label!r}",
+            policy=self._policy,
+            sleep=self._sleep,
+        )
+
+    def _list_once(self, shard_filter: dict[str, Any] | None) -> list[Shard]:
+        shards: list[Shard] = []
+        kwargs: dict[str, Any] = dict(self._stream)
+        if shard_filter is not None:
+            kwargs["ShardFilter"] = shard_filter
+        while True:
+            page = self._call("list_shards", **kwargs)
+            shards.extend(Shard.from_api(entry) for entry in page.get("Shards", []))
+            token = page.get("NextToken")
+            if not token:
+                return shards
+            # With NextToken, ListShards forbids the stream name and the filter.
+            kwargs = {"NextToken": token}
+
+    def list_shards(self, shard_filter: dict[str, Any] | None = None) -> list[Shard]:
+        self.wait_until_active()
+        return call_with_retry(
+            lambda: self._list_once(shard_filter),
+            what=f"ListShards on stream {self._label!r}",
+            policy=self._policy,
+            sleep=self._sleep,
+        )
+
+
+def describe_position(position: InitialPosition) -> str:
+    if position.timestamp is not None:
+        return f"{position.position.value}({position.timestamp.isoformat()})"
+    return position.position.value

@@ -1,0 +1,132 @@
+"""Shard-sync leader election through the lease store's coordination record (no extra service).
+
+The leader's liveness is judged the way the KCL judges leases: each worker remembers, on its own
+monotonic clock, when it last saw the record's version change. A leader renews (bumps the version)
+every ``renew_interval``; when a worker has not seen the version move for ``lease_duration``, it
+takes the record with a write conditional on the version it saw. Wall-clock time is stored only for
+people reading ``status``; no decision depends on clocks agreeing across machines.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+from checkpoint.clock import Clock, SystemClock
+from checkpoint.port import CoordinationRecord, CoordinationStore
+
+log = logging.getLogger(__name__)
+
+LEADER_KEY = "shard-sync-leader"
+
+
+@dataclass
+class _Seen:
+    version: int
+    since: float  # monotonic time we first saw this version
+
+
+class LeaderElection:
+    """One worker per application leads shard sync. Call ``tick()`` periodically (thread-safe per
+    instance only if one thread ticks); it returns whether this worker leads after the tick."""
+
+    def __init__(
+        self,
+        store: CoordinationStore,
+        worker_id: str,
+        *,
+        lease_duration: float,
+        clock: Clock | None = None,
+        key: str = LEADER_KEY,
+    ) -> None:
+        if lease_duration <= 0:
+            raise ValueError("lease_duration must be > 0")
+        self._store = store
+        self._worker_id = worker_id
+        self._duration = lease_duration
+        self._clock = clock or SystemClock()
+        self._key = key
+        self._seen: _Seen | None = None
+        self._leading = False
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leading
+
+    def _record(self, version: int, data: dict[str, object] | None = None) -> CoordinationRecord:
+        return CoordinationRecord(
+            key=self._key,
+            owner=self._worker_id,
+            version=version,
+            expires_at=self._clock.wall() + self._duration,
+            data=json.dumps(data or {}),
+        )
+
+    def _set_leading(self, leading: bool, reason: str) -> bool:
+        if leading != self._leading:
+            log.info(
+                "worker %s %s shard-sync leadership (%s)",
+                self._worker_id,
+                "takes" if leading else "loses",
+                reason,
+            )
+        self._leading = leading
+        return leading
+
+    def tick(self) -> bool:
+        now = self._clock.monotonic()
+        current = self._store.get_record(self._key)
+        if current is None:
+            won = self._store.put_record(self._record(1), expected_version=None)
+            if won:
+                self._seen = _Seen(1, now)
+            return self._set_leading(won, "no leader yet")
+        if self._seen is None or self._seen.version != current.version:
+            self._seen = _Seen(current.version, now)
+        if current.owner == self._worker_id:
+            won = self._store.put_record(
+                self._record(current.version + 1, json.loads(current.data or "{}")),
+                expected_version=current.version,
+            )
+            if won:
+                self._seen = _Seen(current.version + 1, now)
+            return self._set_leading(won, "renewed" if won else "renewal lost")
+        stale = current.owner is None or now - self._seen.since > self._duration
+        if not stale:
+            return self._set_leading(False, f"{current.owner} leads")
+        won = self._store.put_record(
+            self._record(current.version + 1), expected_version=current.version
+        )
+        if won:
+            self._seen = _Seen(current.version + 1, now)
+        return self._set_leading(won, f"previous leader {current.owner} expired")
+
+    def resign(self) -> None:
+        """Give leadership up at once (graceful shutdown) so another worker need not wait."""
+        current = self._store.get_record(self._key)
+        if current is not None and current.owner == self._worker_id:
+            released = CoordinationRecord(
+                key=self._key,
+                owner=None,
+                version=current.version + 1,
+                expires_at=self._clock.wall(),
+                data=current.data,
+            )
+            self._store.put_record(released, expected_version=current.version)
+        self._set_leading(False, "resigned")
+
+    def note(self, **data: object) -> bool:
+        """Merge ``data`` (e.g. the last sync time) into the record while leading.
+
+        True if written."""
+        current = self._store.get_record(self._key)
+        if current is None or current.owner != self._worker_id:
+            return False
+        merged = {**json.loads(current.data or "{}"), **data}
+        won = self._store.put_record(
+            self._record(current.version + 1, merged), expected_version=current.version
+        )
+        if won:
+            self._seen = _Seen(current.version + 1, self._clock.monotonic())
+        return won

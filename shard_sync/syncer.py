@@ -1,0 +1,97 @@
+"""One shard sync: list shards, compare with the lease table, create the missing leases.
+
+The glue between the discovery adapter, the pure rule (hierarchy.leases_to_create) and the lease
+table. Creation is create-if-absent and ordered by starting sequence number, so a crash halfway
+leaves a prefix of the leases and the next sync completes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from checkpoint.coordination import CoordinationCounters, Counter
+from checkpoint.lease import Lease
+from checkpoint.port import LeaseTable
+from checkpoint.sequence import InitialPosition
+from shard_sync.discovery import ShardLister, shard_filter_for
+from shard_sync.hierarchy import leases_to_create
+from shard_sync.shards import Shard, find_hash_range_holes
+
+log = logging.getLogger(__name__)
+
+# The KCL lists an empty table's shards up to 3 times until they cover the whole hash range
+# (a listing taken mid-reshard can miss a range). The KCL also rejects overlaps; we accept them,
+# because LocalStack answers AT_TRIM_HORIZON with every shard (parents and children overlap), and
+# overlapping leases are safe: children wait for their parents.
+EMPTY_TABLE_LIST_ATTEMPTS = 3
+EMPTY_TABLE_LIST_DELAY = 1.0
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    shards_listed: int
+    created: tuple[str, ...]
+    table_was_empty: bool
+
+
+class ShardSyncer:
+    def __init__(
+        self,
+        lister: ShardLister,
+        table: LeaseTable,
+        initial_position: InitialPosition,
+        *,
+        ignore_unexpected_child_shards: bool = False,
+        counters: CoordinationCounters | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._lister = lister
+        self._table = table
+        self._position = initial_position
+        self._ignore = ignore_unexpected_child_shards
+        self._counters = counters or CoordinationCounters()
+        self._sleep = sleep
+
+    def _list_for_empty_table(self) -> list[Shard]:
+        shard_filter = shard_filter_for(self._position)
+        shards: list[Shard] = []
+        for attempt in range(1, EMPTY_TABLE_LIST_ATTEMPTS + 1):
+            shards = self._lister.list_shards(shard_filter)
+            holes = find_hash_range_holes(s.hash_key_range for s in shards)
+            if not holes:
+                return shards
+            log.warning(
+                "shard listing (attempt %d) leaves %d hash-range hole(s); listing again",
+                attempt,
+                len(holes),
+            )
+            self._sleep(EMPTY_TABLE_LIST_DELAY)
+        return shards
+
+    def sync(self, leases: list[Lease] | None = None) -> SyncResult:
+        """Run one sync; ``leases`` may pass a fresh scan of the table to save a read."""
+        current = self._table.list_leases() if leases is None else leases
+        empty = not current
+        shards = self._list_for_empty_table() if empty else self._lister.list_shards()
+        leased = {lease.shard_id for lease in current}
+        new = leases_to_create(
+            shards, leased, self._position, ignore_unexpected_child_shards=self._ignore
+        )
+        created: list[str] = []
+        for spec in new:
+            if self._table.create_lease_if_absent(spec.to_lease()):
+                created.append(spec.shard_id)
+                self._counters.increment(Counter.PARTITIONS_CREATED)
+        if created:
+            log.info(
+                "shard sync created %d lease(s) from %d shard(s): %s",
+                len(created),
+                len(shards),
+                ", ".join(created),
+            )
+        else:
+            log.debug("shard sync: %d shard(s), no lease to create", len(shards))
+        return SyncResult(len(shards), tuple(created), empty)

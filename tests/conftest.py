@@ -1,0 +1,150 @@
+"""Session fixtures: a real LocalStack (Kinesis + DynamoDB) and a real local SparkSession.
+
+Tests that use ``localstack_endpoint`` (directly or through a client fixture) are marked
+``integration`` automatically, and those that use ``spark`` are marked ``spark``, so
+``pytest -m "not integration and not spark"`` runs the pure tests alone in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LSCTL = REPO / "localstack" / "lsctl.py"
+REGION = "us-east-1"
+
+
+def _healthy(endpoint: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{endpoint}/_localstack/health", timeout=2) as resp:
+            services = json.load(resp).get("services", {})
+    except (OSError, ValueError):
+        return False
+    return all(services.get(s) in {"running", "available"} for s in ("kinesis", "dynamodb"))
+
+
+@pytest.fixture(scope="session")
+def localstack_endpoint() -> Iterator[str]:
+    """A running LocalStack: ``LOCALSTACK_ENDPOINT`` if set, else one we start and stop."""
+    given = os.environ.get("LOCALSTACK_ENDPOINT")
+    if given:
+        if not _healthy(given):
+            pytest.fail(f"LOCALSTACK_ENDPOINT={given} does not report kinesis and dynamodb running")
+        yield given
+        return
+    port = os.environ.get("LOCALSTACK_PORT", "4566")
+    endpoint = f"http://127.0.0.1:{port}"
+    already = _healthy(endpoint)
+    proc = subprocess.run(
+        [sys.executable, str(LSCTL), "start"], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"LocalStack did not start: {proc.stderr.strip() or proc.stdout.strip()}")
+    endpoint = proc.stdout.strip().splitlines()[-1]
+    try:
+        yield endpoint
+    finally:
+        if not already:
+            subprocess.run([sys.executable, str(LSCTL), "stop"], check=False, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def aws_client_kwargs(localstack_endpoint: str) -> dict[str, Any]:
+    """Keyword arguments that point a boto3/aiobotocore client at LocalStack."""
+    return {
+        "endpoint_url": localstack_endpoint,
+        "region_name": REGION,
+        "aws_access_key_id": "test",
+        "aws_secret_access_key": "test",
+    }
+
+
+@pytest.fixture(scope="session")
+def aws_client(localstack_endpoint: str) -> Callable[[str], Any]:
+    """A factory of localstack-client clients: ``aws_client("kinesis")``."""
+    from urllib.parse import urlparse
+
+    import localstack_client.session
+
+    url = urlparse(localstack_endpoint)
+    os.environ.setdefault("EDGE_PORT", str(url.port or 4566))
+    session = localstack_client.session.Session(
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+        region_name=REGION,
+        localstack_host=f"{url.hostname}:{url.port or 4566}",
+    )
+
+    def make(service: str) -> Any:
+        return session.client(service)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def kinesis_client(aws_client: Callable[[str], Any]) -> Any:
+    return aws_client("kinesis")
+
+
+@pytest.fixture(scope="session")
+def dynamodb_client(aws_client: Callable[[str], Any]) -> Any:
+    return aws_client("dynamodb")
+
+
+@pytest.fixture
+def unique_name(request: pytest.FixtureRequest) -> str:
+    """A name no other test uses, for streams and tables on the shared LocalStack."""
+    base = "".join(c if c.isalnum() else "-" for c in request.node.name)[:40].strip("-")
+    return f"{base}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One real ``local[2]`` SparkSession for the whole run (a second one would reuse the JVM)."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    warehouse = tmp_path_factory.mktemp("spark-warehouse")
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("kclpy-spark-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.warehouse.dir", str(warehouse))
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("WARN")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & {
+            "localstack_endpoint",
+            "aws_client_kwargs",
+            "aws_client",
+            "kinesis_client",
+            "dynamodb_client",
+        }:
+            item.add_marker(pytest.mark.integration)
+        if "spark" in names:
+            item.add_marker(pytest.mark.spark)

@@ -1,0 +1,443 @@
+"""One contract for every lease table: memory (the reference), SQLite, and DynamoDB on LocalStack.
+
+Each test states the port's promise for one method, won and lost: a lost race returns None/False
+and writes nothing (read back and compared), a won write returns the lease as now stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checkpoint.dynamodb import DynamoDBLeaseTable
+from checkpoint.lease import MAX_HASH_KEY, HashKeyRange, Lease
+from checkpoint.memory import MemoryLeaseTable
+from checkpoint.port import CoordinationRecord
+from checkpoint.sequence import (
+    AT_TIMESTAMP,
+    LATEST,
+    SHARD_END,
+    TRIM_HORIZON,
+    ExtendedSequenceNumber,
+)
+from checkpoint.sqlite import SQLiteLeaseTable
+
+SEQ_1 = "49590338271490256608559692538361571095921575989136588898"
+SEQ_2 = "49590338271490256608559692540925702759324208523137515618"
+KEY = "shardId-000000000001"
+
+
+@pytest.fixture(
+    params=["memory", "sqlite", pytest.param("dynamodb", marks=pytest.mark.integration)]
+)
+def table(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """A fresh, empty lease table of each implementation."""
+    if request.param == "memory":
+        yield MemoryLeaseTable()
+    elif request.param == "sqlite":
+        store = SQLiteLeaseTable(tmp_path / "leases.db", namespace="contract-app")
+        store.ensure_table()
+        yield store
+        store.close()
+    else:
+        # getfixturevalue: only this parameter needs (and starts) LocalStack.
+        client = request.getfixturevalue("dynamodb_client")
+        name = request.getfixturevalue("unique_name")
+        dynamo = DynamoDBLeaseTable(client, name)
+        dynamo.ensure_table()
+        yield dynamo
+        client.delete_table(TableName=name)
+
+
+def lease(key: str = KEY, **fields: Any) -> Lease:
+    return Lease(lease_key=key, checkpoint=fields.pop("checkpoint", TRIM_HORIZON), **fields)
+
+
+def stored(table: Any, lease_or_key: Lease | str = KEY) -> Lease:
+    key = lease_or_key if isinstance(lease_or_key, str) else lease_or_key.lease_key
+    found = table.get_lease(key)
+    assert found is not None, f"lease {key} is missing"
+    return found  # type: ignore[no-any-return]
+
+
+def full_lease(key: str = KEY) -> Lease:
+    """A lease with every field set to a non-default value."""
+    return Lease(
+        lease_key=key,
+        checkpoint=ExtendedSequenceNumber(SEQ_1, 7),
+        lease_owner="worker-a",
+        lease_counter=42,
+        pending_checkpoint=ExtendedSequenceNumber(SEQ_2, 3),
+        pending_checkpoint_state=b"\x00\xffapp state\n",
+        owner_switches_since_checkpoint=5,
+        parent_shard_ids=frozenset({"shardId-000000000000", "shardId-000000000002"}),
+        child_shard_ids=frozenset({"shardId-000000000005", "shardId-000000000006"}),
+        hash_key_range=HashKeyRange(2**127, MAX_HASH_KEY),
+        checkpoint_owner="worker-old",
+        closed_until=1_700_000_123.25,
+        closed_count=3,
+    )
+
+
+# -- create, get, list, is_empty ------------------------------------------------------------------
+
+
+def test_create_if_absent_twice_keeps_the_first(table: Any) -> None:
+    first = lease(lease_owner="a")
+    assert table.create_lease_if_absent(first) is True
+    assert table.create_lease_if_absent(lease(lease_owner="b", lease_counter=9)) is False
+    assert stored(table) == first
+
+
+def test_get_missing_lease_is_none(table: Any) -> None:
+    assert table.get_lease("shardId-999") is None
+
+
+def test_is_empty_follows_creates_and_deletes(table: Any) -> None:
+    assert table.is_empty() is True
+    table.create_lease_if_absent(lease())
+    assert table.is_empty() is False
+    assert table.delete_lease(stored(table)) is True
+    assert table.is_empty() is True
+
+
+def test_list_leases_returns_every_lease(table: Any) -> None:
+    leases = [lease(f"shardId-00{i}", lease_owner=f"w{i % 2}") for i in range(5)]
+    for one in leases:
+        assert table.create_lease_if_absent(one)
+    assert sorted(table.list_leases(), key=lambda x: x.lease_key) == leases
+
+
+def test_list_leases_on_an_empty_table(table: Any) -> None:
+    assert table.list_leases() == []
+
+
+# -- round trips ----------------------------------------------------------------------------------
+
+
+def test_every_field_round_trips(table: Any) -> None:
+    original = full_lease()
+    assert table.create_lease_if_absent(original)
+    assert stored(table) == original
+    assert table.list_leases() == [original]
+
+
+def test_minimal_lease_round_trips(table: Any) -> None:
+    original = lease()
+    table.create_lease_if_absent(original)
+    back = stored(table)
+    assert back == original
+    assert back.lease_owner is None and back.parent_shard_ids == frozenset()
+    assert back.hash_key_range is None and back.pending_checkpoint is None
+
+
+@pytest.mark.parametrize(
+    "hash_range",
+    [HashKeyRange(0, MAX_HASH_KEY), HashKeyRange(MAX_HASH_KEY, MAX_HASH_KEY), HashKeyRange(0, 0)],
+    ids=["whole", "top", "bottom"],
+)
+def test_huge_hash_keys_round_trip(table: Any, hash_range: HashKeyRange) -> None:
+    original = lease(hash_key_range=hash_range)
+    table.create_lease_if_absent(original)
+    assert stored(table).hash_key_range == hash_range
+
+
+@pytest.mark.parametrize(
+    "checkpoint",
+    [TRIM_HORIZON, LATEST, AT_TIMESTAMP, SHARD_END, ExtendedSequenceNumber(SEQ_1, 2**40)],
+    ids=["trim_horizon", "latest", "at_timestamp", "shard_end", "sequence"],
+)
+def test_checkpoints_round_trip(table: Any, checkpoint: ExtendedSequenceNumber) -> None:
+    table.create_lease_if_absent(lease(checkpoint=checkpoint))
+    assert stored(table).checkpoint == checkpoint
+
+
+def test_empty_pending_state_round_trips(table: Any) -> None:
+    original = lease(pending_checkpoint=ExtendedSequenceNumber(SEQ_1), pending_checkpoint_state=b"")
+    table.create_lease_if_absent(original)
+    assert stored(table) == original
+
+
+# -- renew ----------------------------------------------------------------------------------------
+
+
+def test_renew_by_owner_bumps_only_the_counter(table: Any) -> None:
+    table.create_lease_if_absent(full_lease())
+    before = stored(table)
+    renewed = table.renew_lease(before)
+    assert renewed == replace(before, lease_counter=before.lease_counter + 1)
+    assert stored(table) == renewed
+
+
+def test_renew_with_a_stale_counter_loses(table: Any) -> None:
+    table.create_lease_if_absent(lease(lease_owner="a"))
+    before = stored(table)
+    assert table.renew_lease(before) is not None
+    after = stored(table)
+    assert table.renew_lease(before) is None
+    assert stored(table) == after
+
+
+def test_renew_by_another_owner_loses(table: Any) -> None:
+    table.create_lease_if_absent(lease(lease_owner="a"))
+    before = stored(table)
+    assert table.renew_lease(replace(before, lease_owner="b")) is None
+    assert stored(table) == before
+
+
+def test_renew_of_an_unowned_lease_loses(table: Any) -> None:
+    table.create_lease_if_absent(lease())
+    before = stored(table)
+    assert table.renew_lease(before) is None
+    assert stored(table) == before
+
+
+# -- take -----------------------------------------------------------------------------------------
+
+
+def test_take_counts_owner_switches(table: Any) -> None:
+    table.create_lease_if_absent(lease())
+    unowned = stored(table)
+    by_a = table.take_lease(unowned, "a")
+    # As in the KCL, unowned -> owned is not a switch; one owner to another is.
+    assert by_a == replace(unowned, lease_owner="a", lease_counter=1,
+                           owner_switches_since_checkpoint=0)  # fmt: skip
+    by_b = table.take_lease(by_a, "b")
+    assert by_b == replace(by_a, lease_owner="b", lease_counter=2,
+                           owner_switches_since_checkpoint=1)  # fmt: skip
+    again = table.take_lease(by_b, "b")
+    assert again == replace(by_b, lease_counter=3)  # same owner: no switch
+    assert stored(table) == again
+
+
+def test_take_clears_the_checkpoint_owner(table: Any) -> None:
+    table.create_lease_if_absent(full_lease())
+    before = stored(table)
+    taken = table.take_lease(before, "worker-c")
+    assert taken is not None
+    assert taken.checkpoint_owner is None
+    expected = replace(
+        before,
+        lease_owner="worker-c",
+        lease_counter=before.lease_counter + 1,
+        owner_switches_since_checkpoint=before.owner_switches_since_checkpoint + 1,
+        checkpoint_owner=None,
+    )
+    assert taken == expected == stored(table)
+
+
+def test_take_with_a_stale_counter_loses(table: Any) -> None:
+    table.create_lease_if_absent(lease(lease_owner="a"))
+    before = stored(table)
+    winner = table.take_lease(before, "b")
+    assert winner is not None
+    assert table.take_lease(before, "c") is None
+    assert stored(table) == winner
+
+
+def test_take_ignores_the_owner_it_is_given(table: Any) -> None:
+    """take_lease's condition is the counter alone: the KCL steals leases this way."""
+    table.create_lease_if_absent(lease(lease_owner="a"))
+    before = stored(table)
+    assert table.take_lease(before, "b") is not None
+
+
+# -- evict ----------------------------------------------------------------------------------------
+
+
+def test_evict_removes_the_owner(table: Any) -> None:
+    table.create_lease_if_absent(full_lease())
+    before = stored(table)
+    evicted = table.evict_lease(before)
+    assert evicted == replace(before, lease_owner=None, lease_counter=before.lease_counter + 1)
+    assert stored(table) == evicted
+
+
+def test_evict_with_a_stale_counter_or_another_owner_loses(table: Any) -> None:
+    table.create_lease_if_absent(lease(lease_owner="a", lease_counter=4))
+    before = stored(table)
+    assert table.evict_lease(replace(before, lease_counter=3)) is None
+    assert table.evict_lease(replace(before, lease_owner="b")) is None
+    assert table.evict_lease(replace(before, lease_owner=None)) is None
+    assert stored(table) == before
+
+
+# -- update_checkpoint ----------------------------------------------------------------------------
+
+
+def test_update_checkpoint_resets_owner_switches(table: Any) -> None:
+    table.create_lease_if_absent(full_lease())
+    before = stored(table)
+    target = ExtendedSequenceNumber(SEQ_2, 9)
+    updated = table.update_checkpoint(before, target)
+    expected = replace(
+        before,
+        checkpoint=target,
+        pending_checkpoint=None,
+        pending_checkpoint_state=None,
+        owner_switches_since_checkpoint=0,
+        lease_counter=before.lease_counter + 1,
+    )
+    assert updated == expected == stored(table)
+
+
+def test_update_checkpoint_with_a_pending_checkpoint(table: Any) -> None:
+    table.create_lease_if_absent(lease(lease_owner="a", pending_checkpoint_state=b"st"))
+    before = stored(table)
+    pending = ExtendedSequenceNumber(SEQ_2, 1)
+    updated = table.update_checkpoint(before, ExtendedSequenceNumber(SEQ_1), pending)
+    assert updated is not None
+    assert updated.pending_checkpoint == pending
+    assert updated.pending_checkpoint_state == b"st"
+    assert stored(table) == updated
+    cleared = table.update_checkpoint(updated, ExtendedSequenceNumber(SEQ_2, 1))
+    assert cleared is not None
+    assert cleared.pending_checkpoint is None and cleared.pending_checkpoint_state is None
+    assert stored(table) == cleared
+
+
+def test_update_checkpoint_is_fenced_by_the_counter(table: Any) -> None:
+    table.create_lease_if_absent(lease(lease_owner="a"))
+    mine = stored(table)
+    stolen = table.take_lease(mine, "b")
+    assert stolen is not None
+    assert table.update_checkpoint(mine, ExtendedSequenceNumber(SEQ_1)) is None
+    assert stored(table) == stolen  # nothing written
+
+
+def test_update_checkpoint_by_another_owner_loses(table: Any) -> None:
+    table.create_lease_if_absent(lease(lease_owner="a"))
+    before = stored(table)
+    assert table.update_checkpoint(replace(before, lease_owner="b"), SHARD_END) is None
+    assert stored(table) == before
+
+
+# -- update_lease ---------------------------------------------------------------------------------
+
+
+def test_update_lease_writes_child_shards_and_parking_fields(table: Any) -> None:
+    table.create_lease_if_absent(lease(lease_owner="a"))
+    before = stored(table)
+    changed = replace(
+        before,
+        checkpoint=SHARD_END,
+        child_shard_ids=frozenset({"shardId-7", "shardId-8"}),
+        closed_until=1_700_000_500.5,
+        closed_count=2,
+    )
+    updated = table.update_lease(changed)
+    assert updated == replace(changed, lease_counter=before.lease_counter + 1)
+    assert stored(table) == updated
+    reopened = table.update_lease(
+        replace(updated, child_shard_ids=frozenset(), closed_until=None, closed_count=0)
+    )
+    assert reopened == replace(
+        updated,
+        child_shard_ids=frozenset(),
+        closed_until=None,
+        closed_count=0,
+        lease_counter=updated.lease_counter + 1,
+    )
+    assert stored(table) == reopened
+
+
+def test_update_lease_leaves_identity_fields_alone(table: Any) -> None:
+    """Only progress fields are written: owner, parents, hash range, checkpoint owner stay."""
+    table.create_lease_if_absent(full_lease())
+    before = stored(table)
+    sneaky = replace(
+        before,
+        parent_shard_ids=frozenset({"other"}),
+        hash_key_range=HashKeyRange(0, 1),
+        checkpoint_owner=None,
+        owner_switches_since_checkpoint=0,
+    )
+    updated = table.update_lease(sneaky)
+    assert updated == replace(
+        before, owner_switches_since_checkpoint=0, lease_counter=before.lease_counter + 1
+    )
+
+
+def test_update_lease_with_a_stale_counter_or_another_owner_loses(table: Any) -> None:
+    table.create_lease_if_absent(lease(lease_owner="a", lease_counter=2))
+    before = stored(table)
+    assert table.update_lease(replace(before, lease_counter=1, closed_count=5)) is None
+    assert table.update_lease(replace(before, lease_owner="b", closed_count=5)) is None
+    assert table.update_lease(replace(before, lease_owner=None, closed_count=5)) is None
+    assert stored(table) == before
+
+
+def test_update_lease_of_an_unowned_lease(table: Any) -> None:
+    """The owner condition with no owner: the stored lease must have none either."""
+    table.create_lease_if_absent(lease())
+    before = stored(table)
+    updated = table.update_lease(replace(before, closed_count=1))
+    assert updated == replace(before, closed_count=1, lease_counter=1)
+
+
+# -- delete ---------------------------------------------------------------------------------------
+
+
+def test_delete_with_a_stale_counter_loses(table: Any) -> None:
+    table.create_lease_if_absent(lease(lease_owner="a"))
+    before = stored(table)
+    renewed = table.renew_lease(before)
+    assert table.delete_lease(before) is False
+    assert stored(table) == renewed
+    assert table.delete_lease(renewed) is True
+    assert table.get_lease(KEY) is None
+    assert table.delete_lease(renewed) is False
+
+
+# -- writes on a lease that does not exist --------------------------------------------------------
+
+
+def test_every_write_on_a_missing_lease_loses(table: Any) -> None:
+    ghost = lease(lease_owner="a")
+    assert table.renew_lease(ghost) is None
+    assert table.take_lease(ghost, "b") is None
+    assert table.evict_lease(ghost) is None
+    assert table.update_lease(ghost) is None
+    assert table.update_checkpoint(ghost, SHARD_END) is None
+    assert table.delete_lease(ghost) is False
+    assert table.is_empty()
+    assert table.get_lease(KEY) is None
+
+
+# -- coordination records -------------------------------------------------------------------------
+
+
+def test_record_put_if_absent(table: Any) -> None:
+    assert table.get_record("leader") is None
+    first = CoordinationRecord("leader", "worker-a", 1, 1_700_000_010.5, '{"epoch": 1}')
+    assert table.put_record(first, None) is True
+    assert table.put_record(replace(first, owner="worker-b"), None) is False
+    assert table.get_record("leader") == first
+
+
+def test_record_update_by_version_and_lost_race(table: Any) -> None:
+    first = CoordinationRecord("leader", "worker-a", 1, 100.0)
+    table.put_record(first, None)
+    second = replace(first, version=2, expires_at=200.0)
+    assert table.put_record(second, 1) is True
+    loser = replace(first, owner="worker-b", version=2, expires_at=300.0)
+    assert table.put_record(loser, 1) is False
+    assert table.get_record("leader") == second
+    released = replace(second, owner=None, version=3, data="")
+    assert table.put_record(released, 2) is True
+    assert table.get_record("leader") == released
+    assert table.put_record(replace(released, key="absent", version=2), 1) is False
+    assert table.get_record("absent") is None
+
+
+def test_records_are_not_leases(table: Any) -> None:
+    table.put_record(CoordinationRecord("shard-sync-leader", "a", 1, 1.0), None)
+    assert table.is_empty() is True
+    assert table.list_leases() == []
+    table.create_lease_if_absent(lease())
+    assert [x.lease_key for x in table.list_leases()] == [KEY]
+    assert table.get_record("shard-sync-leader") is not None

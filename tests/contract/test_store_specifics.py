@@ -1,0 +1,648 @@
+"""What only one store has to prove: SQLite's durability, process safety and namespaces; DynamoDB's
+KCL schema compatibility, error mapping and retries (on LocalStack, through a fault-injecting
+wrapper of the real client)."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import re
+import sqlite3
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from checkpoint.dynamodb import OWNER_INDEX, DynamoDBLeaseTable
+from checkpoint.errors import (
+    CorruptLeaseError,
+    DependencyError,
+    InvalidStateError,
+    ResourceNotFoundError,
+    ThrottledError,
+)
+from checkpoint.lease import MAX_HASH_KEY, HashKeyRange, Lease
+from checkpoint.port import CoordinationRecord
+from checkpoint.retry import RetryPolicy
+from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber
+from checkpoint.sqlite import SQLiteLeaseTable
+
+SEQ = "49590338271490256608559692538361571095921575989136588898"
+FAST = RetryPolicy(base_delay=0.001, max_delay=0.01, max_attempts=4, max_elapsed=30.0)
+
+
+def no_sleep(_: float) -> None:
+    return None
+
+
+# == SQLite =======================================================================================
+
+
+def open_sqlite(path: Path, **kwargs: Any) -> SQLiteLeaseTable:
+    store = SQLiteLeaseTable(path, **kwargs)
+    store.ensure_table()
+    return store
+
+
+def test_sqlite_survives_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "leases.db"
+    first = open_sqlite(path, namespace="app")
+    first.create_lease_if_absent(Lease("shardId-0", TRIM_HORIZON))
+    first.create_lease_if_absent(Lease("shardId-1", TRIM_HORIZON, parent_shard_ids=frozenset("0")))
+    taken = first.take_lease(first.get_lease("shardId-0"), "worker-a")  # type: ignore[arg-type]
+    assert taken is not None
+    done = first.update_checkpoint(taken, ExtendedSequenceNumber(SEQ, 3))
+    first.put_record(CoordinationRecord("leader", "worker-a", 1, 123.0), None)
+    before = sorted(first.list_leases(), key=lambda x: x.lease_key)
+    first.close()
+
+    second = SQLiteLeaseTable(path, namespace="app", create_if_missing=False)
+    second.ensure_table()
+    assert sorted(second.list_leases(), key=lambda x: x.lease_key) == before
+    assert second.get_lease("shardId-0") == done
+    assert second.get_record("leader") == CoordinationRecord("leader", "worker-a", 1, 123.0)
+    second.close()
+
+
+def test_sqlite_namespaces_isolate_applications(tmp_path: Path) -> None:
+    path = tmp_path / "leases.db"
+    app_a = open_sqlite(path, namespace="app-a")
+    app_b = open_sqlite(path, namespace="app-b")
+    assert app_a.create_lease_if_absent(Lease("shardId-0", TRIM_HORIZON, lease_owner="a"))
+    assert app_b.is_empty()
+    assert app_b.create_lease_if_absent(Lease("shardId-0", SHARD_END))
+    assert app_a.get_lease("shardId-0") == Lease("shardId-0", TRIM_HORIZON, lease_owner="a")
+    assert app_b.delete_lease(Lease("shardId-0", SHARD_END))
+    assert app_b.is_empty() and not app_a.is_empty()
+    assert app_a.put_record(CoordinationRecord("leader", "a", 1, 1.0), None)
+    assert app_b.get_record("leader") is None
+
+
+def _race_worker(path: str, name: str, rounds: int, barrier: Any, results: Any) -> None:
+    store = SQLiteLeaseTable(path, namespace="race")
+    for _ in range(rounds):
+        barrier.wait()
+        seen = store.get_lease("shardId-0")
+        barrier.wait()  # both hold the same version now
+        assert seen is not None
+        won = store.take_lease(seen, name)
+        results.put((seen.lease_counter, name, won is not None))
+    store.close()
+
+
+def test_sqlite_two_processes_race_and_exactly_one_wins(tmp_path: Path) -> None:
+    path = tmp_path / "race.db"
+    setup = open_sqlite(path, namespace="race")
+    setup.create_lease_if_absent(Lease("shardId-0", TRIM_HORIZON))
+    setup.close()
+    rounds = 25
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=_race_worker, args=(str(path), f"w{i}", rounds, barrier, results))
+        for i in range(2)
+    ]
+    for proc in procs:
+        proc.start()
+    outcomes = [results.get(timeout=120) for _ in range(2 * rounds)]
+    for proc in procs:
+        proc.join(timeout=60)
+        assert proc.exitcode == 0
+    by_round: dict[int, list[bool]] = {}
+    for counter, _, won in outcomes:
+        by_round.setdefault(counter, []).append(won)
+    assert sorted(by_round) == list(range(rounds))
+    assert all(sorted(wins) == [False, True] for wins in by_round.values())
+    final = open_sqlite(path, namespace="race").get_lease("shardId-0")
+    assert final is not None and final.lease_counter == rounds
+
+
+def test_sqlite_threads_share_one_table_object(tmp_path: Path) -> None:
+    """One connection per thread: eight threads take the same version, one wins."""
+    store = open_sqlite(tmp_path / "leases.db")
+    store.create_lease_if_absent(Lease("shardId-0", TRIM_HORIZON))
+    seen = store.get_lease("shardId-0")
+    start = threading.Barrier(8)
+    wins: list[bool] = []
+
+    def take(name: str) -> None:
+        start.wait()
+        wins.append(store.take_lease(seen, name) is not None)  # type: ignore[arg-type]
+
+    threads = [threading.Thread(target=take, args=(f"t{i}",)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(wins) == [False] * 7 + [True]
+    assert store.get_lease("shardId-0").lease_counter == 1  # type: ignore[union-attr]
+    store.close()
+
+
+def test_sqlite_missing_file_with_creation_disabled(tmp_path: Path) -> None:
+    path = tmp_path / "nowhere" / "leases.db"
+    store = SQLiteLeaseTable(path, create_if_missing=False)
+    with pytest.raises(ResourceNotFoundError, match=re.escape(str(path))):
+        store.ensure_table()
+    assert not path.exists()
+
+
+def test_sqlite_file_without_tables_and_creation_disabled(tmp_path: Path) -> None:
+    path = tmp_path / "empty.db"
+    sqlite3.connect(path).close()
+    with pytest.raises(ResourceNotFoundError, match=re.escape(str(path))):
+        SQLiteLeaseTable(path, create_if_missing=False).ensure_table()
+
+
+def test_sqlite_file_that_is_not_a_database(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b"this is not a database, " * 100)
+    with pytest.raises(InvalidStateError, match=re.escape(str(path))):
+        SQLiteLeaseTable(path).ensure_table()
+    assert path.read_bytes() == b"this is not a database, " * 100
+
+
+def test_sqlite_table_with_wrong_columns(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE kclpy_spark_leases (namespace TEXT, lease_key TEXT, x INT)")
+        conn.execute("CREATE TABLE kclpy_spark_records (namespace TEXT, key TEXT)")
+    with pytest.raises(InvalidStateError, match=re.escape(str(path))):
+        SQLiteLeaseTable(path).ensure_table()
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "problem"),
+    [
+        ("lease_counter", None, "lease_counter"),
+        ("lease_counter", "seven", "lease_counter"),
+        ("checkpoint", None, "checkpoint"),
+        ("checkpoint", "12abc", "not a sequence number"),
+        ("parent_shard_ids", "not json", "parent_shard_ids"),
+        ("starting_hash_key", str(MAX_HASH_KEY + 1), "hash key range"),
+    ],
+)
+def test_sqlite_corrupt_rows_name_the_lease(
+    tmp_path: Path, column: str, value: Any, problem: str
+) -> None:
+    path = tmp_path / "leases.db"
+    store = open_sqlite(path)
+    store.create_lease_if_absent(
+        Lease("shardId-bad", TRIM_HORIZON, hash_key_range=HashKeyRange(0, MAX_HASH_KEY))
+    )
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"UPDATE kclpy_spark_leases SET {column} = ?", (value,))
+    for read in (lambda: store.get_lease("shardId-bad"), store.list_leases):
+        with pytest.raises(CorruptLeaseError, match=problem) as caught:
+            read()
+        assert caught.value.lease_key == "shardId-bad"
+    assert store.create_lease_if_absent(Lease("shardId-bad", SHARD_END)) is False
+
+
+def test_sqlite_a_locked_database_is_a_retriable_dependency_error(tmp_path: Path) -> None:
+    path = tmp_path / "leases.db"
+    store = open_sqlite(path, busy_timeout=0.01, retry=RetryPolicy(max_attempts=2), sleep=no_sleep)
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(DependencyError, match="locked") as caught:
+            store.create_lease_if_absent(Lease("shardId-0", TRIM_HORIZON))
+        assert caught.value.retriable
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert store.is_empty()
+
+
+def test_sqlite_retries_until_the_lock_is_released(tmp_path: Path) -> None:
+    path = tmp_path / "leases.db"
+    patient = RetryPolicy(base_delay=0.02, max_delay=0.1, max_attempts=50, max_elapsed=30.0)
+    store = open_sqlite(path, busy_timeout=0.01, retry=patient)
+    blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    blocker.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(0.3, lambda: blocker.execute("ROLLBACK"))
+    release.start()
+    try:
+        assert store.create_lease_if_absent(Lease("shardId-0", TRIM_HORIZON)) is True
+    finally:
+        release.join()
+        blocker.close()
+    assert not store.is_empty()
+
+
+# == DynamoDB (LocalStack) ========================================================================
+
+
+class FaultyClient:
+    """Wraps a real client; the first ``failures[op]`` calls of ``op`` fail with ``code``.
+
+    ``after_call`` makes the real call first and fails afterwards: a write whose outcome the caller
+    cannot know (a 500 after DynamoDB applied it). ``hidden_retry`` imitates botocore retrying
+    such a write by itself: the call lands, is sent again, and that real second answer (a failed
+    condition) is returned, marked with ``RetryAttempts`` as botocore marks it.
+    """
+
+    def __init__(
+        self,
+        real: Any,
+        failures: dict[str, int],
+        code: str = "",
+        *,
+        after_call: bool = False,
+        hidden_retry: bool = False,
+    ) -> None:
+        self._real = real
+        self._failures = dict(failures)
+        self._code = code
+        self._after_call = after_call
+        self._hidden_retry = hidden_retry
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._real, name)
+
+        def call(**kwargs: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            if self._failures.get(name, 0) <= 0:
+                return method(**kwargs)
+            self._failures[name] -= 1
+            if self._hidden_retry:
+                method(**kwargs)
+                try:
+                    return method(**kwargs)
+                except ClientError as exc:
+                    response: dict[str, Any] = exc.response  # type: ignore[assignment]
+                    response.setdefault("ResponseMetadata", {})["RetryAttempts"] = 1
+                    raise
+            if self._after_call:
+                method(**kwargs)
+            error = {"Error": {"Code": self._code, "Message": "injected"}}
+            raise ClientError(error, name)  # type: ignore[arg-type]
+
+        return call
+
+
+@pytest.fixture
+def dynamo(dynamodb_client: Any, unique_name: str) -> Iterator[DynamoDBLeaseTable]:
+    table = DynamoDBLeaseTable(dynamodb_client, unique_name, retry=FAST, sleep=no_sleep)
+    table.ensure_table()
+    yield table
+    dynamodb_client.delete_table(TableName=unique_name)
+
+
+def raw_item(client: Any, table: str, key: str) -> dict[str, Any]:
+    found = client.get_item(TableName=table, Key={"leaseKey": {"S": key}}, ConsistentRead=True)
+    return dict(found["Item"])
+
+
+def test_dynamodb_reads_an_item_the_java_kcl_wrote(
+    dynamo: DynamoDBLeaseTable, dynamodb_client: Any
+) -> None:
+    kcl_item = {
+        "leaseKey": {"S": "shardId-000000000003"},
+        "leaseOwner": {"S": "kcl-worker-1"},
+        "leaseCounter": {"N": "1234"},
+        "ownerSwitchesSinceCheckpoint": {"N": "2"},
+        "checkpoint": {"S": SEQ},
+        "checkpointSubSequenceNumber": {"N": "5"},
+        "pendingCheckpoint": {"S": SEQ},
+        "pendingCheckpointSubSequenceNumber": {"N": "6"},
+        "pendingCheckpointState": {"B": b"state"},
+        "parentShardId": {"SS": ["shardId-000000000001", "shardId-000000000002"]},
+        "childShardIds": {"SS": ["shardId-000000000004"]},
+        "startingHashKey": {"S": "0"},
+        "endingHashKey": {"S": str(MAX_HASH_KEY)},
+        "throughputKBps": {"N": "12.5"},  # KCL 3.x, not modelled: ignored and kept
+        "checkpointOwner": {"S": "kcl-worker-0"},
+    }
+    dynamodb_client.put_item(TableName=dynamo.table_name, Item=kcl_item)
+    expected = Lease(
+        lease_key="shardId-000000000003",
+        checkpoint=ExtendedSequenceNumber(SEQ, 5),
+        lease_owner="kcl-worker-1",
+        lease_counter=1234,
+        pending_checkpoint=ExtendedSequenceNumber(SEQ, 6),
+        pending_checkpoint_state=b"state",
+        owner_switches_since_checkpoint=2,
+        parent_shard_ids=frozenset({"shardId-000000000001", "shardId-000000000002"}),
+        child_shard_ids=frozenset({"shardId-000000000004"}),
+        hash_key_range=HashKeyRange(0, MAX_HASH_KEY),
+        checkpoint_owner="kcl-worker-0",
+    )
+    assert dynamo.get_lease("shardId-000000000003") == expected
+    assert dynamo.list_leases() == [expected]
+    assert dynamo.list_lease_keys_by_owner("kcl-worker-1") == ["shardId-000000000003"]
+    updated = dynamo.update_checkpoint(expected, SHARD_END)
+    assert updated is not None and updated.checkpoint == SHARD_END
+    after = raw_item(dynamodb_client, dynamo.table_name, "shardId-000000000003")
+    assert after["throughputKBps"] == {"N": "12.5"}
+    assert after["leaseCounter"] == {"N": "1235"}
+    assert "pendingCheckpoint" not in after and "pendingCheckpointState" not in after
+
+
+def test_dynamodb_tolerates_the_kcl_pending_state_bug(
+    dynamo: DynamoDBLeaseTable, dynamodb_client: Any
+) -> None:
+    """The KCL's toDynamoRecord writes the sub-sequence number (an N) as pendingCheckpointState."""
+    item = {
+        "leaseKey": {"S": "shardId-0"},
+        "leaseCounter": {"N": "0"},
+        "checkpoint": {"S": "TRIM_HORIZON"},
+        "checkpointSubSequenceNumber": {"N": "0"},
+        "ownerSwitchesSinceCheckpoint": {"N": "0"},
+        "pendingCheckpointState": {"N": "0"},
+    }
+    dynamodb_client.put_item(TableName=dynamo.table_name, Item=item)
+    assert dynamo.get_lease("shardId-0") == Lease("shardId-0", TRIM_HORIZON)
+
+
+def test_dynamodb_writes_exactly_the_kcl_attributes(
+    dynamo: DynamoDBLeaseTable, dynamodb_client: Any
+) -> None:
+    full = Lease(
+        lease_key="shardId-1",
+        checkpoint=ExtendedSequenceNumber(SEQ, 7),
+        lease_owner="w",
+        lease_counter=3,
+        pending_checkpoint=ExtendedSequenceNumber(SEQ, 8),
+        pending_checkpoint_state=b"s",
+        owner_switches_since_checkpoint=1,
+        parent_shard_ids=frozenset({"shardId-0"}),
+        child_shard_ids=frozenset({"shardId-2"}),
+        hash_key_range=HashKeyRange(0, MAX_HASH_KEY),
+        checkpoint_owner="v",
+    )
+    dynamo.create_lease_if_absent(full)
+    item = raw_item(dynamodb_client, dynamo.table_name, "shardId-1")
+    types = {name: next(iter(value)) for name, value in item.items()}
+    assert types == {
+        "leaseKey": "S", "leaseOwner": "S", "leaseCounter": "N", "checkpoint": "S",
+        "checkpointSubSequenceNumber": "N", "pendingCheckpoint": "S",
+        "pendingCheckpointSubSequenceNumber": "N", "pendingCheckpointState": "B",
+        "ownerSwitchesSinceCheckpoint": "N", "parentShardId": "SS", "childShardIds": "SS",
+        "startingHashKey": "S", "endingHashKey": "S", "checkpointOwner": "S",
+    }  # fmt: skip
+    assert item["endingHashKey"] == {"S": str(MAX_HASH_KEY)}
+    assert item["checkpoint"] == {"S": SEQ} and item["leaseCounter"] == {"N": "3"}
+
+    dynamo.create_lease_if_absent(Lease("shardId-9", TRIM_HORIZON))
+    minimal = raw_item(dynamodb_client, dynamo.table_name, "shardId-9")
+    assert set(minimal) == {
+        "leaseKey", "leaseCounter", "checkpoint", "checkpointSubSequenceNumber",
+        "ownerSwitchesSinceCheckpoint",
+    }  # fmt: skip
+
+    parked = dynamo.update_lease(replace(full, closed_until=1_700_000_000.5, closed_count=2))
+    assert parked is not None
+    item = raw_item(dynamodb_client, dynamo.table_name, "shardId-1")
+    assert item["kclpySparkClosedUntil"] == {"N": "1700000000.5"}
+    assert item["kclpySparkClosedCount"] == {"N": "2"}
+    evicted = dynamo.evict_lease(parked)
+    assert evicted is not None
+    assert "leaseOwner" not in raw_item(dynamodb_client, dynamo.table_name, "shardId-1")
+
+
+def test_dynamodb_table_matches_the_kcl_table(
+    dynamo: DynamoDBLeaseTable, dynamodb_client: Any
+) -> None:
+    table = dynamodb_client.describe_table(TableName=dynamo.table_name)["Table"]
+    assert table["KeySchema"] == [{"AttributeName": "leaseKey", "KeyType": "HASH"}]
+    assert table["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
+    (index,) = table["GlobalSecondaryIndexes"]
+    assert index["IndexName"] == OWNER_INDEX
+    assert index["KeySchema"] == [
+        {"AttributeName": "leaseOwner", "KeyType": "HASH"},
+        {"AttributeName": "leaseKey", "KeyType": "RANGE"},
+    ]
+    assert index["Projection"]["ProjectionType"] == "KEYS_ONLY"
+    dynamo.ensure_table()  # idempotent
+
+
+def test_dynamodb_skips_other_kcl_entities(
+    dynamo: DynamoDBLeaseTable, dynamodb_client: Any
+) -> None:
+    other = {"leaseKey": {"S": "worker-1"}, "entityType": {"S": "WORKER_METRIC_STATS"}}
+    dynamodb_client.put_item(TableName=dynamo.table_name, Item=other)
+    assert dynamo.is_empty() and dynamo.list_leases() == []
+    assert dynamo.get_lease("worker-1") is None
+    lease_item = {
+        "leaseKey": {"S": "shardId-0"}, "entityType": {"S": "LEASE"}, "leaseCounter": {"N": "1"},
+        "checkpoint": {"S": "LATEST"},
+    }  # fmt: skip
+    dynamodb_client.put_item(TableName=dynamo.table_name, Item=lease_item)
+    assert dynamo.list_leases() == [
+        Lease("shardId-0", ExtendedSequenceNumber("LATEST"), lease_counter=1)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"leaseCounter": None}, "leaseCounter"),
+        ({"checkpoint": None}, "checkpoint"),
+        ({"checkpoint": {"N": "12"}}, "checkpoint"),
+        ({"checkpoint": {"S": "12abc"}}, "not a sequence number"),
+        ({"pendingCheckpoint": {"S": "next"}}, "pendingCheckpoint"),
+        ({"leaseCounter": {"S": "7"}}, "leaseCounter"),
+        ({"leaseCounter": {"N": "1.5"}}, "leaseCounter"),
+        ({"parentShardId": {"S": "shardId-0"}}, "parentShardId"),
+        ({"endingHashKey": None}, "endingHashKey"),
+    ],
+)
+def test_dynamodb_corrupt_items_name_the_lease(
+    dynamo: DynamoDBLeaseTable, dynamodb_client: Any, change: dict[str, Any], problem: str
+) -> None:
+    item: dict[str, Any] = {
+        "leaseKey": {"S": "shardId-bad"},
+        "leaseCounter": {"N": "4"},
+        "checkpoint": {"S": SEQ},
+        "startingHashKey": {"S": "0"},
+        "endingHashKey": {"S": "10"},
+    }
+    for name, value in change.items():
+        if value is None:
+            del item[name]
+        else:
+            item[name] = value
+    dynamodb_client.put_item(TableName=dynamo.table_name, Item=item)
+    before = raw_item(dynamodb_client, dynamo.table_name, "shardId-bad")
+    for read in (lambda: dynamo.get_lease("shardId-bad"), dynamo.list_leases):
+        with pytest.raises(CorruptLeaseError, match=problem) as caught:
+            read()
+        assert caught.value.lease_key == "shardId-bad"
+    assert dynamo.create_lease_if_absent(Lease("shardId-bad", TRIM_HORIZON)) is False
+    assert raw_item(dynamodb_client, dynamo.table_name, "shardId-bad") == before
+
+
+def test_dynamodb_missing_table_with_creation_disabled(
+    dynamodb_client: Any, unique_name: str
+) -> None:
+    table = DynamoDBLeaseTable(dynamodb_client, unique_name, create_if_missing=False)
+    with pytest.raises(ResourceNotFoundError, match=unique_name):
+        table.ensure_table()
+    with pytest.raises(ResourceNotFoundError, match=unique_name):
+        table.get_lease("shardId-0")
+    names = dynamodb_client.list_tables()["TableNames"]
+    assert unique_name not in names
+
+
+def test_dynamodb_table_with_a_wrong_key_schema(dynamodb_client: Any, unique_name: str) -> None:
+    dynamodb_client.create_table(
+        TableName=unique_name,
+        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    try:
+        dynamodb_client.get_waiter("table_exists").wait(TableName=unique_name)
+        table = DynamoDBLeaseTable(dynamodb_client, unique_name, ttl_attribute="expires")
+        with pytest.raises(InvalidStateError, match=unique_name):
+            table.ensure_table()
+        assert dynamodb_client.scan(TableName=unique_name)["Count"] == 0
+        ttl = dynamodb_client.describe_time_to_live(TableName=unique_name)
+        assert ttl["TimeToLiveDescription"]["TimeToLiveStatus"] == "DISABLED"
+    finally:
+        dynamodb_client.delete_table(TableName=unique_name)
+
+
+def test_dynamodb_ttl_attribute(dynamodb_client: Any, unique_name: str) -> None:
+    table = DynamoDBLeaseTable(dynamodb_client, unique_name, ttl_attribute="expiresAt")
+    table.ensure_table()
+    try:
+        ttl = dynamodb_client.describe_time_to_live(TableName=unique_name)["TimeToLiveDescription"]
+        assert ttl["AttributeName"] == "expiresAt"
+        assert ttl["TimeToLiveStatus"] in {"ENABLED", "ENABLING"}
+        table.ensure_table()  # already enabled: nothing to do
+        table.put_record(CoordinationRecord("leader", "a", 1, 1_700_000_000.2), None)
+        item = raw_item(dynamodb_client, unique_name, "__kclpy_spark__/leader")
+        assert item["expiresAt"] == {"N": str(1_700_000_001 + 86_400)}
+        assert item["entityType"] == {"S": "KCLPY_SPARK_COORDINATION"}
+    finally:
+        dynamodb_client.delete_table(TableName=unique_name)
+
+
+def test_dynamodb_throttling_is_retried(
+    dynamo: DynamoDBLeaseTable, dynamodb_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    dynamo.create_lease_if_absent(Lease("shardId-0", TRIM_HORIZON, lease_owner="a"))
+    lease = dynamo.get_lease("shardId-0")
+    assert lease is not None
+    faulty = FaultyClient(
+        dynamodb_client, {"update_item": 3}, "ProvisionedThroughputExceededException"
+    )
+    table = DynamoDBLeaseTable(faulty, dynamo.table_name, retry=FAST, sleep=no_sleep)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="checkpoint.retry"):
+        renewed = table.renew_lease(lease)
+    assert renewed is not None and renewed.lease_counter == 1
+    assert faulty.calls == {"update_item": 4}
+    retries = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(retries) == 3
+    assert all("renew lease 'shardId-0'" in r.getMessage() for r in retries)
+    assert "ProvisionedThroughputExceededException" in retries[0].getMessage()
+
+
+def test_dynamodb_throttling_gives_up_after_the_last_attempt(
+    dynamo: DynamoDBLeaseTable, dynamodb_client: Any
+) -> None:
+    faulty = FaultyClient(dynamodb_client, {"get_item": 99}, "ThrottlingException")
+    table = DynamoDBLeaseTable(faulty, dynamo.table_name, retry=FAST, sleep=no_sleep)  # type: ignore[arg-type]
+    with pytest.raises(ThrottledError, match=dynamo.table_name):
+        table.get_lease("shardId-0")
+    assert faulty.calls == {"get_item": FAST.max_attempts}
+
+
+def test_dynamodb_lost_race_is_not_retried(
+    dynamo: DynamoDBLeaseTable, dynamodb_client: Any
+) -> None:
+    dynamo.create_lease_if_absent(Lease("shardId-0", TRIM_HORIZON, lease_owner="a"))
+    faulty = FaultyClient(dynamodb_client, {})
+    table = DynamoDBLeaseTable(faulty, dynamo.table_name, retry=FAST, sleep=no_sleep)  # type: ignore[arg-type]
+    stale = Lease("shardId-0", TRIM_HORIZON, lease_owner="a", lease_counter=7)
+    assert table.renew_lease(stale) is None
+    assert table.take_lease(stale, "b") is None
+    assert table.delete_lease(stale) is False
+    assert faulty.calls == {"update_item": 2, "delete_item": 1}
+
+
+def test_dynamodb_non_retriable_errors_are_not_retried(
+    dynamo: DynamoDBLeaseTable, dynamodb_client: Any
+) -> None:
+    faulty = FaultyClient(dynamodb_client, {"update_item": 1}, "ValidationException")
+    table = DynamoDBLeaseTable(faulty, dynamo.table_name, retry=FAST, sleep=no_sleep)  # type: ignore[arg-type]
+    with pytest.raises(InvalidStateError, match="UpdateItem"):
+        table.renew_lease(Lease("shardId-0", TRIM_HORIZON, lease_owner="a"))
+    assert faulty.calls == {"update_item": 1}
+
+
+def test_dynamodb_a_write_that_landed_before_an_error_still_wins(
+    dynamo: DynamoDBLeaseTable, dynamodb_client: Any
+) -> None:
+    """A 500 after DynamoDB applied the write: the retry fails its condition, the re-read shows
+    our own write, so the result is a win (as the KCL's renewLease recovers)."""
+    dynamo.create_lease_if_absent(Lease("shardId-0", TRIM_HORIZON, lease_owner="a"))
+    lease = dynamo.get_lease("shardId-0")
+    assert lease is not None
+    faulty = FaultyClient(
+        dynamodb_client, {"update_item": 1}, "InternalServerError", after_call=True
+    )
+    table = DynamoDBLeaseTable(faulty, dynamo.table_name, retry=FAST, sleep=no_sleep)  # type: ignore[arg-type]
+    done = table.update_checkpoint(lease, ExtendedSequenceNumber(SEQ))
+    assert done == replace(lease, checkpoint=ExtendedSequenceNumber(SEQ), lease_counter=1)
+    assert faulty.calls == {"update_item": 2}  # the failed condition returned the item
+    # Someone else's write after an unknown outcome is still a lost race.
+    faulty2 = FaultyClient(dynamodb_client, {"update_item": 1}, "InternalServerError")
+    other = DynamoDBLeaseTable(faulty2, dynamo.table_name, retry=FAST, sleep=no_sleep)  # type: ignore[arg-type]
+    assert dynamo.take_lease(done, "b") is not None
+    assert other.update_checkpoint(done, SHARD_END) is None
+
+
+@pytest.mark.parametrize("operation", ["renew", "take", "evict", "create", "delete", "record"])
+def test_dynamodb_a_write_botocore_retried_after_it_landed_still_wins(
+    dynamo: DynamoDBLeaseTable, dynamodb_client: Any, operation: str
+) -> None:
+    dynamo.create_lease_if_absent(Lease("shardId-0", TRIM_HORIZON, lease_owner="a"))
+    dynamo.put_record(CoordinationRecord("leader", "a", 1, 10.0), None)
+    lease = dynamo.get_lease("shardId-0")
+    assert lease is not None
+    op = {"create": "put_item", "record": "put_item", "delete": "delete_item"}
+    faulty = FaultyClient(dynamodb_client, {op.get(operation, "update_item"): 1}, hidden_retry=True)
+    table = DynamoDBLeaseTable(faulty, dynamo.table_name, retry=FAST, sleep=no_sleep)  # type: ignore[arg-type]
+    if operation == "renew":
+        assert table.renew_lease(lease) == replace(lease, lease_counter=1)
+    elif operation == "take":
+        taken = table.take_lease(lease, "b")
+        assert taken == replace(lease, lease_owner="b", lease_counter=1,
+                                owner_switches_since_checkpoint=1)  # fmt: skip
+    elif operation == "evict":
+        assert table.evict_lease(lease) == replace(lease, lease_owner=None, lease_counter=1)
+    elif operation == "create":
+        assert table.create_lease_if_absent(Lease("shardId-1", TRIM_HORIZON)) is True
+    elif operation == "delete":
+        assert table.delete_lease(lease) is True
+    else:
+        assert table.put_record(CoordinationRecord("leader", "b", 2, 20.0), 1) is True
+    assert sum(faulty.calls.values()) == 1  # one call from our side; no extra read
+
+
+def test_dynamodb_owner_index_lists_an_owners_leases(dynamo: DynamoDBLeaseTable) -> None:
+    for i, owner in enumerate(["a", "b", "a", None]):
+        dynamo.create_lease_if_absent(Lease(f"shardId-{i}", TRIM_HORIZON, lease_owner=owner))
+    assert sorted(dynamo.list_lease_keys_by_owner("a")) == ["shardId-0", "shardId-2"]
+    assert dynamo.list_lease_keys_by_owner("nobody") == []
+
+
+def test_dynamodb_scans_paginate(dynamo: DynamoDBLeaseTable, dynamodb_client: Any) -> None:
+    big_state = b"x" * 300_000  # ~3 items per 1 MB scan page
+    for i in range(8):
+        dynamo.create_lease_if_absent(
+            Lease(f"shardId-{i}", TRIM_HORIZON, pending_checkpoint=ExtendedSequenceNumber(SEQ),
+                  pending_checkpoint_state=big_state)
+        )  # fmt: skip
+    page = dynamodb_client.scan(TableName=dynamo.table_name)
+    assert "LastEvaluatedKey" in page  # the table really needs several pages
+    assert len(dynamo.list_leases()) == 8

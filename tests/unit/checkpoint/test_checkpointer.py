@@ -1,0 +1,431 @@
+"""Checkpointer: kclpy's validation and error values, SHARD_END, two-phase, and fencing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import pytest
+
+from checkpoint.checkpointer import (
+    DEPENDENCY,
+    ILLEGAL_ARGUMENT,
+    INVALID_STATE,
+    SHUTDOWN,
+    THROTTLING,
+    Checkpointer,
+    CheckpointError,
+    LeaseLostCheckpointer,
+)
+from checkpoint.clock import ManualClock
+from checkpoint.errors import (
+    CorruptLeaseError,
+    DependencyError,
+    KclpySparkError,
+    ResourceNotFoundError,
+    ThrottledError,
+)
+from checkpoint.held import LeaseHolder
+from checkpoint.lease import Lease
+from checkpoint.memory import MemoryLeaseTable
+from checkpoint.retry import RetryPolicy
+from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber
+
+KEY = "shardId-000000000000"
+DURATION = 10.0  # failoverTimeMillis 10 000
+LAST = ExtendedSequenceNumber("100")
+LARGEST = ExtendedSequenceNumber("200")
+WRITES = ("update_checkpoint", "update_lease")
+
+
+def esn(seq: str, sub: int = 0) -> ExtendedSequenceNumber:
+    return ExtendedSequenceNumber(seq, sub)
+
+
+class FaultyTable(MemoryLeaseTable):
+    """Counts write calls and raises queued errors from them (the KCL's ExceptionThrowing...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: list[Exception] = []
+        self.write_calls = 0
+        self._nested = False  # MemoryLeaseTable.update_checkpoint calls update_lease: count once
+
+    def fail_next(self, error: Exception, times: int = 1) -> None:
+        self.errors.extend([error] * times)
+
+    def _maybe_fail(self) -> None:
+        self.write_calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+
+    def update_lease(self, lease: Lease) -> Lease | None:
+        if not self._nested:
+            self._maybe_fail()
+        return super().update_lease(lease)
+
+    def update_checkpoint(
+        self,
+        lease: Lease,
+        checkpoint: ExtendedSequenceNumber,
+        pending: ExtendedSequenceNumber | None = None,
+    ) -> Lease | None:
+        self._maybe_fail()
+        self._nested = True
+        try:
+            return super().update_checkpoint(lease, checkpoint, pending)
+        finally:
+            self._nested = False
+
+
+@dataclass
+class Worker:
+    """One worker's view: its own clock and holder over a shared table."""
+
+    table: FaultyTable
+    name: str
+    clock: ManualClock = field(default_factory=ManualClock)
+    sleeps: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.holder = LeaseHolder(self.table, self.name, self.clock, DURATION)
+
+    def take(self, largest: ExtendedSequenceNumber = LARGEST) -> Checkpointer:
+        current = self.table.get_lease(KEY)
+        assert current is not None
+        taken = self.table.take_lease(current, self.name)
+        assert taken is not None
+        held = self.holder.add_taken(taken)
+        return Checkpointer(
+            self.holder,
+            KEY,
+            held.token,
+            largest,
+            retry_policy=RetryPolicy(base_delay=0.01, max_delay=0.05, max_attempts=4),
+            sleep=self.sleeps.append,
+        )
+
+
+@pytest.fixture
+def table() -> FaultyTable:
+    table = FaultyTable()
+    table.create_lease_if_absent(Lease(KEY, LAST))
+    return table
+
+
+@pytest.fixture
+def worker(table: FaultyTable) -> Worker:
+    return Worker(table, "worker-a")
+
+
+@pytest.fixture
+def cp(worker: Worker) -> Checkpointer:
+    return worker.take()
+
+
+def stored(table: MemoryLeaseTable) -> Lease:
+    lease = table.get_lease(KEY)
+    assert lease is not None
+    return lease
+
+
+@contextmanager
+def raises(value: str) -> Iterator[pytest.ExceptionInfo[CheckpointError]]:
+    """pytest.raises(CheckpointError) that also checks kclpy's ``value``."""
+    with pytest.raises(CheckpointError) as info:
+        yield info
+    assert info.value.value == value, f"expected {value}, got {info.value!r}"
+
+
+# --- validation ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("seq", "sub", "stored_after"),
+    [
+        (None, None, LARGEST),  # None: the last record delivered
+        (None, 5, LARGEST),  # as kclpy's daemon: the sub-sequence is ignored without a sequence
+        ("150", None, esn("150")),
+        ("150", 3, esn("150", 3)),
+        ("200", 0, LARGEST),  # the upper bound is included
+        ("100", None, LAST),  # the lower bound too (nothing to write)
+    ],
+)
+def test_valid_checkpoints_are_stored(
+    table: FaultyTable,
+    cp: Checkpointer,
+    seq: str | None,
+    sub: int | None,
+    stored_after: ExtendedSequenceNumber,
+) -> None:
+    cp.checkpoint(seq, sub)
+    assert stored(table).checkpoint == stored_after
+
+
+@pytest.mark.parametrize(
+    ("seq", "sub"),
+    [
+        ("99", None),  # below the last checkpoint
+        ("201", None),  # above the largest permitted
+        ("200", 1),  # above it by a sub-sequence number
+        ("abc", None),
+        ("", None),
+        ("-150", None),
+        ("1.5", None),
+        ("SHARD_END", None),  # a sentinel is not a sequence number the application may pass
+        ("150", -1),  # negative sub-sequence number
+        (150, None),  # not a str
+        ("150", "1"),
+        ("150", True),
+    ],
+)
+def test_invalid_checkpoints_raise_illegal_argument_and_write_nothing(
+    table: FaultyTable, cp: Checkpointer, seq: object, sub: object
+) -> None:
+    before = stored(table)
+    with raises(ILLEGAL_ARGUMENT):
+        cp.checkpoint(seq, sub)  # type: ignore[arg-type]
+    with raises(ILLEGAL_ARGUMENT):
+        cp.prepare_checkpoint(seq, sub)  # type: ignore[arg-type]
+    assert stored(table) == before and table.write_calls == 0
+
+
+def test_checkpoint_moves_the_lower_bound(table: FaultyTable, cp: Checkpointer) -> None:
+    cp.checkpoint("180")
+    with raises(ILLEGAL_ARGUMENT):
+        cp.checkpoint("150")
+    assert stored(table).checkpoint == esn("180")
+    assert stored(table).owner_switches_since_checkpoint == 0
+
+
+def test_largest_permitted_follows_deliveries(table: FaultyTable, cp: Checkpointer) -> None:
+    cp.set_largest_permitted(esn("300", 2))
+    assert cp.largest_permitted == esn("300", 2)
+    cp.checkpoint()
+    assert stored(table).checkpoint == esn("300", 2)
+
+
+def test_before_any_delivery_checkpoint_writes_nothing(worker: Worker, table: FaultyTable) -> None:
+    cp = worker.take(largest=LAST)  # the worker starts with the lease's own checkpoint
+    cp.checkpoint()
+    assert table.write_calls == 0 and stored(table).checkpoint == LAST
+
+
+# --- SHARD_END (KCL #211) ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("last_sequence", "seq", "expected"),
+    [
+        (None, None, SHARD_END),
+        (None, "200", SHARD_END),  # the last delivered record of the closed shard
+        (esn("250"), "250", SHARD_END),
+        (None, "150", esn("150")),  # earlier positions stay positions
+    ],
+)
+def test_shard_end_conversion(
+    table: FaultyTable,
+    cp: Checkpointer,
+    last_sequence: ExtendedSequenceNumber | None,
+    seq: str | None,
+    expected: ExtendedSequenceNumber,
+) -> None:
+    cp.mark_shard_end(last_sequence)
+    assert cp.largest_permitted == SHARD_END
+    cp.checkpoint(seq)
+    assert stored(table).checkpoint == expected
+
+
+def test_checkpoint_at_shard_end_is_final(table: FaultyTable, cp: Checkpointer) -> None:
+    cp.mark_shard_end()
+    cp.checkpoint()
+    cp.checkpoint()  # again: already stored, nothing to write
+    assert table.write_calls == 1
+    with raises(ILLEGAL_ARGUMENT):
+        cp.checkpoint("150")  # nothing comes after SHARD_END
+
+
+# --- two-phase -----------------------------------------------------------------------------------
+
+
+def test_prepare_then_commit(table: FaultyTable, cp: Checkpointer) -> None:
+    prepared = cp.prepare_checkpoint("150", 2, application_state=b"state")
+    assert prepared.pending == esn("150", 2)
+    lease = stored(table)
+    assert lease.checkpoint == LAST
+    assert lease.pending_checkpoint == esn("150", 2)
+    assert lease.pending_checkpoint_state == b"state"
+    prepared.checkpoint()
+    lease = stored(table)
+    assert lease.checkpoint == esn("150", 2)
+    assert lease.pending_checkpoint is None and lease.pending_checkpoint_state is None
+
+
+def test_prepare_at_shard_end_prepares_shard_end(table: FaultyTable, cp: Checkpointer) -> None:
+    cp.mark_shard_end()
+    prepared = cp.prepare_checkpoint()
+    assert stored(table).pending_checkpoint == SHARD_END
+    prepared.checkpoint()
+    assert stored(table).checkpoint == SHARD_END
+
+
+def test_prepare_at_the_last_checkpoint_writes_nothing(
+    table: FaultyTable, cp: Checkpointer
+) -> None:
+    prepared = cp.prepare_checkpoint("100")
+    prepared.checkpoint()
+    assert table.write_calls == 0
+
+
+def test_checkpoint_clears_a_pending_checkpoint(table: FaultyTable, cp: Checkpointer) -> None:
+    cp.prepare_checkpoint("150")
+    cp.checkpoint("120")
+    assert stored(table).pending_checkpoint is None
+    assert stored(table).checkpoint == esn("120")
+
+
+def test_commit_after_lease_loss_raises_shutdown(
+    worker: Worker, table: FaultyTable, cp: Checkpointer
+) -> None:
+    prepared = cp.prepare_checkpoint("150")
+    worker.holder.drop(KEY)
+    before = stored(table)
+    with raises(SHUTDOWN):
+        prepared.checkpoint()
+    assert stored(table) == before
+
+
+# --- lease loss: nothing is written --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("a_clock_runs", [False, True], ids=["a-paused", "a-clock-ran"])
+def test_fencing_after_failover(table: FaultyTable, a_clock_runs: bool) -> None:
+    """A holds the lease; B sees its counter stand still for longer than the failover time on B's
+    own clock and takes it; A's checkpoint then fails with ShutdownException and B's checkpoint is
+    what the store keeps. Whether A noticed (its clock ran) or not (paused), A writes nothing."""
+    a, b = Worker(table, "worker-a"), Worker(table, "worker-b")
+    a_cp = a.take()
+    seen_by_b = stored(table)  # B's scan; B's clock starts counting from here
+    b.clock.advance(DURATION + 0.001)
+    if a_clock_runs:
+        a.clock.advance(DURATION + 0.001)
+    assert stored(table).lease_counter == seen_by_b.lease_counter  # expired in B's eyes
+    b_cp = b.take()
+    b_cp.checkpoint("120")
+    writes_before = table.write_calls
+    after_b = stored(table)
+
+    with raises(SHUTDOWN):
+        a_cp.checkpoint("180")
+    with raises(SHUTDOWN):
+        a_cp.prepare_checkpoint("180")
+
+    assert stored(table) == after_b
+    assert after_b.checkpoint == esn("120") and after_b.lease_owner == "worker-b"
+    assert a.holder.get_if_held(KEY) is None
+    # A paused: it tried one conditional write, which lost. A's clock ran: it did not even try.
+    assert table.write_calls == writes_before + (0 if a_clock_runs else 1)
+
+
+def test_token_change_refuses_the_old_checkpointer(worker: Worker, table: FaultyTable) -> None:
+    old = worker.take()
+    assert table.evict_lease(stored(table)) is not None
+    new = worker.take()  # taken again: a new tenure, a new token
+    with raises(SHUTDOWN):
+        old.checkpoint("150")
+    assert table.write_calls == 0
+    new.checkpoint("150")
+    assert stored(table).checkpoint == esn("150")
+
+
+def test_lost_conditional_write_writes_nothing(
+    worker: Worker, table: FaultyTable, cp: Checkpointer
+) -> None:
+    moved = table.renew_lease(stored(table))  # the counter moves without our holder seeing it
+    assert moved is not None
+    with raises(SHUTDOWN):
+        cp.checkpoint("150")
+    assert stored(table) == moved
+    assert worker.holder.get_if_held(KEY) is None
+    with raises(SHUTDOWN):
+        cp.checkpoint("150")  # and it stays lost, without another write
+    assert table.write_calls == 1
+
+
+def test_lease_lost_checkpointer_always_refuses() -> None:
+    lost = LeaseLostCheckpointer()
+    with raises(SHUTDOWN):
+        lost.checkpoint()
+    with raises(SHUTDOWN):
+        lost.prepare_checkpoint("1")
+
+
+# --- infrastructure failures ---------------------------------------------------------------------
+
+
+def test_throttling_is_retried_then_succeeds(
+    worker: Worker, table: FaultyTable, cp: Checkpointer
+) -> None:
+    table.fail_next(ThrottledError("ProvisionedThroughputExceeded"), times=3)
+    cp.checkpoint("150")
+    assert stored(table).checkpoint == esn("150")
+    assert table.write_calls == 4 and len(worker.sleeps) == 3
+
+
+def test_throttling_that_persists_raises_throttling_exception(
+    worker: Worker, table: FaultyTable, cp: Checkpointer
+) -> None:
+    table.fail_next(ThrottledError("ProvisionedThroughputExceeded"), times=10)
+    before = stored(table)
+    with raises(THROTTLING) as info:
+        cp.checkpoint("150")
+    assert info.value.retry_may_help
+    assert table.write_calls == 4 and stored(table) == before
+    assert worker.holder.get_if_held(KEY) is not None  # throttled, not lost
+
+
+@pytest.mark.parametrize(
+    ("error", "value", "attempts"),
+    [
+        (DependencyError("InternalServerError"), DEPENDENCY, 1),  # outcome unknown: no retry
+        (CorruptLeaseError(KEY, "checkpoint is not a string"), INVALID_STATE, 1),
+        (ResourceNotFoundError("no table"), INVALID_STATE, 1),
+    ],
+)
+def test_dependency_failures_map_to_kclpy_values(
+    table: FaultyTable, cp: Checkpointer, error: Exception, value: str, attempts: int
+) -> None:
+    table.fail_next(error, times=5)
+    with raises(value) as info:
+        cp.checkpoint("150")
+    assert info.value.__cause__ is error
+    assert table.write_calls == attempts
+
+
+def test_checkpoint_error_looks_like_kclpys() -> None:
+    err = CheckpointError(SHUTDOWN, "lease lost")
+    assert isinstance(err, KclpySparkError)
+    assert err.value == "ShutdownException"
+    assert str(err) == "ShutdownException: lease lost"
+    assert CheckpointError(INVALID_STATE).value == str(CheckpointError(INVALID_STATE))
+    assert not err.retry_may_help
+
+
+def test_checkpoint_of_a_lease_starting_at_a_sentinel(table: FaultyTable) -> None:
+    table.create_lease_if_absent(Lease("shardId-000000000009", TRIM_HORIZON))
+    worker = Worker(table, "worker-a")
+    current = table.get_lease("shardId-000000000009")
+    assert current is not None
+    taken = table.take_lease(current, "worker-a")
+    assert taken is not None
+    held = worker.holder.add_taken(taken)
+    cp = Checkpointer(worker.holder, "shardId-000000000009", held.token, TRIM_HORIZON)
+    with raises(ILLEGAL_ARGUMENT):
+        cp.checkpoint("1")  # nothing delivered yet
+    cp.set_largest_permitted(esn("5"))
+    cp.checkpoint("1")
+    held_now = worker.holder.get_if_held("shardId-000000000009")
+    assert held_now is not None
+    assert table.get_lease("shardId-000000000009") == held_now.lease
+    assert held_now.lease.checkpoint == esn("1")

@@ -1,0 +1,285 @@
+"""LeaseHolder: renewals, local expiry on the monotonic clock, tokens, per-lease serialization."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import uuid
+from dataclasses import replace
+
+import pytest
+
+from checkpoint.clock import ManualClock
+from checkpoint.errors import DependencyError, ThrottledError
+from checkpoint.held import LeaseHolder, LeaseLoss
+from checkpoint.lease import Lease
+from checkpoint.memory import MemoryLeaseTable
+from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
+
+DURATION = 10.0
+KEY = "shardId-000000000000"
+
+
+class FaultyRenewTable(MemoryLeaseTable):
+    """A memory table whose renew_lease raises the queued errors first (fault injection)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.renew_errors: list[Exception] = []
+        self.renew_calls = 0
+
+    def renew_lease(self, lease: Lease) -> Lease | None:
+        self.renew_calls += 1
+        if self.renew_errors:
+            raise self.renew_errors.pop(0)
+        return super().renew_lease(lease)
+
+
+def take(table: MemoryLeaseTable, owner: str, key: str = KEY) -> Lease:
+    table.create_lease_if_absent(Lease(key, TRIM_HORIZON))
+    current = table.get_lease(key)
+    assert current is not None
+    taken = table.take_lease(current, owner)
+    assert taken is not None
+    return taken
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def table() -> FaultyRenewTable:
+    return FaultyRenewTable()
+
+
+@pytest.fixture
+def holder(table: FaultyRenewTable, clock: ManualClock) -> LeaseHolder:
+    return LeaseHolder(table, "worker-a", clock, DURATION)
+
+
+def stored(table: MemoryLeaseTable, key: str = KEY) -> Lease:
+    lease = table.get_lease(key)
+    assert lease is not None
+    return lease
+
+
+def test_add_taken_issues_a_token_and_rejects_other_owners(
+    table: FaultyRenewTable, holder: LeaseHolder
+) -> None:
+    held = holder.add_taken(take(table, "worker-a"))
+    assert holder.get_if_held(KEY) == held
+    assert holder.held_keys() == {KEY}
+    other = take(table, "worker-b", "shardId-000000000001")
+    with pytest.raises(ValueError, match="worker-b"):
+        holder.add_taken(other)
+
+
+def test_retaking_issues_a_new_token(table: FaultyRenewTable, holder: LeaseHolder) -> None:
+    first = holder.add_taken(take(table, "worker-a"))
+    second = holder.add_taken(stored(table))
+    assert first.token != second.token
+    result = holder.update(KEY, first.token, lambda lease: pytest.fail("must not write"))
+    assert result.loss is LeaseLoss.TOKEN_CHANGED
+
+
+def test_renew_bumps_the_counter_and_restarts_the_expiry_clock(
+    table: FaultyRenewTable, holder: LeaseHolder, clock: ManualClock
+) -> None:
+    holder.add_taken(take(table, "worker-a"))
+    before = stored(table).lease_counter
+    clock.advance(6)
+    report = holder.renew_all()
+    assert report.renewed == (KEY,) and report.lost == () and report.failed == {}
+    assert stored(table).lease_counter == before + 1
+    held = holder.get_if_held(KEY)
+    assert held is not None and held.lease == stored(table)
+    clock.advance(6)  # 12 s after the take, 6 s after the renewal
+    assert holder.get_if_held(KEY) is not None
+
+
+@pytest.mark.parametrize(
+    ("elapsed", "held"), [(0.0, True), (DURATION, True), (DURATION + 0.001, False)]
+)
+def test_local_expiry_is_judged_by_the_monotonic_clock(
+    table: FaultyRenewTable, holder: LeaseHolder, clock: ManualClock, elapsed: float, held: bool
+) -> None:
+    holder.add_taken(take(table, "worker-a"))
+    clock.advance(elapsed)
+    assert (holder.get_if_held(KEY) is not None) is held
+    assert (KEY in holder.held_keys()) is held
+
+
+def test_a_lost_renewal_drops_the_lease(table: FaultyRenewTable, holder: LeaseHolder) -> None:
+    mine = holder.add_taken(take(table, "worker-a"))
+    assert table.take_lease(stored(table), "worker-b") is not None
+    report = holder.renew_all()
+    assert report.lost == (mine.lease,) and report.renewed == ()
+    assert holder.get_if_held(KEY) is None
+    assert stored(table).lease_owner == "worker-b"
+
+
+def test_an_expired_lease_is_dropped_without_a_write(
+    table: FaultyRenewTable, holder: LeaseHolder, clock: ManualClock
+) -> None:
+    holder.add_taken(take(table, "worker-a"))
+    counter = stored(table).lease_counter
+    clock.advance(DURATION + 1)
+    report = holder.renew_all()
+    assert [lease.lease_key for lease in report.lost] == [KEY]
+    assert table.renew_calls == 0
+    assert stored(table).lease_counter == counter
+
+
+@pytest.mark.parametrize("error", [ThrottledError("slow down"), DependencyError("boom")])
+def test_a_failing_renewal_keeps_the_lease_until_it_expires(
+    table: FaultyRenewTable, holder: LeaseHolder, clock: ManualClock, error: Exception
+) -> None:
+    holder.add_taken(take(table, "worker-a"))
+    table.renew_errors = [error, error]
+    clock.advance(6)
+    report = holder.renew_all()
+    assert report.failed == {KEY: error} and report.lost == ()
+    assert holder.get_if_held(KEY) is not None
+    clock.advance(6)
+    assert holder.get_if_held(KEY) is None  # never renewed: expired locally
+    assert [lease.lease_key for lease in holder.renew_all().lost] == [KEY]
+
+
+def test_update_replaces_the_held_lease_so_renewals_keep_winning(
+    table: FaultyRenewTable, holder: LeaseHolder, clock: ManualClock
+) -> None:
+    held = holder.add_taken(take(table, "worker-a"))
+    clock.advance(5)
+    position = ExtendedSequenceNumber("42")
+    result = holder.update(KEY, held.token, lambda lease: table.update_checkpoint(lease, position))
+    assert result.won and result.loss is None
+    assert result.lease == stored(table)
+    current = holder.get_if_held(KEY)
+    assert current is not None
+    assert current.lease.checkpoint == position and current.last_counter_change == clock.monotonic()
+    assert holder.renew_all().renewed == (KEY,)
+
+
+def test_update_that_writes_nothing_does_not_extend_the_lease(
+    table: FaultyRenewTable, holder: LeaseHolder, clock: ManualClock
+) -> None:
+    held = holder.add_taken(take(table, "worker-a"))
+    clock.advance(DURATION)
+    assert holder.update(KEY, held.token, lambda lease: lease).won
+    clock.advance(0.001)
+    assert holder.get_if_held(KEY) is None
+
+
+@pytest.mark.parametrize(
+    ("setup", "loss"),
+    [
+        ("never-taken", LeaseLoss.NOT_HELD),
+        ("dropped", LeaseLoss.NOT_HELD),
+        ("expired", LeaseLoss.EXPIRED),
+        ("wrong-token", LeaseLoss.TOKEN_CHANGED),
+    ],
+)
+def test_update_refuses_without_writing(
+    table: FaultyRenewTable, holder: LeaseHolder, clock: ManualClock, setup: str, loss: LeaseLoss
+) -> None:
+    token = uuid.uuid4()
+    if setup != "never-taken":
+        held = holder.add_taken(take(table, "worker-a"))
+        if setup != "wrong-token":
+            token = held.token
+    if setup == "dropped":
+        assert holder.drop(KEY) is not None
+    if setup == "expired":
+        clock.advance(DURATION + 1)
+    result = holder.update(KEY, token, lambda lease: pytest.fail("must not write"))
+    assert result == type(result)(None, loss)
+    assert not result.won
+
+
+def test_a_lost_update_drops_the_lease(table: FaultyRenewTable, holder: LeaseHolder) -> None:
+    held = holder.add_taken(take(table, "worker-a"))
+    assert table.renew_lease(stored(table)) is not None  # the counter moves behind our back
+    before = stored(table)
+    result = holder.update(
+        KEY, held.token, lambda lease: table.update_checkpoint(lease, ExtendedSequenceNumber("7"))
+    )
+    assert result.loss is LeaseLoss.WRITE_LOST
+    assert stored(table) == before
+    assert holder.get_if_held(KEY) is None
+
+
+def test_update_errors_propagate_and_keep_the_lease(
+    table: FaultyRenewTable, holder: LeaseHolder
+) -> None:
+    held = holder.add_taken(take(table, "worker-a"))
+
+    def failing(lease: Lease) -> Lease | None:
+        raise DependencyError("store down")
+
+    with pytest.raises(DependencyError):
+        holder.update(KEY, held.token, failing)
+    assert holder.get_if_held(KEY) == held
+
+
+def test_renewals_and_updates_of_one_lease_never_race(
+    table: FaultyRenewTable, holder: LeaseHolder
+) -> None:
+    """Both writes are conditional on the same counter: unserialized, one would lose sometimes."""
+    held = holder.add_taken(take(table, "worker-a"))
+    initial_counter = held.lease.lease_counter
+    rounds = 300
+    outcomes: list[object] = []
+
+    def checkpoints() -> None:
+        for i in range(rounds):
+            position = ExtendedSequenceNumber(str(i + 1))
+
+            def write(lease: Lease, p: ExtendedSequenceNumber = position) -> Lease | None:
+                return table.update_checkpoint(lease, p)
+
+            outcomes.append(holder.update(KEY, held.token, write).loss)
+
+    def renewals() -> None:
+        for _ in range(rounds):
+            outcomes.extend(holder.renew_all().lost)
+
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible to provoke races
+    try:
+        threads = [threading.Thread(target=checkpoints), threading.Thread(target=renewals)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(old_interval)
+    assert outcomes == [None] * rounds
+    final = stored(table)
+    assert final.checkpoint == ExtendedSequenceNumber(str(rounds))
+    assert final.lease_counter == initial_counter + 2 * rounds  # every write won
+    current = holder.get_if_held(KEY)
+    assert current is not None and current.lease == final
+
+
+def test_drop_returns_what_was_held(table: FaultyRenewTable, holder: LeaseHolder) -> None:
+    held = holder.add_taken(take(table, "worker-a"))
+    assert holder.drop(KEY) == held
+    assert holder.drop(KEY) is None
+    assert holder.held() == []
+    assert holder.renew_all() == type(holder.renew_all())()
+
+
+def test_lease_duration_must_be_positive(table: FaultyRenewTable, clock: ManualClock) -> None:
+    with pytest.raises(ValueError, match="lease_duration"):
+        LeaseHolder(table, "w", clock, 0)
+
+
+def test_held_lease_is_a_separate_runtime_object(
+    table: FaultyRenewTable, holder: LeaseHolder
+) -> None:
+    lease = take(table, "worker-a")
+    held = holder.add_taken(lease)
+    assert held.lease == lease  # the stored value is untouched by runtime state
+    assert replace(held, token=held.token) == held

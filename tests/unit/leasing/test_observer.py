@@ -1,0 +1,202 @@
+"""LeaseObserver: expiry judged only from when this worker saw each lease counter change."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import pytest
+
+from checkpoint.clock import ManualClock
+from checkpoint.errors import ConfigError
+from checkpoint.lease import Lease
+from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber
+from kclpy_spark.leasing import LeaseObserver, LeaseTiming, ObservedScan
+
+TIMING = LeaseTiming(failover=10.0)
+DURATION = TIMING.lease_duration
+
+
+def lease(key: str, owner: str | None = None, counter: int = 1, *, done: bool = False) -> Lease:
+    return Lease(key, SHARD_END if done else TRIM_HORIZON, lease_owner=owner, lease_counter=counter)
+
+
+def by_key(scan: ObservedScan) -> dict[str, tuple[bool, bool, bool]]:
+    return {o.key: (o.expired, o.very_old, o.available) for o in scan.leases}
+
+
+def test_first_sight_unowned_is_never_renewed_and_owned_is_renewed_now() -> None:
+    clock = ManualClock()
+    observer = LeaseObserver(TIMING)
+    scan = observer.observe([lease("free"), lease("held", "a")], clock.monotonic())
+    # (expired, very_old, available)
+    assert by_key(scan) == {"free": (True, True, True), "held": (False, False, False)}
+    assert observer.last_change("free") is None
+    assert observer.last_change("held") == clock.monotonic()
+    assert scan.owner_counts == {"a": 1}
+
+
+def test_expiry_needs_more_than_a_lease_duration_without_a_counter_change() -> None:
+    clock = ManualClock()
+    observer = LeaseObserver(TIMING)
+    observer.observe([lease("s", "a", 5)], clock.monotonic())
+    clock.advance(DURATION)
+    assert by_key(observer.observe([lease("s", "a", 5)], clock.monotonic()))["s"][0] is False
+    clock.advance(0.001)
+    scan = observer.observe([lease("s", "a", 5)], clock.monotonic())
+    assert by_key(scan)["s"] == (True, False, True)
+    assert scan.owner_counts == {}  # an expired lease's owner is no longer counted as a worker
+
+
+def test_a_counter_change_resets_the_timer() -> None:
+    clock = ManualClock()
+    observer = LeaseObserver(TIMING)
+    observer.observe([lease("s", "a", 1)], clock.monotonic())
+    for counter in range(2, 8):
+        clock.advance(DURATION * 0.9)
+        scan = observer.observe([lease("s", "a", counter)], clock.monotonic())
+        assert by_key(scan)["s"] == (False, False, False)
+        assert scan.leases[0].last_change == clock.monotonic()
+    clock.advance(DURATION * 0.9)  # unchanged now: 0.9 + 0.9 durations since the last change
+    scan = observer.observe([lease("s", "a", 7)], clock.monotonic())
+    assert by_key(scan)["s"] == (False, False, False)
+    clock.advance(DURATION * 0.2)
+    assert by_key(observer.observe([lease("s", "a", 7)], clock.monotonic()))["s"][0] is True
+
+
+def test_very_old_after_three_lease_durations() -> None:
+    clock = ManualClock()
+    observer = LeaseObserver(TIMING)
+    observer.observe([lease("s", "a")], clock.monotonic())
+    clock.advance(3 * DURATION)
+    assert by_key(observer.observe([lease("s", "a")], clock.monotonic()))["s"] == (
+        True,
+        False,
+        True,
+    )
+    clock.advance(0.001)
+    assert by_key(observer.observe([lease("s", "a")], clock.monotonic()))["s"] == (True, True, True)
+
+
+def test_an_unowned_lease_seen_changing_is_available_but_not_very_old() -> None:
+    clock = ManualClock()
+    observer = LeaseObserver(TIMING)
+    observer.observe([lease("s", "a", 1)], clock.monotonic())
+    clock.advance(1.0)
+    scan = observer.observe([lease("s", None, 2)], clock.monotonic())  # released by its owner
+    assert by_key(scan)["s"] == (False, False, True)
+    assert scan.owner_counts == {}
+
+
+def test_vanished_leases_are_forgotten() -> None:
+    clock = ManualClock()
+    observer = LeaseObserver(TIMING)
+    observer.observe([lease("s", "a", 3)], clock.monotonic())
+    observer.observe([], clock.monotonic())
+    assert observer.last_change("s") is None
+    clock.advance(DURATION * 0.5)
+    scan = observer.observe([lease("s", "a", 3)], clock.monotonic())
+    assert scan.leases[0].last_change == clock.monotonic()  # first sight again
+
+
+def test_shard_end_leases_are_finished_and_not_counted() -> None:
+    observer = LeaseObserver(TIMING)
+    scan = observer.observe(
+        [lease("done", "a", done=True), lease("old-done", done=True), lease("live", "a")], 0.0
+    )
+    assert [o.key for o in scan.leases] == ["live"]
+    assert sorted(x.lease_key for x in scan.finished) == ["done", "old-done"]
+    assert scan.total == 1
+    assert scan.owner_counts == {"a": 1}
+    assert scan.very_old == ()
+
+
+def test_counts_are_per_live_owner() -> None:
+    clock = ManualClock()
+    observer = LeaseObserver(TIMING)
+    leases = [lease(f"a{i}", "a") for i in range(3)] + [lease("b0", "b"), lease("free")]
+    scan = observer.observe(leases, clock.monotonic())
+    assert scan.owner_counts == {"a": 3, "b": 1}
+    assert scan.count("a") == 3 and scan.count("nobody") == 0
+    assert [o.key for o in scan.held_by("b")] == ["b0"]
+    assert [o.key for o in scan.available] == ["free"]
+
+
+def test_our_own_write_is_remembered_with_its_time() -> None:
+    clock = ManualClock()
+    observer = LeaseObserver(TIMING)
+    observer.observe([lease("s", None, 1)], clock.monotonic())
+    clock.advance(2.0)
+    taken = lease("s", "me", 2)
+    observer.record_write(taken, clock.monotonic())
+    clock.advance(DURATION)
+    scan = observer.observe([taken], clock.monotonic())
+    assert scan.leases[0].last_change == clock.monotonic() - DURATION
+    assert by_key(scan)["s"] == (False, False, False)
+
+
+def test_a_lease_passing_between_owners_is_noted_for_the_previous_owner() -> None:
+    clock = ManualClock()
+    observer = LeaseObserver(TIMING)
+    observer.observe([lease("s", "me", 1), lease("t", "me", 1)], clock.monotonic())
+    clock.advance(1.0)
+    scan = observer.observe([lease("s", "thief", 2), lease("t", None, 2)], clock.monotonic())
+    taken_at = clock.monotonic()
+    assert scan.taken_from == {"me": taken_at}  # the release of "t" is not a take
+    clock.advance(TIMING.steal_cooldown - 0.001)
+    assert observer.observe([], clock.monotonic()).taken_from == {"me": taken_at}
+    clock.advance(0.002)
+    assert observer.observe([], clock.monotonic()).taken_from == {}  # pruned after the cooldown
+
+
+def test_forget_drops_all_memory() -> None:
+    observer = LeaseObserver(TIMING)
+    observer.observe([lease("s", "a")], 0.0)
+    observer.forget()
+    scan = observer.observe([lease("s", "a")], 50.0)
+    assert scan.leases[0].last_change == 50.0
+
+
+def test_wall_clock_is_never_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_wall_clock() -> float:
+        raise AssertionError("the observer read a clock")
+
+    monkeypatch.setattr(time, "time", no_wall_clock)
+    monkeypatch.setattr(time, "monotonic", no_wall_clock)
+    observer = LeaseObserver(TIMING)
+    parked = replace(lease("p", "a"), closed_until=1.0)  # a wall-clock field: ignored here
+    observer.observe([parked, lease("s", "a")], 100.0)
+    scan = observer.observe([parked, lease("s", "a")], 100.0 + DURATION + 1)
+    assert all(o.expired for o in scan.leases)
+
+
+def test_sub_sequence_checkpoints_are_not_shard_end() -> None:
+    observer = LeaseObserver(TIMING)
+    mid = Lease("s", ExtendedSequenceNumber("123", 4), lease_owner="a", lease_counter=1)
+    assert observer.observe([mid], 0.0).total == 1
+
+
+def test_lease_timing_follows_the_kcls_formulas() -> None:
+    timing = LeaseTiming.from_failover_millis(10_000)
+    assert timing.lease_duration == 10.0
+    assert timing.renew_interval == pytest.approx(3.30833, abs=1e-5)  # the KCL's 3308 ms
+    assert timing.take_interval == pytest.approx(20.05)  # the KCL's 20 050 ms
+    assert timing.very_old == 30.0
+    assert timing.steal_cooldown == pytest.approx(40.1)
+    assert LeaseTiming.from_failover_millis(60_000, epsilon_millis=0).renew_interval == 20.0
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"failover": 0.0},
+        {"failover": float("nan")},
+        {"failover": 0.07},  # failover/3 - 0.025 <= 0
+        {"failover": 10.0, "epsilon": -1.0},
+        {"failover": 10.0, "very_old_multiplier": 0.5},
+        {"failover": 10.0, "steal_cooldown_intervals": -1.0},
+    ],
+)
+def test_lease_timing_rejects_bad_values(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ConfigError):
+        LeaseTiming(**kwargs)

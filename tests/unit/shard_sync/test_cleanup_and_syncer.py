@@ -1,0 +1,189 @@
+"""Cleanup rules, the auditor, and the sync glue over a memory table (no mocks, no sleeps)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from checkpoint.lease import MAX_HASH_KEY, HashKeyRange, Lease
+from checkpoint.memory import MemoryLeaseTable
+from checkpoint.sequence import (
+    SHARD_END,
+    TRIM_HORIZON,
+    ExtendedSequenceNumber,
+    InitialPosition,
+)
+from shard_sync.cleanup import LeaderMaintenance, completed_leases_to_delete, garbage_leases
+from shard_sync.shards import Shard
+from shard_sync.syncer import ShardSyncer
+
+HALF = MAX_HASH_KEY // 2
+
+
+def shard(
+    sid: str,
+    start: int,
+    end: int | None,
+    lo: int = 0,
+    hi: int = MAX_HASH_KEY,
+    parent: str | None = None,
+    adjacent: str | None = None,
+) -> Shard:
+    entry: dict[str, Any] = {
+        "ShardId": sid,
+        "HashKeyRange": {"StartingHashKey": str(lo), "EndingHashKey": str(hi)},
+        "SequenceNumberRange": {"StartingSequenceNumber": str(start)},
+    }
+    if end is not None:
+        entry["SequenceNumberRange"]["EndingSequenceNumber"] = str(end)
+    if parent:
+        entry["ParentShardId"] = parent
+    if adjacent:
+        entry["AdjacentParentShardId"] = adjacent
+    return Shard.from_api(entry)
+
+
+def lease(
+    key: str,
+    checkpoint: ExtendedSequenceNumber = TRIM_HORIZON,
+    parents: tuple[str, ...] = (),
+    children: tuple[str, ...] = (),
+    lo: int = 0,
+    hi: int = MAX_HASH_KEY,
+) -> Lease:
+    return Lease(
+        key,
+        checkpoint,
+        parent_shard_ids=frozenset(parents),
+        child_shard_ids=frozenset(children),
+        hash_key_range=HashKeyRange(lo, hi),
+    )
+
+
+STARTED = ExtendedSequenceNumber("100")
+
+
+@pytest.mark.parametrize(
+    ("leases", "deletable"),
+    [
+        # A finished parent whose two children have started goes.
+        (
+            [lease("p", SHARD_END, children=("a", "b")), lease("a", STARTED), lease("b", STARTED)],
+            ["p"],
+        ),
+        # One child not started yet: keep the parent (its child may still need its checkpoint).
+        ([lease("p", SHARD_END, children=("a", "b")), lease("a", STARTED), lease("b")], []),
+        # A child lease not created yet: keep.
+        ([lease("p", SHARD_END, children=("a", "b")), lease("a", STARTED)], []),
+        # No recorded children: keep.
+        ([lease("p", SHARD_END)], []),
+        # Not finished: keep.
+        ([lease("p", STARTED, children=("a",)), lease("a", STARTED)], []),
+        # The grandparent is still there: the parent waits for it to go first.
+        (
+            [
+                lease("g", SHARD_END, children=("p",)),
+                lease("p", SHARD_END, parents=("g",), children=("c",)),
+                lease("c", STARTED, parents=("p",)),
+            ],
+            ["g"],
+        ),
+        # Multi-stream keys: children and parents are looked up with the same stream prefix.
+        (
+            [lease("acct:s:1:p", SHARD_END, children=("a",)), lease("acct:s:1:a", STARTED)],
+            ["acct:s:1:p"],
+        ),
+    ],
+)
+def test_completed_leases_to_delete(leases: list[Lease], deletable: list[str]) -> None:
+    assert [lease.lease_key for lease in completed_leases_to_delete(leases)] == deletable
+
+
+def test_garbage_leases_are_those_of_unlisted_shards() -> None:
+    leases = [lease("a"), lease("b"), lease("acct:s:1:c")]
+    assert [x.lease_key for x in garbage_leases(leases, {"a", "c"})] == ["b"]
+
+
+class ListedShards:
+    """A ShardLister over a fixed listing, recording the filters it was asked for."""
+
+    def __init__(self, shards: list[Shard]) -> None:
+        self.shards = shards
+        self.filters: list[Any] = []
+
+    def list_shards(self, shard_filter: dict[str, Any] | None = None) -> list[Shard]:
+        self.filters.append(shard_filter)
+        return list(self.shards)
+
+
+def split_listing() -> list[Shard]:
+    return [
+        shard("shardId-0", 1, 50),
+        shard("shardId-1", 51, None, 0, HALF, parent="shardId-0"),
+        shard("shardId-2", 52, None, HALF + 1, MAX_HASH_KEY, parent="shardId-0"),
+    ]
+
+
+def test_sync_on_empty_table_uses_the_filter_and_leases_every_listed_shard() -> None:
+    table = MemoryLeaseTable()
+    lister = ListedShards(split_listing())
+    result = ShardSyncer(lister, table, InitialPosition.trim_horizon(), sleep=lambda _: None).sync()
+    assert result.table_was_empty
+    assert lister.filters == [{"Type": "AT_TRIM_HORIZON"}]
+    assert result.created == ("shardId-0", "shardId-1", "shardId-2")
+    assert all(x.checkpoint == TRIM_HORIZON for x in table.list_leases())
+    again = ShardSyncer(lister, table, InitialPosition.trim_horizon()).sync()
+    assert again.created == ()
+    assert lister.filters[-1] is None  # a non-empty table lists everything
+
+
+def test_sync_relists_an_empty_table_listing_with_holes() -> None:
+    table = MemoryLeaseTable()
+    lister = ListedShards([shard("shardId-1", 51, None, 0, HALF)])
+    slept: list[float] = []
+    ShardSyncer(lister, table, InitialPosition.latest(), sleep=slept.append).sync()
+    assert len(lister.filters) == 3 and len(slept) == 3
+
+
+def test_auditor_syncs_only_after_threshold_rounds_of_holes() -> None:
+    table = MemoryLeaseTable()
+    lister = ListedShards(
+        [shard("shardId-1", 51, None, 0, HALF), shard("shardId-2", 52, None, HALF + 1)]
+    )
+    syncer = ShardSyncer(lister, table, InitialPosition.latest())
+    # Someone deleted shardId-2's lease: half the hash range has no lease.
+    table.create_lease_if_absent(lease("shardId-1", STARTED, lo=0, hi=HALF))
+    maintenance = LeaderMaintenance(syncer, table, hole_threshold=3)
+    first = maintenance.run_once()
+    second = maintenance.run_once()
+    assert (first.synced, second.synced) == (None, None)
+    assert (first.holes, first.consecutive, second.consecutive) == (1, 1, 2)
+    assert lister.filters == []  # no ListShards call while below the threshold
+    third = maintenance.run_once()
+    assert third.synced is not None
+    assert third.synced.created == ("shardId-2",)
+    # Covered now: the next rounds neither count nor sync.
+    fourth = maintenance.run_once()
+    assert (fourth.holes, fourth.consecutive, fourth.synced) == (0, 0, None)
+    assert len(lister.filters) == 1
+
+
+def test_finished_parent_without_child_leases_leaves_children_to_shard_end() -> None:
+    # The KCL's non-empty rule gives open descendants of a leased shard no lease: the parent's
+    # consumer creates them at SHARD_END (before it may checkpoint SHARD_END).
+    table = MemoryLeaseTable()
+    table.create_lease_if_absent(lease("shardId-0", STARTED))
+    result = ShardSyncer(ListedShards(split_listing()), table, InitialPosition.latest()).sync()
+    assert result.created == ()
+
+
+def test_auditor_deletes_finished_leases_with_conditional_deletes() -> None:
+    table = MemoryLeaseTable()
+    for x in (lease("p", SHARD_END, children=("a",)), lease("a", STARTED, parents=("p",))):
+        table.create_lease_if_absent(x)
+    maintenance = LeaderMaintenance(
+        ShardSyncer(ListedShards([]), table, InitialPosition.latest()), table
+    )
+    assert maintenance.run_once().deleted == ("p",)
+    assert [x.lease_key for x in table.list_leases()] == ["a"]

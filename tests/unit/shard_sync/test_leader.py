@@ -1,0 +1,80 @@
+"""Leader election over the coordination record, driven by a manual clock (no sleeps)."""
+
+from __future__ import annotations
+
+from checkpoint.clock import ManualClock
+from checkpoint.memory import MemoryLeaseTable
+from shard_sync.leader import LEADER_KEY, LeaderElection
+
+
+def _pair(
+    duration: float = 10.0,
+) -> tuple[MemoryLeaseTable, ManualClock, LeaderElection, LeaderElection]:
+    store = MemoryLeaseTable()
+    clock = ManualClock()
+    a = LeaderElection(store, "A", lease_duration=duration, clock=clock)
+    b = LeaderElection(store, "B", lease_duration=duration, clock=clock)
+    return store, clock, a, b
+
+
+def test_first_worker_leads_and_second_does_not() -> None:
+    store, _, a, b = _pair()
+    assert a.tick() is True
+    assert b.tick() is False
+    record = store.get_record(LEADER_KEY)
+    assert record is not None and record.owner == "A"
+
+
+def test_live_leader_keeps_leading_while_renewing() -> None:
+    _, clock, a, b = _pair()
+    a.tick()
+    for _ in range(20):
+        clock.advance(3.0)
+        assert a.tick() is True
+        assert b.tick() is False
+
+
+def test_dead_leader_is_replaced_after_lease_duration_only() -> None:
+    _, clock, a, b = _pair(duration=10.0)
+    a.tick()
+    assert b.tick() is False  # B first sees version 1 now
+    clock.advance(9.0)
+    assert b.tick() is False  # not yet expired on B's clock
+    clock.advance(1.5)
+    assert b.tick() is True  # A never renewed: B takes over
+    # The old leader notices it lost on its next tick and does not fight back.
+    assert a.tick() is False
+    assert b.tick() is True
+
+
+def test_only_one_leader_at_any_tick() -> None:
+    _, clock, a, b = _pair(duration=5.0)
+    leaders = []
+    for step in range(50):
+        clock.advance(1.0)
+        ticks = [a.tick(), b.tick()] if step % 2 else [b.tick(), a.tick()]
+        leaders.append(sum(ticks))
+    assert max(leaders) == 1
+    assert min(leaders) == 1
+
+
+def test_resign_hands_over_at_once() -> None:
+    _, _, a, b = _pair()
+    a.tick()
+    b.tick()
+    a.resign()
+    assert a.is_leader is False
+    assert b.tick() is True
+
+
+def test_note_merges_data_only_for_leader() -> None:
+    store, _, a, b = _pair()
+    a.tick()
+    b.tick()
+    assert a.note(last_sync=123.0) is True
+    assert b.note(last_sync=999.0) is False
+    record = store.get_record(LEADER_KEY)
+    assert record is not None and '"last_sync": 123.0' in record.data
+    a.tick()  # renewal keeps the data
+    record = store.get_record(LEADER_KEY)
+    assert record is not None and '"last_sync": 123.0' in record.data
