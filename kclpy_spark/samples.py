@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 from kclpy_spark.processor import (
@@ -41,8 +42,8 @@ class CountingProcessor(RecordProcessor):
 class JsonLinesProcessor(RecordProcessor):
     """Appends every record to ``$KCLPY_SPARK_SAMPLE_OUTPUT/<shard>.jsonl``, then checkpoints.
 
-    One line per record: worker pid, shard, sequence number, partition key, data (UTF-8, replaced
-    where not decodable). Used by the integration tests to see exactly what was processed.
+    One line per record: worker pid, time, shard, sequence number, partition key, data (UTF-8,
+    replaced where not decodable). Used by the integration tests to see exactly what was processed.
     """
 
     _lock = threading.Lock()
@@ -54,10 +55,12 @@ class JsonLinesProcessor(RecordProcessor):
         self.path = out / f"{self.shard_id}.jsonl"
 
     def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+        now = time.time()
         lines = [
             json.dumps(
                 {
                     "pid": os.getpid(),
+                    "t": now,
                     "shard": self.shard_id,
                     "seq": r.sequence_number,
                     "key": r.partition_key,

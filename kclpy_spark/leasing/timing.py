@@ -6,6 +6,12 @@ The KCL derives its intervals from ``failoverTimeMillis`` (the lease duration) a
   judge its lease expired (the epsilon keeps the third try strictly inside the duration);
 * take every ``(failover + epsilon) * 2``: a lease needs a full duration without a counter change to
   expire, so scanning more often than that only costs lease-table reads;
+* kclpy-spark scans every ``(failover + epsilon) * take_interval_multiplier`` with a multiplier of
+  1 by default, not the KCL's 2. Expiry is judged between scans, so a dead worker is noticed one
+  or two scans after its last renewal: up to ``2 * (failover + epsilon)`` here against up to
+  ``4 * (failover + epsilon)`` in the KCL. The price is one Scan per worker per interval more,
+  small beside the renewals (one write per lease every ``failover / 3``). Set the multiplier to 2
+  for the KCL's exact timing;
 * a lease is "very old" after ``3 * failover`` without a counter change, and is then taken first.
 
 Seconds as floats throughout; the KCL's milliseconds are accepted only by ``from_failover_millis``.
@@ -36,6 +42,7 @@ class LeaseTiming:
     epsilon: float = DEFAULT_EPSILON
     very_old_multiplier: float = DEFAULT_VERY_OLD_MULTIPLIER
     steal_cooldown_intervals: float = DEFAULT_STEAL_COOLDOWN_INTERVALS
+    take_interval_multiplier: float = 1.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.failover) and self.failover > 0):
@@ -48,6 +55,11 @@ class LeaseTiming:
             raise ConfigError(
                 f"failover time {self.failover} s is too short: the renewal interval "
                 f"failover/3 - {self.epsilon} s would not be positive"
+            )
+        if not self.take_interval_multiplier >= 1:
+            # Scanning more often than once per lease duration cannot see an expiry any sooner.
+            raise ConfigError(
+                f"take interval multiplier must be >= 1: {self.take_interval_multiplier}"
             )
         if not self.very_old_multiplier >= 1:
             raise ConfigError(f"very-old multiplier must be >= 1: {self.very_old_multiplier}")
@@ -76,7 +88,7 @@ class LeaseTiming:
     @property
     def take_interval(self) -> float:
         """How often a worker scans the lease table and takes or steals leases."""
-        return (self.failover + self.epsilon) * 2
+        return (self.failover + self.epsilon) * self.take_interval_multiplier
 
     @property
     def very_old(self) -> float:

@@ -157,7 +157,7 @@ def test_cooldown_after_a_lease_was_taken_from_us_suppresses_stealing_only() -> 
     held = plan_takes(recent, ME, rng=rng, steal_cooldown=TIMING.steal_cooldown)
     assert held.leases == () and "cooldown" in held.reason
     long_ago = ObservedScan(
-        base.now, base.leases, (), base.owner_counts, {ME: base.now - TIMING.steal_cooldown}
+        base.now, base.leases, (), base.owner_counts, {ME: base.now - TIMING.steal_cooldown - 1e-6}
     )
     assert len(plan_takes(long_ago, ME, rng=rng, steal_cooldown=TIMING.steal_cooldown).steal) == 1
     free = scan_of({"a": 2}, free=2)
