@@ -88,6 +88,7 @@ class Worker:
                 counters=self.counters,
             ),
             store,
+            lister=self.lister,
         )
         self._running: dict[str, _Running] = {}
         self.finished: dict[str, ShardStats] = {}

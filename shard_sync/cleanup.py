@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from checkpoint.lease import Lease
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import Sentinel
+from shard_sync.discovery import ShardLister
 from shard_sync.hierarchy import lease_hash_range_holes
 from shard_sync.syncer import ShardSyncer, SyncResult
 
@@ -67,13 +68,26 @@ class LeaderMaintenance:
     holes appear briefly during every reshard, hence the confidence threshold) or when the table
     is empty, and delete finished leases."""
 
-    def __init__(self, syncer: ShardSyncer, table: LeaseTable, *, hole_threshold: int = 3) -> None:
-        if hole_threshold < 1:
-            raise ValueError("hole_threshold must be >= 1")
+    def __init__(
+        self,
+        syncer: ShardSyncer,
+        table: LeaseTable,
+        *,
+        hole_threshold: int = 3,
+        lister: ShardLister | None = None,
+        garbage_every: int = 10,
+    ) -> None:
+        if hole_threshold < 1 or garbage_every < 1:
+            raise ValueError("hole_threshold and garbage_every must be >= 1")
         self._syncer = syncer
         self._table = table
         self._threshold = hole_threshold
         self._consecutive = 0
+        # Garbage needs a full ListShards, so it runs only every ``garbage_every`` rounds (the KCL
+        # checks for garbage every 30 minutes, completed leases every 5).
+        self._lister = lister
+        self._garbage_every = garbage_every
+        self._rounds = 0
 
     def run_once(self) -> AuditResult:
         leases = self._table.list_leases()
@@ -103,6 +117,10 @@ class LeaderMaintenance:
             if self._table.delete_lease(lease):
                 deleted.append(lease.lease_key)
                 log.info("deleted finished lease %s: its children have started", lease.lease_key)
+        self._rounds += 1
+        if self._lister is not None and self._rounds % self._garbage_every == 0:
+            listed = {shard.shard_id for shard in self._lister.list_shards()}
+            deleted.extend(self.delete_garbage(listed))
         return AuditResult(len(holes), self._consecutive, synced, tuple(deleted))
 
     def delete_garbage(self, listed_shard_ids: Collection[str]) -> list[str]:

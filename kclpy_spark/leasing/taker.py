@@ -81,6 +81,25 @@ def _shuffled(observed: tuple[ObservedLease, ...], rng: random.Random) -> list[L
     return leases
 
 
+def _preference(observed: ObservedLease) -> int:
+    """Which available leases to take first (Data Prepper's source-coordination order): those
+    whose owner stopped renewing (work stalled now), then parked leases whose reopen time has come
+    (they waited already), then never-owned ones."""
+    if observed.lease.lease_owner is not None:
+        return 0
+    if observed.lease.closed_count > 0:
+        return 1
+    return 2
+
+
+def _preferred(observed: tuple[ObservedLease, ...], rng: random.Random) -> list[Lease]:
+    """Available leases in preference order; random within each group (as the KCL shuffles)."""
+    groups: dict[int, list[ObservedLease]] = {}
+    for o in observed:
+        groups.setdefault(_preference(o), []).append(o)
+    return [lease for rank in sorted(groups) for lease in _shuffled(tuple(groups[rank]), rng)]
+
+
 def plan_takes(
     scan: ObservedScan,
     worker_id: str,
@@ -110,7 +129,7 @@ def plan_takes(
     very_old = scan.very_old
     if very_old:
         room = max(0, min(max_leases_for_worker - mine, len(very_old)))
-        chosen = tuple(_shuffled(very_old, rng)[:room])
+        chosen = tuple(_preferred(very_old, rng)[:room])
         return replace(
             base,
             take=chosen,
@@ -124,7 +143,7 @@ def plan_takes(
 
     available = scan.available
     if available:
-        chosen = tuple(_shuffled(available, rng)[:needed])
+        chosen = tuple(_preferred(available, rng)[:needed])
         return replace(
             base,
             take=chosen,

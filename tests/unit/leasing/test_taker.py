@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -317,3 +318,45 @@ def test_the_cooldown_damps_churn_around_a_stalling_worker() -> None:
         return total
 
     assert churn(cooldown=True) < 0.8 * churn(cooldown=False)
+
+
+def test_available_leases_are_taken_expired_first_then_reopened_then_unowned() -> None:
+    observer = LeaseObserver(TIMING)
+    expired = Lease("expired", TRIM_HORIZON, lease_owner="dead", lease_counter=4)
+    released = Lease("released", TRIM_HORIZON, lease_owner="gone", lease_counter=7)
+    parked = Lease("parked", TRIM_HORIZON, lease_owner="sick", lease_counter=2)
+    busy = [Lease(f"busy-{i}", TRIM_HORIZON, lease_owner="busy", lease_counter=1) for i in range(3)]
+    observer.observe([expired, released, parked, *busy], 0.0)
+    # Then "gone" released its lease, "sick" parked its lease (released with a reopen time that
+    # has come), "dead" stopped renewing, and "busy" kept renewing.
+    now = TIMING.lease_duration + 1
+    later = [
+        expired,
+        replace(released, lease_owner=None, lease_counter=8),
+        replace(parked, lease_owner=None, lease_counter=4, closed_until=0.0, closed_count=1),
+        *(replace(x, lease_counter=x.lease_counter + 5) for x in busy),
+    ]
+    scan = observer.observe(later, now)
+    assert {o.key for o in scan.available} == {"expired", "released", "parked"}
+    assert not scan.very_old
+    orders = set()
+    for seed in range(20):
+        plan = plan_takes(scan, ME, rng=random.Random(seed))
+        orders.add(tuple(x.lease_key for x in plan.take))
+    # Target is ceil(6 / 2) = 3: all three, always in preference order.
+    assert orders == {("expired", "parked", "released")}
+    one = plan_takes(scan, ME, rng=random.Random(0), max_leases_for_worker=1)
+    assert [x.lease_key for x in one.take] == ["expired"]
+
+
+def test_very_old_leases_follow_the_same_preference() -> None:
+    observer = LeaseObserver(TIMING)
+    stale = Lease("stale", TRIM_HORIZON, lease_owner="dead", lease_counter=4)
+    observer.observe([stale], 0.0)
+    reopened = Lease("reopened", TRIM_HORIZON, closed_until=0.0, closed_count=1, lease_counter=3)
+    fresh = [Lease(f"fresh-{i}", TRIM_HORIZON) for i in range(5)]
+    scan = observer.observe([stale, reopened, *fresh], TIMING.very_old + 1)
+    assert {o.key for o in scan.very_old} == {"stale", "reopened", *(x.lease_key for x in fresh)}
+    for seed in range(20):
+        plan = plan_takes(scan, ME, rng=random.Random(seed), max_leases_for_worker=2)
+        assert [x.lease_key for x in plan.take] == ["stale", "reopened"]

@@ -187,3 +187,16 @@ def test_auditor_deletes_finished_leases_with_conditional_deletes() -> None:
     )
     assert maintenance.run_once().deleted == ("p",)
     assert [x.lease_key for x in table.list_leases()] == ["a"]
+
+
+def test_garbage_leases_are_deleted_every_nth_round_from_a_full_listing() -> None:
+    table = MemoryLeaseTable()
+    lister = ListedShards([shard("shardId-1", 51, None)])
+    for x in (lease("shardId-1", STARTED), lease("shardId-gone", STARTED, lo=0, hi=0)):
+        table.create_lease_if_absent(x)
+    syncer = ShardSyncer(lister, table, InitialPosition.latest())
+    maintenance = LeaderMaintenance(syncer, table, lister=lister, garbage_every=3)
+    assert [maintenance.run_once().deleted for _ in range(2)] == [(), ()]
+    assert lister.filters == []  # no listing before the third round
+    assert maintenance.run_once().deleted == ("shardId-gone",)
+    assert [x.lease_key for x in table.list_leases()] == ["shardId-1"]

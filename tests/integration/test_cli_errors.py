@@ -1,0 +1,69 @@
+"""`kclpy-spark run` with bad input: one clear line on stderr, exit status 2, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kclpy_spark.cli", "run", *args],
+        capture_output=True, text=True, timeout=120, cwd=cwd, check=False,
+    )  # fmt: skip
+
+
+def _assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--stream-name", "s", "--processor", "kclpy_spark.samples:CountingProcessor",
+          "--initial-position", "EARLIEST"], ["initial position", "EARLIEST"]),
+        (["--stream-name", "s", "--processor", "no_such_module:Proc"],
+         ["cannot import processor module", "no_such_module"]),
+        (["--stream-name", "s", "--processor", "kclpy_spark.samples:NoSuchClass"],
+         ["NoSuchClass"]),
+        (["--stream-name", "s", "--processor", "not a path"], ["processor"]),
+        (["--stream-name", "s"], ["processor", "required"]),
+        (["--processor", "kclpy_spark.samples:CountingProcessor"], ["stream_name"]),
+        (["--stream-name", "s", "--processor", "kclpy_spark.samples:CountingProcessor",
+          "--lease-store", "postgres"], ["lease_store"]),
+        (["--config", "missing.toml"], ["missing.toml", "does not exist"]),
+    ],
+)  # fmt: skip
+def test_bad_config_is_one_clear_line(args: list[str], needles: list[str], tmp_path: Path) -> None:
+    _assert_one_line_error(_run(*args, cwd=tmp_path), *needles)
+
+
+def test_unknown_key_in_config_file(tmp_path: Path) -> None:
+    (tmp_path / "bad.toml").write_text('stream_name = "s"\nstreamName = "oops"\n')
+    _assert_one_line_error(_run("--config", "bad.toml", cwd=tmp_path), "streamName", "unknown")
+
+
+def test_missing_stream_is_one_clear_line(localstack_endpoint: str, tmp_path: Path) -> None:
+    result = _run(
+        "--stream-name", "no-such-stream-anywhere", "--endpoint-url", localstack_endpoint,
+        "--processor", "kclpy_spark.samples:CountingProcessor", cwd=tmp_path,
+    )  # fmt: skip
+    _assert_one_line_error(result, "no-such-stream-anywhere", "does not exist")
+
+
+def test_missing_lease_table_with_creation_disabled(localstack_endpoint: str, tmp_path: Path,
+                                                    kinesis_client: object) -> None:  # fmt: skip
+    (tmp_path / "w.toml").write_text(
+        f'stream_name = "s"\nendpoint_url = "{localstack_endpoint}"\nlease_store = "dynamodb"\n'
+        'application_name = "no-such-table-here"\ncreate_lease_table = false\n'
+        'processor = "kclpy_spark.samples:CountingProcessor"\n'
+    )
+    _assert_one_line_error(_run("--config", "w.toml", cwd=tmp_path), "no-such-table-here")
