@@ -66,6 +66,7 @@ def test_failing_batches_are_retried_until_processed(
     produced = _stream(kinesis_client, unique_name, 1, 40)
     attempts: Counter[str] = Counter()
     done: list[str] = []
+    last_seq: list[str] = []
     lock = threading.Lock()
 
     class Flaky(RecordProcessor):
@@ -76,6 +77,7 @@ def test_failing_batches_are_retried_until_processed(
                 if attempts[first] <= 2:
                     raise RuntimeError(f"transient failure on {first}")
                 done.extend(r.binary_data.decode() for r in process_records_input.records)
+                last_seq.append(process_records_input.records[-1].sequence_number)
             process_records_input.checkpointer.checkpoint()
 
     caplog.set_level(logging.ERROR, logger="kclpy_spark.consumer")
@@ -85,18 +87,16 @@ def test_failing_batches_are_retried_until_processed(
     assert all(n == 3 for n in attempts.values())
     failures = [r for r in caplog.records if "process_records failed" in r.getMessage()]
     assert failures and all("shardId-000000000000" in r.getMessage() for r in failures)
+    # The checkpoint is the last record processed (each batch checkpointed once it succeeded).
     lease = worker.store.get_lease("shardId-000000000000")
-    assert (
-        lease is not None
-        and lease.checkpoint.sequence_number == max((r for r in attempts), key=int)
-        or lease is not None
-    )
+    assert lease is not None
+    assert lease.checkpoint.sequence_number == last_seq[-1]
 
 
 def test_poison_batch_parks_its_lease_and_the_worker_goes_on(
     kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
 ) -> None:
-    produced = _stream(kinesis_client, unique_name, 2, 40)
+    _stream(kinesis_client, unique_name, 2, 40)
     seen: dict[str, set[str]] = {}
     lock = threading.Lock()
 
@@ -133,7 +133,6 @@ def test_poison_batch_parks_its_lease_and_the_worker_goes_on(
     assert lease.lease_owner is None and lease.closed_until is not None
     assert lease.checkpoint.is_sentinel  # nothing of the poisoned shard was checkpointed
     assert "shardId-000000000000" not in seen
-    assert produced  # the stream had records for both shards
 
 
 def test_async_processor_methods_are_awaited(
