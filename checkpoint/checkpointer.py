@@ -110,7 +110,9 @@ class Checkpointer:
         *,
         retry_policy: RetryPolicy = CHECKPOINT_RETRY,
         sleep: Callable[[float], None] = time.sleep,
+        on_write: Callable[[float], None] | None = None,
     ) -> None:
+        self._on_write = on_write  # told the seconds each successful checkpoint write took
         self._holder = holder
         self.lease_key = lease_key
         self._token = token
@@ -139,6 +141,17 @@ class Checkpointer:
         with self._lock:
             self._at_shard_end = self._largest_permitted if last_sequence is None else last_sequence
             self._largest_permitted = SHARD_END
+
+    @property
+    def pending_checkpoint(self) -> tuple[ExtendedSequenceNumber, bytes | None] | None:
+        """The pending checkpoint and its application state in the held lease (as the last
+        ``prepare_checkpoint`` of any tenure left them), or None. Read-only: it lets a processor
+        that starts on a lease re-form exactly the range (checkpoint, pending] it was writing.
+        Raises ``CheckpointError`` (``ShutdownException``) if the lease is no longer held."""
+        lease = self._held_or_raise()
+        if lease.pending_checkpoint is None:
+            return None
+        return lease.pending_checkpoint, lease.pending_checkpoint_state
 
     # --- the kclpy API ---------------------------------------------------------------------------
 
@@ -208,6 +221,7 @@ class Checkpointer:
 
     def _run(self, attempt: Callable[[], None]) -> None:
         """The retry loop outside; maps what is left to kclpy's CheckpointError values."""
+        started = time.monotonic()
         try:
             call_with_retry(
                 attempt,
@@ -223,6 +237,8 @@ class Checkpointer:
             raise CheckpointError(INVALID_STATE, str(exc)) from exc
         except KclpySparkError as exc:
             raise CheckpointError(DEPENDENCY, str(exc)) from exc
+        if self._on_write is not None:
+            self._on_write(time.monotonic() - started)
 
     def _write(self, write: Callable[[Lease], Lease | None]) -> None:
         """One conditional write through the holder; a refusal or a lost write is a lost lease.

@@ -1,4 +1,5 @@
-"""The ``kclpy-spark`` command: ``run`` (the consumer daemon) and ``demo``.
+"""The ``kclpy-spark`` command: ``run`` (the consumer daemon), ``status``, ``reset``,
+``suspend``, ``resume`` and ``demo``.
 
 Errors the user can fix (bad config, missing stream or table, bad credentials) print one line
 and exit with status 2; no stack trace.
@@ -8,13 +9,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from collections.abc import Sequence
 
 from checkpoint.errors import ConfigError, KclpySparkError
-
-LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
 
 def _add_worker_flags(p: argparse.ArgumentParser) -> None:
@@ -35,6 +33,7 @@ def _add_worker_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--idle-time-between-reads", type=float, help="seconds")
     p.add_argument("--shard-sync-interval", type=float, help="seconds")
     p.add_argument("--parent-shard-poll-interval", type=float, help="seconds")
+    p.add_argument("--metrics-port", type=int, help="serve /metrics, /healthz, /readyz")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,9 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kclpy-spark", description="A pure-Python, KCL-style Kinesis consumer."
     )
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the consumer daemon")
     _add_worker_flags(run)
+    from kclpy_spark.admin import add_subcommands
+
+    add_subcommands(sub, _add_worker_flags)
     demo = sub.add_parser("demo", help="a live demo against a local endpoint")
     demo.add_argument("--endpoint", required=True, help="e.g. http://127.0.0.1:4566")
     demo.add_argument("--shards", type=int, default=2)
@@ -68,6 +71,7 @@ _FLAG_FIELDS = (
     "idle_time_between_reads",
     "shard_sync_interval",
     "parent_shard_poll_interval",
+    "metrics_port",
 )
 
 
@@ -95,14 +99,29 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _admin(args: argparse.Namespace) -> int:
+    from kclpy_spark import admin
+    from kclpy_spark.config import WorkerConfig
+
+    cfg = _config_from_args(args)
+    assert isinstance(cfg, WorkerConfig)
+    if args.command == "status":
+        return admin.status_command(args, cfg)
+    if args.command == "reset":
+        return admin.reset_command(args, cfg)
+    return admin.suspend_command(cfg, args.command == "suspend")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
-    for noisy in ("botocore", "aiobotocore", "urllib3", "py4j"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from kclpy_spark.logs import configure
+
+    configure(args.log_level, args.log_format)
     try:
         if args.command == "run":
             return _run(args)
+        if args.command in {"status", "reset", "suspend", "resume"}:
+            return _admin(args)
         from kclpy_spark.demo import run_demo
 
         return run_demo(args)

@@ -60,7 +60,13 @@ class WorkerConfig:
     max_processing_attempts: int = 10
     park_duration: float = 60.0
     ignore_unexpected_child_shards: bool = False
-    status_port: int | None = None
+    # Prometheus /metrics plus /healthz and /readyz; None = no HTTP server.
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    # A stored sequence number older than the stream's retention: "fail" (park the lease and log
+    # an error), "earliest" (restart at TRIM_HORIZON: duplicates possible) or "latest" (restart at
+    # LATEST: records lost). Druid's resetOffsetAutomatically, made explicit.
+    aged_checkpoint_policy: str = "fail"
 
     def __post_init__(self) -> None:
         _check(self)
@@ -130,6 +136,13 @@ def _check(cfg: WorkerConfig) -> None:
     ):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"config {name!r} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.aged_checkpoint_policy not in {"fail", "earliest", "latest"}:
+        raise ConfigError(
+            "config 'aged_checkpoint_policy' must be 'fail', 'earliest' or 'latest', "
+            f"got {cfg.aged_checkpoint_policy!r}"
+        )
+    if cfg.metrics_port is not None and not 0 <= cfg.metrics_port <= 65535:
+        raise ConfigError(f"config 'metrics_port' must be 0..65535, got {cfg.metrics_port}")
     if cfg.endpoint_url is not None and not re.match(r"^https?://", cfg.endpoint_url):
         raise ConfigError(
             f"config 'endpoint_url' must start with http:// or https://, got {cfg.endpoint_url!r}"

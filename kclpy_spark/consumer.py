@@ -19,12 +19,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from checkpoint.checkpointer import Checkpointer
-from checkpoint.coordination import park
+from checkpoint.coordination import CoordinationCounters, park
 from checkpoint.held import HeldLease, LeaseHolder
 from checkpoint.lease import Lease
 from checkpoint.port import LeaseTable
-from checkpoint.sequence import ExtendedSequenceNumber
+from checkpoint.sequence import LATEST, TRIM_HORIZON, ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.config import WorkerConfig
+from kclpy_spark.logs import set_shard
+from kclpy_spark.metrics import WorkerMetrics
 from kclpy_spark.processor import (
     InitializeInput,
     LeaseLostInput,
@@ -34,7 +36,7 @@ from kclpy_spark.processor import (
     ShutdownRequestedInput,
     is_async,
 )
-from kclpy_spark.retrieval.polling import FetchedBatch, PollingFetcher
+from kclpy_spark.retrieval.polling import FetchedBatch, PollingFetcher, earliest_sequence_number
 from shard_sync.hierarchy import BlockedOnParentShardError, child_leases_at_shard_end
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,8 @@ class ShardConsumer:
         cfg: WorkerConfig,
         wall: Callable[[], float],
         rng: random.Random | None = None,
+        metrics: WorkerMetrics | None = None,
+        initial_position: InitialPosition | None = None,
     ) -> None:
         self._held = held
         self._holder = holder
@@ -94,9 +98,17 @@ class ShardConsumer:
         self._rng = rng or random.Random()
         self.lease_key = held.lease_key
         self.stats = ShardStats(held.lease.shard_id)
+        self._metrics = metrics or WorkerMetrics(CoordinationCounters())
+        self._position = initial_position or cfg.initial_position
         self._lost = asyncio.Event()
         self._shutdown = asyncio.Event()
-        self.checkpointer = Checkpointer(holder, held.lease_key, held.token, held.lease.checkpoint)
+        self.checkpointer = Checkpointer(
+            holder,
+            held.lease_key,
+            held.token,
+            held.lease.checkpoint,
+            on_write=self._metrics.checkpoint_seconds.observe,
+        )
 
     # --- signals from the worker -----------------------------------------------------------------
 
@@ -138,9 +150,12 @@ class ShardConsumer:
 
     async def run(self) -> Outcome:
         shard = self.stats.shard_id
+        set_shard(shard)  # this task's log lines (and its threads') name the shard
         try:
             self.stats.state = "waiting_on_parents"
             await self._wait_for_parents()
+            if not await self._check_retention():
+                return await self._finish(Outcome.PARKED)
             self.stats.state = "initializing"
             checkpoint = self._held.lease.checkpoint
             await self._call(
@@ -148,11 +163,16 @@ class ShardConsumer:
                 InitializeInput(shard, checkpoint.sequence_number, checkpoint.sub_sequence_number),
             )
             self.stats.state = "processing"
+            log.info("shard %s: processing from checkpoint %s", shard, checkpoint)
             outcome = await self._process()
         except LeaseLost:
             outcome = Outcome.LEASE_LOST
         except ShutdownSignal:
             outcome = Outcome.SHUTDOWN
+        return await self._finish(outcome)
+
+    async def _finish(self, outcome: Outcome) -> Outcome:
+        shard = self.stats.shard_id
         if outcome is Outcome.LEASE_LOST or outcome is Outcome.PARKED:
             self.stats.state = outcome.value
             log.info("shard %s: lease lost; telling the processor", shard)
@@ -198,7 +218,7 @@ class ShardConsumer:
             self._stream,
             self.stats.shard_id,
             self._held.lease.checkpoint,
-            self._cfg.initial_position,
+            self._position,
             queue,
             max_records=self._cfg.max_records,
             idle_time=self._cfg.idle_time_between_reads,
@@ -256,6 +276,7 @@ class ShardConsumer:
             except Exception:
                 attempt += 1
                 self.stats.failures += 1
+                self._metrics.processing_failures.labels(self.stats.shard_id).inc()
                 log.exception(
                     "shard %s: process_records failed on records %s..%s (attempt %d of %d)",
                     self.stats.shard_id,
@@ -265,17 +286,70 @@ class ShardConsumer:
                     self._cfg.max_processing_attempts,
                 )
                 if attempt >= self._cfg.max_processing_attempts:
-                    await self._park()
+                    await self._park(f"{attempt} failed attempts")
                     return False
                 await self._wait_or_stop(asyncio.sleep(self._backoff(attempt)))
         self.stats.records += len(batch.records)
         self.stats.batches += 1
-        self.stats.bytes += sum(len(r.binary_data) for r in batch.records)
+        size = sum(len(r.binary_data) for r in batch.records)
+        self.stats.bytes += size
         self.stats.millis_behind_latest = batch.millis_behind_latest
+        shard = self.stats.shard_id
+        self._metrics.records.labels(shard).inc(len(batch.records))
+        self._metrics.bytes.labels(shard).inc(size)
+        if batch.millis_behind_latest is not None:
+            self._metrics.behind.labels(shard).set(batch.millis_behind_latest)
         self.stats.last_delivered = last.sequence_number
         return True
 
-    async def _park(self) -> None:
+    async def _check_retention(self) -> bool:
+        """Apply ``aged_checkpoint_policy`` when the stored sequence number is older than anything
+        the stream still holds. False if the lease was parked."""
+        checkpoint = self._held.lease.checkpoint
+        if checkpoint.is_sentinel:
+            return True
+        first = await earliest_sequence_number(self._kinesis, self._stream, self.stats.shard_id)
+        if first is None or int(checkpoint.sequence_number) >= int(first):
+            return True
+        policy = self._cfg.aged_checkpoint_policy
+        what = (
+            f"shard {self.stats.shard_id}: checkpoint {checkpoint} is older than the stream's "
+            f"retention (earliest record {first}); records after the checkpoint may have aged out"
+        )
+        if policy == "fail":
+            log.error("%s. Parking the lease; set aged_checkpoint_policy or run reset", what)
+            await self._park(reason="aged-out checkpoint")
+            return False
+        target = TRIM_HORIZON if policy == "earliest" else LATEST
+        held = self._holder.get_if_held(self.lease_key)
+        if held is None:
+            raise LeaseLost()
+        result = await asyncio.to_thread(
+            self._holder.update,
+            self.lease_key,
+            held.token,
+            lambda lease: self._table.update_checkpoint(lease, target),
+        )
+        if not result.won or result.lease is None:
+            raise LeaseLost()
+        log.warning(
+            "%s. Policy %r: restarting at %s (%s)",
+            what,
+            policy,
+            target,
+            "possible duplicates" if policy == "earliest" else "records in between are lost",
+        )
+        self._held = replace(self._held, lease=result.lease)
+        self.checkpointer = Checkpointer(
+            self._holder,
+            self.lease_key,
+            self._held.token,
+            result.lease.checkpoint,
+            on_write=self._metrics.checkpoint_seconds.observe,
+        )
+        return True
+
+    async def _park(self, reason: str = "repeated processing failures") -> None:
         reopen_at = self._wall() + self._cfg.park_duration
         held = self._holder.get_if_held(self.lease_key)
         if held is None:
@@ -288,10 +362,10 @@ class ShardConsumer:
         result = await asyncio.to_thread(self._holder.update, self.lease_key, held.token, write)
         self._holder.drop(self.lease_key)
         log.error(
-            "shard %s: parked after %d failed attempts; it reopens in %.0fs and is redelivered "
-            "from its last checkpoint (%s)",
+            "shard %s: parked (%s); it reopens in %.0fs and is redelivered from its last "
+            "checkpoint (%s)",
             self.stats.shard_id,
-            self._cfg.max_processing_attempts,
+            reason,
             self._cfg.park_duration,
             "written" if result.won else "write lost: another worker holds it",
         )

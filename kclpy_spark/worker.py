@@ -21,12 +21,16 @@ from checkpoint.coordination import CoordinationCounters, Counter
 from checkpoint.errors import KclpySparkError
 from checkpoint.held import LeaseHolder
 from checkpoint.lease import LeaseState
+from checkpoint.sequence import InitialPosition, Sentinel
+from kclpy_spark import control
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.consumer import Outcome, ShardConsumer, ShardStats
 from kclpy_spark.lease_store import LeaseStore
 from kclpy_spark.leasing.observer import LeaseObserver
 from kclpy_spark.leasing.taker import plan_takes
 from kclpy_spark.leasing.timing import LeaseTiming
+from kclpy_spark.logs import set_application, shard_context
+from kclpy_spark.metrics import StatusServer, WorkerMetrics
 from kclpy_spark.processor import RecordProcessor
 from shard_sync.cleanup import LeaderMaintenance
 from shard_sync.discovery import KinesisShardLister
@@ -66,6 +70,10 @@ class Worker:
         self._rng = rng or random.Random()
         self.timing = LeaseTiming(failover=cfg.failover_time)
         self.counters = CoordinationCounters()
+        self.metrics = WorkerMetrics(self.counters)
+        self.suspended = False
+        self._last_store_ok: float | None = None
+        self.status_server: StatusServer | None = None
         self.holder = LeaseHolder(store, cfg.worker_id, self._clock, self.timing.lease_duration)
         self._observer = LeaseObserver(self.timing)
         self.lister = KinesisShardLister(
@@ -106,7 +114,31 @@ class Worker:
     def shard_stats(self) -> list[ShardStats]:
         return [r.consumer.stats for r in self._running.values()]
 
+    def readiness(self) -> tuple[bool, str]:
+        """Ready when started and the lease store answered within three renewal intervals."""
+        if not self.started.is_set():
+            return False, "starting"
+        if self._last_store_ok is None:
+            return False, "no lease-table round trip yet"
+        age = self._clock.monotonic() - self._last_store_ok
+        if age > 3 * self.timing.renew_interval:
+            return False, f"lease table unreachable for {age:.0f}s"
+        return True, "suspended" if self.suspended else "ready"
+
     async def run(self) -> None:
+        set_application(self.cfg.application_name, self.cfg.stream)
+        if self.cfg.metrics_port is not None:
+            self.status_server = StatusServer(
+                self.metrics, self.readiness, self.cfg.metrics_host, self.cfg.metrics_port
+            )
+            await self.status_server.start()
+        try:
+            await self._run()
+        finally:
+            if self.status_server is not None:
+                await self.status_server.stop()
+
+    async def _run(self) -> None:
         await asyncio.to_thread(self.lister.wait_until_active)
         log.info(
             "worker %s starts on stream %s (application %s, lease store %s)",
@@ -115,11 +147,13 @@ class Worker:
             self.cfg.application_name,
             self.cfg.lease_store,
         )
+        await self._control_round()
         await self._leader_round()
         loops = [
             asyncio.create_task(self._loop(self._renew_round, self.timing.renew_interval)),
             asyncio.create_task(self._take_loop()),
             asyncio.create_task(self._loop(self._leader_round, self.timing.renew_interval)),
+            asyncio.create_task(self._loop(self._control_round, self.timing.renew_interval)),
         ]
         self.started.set()
         try:
@@ -161,15 +195,58 @@ class Worker:
 
     async def _renew_round(self) -> None:
         report = await asyncio.to_thread(self.holder.renew_all)
+        self.metrics.renewals.inc(len(report.renewed))
+        self.metrics.renewal_failures.inc(len(report.failed))
+        self.metrics.leases_lost.inc(len(report.lost))
+        self.metrics.leases_held.set(len(self.holder.held()))
+        if not report.failed:
+            self._last_store_ok = self._clock.monotonic()
         for lease in report.lost:
             running = self._running.get(lease.lease_key)
             if running is not None:
-                log.warning("worker %s lost lease %s", self.cfg.worker_id, lease.lease_key)
+                with shard_context(lease.shard_id):
+                    log.warning("worker %s lost lease %s", self.cfg.worker_id, lease.lease_key)
                 running.consumer.lease_lost()
+
+    async def _control_round(self) -> None:
+        """Publish this worker's status; follow the application's suspend flag."""
+        now = self._clock.wall()
+        suspended = await asyncio.to_thread(control.is_suspended, self.store)
+        self._last_store_ok = self._clock.monotonic()
+        if suspended and not self.suspended:
+            log.warning("worker %s: application suspended; releasing leases", self.cfg.worker_id)
+            self.suspended = True
+            await self._shutdown_consumers()
+            await self._release_all(resign=False)
+        elif not suspended and self.suspended:
+            log.warning("worker %s: application resumed", self.cfg.worker_id)
+            self.suspended = False
+            self._take_now.set()
+        await asyncio.to_thread(
+            control.publish_worker_status,
+            self.store,
+            self.cfg.worker_id,
+            self._status_payload(now),
+            now_wall=now,
+        )
+
+    def _status_payload(self, now_wall: float) -> dict[str, Any]:
+        now = self._clock.monotonic()
+        leases: dict[str, Any] = {}
+        for held in self.holder.held():
+            running = self._running.get(held.lease_key)
+            stats = running.consumer.stats if running else None
+            leases[held.lease_key] = {
+                "state": stats.state if stats else "held",
+                "records": stats.records if stats else 0,
+                "millis_behind_latest": stats.millis_behind_latest if stats else None,
+                "last_renewal": now_wall - (now - held.last_counter_change),
+            }
+        return {"suspended": self.suspended, "leader": self.leader.is_leader, "leases": leases}
 
     async def _leader_round(self) -> None:
         leading = await asyncio.to_thread(self.leader.tick)
-        if not leading:
+        if not leading or self.suspended:
             return
         now = self._clock.monotonic()
         due = self._last_maintenance is None or (
@@ -183,6 +260,8 @@ class Worker:
             await asyncio.to_thread(self.leader.note, last_sync=self._clock.wall())
 
     async def _take_round(self) -> None:
+        if self.suspended:
+            return
         leases = await asyncio.to_thread(self.store.list_leases)
         now_wall = self._clock.wall()
         # Parked leases are invisible to the taker until their reopen time.
@@ -209,11 +288,18 @@ class Worker:
                 log.info("lease %s: another worker took it first", lease.lease_key)
                 continue
             self.counters.increment(Counter.PARTITIONS_ACQUIRED)
-            self._start_consumer(taken.lease_key, self.holder.add_taken(taken))
+            (self.metrics.steals if lease in plan.steal else self.metrics.takes).inc()
+            await self._start_consumer(taken.lease_key, self.holder.add_taken(taken))
 
     # --- consumers -------------------------------------------------------------------------------
 
-    def _start_consumer(self, key: str, held: Any) -> None:
+    async def _start_consumer(self, key: str, held: Any) -> None:
+        position = self.cfg.initial_position
+        if held.lease.checkpoint.sentinel is Sentinel.AT_TIMESTAMP:
+            # A `kclpy-spark reset --to AT_TIMESTAMP:<t>` stored its time in the lease store.
+            when = await asyncio.to_thread(control.reset_timestamp, self.store)
+            if when is not None:
+                position = InitialPosition.at_timestamp(when)
         consumer = ShardConsumer(
             held=held,
             holder=self.holder,
@@ -224,16 +310,19 @@ class Worker:
             cfg=self.cfg,
             wall=self._clock.wall,
             rng=self._rng,
+            metrics=self.metrics,
+            initial_position=position,
         )
         task = asyncio.create_task(consumer.run(), name=f"shard-{held.lease.shard_id}")
         self._running[key] = _Running(consumer, task)
         task.add_done_callback(functools.partial(self._consumer_done, key))
-        log.info(
-            "worker %s took lease %s (checkpoint %s)",
-            self.cfg.worker_id,
-            key,
-            held.lease.checkpoint,
-        )
+        with shard_context(held.lease.shard_id):
+            log.info(
+                "worker %s took lease %s (checkpoint %s)",
+                self.cfg.worker_id,
+                key,
+                held.lease.checkpoint,
+            )
 
     def _consumer_done(self, key: str, task: asyncio.Task[Outcome]) -> None:
         running = self._running.pop(key, None)
@@ -266,17 +355,20 @@ class Worker:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
 
-    async def _release_all(self) -> None:
+    async def _release_all(self, *, resign: bool = True) -> None:
         for held in self.holder.held():
             result = await asyncio.to_thread(
                 self.holder.update, held.lease_key, held.token, self.store.evict_lease
             )
             self.holder.drop(held.lease_key)
-            log.info(
-                "worker %s released lease %s%s",
-                self.cfg.worker_id,
-                held.lease_key,
-                "" if result.won else " (already lost)",
-            )
-        with contextlib.suppress(KclpySparkError):
-            await asyncio.to_thread(self.leader.resign)
+            with shard_context(held.lease.shard_id):
+                log.info(
+                    "worker %s released lease %s%s",
+                    self.cfg.worker_id,
+                    held.lease_key,
+                    "" if result.won else " (already lost)",
+                )
+        self.metrics.leases_held.set(0)
+        if resign:
+            with contextlib.suppress(KclpySparkError):
+                await asyncio.to_thread(self.leader.resign)

@@ -160,3 +160,31 @@ class PollingFetcher:
             iterator = str(next_iterator)
             behind = len(records) >= self._max_records or bool(lag)
             await self._sleep(MIN_INTERVAL_WHILE_BEHIND if behind else self._idle)
+
+
+async def earliest_sequence_number(
+    client: Any, stream: dict[str, str], shard_id: str, *, max_calls: int = 5
+) -> str | None:
+    """The sequence number of the oldest record the shard still holds, or None if it holds none.
+
+    GetRecords at TRIM_HORIZON may answer empty pages before reaching data on a real stream, so a
+    few calls are made while the shard is not caught up.
+    """
+    try:
+        resp = await client.get_shard_iterator(
+            **stream, ShardId=shard_id, ShardIteratorType="TRIM_HORIZON"
+        )
+        iterator = resp.get("ShardIterator")
+        for _ in range(max_calls):
+            if not iterator:
+                return None
+            page = await client.get_records(ShardIterator=iterator, Limit=1)
+            records = page.get("Records") or []
+            if records:
+                return str(records[0]["SequenceNumber"])
+            if not page.get("MillisBehindLatest"):
+                return None
+            iterator = page.get("NextShardIterator")
+    except Exception as exc:
+        raise map_aws_error(exc, f"reading the oldest record of shard {shard_id}") from exc
+    return None

@@ -1,0 +1,106 @@
+"""Logging for the daemon: lease context on every line, optional JSON, secrets redacted.
+
+A ``contextvars`` context carries application, stream and shard; asyncio tasks and
+``asyncio.to_thread`` copy it, so a line logged anywhere while a shard's consumer runs names the
+shard. A filter scrubs anything that looks like an AWS credential from every message.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+_app: contextvars.ContextVar[str | None] = contextvars.ContextVar("kclpy_app", default=None)
+_stream: contextvars.ContextVar[str | None] = contextvars.ContextVar("kclpy_stream", default=None)
+_shard: contextvars.ContextVar[str | None] = contextvars.ContextVar("kclpy_shard", default=None)
+
+TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(context)s%(message)s"
+
+# Access key ids (AKIA/ASIA...), 40-character secret keys, and long base64 session tokens.
+_SECRET_PATTERNS = [
+    re.compile(r"\b(?:AKIA|ASIA|AIDA|AROA)[A-Z0-9]{16}\b"),
+    re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])"),
+    re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{100,}={0,2}"),
+]
+_SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
+
+
+def set_application(application: str, stream: str) -> None:
+    _app.set(application)
+    _stream.set(stream)
+
+
+def set_shard(shard_id: str | None) -> None:
+    """Name the shard for every line logged from the current task (and threads it starts)."""
+    _shard.set(shard_id)
+
+
+@contextmanager
+def shard_context(shard_id: str) -> Iterator[None]:
+    token = _shard.set(shard_id)
+    try:
+        yield
+    finally:
+        _shard.reset(token)
+
+
+def redact(text: str) -> str:
+    for value in (os.environ.get(name) for name in _SECRET_ENV):
+        if value and len(value) >= 8:
+            text = text.replace(value, "[redacted]")
+    for pattern in _SECRET_PATTERNS:
+        text = pattern.sub("[redacted]", text)
+    return text
+
+
+class ContextFilter(logging.Filter):
+    """Adds application/stream/shard attributes and redacts secrets from the message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        context = {"application": _app.get(), "stream": _stream.get(), "shard": _shard.get()}
+        for key, value in context.items():
+            setattr(record, key, value)
+        parts = [f"{k}={v}" for k, v in context.items() if v]
+        record.context = f"[{' '.join(parts)}] " if parts else ""
+        message = redact(record.getMessage())
+        record.msg, record.args = message, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, object] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key in ("application", "stream", "shard"):
+            value = getattr(record, key, None)
+            if value:
+                out[key] = value
+        if record.exc_text:
+            out["exception"] = record.exc_text
+        return json.dumps(out)
+
+
+def configure(level: str = "INFO", fmt: str = "text") -> None:
+    """Set up the root logger for the daemon (stderr)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(ContextFilter())
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for noisy in ("botocore", "aiobotocore", "urllib3", "py4j", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -1,0 +1,126 @@
+"""Prometheus metrics of one worker, and a small HTTP server for /metrics, /healthz and /readyz.
+
+One registry per worker (not the process-global one), so several workers in one process (tests)
+keep separate figures. The server binds 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from checkpoint.coordination import CoordinationCounters
+
+log = logging.getLogger(__name__)
+
+
+class _CoordinationCollector(Collector):
+    def __init__(self, counters: CoordinationCounters) -> None:
+        self._counters = counters
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        for name, value in self._counters.snapshot().items():
+            yield CounterMetricFamily(
+                f"kclpy_spark_coordination_{name}",
+                f"Source-coordination counter {name} (Data Prepper's name)",
+                value=value,
+            )
+
+
+class WorkerMetrics:
+    def __init__(self, counters: CoordinationCounters) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.records = Counter(
+            "kclpy_spark_records_processed", "Records delivered to processors", ["shard"],
+            registry=r,
+        )  # fmt: skip
+        self.bytes = Counter(
+            "kclpy_spark_bytes_processed", "Record data bytes delivered", ["shard"], registry=r
+        )
+        self.behind = Gauge(
+            "kclpy_spark_millis_behind_latest", "MillisBehindLatest of the last batch", ["shard"],
+            registry=r,
+        )  # fmt: skip
+        self.leases_held = Gauge("kclpy_spark_leases_held", "Leases held now", registry=r)
+        self.renewals = Counter("kclpy_spark_lease_renewals", "Successful renewals", registry=r)
+        self.renewal_failures = Counter(
+            "kclpy_spark_lease_renewal_failures", "Renewals that raised", registry=r
+        )
+        self.leases_lost = Counter("kclpy_spark_leases_lost", "Leases lost", registry=r)
+        self.takes = Counter("kclpy_spark_lease_takes", "Leases taken (not stolen)", registry=r)
+        self.steals = Counter("kclpy_spark_lease_steals", "Leases stolen", registry=r)
+        self.checkpoint_seconds = Histogram(
+            "kclpy_spark_checkpoint_seconds", "Checkpoint write latency", registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        )  # fmt: skip
+        self.processing_failures = Counter(
+            "kclpy_spark_processing_failures", "process_records calls that raised", ["shard"],
+            registry=r,
+        )  # fmt: skip
+        self.sink_batch_seconds = Histogram(
+            "kclpy_spark_sink_batch_seconds", "Sink batch write duration", registry=r
+        )
+        self.sink_failures = Counter(
+            "kclpy_spark_sink_failures", "Sink batch writes that raised", registry=r
+        )
+        r.register(_CoordinationCollector(counters))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class StatusServer:
+    """``/metrics`` (Prometheus text), ``/healthz`` (the event loop answers), ``/readyz`` (the
+    worker started and its last lease-table round trip succeeded recently)."""
+
+    def __init__(
+        self,
+        metrics: WorkerMetrics,
+        ready: Callable[[], tuple[bool, str]],
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self._metrics = metrics
+        self._ready = ready
+        self._host = host
+        self._port = port
+        self._runner: Any = None
+        self.port: int | None = None
+
+    async def start(self) -> None:
+        from aiohttp import web
+
+        async def metrics(_: web.Request) -> web.Response:
+            body = self._metrics.exposition()
+            return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+        async def healthz(_: web.Request) -> web.Response:
+            return web.Response(text=f"ok {time.time():.0f}\n")
+
+        async def readyz(_: web.Request) -> web.Response:
+            ok, why = self._ready()
+            return web.Response(text=why + "\n", status=200 if ok else 503)
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/readyz", readyz)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port)
+        await site.start()
+        server = getattr(site, "_server", None)
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else self._port
+        log.info("metrics and health on http://%s:%s/metrics", self._host, self.port)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()

@@ -1,0 +1,134 @@
+"""``kclpy-spark status`` and ``reset``: an application's leases seen from the lease store.
+
+Pure functions over a lease scan and the workers' published status records, so the table and the
+reset plan are tested without any service. "Live" workers are judged by the wall-clock age of their
+published status: fine for an operator's command, never used for lease decisions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from checkpoint.lease import Lease
+from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
+
+
+@dataclass(frozen=True)
+class LeaseRow:
+    shard_id: str
+    lease_key: str
+    owner: str | None
+    state: str
+    checkpoint: str
+    millis_behind_latest: int | None
+    records: int | None
+    parents: tuple[str, ...]
+    children: tuple[str, ...]
+    last_renewal: float | None  # wall seconds, as the owner published it
+    reopen_at: float | None
+
+
+def is_live(status: Mapping[str, Any], now_wall: float, max_age: float) -> bool:
+    updated = status.get("updated_at")
+    return isinstance(updated, int | float) and now_wall - updated <= max_age
+
+
+def lease_rows(
+    leases: Iterable[Lease], statuses: Mapping[str, Mapping[str, Any]], now_wall: float
+) -> list[LeaseRow]:
+    rows = []
+    for lease in sorted(leases, key=lambda x: x.lease_key):
+        published: Mapping[str, Any] = {}
+        if lease.lease_owner:
+            published = (
+                statuses.get(lease.lease_owner, {}).get("leases", {}).get(lease.lease_key, {})
+            )
+        rows.append(
+            LeaseRow(
+                shard_id=lease.shard_id,
+                lease_key=lease.lease_key,
+                owner=lease.lease_owner,
+                state=lease.state(now_wall).value,
+                checkpoint=str(lease.checkpoint),
+                millis_behind_latest=published.get("millis_behind_latest"),
+                records=published.get("records"),
+                parents=tuple(sorted(lease.parent_shard_ids)),
+                children=tuple(sorted(lease.child_shard_ids)),
+                last_renewal=published.get("last_renewal"),
+                reopen_at=lease.closed_until,
+            )
+        )
+    return rows
+
+
+def render_json(rows: list[LeaseRow], extra: Mapping[str, Any]) -> str:
+    return json.dumps({**extra, "leases": [asdict(r) for r in rows]}, indent=2)
+
+
+def _age(now: float, then: float | None) -> str:
+    return "-" if then is None else f"{max(0.0, now - then):.0f}s ago"
+
+
+def render_table(rows: list[LeaseRow], now_wall: float) -> str:
+    header = ("shard", "state", "owner", "checkpoint", "lag ms", "records", "renewed",
+              "parents", "children")  # fmt: skip
+    body = [
+        (
+            r.shard_id,
+            r.state if r.reopen_at is None or r.state != "CLOSED" else
+            f"CLOSED (reopens in {max(0.0, r.reopen_at - now_wall):.0f}s)",
+            r.owner or "-",
+            r.checkpoint,
+            "-" if r.millis_behind_latest is None else str(r.millis_behind_latest),
+            "-" if r.records is None else str(r.records),
+            _age(now_wall, r.last_renewal),
+            ",".join(r.parents) or "-",
+            ",".join(r.children) or "-",
+        )
+        for r in rows
+    ]  # fmt: skip
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=False)]
+    lines = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True))
+             for row in (header, *body)]  # fmt: skip
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ResetPlan:
+    changes: tuple[tuple[Lease, Lease], ...]  # (as read, as it will be written)
+    live_owners: tuple[str, ...]
+    unknown_shards: tuple[str, ...]
+
+
+def plan_reset(
+    leases: Iterable[Lease],
+    target: InitialPosition,
+    *,
+    shards: Iterable[str] | None,
+    live_workers: Iterable[str],
+) -> ResetPlan:
+    """Which leases move to ``target`` (all, or those of ``shards``), and who still holds them.
+
+    Finished (SHARD_END) leases are left alone: their records are all delivered and their children
+    depend on them being finished.
+    """
+    by_shard = {lease.shard_id: lease for lease in leases}
+    wanted = set(by_shard) if shards is None else set(shards)
+    unknown = tuple(sorted(wanted - set(by_shard)))
+    live = set(live_workers)
+    changes = []
+    owners = set()
+    for shard_id in sorted(wanted & set(by_shard)):
+        lease = by_shard[shard_id]
+        if lease.checkpoint.is_shard_end:
+            continue
+        if lease.lease_owner and lease.lease_owner in live:
+            owners.add(lease.lease_owner)
+        checkpoint = ExtendedSequenceNumber.of(target.position.value)
+        changes.append((lease, replace(lease, checkpoint=checkpoint, pending_checkpoint=None,
+                                       pending_checkpoint_state=None,
+                                       owner_switches_since_checkpoint=0)))  # fmt: skip
+    return ResetPlan(tuple(changes), tuple(sorted(owners)), unknown)

@@ -1,0 +1,96 @@
+"""A stored checkpoint older than anything the stream still holds (aged out of retention): each
+policy on a real worker against LocalStack."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from worker_procs import produce, wait_active
+
+from checkpoint.lease import Lease
+from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
+from checkpoint.sqlite import SQLiteLeaseTable
+from kclpy_spark.config import WorkerConfig
+from kclpy_spark.daemon import run_worker
+from kclpy_spark.processor import ProcessRecordsInput, RecordProcessor
+from kclpy_spark.worker import Worker
+
+SHARD = "shardId-000000000000"
+
+
+@pytest.mark.parametrize("policy", ["fail", "earliest", "latest"])
+def test_aged_checkpoint_policy(
+    policy: str, kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    name = unique_name
+    kinesis_client.create_stream(StreamName=name, ShardCount=1)
+    wait_active(kinesis_client, name)
+    old = set(produce(kinesis_client, name, range(10)))
+    iterator = kinesis_client.get_shard_iterator(
+        StreamName=name, ShardId=SHARD, ShardIteratorType="TRIM_HORIZON"
+    )["ShardIterator"]
+    first = kinesis_client.get_records(ShardIterator=iterator, Limit=1)["Records"][0]
+    # A checkpoint just before the oldest record still held: what a consumer that stopped before
+    # the retention window moved past would find.
+    aged = str(int(first["SequenceNumber"]) - 1)
+    db = tmp_path / "leases.db"
+    store = SQLiteLeaseTable(db, namespace=name)
+    store.ensure_table()
+    store.create_lease_if_absent(Lease(SHARD, ExtendedSequenceNumber(aged)))
+    got: list[str] = []
+
+    class Collect(RecordProcessor):
+        def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+            got.extend(r.binary_data.decode() for r in process_records_input.records)
+            process_records_input.checkpointer.checkpoint()
+
+    cfg = WorkerConfig(
+        application_name=name, stream_name=name, endpoint_url=localstack_endpoint,
+        initial_position=InitialPosition.trim_horizon(), lease_store=f"sqlite:{db}",
+        failover_time=3.0, idle_time_between_reads=0.2, aged_checkpoint_policy=policy,
+        worker_id="w",
+    )  # fmt: skip
+    new: set[str] = set()
+
+    async def scenario(worker: Worker) -> None:
+        deadline = time.monotonic() + 60
+        try:
+            if policy == "fail":
+                while (lease := worker.store.get_lease(SHARD)) is None or not lease.closed_count:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.2)
+            elif policy == "earliest":
+                while not old <= set(got):
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.2)
+            else:
+                while worker.store.get_lease(SHARD).checkpoint.sequence_number != "LATEST":  # type: ignore[union-attr]
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.2)
+                await asyncio.sleep(1.0)  # the LATEST iterator is in place
+                new.update(await asyncio.to_thread(produce, kinesis_client, name, range(10, 15)))
+                while not new <= set(got):
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.2)
+        finally:
+            worker.request_shutdown()
+
+    asyncio.run(run_worker(cfg, Collect, on_started=scenario, install_signal_handlers=False))
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "older than the stream's retention" in messages
+    if policy == "fail":
+        assert got == []
+        lease = store.get_lease(SHARD)
+        assert lease is not None and lease.closed_until is not None
+        assert lease.checkpoint.sequence_number == aged  # untouched
+    elif policy == "earliest":
+        assert sorted(got, key=int) == sorted(old, key=int)
+        assert "possible duplicates" in messages
+    else:
+        assert set(got) == new  # the aged records were skipped: the policy says so
+        assert "are lost" in messages

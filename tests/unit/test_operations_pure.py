@@ -1,0 +1,116 @@
+"""Status rows, reset plans, control records and log redaction: pure, over a memory store."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from checkpoint.lease import Lease
+from checkpoint.memory import MemoryLeaseTable
+from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber, InitialPosition
+from kclpy_spark import control
+from kclpy_spark.logs import ContextFilter, JsonFormatter, redact, set_application, shard_context
+from kclpy_spark.status import is_live, lease_rows, plan_reset, render_json, render_table
+
+SEQ = ExtendedSequenceNumber("49600000000000000000000000000000000000000000000000000002")
+
+
+def leases() -> list[Lease]:
+    return [
+        Lease("shardId-0", SEQ, lease_owner="w1", lease_counter=5),
+        Lease("shardId-1", TRIM_HORIZON),
+        Lease("shardId-2", SHARD_END, child_shard_ids=frozenset({"shardId-3"})),
+        Lease("shardId-3", TRIM_HORIZON, parent_shard_ids=frozenset({"shardId-2"}),
+              closed_until=2_000.0, closed_count=1),
+    ]  # fmt: skip
+
+
+def test_rows_merge_leases_with_the_owners_published_figures() -> None:
+    statuses = {"w1": {"leases": {"shardId-0": {"millis_behind_latest": 250, "records": 7,
+                                                "last_renewal": 990.0}}}}  # fmt: skip
+    rows = lease_rows(leases(), statuses, now_wall=1_000.0)
+    assert [r.state for r in rows] == ["ASSIGNED", "UNASSIGNED", "COMPLETED", "CLOSED"]
+    assert (rows[0].millis_behind_latest, rows[0].records, rows[0].last_renewal) == (250, 7, 990.0)
+    assert rows[1].millis_behind_latest is None
+    assert rows[3].parents == ("shardId-2",) and rows[2].children == ("shardId-3",)
+    table = render_table(rows, 1_000.0)
+    assert "10s ago" in table and "reopens in 1000s" in table and SEQ.sequence_number in table
+    parsed = json.loads(render_json(rows, {"application": "app"}))
+    assert parsed["application"] == "app" and len(parsed["leases"]) == 4
+
+
+def test_reset_plan_leaves_finished_leases_and_names_live_owners() -> None:
+    plan = plan_reset(leases(), InitialPosition.latest(), shards=None, live_workers=["w1"])
+    assert [before.shard_id for before, _ in plan.changes] == [
+        "shardId-0",
+        "shardId-1",
+        "shardId-3",
+    ]
+    assert all(after.checkpoint.sequence_number == "LATEST" for _, after in plan.changes)
+    assert plan.live_owners == ("w1",)
+    dead = plan_reset(leases(), InitialPosition.latest(), shards=["shardId-0"], live_workers=[])
+    assert dead.live_owners == () and len(dead.changes) == 1
+    unknown = plan_reset(leases(), InitialPosition.latest(), shards=["nope"], live_workers=[])
+    assert unknown.unknown_shards == ("nope",)
+
+
+def test_reset_applies_with_conditional_updates() -> None:
+    store = MemoryLeaseTable()
+    for lease in leases():
+        store.create_lease_if_absent(lease)
+    plan = plan_reset(store.list_leases(), InitialPosition.trim_horizon(), shards=["shardId-0"],
+                      live_workers=[])  # fmt: skip
+    assert store.update_lease(plan.changes[0][1]) is not None
+    assert store.get_lease("shardId-0").checkpoint == TRIM_HORIZON  # type: ignore[union-attr]
+    # The same plan again is stale (the counter moved): nothing is written.
+    assert store.update_lease(plan.changes[0][1]) is None
+
+
+def test_liveness_by_age_of_published_status() -> None:
+    assert is_live({"updated_at": 95.0}, 100.0, max_age=10.0)
+    assert not is_live({"updated_at": 80.0}, 100.0, max_age=10.0)
+    assert not is_live({}, 100.0, max_age=10.0)
+
+
+def test_control_records_round_trip() -> None:
+    store = MemoryLeaseTable()
+    assert control.is_suspended(store) is False
+    assert control.set_suspended(store, True, by="test", now_wall=1.0)
+    assert control.is_suspended(store) is True
+    assert control.set_suspended(store, False, by="test", now_wall=2.0)
+    assert control.is_suspended(store) is False
+    assert control.reset_timestamp(store) is None
+    control.set_reset_timestamp(store, 1_700_000_000.5, now_wall=3.0)
+    assert control.reset_timestamp(store) == 1_700_000_000.5
+    control.publish_worker_status(store, "w1", {"leases": {}}, now_wall=4.0)
+    control.publish_worker_status(store, "w1", {"leases": {"a": {}}}, now_wall=5.0)
+    status = control.worker_status(store, "w1")
+    assert status["updated_at"] == 5.0 and status["leases"] == {"a": {}}
+    record = store.get_record(control.worker_key("w1"))
+    assert record is not None and record.version == 2 and record.owner == "w1"
+    assert store.list_leases() == []  # control records are not leases
+
+
+@pytest.mark.parametrize(
+    "secret",
+    ["AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "A" * 120 + "=="],
+)
+def test_secret_looking_strings_are_redacted(secret: str) -> None:
+    assert secret not in redact(f"calling with {secret} now")
+    assert "shardId-000000000001" in redact("shard shardId-000000000001")
+    assert "49600000000000000000000000000000000000000000000000000002" in redact(SEQ.sequence_number)
+
+
+def test_log_lines_carry_the_lease_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-a-pattern-but-secret")
+    set_application("orders", "orders-stream")
+    secret = ("not-a-pattern-but-secret",)
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "key %s", secret, None)
+    with shard_context("shardId-7"):
+        assert ContextFilter().filter(record)
+    assert record.context == "[application=orders stream=orders-stream shard=shardId-7] "
+    assert record.getMessage() == "key [redacted]"
+    out = json.loads(JsonFormatter().format(record))
+    assert out["shard"] == "shardId-7" and out["application"] == "orders"
