@@ -8,9 +8,11 @@ import inspect
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from checkpoint.errors import ConfigError
 from kclpy_spark.config import WorkerConfig
+from kclpy_spark.lease_store import LeaseStore
 from kclpy_spark.processor import RecordProcessor
 from kclpy_spark.worker import ProcessorFactory, Worker
 
@@ -54,14 +56,23 @@ async def run_worker(
     *,
     on_started: Callable[[Worker], Awaitable[None]] | None = None,
     install_signal_handlers: bool = True,
+    wrap_store: Callable[[LeaseStore], LeaseStore] | None = None,
+    wrap_kinesis: Callable[[Any], Any] | None = None,
 ) -> None:
-    """Run one worker until SIGTERM/SIGINT (or ``worker.request_shutdown()``)."""
+    """Run one worker until SIGTERM/SIGINT (or ``worker.request_shutdown()``).
+
+    ``wrap_store`` / ``wrap_kinesis`` wrap the real lease store and asyncio Kinesis client (tests
+    inject faults through them)."""
     from kclpy_spark.aws import aio_client, boto3_client
     from kclpy_spark.lease_store import open_lease_store
 
     store = await asyncio.to_thread(open_lease_store, cfg)
+    if wrap_store is not None:
+        store = wrap_store(store)
     kinesis_sync = boto3_client("kinesis", cfg)
     async with aio_client("kinesis", cfg) as kinesis:
+        if wrap_kinesis is not None:
+            kinesis = wrap_kinesis(kinesis)
         worker = Worker(cfg, factory, store=store, kinesis_sync=kinesis_sync, kinesis_async=kinesis)
         loop = asyncio.get_running_loop()
         if install_signal_handlers:

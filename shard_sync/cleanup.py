@@ -47,9 +47,22 @@ def completed_leases_to_delete(leases: Iterable[Lease]) -> list[Lease]:
 
 
 def garbage_leases(leases: Iterable[Lease], listed_shard_ids: Collection[str]) -> list[Lease]:
-    """Leases whose shard no longer exists in a complete listing of the stream."""
+    """Leases whose shard no longer exists in a complete listing of the stream.
+
+    The listing must have been taken *after* ``leases`` were read: a lease created after the
+    listing (a child leased at its parent's SHARD_END, just after a reshard) is missing from it
+    without being garbage, and deleting it would strand its hash range for good (the finished
+    parent never recreates it, and the sync rule leaves an open child of a leased parent to that
+    parent). Like the KCL, a lease whose parent shard is still listed is never garbage either:
+    shards expire oldest first, so a listed parent means the listing is older than its child.
+    """
     return sorted(
-        (lease for lease in leases if lease.shard_id not in listed_shard_ids),
+        (
+            lease
+            for lease in leases
+            if lease.shard_id not in listed_shard_ids
+            and not any(parent in listed_shard_ids for parent in lease.parent_shard_ids)
+        ),
         key=lambda lease: lease.lease_key,
     )
 
@@ -119,14 +132,27 @@ class LeaderMaintenance:
                 log.info("deleted finished lease %s: its children have started", lease.lease_key)
         self._rounds += 1
         if self._lister is not None and self._rounds % self._garbage_every == 0:
-            listed = {shard.shard_id for shard in self._lister.list_shards()}
-            deleted.extend(self.delete_garbage(listed))
+            gone = set(deleted)
+            deleted.extend(
+                self.delete_garbage(
+                    [lease for lease in leases if lease.lease_key not in gone], self._lister
+                )
+            )
         return AuditResult(len(holes), self._consecutive, synced, tuple(deleted))
 
-    def delete_garbage(self, listed_shard_ids: Collection[str]) -> list[str]:
-        """Delete leases of shards absent from ``listed_shard_ids`` (a complete listing)."""
+    def delete_garbage(self, scanned_before: Iterable[Lease], lister: ShardLister) -> list[str]:
+        """Delete the leases of shards that no longer exist; returns the deleted lease keys.
+
+        ``scanned_before`` is a scan of the table taken before this call: only its leases can be
+        garbage, because the full listing made here is newer than each of them (see
+        garbage_leases). Each is deleted as read again after the listing (fresh counters, so an
+        active holder's renewal since the first scan does not defeat the conditional delete).
+        """
+        candidates = {lease.lease_key for lease in scanned_before}
+        listed = {shard.shard_id for shard in lister.list_shards()}
         deleted = []
-        for lease in garbage_leases(self._table.list_leases(), listed_shard_ids):
+        fresh = [lease for lease in self._table.list_leases() if lease.lease_key in candidates]
+        for lease in garbage_leases(fresh, listed):
             if self._table.delete_lease(lease):
                 deleted.append(lease.lease_key)
                 log.warning("deleted lease %s: its shard no longer exists", lease.lease_key)

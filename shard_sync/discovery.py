@@ -1,8 +1,11 @@
 """Shard discovery: the one adapter over Kinesis ListShards / DescribeStreamSummary.
 
 Single attempts inside, retries outside (checkpoint.retry): LimitExceeded and ResourceInUse are
-retriable; a missing stream is a clear ResourceNotFoundError; a stream that is CREATING or UPDATING
-is waited for (ListShards during a reshard can show children of still-open parents).
+retriable; a missing stream is a clear ResourceNotFoundError; a stream that is CREATING is waited
+for. An UPDATING stream (a reshard or UpdateShardCount under way, which on AWS can last minutes) is
+listed at once, as the KCL lists "Active or Updating" streams: a listing that races the reshard
+shows children of still-open parents, and the sync rule rejects it (InconsistentShardGraphError)
+rather than trust it; the leader's next round lists again.
 """
 
 from __future__ import annotations
@@ -30,7 +33,11 @@ LIST_SHARDS_POLICY = RetryPolicy(base_delay=0.5, max_delay=5.0, max_attempts=15,
 
 
 class StreamNotReadyError(DependencyError):
-    """The stream is CREATING or UPDATING; a later attempt will find it ACTIVE."""
+    """The stream is CREATING; a later attempt will find it ACTIVE."""
+
+
+# Stream states in which ListShards and GetRecords work (the KCL's "Active or Updating").
+USABLE_STATUSES = frozenset({"ACTIVE", "UPDATING"})
 
 
 class ShardLister(Protocol):
@@ -97,10 +104,14 @@ class KinesisShardLister:
         status = self.stream_status()
         if status == "DELETING":
             raise ResourceNotFoundError(f"Kinesis stream {self._label!r} is being deleted")
-        if status != "ACTIVE":
+        if status not in USABLE_STATUSES:
             raise StreamNotReadyError(f"Kinesis stream {self._label!r} is {status}")
 
     def wait_until_active(self) -> None:
+        """Return once the stream is ACTIVE or UPDATING (usable: only CREATING is waited out).
+
+        Raises ResourceNotFoundError for a missing or DELETING stream, StreamNotReadyError if it
+        is still CREATING when the retry policy runs out."""
         call_with_retry(
             self._wait_until_active_once,
             what=f"waiting for stream {self._label!r}",
