@@ -102,7 +102,6 @@ class Worker:
         self.finished: dict[str, ShardStats] = {}
         self._stop = asyncio.Event()
         self._take_now = asyncio.Event()
-        self._last_maintenance: float | None = None
         self.started = asyncio.Event()
 
     # --- public ----------------------------------------------------------------------------------
@@ -148,12 +147,22 @@ class Worker:
             self.cfg.lease_store,
         )
         await self._control_round()
-        await self._leader_round()
+        await self._leader_tick()
+        await self._maintenance_round()
+        # Leadership is renewed in its own loop, so a long maintenance round (a throttled
+        # ListShards, a big scan) never lets the leadership lapse while this worker still syncs.
         loops = [
             asyncio.create_task(self._loop(self._renew_round, self.timing.renew_interval)),
             asyncio.create_task(self._take_loop()),
-            asyncio.create_task(self._loop(self._leader_round, self.timing.renew_interval)),
-            asyncio.create_task(self._loop(self._control_round, self.timing.renew_interval)),
+            asyncio.create_task(
+                self._loop(self._leader_tick, self.timing.renew_interval, first=False)
+            ),
+            asyncio.create_task(
+                self._loop(self._maintenance_round, self.cfg.shard_sync_interval, first=False)
+            ),
+            asyncio.create_task(
+                self._loop(self._control_round, self.timing.renew_interval, first=False)
+            ),
         ]
         self.started.set()
         try:
@@ -171,7 +180,9 @@ class Worker:
 
     # --- loops -----------------------------------------------------------------------------------
 
-    async def _loop(self, step: Callable[[], Any], interval: float) -> None:
+    async def _loop(self, step: Callable[[], Any], interval: float, *, first: bool = True) -> None:
+        if not first:
+            await asyncio.sleep(interval)
         while True:
             try:
                 await step()
@@ -244,20 +255,17 @@ class Worker:
             }
         return {"suspended": self.suspended, "leader": self.leader.is_leader, "leases": leases}
 
-    async def _leader_round(self) -> None:
-        leading = await asyncio.to_thread(self.leader.tick)
-        if not leading or self.suspended:
+    async def _leader_tick(self) -> None:
+        await asyncio.to_thread(self.leader.tick)
+
+    async def _maintenance_round(self) -> None:
+        """Shard sync, audit and cleanup, on the leader only."""
+        if not self.leader.is_leader or self.suspended:
             return
-        now = self._clock.monotonic()
-        due = self._last_maintenance is None or (
-            now - self._last_maintenance >= self.cfg.shard_sync_interval
-        )
-        if due:
-            self._last_maintenance = now
-            result = await asyncio.to_thread(self._maintenance.run_once)
-            if result.synced is not None and result.synced.created:
-                self._take_now.set()
-            await asyncio.to_thread(self.leader.note, last_sync=self._clock.wall())
+        result = await asyncio.to_thread(self._maintenance.run_once)
+        if result.synced is not None and result.synced.created:
+            self._take_now.set()
+        await asyncio.to_thread(self.leader.note, last_sync=self._clock.wall())
 
     async def _take_round(self) -> None:
         if self.suspended:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from dataclasses import dataclass
 
 from checkpoint.clock import Clock, SystemClock
@@ -49,6 +50,9 @@ class LeaderElection:
         self._key = key
         self._seen: _Seen | None = None
         self._leading = False
+        # tick, note and resign may run in different threads of one worker; serialized here so
+        # they never make each other's conditional writes lose.
+        self._lock = threading.RLock()
 
     @property
     def is_leader(self) -> bool:
@@ -75,6 +79,10 @@ class LeaderElection:
         return leading
 
     def tick(self) -> bool:
+        with self._lock:
+            return self._tick()
+
+    def _tick(self) -> bool:
         now = self._clock.monotonic()
         current = self._store.get_record(self._key)
         if current is None:
@@ -104,6 +112,10 @@ class LeaderElection:
 
     def resign(self) -> None:
         """Give leadership up at once (graceful shutdown) so another worker need not wait."""
+        with self._lock:
+            self._resign()
+
+    def _resign(self) -> None:
         current = self._store.get_record(self._key)
         if current is not None and current.owner == self._worker_id:
             released = CoordinationRecord(
@@ -117,6 +129,10 @@ class LeaderElection:
         self._set_leading(False, "resigned")
 
     def note(self, **data: object) -> bool:
+        with self._lock:
+            return self._note(**data)
+
+    def _note(self, **data: object) -> bool:
         """Merge ``data`` (e.g. the last sync time) into the record while leading.
 
         True if written."""
