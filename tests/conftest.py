@@ -7,6 +7,7 @@ Tests that use ``localstack_endpoint`` (directly or through a client fixture) ar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -102,10 +103,19 @@ def dynamodb_client(aws_client: Callable[[str], Any]) -> Any:
 
 
 @pytest.fixture
-def unique_name(request: pytest.FixtureRequest) -> str:
-    """A name no other test uses, for streams and tables on the shared LocalStack."""
+def unique_name(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A name no other test uses, for streams and tables on the shared LocalStack.
+
+    A stream of that name is deleted afterwards: LocalStack allows only 100 open shards in all,
+    so a suite that left its streams behind would run out halfway.
+    """
     base = "".join(c if c.isalnum() else "-" for c in request.node.name)[:40].strip("-")
-    return f"{base}-{uuid.uuid4().hex[:8]}"
+    name = f"{base}-{uuid.uuid4().hex[:8]}"
+    yield name
+    if "kinesis_client" in request.fixturenames:
+        kinesis = request.getfixturevalue("kinesis_client")
+        with contextlib.suppress(Exception):  # never created, or already gone
+            kinesis.delete_stream(StreamName=name, EnforceConsumerDeletion=True)
 
 
 @pytest.fixture(scope="session")
