@@ -67,6 +67,12 @@ class WorkerConfig:
     # an error), "earliest" (restart at TRIM_HORIZON: duplicates possible) or "latest" (restart at
     # LATEST: records lost). Druid's resetOffsetAutomatically, made explicit.
     aged_checkpoint_policy: str = "fail"
+    # KPL aggregated records are split into their sub-records (the KCL always does this).
+    kpl_deaggregation: bool = True
+    # "polling" (GetRecords) or "fanout" (enhanced fan-out: SubscribeToShard through a registered
+    # stream consumer named consumer_name, by default the application name).
+    retrieval_mode: str = "polling"
+    consumer_name: str | None = None
 
     def __post_init__(self) -> None:
         _check(self)
@@ -143,6 +149,12 @@ def _check(cfg: WorkerConfig) -> None:
         )
     if cfg.metrics_port is not None and not 0 <= cfg.metrics_port <= 65535:
         raise ConfigError(f"config 'metrics_port' must be 0..65535, got {cfg.metrics_port}")
+    if cfg.retrieval_mode not in {"polling", "fanout"}:
+        raise ConfigError(
+            f"config 'retrieval_mode' must be 'polling' or 'fanout', got {cfg.retrieval_mode!r}"
+        )
+    if cfg.consumer_name is not None and not _STREAM_NAME.match(cfg.consumer_name):
+        raise ConfigError(f"config 'consumer_name' is not a valid name: {cfg.consumer_name!r}")
     if cfg.endpoint_url is not None and not re.match(r"^https?://", cfg.endpoint_url):
         raise ConfigError(
             f"config 'endpoint_url' must start with http:// or https://, got {cfg.endpoint_url!r}"

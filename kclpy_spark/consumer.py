@@ -36,6 +36,8 @@ from kclpy_spark.processor import (
     ShutdownRequestedInput,
     is_async,
 )
+from kclpy_spark.retrieval.fanout import FanOutFetcher
+from kclpy_spark.retrieval.kpl import Deaggregator
 from kclpy_spark.retrieval.polling import FetchedBatch, PollingFetcher, earliest_sequence_number
 from shard_sync.hierarchy import BlockedOnParentShardError, child_leases_at_shard_end
 
@@ -101,6 +103,8 @@ class ShardConsumer:
         self._metrics = metrics or WorkerMetrics(CoordinationCounters())
         self._position = initial_position or cfg.initial_position
         self._lost = asyncio.Event()
+        # True once the consumer gives its lease up on purpose (shard end, parking).
+        self.finishing = False
         self._shutdown = asyncio.Event()
         self.checkpointer = Checkpointer(
             holder,
@@ -213,17 +217,34 @@ class ShardConsumer:
 
     async def _process(self) -> Outcome:
         queue: asyncio.Queue[FetchedBatch] = asyncio.Queue(maxsize=self._cfg.prefetch_batches)
-        fetcher = PollingFetcher(
-            self._kinesis,
-            self._stream,
-            self.stats.shard_id,
-            self._held.lease.checkpoint,
-            self._position,
-            queue,
-            max_records=self._cfg.max_records,
-            idle_time=self._cfg.idle_time_between_reads,
-            rng=self._rng,
-        )
+        lease = self._held.lease
+        deaggregator = Deaggregator(lease.hash_key_range) if self._cfg.kpl_deaggregation else None
+        fetcher: PollingFetcher | FanOutFetcher
+        if self._cfg.retrieval_mode == "fanout":
+            fetcher = FanOutFetcher(
+                self._kinesis,
+                self._stream,
+                self.stats.shard_id,
+                lease.checkpoint,
+                self._position,
+                queue,
+                consumer_name=self._cfg.consumer_name or self._cfg.application_name,
+                rng=self._rng,
+                deaggregator=deaggregator,
+            )
+        else:
+            fetcher = PollingFetcher(
+                self._kinesis,
+                self._stream,
+                self.stats.shard_id,
+                lease.checkpoint,
+                self._position,
+                queue,
+                max_records=self._cfg.max_records,
+                idle_time=self._cfg.idle_time_between_reads,
+                rng=self._rng,
+                deaggregator=deaggregator,
+            )
         fetch_task = asyncio.create_task(fetcher.run(), name=f"fetch-{self.stats.shard_id}")
         lost = asyncio.ensure_future(self._lost.wait())
         stop = asyncio.ensure_future(self._shutdown.wait())
@@ -274,6 +295,16 @@ class ShardConsumer:
                 )
                 break
             except Exception:
+                if self._holder.get_if_held(self.lease_key) is None:
+                    # The lease went while the batch was processed (its checkpoint write lost, or
+                    # it expired): the failure is the lease's, not the records'. Stop; the new
+                    # owner redelivers from the last checkpoint.
+                    log.warning(
+                        "shard %s: process_records failed after the lease was lost",
+                        self.stats.shard_id,
+                        exc_info=True,
+                    )
+                    raise LeaseLost() from None
                 attempt += 1
                 self.stats.failures += 1
                 self._metrics.processing_failures.labels(self.stats.shard_id).inc()
@@ -355,6 +386,8 @@ class ShardConsumer:
         if held is None:
             raise LeaseLost()
 
+        self.finishing = True
+
         def write(lease: Lease) -> Lease | None:
             parked = self._table.update_lease(park(lease, reopen_at))
             return None if parked is None else self._table.evict_lease(parked)
@@ -395,6 +428,7 @@ class ShardConsumer:
             )
             await self._wait_or_stop(asyncio.sleep(self._backoff(attempt)))
         # Finished: give the lease up so no worker renews it; cleanup deletes it later.
+        self.finishing = True
         await asyncio.to_thread(
             self._holder.update, self.lease_key, held.token, self._table.evict_lease
         )

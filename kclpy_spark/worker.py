@@ -218,6 +218,12 @@ class Worker:
                 with shard_context(lease.shard_id):
                     log.warning("worker %s lost lease %s", self.cfg.worker_id, lease.lease_key)
                 running.consumer.lease_lost()
+        # A lease can also go between renewals (a checkpoint's conditional write lost, local
+        # expiry): its consumer must stop too.
+        held = self.holder.held_keys()
+        for key, running in list(self._running.items()):
+            if key not in held and not running.consumer.finishing:
+                running.consumer.lease_lost()
 
     async def _control_round(self) -> None:
         """Publish this worker's status; follow the application's suspend flag."""

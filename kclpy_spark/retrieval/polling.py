@@ -22,6 +22,7 @@ from checkpoint.errors import (
 )
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.processor import Record
+from kclpy_spark.retrieval.kpl import Deaggregator, skip_through
 from kclpy_spark.retrieval.positions import iterator_args
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class PollingFetcher:
         idle_time: float = 1.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: random.Random | None = None,
+        deaggregator: Deaggregator | None = None,
     ) -> None:
         self._client = client
         self._stream = stream
@@ -86,6 +88,9 @@ class PollingFetcher:
         self._last_delivered: str | None = None
         self._failures = 0
         self.calls = 0
+        # None: KPL aggregates are delivered as they are (records at or before a sub-sequence
+        # checkpoint are still skipped).
+        self.deaggregator = deaggregator
 
     def _backoff(self) -> float:
         self._failures += 1
@@ -124,6 +129,14 @@ class PollingFetcher:
         log.log(level, "%s; retrying in %.2fs", mapped, delay)
         await self._sleep(delay)
 
+    def _user_records(self, raw: list[Record]) -> list[Record]:
+        # Until the first record arrives the reading may have started AT the checkpoint's
+        # sequence number (a checkpoint inside a KPL aggregate): skip what it already covered.
+        after = self._start if self._last_delivered is None else None
+        if self.deaggregator is not None:
+            return self.deaggregator(raw, after)
+        return skip_through(raw, after)
+
     async def run(self) -> None:
         iterator = await self._iterator()
         while True:
@@ -140,12 +153,13 @@ class PollingFetcher:
                 await self._handle(exc, "GetRecords")
                 continue
             self._failures = 0
-            records = [record_from_api(r) for r in resp.get("Records", ())]
+            raw = [record_from_api(r) for r in resp.get("Records", ())]
+            records = self._user_records(raw)
             lag = resp.get("MillisBehindLatest")
             next_iterator = resp.get("NextShardIterator")
             ended = next_iterator is None
-            if records:
-                self._last_delivered = records[-1].sequence_number
+            if raw:
+                self._last_delivered = raw[-1].sequence_number
             if records or ended:
                 await self._queue.put(
                     FetchedBatch(
@@ -158,7 +172,7 @@ class PollingFetcher:
             if ended:
                 return
             iterator = str(next_iterator)
-            behind = len(records) >= self._max_records or bool(lag)
+            behind = len(raw) >= self._max_records or bool(lag)
             await self._sleep(MIN_INTERVAL_WHILE_BEHIND if behind else self._idle)
 
 

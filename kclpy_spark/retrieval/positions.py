@@ -13,9 +13,9 @@ def iterator_args(
     """GetShardIterator keyword arguments (without the stream and shard) that resume after
     ``checkpoint``.
 
-    A checkpoint inside a KPL aggregate (sub-sequence > 0) re-reads that aggregate
-    (AT_SEQUENCE_NUMBER) so its later sub-records can be delivered; the caller skips the sub-records
-    at or before the checkpoint. SHARD_END has no iterator: ValueError.
+    A sequence-number checkpoint re-reads its record (AT_SEQUENCE_NUMBER) so the later sub-records
+    of a KPL aggregate can be delivered; the caller skips every record and sub-record at or before
+    the checkpoint. SHARD_END has no iterator: ValueError.
     """
     sentinel = checkpoint.sentinel
     if sentinel is Sentinel.SHARD_END:
@@ -31,12 +31,10 @@ def iterator_args(
                 "(with its time) is configured"
             )
         return {"ShardIteratorType": "AT_TIMESTAMP", "Timestamp": initial_position.timestamp}
-    if checkpoint.sub_sequence_number > 0:
-        return {
-            "ShardIteratorType": "AT_SEQUENCE_NUMBER",
-            "StartingSequenceNumber": checkpoint.sequence_number,
-        }
+    # Always AT, as the KCL does: the checkpointed record may be a KPL aggregate whose later
+    # sub-records were not processed yet (a checkpoint at (seq, 0) covers only its first one).
+    # The fetchers drop every record at or before the checkpoint.
     return {
-        "ShardIteratorType": "AFTER_SEQUENCE_NUMBER",
+        "ShardIteratorType": "AT_SEQUENCE_NUMBER",
         "StartingSequenceNumber": checkpoint.sequence_number,
     }

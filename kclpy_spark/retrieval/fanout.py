@@ -1,0 +1,391 @@
+"""Enhanced fan-out retrieval on aiobotocore: a registered stream consumer and SubscribeToShard.
+
+``FanOutFetcher`` has PollingFetcher's contract: it puts FetchedBatch items on a bounded queue and
+ends after the batch with ``shard_ended=True``. A subscription lasts at most five minutes; the
+fetcher renews it a little earlier (``subscription_lifetime``), after the server ends it, and after
+errors (full-jitter backoff), each time from the last position the service confirmed
+(AFTER_SEQUENCE_NUMBER with the continuation sequence number). An event whose
+ContinuationSequenceNumber is null ends the shard; its ChildShards go into the last batch.
+
+Emulators do not all signal the end of a closed shard over the event stream (LocalStack 2026.3
+breaks the stream instead), so after a broken stream one GetRecords call checks whether the shard
+has ended; on AWS this costs one call per failure and normally finds the shard open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from checkpoint.errors import (
+    DependencyError,
+    ResourceNotFoundError,
+    ThrottledError,
+    error_code,
+    map_aws_error,
+)
+from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
+from kclpy_spark.processor import Record
+from kclpy_spark.retrieval.kpl import Deaggregator, skip_through
+from kclpy_spark.retrieval.polling import FetchedBatch, record_from_api
+from kclpy_spark.retrieval.positions import iterator_args
+
+log = logging.getLogger(__name__)
+
+# AWS ends a subscription after 5 minutes; renewing 10 s earlier keeps the gap ours to choose.
+SUBSCRIPTION_LIFETIME = 290.0
+# AWS allows one SubscribeToShard call per second per consumer and shard.
+MIN_RESUBSCRIBE_INTERVAL = 1.0
+BACKOFF_BASE = 0.5
+BACKOFF_CAP = 10.0
+# A consumer takes seconds (LocalStack) to tens of seconds (AWS) to become ACTIVE.
+CONSUMER_POLL_INTERVAL = 0.5
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+async def stream_arn(client: Any, stream: dict[str, str]) -> str:
+    """The stream's ARN (RegisterStreamConsumer needs it) from ``{"StreamName"}`` or
+    ``{"StreamARN"}``."""
+    if "StreamARN" in stream:
+        return stream["StreamARN"]
+    try:
+        resp = await client.describe_stream_summary(**stream)
+    except Exception as exc:
+        raise map_aws_error(exc, f"DescribeStreamSummary on {stream}") from exc
+    return str(resp["StreamDescriptionSummary"]["StreamARN"])
+
+
+class ConsumerRegistry:
+    """Registers (or finds) one stream consumer per (stream, name) and remembers its ARN, so the
+    fetchers of one process share one registration instead of each calling the control plane."""
+
+    def __init__(self) -> None:
+        self._arns: dict[tuple[str, str], str] = {}
+        self._locks: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, dict[tuple[str, str], asyncio.Lock]
+        ] = weakref.WeakKeyDictionary()
+
+    def forget(self, arn: str, name: str) -> None:
+        self._arns.pop((arn, name), None)
+
+    async def ensure(
+        self, client: Any, stream: dict[str, str], name: str, *, sleep: Sleep = asyncio.sleep
+    ) -> str:
+        """The ARN of consumer ``name`` on ``stream``, registered if absent, once ACTIVE.
+        Raises ResourceNotFoundError if the stream does not exist, other mapped errors if the
+        control plane refuses; retries throttling and transient failures."""
+        arn = await stream_arn(client, stream)
+        key = (arn, name)
+        known = self._arns.get(key)
+        if known is not None:
+            return known
+        locks = self._locks.setdefault(asyncio.get_running_loop(), {})
+        async with locks.setdefault(key, asyncio.Lock()):
+            known = self._arns.get(key)
+            if known is None:
+                known = self._arns[key] = await _register_and_wait(client, arn, name, sleep)
+            return known
+
+
+# Fetchers share this unless given another (tests give their own).
+CONSUMERS = ConsumerRegistry()
+
+
+async def _register_and_wait(client: Any, arn: str, name: str, sleep: Sleep) -> str:
+    failures = 0
+    registered = False
+    while True:
+        try:
+            desc = (await client.describe_stream_consumer(StreamARN=arn, ConsumerName=name))[
+                "ConsumerDescription"
+            ]
+            status = desc["ConsumerStatus"]
+            if status == "ACTIVE":
+                log.info("stream consumer %s is ACTIVE (%s)", name, desc["ConsumerARN"])
+                return str(desc["ConsumerARN"])
+            delay = CONSUMER_POLL_INTERVAL  # CREATING, or DELETING before a new registration
+        except Exception as exc:
+            code = error_code(exc)
+            if code == "ResourceNotFoundException" and not registered:
+                try:
+                    await client.register_stream_consumer(StreamARN=arn, ConsumerName=name)
+                    log.info("registered stream consumer %s on %s", name, arn)
+                    registered = True
+                    continue
+                except Exception as reg_exc:
+                    exc, code = reg_exc, error_code(reg_exc)
+            if code == "ResourceNotFoundException" and registered:
+                delay = CONSUMER_POLL_INTERVAL  # registered, not yet visible
+            else:
+                mapped = map_aws_error(exc, f"registering stream consumer {name} on {arn}")
+                if not mapped.retriable:
+                    raise mapped from exc
+                failures += 1
+                delay = random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** min(failures, 10)))
+                log.info("%s; retrying in %.2fs", mapped, delay)
+        await sleep(delay)
+
+
+async def deregister_consumer(
+    client: Any,
+    stream: dict[str, str],
+    consumer_name: str,
+    *,
+    registry: ConsumerRegistry | None = None,
+) -> bool:
+    """Deregister consumer ``consumer_name`` from ``stream`` (a worker's shutdown option; every
+    worker of the application shares the consumer, so only the last one should call this).
+    True if it was deregistered, False if it did not exist. Raises mapped errors otherwise."""
+    arn = await stream_arn(client, stream)
+    (registry or CONSUMERS).forget(arn, consumer_name)
+    try:
+        await client.deregister_stream_consumer(StreamARN=arn, ConsumerName=consumer_name)
+    except Exception as exc:
+        if error_code(exc) == "ResourceNotFoundException":
+            return False
+        raise map_aws_error(exc, f"deregistering stream consumer {consumer_name}") from exc
+    log.info("deregistered stream consumer %s from %s", consumer_name, arn)
+    return True
+
+
+def starting_position(
+    checkpoint: ExtendedSequenceNumber, initial_position: InitialPosition
+) -> dict[str, Any]:
+    """SubscribeToShard's StartingPosition for ``checkpoint`` (the same rules as polling)."""
+    args = iterator_args(checkpoint, initial_position)
+    position: dict[str, Any] = {"Type": args["ShardIteratorType"]}
+    if "StartingSequenceNumber" in args:
+        position["SequenceNumber"] = args["StartingSequenceNumber"]
+    if "Timestamp" in args:
+        position["Timestamp"] = args["Timestamp"]
+    return position
+
+
+class FanOutFetcher:
+    """Reads one shard through enhanced fan-out from ``checkpoint`` onward into ``queue``.
+
+    Ends after putting the batch with ``shard_ended=True``. Raises ResourceNotFoundError if the
+    stream or shard vanished, mapped non-retriable errors (access, bad request); retries the rest
+    with backoff until cancelled. ``subscriptions`` and ``renewals`` count for tests and status.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        stream: dict[str, str],
+        shard_id: str,
+        checkpoint: ExtendedSequenceNumber,
+        initial_position: InitialPosition,
+        queue: asyncio.Queue[FetchedBatch],
+        *,
+        consumer_name: str,
+        subscription_lifetime: float = SUBSCRIPTION_LIFETIME,
+        sleep: Sleep = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+        deaggregator: Deaggregator | None = None,
+        registry: ConsumerRegistry | None = None,
+    ) -> None:
+        self._client = client
+        self._stream = stream
+        self._shard_id = shard_id
+        self._start = checkpoint
+        self._initial = initial_position
+        self._queue = queue
+        self._consumer_name = consumer_name
+        self._lifetime = subscription_lifetime
+        self._sleep = sleep
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self.deaggregator = deaggregator
+        self._registry = registry or CONSUMERS
+        # Resume AFTER this sequence number (the last record or a later continuation number).
+        self._resume: str | None = None
+        self._received_any = False
+        self._floor = 0 if checkpoint.is_sentinel else int(checkpoint.sequence_number)
+        self._last_subscribe: float | None = None
+        self._failures = 0
+        self._not_found = 0
+        self.subscriptions = 0
+        self.renewals = 0
+
+    def _backoff(self) -> float:
+        self._failures += 1
+        cap = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** min(self._failures, 10))
+        return self._rng.uniform(0, cap)
+
+    def _position(self) -> dict[str, Any]:
+        if self._resume is not None:
+            return {"Type": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": self._resume}
+        return starting_position(self._start, self._initial)
+
+    def _advance(self, raw: list[Record], continuation: str | None) -> None:
+        """Move the resume point: to the last record received, or to a continuation number that
+        lies beyond it (an emulator may send a placeholder such as "0": never move back)."""
+        if raw:
+            self._resume = raw[-1].sequence_number
+            self._received_any = True
+        if continuation and continuation.isdigit():
+            current = int(self._resume) if self._resume is not None else self._floor
+            if int(continuation) > current:
+                self._resume = continuation
+
+    def _user_records(self, raw: list[Record]) -> list[Record]:
+        # Until a record arrives the subscription may have started AT the checkpoint (inside a KPL
+        # aggregate): skip what that checkpoint already covers.
+        after = None if self._received_any else self._start
+        if self.deaggregator is not None:
+            return self.deaggregator(raw, after)
+        return skip_through(raw, after)
+
+    async def _handle(self, exc: BaseException, operation: str) -> None:
+        """Back off after a retriable failure; raise the mapped error otherwise."""
+        if isinstance(exc, asyncio.CancelledError):
+            raise exc
+        mapped = map_aws_error(exc, f"{operation} on shard {self._shard_id}")
+        if not isinstance(mapped, ThrottledError | DependencyError):
+            raise mapped from exc
+        delay = self._backoff()
+        level = logging.DEBUG if isinstance(mapped, ThrottledError) else logging.WARNING
+        log.log(level, "%s; resubscribing in %.2fs", mapped, delay)
+        await self._sleep(delay)
+
+    async def _pace(self) -> None:
+        if self._last_subscribe is not None:
+            wait = self._last_subscribe + MIN_RESUBSCRIBE_INTERVAL - self._clock()
+            if wait > 0:
+                await self._sleep(wait)
+        self._last_subscribe = self._clock()
+
+    async def run(self) -> None:
+        arn = await self._registry.ensure(
+            self._client, self._stream, self._consumer_name, sleep=self._sleep
+        )
+        self._not_found = 0
+        while True:
+            await self._pace()
+            try:
+                resp = await self._client.subscribe_to_shard(
+                    ConsumerARN=arn, ShardId=self._shard_id, StartingPosition=self._position()
+                )
+            except Exception as exc:
+                if error_code(exc) == "ResourceNotFoundException":
+                    arn = await self._register_again(exc)
+                else:
+                    await self._handle(exc, "SubscribeToShard")
+                continue
+            self.subscriptions += 1
+            try:
+                if await self._consume(resp["EventStream"]):
+                    return
+            except Exception as exc:
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                log.info("shard %s: subscription broke (%r)", self._shard_id, exc)
+                if await self._ended_by_polling():
+                    return
+                if error_code(exc) == "ResourceNotFoundException":
+                    arn = await self._register_again(exc)
+                else:
+                    await self._handle(exc, "SubscribeToShard event stream")
+
+    async def _register_again(self, exc: Exception) -> str:
+        """The consumer was deregistered (another worker's shutdown) or the shard is gone:
+        register again; raise ResourceNotFoundError if that keeps not helping."""
+        self._not_found += 1
+        if self._not_found > 3:
+            raise ResourceNotFoundError(
+                f"SubscribeToShard on shard {self._shard_id}: {exc}"
+            ) from exc
+        log.warning("shard %s: %s; registering the consumer again", self._shard_id, exc)
+        self._registry.forget(await stream_arn(self._client, self._stream), self._consumer_name)
+        await self._sleep(self._backoff())
+        return await self._registry.ensure(
+            self._client, self._stream, self._consumer_name, sleep=self._sleep
+        )
+
+    async def _consume(self, events: Any) -> bool:
+        """Deliver a subscription's events until it ends (False: renew) or the shard ends
+        (True). Errors from the stream propagate."""
+        started = self._clock()
+        iterator = aiter(events)
+        try:
+            while True:
+                remaining = self._lifetime - (self._clock() - started)
+                if remaining <= 0:
+                    self.renewals += 1
+                    return False
+                try:
+                    event = await asyncio.wait_for(anext(iterator), remaining)
+                except StopAsyncIteration:
+                    return False
+                except TimeoutError:
+                    self.renewals += 1
+                    return False
+                body = event.get("SubscribeToShardEvent")
+                if body is not None and await self._on_event(body):
+                    return True
+        finally:
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
+
+    async def _on_event(self, body: dict[str, Any]) -> bool:
+        self._failures = 0
+        self._not_found = 0
+        raw = [record_from_api(r) for r in body.get("Records", ())]
+        records = self._user_records(raw)
+        continuation = body.get("ContinuationSequenceNumber")
+        ended = continuation is None
+        self._advance(raw, continuation)
+        if records or ended:
+            await self._queue.put(
+                FetchedBatch(
+                    records=records,
+                    millis_behind_latest=body.get("MillisBehindLatest"),
+                    shard_ended=ended,
+                    child_shards=list(body.get("ChildShards") or ()),
+                )
+            )
+        return ended
+
+    async def _ended_by_polling(self) -> bool:
+        """One GetRecords from the resume point: deliver what it returns; True if the shard has
+        ended (the records and child shards went out in the last batch)."""
+        if self._resume is not None:
+            args: dict[str, Any] = {
+                "ShardIteratorType": "AFTER_SEQUENCE_NUMBER",
+                "StartingSequenceNumber": self._resume,
+            }
+        else:
+            args = iterator_args(self._start, self._initial)
+        try:
+            it = await self._client.get_shard_iterator(
+                **self._stream, ShardId=self._shard_id, **args
+            )
+            resp = await self._client.get_records(ShardIterator=it["ShardIterator"])
+        except Exception as exc:
+            log.debug("shard %s: shard-end check failed: %r", self._shard_id, exc)
+            return False
+        raw = [record_from_api(r) for r in resp.get("Records", ())]
+        records = self._user_records(raw)
+        ended = resp.get("NextShardIterator") is None
+        self._advance(raw, None)
+        if records or ended:
+            await self._queue.put(
+                FetchedBatch(
+                    records=records,
+                    millis_behind_latest=resp.get("MillisBehindLatest"),
+                    shard_ended=ended,
+                    child_shards=list(resp.get("ChildShards") or ()),
+                )
+            )
+        if ended:
+            log.info("shard %s ended (seen by GetRecords after the stream broke)", self._shard_id)
+        return ended

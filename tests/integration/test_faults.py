@@ -1,0 +1,189 @@
+"""Fault injection on a real worker against LocalStack: Kinesis throttling, expired iterators and
+500s; lease-table throttling and storms of lost conditional writes; the endpoint unreachable for
+30 s (refused, then silent). The worker recovers and loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from faults import FaultyKinesis, FaultyStore, Proxy, client_error, throttled
+from worker_procs import produce, wait_active
+
+from checkpoint.errors import DependencyError
+from checkpoint.sequence import InitialPosition
+from kclpy_spark.config import WorkerConfig
+from kclpy_spark.daemon import run_worker
+from kclpy_spark.processor import InitializeInput, ProcessRecordsInput, RecordProcessor
+from kclpy_spark.worker import Worker
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.seen: Counter[str] = Counter()
+
+    def factory(self) -> RecordProcessor:
+        collector = self
+
+        class Collect(RecordProcessor):
+            def initialize(self, initialize_input: InitializeInput) -> None:
+                self.shard = initialize_input.shard_id
+
+            def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+                with collector.lock:
+                    collector.seen.update(
+                        r.binary_data.decode() for r in process_records_input.records
+                    )
+                process_records_input.checkpointer.checkpoint()
+
+        return Collect()
+
+    def has(self, wanted: set[str]) -> bool:
+        with self.lock:
+            return wanted <= set(self.seen)
+
+
+def _cfg(name: str, endpoint: str, tmp_path: Path, **extra: Any) -> WorkerConfig:
+    base: dict[str, Any] = dict(
+        application_name=name, stream_name=name, endpoint_url=endpoint,
+        initial_position=InitialPosition.trim_horizon(), lease_store=f"sqlite:{tmp_path / 'l.db'}",
+        failover_time=3.0, idle_time_between_reads=0.2, max_records=7, worker_id="w",
+    )  # fmt: skip
+    base.update(extra)
+    return WorkerConfig(**base)
+
+
+def _run(cfg: WorkerConfig, collector: Collector, scenario: Any, **wrap: Any) -> None:
+    async def wrapped(worker: Worker) -> None:
+        try:
+            await scenario(worker)
+        finally:
+            worker.request_shutdown()
+
+    asyncio.run(
+        run_worker(
+            cfg, collector.factory, on_started=wrapped, install_signal_handlers=False, **wrap
+        )
+    )
+
+
+async def _until(what: str, predicate: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.2)
+
+
+def test_kinesis_throttling_expired_iterators_and_500s(
+    kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    kinesis_client.create_stream(StreamName=unique_name, ShardCount=2)
+    wait_active(kinesis_client, unique_name)
+    produced = set(produce(kinesis_client, unique_name, range(80)))
+
+    def fault(operation: str, n: int) -> BaseException | None:
+        if operation == "get_records" and n % 3 == 0:
+            return client_error("ProvisionedThroughputExceededException", "GetRecords")
+        if operation == "get_records" and n % 7 == 0:
+            return client_error("ExpiredIteratorException", "GetRecords")
+        if operation == "get_shard_iterator" and n % 4 == 1:
+            return client_error("InternalFailure", "GetShardIterator", status=500)
+        return None
+
+    kinesis: dict[str, FaultyKinesis] = {}
+
+    def wrap(client: Any) -> FaultyKinesis:
+        kinesis["c"] = FaultyKinesis(client, fault)
+        return kinesis["c"]
+
+    collector = Collector()
+
+    async def scenario(worker: Worker) -> None:
+        await _until("every record", lambda: collector.has(produced), 120)
+
+    _run(_cfg(unique_name, localstack_endpoint, tmp_path), collector, scenario, wrap_kinesis=wrap)
+    injected = kinesis["c"].injected
+    assert injected.get("get_records", 0) >= 5 and injected.get("get_shard_iterator", 0) >= 1
+    assert set(collector.seen) == produced
+    # Expired iterators resume after the last record delivered: nothing is delivered twice.
+    assert max(collector.seen.values()) == 1
+
+
+def test_lease_table_throttling_and_lost_write_storms(
+    kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    kinesis_client.create_stream(StreamName=unique_name, ShardCount=2)
+    wait_active(kinesis_client, unique_name)
+    first = set(produce(kinesis_client, unique_name, range(40)))
+    storm = {"on": False}
+
+    def fault(method: str, n: int) -> object:
+        if storm["on"] and method in {"renew_lease", "take_lease", "update_checkpoint"}:
+            return "lose" if n % 2 else throttled()
+        if method == "list_leases" and n % 5 == 0:
+            return DependencyError("injected: scan failed")
+        if method == "update_checkpoint" and n % 4 == 0:
+            return throttled()
+        return None
+
+    stores: dict[str, FaultyStore] = {}
+
+    def wrap(store: Any) -> FaultyStore:
+        stores["s"] = FaultyStore(store, fault)
+        return stores["s"]
+
+    collector = Collector()
+    second: set[str] = set()
+
+    async def scenario(worker: Worker) -> None:
+        await _until("the first records", lambda: collector.has(first), 60)
+        storm["on"] = True  # every renewal, take and checkpoint now loses or is throttled
+        second.update(await asyncio.to_thread(produce, kinesis_client, unique_name, range(40, 80)))
+        await asyncio.sleep(8.0)  # well past the 3 s failover: every lease is lost meanwhile
+        assert not worker.holder.held(), "leases survived a storm of lost renewals"
+        storm["on"] = False
+        await _until("every record after the storm", lambda: collector.has(first | second), 90)
+
+    _run(_cfg(unique_name, localstack_endpoint, tmp_path), collector, scenario, wrap_store=wrap)
+    assert set(collector.seen) == first | second
+    injected = stores["s"].injected
+    storm_hits = sum(injected.get(m, 0) for m in ("renew_lease", "take_lease", "update_checkpoint"))
+    assert storm_hits >= 3 and injected.get("list_leases", 0) >= 1
+
+
+def test_endpoint_unreachable_for_30_seconds(
+    kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    kinesis_client.create_stream(StreamName=unique_name, ShardCount=2)
+    wait_active(kinesis_client, unique_name)
+    first = set(produce(kinesis_client, unique_name, range(30)))
+    url = urlparse(localstack_endpoint)
+    proxy = Proxy(url.hostname or "127.0.0.1", url.port or 4566)
+    collector = Collector()
+    during: set[str] = set()
+    try:
+        cfg = _cfg(unique_name, f"http://127.0.0.1:{proxy.port}", tmp_path,
+                   lease_store="dynamodb")  # fmt: skip
+
+        async def scenario(worker: Worker) -> None:
+            await _until("the first records", lambda: collector.has(first), 60)
+            proxy.set("refuse")
+            during.update(await asyncio.to_thread(produce, kinesis_client, unique_name,
+                                                  range(30, 60)))  # fmt: skip
+            await asyncio.sleep(15.0)
+            proxy.set("silent")
+            await asyncio.sleep(15.0)
+            proxy.set("up")
+            await _until("every record after the outage", lambda: collector.has(first | during),
+                         150)  # fmt: skip
+
+        _run(cfg, collector, scenario)
+    finally:
+        proxy.close()
+    assert set(collector.seen) == first | during

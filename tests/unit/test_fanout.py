@@ -1,0 +1,315 @@
+"""FanOutFetcher against a fake SubscribeToShard source with an injected clock and sleep: renewal
+before the five minutes end, resume from the continuation number, backoff after a broken stream,
+shard end with child shards, consumer registration. No mocks, no real waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from checkpoint.errors import AccessError
+from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber, InitialPosition
+from kclpy_spark.retrieval.fanout import (
+    MIN_RESUBSCRIBE_INTERVAL,
+    ConsumerRegistry,
+    FanOutFetcher,
+    deregister_consumer,
+    starting_position,
+)
+from kclpy_spark.retrieval.kpl import Deaggregator, UserRecord, aggregate
+from kclpy_spark.retrieval.polling import FetchedBatch
+
+STREAM_ARN = "arn:aws:kinesis:us-east-1:000000000000:stream/s"
+CONSUMER_ARN = STREAM_ARN + "/consumer/app:1"
+EVENT_GAP = 5.0  # AWS sends an event at least every 5 seconds
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def client_error(code: str) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": code}}, "SubscribeToShard")
+
+
+def record(seq: int, data: bytes = b"d") -> dict[str, Any]:
+    return {
+        "Data": data,
+        "PartitionKey": "pk",
+        "SequenceNumber": str(seq),
+        "ApproximateArrivalTimestamp": datetime(2026, 1, 1, tzinfo=UTC),
+    }
+
+
+def event(records: list[dict[str, Any]], continuation: str | None, **extra: Any) -> dict[str, Any]:
+    body = {"Records": records, "ContinuationSequenceNumber": continuation, "MillisBehindLatest": 0}
+    return {"SubscribeToShardEvent": {**body, **extra}}
+
+
+class FakeEventStream:
+    """One subscription: each event arrives EVENT_GAP seconds after the previous one."""
+
+    def __init__(
+        self,
+        clock: FakeClock,
+        events: Iterator[dict[str, Any]],
+        error: Exception | None = None,
+    ) -> None:
+        self._clock = clock
+        self._events = events
+        self._error = error
+        self.closed = False
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        return self._gen()
+
+    async def _gen(self) -> AsyncIterator[dict[str, Any]]:
+        for e in self._events:
+            self._clock.now += EVENT_GAP
+            yield e
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def heartbeats(continuation: str) -> Iterator[dict[str, Any]]:
+    while True:
+        yield event([], continuation)
+
+
+class FakeKinesis:
+    """SubscribeToShard answers scripted per call; the control plane says the consumer exists."""
+
+    def __init__(self, clock: FakeClock, script: list[FakeEventStream | Exception]) -> None:
+        self._clock = clock
+        self._script = script
+        self.subscribes: list[tuple[float, dict[str, Any]]] = []
+        self.streams: list[FakeEventStream] = []
+        self.consumer_status = ["ACTIVE"]
+        self.registered = 0
+        self.get_records_calls = 0
+
+    async def describe_stream_summary(self, **kw: Any) -> dict[str, Any]:
+        return {"StreamDescriptionSummary": {"StreamARN": STREAM_ARN}}
+
+    async def describe_stream_consumer(self, **kw: Any) -> dict[str, Any]:
+        status = self.consumer_status.pop(0) if len(self.consumer_status) > 1 else "ACTIVE"
+        if status == "MISSING":
+            raise client_error("ResourceNotFoundException")
+        return {"ConsumerDescription": {"ConsumerStatus": status, "ConsumerARN": CONSUMER_ARN}}
+
+    async def register_stream_consumer(self, **kw: Any) -> dict[str, Any]:
+        self.registered += 1
+        return {"Consumer": {"ConsumerARN": CONSUMER_ARN, "ConsumerStatus": "CREATING"}}
+
+    async def deregister_stream_consumer(self, **kw: Any) -> None:
+        if self.registered == 0:
+            raise client_error("ResourceNotFoundException")
+        self.registered -= 1
+
+    async def subscribe_to_shard(self, **kw: Any) -> dict[str, Any]:
+        self.subscribes.append((self._clock.now, kw["StartingPosition"]))
+        step = self._script.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        self.streams.append(step)
+        return {"EventStream": step}
+
+    async def get_shard_iterator(self, **kw: Any) -> dict[str, Any]:
+        return {"ShardIterator": "it"}
+
+    async def get_records(self, **kw: Any) -> dict[str, Any]:
+        self.get_records_calls += 1
+        return {"Records": [], "NextShardIterator": "next", "MillisBehindLatest": 0}
+
+
+def fetcher(
+    kinesis: FakeKinesis,
+    clock: FakeClock,
+    queue: asyncio.Queue[FetchedBatch],
+    checkpoint: ExtendedSequenceNumber = TRIM_HORIZON,
+    **kw: Any,
+) -> FanOutFetcher:
+    return FanOutFetcher(
+        kinesis,
+        {"StreamName": "s"},
+        "shardId-000000000000",
+        checkpoint,
+        InitialPosition.trim_horizon(),
+        queue,
+        consumer_name="app",
+        sleep=clock.sleep,
+        clock=clock,
+        registry=ConsumerRegistry(),
+        **kw,
+    )
+
+
+def drain(queue: asyncio.Queue[FetchedBatch]) -> list[FetchedBatch]:
+    out = []
+    while not queue.empty():
+        out.append(queue.get_nowait())
+    return out
+
+
+def test_renews_before_five_minutes_and_resumes_after_the_continuation_number() -> None:
+    clock = FakeClock()
+    first = iter([event([record(10), record(11)], "11"), *[event([], "15")] * 1000])
+    end = event([record(20)], None, ChildShards=[{"ShardId": "shardId-000000000001"}])
+    kinesis = FakeKinesis(
+        clock,
+        [
+            FakeEventStream(clock, first),
+            FakeEventStream(clock, iter([event([], "15"), end])),
+        ],
+    )
+    queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()
+    f = fetcher(kinesis, clock, queue)
+    asyncio.run(f.run())
+
+    (t1, pos1), (t2, pos2) = kinesis.subscribes
+    assert pos1 == {"Type": "TRIM_HORIZON"}
+    assert pos2 == {"Type": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": "15"}
+    # Renewed at the 290 s lifetime (not at AWS's 300 s cut), with no backoff in between.
+    assert 290.0 <= t2 - t1 < 290.0 + EVENT_GAP
+    assert f.renewals == 1 and f.subscriptions == 2
+    assert all(s.closed for s in kinesis.streams)
+    batches = drain(queue)
+    assert [[r.sequence_number for r in b.records] for b in batches] == [["10", "11"], ["20"]]
+    assert batches[-1].shard_ended and batches[-1].child_shards[0]["ShardId"].endswith("1")
+
+
+def test_a_broken_stream_backs_off_then_resumes_from_the_last_record() -> None:
+    clock = FakeClock()
+    broken = FakeEventStream(
+        clock, iter([event([record(7)], "7")]), error=client_error("InternalFailure")
+    )
+    kinesis = FakeKinesis(
+        clock,
+        [
+            broken,
+            client_error("ResourceInUseException"),  # the old subscription is not released yet
+            FakeEventStream(clock, iter([event([record(8)], None)])),
+        ],
+    )
+    queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()
+    f = fetcher(kinesis, clock, queue)
+    asyncio.run(f.run())
+    positions = [p for _, p in kinesis.subscribes]
+    assert positions[1:] == [{"Type": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": "7"}] * 2
+    # One shard-end check by GetRecords after the broken stream (the shard was still open).
+    assert kinesis.get_records_calls == 1
+    # Full-jitter backoffs: 0..1 s after the first failure, 0..2 s after the second.
+    backoffs = [s for s in clock.sleeps if s not in (MIN_RESUBSCRIBE_INTERVAL,)]
+    assert len(backoffs) >= 1 and all(0 <= s <= 2.0 for s in backoffs)
+    times = [t for t, _ in kinesis.subscribes]
+    assert all(b - a >= MIN_RESUBSCRIBE_INTERVAL for a, b in itertools.pairwise(times))
+    assert [r.sequence_number for b in drain(queue) for r in b.records] == ["7", "8"]
+
+
+def test_a_subscription_that_ends_at_once_is_renewed_no_faster_than_once_a_second() -> None:
+    clock = FakeClock()
+    kinesis = FakeKinesis(
+        clock,
+        [
+            FakeEventStream(clock, iter([])),
+            FakeEventStream(clock, iter([])),
+            FakeEventStream(clock, iter([event([], None)])),
+        ],
+    )
+    queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()
+    asyncio.run(fetcher(kinesis, clock, queue).run())
+    times = [t for t, _ in kinesis.subscribes]
+    assert [round(b - a, 6) for a, b in itertools.pairwise(times)] == [1.0, 1.0]
+    assert drain(queue)[-1].shard_ended
+
+
+def test_a_placeholder_continuation_never_moves_the_resume_point_back() -> None:
+    clock = FakeClock()
+    checkpoint = ExtendedSequenceNumber("500")
+    kinesis = FakeKinesis(
+        clock,
+        [
+            FakeEventStream(clock, iter([event([], "0"), event([], "500")])),
+            FakeEventStream(clock, iter([event([], None)])),
+        ],
+    )
+    queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()
+    asyncio.run(fetcher(kinesis, clock, queue, checkpoint).run())
+    positions = [p for _, p in kinesis.subscribes]
+    # Both subscriptions re-read the checkpointed record (AT: it may be a KPL aggregate with
+    # sub-records left): no record arrived, and the placeholders never move the point back.
+    expected = {"Type": "AT_SEQUENCE_NUMBER", "SequenceNumber": "500"}
+    assert positions == [expected, expected]
+
+
+def test_resumes_inside_an_aggregate_and_deaggregates() -> None:
+    clock = FakeClock()
+    blob = aggregate([UserRecord("a", b"0"), UserRecord("b", b"1"), UserRecord("c", b"2")])
+    kinesis = FakeKinesis(
+        clock, [FakeEventStream(clock, iter([event([record(900, blob), record(901)], None)]))]
+    )
+    queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()
+    f = fetcher(
+        kinesis, clock, queue, ExtendedSequenceNumber("900", 1), deaggregator=Deaggregator()
+    )
+    asyncio.run(f.run())
+    assert kinesis.subscribes[0][1] == {"Type": "AT_SEQUENCE_NUMBER", "SequenceNumber": "900"}
+    got = [(r.sequence_number, r.sub_sequence_number) for b in drain(queue) for r in b.records]
+    assert got == [("900", 2), ("901", 0)]
+
+
+def test_access_denied_is_not_retried() -> None:
+    clock = FakeClock()
+    kinesis = FakeKinesis(clock, [client_error("AccessDeniedException")])
+    queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()
+    with pytest.raises(AccessError):
+        asyncio.run(fetcher(kinesis, clock, queue).run())
+
+
+def test_registers_a_missing_consumer_waits_for_active_and_remembers_it() -> None:
+    clock = FakeClock()
+    kinesis = FakeKinesis(clock, [])
+    kinesis.consumer_status = ["MISSING", "CREATING", "CREATING", "ACTIVE"]
+    registry = ConsumerRegistry()
+
+    async def twice() -> list[str]:
+        return list(
+            await asyncio.gather(
+                registry.ensure(kinesis, {"StreamName": "s"}, "app", sleep=clock.sleep),
+                registry.ensure(kinesis, {"StreamName": "s"}, "app", sleep=clock.sleep),
+            )
+        )
+
+    assert asyncio.run(twice()) == [CONSUMER_ARN, CONSUMER_ARN]
+    assert kinesis.registered == 1
+    assert asyncio.run(deregister_consumer(kinesis, {"StreamARN": STREAM_ARN}, "app")) is True
+    assert asyncio.run(deregister_consumer(kinesis, {"StreamARN": STREAM_ARN}, "app")) is False
+
+
+def test_starting_positions_follow_the_polling_rules() -> None:
+    latest = InitialPosition.latest()
+    assert starting_position(ExtendedSequenceNumber("5"), latest) == {
+        "Type": "AT_SEQUENCE_NUMBER",
+        "SequenceNumber": "5",
+    }
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    at = InitialPosition.at_timestamp(when)
+    assert starting_position(at.checkpoint, at) == {"Type": "AT_TIMESTAMP", "Timestamp": when}
