@@ -98,7 +98,12 @@ def _run(args: argparse.Namespace) -> int:
     if cfg.processor is None:
         raise ConfigError("config 'processor' is required (package.module:Class)")
     factory = load_processor_factory(cfg.processor)
-    asyncio.run(run_worker(cfg, factory))
+    tracker = None
+    if args.config and cfg.streams:
+        from kclpy_spark.daemon import config_file_stream_tracker
+
+        tracker = config_file_stream_tracker(args.config, cfg.streams)
+    asyncio.run(run_worker(cfg, factory, stream_tracker=tracker))
     return 0
 
 

@@ -26,6 +26,50 @@ _STREAM_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
 _APP_NAME = re.compile(r"^[a-zA-Z0-9_.-]{3,255}$")
 
 
+@dataclass(frozen=True)
+class StreamSpec:
+    """One stream of a multi-stream application, as configured."""
+
+    stream_name: str | None = None
+    stream_arn: str | None = None
+    initial_position: InitialPosition | None = None  # None: the application's
+
+    def __post_init__(self) -> None:
+        if not self.stream_name and not self.stream_arn:
+            raise ConfigError("each [[streams]] entry needs 'stream_name' or 'stream_arn'")
+
+    @property
+    def label(self) -> str:
+        return self.stream_arn or str(self.stream_name)
+
+    @property
+    def request(self) -> dict[str, str]:
+        """The stream argument of Kinesis calls."""
+        return (
+            {"StreamARN": self.stream_arn}
+            if self.stream_arn
+            else {"StreamName": str(self.stream_name)}
+        )
+
+    @classmethod
+    def parse(cls, value: Any, where: str) -> StreamSpec:
+        if isinstance(value, StreamSpec):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: each [[streams]] entry must be a table")
+        unknown = set(value) - {"stream_name", "stream_arn", "initial_position"}
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown key(s) in [[streams]]: {', '.join(sorted(unknown))}"
+            )
+        position = value.get("initial_position")
+        try:
+            parsed = InitialPosition.parse(str(position)) if position is not None else None
+        except ValueError as exc:
+            raise ConfigError(f"{where}: [[streams]] initial_position: {exc}") from None
+        return cls(value.get("stream_name"), value.get("stream_arn"), parsed)
+
+
 def _default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
@@ -37,6 +81,9 @@ class WorkerConfig:
     application_name: str = "kclpy-spark-app"
     stream_name: str | None = None
     stream_arn: str | None = None
+    # Multi-stream mode: several streams, each a [[streams]] table (stream_name or stream_arn,
+    # optional initial_position); lease keys then carry the stream (the KCL's format).
+    streams: tuple[StreamSpec, ...] = ()
     region: str = "us-east-1"
     # A local endpoint (LocalStack, kinesalite) for Kinesis and DynamoDB; None = AWS's TLS defaults.
     endpoint_url: str | None = None
@@ -79,7 +126,16 @@ class WorkerConfig:
 
     @property
     def stream(self) -> str:
+        if self.streams:
+            return ",".join(s.label for s in self.streams)
         return self.stream_arn or str(self.stream_name)
+
+    @property
+    def stream_specs(self) -> tuple[StreamSpec, ...]:
+        """The configured streams: the [[streams]] list, or the one stream."""
+        if self.streams:
+            return self.streams
+        return (StreamSpec(self.stream_name, self.stream_arn, None),)
 
     @property
     def sqlite_path(self) -> Path | None:
@@ -98,8 +154,13 @@ def _positive(name: str, value: float) -> None:
 
 
 def _check(cfg: WorkerConfig) -> None:
-    if not cfg.stream_name and not cfg.stream_arn:
-        raise ConfigError("config 'stream_name' (or 'stream_arn') is required")
+    if cfg.streams and (cfg.stream_name or cfg.stream_arn):
+        raise ConfigError("config: give either 'stream_name'/'stream_arn' or [[streams]], not both")
+    if not cfg.stream_name and not cfg.stream_arn and not cfg.streams:
+        raise ConfigError("config 'stream_name' (or 'stream_arn', or [[streams]]) is required")
+    for spec in cfg.streams:
+        if spec.stream_name and not _STREAM_NAME.match(spec.stream_name):
+            raise ConfigError(f"[[streams]]: not a valid stream name: {spec.stream_name!r}")
     if cfg.stream_name and not _STREAM_NAME.match(cfg.stream_name):
         raise ConfigError(f"config 'stream_name' is not a valid stream name: {cfg.stream_name!r}")
     if cfg.stream_arn and not cfg.stream_arn.startswith("arn:"):
@@ -169,6 +230,10 @@ def _as_mapping(cfg: WorkerConfig) -> dict[str, Any]:
 
 
 def _coerce(name: str, value: Any, source: str) -> Any:
+    if name == "streams":
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"config 'streams' in {source} must be a list of [[streams]] tables")
+        return tuple(StreamSpec.parse(v, source) for v in value)
     if name == "initial_position":
         if isinstance(value, InitialPosition):
             return value

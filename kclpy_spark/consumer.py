@@ -116,6 +116,10 @@ class ShardConsumer:
 
     # --- signals from the worker -----------------------------------------------------------------
 
+    @property
+    def held_lease(self) -> Lease:
+        return self._held.lease
+
     def lease_lost(self) -> None:
         self._lost.set()
 

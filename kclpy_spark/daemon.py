@@ -10,8 +10,8 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from checkpoint.errors import ConfigError
-from kclpy_spark.config import WorkerConfig
+from checkpoint.errors import ConfigError, KclpySparkError
+from kclpy_spark.config import StreamSpec, WorkerConfig, load_toml
 from kclpy_spark.lease_store import LeaseStore
 from kclpy_spark.processor import RecordProcessor
 from kclpy_spark.worker import ProcessorFactory, Worker
@@ -58,6 +58,7 @@ async def run_worker(
     install_signal_handlers: bool = True,
     wrap_store: Callable[[LeaseStore], LeaseStore] | None = None,
     wrap_kinesis: Callable[[Any], Any] | None = None,
+    stream_tracker: Callable[[], tuple[StreamSpec, ...]] | None = None,
 ) -> None:
     """Run one worker until SIGTERM/SIGINT (or ``worker.request_shutdown()``).
 
@@ -73,7 +74,14 @@ async def run_worker(
     async with aio_client("kinesis", cfg) as kinesis:
         if wrap_kinesis is not None:
             kinesis = wrap_kinesis(kinesis)
-        worker = Worker(cfg, factory, store=store, kinesis_sync=kinesis_sync, kinesis_async=kinesis)
+        worker = Worker(
+            cfg,
+            factory,
+            store=store,
+            kinesis_sync=kinesis_sync,
+            kinesis_async=kinesis,
+            stream_tracker=stream_tracker,
+        )
         loop = asyncio.get_running_loop()
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -94,6 +102,27 @@ async def run_worker(
             if install_signal_handlers:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
+
+
+def config_file_stream_tracker(
+    path: str, initial: tuple[StreamSpec, ...]
+) -> Callable[[], tuple[StreamSpec, ...]]:
+    """Re-read the [[streams]] of a config file on each call, so streams added to or removed from
+    the file are picked up while running; an unreadable file keeps the last good list."""
+    last = initial
+
+    def streams() -> tuple[StreamSpec, ...]:
+        nonlocal last
+        try:
+            specs = load_toml(path).streams
+        except KclpySparkError as exc:
+            log.warning("keeping the current streams: %s", exc)
+            return last
+        if specs:
+            last = specs
+        return last
+
+    return streams
 
 
 def _on_signal(worker: Worker, sig: signal.Signals) -> None:

@@ -20,10 +20,10 @@ from checkpoint.clock import Clock, SystemClock
 from checkpoint.coordination import CoordinationCounters, Counter
 from checkpoint.errors import KclpySparkError
 from checkpoint.held import LeaseHolder
-from checkpoint.lease import LeaseState
+from checkpoint.lease import Lease, LeaseState
 from checkpoint.sequence import InitialPosition, Sentinel
 from kclpy_spark import control
-from kclpy_spark.config import WorkerConfig
+from kclpy_spark.config import StreamSpec, WorkerConfig
 from kclpy_spark.consumer import Outcome, ShardConsumer, ShardStats
 from kclpy_spark.lease_store import LeaseStore
 from kclpy_spark.leasing.observer import LeaseObserver
@@ -32,10 +32,9 @@ from kclpy_spark.leasing.timing import LeaseTiming
 from kclpy_spark.logs import set_application, shard_context
 from kclpy_spark.metrics import StatusServer, WorkerMetrics
 from kclpy_spark.processor import RecordProcessor
-from shard_sync.cleanup import LeaderMaintenance
+from kclpy_spark.streams import StreamContext, stream_identity
 from shard_sync.discovery import KinesisShardLister
 from shard_sync.leader import LeaderElection
-from shard_sync.syncer import ShardSyncer
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +60,14 @@ class Worker:
         kinesis_async: Any,
         clock: Clock | None = None,
         rng: random.Random | None = None,
+        stream_tracker: Callable[[], tuple[StreamSpec, ...]] | None = None,
     ) -> None:
         self.cfg = cfg
+        self._kinesis_sync = kinesis_sync
+        # Re-read every shard-sync interval in multi-stream mode: streams added or removed while
+        # running are picked up (the daemon re-reads the config file's [[streams]]).
+        self._stream_tracker = stream_tracker or (lambda: cfg.stream_specs)
+        self.streams: dict[str, StreamContext] = {}
         self._factory = processor_factory
         self.store = store
         self._kinesis = kinesis_async
@@ -76,29 +81,11 @@ class Worker:
         self.status_server: StatusServer | None = None
         self.holder = LeaseHolder(store, cfg.worker_id, self._clock, self.timing.lease_duration)
         self._observer = LeaseObserver(self.timing)
-        self.lister = KinesisShardLister(
-            kinesis_sync, stream_name=cfg.stream_name, stream_arn=cfg.stream_arn
-        )
-        self._stream = (
-            {"StreamARN": cfg.stream_arn}
-            if cfg.stream_arn
-            else {"StreamName": str(cfg.stream_name)}
-        )
         self.leader = LeaderElection(
             store, cfg.worker_id, lease_duration=self.timing.lease_duration, clock=self._clock
         )
-        self._maintenance = LeaderMaintenance(
-            ShardSyncer(
-                self.lister,
-                store,
-                cfg.initial_position,
-                ignore_unexpected_child_shards=cfg.ignore_unexpected_child_shards,
-                counters=self.counters,
-            ),
-            store,
-            lister=self.lister,
-        )
         self._running: dict[str, _Running] = {}
+        self._background: set[asyncio.Future[None]] = set()
         self.finished: dict[str, ShardStats] = {}
         self._stop = asyncio.Event()
         self._take_now = asyncio.Event()
@@ -137,8 +124,55 @@ class Worker:
             if self.status_server is not None:
                 await self.status_server.stop()
 
+    async def _refresh_streams(self, *, first: bool = False) -> None:
+        """Bring the stream contexts in line with the tracker's list of streams."""
+        multi = bool(self.cfg.streams)
+        specs = {spec.label: spec for spec in self._stream_tracker()}
+        for label in [x for x in self.streams if x not in specs]:
+            context = self.streams.pop(label)
+            log.warning("stream %s is no longer configured: handing its leases back", label)
+            for running in list(self._running.values()):
+                if context.owns(running.consumer.held_lease):
+                    running.consumer.request_shutdown()
+        for label, spec in specs.items():
+            if label in self.streams:
+                continue
+            try:
+                lister = KinesisShardLister(
+                    self._kinesis_sync, stream_name=spec.stream_name, stream_arn=spec.stream_arn
+                )
+                await asyncio.to_thread(lister.wait_until_active)
+                stream_key: str | None = None
+                if multi:
+                    stream_key = await asyncio.to_thread(
+                        stream_identity, self._kinesis_sync, spec
+                    )
+            except KclpySparkError as exc:
+                if first and not multi:
+                    raise
+                log.error("stream %s cannot be consumed now (will retry): %s", label, exc)
+                continue
+            self.streams[label] = StreamContext(
+                spec,
+                stream_key=stream_key,
+                initial_position=spec.initial_position or self.cfg.initial_position,
+                kinesis_sync=self._kinesis_sync,
+                table=self.store,
+                ignore_unexpected_child_shards=self.cfg.ignore_unexpected_child_shards,
+                counters=self.counters,
+            )
+            if not first:
+                log.info("now consuming stream %s", label)
+                self._take_now.set()
+
+    def _context_of(self, lease: Lease) -> StreamContext | None:
+        for context in self.streams.values():
+            if context.owns(lease):
+                return context
+        return None
+
     async def _run(self) -> None:
-        await asyncio.to_thread(self.lister.wait_until_active)
+        await self._refresh_streams(first=True)
         log.info(
             "worker %s starts on stream %s (application %s, lease store %s)",
             self.cfg.worker_id,
@@ -265,12 +299,19 @@ class Worker:
         await asyncio.to_thread(self.leader.tick)
 
     async def _maintenance_round(self) -> None:
-        """Shard sync, audit and cleanup, on the leader only."""
+        """Follow the stream list (every worker); shard sync, audit and cleanup (the leader)."""
+        if self.cfg.streams:
+            await self._refresh_streams()
         if not self.leader.is_leader or self.suspended:
             return
-        result = await asyncio.to_thread(self._maintenance.run_once)
-        if result.synced is not None and result.synced.created:
-            self._take_now.set()
+        for context in list(self.streams.values()):
+            try:
+                result = await asyncio.to_thread(context.maintenance.run_once)
+            except KclpySparkError as exc:
+                log.warning("shard sync of stream %s failed: %s", context.label, exc)
+                continue
+            if result.synced is not None and result.synced.created:
+                self._take_now.set()
         await asyncio.to_thread(self.leader.note, last_sync=self._clock.wall())
 
     async def _take_round(self) -> None:
@@ -278,8 +319,13 @@ class Worker:
             return
         leases = await asyncio.to_thread(self.store.list_leases)
         now_wall = self._clock.wall()
-        # Parked leases are invisible to the taker until their reopen time.
-        open_leases = [x for x in leases if x.state(now_wall) is not LeaseState.CLOSED]
+        # Parked leases are invisible to the taker until their reopen time; leases of streams
+        # this worker does not consume (removed from the config) are never taken.
+        open_leases = [
+            x
+            for x in leases
+            if x.state(now_wall) is not LeaseState.CLOSED and self._context_of(x) is not None
+        ]
         scan = self._observer.observe(open_leases, self._clock.monotonic())
         plan = plan_takes(
             scan,
@@ -308,7 +354,14 @@ class Worker:
     # --- consumers -------------------------------------------------------------------------------
 
     async def _start_consumer(self, key: str, held: Any) -> None:
-        position = self.cfg.initial_position
+        context = self._context_of(held.lease)
+        if context is None:  # its stream was removed meanwhile
+            await asyncio.to_thread(
+                self.holder.update, held.lease_key, held.token, self.store.evict_lease
+            )
+            self.holder.drop(held.lease_key)
+            return
+        position = context.initial_position
         if held.lease.checkpoint.sentinel is Sentinel.AT_TIMESTAMP:
             # A `kclpy-spark reset --to AT_TIMESTAMP:<t>` stored its time in the lease store.
             when = await asyncio.to_thread(control.reset_timestamp, self.store)
@@ -320,7 +373,7 @@ class Worker:
             table=self.store,
             processor=self._factory(),
             kinesis=self._kinesis,
-            stream=self._stream,
+            stream=context.spec.request,
             cfg=self.cfg,
             wall=self._clock.wall,
             rng=self._rng,
@@ -353,6 +406,19 @@ class Worker:
         if outcome is Outcome.SHARD_END:
             self.counters.increment(Counter.PARTITIONS_COMPLETED)
             self._take_now.set()  # the children may be ready for someone: look now
+        elif outcome is Outcome.SHUTDOWN and not self._stop.is_set() and not self.suspended:
+            # Its stream was removed from the configuration: give the lease back now.
+            held = self.holder.get_if_held(key)
+            if held is not None:
+                token = held.token
+
+                def release() -> None:
+                    self.holder.update(key, token, self.store.evict_lease)
+                    self.holder.drop(key)
+
+                future = asyncio.ensure_future(asyncio.to_thread(release))
+                self._background.add(future)
+                future.add_done_callback(self._background.discard)
         elif outcome is Outcome.LEASE_LOST:
             self.counters.increment(Counter.PARTITION_NOT_OWNED_ERRORS)
             self.holder.drop(key)

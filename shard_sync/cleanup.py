@@ -103,7 +103,7 @@ class LeaderMaintenance:
         self._rounds = 0
 
     def run_once(self) -> AuditResult:
-        leases = self._table.list_leases()
+        leases = [lease for lease in self._table.list_leases() if self._syncer.owns(lease)]
         synced: SyncResult | None = None
         active = [lease for lease in leases if not lease.checkpoint.is_shard_end]
         holes = lease_hash_range_holes(leases)
@@ -151,7 +151,11 @@ class LeaderMaintenance:
         candidates = {lease.lease_key for lease in scanned_before}
         listed = {shard.shard_id for shard in lister.list_shards()}
         deleted = []
-        fresh = [lease for lease in self._table.list_leases() if lease.lease_key in candidates]
+        fresh = [
+            lease
+            for lease in self._table.list_leases()
+            if lease.lease_key in candidates and self._syncer.owns(lease)
+        ]
         for lease in garbage_leases(fresh, listed):
             if self._table.delete_lease(lease):
                 deleted.append(lease.lease_key)

@@ -30,6 +30,11 @@ EMPTY_TABLE_LIST_ATTEMPTS = 3
 EMPTY_TABLE_LIST_DELAY = 1.0
 
 
+def lease_in_stream(lease_key: str, stream_key: str | None) -> bool:
+    """Whether a lease key belongs to the stream ``stream_key`` (None: the only stream)."""
+    return stream_key is None or lease_key.startswith(stream_key + ":")
+
+
 @dataclass(frozen=True)
 class SyncResult:
     shards_listed: int
@@ -47,7 +52,11 @@ class ShardSyncer:
         ignore_unexpected_child_shards: bool = False,
         counters: CoordinationCounters | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        stream_key: str | None = None,
     ) -> None:
+        # Multi-stream applications share one table: each stream's syncer sees only the leases
+        # whose keys start with its ``account:stream:creationEpoch`` identity, and writes keys so.
+        self.stream_key = stream_key
         self._lister = lister
         self._table = table
         self._position = initial_position
@@ -71,9 +80,14 @@ class ShardSyncer:
             self._sleep(EMPTY_TABLE_LIST_DELAY)
         return shards
 
+    def owns(self, lease: Lease) -> bool:
+        """True for the leases of this syncer's stream (all leases in single-stream mode)."""
+        return lease_in_stream(lease.lease_key, self.stream_key)
+
     def sync(self, leases: list[Lease] | None = None) -> SyncResult:
         """Run one sync; ``leases`` may pass a fresh scan of the table to save a read."""
-        current = self._table.list_leases() if leases is None else leases
+        scanned = self._table.list_leases() if leases is None else leases
+        current = [lease for lease in scanned if self.owns(lease)]
         empty = not current
         shards = self._list_for_empty_table() if empty else self._lister.list_shards()
         leased = {lease.shard_id for lease in current}
@@ -82,7 +96,7 @@ class ShardSyncer:
         )
         created: list[str] = []
         for spec in new:
-            if self._table.create_lease_if_absent(spec.to_lease()):
+            if self._table.create_lease_if_absent(spec.to_lease(self.stream_key)):
                 created.append(spec.shard_id)
                 self._counters.increment(Counter.PARTITIONS_CREATED)
         if created:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -114,3 +115,39 @@ def test_log_lines_carry_the_lease_context(monkeypatch: pytest.MonkeyPatch) -> N
     assert record.getMessage() == "key [redacted]"
     out = json.loads(JsonFormatter().format(record))
     assert out["shard"] == "shardId-7" and out["application"] == "orders"
+
+
+def test_multi_stream_config_parses_and_rejects_mixes(tmp_path: Path) -> None:
+    from checkpoint.errors import ConfigError
+    from kclpy_spark.config import load_toml
+
+    good = tmp_path / "multi.toml"
+    good.write_text(
+        'application_name = "app"\n[[streams]]\nstream_name = "a"\n'
+        '[[streams]]\nstream_arn = "arn:aws:kinesis:us-east-1:123456789012:stream/b"\n'
+        'initial_position = "LATEST"\n'
+    )
+    cfg = load_toml(good)
+    assert [s.label for s in cfg.stream_specs] == [
+        "a", "arn:aws:kinesis:us-east-1:123456789012:stream/b"
+    ]  # fmt: skip
+    assert cfg.streams[1].initial_position == InitialPosition.latest()
+    for text, needle in (
+        ('stream_name = "x"\n[[streams]]\nstream_name = "a"\n', "not both"),
+        ('[[streams]]\nstream_name = "a"\nbogus = 1\n', "bogus"),
+        ("[[streams]]\n", "stream_name"),
+        ('[[streams]]\nstream_name = "a"\ninitial_position = "SOMETIME"\n', "initial_position"),
+    ):
+        bad = tmp_path / "bad.toml"
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=needle):
+            load_toml(bad)
+
+
+def test_lease_keys_belong_to_their_stream() -> None:
+    from shard_sync.syncer import lease_in_stream
+
+    assert lease_in_stream("123:orders:1700000000:shardId-000000000001", "123:orders:1700000000")
+    assert not lease_in_stream("123:orders:1700000001:shardId-1", "123:orders:1700000000")
+    assert not lease_in_stream("123:orders-2:1700000000:shardId-1", "123:orders")
+    assert lease_in_stream("shardId-1", None)
