@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--shards", type=int, default=2)
     demo.add_argument("--records", type=int, default=300)
     demo.add_argument("--timeout", type=float, default=240.0, help="seconds before giving up")
+    from kclpy_spark.multilang.cli import add_subcommand as add_multilang
+
+    add_multilang(sub)
     return parser
 
 
@@ -130,6 +133,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command in {"status", "reset", "suspend", "resume"}:
             return _admin(args)
+        if args.command == "multilang":
+            from kclpy_spark.multilang.cli import run as run_multilang
+
+            return run_multilang(args)
         from kclpy_spark.demo import run_demo
 
         return run_demo(args)

@@ -1,0 +1,176 @@
+"""The MultiLangDaemon's .properties keys: which WorkerConfig field each sets, which are read
+with rules of their own, and which are known but ignored (with why), plus the value converters.
+Every converter raises ConfigError naming the key."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any
+
+from checkpoint.errors import ConfigError
+from kclpy_spark.config import WorkerConfig
+
+# --- values --------------------------------------------------------------------------------------
+
+_TRUE = {"true", "yes", "y", "on", "1"}  # commons-beanutils' BooleanConverter
+_FALSE = {"false", "no", "n", "off", "0"}
+
+
+def as_bool(key: str, value: str) -> bool:
+    lowered = value.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ConfigError(f"property {key!r} must be true or false, got {value!r}")
+
+
+def as_int(key: str, value: str, *, low: int = 1, high: int | None = None) -> int:
+    if not re.fullmatch(r"[+-]?\d+", value):
+        raise ConfigError(f"property {key!r} must be a whole number, got {value!r}")
+    number = int(value)
+    if number < low or (high is not None and number > high):
+        bounds = f">= {low}" if high is None else f"between {low} and {high}"
+        raise ConfigError(f"property {key!r} must be {bounds}, got {number}")
+    return number
+
+
+def as_seconds(key: str, value: str) -> float:
+    """A ``...Millis`` property as seconds: the one place milliseconds are converted."""
+    return as_int(key, value) / 1000.0
+
+
+STREAM_ARN = re.compile(r"^arn:[\w-]+:kinesis:([\w-]+):(\d{12}):stream/([a-zA-Z0-9_.-]{1,128})$")
+
+
+# --- the keys ------------------------------------------------------------------------------------
+
+# KCL key -> (WorkerConfig field, converter). Durations become seconds.
+FIELDS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+    "applicationName": ("application_name", lambda k, v: v),
+    "regionName": ("region", lambda k, v: v),
+    "workerId": ("worker_id", lambda k, v: v),
+    "failoverTimeMillis": ("failover_time", as_seconds),
+    "maxRecords": ("max_records", lambda k, v: as_int(k, v, high=10_000)),
+    "idleTimeBetweenReadsInMillis": ("idle_time_between_reads", as_seconds),
+    "shardSyncIntervalMillis": ("shard_sync_interval", as_seconds),
+    "parentShardPollIntervalMillis": ("parent_shard_poll_interval", as_seconds),
+    "maxLeasesForWorker": ("max_leases_for_worker", as_int),
+    "maxLeasesToStealAtOneTime": ("max_leases_to_steal", as_int),
+    "ignoreUnexpectedChildShards": ("ignore_unexpected_child_shards", as_bool),
+    "shutdownGraceMillis": ("shutdown_grace", as_seconds),
+}
+
+# Keys read below with their own rules.
+SPECIAL = frozenset(
+    {
+        "executableName",
+        "timeoutInSeconds",
+        "processingLanguage",
+        "streamName",
+        "streamArn",
+        "tableName",
+        "initialPositionInStream",
+        "initialPositionInStreamExtended",
+        "kinesisEndpoint",
+        "dynamoDBEndpoint",
+        "dynamoDBRegionName",
+        "retrievalMode",
+        "callProcessRecordsEvenForEmptyRecordList",
+        "cleanupLeasesUponShardCompletion",
+        "clientVersionConfig",
+        "metricsLevel",
+        "consumerName",
+    }
+)
+
+_NO_EFFECT = "not needed here"
+# Known keys we ignore, with why. WARNING: ignoring it changes what the application gets.
+IGNORED_INFO: dict[str, str] = {
+    "maxActiveThreads": "processors run on one asyncio loop; no thread pool to size",
+    "maxLeaseRenewalThreads": "renewals are one pass on the worker's own schedule",
+    "validateSequenceNumberBeforeCheckpointing": (
+        "checkpoints are always validated against [last checkpoint, last record delivered]"
+    ),
+    "taskBackoffTimeMillis": "failed batches back off with jitter (max_processing_attempts)",
+    "listShardsBackoffTimeInMillis": _NO_EFFECT,
+    "maxListShardsRetryAttempts": _NO_EFFECT,
+    "schedulerInitializationBackoffTimeMillis": _NO_EFFECT,
+    "skipShardSyncAtWorkerInitializationIfLeasesExist": "shard sync runs on the elected leader",
+    "logWarningForTaskAfterMillis": _NO_EFFECT,
+    "initialLeaseTableReadCapacity": "the lease table is created on demand (PAY_PER_REQUEST)",
+    "initialLeaseTableWriteCapacity": "the lease table is created on demand (PAY_PER_REQUEST)",
+    "retryGetRecordsInSeconds": _NO_EFFECT,
+    "maxGetRecordsThreadPool": _NO_EFFECT,
+    "shardPrioritization": "leases are taken by the KCL 2.x taker's priorities",
+    "enablePriorityLeaseAssignment": "leases are taken by the KCL 2.x taker's priorities",
+    "cloudWatchRegionName": "no CloudWatch metrics are published",
+    "metricsBufferTimeMillis": "no CloudWatch metrics are published",
+    "metricsMaxQueueSize": "no CloudWatch metrics are published",
+    "metricsEnabledDimensions": "no CloudWatch metrics are published",
+}
+KCL3_NOTE = (
+    "KCL 3.x lease assignment is not implemented: leases are balanced by the KCL 2.x algorithm"
+)
+_FANOUT = "fan-out is configured by retrievalMode and consumerName only"
+IGNORED_WARNING: dict[str, str] = {
+    **dict.fromkeys(
+        [
+            "coordinatorStateTableName",
+            "coordinatorStateBillingMode",
+            "coordinatorStateReadCapacity",
+            "coordinatorStateWriteCapacity",
+            "coordinatorStatePointInTimeRecoveryEnabled",
+            "coordinatorStateDeletionProtectionEnabled",
+            "coordinatorStateTags",
+            "gracefulLeaseHandoffTimeoutMillis",
+            "isGracefulLeaseHandoffEnabled",
+            "workerMetricsTableName",
+            "workerMetricsBillingMode",
+            "workerMetricsReadCapacity",
+            "workerMetricsWriteCapacity",
+            "workerMetricsPointInTimeRecoveryEnabled",
+            "workerMetricsDeletionProtectionEnabled",
+            "workerMetricsTags",
+            "inMemoryWorkerMetricsCaptureFrequencyMillis",
+            "workerMetricsReporterFreqInMillis",
+            "noOfPersistedMetricsPerWorkerMetrics",
+            "disableWorkerMetrics",
+            "maxThroughputPerHostKBps",
+            "dampeningPercentage",
+            "reBalanceThresholdPercentage",
+            "allowThroughputOvershoot",
+            "varianceBalancingFrequency",
+            "workerMetricsEMAAlpha",
+            "staleWorkerMetricsEntryCleanupDuration",
+            "leaseAssignmentIntervalMillis",
+        ],
+        KCL3_NOTE,
+    ),
+    **dict.fromkeys(
+        [
+            "consumerArn",
+            "maxDescribeStreamSummaryRetries",
+            "maxDescribeStreamConsumerRetries",
+            "registerStreamConsumerRetries",
+            "retryBackoffMillis",
+        ],
+        _FANOUT,
+    ),
+}
+CREDENTIALS = re.compile(r"^awscredentialsprovider(dynamodb|cloudwatch)?$", re.IGNORECASE)
+DEFAULT_PROVIDERS = {"DefaultCredentialsProvider", "DefaultAWSCredentialsProviderChain"}
+# PollingConfigBean's keys: with any of them set, the KCL's DEFAULT retrieval mode is polling.
+POLLING_KEYS = (
+    "maxRecords",
+    "idleTimeBetweenReadsInMillis",
+    "retryGetRecordsInSeconds",
+    "maxGetRecordsThreadPool",
+)
+
+KNOWN_KEYS = frozenset(FIELDS) | SPECIAL | frozenset(IGNORED_INFO) | frozenset(IGNORED_WARNING)
+WORKER_FIELDS = frozenset(f.name for f in fields(WorkerConfig))
+# Enhanced fan-out is used when this WorkerConfig can express it.
+FANOUT_SUPPORTED = "retrieval_mode" in WORKER_FIELDS

@@ -1,0 +1,363 @@
+"""Read an amazon-kclpy application's ``.properties`` file, as the Java MultiLangDaemon does.
+
+The file is read with Java's ``Properties`` syntax (``javaprops``); the keys are in ``kcl_keys``.
+
+``load_properties`` maps the KCL's keys onto a ``WorkerConfig`` (durations converted from
+milliseconds to seconds here, once) plus the ``MultiLangSettings`` of the child process. Every key
+the MultiLangDaemon knows is accepted: those we honour change the config, those we do not are
+logged (WARNING when ignoring them changes what the application gets, INFO when not), and a key
+nobody knows gets one WARNING (with a suggestion when it looks like a known key in another case).
+A value that cannot be used raises ``ConfigError`` naming the key.
+
+Differences from the Java daemon, on purpose:
+
+* ``streamArn`` wins over ``streamName`` (as documented); ``initialPositionInStreamExtended``
+  (epoch seconds: AT_TIMESTAMP) wins over ``initialPositionInStream`` (in Java the outcome
+  depends on hash order);
+* values are stripped of surrounding blanks, and an empty value means "not set";
+* the lease store is DynamoDB (the KCL's table, named by ``tableName`` or ``applicationName``);
+* retrieval follows ``retrievalMode`` with the KCL's DEFAULT rule (enhanced fan-out unless a
+  polling property is set) when this version supports fan-out, and polls otherwise;
+* ``kclpyspark.<field>`` keys set any ``WorkerConfig`` field by its TOML name, in its units
+  (seconds), e.g. ``kclpyspark.lease_store = sqlite:leases.db``; the Java daemon ignores them, so
+  one file serves both.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from checkpoint.errors import ConfigError
+from checkpoint.sequence import InitialPosition, Position
+from kclpy_spark.config import WorkerConfig, from_mapping
+from kclpy_spark.multilang.javaprops import parse_properties, read_properties_file
+from kclpy_spark.multilang.kcl_keys import (
+    CREDENTIALS,
+    DEFAULT_PROVIDERS,
+    FANOUT_SUPPORTED,
+    FIELDS,
+    IGNORED_INFO,
+    IGNORED_WARNING,
+    KCL3_NOTE,
+    KNOWN_KEYS,
+    POLLING_KEYS,
+    SPECIAL,
+    STREAM_ARN,
+    WORKER_FIELDS,
+    as_bool,
+    as_int,
+    as_seconds,
+)
+
+log = logging.getLogger(__name__)
+
+EXTENSION_PREFIX = "kclpyspark."
+# The MultiLangDaemon's default wait for a child to finish after its stdin is closed (the KCL's
+# shutdownGraceMillis default for multilang, 5 s); timeoutInSeconds has no default (wait forever).
+DEFAULT_CHILD_GRACE = 5.0
+
+__all__ = [
+    "DEFAULT_CHILD_GRACE",
+    "EXTENSION_PREFIX",
+    "FANOUT_SUPPORTED",
+    "KNOWN_KEYS",
+    "MultiLangSettings",
+    "PropertiesConfig",
+    "config_from_properties",
+    "load_properties",
+    "parse_properties",
+    "read_properties_file",
+]
+
+
+# --- the result ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MultiLangSettings:
+    """How to run the application's child processes (the MultiLangDaemon's own settings).
+
+    ``timeout``: seconds to wait for each message from a child (``timeoutInSeconds``; None: wait
+    forever, the KCL's default). ``shutdown_grace``: seconds a child gets to exit after its stdin
+    is closed before it is terminated. ``cwd``: the .properties file's folder, where the command
+    runs and relative paths in it are resolved.
+    """
+
+    executable_name: str
+    cwd: Path
+    timeout: float | None = None
+    shutdown_grace: float = DEFAULT_CHILD_GRACE
+    processing_language: str | None = None
+
+
+@dataclass(frozen=True)
+class PropertiesConfig:
+    worker: WorkerConfig
+    multilang: MultiLangSettings
+    path: Path
+    properties: Mapping[str, str]
+
+
+# --- mapping -------------------------------------------------------------------------------------
+
+
+def _ignored(key: str, value: str) -> None:
+    if key in IGNORED_WARNING:
+        log.warning("property %s = %s is ignored: %s", key, value, IGNORED_WARNING[key])
+    elif key in IGNORED_INFO:
+        log.info("property %s = %s is ignored: %s", key, value, IGNORED_INFO[key])
+
+
+def _unknown(key: str) -> None:
+    lowered = {k.lower(): k for k in KNOWN_KEYS}
+    hint = lowered.get(key.lower()) or next(
+        iter(difflib.get_close_matches(key, sorted(KNOWN_KEYS), n=1, cutoff=0.85)), None
+    )
+    suggestion = f" (did you mean {hint!r}?)" if hint else ""
+    log.warning("unknown property %r is ignored%s", key, suggestion)
+
+
+def _initial_position(props: Mapping[str, str]) -> InitialPosition | None:
+    extended = props.get("initialPositionInStreamExtended")
+    plain = props.get("initialPositionInStream")
+    if extended:
+        seconds = as_int("initialPositionInStreamExtended", extended, low=0)
+        if plain and plain.upper() != Position.AT_TIMESTAMP.value:
+            log.warning(
+                "both initialPositionInStream = %s and initialPositionInStreamExtended are set: "
+                "the timestamp wins (AT_TIMESTAMP)",
+                plain,
+            )
+        return InitialPosition.at_timestamp(float(seconds))
+    if not plain:
+        return None
+    name = plain.upper()
+    if name == Position.AT_TIMESTAMP.value:
+        raise ConfigError(
+            "property 'initialPositionInStream' = AT_TIMESTAMP needs a time: set "
+            "'initialPositionInStreamExtended' to the epoch seconds instead"
+        )
+    if name not in (Position.LATEST.value, Position.TRIM_HORIZON.value):
+        raise ConfigError(
+            f"property 'initialPositionInStream' must be TRIM_HORIZON or LATEST, got {plain!r}"
+        )
+    return InitialPosition(Position(name))
+
+
+def _stream(props: Mapping[str, str], values: dict[str, Any], keys: dict[str, str]) -> None:
+    arn, name = props.get("streamArn"), props.get("streamName")
+    if arn:
+        match = STREAM_ARN.match(arn)
+        if match is None:
+            raise ConfigError(
+                f"property 'streamArn' is not a Kinesis stream ARN "
+                f"(arn:<partition>:kinesis:<region>:<account>:stream/<name>): {arn!r}"
+            )
+        if name and name != match.group(3):
+            log.warning("streamArn %s wins over streamName = %s", arn, name)
+        region = props.get("regionName")
+        if region and region != match.group(1):
+            log.warning("streamArn is in region %s but regionName is %s", match.group(1), region)
+        values["stream_arn"], keys["stream_arn"] = arn, "streamArn"
+        values["stream_name"] = None
+    elif name:
+        values["stream_name"], keys["stream_name"] = name, "streamName"
+    else:
+        raise ConfigError("property 'streamName' (or 'streamArn') is required")
+
+
+def _endpoint(props: Mapping[str, str], values: dict[str, Any], keys: dict[str, str]) -> None:
+    kinesis, dynamodb = props.get("kinesisEndpoint"), props.get("dynamoDBEndpoint")
+    if kinesis and dynamodb and kinesis.rstrip("/") != dynamodb.rstrip("/"):
+        raise ConfigError(
+            "properties 'kinesisEndpoint' and 'dynamoDBEndpoint' must name the same endpoint "
+            f"(one endpoint_url serves both), got {kinesis!r} and {dynamodb!r}"
+        )
+    endpoint = kinesis or dynamodb
+    if endpoint:
+        values["endpoint_url"] = endpoint
+        keys["endpoint_url"] = "kinesisEndpoint" if kinesis else "dynamoDBEndpoint"
+    dynamo_region = props.get("dynamoDBRegionName")
+    if dynamo_region and dynamo_region != props.get("regionName", "us-east-1"):
+        raise ConfigError(
+            "property 'dynamoDBRegionName' must equal 'regionName' (the lease table is read in "
+            f"the stream's region), got {dynamo_region!r}"
+        )
+
+
+def _behaviour_checks(props: Mapping[str, str]) -> None:
+    empty = props.get("callProcessRecordsEvenForEmptyRecordList")
+    if empty and as_bool("callProcessRecordsEvenForEmptyRecordList", empty):
+        log.warning(
+            "callProcessRecordsEvenForEmptyRecordList = true is not supported yet: "
+            "processRecords is called only with records"
+        )
+    cleanup = props.get("cleanupLeasesUponShardCompletion")
+    if cleanup and not as_bool("cleanupLeasesUponShardCompletion", cleanup):
+        log.warning(
+            "cleanupLeasesUponShardCompletion = false is not supported: finished leases are "
+            "deleted once their children have started, as with the KCL's default"
+        )
+    version = props.get("clientVersionConfig")
+    if version and version.upper() != "CLIENT_VERSION_CONFIG_COMPATIBLE_WITH_2X":
+        log.warning("property clientVersionConfig = %s is ignored: %s", version, KCL3_NOTE)
+    level = props.get("metricsLevel")
+    if level and level.upper() != "NONE":
+        log.warning("property metricsLevel = %s is ignored: no CloudWatch metrics", level)
+
+
+def _retrieval(props: Mapping[str, str], values: dict[str, Any], keys: dict[str, str]) -> None:
+    """retrievalMode: POLLING, FANOUT, or DEFAULT (the KCL's rule: fan-out unless a polling
+    property is set)."""
+    given = props.get("retrievalMode")
+    mode = (given or "DEFAULT").upper()
+    if mode not in ("POLLING", "FANOUT", "DEFAULT"):
+        raise ConfigError(
+            f"property 'retrievalMode' must be POLLING, FANOUT or DEFAULT, got {given!r}"
+        )
+    if mode == "DEFAULT":
+        polling = [k for k in POLLING_KEYS if props.get(k)]
+        mode = "POLLING" if polling else "FANOUT"
+        log.info(
+            "retrievalMode DEFAULT: %s",
+            f"polling, as {polling[0]} is set"
+            if polling
+            else "enhanced fan-out, as no polling property is set (the KCL's rule)",
+        )
+    consumer = props.get("consumerName")
+    if not FANOUT_SUPPORTED:
+        if mode == "FANOUT" and given:
+            raise ConfigError(
+                "property 'retrievalMode' = FANOUT: enhanced fan-out is not supported by this "
+                "version; set retrievalMode = POLLING"
+            )
+        if mode == "FANOUT":
+            log.warning(
+                "the KCL would use enhanced fan-out here, which this version does not support: "
+                "polling with GetRecords instead (set retrievalMode = POLLING to say so)"
+            )
+        if consumer:
+            log.warning("property consumerName is ignored: records are polled")
+        return
+    values["retrieval_mode"] = mode.lower()
+    keys["retrieval_mode"] = "retrievalMode"
+    if consumer and mode == "FANOUT":
+        values["consumer_name"], keys["consumer_name"] = consumer, "consumerName"
+    elif consumer:
+        log.info("property consumerName is not used: records are polled")
+
+
+def _credentials(key: str, value: str) -> None:
+    if value in DEFAULT_PROVIDERS:
+        log.info("%s = %s: the AWS SDK for Python's default credential chain is used", key, value)
+    else:
+        log.warning(
+            "%s = %s is not used: credentials come from the AWS SDK for Python's default chain "
+            "(environment, shared config and credentials files with AWS_PROFILE, container and "
+            "instance roles)",
+            key,
+            value,
+        )
+
+
+def _multilang(props: Mapping[str, str], folder: Path) -> MultiLangSettings:
+    executable = props.get("executableName")
+    if not executable:
+        raise ConfigError(
+            "property 'executableName' is required (the command that speaks the MultiLang "
+            "protocol, e.g. executableName = sample_kclpy_app.py)"
+        )
+    timeout = props.get("timeoutInSeconds")
+    grace = props.get("shutdownGraceMillis")
+    language = props.get("processingLanguage")
+    if language:
+        log.info("processingLanguage = %s (only sent in the user agent by the KCL)", language)
+    return MultiLangSettings(
+        executable_name=executable,
+        cwd=folder,
+        timeout=None if not timeout else float(as_int("timeoutInSeconds", timeout)),
+        shutdown_grace=DEFAULT_CHILD_GRACE
+        if not grace
+        else as_seconds("shutdownGraceMillis", grace),
+        processing_language=language or None,
+    )
+
+
+def config_from_properties(
+    raw: Mapping[str, str],
+    *,
+    folder: Path,
+    source: str = "properties",
+    overrides: Mapping[str, Any] | None = None,
+) -> tuple[WorkerConfig, MultiLangSettings]:
+    """The worker config and child settings for parsed properties ``raw`` (see the module doc).
+
+    ``overrides`` are WorkerConfig fields (e.g. from command-line flags); None values are skipped.
+    Raises ConfigError naming the property (or field) that is wrong.
+    """
+    props = {k: v.strip() for k, v in raw.items() if v.strip()}
+    values: dict[str, Any] = {"lease_store": "dynamodb"}
+    keys: dict[str, str] = {}  # WorkerConfig field -> the property that set it
+    for key, value in props.items():
+        if key in FIELDS:
+            name, convert = FIELDS[key]
+            values[name], keys[name] = convert(key, value), key
+        elif key.startswith(EXTENSION_PREFIX):
+            name = key[len(EXTENSION_PREFIX) :]
+            if name not in WORKER_FIELDS:
+                raise ConfigError(
+                    f"property {key!r}: {name!r} is not a kclpy-spark setting "
+                    f"(known: {', '.join(sorted(WORKER_FIELDS))})"
+                )
+        elif CREDENTIALS.match(key):
+            _credentials(key, value)
+        elif key in IGNORED_INFO or key in IGNORED_WARNING:
+            _ignored(key, value)
+        elif key not in SPECIAL:
+            _unknown(key)
+    table = props.get("tableName")
+    if table:
+        # Our application name only names the lease table (the KCL also uses it for metrics).
+        values["application_name"], keys["application_name"] = table, "tableName"
+    _stream(props, values, keys)
+    _endpoint(props, values, keys)
+    position = _initial_position(props)
+    if position is not None:
+        values["initial_position"] = position
+        extended = "initialPositionInStreamExtended" in props
+        keys["initial_position"] = f"initialPositionInStream{'Extended' if extended else ''}"
+    _behaviour_checks(props)
+    _retrieval(props, values, keys)
+    settings = _multilang(props, folder)
+    for key, value in props.items():
+        if key.startswith(EXTENSION_PREFIX):
+            name = key[len(EXTENSION_PREFIX) :]
+            values[name], keys[name] = value, key
+    for name, value in (overrides or {}).items():
+        if value is not None:
+            values[name], keys[name] = value, f"--{name.replace('_', '-')}"
+    try:
+        return from_mapping(values, source=source), settings
+    except ConfigError as exc:
+        message = str(exc)
+        culprits = [key for name, key in keys.items() if f"'{name}'" in message]
+        if culprits:
+            raise ConfigError(f"{message} (from property {culprits[0]!r})") from None
+        raise
+
+
+def load_properties(
+    path: str | Path, *, overrides: Mapping[str, Any] | None = None
+) -> PropertiesConfig:
+    """Read and map a .properties file; ConfigError naming the key for anything unusable."""
+    p = Path(path).resolve()
+    raw = read_properties_file(p)
+    worker, settings = config_from_properties(
+        raw, folder=p.parent, source=str(p), overrides=overrides
+    )
+    return PropertiesConfig(worker, settings, p, raw)

@@ -1,0 +1,432 @@
+"""A RecordProcessor that runs the application's ``executableName`` per lease and speaks the
+MultiLang protocol with it, as the Java MultiLangDaemon's MultiLangShardRecordProcessor does.
+
+One child process per lease, started in ``initialize``: each call sends one message and reads the
+child's stdout until the ``status`` reply, answering the checkpoint requests that come before it
+through our Checkpointer (in a thread: it writes to the lease table) with the Java exception's
+name as ``error`` on failure. Non-JSON stdout lines are skipped with a warning; the child's
+stderr is logged line by line with the shard id (logger ``kclpy_spark.multilang.child``).
+
+Lifecycle, as the KCL: after ``leaseLost`` or ``shardEnded`` the child's stdin is closed and it
+gets ``shutdown_grace`` seconds to exit before it is terminated; at a graceful shutdown it gets
+``shutdownRequested`` (its chance to checkpoint), then ``leaseLost``, then end of input.
+
+Failures (a choice, documented here; the Java daemon exits the whole JVM on each of them):
+
+* A child that does not answer within ``timeout`` seconds (``timeoutInSeconds``, per message read,
+  as the KCL counts it) is killed and ``ChildTimeoutError`` is raised. A child that exits or
+  breaks the protocol is killed and ``ChildFailedError`` is raised.
+* From ``process_records`` that means the worker's failure policy applies to this lease only: the
+  batch is offered again after a backoff, to a new child (started and initialized again), and
+  after ``max_processing_attempts`` failures the lease is parked: released, with a reopen time
+  every worker sees, and redelivered from its last checkpoint later. No record is skipped.
+* From ``initialize`` the shard's consumer stops and the worker drops the lease, so it expires and
+  is taken again (by this worker or another) after the failover time.
+* ``shard_ended`` starts a new child if the consumer retries shard end (no SHARD_END checkpoint
+  was made); ``lease_lost`` and ``shutdown_requested`` never start one.
+
+Children are started in their own session, so a Ctrl-C in a terminal reaches only the worker,
+which then shuts them down in order; a child also exits when the worker dies (its stdin ends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shlex
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from checkpoint.checkpointer import DEPENDENCY, INVALID_STATE, CheckpointError
+from checkpoint.errors import ConfigError
+from kclpy_spark.multilang import protocol
+from kclpy_spark.multilang.properties import MultiLangSettings
+from kclpy_spark.processor import (
+    Checkpointer,
+    InitializeInput,
+    LeaseLostInput,
+    ProcessRecordsInput,
+    RecordProcessor,
+    ShardEndedInput,
+    ShutdownRequestedInput,
+)
+
+log = logging.getLogger(__name__)
+child_log = logging.getLogger("kclpy_spark.multilang.child")
+
+# The longest stdout/stderr line read whole; a longer (stray) line is skipped in pieces. Protocol
+# replies are tiny, but a child may print large debug output.
+LINE_LIMIT = 8 * 1024 * 1024
+# After SIGTERM, how long a child may take to exit before SIGKILL.
+TERMINATE_WAIT = 2.0
+
+
+class ChildFailedError(Exception):
+    """The child process exited, could not be started, or broke the protocol."""
+
+
+class ChildTimeoutError(ChildFailedError):
+    """The child did not answer within timeoutInSeconds."""
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """The command to run per lease (already split and resolved), where, and its time limits."""
+
+    command: tuple[str, ...]
+    cwd: Path
+    timeout: float | None = None
+    shutdown_grace: float = 5.0
+    env: Mapping[str, str] | None = None
+
+
+def resolve_command(executable_name: str, cwd: Path) -> tuple[str, ...]:
+    """``executableName`` split like a shell command line, its program resolved against ``cwd``
+    (then PATH). A ``.py`` script that is not executable runs with this Python interpreter.
+    Raises ConfigError if the program cannot be found or run."""
+    try:
+        parts = shlex.split(executable_name)
+    except ValueError as exc:
+        raise ConfigError(f"property 'executableName' cannot be split: {exc}") from None
+    if not parts:
+        raise ConfigError("property 'executableName' is empty")
+    program = parts[0]
+    local = cwd / program
+    if os.sep in program or local.exists():
+        if not local.exists():
+            raise ConfigError(f"property 'executableName': {str(local)!r} does not exist")
+        if not local.is_file():
+            raise ConfigError(f"property 'executableName': {str(local)!r} is not a file")
+        if os.access(local, os.X_OK):
+            return (str(local), *parts[1:])
+        if local.suffix == ".py":
+            return (sys.executable, str(local), *parts[1:])
+        raise ConfigError(f"property 'executableName': {str(local)!r} is not executable")
+    found = shutil.which(program)
+    if found is None:
+        raise ConfigError(f"property 'executableName': {program!r} is not found on PATH")
+    return (found, *parts[1:])
+
+
+def spec_from_settings(settings: MultiLangSettings) -> ChildSpec:
+    return ChildSpec(
+        command=resolve_command(settings.executable_name, settings.cwd),
+        cwd=settings.cwd,
+        timeout=settings.timeout,
+        shutdown_grace=settings.shutdown_grace,
+    )
+
+
+class SubprocessProcessor(RecordProcessor):
+    """Runs one child per lease; every method is async and awaited on the worker's loop."""
+
+    def __init__(self, spec: ChildSpec) -> None:
+        self._spec = spec
+        self._proc: asyncio.subprocess.Process | None = None
+        self._stderr: asyncio.Task[None] | None = None
+        self._init: InitializeInput | None = None
+        self.shard_id = "?"
+        self.children_started = 0
+
+    # --- the RecordProcessor API -----------------------------------------------------------------
+
+    async def initialize(self, initialize_input: InitializeInput) -> None:
+        self._init = initialize_input
+        self.shard_id = initialize_input.shard_id
+        await self._guarded(self._start())
+
+    async def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+        line = protocol.encode_process_records(
+            process_records_input.records, process_records_input.millis_behind_latest
+        )
+        await self._guarded(
+            self._call(line, protocol.PROCESS_RECORDS, process_records_input.checkpointer)
+        )
+
+    async def lease_lost(self, lease_lost_input: LeaseLostInput) -> None:
+        if not self._running():
+            await self._close()
+            return
+        await self._guarded(self._finish([(protocol.lease_lost_message(), None)]))
+
+    async def shard_ended(self, shard_ended_input: ShardEndedInput) -> None:
+        message = protocol.shard_ended_message()
+        await self._guarded(self._finish([(message, shard_ended_input.checkpointer)], start=True))
+
+    async def shutdown_requested(self, shutdown_requested_input: ShutdownRequestedInput) -> None:
+        if not self._running():
+            await self._close()
+            return
+        steps = [
+            (protocol.shutdown_requested_message(), shutdown_requested_input.checkpointer),
+            (protocol.lease_lost_message(), None),
+        ]
+        await self._guarded(self._finish(steps))
+
+    # --- one child -------------------------------------------------------------------------------
+
+    def _running(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    async def _guarded(self, step: Any) -> None:
+        """Run ``step``; on any failure (or cancellation) kill the child first, then re-raise."""
+        try:
+            await step
+        except BaseException:
+            await self._abort()
+            raise
+
+    async def _start(self) -> None:
+        assert self._init is not None
+        spec = self._spec
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *spec.command,
+                cwd=spec.cwd,
+                env=None if spec.env is None else dict(spec.env),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                limit=LINE_LIMIT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise ChildFailedError(
+                f"shard {self.shard_id}: cannot start {shlex.join(spec.command)}: {exc}"
+            ) from exc
+        self._proc = proc
+        self.children_started += 1
+        assert proc.stderr is not None
+        self._stderr = asyncio.create_task(self._drain_stderr(proc.stderr))
+        log.info(
+            "shard %s: started child process %d: %s",
+            self.shard_id,
+            proc.pid,
+            shlex.join(spec.command),
+        )
+        init = self._init
+        message = protocol.initialize_message(
+            init.shard_id, init.sequence_number, init.sub_sequence_number
+        )
+        await self._exchange(message, protocol.INITIALIZE, None)
+
+    async def _call(
+        self, message: dict[str, Any] | bytes, action: str, checkpointer: Checkpointer | None
+    ) -> None:
+        if not self._running():
+            if self._proc is not None:
+                log.warning(
+                    "shard %s: the child process exited (status %s); starting a new one",
+                    self.shard_id,
+                    self._proc.returncode,
+                )
+                await self._close()
+            await self._start()
+        await self._exchange(message, action, checkpointer)
+
+    async def _finish(
+        self, steps: Sequence[tuple[dict[str, Any], Checkpointer | None]], *, start: bool = False
+    ) -> None:
+        """Send the closing messages, then end the child's input and let it exit."""
+        for message, checkpointer in steps:
+            if start:
+                await self._call(message, message["action"], checkpointer)
+            else:
+                await self._exchange(message, message["action"], checkpointer)
+        await self._close()
+
+    async def _send(self, message: dict[str, Any] | bytes) -> None:
+        """Write one message (a dict, or a line already encoded) to the child's stdin."""
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None
+        try:
+            proc.stdin.write(message if isinstance(message, bytes) else protocol.encode(message))
+            await asyncio.wait_for(proc.stdin.drain(), self._spec.timeout)
+        except TimeoutError:
+            raise ChildTimeoutError(
+                f"shard {self.shard_id}: the child did not read its input for "
+                f"{self._spec.timeout:.0f}s (timeoutInSeconds)"
+            ) from None
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise ChildFailedError(
+                f"shard {self.shard_id}: the child process closed its input: {exc}"
+            ) from None
+
+    async def _exchange(
+        self, message: dict[str, Any] | bytes, action: str, checkpointer: Checkpointer | None
+    ) -> None:
+        """Send ``message`` and serve checkpoint requests until the child's status for it."""
+        await self._send(message)
+        while True:
+            reply = await self._next_message(action)
+            if isinstance(reply, protocol.CheckpointRequest):
+                error = await self._checkpoint(reply, checkpointer)
+                await self._send(
+                    protocol.checkpoint_reply(
+                        reply.sequence_number, reply.sub_sequence_number, error
+                    )
+                )
+                continue
+            if reply.response_for != action:
+                raise ChildFailedError(
+                    f"shard {self.shard_id}: the child answered status for "
+                    f"{reply.response_for!r} while {action!r} was expected"
+                )
+            return
+
+    async def _next_message(self, action: str) -> protocol.ChildMessage:
+        proc = self._proc
+        assert proc is not None and proc.stdout is not None
+        while True:
+            try:
+                line = await asyncio.wait_for(proc.stdout.readline(), self._spec.timeout)
+            except TimeoutError:
+                raise ChildTimeoutError(
+                    f"shard {self.shard_id}: no answer from the child for "
+                    f"{self._spec.timeout:.0f}s while waiting for the status of {action!r} "
+                    "(timeoutInSeconds); killing it"
+                ) from None
+            except ValueError:
+                log.warning(
+                    "shard %s: skipping an over-long line on the child's stdout", self.shard_id
+                )
+                continue
+            if not line:
+                status = await self._wait_exit(proc, 1.0)
+                raise ChildFailedError(
+                    f"shard {self.shard_id}: the child process ended (status {status}) while "
+                    f"{action!r} was waiting for its status"
+                )
+            decoded = protocol.decode_child_line(line)
+            if decoded is None:
+                continue
+            if isinstance(decoded, protocol.StrayLine):
+                log.warning(
+                    "shard %s: skipping unexpected line on the child's stdout (%s): %s",
+                    self.shard_id,
+                    decoded.reason,
+                    decoded.text[:500],
+                )
+                continue
+            return decoded
+
+    async def _checkpoint(
+        self, request: protocol.CheckpointRequest, checkpointer: Checkpointer | None
+    ) -> str | None:
+        """Checkpoint for the child; the error name to send back, or None on success."""
+        seq, sub = request.sequence_number, request.sub_sequence_number
+        if checkpointer is None:
+            log.error(
+                "shard %s: the child asked to checkpoint at %s, but there is no checkpointer now",
+                self.shard_id,
+                seq,
+            )
+            return INVALID_STATE
+        try:
+            await asyncio.to_thread(checkpointer.checkpoint, seq, sub)
+        except CheckpointError as exc:
+            log.info("shard %s: checkpoint at %s failed: %s", self.shard_id, seq, exc)
+            return exc.value
+        except Exception:
+            log.exception("shard %s: checkpoint at %s failed unexpectedly", self.shard_id, seq)
+            return DEPENDENCY
+        return None
+
+    async def _drain_stderr(self, stream: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                line = await stream.readline()
+            except ValueError:
+                continue  # an over-long line: the rest arrives as the next line
+            if not line:
+                return
+            text = line.decode("utf-8", "replace").rstrip()
+            if text:
+                child_log.info("shard %s: %s", self.shard_id, text)
+
+    # --- ending a child --------------------------------------------------------------------------
+
+    async def _wait_exit(self, proc: asyncio.subprocess.Process, timeout: float) -> int | None:
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(proc.wait(), timeout)
+        return None
+
+    async def _drain_stdout(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        while True:
+            try:
+                line = await proc.stdout.readline()
+            except ValueError:
+                continue
+            if not line:
+                return
+            decoded = protocol.decode_child_line(line)
+            if decoded is not None:
+                log.warning(
+                    "shard %s: skipping line on the child's stdout after its last message: %s",
+                    self.shard_id,
+                    line.decode("utf-8", "replace").rstrip()[:500],
+                )
+
+    async def _close(self) -> None:
+        """End the child's input and give it ``shutdown_grace`` seconds to exit; then stop it."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.stdin is not None and not proc.stdin.is_closing():
+            proc.stdin.close()
+            with contextlib.suppress(Exception):
+                await proc.stdin.wait_closed()
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(self._drain_stdout(proc), proc.wait()), self._spec.shutdown_grace
+            )
+        except TimeoutError:
+            log.warning(
+                "shard %s: child process %d did not exit within %.1fs of its input ending; "
+                "terminating it",
+                self.shard_id,
+                proc.pid,
+                self._spec.shutdown_grace,
+            )
+            await self._stop(proc)
+        await self._end_stderr()
+        log.info("shard %s: child process %d exited with status %s", self.shard_id, proc.pid,
+                 proc.returncode)  # fmt: skip
+
+    async def _stop(self, proc: asyncio.subprocess.Process) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        if await self._wait_exit(proc, TERMINATE_WAIT) is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await self._wait_exit(proc, TERMINATE_WAIT)
+
+    async def _end_stderr(self) -> None:
+        task, self._stderr = self._stderr, None
+        if task is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(task), 1.0)
+        task.cancel()
+
+    async def _abort(self) -> None:
+        """Kill the child at once (after a failure or a cancellation)."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            log.warning("shard %s: killed child process %d", self.shard_id, proc.pid)
+        with contextlib.suppress(Exception):
+            await self._wait_exit(proc, TERMINATE_WAIT)
+        task, self._stderr = self._stderr, None
+        if task is not None:
+            task.cancel()

@@ -1,0 +1,259 @@
+"""The in-process adapter with amazon_kclpy's own v1, v2 and v3 base classes, a real Checkpointer
+(memory lease table), and how the runner finds and loads the application's class."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from multilang_helpers import (
+    KCLPY_APP,
+    HeldShard,
+    held_shard,
+    read_events,
+    read_records,
+    records,
+    seq,
+)
+
+from checkpoint.errors import ConfigError
+from checkpoint.sequence import SHARD_END, ExtendedSequenceNumber
+from kclpy_spark.multilang.inprocess import KclpyProcessorAdapter
+from kclpy_spark.multilang.properties import config_from_properties
+from kclpy_spark.multilang.runner import (
+    PropertiesConfig,
+    build_factory,
+    load_processor_class,
+    processor_class_name,
+)
+from kclpy_spark.multilang.subprocess_processor import SubprocessProcessor
+from kclpy_spark.processor import (
+    CheckpointError,
+    InitializeInput,
+    LeaseLostInput,
+    ProcessRecordsInput,
+    ShardEndedInput,
+    ShutdownRequestedInput,
+)
+
+
+def initialize(adapter: KclpyProcessorAdapter, shard: HeldShard) -> None:
+    checkpoint = shard.stored()
+    adapter.initialize(
+        InitializeInput(shard.shard_id, checkpoint.sequence_number, checkpoint.sub_sequence_number)
+    )
+
+
+def deliver(adapter: KclpyProcessorAdapter, shard: HeldShard, start: int, n: int) -> None:
+    batch = records(start, n)
+    shard.deliver(batch)
+    adapter.process_records(ProcessRecordsInput(batch, 0, shard.checkpointer))
+
+
+def test_the_v3_app_runs_in_process(
+    amazon_kclpy: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KCLPY_SPARK_SAMPLE_OUTPUT", str(tmp_path))
+    cls = load_processor_class(f"{KCLPY_APP}:RecordProcessor", tmp_path)
+    monkeypatch.setattr(sys.modules[cls.__module__], "OUTPUT", str(tmp_path))
+    shard = held_shard()
+    adapter = KclpyProcessorAdapter(cls())
+    assert adapter.kclpy_version == 3
+    initialize(adapter, shard)
+    deliver(adapter, shard, 1, 3)
+    assert shard.stored() == ExtendedSequenceNumber(seq(3))
+    shard.holder.drop(shard.shard_id)  # lost: the app's checkpoint gets ShutdownException
+    deliver(adapter, shard, 4, 1)
+    assert [r["data"] for r in read_records(tmp_path)] == ["r1", "r2", "r3", "r4"]
+    [error] = [e for e in read_events(tmp_path) if e["event"] == "checkpoint_error"]
+    # The app caught it with `except kcl.CheckpointError`: amazon_kclpy's own class.
+    assert error["cls"] == "amazon_kclpy.checkpoint_error.CheckpointError"
+    assert error["value"] == "ShutdownException"
+    assert [r["pid"] for r in read_records(tmp_path)] == [os.getpid()] * 4
+
+
+def _v2_and_v1_classes(calls: list[tuple[Any, ...]]) -> tuple[type, type]:
+    from amazon_kclpy import kcl
+    from amazon_kclpy.v2 import processor as v2
+
+    def attempt(checkpointer: Any) -> str | None:
+        try:
+            checkpointer.checkpoint()
+        except kcl.CheckpointError as exc:
+            return f"{type(exc).__module__}:{exc.value}"
+        return None
+
+    class V2(v2.RecordProcessorBase):  # type: ignore[misc]
+        def initialize(self, initialize_input: Any) -> None:
+            calls.append(("initialize", initialize_input.shard_id))
+
+        def process_records(self, process_records_input: Any) -> None:
+            data = [r.binary_data for r in process_records_input.records]
+            calls.append(("process_records", data, attempt(process_records_input.checkpointer)))
+
+        def shutdown(self, shutdown_input: Any) -> None:
+            calls.append(("shutdown", shutdown_input.reason, attempt(shutdown_input.checkpointer)))
+
+    class V1(kcl.RecordProcessorBase):  # type: ignore[misc]
+        def initialize(self, shard_id: str) -> None:
+            calls.append(("initialize", shard_id))
+
+        def process_records(self, records: list[Any], checkpointer: Any) -> None:
+            calls.append(("process_records", [r["partitionKey"] for r in records],
+                          attempt(checkpointer)))  # fmt: skip
+
+        def shutdown(self, checkpointer: Any, reason: str) -> None:
+            calls.append(("shutdown", reason, attempt(checkpointer)))
+
+        def shutdown_requested(self, checkpointer: Any) -> None:
+            calls.append(("shutdown_requested", attempt(checkpointer)))
+
+    return V2, V1
+
+
+@pytest.mark.parametrize("version", [2, 1])
+def test_v2_and_v1_map_like_amazon_kclpys_adapters(amazon_kclpy: ModuleType, version: int) -> None:
+    calls: list[tuple[Any, ...]] = []
+    v2_class, v1_class = _v2_and_v1_classes(calls)
+    adapter = KclpyProcessorAdapter((v2_class if version == 2 else v1_class)())
+    shard = held_shard()
+    initialize(adapter, shard)
+    deliver(adapter, shard, 1, 2)
+    shard.checkpointer.mark_shard_end()
+    adapter.shard_ended(ShardEndedInput(shard.checkpointer))
+    assert shard.stored() == SHARD_END
+    adapter.lease_lost(LeaseLostInput())
+    first = "shardId-000000000000"
+    batch = [b"r1", b"r2"] if version == 2 else ["pk-1", "pk-2"]
+    # ZOMBIE gets amazon_kclpy's LeaseLostCheckpointer, which always raises its CheckpointError.
+    assert calls == [
+        ("initialize", first),
+        ("process_records", batch, None),
+        ("shutdown", "TERMINATE", None),
+        ("shutdown", "ZOMBIE",
+         "amazon_kclpy.checkpoint_error:Checkpointing is not allowed when the lease is lost"),
+    ]  # fmt: skip
+
+
+def test_shutdown_requested_is_followed_by_lease_lost(amazon_kclpy: ModuleType) -> None:
+    calls: list[tuple[Any, ...]] = []
+    _, v1_class = _v2_and_v1_classes(calls)
+    adapter = KclpyProcessorAdapter(v1_class())
+    shard = held_shard()
+    initialize(adapter, shard)
+    deliver(adapter, shard, 1, 1)
+    adapter.shutdown_requested(ShutdownRequestedInput(shard.checkpointer))
+    assert [c[0] for c in calls][-2:] == ["shutdown_requested", "shutdown"]
+    assert calls[-1][1] == "ZOMBIE"
+
+
+class Failing:
+    version = 3
+
+    def initialize(self, initialize_input: Any) -> None:
+        pass
+
+    def process_records(self, process_records_input: Any) -> None:
+        raise ValueError("bad record")
+
+
+def test_exceptions_are_logged_and_passed_over_like_amazon_kclpy(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    shard = held_shard()
+    adapter = KclpyProcessorAdapter(Failing())
+    initialize(adapter, shard)
+    deliver(adapter, shard, 1, 1)  # no exception: amazon-kclpy reports the call done
+    assert any(
+        "shardId-000000000000" in r.getMessage() and r.levelno == logging.ERROR
+        for r in caplog.records
+    )
+    strict = KclpyProcessorAdapter(Failing(), retry_failed_batches=True)
+    initialize(strict, shard)
+    with pytest.raises(ValueError, match="bad record"):
+        deliver(strict, shard, 1, 1)
+
+
+def test_without_amazon_kclpy_errors_are_our_checkpoint_error() -> None:
+    class Plain:
+        version = 3
+
+        def process_records(self, process_records_input: Any) -> None:
+            process_records_input.checkpointer.checkpoint("not-a-number")
+
+    shard = held_shard()
+    adapter = KclpyProcessorAdapter(Plain(), retry_failed_batches=True)
+    adapter._error_class = None  # as when amazon_kclpy is not importable
+    with pytest.raises(CheckpointError) as info:
+        deliver(adapter, shard, 1, 1)
+    assert info.value.value == "IllegalArgumentException"
+
+
+def test_not_a_kclpy_processor() -> None:
+    with pytest.raises(ConfigError, match="'version' attribute is None"):
+        KclpyProcessorAdapter(object())
+
+
+# --- finding the class ---------------------------------------------------------------------------
+
+
+def test_the_class_is_found_in_the_script() -> None:
+    assert processor_class_name(KCLPY_APP) == "RecordProcessor"
+
+
+def test_scripts_without_kclprocess(tmp_path: Path) -> None:
+    other = tmp_path / "other.py"
+    other.write_text("class A:\n    pass\n\nprint(A())\n")
+    assert processor_class_name(other) is None
+    broken = tmp_path / "broken.py"
+    broken.write_text("def (:\n")
+    assert processor_class_name(broken) is None
+
+
+def _config(tmp_path: Path, executable: str) -> PropertiesConfig:
+    raw = {"executableName": executable, "streamName": "s", "applicationName": "app",
+           "retrievalMode": "POLLING"}  # fmt: skip
+    worker, settings = config_from_properties(raw, folder=tmp_path)
+    return PropertiesConfig(worker, settings, tmp_path / "app.properties", raw)
+
+
+def test_build_factory_chooses_the_path(amazon_kclpy: ModuleType, tmp_path: Path) -> None:
+    config = _config(tmp_path, f"python3 {KCLPY_APP}")
+    factory, description = build_factory(config)
+    assert isinstance(factory(), SubprocessProcessor)
+    assert description.startswith("subprocess path")
+    factory, description = build_factory(config, in_process=True)
+    made = factory()
+    assert isinstance(made, KclpyProcessorAdapter)
+    assert type(made.processor).__name__ == "RecordProcessor"
+    assert "in-process path" in description and "version 3" in description
+    (tmp_path / "myapp.py").write_text(KCLPY_APP.read_text())
+    factory, _ = build_factory(config, processor="myapp:RecordProcessor")
+    assert type(factory()).__name__ == "KclpyProcessorAdapter"
+    with pytest.raises(ConfigError, match="only used with the in-process path"):
+        build_factory(config, in_process=False, processor="myapp:RecordProcessor")
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("nomodule_here_xyz:Thing", "cannot import 'nomodule_here_xyz'"),
+        ("json:Nope", "'json' has no 'Nope'"),
+        ("json:dumps", "is not a record processor class"),
+        ("Classless", "must look like 'module:Class'"),
+    ],
+)
+def test_load_processor_class_errors(tmp_path: Path, target: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_processor_class(target, tmp_path)
+
+
+def test_in_process_without_a_python_script(tmp_path: Path) -> None:
+    config = _config(tmp_path, "/bin/cat")
+    with pytest.raises(ConfigError, match="no processor class found"):
+        build_factory(config, in_process=True)

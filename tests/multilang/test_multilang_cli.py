@@ -1,0 +1,71 @@
+"""The ``multilang`` subcommand: the MultiLangDaemon's argument spellings and one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kclpy_spark.multilang.cli import add_subcommand
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kclpy-spark")
+    add_subcommand(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["multilang", *argv])
+
+
+@pytest.mark.parametrize(
+    ("argv", "path", "in_process"),
+    [
+        (["--properties", "app.properties"], "app.properties", None),
+        (["--properties-file", "app.properties"], "app.properties", None),
+        (["-p", "app.properties"], "app.properties", None),
+        (["app.properties"], None, None),
+        (["app.properties", "--in-process"], None, ""),
+        (["-p", "a.properties", "--in-process", "app:RecordProcessor"], "a.properties",
+         "app:RecordProcessor"),
+    ],
+)  # fmt: skip
+def test_argument_spellings(argv: list[str], path: str | None, in_process: str | None) -> None:
+    args = parse(*argv)
+    assert args.command == "multilang"
+    assert args.properties == path
+    assert args.in_process == in_process
+    assert (args.properties or args.file).endswith(".properties")
+
+
+def _cli(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kclpy_spark.multilang.cli", *argv],
+        capture_output=True, text=True, cwd=cwd, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_bad_input_is_one_line_and_exit_status_2(tmp_path: Path) -> None:
+    missing = _cli("--properties", "nope.properties", cwd=tmp_path)
+    assert missing.returncode == 2
+    assert missing.stderr.strip().splitlines()[-1] == (
+        f"kclpy-spark: error: properties file '{tmp_path / 'nope.properties'}' does not exist"
+    )
+    bad = tmp_path / "bad.properties"
+    bad.write_text("executableName = python3 app.py\nstreamName = s\napplicationName = app\n"
+                   "failoverTimeMillis = soon\n")  # fmt: skip
+    result = _cli("-p", str(bad), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "property 'failoverTimeMillis' must be a whole number" in result.stderr
+    assert "Traceback" not in result.stderr
+    no_file = _cli(cwd=tmp_path)
+    assert no_file.returncode == 2 and "a .properties file is required" in no_file.stderr
+
+
+def test_an_executable_that_is_not_there_fails_before_starting(tmp_path: Path) -> None:
+    props = tmp_path / "app.properties"
+    props.write_text("executableName = ./missing_app.py\nstreamName = s\napplicationName = app\n"
+                     "retrievalMode = POLLING\n")  # fmt: skip
+    result = _cli("-p", str(props), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "executableName" in result.stderr and "missing_app.py' does not exist" in result.stderr

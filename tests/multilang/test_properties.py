@@ -1,0 +1,307 @@
+"""The .properties reader: Java's Properties syntax, and every KCL key mapped onto WorkerConfig."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checkpoint.errors import ConfigError
+from checkpoint.sequence import InitialPosition, Position
+from kclpy_spark.config import WorkerConfig
+from kclpy_spark.multilang.properties import (
+    DEFAULT_CHILD_GRACE,
+    FANOUT_SUPPORTED,
+    MultiLangSettings,
+    config_from_properties,
+    load_properties,
+    parse_properties,
+)
+
+HERE = Path(__file__).resolve().parent
+LOGGER = "kclpy_spark.multilang.properties"
+
+BASE = {
+    "executableName": "python3 app.py",
+    "streamName": "orders",
+    "applicationName": "orders-app",
+    "retrievalMode": "POLLING",
+}
+
+
+def build(**props: str) -> tuple[WorkerConfig, MultiLangSettings]:
+    return config_from_properties({**BASE, **props}, folder=Path("/apps/orders"))
+
+
+def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING
+    ]
+
+
+# --- java.util.Properties syntax -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a=1", {"a": "1"}),
+        ("a = 1", {"a": "1"}),
+        ("a: 1", {"a": "1"}),
+        ("a 1", {"a": "1"}),
+        ("a\t=\t1", {"a": "1"}),
+        ("   a = 1", {"a": "1"}),
+        ("a = 1  ", {"a": "1  "}),  # trailing blanks belong to the value, as in Java
+        ("a", {"a": ""}),
+        ("a =", {"a": ""}),
+        ("a = b = c", {"a": "b = c"}),
+        ("a == b", {"a": "= b"}),
+        ("a : = b", {"a": "= b"}),
+        ("# a = 1\n! b = 2\n\n   \nc = 3", {"c": "3"}),
+        ("a = 1\na = 2", {"a": "2"}),
+        ("a = 1\r\nb = 2\rc = 3", {"a": "1", "b": "2", "c": "3"}),
+        ("a = one, \\\n      two", {"a": "one, two"}),
+        ("a = one\\\n  \\\n  two", {"a": "onetwo"}),
+        ("a = x\\\\\nb = y", {"a": "x\\", "b": "y"}),  # an even run of backslashes: no join
+        ("a = x\\\\\\\n  y", {"a": "x\\y"}),
+        ("# comment \\\na = 1", {"a": "1"}),  # a comment line never continues
+        ("a = \\\n# not a comment", {"a": "# not a comment"}),
+        ("a = 1\\", {"a": "1"}),  # continued past the end of the file
+        ("a = \\t\\n\\r\\f|", {"a": "\t\n\r\f|"}),
+        ("a = \\u0041\\u00e9", {"a": "A\u00e9"}),
+        ("a = \\q\\=\\:", {"a": "q=:"}),
+        ("my\\:key\\ name = v", {"my:key name": "v"}),
+        ("k\\=ey=v", {"k=ey": "v"}),
+        ("a=\\ leading", {"a": " leading"}),
+    ],
+)
+def test_java_properties_syntax(text: str, expected: dict[str, str]) -> None:
+    assert parse_properties(text) == expected
+
+
+def test_a_malformed_unicode_escape_names_the_line() -> None:
+    with pytest.raises(ConfigError, match=r"app\.properties: line 3: malformed \\uxxxx"):
+        parse_properties("a = 1\n\nb = \\u00g1", source="app.properties")
+
+
+def test_a_file_that_is_not_utf8_is_read_as_latin1(tmp_path: Path) -> None:
+    path = tmp_path / "app.properties"
+    path.write_bytes(
+        b"executableName = python3 caf\xe9.py\nstreamName = s\napplicationName = app\n"
+        b"retrievalMode = POLLING\n"
+    )
+    loaded = load_properties(path)
+    assert loaded.multilang.executable_name == "python3 caf\u00e9.py"
+
+
+def test_a_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_properties(tmp_path / "nope.properties")
+
+
+# --- the keys ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "field", "expected"),
+    [
+        ("applicationName", "my-app", "application_name", "my-app"),
+        ("tableName", "my-lease-table", "application_name", "my-lease-table"),
+        ("regionName", "eu-west-1", "region", "eu-west-1"),
+        ("workerId", "worker-7", "worker_id", "worker-7"),
+        ("failoverTimeMillis", "2500", "failover_time", 2.5),
+        ("maxRecords", "250", "max_records", 250),
+        ("idleTimeBetweenReadsInMillis", "300", "idle_time_between_reads", 0.3),
+        ("shardSyncIntervalMillis", "60000", "shard_sync_interval", 60.0),
+        ("parentShardPollIntervalMillis", "10000", "parent_shard_poll_interval", 10.0),
+        ("maxLeasesForWorker", "12", "max_leases_for_worker", 12),
+        ("maxLeasesToStealAtOneTime", "2", "max_leases_to_steal", 2),
+        ("ignoreUnexpectedChildShards", "true", "ignore_unexpected_child_shards", True),
+        ("ignoreUnexpectedChildShards", "No", "ignore_unexpected_child_shards", False),
+        ("shutdownGraceMillis", "7000", "shutdown_grace", 7.0),
+        ("kinesisEndpoint", "http://127.0.0.1:4566", "endpoint_url", "http://127.0.0.1:4566"),
+        ("dynamoDBEndpoint", "http://localhost:4566", "endpoint_url", "http://localhost:4566"),
+        ("kclpyspark.lease_store", "sqlite:leases.db", "lease_store", "sqlite:leases.db"),
+        ("kclpyspark.max_processing_attempts", "1", "max_processing_attempts", 1),
+        ("kclpyspark.park_duration", "2.5", "park_duration", 2.5),
+    ],
+)
+def test_each_key_sets_its_field(key: str, value: str, field: str, expected: Any) -> None:
+    cfg, _ = build(**{key: value})
+    assert getattr(cfg, field) == expected
+
+
+def test_defaults_and_the_multilang_settings() -> None:
+    cfg, settings = build(timeoutInSeconds="30", shutdownGraceMillis="1500")
+    assert cfg.lease_store == "dynamodb"  # the KCL's lease table
+    assert cfg.application_name == "orders-app"
+    assert cfg.stream_name == "orders" and cfg.stream_arn is None
+    assert cfg.initial_position == InitialPosition.latest()  # the KCL's default too
+    assert settings == MultiLangSettings(
+        executable_name="python3 app.py",
+        cwd=Path("/apps/orders"),
+        timeout=30.0,
+        shutdown_grace=1.5,
+        processing_language=None,
+    )
+    _, plain = build()
+    assert plain.timeout is None and plain.shutdown_grace == DEFAULT_CHILD_GRACE
+
+
+def test_stream_arn_wins_over_stream_name(caplog: pytest.LogCaptureFixture) -> None:
+    arn = "arn:aws:kinesis:us-east-1:123456789012:stream/payments"
+    cfg, _ = build(streamArn=arn, streamName="orders")
+    assert cfg.stream_arn == arn and cfg.stream_name is None and cfg.stream == arn
+    assert any("wins over streamName" in m for m in warnings(caplog))
+
+
+def test_initial_position_in_stream_extended_means_at_timestamp(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cfg, _ = build(initialPositionInStreamExtended="1636609142")
+    expected = datetime.fromtimestamp(1636609142, tz=UTC)
+    assert cfg.initial_position == InitialPosition(Position.AT_TIMESTAMP, expected)
+    cfg, _ = build(initialPositionInStream="trim_horizon", initialPositionInStreamExtended="5")
+    assert cfg.initial_position.position is Position.AT_TIMESTAMP
+    assert any("the timestamp wins" in m for m in warnings(caplog))
+    cfg, _ = build(initialPositionInStream="TRIM_HORIZON")
+    assert cfg.initial_position == InitialPosition.trim_horizon()
+
+
+def test_an_unknown_key_gives_one_warning_each(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    build(frobnicate="1", failovertimemillis="1000", maxRecord="5")
+    found = warnings(caplog)
+    assert found == [
+        "unknown property 'frobnicate' is ignored",
+        "unknown property 'failovertimemillis' is ignored (did you mean 'failoverTimeMillis'?)",
+        "unknown property 'maxRecord' is ignored (did you mean 'maxRecords'?)",
+    ]
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "coordinatorStateTableName",
+        "gracefulLeaseHandoffTimeoutMillis",
+        "isGracefulLeaseHandoffEnabled",
+        "workerMetricsTableName",
+        "disableWorkerMetrics",
+        "reBalanceThresholdPercentage",
+        "leaseAssignmentIntervalMillis",
+        "staleWorkerMetricsEntryCleanupDuration",
+    ],
+)
+def test_kcl3_keys_are_accepted_with_a_warning(key: str, caplog: pytest.LogCaptureFixture) -> None:
+    build(**{key: "42"})
+    assert [m for m in warnings(caplog) if key in m and "KCL 3.x" in m]
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["maxActiveThreads", "taskBackoffTimeMillis", "validateSequenceNumberBeforeCheckpointing"],
+)
+def test_harmless_known_keys_are_logged_at_info(key: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    build(**{key: "1"})
+    assert not warnings(caplog)
+    assert any(key in r.getMessage() and "ignored" in r.getMessage() for r in caplog.records)
+
+
+def test_credentials_providers(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    build(AwsCredentialsProvider="DefaultCredentialsProvider")
+    assert not warnings(caplog)
+    assert any("default credential chain is used" in r.getMessage() for r in caplog.records)
+    build(AWSCredentialsProviderDynamoDB="ProfileCredentialsProvider|prod")
+    assert any("is not used" in m for m in warnings(caplog))
+
+
+def test_behaviour_keys_we_do_not_support_warn(caplog: pytest.LogCaptureFixture) -> None:
+    build(callProcessRecordsEvenForEmptyRecordList="false", cleanupLeasesUponShardCompletion="true")
+    assert not warnings(caplog)
+    build(callProcessRecordsEvenForEmptyRecordList="true", cleanupLeasesUponShardCompletion="false")
+    found = " | ".join(warnings(caplog))
+    assert "callProcessRecordsEvenForEmptyRecordList = true is not supported" in found
+    assert "cleanupLeasesUponShardCompletion = false is not supported" in found
+
+
+def test_retrieval_mode() -> None:
+    polling, _ = build(retrievalMode="polling")
+    default_polls, _ = build(retrievalMode="DEFAULT", maxRecords="100")
+    if FANOUT_SUPPORTED:
+        fanout, _ = build(retrievalMode="FANOUT", consumerName="orders-efo")
+        default, _ = build(retrievalMode="DEFAULT")
+        assert getattr(polling, "retrieval_mode") == "polling"  # noqa: B009
+        assert getattr(default_polls, "retrieval_mode") == "polling"  # noqa: B009
+        assert getattr(fanout, "retrieval_mode") == "fanout"  # noqa: B009
+        assert getattr(fanout, "consumer_name") == "orders-efo"  # noqa: B009
+        assert getattr(default, "retrieval_mode") == "fanout"  # noqa: B009 - the KCL's rule
+    else:
+        with pytest.raises(ConfigError, match="'retrievalMode' = FANOUT"):
+            build(retrievalMode="FANOUT")
+    with pytest.raises(ConfigError, match="'retrievalMode' must be"):
+        build(retrievalMode="STREAMING")
+
+
+def test_overrides_win_over_the_file() -> None:
+    cfg, _ = config_from_properties(
+        {**BASE, "workerId": "from-file", "kinesisEndpoint": "http://a:1"},
+        folder=Path("."),
+        overrides={"worker_id": "from-flag", "endpoint_url": None, "lease_store": "memory"},
+    )
+    assert (cfg.worker_id, cfg.endpoint_url, cfg.lease_store) == (
+        "from-flag",
+        "http://a:1",
+        "memory",
+    )
+
+
+@pytest.mark.parametrize(
+    ("props", "message"),
+    [
+        ({"failoverTimeMillis": "ten"}, "'failoverTimeMillis' must be a whole number"),
+        ({"failoverTimeMillis": "1.5"}, "'failoverTimeMillis' must be a whole number"),
+        ({"failoverTimeMillis": "0"}, "'failoverTimeMillis' must be >= 1"),
+        ({"idleTimeBetweenReadsInMillis": "-5"}, "'idleTimeBetweenReadsInMillis' must be >= 1"),
+        ({"maxRecords": "20000"}, "'maxRecords' must be between 1 and 10000"),
+        ({"ignoreUnexpectedChildShards": "maybe"}, "'ignoreUnexpectedChildShards' must be true"),
+        ({"timeoutInSeconds": "0"}, "'timeoutInSeconds' must be >= 1"),
+        ({"shutdownGraceMillis": "soon"}, "'shutdownGraceMillis' must be a whole number"),
+        ({"initialPositionInStream": "EARLIEST"}, "'initialPositionInStream' must be"),
+        ({"initialPositionInStream": "AT_TIMESTAMP"}, "initialPositionInStreamExtended"),
+        ({"initialPositionInStreamExtended": "yesterday"}, "'initialPositionInStreamExtended'"),
+        ({"streamArn": "arn:aws:s3:::bucket"}, "'streamArn' is not a Kinesis stream ARN"),
+        ({"streamName": "bad name!"}, "'streamName'"),
+        ({"applicationName": "x"}, "'applicationName'"),
+        ({"tableName": "no spaces allowed"}, "'tableName'"),
+        ({"kinesisEndpoint": "localhost:4566"}, "'kinesisEndpoint'"),
+        ({"kinesisEndpoint": "http://a:1", "dynamoDBEndpoint": "http://b:2"}, "same endpoint"),
+        ({"dynamoDBRegionName": "eu-west-1"}, "'dynamoDBRegionName' must equal"),
+        ({"callProcessRecordsEvenForEmptyRecordList": "sometimes"}, "'callProcessRecords"),
+        ({"kclpyspark.nonsense": "1"}, "'kclpyspark.nonsense'"),
+        ({"kclpyspark.max_processing_attempts": "many"}, "'max_processing_attempts'"),
+        ({"executableName": ""}, "'executableName' is required"),
+        ({"streamName": ""}, "'streamName' (or 'streamArn') is required"),
+    ],
+)
+def test_bad_values_raise_config_error_naming_the_key(props: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        build(**props)
+    assert message in str(info.value)
+
+
+def test_the_sample_properties_file(caplog: pytest.LogCaptureFixture) -> None:
+    loaded = load_properties(HERE / "sample.properties")
+    cfg, settings = loaded.worker, loaded.multilang
+    assert cfg.stream_name == "kclpy-spark-multilang-sample"
+    assert cfg.application_name == "kclpy-spark-multilang-sample"
+    assert cfg.initial_position == InitialPosition.trim_horizon()
+    assert (cfg.failover_time, cfg.max_records, cfg.idle_time_between_reads) == (10.0, 1000, 1.0)
+    assert settings.executable_name == "python3 sample_protocol_processor.py"
+    assert settings.cwd == HERE and settings.timeout == 60.0 and settings.shutdown_grace == 10.0
+    assert settings.processing_language == "python/3"
+    assert not warnings(caplog)

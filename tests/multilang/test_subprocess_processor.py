@@ -1,0 +1,295 @@
+"""SubprocessProcessor with real child processes and a real Checkpointer (memory lease table):
+the protocol, checkpoint errors, stray lines, stderr, timeouts and child restarts. No LocalStack."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from multilang_helpers import (
+    KCLPY_APP,
+    PROTOCOL_SCRIPT,
+    HeldShard,
+    held_shard,
+    pid_alive,
+    read_events,
+    read_records,
+    records,
+    seq,
+)
+
+from checkpoint.errors import ConfigError
+from checkpoint.sequence import SHARD_END, ExtendedSequenceNumber
+from kclpy_spark.multilang.subprocess_processor import (
+    ChildFailedError,
+    ChildSpec,
+    ChildTimeoutError,
+    SubprocessProcessor,
+    resolve_command,
+)
+from kclpy_spark.processor import (
+    InitializeInput,
+    LeaseLostInput,
+    ProcessRecordsInput,
+    ShardEndedInput,
+    ShutdownRequestedInput,
+)
+
+
+def spec(tmp_path: Path, script: Path = PROTOCOL_SCRIPT, **env: str) -> ChildSpec:
+    output = tmp_path / "out"
+    output.mkdir(exist_ok=True)
+    return ChildSpec(
+        command=(sys.executable, str(script)),
+        cwd=tmp_path,
+        timeout=10.0,
+        shutdown_grace=5.0,
+        env={**os.environ, "KCLPY_SPARK_SAMPLE_OUTPUT": str(output), **env},
+    )
+
+
+async def start(processor: SubprocessProcessor, shard: HeldShard) -> None:
+    checkpoint = shard.stored()
+    await processor.initialize(
+        InitializeInput(shard.shard_id, checkpoint.sequence_number, checkpoint.sub_sequence_number)
+    )
+
+
+async def deliver(processor: SubprocessProcessor, shard: HeldShard, start_at: int, n: int) -> None:
+    batch = records(start_at, n)
+    shard.deliver(batch)
+    await processor.process_records(ProcessRecordsInput(batch, 0, shard.checkpointer))
+
+
+def child_pid(processor: SubprocessProcessor) -> int:
+    proc = processor._proc
+    assert proc is not None
+    return proc.pid
+
+
+@pytest.mark.parametrize("app", ["protocol_script", "amazon_kclpy_app"])
+def test_records_checkpoints_shard_end_and_exit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, app: str, request: pytest.FixtureRequest
+) -> None:
+    if app == "amazon_kclpy_app":
+        request.getfixturevalue("amazon_kclpy")
+    script = PROTOCOL_SCRIPT if app == "protocol_script" else KCLPY_APP
+    caplog.set_level(logging.INFO)
+    shard = held_shard()
+    processor = SubprocessProcessor(spec(tmp_path, script))
+
+    async def scenario() -> int:
+        await start(processor, shard)
+        pid = child_pid(processor)
+        await deliver(processor, shard, 1, 3)
+        assert shard.stored() == ExtendedSequenceNumber(seq(3))
+        await deliver(processor, shard, 4, 2)
+        assert shard.stored() == ExtendedSequenceNumber(seq(5))
+        shard.checkpointer.mark_shard_end()
+        await processor.shard_ended(ShardEndedInput(shard.checkpointer))
+        return pid
+
+    pid = asyncio.run(scenario())
+    assert shard.stored() == SHARD_END
+    assert not pid_alive(pid)  # its input ended and it exited
+    out = read_records(tmp_path / "out")
+    assert [r["data"] for r in out] == ["r1", "r2", "r3", "r4", "r5"]
+    assert [r["arrival"] for r in out] == [1_700_000_000_000 + n for n in range(1, 6)]
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("exited with status 0" in m for m in messages)
+    if app == "protocol_script":
+        stray = [m for m in messages if "skipping unexpected line on the child's stdout" in m]
+        assert stray and "shardId-000000000000" in stray[0] and "stray line" in stray[0]
+        child = [r for r in caplog.records if r.name == "kclpy_spark.multilang.child"]
+        assert any(
+            r.getMessage() == "shard shardId-000000000000: initialized shardId-000000000000 at "
+            "TRIM_HORIZON"
+            for r in child
+        )
+
+
+def test_a_failed_checkpoint_is_answered_with_the_error_name(tmp_path: Path) -> None:
+    shard = held_shard()
+    processor = SubprocessProcessor(spec(tmp_path))
+
+    async def scenario() -> None:
+        await start(processor, shard)
+        shard.holder.drop(shard.shard_id)  # the lease is lost: checkpoints must fail
+        await deliver(processor, shard, 1, 2)
+        await processor.lease_lost(LeaseLostInput())
+
+    asyncio.run(scenario())
+    events = read_events(tmp_path / "out")
+    checkpoints = [e for e in events if e["event"] == "checkpoint"]
+    assert checkpoints == [
+        {**checkpoints[0], "seq": seq(2), "sub": 0, "error": "ShutdownException"}
+    ]
+    assert [e["event"] for e in events][-2:] == ["leaseLost", "exit"]
+
+
+def test_a_checkpoint_outside_the_delivered_range_is_illegal_argument(tmp_path: Path) -> None:
+    shard = held_shard()
+    processor = SubprocessProcessor(spec(tmp_path))
+
+    async def scenario() -> None:
+        await start(processor, shard)
+        batch = records(1, 2)
+        shard.deliver(records(1, 1))  # the checkpointer was told only of the first record
+        await processor.process_records(ProcessRecordsInput(batch, 0, shard.checkpointer))
+        await processor.lease_lost(LeaseLostInput())
+
+    asyncio.run(scenario())
+    [checkpoint] = [e for e in read_events(tmp_path / "out") if e["event"] == "checkpoint"]
+    assert checkpoint["error"] == "IllegalArgumentException"
+
+
+def test_shutdown_requested_then_lease_lost_then_end_of_input(tmp_path: Path) -> None:
+    shard = held_shard()
+    processor = SubprocessProcessor(spec(tmp_path))
+
+    async def scenario() -> None:
+        await start(processor, shard)
+        await deliver(processor, shard, 1, 1)
+        await processor.shutdown_requested(ShutdownRequestedInput(shard.checkpointer))
+
+    asyncio.run(scenario())
+    names = [e["event"] for e in read_events(tmp_path / "out")]
+    assert names == [
+        "initialize",
+        "processRecords",
+        "checkpoint",
+        "shutdownRequested",
+        "checkpoint",
+        "leaseLost",
+        "exit",
+    ]
+
+
+def test_a_silent_child_is_timed_out_and_killed(tmp_path: Path) -> None:
+    shard = held_shard()
+    quick = ChildSpec(**{**spec(tmp_path, SAMPLE_HANG_ON="processRecords").__dict__, "timeout": 1})
+    processor = SubprocessProcessor(quick)
+
+    async def scenario() -> tuple[int, float]:
+        await start(processor, shard)
+        pid = child_pid(processor)
+        began = time.monotonic()
+        with pytest.raises(ChildTimeoutError, match="timeoutInSeconds"):
+            await deliver(processor, shard, 1, 1)
+        return pid, time.monotonic() - began
+
+    pid, took = asyncio.run(scenario())
+    assert 0.9 <= took < 5
+    assert not pid_alive(pid)
+    assert processor._proc is None
+
+
+def test_a_dead_child_is_replaced_for_the_next_batch(tmp_path: Path) -> None:
+    shard = held_shard()
+    processor = SubprocessProcessor(spec(tmp_path))
+
+    async def scenario() -> None:
+        await start(processor, shard)
+        proc = processor._proc
+        assert proc is not None
+        proc.kill()
+        await proc.wait()
+        await deliver(processor, shard, 1, 2)  # a new child is started and initialized
+        await processor.lease_lost(LeaseLostInput())
+
+    asyncio.run(scenario())
+    assert processor.children_started == 2
+    assert shard.stored() == ExtendedSequenceNumber(seq(2))
+    inits = [e for e in read_events(tmp_path / "out") if e["event"] == "initialize"]
+    assert len(inits) == 2 and inits[0]["pid"] != inits[1]["pid"]
+
+
+def test_a_child_that_exits_mid_call_fails_the_call(tmp_path: Path) -> None:
+    script = tmp_path / "quitter.py"
+    script.write_text(
+        "import sys, json\n"
+        "line = sys.stdin.readline()\n"
+        "print(json.dumps({'action': 'status', 'responseFor': 'initialize'}), flush=True)\n"
+        "sys.stdin.readline()\n"
+        "sys.exit(3)\n"
+    )
+    shard = held_shard()
+    processor = SubprocessProcessor(spec(tmp_path, script))
+
+    async def scenario() -> None:
+        await start(processor, shard)
+        with pytest.raises(ChildFailedError, match=r"ended \(status 3\)"):
+            await deliver(processor, shard, 1, 1)
+
+    asyncio.run(scenario())
+
+
+def test_a_status_for_the_wrong_action_is_a_protocol_error(tmp_path: Path) -> None:
+    script = tmp_path / "confused.py"
+    script.write_text(
+        "import sys, json\n"
+        "for line in sys.stdin:\n"
+        "    print(json.dumps({'action': 'status', 'responseFor': 'initialize'}), flush=True)\n"
+    )
+    shard = held_shard()
+    processor = SubprocessProcessor(spec(tmp_path, script))
+
+    async def scenario() -> None:
+        await start(processor, shard)
+        with pytest.raises(ChildFailedError, match="'initialize' while 'processRecords'"):
+            await deliver(processor, shard, 1, 1)
+
+    asyncio.run(scenario())
+    assert processor._proc is None
+
+
+def test_a_child_that_cannot_start(tmp_path: Path) -> None:
+    shard = held_shard()
+    missing = ChildSpec(command=(str(tmp_path / "missing"),), cwd=tmp_path)
+    with pytest.raises(ChildFailedError, match="cannot start"):
+        asyncio.run(start(SubprocessProcessor(missing), shard))
+
+
+def test_cancelling_a_call_kills_the_child(tmp_path: Path) -> None:
+    shard = held_shard()
+    processor = SubprocessProcessor(spec(tmp_path, SAMPLE_HANG_ON="processRecords"))
+
+    async def scenario() -> int:
+        await start(processor, shard)
+        pid = child_pid(processor)
+        task = asyncio.ensure_future(deliver(processor, shard, 1, 1))
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return pid
+
+    pid = asyncio.run(scenario())
+    assert not pid_alive(pid)
+
+
+def test_resolve_command(tmp_path: Path) -> None:
+    script = tmp_path / "app.py"
+    script.write_text("print('hi')\n")
+    # A .py script that is not executable runs with this interpreter.
+    assert resolve_command("app.py --flag 'a b'", tmp_path) == (
+        sys.executable,
+        str(script),
+        "--flag",
+        "a b",
+    )
+    script.chmod(0o755)
+    assert resolve_command("app.py", tmp_path) == (str(script),)
+    assert resolve_command("python3 app.py", tmp_path)[1:] == ("app.py",)
+    with pytest.raises(ConfigError, match="not found on PATH"):
+        resolve_command("no-such-program-here x", tmp_path)
+    with pytest.raises(ConfigError, match="cannot be split"):
+        resolve_command("python3 'unterminated", tmp_path)
+    (tmp_path / "data.txt").write_text("x")
+    with pytest.raises(ConfigError, match="is not executable"):
+        resolve_command("data.txt", tmp_path)
