@@ -23,6 +23,8 @@ from checkpoint.sequence import InitialPosition
 
 DEFAULT_LEASE_STORE = "sqlite:.kclpy-spark/leases.db"
 _STREAM_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
+# us-east-1, eu-central-2, us-gov-west-1, cn-northwest-1, us-isob-east-1 ...
+_REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d{1,2}$")
 _APP_NAME = re.compile(r"^[a-zA-Z0-9_.-]{3,255}$")
 
 
@@ -203,6 +205,8 @@ def _check(cfg: WorkerConfig) -> None:
     ):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"config {name!r} must be >= 1, got {getattr(cfg, name)}")
+    if not _REGION.match(cfg.region):
+        raise ConfigError(f"config 'region' is not an AWS region name: {cfg.region!r}")
     if cfg.aged_checkpoint_policy not in {"fail", "earliest", "latest"}:
         raise ConfigError(
             "config 'aged_checkpoint_policy' must be 'fail', 'earliest' or 'latest', "

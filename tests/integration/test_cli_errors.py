@@ -40,6 +40,18 @@ def _assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: s
         (["--stream-name", "s", "--processor", "kclpy_spark.samples:CountingProcessor",
           "--lease-store", "postgres"], ["lease_store"]),
         (["--config", "missing.toml"], ["missing.toml", "does not exist"]),
+        (["--stream-name", "s", "--processor", "kclpy_spark.samples:CountingProcessor",
+          "--region", "mars-1"], ["region", "mars-1"]),
+        (["--stream-name", "s", "--processor", "kclpy_spark.samples:CountingProcessor",
+          "--failover-time", "-3"], ["failover_time"]),
+        (["--stream-name", "s", "--processor", "kclpy_spark.samples:CountingProcessor",
+          "--max-records", "20000"], ["max_records", "10000"]),
+        (["--stream-name", "bad name!", "--processor", "kclpy_spark.samples:CountingProcessor"],
+         ["stream name"]),
+        (["--stream-name", "s", "--processor", "kclpy_spark.samples:CountingProcessor",
+          "--endpoint-url", "localhost:4566"], ["endpoint_url"]),
+        (["--stream-arn", "orders", "--processor", "kclpy_spark.samples:CountingProcessor"],
+         ["stream_arn", "not an ARN"]),
     ],
 )  # fmt: skip
 def test_bad_config_is_one_clear_line(args: list[str], needles: list[str], tmp_path: Path) -> None:
@@ -67,3 +79,24 @@ def test_missing_lease_table_with_creation_disabled(localstack_endpoint: str, tm
         'processor = "kclpy_spark.samples:CountingProcessor"\n'
     )
     _assert_one_line_error(_run("--config", "w.toml", cwd=tmp_path), "no-such-table-here")
+
+
+def test_toml_syntax_error_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "broken.toml").write_text('stream_name = "s\nprocessor = 3\n')
+    _assert_one_line_error(_run("--config", "broken.toml", cwd=tmp_path), "not valid TOML")
+
+
+def test_contradictory_streams_config(tmp_path: Path) -> None:
+    (tmp_path / "both.toml").write_text(
+        'stream_name = "s"\nprocessor = "kclpy_spark.samples:CountingProcessor"\n'
+        '[[streams]]\nstream_name = "t"\n'
+    )
+    _assert_one_line_error(_run("--config", "both.toml", cwd=tmp_path), "not both")
+
+
+def test_wrong_type_in_config_file(tmp_path: Path) -> None:
+    (tmp_path / "types.toml").write_text(
+        'stream_name = "s"\nprocessor = "kclpy_spark.samples:CountingProcessor"\n'
+        'failover_time = "ten seconds"\n'
+    )
+    _assert_one_line_error(_run("--config", "types.toml", cwd=tmp_path), "failover_time", "float")
