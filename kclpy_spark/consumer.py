@@ -284,14 +284,17 @@ class ShardConsumer:
     async def _deliver(self, batch: FetchedBatch) -> bool:
         """Offer the batch until the processor takes it; False if the lease had to be parked."""
         last = batch.records[-1]
-        self.checkpointer.set_largest_permitted(
-            ExtendedSequenceNumber(last.sequence_number, last.sub_sequence_number)
-        )
+        end = ExtendedSequenceNumber(last.sequence_number, last.sub_sequence_number)
+        # A batch whose process_records raised was not processed: until it succeeds, "the last
+        # record delivered" (what checkpoint() with no argument records, e.g. in
+        # shutdown_requested) stays at the end of the previous batch.
+        before = self.checkpointer.largest_permitted
         lag = batch.millis_behind_latest or 0
         attempt = 0
         while True:
             if self._lost.is_set():
                 raise LeaseLost()
+            self.checkpointer.set_largest_permitted(end)
             try:
                 await self._call(
                     self._processor.process_records,
@@ -299,6 +302,7 @@ class ShardConsumer:
                 )
                 break
             except Exception:
+                self.checkpointer.set_largest_permitted(before)
                 if self._holder.get_if_held(self.lease_key) is None:
                     # The lease went while the batch was processed (its checkpoint write lost, or
                     # it expired): the failure is the lease's, not the records'. Stop; the new

@@ -157,3 +157,34 @@ def test_async_processor_methods_are_awaited(
     )
     assert sorted(got, key=int) == sorted(produced, key=int)
     assert len(loops) == 1  # ran on the worker's own event loop
+
+
+def test_a_failed_batch_is_not_delivered_for_checkpoint_purposes(
+    kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    """Shutdown while a failed batch waits for its retry: checkpoint() with no argument in
+    shutdown_requested records the last batch that succeeded, never the failed one."""
+    _stream(kinesis_client, unique_name, 1, 10)
+    ok_batches: list[str] = []
+    failures: list[str] = []
+    final: list[str] = []
+
+    class SecondBatchFails(RecordProcessor):
+        def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+            if ok_batches:
+                failures.append(process_records_input.records[0].sequence_number)
+                raise RuntimeError("the sink is down")
+            ok_batches.append(process_records_input.records[-1].sequence_number)
+            process_records_input.checkpointer.checkpoint()
+
+        def shutdown_requested(self, shutdown_requested_input: Any) -> None:
+            shutdown_requested_input.checkpointer.checkpoint()
+            final.append("checkpointed")
+
+    cfg = _cfg(unique_name, localstack_endpoint, tmp_path, max_records=5,
+               max_processing_attempts=100)  # fmt: skip
+    worker = _run(cfg, SecondBatchFails, lambda w: bool(failures))
+    lease = worker.store.get_lease("shardId-000000000000")
+    assert lease is not None and final == ["checkpointed"]
+    assert lease.checkpoint.sequence_number == ok_batches[-1]
+    assert int(failures[0]) > int(ok_batches[-1])
