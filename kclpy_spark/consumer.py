@@ -292,7 +292,10 @@ class ShardConsumer:
         lag = batch.millis_behind_latest or 0
         attempt = 0
         while True:
-            if self._lost.is_set():
+            # Checked before every delivery, not only when the renewer reports: a checkpoint that
+            # lost its conditional write drops the lease at once, and nothing more should be
+            # handed to the processor after that.
+            if self._lost.is_set() or self._holder.get_if_held(self.lease_key) is None:
                 raise LeaseLost()
             self.checkpointer.set_largest_permitted(end)
             try:
