@@ -23,14 +23,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from checkpoint.errors import (
-    DependencyError,
     ResourceNotFoundError,
-    ThrottledError,
     error_code,
     map_aws_error,
 )
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.processor import Record
+from kclpy_spark.retrieval.backoff import Backoff, wait_or_raise
 from kclpy_spark.retrieval.kpl import Deaggregator, skip_through
 from kclpy_spark.retrieval.polling import FetchedBatch, record_from_api
 from kclpy_spark.retrieval.positions import iterator_args
@@ -41,8 +40,6 @@ log = logging.getLogger(__name__)
 SUBSCRIPTION_LIFETIME = 290.0
 # AWS allows one SubscribeToShard call per second per consumer and shard.
 MIN_RESUBSCRIBE_INTERVAL = 1.0
-BACKOFF_BASE = 0.5
-BACKOFF_CAP = 10.0
 # A consumer takes seconds (LocalStack) to tens of seconds (AWS) to become ACTIVE.
 CONSUMER_POLL_INTERVAL = 0.5
 
@@ -98,7 +95,7 @@ CONSUMERS = ConsumerRegistry()
 
 
 async def _register_and_wait(client: Any, arn: str, name: str, sleep: Sleep) -> str:
-    failures = 0
+    backoff = Backoff()
     registered = False
     while True:
         try:
@@ -126,8 +123,7 @@ async def _register_and_wait(client: Any, arn: str, name: str, sleep: Sleep) -> 
                 mapped = map_aws_error(exc, f"registering stream consumer {name} on {arn}")
                 if not mapped.retriable:
                     raise mapped from exc
-                failures += 1
-                delay = random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** min(failures, 10)))
+                delay = backoff.next_delay()
                 log.info("%s; retrying in %.2fs", mapped, delay)
         await sleep(delay)
 
@@ -202,7 +198,7 @@ class FanOutFetcher:
         self._lifetime = subscription_lifetime
         self._sleep = sleep
         self._clock = clock
-        self._rng = rng or random.Random()
+        self._backoff = Backoff(rng)
         self.deaggregator = deaggregator
         self._registry = registry or CONSUMERS
         # Resume AFTER this sequence number (the last record or a later continuation number).
@@ -210,15 +206,9 @@ class FanOutFetcher:
         self._received_any = False
         self._floor = 0 if checkpoint.is_sentinel else int(checkpoint.sequence_number)
         self._last_subscribe: float | None = None
-        self._failures = 0
         self._not_found = 0
         self.subscriptions = 0
         self.renewals = 0
-
-    def _backoff(self) -> float:
-        self._failures += 1
-        cap = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** min(self._failures, 10))
-        return self._rng.uniform(0, cap)
 
     def _position(self) -> dict[str, Any]:
         if self._resume is not None:
@@ -246,15 +236,13 @@ class FanOutFetcher:
 
     async def _handle(self, exc: BaseException, operation: str) -> None:
         """Back off after a retriable failure; raise the mapped error otherwise."""
-        if isinstance(exc, asyncio.CancelledError):
-            raise exc
-        mapped = map_aws_error(exc, f"{operation} on shard {self._shard_id}")
-        if not isinstance(mapped, ThrottledError | DependencyError):
-            raise mapped from exc
-        delay = self._backoff()
-        level = logging.DEBUG if isinstance(mapped, ThrottledError) else logging.WARNING
-        log.log(level, "%s; resubscribing in %.2fs", mapped, delay)
-        await self._sleep(delay)
+        await wait_or_raise(
+            exc,
+            f"{operation} on shard {self._shard_id}",
+            self._backoff,
+            self._sleep,
+            retrying="resubscribing",
+        )
 
     async def _pace(self) -> None:
         if self._last_subscribe is not None:
@@ -305,7 +293,7 @@ class FanOutFetcher:
             ) from exc
         log.warning("shard %s: %s; registering the consumer again", self._shard_id, exc)
         self._registry.forget(await stream_arn(self._client, self._stream), self._consumer_name)
-        await self._sleep(self._backoff())
+        await self._sleep(self._backoff.next_delay())
         return await self._registry.ensure(
             self._client, self._stream, self._consumer_name, sleep=self._sleep
         )
@@ -337,7 +325,7 @@ class FanOutFetcher:
                 close()
 
     async def _on_event(self, body: dict[str, Any]) -> bool:
-        self._failures = 0
+        self._backoff.reset()
         self._not_found = 0
         raw = [record_from_api(r) for r in body.get("Records", ())]
         records = self._user_records(raw)

@@ -14,14 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checkpoint.errors import (
-    DependencyError,
-    ResourceNotFoundError,
-    ThrottledError,
     error_code,
     map_aws_error,
 )
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.processor import Record
+from kclpy_spark.retrieval.backoff import Backoff, wait_or_raise
 from kclpy_spark.retrieval.kpl import Deaggregator, skip_through
 from kclpy_spark.retrieval.positions import iterator_args
 
@@ -31,8 +29,6 @@ log = logging.getLogger(__name__)
 # behind (a full response or MillisBehindLatest > 0) we read again after this short pause instead
 # of the configured idle time, which stays the pause after an empty or caught-up response.
 MIN_INTERVAL_WHILE_BEHIND = 0.2
-BACKOFF_BASE = 0.5
-BACKOFF_CAP = 10.0
 
 
 @dataclass(frozen=True)
@@ -84,18 +80,12 @@ class PollingFetcher:
         self._max_records = max_records
         self._idle = idle_time
         self._sleep = sleep
-        self._rng = rng or random.Random()
+        self._backoff = Backoff(rng)
         self._last_delivered: str | None = None
-        self._failures = 0
         self.calls = 0
         # None: KPL aggregates are delivered as they are (records at or before a sub-sequence
         # checkpoint are still skipped).
         self.deaggregator = deaggregator
-
-    def _backoff(self) -> float:
-        self._failures += 1
-        cap = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** min(self._failures, 10))
-        return self._rng.uniform(0, cap)
 
     async def _iterator(self) -> str:
         if self._last_delivered is not None:
@@ -110,24 +100,16 @@ class PollingFetcher:
                 resp = await self._client.get_shard_iterator(
                     **self._stream, ShardId=self._shard_id, **args
                 )
-                self._failures = 0
+                self._backoff.reset()
                 return str(resp["ShardIterator"])
             except Exception as exc:
                 await self._handle(exc, "GetShardIterator")
 
     async def _handle(self, exc: Exception, operation: str) -> None:
         """Back off after a retriable failure; raise the mapped error otherwise."""
-        if isinstance(exc, asyncio.CancelledError):
-            raise exc
-        mapped = map_aws_error(exc, f"{operation} on shard {self._shard_id}")
-        if isinstance(mapped, ResourceNotFoundError):
-            raise mapped from exc
-        if not isinstance(mapped, ThrottledError | DependencyError):
-            raise mapped from exc
-        delay = self._backoff()
-        level = logging.DEBUG if isinstance(mapped, ThrottledError) else logging.WARNING
-        log.log(level, "%s; retrying in %.2fs", mapped, delay)
-        await self._sleep(delay)
+        await wait_or_raise(
+            exc, f"{operation} on shard {self._shard_id}", self._backoff, self._sleep
+        )
 
     def _user_records(self, raw: list[Record]) -> list[Record]:
         # Until the first record arrives the reading may have started AT the checkpoint's
@@ -152,7 +134,7 @@ class PollingFetcher:
                     continue
                 await self._handle(exc, "GetRecords")
                 continue
-            self._failures = 0
+            self._backoff.reset()
             raw = [record_from_api(r) for r in resp.get("Records", ())]
             records = self._user_records(raw)
             lag = resp.get("MillisBehindLatest")
