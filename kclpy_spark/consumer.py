@@ -333,7 +333,7 @@ class ShardConsumer:
                 await self._wait_or_stop(asyncio.sleep(self._backoff(attempt)))
         self.stats.records += len(batch.records)
         self.stats.batches += 1
-        size = sum(len(r.binary_data) for r in batch.records)
+        size = sum(r.data_size for r in batch.records)
         self.stats.bytes += size
         self.stats.millis_behind_latest = batch.millis_behind_latest
         shard = self.stats.shard_id

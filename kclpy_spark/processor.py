@@ -148,6 +148,21 @@ class Record:
         return binary
 
     @property
+    def data_size(self) -> int:
+        """The payload's length in bytes, without decoding base64 that is still undecoded."""
+        if self._binary is not None:
+            return len(self._binary)
+        text = self._b64 or ""
+        return len(text) * 3 // 4 - text[-2:].count("=")
+
+    def head(self, n: int) -> bytes:
+        """The payload's first ``n`` bytes, decoding only as much base64 as they need."""
+        if self._binary is not None:
+            return self._binary[:n]
+        text = self._b64 or ""
+        return base64.b64decode(text[: -(-n // 3) * 4])[:n]
+
+    @property
     def data(self) -> str:
         """The payload as base64 text (amazon-kclpy's ``data``); prefer ``binary_data``."""
         b64 = self._b64

@@ -30,6 +30,7 @@ from checkpoint.errors import (
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.processor import Record
 from kclpy_spark.retrieval.backoff import Backoff, wait_or_raise
+from kclpy_spark.retrieval.fastdecode import records_from_response
 from kclpy_spark.retrieval.kpl import Deaggregator, skip_through
 from kclpy_spark.retrieval.polling import FetchedBatch, record_from_api
 from kclpy_spark.retrieval.positions import iterator_args
@@ -361,7 +362,7 @@ class FanOutFetcher:
         except Exception as exc:
             log.debug("shard %s: shard-end check failed: %r", self._shard_id, exc)
             return False
-        raw = [record_from_api(r) for r in resp.get("Records", ())]
+        raw = records_from_response(resp)
         records = self._user_records(raw)
         ended = resp.get("NextShardIterator") is None
         self._advance(raw, None)

@@ -325,7 +325,7 @@ def deaggregate(
     counters = counters if counters is not None else KplCounters()
     out: list[Record] = []
     for record in records:
-        if record.binary_data[:4] != MAGIC:
+        if record.head(4) != MAGIC:  # no full base64 decode of plain records
             out.append(record)
             continue
         try:

@@ -20,6 +20,11 @@ from checkpoint.errors import (
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.processor import Record
 from kclpy_spark.retrieval.backoff import Backoff, wait_or_raise
+from kclpy_spark.retrieval.fastdecode import (
+    install_fast_getrecords,
+    record_from_parsed,
+    records_from_response,
+)
 from kclpy_spark.retrieval.kpl import Deaggregator, skip_through
 from kclpy_spark.retrieval.positions import iterator_args
 
@@ -41,11 +46,8 @@ class FetchedBatch:
     child_shards: list[dict[str, Any]] = field(default_factory=list)
 
 
-def record_from_api(entry: dict[str, Any]) -> Record:
-    """A Record from botocore's parsed GetRecords entry."""
-    arrival = entry.get("ApproximateArrivalTimestamp")
-    millis = int(arrival.timestamp() * 1000) if arrival is not None else 0
-    return Record(entry["Data"], entry["PartitionKey"], entry["SequenceNumber"], 0, millis)
+# A Record from botocore's parsed GetRecords entry (used when the fast decode is off).
+record_from_api = record_from_parsed
 
 
 class PollingFetcher:
@@ -86,6 +88,8 @@ class PollingFetcher:
         # None: KPL aggregates are delivered as they are (records at or before a sub-sequence
         # checkpoint are still skipped).
         self.deaggregator = deaggregator
+        # Decode GetRecords bodies ourselves (self-checked, falls back to botocore's parse).
+        self.fast_decode = install_fast_getrecords(client)
 
     async def _iterator(self) -> str:
         if self._last_delivered is not None:
@@ -121,7 +125,9 @@ class PollingFetcher:
 
     async def run(self) -> None:
         iterator = await self._iterator()
+        loop = asyncio.get_running_loop()
         while True:
+            started = loop.time()
             try:
                 self.calls += 1
                 resp = await self._client.get_records(
@@ -135,7 +141,7 @@ class PollingFetcher:
                 await self._handle(exc, "GetRecords")
                 continue
             self._backoff.reset()
-            raw = [record_from_api(r) for r in resp.get("Records", ())]
+            raw = records_from_response(resp, self.fast_decode)
             records = self._user_records(raw)
             lag = resp.get("MillisBehindLatest")
             next_iterator = resp.get("NextShardIterator")
@@ -155,7 +161,10 @@ class PollingFetcher:
                 return
             iterator = str(next_iterator)
             behind = len(raw) >= self._max_records or bool(lag)
-            await self._sleep(MIN_INTERVAL_WHILE_BEHIND if behind else self._idle)
+            # Calls are spaced from the start of the previous one (as the KCL's idle time is),
+            # so a slow response does not add its own duration to the pause.
+            interval = MIN_INTERVAL_WHILE_BEHIND if behind else self._idle
+            await self._sleep(max(0.0, interval - (loop.time() - started)))
 
 
 async def earliest_sequence_number(
@@ -175,9 +184,9 @@ async def earliest_sequence_number(
             if not iterator:
                 return None
             page = await client.get_records(ShardIterator=iterator, Limit=1)
-            records = page.get("Records") or []
+            records = records_from_response(page)
             if records:
-                return str(records[0]["SequenceNumber"])
+                return records[0].sequence_number
             if not page.get("MillisBehindLatest"):
                 return None
             iterator = page.get("NextShardIterator")

@@ -241,3 +241,17 @@ def test_importing_the_package_pulls_in_no_heavy_dependency() -> None:
     # -X importtime lists every module imported: none of the heavy ones may appear at all.
     imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if "|" in line}
     assert not {m for m in imported if m.split(".")[0] in heavy}
+
+
+def test_size_and_head_do_not_decode_the_whole_payload() -> None:
+    import base64
+    import random
+
+    rng = random.Random(7)
+    for n in [*range(12), 100, 1000]:
+        data = bytes(rng.getrandbits(8) for _ in range(n))
+        record = Record.from_base64(base64.b64encode(data).decode(), "k", "1")
+        assert record.data_size == n
+        assert [record.head(k) for k in range(8)] == [data[:k] for k in range(8)]
+        assert record._binary is None  # still undecoded
+        assert record.binary_data == data and record.data_size == n
