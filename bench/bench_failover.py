@@ -1,0 +1,288 @@
+"""Failover after kill -9: ``python bench/bench_failover.py [--lease-store sqlite|dynamodb]``.
+
+Two worker processes (``python -m kclpy_spark.cli run --config ...``, failover_time 10 s, the
+sample CountingProcessor) share a 4-shard stream on LocalStack (127.0.0.1:4566) and a lease store
+(SQLite in a temporary directory by default; or DynamoDB on LocalStack). Once the leases are
+spread over both, the one holding the most is killed with SIGKILL, and this process polls the lease
+table every 50 ms until every lease it held is owned by the survivor. The kill comes at a random
+moment (uniform over one take interval) after the leases balanced, so trials sample every phase of
+the survivor's scan cycle. Then a fresh worker joins,
+the leases rebalance, and the next trial kills again. Median of ``--trials``.
+
+Reported per trial: the failover time from the kill, and from the victim's last renewal seen in
+the table (the lease duration counts from there). The KCL's bound for the same failover time is
+failover + take interval = 10 + (10 + 0.025) * 2 = 30.05 s: a lease expires a failover time after
+its last renewal, and the KCL's taker scans every 2 x (failover + epsilon). kclpy-spark's taker
+scans every (failover + epsilon) (``kclpy_spark/leasing/timing.py``). Writes
+``bench/results/failover.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO, child_env, machine, median, stamp, write_results
+
+from checkpoint.errors import KclpySparkError
+from kclpy_spark.leasing.timing import LeaseTiming
+
+ENDPOINT = os.environ.get("LOCALSTACK_ENDPOINT", "http://127.0.0.1:4566")
+FAILOVER = 10.0
+POLL = 0.05
+SHARDS = 4
+
+
+def _kinesis() -> Any:
+    import boto3
+
+    return boto3.client(
+        "kinesis",
+        endpoint_url=ENDPOINT,
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+    )
+
+
+class Fleet:
+    """Worker processes of one application; each logs to a file in ``workdir``."""
+
+    def __init__(self, workdir: Path, config: Path) -> None:
+        self.workdir = workdir
+        self.config = config
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.env = child_env()
+
+    def start(self, worker_id: str) -> None:
+        log = (self.workdir / f"{worker_id}.log").open("wb")
+        self.procs[worker_id] = subprocess.Popen(
+            [sys.executable, "-m", "kclpy_spark.cli", "--log-level", "INFO", "run", "--config",
+             str(self.config), "--worker-id", worker_id],
+            stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.workdir,
+        )  # fmt: skip
+        log.close()
+
+    def kill9(self, worker_id: str) -> None:
+        proc = self.procs.pop(worker_id)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+
+
+def _dynamodb() -> Any:
+    import boto3
+
+    return boto3.client(
+        "dynamodb",
+        endpoint_url=ENDPOINT,
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+    )
+
+
+def open_store(kind: str, path: Path, app: str) -> Any:
+    if kind == "sqlite":
+        from checkpoint.sqlite import SQLiteLeaseTable
+
+        return SQLiteLeaseTable(path, namespace=app, create_if_missing=False)
+    from checkpoint.dynamodb import DynamoDBLeaseTable
+
+    return DynamoDBLeaseTable(_dynamodb(), app, create_if_missing=False)
+
+
+def owners(store: Any) -> dict[str, tuple[str | None, int]]:
+    """lease key -> (owner, counter)."""
+    return {x.lease_key: (x.lease_owner, x.lease_counter) for x in store.list_leases()}
+
+
+def wait_for(what: str, predicate: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if predicate():
+                return
+        except KclpySparkError:  # e.g. the DynamoDB table is still being created
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def trial(
+    fleet: Fleet, store: Any, balance_timeout: float, rng: random.Random, take_interval: float
+) -> dict[str, Any]:
+    """Wait until both live workers hold leases (balanced if possible), kill the busier one,
+    and time until the survivor owns everything the victim held."""
+    live = set(fleet.procs)
+
+    def counts() -> dict[str, int]:
+        held = {w: 0 for w in live}
+        for owner, _ in owners(store).values():
+            if owner in held:
+                held[owner] += 1
+        return held
+
+    try:
+        wait_for("balanced leases", lambda: sorted(counts().values()) == [2, 2], balance_timeout)
+    except TimeoutError:
+        wait_for("leases on both workers", lambda: min(counts().values()) >= 1, balance_timeout)
+    held = counts()
+    victim = max(held, key=lambda w: held[w])
+    survivor = next(w for w in live if w != victim)
+    # Balance is reached right after a take round of the newest worker: kill at a random moment
+    # of the survivor's scan cycle, not at a fixed phase of it.
+    time.sleep(rng.uniform(0, take_interval))
+    # Watch the victim's counters just before the kill to know when it last renewed.
+    last_change = time.monotonic()
+    seen = owners(store)
+    for _ in range(int(4.0 / POLL)):
+        time.sleep(POLL)
+        now_owners = owners(store)
+        if any(now_owners[k][1] != seen[k][1] for k in now_owners if seen[k][0] == victim):
+            last_change = time.monotonic()
+        seen = now_owners
+    victims_leases = sorted(k for k, (owner, _) in seen.items() if owner == victim)
+    killed = time.monotonic()
+    fleet.kill9(victim)
+    while True:
+        now_owners = owners(store)
+        if all(now_owners[k][0] == survivor for k in victims_leases):
+            done = time.monotonic()
+            break
+        if time.monotonic() - killed > 120:
+            raise TimeoutError("the survivor did not take the leases within 120 s")
+        time.sleep(POLL)
+    return {
+        "victim": victim,
+        "survivor": survivor,
+        "leases": len(victims_leases),
+        "from_kill": done - killed,
+        "from_last_renewal": done - last_change,
+        "renewed_before_kill": killed - last_change,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=1, help="for the kill moments")
+    parser.add_argument("--lease-store", choices=("sqlite", "dynamodb"), default="sqlite")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+
+    timing = LeaseTiming(failover=FAILOVER)
+    kcl_take = (FAILOVER + timing.epsilon) * 2
+    kcl_bound = FAILOVER + kcl_take
+    app = f"failover-bench-{uuid.uuid4().hex[:8]}"
+    stream = app
+    kinesis = _kinesis()
+    kinesis.create_stream(StreamName=stream, ShardCount=SHARDS)
+    kinesis.get_waiter("stream_exists").wait(StreamName=stream, WaiterConfig={"Delay": 0.5})
+    results: list[dict[str, Any]] = []
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory(prefix="failover-bench-") as tmp:
+        workdir = Path(tmp)
+        db = workdir / "leases.db"
+        store_setting = f"sqlite:{db}" if args.lease_store == "sqlite" else "dynamodb"
+        config = workdir / "worker.toml"
+        config.write_text(
+            f'application_name = "{app}"\nstream_name = "{stream}"\n'
+            f'endpoint_url = "{ENDPOINT}"\nregion = "us-east-1"\n'
+            f'initial_position = "TRIM_HORIZON"\nlease_store = "{store_setting}"\n'
+            f'processor = "kclpy_spark.samples:CountingProcessor"\nfailover_time = {FAILOVER}\n'
+        )
+        fleet = Fleet(workdir, config)
+        try:
+            fleet.start("worker-0")
+            fleet.start("worker-1")
+            wait_for("the lease table", lambda: db.exists() or args.lease_store != "sqlite", 60)
+            store = open_store(args.lease_store, db, app)
+            wait_for("4 leases", lambda: len(owners(store)) == SHARDS, 60)
+            for n in range(args.trials):
+                result = trial(fleet, store, 90, rng, timing.take_interval)
+                results.append(result)
+                print(
+                    f"trial {n + 1}: {result['leases']} leases of {result['victim']} owned by "
+                    f"{result['survivor']} {result['from_kill']:.2f}s after kill -9 "
+                    f"({result['from_last_renewal']:.2f}s after its last renewal)",
+                    flush=True,
+                )
+                fleet.start(f"worker-{n + 2}")
+        finally:
+            fleet.stop_all()
+            kinesis.delete_stream(StreamName=stream, EnforceConsumerDeletion=True)
+            if args.lease_store == "dynamodb":
+                _dynamodb().delete_table(TableName=app)
+    from_kill = median([r["from_kill"] for r in results])
+    from_renewal = median([r["from_last_renewal"] for r in results])
+    mean_expected = 1.5 * timing.take_interval - timing.renew_interval / 2
+    lines = [
+        "# Failover after kill -9",
+        "",
+        f"Run {stamp()} with `python bench/bench_failover.py"
+        f"{' ' + ' '.join(argv) if argv else ''}` on {machine()}.",
+        "",
+        f"Endpoint: LocalStack at {ENDPOINT} (Kinesis, 4-shard stream); lease store "
+        f"{args.lease_store}{' on LocalStack' if args.lease_store == 'dynamodb' else ''}; "
+        f"failover_time {FAILOVER:.0f} s, so renew every {timing.renew_interval:.3f} s and take "
+        f"every {timing.take_interval:.3f} s (the KCL: every {kcl_take:.2f} s).",
+        "",
+        "| trial | leases moved | from kill -9 (s) | from last renewal (s) | vs KCL bound "
+        f"{kcl_bound:.2f} s |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for n, r in enumerate(results, 1):
+        lines.append(
+            f"| {n} | {r['leases']} | {r['from_kill']:.2f} | {r['from_last_renewal']:.2f} | "
+            f"{r['from_kill'] / kcl_bound:.2f}x |"
+        )
+    lines += [
+        f"| **median** | | **{from_kill:.2f}** | **{from_renewal:.2f}** | "
+        f"**{from_kill / kcl_bound:.2f}x** |",
+        "",
+        "Expected: a worker sees a renewal only at its first scan after it, and judges the "
+        f"lease expired when the counter has not moved for {FAILOVER:g} s since then; its scan "
+        f"interval ({timing.take_interval:.3f} s) is just over that, so it takes the lease at "
+        "the scan after the one that last saw a renewal: "
+        f"{timing.take_interval:.2f} to {2 * timing.take_interval:.2f} s after the last renewal, "
+        f"{timing.take_interval - timing.renew_interval:.1f} to {2 * timing.take_interval:.1f} s "
+        "after the kill (renewals come every "
+        f"{timing.renew_interval:.2f} s), about {mean_expected:.1f} s on average over random "
+        "phases. The KCL's taker, scanning every "
+        f"{kcl_take:.2f} s, takes it {kcl_take:.2f} to {2 * kcl_take:.2f} s after the last renewal "
+        "by the same reasoning.",
+        "",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_write:
+        print(f"written to {write_results('failover.md', text)}")
+
+
+if __name__ == "__main__":
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    main(sys.argv[1:])
