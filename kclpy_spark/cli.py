@@ -98,14 +98,29 @@ def _run(args: argparse.Namespace) -> int:
 
     cfg = _config_from_args(args)
     assert isinstance(cfg, WorkerConfig)
-    if cfg.processor is None:
-        raise ConfigError("config 'processor' is required (package.module:Class)")
-    factory = load_processor_factory(cfg.processor)
     tracker = None
     if args.config and cfg.streams:
         from kclpy_spark.daemon import config_file_stream_tracker
 
         tracker = config_file_stream_tracker(args.config, cfg.streams)
+    # A [sink] table runs the Spark sink; pyspark is imported only then.
+    from kclpy_spark.spark.config import load_sink_config
+
+    sink_cfg = load_sink_config(args.config) if args.config else None
+    if sink_cfg is not None:
+        from kclpy_spark.spark.runtime import processor_factory_from_sink_config
+
+        sink_factory = processor_factory_from_sink_config(sink_cfg, cfg)
+        try:
+            asyncio.run(run_worker(cfg, sink_factory, stream_tracker=tracker))
+        finally:
+            sink_factory.close()
+        return 0
+    if cfg.processor is None:
+        raise ConfigError(
+            "config 'processor' (package.module:Class) or a [sink] table is required"
+        )
+    factory = load_processor_factory(cfg.processor)
     asyncio.run(run_worker(cfg, factory, stream_tracker=tracker))
     return 0
 

@@ -1,0 +1,124 @@
+"""What a sink is given: one micro-batch (``SinkBatch``), and the small ports around a write.
+
+A sink implements ``BatchSink``: ``prepare`` (before the pending checkpoints are written; returns a
+JSON-able token per lease that comes back unchanged when the piece is re-formed after a crash) and
+``write`` (one attempt; raise to fail it). A plain foreachBatch function ``fn(df, batch_id)`` is
+wrapped by ``FunctionSink``; while it runs, ``current_batch()`` tells it the batch's pieces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+
+from kclpy_spark.spark.pieces import SCHEMA, Piece
+
+ToDataFrame = Callable[[pa.Table], Any]
+
+
+@dataclass
+class SinkBatch:
+    """One micro-batch. ``table`` holds the pieces' rows in ``pieces`` order (``offsets[i]`` is
+    where piece i starts); ``tokens`` maps a lease key to its sink token."""
+
+    batch_id: int
+    pieces: tuple[Piece, ...]
+    table: pa.Table
+    tokens: Mapping[str, Any] = field(default_factory=dict)
+    attempt: int = 0
+    to_df: ToDataFrame | None = None
+
+    @property
+    def offsets(self) -> list[int]:
+        out, at = [], 0
+        for piece in self.pieces:
+            out.append(at)
+            at += piece.rows
+        return out
+
+    @property
+    def rows(self) -> int:
+        return int(self.table.num_rows)
+
+    def piece_table(self, piece: Piece) -> pa.Table:
+        """The rows of one piece (zero-copy)."""
+        index = self.pieces.index(piece)
+        return self.table.slice(self.offsets[index], piece.rows)
+
+    def subset(self, pieces: Sequence[Piece]) -> pa.Table:
+        """The rows of some pieces, in the given order (zero-copy slices)."""
+        if len(pieces) == len(self.pieces):
+            return self.table
+        parts = [self.piece_table(p) for p in pieces]
+        return pa.concat_tables(parts) if parts else SCHEMA.empty_table()
+
+    def dataframe(self, table: pa.Table | None = None) -> Any:
+        """A Spark DataFrame of ``table`` (default: the whole batch), decoded as configured."""
+        if self.to_df is None:
+            raise RuntimeError("this batch has no Spark session to build a DataFrame with")
+        return self.to_df(self.table if table is None else table)
+
+
+class BatchSink(Protocol):
+    def prepare(self, pieces: Sequence[Piece]) -> Mapping[str, Any]:
+        """Called before the pieces' pending checkpoints are written; returns JSON-able tokens by
+        lease key (may be empty). Not called for pieces re-formed from a pending checkpoint:
+        their stored token is reused. Raise to fail the batch attempt."""
+        ...
+
+    def write(self, batch: SinkBatch) -> None:
+        """Write the batch once; raise on failure. Idempotent sinks skip pieces already written."""
+        ...
+
+
+class Interrupter(Protocol):
+    """Cancels a write that overran its timeout (Spark job tags; a no-op without Spark)."""
+
+    def tagged(self, tag: str) -> contextlib.AbstractContextManager[None]: ...
+
+    def interrupt(self, tag: str) -> None: ...
+
+
+class NoInterrupter:
+    @contextlib.contextmanager
+    def tagged(self, tag: str) -> Iterator[None]:
+        yield
+
+    def interrupt(self, tag: str) -> None:
+        return None
+
+
+_CURRENT: contextvars.ContextVar[SinkBatch | None] = contextvars.ContextVar(
+    "kclpy_spark_current_batch", default=None
+)
+
+
+def current_batch() -> SinkBatch | None:
+    """The batch being written by this thread's foreachBatch function (None outside one)."""
+    return _CURRENT.get()
+
+
+class FunctionSink:
+    """Calls ``fn(df, batch_id)``, Spark's foreachBatch signature, once per attempt."""
+
+    def __init__(self, fn: Callable[[Any, int], object]) -> None:
+        self.fn = fn
+
+    def __repr__(self) -> str:
+        return f"FunctionSink({getattr(self.fn, '__qualname__', self.fn)!r})"
+
+    def prepare(self, pieces: Sequence[Piece]) -> Mapping[str, Any]:
+        return {}
+
+    def write(self, batch: SinkBatch) -> None:
+        df = batch.dataframe()
+        token = _CURRENT.set(batch)
+        try:
+            self.fn(df, batch.batch_id)
+        finally:
+            _CURRENT.reset(token)

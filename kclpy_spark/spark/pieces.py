@@ -1,0 +1,198 @@
+"""The units a micro-batch is made of, their stable ids, and the Arrow form of records.
+
+A *piece* is one lease's contiguous range of records in one batch: (lease key, first position,
+last position), both ends included. A batch is one or more pieces (of distinct leases).
+
+Ids are pure functions of the pieces, so the same ranges give the same ids after a crash or on
+another worker:
+
+* ``piece_id``: ``"p"`` + 32 hex digits of SHA-256 over the piece's key. Idempotent sinks name
+  their output after it.
+* ``batch_id_of``: the first 8 bytes of SHA-256 over the sorted piece keys, as a non-negative
+  63-bit int (what Spark's foreachBatch passes as ``batch_id``). It is stable, not increasing:
+  Delta's ``txnVersion`` idiom needs increasing versions, so use ``DeltaSink`` for Delta.
+
+The pending checkpoint written before a batch is attempted carries a small JSON state: the
+batch's pieces (so a restarted worker can re-form the identical batch) and this lease's sink token
+(e.g. the Delta version the piece commits with).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+
+from checkpoint.sequence import ExtendedSequenceNumber
+from kclpy_spark.processor import Record
+
+SCHEMA = pa.schema(
+    [
+        pa.field("stream", pa.string(), nullable=False),
+        pa.field("shard_id", pa.string(), nullable=False),
+        pa.field("sequence_number", pa.string(), nullable=False),
+        pa.field("sub_sequence_number", pa.int64(), nullable=False),
+        pa.field("partition_key", pa.string(), nullable=False),
+        pa.field("approximate_arrival_timestamp", pa.timestamp("ms", tz="UTC"), nullable=False),
+        pa.field("data", pa.binary(), nullable=False),
+    ]
+)
+_SEQ = SCHEMA.get_field_index("sequence_number")
+_SUB = SCHEMA.get_field_index("sub_sequence_number")
+STATE_FORMAT = "kclpy-spark-sink/1"
+
+
+@dataclass(frozen=True, order=True)
+class PieceKey:
+    """What identifies a piece: its lease and its first and last positions (included)."""
+
+    lease_key: str
+    first: ExtendedSequenceNumber
+    last: ExtendedSequenceNumber
+
+    def as_json(self) -> list[Any]:
+        return [
+            self.lease_key,
+            self.first.sequence_number,
+            self.first.sub_sequence_number,
+            self.last.sequence_number,
+            self.last.sub_sequence_number,
+        ]
+
+    @classmethod
+    def from_json(cls, value: Sequence[Any]) -> PieceKey:
+        lease, fseq, fsub, lseq, lsub = value
+        return cls(
+            str(lease),
+            ExtendedSequenceNumber(str(fseq), int(fsub)),
+            ExtendedSequenceNumber(str(lseq), int(lsub)),
+        )
+
+    @property
+    def piece_id(self) -> str:
+        text = json.dumps(self.as_json(), separators=(",", ":"))
+        return "p" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One lease's records in one batch: ``key`` plus where they are and how many."""
+
+    key: PieceKey
+    shard_id: str
+    rows: int
+
+    @property
+    def lease_key(self) -> str:
+        return self.key.lease_key
+
+    @property
+    def piece_id(self) -> str:
+        return self.key.piece_id
+
+
+def batch_id_of(keys: Sequence[PieceKey]) -> int:
+    """The stable 63-bit id of a batch made of these pieces (order does not matter)."""
+    text = json.dumps([k.as_json() for k in sorted(keys)], separators=(",", ":"))
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
+
+
+def esn_at(batch: pa.RecordBatch, row: int) -> ExtendedSequenceNumber:
+    return ExtendedSequenceNumber(
+        batch.column(_SEQ)[row].as_py(), int(batch.column(_SUB)[row].as_py())
+    )
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Consecutive records of one lease as an Arrow record batch, with its end positions."""
+
+    batch: pa.RecordBatch
+    first: ExtendedSequenceNumber
+    last: ExtendedSequenceNumber
+
+    @classmethod
+    def of(cls, batch: pa.RecordBatch) -> Chunk:
+        return cls(batch, esn_at(batch, 0), esn_at(batch, batch.num_rows - 1))
+
+    @property
+    def rows(self) -> int:
+        return int(self.batch.num_rows)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.batch.nbytes)
+
+    def split(self, rows: int) -> tuple[Chunk, Chunk]:
+        """The first ``rows`` records and the rest (0 < rows < self.rows)."""
+        return Chunk.of(self.batch.slice(0, rows)), Chunk.of(self.batch.slice(rows))
+
+    def count_up_to(self, position: ExtendedSequenceNumber) -> int:
+        """How many records are at or before ``position`` (records are in order)."""
+        if self.last <= position:
+            return self.rows
+        if position < self.first:
+            return 0
+        seqs = self.batch.column(_SEQ).to_pylist()
+        subs = self.batch.column(_SUB).to_pylist()
+        target = (int(position.sequence_number), position.sub_sequence_number)
+        count = 0
+        for seq, sub in zip(seqs, subs, strict=True):
+            if (int(seq), sub) > target:
+                break
+            count += 1
+        return count
+
+
+def records_to_chunk(records: Sequence[Record], stream: str, shard_id: str) -> Chunk:
+    """Arrow columns for ``records`` (non-empty, in order). Runs in the caller's thread, so the
+    conversion overlaps with the Spark write of the previous batch."""
+    n = len(records)
+    columns = [
+        pa.array([stream] * n, pa.string()),
+        pa.array([shard_id] * n, pa.string()),
+        pa.array([r.sequence_number for r in records], pa.string()),
+        pa.array([r.sub_sequence_number for r in records], pa.int64()),
+        pa.array([r.partition_key for r in records], pa.string()),
+        pa.array([r.timestamp_millis for r in records], pa.int64()).cast(SCHEMA.field(5).type),
+        pa.array([r.binary_data for r in records], pa.binary()),
+    ]
+    batch = pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
+    last = records[-1]
+    return Chunk(
+        batch,
+        ExtendedSequenceNumber(records[0].sequence_number, records[0].sub_sequence_number),
+        ExtendedSequenceNumber(last.sequence_number, last.sub_sequence_number),
+    )
+
+
+@dataclass(frozen=True)
+class PendingState:
+    """What a lease's pending checkpoint says about the batch being written when it was set."""
+
+    group: tuple[PieceKey, ...]  # every piece of that batch
+    token: Any = None  # this lease's sink token
+
+    def encode(self) -> bytes:
+        group = [k.as_json() for k in self.group]
+        value = {"format": STATE_FORMAT, "group": group, "token": self.token}
+        return json.dumps(value, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes | None) -> PendingState | None:
+        """The state, or None when absent or written by something else (another processor's
+        ``prepare_checkpoint``): the range is then still re-formed, only alone."""
+        if not raw:
+            return None
+        try:
+            value = json.loads(raw)
+            if not isinstance(value, Mapping) or value.get("format") != STATE_FORMAT:
+                return None
+            group = tuple(PieceKey.from_json(k) for k in value["group"])
+        except (ValueError, TypeError, KeyError):
+            return None
+        return cls(group, value.get("token"))

@@ -1,0 +1,145 @@
+"""The RecordProcessor that feeds a shared MicroBatcher: one instance per lease, one batcher per
+worker. The checkpoint follows the last record *written*, never the last record read.
+
+* ``process_records`` converts the records to Arrow (in the consumer's thread) and hands them to
+  the batcher; it returns at once unless the batcher's buffer is full (backpressure). It raises
+  ``SinkParkedError`` after the sink gave up on a batch of this lease, so the consumer parks the
+  lease (visible in status; the records come again from the checkpoint when it reopens).
+* ``lease_lost`` drops the lease's unwritten records: the next owner reads them again.
+* ``shard_ended`` waits until every record of the lease is written and checkpointed, then
+  checkpoints SHARD_END (the children may start only then).
+* ``shutdown_requested`` flushes and waits (bounded) for the lease's records to be written.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from checkpoint.sequence import ExtendedSequenceNumber
+from kclpy_spark.processor import (
+    InitializeInput,
+    LeaseLostInput,
+    ProcessRecordsInput,
+    RecordProcessor,
+    ShardEndedInput,
+    ShutdownRequestedInput,
+)
+from kclpy_spark.spark.batcher import DrainResult, LaneClosedError, MicroBatcher, SinkParkedError
+from kclpy_spark.spark.lanes import Lane, TwoPhaseCheckpointer
+from kclpy_spark.spark.pieces import records_to_chunk
+
+log = logging.getLogger(__name__)
+
+
+def stream_of(lease_key: str, default: str) -> str:
+    """The stream a lease belongs to: named in a multi-stream lease key
+    (``account:streamName:creationEpoch:shardId``), else the configured one."""
+    parts = lease_key.split(":")
+    return parts[1] if len(parts) == 4 else default
+
+
+class SparkSinkProcessor(RecordProcessor):
+    def __init__(self, batcher: MicroBatcher, stream: str, shutdown_timeout: float) -> None:
+        self._batcher = batcher
+        self._stream = stream
+        self._shutdown_timeout = shutdown_timeout
+        self._shard_id = ""
+        self._checkpoint: ExtendedSequenceNumber | None = None
+        self._lane: Lane | None = None
+
+    def initialize(self, initialize_input: InitializeInput) -> None:
+        self._shard_id = initialize_input.shard_id
+        seq = initialize_input.sequence_number
+        if seq is not None:
+            self._checkpoint = ExtendedSequenceNumber(seq, initialize_input.sub_sequence_number)
+
+    def _open(self, checkpointer: Any) -> Lane:
+        if self._lane is None:
+            needed = ("prepare_checkpoint", "pending_checkpoint", "lease_key")
+            if not all(hasattr(checkpointer, name) for name in needed):
+                raise TypeError(
+                    "the Spark sink needs kclpy-spark's two-phase Checkpointer "
+                    f"(prepare_checkpoint, pending_checkpoint), got {type(checkpointer)!r}"
+                )
+            cp: TwoPhaseCheckpointer = checkpointer
+            self._stream = stream_of(cp.lease_key, self._stream)
+            self._lane = self._batcher.open_lane(cp.lease_key, self._shard_id, cp, self._checkpoint)
+        return self._lane
+
+    def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+        records = process_records_input.records
+        lane = self._open(process_records_input.checkpointer)
+        if not records:
+            return
+        chunk = records_to_chunk(records, self._stream, self._shard_id)
+        try:
+            self._batcher.add(lane, chunk)
+        except LaneClosedError:
+            # The lease was lost while writing (the checkpoint commit said so): these records
+            # are read again by the next owner from the checkpoint.
+            log.info("lease %s: lane closed; dropping %d records", lane.lease_key, len(records))
+
+    def lease_lost(self, lease_lost_input: LeaseLostInput) -> None:
+        if self._lane is not None:
+            self._batcher.close_lane(self._lane)
+
+    def shard_ended(self, shard_ended_input: ShardEndedInput) -> None:
+        if self._lane is not None:
+            result = self._batcher.drain(self._lane, None, final=True)
+            if result is DrainResult.PARKED:
+                # Shard end cannot be parked by the consumer: it calls shard_ended again with
+                # backoff, and draining re-arms the lane to try the failed batch again.
+                raise SinkParkedError(
+                    f"lease {self._lane.lease_key}: a batch failed at shard end; retrying"
+                )
+            if result is not DrainResult.DONE:
+                log.warning("lease %s: shard end drain: %s", self._lane.lease_key, result.value)
+                return
+        shard_ended_input.checkpointer.checkpoint()
+
+    def shutdown_requested(self, shutdown_requested_input: ShutdownRequestedInput) -> None:
+        lane = self._lane
+        if lane is None:
+            return
+        result = self._batcher.drain(lane, self._shutdown_timeout, final=False)
+        if result is not DrainResult.DONE:
+            log.warning(
+                "lease %s: not everything was written before the hand-over (%s); the rest is "
+                "read again from the checkpoint",
+                lane.lease_key,
+                result.value,
+            )
+        self._batcher.close_lane(lane)
+
+
+class SparkSinkProcessorFactory:
+    """A ``ProcessorFactory`` (callable with no argument) sharing one batcher; ``close()`` stops
+    the batcher and, if it owns one, the Spark session."""
+
+    def __init__(
+        self,
+        batcher: MicroBatcher,
+        stream: str,
+        *,
+        shutdown_timeout: float = 15.0,
+        on_close: list[Any] | None = None,
+    ) -> None:
+        self.batcher = batcher
+        self._stream = stream
+        self._shutdown_timeout = shutdown_timeout
+        self._on_close = on_close or []
+
+    def __call__(self) -> RecordProcessor:
+        return SparkSinkProcessor(self.batcher, self._stream, self._shutdown_timeout)
+
+    def status(self) -> dict[str, Any]:
+        return self.batcher.status()
+
+    def close(self) -> None:
+        self.batcher.close()
+        for closer in self._on_close:
+            try:
+                closer()
+            except Exception:
+                log.exception("closing the Spark sink: %r failed", closer)

@@ -1,0 +1,232 @@
+"""Built-in idempotent sinks and the dead-letter directory.
+
+Idempotency is per piece (one lease's range in a batch, see pieces.py), so a replayed piece is
+never written twice even when it comes back in a batch of another composition:
+
+* ``ParquetSink(path)``: Spark writes the batch under ``path/_staging/...`` partitioned by piece
+  (one Spark job), then each piece's folder is renamed to ``path/kcl_piece=<piece id>``. A rename
+  is atomic and fails if the folder exists, so a reader sees a piece whole or not at all, and a
+  replayed piece is skipped. ``spark.read.parquet(path)`` reads every record once (plus a
+  ``kcl_piece`` column). Needs a POSIX path that the driver (which renames) and the executors
+  (which write) share: local on ``local[N]``, or a shared mount. Readers ignore ``_staging``
+  (names starting with ``_``); a crash may leave a staging folder behind, never a partial piece.
+* ``DeltaSink(path)``: the deltalake package (delta-rs) appends from the driver, one commit per
+  batch carrying one application transaction per lease: app id ``<prefix>:<lease key>``, version
+  = the lease's previous version + 1, chosen in ``prepare`` and stored with the pending checkpoint,
+  so a replayed piece finds its version already committed and is skipped.
+* ``DeadLetterDirectory(path)``: a failed batch as ``batch-<id>.parquet`` (pyarrow, no Spark),
+  with the error and the pieces in the file's metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+
+from kclpy_spark.spark.batch import SinkBatch
+from kclpy_spark.spark.pieces import Piece
+
+log = logging.getLogger(__name__)
+
+PIECE_COLUMN = "kcl_piece"
+_INDEX_COLUMN = "kcl_piece_index"
+
+
+def _local_path(path: str | os.PathLike[str], what: str) -> Path:
+    text = os.fspath(path)
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    elif "://" in text:
+        raise ValueError(f"{what} needs a local or mounted path, got {text!r}")
+    return Path(text)
+
+
+class ParquetSink:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = _local_path(path, "ParquetSink")
+
+    def __repr__(self) -> str:
+        return f"ParquetSink({str(self.path)!r})"
+
+    def piece_dir(self, piece: Piece) -> Path:
+        return self.path / f"{PIECE_COLUMN}={piece.piece_id}"
+
+    def prepare(self, pieces: Sequence[Piece]) -> Mapping[str, Any]:
+        return {}
+
+    def write(self, batch: SinkBatch) -> None:
+        todo = [p for p in batch.pieces if not self.piece_dir(p).exists()]
+        if len(todo) < len(batch.pieces):
+            log.info(
+                "batch %d: %d piece(s) already written; skipped",
+                batch.batch_id,
+                len(batch.pieces) - len(todo),
+            )
+        if not todo:
+            return
+        staging = self.path / "_staging" / f"{batch.batch_id:016x}-{uuid.uuid4().hex[:8]}"
+        try:
+            table = batch.subset(todo)
+            if len(todo) == 1:  # no partitioning (and no sort) for a single piece
+                target = staging / f"{PIECE_COLUMN}={todo[0].piece_id}"
+                batch.dataframe(table).write.parquet(str(target))
+                self._publish(target, self.piece_dir(todo[0]))
+            else:
+                # Partitioned by a small int (the piece's index here), not by the id string:
+                # measured 12% faster; the folders get their id names when published.
+                index = pa.array(
+                    np.repeat(np.arange(len(todo), dtype=np.int32), [p.rows for p in todo])
+                )
+                df = batch.dataframe(table.append_column(_INDEX_COLUMN, index))
+                df.write.partitionBy(_INDEX_COLUMN).parquet(str(staging))
+                for i, piece in enumerate(todo):
+                    self._publish(staging / f"{_INDEX_COLUMN}={i}", self.piece_dir(piece))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    @staticmethod
+    def _publish(src: Path, dst: Path) -> None:
+        try:
+            os.rename(src, dst)
+        except OSError:
+            if not dst.exists():
+                raise
+            log.info("piece %s was written concurrently (lease moved?); keeping that one", dst)
+
+
+class DeltaSink:
+    def __init__(
+        self,
+        path: str,
+        *,
+        app_id_prefix: str = "kclpy-spark",
+        storage_options: Mapping[str, str] | None = None,
+        partition_by: Sequence[str] | None = None,
+        via_spark: bool = False,
+    ) -> None:
+        """``via_spark``: write ``batch.dataframe(...)`` (decoded) converted to Arrow instead of
+        the raw record columns."""
+        self.path = str(path)
+        self._prefix = app_id_prefix
+        self._options = dict(storage_options) if storage_options else None
+        self._partition_by = list(partition_by) if partition_by else None
+        self._via_spark = via_spark
+        self._table: Any = None
+        self._lock = threading.Lock()  # one DeltaTable object, refreshed by concurrent writers
+
+    def __repr__(self) -> str:
+        return f"DeltaSink({self.path!r})"
+
+    def app_id(self, lease_key: str) -> str:
+        return f"{self._prefix}:{lease_key}"
+
+    def _load(self) -> Any:
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        with self._lock:
+            if self._table is None:
+                try:
+                    self._table = DeltaTable(self.path, storage_options=self._options)
+                except TableNotFoundError:
+                    return None
+            else:
+                self._table.update_incremental()
+            return self._table
+
+    def committed_version(self, lease_key: str, table: Any = None) -> int:
+        """The last version committed for the lease's app id (0: none yet)."""
+        table = table if table is not None else self._load()
+        if table is None:
+            return 0
+        return int(table.transaction_version(self.app_id(lease_key)) or 0)
+
+    def prepare(self, pieces: Sequence[Piece]) -> Mapping[str, Any]:
+        table = self._load()
+        return {p.lease_key: self.committed_version(p.lease_key, table) + 1 for p in pieces}
+
+    def write(self, batch: SinkBatch) -> None:
+        from deltalake import CommitProperties, Transaction, write_deltalake
+
+        table = self._load()
+        todo, versions = [], {}
+        for piece in batch.pieces:
+            committed = self.committed_version(piece.lease_key, table)
+            token = batch.tokens.get(piece.lease_key)
+            version = int(token) if token is not None else committed + 1
+            if committed >= version:
+                log.info(
+                    "batch %d: piece %s already committed (version %d); skipped",
+                    batch.batch_id,
+                    piece.piece_id,
+                    committed,
+                )
+                continue
+            todo.append(piece)
+            versions[piece.lease_key] = version
+        if not todo:
+            return
+        data = batch.subset(todo)
+        if self._via_spark:
+            data = batch.dataframe(data).toArrow()
+        txns = [Transaction(self.app_id(key), version) for key, version in versions.items()]
+        write_deltalake(
+            self.path,
+            data,
+            mode="append",
+            partition_by=self._partition_by,
+            storage_options=self._options,
+            commit_properties=CommitProperties(
+                app_transactions=txns,
+                custom_metadata={"kclpy_spark.batch_id": str(batch.batch_id)},
+            ),
+        )
+
+
+class DeadLetterDirectory:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = _local_path(path, "the dead-letter location")
+
+    def __repr__(self) -> str:
+        return f"DeadLetterDirectory({str(self.path)!r})"
+
+    def write(self, batch: SinkBatch, error: BaseException) -> None:
+        import pyarrow.parquet as pq  # type: ignore[import-untyped, unused-ignore]
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        final = self.path / f"batch-{batch.batch_id:016x}.parquet"
+        if final.exists():
+            return  # a replay of a batch already dead-lettered
+        pieces = [
+            {
+                "piece_id": p.piece_id,
+                "lease_key": p.lease_key,
+                "first": str(p.key.first),
+                "last": str(p.key.last),
+                "rows": p.rows,
+            }
+            for p in batch.pieces
+        ]
+        table = batch.table.replace_schema_metadata(
+            {
+                "kclpy_spark.batch_id": str(batch.batch_id),
+                "kclpy_spark.error": repr(error)[:10_000],
+                "kclpy_spark.attempts": str(batch.attempt),
+                "kclpy_spark.pieces": json.dumps(pieces),
+            }
+        )
+        tmp = self.path / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp"
+        pq.write_table(table, tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)

@@ -1,0 +1,148 @@
+"""kill -9 of a worker in the middle of a sink write, then a restart: nothing is lost and the
+replayed batch is not duplicated in the idempotent sinks (Parquet and Delta).
+
+The worker is a real daemon process (``kclpy-spark run --config`` with a ``[sink]`` table) with
+local Spark. Its sink writes Parquet, then Delta; the first write
+stalls between the two, and the test kills the process group (Python and its JVM) there: the batch
+is in the Parquet output, not in Delta, and not checkpointed (its pending checkpoint is set).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from spark_e2e import (
+    OUT_ENV,
+    STALL_ENV,
+    create_stream,
+    kinesis_client,
+    put,
+    written,
+)
+
+from checkpoint.sqlite import SQLiteLeaseTable
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+RECORDS = 400
+
+
+def start_worker(config: Path, out: Path, log: Path, stall: Path | None) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO), env.get("PYTHONPATH", "")])
+    env[OUT_ENV] = str(out)
+    env.pop(STALL_ENV, None)
+    if stall is not None:
+        env[STALL_ENV] = str(stall)
+    with open(log, "ab") as fh:
+        return subprocess.Popen(
+            [sys.executable, "-m", "kclpy_spark.cli", "run", "--config", str(config)],
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: kill -9 takes the JVM too
+        )
+
+
+def wait_for(
+    condition: Any, timeout: float, what: str, proc: subprocess.Popen[bytes], log: Path
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"worker exited ({proc.returncode}) before {what}:\n"
+                + log.read_text(errors="replace")[-4000:]
+            )
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out waiting for {what}:\n" + log.read_text(errors="replace")[-4000:]
+            )
+        time.sleep(0.3)
+
+
+def delta_sequences(path: Path) -> dict[str, list[str]]:
+    from deltalake import DeltaTable
+
+    if not (path / "_delta_log").exists():
+        return {}
+    table = DeltaTable(str(path)).to_pyarrow_table(columns=["shard_id", "sequence_number"])
+    out: dict[str, list[str]] = {}
+    for shard, seq in zip(
+        table.column("shard_id").to_pylist(),
+        table.column("sequence_number").to_pylist(),
+        strict=True,
+    ):
+        out.setdefault(shard, []).append(seq)
+    return out
+
+
+def test_kill9_during_a_write_then_restart_loses_nothing_and_duplicates_nothing(
+    localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    stream = unique_name
+    kinesis = kinesis_client(localstack_endpoint)
+    create_stream(kinesis, stream, 2)
+    try:
+        produced = put(kinesis, stream, 0, RECORDS)
+        out, db = tmp_path / "out", tmp_path / "leases.db"
+        config = tmp_path / "worker.toml"
+        config.write_text(
+            f'application_name = "{stream}"\nstream_name = "{stream}"\n'
+            f'endpoint_url = "{localstack_endpoint}"\ninitial_position = "TRIM_HORIZON"\n'
+            f'lease_store = "sqlite:{db}"\nfailover_time = 3.0\n'
+            "idle_time_between_reads = 0.2\nshard_sync_interval = 1.0\n\n"
+            '[sink]\nsink = "spark_e2e:StallingSink"\nspark_target = "local[2]"\n'
+            "max_records = 150\nmax_wait = 0.5\nmax_attempts = 3\nretry_base_delay = 0.1\n"
+            '[sink.spark_conf]\n"spark.sql.shuffle.partitions" = "2"\n'
+        )
+        log = tmp_path / "worker.log"
+        stall = tmp_path / "stalled.json"
+
+        first = start_worker(config, out, log, stall)
+        try:
+            wait_for(stall.exists, 120, "the first write to stall", first, log)
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)  # kill -9, Python and JVM
+            first.wait(30)
+        stalled = set(json.loads(stall.read_text()))
+        on_disk = {p.name.split("=", 1)[1] for p in (out / "parquet").glob("kcl_piece=*")}
+        assert stalled <= on_disk, "the stalled batch should be in the Parquet output"
+        assert delta_sequences(out / "delta") == {}
+        leases = SQLiteLeaseTable(db, namespace=stream).list_leases()
+        assert any(x.pending_checkpoint is not None for x in leases)
+        assert all(x.checkpoint.is_sentinel for x in leases)  # nothing was checkpointed
+
+        second = start_worker(config, out, log, None)
+        try:
+
+            def all_in_both() -> bool:
+                p, d = written(out), delta_sequences(out / "delta")
+                return all(
+                    set(seqs) <= set(p.get(s, [])) and set(seqs) <= set(d.get(s, []))
+                    for s, seqs in produced.items()
+                )
+
+            wait_for(all_in_both, 150, "every record in Parquet and Delta", second, log)
+        finally:
+            os.killpg(second.pid, signal.SIGTERM)  # graceful: flush, checkpoint, release
+            assert second.wait(60) == 0, log.read_text(errors="replace")[-4000:]
+        for name, got in (("parquet", written(out)), ("delta", delta_sequences(out / "delta"))):
+            for shard, seqs in produced.items():
+                assert sorted(got[shard], key=int) == sorted(seqs, key=int), f"{name} {shard}"
+        leases = SQLiteLeaseTable(db, namespace=stream).list_leases()
+        for lease in leases:
+            assert lease.pending_checkpoint is None
+            assert lease.checkpoint.sequence_number == max(produced[lease.shard_id], key=int)
+            assert lease.lease_owner is None
+        text = log.read_text(errors="replace")
+        assert "already written; skipped" in text  # the replay was recognised, not rewritten
+    finally:
+        kinesis.delete_stream(StreamName=stream, EnforceConsumerDeletion=True)

@@ -1,0 +1,227 @@
+"""The sinks with real local Spark (the session fixture): every record exactly once in the Parquet
+output although first attempts fail, no checkpoint past an unwritten record (checked after every
+batch), replays after a crash skipped by the idempotent sinks, JSON decoding, dead letters."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from spark_harness import LeaseEnv, make_records, written_numbers
+
+from kclpy_spark.spark.batch import FunctionSink, SinkBatch, current_batch
+from kclpy_spark.spark.batcher import BatcherSettings, MicroBatcher
+from kclpy_spark.spark.pieces import Piece
+from kclpy_spark.spark.session import SparkSessionHolder
+from kclpy_spark.spark.sinks import DeadLetterDirectory, DeltaSink, ParquetSink
+from kclpy_spark.spark.writer import PlannedBatch
+
+SHARDS = ("shardId-000000000000", "shardId-000000000001", "shardId-000000000002")
+
+
+@pytest.fixture(scope="module")
+def holder(spark: Any) -> SparkSessionHolder:
+    return SparkSessionHolder.adopt(spark)
+
+
+def check_after_each_batch(env: LeaseEnv, out: Path, log: list[str]) -> Any:
+    """After every batch: no lease's checkpoint is beyond the records in the output, and every
+    record up to the checkpoint is there."""
+
+    def check(batch: PlannedBatch) -> None:
+        for shard in SHARDS:
+            got = set(written_numbers(out, shard))
+            upto = env.checkpoint_number(shard)
+            assert set(range(1, upto + 1)) <= got, f"{shard}: checkpoint {upto} passed a gap"
+        log.append(batch.outcome)
+
+    return check
+
+
+def feed(env: LeaseEnv, batcher: MicroBatcher, total: int, sizes: Sequence[int]) -> None:
+    """Deliver records 1..total to every shard in chunks of varying sizes, stepping the batcher."""
+    at = {shard: 1 for shard in SHARDS}
+    i = 0
+    while any(n <= total for n in at.values()):
+        for shard in SHARDS:
+            count = min(sizes[i % len(sizes)], total - at[shard] + 1)
+            i += 1
+            if count > 0:
+                env.deliver(batcher, shard, make_records(at[shard], count))
+                at[shard] += count
+        batcher.run_until_idle()
+
+
+def test_a_user_function_failing_first_attempts_leaves_every_record_once(
+    holder: SparkSessionHolder, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    seen: dict[int, int] = {}
+    pieces_seen: list[tuple[Piece, ...]] = []
+
+    def foreach_batch(df: Any, batch_id: int) -> None:  # plain Spark foreachBatch code
+        seen[batch_id] = seen.get(batch_id, 0) + 1
+        if seen[batch_id] == 1 and batch_id % 3 != 0:
+            raise RuntimeError("first attempt fails")
+        batch = current_batch()
+        assert batch is not None and batch.batch_id == batch_id
+        pieces_seen.append(batch.pieces)
+        df.write.mode("append").parquet(str(out))
+
+    env = LeaseEnv(SHARDS)
+    log: list[str] = []
+    batcher = MicroBatcher(
+        FunctionSink(foreach_batch),
+        BatcherSettings(max_records=250, max_wait=0.0, max_attempts=3, retry_base_delay=0.0),
+        to_df=holder.to_df,
+        interrupter=holder,
+        threaded=False,
+        sleep=lambda s: None,
+        on_batch_done=check_after_each_batch(env, out, log),
+    )
+    for shard in SHARDS:
+        env.take(batcher, shard)
+    feed(env, batcher, 300, (70, 130, 40))
+    assert log and set(log) == {"written"} and batcher.stats.failed_attempts > 0
+    df = holder.session().read.parquet(str(out))
+    rows = [(r.shard_id, int(r.sequence_number) // 1000) for r in df.collect()]
+    assert sorted(rows) == sorted((s, n) for s in SHARDS for n in range(1, 301))
+    assert all(env.checkpoint_number(s) == 300 for s in SHARDS)
+    assert any(len(p) == 3 for p in pieces_seen)  # worker scope: batches span the leases
+
+
+class CrashAfterWrite:
+    """Writes through the real sink, then fails: a worker dying between write and checkpoint."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.crash = True
+
+    def prepare(self, pieces: Sequence[Piece]) -> Mapping[str, Any]:
+        result: Mapping[str, Any] = self.inner.prepare(pieces)
+        return result
+
+    def write(self, batch: SinkBatch) -> None:
+        self.inner.write(batch)
+        if self.crash:
+            raise RuntimeError("killed after the write, before the checkpoint")
+
+
+@pytest.mark.parametrize("kind", ["parquet", "delta"])
+def test_a_batch_replayed_after_a_crash_is_not_duplicated(
+    holder: SparkSessionHolder, tmp_path: Path, kind: str
+) -> None:
+    path = tmp_path / kind
+    inner = ParquetSink(path) if kind == "parquet" else DeltaSink(str(path))
+    sink = CrashAfterWrite(inner)
+    settings = BatcherSettings(max_records=1000, max_wait=0.0, max_attempts=1)
+    env = LeaseEnv(SHARDS[:2])
+    a = MicroBatcher(sink, settings, to_df=holder.to_df, threaded=False)
+    for shard in SHARDS[:2]:
+        env.take(a, shard)
+        env.deliver(a, shard, make_records(1, 120))
+    a.run_until_idle()  # written, then 'killed': nothing checkpointed, pending set
+    assert all(env.checkpoint_number(s) == 0 for s in SHARDS[:2])
+    # Another worker takes the leases and reads from the checkpoint, in other chunk sizes.
+    sink.crash = False
+    env.new_worker("worker-b")
+    b = MicroBatcher(sink, settings, to_df=holder.to_df, threaded=False)
+    for shard in SHARDS[:2]:
+        env.take(b, shard)
+        env.deliver(b, shard, make_records(1, 50))
+        env.deliver(b, shard, make_records(51, 100))
+    b.run_until_idle()
+    if kind == "parquet":
+        got = written_numbers(path)
+    else:
+        from deltalake import DeltaTable
+
+        seqs = DeltaTable(str(path)).to_pyarrow_table().column("sequence_number").to_pylist()
+        got = [int(s) // 1000 for s in seqs]
+    assert sorted(got) == sorted(list(range(1, 151)) * 2)
+    assert all(env.checkpoint_number(s) == 150 for s in SHARDS[:2])
+
+
+def test_json_values_are_decoded_into_the_user_schema(spark: Any, tmp_path: Path) -> None:
+    holder = SparkSessionHolder.adopt(spark, value_schema="id BIGINT, name STRING")
+    frames: list[Any] = []
+    env = LeaseEnv(SHARDS[:1])
+    batcher = MicroBatcher(
+        FunctionSink(lambda df, batch_id: frames.append(df.collect())),
+        BatcherSettings(max_records=3, max_wait=0.0),
+        to_df=holder.to_df,
+        threaded=False,
+    )
+    env.take(batcher, SHARDS[0])
+    recs = make_records(1, 3)
+    from kclpy_spark.processor import Record
+
+    recs = [
+        Record(json.dumps({"id": i, "name": f"n{i}"}).encode(), r.partition_key, r.sequence_number)
+        for i, r in enumerate(recs)
+    ]
+    recs[2] = Record(b"not json", "k", recs[2].sequence_number)
+    env.deliver(batcher, SHARDS[0], recs)
+    batcher.run_until_idle()
+    [rows] = frames
+    assert [(r["id"], r["name"]) for r in rows] == [(0, "n0"), (1, "n1"), (None, None)]
+    assert "data" not in rows[0].asDict() and rows[0]["shard_id"] == SHARDS[0]
+
+
+def test_dead_lettered_batches_are_stored_and_acknowledged(
+    holder: SparkSessionHolder, tmp_path: Path
+) -> None:
+    def always_fails(df: Any, batch_id: int) -> None:
+        raise ValueError("bad data")
+
+    env = LeaseEnv(SHARDS[:1])
+    batcher = MicroBatcher(
+        FunctionSink(always_fails),
+        BatcherSettings(max_records=10, max_wait=0.0, max_attempts=2),
+        to_df=holder.to_df,
+        dead_letter=DeadLetterDirectory(tmp_path / "dlq"),
+        threaded=False,
+        sleep=lambda s: None,
+    )
+    env.take(batcher, SHARDS[0])
+    env.deliver(batcher, SHARDS[0], make_records(1, 10))
+    batcher.run_until_idle()
+    [file] = sorted((tmp_path / "dlq").glob("*.parquet"))
+    table = pq.read_table(file)
+    assert table.num_rows == 10 and b"bad data" in table.schema.metadata[b"kclpy_spark.error"]
+    assert env.checkpoint_number(SHARDS[0]) == 10
+
+
+def test_a_write_over_its_timeout_has_its_spark_job_cancelled_and_is_retried(
+    holder: SparkSessionHolder, tmp_path: Path
+) -> None:
+    calls: list[float] = []
+
+    def slow_then_fine(df: Any, batch_id: int) -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 1:  # hours of work: only the interruption can end it
+            df.sparkSession.range(10**13).selectExpr("max(id % 7)").collect()
+        df.write.mode("append").parquet(str(tmp_path / "out"))
+
+    env = LeaseEnv(SHARDS[:1])
+    batcher = MicroBatcher(
+        FunctionSink(slow_then_fine),
+        BatcherSettings(max_records=5, max_wait=0.0, write_timeout=3.0, max_attempts=2),
+        to_df=holder.to_df,
+        interrupter=holder,
+        threaded=False,
+        sleep=lambda s: None,
+    )
+    env.take(batcher, SHARDS[0])
+    env.deliver(batcher, SHARDS[0], make_records(1, 5))
+    started = time.monotonic()
+    batcher.run_until_idle()
+    assert time.monotonic() - started < 60
+    assert len(calls) == 2 and "WriteTimeoutError" in batcher.stats.last_error
+    assert sorted(written_numbers(tmp_path / "out")) == [1, 2, 3, 4, 5]
+    assert env.checkpoint_number(SHARDS[0]) == 5

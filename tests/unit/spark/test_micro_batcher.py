@@ -1,0 +1,535 @@
+"""MicroBatcher without Spark: flush rules, stable ids, acknowledgments and checkpoints, retries,
+parking, dead letters, re-forming a pending piece after a crash, backpressure and timeouts.
+
+Real Checkpointers over a MemoryLeaseTable, a ManualClock and a fake sink; no sleeping: manual mode
+(``threaded=False``) drives the batcher with ``step()``, threaded tests wait on events.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from checkpoint.checkpointer import Checkpointer
+from checkpoint.clock import ManualClock
+from checkpoint.errors import ThrottledError
+from checkpoint.held import LeaseHolder
+from checkpoint.lease import Lease
+from checkpoint.memory import MemoryLeaseTable
+from checkpoint.retry import RetryPolicy
+from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
+from kclpy_spark.processor import Record
+from kclpy_spark.spark.batch import SinkBatch
+from kclpy_spark.spark.batcher import (
+    BatcherSettings,
+    DrainResult,
+    MicroBatcher,
+    SinkParkedError,
+)
+from kclpy_spark.spark.lanes import Lane, LaneState
+from kclpy_spark.spark.pieces import PendingState, Piece, PieceKey, batch_id_of, records_to_chunk
+from kclpy_spark.spark.writer import WriteTimeoutError
+
+SHARDS = ("shardId-000000000000", "shardId-000000000001")
+NO_RETRY = RetryPolicy(base_delay=0.0, max_delay=0.0, max_attempts=1)
+
+
+def esn(seq: int, sub: int = 0) -> ExtendedSequenceNumber:
+    return ExtendedSequenceNumber(str(seq), sub)
+
+
+def records(first: int, count: int) -> list[Record]:
+    """Sequence numbers first*10, (first+1)*10, ... (gaps, like Kinesis)."""
+    return [Record(f"r{i}".encode(), f"k{i}", str(i * 10)) for i in range(first, first + count)]
+
+
+class FakeSink:
+    """Records successful writes; ``fail(batch)`` decides whether an attempt raises."""
+
+    def __init__(self) -> None:
+        self.fail: Callable[[SinkBatch], bool] = lambda batch: False
+        self.attempts: list[tuple[int, int]] = []  # (batch_id, attempt)
+        self.written: list[SinkBatch] = []
+        self.on_write: Callable[[SinkBatch], None] = lambda batch: None
+
+    def prepare(self, pieces: Sequence[Piece]) -> Mapping[str, Any]:
+        return {p.lease_key: f"token-{p.key.last}" for p in pieces}
+
+    def write(self, batch: SinkBatch) -> None:
+        self.attempts.append((batch.batch_id, batch.attempt))
+        self.on_write(batch)
+        if self.fail(batch):
+            raise RuntimeError(f"boom on attempt {batch.attempt}")
+        self.written.append(batch)
+
+    def rows(self) -> list[tuple[str, str]]:
+        out = []
+        for batch in self.written:
+            table = batch.table
+            out += list(
+                zip(
+                    table.column("shard_id").to_pylist(),
+                    table.column("sequence_number").to_pylist(),
+                    strict=True,
+                )
+            )
+        return out
+
+
+@dataclass
+class Env:
+    """A lease table, one worker's holder and clock, a fake sink and a manual-mode batcher."""
+
+    settings: BatcherSettings = field(default_factory=BatcherSettings)
+    threaded: bool = False
+    table: MemoryLeaseTable = field(default_factory=MemoryLeaseTable)
+    clock: ManualClock = field(default_factory=ManualClock)
+    sink: FakeSink = field(default_factory=FakeSink)
+    sleeps: list[float] = field(default_factory=list)
+    worker: str = "worker-a"
+
+    def __post_init__(self) -> None:
+        for shard in SHARDS:
+            self.table.create_lease_if_absent(Lease(shard, TRIM_HORIZON))
+        self.holder = LeaseHolder(self.table, self.worker, self.clock, 1e9)
+        self.batcher = self.new_batcher()
+        self.cps: dict[str, Checkpointer] = {}
+        self.lanes: dict[str, Lane] = {}
+
+    def new_batcher(self, **kwargs: Any) -> MicroBatcher:
+        return MicroBatcher(
+            self.sink,
+            self.settings,
+            clock=self.clock,
+            sleep=self.sleeps.append,
+            threaded=self.threaded,
+            **kwargs,
+        )
+
+    def take(self, shard: str, worker: str | None = None) -> Lane:
+        """Take the lease (as ``worker``: a new holder, as after a crash) and open its lane."""
+        if worker is not None:
+            self.holder = LeaseHolder(self.table, worker, self.clock, 1e9)
+        lease = self.table.get_lease(shard)
+        assert lease is not None
+        taken = self.table.take_lease(lease, self.holder.worker_id)
+        assert taken is not None
+        held = self.holder.add_taken(taken)
+        cp = Checkpointer(self.holder, shard, held.token, taken.checkpoint, retry_policy=NO_RETRY)
+        self.cps[shard] = cp
+        lane = self.batcher.open_lane(shard, shard, cp, taken.checkpoint)
+        self.lanes[shard] = lane
+        return lane
+
+    def deliver(self, shard: str, recs: list[Record]) -> None:
+        """What the consumer and processor do: widen the checkpointable range, then add."""
+        last = recs[-1]
+        self.cps[shard].set_largest_permitted(esn(int(last.sequence_number)))
+        self.batcher.add(self.lanes[shard], records_to_chunk(recs, "stream", shard))
+
+    def lease(self, shard: str) -> Lease:
+        lease = self.table.get_lease(shard)
+        assert lease is not None
+        return lease
+
+
+def manual(**settings: Any) -> Env:
+    return Env(BatcherSettings(**settings))
+
+
+# --- ids ----------------------------------------------------------------------------------------
+
+
+def test_ids_are_pure_functions_of_the_pieces() -> None:
+    a = PieceKey(SHARDS[0], esn(10), esn(50))
+    b = PieceKey(SHARDS[1], esn(20, 1), esn(90))
+    same_a = PieceKey(SHARDS[0], esn(10), esn(50))
+    assert batch_id_of([a, b]) == batch_id_of([b, same_a])
+    assert 0 <= batch_id_of([a, b]) < 2**63
+    assert batch_id_of([a]) != batch_id_of([a, b])
+    assert batch_id_of([a]) != batch_id_of([PieceKey(SHARDS[0], esn(10), esn(60))])
+    assert a.piece_id == same_a.piece_id != b.piece_id
+    assert a.piece_id.startswith("p") and len(a.piece_id) == 33
+    state = PendingState((a, b), {"v": 3})
+    assert PendingState.decode(state.encode()) == state
+    assert PendingState.decode(b"not ours") is None and PendingState.decode(None) is None
+
+
+# --- flush rules --------------------------------------------------------------------------------
+
+
+def test_nothing_is_written_before_a_limit_is_reached() -> None:
+    env = manual(max_records=5, max_wait=10.0)
+    env.take(SHARDS[0])
+    env.deliver(SHARDS[0], records(1, 4))
+    assert env.batcher.step() == 0
+    assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON
+
+
+def test_flush_on_max_records_cuts_exactly_at_the_limit() -> None:
+    env = manual(max_records=5, max_wait=10.0)
+    env.take(SHARDS[0])
+    env.deliver(SHARDS[0], records(1, 7))
+    assert env.batcher.step() == 1
+    [batch] = env.sink.written
+    assert batch.rows == 5 and batch.pieces[0].key == PieceKey(SHARDS[0], esn(10), esn(50))
+    assert env.lease(SHARDS[0]).checkpoint == esn(50)
+    assert env.lease(SHARDS[0]).pending_checkpoint is None
+    assert env.batcher.step() == 0  # 2 left, below every limit
+
+
+def test_flush_on_max_bytes() -> None:
+    env = manual(max_records=1000, max_bytes=2000, max_wait=10.0)
+    env.take(SHARDS[0])
+    big = [Record(b"x" * 300, "k", str(i * 10)) for i in range(1, 11)]  # ~3.5 kB of Arrow
+    env.deliver(SHARDS[0], big)
+    env.batcher.run_until_idle()
+    sizes = [b.table.nbytes for b in env.sink.written]
+    assert len(env.sink.written) >= 1 and all(size <= 2000 for size in sizes)
+    assert sum(b.rows for b in env.sink.written) < 10 or len(env.sink.written) > 1
+
+
+def test_flush_on_max_wait_uses_the_injected_clock() -> None:
+    env = manual(max_records=100, max_wait=5.0)
+    env.take(SHARDS[0])
+    env.deliver(SHARDS[0], records(1, 3))
+    env.clock.advance(4.9)
+    assert env.batcher.step() == 0
+    env.clock.advance(0.2)
+    assert env.batcher.step() == 1
+    assert env.lease(SHARDS[0]).checkpoint == esn(30)
+
+
+def test_worker_scope_puts_every_lease_in_one_batch_lease_scope_does_not() -> None:
+    for scope, batches in (("worker", 1), ("lease", 2)):
+        env = manual(max_records=100, max_wait=1.0, scope=scope)
+        for shard in SHARDS:
+            env.take(shard)
+            env.deliver(shard, records(1, 3))
+        env.clock.advance(1.0)
+        assert env.batcher.step() == batches, scope
+        assert sorted(env.sink.rows()) == sorted(
+            (shard, str(i * 10)) for shard in SHARDS for i in range(1, 4)
+        )
+        assert all(env.lease(s).checkpoint == esn(30) for s in SHARDS)
+
+
+def test_a_cross_lease_batch_respects_max_records() -> None:
+    env = manual(max_records=4, max_wait=100.0)
+    for shard in SHARDS:
+        env.take(shard)
+        env.deliver(shard, records(1, 3))
+    env.batcher.run_until_idle()
+    assert [b.rows for b in env.sink.written] == [4]  # 2 left, not due
+    env.clock.advance(100.0)
+    env.batcher.run_until_idle()
+    assert sorted(env.sink.rows()) == sorted((s, str(i * 10)) for s in SHARDS for i in (1, 2, 3))
+
+
+# --- checkpoints follow writes ------------------------------------------------------------------
+
+
+def test_the_pending_checkpoint_is_written_before_the_write_and_committed_after() -> None:
+    env = manual(max_records=3)
+    env.take(SHARDS[0])
+    seen: list[Lease] = []
+    env.sink.on_write = lambda batch: seen.append(env.lease(SHARDS[0]))
+    env.deliver(SHARDS[0], records(1, 3))
+    env.batcher.step()
+    [during] = seen
+    assert during.checkpoint == TRIM_HORIZON and during.pending_checkpoint == esn(30)
+    state = PendingState.decode(during.pending_checkpoint_state)
+    assert state is not None and state.token == "token-30"
+    assert state.group == (PieceKey(SHARDS[0], esn(10), esn(30)),)
+    after = env.lease(SHARDS[0])
+    assert after.checkpoint == esn(30) and after.pending_checkpoint is None
+
+
+def test_no_checkpoint_ever_passes_an_unwritten_record() -> None:
+    """Checked at every write attempt: no stored checkpoint is beyond what was written."""
+    env = manual(max_records=4, max_wait=1.0)
+    checks = [0]
+
+    def check(batch: SinkBatch) -> None:
+        done: dict[str, int] = {}
+        for shard, seq in env.sink.rows():
+            done[shard] = max(done.get(shard, 0), int(seq))
+        for shard in SHARDS:
+            cp = env.lease(shard).checkpoint
+            assert cp.is_sentinel or int(cp.sequence_number) <= done.get(shard, 0)
+        checks[0] += 1
+
+    env.sink.on_write = check
+    env.sink.fail = lambda batch: batch.attempt == 1 and batch.batch_id % 2 == 0
+    for shard in SHARDS:
+        env.take(shard)
+    for n in range(1, 40, 3):
+        for shard in SHARDS:
+            env.deliver(shard, records(n, 3))
+        env.batcher.run_until_idle()
+    env.clock.advance(1.0)
+    env.batcher.run_until_idle()
+    rows = env.sink.rows()
+    assert len(rows) == len(set(rows)) == 2 * 39
+    assert all(env.lease(s).checkpoint == esn(390) for s in SHARDS)
+    assert checks[0] > len(env.sink.written) > 10  # some first attempts failed
+
+
+# --- failures -----------------------------------------------------------------------------------
+
+
+def test_a_failed_attempt_is_retried_with_backoff_and_written_once() -> None:
+    env = manual(max_records=3, max_attempts=3, retry_base_delay=1.0, retry_max_delay=8.0)
+    env.take(SHARDS[0])
+    env.sink.fail = lambda batch: batch.attempt < 3
+    env.deliver(SHARDS[0], records(1, 3))
+    env.batcher.step()
+    batch_id = batch_id_of([PieceKey(SHARDS[0], esn(10), esn(30))])
+    assert env.sink.attempts == [(batch_id, 1), (batch_id, 2), (batch_id, 3)]
+    assert len(env.sleeps) == 2 and all(0 <= s <= 8.0 for s in env.sleeps)
+    assert len(env.sink.written) == 1 and env.lease(SHARDS[0]).checkpoint == esn(30)
+    assert env.batcher.stats.failed_attempts == 2
+
+
+def test_after_the_last_attempt_the_lease_is_parked_and_nothing_is_checkpointed() -> None:
+    env = manual(max_records=3, max_attempts=2)
+    lane = env.take(SHARDS[0])
+    env.sink.fail = lambda batch: True
+    env.deliver(SHARDS[0], records(1, 3))
+    env.batcher.step()
+    assert env.batcher.lane_state(lane) is LaneState.PARKED
+    stored = env.lease(SHARDS[0])
+    assert stored.checkpoint == TRIM_HORIZON and stored.pending_checkpoint == esn(30)
+    with pytest.raises(SinkParkedError):
+        env.deliver(SHARDS[0], records(4, 1))
+    assert env.batcher.status()["lanes"][SHARDS[0]]["state"] == "parked"
+    # Shard end re-arms the lane: the same piece (same id) is tried again and written.
+    env.sink.fail = lambda batch: False
+    assert env.batcher.drain(lane, None, final=True) is DrainResult.DONE
+    assert [b.batch_id for b in env.sink.written] == [env.sink.attempts[0][0]]
+    assert env.lease(SHARDS[0]).checkpoint == esn(30)
+
+
+def test_dead_letter_policy_stores_the_batch_then_acknowledges_it() -> None:
+    stored: list[tuple[SinkBatch, BaseException]] = []
+
+    class DeadLetter:
+        def write(self, batch: SinkBatch, error: BaseException) -> None:
+            stored.append((batch, error))
+
+    env = manual(max_records=3, max_attempts=2)
+    env.batcher = env.new_batcher(dead_letter=DeadLetter())
+    env.take(SHARDS[0])
+    env.sink.fail = lambda batch: batch.table.column("sequence_number")[0].as_py() == "10"
+    env.deliver(SHARDS[0], records(1, 6))
+    env.batcher.run_until_idle()
+    assert [b.rows for b, _ in stored] == [3] and "boom" in str(stored[0][1])
+    assert env.sink.rows() == [(SHARDS[0], str(i * 10)) for i in (4, 5, 6)]
+    assert env.lease(SHARDS[0]).checkpoint == esn(60)
+    assert env.batcher.stats.dead_lettered_batches == 1
+
+
+def test_a_failing_dead_letter_write_parks_instead() -> None:
+    class BrokenDeadLetter:
+        def write(self, batch: SinkBatch, error: BaseException) -> None:
+            raise OSError("disk full")
+
+    env = manual(max_records=3, max_attempts=1)
+    env.batcher = env.new_batcher(dead_letter=BrokenDeadLetter())
+    lane = env.take(SHARDS[0])
+    env.sink.fail = lambda batch: True
+    env.deliver(SHARDS[0], records(1, 3))
+    env.batcher.step()
+    assert env.batcher.lane_state(lane) is LaneState.PARKED
+    assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON
+
+
+def test_a_throttled_commit_blocks_the_lease_until_it_is_retried() -> None:
+    env = manual(max_records=3, commit_retry_delay=2.0)
+    env.take(SHARDS[0])
+    original = env.table.update_checkpoint
+    failures = [ThrottledError("slow down")]
+
+    def flaky(lease: Lease, cp: ExtendedSequenceNumber, pending: Any = None) -> Lease | None:
+        if failures:
+            raise failures.pop()
+        return original(lease, cp, pending)
+
+    env.table.update_checkpoint = flaky  # type: ignore[method-assign]
+    env.deliver(SHARDS[0], records(1, 6))
+    assert env.batcher.step() == 1
+    assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON  # written, commit failed
+    assert env.batcher.step() == 0  # the next piece waits: its pending would hide this one's
+    env.clock.advance(2.0)
+    env.batcher.run_until_idle()
+    assert env.lease(SHARDS[0]).checkpoint == esn(60)
+    assert len(env.sink.written) == 2
+
+
+def test_lease_lost_during_the_write_commits_nothing_and_drops_the_buffer() -> None:
+    env = manual(max_records=3)
+    lane = env.take(SHARDS[0])
+    env.sink.on_write = lambda batch: env.batcher.close_lane(lane)
+    env.deliver(SHARDS[0], records(1, 5))
+    env.batcher.run_until_idle()
+    assert len(env.sink.written) == 1  # the write itself completed (idempotent sinks dedupe)
+    assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON
+    assert lane.rows == 0 and env.batcher.lane_state(lane) is LaneState.CLOSED
+
+
+# --- replay after a crash -----------------------------------------------------------------------
+
+
+def crash_during_write(env: Env, shards: Sequence[str], count: int) -> list[SinkBatch]:
+    """Worker A writes a batch whose write 'crashes' (it raises and A gives up), leaving the
+    pending checkpoints; returns what A attempted."""
+    attempted: list[SinkBatch] = []
+    env.sink.fail = lambda batch: True
+    env.sink.on_write = attempted.append
+    for shard in shards:
+        env.take(shard)
+        env.deliver(shard, records(1, count))
+    env.clock.advance(env.settings.max_wait)
+    env.batcher.step()
+    env.sink.fail = lambda batch: False
+    env.sink.on_write = lambda batch: None
+    return attempted
+
+
+def test_a_new_owner_reforms_the_pending_piece_exactly_whatever_its_chunking() -> None:
+    env = manual(max_records=4, max_attempts=1, max_wait=1.0)
+    [before] = crash_during_write(env, SHARDS[:1], 4)
+    # Worker B: different limits, records arrive in other chunk sizes and go past the piece.
+    env.settings = BatcherSettings(max_records=100, max_wait=50.0)
+    env.batcher = env.new_batcher()
+    env.take(SHARDS[0], worker="worker-b")
+    for first, count in ((1, 3), (4, 3), (7, 2)):
+        env.deliver(SHARDS[0], records(first, count))
+    env.batcher.step()  # the re-formed piece goes at once, alone
+    [again] = env.sink.written
+    assert again.batch_id == before.batch_id and again.pieces == before.pieces
+    assert again.tokens == before.tokens == {SHARDS[0]: "token-40"}
+    assert again.table.equals(before.table)
+    assert env.lease(SHARDS[0]).checkpoint == esn(40)
+    env.clock.advance(50.0)
+    env.batcher.step()
+    assert [r[1] for r in env.sink.rows()] == [str(i * 10) for i in range(1, 9)]
+
+
+def test_a_cross_lease_batch_is_reformed_whole_when_its_leases_come_back_together() -> None:
+    env = manual(max_records=100, max_attempts=1, max_wait=1.0)
+    [before] = crash_during_write(env, SHARDS, 3)
+    env.batcher = env.new_batcher()
+    env.take(SHARDS[0], worker="worker-b")
+    env.deliver(SHARDS[0], records(1, 5))
+    assert env.batcher.step() == 0  # waits for the other piece of its batch
+    env.take(SHARDS[1])
+    env.deliver(SHARDS[1], records(1, 3))
+    assert env.batcher.step() == 1
+    [again] = env.sink.written
+    assert again.batch_id == before.batch_id and again.table.equals(before.table)
+
+
+def test_a_reformed_piece_goes_alone_once_the_regroup_wait_is_over() -> None:
+    env = manual(max_records=100, max_attempts=1, max_wait=1.0, regroup_wait=30.0)
+    crash_during_write(env, SHARDS, 3)
+    env.batcher = env.new_batcher()
+    env.take(SHARDS[0], worker="worker-b")
+    env.deliver(SHARDS[0], records(1, 3))
+    assert env.batcher.step() == 0
+    env.clock.advance(30.0)
+    assert env.batcher.step() == 1
+    [alone] = env.sink.written
+    assert alone.pieces[0].key == PieceKey(SHARDS[0], esn(10), esn(30)) and alone.rows == 3
+    assert env.lease(SHARDS[0]).checkpoint == esn(30)
+
+
+# --- threads: out-of-order completion, backpressure, timeouts -----------------------------------
+
+
+@contextmanager
+def threaded_env(**settings: Any) -> Iterator[Env]:
+    env = Env(BatcherSettings(**settings), threaded=True)
+    try:
+        yield env
+    finally:
+        env.batcher.close(timeout=5.0)
+
+
+def test_out_of_order_completion_moves_each_checkpoint_only_over_its_own_writes() -> None:
+    release_a = threading.Event()
+    b_done = threading.Event()
+    with threaded_env(max_records=2, scope="lease", writers=2) as env:
+
+        def on_write(batch: SinkBatch) -> None:
+            if batch.pieces[0].lease_key == SHARDS[0]:
+                assert release_a.wait(10.0)
+            else:
+                b_done.set()
+
+        env.sink.on_write = on_write
+        for shard in SHARDS:
+            env.take(shard)
+        env.deliver(SHARDS[0], records(1, 2))
+        env.deliver(SHARDS[1], records(1, 2))
+        assert b_done.wait(10.0)
+        assert env.batcher.drain(env.lanes[SHARDS[1]], 10.0, final=False) is DrainResult.DONE
+        assert env.lease(SHARDS[1]).checkpoint == esn(20)
+        assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON  # still being written
+        release_a.set()
+        assert env.batcher.drain(env.lanes[SHARDS[0]], 10.0, final=False) is DrainResult.DONE
+        assert env.lease(SHARDS[0]).checkpoint == esn(20)
+
+
+def test_a_full_buffer_blocks_process_records_until_a_write_frees_it() -> None:
+    release = threading.Event()
+    with threaded_env(max_records=2, buffer_bytes=1) as env:
+        env.sink.on_write = lambda batch: release.wait(10.0) and None
+        env.take(SHARDS[0])
+        env.deliver(SHARDS[0], records(1, 2))  # taken by the writer, which now blocks
+        env.deliver(SHARDS[0], records(3, 2))  # buffered: the buffer is full now
+        third = threading.Thread(target=env.deliver, args=(SHARDS[0], records(5, 2)))
+        third.start()
+        third.join(0.2)
+        assert third.is_alive(), "process_records should block on a full buffer"
+        release.set()
+        third.join(10.0)
+        assert not third.is_alive()
+        assert env.batcher.drain(env.lanes[SHARDS[0]], 10.0, final=True) is DrainResult.DONE
+        assert env.lease(SHARDS[0]).checkpoint == esn(60)
+
+
+def test_a_write_that_overruns_its_timeout_is_interrupted_and_retried() -> None:
+    interrupted = threading.Event()
+
+    class Interrupter:
+        @contextmanager
+        def tagged(self, tag: str) -> Iterator[None]:
+            yield
+
+        def interrupt(self, tag: str) -> None:
+            interrupted.set()
+
+    with threaded_env(max_records=2, write_timeout=0.05, max_attempts=2) as env:
+        env.batcher.close()
+        env.batcher = env.new_batcher(interrupter=Interrupter())
+        first = [True]
+
+        def on_write(batch: SinkBatch) -> None:
+            if first[0]:
+                first[0] = False
+                assert interrupted.wait(10.0)
+                raise RuntimeError("job cancelled")
+
+        env.sink.on_write = on_write
+        env.take(SHARDS[0])
+        env.deliver(SHARDS[0], records(1, 2))
+        assert env.batcher.drain(env.lanes[SHARDS[0]], 10.0, final=True) is DrainResult.DONE
+        assert "WriteTimeoutError" in env.batcher.stats.last_error
+        assert WriteTimeoutError.retriable
+        assert env.lease(SHARDS[0]).checkpoint == esn(20)

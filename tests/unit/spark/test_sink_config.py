@@ -1,0 +1,166 @@
+"""Sink settings from TOML, Spark targets, the Java check, batch caps, and loading sinks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checkpoint.errors import ConfigError
+from kclpy_spark.config import WorkerConfig
+from kclpy_spark.spark.batch import FunctionSink
+from kclpy_spark.spark.config import SinkConfig, load_sink_config, sink_config_from_mapping
+from kclpy_spark.spark.runtime import load_sink, processor_factory_from_sink_config
+from kclpy_spark.spark.session import MIB, SparkSessionHolder, SparkTarget, TargetKind, find_java
+from kclpy_spark.spark.sinks import DeltaSink, ParquetSink
+
+
+def test_defaults_and_derived_values() -> None:
+    cfg = SinkConfig(sink="parquet:/data/out")
+    assert (cfg.sink_kind, cfg.sink_path, cfg.spark_target) == ("parquet", "/data/out", "local[2]")
+    assert cfg.dead_letter_path is None and cfg.scope == "worker"
+    dlq = SinkConfig(sink="pkg.mod:fn", failure_policy="dead-letter:/dlq")
+    assert dlq.sink_kind == "function" and dlq.dead_letter_path == "/dlq"
+    assert SinkConfig(sink="delta:s3://b/t").sink_path == "s3://b/t"
+    settings = SinkConfig(sink="parquet:/x", max_bytes=200 * MIB).batcher_settings(96 * MIB)
+    assert settings.max_bytes == 96 * MIB and settings.buffer_limit == 192 * MIB
+
+
+@pytest.mark.parametrize(
+    ("changes", "key"),
+    [
+        ({"sink": "nonsense"}, "sink"),
+        ({"sink": "parquet:"}, "sink"),
+        ({"spark_target": "mesos-ish://x"}, "spark_target"),
+        ({"scope": "shard"}, "scope"),
+        ({"failure_policy": "drop"}, "failure_policy"),
+        ({"failure_policy": "dead-letter:"}, "failure_policy"),
+        ({"max_records": 0}, "max_records"),
+        ({"writers": 0}, "writers"),
+        ({"max_wait": 0.0}, "max_wait"),
+        ({"write_timeout": -1.0}, "write_timeout"),
+        ({"buffer_bytes": -1}, "buffer_bytes"),
+        ({"regroup_wait": -1.0}, "regroup_wait"),
+    ],
+)
+def test_bad_values_name_their_key(changes: dict[str, Any], key: str) -> None:
+    values = {"sink": "parquet:/x", **changes}
+    with pytest.raises(ConfigError, match=key):
+        sink_config_from_mapping(values)
+
+
+def test_types_are_checked_and_unknown_keys_refused() -> None:
+    with pytest.raises(ConfigError, match="max_records"):
+        sink_config_from_mapping({"sink": "parquet:/x", "max_records": "10"})
+    with pytest.raises(ConfigError, match="unknown sink config key"):
+        sink_config_from_mapping({"sink": "parquet:/x", "max_record": 10})
+    with pytest.raises(ConfigError, match="'sink' is required"):
+        sink_config_from_mapping({"max_records": 10})
+    cfg = sink_config_from_mapping({"sink": "parquet:/x", "max_wait": 2, "spark_conf": {"a": 1}})
+    assert cfg.max_wait == 2.0 and cfg.spark_conf == {"a": "1"}
+
+
+def test_the_sink_table_is_read_from_the_worker_toml(tmp_path: Path) -> None:
+    top = tmp_path / "top.toml"
+    top.write_text(
+        'stream_name = "s"\n[sink]\nsink = "delta:/t"\nmax_records = 5000\nscope = "lease"\n'
+        '[sink.spark_conf]\n"spark.executor.memory" = "2g"\n'
+    )
+    cfg = load_sink_config(top)
+    assert cfg is not None and cfg.sink_kind == "delta" and cfg.max_records == 5000
+    assert cfg.scope == "lease" and cfg.spark_conf == {"spark.executor.memory": "2g"}
+    nested = tmp_path / "nested.toml"
+    nested.write_text('[kclpy_spark]\nstream_name = "s"\n[kclpy_spark.sink]\nsink = "m:f"\n')
+    nested_cfg = load_sink_config(nested)
+    assert nested_cfg is not None and nested_cfg.sink == "m:f"
+    plain = tmp_path / "plain.toml"
+    plain.write_text('stream_name = "s"\n')
+    assert load_sink_config(plain) is None
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_sink_config(tmp_path / "missing.toml")
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "loopback"),
+    [
+        ("local", TargetKind.LOCAL, True),
+        ("local[2]", TargetKind.LOCAL, True),
+        ("local[*]", TargetKind.LOCAL, True),
+        ("local-cluster[1,1,1024]", TargetKind.CLUSTER, True),
+        ("spark://127.0.0.1:7077", TargetKind.CLUSTER, True),
+        ("spark://master-a:7077,master-b:7077", TargetKind.CLUSTER, False),
+        ("yarn", TargetKind.CLUSTER, False),
+        ("k8s://https://api:6443", TargetKind.CLUSTER, False),
+        ("sc://127.0.0.1:15002", TargetKind.CONNECT, False),
+    ],
+)
+def test_spark_targets(text: str, kind: TargetKind, loopback: bool) -> None:
+    target = SparkTarget.parse(text)
+    assert (target.kind, target.loopback, target.master) == (kind, loopback, text)
+
+
+@pytest.mark.parametrize("text", ["", "local[two]", "sc://", "http://x", "spark"])
+def test_bad_spark_targets(text: str) -> None:
+    with pytest.raises(ConfigError, match="spark_target"):
+        SparkTarget.parse(text)
+
+
+def test_batches_are_capped_below_the_task_and_message_limits() -> None:
+    assert SparkSessionHolder("local[2]").max_batch_bytes() is None
+    assert SparkSessionHolder("spark://127.0.0.1:7077").max_batch_bytes() == 96 * MIB
+    bigger = SparkSessionHolder("yarn", conf={"spark.rpc.message.maxSize": "256"})
+    assert bigger.max_batch_bytes() == 192 * MIB
+    assert SparkSessionHolder("sc://h:15002").max_batch_bytes() == 96 * MIB
+
+
+def fake_java(home: Path, version: str) -> None:
+    (home / "bin").mkdir(parents=True)
+    java = home / "bin" / "java"
+    java.write_text(f"#!/bin/sh\necho 'openjdk version \"{version}\" 2024-01-16' >&2\n")
+    java.chmod(0o755)
+
+
+def test_a_missing_or_old_java_is_a_clear_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError, match=r"needs Java 17\+.*sc://"):
+        find_java()
+    fake_java(tmp_path / "jdk8", "1.8.0_392")
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk8"))
+    with pytest.raises(ConfigError, match="Java 8"):
+        find_java()
+    fake_java(tmp_path / "jdk21", "21.0.2")
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk21"))
+    assert find_java() == str(tmp_path / "jdk21" / "bin" / "java")
+    # The daemon's entry point reports it before any worker starts.
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError, match="Java"):
+        processor_factory_from_sink_config(
+            SinkConfig(sink=f"parquet:{tmp_path}/out"), WorkerConfig(stream_name="s")
+        )
+
+
+def test_sinks_are_loaded_by_name(tmp_path: Path) -> None:
+    assert isinstance(load_sink(SinkConfig(sink=f"parquet:{tmp_path}")), ParquetSink)
+    assert isinstance(load_sink(SinkConfig(sink=f"delta:{tmp_path}")), DeltaSink)
+    function = load_sink(SinkConfig(sink="json:dumps"))  # any fn(df, batch_id) callable
+    assert isinstance(function, FunctionSink)
+    with pytest.raises(ConfigError, match="cannot import"):
+        load_sink(SinkConfig(sink="no_such_module_x:fn"))
+    with pytest.raises(ConfigError, match="has no"):
+        load_sink(SinkConfig(sink="json:no_such_fn"))
+
+
+def test_the_sink_modules_do_not_import_pyspark() -> None:
+    code = (
+        "import sys, kclpy_spark.spark.runtime, kclpy_spark.spark.processor;"
+        "assert 'pyspark' not in sys.modules, 'pyspark imported'"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

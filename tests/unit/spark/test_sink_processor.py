@@ -1,0 +1,200 @@
+"""SparkSinkProcessor driven as the ShardConsumer drives it (initialize, process_records,
+shard_ended / lease_lost / shutdown_requested), over a threaded MicroBatcher and a fake sink."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from checkpoint.checkpointer import Checkpointer
+from checkpoint.clock import ManualClock
+from checkpoint.held import LeaseHolder
+from checkpoint.lease import Lease
+from checkpoint.memory import MemoryLeaseTable
+from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber
+from kclpy_spark.processor import (
+    InitializeInput,
+    LeaseLostInput,
+    ProcessRecordsInput,
+    Record,
+    ShardEndedInput,
+    ShutdownRequestedInput,
+)
+from kclpy_spark.spark.batch import SinkBatch
+from kclpy_spark.spark.batcher import (
+    BatcherSettings,
+    DrainResult,
+    MicroBatcher,
+    SinkParkedError,
+)
+from kclpy_spark.spark.pieces import Piece
+from kclpy_spark.spark.processor import SparkSinkProcessor, SparkSinkProcessorFactory
+
+SHARD = "shardId-000000000000"
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.rows: list[str] = []
+        self.fail = False
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def prepare(self, pieces: Sequence[Piece]) -> Mapping[str, Any]:
+        return {}
+
+    def write(self, batch: SinkBatch) -> None:
+        assert self.gate.wait(10.0)
+        if self.fail:
+            raise RuntimeError("sink down")
+        self.rows += batch.table.column("sequence_number").to_pylist()
+
+
+class Consumer:
+    """The parts of ShardConsumer the processor sees."""
+
+    def __init__(self, processor: SparkSinkProcessor) -> None:
+        self.table = MemoryLeaseTable()
+        self.table.create_lease_if_absent(Lease(SHARD, TRIM_HORIZON))
+        holder = LeaseHolder(self.table, "w", ManualClock(), 1e9)
+        lease = self.table.get_lease(SHARD)
+        assert lease is not None
+        taken = self.table.take_lease(lease, "w")
+        assert taken is not None
+        held = holder.add_taken(taken)
+        self.cp = Checkpointer(holder, SHARD, held.token, taken.checkpoint)
+        self.processor = processor
+        processor.initialize(InitializeInput(SHARD, "TRIM_HORIZON"))
+        self.next = 1
+
+    def deliver(self, count: int) -> None:
+        recs = [Record(b"x", "k", str(i * 10)) for i in range(self.next, self.next + count)]
+        self.next += count
+        self.cp.set_largest_permitted(ExtendedSequenceNumber(recs[-1].sequence_number))
+        self.processor.process_records(ProcessRecordsInput(recs, 0, self.cp))
+
+    def checkpoint(self) -> ExtendedSequenceNumber:
+        lease = self.table.get_lease(SHARD)
+        assert lease is not None
+        return lease.checkpoint
+
+
+@pytest.fixture
+def sink() -> Sink:
+    return Sink()
+
+
+@pytest.fixture
+def factory(sink: Sink) -> Iterator[SparkSinkProcessorFactory]:
+    batcher = MicroBatcher(sink, BatcherSettings(max_records=1000, max_wait=3600.0))
+    made = SparkSinkProcessorFactory(batcher, "stream", shutdown_timeout=5.0)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def consumer(factory: SparkSinkProcessorFactory) -> Consumer:
+    processor = factory()
+    assert isinstance(processor, SparkSinkProcessor)
+    return Consumer(processor)
+
+
+def test_shard_end_writes_everything_then_checkpoints_shard_end(
+    factory: SparkSinkProcessorFactory, sink: Sink
+) -> None:
+    c = consumer(factory)
+    c.deliver(3)
+    c.deliver(2)
+    assert sink.rows == [] and c.checkpoint() == TRIM_HORIZON  # below every limit: buffered
+    c.cp.mark_shard_end()
+    c.processor.shard_ended(ShardEndedInput(c.cp))
+    assert sink.rows == [str(i * 10) for i in range(1, 6)]
+    assert c.checkpoint() == SHARD_END
+
+
+def test_shutdown_flushes_and_checkpoints_what_was_written(
+    factory: SparkSinkProcessorFactory, sink: Sink
+) -> None:
+    c = consumer(factory)
+    c.deliver(4)
+    c.processor.shutdown_requested(ShutdownRequestedInput(c.cp))
+    assert sink.rows == ["10", "20", "30", "40"] and c.checkpoint() == ExtendedSequenceNumber("40")
+
+
+def test_shutdown_waits_only_so_long_for_a_stuck_write(sink: Sink) -> None:
+    batcher = MicroBatcher(sink, BatcherSettings(max_records=1000, max_wait=3600.0))
+    factory = SparkSinkProcessorFactory(batcher, "stream", shutdown_timeout=0.05)
+    try:
+        c = consumer(factory)
+        sink.gate.clear()
+        c.deliver(2)
+        c.processor.shutdown_requested(ShutdownRequestedInput(c.cp))  # returns: timed out
+        assert c.checkpoint() == TRIM_HORIZON
+        lease = c.table.get_lease(SHARD)
+        assert lease is not None and lease.pending_checkpoint == ExtendedSequenceNumber("20")
+    finally:
+        sink.gate.set()
+        factory.close()
+    assert c.checkpoint() == TRIM_HORIZON  # the lane was closed: the late write commits nothing
+
+
+def test_lease_lost_drops_the_buffered_records(
+    factory: SparkSinkProcessorFactory, sink: Sink
+) -> None:
+    c = consumer(factory)
+    c.deliver(3)
+    c.processor.lease_lost(LeaseLostInput())
+    assert factory.status()["lanes"] == {}
+    c.deliver(1)  # late records for a lost lease are dropped, not an error
+    assert sink.rows == [] and c.checkpoint() == TRIM_HORIZON
+
+
+def test_a_batch_the_sink_gave_up_on_makes_process_records_raise(sink: Sink) -> None:
+    batcher = MicroBatcher(
+        sink,
+        BatcherSettings(max_records=2, max_attempts=2, retry_base_delay=0.0),
+        sleep=lambda s: None,
+    )
+    factory = SparkSinkProcessorFactory(batcher, "stream")
+    try:
+        c = consumer(factory)
+        sink.fail = True
+        c.deliver(2)
+        lane = factory.batcher.status()["lanes"][SHARD]
+        assert lane["state"] in {"active", "parked"}
+        lanes = c.processor._lane
+        assert lanes is not None
+        assert batcher.drain(lanes, 10.0, final=False) is DrainResult.PARKED
+        with pytest.raises(SinkParkedError):  # the consumer retries, then parks the lease
+            c.deliver(1)
+        assert c.checkpoint() == TRIM_HORIZON
+        assert factory.status()["lanes"][SHARD]["state"] == "parked"
+        # At shard end the consumer cannot park: shard_ended re-arms and tries again.
+        sink.fail = False
+        c.cp.mark_shard_end()
+        c.processor.shard_ended(ShardEndedInput(c.cp))
+        assert sink.rows == ["10", "20"] and c.checkpoint() == SHARD_END
+    finally:
+        factory.close()
+
+
+def test_the_sink_needs_the_two_phase_checkpointer(factory: SparkSinkProcessorFactory) -> None:
+    class Plain:
+        def checkpoint(self, sequence_number: str | None = None, sub: int | None = None) -> None:
+            return None
+
+    processor = factory()
+    processor.initialize(InitializeInput(SHARD, "TRIM_HORIZON"))
+    with pytest.raises(TypeError, match="two-phase"):
+        processor.process_records(ProcessRecordsInput([Record(b"x", "k", "1")], 0, Plain()))
+
+
+def test_the_stream_column_names_the_lease_stream_in_multi_stream_mode() -> None:
+    from kclpy_spark.spark.processor import stream_of
+
+    assert stream_of("123456789012:orders:1700000000:shardId-000000000001", "a,b") == "orders"
+    assert stream_of("shardId-000000000001", "orders") == "orders"
