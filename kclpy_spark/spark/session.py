@@ -35,6 +35,7 @@ from urllib.parse import urlparse
 from checkpoint.errors import ConfigError
 
 log = logging.getLogger(__name__)
+_CORRUPT = "_kclpy_spark_corrupt_record"
 
 MIB = 1024 * 1024
 # Spark's default spark.rpc.message.maxSize (MiB). A task holds its share of the batch's rows, plus
@@ -245,8 +246,19 @@ class SparkSessionHolder:
         from pyspark.sql import functions as F
 
         keep = [c for c in table.column_names if c != "data" or self._keep_raw]
-        parsed = F.from_json(F.col("data").cast("string"), self._value_schema)
-        out = df.select(*keep, parsed.alias("__value")).select(*keep, "__value.*")
+        # Records that are not JSON of the schema (or not UTF-8 at all) are not lost: their
+        # bytes go to ``unparsed_data`` (null for every record that parsed).
+        parsed = F.from_json(
+            F.col("data").cast("string"),
+            f"{self._value_schema}, {_CORRUPT} STRING",
+            {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT},
+        )
+        out = (
+            df.select(*keep, parsed.alias("__value"), F.col("data").alias("__raw"))
+            .select(*keep, "__value.*", "__raw")
+            .withColumn("unparsed_data", F.when(F.col(_CORRUPT).isNotNull(), F.col("__raw")))
+            .drop(_CORRUPT, "__raw")
+        )
         if not self._columns_checked:  # once: over Connect, .columns is a round trip
             clash = sorted({c for c in out.columns if out.columns.count(c) > 1})
             if clash:

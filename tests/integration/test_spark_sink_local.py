@@ -153,12 +153,12 @@ def test_json_values_are_decoded_into_the_user_schema(spark: Any, tmp_path: Path
     env = LeaseEnv(SHARDS[:1])
     batcher = MicroBatcher(
         FunctionSink(lambda df, batch_id: frames.append(df.collect())),
-        BatcherSettings(max_records=3, max_wait=0.0),
+        BatcherSettings(max_records=4, max_wait=0.0),
         to_df=holder.to_df,
         threaded=False,
     )
     env.take(batcher, SHARDS[0])
-    recs = make_records(1, 3)
+    recs = make_records(1, 4)
     from kclpy_spark.processor import Record
 
     recs = [
@@ -166,11 +166,24 @@ def test_json_values_are_decoded_into_the_user_schema(spark: Any, tmp_path: Path
         for i, r in enumerate(recs)
     ]
     recs[2] = Record(b"not json", "k", recs[2].sequence_number)
+    recs[3] = Record(b"\xff\xfe{not utf-8", "k", recs[3].sequence_number)
     env.deliver(batcher, SHARDS[0], recs)
     batcher.run_until_idle()
     [rows] = frames
-    assert [(r["id"], r["name"]) for r in rows] == [(0, "n0"), (1, "n1"), (None, None)]
+    assert [(r["id"], r["name"]) for r in rows] == [
+        (0, "n0"),
+        (1, "n1"),
+        (None, None),
+        (None, None),
+    ]
     assert "data" not in rows[0].asDict() and rows[0]["shard_id"] == SHARDS[0]
+    # The records that are not JSON (or not even UTF-8) keep their bytes.
+    assert [r["unparsed_data"] for r in rows] == [
+        None,
+        None,
+        bytearray(b"not json"),
+        bytearray(b"\xff\xfe{not utf-8"),
+    ]
 
 
 def test_dead_lettered_batches_are_stored_and_acknowledged(
