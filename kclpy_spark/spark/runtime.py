@@ -57,8 +57,25 @@ def load_sink(cfg: SinkConfig) -> BatchSink:
         sink: BatchSink = target
         return sink
     if callable(target):
+        _check_foreach_batch_signature(target, cfg.sink)
         return FunctionSink(target)
     raise ConfigError(f"sink {cfg.sink!r} is neither a function fn(df, batch_id) nor a sink")
+
+
+def _check_foreach_batch_signature(fn: Any, name: str) -> None:
+    """Refuse at start-up a function that cannot be called as Spark's ``fn(df, batch_id)``,
+    rather than failing (and parking leases) on the first batch."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # a builtin or C function: nothing to check
+    try:
+        signature.bind(object(), 0)
+    except TypeError:
+        raise ConfigError(
+            f"sink {name!r} must take foreachBatch's two arguments (df, batch_id); "
+            f"its signature is {fn.__name__ if hasattr(fn, '__name__') else fn}{signature}"
+        ) from None
 
 
 def processor_factory_from_sink_config(

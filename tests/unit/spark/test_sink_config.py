@@ -148,8 +148,12 @@ def test_a_missing_or_old_java_is_a_clear_config_error(
 def test_sinks_are_loaded_by_name(tmp_path: Path) -> None:
     assert isinstance(load_sink(SinkConfig(sink=f"parquet:{tmp_path}")), ParquetSink)
     assert isinstance(load_sink(SinkConfig(sink=f"delta:{tmp_path}")), DeltaSink)
-    function = load_sink(SinkConfig(sink="json:dumps"))  # any fn(df, batch_id) callable
+    function = load_sink(SinkConfig(sink="operator:add"))  # any fn(df, batch_id) callable
     assert isinstance(function, FunctionSink)
+    # Functions that cannot take (df, batch_id) are refused at start-up, not at the first batch.
+    for wrong in ("json:dumps", "os:getcwd", "math:sqrt"):
+        with pytest.raises(ConfigError, match="foreachBatch"):
+            load_sink(SinkConfig(sink=wrong))
     with pytest.raises(ConfigError, match="cannot import"):
         load_sink(SinkConfig(sink="no_such_module_x:fn"))
     with pytest.raises(ConfigError, match="has no"):
