@@ -384,7 +384,7 @@ def test_a_missing_stream_is_a_clear_error_naming_it(
             ShardSyncer(lister, table, InitialPosition.latest()).sync()
         assert lister.stream in str(raised.value)
         assert "does not exist" in str(raised.value)
-        # Retrying would take about a minute (LIST_SHARDS_POLICY); a generous bound tells them apart.
+        # Retrying would take about a minute (LIST_SHARDS_POLICY): a generous bound tells apart.
         assert time.monotonic() - started < 30, "a missing stream is not worth retrying"
     assert table.list_leases() == []
 
