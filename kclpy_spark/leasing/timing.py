@@ -7,11 +7,12 @@ The KCL derives its intervals from ``failoverTimeMillis`` (the lease duration) a
 * take every ``(failover + epsilon) * 2``: a lease needs a full duration without a counter change to
   expire, so scanning more often than that only costs lease-table reads;
 * kclpy-spark scans every ``(failover + epsilon) * take_interval_multiplier`` with a multiplier of
-  1 by default, not the KCL's 2. Expiry is judged between scans, so a dead worker is noticed one
-  or two scans after its last renewal: up to ``2 * (failover + epsilon)`` here against up to
-  ``4 * (failover + epsilon)`` in the KCL. The price is one Scan per worker per interval more,
-  small beside the renewals (one write per lease every ``failover / 3``). Set the multiplier to 2
-  for the KCL's exact timing;
+  0.5 by default, not the KCL's 2. A worker learns of a renewal only at its next scan and calls a
+  lease expired once its counter has not moved for ``failover`` since that scan, so a dead
+  worker's leases move ``failover`` plus one to two scan intervals after its last renewal: about
+  1.1-1.5 x failover here (bench/bench_failover.py), 2-4 x in the KCL. The price is Scans: four
+  per worker per lease duration instead of the KCL's one half, each one request for up to 1 MB
+  of leases. Set the multiplier to 2 for the KCL's exact timing;
 * a lease is "very old" after ``3 * failover`` without a counter change, and is then taken first.
 
 Seconds as floats throughout; the KCL's milliseconds are accepted only by ``from_failover_millis``.
@@ -42,7 +43,7 @@ class LeaseTiming:
     epsilon: float = DEFAULT_EPSILON
     very_old_multiplier: float = DEFAULT_VERY_OLD_MULTIPLIER
     steal_cooldown_intervals: float = DEFAULT_STEAL_COOLDOWN_INTERVALS
-    take_interval_multiplier: float = 1.0
+    take_interval_multiplier: float = 0.5
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.failover) and self.failover > 0):
@@ -56,10 +57,9 @@ class LeaseTiming:
                 f"failover time {self.failover} s is too short: the renewal interval "
                 f"failover/3 - {self.epsilon} s would not be positive"
             )
-        if not self.take_interval_multiplier >= 1:
-            # Scanning more often than once per lease duration cannot see an expiry any sooner.
+        if not 0.1 <= self.take_interval_multiplier <= 10:
             raise ConfigError(
-                f"take interval multiplier must be >= 1: {self.take_interval_multiplier}"
+                f"take interval multiplier must be within 0.1..10: {self.take_interval_multiplier}"
             )
         if not self.very_old_multiplier >= 1:
             raise ConfigError(f"very-old multiplier must be >= 1: {self.very_old_multiplier}")

@@ -14,7 +14,7 @@ from worker_procs import fleet, produce, read_output, wait_active, wait_for
 from checkpoint.dynamodb import DynamoDBLeaseTable
 
 FAILOVER = 4.0
-TAKE_INTERVAL = FAILOVER + 0.025  # LeaseTiming's default: one lease duration
+TAKE_INTERVAL = (FAILOVER + 0.025) * 0.5  # LeaseTiming's default: half a lease duration
 
 
 def _config(name: str, endpoint: str) -> str:
