@@ -194,8 +194,10 @@ class Worker:
             asyncio.create_task(
                 self._loop(self._maintenance_round, self.cfg.shard_sync_interval, first=False)
             ),
+            # Once per lease duration: suspend reacts within one failover time and `status` sees
+            # figures that old, for a third of the lease-table requests of a per-renewal round.
             asyncio.create_task(
-                self._loop(self._control_round, self.timing.renew_interval, first=False)
+                self._loop(self._control_round, self.timing.lease_duration, first=False)
             ),
         ]
         self.started.set()
