@@ -45,7 +45,11 @@ def localstack_endpoint() -> Iterator[str]:
         return
     port = os.environ.get("LOCALSTACK_PORT", "4566")
     endpoint = f"http://127.0.0.1:{port}"
-    already = _healthy(endpoint)
+    if _healthy(endpoint):
+        # A LocalStack already answers there (ours from an earlier run, or one started by hand):
+        # use it, and leave it running.
+        yield endpoint
+        return
     proc = subprocess.run(
         [sys.executable, str(LSCTL), "start"], capture_output=True, text=True, check=False
     )
@@ -55,8 +59,7 @@ def localstack_endpoint() -> Iterator[str]:
     try:
         yield endpoint
     finally:
-        if not already:
-            subprocess.run([sys.executable, str(LSCTL), "stop"], check=False, capture_output=True)
+        subprocess.run([sys.executable, str(LSCTL), "stop"], check=False, capture_output=True)
 
 
 @pytest.fixture(scope="session")
