@@ -61,6 +61,17 @@ class Lease:
         """The shard id: the lease key itself, or its last part in the multi-stream key format."""
         return self.lease_key.rsplit(":", 1)[-1]
 
+    @property
+    def stream_key(self) -> str | None:
+        """``account:stream:creationEpoch`` of a multi-stream lease key; None for a plain one."""
+        head, sep, _ = self.lease_key.rpartition(":")
+        return head if sep else None
+
+    def sibling_key(self, shard_id: str) -> str:
+        """The lease key of another shard of the same stream (a parent or a child)."""
+        stream = self.stream_key
+        return f"{stream}:{shard_id}" if stream else shard_id
+
     def state(self, now_wall: float) -> LeaseState:
         """ASSIGNED / UNASSIGNED / COMPLETED / CLOSED, as of wall time ``now_wall``."""
         if self.checkpoint.is_shard_end:

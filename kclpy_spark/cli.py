@@ -11,8 +11,12 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from checkpoint.errors import ConfigError, KclpySparkError
+
+if TYPE_CHECKING:
+    from kclpy_spark.config import WorkerConfig
 
 
 def _add_worker_flags(p: argparse.ArgumentParser) -> None:
@@ -81,7 +85,7 @@ _FLAG_FIELDS = (
 )
 
 
-def _config_from_args(args: argparse.Namespace) -> object:
+def _config_from_args(args: argparse.Namespace) -> WorkerConfig:
     from kclpy_spark.config import from_mapping, load_toml
 
     overrides = {name: getattr(args, name) for name in _FLAG_FIELDS}
@@ -93,11 +97,9 @@ def _config_from_args(args: argparse.Namespace) -> object:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from kclpy_spark.config import WorkerConfig
     from kclpy_spark.daemon import load_processor_factory, run_worker
 
     cfg = _config_from_args(args)
-    assert isinstance(cfg, WorkerConfig)
     tracker = None
     if args.config and cfg.streams:
         from kclpy_spark.daemon import config_file_stream_tracker
@@ -117,9 +119,7 @@ def _run(args: argparse.Namespace) -> int:
             sink_factory.close()
         return 0
     if cfg.processor is None:
-        raise ConfigError(
-            "config 'processor' (package.module:Class) or a [sink] table is required"
-        )
+        raise ConfigError("config 'processor' (package.module:Class) or a [sink] table is required")
     factory = load_processor_factory(cfg.processor)
     asyncio.run(run_worker(cfg, factory, stream_tracker=tracker))
     return 0
@@ -127,10 +127,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _admin(args: argparse.Namespace) -> int:
     from kclpy_spark import admin
-    from kclpy_spark.config import WorkerConfig
 
     cfg = _config_from_args(args)
-    assert isinstance(cfg, WorkerConfig)
     if args.command == "status":
         return admin.status_command(args, cfg)
     if args.command == "reset":

@@ -203,11 +203,12 @@ class ShardConsumer:
 
     async def _wait_for_parents(self) -> None:
         lease = self._held.lease
-        prefix = lease.lease_key[: len(lease.lease_key) - len(lease.shard_id)]
         while True:
             blocking = []
             for parent in sorted(lease.parent_shard_ids):
-                parent_lease = await asyncio.to_thread(self._table.get_lease, prefix + parent)
+                parent_lease = await asyncio.to_thread(
+                    self._table.get_lease, lease.sibling_key(parent)
+                )
                 if parent_lease is not None and not parent_lease.checkpoint.is_shard_end:
                     blocking.append(parent)
             if not blocking:
@@ -457,9 +458,9 @@ class ShardConsumer:
             # child (the KCL's rule). The auditor's sync covers the case where that never happens.
             log.info("shard %s: %s", self.stats.shard_id, exc)
             new = []
-        stream_part = self.lease_key[: len(self.lease_key) - len(self.stats.shard_id)].rstrip(":")
+        stream_key = self._held.lease.stream_key
         for spec in new:
-            if self._table.create_lease_if_absent(spec.to_lease(stream_part or None)):
+            if self._table.create_lease_if_absent(spec.to_lease(stream_key)):
                 log.info("shard %s: created child lease %s", self.stats.shard_id, spec.shard_id)
         children = frozenset(str(c["ShardId"]) for c in child_shards)
         held = self._holder.get_if_held(self.lease_key)

@@ -36,11 +36,10 @@ def completed_leases_to_delete(leases: Iterable[Lease]) -> list[Lease]:
     for lease in by_key.values():
         if not lease.checkpoint.is_shard_end or not lease.child_shard_ids:
             continue
-        prefix = lease.lease_key[: len(lease.lease_key) - len(lease.shard_id)]
-        children = [by_key.get(prefix + child) for child in lease.child_shard_ids]
+        children = [by_key.get(lease.sibling_key(child)) for child in lease.child_shard_ids]
         if any(child is None or child.checkpoint.sentinel in _NOT_STARTED for child in children):
             continue
-        if any(prefix + parent in by_key for parent in lease.parent_shard_ids):
+        if any(lease.sibling_key(parent) in by_key for parent in lease.parent_shard_ids):
             continue
         deletable.append(lease)
     return sorted(deletable, key=lambda lease: lease.lease_key)

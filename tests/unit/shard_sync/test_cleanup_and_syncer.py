@@ -200,3 +200,18 @@ def test_garbage_leases_are_deleted_every_nth_round_from_a_full_listing() -> Non
     assert lister.filters == []  # no listing before the third round
     assert maintenance.run_once().deleted == ("shardId-gone",)
     assert [x.lease_key for x in table.list_leases()] == ["shardId-1"]
+
+
+@pytest.mark.parametrize(
+    ("key", "stream", "sibling"),
+    [
+        ("shardId-1", None, "shardId-2"),
+        ("123456789012:orders:1700000000:shardId-1", "123456789012:orders:1700000000",
+         "123456789012:orders:1700000000:shardId-2"),
+    ],
+)  # fmt: skip
+def test_lease_keys_name_their_stream_and_siblings(
+    key: str, stream: str | None, sibling: str
+) -> None:
+    x = lease(key)
+    assert (x.stream_key, x.sibling_key("shardId-2"), x.shard_id) == (stream, sibling, "shardId-1")
