@@ -13,7 +13,7 @@ Reported per trial: the failover time from the kill, and from the victim's last 
 the table (the lease duration counts from there). The KCL's bound for the same failover time is
 failover + take interval = 10 + (10 + 0.025) * 2 = 30.05 s: a lease expires a failover time after
 its last renewal, and the KCL's taker scans every 2 x (failover + epsilon). kclpy-spark's taker
-scans every (failover + epsilon) (``kclpy_spark/leasing/timing.py``). Writes
+scans every (failover + epsilon) (``checkpoint/leasing/timing.py``). Writes
 ``bench/results/failover.md``.
 """
 
@@ -35,8 +35,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, child_env, machine, median, stamp, write_results
 
-from checkpoint.errors import KclpySparkError
-from kclpy_spark.leasing.timing import LeaseTiming
+from checkpoint.base.errors import KclpySparkError
+from checkpoint.leasing.timing import LeaseTiming
 
 ENDPOINT = os.environ.get("LOCALSTACK_ENDPOINT", "http://127.0.0.1:4566")
 FAILOVER = 10.0
@@ -105,10 +105,10 @@ def _dynamodb() -> Any:
 
 def open_store(kind: str, path: Path, app: str) -> Any:
     if kind == "sqlite":
-        from checkpoint.sqlite import SQLiteLeaseTable
+        from checkpoint.stores.sqlite import SQLiteLeaseTable
 
         return SQLiteLeaseTable(path, namespace=app, create_if_missing=False)
-    from checkpoint.dynamodb import DynamoDBLeaseTable
+    from checkpoint.stores.dynamodb import DynamoDBLeaseTable
 
     return DynamoDBLeaseTable(_dynamodb(), app, create_if_missing=False)
 
@@ -212,7 +212,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             f'application_name = "{app}"\nstream_name = "{stream}"\n'
             f'endpoint_url = "{ENDPOINT}"\nregion = "us-east-1"\n'
             f'initial_position = "TRIM_HORIZON"\nlease_store = "{store_setting}"\n'
-            f'processor = "kclpy_spark.samples:CountingProcessor"\nfailover_time = {FAILOVER}\n'
+            f'processor = "kclpy_spark.demo.samples:CountingProcessor"\n'
+            f"failover_time = {FAILOVER}\n"
         )
         fleet = Fleet(workdir, config)
         try:

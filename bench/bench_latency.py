@@ -38,10 +38,10 @@ except ModuleNotFoundError:  # run from a checkout without installing: use the r
 from checkpoint.sequence import InitialPosition
 from kclpy_spark.aws import aio_client, boto3_client
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.daemon import run_worker
 from kclpy_spark.processor import InitializeInput, ProcessRecordsInput, RecordProcessor
 from kclpy_spark.retrieval.fanout import deregister_consumer
-from kclpy_spark.worker import Worker
+from kclpy_spark.runtime.daemon import run_worker
+from kclpy_spark.runtime.worker import Worker
 
 RESULTS = Path(__file__).resolve().parent / "results" / "latency.md"
 WARMUP = 20  # records not counted: connections, first subscriptions, the first idle pause

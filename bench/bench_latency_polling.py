@@ -33,9 +33,9 @@ from common import machine, median, stamp, write_results
 from checkpoint.sequence import InitialPosition
 from kclpy_spark.aws import boto3_client
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.daemon import run_worker
 from kclpy_spark.processor import ProcessRecordsInput, RecordProcessor
-from kclpy_spark.worker import Worker
+from kclpy_spark.runtime.daemon import run_worker
+from kclpy_spark.runtime.worker import Worker
 
 WARMUP = 20
 

@@ -31,13 +31,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, stamp, write_results
 
+from checkpoint.leasing.timing import LeaseTiming
 from checkpoint.sequence import InitialPosition
-from kclpy_spark import lease_store
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.daemon import run_worker
-from kclpy_spark.leasing.timing import LeaseTiming
 from kclpy_spark.processor import ProcessRecordsInput, RecordProcessor
-from kclpy_spark.worker import Worker
+from kclpy_spark.runtime import lease_store
+from kclpy_spark.runtime.daemon import run_worker
+from kclpy_spark.runtime.worker import Worker
 
 # What each port method is for, to group the counts.
 ROLES = {

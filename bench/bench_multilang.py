@@ -39,12 +39,12 @@ sys.path[:0] = [str(REPO), str(HERE), str(REPO / "tests" / "multilang")]
 
 from install_amazon_kclpy import install  # noqa: E402
 
+from checkpoint.base.clock import SystemClock  # noqa: E402
 from checkpoint.checkpointer import Checkpointer  # noqa: E402
-from checkpoint.clock import SystemClock  # noqa: E402
-from checkpoint.held import LeaseHolder  # noqa: E402
 from checkpoint.lease import Lease  # noqa: E402
-from checkpoint.memory import MemoryLeaseTable  # noqa: E402
+from checkpoint.leasing.holder import LeaseHolder  # noqa: E402
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber  # noqa: E402
+from checkpoint.stores.memory import MemoryLeaseTable  # noqa: E402
 from kclpy_spark.multilang.inprocess import KclpyProcessorAdapter  # noqa: E402
 from kclpy_spark.multilang.subprocess_processor import ChildSpec, SubprocessProcessor  # noqa: E402
 from kclpy_spark.processor import (  # noqa: E402

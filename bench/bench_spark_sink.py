@@ -32,17 +32,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from checkpoint.base.clock import SystemClock
 from checkpoint.checkpointer import Checkpointer
-from checkpoint.clock import SystemClock
-from checkpoint.held import LeaseHolder
 from checkpoint.lease import Lease
+from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
-from checkpoint.sqlite import SQLiteLeaseTable
+from checkpoint.stores.sqlite import SQLiteLeaseTable
 from kclpy_spark.processor import InitializeInput, ProcessRecordsInput, Record
 from kclpy_spark.spark.batcher import BatcherSettings, DrainResult, MicroBatcher
 from kclpy_spark.spark.pieces import records_to_chunk
-from kclpy_spark.spark.processor import SparkSinkProcessor
 from kclpy_spark.spark.session import SparkSessionHolder
+from kclpy_spark.spark.sink_processor import SparkSinkProcessor
 from kclpy_spark.spark.sinks import ParquetSink
 
 GETRECORDS = 10_000  # records per process_records call

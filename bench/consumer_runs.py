@@ -110,9 +110,9 @@ def _fast_calls() -> int:
 async def _ours(endpoint: str, stream: str, target: int) -> dict[str, Any]:
     from checkpoint.sequence import InitialPosition
     from kclpy_spark.config import WorkerConfig
-    from kclpy_spark.daemon import run_worker
     from kclpy_spark.processor import ProcessRecordsInput, RecordProcessor
-    from kclpy_spark.worker import Worker
+    from kclpy_spark.runtime.daemon import run_worker
+    from kclpy_spark.runtime.worker import Worker
 
     counter = _Counter(target, asyncio.get_running_loop())
 
@@ -235,8 +235,8 @@ def _preimport(variant: str) -> None:
     botocore.session.get_session().get_service_model("kinesis")  # loads the JSON model files
     boto3.session.Session()
     if variant.startswith("ours"):
-        import kclpy_spark.daemon
-        import kclpy_spark.lease_store  # noqa: F401
+        import kclpy_spark.runtime.daemon
+        import kclpy_spark.runtime.lease_store  # noqa: F401
     if variant == "async-kinesis":
         import kinesis  # noqa: F401
 

@@ -24,8 +24,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from checkpoint.clock import Clock
-from checkpoint.errors import KclpySparkError
+from checkpoint.base.clock import Clock
+from checkpoint.base.errors import KclpySparkError
 from checkpoint.sequence import ExtendedSequenceNumber
 
 

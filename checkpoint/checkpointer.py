@@ -26,16 +26,16 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 
-from checkpoint.errors import (
+from checkpoint.base.errors import (
     DependencyError,
     InvalidStateError,
     KclpySparkError,
     ResourceNotFoundError,
     ThrottledError,
 )
-from checkpoint.held import LeaseHolder
+from checkpoint.base.retry import RetryPolicy, call_with_retry
 from checkpoint.lease import Lease
-from checkpoint.retry import RetryPolicy, call_with_retry
+from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.sequence import SHARD_END, ExtendedSequenceNumber, parse_sequence_number
 
 ILLEGAL_ARGUMENT = "IllegalArgumentException"

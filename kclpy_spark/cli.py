@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from checkpoint.errors import ConfigError, KclpySparkError
+from checkpoint.base.errors import ConfigError, KclpySparkError
 
 if TYPE_CHECKING:
     from kclpy_spark.config import WorkerConfig
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the consumer daemon")
     _add_worker_flags(run)
-    from kclpy_spark.admin import add_subcommands
+    from kclpy_spark.ops.commands import add_subcommands
 
     add_subcommands(sub, _add_worker_flags)
     demo = sub.add_parser("demo", help="a live demo against a local endpoint")
@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--shards", type=int, default=2)
     demo.add_argument("--records", type=int, default=300)
     demo.add_argument("--timeout", type=float, default=240.0, help="seconds before giving up")
-    from kclpy_spark.multilang.cli import add_subcommand as add_multilang
+    from kclpy_spark.multilang.command import add_subcommand as add_multilang
 
     add_multilang(sub)
     return parser
@@ -97,16 +97,16 @@ def _config_from_args(args: argparse.Namespace) -> WorkerConfig:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from kclpy_spark.daemon import load_processor_factory, run_worker
+    from kclpy_spark.runtime.daemon import load_processor_factory, run_worker
 
     cfg = _config_from_args(args)
     tracker = None
     if args.config and cfg.streams:
-        from kclpy_spark.daemon import config_file_stream_tracker
+        from kclpy_spark.runtime.daemon import config_file_stream_tracker
 
         tracker = config_file_stream_tracker(args.config, cfg.streams)
     # A [sink] table runs the Spark sink; pyspark is imported only then.
-    from kclpy_spark.spark.config import load_sink_config
+    from kclpy_spark.spark.sink_config import load_sink_config
 
     sink_cfg = load_sink_config(args.config) if args.config else None
     if sink_cfg is not None:
@@ -126,14 +126,14 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _admin(args: argparse.Namespace) -> int:
-    from kclpy_spark import admin
+    from kclpy_spark.ops import commands
 
     cfg = _config_from_args(args)
     if args.command == "status":
-        return admin.status_command(args, cfg)
+        return commands.status_command(args, cfg)
     if args.command == "reset":
-        return admin.reset_command(args, cfg)
-    return admin.suspend_command(cfg, args.command == "suspend")
+        return commands.reset_command(args, cfg)
+    return commands.suspend_command(cfg, args.command == "suspend")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -147,10 +147,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in {"status", "reset", "suspend", "resume"}:
             return _admin(args)
         if args.command == "multilang":
-            from kclpy_spark.multilang.cli import run as run_multilang
+            from kclpy_spark.multilang.command import run as run_multilang
 
             return run_multilang(args)
-        from kclpy_spark.demo import run_demo
+        from kclpy_spark.demo.run import run_demo
 
         return run_demo(args)
     except KclpySparkError as exc:

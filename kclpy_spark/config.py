@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checkpoint.errors import ConfigError
+from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import InitialPosition
 
 DEFAULT_LEASE_STORE = "sqlite:.kclpy-spark/leases.db"
@@ -303,6 +303,6 @@ def load_toml(path: str | Path) -> WorkerConfig:
     table = data.get("kclpy_spark", data)
     if not isinstance(table, dict):
         raise ConfigError(f"config file {str(p)!r}: [kclpy_spark] must be a table")
-    # The [sink] table configures the Spark sink (kclpy_spark.spark.config), not the worker.
+    # The [sink] table configures the Spark sink (kclpy_spark.spark.sink_config), not the worker.
     table = {k: v for k, v in table.items() if k != "sink"}
     return from_mapping(table, source=str(p))

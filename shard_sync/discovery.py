@@ -1,6 +1,6 @@
 """Shard discovery: the one adapter over Kinesis ListShards / DescribeStreamSummary.
 
-Single attempts inside, retries outside (checkpoint.retry): LimitExceeded and ResourceInUse are
+Single attempts inside, retries outside (checkpoint.base.retry): LimitExceeded and ResourceInUse are
 retriable; a missing stream is a clear ResourceNotFoundError; a stream that is CREATING is waited
 for. An UPDATING stream (a reshard or UpdateShardCount under way, which on AWS can last minutes) is
 listed at once, as the KCL lists "Active or Updating" streams: a listing that races the reshard
@@ -15,13 +15,13 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from checkpoint.errors import (
+from checkpoint.base.errors import (
     DependencyError,
     KclpySparkError,
     ResourceNotFoundError,
     map_aws_error,
 )
-from checkpoint.retry import RetryPolicy, call_with_retry
+from checkpoint.base.retry import RetryPolicy, call_with_retry
 from checkpoint.sequence import InitialPosition, Position
 from shard_sync.shards import Shard
 

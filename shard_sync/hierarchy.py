@@ -64,7 +64,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from checkpoint.errors import InvalidStateError, KclpySparkError
+from checkpoint.base.errors import InvalidStateError, KclpySparkError
 from checkpoint.lease import HashKeyRange, Lease
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber, InitialPosition, Position
 from shard_sync.shards import ChildShard, Shard, find_hash_range_holes

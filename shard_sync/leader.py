@@ -14,7 +14,7 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from checkpoint.clock import Clock, SystemClock
+from checkpoint.base.clock import Clock, SystemClock
 from checkpoint.port import CoordinationRecord, CoordinationStore
 
 log = logging.getLogger(__name__)

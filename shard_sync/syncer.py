@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from checkpoint.coordination import CoordinationCounters, Counter
+from checkpoint.counters import CoordinationCounters, Counter
 from checkpoint.lease import Lease
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import InitialPosition

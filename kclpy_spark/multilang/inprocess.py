@@ -38,8 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from checkpoint.base.errors import ConfigError
 from checkpoint.checkpointer import LeaseLostCheckpointer
-from checkpoint.errors import ConfigError
 from kclpy_spark.processor import (
     Checkpointer,
     CheckpointError,

@@ -13,7 +13,7 @@ import re
 import string
 from pathlib import Path
 
-from checkpoint.errors import ConfigError
+from checkpoint.base.errors import ConfigError
 
 _BLANKS = " \t\f"
 _ESCAPES = {"t": "\t", "r": "\r", "n": "\n", "f": "\f"}

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
-from checkpoint.errors import ConfigError
+from checkpoint.base.errors import ConfigError
 from kclpy_spark.config import WorkerConfig
 
 # --- values --------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from checkpoint.errors import ConfigError
+from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import InitialPosition, Position
 from kclpy_spark.config import WorkerConfig, from_mapping
 from kclpy_spark.multilang.javaprops import parse_properties, read_properties_file

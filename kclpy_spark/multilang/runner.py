@@ -28,12 +28,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from checkpoint.errors import ConfigError
+from checkpoint.base.errors import ConfigError
 from kclpy_spark.multilang.inprocess import processor_factory
 from kclpy_spark.multilang.properties import PropertiesConfig, load_properties
 from kclpy_spark.multilang.subprocess_processor import SubprocessProcessor, spec_from_settings
 from kclpy_spark.processor import RecordProcessor
-from kclpy_spark.worker import ProcessorFactory
+from kclpy_spark.runtime.worker import ProcessorFactory
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ def run_properties(
     ``overrides``: WorkerConfig fields that win over the file (``endpoint_url``, ``worker_id``...).
     Raises ConfigError (before anything starts) for a bad file, command or class.
     """
-    from kclpy_spark.daemon import run_worker
+    from kclpy_spark.runtime.daemon import run_worker
 
     config = load_properties(path, overrides=overrides)
     factory, description = build_factory(

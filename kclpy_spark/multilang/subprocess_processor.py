@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from checkpoint.base.errors import ConfigError
 from checkpoint.checkpointer import DEPENDENCY, INVALID_STATE, CheckpointError
-from checkpoint.errors import ConfigError
 from kclpy_spark.multilang import protocol
 from kclpy_spark.multilang.properties import MultiLangSettings
 from kclpy_spark.processor import (

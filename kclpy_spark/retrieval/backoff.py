@@ -12,7 +12,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 
-from checkpoint.errors import DependencyError, ThrottledError, map_aws_error
+from checkpoint.base.errors import DependencyError, ThrottledError, map_aws_error
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from checkpoint.errors import (
+from checkpoint.base.errors import (
     ResourceNotFoundError,
     error_code,
     map_aws_error,

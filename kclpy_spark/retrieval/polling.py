@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from checkpoint.errors import (
+from checkpoint.base.errors import (
     error_code,
     map_aws_error,
 )

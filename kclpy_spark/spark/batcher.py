@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from checkpoint.acks import AckTracker
-from checkpoint.clock import Clock, SystemClock
+from checkpoint.base.clock import Clock, SystemClock
 from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.spark.batch import BatchSink, Interrupter, NoInterrupter, ToDataFrame
 from kclpy_spark.spark.lanes import Lane, LaneState, Recovery, TwoPhaseCheckpointer

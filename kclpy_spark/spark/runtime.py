@@ -16,13 +16,13 @@ import inspect
 import logging
 from typing import Any
 
-from checkpoint.errors import ConfigError
+from checkpoint.base.errors import ConfigError
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.spark.batch import BatchSink, FunctionSink
 from kclpy_spark.spark.batcher import MicroBatcher
-from kclpy_spark.spark.config import SinkConfig
-from kclpy_spark.spark.processor import SparkSinkProcessorFactory
 from kclpy_spark.spark.session import SparkSessionHolder
+from kclpy_spark.spark.sink_config import SinkConfig
+from kclpy_spark.spark.sink_processor import SparkSinkProcessorFactory
 from kclpy_spark.spark.sinks import DeadLetterDirectory, DeltaSink, ParquetSink
 
 log = logging.getLogger(__name__)

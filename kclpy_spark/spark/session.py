@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from checkpoint.errors import ConfigError
+from checkpoint.base.errors import ConfigError
 
 log = logging.getLogger(__name__)
 _CORRUPT = "_kclpy_spark_corrupt_record"

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Literal
 
-from checkpoint.errors import KclpySparkError
+from checkpoint.base.errors import KclpySparkError
 
 
 class SinkParkedError(KclpySparkError):

@@ -18,9 +18,9 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from tenacity import RetryCallState, Retrying, stop_after_attempt, wait_random_exponential
 from tenacity.stop import stop_base
 
+from checkpoint.base.clock import Clock
+from checkpoint.base.errors import KclpySparkError
 from checkpoint.checkpointer import SHUTDOWN, CheckpointError
-from checkpoint.clock import Clock
-from checkpoint.errors import KclpySparkError
 from kclpy_spark.spark.batch import BatchSink, Interrupter, SinkBatch, ToDataFrame
 from kclpy_spark.spark.lanes import InFlight, Lane, LaneState
 from kclpy_spark.spark.pieces import SCHEMA, PendingState, PieceKey, batch_id_of

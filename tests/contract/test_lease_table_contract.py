@@ -13,9 +13,7 @@ from typing import Any
 
 import pytest
 
-from checkpoint.dynamodb import DynamoDBLeaseTable
 from checkpoint.lease import MAX_HASH_KEY, HashKeyRange, Lease
-from checkpoint.memory import MemoryLeaseTable
 from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import (
     AT_TIMESTAMP,
@@ -24,7 +22,9 @@ from checkpoint.sequence import (
     TRIM_HORIZON,
     ExtendedSequenceNumber,
 )
-from checkpoint.sqlite import SQLiteLeaseTable
+from checkpoint.stores.dynamodb import DynamoDBLeaseTable
+from checkpoint.stores.memory import MemoryLeaseTable
+from checkpoint.stores.sqlite import SQLiteLeaseTable
 
 SEQ_1 = "49590338271490256608559692538361571095921575989136588898"
 SEQ_2 = "49590338271490256608559692540925702759324208523137515618"

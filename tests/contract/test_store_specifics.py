@@ -17,19 +17,19 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from checkpoint.dynamodb import OWNER_INDEX, DynamoDBLeaseTable
-from checkpoint.errors import (
+from checkpoint.base.errors import (
     CorruptLeaseError,
     DependencyError,
     InvalidStateError,
     ResourceNotFoundError,
     ThrottledError,
 )
+from checkpoint.base.retry import RetryPolicy
 from checkpoint.lease import MAX_HASH_KEY, HashKeyRange, Lease
 from checkpoint.port import CoordinationRecord
-from checkpoint.retry import RetryPolicy
 from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber
-from checkpoint.sqlite import SQLiteLeaseTable
+from checkpoint.stores.dynamodb import OWNER_INDEX, DynamoDBLeaseTable
+from checkpoint.stores.sqlite import SQLiteLeaseTable
 
 SEQ = "49590338271490256608559692538361571095921575989136588898"
 FAST = RetryPolicy(base_delay=0.001, max_delay=0.01, max_attempts=4, max_elapsed=30.0)
@@ -536,7 +536,7 @@ def test_dynamodb_throttling_is_retried(
         dynamodb_client, {"update_item": 3}, "ProvisionedThroughputExceededException"
     )
     table = DynamoDBLeaseTable(faulty, dynamo.table_name, retry=FAST, sleep=no_sleep)  # type: ignore[arg-type]
-    with caplog.at_level(logging.WARNING, logger="checkpoint.retry"):
+    with caplog.at_level(logging.WARNING, logger="checkpoint.base.retry"):
         renewed = table.renew_lease(lease)
     assert renewed is not None and renewed.lease_counter == 1
     assert faulty.calls == {"update_item": 4}

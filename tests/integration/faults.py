@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from botocore.exceptions import ClientError
 
-from checkpoint.errors import ThrottledError
+from checkpoint.base.errors import ThrottledError
 
 
 def client_error(code: str, operation: str, status: int = 400) -> ClientError:

@@ -25,16 +25,16 @@ from typing import Any
 import boto3
 
 from checkpoint.sequence import InitialPosition
-from checkpoint.sqlite import SQLiteLeaseTable
+from checkpoint.stores.sqlite import SQLiteLeaseTable
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.daemon import run_worker
+from kclpy_spark.runtime.daemon import run_worker
+from kclpy_spark.runtime.worker import Worker
 from kclpy_spark.spark.batch import SinkBatch
-from kclpy_spark.spark.config import SinkConfig
 from kclpy_spark.spark.pieces import Piece
 from kclpy_spark.spark.runtime import processor_factory_from_sink_config
 from kclpy_spark.spark.session import SparkSessionHolder
+from kclpy_spark.spark.sink_config import SinkConfig
 from kclpy_spark.spark.sinks import DeltaSink, ParquetSink
-from kclpy_spark.worker import Worker
 
 HERE = Path(__file__).resolve().parent
 OUT_ENV = "KCLPY_E2E_OUT"  # the sink's output folder (parquet/, delta/, violations.jsonl)

@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from checkpoint.base.clock import Clock, SystemClock
+from checkpoint.base.retry import RetryPolicy
 from checkpoint.checkpointer import Checkpointer
-from checkpoint.clock import Clock, SystemClock
-from checkpoint.held import LeaseHolder
 from checkpoint.lease import Lease
-from checkpoint.memory import MemoryLeaseTable
-from checkpoint.retry import RetryPolicy
+from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
+from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.processor import Record
 from kclpy_spark.spark.batcher import MicroBatcher
 from kclpy_spark.spark.lanes import Lane

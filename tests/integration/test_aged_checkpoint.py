@@ -13,11 +13,11 @@ from worker_procs import produce, wait_active
 
 from checkpoint.lease import Lease
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
-from checkpoint.sqlite import SQLiteLeaseTable
+from checkpoint.stores.sqlite import SQLiteLeaseTable
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.daemon import run_worker
 from kclpy_spark.processor import ProcessRecordsInput, RecordProcessor
-from kclpy_spark.worker import Worker
+from kclpy_spark.runtime.daemon import run_worker
+from kclpy_spark.runtime.worker import Worker
 
 SHARD = "shardId-000000000000"
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from worker_procs import fleet, produce, wait_active, wait_for
 
-from checkpoint.dynamodb import DynamoDBLeaseTable
 from checkpoint.sequence import ExtendedSequenceNumber
+from checkpoint.stores.dynamodb import DynamoDBLeaseTable
 
 DURATION = 100.0  # seconds of chaos
 KILL_EVERY = 20.0

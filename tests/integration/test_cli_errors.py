@@ -28,29 +28,29 @@ def _assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: s
 @pytest.mark.parametrize(
     ("args", "needles"),
     [
-        (["--stream-name", "s", "--processor", "kclpy_spark.samples:CountingProcessor",
+        (["--stream-name", "s", "--processor", "kclpy_spark.demo.samples:CountingProcessor",
           "--initial-position", "EARLIEST"], ["initial position", "EARLIEST"]),
         (["--stream-name", "s", "--processor", "no_such_module:Proc"],
          ["cannot import processor module", "no_such_module"]),
-        (["--stream-name", "s", "--processor", "kclpy_spark.samples:NoSuchClass"],
+        (["--stream-name", "s", "--processor", "kclpy_spark.demo.samples:NoSuchClass"],
          ["NoSuchClass"]),
         (["--stream-name", "s", "--processor", "not a path"], ["processor"]),
         (["--stream-name", "s"], ["processor", "required"]),
-        (["--processor", "kclpy_spark.samples:CountingProcessor"], ["stream_name"]),
-        (["--stream-name", "s", "--processor", "kclpy_spark.samples:CountingProcessor",
+        (["--processor", "kclpy_spark.demo.samples:CountingProcessor"], ["stream_name"]),
+        (["--stream-name", "s", "--processor", "kclpy_spark.demo.samples:CountingProcessor",
           "--lease-store", "postgres"], ["lease_store"]),
         (["--config", "missing.toml"], ["missing.toml", "does not exist"]),
-        (["--stream-name", "s", "--processor", "kclpy_spark.samples:CountingProcessor",
+        (["--stream-name", "s", "--processor", "kclpy_spark.demo.samples:CountingProcessor",
           "--region", "mars-1"], ["region", "mars-1"]),
-        (["--stream-name", "s", "--processor", "kclpy_spark.samples:CountingProcessor",
+        (["--stream-name", "s", "--processor", "kclpy_spark.demo.samples:CountingProcessor",
           "--failover-time", "-3"], ["failover_time"]),
-        (["--stream-name", "s", "--processor", "kclpy_spark.samples:CountingProcessor",
+        (["--stream-name", "s", "--processor", "kclpy_spark.demo.samples:CountingProcessor",
           "--max-records", "20000"], ["max_records", "10000"]),
-        (["--stream-name", "bad name!", "--processor", "kclpy_spark.samples:CountingProcessor"],
-         ["stream name"]),
-        (["--stream-name", "s", "--processor", "kclpy_spark.samples:CountingProcessor",
+        (["--stream-name", "bad name!",
+          "--processor", "kclpy_spark.demo.samples:CountingProcessor"], ["stream name"]),
+        (["--stream-name", "s", "--processor", "kclpy_spark.demo.samples:CountingProcessor",
           "--endpoint-url", "localhost:4566"], ["endpoint_url"]),
-        (["--stream-arn", "orders", "--processor", "kclpy_spark.samples:CountingProcessor"],
+        (["--stream-arn", "orders", "--processor", "kclpy_spark.demo.samples:CountingProcessor"],
          ["stream_arn", "not an ARN"]),
     ],
 )  # fmt: skip
@@ -66,7 +66,7 @@ def test_unknown_key_in_config_file(tmp_path: Path) -> None:
 def test_missing_stream_is_one_clear_line(localstack_endpoint: str, tmp_path: Path) -> None:
     result = _run(
         "--stream-name", "no-such-stream-anywhere", "--endpoint-url", localstack_endpoint,
-        "--processor", "kclpy_spark.samples:CountingProcessor", cwd=tmp_path,
+        "--processor", "kclpy_spark.demo.samples:CountingProcessor", cwd=tmp_path,
     )  # fmt: skip
     _assert_one_line_error(result, "no-such-stream-anywhere", "does not exist")
 
@@ -76,7 +76,7 @@ def test_missing_lease_table_with_creation_disabled(localstack_endpoint: str, tm
     (tmp_path / "w.toml").write_text(
         f'stream_name = "s"\nendpoint_url = "{localstack_endpoint}"\nlease_store = "dynamodb"\n'
         'application_name = "no-such-table-here"\ncreate_lease_table = false\n'
-        'processor = "kclpy_spark.samples:CountingProcessor"\n'
+        'processor = "kclpy_spark.demo.samples:CountingProcessor"\n'
     )
     _assert_one_line_error(_run("--config", "w.toml", cwd=tmp_path), "no-such-table-here")
 
@@ -88,7 +88,7 @@ def test_toml_syntax_error_is_one_line(tmp_path: Path) -> None:
 
 def test_contradictory_streams_config(tmp_path: Path) -> None:
     (tmp_path / "both.toml").write_text(
-        'stream_name = "s"\nprocessor = "kclpy_spark.samples:CountingProcessor"\n'
+        'stream_name = "s"\nprocessor = "kclpy_spark.demo.samples:CountingProcessor"\n'
         '[[streams]]\nstream_name = "t"\n'
     )
     _assert_one_line_error(_run("--config", "both.toml", cwd=tmp_path), "not both")
@@ -96,7 +96,7 @@ def test_contradictory_streams_config(tmp_path: Path) -> None:
 
 def test_wrong_type_in_config_file(tmp_path: Path) -> None:
     (tmp_path / "types.toml").write_text(
-        'stream_name = "s"\nprocessor = "kclpy_spark.samples:CountingProcessor"\n'
+        'stream_name = "s"\nprocessor = "kclpy_spark.demo.samples:CountingProcessor"\n'
         'failover_time = "ten seconds"\n'
     )
     _assert_one_line_error(_run("--config", "types.toml", cwd=tmp_path), "failover_time", "float")

@@ -13,10 +13,9 @@ from typing import Any
 import pytest
 
 from checkpoint.sequence import InitialPosition
-from checkpoint.sqlite import SQLiteLeaseTable
+from checkpoint.stores.sqlite import SQLiteLeaseTable
 from kclpy_spark.aws import aio_client
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.daemon import run_worker
 from kclpy_spark.processor import (
     InitializeInput,
     ProcessRecordsInput,
@@ -24,7 +23,8 @@ from kclpy_spark.processor import (
     ShardEndedInput,
 )
 from kclpy_spark.retrieval.fanout import deregister_consumer
-from kclpy_spark.worker import Worker
+from kclpy_spark.runtime.daemon import run_worker
+from kclpy_spark.runtime.worker import Worker
 
 
 class Recorder:

@@ -15,12 +15,12 @@ from urllib.parse import urlparse
 from faults import FaultyKinesis, FaultyStore, Proxy, client_error, throttled
 from worker_procs import produce, wait_active
 
-from checkpoint.errors import DependencyError
+from checkpoint.base.errors import DependencyError
 from checkpoint.sequence import InitialPosition
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.daemon import run_worker
 from kclpy_spark.processor import InitializeInput, ProcessRecordsInput, RecordProcessor
-from kclpy_spark.worker import Worker
+from kclpy_spark.runtime.daemon import run_worker
+from kclpy_spark.runtime.worker import Worker
 
 
 class Collector:

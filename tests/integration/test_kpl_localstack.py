@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
-from checkpoint.sqlite import SQLiteLeaseTable
+from checkpoint.stores.sqlite import SQLiteLeaseTable
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.daemon import run_worker
 from kclpy_spark.processor import InitializeInput, ProcessRecordsInput, RecordProcessor
 from kclpy_spark.retrieval.kpl import UserRecord, partition_key_hash, put_entry
+from kclpy_spark.runtime.daemon import run_worker
 
 HALF = 2**127
 SHARD0 = "shardId-000000000000"

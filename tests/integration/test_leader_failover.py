@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from worker_procs import Fleet, fleet, wait_active, wait_for
 
-from checkpoint.dynamodb import DynamoDBLeaseTable
 from checkpoint.port import CoordinationRecord
-from checkpoint.sqlite import SQLiteLeaseTable
+from checkpoint.stores.dynamodb import DynamoDBLeaseTable
+from checkpoint.stores.sqlite import SQLiteLeaseTable
 from shard_sync.leader import LEADER_KEY
 
 FAILOVER = 3.0
@@ -39,7 +39,7 @@ stream_name = "{name}"
 endpoint_url = "{endpoint}"
 initial_position = "LATEST"
 lease_store = "{lease_store}"
-processor = "kclpy_spark.samples:CountingProcessor"
+processor = "kclpy_spark.demo.samples:CountingProcessor"
 failover_time = {FAILOVER}
 shard_sync_interval = {SHARD_SYNC_INTERVAL}
 idle_time_between_reads = 0.5

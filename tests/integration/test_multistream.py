@@ -9,7 +9,7 @@ from typing import Any
 
 from worker_procs import fleet, read_output, wait_active, wait_for
 
-from checkpoint.sqlite import SQLiteLeaseTable
+from checkpoint.stores.sqlite import SQLiteLeaseTable
 
 
 def _config(app: str, endpoint: str, db: Path, streams: list[str]) -> str:
@@ -20,7 +20,7 @@ def _config(app: str, endpoint: str, db: Path, streams: list[str]) -> str:
 application_name = "{app}"
 endpoint_url = "{endpoint}"
 lease_store = "sqlite:{db}"
-processor = "kclpy_spark.samples:JsonLinesProcessor"
+processor = "kclpy_spark.demo.samples:JsonLinesProcessor"
 failover_time = 3.0
 idle_time_between_reads = 0.2
 shard_sync_interval = 1.0

@@ -17,9 +17,9 @@ from worker_procs import produce, wait_active
 from checkpoint.lease import LeaseState
 from checkpoint.sequence import InitialPosition
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.daemon import run_worker
 from kclpy_spark.processor import InitializeInput, ProcessRecordsInput, RecordProcessor
-from kclpy_spark.worker import Worker
+from kclpy_spark.runtime.daemon import run_worker
+from kclpy_spark.runtime.worker import Worker
 
 
 def _cfg(name: str, endpoint: str, tmp_path: Path, **extra: Any) -> WorkerConfig:
@@ -80,7 +80,7 @@ def test_failing_batches_are_retried_until_processed(
                 last_seq.append(process_records_input.records[-1].sequence_number)
             process_records_input.checkpointer.checkpoint()
 
-    caplog.set_level(logging.ERROR, logger="kclpy_spark.consumer")
+    caplog.set_level(logging.ERROR, logger="kclpy_spark.runtime.consumer")
     cfg = _cfg(unique_name, localstack_endpoint, tmp_path, max_processing_attempts=5)
     worker = _run(cfg, Flaky, lambda w: produced <= set(done))
     assert sorted(done, key=int) == sorted(produced, key=int)  # each once, none skipped

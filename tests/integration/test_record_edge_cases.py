@@ -14,9 +14,9 @@ from worker_procs import wait_active
 
 from checkpoint.sequence import InitialPosition
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.daemon import run_worker
 from kclpy_spark.processor import ProcessRecordsInput, RecordProcessor
-from kclpy_spark.worker import Worker
+from kclpy_spark.runtime.daemon import run_worker
+from kclpy_spark.runtime.worker import Worker
 
 
 def test_big_binary_and_odd_records_arrive_intact(

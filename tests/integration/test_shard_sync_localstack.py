@@ -34,12 +34,12 @@ from typing import Any
 
 import pytest
 
-from checkpoint.dynamodb import DynamoDBLeaseTable
-from checkpoint.errors import ResourceNotFoundError
+from checkpoint.base.errors import ResourceNotFoundError
+from checkpoint.base.retry import RetryPolicy
 from checkpoint.lease import HashKeyRange, Lease
-from checkpoint.retry import RetryPolicy
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
-from checkpoint.sqlite import SQLiteLeaseTable
+from checkpoint.stores.dynamodb import DynamoDBLeaseTable
+from checkpoint.stores.sqlite import SQLiteLeaseTable
 from shard_sync.cleanup import LeaderMaintenance
 from shard_sync.discovery import KinesisShardLister, StreamNotReadyError
 from shard_sync.hierarchy import child_leases_at_shard_end

@@ -27,7 +27,7 @@ from spark_e2e import (
     written,
 )
 
-from checkpoint.sqlite import SQLiteLeaseTable
+from checkpoint.stores.sqlite import SQLiteLeaseTable
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

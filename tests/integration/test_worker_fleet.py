@@ -11,7 +11,7 @@ from typing import Any
 
 from worker_procs import fleet, produce, read_output, wait_active, wait_for
 
-from checkpoint.dynamodb import DynamoDBLeaseTable
+from checkpoint.stores.dynamodb import DynamoDBLeaseTable
 
 FAILOVER = 4.0
 TAKE_INTERVAL = (FAILOVER + 0.025) * 0.5  # LeaseTiming's default: half a lease duration
@@ -24,7 +24,7 @@ stream_name = "{name}"
 endpoint_url = "{endpoint}"
 initial_position = "TRIM_HORIZON"
 lease_store = "dynamodb"
-processor = "kclpy_spark.samples:JsonLinesProcessor"
+processor = "kclpy_spark.demo.samples:JsonLinesProcessor"
 failover_time = {FAILOVER}
 idle_time_between_reads = 0.3
 parent_shard_poll_interval = 1.0

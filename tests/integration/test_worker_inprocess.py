@@ -10,7 +10,6 @@ from typing import Any
 
 from checkpoint.sequence import InitialPosition
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.daemon import run_worker
 from kclpy_spark.processor import (
     InitializeInput,
     ProcessRecordsInput,
@@ -18,7 +17,8 @@ from kclpy_spark.processor import (
     ShardEndedInput,
     ShutdownRequestedInput,
 )
-from kclpy_spark.worker import Worker
+from kclpy_spark.runtime.daemon import run_worker
+from kclpy_spark.runtime.worker import Worker
 
 
 class Recorder:
@@ -162,7 +162,7 @@ def test_worker_processes_everything_across_a_split_and_shuts_down_cleanly(
     assert leases[parent].checkpoint.is_shard_end
     assert set(leases[parent].child_shard_ids) >= set(children)
     # Graceful shutdown: processors were asked, leases released.
-    from checkpoint.sqlite import SQLiteLeaseTable
+    from checkpoint.stores.sqlite import SQLiteLeaseTable
 
     after = SQLiteLeaseTable(tmp_path / "leases.db", namespace=stream).list_leases()
     assert all(x.lease_owner is None for x in after)

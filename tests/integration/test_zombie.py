@@ -11,7 +11,7 @@ from typing import Any
 
 from worker_procs import fleet, produce, wait_active, wait_for
 
-from checkpoint.sqlite import SQLiteLeaseTable
+from checkpoint.stores.sqlite import SQLiteLeaseTable
 
 SHARD = "shardId-000000000000"
 

@@ -1,5 +1,5 @@
 """Helpers for the MultiLang tests: a held lease with a real Checkpointer, records, output files,
-and daemon processes (``python -m kclpy_spark.multilang.cli``) against LocalStack."""
+and daemon processes (``python -m kclpy_spark.multilang.command``) against LocalStack."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from checkpoint.base.clock import SystemClock
 from checkpoint.checkpointer import Checkpointer
-from checkpoint.clock import SystemClock
-from checkpoint.held import LeaseHolder
 from checkpoint.lease import Lease
-from checkpoint.memory import MemoryLeaseTable
+from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
+from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.processor import Record
 
 HERE = Path(__file__).resolve().parent
@@ -191,7 +191,7 @@ def daemon(
     full_env["PYTHONPATH"] = os.pathsep.join([str(REPO), full_env.get("PYTHONPATH", "")])
     with log.open("wb") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kclpy_spark.multilang.cli", "--log-level", "INFO",
+            [sys.executable, "-m", "kclpy_spark.multilang.command", "--log-level", "INFO",
              "--properties", str(path), "--worker-id", worker_id, *args],
             stdout=fh, stderr=subprocess.STDOUT, env=full_env, cwd=workdir,
         )  # fmt: skip

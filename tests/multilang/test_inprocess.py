@@ -21,7 +21,7 @@ from multilang_helpers import (
     seq,
 )
 
-from checkpoint.errors import ConfigError
+from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import SHARD_END, ExtendedSequenceNumber
 from kclpy_spark.multilang.inprocess import KclpyProcessorAdapter
 from kclpy_spark.multilang.properties import config_from_properties

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kclpy_spark.multilang.cli import add_subcommand
+from kclpy_spark.multilang.command import add_subcommand
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -40,7 +40,7 @@ def test_argument_spellings(argv: list[str], path: str | None, in_process: str |
 
 def _cli(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "kclpy_spark.multilang.cli", *argv],
+        [sys.executable, "-m", "kclpy_spark.multilang.command", *argv],
         capture_output=True, text=True, cwd=cwd, timeout=60, check=False,
     )  # fmt: skip
 

@@ -26,8 +26,8 @@ from multilang_helpers import (
     wait_for,
 )
 
-from checkpoint.dynamodb import DynamoDBLeaseTable
 from checkpoint.sequence import ExtendedSequenceNumber
+from checkpoint.stores.dynamodb import DynamoDBLeaseTable
 
 FIRST, SECOND = range(0, 12), range(12, 24)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from checkpoint.errors import ConfigError
+from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import InitialPosition, Position
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.multilang.properties import (

@@ -23,7 +23,7 @@ from multilang_helpers import (
     seq,
 )
 
-from checkpoint.errors import ConfigError
+from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import SHARD_END, ExtendedSequenceNumber
 from kclpy_spark.multilang.subprocess_processor import (
     ChildFailedError,

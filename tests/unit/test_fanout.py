@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from checkpoint.errors import AccessError
+from checkpoint.base.errors import AccessError
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.retrieval.fanout import (
     MIN_RESUBSCRIBE_INTERVAL,

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from checkpoint.lease import Lease
-from checkpoint.memory import MemoryLeaseTable
 from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber, InitialPosition
-from kclpy_spark import control
+from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.logs import ContextFilter, JsonFormatter, redact, set_application, shard_context
-from kclpy_spark.status import is_live, lease_rows, plan_reset, render_json, render_table
+from kclpy_spark.ops import control
+from kclpy_spark.ops.status import is_live, lease_rows, plan_reset, render_json, render_table
 
 SEQ = ExtendedSequenceNumber("49600000000000000000000000000000000000000000000000000002")
 
@@ -118,7 +118,7 @@ def test_log_lines_carry_the_lease_context(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_multi_stream_config_parses_and_rejects_mixes(tmp_path: Path) -> None:
-    from checkpoint.errors import ConfigError
+    from checkpoint.base.errors import ConfigError
     from kclpy_spark.config import load_toml
 
     good = tmp_path / "multi.toml"

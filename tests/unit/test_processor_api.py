@@ -228,7 +228,7 @@ def test_package_exports() -> None:
 def test_importing_the_package_pulls_in_no_heavy_dependency() -> None:
     heavy = ["pyspark", "py4j", "boto3", "botocore", "aiobotocore", "pandas", "pyarrow"]
     code = (
-        "import sys, kclpy_spark, kclpy_spark.processor, kclpy_spark.leasing;"
+        "import sys, kclpy_spark, kclpy_spark.processor, checkpoint.leasing;"
         f"print([m for m in {heavy!r} if m in sys.modules])"
     )
     out = subprocess.run(

@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from checkpoint.acks import AckError, AckHandle, AckRange, AckTracker
-from checkpoint.clock import ManualClock
-from checkpoint.errors import KclpySparkError
+from checkpoint.base.clock import ManualClock
+from checkpoint.base.errors import KclpySparkError
 from checkpoint.sequence import ExtendedSequenceNumber
 
 TIMEOUT = 30.0

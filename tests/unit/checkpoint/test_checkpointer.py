@@ -8,6 +8,15 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from checkpoint.base.clock import ManualClock
+from checkpoint.base.errors import (
+    CorruptLeaseError,
+    DependencyError,
+    KclpySparkError,
+    ResourceNotFoundError,
+    ThrottledError,
+)
+from checkpoint.base.retry import RetryPolicy
 from checkpoint.checkpointer import (
     DEPENDENCY,
     ILLEGAL_ARGUMENT,
@@ -18,19 +27,10 @@ from checkpoint.checkpointer import (
     CheckpointError,
     LeaseLostCheckpointer,
 )
-from checkpoint.clock import ManualClock
-from checkpoint.errors import (
-    CorruptLeaseError,
-    DependencyError,
-    KclpySparkError,
-    ResourceNotFoundError,
-    ThrottledError,
-)
-from checkpoint.held import LeaseHolder
 from checkpoint.lease import Lease
-from checkpoint.memory import MemoryLeaseTable
-from checkpoint.retry import RetryPolicy
+from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber
+from checkpoint.stores.memory import MemoryLeaseTable
 
 KEY = "shardId-000000000000"
 DURATION = 10.0  # failoverTimeMillis 10 000

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from checkpoint.coordination import (
+from checkpoint.counters import (
     CoordinationCounters,
     Counter,
     choose_leases_to_acquire,
@@ -15,8 +15,8 @@ from checkpoint.coordination import (
     reopen,
 )
 from checkpoint.lease import Lease, LeaseState
-from checkpoint.memory import MemoryLeaseTable
 from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber
+from checkpoint.stores.memory import MemoryLeaseTable
 
 NOW = 1_700_000_000.0
 

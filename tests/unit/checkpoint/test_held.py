@@ -9,12 +9,12 @@ from dataclasses import replace
 
 import pytest
 
-from checkpoint.clock import ManualClock
-from checkpoint.errors import DependencyError, ThrottledError
-from checkpoint.held import LeaseHolder, LeaseLoss
+from checkpoint.base.clock import ManualClock
+from checkpoint.base.errors import DependencyError, ThrottledError
 from checkpoint.lease import Lease
-from checkpoint.memory import MemoryLeaseTable
+from checkpoint.leasing.holder import LeaseHolder, LeaseLoss
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
+from checkpoint.stores.memory import MemoryLeaseTable
 
 DURATION = 10.0
 KEY = "shardId-000000000000"

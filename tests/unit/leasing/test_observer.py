@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from checkpoint.clock import ManualClock
-from checkpoint.errors import ConfigError
+from checkpoint.base.clock import ManualClock
+from checkpoint.base.errors import ConfigError
 from checkpoint.lease import Lease
+from checkpoint.leasing import LeaseObserver, LeaseTiming, ObservedScan
 from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber
-from kclpy_spark.leasing import LeaseObserver, LeaseTiming, ObservedScan
 
 TIMING = LeaseTiming(failover=10.0)
 DURATION = TIMING.lease_duration

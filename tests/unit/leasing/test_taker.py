@@ -8,10 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from checkpoint.clock import ManualClock
+from checkpoint.base.clock import ManualClock
 from checkpoint.lease import Lease
-from checkpoint.sequence import SHARD_END, TRIM_HORIZON
-from kclpy_spark.leasing import (
+from checkpoint.leasing import (
     UNLIMITED,
     LeaseObserver,
     LeaseTiming,
@@ -19,6 +18,7 @@ from kclpy_spark.leasing import (
     TakePlan,
     plan_takes,
 )
+from checkpoint.sequence import SHARD_END, TRIM_HORIZON
 
 TIMING = LeaseTiming(failover=10.0)
 ME = "me"

@@ -7,13 +7,13 @@ from typing import Any
 import pytest
 
 from checkpoint.lease import MAX_HASH_KEY, HashKeyRange, Lease
-from checkpoint.memory import MemoryLeaseTable
 from checkpoint.sequence import (
     SHARD_END,
     TRIM_HORIZON,
     ExtendedSequenceNumber,
     InitialPosition,
 )
+from checkpoint.stores.memory import MemoryLeaseTable
 from shard_sync.cleanup import LeaderMaintenance, completed_leases_to_delete, garbage_leases
 from shard_sync.shards import Shard
 from shard_sync.syncer import ShardSyncer

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from checkpoint.errors import InvalidStateError, KclpySparkError
+from checkpoint.base.errors import InvalidStateError, KclpySparkError
 from checkpoint.lease import MAX_HASH_KEY, HashKeyRange, Lease
 from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber, InitialPosition
 from shard_sync import InconsistentShardGraphError, NewLease, Shard, leases_to_create

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from checkpoint.clock import ManualClock
-from checkpoint.memory import MemoryLeaseTable
+from checkpoint.base.clock import ManualClock
+from checkpoint.stores.memory import MemoryLeaseTable
 from shard_sync.leader import LEADER_KEY, LeaderElection
 
 

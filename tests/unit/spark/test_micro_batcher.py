@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
+from checkpoint.base.clock import ManualClock
+from checkpoint.base.errors import ThrottledError
+from checkpoint.base.retry import RetryPolicy
 from checkpoint.checkpointer import Checkpointer
-from checkpoint.clock import ManualClock
-from checkpoint.errors import ThrottledError
-from checkpoint.held import LeaseHolder
 from checkpoint.lease import Lease
-from checkpoint.memory import MemoryLeaseTable
-from checkpoint.retry import RetryPolicy
+from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
+from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.processor import Record
 from kclpy_spark.spark.batch import SinkBatch
 from kclpy_spark.spark.batcher import (

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
+from checkpoint.base.clock import ManualClock
 from checkpoint.checkpointer import Checkpointer
-from checkpoint.clock import ManualClock
-from checkpoint.held import LeaseHolder
 from checkpoint.lease import Lease
-from checkpoint.memory import MemoryLeaseTable
+from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber
+from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.processor import (
     InitializeInput,
     LeaseLostInput,
@@ -31,7 +31,7 @@ from kclpy_spark.spark.batcher import (
     SinkParkedError,
 )
 from kclpy_spark.spark.pieces import Piece
-from kclpy_spark.spark.processor import SparkSinkProcessor, SparkSinkProcessorFactory
+from kclpy_spark.spark.sink_processor import SparkSinkProcessor, SparkSinkProcessorFactory
 
 SHARD = "shardId-000000000000"
 
@@ -194,7 +194,7 @@ def test_the_sink_needs_the_two_phase_checkpointer(factory: SparkSinkProcessorFa
 
 
 def test_the_stream_column_names_the_lease_stream_in_multi_stream_mode() -> None:
-    from kclpy_spark.spark.processor import stream_of
+    from kclpy_spark.spark.sink_processor import stream_of
 
     assert stream_of("123456789012:orders:1700000000:shardId-000000000001", "a,b") == "orders"
     assert stream_of("shardId-000000000001", "orders") == "orders"

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from checkpoint.coordination import CoordinationCounters
+from checkpoint.counters import CoordinationCounters
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from checkpoint.errors import map_aws_error
+from checkpoint.base.errors import map_aws_error
 from checkpoint.lease import Lease
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import InitialPosition

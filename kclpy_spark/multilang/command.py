@@ -6,7 +6,7 @@
 
 The MultiLangDaemon's own spellings are accepted: ``--properties-file``/``-p`` or the file as the
 only argument (and ``--log-configuration``/``-l``, which is ignored with a warning: logging is
-Python's). Also runnable alone: ``python -m kclpy_spark.multilang.cli ...``.
+Python's). Also runnable alone: ``python -m kclpy_spark.multilang.command ...``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from checkpoint.errors import ConfigError, KclpySparkError
+from checkpoint.base.errors import ConfigError, KclpySparkError
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m kclpy_spark.multilang.cli``: the subcommand on its own."""
+    """``python -m kclpy_spark.multilang.command``: the subcommand on its own."""
     from kclpy_spark.logs import configure as configure_logging
 
     parser = argparse.ArgumentParser(

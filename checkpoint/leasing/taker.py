@@ -45,7 +45,7 @@ import random
 from dataclasses import dataclass, replace
 
 from checkpoint.lease import Lease
-from kclpy_spark.leasing.observer import ObservedLease, ObservedScan
+from checkpoint.leasing.observer import ObservedLease, ObservedScan
 
 # The KCL's default maxLeasesForWorker (Integer.MAX_VALUE): no cap.
 UNLIMITED = 2**31 - 1

@@ -11,11 +11,11 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from checkpoint.errors import ConfigError, KclpySparkError
+from checkpoint.base.errors import ConfigError, KclpySparkError
 from kclpy_spark.config import StreamSpec, WorkerConfig, load_toml
-from kclpy_spark.lease_store import LeaseStore
 from kclpy_spark.processor import RecordProcessor
-from kclpy_spark.worker import ProcessorFactory, Worker
+from kclpy_spark.runtime.lease_store import LeaseStore
+from kclpy_spark.runtime.worker import ProcessorFactory, Worker
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ async def run_worker(
     ``wrap_store`` / ``wrap_kinesis`` wrap the real lease store and asyncio Kinesis client (tests
     inject faults through them)."""
     from kclpy_spark.aws import aio_client, boto3_client
-    from kclpy_spark.lease_store import open_lease_store
+    from kclpy_spark.runtime.lease_store import open_lease_store
 
     _tune_gc()
     store = await asyncio.to_thread(open_lease_store, cfg)

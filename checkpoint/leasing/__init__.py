@@ -3,9 +3,9 @@
 Import-light: only the standard library and the lease value types.
 """
 
-from kclpy_spark.leasing.observer import LeaseObserver, ObservedLease, ObservedScan
-from kclpy_spark.leasing.taker import UNLIMITED, TakePlan, plan_takes
-from kclpy_spark.leasing.timing import LeaseTiming
+from checkpoint.leasing.observer import LeaseObserver, ObservedLease, ObservedScan
+from checkpoint.leasing.taker import UNLIMITED, TakePlan, plan_takes
+from checkpoint.leasing.timing import LeaseTiming
 
 __all__ = [
     "UNLIMITED",

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from checkpoint.errors import ConfigError
+from checkpoint.base.errors import ConfigError
 
 if TYPE_CHECKING:
     from kclpy_spark.spark.settings import BatcherSettings

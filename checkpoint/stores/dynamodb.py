@@ -4,7 +4,8 @@ Every state change is one conditional UpdateItem/PutItem/DeleteItem (ConditionEx
 condition is the port's; ``ConditionalCheckFailedException`` means a lost race and becomes the
 ``None``/``False`` result. Won writes ask for ``ReturnValues=ALL_NEW`` and return the stored lease.
 Every other AWS error goes through ``map_aws_error``; retriable ones (throttling, transient service
-errors, connection failures) are retried by ``checkpoint.retry`` around a single-attempt method.
+errors, connection failures) are retried by ``checkpoint.base.retry`` around a single-attempt
+method.
 
 A write retried after an unknown outcome (a timeout or a 500, seen by us or retried inside botocore;
 not a throttle, which DynamoDB refuses before writing) may fail its condition on its own earlier
@@ -34,10 +35,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from checkpoint import dynamo_codec as codec
-from checkpoint.clock import Clock, SystemClock
-from checkpoint.dynamo_codec import Expr
-from checkpoint.errors import (
+from checkpoint.base.clock import Clock, SystemClock
+from checkpoint.base.errors import (
     DependencyError,
     InvalidStateError,
     ResourceNotFoundError,
@@ -45,10 +44,12 @@ from checkpoint.errors import (
     error_code,
     map_aws_error,
 )
+from checkpoint.base.retry import DEFAULT_POLICY, RetryPolicy, call_with_retry
 from checkpoint.lease import Lease
 from checkpoint.port import CoordinationRecord
-from checkpoint.retry import DEFAULT_POLICY, RetryPolicy, call_with_retry
 from checkpoint.sequence import ExtendedSequenceNumber
+from checkpoint.stores import dynamo_codec as codec
+from checkpoint.stores.dynamo_codec import Expr
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient

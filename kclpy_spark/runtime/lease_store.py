@@ -19,11 +19,11 @@ def open_lease_store(cfg: WorkerConfig) -> LeaseStore:
     InvalidStateError naming the table when it is missing (and creation is off) or malformed."""
     store: LeaseStore
     if cfg.lease_store == "memory":
-        from checkpoint.memory import MemoryLeaseTable
+        from checkpoint.stores.memory import MemoryLeaseTable
 
         store = MemoryLeaseTable()
     elif cfg.lease_store == "dynamodb":
-        from checkpoint.dynamodb import DynamoDBLeaseTable
+        from checkpoint.stores.dynamodb import DynamoDBLeaseTable
         from kclpy_spark.aws import boto3_client
 
         store = DynamoDBLeaseTable(
@@ -32,7 +32,7 @@ def open_lease_store(cfg: WorkerConfig) -> LeaseStore:
             create_if_missing=cfg.create_lease_table,
         )
     else:
-        from checkpoint.sqlite import SQLiteLeaseTable
+        from checkpoint.stores.sqlite import SQLiteLeaseTable
 
         path = cfg.sqlite_path
         assert path is not None  # the config checked the form

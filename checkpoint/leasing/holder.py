@@ -20,8 +20,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from checkpoint.clock import Clock
-from checkpoint.errors import KclpySparkError
+from checkpoint.base.clock import Clock
+from checkpoint.base.errors import KclpySparkError
 from checkpoint.lease import Lease
 from checkpoint.port import LeaseTable
 

@@ -18,11 +18,11 @@ from typing import Any
 
 from checkpoint.sequence import InitialPosition
 from kclpy_spark.config import WorkerConfig
+from kclpy_spark.demo.samples import CountingProcessor
 from kclpy_spark.processor import ProcessRecordsInput
-from kclpy_spark.samples import CountingProcessor
-from kclpy_spark.worker import Worker
+from kclpy_spark.runtime.worker import Worker
 
-log = logging.getLogger("kclpy_spark.demo")
+log = logging.getLogger("kclpy_spark.demo.run")
 
 _seen: dict[str, set[str]] = {}
 _seen_lock = threading.Lock()
@@ -119,7 +119,7 @@ async def _wait_processed(
 
 def run_demo(args: argparse.Namespace) -> int:
     from kclpy_spark.aws import boto3_client
-    from kclpy_spark.daemon import run_worker
+    from kclpy_spark.runtime.daemon import run_worker
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     db = Path(".cache") / "demo" / "leases.db"
@@ -133,7 +133,7 @@ def run_demo(args: argparse.Namespace) -> int:
         idle_time_between_reads=0.5,
         parent_shard_poll_interval=1.0,
         shard_sync_interval=5.0,
-        processor="kclpy_spark.demo:DemoProcessor",
+        processor="kclpy_spark.demo.run:DemoProcessor",
     )
     stream = str(cfg.stream_name)
     kinesis = boto3_client("kinesis", cfg)
@@ -168,16 +168,14 @@ def run_demo(args: argparse.Namespace) -> int:
                 StreamName=cfg.stream_name,
                 WaiterConfig={"Delay": 1, "MaxAttempts": 60},
             )
-            more = await asyncio.to_thread(
-                _produce, kinesis, stream, args.records, args.records
-            )
+            more = await asyncio.to_thread(_produce, kinesis, stream, args.records, args.records)
             _merge(produced, more)
             print(f"produced {args.records} more records after the split")
             ok = await _wait_processed(worker, produced, "phase 2: after the split", deadline)
         outcome["ok"] = ok
         worker.request_shutdown()
 
-    from kclpy_spark.daemon import load_processor_factory
+    from kclpy_spark.runtime.daemon import load_processor_factory
 
     asyncio.run(run_worker(cfg, load_processor_factory(str(cfg.processor)), on_started=scenario))
     total = sum(len(s) for s in produced.values())

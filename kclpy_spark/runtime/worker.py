@@ -16,23 +16,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from checkpoint.clock import Clock, SystemClock
-from checkpoint.coordination import CoordinationCounters, Counter
-from checkpoint.errors import KclpySparkError
-from checkpoint.held import LeaseHolder
+from checkpoint.base.clock import Clock, SystemClock
+from checkpoint.base.errors import KclpySparkError
+from checkpoint.counters import CoordinationCounters, Counter
 from checkpoint.lease import Lease, LeaseState
+from checkpoint.leasing.holder import LeaseHolder
+from checkpoint.leasing.observer import LeaseObserver
+from checkpoint.leasing.taker import plan_takes
+from checkpoint.leasing.timing import LeaseTiming
 from checkpoint.sequence import InitialPosition, Sentinel
-from kclpy_spark import control
 from kclpy_spark.config import StreamSpec, WorkerConfig
-from kclpy_spark.consumer import Outcome, ShardConsumer, ShardStats
-from kclpy_spark.lease_store import LeaseStore
-from kclpy_spark.leasing.observer import LeaseObserver
-from kclpy_spark.leasing.taker import plan_takes
-from kclpy_spark.leasing.timing import LeaseTiming
 from kclpy_spark.logs import set_application, shard_context
-from kclpy_spark.metrics import StatusServer, WorkerMetrics
+from kclpy_spark.ops import control
 from kclpy_spark.processor import RecordProcessor
-from kclpy_spark.streams import StreamContext, stream_identity
+from kclpy_spark.runtime.consumer import Outcome, ShardConsumer, ShardStats
+from kclpy_spark.runtime.lease_store import LeaseStore
+from kclpy_spark.runtime.metrics import StatusServer, WorkerMetrics
+from kclpy_spark.runtime.streams import StreamContext, stream_identity
 from shard_sync.discovery import KinesisShardLister
 from shard_sync.leader import LeaderElection
 
@@ -144,9 +144,7 @@ class Worker:
                 await asyncio.to_thread(lister.wait_until_active)
                 stream_key: str | None = None
                 if multi:
-                    stream_key = await asyncio.to_thread(
-                        stream_identity, self._kinesis_sync, spec
-                    )
+                    stream_key = await asyncio.to_thread(stream_identity, self._kinesis_sync, spec)
             except KclpySparkError as exc:
                 if first and not multi:
                     raise

@@ -23,14 +23,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from checkpoint.errors import ConfigError
+from checkpoint.base.errors import ConfigError
 
 # The KCL's epsilonMillis (25 ms): margin so the last renewal lands before the lease could expire.
 DEFAULT_EPSILON = 0.025
 # The KCL's veryOldLeaseDurationNanosMultiplier.
 DEFAULT_VERY_OLD_MULTIPLIER = 3.0
 # Not in the KCL: how many take intervals a worker waits before it steals again after one of its
-# leases was taken by another worker (see kclpy_spark.leasing.taker). Two intervals let every other
+# leases was taken by another worker (see checkpoint.leasing.taker). Two intervals let every other
 # worker's taker run at least once whatever its phase, so the counts we steal on have settled.
 DEFAULT_STEAL_COOLDOWN_INTERVALS = 2.0
 

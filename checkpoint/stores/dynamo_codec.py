@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
-from checkpoint.errors import CorruptLeaseError, InvalidStateError
+from checkpoint.base.errors import CorruptLeaseError, InvalidStateError
 from checkpoint.lease import HashKeyRange, Lease
 from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import ExtendedSequenceNumber
@@ -82,7 +82,7 @@ def key_schema_problem(table: Mapping[str, Any]) -> str | None:
     return f"its key schema is {keys}, not a HASH key {LEASE_KEY!r} of type S"
 
 
-# Coordination records share the table with leases (see checkpoint/dynamodb.py).
+# Coordination records share the table with leases (see checkpoint/stores/dynamodb.py).
 RECORD_KEY_PREFIX = "__kclpy_spark__/"
 RECORD_ENTITY = "KCLPY_SPARK_COORDINATION"
 RECORD_KEY = "kclpySparkKey"

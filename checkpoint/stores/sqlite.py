@@ -9,7 +9,7 @@ transaction. A write that fails rolls back whole, so a retried write never finds
 attempt. Each thread gets its own connection.
 
 Sequence numbers and hash keys are TEXT (they exceed 64-bit integers), shard-id sets JSON text.
-``database is locked`` becomes a retriable DependencyError, retried by ``checkpoint.retry``.
+``database is locked`` becomes a retriable DependencyError, retried by ``checkpoint.base.retry``.
 """
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from checkpoint.errors import (
+from checkpoint.base.errors import (
     CorruptLeaseError,
     DependencyError,
     InvalidStateError,
     KclpySparkError,
     ResourceNotFoundError,
 )
+from checkpoint.base.retry import DEFAULT_POLICY, RetryPolicy, call_with_retry
 from checkpoint.lease import HashKeyRange, Lease
 from checkpoint.port import CoordinationRecord
-from checkpoint.retry import DEFAULT_POLICY, RetryPolicy, call_with_retry
 from checkpoint.sequence import ExtendedSequenceNumber
 
 T = TypeVar("T")

@@ -19,14 +19,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from checkpoint.checkpointer import Checkpointer
-from checkpoint.coordination import CoordinationCounters, park
-from checkpoint.held import HeldLease, LeaseHolder
+from checkpoint.counters import CoordinationCounters, park
 from checkpoint.lease import Lease
+from checkpoint.leasing.holder import HeldLease, LeaseHolder
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import LATEST, TRIM_HORIZON, ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.logs import set_shard
-from kclpy_spark.metrics import WorkerMetrics
 from kclpy_spark.processor import (
     InitializeInput,
     LeaseLostInput,
@@ -39,6 +38,7 @@ from kclpy_spark.processor import (
 from kclpy_spark.retrieval.fanout import FanOutFetcher
 from kclpy_spark.retrieval.kpl import Deaggregator
 from kclpy_spark.retrieval.polling import FetchedBatch, PollingFetcher, earliest_sequence_number
+from kclpy_spark.runtime.metrics import WorkerMetrics
 from shard_sync.hierarchy import BlockedOnParentShardError, child_leases_at_shard_end
 
 log = logging.getLogger(__name__)

@@ -11,12 +11,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from checkpoint.errors import ConfigError
+from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import InitialPosition, Position
-from kclpy_spark import control
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.lease_store import LeaseStore, open_lease_store
-from kclpy_spark.status import is_live, lease_rows, plan_reset, render_json, render_table
+from kclpy_spark.ops import control
+from kclpy_spark.ops.status import is_live, lease_rows, plan_reset, render_json, render_table
+from kclpy_spark.runtime.lease_store import LeaseStore, open_lease_store
 
 
 def add_subcommands(sub: Any, add_worker_flags: Callable[[argparse.ArgumentParser], None]) -> None:

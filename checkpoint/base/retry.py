@@ -23,7 +23,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from checkpoint.errors import KclpySparkError, ThrottledError
+from checkpoint.base.errors import KclpySparkError, ThrottledError
 
 T = TypeVar("T")
 

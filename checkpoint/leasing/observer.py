@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from checkpoint.lease import Lease
-from kclpy_spark.leasing.timing import LeaseTiming
+from checkpoint.leasing.timing import LeaseTiming
 
 
 @dataclass(frozen=True)
