@@ -162,7 +162,7 @@ class Checkpointer:
 
         As with kclpy's daemon, ``sub_sequence_number`` is ignored when ``sequence_number`` is None.
         """
-        _, target = self._validated(sequence_number, sub_sequence_number)
+        target = self._target(sequence_number, sub_sequence_number)
         self._run(lambda: self._try_checkpoint(target))
 
     def prepare_checkpoint(
@@ -173,8 +173,8 @@ class Checkpointer:
     ) -> PreparedCheckpoint:
         """Write a pending checkpoint (and optional application state); commit it later with the
         returned object's ``checkpoint()``. Validated like ``checkpoint``."""
-        last, target = self._validated(sequence_number, sub_sequence_number)
-        if target == last and application_state is None:
+        target = self._target(sequence_number, sub_sequence_number)
+        if target == self._held_or_raise().checkpoint and application_state is None:
             return PreparedCheckpoint(None, target)  # nothing to prepare: already checkpointed
         self._run(lambda: self._try_prepare(target, application_state))
         return PreparedCheckpoint(self, target)
@@ -190,33 +190,45 @@ class Checkpointer:
             )
         return held.lease
 
-    def _validated(
+    def _target(
         self, sequence_number: str | None, sub_sequence_number: int | None
-    ) -> tuple[ExtendedSequenceNumber, ExtendedSequenceNumber]:
-        """(last checkpoint, position to record: SHARD_END at a closed shard's last record). Raises
-        ShutdownException if the lease is already lost, IllegalArgumentException if out of range."""
-        last = self._held_or_raise().checkpoint
+    ) -> ExtendedSequenceNumber:
+        """The position to record (SHARD_END at a closed shard's last record). Raises
+        ShutdownException if the lease is already lost, IllegalArgumentException if the value is
+        malformed or beyond the last record delivered. The lower bound, the last checkpoint, is
+        checked by the write itself, under the lease's lock (``_checked``)."""
+        self._held_or_raise()
         with self._lock:
             largest, at_end = self._largest_permitted, self._at_shard_end
         if sequence_number is None:
             target = largest
         else:
             target = _parse_position(sequence_number, sub_sequence_number)
-        if not last <= target <= largest:
+        if not target <= largest:
             raise _illegal(
-                f"could not checkpoint at {target}: it is outside the range between the last "
-                f"checkpoint {last} and the largest position delivered {largest}"
+                f"could not checkpoint at {target}: it is beyond the largest position delivered "
+                f"{largest}"
             )
         if at_end is not None and target == at_end:
-            return last, SHARD_END
-        return last, target
+            return SHARD_END
+        return target
 
-    def _commit(self, target: ExtendedSequenceNumber) -> None:
-        last = self._held_or_raise().checkpoint
+    def _checked(self, lease: Lease, target: ExtendedSequenceNumber) -> None:
+        """Raise IllegalArgumentException unless ``lease.checkpoint <= target <= largest``.
+
+        Called inside the holder's write, with ``lease`` as stored and the lease's lock held: two
+        concurrent checkpoints are checked and written one after the other, so the later one can
+        never write a smaller value over a larger one (nor move a parent off SHARD_END)."""
         with self._lock:
             largest = self._largest_permitted
-        if not last <= target <= largest:
-            raise _illegal(f"prepared checkpoint {target} is outside [{last}, {largest}]")
+        if not lease.checkpoint <= target <= largest:
+            raise _illegal(
+                f"could not checkpoint at {target}: it is outside the range between the last "
+                f"checkpoint {lease.checkpoint} and the largest position delivered {largest}"
+            )
+
+    def _commit(self, target: ExtendedSequenceNumber) -> None:
+        self._held_or_raise()
         self._run(lambda: self._try_checkpoint(target))
 
     def _run(self, attempt: Callable[[], None]) -> None:
@@ -262,6 +274,7 @@ class Checkpointer:
 
     def _try_checkpoint(self, target: ExtendedSequenceNumber) -> None:
         def write(lease: Lease) -> Lease | None:
+            self._checked(lease, target)
             if lease.checkpoint == target and lease.pending_checkpoint is None:
                 return lease  # already stored: the KCL skips a checkpoint it already made
             return self._holder.table.update_checkpoint(lease, target, None)
@@ -270,6 +283,7 @@ class Checkpointer:
 
     def _try_prepare(self, target: ExtendedSequenceNumber, state: bytes | None) -> None:
         def write(lease: Lease) -> Lease | None:
+            self._checked(lease, target)
             pending = replace(lease, pending_checkpoint=target, pending_checkpoint_state=state)
             return self._holder.table.update_lease(pending)
 

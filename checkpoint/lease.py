@@ -5,7 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 
-from checkpoint.sequence import ExtendedSequenceNumber
+from checkpoint.base.errors import CheckpointRegressionError
+from checkpoint.sequence import ExtendedSequenceNumber, Sentinel
 
 MAX_HASH_KEY = 2**128 - 1
 
@@ -33,6 +34,15 @@ class LeaseState(enum.StrEnum):
     CLOSED = "CLOSED"  # parked after repeated failures until reopen_at
 
 
+def refuse_regression(lease: Lease, checkpoint: ExtendedSequenceNumber) -> None:
+    """Raise CheckpointRegressionError if ``checkpoint`` is before ``lease.checkpoint``."""
+    if checkpoint < lease.checkpoint:
+        raise CheckpointRegressionError(
+            f"lease {lease.lease_key!r}: refusing to move its checkpoint back from "
+            f"{lease.checkpoint} to {checkpoint}"
+        )
+
+
 @dataclass(frozen=True)
 class Lease:
     """One row of the lease table. Change with ``dataclasses.replace`` (or the helpers below).
@@ -55,6 +65,9 @@ class Lease:
     checkpoint_owner: str | None = None
     closed_until: float | None = None
     closed_count: int = 0
+    # kclpy-spark's: where a lease checkpointed at AT_TIMESTAMP starts reading (epoch seconds), as
+    # a reset or the lease's creation chose it; None: the configured initial position's time.
+    start_timestamp: float | None = None
 
     @property
     def shard_id(self) -> str:
@@ -79,6 +92,31 @@ class Lease:
         if self.closed_until is not None and now_wall < self.closed_until:
             return LeaseState.CLOSED
         return LeaseState.ASSIGNED if self.lease_owner else LeaseState.UNASSIGNED
+
+    def parked(self, reopen_at: float) -> Lease:
+        """This lease parked (CLOSED) until wall time ``reopen_at``: one more closing. The owner
+        is kept (``update_lease`` does not write it); evict the lease afterwards to let another
+        worker reopen it. Raises ValueError for a COMPLETED lease: it has nothing left to do."""
+        if self.checkpoint.is_shard_end:
+            raise ValueError(f"lease {self.lease_key!r} is completed; there is nothing to park")
+        return replace(self, closed_until=reopen_at, closed_count=self.closed_count + 1)
+
+    def checkpointed(
+        self, checkpoint: ExtendedSequenceNumber, pending: ExtendedSequenceNumber | None = None
+    ) -> Lease:
+        """This lease with ``checkpoint`` recorded (what ``update_checkpoint`` stores): pending
+        checkpoint := ``pending`` (its state kept only while one is pending), owner switches reset,
+        the start timestamp kept only while the checkpoint is still AT_TIMESTAMP."""
+        return replace(
+            self,
+            checkpoint=checkpoint,
+            pending_checkpoint=pending,
+            pending_checkpoint_state=None if pending is None else self.pending_checkpoint_state,
+            owner_switches_since_checkpoint=0,
+            start_timestamp=self.start_timestamp
+            if checkpoint.sentinel is Sentinel.AT_TIMESTAMP
+            else None,
+        )
 
     def bumped(self, **changes: object) -> Lease:
         """A copy with ``changes`` applied and the counter incremented (what a won write stores)."""

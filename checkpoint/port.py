@@ -74,8 +74,9 @@ class LeaseTable(Protocol):
 
     def update_lease(self, lease: Lease) -> Lease | None:
         """Write ``lease``'s progress fields (checkpoint, pending checkpoint, owner switches, child
-        shard ids, parking fields). Condition: the stored counter == lease.lease_counter and the
-        stored owner == lease.lease_owner. Change: those fields, counter + 1."""
+        shard ids, parking fields, start timestamp). Condition: the stored counter ==
+        lease.lease_counter and the stored owner == lease.lease_owner. Change: those fields,
+        counter + 1."""
         ...
 
     def update_checkpoint(
@@ -84,8 +85,11 @@ class LeaseTable(Protocol):
         checkpoint: ExtendedSequenceNumber,
         pending: ExtendedSequenceNumber | None = None,
     ) -> Lease | None:
-        """Condition as update_lease. Change: checkpoint, pending checkpoint := ``pending``,
-        owner_switches_since_checkpoint := 0, counter + 1."""
+        """Condition as update_lease, and the stored checkpoint is ``lease.checkpoint``.
+        Change: ``lease.checkpointed(checkpoint, pending)`` (checkpoint, pending checkpoint,
+        owner_switches_since_checkpoint := 0), counter + 1. Raises CheckpointRegressionError,
+        writing nothing, if ``checkpoint`` is before ``lease.checkpoint``: a checkpoint never moves
+        backwards by this method (a reset uses update_lease)."""
         ...
 
     def delete_lease(self, lease: Lease) -> bool:

@@ -51,6 +51,11 @@ class CorruptLeaseError(InvalidStateError):
         self.problem = problem
 
 
+class CheckpointRegressionError(KclpySparkError):
+    """A checkpoint write would move a lease's checkpoint backwards. Nothing was written: a stored
+    checkpoint only ever moves forward (resets use ``update_lease`` on purpose)."""
+
+
 class AccessError(KclpySparkError):
     """The credentials are missing, wrong, expired, or not allowed to do this."""
 

@@ -1,33 +1,72 @@
-"""Retry a single-attempt call on retriable errors: the retry loop outside, one attempt inside.
+"""The one backoff of kclpy-spark, and the retry loop built on it (tenacity).
+
+``Backoff`` is full-jitter exponential backoff: the n-th consecutive failure waits a uniform time in
+``[0, min(cap, base * 2**n)]``. Loops that retry by hand (the fetchers, the shard consumer's
+processor retries) count failures on a ``Backoff``; ``call_with_retry`` runs tenacity with the same
+delays for one-attempt functions: the retry loop outside, one attempt inside.
 
 Only exceptions of this package whose ``retriable`` flag is True (``ThrottledError``,
-``DependencyError``) are retried, with exponential backoff and full jitter, bounded both in attempts
-and in total time. A lost race is a return value (``None``/``False``), so it never reaches the retry
-logic; non-retriable errors (``CorruptLeaseError``, ``ResourceNotFoundError``...) propagate at once.
+``DependencyError``) are retried; a lost race is a return value, so it never reaches the retry
+logic, and non-retriable errors (``CorruptLeaseError``, ``ResourceNotFoundError``...) propagate at
+once.
+
+A retry loop has a deadline, not only a count: ``RetryPolicy.max_elapsed`` bounds the whole call,
+*including* the attempt that would come next. Given ``attempt_timeout`` (the longest one attempt can
+take, e.g. the SDK's connect + read timeouts), the loop gives up when the next backoff plus one more
+attempt would end past ``max_elapsed``. That is what lets a lease renewal promise to finish before
+the lease it protects expires.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_random_exponential,
-)
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
+from tenacity.stop import stop_base
 
 from checkpoint.base.errors import KclpySparkError, ThrottledError
 
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
+
+
+class Backoff:
+    """Full-jitter exponential backoff: failure n waits uniform ``[0, min(cap, base * 2**n)]``.
+
+    ``next_delay`` counts one more failure and returns the wait; ``reset`` after a success.
+    """
+
+    def __init__(
+        self, rng: random.Random | None = None, *, base: float = 0.5, cap: float = 10.0
+    ) -> None:
+        if base < 0 or cap < base:
+            raise ValueError(f"bad backoff: base {base}, cap {cap}")
+        self._rng = rng or random.Random()
+        self.base = base
+        self.cap = cap
+        self.failures = 0
+
+    def bound(self, failures: int) -> float:
+        """The longest wait after ``failures`` consecutive failures."""
+        return float(min(self.cap, self.base * 2 ** min(max(failures - 1, 0), 30)))
+
+    def delay(self, failures: int) -> float:
+        """A wait after ``failures`` consecutive failures (does not count anything)."""
+        return self._rng.uniform(0, self.bound(failures))
+
+    def next_delay(self) -> float:
+        """Count one more failure and return how long to wait before the next attempt."""
+        self.failures += 1
+        return self.delay(self.failures)
+
+    def reset(self) -> None:
+        self.failures = 0
 
 
 @dataclass(frozen=True)
@@ -37,13 +76,15 @@ class RetryPolicy:
     The defaults suit a lease-table call made from a renewer thread: six attempts sleep at most
     0.1 + 0.2 + 0.4 + 0.8 + 1.6 = 3.1 s in all, about one renewer interval (3.3 s with the KCL's
     10 s failover time), so a throttled renewal still lands before the lease can expire elsewhere.
-    ``max_elapsed`` bounds calls that are slow (timeouts) rather than quick to fail.
+    ``max_elapsed`` bounds the whole call; ``attempt_timeout`` (0: unknown) is how long a single
+    attempt may take at most, so the loop can stop before an attempt that could not end in time.
     """
 
     base_delay: float = 0.1
     max_delay: float = 5.0
     max_attempts: int = 6
     max_elapsed: float = 20.0
+    attempt_timeout: float = 0.0
 
     def __post_init__(self) -> None:
         if self.base_delay < 0 or self.max_delay < self.base_delay:
@@ -52,6 +93,11 @@ class RetryPolicy:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if self.max_elapsed <= 0:
             raise ValueError(f"max_elapsed must be > 0, got {self.max_elapsed}")
+        if self.attempt_timeout < 0:
+            raise ValueError(f"attempt_timeout must be >= 0, got {self.attempt_timeout}")
+
+    def backoff(self, rng: random.Random | None = None) -> Backoff:
+        return Backoff(rng, base=self.base_delay, cap=self.max_delay)
 
 
 DEFAULT_POLICY = RetryPolicy()
@@ -64,18 +110,30 @@ def is_retriable(exc: BaseException) -> bool:
 
 
 class _Wait:
-    """Full-jitter exponential backoff, but never shorter than a throttle's ``retry_after``."""
+    """The policy's backoff, but never shorter than a throttle's ``retry_after``."""
 
     def __init__(self, policy: RetryPolicy) -> None:
         self._cap = policy.max_delay
-        self._jitter = wait_random_exponential(multiplier=policy.base_delay, max=policy.max_delay)
+        self._backoff = policy.backoff()
 
     def __call__(self, state: RetryCallState) -> float:
-        delay = float(self._jitter(state))
+        delay = self._backoff.delay(state.attempt_number)
         exc = state.outcome.exception() if state.outcome is not None else None
         if isinstance(exc, ThrottledError) and exc.retry_after is not None:
             delay = max(delay, min(exc.retry_after, self._cap))
         return delay
+
+
+class _Deadline(stop_base):
+    """Stop when the upcoming sleep plus one more attempt would end past ``max_elapsed``."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self._policy = policy
+
+    def __call__(self, state: RetryCallState) -> bool:
+        elapsed = state.seconds_since_start or 0.0
+        upcoming = state.upcoming_sleep or 0.0
+        return elapsed + upcoming + self._policy.attempt_timeout >= self._policy.max_elapsed
 
 
 def call_with_retry(
@@ -106,7 +164,7 @@ def call_with_retry(
     retrying = Retrying(
         retry=retry_if_exception(is_retriable),
         wait=_Wait(policy),
-        stop=stop_after_attempt(policy.max_attempts) | stop_after_delay(policy.max_elapsed),
+        stop=stop_after_attempt(policy.max_attempts) | _Deadline(policy),
         before_sleep=log_retry,
         sleep=sleep,
         reraise=True,

@@ -2,17 +2,29 @@
 
 A ``HeldLease`` pairs the lease as we last wrote it with two things the table never stores: the
 concurrency token issued when we took it (a checkpointer created for one tenure must not write in a
-later one) and the monotonic time we last saw its counter move. Expiry is judged locally from that
-time, as the KCL does: no wall clock, so no clock skew between workers.
+later one) and the monotonic time its counter last moved by our hand. Expiry is judged locally from
+that time, as the KCL does: no wall clock, so no clock skew between workers.
 
 ``LeaseHolder`` is the registry of one worker. Renewals and checkpoint writes for one lease are both
 conditional on the same counter, so they are serialized by a per-lease lock; otherwise a renewal
 would make our own checkpoint lose its condition (or the reverse). Lock order: a lease's lock first,
 then the registry lock, never the other way round.
+
+**One slow lease never costs the others.** Each lease is renewed on its own thread of a bounded
+renewal pool (the KCL's maxLeaseRenewalThreads, 20), against its own deadline: its local expiry.
+``renew_all`` waits a bounded time for the round and reports renewals still under way as ``slow``;
+a lease whose renewal is still in flight is not submitted again, so a hung request costs one pool
+thread, not one per round. A renewal waits for its lease's lock (held by a checkpoint write) only
+until that lease would expire. The lease table's own timeouts (see ``kclpy_spark.aws`` and the
+stores' retry policies) end every call well within the lease duration.
+
+The time a renewal *started* is the time its counter moved by our hand: other workers see the new
+counter only after it landed, so their expiry clocks start later than ours.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import enum
 import logging
 import threading
@@ -26,6 +38,9 @@ from checkpoint.lease import Lease
 from checkpoint.port import LeaseTable
 
 log = logging.getLogger(__name__)
+
+# The KCL's default maxLeaseRenewalThreads.
+RENEWAL_THREADS = 20
 
 
 @dataclass(frozen=True)
@@ -69,18 +84,36 @@ class UpdateResult:
 @dataclass(frozen=True)
 class RenewalReport:
     """What one ``renew_all`` pass did. ``lost`` leases are dropped: their processors must stop.
-    ``failed`` renewals hit an infrastructure error and stay held (they expire locally if the
-    errors go on)."""
+    ``failed`` renewals hit an infrastructure error (or could not get their lease's lock in time)
+    and stay held (they expire locally if the errors go on). ``slow`` renewals were still under way
+    when the pass stopped waiting; they finish on their own and are not submitted again until then.
+    """
 
     renewed: tuple[str, ...] = ()
     lost: tuple[Lease, ...] = ()
     failed: dict[str, KclpySparkError] = field(default_factory=dict)
+    slow: tuple[str, ...] = ()
+
+
+class _Renewal(enum.Enum):
+    RENEWED = "renewed"
+    LOST = "lost"
+    FAILED = "failed"
+    GONE = "gone"  # dropped or replaced meanwhile: nothing to report
 
 
 @dataclass(eq=False)
 class _Slot:
     held: HeldLease
     lock: threading.Lock = field(default_factory=threading.Lock)
+    renewing: bool = False  # a renewal of this slot is in flight (guarded by the registry lock)
+
+
+class LeaseBusyError(KclpySparkError):
+    """A renewal could not get its lease's lock before the lease would expire (a write of the
+    same lease is stuck); retriable: the next round tries again."""
+
+    retriable = True
 
 
 class LeaseHolder:
@@ -91,7 +124,13 @@ class LeaseHolder:
     """
 
     def __init__(
-        self, table: LeaseTable, worker_id: str, clock: Clock, lease_duration: float
+        self,
+        table: LeaseTable,
+        worker_id: str,
+        clock: Clock,
+        lease_duration: float,
+        *,
+        renewal_threads: int = RENEWAL_THREADS,
     ) -> None:
         if lease_duration <= 0:
             raise ValueError(f"lease_duration must be > 0, got {lease_duration}")
@@ -101,6 +140,13 @@ class LeaseHolder:
         self._clock = clock
         self._slots: dict[str, _Slot] = {}
         self._lock = threading.Lock()
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=renewal_threads, thread_name_prefix="kclpy-spark-renewer"
+        )
+
+    def close(self) -> None:
+        """Stop the renewal threads (renewals in flight finish on their own)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _new_held(self, lease: Lease) -> HeldLease:
         return HeldLease(lease, uuid.uuid4(), self._clock.monotonic())
@@ -165,43 +211,100 @@ class LeaseHolder:
             if self._current(lease_key, slot):
                 del self._slots[lease_key]
 
-    def renew_all(self) -> RenewalReport:
-        """Renew every held lease with one conditional write each.
+    # --- renewals --------------------------------------------------------------------------------
+
+    def renew_all(self, wait: float | None = None) -> RenewalReport:
+        """Renew every held lease with one conditional write each, each on its own pool thread.
 
         A lease already expired locally is not renewed (another worker may own it by now) and is
         reported lost, like one whose renewal lost its condition; both are dropped. A renewal that
         raises (throttling, a failing store) leaves the lease held and is reported in ``failed``.
+        Waits at most ``wait`` seconds (default: a third of the lease duration) for the round;
+        renewals still running then are reported in ``slow``.
         """
+        submitted: dict[concurrent.futures.Future[tuple[_Renewal, object]], str] = {}
+        already: list[str] = []
         with self._lock:
-            slots = list(self._slots.items())
+            for key, slot in self._slots.items():
+                if slot.renewing:
+                    already.append(key)
+                    continue
+                slot.renewing = True
+                submitted[self._pool.submit(self._renew_one, key, slot)] = key
+        limit = self.lease_duration / 3 if wait is None else wait
+        done, pending = concurrent.futures.wait(submitted, timeout=limit)
         renewed: list[str] = []
         lost: list[Lease] = []
         failed: dict[str, KclpySparkError] = {}
-        for key, slot in slots:
-            with slot.lock:
-                with self._lock:
-                    if not self._current(key, slot):
-                        continue
-                held = slot.held
-                if held.is_expired(self._clock.monotonic(), self.lease_duration):
-                    log.warning("lease %s expired locally before renewal; dropping it", key)
-                    self._drop_slot(key, slot)
-                    lost.append(held.lease)
-                    continue
-                try:
-                    new = self.table.renew_lease(held.lease)
-                except KclpySparkError as exc:
-                    log.warning("renewing lease %s failed: %s", key, exc)
-                    failed[key] = exc
-                    continue
-                if new is None:
-                    log.warning("lost lease %s: its renewal lost the conditional write", key)
-                    self._drop_slot(key, slot)
-                    lost.append(held.lease)
-                    continue
-                slot.held = HeldLease(new, held.token, self._clock.monotonic())
+        for future in done:
+            outcome, value = future.result()
+            key = submitted[future]
+            if outcome is _Renewal.RENEWED:
                 renewed.append(key)
-        return RenewalReport(tuple(renewed), tuple(lost), failed)
+            elif outcome is _Renewal.LOST:
+                assert isinstance(value, Lease)
+                lost.append(value)
+            elif outcome is _Renewal.FAILED:
+                assert isinstance(value, KclpySparkError)
+                failed[key] = value
+        slow = sorted([submitted[f] for f in pending] + already)
+        for key in slow:
+            log.warning("renewing lease %s is taking long (still under way)", key)
+        return RenewalReport(
+            tuple(sorted(renewed)),
+            tuple(sorted(lost, key=lambda x: x.lease_key)),
+            failed,
+            tuple(slow),
+        )
+
+    def _renew_one(self, key: str, slot: _Slot) -> tuple[_Renewal, object]:
+        try:
+            return self._renew_slot(key, slot)
+        except KclpySparkError as exc:
+            log.warning("renewing lease %s failed: %s", key, exc)
+            return _Renewal.FAILED, exc
+        except Exception as exc:  # a bug in a store must not kill the renewal round
+            log.exception("renewing lease %s failed unexpectedly", key)
+            return _Renewal.FAILED, KclpySparkError(f"renewing lease {key} failed: {exc!r}")
+        finally:
+            with self._lock:
+                slot.renewing = False
+
+    def _renew_slot(self, key: str, slot: _Slot) -> tuple[_Renewal, object]:
+        left = slot.held.last_counter_change + self.lease_duration - self._clock.monotonic()
+        if left < 0 or not slot.lock.acquire(timeout=left):
+            if self._expired_now(key, slot):
+                return _Renewal.LOST, slot.held.lease
+            return _Renewal.FAILED, LeaseBusyError(
+                f"lease {key}: a write of it held its lock for the rest of the lease"
+            )
+        try:
+            with self._lock:
+                if not self._current(key, slot):
+                    return _Renewal.GONE, None
+            if self._expired_now(key, slot):
+                return _Renewal.LOST, slot.held.lease
+            held = slot.held
+            started = self._clock.monotonic()
+            new = self.table.renew_lease(held.lease)
+            if new is None:
+                log.warning("lost lease %s: its renewal lost the conditional write", key)
+                self._drop_slot(key, slot)
+                return _Renewal.LOST, held.lease
+            slot.held = HeldLease(new, held.token, started)
+            return _Renewal.RENEWED, None
+        finally:
+            slot.lock.release()
+
+    def _expired_now(self, key: str, slot: _Slot) -> bool:
+        """True (and the slot dropped) if the lease has expired locally."""
+        if not slot.held.is_expired(self._clock.monotonic(), self.lease_duration):
+            return False
+        log.warning("lease %s expired locally before renewal; dropping it", key)
+        self._drop_slot(key, slot)
+        return True
+
+    # --- writes ----------------------------------------------------------------------------------
 
     def update(
         self, lease_key: str, token: uuid.UUID, write: Callable[[Lease], Lease | None]
@@ -210,7 +313,9 @@ class LeaseHolder:
 
         ``write`` gets the lease as last stored by us and makes exactly one conditional write
         (e.g. ``table.update_checkpoint``), returning the lease as now stored or None if it lost;
-        it may also return the lease unchanged to write nothing.
+        it may also return the lease unchanged to write nothing. Checks that depend on the stored
+        lease belong inside ``write``: it runs under the lease's lock, so nothing else writes the
+        lease between the check and the write.
         Nothing is written if the lease is not held, expired locally, or held under another token.
         A lost write drops the lease. Exceptions from ``write`` propagate; the lease stays held.
         """
@@ -223,7 +328,8 @@ class LeaseHolder:
                 if not self._current(lease_key, slot):
                     return UpdateResult(None, LeaseLoss.NOT_HELD)
             held = slot.held
-            if held.is_expired(self._clock.monotonic(), self.lease_duration):
+            started = self._clock.monotonic()
+            if held.is_expired(started, self.lease_duration):
                 return UpdateResult(None, LeaseLoss.EXPIRED)
             if held.token != token:
                 return UpdateResult(None, LeaseLoss.TOKEN_CHANGED)
@@ -233,5 +339,33 @@ class LeaseHolder:
                 self._drop_slot(lease_key, slot)
                 return UpdateResult(None, LeaseLoss.WRITE_LOST)
             if new.lease_counter != held.lease.lease_counter:
-                slot.held = HeldLease(new, held.token, self._clock.monotonic())
+                slot.held = HeldLease(new, held.token, started)
             return UpdateResult(new)
+
+    def release(
+        self,
+        lease_key: str,
+        token: uuid.UUID,
+        *,
+        change: Callable[[Lease], Lease] | None = None,
+    ) -> UpdateResult:
+        """Give the lease up: write ``change(lease)``'s progress fields first if given (e.g.
+        parking), then evict it (owner removed, so any worker may take it at once), then stop
+        holding it locally, whatever the writes' outcome. The result is the evicted lease, or why
+        nothing (or not everything) was written; errors propagate after the local drop."""
+
+        def write(lease: Lease) -> Lease | None:
+            if change is not None:
+                updated = self.table.update_lease(change(lease))
+                if updated is None:
+                    return None
+                lease = updated
+            return self.table.evict_lease(lease)
+
+        try:
+            return self.update(lease_key, token, write)
+        finally:
+            with self._lock:
+                slot = self._slots.get(lease_key)
+                if slot is not None and slot.held.token == token:
+                    del self._slots[lease_key]

@@ -44,6 +44,7 @@ ENDING_HASH_KEY = "endingHashKey"
 CHECKPOINT_OWNER = "checkpointOwner"
 CLOSED_UNTIL = "kclpySparkClosedUntil"
 CLOSED_COUNT = "kclpySparkClosedCount"
+START_TIMESTAMP = "kclpySparkStartTimestamp"
 
 # KCL 3.5 keeps other entities (worker metrics, streams, leader...) in the lease table and tells
 # them apart with this attribute; items without it are leases (KCL 2.x wrote none).
@@ -145,6 +146,14 @@ class Expr:
     def counter_is(self, counter: int) -> str:
         return self.equals(LEASE_COUNTER, n_value(counter))
 
+    def checkpoint_is(self, checkpoint: ExtendedSequenceNumber) -> str:
+        """The stored checkpoint is ``checkpoint`` (an absent sub-sequence number counts as 0)."""
+        sub = checkpoint.sub_sequence_number
+        sub_ok = self.equals(CHECKPOINT_SUB, n_value(sub))
+        if sub == 0:
+            sub_ok = f"({sub_ok} OR {self.absent(CHECKPOINT_SUB)})"
+        return f"{self.equals(CHECKPOINT, s_value(checkpoint.sequence_number))} AND {sub_ok}"
+
     def owner_is(self, owner: str | None) -> str:
         """The stored owner equals ``owner`` (None: the lease has no owner)."""
         return (
@@ -220,6 +229,10 @@ def progress_changes(lease: Lease) -> tuple[dict[str, AttributeValueTypeDef], li
         sets[CLOSED_COUNT] = n_value(lease.closed_count)
     else:
         removes.append(CLOSED_COUNT)
+    if lease.start_timestamp is not None:
+        sets[START_TIMESTAMP] = n_value(float(lease.start_timestamp))
+    else:
+        removes.append(START_TIMESTAMP)
     return sets, removes
 
 
@@ -325,6 +338,7 @@ def lease_from_item(item: Mapping[str, Any]) -> Lease:
         except ValueError as exc:
             raise r.corrupt(f"bad hash key range: {exc}") from None
     closed = r.number(CLOSED_UNTIL)
+    start_timestamp = r.number(START_TIMESTAMP)
     try:
         return Lease(
             lease_key=lease_key,
@@ -340,6 +354,7 @@ def lease_from_item(item: Mapping[str, Any]) -> Lease:
             checkpoint_owner=r.s(CHECKPOINT_OWNER),
             closed_until=None if closed is None else float(closed),
             closed_count=r.integer(CLOSED_COUNT),
+            start_timestamp=None if start_timestamp is None else float(start_timestamp),
         )
     except ValueError as exc:
         raise r.corrupt(str(exc)) from None

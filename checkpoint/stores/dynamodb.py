@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -45,7 +44,7 @@ from checkpoint.base.errors import (
     map_aws_error,
 )
 from checkpoint.base.retry import DEFAULT_POLICY, RetryPolicy, call_with_retry
-from checkpoint.lease import Lease
+from checkpoint.lease import Lease, refuse_regression
 from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import ExtendedSequenceNumber
 from checkpoint.stores import dynamo_codec as codec
@@ -307,9 +306,11 @@ class DynamoDBLeaseTable:
         removes: list[str],
         *,
         check_owner: bool = True,
+        check_checkpoint: bool = False,
     ) -> Lease | None:
         """UpdateItem SET ``sets`` (plus counter + 1) REMOVE ``removes``, on condition that the
-        stored counter (and owner, if ``check_owner``) are ``lease``'s."""
+        stored counter (and owner, if ``check_owner``; and checkpoint, if ``check_checkpoint``)
+        are ``lease``'s."""
         sets = {**sets, codec.LEASE_COUNTER: codec.n_value(lease.lease_counter + 1)}
         expect = dict(sets)  # what the item holds once this write landed
         if check_owner and lease.lease_owner is not None and codec.LEASE_OWNER not in removes:
@@ -319,6 +320,8 @@ class DynamoDBLeaseTable:
             condition = expr.counter_is(lease.lease_counter)
             if check_owner:
                 condition += f" AND {expr.owner_is(lease.lease_owner)}"
+            if check_checkpoint:
+                condition += f" AND {expr.checkpoint_is(lease.checkpoint)}"
             return {
                 "Key": codec.key_of(lease.lease_key),
                 "UpdateExpression": expr.update(sets, removes),
@@ -374,16 +377,9 @@ class DynamoDBLeaseTable:
         checkpoint: ExtendedSequenceNumber,
         pending: ExtendedSequenceNumber | None = None,
     ) -> Lease | None:
-        state = None if pending is None else lease.pending_checkpoint_state
-        return self.update_lease(
-            replace(
-                lease,
-                checkpoint=checkpoint,
-                pending_checkpoint=pending,
-                pending_checkpoint_state=state,
-                owner_switches_since_checkpoint=0,
-            )
-        )
+        refuse_regression(lease, checkpoint)
+        sets, removes = codec.progress_changes(lease.checkpointed(checkpoint, pending))
+        return self._lease_write("checkpoint", lease, sets, removes, check_checkpoint=True)
 
     def delete_lease(self, lease: Lease) -> bool:
         return bool(

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 
-from checkpoint.lease import Lease
+from checkpoint.lease import Lease, refuse_regression
 from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import ExtendedSequenceNumber
 
@@ -91,6 +90,7 @@ class MemoryLeaseTable:
             child_shard_ids=lease.child_shard_ids,
             closed_until=lease.closed_until,
             closed_count=lease.closed_count,
+            start_timestamp=lease.start_timestamp,
         )
         return self._swap(lease, new, check_owner=True)
 
@@ -100,17 +100,11 @@ class MemoryLeaseTable:
         checkpoint: ExtendedSequenceNumber,
         pending: ExtendedSequenceNumber | None = None,
     ) -> Lease | None:
-        return self._update(
-            replace(
-                lease,
-                checkpoint=checkpoint,
-                pending_checkpoint=pending,
-                pending_checkpoint_state=None
-                if pending is None
-                else lease.pending_checkpoint_state,
-                owner_switches_since_checkpoint=0,
-            )
-        )
+        refuse_regression(lease, checkpoint)
+        current = self.get_lease(lease.lease_key)
+        if current is None or current.checkpoint != lease.checkpoint:
+            return None
+        return self._update(lease.checkpointed(checkpoint, pending))
 
     def delete_lease(self, lease: Lease) -> bool:
         with self._lock:

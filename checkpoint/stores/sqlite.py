@@ -6,7 +6,7 @@ share the file: it runs in WAL mode with a busy timeout, and every conditional w
 ``UPDATE ... WHERE lease_key = ? AND lease_counter = ? [AND lease_owner IS ?]`` inside
 ``BEGIN IMMEDIATE``, so the row count says who won and the stored row is read back in the same
 transaction. A write that fails rolls back whole, so a retried write never finds its own earlier
-attempt. Each thread gets its own connection.
+attempt. Connections come from a small fixed pool (sqlite_pool.py), never one per thread.
 
 Sequence numbers and hash keys are TEXT (they exceed 64-bit integers), shard-id sets JSON text.
 ``database is locked`` becomes a retriable DependencyError, retried by ``checkpoint.base.retry``.
@@ -17,25 +17,22 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from checkpoint.base.errors import (
     CorruptLeaseError,
-    DependencyError,
     InvalidStateError,
-    KclpySparkError,
     ResourceNotFoundError,
 )
 from checkpoint.base.retry import DEFAULT_POLICY, RetryPolicy, call_with_retry
-from checkpoint.lease import HashKeyRange, Lease
+from checkpoint.lease import HashKeyRange, Lease, refuse_regression
 from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import ExtendedSequenceNumber
+from checkpoint.stores.sqlite_pool import ConnectionPool, sqlite_errors
 
 T = TypeVar("T")
 
@@ -51,7 +48,11 @@ _LEASE_TYPES = {
     "pending_checkpoint_state": "BLOB", "owner_switches": "INTEGER", "parent_shard_ids": "TEXT",
     "child_shard_ids": "TEXT", "starting_hash_key": "TEXT", "ending_hash_key": "TEXT",
     "checkpoint_owner": "TEXT", "closed_until": "REAL", "closed_count": "INTEGER",
+    "start_timestamp": "REAL",
 }  # fmt: skip
+# Columns added after the first release, in order: a database without them gets them (ALTER TABLE
+# ADD COLUMN, NULL for existing rows) when the table is ensured.
+_ADDED_LEASE_COLUMNS = ("start_timestamp",)
 _RECORD_TYPES = {
     "namespace": "TEXT NOT NULL", "key": "TEXT NOT NULL", "owner": "TEXT",
     "version": "INTEGER NOT NULL", "expires_at": "REAL NOT NULL", "data": "TEXT NOT NULL",
@@ -64,15 +65,6 @@ _SCHEMA = [
     for table, types, key in ((LEASES, _LEASE_TYPES, "lease_key"), (RECORDS, _RECORD_TYPES, "key"))
 ]
 
-# sqlite3.OperationalError messages, and what they mean here.
-_OPERATIONAL_ERRORS: tuple[tuple[str, type[KclpySparkError]], ...] = (
-    ("locked", DependencyError),  # another process holds the write lock past the busy timeout
-    ("busy", DependencyError),
-    ("no such table", ResourceNotFoundError),  # ensure_table() was not called
-    ("unable to open", ResourceNotFoundError),
-    ("no such column", InvalidStateError),
-    ("has no column", InvalidStateError),
-)
 # Long enough to ride out another process's write transaction (a few milliseconds each) even on a
 # slow disk; past it, "database is locked" surfaces as a retriable DependencyError.
 _BUSY_TIMEOUT_SECONDS = 5.0
@@ -97,9 +89,7 @@ class SQLiteLeaseTable:
         self._create = create_if_missing
         self._retry = retry
         self._sleep = sleep
-        self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._all_lock = threading.Lock()
+        self._pool = ConnectionPool(self._path, create=create_if_missing, busy_timeout=busy_timeout)
 
     @property
     def path(self) -> Path:
@@ -113,70 +103,21 @@ class SQLiteLeaseTable:
     def namespace(self) -> str:
         return self._namespace
 
+    @property
+    def open_connections(self) -> int:
+        """SQLite connections this store holds open now (bounded by its pool's size)."""
+        return self._pool.open_connections
+
     def close(self) -> None:
-        """Close every thread's connection (the table object must not be used afterwards)."""
-        with self._all_lock:
-            connections, self._all = self._all, []
-        for conn in connections:
-            conn.close()
-        self._local = threading.local()
+        """Close the store's connections (a later call opens new ones)."""
+        self._pool.close()
 
     # -- plumbing -------------------------------------------------------------------------------
-
-    def _connect(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None:
-            return conn
-        if not self._create and not self._path.exists():
-            raise ResourceNotFoundError(f"{self._where} does not exist")
-        if self._create:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-        # mode=rw never creates the file, so a path that vanished is not silently recreated.
-        uri = f"{self._path.resolve().as_uri()}?mode={'rwc' if self._create else 'rw'}"
-        with self._errors():
-            conn = sqlite3.connect(
-                uri,
-                uri=True,
-                timeout=self._busy_timeout,
-                isolation_level=None,  # we issue BEGIN/COMMIT ourselves
-                check_same_thread=False,  # only for close(); each thread uses its own
-            )
-            try:
-                conn.execute("PRAGMA journal_mode=WAL").fetchone()
-                # FULL: a commit that returned is on disk, even after a power cut, so a won
-                # checkpoint or take is never rolled back behind the worker's back.
-                conn.execute("PRAGMA synchronous=FULL")
-            except BaseException:
-                conn.close()
-                raise
-        with self._all_lock:
-            self._all.append(conn)
-        self._local.conn = conn
-        return conn
-
-    @contextmanager
-    def _errors(self) -> Iterator[None]:
-        """Translate sqlite3 errors into this package's hierarchy."""
-        try:
-            yield
-        except KclpySparkError:
-            raise
-        except sqlite3.OperationalError as exc:
-            text = str(exc)
-            for needle, error in _OPERATIONAL_ERRORS:
-                if needle in text:
-                    raise error(f"{self._where}: {text}") from exc
-            raise DependencyError(f"{self._where}: {text}") from exc  # I/O errors, full disk
-        except sqlite3.DatabaseError as exc:  # "file is not a database", corruption
-            raise InvalidStateError(
-                f"{self._where} is not a usable SQLite database: {exc}"
-            ) from exc
 
     @contextmanager
     def _transaction(self, *, write: bool) -> Iterator[sqlite3.Connection]:
         """One transaction; IMMEDIATE takes the write lock first, so its reads are current."""
-        with self._errors():
-            conn = self._connect()
+        with sqlite_errors(self._where), self._pool.connection() as conn:
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
                 yield conn
@@ -217,6 +158,13 @@ class SQLiteLeaseTable:
             for statement in _SCHEMA:
                 conn.execute(statement)
             return
+        missing = _LEASE_COLUMNS[len(found[LEASES]) :]
+        if tuple(found[LEASES]) + missing == _LEASE_COLUMNS and set(missing) <= set(
+            _ADDED_LEASE_COLUMNS
+        ):
+            for column in missing:
+                conn.execute(f"ALTER TABLE {LEASES} ADD COLUMN {column} {_LEASE_TYPES[column]}")
+            found[LEASES] = list(_LEASE_COLUMNS)
         for name, expected in ((LEASES, _LEASE_COLUMNS), (RECORDS, _RECORD_COLUMNS)):
             if tuple(found[name]) != expected:
                 raise InvalidStateError(
@@ -260,10 +208,17 @@ class SQLiteLeaseTable:
         return self._won(f"create lease {lease.lease_key!r}", sql, row)
 
     def _conditional_update(
-        self, what: str, lease: Lease, assignments: str, args: tuple[Any, ...], *, check_owner: bool
+        self,
+        what: str,
+        lease: Lease,
+        assignments: str,
+        args: tuple[Any, ...],
+        *,
+        check_owner: bool,
+        check_checkpoint: bool = False,
     ) -> Lease | None:
-        """``UPDATE ... SET <assignments>, counter + 1`` where counter (and owner) are ``lease``'s;
-        the stored lease if the update won, None if it lost."""
+        """``UPDATE ... SET <assignments>, counter + 1`` where counter (and owner, and checkpoint)
+        are ``lease``'s; the stored lease if the update won, None if it lost."""
         sql = (
             f"UPDATE {LEASES} SET {assignments}lease_counter = lease_counter + 1 "
             "WHERE namespace = ? AND lease_key = ? AND lease_counter = ?"
@@ -272,6 +227,9 @@ class SQLiteLeaseTable:
         if check_owner:
             sql += " AND lease_owner IS ?"
             where += (lease.lease_owner,)
+        if check_checkpoint:
+            sql += " AND checkpoint IS ? AND COALESCE(checkpoint_sub, 0) = ?"
+            where += (lease.checkpoint.sequence_number, lease.checkpoint.sub_sequence_number)
 
         def body(conn: sqlite3.Connection) -> Lease | None:
             if conn.execute(sql, args + where).rowcount != 1:
@@ -303,9 +261,20 @@ class SQLiteLeaseTable:
         )
 
     def update_lease(self, lease: Lease) -> Lease | None:
+        return self._write_progress("update", lease, lease)
+
+    def _write_progress(
+        self, what: str, lease: Lease, new: Lease, *, check_checkpoint: bool = False
+    ) -> Lease | None:
         assignments = "".join(f"{name} = ?, " for name in _PROGRESS_COLUMNS)
-        values = _progress_values(lease)
-        return self._conditional_update("update", lease, assignments, values, check_owner=True)
+        return self._conditional_update(
+            what,
+            lease,
+            assignments,
+            _progress_values(new),
+            check_owner=True,
+            check_checkpoint=check_checkpoint,
+        )
 
     def update_checkpoint(
         self,
@@ -313,16 +282,9 @@ class SQLiteLeaseTable:
         checkpoint: ExtendedSequenceNumber,
         pending: ExtendedSequenceNumber | None = None,
     ) -> Lease | None:
-        state = None if pending is None else lease.pending_checkpoint_state
-        return self.update_lease(
-            replace(
-                lease,
-                checkpoint=checkpoint,
-                pending_checkpoint=pending,
-                pending_checkpoint_state=state,
-                owner_switches_since_checkpoint=0,
-            )
-        )
+        refuse_regression(lease, checkpoint)
+        new = lease.checkpointed(checkpoint, pending)
+        return self._write_progress("checkpoint", lease, new, check_checkpoint=True)
 
     def delete_lease(self, lease: Lease) -> bool:
         sql = f"DELETE FROM {LEASES} WHERE namespace = ? AND lease_key = ? AND lease_counter = ?"
@@ -369,6 +331,7 @@ class SQLiteLeaseTable:
 _PROGRESS_COLUMNS = (
     "checkpoint", "checkpoint_sub", "pending_checkpoint", "pending_checkpoint_sub",
     "pending_checkpoint_state", "owner_switches", "child_shard_ids", "closed_until", "closed_count",
+    "start_timestamp",
 )  # fmt: skip
 
 
@@ -379,6 +342,7 @@ def _progress_values(lease: Lease) -> tuple[Any, ...]:
         pending and pending.sequence_number, pending and pending.sub_sequence_number,
         lease.pending_checkpoint_state, lease.owner_switches_since_checkpoint,
         json.dumps(sorted(lease.child_shard_ids)), lease.closed_until, lease.closed_count,
+        lease.start_timestamp,
     )  # fmt: skip
 
 
@@ -443,6 +407,7 @@ def _lease_from_row(row: tuple[Any, ...]) -> Lease:
             checkpoint_owner=get("checkpoint_owner", str),
             closed_until=get("closed_until", float),
             closed_count=get("closed_count", int) or 0,
+            start_timestamp=get("start_timestamp", float),
         )
     except ValueError as exc:  # a bad sequence number or hash key range
         raise CorruptLeaseError(key, str(exc)) from None

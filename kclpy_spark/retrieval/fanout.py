@@ -27,9 +27,10 @@ from checkpoint.base.errors import (
     error_code,
     map_aws_error,
 )
+from checkpoint.base.retry import Backoff
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.processor import Record
-from kclpy_spark.retrieval.backoff import Backoff, wait_or_raise
+from kclpy_spark.retrieval.backoff import wait_or_raise
 from kclpy_spark.retrieval.fastdecode import records_from_response
 from kclpy_spark.retrieval.kpl import Deaggregator, skip_through
 from kclpy_spark.retrieval.polling import FetchedBatch, record_from_api

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from checkpoint.base.errors import CheckpointRegressionError
 from checkpoint.lease import MAX_HASH_KEY, HashKeyRange, Lease
 from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import (
@@ -80,6 +81,7 @@ def full_lease(key: str = KEY) -> Lease:
         checkpoint_owner="worker-old",
         closed_until=1_700_000_123.25,
         closed_count=3,
+        start_timestamp=1_700_000_000.5,
     )
 
 
@@ -281,6 +283,7 @@ def test_update_checkpoint_resets_owner_switches(table: Any) -> None:
         pending_checkpoint_state=None,
         owner_switches_since_checkpoint=0,
         lease_counter=before.lease_counter + 1,
+        start_timestamp=None,  # only an AT_TIMESTAMP checkpoint keeps its start time
     )
     assert updated == expected == stored(table)
 
@@ -314,6 +317,45 @@ def test_update_checkpoint_by_another_owner_loses(table: Any) -> None:
     before = stored(table)
     assert table.update_checkpoint(replace(before, lease_owner="b"), SHARD_END) is None
     assert stored(table) == before
+
+
+def test_update_checkpoint_never_moves_backwards(table: Any) -> None:
+    table.create_lease_if_absent(lease(lease_owner="a", checkpoint=ExtendedSequenceNumber(SEQ_2)))
+    before = stored(table)
+    for back in (ExtendedSequenceNumber(SEQ_1), ExtendedSequenceNumber(SEQ_1, 5), TRIM_HORIZON):
+        with pytest.raises(CheckpointRegressionError):
+            table.update_checkpoint(before, back)
+    assert stored(table) == before
+    ended = table.update_checkpoint(before, SHARD_END)
+    assert ended is not None
+    with pytest.raises(CheckpointRegressionError):
+        table.update_checkpoint(ended, ExtendedSequenceNumber(SEQ_2, 1))
+    assert stored(table) == ended
+
+
+def test_update_checkpoint_is_conditional_on_the_stored_checkpoint(table: Any) -> None:
+    """A caller whose lease has the right counter but a stale checkpoint writes nothing: the
+    store compares the stored checkpoint itself, not only the caller's copy of it."""
+    table.create_lease_if_absent(lease(lease_owner="a", checkpoint=ExtendedSequenceNumber(SEQ_2)))
+    before = stored(table)
+    stale = replace(before, checkpoint=ExtendedSequenceNumber(SEQ_1))
+    assert table.update_checkpoint(stale, ExtendedSequenceNumber(SEQ_1, 9)) is None
+    assert stored(table) == before
+
+
+def test_start_timestamp_lives_only_while_the_checkpoint_is_at_timestamp(table: Any) -> None:
+    table.create_lease_if_absent(
+        lease(lease_owner="a", checkpoint=AT_TIMESTAMP, start_timestamp=1_700_000_000.25)
+    )
+    before = stored(table)
+    assert before.start_timestamp == 1_700_000_000.25
+    pending = table.update_checkpoint(before, AT_TIMESTAMP, ExtendedSequenceNumber(SEQ_1))
+    assert pending is not None and pending.start_timestamp == 1_700_000_000.25
+    moved = table.update_checkpoint(pending, ExtendedSequenceNumber(SEQ_1))
+    assert moved is not None and moved.start_timestamp is None
+    assert stored(table) == moved
+    reset = table.update_lease(replace(moved, checkpoint=AT_TIMESTAMP, start_timestamp=7.5))
+    assert reset is not None and stored(table).start_timestamp == 7.5
 
 
 # -- update_lease ---------------------------------------------------------------------------------

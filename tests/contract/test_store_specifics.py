@@ -4,8 +4,10 @@ wrapper of the real client)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
+import os
 import re
 import sqlite3
 import threading
@@ -30,6 +32,7 @@ from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber
 from checkpoint.stores.dynamodb import OWNER_INDEX, DynamoDBLeaseTable
 from checkpoint.stores.sqlite import SQLiteLeaseTable
+from checkpoint.stores.sqlite_pool import POOL_SIZE
 
 SEQ = "49590338271490256608559692538361571095921575989136588898"
 FAST = RetryPolicy(base_delay=0.001, max_delay=0.01, max_attempts=4, max_elapsed=30.0)
@@ -123,7 +126,7 @@ def test_sqlite_two_processes_race_and_exactly_one_wins(tmp_path: Path) -> None:
 
 
 def test_sqlite_threads_share_one_table_object(tmp_path: Path) -> None:
-    """One connection per thread: eight threads take the same version, one wins."""
+    """Eight threads take the same version through one store object: one wins."""
     store = open_sqlite(tmp_path / "leases.db")
     store.create_lease_if_absent(Lease("shardId-0", TRIM_HORIZON))
     seen = store.get_lease("shardId-0")
@@ -142,6 +145,62 @@ def test_sqlite_threads_share_one_table_object(tmp_path: Path) -> None:
     assert sorted(wins) == [False] * 7 + [True]
     assert store.get_lease("shardId-0").lease_counter == 1  # type: ignore[union-attr]
     store.close()
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_sqlite_connections_are_bounded_by_the_pool_not_by_threads(tmp_path: Path) -> None:
+    """Issue 14, finding 1: a thread per batch used to leave a connection (two descriptors with
+    WAL) behind each; 300 short-lived threads now leave at most the pool's few."""
+    store = open_sqlite(tmp_path / "leases.db")
+    store.create_lease_if_absent(Lease("shardId-0", TRIM_HORIZON, lease_owner="w"))
+
+    def one_write() -> None:
+        lease = store.get_lease("shardId-0")
+        assert lease is not None and store.renew_lease(lease) is not None
+
+    def run_threads(count: int) -> None:
+        for _ in range(count):
+            thread = threading.Thread(target=one_write)
+            thread.start()
+            thread.join()
+
+    run_threads(20)
+    descriptors = _open_descriptors()
+    run_threads(300)
+    assert store.open_connections <= POOL_SIZE
+    assert _open_descriptors() <= descriptors  # nothing per thread that ever ran
+    lease = store.get_lease("shardId-0")
+    assert lease is not None and lease.lease_counter == 320
+    store.close()
+    assert store.open_connections == 0
+
+
+def test_sqlite_a_busy_pool_is_a_retriable_dependency_error(tmp_path: Path) -> None:
+    store = open_sqlite(
+        tmp_path / "leases.db", busy_timeout=0.05, retry=RetryPolicy(max_attempts=1)
+    )
+    with contextlib.ExitStack() as held:
+        for _ in range(POOL_SIZE):
+            held.enter_context(store._pool.connection())
+        with pytest.raises(DependencyError, match="busy"):
+            store.list_leases()
+    assert store.list_leases() == []
+
+
+def test_sqlite_a_database_of_an_earlier_version_gains_the_new_columns(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    store = open_sqlite(path, namespace="app")
+    store.create_lease_if_absent(Lease("shardId-0", TRIM_HORIZON))
+    store.close()
+    with sqlite3.connect(path) as conn:  # what the first release created: no start_timestamp
+        conn.execute("ALTER TABLE kclpy_spark_leases DROP COLUMN start_timestamp")
+    again = open_sqlite(path, namespace="app")
+    assert again.get_lease("shardId-0") == Lease("shardId-0", TRIM_HORIZON)
+    again.create_lease_if_absent(Lease("shardId-1", TRIM_HORIZON, start_timestamp=5.0))
+    assert again.get_lease("shardId-1").start_timestamp == 5.0  # type: ignore[union-attr]
 
 
 def test_sqlite_missing_file_with_creation_disabled(tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import sys
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -10,6 +12,7 @@ import pytest
 
 from checkpoint.base.clock import ManualClock
 from checkpoint.base.errors import (
+    CheckpointRegressionError,
     CorruptLeaseError,
     DependencyError,
     KclpySparkError,
@@ -429,3 +432,108 @@ def test_checkpoint_of_a_lease_starting_at_a_sentinel(table: FaultyTable) -> Non
     assert held_now is not None
     assert table.get_lease("shardId-000000000009") == held_now.lease
     assert held_now.lease.checkpoint == esn("1")
+
+
+# --- concurrent checkpoints never move the stored checkpoint back (issue 14, finding 3) ----------
+
+
+class PausingHolder(LeaseHolder):
+    """Fault injection: the first ``update`` stops at its door until ``go`` is set, so another
+    thread's checkpoint can overtake it (the interleaving that used to write 100 over 200)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.paused = threading.Event()
+        self.go = threading.Event()
+        self._first = True
+
+    def update(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
+        if self._first:
+            self._first = False
+            self.paused.set()
+            assert self.go.wait(10.0)
+        return super().update(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def _overtaken(table: FaultyTable, later: Callable[[Checkpointer], None]) -> list[object]:
+    """checkpoint("150") stops at the holder's door; ``later`` runs to completion; then the first
+    goes on. Returns what the first call raised (or returned)."""
+    clock = ManualClock()
+    holder = PausingHolder(table, "worker-a", clock, DURATION)
+    current = table.get_lease(KEY)
+    assert current is not None
+    taken = table.take_lease(current, "worker-a")
+    assert taken is not None
+    held = holder.add_taken(taken)
+    cp = Checkpointer(holder, KEY, held.token, LARGEST, sleep=lambda s: None)
+    outcome: list[object] = []
+
+    def first() -> None:
+        try:
+            cp.checkpoint("150")
+            outcome.append("written")
+        except CheckpointError as exc:
+            outcome.append(exc.value)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert holder.paused.wait(10.0)
+    holder._first = False
+    later(cp)
+    holder.go.set()
+    thread.join(10.0)
+    return outcome
+
+
+def test_an_overtaken_smaller_checkpoint_is_refused_not_written_over_a_larger_one(
+    table: FaultyTable,
+) -> None:
+    outcome = _overtaken(table, lambda cp: cp.checkpoint("180"))
+    assert outcome == [ILLEGAL_ARGUMENT]
+    assert stored(table).checkpoint == esn("180")
+
+
+def test_an_overtaken_checkpoint_never_moves_a_parent_off_shard_end(table: FaultyTable) -> None:
+    def shard_end(cp: Checkpointer) -> None:
+        cp.mark_shard_end()
+        cp.checkpoint()
+
+    outcome = _overtaken(table, shard_end)
+    assert outcome == [ILLEGAL_ARGUMENT]
+    assert stored(table).checkpoint == SHARD_END
+
+
+def test_racing_checkpoint_threads_end_at_the_maximum(table: FaultyTable) -> None:
+    worker = Worker(table, "worker-a")
+    cp = worker.take(largest=esn("1000"))
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    refused: list[str] = []
+
+    def run(values: range) -> None:
+        for value in values:
+            try:
+                cp.checkpoint(str(value))
+            except CheckpointError as exc:
+                refused.append(exc.value)
+
+    try:
+        threads = [threading.Thread(target=run, args=(range(101 + i, 1001, 4),)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert stored(table).checkpoint == esn("1000")
+    assert set(refused) <= {ILLEGAL_ARGUMENT}
+
+
+def test_the_store_refuses_a_backward_checkpoint_write(table: FaultyTable) -> None:
+    lease = table.take_lease(stored(table), "worker-a")
+    assert lease is not None
+    forward = table.update_checkpoint(lease, esn("150"))
+    assert forward is not None
+    with pytest.raises(CheckpointRegressionError):
+        table.update_checkpoint(forward, esn("120"))
+    assert stored(table) == forward

@@ -12,7 +12,7 @@ import pytest
 from checkpoint.base.clock import ManualClock
 from checkpoint.base.errors import DependencyError, ThrottledError
 from checkpoint.lease import Lease
-from checkpoint.leasing.holder import LeaseHolder, LeaseLoss
+from checkpoint.leasing.holder import LeaseHolder, LeaseLoss, RenewalReport
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
 from checkpoint.stores.memory import MemoryLeaseTable
 
@@ -283,3 +283,120 @@ def test_held_lease_is_a_separate_runtime_object(
     held = holder.add_taken(lease)
     assert held.lease == lease  # the stored value is untouched by runtime state
     assert replace(held, token=held.token) == held
+
+
+# --- one slow lease never costs the others (issue 14, finding 2) -------------------------------
+
+
+class HangingTable(MemoryLeaseTable):
+    """Fault injection: renew_lease (or update_checkpoint) of ``stuck`` blocks until released."""
+
+    def __init__(self, stuck: str) -> None:
+        super().__init__()
+        self.stuck = stuck
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.stuck_renewals = 0
+
+    def renew_lease(self, lease: Lease) -> Lease | None:
+        if lease.lease_key == self.stuck:
+            self.stuck_renewals += 1
+            self.entered.set()
+            assert self.release.wait(30.0)
+        return super().renew_lease(lease)
+
+    def update_checkpoint(
+        self, lease: Lease, checkpoint: ExtendedSequenceNumber, pending: object = None
+    ) -> Lease | None:
+        if lease.lease_key == self.stuck:
+            self.entered.set()
+            assert self.release.wait(30.0)
+        return super().update_checkpoint(lease, checkpoint)
+
+
+KEYS = ("shardId-000000000000", "shardId-000000000001", "shardId-000000000002")
+
+
+def _renew_in_thread(holder: LeaseHolder, wait: float) -> RenewalReport:
+    """renew_all in a thread: a pass that blocks on one lease fails the test instead of hanging."""
+    out: list[RenewalReport] = []
+    thread = threading.Thread(target=lambda: out.append(holder.renew_all(wait=wait)), daemon=True)
+    thread.start()
+    thread.join(10.0)
+    assert out, "renew_all did not return while one lease's request hung"
+    return out[0]
+
+
+def test_a_hung_renewal_of_one_lease_never_expires_the_others(clock: ManualClock) -> None:
+    table = HangingTable(stuck=KEYS[0])
+    holder = LeaseHolder(table, "worker-a", clock, DURATION)
+    for key in KEYS:
+        holder.add_taken(take(table, "worker-a", key))
+    try:
+        for _ in range(2):  # each round well inside the others' lease duration
+            clock.advance(5.0)
+            report = _renew_in_thread(holder, wait=2.0)
+            assert isinstance(report, RenewalReport)
+            assert report.renewed == KEYS[1:], report
+            assert report.slow == (KEYS[0],)
+        assert table.stuck_renewals == 1  # in flight: never submitted again, no thread per round
+        clock.advance(1.0)
+        assert holder.get_if_held(KEYS[0]) is None  # the hung one expired on our own clock
+        assert {h.lease_key for h in holder.held()} == set(KEYS[1:])
+    finally:
+        table.release.set()
+        holder.close()
+
+
+def test_a_hung_checkpoint_write_holds_only_its_own_lease(clock: ManualClock) -> None:
+    table = HangingTable(stuck=KEYS[0])
+    holder = LeaseHolder(table, "worker-a", clock, DURATION)
+    held = [holder.add_taken(take(table, "worker-a", key)) for key in KEYS]
+    writer = threading.Thread(
+        target=holder.update,
+        args=(
+            KEYS[0],
+            held[0].token,
+            lambda lease: table.update_checkpoint(lease, ExtendedSequenceNumber("5")),
+        ),
+        daemon=True,
+    )
+    writer.start()
+    assert table.entered.wait(10.0)  # the write of KEYS[0] now holds its lease's lock
+    try:
+        clock.advance(4.0)
+        report = _renew_in_thread(holder, wait=2.0)
+        assert report.renewed == KEYS[1:], report
+    finally:
+        table.release.set()
+        writer.join(10.0)
+        holder.close()
+
+
+def test_renewals_of_many_leases_run_in_parallel_threads_bounded_by_the_pool(
+    clock: ManualClock,
+) -> None:
+    table = MemoryLeaseTable()
+    holder = LeaseHolder(table, "worker-a", clock, DURATION, renewal_threads=4)
+    keys = [f"shardId-{i:012d}" for i in range(40)]
+    for key in keys:
+        holder.add_taken(take(table, "worker-a", key))
+    before = threading.active_count()
+    for _ in range(25):
+        clock.advance(1.0)
+        assert len(holder.renew_all().renewed) == 40
+    assert threading.active_count() - before <= 4  # the pool, not a thread per lease or round
+    holder.close()
+
+
+def test_release_evicts_then_drops_and_can_park_first(
+    table: FaultyRenewTable, holder: LeaseHolder
+) -> None:
+    held = holder.add_taken(take(table, "worker-a"))
+    result = holder.release(KEY, held.token, change=lambda lease: replace(lease, closed_count=3))
+    assert result.won and holder.get_if_held(KEY) is None
+    assert stored(table).lease_owner is None and stored(table).closed_count == 3
+    # A release with a stale token writes nothing and leaves a newer tenure alone.
+    again = holder.add_taken(take(table, "worker-a"))
+    assert holder.release(KEY, held.token).loss is LeaseLoss.TOKEN_CHANGED
+    assert holder.get_if_held(KEY) == again

@@ -1,0 +1,154 @@
+"""SQLite connections for the lease store: a fixed-size pool, and sqlite3 errors in our hierarchy.
+
+Connections are bounded by the pool's size, never by the threads that ever used the store: a
+daemon that runs a writer thread per Spark batch, or asyncio's executor threads coming and going,
+must not leave a connection (two file descriptors with WAL) behind per thread. A transaction
+checks a connection out and returns it at once; SQLite serializes writers anyway, so a few
+connections serve any number of threads. A thread that finds every connection busy waits at most
+the busy timeout, then gets a retriable DependencyError, like a locked database.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from checkpoint.base.errors import (
+    DependencyError,
+    InvalidStateError,
+    KclpySparkError,
+    ResourceNotFoundError,
+)
+
+# How many connections one store object keeps at most. Writes are serialized by SQLite's lock and
+# take milliseconds; four lets reads (WAL readers do not block) overlap a write.
+POOL_SIZE = 4
+
+# sqlite3.OperationalError messages, and what they mean here.
+_OPERATIONAL_ERRORS: tuple[tuple[str, type[KclpySparkError]], ...] = (
+    ("locked", DependencyError),  # another process holds the write lock past the busy timeout
+    ("busy", DependencyError),
+    ("interrupted", DependencyError),  # a statement stopped at its deadline
+    ("no such table", ResourceNotFoundError),  # ensure_table() was not called
+    ("unable to open", ResourceNotFoundError),
+    ("no such column", InvalidStateError),
+    ("has no column", InvalidStateError),
+)
+
+
+@contextmanager
+def sqlite_errors(where: str) -> Iterator[None]:
+    """Translate sqlite3 errors into this package's hierarchy; ``where`` names the database."""
+    try:
+        yield
+    except KclpySparkError:
+        raise
+    except sqlite3.OperationalError as exc:
+        text = str(exc)
+        for needle, error in _OPERATIONAL_ERRORS:
+            if needle in text:
+                raise error(f"{where}: {text}") from exc
+        raise DependencyError(f"{where}: {text}") from exc  # I/O errors, full disk
+    except sqlite3.DatabaseError as exc:  # "file is not a database", corruption
+        raise InvalidStateError(f"{where} is not a usable SQLite database: {exc}") from exc
+
+
+class ConnectionPool:
+    """At most ``size`` connections to ``path``, shared by every thread (one at a time each)."""
+
+    def __init__(self, path: Path, *, create: bool, busy_timeout: float, size: int = POOL_SIZE):
+        if size < 1:
+            raise ValueError(f"pool size must be >= 1, got {size}")
+        self._path = path
+        self._create = create
+        self._busy_timeout = busy_timeout
+        self._size = size
+        self._idle: list[sqlite3.Connection] = []
+        self._open = 0
+        self._cond = threading.Condition()
+        self.where = f"SQLite lease database {str(path)!r}"
+
+    @property
+    def open_connections(self) -> int:
+        """Connections open now (idle or in use): never more than the pool's size."""
+        with self._cond:
+            return self._open
+
+    @contextmanager
+    def connection(self) -> Iterator[sqlite3.Connection]:
+        conn = self._checkout()
+        try:
+            yield conn
+        finally:
+            self._checkin(conn)
+
+    def close(self) -> None:
+        """Close the idle connections now, those in use when they come back. The pool stays
+        usable: a later call opens new connections."""
+        with self._cond:
+            idle, self._idle = self._idle, []
+            self._open -= len(idle)
+        for conn in idle:
+            conn.close()
+
+    def _checkout(self) -> sqlite3.Connection:
+        deadline = time.monotonic() + self._busy_timeout
+        with self._cond:
+            while not self._idle and self._open >= self._size:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DependencyError(
+                        f"{self.where}: all {self._size} connections stayed busy for "
+                        f"{self._busy_timeout:.1f}s"
+                    )
+                self._cond.wait(left)
+            if self._idle:
+                return self._idle.pop()
+            self._open += 1
+        try:
+            return self._connect()
+        except BaseException:
+            with self._cond:
+                self._open -= 1
+                self._cond.notify()
+            raise
+
+    def _checkin(self, conn: sqlite3.Connection) -> None:
+        broken = conn.in_transaction  # a failed ROLLBACK: do not hand the connection on
+        with self._cond:
+            if not broken:
+                self._idle.append(conn)
+            else:
+                self._open -= 1
+            self._cond.notify()
+        if broken:
+            conn.close()
+
+    def _connect(self) -> sqlite3.Connection:
+        if not self._create and not self._path.exists():
+            raise ResourceNotFoundError(f"{self.where} does not exist")
+        if self._create:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+        # mode=rw never creates the file, so a path that vanished is not silently recreated.
+        uri = f"{self._path.resolve().as_uri()}?mode={'rwc' if self._create else 'rw'}"
+        with sqlite_errors(self.where):
+            conn = sqlite3.connect(
+                uri,
+                uri=True,
+                timeout=self._busy_timeout,
+                isolation_level=None,  # we issue BEGIN/COMMIT ourselves
+                check_same_thread=False,  # pooled: used by one thread at a time, any thread
+            )
+            try:
+                conn.execute("PRAGMA journal_mode=WAL").fetchone()
+                # FULL: a commit that returned is on disk, even after a power cut, so a won
+                # checkpoint or take is never rolled back behind the worker's back.
+                conn.execute("PRAGMA synchronous=FULL")
+            except BaseException:
+                conn.close()
+                raise
+        return conn
