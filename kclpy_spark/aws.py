@@ -35,13 +35,20 @@ def _have_credentials() -> bool:
     return botocore.session.get_session().get_credentials() is not None
 
 
-def botocore_config(*, max_pool_connections: int = 10) -> Any:
+def botocore_config(
+    *,
+    max_pool_connections: int = 10,
+    timeout: float | None = None,
+    sdk_retries: bool = True,
+) -> Any:
+    """Client settings: ``timeout`` (seconds) for both connect and read instead of the defaults;
+    without ``sdk_retries`` botocore makes one attempt per call (our own loop retries)."""
     from botocore.config import Config
 
     return Config(
-        retries=_RETRIES,  # type: ignore[arg-type]
-        connect_timeout=_CONNECT_TIMEOUT,
-        read_timeout=_READ_TIMEOUT,
+        retries=_RETRIES if sdk_retries else {"mode": "standard", "total_max_attempts": 1},  # type: ignore[arg-type]
+        connect_timeout=_CONNECT_TIMEOUT if timeout is None else timeout,
+        read_timeout=_READ_TIMEOUT if timeout is None else timeout,
         max_pool_connections=max_pool_connections,
     )
 
@@ -52,6 +59,17 @@ def boto3_client(service: str, cfg: WorkerConfig) -> Any:
 
     session: Any = boto3.session.Session()
     return session.client(service, config=botocore_config(), **client_kwargs(cfg))
+
+
+def lease_table_client(cfg: WorkerConfig, timeout: float) -> Any:
+    """The DynamoDB client of the lease table: ``timeout`` seconds per connect and per read, no
+    SDK retries (the store's own retry loop has the deadline), and enough pooled connections for
+    the renewal threads (20) plus the worker's other lease-table calls."""
+    import boto3
+
+    session: Any = boto3.session.Session()
+    config = botocore_config(max_pool_connections=32, timeout=timeout, sdk_retries=False)
+    return session.client("dynamodb", config=config, **client_kwargs(cfg))
 
 
 def aio_client(service: str, cfg: WorkerConfig, *, max_pool_connections: int = 50) -> Any:

@@ -141,9 +141,3 @@ class KinesisShardLister:
             policy=self._policy,
             sleep=self._sleep,
         )
-
-
-def describe_position(position: InitialPosition) -> str:
-    if position.timestamp is not None:
-        return f"{position.position.value}({position.timestamp.isoformat()})"
-    return position.position.value

@@ -220,11 +220,6 @@ def decode(body: bytes) -> tuple[list[str], list[str], list[_SubRecord]]:
     return pks, ehks, records
 
 
-def is_aggregated(data: bytes) -> bool:
-    """True if ``data`` starts with the KPL's magic bytes (it may still be corrupt)."""
-    return data[:4] == MAGIC
-
-
 def partition_key_hash(partition_key: str) -> int:
     """The hash key Kinesis gives a partition key: MD5 of its UTF-8 bytes, as a 128-bit integer."""
     return int.from_bytes(hashlib.md5(partition_key.encode("utf-8")).digest(), "big")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from checkpoint.checkpointer import Checkpointer
-from checkpoint.counters import CoordinationCounters, park
+from checkpoint.counters import CoordinationCounters
 from checkpoint.lease import Lease
 from checkpoint.leasing.holder import HeldLease, LeaseHolder
 from checkpoint.port import LeaseTable
@@ -401,7 +401,7 @@ class ShardConsumer:
         self.finishing = True
 
         def write(lease: Lease) -> Lease | None:
-            parked = self._table.update_lease(park(lease, reopen_at))
+            parked = self._table.update_lease(lease.parked(reopen_at))
             return None if parked is None else self._table.evict_lease(parked)
 
         result = await asyncio.to_thread(self._holder.update, self.lease_key, held.token, write)

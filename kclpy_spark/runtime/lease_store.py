@@ -1,9 +1,18 @@
-"""Open the lease store a WorkerConfig names: SQLite (embedded default), DynamoDB, or memory."""
+"""Open the lease store a WorkerConfig names: SQLite (embedded default), DynamoDB, or memory.
+
+Every lease-table call gets a deadline shorter than the lease it protects (``CallBudget``): one
+attempt may take at most ``attempt`` seconds to connect and as long to read, and a call with its
+retries gives up after ``total`` seconds, half the failover time. So a hung table costs a renewal
+at most half a lease, never the lease: the next renewal round still lands in time once the table
+answers again, and a table that stays silent lets the lease expire on our own clock first.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from checkpoint.base.retry import RetryPolicy
 from checkpoint.port import CoordinationStore, LeaseTable
 
 if TYPE_CHECKING:
@@ -14,9 +23,33 @@ class LeaseStore(LeaseTable, CoordinationStore, Protocol):
     """A lease table that also keeps the application's coordination records."""
 
 
+@dataclass(frozen=True)
+class CallBudget:
+    """Seconds one lease-table call may take: per attempt (connect, and read, each) and in all."""
+
+    attempt: float
+    total: float
+
+    @classmethod
+    def for_failover(cls, failover_time: float) -> CallBudget:
+        # A sixth of the failover time per connect and per read (10 s -> 1.7 s, far above a
+        # DynamoDB request's usual tens of milliseconds), within 0.2..5 s; half of it in all.
+        return cls(attempt=min(5.0, max(0.2, failover_time / 6)), total=failover_time / 2)
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            base_delay=0.05,
+            max_delay=min(1.0, self.total / 4),
+            max_attempts=8,
+            max_elapsed=self.total,
+            attempt_timeout=2 * self.attempt,
+        )
+
+
 def open_lease_store(cfg: WorkerConfig) -> LeaseStore:
     """The store, with its table ensured (created if allowed). Raises ResourceNotFoundError or
     InvalidStateError naming the table when it is missing (and creation is off) or malformed."""
+    budget = CallBudget.for_failover(cfg.failover_time)
     store: LeaseStore
     if cfg.lease_store == "memory":
         from checkpoint.stores.memory import MemoryLeaseTable
@@ -24,12 +57,13 @@ def open_lease_store(cfg: WorkerConfig) -> LeaseStore:
         store = MemoryLeaseTable()
     elif cfg.lease_store == "dynamodb":
         from checkpoint.stores.dynamodb import DynamoDBLeaseTable
-        from kclpy_spark.aws import boto3_client
+        from kclpy_spark.aws import lease_table_client
 
         store = DynamoDBLeaseTable(
-            boto3_client("dynamodb", cfg),
+            lease_table_client(cfg, budget.attempt),
             cfg.application_name,
             create_if_missing=cfg.create_lease_table,
+            retry=budget.retry_policy(),
         )
     else:
         from checkpoint.stores.sqlite import SQLiteLeaseTable
@@ -39,7 +73,11 @@ def open_lease_store(cfg: WorkerConfig) -> LeaseStore:
         if cfg.create_lease_table:
             path.parent.mkdir(parents=True, exist_ok=True)
         store = SQLiteLeaseTable(
-            path, namespace=cfg.application_name, create_if_missing=cfg.create_lease_table
+            path,
+            namespace=cfg.application_name,
+            create_if_missing=cfg.create_lease_table,
+            retry=budget.retry_policy(),
+            busy_timeout=budget.attempt,
         )
     store.ensure_table()
     return store

@@ -1,0 +1,80 @@
+"""Every lease-table call has a deadline shorter than the lease it protects (issue 14, finding 2).
+
+The budget is checked as configured (pure), and against a real silent endpoint: a TCP server that
+accepts connections and never answers stands in for a hung DynamoDB.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from checkpoint.base.errors import DependencyError
+from kclpy_spark.config import WorkerConfig
+from kclpy_spark.runtime.lease_store import CallBudget, open_lease_store
+
+
+@pytest.mark.parametrize("failover", [0.5, 3.0, 10.0, 60.0, 600.0])
+def test_a_call_with_its_retries_ends_within_half_the_lease(failover: float) -> None:
+    budget = CallBudget.for_failover(failover)
+    policy = budget.retry_policy()
+    assert policy.max_elapsed <= failover / 2
+    # One attempt (connect + read) fits in the budget, so at least one is always made.
+    assert policy.attempt_timeout <= policy.max_elapsed or failover < 1.2
+    assert budget.attempt <= 5.0
+
+
+@pytest.fixture
+def silent_endpoint() -> Iterator[str]:
+    """http://127.0.0.1:<port>: accepts connections, reads the request, never answers."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    stop = threading.Event()
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            held.append(conn)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join(2.0)
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+def test_a_silent_dynamodb_endpoint_fails_the_call_instead_of_hanging(
+    silent_endpoint: str, tmp_path: Path
+) -> None:
+    cfg = WorkerConfig(
+        stream_name="s",
+        lease_store="dynamodb",
+        endpoint_url=silent_endpoint,
+        failover_time=1.2,
+    )
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            open_lease_store(cfg)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(30.0)  # not a timing assertion: only a hang fails here
+    assert outcome, "the lease-table call hung past 30 s against a silent endpoint"
+    assert isinstance(outcome[0], DependencyError), outcome[0]
