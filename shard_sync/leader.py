@@ -5,6 +5,11 @@ monotonic clock, when it last saw the record's version change. A leader renews (
 every ``renew_interval``; when a worker has not seen the version move for ``lease_duration``, it
 takes the record with a write conditional on the version it saw. Wall-clock time is stored only for
 people reading ``status``; no decision depends on clocks agreeing across machines.
+
+Leadership also expires on the holder's own monotonic clock, like a lease: ``is_leader`` is true
+only until ``lease_duration`` after the start of the last write that renewed it. Another worker can
+take over only after it has seen that write and waited ``lease_duration`` more, so a leader whose
+loop stalls stops acting as leader no later than anyone else may start.
 """
 
 from __future__ import annotations
@@ -50,13 +55,15 @@ class LeaderElection:
         self._key = key
         self._seen: _Seen | None = None
         self._leading = False
+        self._leading_until = float("-inf")  # monotonic: our last renewing write's start + duration
         # tick, note and resign may run in different threads of one worker; serialized here so
         # they never make each other's conditional writes lose.
         self._lock = threading.RLock()
 
     @property
     def is_leader(self) -> bool:
-        return self._leading
+        """True while our leadership is renewed, judged on our own monotonic clock."""
+        return self._leading and self._clock.monotonic() < self._leading_until
 
     def _record(self, version: int, data: dict[str, object] | None = None) -> CoordinationRecord:
         return CoordinationRecord(
@@ -67,7 +74,10 @@ class LeaderElection:
             data=json.dumps(data or {}),
         )
 
-    def _set_leading(self, leading: bool, reason: str) -> bool:
+    def _set_leading(self, leading: bool, reason: str, since: float | None = None) -> bool:
+        """Record the outcome of a tick; ``since``: when the write that won it started."""
+        if leading and since is not None:
+            self._leading_until = since + self._duration
         if leading != self._leading:
             log.info(
                 "worker %s %s shard-sync leadership (%s)",
@@ -89,7 +99,7 @@ class LeaderElection:
             won = self._store.put_record(self._record(1), expected_version=None)
             if won:
                 self._seen = _Seen(1, now)
-            return self._set_leading(won, "no leader yet")
+            return self._set_leading(won, "no leader yet", now)
         if self._seen is None or self._seen.version != current.version:
             self._seen = _Seen(current.version, now)
         if current.owner == self._worker_id:
@@ -99,7 +109,7 @@ class LeaderElection:
             )
             if won:
                 self._seen = _Seen(current.version + 1, now)
-            return self._set_leading(won, "renewed" if won else "renewal lost")
+            return self._set_leading(won, "renewed" if won else "renewal lost", now)
         stale = current.owner is None or now - self._seen.since > self._duration
         if not stale:
             return self._set_leading(False, f"{current.owner} leads")
@@ -108,7 +118,7 @@ class LeaderElection:
         )
         if won:
             self._seen = _Seen(current.version + 1, now)
-        return self._set_leading(won, f"previous leader {current.owner} expired")
+        return self._set_leading(won, f"previous leader {current.owner} expired", now)
 
     def resign(self) -> None:
         """Give leadership up at once (graceful shutdown) so another worker need not wait."""
@@ -136,6 +146,7 @@ class LeaderElection:
         """Merge ``data`` (e.g. the last sync time) into the record while leading.
 
         True if written."""
+        started = self._clock.monotonic()
         current = self._store.get_record(self._key)
         if current is None or current.owner != self._worker_id:
             return False
@@ -144,5 +155,7 @@ class LeaderElection:
             self._record(current.version + 1, merged), expected_version=current.version
         )
         if won:
-            self._seen = _Seen(current.version + 1, self._clock.monotonic())
+            self._seen = _Seen(current.version + 1, started)
+            if self._leading:
+                self._leading_until = started + self._duration
         return won

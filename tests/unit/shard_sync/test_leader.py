@@ -78,3 +78,29 @@ def test_note_merges_data_only_for_leader() -> None:
     a.tick()  # renewal keeps the data
     record = store.get_record(LEADER_KEY)
     assert record is not None and '"last_sync": 123.0' in record.data
+
+
+def test_a_stalled_leader_stops_leading_on_its_own_clock_before_anyone_can_take_over() -> None:
+    """Issue 14, finding 7: leadership was a cached flag; a leader whose loop stalled went on
+    acting as leader after another took over."""
+    _, clock, a, b = _pair(duration=10.0)
+    assert a.tick() is True and a.is_leader
+    assert b.tick() is False  # B sees A's version now
+    clock.advance(9.9)
+    assert a.is_leader  # renewed 9.9 s ago: still within the lease
+    clock.advance(0.2)  # A's loop stalled: no tick for 10.1 s
+    assert not a.is_leader  # expired on A's own clock...
+    assert b.tick() is True  # ...no later than B may take over
+    assert not a.is_leader
+    assert a.tick() is False  # and a late tick does not bring it back
+
+
+def test_leadership_is_extended_by_every_renewal_and_note() -> None:
+    _, clock, a, _ = _pair(duration=10.0)
+    a.tick()
+    for _ in range(5):
+        clock.advance(6.0)
+        assert a.note(last_sync=clock.wall())
+        assert a.is_leader
+    clock.advance(10.5)
+    assert not a.is_leader
