@@ -142,6 +142,11 @@ class Checkpointer:
             self._at_shard_end = self._largest_permitted if last_sequence is None else last_sequence
             self._largest_permitted = SHARD_END
 
+    def worker_holds(self, lease_key: str) -> bool:
+        """Whether this checkpointer's worker holds the lease ``lease_key`` now (the sink asks
+        it about the other leases of a batch it re-forms)."""
+        return self._holder.get_if_held(lease_key) is not None
+
     @property
     def pending_checkpoint(self) -> tuple[ExtendedSequenceNumber, bytes | None] | None:
         """The pending checkpoint and its application state in the held lease (as the last

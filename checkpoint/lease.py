@@ -34,6 +34,40 @@ class LeaseState(enum.StrEnum):
     CLOSED = "CLOSED"  # parked after repeated failures until reopen_at
 
 
+# --- lease keys: the one place that knows their format -------------------------------------------
+#
+# A lease key is a shard id, or in the KCL's multi-stream format
+# ``account:streamName:creationEpoch:shardId`` (its "stream key" is the part before the last colon).
+
+
+def split_lease_key(lease_key: str) -> tuple[str | None, str]:
+    """(stream key or None, shard id) of a lease key."""
+    head, sep, shard_id = lease_key.rpartition(":")
+    return (head if sep else None), shard_id
+
+
+def lease_key_of(stream_key: str | None, shard_id: str) -> str:
+    """The lease key of ``shard_id`` in the stream ``stream_key`` (None: single-stream mode)."""
+    return f"{stream_key}:{shard_id}" if stream_key else shard_id
+
+
+def sibling_key(lease_key: str, shard_id: str) -> str:
+    """The lease key of another shard (a parent or a child) of the same stream as ``lease_key``."""
+    return lease_key_of(split_lease_key(lease_key)[0], shard_id)
+
+
+def in_stream(lease_key: str, stream_key: str | None) -> bool:
+    """Whether ``lease_key`` belongs to the stream ``stream_key`` (None: the only stream)."""
+    return stream_key is None or split_lease_key(lease_key)[0] == stream_key
+
+
+def stream_name_of(lease_key: str) -> str | None:
+    """The stream name a multi-stream lease key carries; None for a plain shard id."""
+    stream_key, _ = split_lease_key(lease_key)
+    parts = stream_key.split(":") if stream_key else []
+    return parts[1] if len(parts) == 3 else None
+
+
 def refuse_regression(lease: Lease, checkpoint: ExtendedSequenceNumber) -> None:
     """Raise CheckpointRegressionError if ``checkpoint`` is before ``lease.checkpoint``."""
     if checkpoint < lease.checkpoint:
@@ -72,18 +106,16 @@ class Lease:
     @property
     def shard_id(self) -> str:
         """The shard id: the lease key itself, or its last part in the multi-stream key format."""
-        return self.lease_key.rsplit(":", 1)[-1]
+        return split_lease_key(self.lease_key)[1]
 
     @property
     def stream_key(self) -> str | None:
         """``account:stream:creationEpoch`` of a multi-stream lease key; None for a plain one."""
-        head, sep, _ = self.lease_key.rpartition(":")
-        return head if sep else None
+        return split_lease_key(self.lease_key)[0]
 
     def sibling_key(self, shard_id: str) -> str:
         """The lease key of another shard of the same stream (a parent or a child)."""
-        stream = self.stream_key
-        return f"{stream}:{shard_id}" if stream else shard_id
+        return sibling_key(self.lease_key, shard_id)
 
     def state(self, now_wall: float) -> LeaseState:
         """ASSIGNED / UNASSIGNED / COMPLETED / CLOSED, as of wall time ``now_wall``."""
@@ -91,7 +123,7 @@ class Lease:
             return LeaseState.COMPLETED
         if self.closed_until is not None and now_wall < self.closed_until:
             return LeaseState.CLOSED
-        return LeaseState.ASSIGNED if self.lease_owner else LeaseState.UNASSIGNED
+        return LeaseState.UNASSIGNED if self.lease_owner is None else LeaseState.ASSIGNED
 
     def parked(self, reopen_at: float) -> Lease:
         """This lease parked (CLOSED) until wall time ``reopen_at``: one more closing. The owner

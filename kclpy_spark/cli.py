@@ -2,7 +2,8 @@
 ``suspend``, ``resume`` and ``demo``.
 
 Errors the user can fix (bad config, missing stream or table, bad credentials) print one line
-and exit with status 2; no stack trace.
+and exit with status 2; no stack trace. A daemon that gives up while running because its lease
+table or stream has been gone too long prints one line and exits with status 3.
 """
 
 from __future__ import annotations
@@ -109,6 +110,11 @@ def _run(args: argparse.Namespace) -> int:
     from kclpy_spark.spark.sink_config import load_sink_config
 
     sink_cfg = load_sink_config(args.config) if args.config else None
+    if sink_cfg is not None and cfg.processor is not None:
+        raise ConfigError(
+            "config has both 'processor' and a [sink] table: a worker runs one of them "
+            "(the [sink] writes to Spark; a processor is your own code); remove one"
+        )
     if sink_cfg is not None:
         from kclpy_spark.spark.runtime import processor_factory_from_sink_config
 
@@ -132,7 +138,9 @@ def _admin(args: argparse.Namespace) -> int:
     if args.command == "status":
         return commands.status_command(args, cfg)
     if args.command == "reset":
-        return commands.reset_command(args, cfg)
+        from kclpy_spark.ops.reset import reset_command
+
+        return reset_command(args, cfg)
     return commands.suspend_command(cfg, args.command == "suspend")
 
 
@@ -154,8 +162,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_demo(args)
     except KclpySparkError as exc:
+        from kclpy_spark.runtime.daemon import DependencyGoneError
+
         print(f"kclpy-spark: error: {exc}", file=sys.stderr)
-        return 2
+        return 3 if isinstance(exc, DependencyGoneError) else 2
     except KeyboardInterrupt:
         return 130
 

@@ -8,13 +8,16 @@ the key.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import socket
+import time
 import tomllib
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +125,9 @@ class WorkerConfig:
     # stream consumer named consumer_name, by default the application name).
     retrieval_mode: str = "polling"
     consumer_name: str | None = None
+    # Seconds the lease table or a stream may be gone (deleted) before the daemon gives up and
+    # exits non-zero; until then it says "not ready" and retries.
+    missing_dependency_timeout: float = 300.0
 
     def __post_init__(self) -> None:
         _check(self)
@@ -150,9 +156,45 @@ class WorkerConfig:
         return from_mapping({**_as_mapping(self), **given}, source="command line")
 
 
-def _positive(name: str, value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"config {name!r} must be > 0, got {value!r}")
+# Durations with the bounds that still make sense, and why the upper bound is there.
+_DURATIONS: dict[str, tuple[float, float, str]] = {
+    "failover_time": (0.5, 3600.0, "a dead worker's leases move only after it"),
+    # GetRecords' shard iterators expire after 5 minutes.
+    "idle_time_between_reads": (0.001, 299.0, "a shard iterator expires after 300 s"),
+    "shard_sync_interval": (0.1, 86_400.0, "new shards are found only this often"),
+    "parent_shard_poll_interval": (0.1, 3600.0, "children wait this long between checks"),
+    "shutdown_grace": (0.1, 3600.0, "SIGTERM waits this long"),
+    "park_duration": (1.0, 7 * 86_400.0, "a parked lease waits this long"),
+    "missing_dependency_timeout": (1.0, 7 * 86_400.0, "a worker that can do nothing waits this"),
+}
+
+
+def _duration(name: str, value: float) -> None:
+    low, high, why = _DURATIONS[name]
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ConfigError(
+            f"config {name!r} must be a number of seconds from {low:g} to {high:g} ({why}), "
+            f"got {value!r}"
+        )
+
+
+# Allowed drift of an AT_TIMESTAMP time past this machine's clock.
+_FUTURE_TOLERANCE = 1.0
+
+
+def check_not_in_future(position: InitialPosition, what: str, now_wall: float) -> None:
+    """Refuse an AT_TIMESTAMP position in the future: Kinesis refuses the iterator, so nothing
+    would ever be read."""
+    when = position.timestamp
+    if when is not None and when.timestamp() > now_wall + _FUTURE_TOLERANCE:
+        raise ConfigError(
+            f"{what}: AT_TIMESTAMP {when.isoformat()} is in the future (now is "
+            f"{datetime.fromtimestamp(now_wall, tz=UTC).isoformat()}); Kinesis gives no iterator "
+            "for it, so nothing would be read"
+        )
+
+
+_WORKER_ID = re.compile(r"^[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]{0,254}$")
 
 
 def _check(cfg: WorkerConfig) -> None:
@@ -160,9 +202,18 @@ def _check(cfg: WorkerConfig) -> None:
         raise ConfigError("config: give either 'stream_name'/'stream_arn' or [[streams]], not both")
     if not cfg.stream_name and not cfg.stream_arn and not cfg.streams:
         raise ConfigError("config 'stream_name' (or 'stream_arn', or [[streams]]) is required")
+    seen: dict[str, StreamSpec] = {}
     for spec in cfg.streams:
         if spec.stream_name and not _STREAM_NAME.match(spec.stream_name):
             raise ConfigError(f"[[streams]]: not a valid stream name: {spec.stream_name!r}")
+        if spec.label in seen:
+            raise ConfigError(
+                f"[[streams]]: stream {spec.label!r} is listed twice (one entry per stream; "
+                "its initial_position would be ambiguous)"
+            )
+        seen[spec.label] = spec
+        if spec.initial_position is not None:
+            check_not_in_future(spec.initial_position, "[[streams]] initial_position", time.time())
     if cfg.stream_name and not _STREAM_NAME.match(cfg.stream_name):
         raise ConfigError(f"config 'stream_name' is not a valid stream name: {cfg.stream_name!r}")
     if cfg.stream_arn and not cfg.stream_arn.startswith("arn:"):
@@ -184,15 +235,14 @@ def _check(cfg: WorkerConfig) -> None:
         raise ConfigError(
             f"config 'processor' must look like 'package.module:Class', got {cfg.processor!r}"
         )
-    for name in (
-        "failover_time",
-        "idle_time_between_reads",
-        "shard_sync_interval",
-        "parent_shard_poll_interval",
-        "shutdown_grace",
-        "park_duration",
-    ):
-        _positive(name, getattr(cfg, name))
+    for name in _DURATIONS:
+        _duration(name, getattr(cfg, name))
+    if not _WORKER_ID.match(cfg.worker_id) or cfg.worker_id != cfg.worker_id.strip():
+        raise ConfigError(
+            "config 'worker_id' must be 1-255 printable characters, not starting or ending with "
+            f"a space (it names the lease owner), got {cfg.worker_id!r}"
+        )
+    check_not_in_future(cfg.initial_position, "config 'initial_position'", time.time())
     if not 1 <= cfg.max_records <= 10_000:
         raise ConfigError(
             f"config 'max_records' must be 1..10000 (GetRecords' limit), got {cfg.max_records}"

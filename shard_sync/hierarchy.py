@@ -65,8 +65,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from checkpoint.base.errors import InvalidStateError, KclpySparkError
-from checkpoint.lease import HashKeyRange, Lease
-from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber, InitialPosition, Position
+from checkpoint.lease import HashKeyRange, Lease, lease_key_of, sibling_key
+from checkpoint.sequence import (
+    TRIM_HORIZON,
+    ExtendedSequenceNumber,
+    InitialPosition,
+    Position,
+    Sentinel,
+)
 from shard_sync.shards import ChildShard, Shard, find_hash_range_holes
 
 # Error messages list at most this many shard ids: a sync over 100k shards must not log megabytes.
@@ -121,16 +127,21 @@ class NewLease:
     hash_key_range: HashKeyRange
     starting_sequence_number: str | None = None
 
-    def to_lease(self, stream_key: str | None = None) -> Lease:
+    def to_lease(
+        self, stream_key: str | None = None, *, start_timestamp: float | None = None
+    ) -> Lease:
         """The unowned lease row (counter 0). ``stream_key`` gives the multi-stream key format
-        ``<stream_key>:<shard_id>`` (e.g. ``account:stream:creationEpoch``)."""
+        ``<stream_key>:<shard_id>`` (e.g. ``account:stream:creationEpoch``). ``start_timestamp``
+        is stored with an AT_TIMESTAMP checkpoint (and ignored with any other)."""
+        at_timestamp = self.checkpoint.sentinel is Sentinel.AT_TIMESTAMP
         return Lease(
-            lease_key=f"{stream_key}:{self.shard_id}" if stream_key else self.shard_id,
+            lease_key=lease_key_of(stream_key, self.shard_id),
             checkpoint=self.checkpoint,
             lease_owner=None,
             lease_counter=0,
             parent_shard_ids=self.parent_shard_ids,
             hash_key_range=self.hash_key_range,
+            start_timestamp=start_timestamp if at_timestamp else None,
         )
 
 
@@ -315,6 +326,8 @@ def child_leases_at_shard_end(
     parent_lease_key: str,
     child_shards: Sequence[Mapping[str, Any]],
     existing: Mapping[str, Lease],
+    *,
+    gone_parents: Set[str] = frozenset(),
 ) -> list[NewLease]:
     """The child leases to create when the lease ``parent_lease_key`` reaches SHARD_END.
 
@@ -327,13 +340,14 @@ def child_leases_at_shard_end(
 
     Raises ValueError for a malformed entry, InvalidStateError for a child without parents or a
     lone child that does not name two parents, BlockedOnParentShardError when a merge child has
-    one parent lease but not the other (see the module docstring).
+    one parent lease but not the other (see the module docstring), unless the other parent is in
+    ``gone_parents``: shards known to have aged out of the stream, whose records nobody can read
+    any more, so the child need not wait for a lease of theirs.
     """
     children = [ChildShard.from_api(entry) for entry in child_shards]
-    stream_part, sep, _ = parent_lease_key.rpartition(":")
 
     def key_of(shard_id: str) -> str:
-        return f"{stream_part}{sep}{shard_id}"
+        return sibling_key(parent_lease_key, shard_id)
 
     if len(children) == 1:
         merged = children[0]
@@ -342,8 +356,10 @@ def child_leases_at_shard_end(
                 f"lease {parent_lease_key}: its only child {merged.shard_id} does not name two "
                 f"parents (got {list(merged.parent_shard_ids)})"
             )
-        missing = [p for p in merged.parent_shard_ids if key_of(p) not in existing]
-        if len(missing) == 1:
+        parents = merged.parent_shard_ids
+        present = [p for p in parents if key_of(p) in existing]
+        missing = [p for p in parents if key_of(p) not in existing and p not in gone_parents]
+        if present and missing:
             raise BlockedOnParentShardError(merged.shard_id, missing)
     new: list[NewLease] = []
     for child in children:

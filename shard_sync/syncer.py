@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from checkpoint.counters import CoordinationCounters, Counter
-from checkpoint.lease import Lease
+from checkpoint.lease import Lease, in_stream
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import InitialPosition
 from shard_sync.discovery import ShardLister, shard_filter_for
@@ -28,11 +28,6 @@ log = logging.getLogger(__name__)
 # overlapping leases are safe: children wait for their parents.
 EMPTY_TABLE_LIST_ATTEMPTS = 3
 EMPTY_TABLE_LIST_DELAY = 1.0
-
-
-def lease_in_stream(lease_key: str, stream_key: str | None) -> bool:
-    """Whether a lease key belongs to the stream ``stream_key`` (None: the only stream)."""
-    return stream_key is None or lease_key.startswith(stream_key + ":")
 
 
 @dataclass(frozen=True)
@@ -82,7 +77,7 @@ class ShardSyncer:
 
     def owns(self, lease: Lease) -> bool:
         """True for the leases of this syncer's stream (all leases in single-stream mode)."""
-        return lease_in_stream(lease.lease_key, self.stream_key)
+        return in_stream(lease.lease_key, self.stream_key)
 
     def sync(self, leases: list[Lease] | None = None) -> SyncResult:
         """Run one sync; ``leases`` may pass a fresh scan of the table to save a read."""
@@ -95,8 +90,11 @@ class ShardSyncer:
             shards, leased, self._position, ignore_unexpected_child_shards=self._ignore
         )
         created: list[str] = []
+        when = self._position.timestamp
+        start = None if when is None else when.timestamp()
         for spec in new:
-            if self._table.create_lease_if_absent(spec.to_lease(self.stream_key)):
+            lease = spec.to_lease(self.stream_key, start_timestamp=start)
+            if self._table.create_lease_if_absent(lease):
                 created.append(spec.shard_id)
                 self._counters.increment(Counter.PARTITIONS_CREATED)
         if created:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Protocol
+
+# How asyncio code waits: ``asyncio.sleep`` in production, a clock's ``sleep`` in tests.
+AsyncSleep = Callable[[float], Awaitable[None]]
 
 
 class Clock(Protocol):
@@ -42,3 +47,8 @@ class ManualClock:
             raise ValueError("a clock does not go backwards")
         self._mono += seconds
         self._wall += seconds
+
+    async def sleep(self, seconds: float) -> None:
+        """An AsyncSleep that moves this clock instead of waiting (and lets other tasks run)."""
+        self.advance(max(0.0, seconds))
+        await asyncio.sleep(0)

@@ -6,24 +6,35 @@ Each reads the application's config (the same TOML and flags as ``run``) to find
 from __future__ import annotations
 
 import argparse
-import sys
+import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 from checkpoint.base.errors import ConfigError
-from checkpoint.sequence import InitialPosition, Position
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.ops import control
-from kclpy_spark.ops.status import is_live, lease_rows, plan_reset, render_json, render_table
+from kclpy_spark.ops.status import is_live, lease_rows, render_json, render_table
 from kclpy_spark.runtime.lease_store import LeaseStore, open_lease_store
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
 
 
 def add_subcommands(sub: Any, add_worker_flags: Callable[[argparse.ArgumentParser], None]) -> None:
     status = sub.add_parser("status", help="the application's leases: owner, state, lag, ...")
     add_worker_flags(status)
     status.add_argument("--json", action="store_true", help="machine-readable output")
-    status.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS")
+    status.add_argument(
+        "--watch", type=_positive_seconds, metavar="SECONDS", help="refresh every SECONDS"
+    )
     reset = sub.add_parser("reset", help="move checkpoints to TRIM_HORIZON, LATEST or a time")
     add_worker_flags(reset)
     reset.add_argument("--to", required=True, help="TRIM_HORIZON, LATEST or AT_TIMESTAMP:<time>")
@@ -36,7 +47,7 @@ def add_subcommands(sub: Any, add_worker_flags: Callable[[argparse.ArgumentParse
         add_worker_flags(p)
 
 
-def _live_workers(store: LeaseStore, owners: set[str], cfg: WorkerConfig) -> dict[str, Any]:
+def live_workers(store: LeaseStore, owners: set[str], cfg: WorkerConfig) -> dict[str, Any]:
     statuses = {owner: control.worker_status(store, owner) for owner in owners}
     # A worker publishes every failover/3; three failover times of silence means it is gone.
     max_age = max(3 * cfg.failover_time, 10.0)
@@ -44,21 +55,21 @@ def _live_workers(store: LeaseStore, owners: set[str], cfg: WorkerConfig) -> dic
     return {w: s for w, s in statuses.items() if is_live(s, now, max_age)}
 
 
-def _open(cfg: WorkerConfig) -> LeaseStore:
+def open_store(cfg: WorkerConfig) -> LeaseStore:
     return open_lease_store(
         cfg if not cfg.create_lease_table else cfg.with_overrides(create_lease_table=False)
     )
 
 
 def status_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
-    store = _open(cfg)
+    store = open_store(cfg)
     while True:
         leases = store.list_leases()
         owners = {x.lease_owner for x in leases if x.lease_owner}
         statuses = {o: control.worker_status(store, o) for o in owners}
         now = time.time()
         rows = lease_rows(leases, statuses, now)
-        live = _live_workers(store, owners, cfg)
+        live = live_workers(store, owners, cfg)
         extra = {
             "application": cfg.application_name,
             "stream": cfg.stream,
@@ -80,50 +91,8 @@ def status_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
             print("\033[2J\033[H", end="")
 
 
-def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
-    try:
-        target = InitialPosition.parse(args.to)
-    except ValueError as exc:
-        raise ConfigError(f"--to: {exc}") from None
-    store = _open(cfg)
-    leases = store.list_leases()
-    owners = {x.lease_owner for x in leases if x.lease_owner}
-    live = _live_workers(store, owners, cfg)
-    plan = plan_reset(leases, target, shards=args.shard, live_workers=live)
-    if plan.unknown_shards:
-        raise ConfigError(f"no lease for shard(s): {', '.join(plan.unknown_shards)}")
-    if plan.live_owners and not args.force:
-        raise ConfigError(
-            f"live workers hold leases to reset ({', '.join(plan.live_owners)}): stop them, "
-            "or `kclpy-spark suspend` first, or pass --force"
-        )
-    if not plan.changes:
-        print("nothing to reset")
-        return 0
-    print(f"reset {len(plan.changes)} lease(s) of {cfg.application_name} to {args.to}:")
-    for before, _ in plan.changes:
-        print(f"  {before.shard_id}: {before.checkpoint} -> {target.position.value}")
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise ConfigError("reset needs confirmation: run it in a terminal or pass --yes")
-        if input("proceed? [y/N] ").strip().lower() not in {"y", "yes"}:
-            print("cancelled")
-            return 1
-    if target.position is Position.AT_TIMESTAMP and target.timestamp is not None:
-        control.set_reset_timestamp(store, target.timestamp.timestamp(), now_wall=time.time())
-    failed = []
-    for before, after in plan.changes:
-        if store.update_lease(after) is None:
-            failed.append(before.shard_id)
-    if failed:
-        print(f"these leases changed meanwhile and were not reset: {', '.join(failed)}")
-        return 1
-    print("done")
-    return 0
-
-
 def suspend_command(cfg: WorkerConfig, suspended: bool) -> int:
-    store = _open(cfg)
+    store = open_store(cfg)
     if not control.set_suspended(store, suspended, by="kclpy-spark CLI", now_wall=time.time()):
         raise ConfigError("could not write the suspend flag (too many concurrent writers)")
     print(f"{cfg.application_name}: {'suspended' if suspended else 'resumed'}")

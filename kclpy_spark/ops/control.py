@@ -3,10 +3,9 @@
 * ``suspended``: set by ``kclpy-spark suspend``; every worker stops taking and processing leases
   (keeping its checkpoints, staying alive) until ``resume``. It lives in the store, so it holds
   across restarts and machines.
-* ``reset-timestamp``: the time an ``AT_TIMESTAMP`` reset moved checkpoints to; consumers of a lease
-  checkpointed at AT_TIMESTAMP read from it (before the configured initial position's time).
 * ``worker/<id>``: what each worker publishes about itself for ``kclpy-spark status`` (leases, lag,
-  records, last renewal). Only its own worker writes it.
+  records, last renewal, readiness). Only its own worker writes it; each process marks it with an
+  instance id, so two processes started with the same worker id find each other.
 
 Writes are conditional on the record's version like every other write; a lost race is retried a
 few times by re-reading, since these are single-writer records or idempotent flags.
@@ -19,11 +18,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from checkpoint.base.errors import ConfigError
 from checkpoint.port import CoordinationRecord, CoordinationStore
 
 SUSPEND_KEY = "suspended"
-RESET_TIMESTAMP_KEY = "reset-timestamp"
 _ATTEMPTS = 5
+
+
+class DuplicateWorkerError(ConfigError):
+    """Another live process publishes status under this worker id."""
 
 
 def worker_key(worker_id: str) -> str:
@@ -75,31 +78,43 @@ def set_suspended(store: CoordinationStore, suspended: bool, *, by: str, now_wal
     )
 
 
-def reset_timestamp(store: CoordinationStore) -> float | None:
-    value = _data(store.get_record(RESET_TIMESTAMP_KEY)).get("timestamp")
-    return float(value) if isinstance(value, int | float) else None
-
-
-def set_reset_timestamp(store: CoordinationStore, timestamp: float, *, now_wall: float) -> bool:
-    return update_record(
-        store,
-        RESET_TIMESTAMP_KEY,
-        lambda d: {**d, "timestamp": timestamp, "at": now_wall},
-        owner=None,
-        now_wall=now_wall,
+def published_by_another(
+    status: dict[str, Any], instance: str, now_wall: float, max_age: float
+) -> bool:
+    """True if ``status`` (a worker record's data) was written by another, running process
+    within ``max_age`` seconds (not by ``instance``, and not marked stopped)."""
+    before, updated = status.get("instance"), status.get("updated_at")
+    return (
+        bool(instance)
+        and isinstance(before, str)
+        and before != instance
+        and not status.get("stopped")
+        and isinstance(updated, int | float)
+        and now_wall - updated <= max_age
     )
 
 
 def publish_worker_status(
-    store: CoordinationStore, worker_id: str, status: dict[str, Any], *, now_wall: float
-) -> bool:
-    return update_record(
-        store,
-        worker_key(worker_id),
-        lambda _: {**status, "updated_at": now_wall, "worker_id": worker_id},
-        owner=worker_id,
-        now_wall=now_wall,
-    )
+    store: CoordinationStore,
+    worker_id: str,
+    status: dict[str, Any],
+    now_wall: float,
+    instance: str = "",
+    max_age: float = 0.0,
+) -> str | None:
+    """Write this worker's status record. Returns the instance id of another process that
+    wrote the record under the same worker id within ``max_age`` seconds, if one did (the
+    record is written anyway: the newest writer's status is what ``status`` shows)."""
+    other: list[str] = []
+
+    def change(previous: dict[str, Any]) -> dict[str, Any]:
+        other.clear()
+        if published_by_another(previous, instance, now_wall, max_age):
+            other.append(str(previous["instance"]))
+        return {**status, "updated_at": now_wall, "worker_id": worker_id, "instance": instance}
+
+    update_record(store, worker_key(worker_id), change, owner=worker_id, now_wall=now_wall)
+    return other[0] if other else None
 
 
 def worker_status(store: CoordinationStore, worker_id: str) -> dict[str, Any]:

@@ -1,7 +1,7 @@
-"""``kclpy-spark status`` and ``reset``: an application's leases seen from the lease store.
+"""``kclpy-spark status``: an application's leases seen from the lease store.
 
-Pure functions over a lease scan and the workers' published status records, so the table and the
-reset plan are tested without any service. "Live" workers are judged by the wall-clock age of their
+Pure functions over a lease scan and the workers' published status records, so the table is tested
+without any service. "Live" workers are judged by the wall-clock age of their
 published status: fine for an operator's command, never used for lease decisions.
 """
 
@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from checkpoint.lease import Lease
-from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
 
 
 @dataclass(frozen=True)
@@ -94,41 +93,3 @@ def render_table(rows: list[LeaseRow], now_wall: float) -> str:
     lines = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True))
              for row in (header, *body)]  # fmt: skip
     return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class ResetPlan:
-    changes: tuple[tuple[Lease, Lease], ...]  # (as read, as it will be written)
-    live_owners: tuple[str, ...]
-    unknown_shards: tuple[str, ...]
-
-
-def plan_reset(
-    leases: Iterable[Lease],
-    target: InitialPosition,
-    *,
-    shards: Iterable[str] | None,
-    live_workers: Iterable[str],
-) -> ResetPlan:
-    """Which leases move to ``target`` (all, or those of ``shards``), and who still holds them.
-
-    Finished (SHARD_END) leases are left alone: their records are all delivered and their children
-    depend on them being finished.
-    """
-    by_shard = {lease.shard_id: lease for lease in leases}
-    wanted = set(by_shard) if shards is None else set(shards)
-    unknown = tuple(sorted(wanted - set(by_shard)))
-    live = set(live_workers)
-    changes = []
-    owners = set()
-    for shard_id in sorted(wanted & set(by_shard)):
-        lease = by_shard[shard_id]
-        if lease.checkpoint.is_shard_end:
-            continue
-        if lease.lease_owner and lease.lease_owner in live:
-            owners.add(lease.lease_owner)
-        checkpoint = ExtendedSequenceNumber.of(target.position.value)
-        changes.append((lease, replace(lease, checkpoint=checkpoint, pending_checkpoint=None,
-                                       pending_checkpoint_state=None,
-                                       owner_switches_since_checkpoint=0)))  # fmt: skip
-    return ResetPlan(tuple(changes), tuple(sorted(owners)), unknown)

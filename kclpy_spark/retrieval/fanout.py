@@ -30,11 +30,10 @@ from checkpoint.base.errors import (
 from checkpoint.base.retry import Backoff
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.processor import Record
-from kclpy_spark.retrieval.backoff import wait_or_raise
-from kclpy_spark.retrieval.fastdecode import records_from_response
-from kclpy_spark.retrieval.kpl import Deaggregator, skip_through
-from kclpy_spark.retrieval.polling import FetchedBatch, record_from_api
+from kclpy_spark.retrieval.fastdecode import record_from_parsed, records_from_response
+from kclpy_spark.retrieval.kpl import Deaggregator
 from kclpy_spark.retrieval.positions import iterator_args
+from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress, RecordFilter, wait_or_raise
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +188,7 @@ class FanOutFetcher:
         rng: random.Random | None = None,
         deaggregator: Deaggregator | None = None,
         registry: ConsumerRegistry | None = None,
+        progress: FetchProgress | None = None,
     ) -> None:
         self._client = client
         self._stream = stream
@@ -201,16 +201,20 @@ class FanOutFetcher:
         self._sleep = sleep
         self._clock = clock
         self._backoff = Backoff(rng)
-        self.deaggregator = deaggregator
+        self._filter = RecordFilter(checkpoint, deaggregator)
+        self._progress = progress
         self._registry = registry or CONSUMERS
         # Resume AFTER this sequence number (the last record or a later continuation number).
         self._resume: str | None = None
-        self._received_any = False
         self._floor = 0 if checkpoint.is_sentinel else int(checkpoint.sequence_number)
         self._last_subscribe: float | None = None
         self._not_found = 0
         self.subscriptions = 0
         self.renewals = 0
+
+    @property
+    def deaggregator(self) -> Deaggregator | None:
+        return self._filter.deaggregator
 
     def _position(self) -> dict[str, Any]:
         if self._resume is not None:
@@ -222,22 +226,21 @@ class FanOutFetcher:
         lies beyond it (an emulator may send a placeholder such as "0": never move back)."""
         if raw:
             self._resume = raw[-1].sequence_number
-            self._received_any = True
         if continuation and continuation.isdigit():
             current = int(self._resume) if self._resume is not None else self._floor
             if int(continuation) > current:
                 self._resume = continuation
 
-    def _user_records(self, raw: list[Record]) -> list[Record]:
-        # Until a record arrives the subscription may have started AT the checkpoint (inside a KPL
-        # aggregate): skip what that checkpoint already covers.
-        after = None if self._received_any else self._start
-        if self.deaggregator is not None:
-            return self.deaggregator(raw, after)
-        return skip_through(raw, after)
+    async def _put(self, batch: FetchedBatch) -> None:
+        if self._progress is not None:
+            await self._progress.put(self._queue, batch)
+        else:
+            await self._queue.put(batch)
 
     async def _handle(self, exc: BaseException, operation: str) -> None:
         """Back off after a retriable failure; raise the mapped error otherwise."""
+        if self._progress is not None:
+            self._progress.failed()
         await wait_or_raise(
             exc,
             f"{operation} on shard {self._shard_id}",
@@ -329,13 +332,15 @@ class FanOutFetcher:
     async def _on_event(self, body: dict[str, Any]) -> bool:
         self._backoff.reset()
         self._not_found = 0
-        raw = [record_from_api(r) for r in body.get("Records", ())]
-        records = self._user_records(raw)
+        if self._progress is not None:
+            self._progress.ok()
+        raw = [record_from_parsed(r) for r in body.get("Records", ())]
+        records = self._filter(raw)
         continuation = body.get("ContinuationSequenceNumber")
         ended = continuation is None
         self._advance(raw, continuation)
         if records or ended:
-            await self._queue.put(
+            await self._put(
                 FetchedBatch(
                     records=records,
                     millis_behind_latest=body.get("MillisBehindLatest"),
@@ -364,11 +369,11 @@ class FanOutFetcher:
             log.debug("shard %s: shard-end check failed: %r", self._shard_id, exc)
             return False
         raw = records_from_response(resp)
-        records = self._user_records(raw)
+        records = self._filter(raw)
         ended = resp.get("NextShardIterator") is None
         self._advance(raw, None)
         if records or ended:
-            await self._queue.put(
+            await self._put(
                 FetchedBatch(
                     records=records,
                     millis_behind_latest=resp.get("MillisBehindLatest"),

@@ -225,9 +225,11 @@ def partition_key_hash(partition_key: str) -> int:
     return int.from_bytes(hashlib.md5(partition_key.encode("utf-8")).digest(), "big")
 
 
-def _split(record: Record, hash_range: HashKeyRange | None, counters: KplCounters) -> list[Record]:
+def _split(
+    record: Record, hash_range: HashKeyRange | None, counters: KplCounters, shard_id: str | None
+) -> list[Record]:
     """The sub-records of one aggregated record that lie in ``hash_range``; raises
-    CorruptAggregateError."""
+    CorruptAggregateError. Each sub-record left out is logged at WARNING and counted."""
     blob = record.binary_data
     if len(blob) < _MIN_SIZE:
         raise CorruptAggregateError(f"{len(blob)} bytes is too short for an aggregate")
@@ -250,6 +252,22 @@ def _split(record: Record, hash_range: HashKeyRange | None, counters: KplCounter
     for i, (pk_index, ehk_index, data) in enumerate(subs):
         if keep is not None and not keep(pk_index, ehk_index):
             counters.skipped_out_of_range += 1
+            hash_key = (
+                f"explicit hash key {ehks[ehk_index]}"
+                if ehk_index >= 0
+                else f"partition key {pks[pk_index]!r} (hash {partition_key_hash(pks[pk_index])})"
+            )
+            log.warning(
+                "shard %s: KPL sub-record %s/%d with %s lies outside the shard's hash range "
+                "%d..%d; skipped (the KCL's rule: after a reshard such a record belongs to "
+                "another shard's reader)",
+                shard_id or "?",
+                seq,
+                i,
+                hash_key,
+                hash_range.start if hash_range else 0,
+                hash_range.end if hash_range else MAX_HASH_KEY,
+            )
             continue
         out.append(Record(data, pks[pk_index], seq, i, millis))
     return out
@@ -307,6 +325,7 @@ def deaggregate(
     after: ExtendedSequenceNumber | None,
     policy: CorruptPolicy = CorruptPolicy.DELIVER,
     counters: KplCounters | None = None,
+    shard_id: str | None = None,
 ) -> list[Record]:
     """The user records of one GetRecords response (or one SubscribeToShard event), in order.
 
@@ -324,7 +343,7 @@ def deaggregate(
             out.append(record)
             continue
         try:
-            subs = _split(record, hash_range, counters)
+            subs = _split(record, hash_range, counters, shard_id)
         except CorruptAggregateError as exc:
             counters.corrupt += 1
             log.warning(
@@ -350,21 +369,32 @@ class Deaggregator:
         self,
         hash_range: HashKeyRange | None = None,
         policy: CorruptPolicy = CorruptPolicy.DELIVER,
+        *,
+        shard_id: str | None = None,
+        on_out_of_range: Callable[[int], None] | None = None,
     ) -> None:
         self.hash_range = hash_range
         self.policy = policy
+        self.shard_id = shard_id
         self.counters = KplCounters()
+        self._on_out_of_range = on_out_of_range  # told how many sub-records each call left out
 
     def __call__(
         self, records: Iterable[Record], after: ExtendedSequenceNumber | None
     ) -> list[Record]:
-        return deaggregate(
+        before = self.counters.skipped_out_of_range
+        out = deaggregate(
             records,
             hash_range=self.hash_range,
             after=after,
             policy=self.policy,
             counters=self.counters,
+            shard_id=self.shard_id,
         )
+        skipped = self.counters.skipped_out_of_range - before
+        if skipped and self._on_out_of_range is not None:
+            self._on_out_of_range(skipped)
+        return out
 
 
 # --- encoding (the aggregator) -------------------------------------------------------------------

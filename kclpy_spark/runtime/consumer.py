@@ -1,11 +1,21 @@
-"""One shard's consumer: wait on parents, initialize, process, then shard end, lease loss or
-shutdown. Runs as an asyncio task; a plain processor method runs in a thread, an ``async def`` one
-on the loop.
+"""One shard's consumer: wait on parents, check retention, create and initialize the processor,
+process, then shard end, lease loss, shutdown or parking. Runs as an asyncio task; a plain
+processor method runs in a thread, an ``async def`` one on the loop.
 
-A processor exception never kills the worker and never skips records: the same batch is offered
-again with backoff, and after ``max_processing_attempts`` failures the lease is parked (released
-with a reopen time, visible in status) so the records are redelivered from the last checkpoint
-later.
+Nothing is retried forever and nothing fails silently. Every step that can fail over and over
+(creating the processor, ``initialize``, reading the shard, checking retention, a
+``process_records`` batch) counts toward one budget, ``max_processing_attempts`` consecutive
+failures, waiting with backoff in between (a dependency failure a retry may fix, like throttling
+or an endpoint that does not answer, is retried with backoff without counting: readiness reports
+an outage); when it is spent the lease is parked with the reason:
+released with a reopen time every worker sees, its records redelivered from the last checkpoint
+when it reopens. Records are never skipped. A failure outside those steps (a bug) parks the lease
+too, after logging its traceback. Whatever ends the tenure, the processor hears of it
+(``lease_lost`` or ``shutdown_requested``), the log says why, and the lease table shows it.
+
+The consumer's ports: the lease table and holder, a ``ProcessorFactory``, a ``SourceFactory``
+(where records come from), a ``ShardProbe`` and an injected clock and sleep, so its paths are
+tested in the pure tier with fakes (tests/unit/runtime/test_consumer.py).
 """
 
 from __future__ import annotations
@@ -15,12 +25,13 @@ import enum
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from checkpoint.checkpointer import Checkpointer
+from checkpoint.base.clock import AsyncSleep, Clock
+from checkpoint.base.errors import KclpySparkError
+from checkpoint.base.retry import Backoff
 from checkpoint.counters import CoordinationCounters
-from checkpoint.lease import Lease
 from checkpoint.leasing.holder import HeldLease, LeaseHolder
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import LATEST, TRIM_HORIZON, ExtendedSequenceNumber, InitialPosition
@@ -31,17 +42,23 @@ from kclpy_spark.processor import (
     LeaseLostInput,
     ProcessRecordsInput,
     RecordProcessor,
-    ShardEndedInput,
     ShutdownRequestedInput,
-    is_async,
 )
-from kclpy_spark.retrieval.fanout import FanOutFetcher
-from kclpy_spark.retrieval.kpl import Deaggregator
-from kclpy_spark.retrieval.polling import FetchedBatch, PollingFetcher, earliest_sequence_number
+from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress, ShardProbe, SourceFactory
 from kclpy_spark.runtime.metrics import WorkerMetrics
-from shard_sync.hierarchy import BlockedOnParentShardError, child_leases_at_shard_end
+from kclpy_spark.runtime.shard_end import ShardEnd, finish_shard
+from kclpy_spark.runtime.tenure import (
+    LeaseLost,
+    Parked,
+    ShutdownSignal,
+    Tenure,
+    call_processor,
+)
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+ProcessorFactory = Callable[[], RecordProcessor]
 
 
 class Outcome(enum.StrEnum):
@@ -49,6 +66,7 @@ class Outcome(enum.StrEnum):
     LEASE_LOST = "lease_lost"
     SHUTDOWN = "shutdown"
     PARKED = "parked"
+    RELEASED = "released"  # given back so another worker may try (a blocked merge child)
 
 
 @dataclass
@@ -63,14 +81,13 @@ class ShardStats:
     millis_behind_latest: int | None = None
     last_delivered: str | None = None
     failures: int = 0
+    park_reason: str = ""
 
 
-class LeaseLost(Exception):
-    """Internal: the lease was lost while a step was waiting."""
-
-
-class ShutdownSignal(Exception):
-    """Internal: shutdown was requested while a step was waiting."""
+def start_position(lease_start: float | None, configured: InitialPosition) -> InitialPosition:
+    """Where a lease checkpointed at AT_TIMESTAMP starts: its own start time (a reset or its
+    creation stored it in the lease), else the configured initial position."""
+    return configured if lease_start is None else InitialPosition.at_timestamp(lease_start)
 
 
 class ShardConsumer:
@@ -80,137 +97,186 @@ class ShardConsumer:
         held: HeldLease,
         holder: LeaseHolder,
         table: LeaseTable,
-        processor: RecordProcessor,
-        kinesis: Any,
-        stream: dict[str, str],
+        processors: ProcessorFactory,
+        sources: SourceFactory,
+        probe: ShardProbe,
         cfg: WorkerConfig,
-        wall: Callable[[], float],
+        clock: Clock,
+        sleep: AsyncSleep = asyncio.sleep,
         rng: random.Random | None = None,
         metrics: WorkerMetrics | None = None,
         initial_position: InitialPosition | None = None,
     ) -> None:
-        self._held = held
-        self._holder = holder
-        self._table = table
-        self._processor = processor
-        self._kinesis = kinesis
-        self._stream = stream
+        self._metrics = metrics or WorkerMetrics(CoordinationCounters())
+        self.tenure = Tenure(
+            held,
+            holder,
+            table,
+            sleep=sleep,
+            wall=clock.wall,
+            on_checkpoint=self._metrics.checkpoint_seconds.observe,
+        )
+        self._processors = processors
+        self._processor: RecordProcessor | None = None
+        self._sources = sources
+        self._probe = probe
         self._cfg = cfg
-        self._wall = wall
-        self._rng = rng or random.Random()
+        self._clock = clock
+        self._backoff = Backoff(rng or random.Random(), base=0.5, cap=30.0)
         self.lease_key = held.lease_key
         self.stats = ShardStats(held.lease.shard_id)
-        self._metrics = metrics or WorkerMetrics(CoordinationCounters())
-        self._position = initial_position or cfg.initial_position
-        self._lost = asyncio.Event()
-        # True once the consumer gives its lease up on purpose (shard end, parking).
-        self.finishing = False
-        self._shutdown = asyncio.Event()
-        self.checkpointer = Checkpointer(
-            holder,
-            held.lease_key,
-            held.token,
-            held.lease.checkpoint,
-            on_write=self._metrics.checkpoint_seconds.observe,
-        )
+        self.progress = FetchProgress(clock.monotonic)
+        configured = initial_position or cfg.initial_position
+        self._position = start_position(held.lease.start_timestamp, configured)
+        self._resume: ExtendedSequenceNumber = held.lease.checkpoint
+        self._failures = 0  # consecutive failures of any step, reset by a delivered batch
 
     # --- signals from the worker -----------------------------------------------------------------
 
     @property
-    def held_lease(self) -> Lease:
-        return self._held.lease
+    def held_lease(self) -> Any:
+        return self.tenure.lease
+
+    @property
+    def checkpointer(self) -> Any:
+        return self.tenure.checkpointer
+
+    @property
+    def finishing(self) -> bool:
+        return self.tenure.finishing
 
     def lease_lost(self) -> None:
-        self._lost.set()
+        self.tenure.lost.set()
 
     def request_shutdown(self) -> None:
-        self._shutdown.set()
-
-    # --- helpers ---------------------------------------------------------------------------------
-
-    async def _call(self, method: Callable[[Any], Any], arg: object) -> None:
-        if is_async(method):
-            await method(arg)
-        else:
-            result = await asyncio.to_thread(method, arg)
-            if asyncio.iscoroutine(result):
-                await result
-
-    async def _wait_or_stop(self, awaitable: Awaitable[Any]) -> Any:
-        """Await ``awaitable`` unless the lease is lost or shutdown is requested first."""
-        task = asyncio.ensure_future(awaitable)
-        lost = asyncio.ensure_future(self._lost.wait())
-        stop = asyncio.ensure_future(self._shutdown.wait())
-        try:
-            done, _ = await asyncio.wait({task, lost, stop}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in (lost, stop):
-                t.cancel()
-        if task in done:
-            return task.result()
-        task.cancel()
-        raise LeaseLost() if self._lost.is_set() else ShutdownSignal()
-
-    def _backoff(self, attempt: int) -> float:
-        return self._rng.uniform(0, min(30.0, 0.5 * 2 ** min(attempt, 8)))
+        self.tenure.shutdown.set()
 
     # --- the state machine -----------------------------------------------------------------------
 
     async def run(self) -> Outcome:
-        shard = self.stats.shard_id
-        set_shard(shard)  # this task's log lines (and its threads') name the shard
+        set_shard(self.stats.shard_id)  # this task's log lines (and its threads') name the shard
         try:
-            self.stats.state = "waiting_on_parents"
-            await self._wait_for_parents()
-            if not await self._check_retention():
-                return await self._finish(Outcome.PARKED)
-            self.stats.state = "initializing"
-            checkpoint = self._held.lease.checkpoint
-            await self._call(
-                self._processor.initialize,
-                InitializeInput(shard, checkpoint.sequence_number, checkpoint.sub_sequence_number),
-            )
-            self.stats.state = "processing"
-            log.info("shard %s: processing from checkpoint %s", shard, checkpoint)
-            outcome = await self._process()
+            outcome = await self._lifecycle()
         except LeaseLost:
             outcome = Outcome.LEASE_LOST
         except ShutdownSignal:
             outcome = Outcome.SHUTDOWN
+        except Parked:
+            outcome = Outcome.PARKED
+        except Exception as exc:  # a bug: never a silent end of a lease
+            log.exception("shard %s: the shard consumer failed unexpectedly", self.stats.shard_id)
+            await self._park(f"the consumer failed: {exc!r}")
+            outcome = Outcome.PARKED
         return await self._finish(outcome)
 
+    async def _lifecycle(self) -> Outcome:
+        self.stats.state = "waiting_on_parents"
+        await self._wait_for_parents()
+        await self._retrying("checking the checkpoint against the retention", self._retention)
+        self.stats.state = "initializing"
+        processor = await self._retrying("creating the processor", self._create_processor)
+        checkpoint = self.tenure.lease.checkpoint
+        init = InitializeInput(
+            self.stats.shard_id, checkpoint.sequence_number, checkpoint.sub_sequence_number
+        )
+        await self._retrying("initialize", lambda: call_processor(processor.initialize, init))
+        self.stats.state = "processing"
+        log.info("shard %s: processing from checkpoint %s", self.stats.shard_id, checkpoint)
+        return await self._process(processor)
+
     async def _finish(self, outcome: Outcome) -> Outcome:
-        shard = self.stats.shard_id
-        if outcome is Outcome.LEASE_LOST or outcome is Outcome.PARKED:
+        processor = self._processor
+        if outcome in (Outcome.LEASE_LOST, Outcome.PARKED, Outcome.RELEASED):
             self.stats.state = outcome.value
-            log.info("shard %s: lease lost; telling the processor", shard)
-            await self._safe(self._processor.lease_lost, LeaseLostInput(), "lease_lost")
+            log.info("shard %s: %s; telling the processor", self.stats.shard_id, outcome.value)
+            if processor is not None:
+                await self._safe(processor.lease_lost, LeaseLostInput(), "lease_lost")
         elif outcome is Outcome.SHUTDOWN:
             self.stats.state = "shutting_down"
-            await self._safe(
-                self._processor.shutdown_requested,
-                ShutdownRequestedInput(self.checkpointer),
-                "shutdown_requested",
-            )
+            if processor is not None:
+                arg = ShutdownRequestedInput(self.tenure.checkpointer)
+                await self._safe(processor.shutdown_requested, arg, "shutdown_requested")
         self.stats.state = outcome.value
         return outcome
 
     async def _safe(self, method: Callable[[Any], Any], arg: object, name: str) -> None:
         try:
-            await self._call(method, arg)
+            await call_processor(method, arg)
         except Exception:
             log.exception("shard %s: the processor's %s raised", self.stats.shard_id, name)
 
+    # --- failures: one budget, then park ---------------------------------------------------------
+
+    async def _retrying(self, what: str, step: Callable[[], Awaitable[T]]) -> T:
+        """``step()`` until it succeeds. A failure a retry may fix (throttling, a dependency
+        that does not answer) waits a backoff and does not count: an outage is the worker's
+        health's business, not a reason to park every lease. Every other failure counts
+        (``_failed``)."""
+        transient = 0
+        while True:
+            try:
+                return await step()
+            except (LeaseLost, ShutdownSignal, Parked):
+                raise
+            except KclpySparkError as exc:
+                if not exc.retriable:
+                    await self._failed(what, exc)
+                    continue
+                transient += 1
+                log.warning("shard %s: %s failed, retrying: %s", self.stats.shard_id, what, exc)
+                await self.tenure.pause(self._backoff.delay(transient))
+            except Exception as exc:
+                await self._failed(what, exc)
+
+    async def _failed(self, what: str, exc: BaseException, detail: str = "") -> None:
+        """Count a failure; park the lease after ``max_processing_attempts`` in a row (raises
+        Parked), else wait a backoff. Raises LeaseLost if the lease went meanwhile: then the
+        failure was the lease's, not the records'."""
+        self.tenure.current()
+        self._failures += 1
+        self.stats.failures += 1
+        self._metrics.processing_failures.labels(self.stats.shard_id).inc()
+        limit = self._cfg.max_processing_attempts
+        log.error(
+            "shard %s: %s failed%s (attempt %d of %d): %s",
+            self.stats.shard_id,
+            what,
+            detail,
+            self._failures,
+            limit,
+            exc if isinstance(exc, KclpySparkError) else repr(exc),
+            exc_info=not isinstance(exc, KclpySparkError),
+        )
+        if self._failures >= limit:
+            await self._park(f"{what} failed {self._failures} times in a row: {exc}")
+            raise Parked()
+        await self.tenure.pause(self._backoff.delay(self._failures))
+
+    async def _park(self, reason: str) -> None:
+        self.stats.park_reason = reason
+        await self.tenure.park(reason, self._cfg.park_duration)
+
+    # --- steps -----------------------------------------------------------------------------------
+
+    async def _create_processor(self) -> RecordProcessor:
+        if self._processor is None:
+            self._processor = self._processors()
+        return self._processor
+
     async def _wait_for_parents(self) -> None:
-        lease = self._held.lease
+        lease = self.tenure.lease
         while True:
             blocking = []
-            for parent in sorted(lease.parent_shard_ids):
-                parent_lease = await asyncio.to_thread(
-                    self._table.get_lease, lease.sibling_key(parent)
-                )
-                if parent_lease is not None and not parent_lease.checkpoint.is_shard_end:
-                    blocking.append(parent)
+            try:
+                for parent in sorted(lease.parent_shard_ids):
+                    parent_lease = await asyncio.to_thread(
+                        self.tenure.table.get_lease, lease.sibling_key(parent)
+                    )
+                    if parent_lease is not None and not parent_lease.checkpoint.is_shard_end:
+                        blocking.append(parent)
+            except KclpySparkError as exc:
+                log.warning("shard %s: reading its parents' leases failed: %s", lease.shard_id, exc)
+                blocking.append("(unknown)")
             if not blocking:
                 return
             log.info(
@@ -218,142 +284,19 @@ class ShardConsumer:
                 lease.shard_id,
                 ", ".join(blocking),
             )
-            await self._wait_or_stop(asyncio.sleep(self._cfg.parent_shard_poll_interval))
+            await self.tenure.pause(self._cfg.parent_shard_poll_interval)
 
-    async def _process(self) -> Outcome:
-        queue: asyncio.Queue[FetchedBatch] = asyncio.Queue(maxsize=self._cfg.prefetch_batches)
-        lease = self._held.lease
-        deaggregator = Deaggregator(lease.hash_key_range) if self._cfg.kpl_deaggregation else None
-        fetcher: PollingFetcher | FanOutFetcher
-        if self._cfg.retrieval_mode == "fanout":
-            fetcher = FanOutFetcher(
-                self._kinesis,
-                self._stream,
-                self.stats.shard_id,
-                lease.checkpoint,
-                self._position,
-                queue,
-                consumer_name=self._cfg.consumer_name or self._cfg.application_name,
-                rng=self._rng,
-                deaggregator=deaggregator,
-            )
-        else:
-            fetcher = PollingFetcher(
-                self._kinesis,
-                self._stream,
-                self.stats.shard_id,
-                lease.checkpoint,
-                self._position,
-                queue,
-                max_records=self._cfg.max_records,
-                idle_time=self._cfg.idle_time_between_reads,
-                rng=self._rng,
-                deaggregator=deaggregator,
-            )
-        fetch_task = asyncio.create_task(fetcher.run(), name=f"fetch-{self.stats.shard_id}")
-        lost = asyncio.ensure_future(self._lost.wait())
-        stop = asyncio.ensure_future(self._shutdown.wait())
-        try:
-            while True:
-                getter = asyncio.ensure_future(queue.get())
-                done, _ = await asyncio.wait(
-                    {getter, fetch_task, lost, stop}, return_when=asyncio.FIRST_COMPLETED
-                )
-                if getter not in done:
-                    getter.cancel()
-                    if lost in done:
-                        raise LeaseLost()
-                    if stop in done:
-                        return Outcome.SHUTDOWN
-                    fetch_task.result()  # raises what stopped the fetcher
-                    continue
-                batch = getter.result()
-                if batch.records and not await self._deliver(batch):
-                    return Outcome.PARKED
-                if batch.shard_ended:
-                    await self._shard_end(batch)
-                    return Outcome.SHARD_END
-                if self._lost.is_set():
-                    raise LeaseLost()
-                if self._shutdown.is_set():
-                    return Outcome.SHUTDOWN
-        finally:
-            for task in (fetch_task, lost, stop):
-                task.cancel()
-            await asyncio.gather(fetch_task, lost, stop, return_exceptions=True)
-
-    async def _deliver(self, batch: FetchedBatch) -> bool:
-        """Offer the batch until the processor takes it; False if the lease had to be parked."""
-        last = batch.records[-1]
-        end = ExtendedSequenceNumber(last.sequence_number, last.sub_sequence_number)
-        # A batch whose process_records raised was not processed: until it succeeds, "the last
-        # record delivered" (what checkpoint() with no argument records, e.g. in
-        # shutdown_requested) stays at the end of the previous batch.
-        before = self.checkpointer.largest_permitted
-        lag = batch.millis_behind_latest or 0
-        attempt = 0
-        while True:
-            # Checked before every delivery, not only when the renewer reports: a checkpoint that
-            # lost its conditional write drops the lease at once, and nothing more should be
-            # handed to the processor after that.
-            if self._lost.is_set() or self._holder.get_if_held(self.lease_key) is None:
-                raise LeaseLost()
-            self.checkpointer.set_largest_permitted(end)
-            try:
-                await self._call(
-                    self._processor.process_records,
-                    ProcessRecordsInput(batch.records, lag, self.checkpointer),
-                )
-                break
-            except Exception:
-                self.checkpointer.set_largest_permitted(before)
-                if self._holder.get_if_held(self.lease_key) is None:
-                    # The lease went while the batch was processed (its checkpoint write lost, or
-                    # it expired): the failure is the lease's, not the records'. Stop; the new
-                    # owner redelivers from the last checkpoint.
-                    log.warning(
-                        "shard %s: process_records failed after the lease was lost",
-                        self.stats.shard_id,
-                        exc_info=True,
-                    )
-                    raise LeaseLost() from None
-                attempt += 1
-                self.stats.failures += 1
-                self._metrics.processing_failures.labels(self.stats.shard_id).inc()
-                log.exception(
-                    "shard %s: process_records failed on records %s..%s (attempt %d of %d)",
-                    self.stats.shard_id,
-                    batch.records[0].sequence_number,
-                    last.sequence_number,
-                    attempt,
-                    self._cfg.max_processing_attempts,
-                )
-                if attempt >= self._cfg.max_processing_attempts:
-                    await self._park(f"{attempt} failed attempts")
-                    return False
-                await self._wait_or_stop(asyncio.sleep(self._backoff(attempt)))
-        self.stats.records += len(batch.records)
-        self.stats.batches += 1
-        size = sum(r.data_size for r in batch.records)
-        self.stats.bytes += size
-        self.stats.millis_behind_latest = batch.millis_behind_latest
-        shard = self.stats.shard_id
-        self._metrics.records.labels(shard).inc(len(batch.records))
-        self._metrics.bytes.labels(shard).inc(size)
-        if batch.millis_behind_latest is not None:
-            self._metrics.behind.labels(shard).set(batch.millis_behind_latest)
-        self.stats.last_delivered = last.sequence_number
-        return True
-
-    async def _check_retention(self) -> bool:
+    async def _retention(self) -> None:
         """Apply ``aged_checkpoint_policy`` when the stored sequence number is older than anything
-        the stream still holds. False if the lease was parked."""
-        checkpoint = self._held.lease.checkpoint
+        the stream still holds."""
+        checkpoint = self.tenure.lease.checkpoint
         if checkpoint.is_sentinel:
-            return True
-        first = await earliest_sequence_number(self._kinesis, self._stream, self.stats.shard_id)
+            return
+        first = await self.tenure.wait_or_stop(
+            self._probe.earliest_sequence_number(self.stats.shard_id)
+        )
         if first is None or int(checkpoint.sequence_number) >= int(first):
-            return True
+            return
         policy = self._cfg.aged_checkpoint_policy
         what = (
             f"shard {self.stats.shard_id}: checkpoint {checkpoint} is older than the stream's "
@@ -361,20 +304,11 @@ class ShardConsumer:
         )
         if policy == "fail":
             log.error("%s. Parking the lease; set aged_checkpoint_policy or run reset", what)
-            await self._park(reason="aged-out checkpoint")
-            return False
+            await self._park("aged-out checkpoint")
+            raise Parked()
         target = TRIM_HORIZON if policy == "earliest" else LATEST
-        held = self._holder.get_if_held(self.lease_key)
-        if held is None:
-            raise LeaseLost()
-        result = await asyncio.to_thread(
-            self._holder.update,
-            self.lease_key,
-            held.token,
-            lambda lease: self._table.update_checkpoint(lease, target),
-        )
-        if not result.won or result.lease is None:
-            raise LeaseLost()
+        await self.tenure.restart_at(target)
+        self._resume = target
         log.warning(
             "%s. Policy %r: restarting at %s (%s)",
             what,
@@ -382,94 +316,99 @@ class ShardConsumer:
             target,
             "possible duplicates" if policy == "earliest" else "records in between are lost",
         )
-        self._held = replace(self._held, lease=result.lease)
-        self.checkpointer = Checkpointer(
-            self._holder,
-            self.lease_key,
-            self._held.token,
-            result.lease.checkpoint,
-            on_write=self._metrics.checkpoint_seconds.observe,
-        )
-        return True
 
-    async def _park(self, reason: str = "repeated processing failures") -> None:
-        reopen_at = self._wall() + self._cfg.park_duration
-        held = self._holder.get_if_held(self.lease_key)
-        if held is None:
-            raise LeaseLost()
-
-        self.finishing = True
-
-        def write(lease: Lease) -> Lease | None:
-            parked = self._table.update_lease(lease.parked(reopen_at))
-            return None if parked is None else self._table.evict_lease(parked)
-
-        result = await asyncio.to_thread(self._holder.update, self.lease_key, held.token, write)
-        self._holder.drop(self.lease_key)
-        log.error(
-            "shard %s: parked (%s); it reopens in %.0fs and is redelivered from its last "
-            "checkpoint (%s)",
-            self.stats.shard_id,
-            reason,
-            self._cfg.park_duration,
-            "written" if result.won else "write lost: another worker holds it",
-        )
-
-    async def _shard_end(self, batch: FetchedBatch) -> None:
-        await asyncio.to_thread(self._create_children, batch.child_shards)
-        self.checkpointer.mark_shard_end()
-        attempt = 0
+    async def _process(self, processor: RecordProcessor) -> Outcome:
+        """Read and deliver until shard end, loss or shutdown; a source that gives up counts as a
+        failure and is started again from the last record delivered."""
         while True:
-            if self._lost.is_set():
-                raise LeaseLost()
             try:
-                await self._call(self._processor.shard_ended, ShardEndedInput(self.checkpointer))
-            except Exception:
-                log.exception("shard %s: shard_ended raised", self.stats.shard_id)
-            held = self._holder.get_if_held(self.lease_key)
-            if held is None:
-                raise LeaseLost()
-            if held.lease.checkpoint.is_shard_end:
-                break
-            attempt += 1
-            log.error(
-                "shard %s: the processor did not checkpoint at SHARD_END in shard_ended; its "
-                "children cannot start. Retrying (attempt %d)",
-                self.stats.shard_id,
-                attempt,
-            )
-            await self._wait_or_stop(asyncio.sleep(self._backoff(attempt)))
-        # Finished: give the lease up so no worker renews it; cleanup deletes it later.
-        self.finishing = True
-        await asyncio.to_thread(
-            self._holder.update, self.lease_key, held.token, self._table.evict_lease
-        )
-        self._holder.drop(self.lease_key)
-        log.info("shard %s reached SHARD_END; its children may start", self.stats.shard_id)
+                return await self._read(processor)
+            except (LeaseLost, ShutdownSignal, Parked):
+                raise
+            except KclpySparkError as exc:
+                await self._failed("reading the shard", exc)
 
-    def _create_children(self, child_shards: list[dict[str, Any]]) -> None:
-        if not child_shards:
-            return
-        existing = {lease.lease_key: lease for lease in self._table.list_leases()}
+    async def _read(self, processor: RecordProcessor) -> Outcome:
+        queue: asyncio.Queue[FetchedBatch] = asyncio.Queue(maxsize=self._cfg.prefetch_batches)
+        lease = self.tenure.lease
+        source = self._sources(
+            self.stats.shard_id, self._resume, self._position, lease.hash_key_range, queue,
+            self.progress,
+        )  # fmt: skip
+        fetch = asyncio.create_task(source.run(), name=f"fetch-{self.stats.shard_id}")
         try:
-            new = child_leases_at_shard_end(self.lease_key, child_shards, existing)
-        except BlockedOnParentShardError as exc:
-            # The merge's other parent has no lease yet; when it gets one and ends, it creates the
-            # child (the KCL's rule). The auditor's sync covers the case where that never happens.
-            log.info("shard %s: %s", self.stats.shard_id, exc)
-            new = []
-        stream_key = self._held.lease.stream_key
-        for spec in new:
-            if self._table.create_lease_if_absent(spec.to_lease(stream_key)):
-                log.info("shard %s: created child lease %s", self.stats.shard_id, spec.shard_id)
-        children = frozenset(str(c["ShardId"]) for c in child_shards)
-        held = self._holder.get_if_held(self.lease_key)
-        if held is None:
-            raise LeaseLost()
-        result = self._holder.update(
-            self.lease_key,
-            held.token,
-            lambda lease: self._table.update_lease(replace(lease, child_shard_ids=children)),
+            while True:
+                batch = await self.tenure.wait_or_stop(self._next(queue, fetch))
+                if batch.records:
+                    await self._deliver(processor, batch)
+                if batch.shard_ended:
+                    return await self._shard_end(processor, batch)
+                if self.tenure.lost.is_set():
+                    raise LeaseLost()
+                if self.tenure.shutdown.is_set():
+                    return Outcome.SHUTDOWN
+        finally:
+            fetch.cancel()
+            await asyncio.gather(fetch, return_exceptions=True)
+
+    @staticmethod
+    async def _next(queue: asyncio.Queue[FetchedBatch], fetch: asyncio.Task[None]) -> FetchedBatch:
+        """The next batch; raises what stopped the source if it stopped first."""
+        getter = asyncio.ensure_future(queue.get())
+        done, _ = await asyncio.wait({getter, fetch}, return_when=asyncio.FIRST_COMPLETED)
+        if getter in done:
+            return getter.result()
+        getter.cancel()
+        fetch.result()  # raises what stopped the fetcher
+        raise KclpySparkError("the record source stopped before the shard ended")
+
+    async def _deliver(self, processor: RecordProcessor, batch: FetchedBatch) -> None:
+        """Offer the batch until the processor takes it (each failure counts; parks at last)."""
+        last = batch.records[-1]
+        end = ExtendedSequenceNumber(last.sequence_number, last.sub_sequence_number)
+        checkpointer = self.tenure.checkpointer
+        # A batch whose process_records raised was not processed: until it succeeds, "the last
+        # record delivered" (what checkpoint() with no argument records, e.g. in
+        # shutdown_requested) stays at the end of the previous batch.
+        before = checkpointer.largest_permitted
+        arg = ProcessRecordsInput(batch.records, batch.millis_behind_latest or 0, checkpointer)
+        while True:
+            # Checked before every delivery, not only when the renewer reports: a checkpoint that
+            # lost its conditional write drops the lease at once.
+            self.tenure.current()
+            checkpointer.set_largest_permitted(end)
+            try:
+                await call_processor(processor.process_records, arg)
+                break
+            except Exception as exc:
+                checkpointer.set_largest_permitted(before)
+                first, final = batch.records[0].sequence_number, last.sequence_number
+                await self._failed("process_records", exc, f" on records {first}..{final}")
+        self._failures = 0
+        self._resume = end
+        self._count(batch)
+
+    def _count(self, batch: FetchedBatch) -> None:
+        shard = self.stats.shard_id
+        size = sum(r.data_size for r in batch.records)
+        self.stats.records += len(batch.records)
+        self.stats.batches += 1
+        self.stats.bytes += size
+        self.stats.millis_behind_latest = batch.millis_behind_latest
+        self.stats.last_delivered = batch.records[-1].sequence_number
+        self._metrics.records.labels(shard).inc(len(batch.records))
+        self._metrics.bytes.labels(shard).inc(size)
+        if batch.millis_behind_latest is not None:
+            self._metrics.behind.labels(shard).set(batch.millis_behind_latest)
+
+    async def _shard_end(self, processor: RecordProcessor, batch: FetchedBatch) -> Outcome:
+        self.stats.state = "shard_end"
+        done = await finish_shard(
+            self.tenure,
+            processor,
+            batch,
+            self._probe,
+            poll_interval=self._cfg.parent_shard_poll_interval,
+            backoff=self._backoff,
         )
-        if not result.won:
-            raise LeaseLost()
+        return Outcome.SHARD_END if done is ShardEnd.DONE else Outcome.RELEASED

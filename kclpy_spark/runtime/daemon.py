@@ -1,12 +1,21 @@
-"""Run a worker as a long-lived process: open the store and clients, handle SIGTERM/SIGINT."""
+"""Run a worker as a long-lived process: open the store and clients, handle signals.
+
+SIGTERM, SIGINT and SIGHUP shut the worker down gracefully (every processor gets
+``shutdown_requested``, leases are released); a signal that arrives during start-up, before any
+lease is held, ends the process at once instead of waiting out start-up retries. SIGUSR1 logs the
+worker's state (leases, readiness) and changes nothing. A worker that gives up because its lease
+table or stream has been gone too long raises ``DependencyGoneError`` (the CLI exits 3).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import gc
 import importlib
 import inspect
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -16,6 +25,24 @@ from kclpy_spark.config import StreamSpec, WorkerConfig, load_toml
 from kclpy_spark.processor import RecordProcessor
 from kclpy_spark.runtime.lease_store import LeaseStore
 from kclpy_spark.runtime.worker import ProcessorFactory, Worker
+
+# What the worker calls on a processor (amazon-kclpy v3's methods).
+PROCESSOR_METHODS = (
+    "initialize",
+    "process_records",
+    "lease_lost",
+    "shard_ended",
+    "shutdown_requested",
+)
+
+# Threads for processor calls and the consumers' lease-table writes: one per running consumer at a
+# time (a call blocks its consumer), created as needed, so bounded by the leases held and this cap.
+PROCESSOR_THREADS = 128
+
+
+class DependencyGoneError(KclpySparkError):
+    """The lease table or a stream has been gone longer than missing_dependency_timeout."""
+
 
 log = logging.getLogger(__name__)
 
@@ -37,18 +64,31 @@ def load_processor_factory(path: str) -> ProcessorFactory:
             raise ConfigError(
                 f"module {module_name!r} has no {attr!r} (processor {path!r})"
             ) from None
-    if inspect.isclass(target):
-        if not callable(getattr(target, "process_records", None)):
-            raise ConfigError(f"processor {path!r} has no process_records method")
-        if inspect.isabstract(target):
-            raise ConfigError(f"processor {path!r} is abstract: implement process_records")
-        cls: type[RecordProcessor] = target  # type: ignore[assignment]
+    if not inspect.isclass(target):
+        raise ConfigError(f"processor {path!r} is not a class")
+    if not callable(getattr(target, "process_records", None)):
+        raise ConfigError(f"processor {path!r} has no process_records method")
+    if inspect.isabstract(target):
+        raise ConfigError(f"processor {path!r} is abstract: implement process_records")
+    missing = [m for m in PROCESSOR_METHODS if not callable(getattr(target, m, None))]
+    if missing:
+        raise ConfigError(
+            f"processor {path!r} lacks {', '.join(missing)}: subclass kclpy_spark.RecordProcessor "
+            "(it has defaults for every method but process_records)"
+        )
+    cls: type[RecordProcessor] = target  # type: ignore[assignment]
+    try:
+        cls()  # the worker makes one per lease with no arguments: find out now, not per lease
+    except Exception as exc:
+        raise ConfigError(
+            f"processor {path!r} cannot be created with no arguments: {exc!r} (the worker makes "
+            "one per lease as Class(); read settings from the environment or a file instead)"
+        ) from None
 
-        def factory() -> RecordProcessor:
-            return cls()
+    def factory() -> RecordProcessor:
+        return cls()
 
-        return factory
-    raise ConfigError(f"processor {path!r} is not a class")
+    return factory
 
 
 async def run_worker(
@@ -61,49 +101,103 @@ async def run_worker(
     wrap_kinesis: Callable[[Any], Any] | None = None,
     stream_tracker: Callable[[], tuple[StreamSpec, ...]] | None = None,
 ) -> None:
-    """Run one worker until SIGTERM/SIGINT (or ``worker.request_shutdown()``).
+    """Run one worker until SIGTERM/SIGINT/SIGHUP (or ``worker.request_shutdown()``).
 
     ``wrap_store`` / ``wrap_kinesis`` wrap the real lease store and asyncio Kinesis client (tests
-    inject faults through them)."""
+    inject faults through them). Raises DependencyGoneError when the worker gave up."""
     from kclpy_spark.aws import aio_client, boto3_client
     from kclpy_spark.runtime.lease_store import open_lease_store
 
     _tune_gc()
-    store = await asyncio.to_thread(open_lease_store, cfg)
-    if wrap_store is not None:
-        store = wrap_store(store)
-    kinesis_sync = boto3_client("kinesis", cfg)
-    async with aio_client("kinesis", cfg) as kinesis:
-        if wrap_kinesis is not None:
-            kinesis = wrap_kinesis(kinesis)
-        worker = Worker(
-            cfg,
-            factory,
-            store=store,
-            kinesis_sync=kinesis_sync,
-            kinesis_async=kinesis,
-            stream_tracker=stream_tracker,
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(
+        concurrent.futures.ThreadPoolExecutor(PROCESSOR_THREADS, thread_name_prefix="kclpy-spark")
+    )
+    signals = _Signals(loop) if install_signal_handlers else None
+    try:
+        store = await asyncio.to_thread(open_lease_store, cfg)
+        if wrap_store is not None:
+            store = wrap_store(store)
+        kinesis_sync = boto3_client("kinesis", cfg)
+        async with aio_client("kinesis", cfg) as kinesis:
+            if wrap_kinesis is not None:
+                kinesis = wrap_kinesis(kinesis)
+            worker = Worker(
+                cfg,
+                factory,
+                store=store,
+                kinesis_sync=kinesis_sync,
+                kinesis_async=kinesis,
+                stream_tracker=stream_tracker,
+            )
+            if signals is not None:
+                signals.worker = worker
+            await _run(worker, on_started)
+    finally:
+        if signals is not None:
+            signals.remove()
+    if worker.exit_reason is not None:
+        raise DependencyGoneError(worker.exit_reason)
+
+
+async def _run(worker: Worker, on_started: Callable[[Worker], Awaitable[None]] | None) -> None:
+    watcher = None
+    if on_started is not None:
+
+        async def started() -> None:
+            await worker.started.wait()
+            await on_started(worker)
+
+        watcher = asyncio.create_task(started())
+    try:
+        await worker.run()
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+
+
+class _Signals:
+    """The daemon's signal handlers (see the module docstring)."""
+
+    STOP = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.worker: Worker | None = None
+        for sig in self.STOP:
+            loop.add_signal_handler(sig, self._stop, sig)
+        loop.add_signal_handler(signal.SIGUSR1, self._report)
+
+    def remove(self) -> None:
+        for sig in (*self.STOP, signal.SIGUSR1):
+            self._loop.remove_signal_handler(sig)
+
+    def _stop(self, sig: signal.Signals) -> None:
+        worker = self.worker
+        if worker is None or not worker.started.is_set():
+            # Nothing is held yet: no lease to release, no processor to ask. Do not wait out
+            # start-up retries (a stream or endpoint that does not answer).
+            log.warning("received %s during start-up: exiting now (no lease is held yet)", sig.name)
+            logging.shutdown()
+            os._exit(128 + sig.value)
+        log.info("received %s: shutting down gracefully", sig.name)
+        worker.request_shutdown()
+
+    def _report(self) -> None:
+        worker = self.worker
+        if worker is None:
+            log.info("SIGUSR1: the worker is starting")
+            return
+        ready, why = worker.readiness()
+        shards = ", ".join(f"{s.shard_id}={s.state}/{s.records}" for s in worker.shard_stats())
+        log.info(
+            "SIGUSR1: worker %s %s (%s); leases held %d; shards %s",
+            worker.cfg.worker_id,
+            "ready" if ready else "NOT READY",
+            why,
+            len(worker.holder.held()),
+            shards or "none",
         )
-        loop = asyncio.get_running_loop()
-        if install_signal_handlers:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, _on_signal, worker, sig)
-        watcher = None
-        if on_started is not None:
-
-            async def started() -> None:
-                await worker.started.wait()
-                await on_started(worker)
-
-            watcher = asyncio.create_task(started())
-        try:
-            await worker.run()
-        finally:
-            if watcher is not None:
-                watcher.cancel()
-            if install_signal_handlers:
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.remove_signal_handler(sig)
 
 
 def _tune_gc() -> None:
@@ -140,8 +234,3 @@ def config_file_stream_tracker(
         return last
 
     return streams
-
-
-def _on_signal(worker: Worker, sig: signal.Signals) -> None:
-    log.info("received %s: shutting down gracefully", sig.name)
-    worker.request_shutdown()

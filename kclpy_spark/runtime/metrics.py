@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from checkpoint.base.errors import ConfigError
 from checkpoint.counters import CoordinationCounters
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,12 @@ class WorkerMetrics:
         self.sink_batch_seconds = Histogram(
             "kclpy_spark_sink_batch_seconds", "Sink batch write duration", registry=r
         )
+        self.kpl_out_of_range = Counter(
+            "kclpy_spark_kpl_subrecords_out_of_range",
+            "KPL sub-records skipped because their hash key lies outside the shard's range",
+            ["shard"],
+            registry=r,
+        )
         self.sink_failures = Counter(
             "kclpy_spark_sink_failures", "Sink batch writes that raised", registry=r
         )
@@ -115,7 +122,15 @@ class StatusServer:
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:  # port in use, host that does not resolve or is not ours
+            await self._runner.cleanup()
+            self._runner = None
+            raise ConfigError(
+                f"config 'metrics_port' / 'metrics_host': cannot listen on "
+                f"{self._host}:{self._port}: {exc.strerror or exc}"
+            ) from None
         server = getattr(site, "_server", None)
         sockets = getattr(server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1] if sockets else self._port

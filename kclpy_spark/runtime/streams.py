@@ -4,21 +4,30 @@ In multi-stream mode every lease key carries its stream in the KCL's multi-strea
 ``account:streamName:creationEpoch:shardId``, so several streams share one lease table, and a
 stream deleted and re-created under the same name (a new creation epoch) never inherits the old
 one's checkpoints.
+
+``StreamSet`` keeps a worker's ``StreamContext`` per configured stream in line with the
+configuration (streams added or removed while running are picked up) and watches that each one
+still exists: ``gone_since`` tells the worker's health how long a stream has been missing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
+from collections.abc import Callable
 from typing import Any
 
-from checkpoint.base.errors import map_aws_error
-from checkpoint.lease import Lease
+from checkpoint.base.errors import KclpySparkError, ResourceNotFoundError, map_aws_error
+from checkpoint.counters import CoordinationCounters
+from checkpoint.lease import Lease, in_stream
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import InitialPosition
-from kclpy_spark.config import StreamSpec
+from kclpy_spark.config import StreamSpec, WorkerConfig
+from kclpy_spark.retrieval.source import KinesisShardProbe, KinesisSources, SourceSettings
 from shard_sync.cleanup import LeaderMaintenance
 from shard_sync.discovery import KinesisShardLister
-from shard_sync.syncer import ShardSyncer, lease_in_stream
+from shard_sync.syncer import ShardSyncer
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +46,19 @@ def stream_identity(kinesis_sync: Any, spec: StreamSpec) -> str:
     return f"{account}:{name}:{epoch}"
 
 
+def source_settings(cfg: WorkerConfig) -> SourceSettings:
+    return SourceSettings(
+        retrieval_mode=cfg.retrieval_mode,
+        max_records=cfg.max_records,
+        idle_time_between_reads=cfg.idle_time_between_reads,
+        kpl_deaggregation=cfg.kpl_deaggregation,
+        consumer_name=cfg.consumer_name or cfg.application_name,
+    )
+
+
 class StreamContext:
-    """What a worker keeps per stream: how to name it in requests, its lease-key prefix, and the
-    shard sync that creates its leases."""
+    """What a worker keeps per stream: how to name it in requests, its lease-key prefix, the shard
+    sync that creates its leases, and where its records come from."""
 
     def __init__(
         self,
@@ -51,6 +70,10 @@ class StreamContext:
         table: LeaseTable,
         ignore_unexpected_child_shards: bool,
         counters: Any,
+        kinesis_async: Any = None,
+        settings: SourceSettings | None = None,
+        rng: random.Random | None = None,
+        on_out_of_range: Callable[[str, int], None] | None = None,
     ) -> None:
         self.spec = spec
         self.stream_key = stream_key
@@ -67,10 +90,121 @@ class StreamContext:
             stream_key=stream_key,
         )
         self.maintenance = LeaderMaintenance(syncer, table, lister=self.lister)
+        self.sources = KinesisSources(
+            kinesis_async, spec.request, settings or SourceSettings(), rng, on_out_of_range
+        )
+        self.probe = KinesisShardProbe(kinesis_async, spec.request)
+        self.gone_since: float | None = None  # monotonic: when it was first found missing
 
     @property
     def label(self) -> str:
         return self.spec.label
 
     def owns(self, lease: Lease) -> bool:
-        return lease_in_stream(lease.lease_key, self.stream_key)
+        return in_stream(lease.lease_key, self.stream_key)
+
+
+class StreamSet:
+    """A worker's stream contexts, kept in line with ``tracker()`` (the configured streams)."""
+
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        tracker: Callable[[], tuple[StreamSpec, ...]],
+        *,
+        table: LeaseTable,
+        kinesis_sync: Any,
+        kinesis_async: Any,
+        counters: CoordinationCounters,
+        monotonic: Callable[[], float],
+        rng: random.Random,
+        on_out_of_range: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self._cfg = cfg
+        self._tracker = tracker
+        self._table = table
+        self._kinesis_sync = kinesis_sync
+        self._kinesis_async = kinesis_async
+        self._counters = counters
+        self._monotonic = monotonic
+        self._rng = rng
+        self._on_out_of_range = on_out_of_range
+        self.contexts: dict[str, StreamContext] = {}
+
+    def context_of(self, lease: Lease) -> StreamContext | None:
+        for context in self.contexts.values():
+            if context.owns(lease):
+                return context
+        return None
+
+    async def refresh(self, *, first: bool = False) -> tuple[list[StreamContext], bool]:
+        """Bring the contexts in line with the tracker. Returns the contexts removed (their
+        leases must be handed back) and whether a stream was added. The first refresh of a
+        single-stream worker raises what keeps its stream from being consumed."""
+        multi = bool(self._cfg.streams)
+        specs = {spec.label: spec for spec in self._tracker()}
+        removed = [self.contexts.pop(label) for label in list(self.contexts) if label not in specs]
+        for context in removed:
+            log.warning("stream %s is no longer configured: handing its leases back", context.label)
+        added = False
+        for label, spec in specs.items():
+            if label in self.contexts:
+                continue
+            try:
+                context = await self._open(spec, multi)
+            except KclpySparkError as exc:
+                if first and not multi:
+                    raise
+                log.error("stream %s cannot be consumed now (will retry): %s", label, exc)
+                continue
+            self.contexts[label] = context
+            if not first:
+                log.info("now consuming stream %s", label)
+                added = True
+        return removed, added
+
+    async def _open(self, spec: StreamSpec, multi: bool) -> StreamContext:
+        lister = KinesisShardLister(
+            self._kinesis_sync, stream_name=spec.stream_name, stream_arn=spec.stream_arn
+        )
+        await asyncio.to_thread(lister.wait_until_active)
+        stream_key = None
+        if multi:
+            stream_key = await asyncio.to_thread(stream_identity, self._kinesis_sync, spec)
+        cfg = self._cfg
+        return StreamContext(
+            spec,
+            stream_key=stream_key,
+            initial_position=spec.initial_position or cfg.initial_position,
+            kinesis_sync=self._kinesis_sync,
+            table=self._table,
+            ignore_unexpected_child_shards=cfg.ignore_unexpected_child_shards,
+            counters=self._counters,
+            kinesis_async=self._kinesis_async,
+            settings=source_settings(cfg),
+            rng=self._rng,
+            on_out_of_range=self._on_out_of_range,
+        )
+
+    async def check_present(self) -> list[StreamContext]:
+        """Ask each stream whether it still exists (DescribeStreamSummary); returns the ones
+        missing now, each with ``gone_since`` set. Other errors leave the state as it was."""
+        missing = []
+        for context in list(self.contexts.values()):
+            try:
+                status = await asyncio.to_thread(context.lister.stream_status)
+                gone = status == "DELETING"
+            except ResourceNotFoundError:
+                gone = True
+            except KclpySparkError as exc:
+                log.warning("checking stream %s failed: %s", context.label, exc)
+                continue
+            if gone:
+                if context.gone_since is None:
+                    context.gone_since = self._monotonic()
+                    log.error("stream %s no longer exists", context.label)
+                missing.append(context)
+            elif context.gone_since is not None:
+                log.warning("stream %s exists again", context.label)
+                context.gone_since = None
+        return missing

@@ -1,22 +1,28 @@
 """The worker: renews and takes leases, leads shard sync when elected, runs one ShardConsumer per
-held lease, and shuts down gracefully.
+held lease (``ConsumerSet``), watches its streams (``StreamSet``) and its own health, and shuts
+down gracefully.
 
-Lease-table calls are synchronous (boto3, sqlite3) and run in threads; Kinesis reads are asyncio
-(aiobotocore). Lease expiry is judged only by this process's monotonic clock (see leasing/).
+Lease-table calls are synchronous (boto3, sqlite3). The worker's own ones (renewal rounds, taking,
+control, leadership, shard sync) run on a small executor of their own, so processor calls that
+block (a slow process_records, a Spark sink applying backpressure) can never delay a renewal;
+each lease is then renewed on the holder's renewal pool against its own deadline. Kinesis reads
+are asyncio (aiobotocore). Lease expiry is judged only by this process's monotonic clock.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import contextvars
 import functools
 import logging
 import random
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from checkpoint.base.clock import Clock, SystemClock
+from checkpoint.base.clock import AsyncSleep, Clock, SystemClock
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.counters import CoordinationCounters, Counter
 from checkpoint.lease import Lease, LeaseState
@@ -24,31 +30,27 @@ from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.leasing.observer import LeaseObserver
 from checkpoint.leasing.taker import plan_takes
 from checkpoint.leasing.timing import LeaseTiming
-from checkpoint.sequence import InitialPosition, Sentinel
 from kclpy_spark.config import StreamSpec, WorkerConfig
-from kclpy_spark.logs import set_application, shard_context
+from kclpy_spark.logs import set_application
 from kclpy_spark.ops import control
-from kclpy_spark.processor import RecordProcessor
-from kclpy_spark.runtime.consumer import Outcome, ShardConsumer, ShardStats
+from kclpy_spark.runtime.consumer import ProcessorFactory, ShardStats
+from kclpy_spark.runtime.consumers import ConsumerSet
+from kclpy_spark.runtime.health import Health
 from kclpy_spark.runtime.lease_store import LeaseStore
 from kclpy_spark.runtime.metrics import StatusServer, WorkerMetrics
-from kclpy_spark.runtime.streams import StreamContext, stream_identity
-from shard_sync.discovery import KinesisShardLister
+from kclpy_spark.runtime.streams import StreamContext, StreamSet
 from shard_sync.leader import LeaderElection
 
 log = logging.getLogger(__name__)
 
-ProcessorFactory = Callable[[], RecordProcessor]
+T = TypeVar("T")
 
-
-@dataclass
-class _Running:
-    consumer: ShardConsumer
-    task: asyncio.Task[Outcome]
+__all__ = ["ProcessorFactory", "Worker"]
 
 
 class Worker:
-    """One worker of an application. ``run()`` returns after ``request_shutdown()``."""
+    """One worker of an application. ``run()`` returns after ``request_shutdown()`` (or, with
+    ``exit_reason`` set, when a dependency has been gone for too long)."""
 
     def __init__(
         self,
@@ -59,37 +61,62 @@ class Worker:
         kinesis_sync: Any,
         kinesis_async: Any,
         clock: Clock | None = None,
+        sleep: AsyncSleep = asyncio.sleep,
         rng: random.Random | None = None,
         stream_tracker: Callable[[], tuple[StreamSpec, ...]] | None = None,
     ) -> None:
         self.cfg = cfg
-        self._kinesis_sync = kinesis_sync
-        # Re-read every shard-sync interval in multi-stream mode: streams added or removed while
-        # running are picked up (the daemon re-reads the config file's [[streams]]).
-        self._stream_tracker = stream_tracker or (lambda: cfg.stream_specs)
-        self.streams: dict[str, StreamContext] = {}
-        self._factory = processor_factory
         self.store = store
-        self._kinesis = kinesis_async
         self._clock = clock or SystemClock()
         self._rng = rng or random.Random()
         self.timing = LeaseTiming(failover=cfg.failover_time)
         self.counters = CoordinationCounters()
         self.metrics = WorkerMetrics(self.counters)
         self.suspended = False
-        self._last_store_ok: float | None = None
+        self.instance = uuid.uuid4().hex  # tells this process from another with the same id
+        self.exit_reason: str | None = None
         self.status_server: StatusServer | None = None
         self.holder = LeaseHolder(store, cfg.worker_id, self._clock, self.timing.lease_duration)
         self._observer = LeaseObserver(self.timing)
         self.leader = LeaderElection(
             store, cfg.worker_id, lease_duration=self.timing.lease_duration, clock=self._clock
         )
-        self._running: dict[str, _Running] = {}
-        self._background: set[asyncio.Future[None]] = set()
-        self.finished: dict[str, ShardStats] = {}
+        self.health = Health(
+            self._clock.monotonic,
+            store_interval=self.timing.renew_interval,
+            missing_timeout=cfg.missing_dependency_timeout,
+            table_name=cfg.application_name,
+        )
         self._stop = asyncio.Event()
         self._take_now = asyncio.Event()
         self.started = asyncio.Event()
+        self.streams = StreamSet(
+            cfg,
+            stream_tracker or (lambda: cfg.stream_specs),
+            table=store,
+            kinesis_sync=kinesis_sync,
+            kinesis_async=kinesis_async,
+            counters=self.counters,
+            monotonic=self._clock.monotonic,
+            rng=self._rng,
+            on_out_of_range=lambda shard, n: self.metrics.kpl_out_of_range.labels(shard).inc(n),
+        )
+        self.consumers = ConsumerSet(
+            cfg,
+            processor_factory,
+            holder=self.holder,
+            table=store,
+            clock=self._clock,
+            sleep=sleep,
+            rng=self._rng,
+            metrics=self.metrics,
+            counters=self.counters,
+            on_shard_end=self._take_now.set,
+        )
+        # Lease-table calls of the worker's own loops: never queued behind processor threads.
+        self._lease_io = concurrent.futures.ThreadPoolExecutor(
+            max_workers=4, thread_name_prefix="kclpy-spark-lease"
+        )
 
     # --- public ----------------------------------------------------------------------------------
 
@@ -98,18 +125,17 @@ class Worker:
         self._stop.set()
 
     def shard_stats(self) -> list[ShardStats]:
-        return [r.consumer.stats for r in self._running.values()]
+        return self.consumers.stats()
+
+    @property
+    def finished(self) -> dict[str, ShardStats]:
+        return self.consumers.finished
 
     def readiness(self) -> tuple[bool, str]:
-        """Ready when started and the lease store answered within three renewal intervals."""
-        if not self.started.is_set():
-            return False, "starting"
-        if self._last_store_ok is None:
-            return False, "no lease-table round trip yet"
-        age = self._clock.monotonic() - self._last_store_ok
-        if age > 3 * self.timing.renew_interval:
-            return False, f"lease table unreachable for {age:.0f}s"
-        return True, "suspended" if self.suspended else "ready"
+        missing = [c.label for c in self.streams.contexts.values() if c.gone_since is not None]
+        return self.health.readiness(
+            suspended=self.suspended, consumers=self.consumers.views(), missing_streams=missing
+        )
 
     async def run(self) -> None:
         set_application(self.cfg.application_name, self.cfg.stream)
@@ -123,54 +149,16 @@ class Worker:
         finally:
             if self.status_server is not None:
                 await self.status_server.stop()
+            self.holder.close()
+            self._lease_io.shutdown(wait=False, cancel_futures=True)
 
-    async def _refresh_streams(self, *, first: bool = False) -> None:
-        """Bring the stream contexts in line with the tracker's list of streams."""
-        multi = bool(self.cfg.streams)
-        specs = {spec.label: spec for spec in self._stream_tracker()}
-        for label in [x for x in self.streams if x not in specs]:
-            context = self.streams.pop(label)
-            log.warning("stream %s is no longer configured: handing its leases back", label)
-            for running in list(self._running.values()):
-                if context.owns(running.consumer.held_lease):
-                    running.consumer.request_shutdown()
-        for label, spec in specs.items():
-            if label in self.streams:
-                continue
-            try:
-                lister = KinesisShardLister(
-                    self._kinesis_sync, stream_name=spec.stream_name, stream_arn=spec.stream_arn
-                )
-                await asyncio.to_thread(lister.wait_until_active)
-                stream_key: str | None = None
-                if multi:
-                    stream_key = await asyncio.to_thread(stream_identity, self._kinesis_sync, spec)
-            except KclpySparkError as exc:
-                if first and not multi:
-                    raise
-                log.error("stream %s cannot be consumed now (will retry): %s", label, exc)
-                continue
-            self.streams[label] = StreamContext(
-                spec,
-                stream_key=stream_key,
-                initial_position=spec.initial_position or self.cfg.initial_position,
-                kinesis_sync=self._kinesis_sync,
-                table=self.store,
-                ignore_unexpected_child_shards=self.cfg.ignore_unexpected_child_shards,
-                counters=self.counters,
-            )
-            if not first:
-                log.info("now consuming stream %s", label)
-                self._take_now.set()
-
-    def _context_of(self, lease: Lease) -> StreamContext | None:
-        for context in self.streams.values():
-            if context.owns(lease):
-                return context
-        return None
+    async def _io(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the lease executor, with this task's logging context."""
+        call = functools.partial(contextvars.copy_context().run, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._lease_io, call)
 
     async def _run(self) -> None:
-        await self._refresh_streams(first=True)
+        await self.streams.refresh(first=True)
         log.info(
             "worker %s starts on stream %s (application %s, lease store %s)",
             self.cfg.worker_id,
@@ -178,6 +166,7 @@ class Worker:
             self.cfg.application_name,
             self.cfg.lease_store,
         )
+        await self._check_unique_worker_id()
         await self._control_round()
         await self._leader_tick()
         await self._maintenance_round()
@@ -198,6 +187,7 @@ class Worker:
                 self._loop(self._control_round, self.timing.lease_duration, first=False)
             ),
         ]
+        self.health.started = True
         self.started.set()
         try:
             await self._stop.wait()
@@ -206,7 +196,7 @@ class Worker:
             for task in loops[1:]:
                 task.cancel()
             await asyncio.gather(*loops[1:], return_exceptions=True)
-            await self._shutdown_consumers()
+            await self.consumers.shutdown_all(self.cfg.shutdown_grace)
             renewer.cancel()
             await asyncio.gather(renewer, return_exceptions=True)
             await self._release_all()
@@ -221,6 +211,7 @@ class Worker:
             try:
                 await step()
             except KclpySparkError as exc:
+                self.health.store_failed(exc)
                 log.warning("worker %s: %s", self.cfg.worker_id, exc)
             except Exception:
                 log.exception("worker %s: unexpected error in %s", self.cfg.worker_id, step)
@@ -231,6 +222,7 @@ class Worker:
             try:
                 await self._take_round()
             except KclpySparkError as exc:
+                self.health.store_failed(exc)
                 log.warning("worker %s: lease taking failed: %s", self.cfg.worker_id, exc)
             except Exception:
                 log.exception("worker %s: unexpected error taking leases", self.cfg.worker_id)
@@ -239,94 +231,152 @@ class Worker:
                 await asyncio.wait_for(self._take_now.wait(), self.timing.take_interval)
 
     async def _renew_round(self) -> None:
-        report = await asyncio.to_thread(self.holder.renew_all)
+        report = await self._io(self.holder.renew_all)
         self.metrics.renewals.inc(len(report.renewed))
         self.metrics.renewal_failures.inc(len(report.failed))
         self.metrics.leases_lost.inc(len(report.lost))
         self.metrics.leases_held.set(len(self.holder.held()))
-        if not report.failed:
-            self._last_store_ok = self._clock.monotonic()
+        for exc in report.failed.values():
+            self.health.store_failed(exc)
+        if not report.failed and not report.slow:
+            self.health.store_ok()
         for lease in report.lost:
-            running = self._running.get(lease.lease_key)
-            if running is not None:
-                with shard_context(lease.shard_id):
-                    log.warning("worker %s lost lease %s", self.cfg.worker_id, lease.lease_key)
-                running.consumer.lease_lost()
-        # A lease can also go between renewals (a checkpoint's conditional write lost, local
-        # expiry): its consumer must stop too.
-        held = self.holder.held_keys()
-        for key, running in list(self._running.items()):
-            if key not in held and not running.consumer.finishing:
-                running.consumer.lease_lost()
+            log.warning("worker %s lost lease %s", self.cfg.worker_id, lease.lease_key)
+            self.consumers.lost(lease.lease_key)
+        self.consumers.lost_unless_held(self.holder.held_keys())
+
+    async def _check_unique_worker_id(self) -> None:
+        """Refuse to start beside a live process with the same worker id. A record published
+        lately by another instance may be a previous run that crashed: wait one status interval
+        and look again; only a record that moved meanwhile is a live duplicate."""
+        status = await self._io(control.worker_status, self.store, self.cfg.worker_id)
+        recent = 3 * self.timing.lease_duration
+        if not control.published_by_another(status, self.instance, self._clock.wall(), recent):
+            return
+        log.info(
+            "worker %s: a process with this worker id published its status %.0fs ago; waiting "
+            "%.0fs to see whether it still runs",
+            self.cfg.worker_id,
+            self._clock.wall() - float(status.get("updated_at", 0.0)),
+            self.timing.lease_duration + 1,
+        )
+        await asyncio.sleep(self.timing.lease_duration + 1)
+        again = await self._io(control.worker_status, self.store, self.cfg.worker_id)
+        if again.get("updated_at") != status.get("updated_at"):
+            raise control.DuplicateWorkerError(self._duplicate_message())
+
+    def _duplicate_message(self) -> str:
+        return (
+            f"another process runs with worker_id {self.cfg.worker_id!r} (it keeps publishing "
+            "its status); every worker needs a distinct worker_id"
+        )
 
     async def _control_round(self) -> None:
-        """Publish this worker's status; follow the application's suspend flag."""
+        """Publish this worker's status; follow the suspend flag; watch the streams' presence
+        and whether a dependency has been gone too long."""
         now = self._clock.wall()
-        suspended = await asyncio.to_thread(control.is_suspended, self.store)
-        self._last_store_ok = self._clock.monotonic()
+        suspended = await self._io(control.is_suspended, self.store)
+        self.health.store_ok()
         if suspended and not self.suspended:
             log.warning("worker %s: application suspended; releasing leases", self.cfg.worker_id)
             self.suspended = True
-            await self._shutdown_consumers()
+            await self.consumers.shutdown_all(self.cfg.shutdown_grace)
             await self._release_all(resign=False)
         elif not suspended and self.suspended:
             log.warning("worker %s: application resumed", self.cfg.worker_id)
             self.suspended = False
             self._take_now.set()
-        await asyncio.to_thread(
+        other = await self._io(
             control.publish_worker_status,
             self.store,
             self.cfg.worker_id,
             self._status_payload(now),
-            now_wall=now,
+            now,
+            self.instance,
+            3 * self.timing.lease_duration,
         )
+        self._note_duplicate(other)
+        await self.streams.check_present()
+        gone = {
+            c.label: c.gone_since
+            for c in self.streams.contexts.values()
+            if c.gone_since is not None
+        }
+        reason = self.health.fatal(gone)
+        if reason is not None:
+            self.exit_reason = reason
+            log.error("worker %s: giving up: %s", self.cfg.worker_id, reason)
+            self._stop.set()
+
+    def _note_duplicate(self, other: str | None) -> None:
+        if other is None:
+            self.health.duplicate_worker = None
+            return
+        message = self._duplicate_message()
+        if self.health.duplicate_worker is None:
+            log.error("worker %s: %s", self.cfg.worker_id, message)
+        self.health.duplicate_worker = message
 
     def _status_payload(self, now_wall: float) -> dict[str, Any]:
         now = self._clock.monotonic()
         leases: dict[str, Any] = {}
         for held in self.holder.held():
-            running = self._running.get(held.lease_key)
-            stats = running.consumer.stats if running else None
+            stats = self.consumers.stats_of(held.lease_key)
             leases[held.lease_key] = {
                 "state": stats.state if stats else "held",
                 "records": stats.records if stats else 0,
                 "millis_behind_latest": stats.millis_behind_latest if stats else None,
                 "last_renewal": now_wall - (now - held.last_counter_change),
             }
-        return {"suspended": self.suspended, "leader": self.leader.is_leader, "leases": leases}
+        ready, why = self.readiness()
+        return {
+            "suspended": self.suspended,
+            "leader": self.leader.is_leader,
+            "ready": ready,
+            "readiness": why,
+            "leases": leases,
+        }
 
     async def _leader_tick(self) -> None:
-        await asyncio.to_thread(self.leader.tick)
+        await self._io(self.leader.tick)
 
     async def _maintenance_round(self) -> None:
         """Follow the stream list (every worker); shard sync, audit and cleanup (the leader)."""
         if self.cfg.streams:
-            await self._refresh_streams()
-        if not self.leader.is_leader or self.suspended:
-            return
-        for context in list(self.streams.values()):
+            removed, added = await self.streams.refresh()
+            for context in removed:
+                self.consumers.hand_back(context)
+            if added:
+                self._take_now.set()
+        for context in list(self.streams.contexts.values()):
+            if not self.leader.is_leader or self.suspended:
+                return  # leadership is re-checked per stream: it may lapse during a long round
             try:
-                result = await asyncio.to_thread(context.maintenance.run_once)
+                result = await self._io(context.maintenance.run_once)
             except KclpySparkError as exc:
                 log.warning("shard sync of stream %s failed: %s", context.label, exc)
                 continue
             if result.synced is not None and result.synced.created:
                 self._take_now.set()
-        await asyncio.to_thread(self.leader.note, last_sync=self._clock.wall())
+        if self.leader.is_leader:
+            await self._io(functools.partial(self.leader.note, last_sync=self._clock.wall()))
 
     async def _take_round(self) -> None:
         if self.suspended:
             return
-        leases = await asyncio.to_thread(self.store.list_leases)
+        leases = await self._io(self.store.list_leases)
+        self.health.store_ok()
         now_wall = self._clock.wall()
+        mine = [x for x in leases if self.streams.context_of(x) is not None]
+        unfinished = [x for x in mine if not x.checkpoint.is_shard_end]
         # Parked leases are invisible to the taker until their reopen time; leases of streams
         # this worker does not consume (removed from the config) are never taken.
-        open_leases = [
-            x
-            for x in leases
-            if x.state(now_wall) is not LeaseState.CLOSED and self._context_of(x) is not None
-        ]
-        scan = self._observer.observe(open_leases, self._clock.monotonic())
+        open_leases = [x for x in mine if x.state(now_wall) is not LeaseState.CLOSED]
+        self.health.all_parked = bool(unfinished) and all(
+            x.state(now_wall) is LeaseState.CLOSED for x in unfinished
+        )
+        monotonic = self._clock.monotonic()
+        scan = self._observer.observe(open_leases, monotonic)
         plan = plan_takes(
             scan,
             self.cfg.worker_id,
@@ -341,114 +391,47 @@ class Worker:
             return
         log.info("worker %s: %s", self.cfg.worker_id, plan.reason)
         for lease in plan.leases:
-            if lease.lease_key in self._running:
-                continue
-            taken = await asyncio.to_thread(self.store.take_lease, lease, self.cfg.worker_id)
-            if taken is None:
-                log.info("lease %s: another worker took it first", lease.lease_key)
-                continue
-            self.counters.increment(Counter.PARTITIONS_ACQUIRED)
-            (self.metrics.steals if lease in plan.steal else self.metrics.takes).inc()
-            await self._start_consumer(taken.lease_key, self.holder.add_taken(taken))
+            if lease.lease_key not in self.consumers:
+                await self._take(lease, stolen=lease in plan.steal)
 
-    # --- consumers -------------------------------------------------------------------------------
-
-    async def _start_consumer(self, key: str, held: Any) -> None:
-        context = self._context_of(held.lease)
+    async def _take(self, lease: Lease, *, stolen: bool) -> None:
+        taken = await self._io(self.store.take_lease, lease, self.cfg.worker_id)
+        if taken is None:
+            log.info("lease %s: another worker took it first", lease.lease_key)
+            return
+        self._observer.record_write(taken, self._clock.monotonic())
+        self.counters.increment(Counter.PARTITIONS_ACQUIRED)
+        (self.metrics.steals if stolen else self.metrics.takes).inc()
+        held = self.holder.add_taken(taken)
+        context = self.streams.context_of(taken)
         if context is None:  # its stream was removed meanwhile
-            await asyncio.to_thread(
-                self.holder.update, held.lease_key, held.token, self.store.evict_lease
-            )
-            self.holder.drop(held.lease_key)
+            await self._io(self.holder.release, held.lease_key, held.token)
             return
-        position = context.initial_position
-        if held.lease.checkpoint.sentinel is Sentinel.AT_TIMESTAMP:
-            # A `kclpy-spark reset --to AT_TIMESTAMP:<t>` stored its time in the lease store.
-            when = await asyncio.to_thread(control.reset_timestamp, self.store)
-            if when is not None:
-                position = InitialPosition.at_timestamp(when)
-        consumer = ShardConsumer(
-            held=held,
-            holder=self.holder,
-            table=self.store,
-            processor=self._factory(),
-            kinesis=self._kinesis,
-            stream=context.spec.request,
-            cfg=self.cfg,
-            wall=self._clock.wall,
-            rng=self._rng,
-            metrics=self.metrics,
-            initial_position=position,
-        )
-        task = asyncio.create_task(consumer.run(), name=f"shard-{held.lease.shard_id}")
-        self._running[key] = _Running(consumer, task)
-        task.add_done_callback(functools.partial(self._consumer_done, key))
-        with shard_context(held.lease.shard_id):
-            log.info(
-                "worker %s took lease %s (checkpoint %s)",
-                self.cfg.worker_id,
-                key,
-                held.lease.checkpoint,
-            )
-
-    def _consumer_done(self, key: str, task: asyncio.Task[Outcome]) -> None:
-        running = self._running.pop(key, None)
-        if running is not None:
-            self.finished[key] = running.consumer.stats
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None:
-            log.error("shard consumer for %s failed: %r; releasing the lease", key, exc)
-            self.holder.drop(key)
-            return
-        outcome = task.result()
-        if outcome is Outcome.SHARD_END:
-            self.counters.increment(Counter.PARTITIONS_COMPLETED)
-            self._take_now.set()  # the children may be ready for someone: look now
-        elif outcome is Outcome.SHUTDOWN and not self._stop.is_set() and not self.suspended:
-            # Its stream was removed from the configuration: give the lease back now.
-            held = self.holder.get_if_held(key)
-            if held is not None:
-                token = held.token
-
-                def release() -> None:
-                    self.holder.update(key, token, self.store.evict_lease)
-                    self.holder.drop(key)
-
-                future = asyncio.ensure_future(asyncio.to_thread(release))
-                self._background.add(future)
-                future.add_done_callback(self._background.discard)
-        elif outcome is Outcome.LEASE_LOST:
-            self.counters.increment(Counter.PARTITION_NOT_OWNED_ERRORS)
-            self.holder.drop(key)
-
-    async def _shutdown_consumers(self) -> None:
-        running = list(self._running.values())
-        for r in running:
-            r.consumer.request_shutdown()
-        if not running:
-            return
-        _, pending = await asyncio.wait([r.task for r in running], timeout=self.cfg.shutdown_grace)
-        for task in pending:
-            log.warning("shard task %s did not stop within the grace time; cancelling", task)
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        self.consumers.start(held, context)
 
     async def _release_all(self, *, resign: bool = True) -> None:
         for held in self.holder.held():
-            result = await asyncio.to_thread(
-                self.holder.update, held.lease_key, held.token, self.store.evict_lease
-            )
-            self.holder.drop(held.lease_key)
-            with shard_context(held.lease.shard_id):
-                log.info(
-                    "worker %s released lease %s%s",
-                    self.cfg.worker_id,
-                    held.lease_key,
-                    "" if result.won else " (already lost)",
-                )
+            try:
+                result = await self._io(self.holder.release, held.lease_key, held.token)
+                outcome = "" if result.won else " (already lost)"
+            except KclpySparkError as exc:
+                outcome = f" failed ({exc}); it expires instead"
+            log.info("worker %s released lease %s%s", self.cfg.worker_id, held.lease_key, outcome)
         self.metrics.leases_held.set(0)
         if resign:
             with contextlib.suppress(KclpySparkError):
-                await asyncio.to_thread(self.leader.resign)
+                await self._io(self.leader.resign)
+            with contextlib.suppress(KclpySparkError):  # a restart need not wait for us
+                now = self._clock.wall()
+                stopped = {"stopped": True, "leases": {}}
+                await self._io(
+                    control.publish_worker_status,
+                    self.store,
+                    self.cfg.worker_id,
+                    stopped,
+                    now,
+                    self.instance,
+                )
+
+    def context_of(self, lease: Lease) -> StreamContext | None:
+        return self.streams.context_of(lease)

@@ -1,26 +1,26 @@
 """The micro-batcher: gathers leases' records into batches, writes them, then acknowledges.
 
-Records wait in per-lease *lanes* (lanes.py). A batch is due when its records reach
-``max_records`` or ``max_bytes``, when its oldest record has waited ``max_wait``, when a lane must
-be drained (shard end, shutdown), or when the buffer is full. In ``worker`` scope one batch takes
-pieces of every lease that has records (throughput); in ``lease`` scope each batch is one lease's.
+Records wait in per-lease lanes (lane.py, the one owner of a lane's state). A batch is due when
+its records reach ``max_records`` or ``max_bytes``, when its oldest record has waited ``max_wait``,
+when a lane must be drained (shard end, shutdown), or when the buffer is full (planner.py). In
+``worker`` scope one batch takes a cut of every lease that has records; in ``lease`` scope each
+batch is one lease's.
 
-One batch, in a writer thread (writer.py does the steps):
+One batch, in one of ``writers`` writer threads (writer.py does the I/O):
 
-1. ``sink.prepare`` gives each new piece its token; each piece's end and the batch's composition
-   are written as the lease's *pending* checkpoint (``Checkpointer.prepare_checkpoint``), so a
-   worker that takes the lease after a crash re-forms the identical piece (and, when it holds every
-   lease of the batch, the identical batch: same ``batch_id``).
-2. ``sink.write`` is attempted up to ``max_attempts`` times with exponential backoff and jitter;
-   an attempt that overruns ``write_timeout`` has its Spark jobs interrupted.
-3. On success each piece is acknowledged in its lease's ``AckTracker``, and the checkpoint is
-   committed to the contiguous acknowledged prefix (``PreparedCheckpoint.checkpoint``). On failure
-   nothing is committed: the failure policy dead-letters the batch (then acknowledges it) or parks
-   its leases (``SinkParkedError`` from the next ``process_records``; the consumer parks the lease
-   and it is redelivered from the checkpoint when it reopens).
+1. ``sink.prepare`` gives each new cut its token; each cut's end and the batch's composition are
+   written as the lease's *pending* checkpoint, so a worker that takes the lease after a crash
+   re-forms the identical piece (and, when it holds every lease of the batch, the identical
+   batch: same ``batch_id``).
+2. ``sink.write`` is attempted up to ``max_attempts`` times with backoff; an attempt that overruns
+   ``write_timeout`` has its Spark jobs interrupted.
+3. On success each lease's checkpoint moves to its cut's end. On failure nothing is committed: the
+   failure policy dead-letters the batch (then commits) or parks its lanes (``SinkParkedError``
+   from the next ``process_records``: the consumer parks the lease).
 
-A lease has at most one piece in flight: its next piece's pending checkpoint could otherwise
-overwrite the one that makes the first piece replayable.
+The batcher owns the threads, the timing and the lock; every lane change it makes is a ``Lane``
+method called under that lock. Its threads are fixed at start (``writers`` daemon threads, no
+thread per batch), so resources do not grow with the number of batches written.
 """
 
 from __future__ import annotations
@@ -29,23 +29,26 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from checkpoint.acks import AckTracker
 from checkpoint.base.clock import Clock, SystemClock
+from checkpoint.checkpointer import SHUTDOWN, CheckpointError, PreparedCheckpoint
 from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.spark.batch import BatchSink, Interrupter, NoInterrupter, ToDataFrame
-from kclpy_spark.spark.lanes import Lane, LaneState, Recovery, TwoPhaseCheckpointer
-from kclpy_spark.spark.pieces import Chunk, PendingState
-from kclpy_spark.spark.planner import next_wakeup, plan_due
-from kclpy_spark.spark.settings import (
-    BatcherSettings,
-    BatcherStats,
+from kclpy_spark.spark.lane import (
+    Cut,
     DrainResult,
+    Lane,
     LaneClosedError,
+    LaneState,
     SinkParkedError,
+    TwoPhaseCheckpointer,
 )
-from kclpy_spark.spark.writer import BatchWriter, DeadLetterWriter, PlannedBatch
+from kclpy_spark.spark.pieces import Chunk, PendingState
+from kclpy_spark.spark.planner import Plan, next_wakeup, plan_due
+from kclpy_spark.spark.settings import BatcherSettings
+from kclpy_spark.spark.writer import Batch, BatchWriter, DeadLetterWriter
 
 __all__ = [
     "BatcherSettings",
@@ -57,6 +60,22 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class BatcherStats:
+    batches: int = 0
+    rows: int = 0
+    failed_attempts: int = 0
+    dead_lettered_batches: int = 0
+    parked_batches: int = 0
+    commits: int = 0
+    # Seconds spent, summed over batches: pending checkpoints, sink writes, checkpoint commits.
+    prepare_seconds: float = 0.0
+    write_seconds: float = 0.0
+    commit_seconds: float = 0.0
+    last_error: str = ""
+    by_lease_rows: dict[str, int] = field(default_factory=dict)
 
 
 class MicroBatcher:
@@ -73,7 +92,7 @@ class MicroBatcher:
         clock: Clock | None = None,
         sleep: Callable[[float], None] = time.sleep,
         threaded: bool = True,
-        on_batch_done: Callable[[PlannedBatch], None] | None = None,
+        on_batch_done: Callable[[Batch], None] | None = None,
     ) -> None:
         self.settings = settings or BatcherSettings()
         self.stats = BatcherStats()
@@ -85,22 +104,23 @@ class MicroBatcher:
         self._writer = BatchWriter(
             sink,
             self.settings,
-            self._cond,
-            self.stats,
+            _Events(self),
             to_df=to_df,
             interrupter=interrupter or NoInterrupter(),
             dead_letter=dead_letter,
-            clock=self._clock,
             sleep=sleep,
         )
         self._on_batch_done = on_batch_done
         self._threaded = threaded
-        self._dispatcher: threading.Thread | None = None
-        if threaded:
-            self._dispatcher = threading.Thread(
-                target=self._dispatch_loop, name="kclpy-spark-sink-dispatcher", daemon=True
+        self._threads = [
+            threading.Thread(
+                target=self._writer_loop, name=f"kclpy-spark-sink-writer-{i}", daemon=True
             )
-            self._dispatcher.start()
+            for i in range(self.settings.writers if threaded else 0)
+        ]
+        # Daemon threads: a write stuck in user code must not keep the process from exiting.
+        for thread in self._threads:
+            thread.start()
 
     # --- lanes (called by the processors) --------------------------------------------------------
 
@@ -112,9 +132,8 @@ class MicroBatcher:
         checkpoint: ExtendedSequenceNumber | None,
     ) -> Lane:
         """Start buffering for a lease just taken; re-form its pending piece if it has one."""
-        recovery = self._recovery(lease_key, checkpointer, checkpoint)
-        tracker = AckTracker(self._clock, self.settings.ack_timeout)
-        lane = Lane(lease_key, shard_id, checkpointer, tracker, recovery)
+        replay = self._replay(lease_key, checkpointer, checkpoint)
+        lane = Lane(lease_key, shard_id, checkpointer, replay=replay, now=self._clock.monotonic())
         with self._cond:
             old = self._lanes.get(lease_key)
             if old is not None:
@@ -122,12 +141,12 @@ class MicroBatcher:
             self._lanes[lease_key] = lane
         return lane
 
-    def _recovery(
-        self,
+    @staticmethod
+    def _replay(
         lease_key: str,
         checkpointer: TwoPhaseCheckpointer,
         checkpoint: ExtendedSequenceNumber | None,
-    ) -> Recovery | None:
+    ) -> tuple[ExtendedSequenceNumber, tuple[Any, ...], Any] | None:
         pending = checkpointer.pending_checkpoint
         if pending is None or (checkpoint is not None and not checkpoint < pending[0]):
             return None
@@ -142,12 +161,7 @@ class MicroBatcher:
             log.warning("lease %s: pending checkpoint %s cannot be re-formed", lease_key, target)
             return None
         log.info("lease %s: re-forming the range up to %s first", lease_key, target)
-        return Recovery(
-            target,
-            state.group if state else (),
-            state.token if state else None,
-            since=self._clock.monotonic(),
-        )
+        return target, state.group if state else (), state.token if state else None
 
     def add(self, lane: Lane, chunk: Chunk) -> None:
         """Buffer a lease's next records; blocks while the buffer is full (backpressure).
@@ -164,18 +178,17 @@ class MicroBatcher:
     def drain(self, lane: Lane, timeout: float | None, *, final: bool) -> DrainResult:
         """Flush the lane now and wait until its records are written and checkpointed.
         ``final``: no more records will come (shard end), so a re-formed piece is cut at what
-        arrived. Without it, an incomplete re-formed piece is left for the next owner."""
+        arrived, and a parked lane is re-armed to try its failed batch again. Without it, an
+        incomplete re-formed piece is left for the next owner."""
         deadline = None if timeout is None else self._clock.monotonic() + timeout
         with self._cond:
-            if lane.state is LaneState.PARKED and final:
-                lane.state = LaneState.ACTIVE  # re-arm: try the failed piece again
-            lane.forced = True
             if final:
-                lane.force_recovery_cut()
+                lane.rearm()
+            lane.force(final=final)
             self._cond.notify_all()
         while True:
             with self._cond:
-                result = self._drained(lane, final)
+                result = lane.drained(final)
                 if result is not None:
                     return result
                 if self._threaded:
@@ -186,7 +199,7 @@ class MicroBatcher:
                     continue
             if self.step() == 0 and not self._commits_due():
                 with self._cond:
-                    return self._drained(lane, final) or DrainResult.TIMEOUT
+                    return lane.drained(final) or DrainResult.TIMEOUT
 
     def close_lane(self, lane: Lane) -> None:
         """Lease lost or handed over: drop its buffered records (the next owner reads them again
@@ -205,13 +218,16 @@ class MicroBatcher:
             self._closed = True
             self._cond.notify_all()
         deadline = time.monotonic() + timeout
-        if self._dispatcher is not None:
-            self._dispatcher.join(timeout)
-        with self._cond:  # writes in flight finish (or time out) on their own threads
-            while self._active > 0 and (left := deadline - time.monotonic()) > 0:
-                self._cond.wait(left)
+        for thread in self._threads:  # writes in flight finish (or time out) on their own
+            thread.join(max(0.0, deadline - time.monotonic()))
+        with self._cond:
             if self._active:
                 log.warning("closing the sink with %d batch(es) still being written", self._active)
+
+    @property
+    def threads(self) -> int:
+        """Writer threads alive (fixed at start)."""
+        return sum(t.is_alive() for t in self._threads)
 
     def status(self) -> dict[str, Any]:
         with self._cond:
@@ -220,8 +236,8 @@ class MicroBatcher:
                     "state": lane.state.value,
                     "buffered_rows": lane.rows,
                     "buffered_bytes": lane.nbytes,
-                    "in_flight_rows": lane.inflight.piece.rows if lane.inflight else 0,
-                    "recovering": lane.recovery is not None,
+                    "in_flight_rows": lane.out.piece.rows if lane.out else 0,
+                    "recovering": lane.replaying,
                     "park_reason": lane.park_reason,
                 }
                 for key, lane in self._lanes.items()
@@ -234,12 +250,14 @@ class MicroBatcher:
     def step(self) -> int:
         """Manual mode: retry due commits, then form and write the batches due now, in this
         thread. Returns the number of batches written (attempted)."""
-        for lane in self._take_due_commits():
-            self._writer.retry_commit(lane)
+        with self._cond:
+            commits = self._claim_commits()
+        for lane, cut in commits:
+            self._writer.commit(lane, cut)
         with self._cond:
             batches = self._form_due(limit=None)
             self._active += len(batches)
-            if batches:  # cutting pieces freed buffer room: wake blocked adders
+            if batches:  # cutting freed buffer room: wake blocked adders
                 self._cond.notify_all()
         for batch in batches:
             self._run(batch)
@@ -254,50 +272,42 @@ class MicroBatcher:
             total += n
         raise RuntimeError("the batcher did not become idle")
 
-    def _run(self, batch: PlannedBatch) -> None:
+    def _writer_loop(self) -> None:
+        while True:
+            try:
+                with self._cond:
+                    while True:
+                        if self._closed:
+                            return
+                        commits = self._claim_commits()
+                        batches = [] if commits else self._form_due(limit=1)
+                        if commits or batches:
+                            break
+                        self._cond.wait(self._next_wakeup())
+                    self._active += len(batches)
+                    if batches:  # cutting freed buffer room: wake blocked adders
+                        self._cond.notify_all()
+                for lane, cut in commits:
+                    self._writer.commit(lane, cut)
+                for batch in batches:
+                    self._run(batch)
+            except Exception:  # a bug must not silently stop every sink write
+                log.exception("a sink writer thread failed; going on")
+                with self._cond:
+                    self._cond.wait(1.0)
+
+    def _run(self, batch: Batch) -> None:
         try:
             self._writer.run(batch)
         except Exception as exc:  # a bug here must not kill the writer thread or lose records
             log.exception("%r failed unexpectedly", batch)
-            self._writer.park(batch, exc)
+            _Events(self).gave_up(batch, exc)
         finally:
             with self._cond:
                 self._active -= 1
                 self._cond.notify_all()
             if self._on_batch_done is not None:
                 self._on_batch_done(batch)
-
-    def _dispatch_loop(self) -> None:
-        while True:
-            try:
-                if not self._dispatch_once():
-                    return
-            except Exception:  # a bug must not silently stop every sink write
-                log.exception("the sink dispatcher failed; going on")
-                with self._cond:
-                    self._cond.wait(1.0)
-
-    def _dispatch_once(self) -> bool:
-        with self._cond:
-            if self._closed:
-                return False
-            room = self.settings.writers - self._active
-            batches = self._form_due(limit=room) if room > 0 else []
-            self._active += len(batches)
-            if batches:  # cutting pieces freed buffer room: wake blocked adders
-                self._cond.notify_all()
-            if not batches and not self._commits_due():
-                self._cond.wait(self._next_wakeup())
-                return True
-        for lane in self._take_due_commits():
-            self._writer.retry_commit(lane)
-        for batch in batches:
-            # Daemon threads, one per batch (a batch takes 100 ms at least): a write stuck in
-            # user code must not keep the process from exiting.
-            threading.Thread(
-                target=self._run, args=(batch,), name="kclpy-spark-sink-writer", daemon=True
-            ).start()
-        return True
 
     # --- under the lock --------------------------------------------------------------------------
 
@@ -311,49 +321,139 @@ class MicroBatcher:
             raise LaneClosedError(f"lease {lane.lease_key}: the sink lane is closed")
 
     def _must_wait(self, lane: Lane) -> bool:
-        if lane.recovery is not None:
+        if lane.replaying:
             return False  # it may need more records before anything can be flushed
         buffered = sum(x.nbytes for x in self._lanes.values() if x.state is LaneState.ACTIVE)
         return buffered >= self.settings.buffer_limit
 
     def _close_locked(self, lane: Lane) -> None:
-        lane.state = LaneState.CLOSED
-        lane.drop()
-        lane.uncommitted = None
+        lane.close()
         if self._lanes.get(lane.lease_key) is lane:
             del self._lanes[lane.lease_key]
         self._cond.notify_all()
 
-    def _drained(self, lane: Lane, final: bool) -> DrainResult | None:
-        if lane.state is LaneState.CLOSED:
-            return DrainResult.CLOSED
-        if lane.state is LaneState.PARKED:
-            return DrainResult.PARKED
-        if lane.idle or (
-            not final
-            and lane.inflight is None
-            and lane.uncommitted is None
-            and lane.recovery is not None
-            and not lane.recovery_ready
-        ):
-            return DrainResult.DONE
-        return None
-
     def _commits_due(self) -> bool:
-        now = self._clock.monotonic()
-        return any(x.uncommitted and x.commit_retry_at <= now for x in self._lanes.values())
-
-    def _take_due_commits(self) -> list[Lane]:
         with self._cond:
             now = self._clock.monotonic()
-            due = [x for x in self._lanes.values() if x.uncommitted and x.commit_retry_at <= now]
-            for lane in due:
-                lane.commit_retry_at = float("inf")  # taken: not due again until rescheduled
-            return due
+            due = (x.commit_due_at for x in self._lanes.values() if x.commit_due_at is not None)
+            return any(at <= now for at in due)
+
+    def _claim_commits(self) -> list[tuple[Lane, Cut]]:
+        now = self._clock.monotonic()
+        return [
+            (lane, cut)
+            for lane in self._lanes.values()
+            if (cut := lane.claim_commit(now)) is not None
+        ]
 
     def _next_wakeup(self) -> float:
         return next_wakeup(self._lanes.values(), self.settings, self._clock.monotonic())
 
-    def _form_due(self, limit: int | None) -> list[PlannedBatch]:
-        """Cut the batches due now (at most ``limit``); their pieces are marked in flight."""
-        return plan_due(self._lanes.values(), self.settings, self._clock.monotonic(), limit)
+    def _expected(self, lease_key: str) -> bool:
+        lane = next(iter(self._lanes.values()), None)
+        return lane is not None and lane.checkpointer.worker_holds(lease_key)
+
+    def _form_due(self, limit: int | None) -> list[Batch]:
+        """Cut the batches due now (at most ``limit``)."""
+        plans = plan_due(
+            self._lanes.values(), self.settings, self._clock.monotonic(), limit, self._expected
+        )
+        return [self._cut(plan) for plan in plans]
+
+    def _cut(self, plan: Plan) -> Batch:
+        s = self.settings
+        rows_left, bytes_left = s.max_records, s.max_bytes
+        parts: list[tuple[Lane, Cut]] = []
+        for lane in plan.lanes:
+            if plan.budgeted and (rows_left <= 0 or bytes_left <= 0):
+                break
+            cut = lane.cut(rows_left, bytes_left)
+            rows_left -= cut.piece.rows
+            bytes_left -= cut.nbytes
+            parts.append((lane, cut))
+        return Batch(sorted(parts, key=lambda part: part[1].key))
+
+
+class _Events:
+    """The writer's reports, applied to the lanes and stats under the batcher's lock."""
+
+    def __init__(self, batcher: MicroBatcher) -> None:
+        self._b = batcher
+
+    def prepared(self, lane: Lane, cut: Cut, token: Any, checkpoint: PreparedCheckpoint) -> None:
+        with self._b._cond:
+            lane.prepared(cut, checkpoint)
+
+    def not_prepared(self, lane: Lane, cut: Cut, error: CheckpointError) -> None:
+        with self._b._cond:
+            if error.value == SHUTDOWN:
+                self._b._close_locked(lane)
+            else:
+                lane.put_back(cut, (cut.key,), self._b._clock.monotonic())
+                lane.park(f"cannot prepare the checkpoint: {error}")
+            self._b._cond.notify_all()
+
+    def all_closed(self, batch: Batch) -> bool:
+        with self._b._cond:
+            return all(lane.state is LaneState.CLOSED for lane, _ in batch.parts)
+
+    def attempt(self, error: BaseException | None, prepare_s: float, write_s: float) -> None:
+        with self._b._cond:
+            stats = self._b.stats
+            stats.prepare_seconds += prepare_s
+            stats.write_seconds += write_s
+            if error is not None:
+                stats.failed_attempts += 1
+                stats.last_error = repr(error)
+
+    def written(self, batch: Batch, *, dead_lettered: bool) -> list[tuple[Lane, Cut]]:
+        rows = batch.sink_batch.rows if batch.sink_batch is not None else 0
+        with self._b._cond:
+            stats = self._b.stats
+            if dead_lettered:
+                stats.dead_lettered_batches += 1
+            else:
+                stats.batches += 1
+                stats.rows += rows
+            for lane, cut in batch.parts:
+                key = lane.lease_key
+                stats.by_lease_rows[key] = stats.by_lease_rows.get(key, 0) + cut.piece.rows
+            return [(lane, cut) for lane, cut in batch.parts if lane.state is not LaneState.CLOSED]
+
+    def committed(self, lane: Lane, cut: Cut, seconds: float) -> None:
+        with self._b._cond:
+            lane.committed(cut)
+            self._b.stats.commits += 1
+            self._b.stats.commit_seconds += seconds
+            self._b._cond.notify_all()
+
+    def commit_failed(self, lane: Lane, cut: Cut, error: CheckpointError) -> None:
+        b = self._b
+        with b._cond:
+            if error.value == SHUTDOWN or lane.state is LaneState.CLOSED:
+                b._close_locked(lane)
+            elif error.retry_may_help:
+                lane.commit_later(cut, b._clock.monotonic() + b.settings.commit_retry_delay)
+            else:
+                lane.put_back(cut, (cut.key,), b._clock.monotonic())
+                lane.park(f"checkpoint failed: {error}")
+            b._cond.notify_all()
+
+    def gave_up(self, batch: Batch, error: BaseException) -> None:
+        """Nothing is checkpointed: each cut goes back to the head of its lane to be re-formed,
+        and the lanes are parked until the lease is parked or re-armed."""
+        log.error(
+            "%r: giving up after %d attempts (%r); parking its leases",
+            batch,
+            self._b.settings.max_attempts,
+            error,
+        )
+        with self._b._cond:
+            self._b.stats.parked_batches += 1
+            now = self._b._clock.monotonic()
+            for lane, cut in batch.parts:
+                if lane.state is LaneState.CLOSED:
+                    continue
+                lane.put_back(cut, batch.group, now)
+                lane.park(repr(error))
+            self._b._cond.notify_all()

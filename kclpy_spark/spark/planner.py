@@ -1,9 +1,11 @@
-"""When batches are due and what goes into them: pure functions over the lanes (called by the
-MicroBatcher under its lock; cutting a piece marks it in flight in its lane).
+"""When batches are due and which lanes go into them: pure functions over the lanes' state.
 
-* A re-formed piece (recovery) goes first, exactly as it was: in ``worker`` scope with the other
-  pieces of its original batch once they are all back (same ``batch_id``), or alone after
-  ``regroup_wait`` seconds (or when its lease is being drained).
+The planner only reads lanes; the batcher cuts the lanes it names, in the order given.
+
+* A replayed cut (a pending checkpoint re-formed) goes first, exactly as it was: in ``worker``
+  scope with the other pieces of its original batch once they are all back (same ``batch_id``),
+  or alone after ``regroup_wait`` seconds, at once when this worker holds none of its batch's
+  other leases (their pieces will not come back here), or when it is drained.
 * Fresh records: in ``worker`` scope one batch over every lease with records, oldest first, up to
   ``max_records``/``max_bytes``; in ``lease`` scope one batch per lease. Due when the records reach
   either limit, the oldest has waited ``max_wait``, a lease is drained, or the buffer is full.
@@ -11,63 +13,76 @@ MicroBatcher under its lock; cutting a piece marks it in flight in its lane).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
-from kclpy_spark.spark.lanes import Lane, LaneState
+from kclpy_spark.spark.lane import Lane, LaneState
 from kclpy_spark.spark.settings import BatcherSettings
-from kclpy_spark.spark.writer import Entry, PlannedBatch
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The lanes of one batch due now, in cutting order. ``budgeted``: fresh records sharing
+    ``max_records``/``max_bytes`` (cutting stops when they are spent); else replayed cuts,
+    each exactly as it was."""
+
+    lanes: tuple[Lane, ...]
+    budgeted: bool
 
 
 def plan_due(
-    lanes: Iterable[Lane], s: BatcherSettings, now: float, limit: int | None
-) -> list[PlannedBatch]:
-    """The batches due at ``now`` (at most ``limit``), their pieces cut and marked in flight."""
+    lanes: Iterable[Lane],
+    s: BatcherSettings,
+    now: float,
+    limit: int | None,
+    expected: Callable[[str], bool] = lambda key: False,
+) -> list[Plan]:
+    """The batches due at ``now`` (at most ``limit``). ``expected(lease_key)``: whether this
+    worker holds that lease (so its lane may still open and bring its piece back)."""
     lanes = list(lanes)
-    batches: list[PlannedBatch] = []
+    plans: list[Plan] = []
 
     def room() -> bool:
-        return limit is None or len(batches) < limit
+        return limit is None or len(plans) < limit
 
-    ready = [x for x in lanes if x.can_start() and x.recovery_ready]
+    ready = [x for x in lanes if x.can_cut() and x.replay_ready]
+    open_keys = {x.lease_key for x in lanes if x.state is not LaneState.CLOSED}
+
+    def coming(key: str) -> bool:
+        return key in open_keys or expected(key)
+
     done: set[int] = set()
     for lane in ready:
         if id(lane) in done or not room():
             continue
-        rec = lane.recovery
-        assert rec is not None
+        group = lane.replay_group
         members = [lane]
-        if s.scope == "worker" and len(rec.group) > 1:
-            members = [
-                m
-                for m in ready
-                if m.recovery and m.recovery.group == rec.group and m.recovery_key() in rec.group
-            ]
-            complete = {m.recovery_key() for m in members} == set(rec.group)
-            waited = now >= rec.since + s.regroup_wait or any(m.forced for m in members)
+        if s.scope == "worker" and len(group) > 1:
+            members = [m for m in ready if m.replay_group == group and m.replay_key() in group]
+            complete = {m.replay_key() for m in members} == set(group)
+            since = lane.replay_since or now
+            partners = {k.lease_key for k in group} - {lane.lease_key}
+            waited = (
+                now >= since + s.regroup_wait
+                or not any(coming(key) for key in partners)
+                or any(m.forced for m in members)
+            )
             if not complete and not waited:
                 continue
         done.update(id(m) for m in members)
-        batches.append(_plan([Entry(m, m.take(0, 0)) for m in members]))
+        plans.append(Plan(tuple(members), budgeted=False))
 
-    fresh = [x for x in lanes if x.can_start() and x.recovery is None]
+    fresh = [x for x in lanes if x.can_cut() and not x.replaying]
     active = [x for x in lanes if x.state is LaneState.ACTIVE]
     pressure = sum(x.nbytes for x in active) >= s.buffer_limit
+    by_age = sorted(fresh, key=lambda x: x.oldest if x.oldest is not None else now)
     if s.scope == "lease":
-        for lane in sorted(fresh, key=lambda x: x.oldest or now):
+        for lane in by_age:
             if room() and _due([lane], s, now, pressure):
-                batches.append(_plan([Entry(lane, lane.take(s.max_records, s.max_bytes))]))
+                plans.append(Plan((lane,), budgeted=True))
     elif fresh and room() and _due(fresh, s, now, pressure):
-        rows_left, bytes_left = s.max_records, s.max_bytes
-        entries = []
-        for lane in sorted(fresh, key=lambda x: x.oldest or now):
-            if rows_left <= 0 or bytes_left <= 0:
-                break
-            flight = lane.take(rows_left, bytes_left)
-            rows_left -= flight.piece.rows
-            bytes_left -= sum(c.nbytes for c in flight.chunks)
-            entries.append(Entry(lane, flight))
-        batches.append(_plan(entries))
-    return batches
+        plans.append(Plan(tuple(by_age), budgeted=True))
+    return plans
 
 
 def _due(lanes: list[Lane], s: BatcherSettings, now: float, pressure: bool) -> bool:
@@ -80,15 +95,11 @@ def _due(lanes: list[Lane], s: BatcherSettings, now: float, pressure: bool) -> b
     )
 
 
-def _plan(entries: list[Entry]) -> PlannedBatch:
-    return PlannedBatch(sorted(entries, key=lambda e: e.flight.piece.key))
-
-
 def next_wakeup(lanes: Iterable[Lane], s: BatcherSettings, now: float) -> float:
     """Seconds until something may become due (capped at 1 s)."""
     lanes = list(lanes)
     times = [x.oldest + s.max_wait for x in lanes if x.oldest is not None]
-    times += [x.recovery.since + s.regroup_wait for x in lanes if x.recovery]
-    times += [x.commit_retry_at for x in lanes if x.uncommitted]
+    times += [since + s.regroup_wait for x in lanes if (since := x.replay_since) is not None]
+    times += [x.commit_due_at for x in lanes if x.commit_due_at is not None]
     # Capped: a notification may be missed when the injected clock is not the OS's.
     return max(0.01, min([1.0, *(t - now for t in times)]))

@@ -100,11 +100,11 @@ def processor_factory_from_sink_config(
     if start_session:
         holder.session()
     settings = sink_cfg.batcher_settings(holder.max_batch_bytes())
-    if settings.max_bytes < sink_cfg.max_bytes:
+    if settings.max_bytes < sink_cfg.batching.max_bytes:
         log.warning(
             "max_bytes lowered from %d to %d: Spark tasks on %s are limited by "
             "spark.rpc.message.maxSize",
-            sink_cfg.max_bytes,
+            sink_cfg.batching.max_bytes,
             settings.max_bytes,
             holder.target.master,
         )

@@ -1,28 +1,11 @@
-"""The micro-batcher's settings, counters, results and errors (no I/O, no pyarrow)."""
+"""The micro-batcher's settings (no I/O, no pyarrow)."""
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-from checkpoint.base.errors import KclpySparkError
-
-
-class SinkParkedError(KclpySparkError):
-    """The sink gave up on a batch of this lease; raised from ``process_records`` so the consumer
-    parks the lease (its records are redelivered from the checkpoint when it reopens)."""
-
-
-class LaneClosedError(KclpySparkError):
-    """The lease's lane was closed (lease lost or handed over)."""
-
-
-class DrainResult(enum.Enum):
-    DONE = "done"  # everything buffered was written and checkpointed
-    PARKED = "parked"  # the sink gave up on a batch
-    CLOSED = "closed"  # the lease was lost
-    TIMEOUT = "timeout"
+from checkpoint.base.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -42,28 +25,23 @@ class BatcherSettings:
     regroup_wait: float = 30.0  # how long a re-formed piece waits for the rest of its batch
     commit_retry_delay: float = 1.0
 
+    def __post_init__(self) -> None:
+        if self.scope not in {"worker", "lease"}:
+            raise ConfigError(f"config 'scope' must be 'worker' or 'lease', got {self.scope!r}")
+        for name in ("max_records", "max_bytes", "writers", "max_attempts"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"config {name!r} must be >= 1, got {getattr(self, name)}")
+        if self.buffer_bytes < 0:
+            raise ConfigError(f"config 'buffer_bytes' must be >= 0, got {self.buffer_bytes}")
+        for name in ("max_wait", "write_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"config {name!r} must be > 0, got {getattr(self, name)}")
+        for name in ("retry_base_delay", "retry_max_delay", "regroup_wait", "commit_retry_delay"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"config {name!r} must be >= 0, got {getattr(self, name)}")
+        if self.retry_max_delay < self.retry_base_delay:
+            raise ConfigError("config 'retry_max_delay' must be >= 'retry_base_delay'")
+
     @property
     def buffer_limit(self) -> int:
         return self.buffer_bytes or 2 * self.max_bytes
-
-    @property
-    def ack_timeout(self) -> float:
-        """Longer than any batch can take, so acknowledgments never expire in normal operation."""
-        per_attempt = self.write_timeout + self.retry_max_delay
-        return self.max_attempts * per_attempt + self.regroup_wait + 3600.0
-
-
-@dataclass
-class BatcherStats:
-    batches: int = 0
-    rows: int = 0
-    failed_attempts: int = 0
-    dead_lettered_batches: int = 0
-    parked_batches: int = 0
-    commits: int = 0
-    # Seconds spent, summed over batches: pending checkpoints, sink writes, checkpoint commits.
-    prepare_seconds: float = 0.0
-    write_seconds: float = 0.0
-    commit_seconds: float = 0.0
-    last_error: str = ""
-    by_lease_rows: dict[str, int] = field(default_factory=dict)

@@ -1,6 +1,12 @@
 """The sink's settings: a frozen ``SinkConfig`` read from the ``[sink]`` table of the worker's
 TOML file (or ``[kclpy_spark.sink]``). Seconds as floats, sizes in bytes. Each bad value raises
-ConfigError naming the key.
+ConfigError naming the key. The batching keys (``max_records`` ... ``commit_retry_delay``) fill
+the contained ``BatcherSettings``; the table stays flat.
+
+Defaults that depend on the sink: ``scope`` is ``"lease"`` for your own foreachBatch function (its
+``batch_id`` then names one lease's range, stable whoever re-forms it after a crash or a lease
+move) and ``"worker"`` for the built-in sinks (idempotent per piece, so any composition is safe);
+``regroup_wait`` is 0 for the built-in sinks (they never need a re-formed batch whole).
 
 ```toml
 [sink]
@@ -9,7 +15,7 @@ spark_target = "local[2]"           # spark://host:7077, yarn, k8s://..., sc://h
 max_records = 100000
 max_bytes = 67108864
 max_wait = 5.0
-scope = "worker"                    # or "lease": one lease per batch
+scope = "lease"                     # "worker": one batch over the worker's leases
 max_attempts = 5
 failure_policy = "park"             # or "dead-letter:/data/dead-letters"
 write_timeout = 600.0
@@ -27,12 +33,10 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from checkpoint.base.errors import ConfigError
-
-if TYPE_CHECKING:
-    from kclpy_spark.spark.settings import BatcherSettings
+from kclpy_spark.spark.settings import BatcherSettings
 
 _FUNCTION = re.compile(r"^[\w.]+:[\w.]+$")
 
@@ -43,18 +47,8 @@ class SinkConfig:
     spark_target: str = "local[2]"
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     app_name: str = "kclpy-spark"
-    max_records: int = 100_000
-    max_bytes: int = 64 * 1024 * 1024
-    max_wait: float = 5.0
-    scope: str = "worker"
-    writers: int = 1
-    buffer_bytes: int = 0
-    max_attempts: int = 5
-    retry_base_delay: float = 1.0
-    retry_max_delay: float = 30.0
-    write_timeout: float = 600.0
+    batching: BatcherSettings = field(default_factory=lambda: _batching_defaults("worker", 30.0))
     failure_policy: str = "park"
-    regroup_wait: float = 30.0
     shutdown_timeout: float = 15.0
     value_schema: str | None = None
     keep_raw_data: bool = False
@@ -83,24 +77,9 @@ class SinkConfig:
 
     def batcher_settings(self, max_task_bytes: int | None = None) -> BatcherSettings:
         """The batcher's settings, ``max_bytes`` capped at ``max_task_bytes`` (cluster limit)."""
-        from kclpy_spark.spark.settings import BatcherSettings
-
-        max_bytes = (
-            self.max_bytes if max_task_bytes is None else min(self.max_bytes, max_task_bytes)
-        )
-        return BatcherSettings(
-            max_records=self.max_records,
-            max_bytes=max_bytes,
-            max_wait=self.max_wait,
-            scope="lease" if self.scope == "lease" else "worker",
-            max_attempts=self.max_attempts,
-            retry_base_delay=self.retry_base_delay,
-            retry_max_delay=self.retry_max_delay,
-            write_timeout=self.write_timeout,
-            writers=self.writers,
-            buffer_bytes=self.buffer_bytes,
-            regroup_wait=self.regroup_wait,
-        )
+        if max_task_bytes is None or self.batching.max_bytes <= max_task_bytes:
+            return self.batching
+        return dataclasses.replace(self.batching, max_bytes=max_task_bytes)
 
 
 def _check(cfg: SinkConfig) -> None:
@@ -115,31 +94,27 @@ def _check(cfg: SinkConfig) -> None:
     from kclpy_spark.spark.session import SparkTarget
 
     SparkTarget.parse(cfg.spark_target)  # raises ConfigError naming spark_target
-    if cfg.scope not in {"worker", "lease"}:
-        raise ConfigError(f"config 'scope' must be 'worker' or 'lease', got {cfg.scope!r}")
     if not (cfg.failure_policy == "park" or (cfg.dead_letter_path or "").strip()):
         raise ConfigError(
             "config 'failure_policy' must be 'park' or 'dead-letter:<path>', "
             f"got {cfg.failure_policy!r}"
         )
-    for name in ("max_records", "max_bytes", "writers", "max_attempts"):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"config {name!r} must be >= 1, got {getattr(cfg, name)}")
-    if cfg.buffer_bytes < 0:
-        raise ConfigError(f"config 'buffer_bytes' must be >= 0, got {cfg.buffer_bytes}")
-    for name in ("max_wait", "write_timeout", "shutdown_timeout"):
-        if not getattr(cfg, name) > 0:
-            raise ConfigError(f"config {name!r} must be > 0, got {getattr(cfg, name)}")
-    for name in ("retry_base_delay", "retry_max_delay", "regroup_wait"):
-        if getattr(cfg, name) < 0:
-            raise ConfigError(f"config {name!r} must be >= 0, got {getattr(cfg, name)}")
+    if not cfg.shutdown_timeout > 0:
+        raise ConfigError(f"config 'shutdown_timeout' must be > 0, got {cfg.shutdown_timeout}")
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(SinkConfig)}
+def _batching_defaults(
+    scope: str, regroup_wait: float, given: Mapping[str, Any] = {}
+) -> BatcherSettings:
+    return BatcherSettings(**{"scope": scope, "regroup_wait": regroup_wait, **given})
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(SinkConfig) if f.name != "batching"}
+_BATCHING = {f.name: f for f in dataclasses.fields(BatcherSettings)}
 
 
 def _coerce(name: str, value: Any, source: str) -> Any:
-    kind = str(_FIELDS[name].type)
+    kind = str((_FIELDS.get(name) or _BATCHING[name]).type)
     bad = ConfigError(f"config {name!r} in {source} must be of type {kind}, got {value!r}")
     if kind == "float":
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -164,16 +139,27 @@ def _coerce(name: str, value: Any, source: str) -> Any:
     return value
 
 
+def sink_config(sink: str, **values: Any) -> SinkConfig:
+    """A SinkConfig from flat keyword settings, as the [sink] table gives them (batching keys
+    included), with the defaults that depend on the sink."""
+    return sink_config_from_mapping({"sink": sink, **values}, source="sink_config()")
+
+
 def sink_config_from_mapping(values: Mapping[str, Any], *, source: str = "[sink]") -> SinkConfig:
-    unknown = sorted(set(values) - set(_FIELDS))
+    unknown = sorted(set(values) - set(_FIELDS) - set(_BATCHING))
     if unknown:
         raise ConfigError(
             f"unknown sink config key(s) in {source}: {', '.join(unknown)} "
-            f"(known: {', '.join(sorted(_FIELDS))})"
+            f"(known: {', '.join(sorted({*_FIELDS, *_BATCHING}))})"
         )
     if "sink" not in values:
         raise ConfigError(f"config 'sink' is required in {source}")
-    return SinkConfig(**{k: _coerce(k, v, source) for k, v in values.items()})
+    coerced = {k: _coerce(k, v, source) for k, v in values.items()}
+    builtin = str(coerced["sink"]).startswith(("parquet:", "delta:"))
+    batching = {k: coerced.pop(k) for k in list(coerced) if k in _BATCHING}
+    scope = "worker" if builtin else "lease"
+    regroup_wait = 0.0 if builtin else 30.0
+    return SinkConfig(**coerced, batching=_batching_defaults(scope, regroup_wait, batching))
 
 
 def sink_table(data: Mapping[str, Any]) -> Mapping[str, Any] | None:

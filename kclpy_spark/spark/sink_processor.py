@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from checkpoint.lease import stream_name_of
 from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.processor import (
     InitializeInput,
@@ -26,17 +27,16 @@ from kclpy_spark.processor import (
     ShutdownRequestedInput,
 )
 from kclpy_spark.spark.batcher import DrainResult, LaneClosedError, MicroBatcher, SinkParkedError
-from kclpy_spark.spark.lanes import Lane, TwoPhaseCheckpointer
+from kclpy_spark.spark.lane import Lane, TwoPhaseCheckpointer
 from kclpy_spark.spark.pieces import records_to_chunk
 
 log = logging.getLogger(__name__)
 
 
 def stream_of(lease_key: str, default: str) -> str:
-    """The stream a lease belongs to: named in a multi-stream lease key
-    (``account:streamName:creationEpoch:shardId``), else the configured one."""
-    parts = lease_key.split(":")
-    return parts[1] if len(parts) == 4 else default
+    """The stream a lease belongs to: named in a multi-stream lease key, else the configured
+    one."""
+    return stream_name_of(lease_key) or default
 
 
 class SparkSinkProcessor(RecordProcessor):

@@ -9,13 +9,18 @@ never written twice even when it comes back in a batch of another composition:
   replayed piece is skipped. ``spark.read.parquet(path)`` reads every record once (plus a
   ``kcl_piece`` column). Needs a POSIX path that the driver (which renames) and the executors
   (which write) share: local on ``local[N]``, or a shared mount. Readers ignore ``_staging``
-  (names starting with ``_``); a crash may leave a staging folder behind, never a partial piece.
+  (names starting with ``_``). Durable before acknowledged: every file of a piece and its folder
+  are fsynced before the rename, and the parent folder after it, so a piece whose checkpoint moved
+  survives an OS crash or power loss (on a local filesystem; a network mount promises what its
+  fsync does). Staging folders a crashed writer left behind are removed when they are older than
+  ``stale_staging`` seconds (at start and every hundred batches).
 * ``DeltaSink(path)``: the deltalake package (delta-rs) appends from the driver, one commit per
   batch carrying one application transaction per lease: app id ``<prefix>:<lease key>``, version
   = the lease's previous version + 1, chosen in ``prepare`` and stored with the pending checkpoint,
   so a replayed piece finds its version already committed and is skipped.
 * ``DeadLetterDirectory(path)``: a failed batch as ``batch-<id>.parquet`` (pyarrow, no Spark),
-  with the error and the pieces in the file's metadata.
+  with the error and the pieces in the file's metadata; the file and the folder are fsynced before
+  the batch counts as handled (its checkpoint moves after that).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -40,6 +46,30 @@ log = logging.getLogger(__name__)
 
 PIECE_COLUMN = "kcl_piece"
 _INDEX_COLUMN = "kcl_piece_index"
+# A staging folder untouched this long belongs to a writer that died (a live write renames its
+# folders within write_timeout, 10 minutes by default).
+STALE_STAGING_SECONDS = 3600.0
+_CLEAN_EVERY = 100  # batches between two looks for stale staging folders
+
+
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """fsync one file or folder (a folder's entries: a rename or a new file in it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file under ``root``, then every folder, deepest first."""
+    folders: list[Path] = []
+    for here, _, files in os.walk(root):
+        folders.append(Path(here))
+        for name in files:
+            fsync_path(Path(here) / name)
+    for folder in reversed(folders):
+        fsync_path(folder)
 
 
 def _local_path(path: str | os.PathLike[str], what: str) -> Path:
@@ -52,8 +82,32 @@ def _local_path(path: str | os.PathLike[str], what: str) -> Path:
 
 
 class ParquetSink:
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, stale_staging: float = STALE_STAGING_SECONDS
+    ) -> None:
         self.path = _local_path(path, "ParquetSink")
+        self._stale_staging = stale_staging
+        self._writes = 0
+        self.clean_staging()
+
+    def clean_staging(self, now: float | None = None) -> list[Path]:
+        """Remove staging folders older than ``stale_staging`` (left by crashed writers);
+        returns what was removed. A folder of a write still under way is younger."""
+        staging = self.path / "_staging"
+        if not staging.is_dir():
+            return []
+        now = time.time() if now is None else now
+        removed = []
+        for folder in staging.iterdir():
+            try:
+                stale = now - folder.stat().st_mtime > self._stale_staging
+            except FileNotFoundError:
+                continue  # its writer just published or removed it
+            if stale:
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder)
+                log.warning("removed a staging folder left by a crashed writer: %s", folder)
+        return removed
 
     def __repr__(self) -> str:
         return f"ParquetSink({str(self.path)!r})"
@@ -65,6 +119,9 @@ class ParquetSink:
         return {}
 
     def write(self, batch: SinkBatch) -> None:
+        self._writes += 1
+        if self._writes % _CLEAN_EVERY == 0:
+            self.clean_staging()
         todo = [p for p in batch.pieces if not self.piece_dir(p).exists()]
         if len(todo) < len(batch.pieces):
             log.info(
@@ -96,12 +153,16 @@ class ParquetSink:
 
     @staticmethod
     def _publish(src: Path, dst: Path) -> None:
+        """Make the piece's files durable, then rename its folder into place and make the rename
+        durable: only then may its checkpoint move."""
+        fsync_tree(src)
         try:
             os.rename(src, dst)
         except OSError:
             if not dst.exists():
                 raise
             log.info("piece %s was written concurrently (lease moved?); keeping that one", dst)
+        fsync_path(dst.parent)
 
 
 class DeltaSink:
@@ -227,6 +288,6 @@ class DeadLetterDirectory:
         )
         tmp = self.path / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp"
         pq.write_table(table, tmp)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
+        fsync_path(tmp)
         os.replace(tmp, final)
+        fsync_path(self.path)

@@ -33,7 +33,7 @@ from kclpy_spark.spark.batch import SinkBatch
 from kclpy_spark.spark.pieces import Piece
 from kclpy_spark.spark.runtime import processor_factory_from_sink_config
 from kclpy_spark.spark.session import SparkSessionHolder
-from kclpy_spark.spark.sink_config import SinkConfig
+from kclpy_spark.spark.sink_config import sink_config
 from kclpy_spark.spark.sinks import DeltaSink, ParquetSink
 
 HERE = Path(__file__).resolve().parent
@@ -197,8 +197,9 @@ def run_scenario(
     cfg = worker_config(endpoint, stream, work, "e2e-worker")
     os.environ[OUT_ENV] = str(work)
     os.environ[LEASES_ENV] = f"{work / 'leases.db'}|{stream}"
-    sink_cfg = SinkConfig(
-        sink="spark_e2e:FlakyParquetSink",
+    sink_cfg = sink_config(
+        "spark_e2e:FlakyParquetSink",
+        scope="worker",
         spark_target=target,
         max_records=200,
         max_wait=0.5,

@@ -19,7 +19,7 @@ from kclpy_spark.spark.batcher import BatcherSettings, MicroBatcher
 from kclpy_spark.spark.pieces import Piece
 from kclpy_spark.spark.session import SparkSessionHolder
 from kclpy_spark.spark.sinks import DeadLetterDirectory, DeltaSink, ParquetSink
-from kclpy_spark.spark.writer import PlannedBatch
+from kclpy_spark.spark.writer import Batch
 
 SHARDS = ("shardId-000000000000", "shardId-000000000001", "shardId-000000000002")
 
@@ -33,7 +33,7 @@ def check_after_each_batch(env: LeaseEnv, out: Path, log: list[str]) -> Any:
     """After every batch: no lease's checkpoint is beyond the records in the output, and every
     record up to the checkpoint is there."""
 
-    def check(batch: PlannedBatch) -> None:
+    def check(batch: Batch) -> None:
         for shard in SHARDS:
             got = set(written_numbers(out, shard))
             upto = env.checkpoint_number(shard)

@@ -9,11 +9,18 @@ from pathlib import Path
 import pytest
 
 from checkpoint.lease import Lease
-from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber, InitialPosition
+from checkpoint.sequence import (
+    AT_TIMESTAMP,
+    SHARD_END,
+    TRIM_HORIZON,
+    ExtendedSequenceNumber,
+    InitialPosition,
+)
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.logs import ContextFilter, JsonFormatter, redact, set_application, shard_context
 from kclpy_spark.ops import control
-from kclpy_spark.ops.status import is_live, lease_rows, plan_reset, render_json, render_table
+from kclpy_spark.ops.reset import plan_reset
+from kclpy_spark.ops.status import is_live, lease_rows, render_json, render_table
 
 SEQ = ExtendedSequenceNumber("49600000000000000000000000000000000000000000000000000002")
 
@@ -82,9 +89,6 @@ def test_control_records_round_trip() -> None:
     assert control.is_suspended(store) is True
     assert control.set_suspended(store, False, by="test", now_wall=2.0)
     assert control.is_suspended(store) is False
-    assert control.reset_timestamp(store) is None
-    control.set_reset_timestamp(store, 1_700_000_000.5, now_wall=3.0)
-    assert control.reset_timestamp(store) == 1_700_000_000.5
     control.publish_worker_status(store, "w1", {"leases": {}}, now_wall=4.0)
     control.publish_worker_status(store, "w1", {"leases": {"a": {}}}, now_wall=5.0)
     status = control.worker_status(store, "w1")
@@ -92,6 +96,39 @@ def test_control_records_round_trip() -> None:
     record = store.get_record(control.worker_key("w1"))
     assert record is not None and record.version == 2 and record.owner == "w1"
     assert store.list_leases() == []  # control records are not leases
+
+
+def test_two_processes_with_one_worker_id_find_each_other() -> None:
+    store = MemoryLeaseTable()
+    publish = control.publish_worker_status
+    assert publish(store, "w1", {}, 100.0, "proc-a", 30.0) is None
+    assert publish(store, "w1", {}, 105.0, "proc-a", 30.0) is None  # itself again
+    assert publish(store, "w1", {}, 110.0, "proc-b", 30.0) == "proc-a"  # a second process
+    assert publish(store, "w1", {}, 200.0, "proc-a", 30.0) is None  # proc-b's record is stale
+
+
+def test_a_reset_to_a_time_applies_to_the_shards_it_names_only() -> None:
+    """Issue 14, finding 5: one application-wide reset time used to apply to every lease at the
+    AT_TIMESTAMP sentinel, and to leases created later."""
+    from kclpy_spark.runtime.consumer import start_position
+
+    t1, t2 = 1_700_000_000.0, 1_700_003_600.0
+    configured = InitialPosition.at_timestamp(t1)
+    before = [
+        Lease("shardId-0", AT_TIMESTAMP, start_timestamp=t1),
+        Lease("shardId-1", AT_TIMESTAMP),  # created by an older version: no start time stored
+        Lease("shardId-2", ExtendedSequenceNumber("42")),
+    ]
+    plan = plan_reset(
+        before, InitialPosition.at_timestamp(t2), shards=["shardId-2"], live_workers=[]
+    )
+    [(_, after)] = plan.changes
+    assert after.checkpoint == AT_TIMESTAMP and after.start_timestamp == t2
+    starts = {x.shard_id: start_position(x.start_timestamp, configured) for x in [*before, after]}
+    assert starts["shardId-2"] == InitialPosition.at_timestamp(t2)
+    assert starts["shardId-0"] == starts["shardId-1"] == configured  # untouched: T1
+    later = Lease("shardId-3", AT_TIMESTAMP)  # a lease created after the reset
+    assert start_position(later.start_timestamp, configured) == configured
 
 
 @pytest.mark.parametrize(
@@ -145,7 +182,7 @@ def test_multi_stream_config_parses_and_rejects_mixes(tmp_path: Path) -> None:
 
 
 def test_lease_keys_belong_to_their_stream() -> None:
-    from shard_sync.syncer import lease_in_stream
+    from checkpoint.lease import in_stream as lease_in_stream
 
     assert lease_in_stream("123:orders:1700000000:shardId-000000000001", "123:orders:1700000000")
     assert not lease_in_stream("123:orders:1700000001:shardId-1", "123:orders:1700000000")

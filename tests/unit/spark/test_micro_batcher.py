@@ -7,10 +7,12 @@ Real Checkpointers over a MemoryLeaseTable, a ManualClock and a fake sink; no sl
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +25,8 @@ from checkpoint.lease import Lease
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
 from checkpoint.stores.memory import MemoryLeaseTable
+from checkpoint.stores.sqlite import SQLiteLeaseTable
+from checkpoint.stores.sqlite_pool import POOL_SIZE
 from kclpy_spark.processor import Record
 from kclpy_spark.spark.batch import SinkBatch
 from kclpy_spark.spark.batcher import (
@@ -31,7 +35,7 @@ from kclpy_spark.spark.batcher import (
     MicroBatcher,
     SinkParkedError,
 )
-from kclpy_spark.spark.lanes import Lane, LaneState
+from kclpy_spark.spark.lane import Lane, LaneState
 from kclpy_spark.spark.pieces import PendingState, Piece, PieceKey, batch_id_of, records_to_chunk
 from kclpy_spark.spark.writer import WriteTimeoutError
 
@@ -123,6 +127,25 @@ class Env:
         cp = Checkpointer(self.holder, shard, held.token, taken.checkpoint, retry_policy=NO_RETRY)
         self.cps[shard] = cp
         lane = self.batcher.open_lane(shard, shard, cp, taken.checkpoint)
+        self.lanes[shard] = lane
+        return lane
+
+    def take_lease_only(self, shard: str) -> None:
+        """Take the lease with the current holder without opening its lane yet."""
+        lease = self.table.get_lease(shard)
+        assert lease is not None
+        taken = self.table.take_lease(lease, self.holder.worker_id)
+        assert taken is not None
+        held = self.holder.add_taken(taken)
+        self.cps[shard] = Checkpointer(
+            self.holder, shard, held.token, taken.checkpoint, retry_policy=NO_RETRY
+        )
+
+    def open(self, shard: str) -> Lane:
+        """Open the lane of a lease taken with take_lease_only."""
+        lease = self.table.get_lease(shard)
+        assert lease is not None
+        lane = self.batcher.open_lane(shard, shard, self.cps[shard], lease.checkpoint)
         self.lanes[shard] = lane
         return lane
 
@@ -425,21 +448,23 @@ def test_a_cross_lease_batch_is_reformed_whole_when_its_leases_come_back_togethe
     env = manual(max_records=100, max_attempts=1, max_wait=1.0)
     [before] = crash_during_write(env, SHARDS, 3)
     env.batcher = env.new_batcher()
-    env.take(SHARDS[0], worker="worker-b")
+    env.take(SHARDS[0], worker="worker-b")  # a restart takes both leases in one take round...
+    env.take_lease_only(SHARDS[1])  # ...the second lane opens when its records arrive
     env.deliver(SHARDS[0], records(1, 5))
     assert env.batcher.step() == 0  # waits for the other piece of its batch
-    env.take(SHARDS[1])
+    env.open(SHARDS[1])
     env.deliver(SHARDS[1], records(1, 3))
     assert env.batcher.step() == 1
     [again] = env.sink.written
     assert again.batch_id == before.batch_id and again.table.equals(before.table)
 
 
-def test_a_reformed_piece_goes_alone_once_the_regroup_wait_is_over() -> None:
+def test_a_reformed_piece_waits_at_most_the_regroup_wait_for_a_partner_held_here() -> None:
     env = manual(max_records=100, max_attempts=1, max_wait=1.0, regroup_wait=30.0)
     crash_during_write(env, SHARDS, 3)
     env.batcher = env.new_batcher()
     env.take(SHARDS[0], worker="worker-b")
+    env.take_lease_only(SHARDS[1])  # held here, but its records never come back
     env.deliver(SHARDS[0], records(1, 3))
     assert env.batcher.step() == 0
     env.clock.advance(30.0)
@@ -447,6 +472,19 @@ def test_a_reformed_piece_goes_alone_once_the_regroup_wait_is_over() -> None:
     [alone] = env.sink.written
     assert alone.pieces[0].key == PieceKey(SHARDS[0], esn(10), esn(30)) and alone.rows == 3
     assert env.lease(SHARDS[0]).checkpoint == esn(30)
+
+
+def test_a_reformed_piece_whose_partners_moved_elsewhere_goes_at_once() -> None:
+    """Issue 14, finding 4: a lease moved alone used to wait regroup_wait (30 s) for partner
+    pieces that never come: the other leases of its batch are held by other workers."""
+    env = manual(max_records=100, max_attempts=1, max_wait=1.0, regroup_wait=30.0)
+    crash_during_write(env, SHARDS, 3)
+    env.batcher = env.new_batcher()
+    env.take(SHARDS[0], worker="worker-b")  # worker-b holds only this one
+    env.deliver(SHARDS[0], records(1, 3))
+    assert env.batcher.step() == 1  # no wait: nobody here will bring the other piece
+    [alone] = env.sink.written
+    assert alone.pieces[0].key == PieceKey(SHARDS[0], esn(10), esn(30))
 
 
 # --- threads: out-of-order completion, backpressure, timeouts -----------------------------------
@@ -533,3 +571,58 @@ def test_a_write_that_overruns_its_timeout_is_interrupted_and_retried() -> None:
         assert "WriteTimeoutError" in env.batcher.stats.last_error
         assert WriteTimeoutError.retriable
         assert env.lease(SHARDS[0]).checkpoint == esn(20)
+
+
+# --- resources are bounded by what is alive (issue 14, finding 1) -------------------------------
+
+
+def _descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_n_batches_leave_resources_bounded_by_a_constant(tmp_path: Path) -> None:
+    """Every batch used to run in a thread of its own, and the SQLite store kept a connection
+    (two descriptors with WAL) per thread that ever used it: 200 batches left ~400 descriptors.
+    Now: N batches, then N more, leave the same descriptors, threads and connections."""
+    store = SQLiteLeaseTable(tmp_path / "leases.db", namespace="app")
+    store.ensure_table()
+    clock = ManualClock()
+    holder = LeaseHolder(store, "worker-a", clock, 1e9)
+    sink = FakeSink()
+    batcher = MicroBatcher(
+        sink, BatcherSettings(max_records=2, max_wait=0.01, writers=2), clock=clock
+    )
+    lanes = {}
+    for shard in SHARDS:
+        store.create_lease_if_absent(Lease(shard, TRIM_HORIZON))
+        lease = store.get_lease(shard)
+        assert lease is not None
+        taken = store.take_lease(lease, "worker-a")
+        assert taken is not None
+        held = holder.add_taken(taken)
+        cp = Checkpointer(holder, shard, held.token, TRIM_HORIZON, retry_policy=NO_RETRY)
+        lanes[shard] = (cp, batcher.open_lane(shard, shard, cp, TRIM_HORIZON))
+    sequence = iter(range(1, 1_000_000))
+
+    def run_batches(count: int) -> None:
+        for _ in range(count):
+            for cp, lane in lanes.values():
+                recs = records(next(sequence), 2)
+                cp.set_largest_permitted(esn(int(recs[-1].sequence_number)))
+                batcher.add(lane, records_to_chunk(recs, "stream", lane.shard_id))
+        for _, lane in lanes.values():
+            assert batcher.drain(lane, 30.0, final=False) is DrainResult.DONE
+
+    try:
+        run_batches(25)  # warm-up: pools and writer threads reach their size
+        descriptors, threads = _descriptors(), threading.active_count()
+        run_batches(150)
+        assert len(sink.written) >= 2 * 150
+        assert _descriptors() <= descriptors
+        assert threading.active_count() <= threads
+        assert store.open_connections <= POOL_SIZE
+        assert batcher.threads == 2
+    finally:
+        batcher.close(timeout=5.0)
+        holder.close()
+        store.close()

@@ -15,18 +15,23 @@ from kclpy_spark.config import WorkerConfig
 from kclpy_spark.spark.batch import FunctionSink
 from kclpy_spark.spark.runtime import load_sink, processor_factory_from_sink_config
 from kclpy_spark.spark.session import MIB, SparkSessionHolder, SparkTarget, TargetKind, find_java
-from kclpy_spark.spark.sink_config import SinkConfig, load_sink_config, sink_config_from_mapping
+from kclpy_spark.spark.sink_config import load_sink_config, sink_config, sink_config_from_mapping
 from kclpy_spark.spark.sinks import DeltaSink, ParquetSink
 
 
 def test_defaults_and_derived_values() -> None:
-    cfg = SinkConfig(sink="parquet:/data/out")
+    cfg = sink_config("parquet:/data/out")
     assert (cfg.sink_kind, cfg.sink_path, cfg.spark_target) == ("parquet", "/data/out", "local[2]")
-    assert cfg.dead_letter_path is None and cfg.scope == "worker"
-    dlq = SinkConfig(sink="pkg.mod:fn", failure_policy="dead-letter:/dlq")
+    assert cfg.dead_letter_path is None and cfg.batching.scope == "worker"
+    dlq = sink_config("pkg.mod:fn", failure_policy="dead-letter:/dlq")
     assert dlq.sink_kind == "function" and dlq.dead_letter_path == "/dlq"
-    assert SinkConfig(sink="delta:s3://b/t").sink_path == "s3://b/t"
-    settings = SinkConfig(sink="parquet:/x", max_bytes=200 * MIB).batcher_settings(96 * MIB)
+    # A foreachBatch function gets one lease per batch: its batch_id then names one lease's
+    # range, stable whoever re-forms it (issue 14, finding 4).
+    assert dlq.batching.scope == "lease" and dlq.batching.regroup_wait == 30.0
+    assert cfg.batching.regroup_wait == 0.0  # built-in sinks never wait for a whole batch
+    assert sink_config("pkg.mod:fn", scope="worker").batching.scope == "worker"
+    assert sink_config("delta:s3://b/t").sink_path == "s3://b/t"
+    settings = sink_config("parquet:/x", max_bytes=200 * MIB).batcher_settings(96 * MIB)
     assert settings.max_bytes == 96 * MIB and settings.buffer_limit == 192 * MIB
 
 
@@ -61,7 +66,7 @@ def test_types_are_checked_and_unknown_keys_refused() -> None:
     with pytest.raises(ConfigError, match="'sink' is required"):
         sink_config_from_mapping({"max_records": 10})
     cfg = sink_config_from_mapping({"sink": "parquet:/x", "max_wait": 2, "spark_conf": {"a": 1}})
-    assert cfg.max_wait == 2.0 and cfg.spark_conf == {"a": "1"}
+    assert cfg.batching.max_wait == 2.0 and cfg.spark_conf == {"a": "1"}
 
 
 def test_the_sink_table_is_read_from_the_worker_toml(tmp_path: Path) -> None:
@@ -71,8 +76,8 @@ def test_the_sink_table_is_read_from_the_worker_toml(tmp_path: Path) -> None:
         '[sink.spark_conf]\n"spark.executor.memory" = "2g"\n'
     )
     cfg = load_sink_config(top)
-    assert cfg is not None and cfg.sink_kind == "delta" and cfg.max_records == 5000
-    assert cfg.scope == "lease" and cfg.spark_conf == {"spark.executor.memory": "2g"}
+    assert cfg is not None and cfg.sink_kind == "delta" and cfg.batching.max_records == 5000
+    assert cfg.batching.scope == "lease" and cfg.spark_conf == {"spark.executor.memory": "2g"}
     nested = tmp_path / "nested.toml"
     nested.write_text('[kclpy_spark]\nstream_name = "s"\n[kclpy_spark.sink]\nsink = "m:f"\n')
     nested_cfg = load_sink_config(nested)
@@ -141,23 +146,23 @@ def test_a_missing_or_old_java_is_a_clear_config_error(
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "nowhere"))
     with pytest.raises(ConfigError, match="Java"):
         processor_factory_from_sink_config(
-            SinkConfig(sink=f"parquet:{tmp_path}/out"), WorkerConfig(stream_name="s")
+            sink_config(f"parquet:{tmp_path}/out"), WorkerConfig(stream_name="s")
         )
 
 
 def test_sinks_are_loaded_by_name(tmp_path: Path) -> None:
-    assert isinstance(load_sink(SinkConfig(sink=f"parquet:{tmp_path}")), ParquetSink)
-    assert isinstance(load_sink(SinkConfig(sink=f"delta:{tmp_path}")), DeltaSink)
-    function = load_sink(SinkConfig(sink="operator:add"))  # any fn(df, batch_id) callable
+    assert isinstance(load_sink(sink_config(f"parquet:{tmp_path}")), ParquetSink)
+    assert isinstance(load_sink(sink_config(f"delta:{tmp_path}")), DeltaSink)
+    function = load_sink(sink_config("operator:add"))  # any fn(df, batch_id) callable
     assert isinstance(function, FunctionSink)
     # Functions that cannot take (df, batch_id) are refused at start-up, not at the first batch.
     for wrong in ("json:dumps", "os:getcwd", "math:sqrt"):
         with pytest.raises(ConfigError, match="foreachBatch"):
-            load_sink(SinkConfig(sink=wrong))
+            load_sink(sink_config(wrong))
     with pytest.raises(ConfigError, match="cannot import"):
-        load_sink(SinkConfig(sink="no_such_module_x:fn"))
+        load_sink(sink_config("no_such_module_x:fn"))
     with pytest.raises(ConfigError, match="has no"):
-        load_sink(SinkConfig(sink="json:no_such_fn"))
+        load_sink(sink_config("json:no_such_fn"))
 
 
 def test_the_sink_modules_do_not_import_pyspark() -> None:

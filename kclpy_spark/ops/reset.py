@@ -1,0 +1,98 @@
+"""``kclpy-spark reset``: move checkpoints to TRIM_HORIZON, LATEST or a time, for all shards or the
+ones named. ``plan_reset`` is pure (tested without a service); ``reset_command`` asks, refuses
+under live workers unless forced, and writes each lease with a conditional write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from checkpoint.base.errors import ConfigError
+from checkpoint.lease import Lease
+from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
+from kclpy_spark.config import WorkerConfig, check_not_in_future
+from kclpy_spark.ops.commands import live_workers, open_store
+
+
+@dataclass(frozen=True)
+class ResetPlan:
+    changes: tuple[tuple[Lease, Lease], ...]  # (as read, as it will be written)
+    live_owners: tuple[str, ...]
+    unknown_shards: tuple[str, ...]
+
+
+def plan_reset(
+    leases: Iterable[Lease],
+    target: InitialPosition,
+    *,
+    shards: Iterable[str] | None,
+    live_workers: Iterable[str],
+) -> ResetPlan:
+    """Which leases move to ``target`` (all, or those of ``shards``), and who still holds them.
+
+    Finished (SHARD_END) leases are left alone: their records are all delivered and their children
+    depend on them being finished. A reset to AT_TIMESTAMP stores its time in each lease it moves
+    (``start_timestamp``), so it applies to exactly those leases.
+    """
+    by_shard = {lease.shard_id: lease for lease in leases}
+    wanted = set(by_shard) if shards is None else set(shards)
+    unknown = tuple(sorted(wanted - set(by_shard)))
+    live = set(live_workers)
+    changes = []
+    owners = set()
+    for shard_id in sorted(wanted & set(by_shard)):
+        lease = by_shard[shard_id]
+        if lease.checkpoint.is_shard_end:
+            continue
+        if lease.lease_owner and lease.lease_owner in live:
+            owners.add(lease.lease_owner)
+        checkpoint = ExtendedSequenceNumber.of(target.position.value)
+        start = None if target.timestamp is None else target.timestamp.timestamp()
+        after = replace(lease.checkpointed(checkpoint), start_timestamp=start)
+        changes.append((lease, after))
+    return ResetPlan(tuple(changes), tuple(sorted(owners)), unknown)
+
+
+def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
+    try:
+        target = InitialPosition.parse(args.to)
+    except ValueError as exc:
+        raise ConfigError(f"--to: {exc}") from None
+    check_not_in_future(target, "--to", time.time())
+    store = open_store(cfg)
+    leases = store.list_leases()
+    owners = {x.lease_owner for x in leases if x.lease_owner}
+    live = live_workers(store, owners, cfg)
+    plan = plan_reset(leases, target, shards=args.shard, live_workers=live)
+    if plan.unknown_shards:
+        raise ConfigError(f"no lease for shard(s): {', '.join(plan.unknown_shards)}")
+    if plan.live_owners and not args.force:
+        raise ConfigError(
+            f"live workers hold leases to reset ({', '.join(plan.live_owners)}): stop them, "
+            "or `kclpy-spark suspend` first, or pass --force"
+        )
+    if not plan.changes:
+        print("nothing to reset")
+        return 0
+    print(f"reset {len(plan.changes)} lease(s) of {cfg.application_name} to {args.to}:")
+    for before, _ in plan.changes:
+        print(f"  {before.shard_id}: {before.checkpoint} -> {target.position.value}")
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise ConfigError("reset needs confirmation: run it in a terminal or pass --yes")
+        if input("proceed? [y/N] ").strip().lower() not in {"y", "yes"}:
+            print("cancelled")
+            return 1
+    failed = []
+    for before, after in plan.changes:
+        if store.update_lease(after) is None:
+            failed.append(before.shard_id)
+    if failed:
+        print(f"these leases changed meanwhile and were not reset: {', '.join(failed)}")
+        return 1
+    print("done")
+    return 0

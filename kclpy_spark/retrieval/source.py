@@ -1,0 +1,278 @@
+"""Where a lease's records come from: the ``RecordSource`` port, and what every source shares.
+
+A ``RecordSource`` reads one shard from a start position and puts ``FetchedBatch`` items on the
+bounded queue it was given, ending after the batch with ``shard_ended=True``. Polling (GetRecords)
+and enhanced fan-out (SubscribeToShard) implement it; tests use a fake. What both real sources do
+to raw records is ``RecordFilter`` (KPL deaggregation, and skipping what the start checkpoint
+already covers); when they last succeeded is ``FetchProgress``; what they retry and what they
+raise is ``wait_or_raise``. ``ShardProbe`` answers the two questions a consumer asks of a shard
+outside reading it (its oldest record, and whether it still exists), and ``KinesisSources`` builds
+the configured source for a lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from checkpoint.base.errors import (
+    DependencyError,
+    ThrottledError,
+    error_code,
+    map_aws_error,
+)
+from checkpoint.base.retry import Backoff
+from checkpoint.lease import HashKeyRange
+from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
+from kclpy_spark.processor import Record
+from kclpy_spark.retrieval.fastdecode import records_from_response
+from kclpy_spark.retrieval.kpl import Deaggregator, skip_through
+
+log = logging.getLogger(__name__)
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class FetchedBatch:
+    """What one read gave: the records, the lag, and whether the shard ended (with its
+    children as GetRecords / SubscribeToShard list them)."""
+
+    records: list[Record]
+    millis_behind_latest: int | None
+    shard_ended: bool = False
+    child_shards: list[dict[str, Any]] = field(default_factory=list)
+
+
+class RecordSource(Protocol):
+    async def run(self) -> None:
+        """Read from the start position onto the queue given at construction; return after
+        putting the batch with ``shard_ended=True``. Retries throttling and transient failures
+        itself; raises mapped non-retriable errors (a vanished stream or shard, a refused
+        iterator, bad credentials)."""
+        ...
+
+
+class FetchProgress:
+    """When a source last heard from the service successfully (an empty answer counts): the
+    consumer's readiness asks it whether reading is making progress."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self.started = clock()
+        self.last_ok: float | None = None
+        self.failures = 0  # consecutive failed calls
+        self.waiting = False  # blocked on a full queue: the processor is behind, not the source
+
+    def ok(self) -> None:
+        self.last_ok = self._clock()
+        self.failures = 0
+
+    def failed(self) -> None:
+        self.failures += 1
+
+    def silent_for(self) -> float:
+        """Seconds since the last success (or since the source started, if none yet)."""
+        return self._clock() - (self.started if self.last_ok is None else self.last_ok)
+
+    def stalled(self, after: float) -> bool:
+        """No successful call for ``after`` seconds, and not because the queue is full."""
+        return not self.waiting and self.silent_for() > after
+
+    async def put(self, queue: asyncio.Queue[FetchedBatch], batch: FetchedBatch) -> None:
+        """``queue.put`` that marks the wait on a full queue as backpressure, not a stall."""
+        self.waiting = True
+        try:
+            await queue.put(batch)
+        finally:
+            self.waiting = False
+            self.last_ok = self._clock()
+
+
+class RecordFilter:
+    """What every source does to the raw records of one response, in order: KPL deaggregation
+    (when given a Deaggregator) and, until the first record arrives, skipping every record and
+    sub-record at or before the start checkpoint (a read that starts AT the checkpoint's
+    sequence number, so the rest of a KPL aggregate can be delivered)."""
+
+    def __init__(self, start: ExtendedSequenceNumber, deaggregator: Deaggregator | None) -> None:
+        self._start: ExtendedSequenceNumber | None = start
+        self.deaggregator = deaggregator
+
+    def __call__(self, raw: list[Record]) -> list[Record]:
+        after = self._start
+        if raw:
+            self._start = None  # reading resumes after delivered records from now on
+        if self.deaggregator is not None:
+            return self.deaggregator(raw, after)
+        return skip_through(raw, after)
+
+
+async def wait_or_raise(
+    exc: BaseException,
+    what: str,
+    backoff: Backoff,
+    sleep: Sleep,
+    *,
+    retrying: str = "retrying",
+) -> None:
+    """After ``exc`` from the call described by ``what``: sleep a backoff delay if a retry may
+    help, else raise the mapped error (the one place sources decide that)."""
+    if isinstance(exc, asyncio.CancelledError):
+        raise exc
+    mapped = map_aws_error(exc, what)
+    if not isinstance(mapped, ThrottledError | DependencyError):
+        raise mapped from exc
+    delay = backoff.next_delay()
+    level = logging.DEBUG if isinstance(mapped, ThrottledError) else logging.WARNING
+    log.log(level, "%s; %s in %.2fs", mapped, retrying, delay)
+    await sleep(delay)
+
+
+class ShardProbe(Protocol):
+    async def earliest_sequence_number(self, shard_id: str) -> str | None:
+        """The sequence number of the oldest record the shard still holds, or None if it holds
+        none. Raises mapped errors (ResourceNotFoundError for a missing stream or shard)."""
+        ...
+
+    async def shard_exists(self, shard_id: str) -> bool:
+        """False once the shard has aged out of the stream (or never existed)."""
+        ...
+
+
+class KinesisShardProbe:
+    """ShardProbe over an aiobotocore Kinesis client."""
+
+    def __init__(self, client: Any, stream: dict[str, str], *, max_calls: int = 5) -> None:
+        self._client = client
+        self._stream = stream
+        self._max_calls = max_calls
+
+    async def _trim_horizon_iterator(self, shard_id: str) -> str | None:
+        resp = await self._client.get_shard_iterator(
+            **self._stream, ShardId=shard_id, ShardIteratorType="TRIM_HORIZON"
+        )
+        iterator = resp.get("ShardIterator")
+        return None if iterator is None else str(iterator)
+
+    async def earliest_sequence_number(self, shard_id: str) -> str | None:
+        # GetRecords at TRIM_HORIZON may answer empty pages before reaching data on a real
+        # stream, so a few calls are made while the shard is not caught up.
+        try:
+            iterator = await self._trim_horizon_iterator(shard_id)
+            for _ in range(self._max_calls):
+                if not iterator:
+                    return None
+                page = await self._client.get_records(ShardIterator=iterator, Limit=1)
+                records = records_from_response(page)
+                if records:
+                    return records[0].sequence_number
+                if not page.get("MillisBehindLatest"):
+                    return None
+                iterator = page.get("NextShardIterator")
+        except Exception as exc:
+            raise map_aws_error(exc, f"reading the oldest record of shard {shard_id}") from exc
+        return None
+
+    async def shard_exists(self, shard_id: str) -> bool:
+        try:
+            await self._trim_horizon_iterator(shard_id)
+        except Exception as exc:
+            if error_code(exc) == "ResourceNotFoundException":
+                return False
+            raise map_aws_error(exc, f"GetShardIterator on shard {shard_id}") from exc
+        return True
+
+
+@dataclass(frozen=True)
+class SourceSettings:
+    """What the configured sources need (a slice of WorkerConfig)."""
+
+    retrieval_mode: str = "polling"
+    max_records: int = 10_000
+    idle_time_between_reads: float = 1.0
+    kpl_deaggregation: bool = True
+    consumer_name: str = "kclpy-spark"
+
+
+class SourceFactory(Protocol):
+    def __call__(
+        self,
+        shard_id: str,
+        start: ExtendedSequenceNumber,
+        position: InitialPosition,
+        hash_range: HashKeyRange | None,
+        queue: asyncio.Queue[FetchedBatch],
+        progress: FetchProgress,
+    ) -> RecordSource: ...
+
+
+class KinesisSources:
+    """The configured RecordSource (polling or fan-out) over one stream, per lease."""
+
+    def __init__(
+        self,
+        client: Any,
+        stream: dict[str, str],
+        settings: SourceSettings,
+        rng: random.Random | None = None,
+        on_out_of_range: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self._client = client
+        self._stream = stream
+        self._settings = settings
+        self._rng = rng or random.Random()
+        # Told (shard id, count) of KPL sub-records left out for lying outside the shard's range.
+        self._on_out_of_range = on_out_of_range
+
+    def __call__(
+        self,
+        shard_id: str,
+        start: ExtendedSequenceNumber,
+        position: InitialPosition,
+        hash_range: HashKeyRange | None,
+        queue: asyncio.Queue[FetchedBatch],
+        progress: FetchProgress,
+    ) -> RecordSource:
+        from kclpy_spark.retrieval.fanout import FanOutFetcher
+        from kclpy_spark.retrieval.polling import PollingFetcher
+
+        s = self._settings
+        deaggregator = None
+        if s.kpl_deaggregation:
+            report = self._on_out_of_range
+            deaggregator = Deaggregator(
+                hash_range,
+                shard_id=shard_id,
+                on_out_of_range=None if report is None else lambda n: report(shard_id, n),
+            )
+        if s.retrieval_mode == "fanout":
+            return FanOutFetcher(
+                self._client,
+                self._stream,
+                shard_id,
+                start,
+                position,
+                queue,
+                consumer_name=s.consumer_name,
+                rng=self._rng,
+                deaggregator=deaggregator,
+                progress=progress,
+            )
+        return PollingFetcher(
+            self._client,
+            self._stream,
+            shard_id,
+            start,
+            position,
+            queue,
+            max_records=s.max_records,
+            idle_time=s.idle_time_between_reads,
+            rng=self._rng,
+            deaggregator=deaggregator,
+            progress=progress,
+        )

@@ -1,0 +1,192 @@
+"""The shard consumers of one worker: one asyncio task per lease it holds, from take to end.
+
+``ConsumerSet`` starts a ``ShardConsumer`` for each lease taken, tells consumers when their lease
+is lost or must be handed back, and handles how each one ended: a finished shard wakes the taker
+(its children may be ready), a lost lease is dropped, a stream removed from the configuration
+gets its leases released. The consumers themselves release or park their leases when they give
+them up (``Tenure``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from checkpoint.base.clock import AsyncSleep, Clock
+from checkpoint.base.errors import KclpySparkError
+from checkpoint.counters import CoordinationCounters, Counter
+from checkpoint.leasing.holder import HeldLease, LeaseHolder
+from checkpoint.port import LeaseTable
+from kclpy_spark.config import WorkerConfig
+from kclpy_spark.logs import shard_context
+from kclpy_spark.runtime.consumer import Outcome, ProcessorFactory, ShardConsumer, ShardStats
+from kclpy_spark.runtime.health import ConsumerView
+from kclpy_spark.runtime.metrics import WorkerMetrics
+from kclpy_spark.runtime.streams import StreamContext
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Running:
+    consumer: ShardConsumer
+    task: asyncio.Task[Outcome]
+
+
+class ConsumerSet:
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        processors: ProcessorFactory,
+        *,
+        holder: LeaseHolder,
+        table: LeaseTable,
+        clock: Clock,
+        sleep: AsyncSleep,
+        rng: random.Random,
+        metrics: WorkerMetrics,
+        counters: CoordinationCounters,
+        on_shard_end: Callable[[], None],
+    ) -> None:
+        self._cfg = cfg
+        self._processors = processors
+        self._holder = holder
+        self._table = table
+        self._clock = clock
+        self._sleep = sleep
+        self._rng = rng
+        self._metrics = metrics
+        self._counters = counters
+        self._on_shard_end = on_shard_end
+        self.running: dict[str, _Running] = {}
+        self.finished: dict[str, ShardStats] = {}
+        self._hand_back: set[str] = set()  # leases to release when their consumer has stopped
+        self._background: set[asyncio.Future[None]] = set()
+        # A read silent this long (not blocked on a full queue) makes the worker not ready.
+        self.stall_after = max(30.0, 10 * cfg.idle_time_between_reads)
+
+    def __contains__(self, lease_key: str) -> bool:
+        return lease_key in self.running
+
+    def stats(self) -> list[ShardStats]:
+        return [r.consumer.stats for r in self.running.values()]
+
+    def stats_of(self, lease_key: str) -> ShardStats | None:
+        running = self.running.get(lease_key)
+        return None if running is None else running.consumer.stats
+
+    def views(self) -> list[ConsumerView]:
+        return [
+            ConsumerView(
+                r.consumer.stats.shard_id,
+                r.consumer.stats.state,
+                r.consumer.stats.state == "processing"
+                and r.consumer.progress.stalled(self.stall_after),
+            )
+            for r in self.running.values()
+        ]
+
+    def start(self, held: HeldLease, context: StreamContext) -> None:
+        consumer = ShardConsumer(
+            held=held,
+            holder=self._holder,
+            table=self._table,
+            processors=self._processors,
+            sources=context.sources,
+            probe=context.probe,
+            cfg=self._cfg,
+            clock=self._clock,
+            sleep=self._sleep,
+            rng=self._rng,
+            metrics=self._metrics,
+            initial_position=context.initial_position,
+        )
+        key = held.lease_key
+        task = asyncio.create_task(consumer.run(), name=f"shard-{held.lease.shard_id}")
+        self.running[key] = _Running(consumer, task)
+        task.add_done_callback(functools.partial(self._done, key))
+        with shard_context(held.lease.shard_id):
+            log.info(
+                "worker %s took lease %s (checkpoint %s)",
+                self._cfg.worker_id,
+                key,
+                held.lease.checkpoint,
+            )
+
+    def lost(self, lease_key: str) -> None:
+        running = self.running.get(lease_key)
+        if running is not None:
+            running.consumer.lease_lost()
+
+    def lost_unless_held(self, held_keys: set[str]) -> None:
+        """A lease can also go between renewals (a checkpoint's conditional write lost, local
+        expiry): its consumer must stop too."""
+        for key, running in list(self.running.items()):
+            if key not in held_keys and not running.consumer.finishing:
+                running.consumer.lease_lost()
+
+    def hand_back(self, context: StreamContext) -> None:
+        """The stream was removed from the configuration: stop its consumers (after
+        ``shutdown_requested``) and release their leases."""
+        for key, running in list(self.running.items()):
+            if context.owns(running.consumer.held_lease):
+                self._hand_back.add(key)
+                running.consumer.request_shutdown()
+
+    def _done(self, key: str, task: asyncio.Task[Outcome]) -> None:
+        running = self.running.pop(key, None)
+        if running is not None:
+            self.finished[key] = running.consumer.stats
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:  # run() handles every failure; this is a bug in the handling itself
+            log.error("shard consumer for %s failed: %r; releasing the lease", key, exc)
+            self._in_background(key, "the consumer failed")
+            return
+        outcome = task.result()
+        if outcome is Outcome.SHARD_END:
+            self._counters.increment(Counter.PARTITIONS_COMPLETED)
+            self._on_shard_end()  # the children may be ready for someone: look now
+        elif outcome is Outcome.SHUTDOWN and key in self._hand_back:
+            self._in_background(key, "its stream is no longer configured")
+        elif outcome is Outcome.LEASE_LOST:
+            self._counters.increment(Counter.PARTITION_NOT_OWNED_ERRORS)
+            self._holder.drop(key)
+        self._hand_back.discard(key)
+
+    def _in_background(self, key: str, why: str) -> None:
+        held = self._holder.get_if_held(key)
+        if held is None:
+            self._holder.drop(key)
+            return
+        token = held.token
+
+        def release() -> None:
+            try:
+                self._holder.release(key, token)
+                log.info("released lease %s (%s)", key, why)
+            except KclpySparkError as exc:
+                log.warning("releasing lease %s failed (%s); it expires instead", key, exc)
+
+        future = asyncio.ensure_future(asyncio.to_thread(release))
+        self._background.add(future)
+        future.add_done_callback(self._background.discard)
+
+    async def shutdown_all(self, grace: float) -> None:
+        running = list(self.running.values())
+        for r in running:
+            r.consumer.request_shutdown()
+        if not running:
+            return
+        _, pending = await asyncio.wait([r.task for r in running], timeout=grace)
+        for task in pending:
+            log.warning("shard task %s did not stop within the grace time; cancelling", task)
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)

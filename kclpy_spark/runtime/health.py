@@ -1,0 +1,117 @@
+"""Is the worker making progress? Readiness for ``/readyz`` and ``status``, and when to give up.
+
+Ready means more than "the process answers": the lease table answered recently and exists, every
+configured stream exists, not every lease of the application is parked, and no held lease has
+gone without a successful read for ``stall_after`` seconds (a read blocked only because the
+processor is behind does not count). When the lease table or a stream has been gone for
+``missing_timeout`` seconds, ``fatal`` says so and the daemon exits non-zero with that one line:
+a worker that can do nothing must not look healthy forever.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from checkpoint.base.errors import KclpySparkError, ResourceNotFoundError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ConsumerView:
+    """What health needs of one running shard consumer."""
+
+    shard_id: str
+    state: str
+    stalled: bool  # processing, and its source silent past stall_after
+
+
+class Health:
+    def __init__(
+        self,
+        monotonic: Callable[[], float],
+        *,
+        store_interval: float,
+        missing_timeout: float,
+        table_name: str,
+    ) -> None:
+        self._monotonic = monotonic
+        self._store_interval = store_interval  # the lease table must answer within 3 of these
+        self.missing_timeout = missing_timeout
+        self._table_name = table_name
+        self.started = False
+        self.last_store_ok: float | None = None
+        self.table_gone_since: float | None = None
+        self.all_parked = False
+        self.duplicate_worker: str | None = None
+
+    # --- what the worker reports ------------------------------------------------------------------
+
+    def store_ok(self) -> None:
+        self.last_store_ok = self._monotonic()
+        if self.table_gone_since is not None:
+            log.warning("the lease table %s answers again", self._table_name)
+        self.table_gone_since = None
+
+    def store_failed(self, exc: KclpySparkError) -> None:
+        if isinstance(exc, ResourceNotFoundError) and self.table_gone_since is None:
+            self.table_gone_since = self._monotonic()
+            log.error("the lease table %s is gone: %s", self._table_name, exc)
+
+    # --- what it concludes -----------------------------------------------------------------------
+
+    def readiness(
+        self,
+        *,
+        suspended: bool,
+        consumers: Iterable[ConsumerView],
+        missing_streams: Iterable[str],
+    ) -> tuple[bool, str]:
+        if not self.started:
+            return False, "starting"
+        now = self._monotonic()
+        if self.table_gone_since is not None:
+            return (
+                False,
+                f"lease table {self._table_name} gone for {now - self.table_gone_since:.0f}s",
+            )
+        if self.last_store_ok is None:
+            return False, "no lease-table round trip yet"
+        age = now - self.last_store_ok
+        if age > 3 * self._store_interval:
+            return False, f"lease table unreachable for {age:.0f}s"
+        missing = sorted(missing_streams)
+        if missing:
+            return False, f"stream(s) gone: {', '.join(missing)}"
+        if self.duplicate_worker:
+            return False, self.duplicate_worker
+        if suspended:
+            return True, "suspended"
+        stalled = sorted(c.shard_id for c in consumers if c.stalled)
+        if stalled:
+            return False, f"no successful read lately on shard(s) {', '.join(stalled)}"
+        if self.all_parked:
+            return False, "every lease of the application is parked (see status)"
+        return True, "ready"
+
+    def fatal(self, gone_streams: dict[str, float]) -> str | None:
+        """Why the daemon must exit now (a dependency gone for missing_timeout), or None.
+        ``gone_streams`` maps a missing stream to the monotonic time it was first missed."""
+        now = self._monotonic()
+        if self.table_gone_since is not None:
+            gone = now - self.table_gone_since
+            if gone >= self.missing_timeout:
+                return (
+                    f"the lease table {self._table_name} has been gone for {gone:.0f}s "
+                    f"(missing_dependency_timeout {self.missing_timeout:.0f}s); its checkpoints "
+                    "are lost with it, so nothing is recreated: restore it or start over"
+                )
+        for stream, since in sorted(gone_streams.items()):
+            if now - since >= self.missing_timeout:
+                return (
+                    f"the stream {stream} has been gone for {now - since:.0f}s "
+                    f"(missing_dependency_timeout {self.missing_timeout:.0f}s)"
+                )
+        return None

@@ -1,0 +1,193 @@
+"""One tenure: a lease held by this worker from its take to its end, and every way out of it.
+
+A ``Tenure`` owns what a shard consumer shares with the worker about its lease: the held lease and
+its checkpointer, the two signals that end it early (lost, shutdown requested) and the waits that
+honour them, and the writes that end it on purpose: ``release`` (evict: any worker may take it at
+once), ``park`` (release with a reopen time every worker sees), ``restart_at`` (the aged-checkpoint
+policy's reset). Each of them is logged, written to the lease table, and leaves ``finishing`` set
+so the worker does not mistake the lease's going for a loss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from checkpoint.base.clock import AsyncSleep
+from checkpoint.checkpointer import Checkpointer
+from checkpoint.lease import Lease
+from checkpoint.leasing.holder import HeldLease, LeaseHolder, UpdateResult
+from checkpoint.port import LeaseTable
+from checkpoint.sequence import ExtendedSequenceNumber
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class LeaseLost(Exception):
+    """Internal: the lease was lost while a step was waiting."""
+
+
+class ShutdownSignal(Exception):
+    """Internal: shutdown was requested while a step was waiting."""
+
+
+class Parked(Exception):
+    """Internal: the lease was parked (released with a reopen time); the step must end."""
+
+
+class Tenure:
+    def __init__(
+        self,
+        held: HeldLease,
+        holder: LeaseHolder,
+        table: LeaseTable,
+        *,
+        sleep: AsyncSleep,
+        wall: Callable[[], float],
+        on_checkpoint: Callable[[float], None] | None = None,
+    ) -> None:
+        self.held = held
+        self._holder = holder
+        self.table = table
+        self._sleep = sleep
+        self._wall = wall
+        self._on_checkpoint = on_checkpoint
+        self.lost = asyncio.Event()
+        self.shutdown = asyncio.Event()
+        # True once the lease is given up on purpose (shard end, parking, release).
+        self.finishing = False
+        self.checkpointer = self._checkpointer(held.lease.checkpoint)
+
+    def _checkpointer(self, largest: ExtendedSequenceNumber) -> Checkpointer:
+        return Checkpointer(
+            self._holder, self.lease_key, self.held.token, largest, on_write=self._on_checkpoint
+        )
+
+    @property
+    def lease_key(self) -> str:
+        return self.held.lease_key
+
+    @property
+    def lease(self) -> Lease:
+        return self.held.lease
+
+    @property
+    def shard_id(self) -> str:
+        return self.held.lease.shard_id
+
+    # --- signals and waits -----------------------------------------------------------------------
+
+    def current(self) -> HeldLease:
+        """The lease as held now; raises LeaseLost if it is not held any more (lost signal, local
+        expiry, a lost write) or held under a later tenure's token."""
+        held = self._holder.get_if_held(self.lease_key)
+        if self.lost.is_set() or held is None or held.token != self.held.token:
+            raise LeaseLost()
+        return held
+
+    async def wait_or_stop(self, awaitable: Awaitable[T]) -> T:
+        """Await ``awaitable`` unless the lease is lost or shutdown is requested first."""
+        task = asyncio.ensure_future(awaitable)
+        lost = asyncio.ensure_future(self.lost.wait())
+        stop = asyncio.ensure_future(self.shutdown.wait())
+        try:
+            done, _ = await asyncio.wait({task, lost, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (lost, stop):
+                t.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        raise LeaseLost() if self.lost.is_set() else ShutdownSignal()
+
+    async def pause(self, seconds: float) -> None:
+        """Sleep (the injected sleep) unless the lease is lost or shutdown is requested first."""
+        await self.wait_or_stop(self._sleep(seconds))
+
+    # --- ways out --------------------------------------------------------------------------------
+
+    async def _release(self, change: Callable[[Lease], Lease] | None) -> UpdateResult:
+        self.finishing = True
+        return await asyncio.to_thread(
+            self._holder.release, self.lease_key, self.held.token, change=change
+        )
+
+    async def release(self, why: str) -> bool:
+        """Evict the lease so any worker may take it now; True if the write won."""
+        result = await self._release(None)
+        log.warning(
+            "shard %s: released its lease (%s)%s",
+            self.shard_id,
+            why,
+            "" if result.won else " - the write lost: another worker holds it already",
+        )
+        return result.won
+
+    async def park(self, reason: str, duration: float) -> None:
+        """Release the lease with a reopen time ``duration`` seconds from now (CLOSED in status,
+        visible to every worker); its records come again from the last checkpoint then."""
+        reopen_at = self._wall() + duration
+
+        def parked(lease: Lease) -> Lease:
+            return lease.parked(reopen_at)
+
+        try:
+            result = await self._release(parked)
+            written = "written" if result.won else "write lost: another worker holds it"
+        except Exception as exc:  # the table failed: the lease expires for others anyway
+            written = f"not written ({exc}); it expires instead"
+        log.error(
+            "shard %s: parked (%s); it reopens in %.0fs and is redelivered from its last "
+            "checkpoint (%s)",
+            self.shard_id,
+            reason,
+            duration,
+            written,
+        )
+
+    async def finished(self) -> None:
+        """Shard end: give the lease up so no worker renews it; cleanup deletes it later."""
+        result = await self._release(None)
+        if not result.won:
+            log.warning("shard %s: releasing the finished lease lost its write", self.shard_id)
+
+    async def restart_at(self, target: ExtendedSequenceNumber) -> None:
+        """Move the checkpoint to ``target`` (a reset by policy, which may go backwards) and give
+        the processor a checkpointer that starts there. Raises LeaseLost if that fails."""
+        held = self.current()
+
+        def write(lease: Lease) -> Lease | None:
+            return self.table.update_lease(lease.checkpointed(target))
+
+        result = await asyncio.to_thread(self._holder.update, self.lease_key, held.token, write)
+        if not result.won or result.lease is None:
+            raise LeaseLost()
+        self.held = HeldLease(result.lease, held.token, held.last_counter_change)
+        self.checkpointer = self._checkpointer(result.lease.checkpoint)
+
+    async def update(self, write: Callable[[Lease], Lease | None]) -> Lease:
+        """One conditional write of the held lease; raises LeaseLost if it did not win."""
+        held = self.current()
+        result = await asyncio.to_thread(self._holder.update, self.lease_key, held.token, write)
+        if not result.won or result.lease is None:
+            raise LeaseLost()
+        return result.lease
+
+
+def call_processor(method: Callable[[Any], Any], arg: object) -> Awaitable[None]:
+    """Call a processor method: ``async def`` ones on the loop, plain ones in a thread."""
+    from kclpy_spark.processor import is_async
+
+    async def run() -> None:
+        if is_async(method):
+            await method(arg)
+            return
+        result = await asyncio.to_thread(method, arg)
+        if asyncio.iscoroutine(result):
+            await result
+
+    return run()

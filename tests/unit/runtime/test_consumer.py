@@ -1,0 +1,403 @@
+"""ShardConsumer in the pure tier: a fake RecordSource and ShardProbe, a real memory lease table
+and holder, a manual clock for every wait. Parking, retention, shard end (children first, a merge
+child blocked on its other parent), failures of every step, and how each tenure ends."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from checkpoint.base.clock import ManualClock
+from checkpoint.base.errors import RequestError, ResourceNotFoundError
+from checkpoint.lease import HashKeyRange, Lease, LeaseState
+from checkpoint.leasing.holder import LeaseHolder
+from checkpoint.sequence import (
+    AT_TIMESTAMP,
+    SHARD_END,
+    TRIM_HORIZON,
+    ExtendedSequenceNumber,
+    InitialPosition,
+)
+from checkpoint.stores.memory import MemoryLeaseTable
+from kclpy_spark.config import WorkerConfig
+from kclpy_spark.processor import (
+    InitializeInput,
+    LeaseLostInput,
+    ProcessRecordsInput,
+    Record,
+    RecordProcessor,
+    ShardEndedInput,
+    ShutdownRequestedInput,
+)
+from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress
+from kclpy_spark.runtime.consumer import Outcome, ShardConsumer
+from kclpy_spark.runtime.shard_end import BLOCKED_RELEASE_EVERY
+
+SHARD = "shardId-000000000000"
+OTHER = "shardId-000000000001"
+CHILD = "shardId-000000000002"
+OTHER_CHILD = "shardId-000000000003"
+ATTEMPTS = 3
+
+
+def records(*seqs: int) -> list[Record]:
+    return [Record(f"r{s}".encode(), "k", str(s)) for s in seqs]
+
+
+def batch(*seqs: int, lag: int = 0) -> FetchedBatch:
+    return FetchedBatch(records(*seqs), lag)
+
+
+def ended(children: list[dict[str, Any]]) -> FetchedBatch:
+    return FetchedBatch([], 0, shard_ended=True, child_shards=children)
+
+
+def child(shard: str, parents: list[str]) -> dict[str, Any]:
+    return {
+        "ShardId": shard,
+        "ParentShards": parents,
+        "HashKeyRange": {"StartingHashKey": "0", "EndingHashKey": str(2**128 - 1)},
+    }
+
+
+Script = list[FetchedBatch | Exception]
+
+
+class FakeSources:
+    """A SourceFactory: each source plays the next script (batches; an exception stops it)."""
+
+    def __init__(self, *scripts: Script) -> None:
+        self.scripts = list(scripts)
+        self.starts: list[tuple[ExtendedSequenceNumber, InitialPosition]] = []
+
+    def __call__(
+        self,
+        shard_id: str,
+        start: ExtendedSequenceNumber,
+        position: InitialPosition,
+        hash_range: HashKeyRange | None,
+        queue: asyncio.Queue[FetchedBatch],
+        progress: FetchProgress,
+    ) -> Any:
+        self.starts.append((start, position))
+        script = self.scripts.pop(0) if self.scripts else []
+
+        class Source:
+            async def run(self) -> None:
+                for item in script:
+                    if isinstance(item, Exception):
+                        raise item
+                    await progress.put(queue, item)
+                    if item.shard_ended:
+                        return
+                await asyncio.Event().wait()  # nothing more: a real source keeps polling
+
+        return Source()
+
+
+@dataclass
+class FakeProbe:
+    earliest: str | None = None
+    gone: set[str] = field(default_factory=set)
+    asked: list[str] = field(default_factory=list)
+
+    async def earliest_sequence_number(self, shard_id: str) -> str | None:
+        return self.earliest
+
+    async def shard_exists(self, shard_id: str) -> bool:
+        self.asked.append(shard_id)
+        return shard_id not in self.gone
+
+
+class Recorder(RecordProcessor):
+    """Checkpoints after each batch; ``fail`` decides which calls raise."""
+
+    def __init__(self, fail: Callable[[str, object], bool] = lambda name, arg: False) -> None:
+        self.calls: list[str] = []
+        self.seen: list[str] = []
+        self.fail = fail
+
+    def _call(self, name: str, arg: object) -> None:
+        self.calls.append(name)
+        if self.fail(name, arg):
+            raise RuntimeError(f"{name} failed")
+
+    def initialize(self, initialize_input: InitializeInput) -> None:
+        self._call("initialize", initialize_input)
+
+    def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+        self._call("process_records", process_records_input)
+        self.seen += [r.sequence_number for r in process_records_input.records]
+        process_records_input.checkpointer.checkpoint()
+
+    def lease_lost(self, lease_lost_input: LeaseLostInput) -> None:
+        self.calls.append("lease_lost")
+
+    def shard_ended(self, shard_ended_input: ShardEndedInput) -> None:
+        self.calls.append("shard_ended")
+        shard_ended_input.checkpointer.checkpoint()
+
+    def shutdown_requested(self, shutdown_requested_input: ShutdownRequestedInput) -> None:
+        self.calls.append("shutdown_requested")
+
+
+@dataclass
+class Env:
+    table: MemoryLeaseTable = field(default_factory=MemoryLeaseTable)
+    clock: ManualClock = field(default_factory=ManualClock)
+    probe: FakeProbe = field(default_factory=FakeProbe)
+    processor: Recorder = field(default_factory=Recorder)
+
+    def __post_init__(self) -> None:
+        self.holder = LeaseHolder(self.table, "worker-a", self.clock, 1e9)
+        self.cfg = WorkerConfig(
+            stream_name="s", max_processing_attempts=ATTEMPTS, park_duration=60.0
+        )
+
+    def lease(self, key: str = SHARD, **fields: Any) -> Lease:
+        self.table.create_lease_if_absent(
+            Lease(key, fields.pop("checkpoint", TRIM_HORIZON), **fields)
+        )
+        return self.stored(key)
+
+    def stored(self, key: str = SHARD) -> Lease:
+        lease = self.table.get_lease(key)
+        assert lease is not None
+        return lease
+
+    def consumer(
+        self,
+        sources: FakeSources,
+        *,
+        factory: Callable[[], RecordProcessor] | None = None,
+        position: InitialPosition | None = None,
+    ) -> ShardConsumer:
+        taken = self.table.take_lease(self.stored(), "worker-a")
+        assert taken is not None
+        return ShardConsumer(
+            held=self.holder.add_taken(taken),
+            holder=self.holder,
+            table=self.table,
+            processors=factory or (lambda: self.processor),
+            sources=sources,
+            probe=self.probe,
+            cfg=self.cfg,
+            clock=self.clock,
+            sleep=self.clock.sleep,
+            initial_position=position,
+        )
+
+    def run(
+        self,
+        consumer: ShardConsumer,
+        until: Callable[[], bool] | None = None,
+        then: Callable[[], None] | None = None,
+    ) -> Outcome:
+        """Run the consumer to its end; with ``until``, wait for it, then call ``then`` (by
+        default: request shutdown)."""
+
+        async def go() -> Outcome:
+            task = asyncio.create_task(consumer.run())
+            if until is not None:
+                for _ in range(10_000):
+                    if until() or task.done():
+                        break
+                    await asyncio.sleep(0)
+                (then or consumer.request_shutdown)()
+            return await asyncio.wait_for(task, 30)
+
+        return asyncio.run(go())
+
+
+def test_records_are_delivered_then_children_created_then_shard_end() -> None:
+    env = Env()
+    env.lease(hash_key_range=HashKeyRange(0, 2**128 - 1))
+    split = [child(CHILD, [SHARD]), child(OTHER_CHILD, [SHARD])]
+    outcome = env.run(env.consumer(FakeSources([batch(10, 20), batch(30), ended(split)])))
+    assert outcome is Outcome.SHARD_END
+    assert env.processor.seen == ["10", "20", "30"]
+    assert env.processor.calls == [
+        "initialize",
+        "process_records",
+        "process_records",
+        "shard_ended",
+    ]
+    lease = env.stored()
+    assert lease.checkpoint == SHARD_END and lease.lease_owner is None
+    assert lease.child_shard_ids == frozenset({CHILD, OTHER_CHILD})
+    assert env.stored(CHILD).checkpoint == TRIM_HORIZON  # the child leases exist
+    assert env.stored(OTHER_CHILD).parent_shard_ids == frozenset({SHARD})
+
+
+@pytest.mark.parametrize(
+    ("fail", "what"),
+    [
+        (lambda name, arg: name == "process_records", "process_records"),
+        (lambda name, arg: name == "initialize", "initialize"),
+    ],
+)
+def test_a_step_that_keeps_failing_parks_the_lease_and_skips_nothing(
+    fail: Callable[[str, object], bool], what: str
+) -> None:
+    env = Env(processor=Recorder(fail))
+    env.lease(checkpoint=ExtendedSequenceNumber("5"))
+    consumer = env.consumer(FakeSources([batch(10, 20)]))
+    assert env.run(consumer) is Outcome.PARKED
+    lease = env.stored()
+    assert lease.state(env.clock.wall()) is LeaseState.CLOSED and lease.lease_owner is None
+    assert lease.checkpoint == ExtendedSequenceNumber("5")  # nothing skipped
+    assert lease.closed_until == pytest.approx(env.clock.wall() + 60.0)
+    assert env.processor.calls.count(what.split(" ")[0]) == ATTEMPTS
+    assert env.processor.calls[-1] == "lease_lost"
+    assert what in consumer.stats.park_reason
+
+
+def test_a_processor_that_cannot_be_created_parks_the_lease() -> None:
+    env = Env()
+    env.lease()
+
+    def factory() -> RecordProcessor:
+        raise TypeError("__init__() missing 1 required positional argument: 'path'")
+
+    consumer = env.consumer(FakeSources(), factory=factory)
+    assert env.run(consumer) is Outcome.PARKED
+    assert "creating the processor" in consumer.stats.park_reason
+    assert env.stored().state(env.clock.wall()) is LeaseState.CLOSED
+
+
+def test_a_refused_iterator_is_retried_then_parks() -> None:
+    """A non-retriable read failure (e.g. GetShardIterator refused) counts and parks; it is not
+    a release-and-retake loop."""
+    env = Env()
+    env.lease(checkpoint=AT_TIMESTAMP)
+    refused = RequestError("GetShardIterator: InvalidArgumentException: timestamp in the future")
+    sources = FakeSources(*[[refused]] * ATTEMPTS)
+    consumer = env.consumer(sources, position=InitialPosition.at_timestamp(1_700_000_000.0))
+    assert env.run(consumer) is Outcome.PARKED
+    assert len(sources.starts) == ATTEMPTS
+    assert "reading the shard" in consumer.stats.park_reason
+
+
+def test_a_source_that_stops_is_restarted_after_the_last_record_delivered() -> None:
+    env = Env()
+    env.lease()
+    gone = ResourceNotFoundError("GetRecords: the shard vanished for a moment")
+    sources = FakeSources([batch(10, 20), gone], [batch(30), ended([])])
+    assert env.run(env.consumer(sources)) is Outcome.SHARD_END
+    assert [start for start, _ in sources.starts] == [TRIM_HORIZON, ExtendedSequenceNumber("20")]
+    assert env.processor.seen == ["10", "20", "30"]
+
+
+@pytest.mark.parametrize(
+    ("policy", "outcome", "restart"),
+    [("fail", Outcome.PARKED, None), ("earliest", Outcome.SHARD_END, TRIM_HORIZON)],
+)
+def test_a_checkpoint_older_than_the_retention(
+    policy: str, outcome: Outcome, restart: ExtendedSequenceNumber | None
+) -> None:
+    env = Env(probe=FakeProbe(earliest="500"))
+    env.cfg = WorkerConfig(
+        stream_name="s", max_processing_attempts=ATTEMPTS, aged_checkpoint_policy=policy
+    )
+    env.lease(checkpoint=ExtendedSequenceNumber("100"))
+    sources = FakeSources([batch(500), ended([])])
+    assert env.run(env.consumer(sources)) is outcome
+    if restart is None:
+        assert env.stored().state(env.clock.wall()) is LeaseState.CLOSED
+        assert env.processor.calls == []  # parked before initialize: no processor was made
+    else:
+        assert sources.starts[0][0] == restart
+        assert env.stored().checkpoint == SHARD_END
+
+
+def test_a_merge_child_blocked_on_its_other_parent_keeps_the_lease_and_never_skips_it() -> None:
+    """Issue 14, finding 6: SHARD_END used to be checkpointed without the child's lease."""
+    env = Env()
+    env.lease()
+    consumer = env.consumer(FakeSources([batch(10), ended([child(CHILD, [SHARD, OTHER])])]))
+
+    async def go() -> Outcome:
+        task = asyncio.create_task(consumer.run())
+        while not env.probe.asked:  # asked whether the other parent still exists: blocked
+            await asyncio.sleep(0)
+        for _ in range(50):
+            await asyncio.sleep(0)
+        # Blocked: no child, no SHARD_END, and the lease still ours.
+        assert env.table.get_lease(CHILD) is None
+        assert env.stored().checkpoint == ExtendedSequenceNumber("10")
+        assert env.stored().lease_owner == "worker-a"
+        # Shard sync creates the other parent's lease: the child follows, then SHARD_END.
+        env.table.create_lease_if_absent(Lease(OTHER, TRIM_HORIZON))
+        return await asyncio.wait_for(task, 30)
+
+    assert asyncio.run(go()) is Outcome.SHARD_END
+    assert env.stored(CHILD).parent_shard_ids == frozenset({SHARD, OTHER})
+    assert env.stored().checkpoint == SHARD_END
+
+
+def test_a_merge_parent_that_aged_out_of_the_stream_does_not_block_the_child() -> None:
+    env = Env(probe=FakeProbe(gone={OTHER}))
+    env.lease()
+    assert env.run(
+        env.consumer(FakeSources([batch(10), ended([child(CHILD, [SHARD, OTHER])])]))
+    ) is (Outcome.SHARD_END)
+    assert env.table.get_lease(CHILD) is not None
+    assert env.stored().checkpoint == SHARD_END
+
+
+def test_a_long_blocked_merge_releases_the_lease_for_another_worker() -> None:
+    env = Env()
+    env.lease()
+    consumer = env.consumer(FakeSources([batch(10), ended([child(CHILD, [SHARD, OTHER])])]))
+    assert env.run(consumer) is Outcome.RELEASED
+    assert len(env.probe.asked) == BLOCKED_RELEASE_EVERY
+    lease = env.stored()
+    assert lease.lease_owner is None and lease.checkpoint == ExtendedSequenceNumber("10")
+    assert env.table.get_lease(CHILD) is None
+    assert env.processor.calls[-1] == "lease_lost"
+
+
+def test_an_unexpected_failure_parks_the_lease_and_tells_the_processor() -> None:
+    """Issue 14, finding 8: a consumer task that raised dropped its lease silently."""
+    env = Env()
+    env.lease()
+
+    class Broken(FakeSources):
+        def __call__(self, *args: Any) -> Any:
+            raise TypeError("a bug in the consumer's own code")
+
+    consumer = env.consumer(Broken())
+    assert env.run(consumer) is Outcome.PARKED
+    assert "TypeError" in consumer.stats.park_reason
+    assert env.stored().state(env.clock.wall()) is LeaseState.CLOSED
+    assert env.processor.calls == ["initialize", "lease_lost"]
+
+
+def test_a_lost_lease_stops_the_consumer_and_tells_the_processor() -> None:
+    env = Env()
+    env.lease()
+    consumer = env.consumer(FakeSources([batch(10)]))
+    outcome = env.run(consumer, until=lambda: bool(env.processor.seen), then=consumer.lease_lost)
+    assert outcome is Outcome.LEASE_LOST
+    assert env.processor.calls[-1] == "lease_lost"
+
+
+def test_shutdown_asks_the_processor_to_checkpoint() -> None:
+    env = Env()
+    env.lease()
+    consumer = env.consumer(FakeSources([batch(10)]))
+    assert env.run(consumer, until=lambda: bool(env.processor.seen)) is Outcome.SHUTDOWN
+    assert env.processor.calls[-1] == "shutdown_requested"
+
+
+def test_an_at_timestamp_lease_starts_at_its_own_stored_time() -> None:
+    env = Env()
+    env.lease(checkpoint=AT_TIMESTAMP, start_timestamp=1_700_000_123.0)
+    sources = FakeSources([ended([])])
+    configured = InitialPosition.at_timestamp(1_600_000_000.0)
+    env.run(env.consumer(sources, position=configured))
+    assert sources.starts == [(AT_TIMESTAMP, InitialPosition.at_timestamp(1_700_000_123.0))]

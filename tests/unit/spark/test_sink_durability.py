@@ -1,0 +1,99 @@
+"""Published data is durable before its checkpoint moves (issue 14, finding 9): the Parquet sink
+fsyncs a piece's files and folder before renaming it into place and the parent after; the
+dead-letter writer fsyncs its file and folder; staging folders of crashed writers are removed.
+
+The fsync calls are recorded by wrapping the sink's own fsync helper (the real fsync still runs):
+a power cut cannot be staged in a test, the order of the calls that survive one can."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from checkpoint.sequence import ExtendedSequenceNumber
+from kclpy_spark.spark import sinks
+from kclpy_spark.spark.batch import SinkBatch
+from kclpy_spark.spark.pieces import SCHEMA, Piece, PieceKey
+from kclpy_spark.spark.sinks import DeadLetterDirectory, ParquetSink
+
+
+@pytest.fixture
+def synced(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Path]]:
+    calls: list[tuple[str, Path]] = []
+    real_fsync, real_rename, real_replace = sinks.fsync_path, os.rename, os.replace
+
+    def fsync(path: str | os.PathLike[str]) -> None:
+        calls.append(("fsync", Path(path)))
+        real_fsync(path)
+
+    def rename(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        calls.append(("rename", Path(dst)))
+        real_rename(src, dst)
+
+    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        calls.append(("rename", Path(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(sinks, "fsync_path", fsync)
+    monkeypatch.setattr(sinks.os, "rename", rename)
+    monkeypatch.setattr(sinks.os, "replace", replace)
+    return calls
+
+
+def test_a_piece_is_fsynced_before_its_rename_and_the_rename_after(
+    tmp_path: Path, synced: list[tuple[str, Path]]
+) -> None:
+    sink = ParquetSink(tmp_path / "out")
+    src = tmp_path / "out" / "_staging" / "b1" / "kcl_piece_index=0"
+    src.mkdir(parents=True)
+    for name in ("part-0.parquet", "part-1.parquet"):
+        (src / name).write_bytes(b"data")
+    dst = tmp_path / "out" / "kcl_piece=p1"
+    sink._publish(src, dst)
+    rename_at = synced.index(("rename", dst))
+    before = {path.name for kind, path in synced[:rename_at] if kind == "fsync"}
+    assert {"part-0.parquet", "part-1.parquet", "kcl_piece_index=0"} <= before
+    assert synced[rename_at + 1 :] == [("fsync", dst.parent)]
+    assert sorted(p.name for p in dst.iterdir()) == ["part-0.parquet", "part-1.parquet"]
+
+
+def test_a_dead_letter_file_and_its_folder_are_fsynced(
+    tmp_path: Path, synced: list[tuple[str, Path]]
+) -> None:
+    key = PieceKey("shardId-0", ExtendedSequenceNumber("1"), ExtendedSequenceNumber("1"))
+    table = pa.Table.from_pylist(
+        [
+            {
+                "stream": "s",
+                "shard_id": "shardId-0",
+                "sequence_number": "1",
+                "sub_sequence_number": 0,
+                "partition_key": "k",
+                "approximate_arrival_timestamp": 0,
+                "data": b"x",
+            }
+        ],
+        schema=SCHEMA,
+    )
+    dead = DeadLetterDirectory(tmp_path / "dlq")
+    dead.write(SinkBatch(7, (Piece(key, "shardId-0", 1),), table), RuntimeError("boom"))
+    final = tmp_path / "dlq" / f"batch-{7:016x}.parquet"
+    kinds = [kind for kind, _ in synced]
+    assert kinds == ["fsync", "rename", "fsync"]
+    assert synced[1] == ("rename", final) and synced[2] == ("fsync", final.parent)
+    assert final.exists()
+
+
+def test_staging_folders_of_crashed_writers_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
+    staging = tmp_path / "out" / "_staging"
+    old, fresh = staging / "crashed", staging / "writing"
+    for folder in (old, fresh):
+        (folder / "kcl_piece_index=0").mkdir(parents=True)
+    hour_ago = time.time() - 2 * 3600
+    os.utime(old, (hour_ago, hour_ago))
+    ParquetSink(tmp_path / "out")  # cleans at start
+    assert not old.exists() and fresh.exists()
