@@ -45,8 +45,9 @@ from checkpoint.lease import Lease  # noqa: E402
 from checkpoint.leasing.holder import LeaseHolder  # noqa: E402
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber  # noqa: E402
 from checkpoint.stores.memory import MemoryLeaseTable  # noqa: E402
+from kclpy_spark.multilang.child import ChildSpec  # noqa: E402
 from kclpy_spark.multilang.inprocess import KclpyProcessorAdapter  # noqa: E402
-from kclpy_spark.multilang.subprocess_processor import ChildSpec, SubprocessProcessor  # noqa: E402
+from kclpy_spark.multilang.subprocess_processor import SubprocessProcessor  # noqa: E402
 from kclpy_spark.processor import (  # noqa: E402
     InitializeInput,
     ProcessRecordsInput,

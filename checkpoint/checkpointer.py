@@ -8,8 +8,9 @@ sequence number is stored as SHARD_END (KCL #211).
 
 Failures raise ``CheckpointError`` whose ``value`` is the Java exception name kclpy programs test:
 
-* ``IllegalArgumentException``: not a sequence number, a negative sub-sequence number, or a value
-  outside ``[last checkpoint, largest permitted]``.
+* ``IllegalArgumentException``: not a sequence number, a negative sub-sequence number, a value
+  outside ``[last checkpoint, largest permitted]``, or one inside it that names no record this
+  lease delivered (``checkpoint.delivered``).
 * ``ShutdownException``: the lease is lost (not held, expired locally, taken again under a new
   concurrency token, or the conditional write lost). Nothing is written.
 * ``ThrottlingException``: the lease table kept throttling after a few retries.
@@ -23,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from checkpoint.base.errors import (
@@ -34,6 +35,7 @@ from checkpoint.base.errors import (
     ThrottledError,
 )
 from checkpoint.base.retry import RetryPolicy, call_with_retry
+from checkpoint.delivered import DeliveredRecords
 from checkpoint.lease import Lease
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.sequence import SHARD_END, ExtendedSequenceNumber, parse_sequence_number
@@ -118,6 +120,7 @@ class Checkpointer:
         self._token = token
         self._largest_permitted = largest_permitted
         self._at_shard_end: ExtendedSequenceNumber | None = None
+        self._delivered = DeliveredRecords()
         self._retry_policy = retry_policy
         self._sleep = sleep
         self._lock = threading.Lock()
@@ -129,9 +132,16 @@ class Checkpointer:
         with self._lock:
             return self._largest_permitted
 
-    def set_largest_permitted(self, position: ExtendedSequenceNumber) -> None:
-        """The last record delivered to the processor: the position ``checkpoint()`` records."""
+    def set_largest_permitted(
+        self, position: ExtendedSequenceNumber, sequence_numbers: Sequence[str] = ()
+    ) -> None:
+        """The last record delivered to the processor: the position ``checkpoint()`` records.
+        ``sequence_numbers``: those of the batch just delivered, so that a checkpoint naming no
+        record of this lease can be refused. Moving back (a batch that was not processed after
+        all) forgets the batches after ``position``."""
         with self._lock:
+            self._delivered.undo_after(position)
+            self._delivered.delivered(sequence_numbers, position)
             self._largest_permitted = position
 
     def mark_shard_end(self, last_sequence: ExtendedSequenceNumber | None = None) -> None:
@@ -169,6 +179,8 @@ class Checkpointer:
         """
         target = self._target(sequence_number, sub_sequence_number)
         self._run(lambda: self._try_checkpoint(target))
+        with self._lock:
+            self._delivered.checkpointed(target)
 
     def prepare_checkpoint(
         self,
@@ -214,6 +226,13 @@ class Checkpointer:
                 f"could not checkpoint at {target}: it is beyond the largest position delivered "
                 f"{largest}"
             )
+        with self._lock:
+            known = sequence_number is None or self._delivered.names_a_record(target)
+        if not known:
+            raise _illegal(
+                f"could not checkpoint at {target}: no record this lease delivered since the "
+                "last checkpoint has that sequence number (one of another shard?)"
+            )
         if at_end is not None and target == at_end:
             return SHARD_END
         return target
@@ -235,6 +254,8 @@ class Checkpointer:
     def _commit(self, target: ExtendedSequenceNumber) -> None:
         self._held_or_raise()
         self._run(lambda: self._try_checkpoint(target))
+        with self._lock:
+            self._delivered.checkpointed(target)
 
     def _run(self, attempt: Callable[[], None]) -> None:
         """The retry loop outside; maps what is left to kclpy's CheckpointError values."""

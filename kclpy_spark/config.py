@@ -198,6 +198,13 @@ _WORKER_ID = re.compile(r"^[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]{0,254}$")
 
 
 def _check(cfg: WorkerConfig) -> None:
+    _check_streams(cfg)
+    _check_names(cfg)
+    _check_numbers(cfg)
+    _check_choices(cfg)
+
+
+def _check_streams(cfg: WorkerConfig) -> None:
     if cfg.streams and (cfg.stream_name or cfg.stream_arn):
         raise ConfigError("config: give either 'stream_name'/'stream_arn' or [[streams]], not both")
     if not cfg.stream_name and not cfg.stream_arn and not cfg.streams:
@@ -218,6 +225,10 @@ def _check(cfg: WorkerConfig) -> None:
         raise ConfigError(f"config 'stream_name' is not a valid stream name: {cfg.stream_name!r}")
     if cfg.stream_arn and not cfg.stream_arn.startswith("arn:"):
         raise ConfigError(f"config 'stream_arn' is not an ARN: {cfg.stream_arn!r}")
+    check_not_in_future(cfg.initial_position, "config 'initial_position'", time.time())
+
+
+def _check_names(cfg: WorkerConfig) -> None:
     if not _APP_NAME.match(cfg.application_name):
         raise ConfigError(
             "config 'application_name' must be 3-255 characters of letters, digits, '_', '-', '.'"
@@ -235,14 +246,24 @@ def _check(cfg: WorkerConfig) -> None:
         raise ConfigError(
             f"config 'processor' must look like 'package.module:Class', got {cfg.processor!r}"
         )
-    for name in _DURATIONS:
-        _duration(name, getattr(cfg, name))
     if not _WORKER_ID.match(cfg.worker_id) or cfg.worker_id != cfg.worker_id.strip():
         raise ConfigError(
             "config 'worker_id' must be 1-255 printable characters, not starting or ending with "
             f"a space (it names the lease owner), got {cfg.worker_id!r}"
         )
-    check_not_in_future(cfg.initial_position, "config 'initial_position'", time.time())
+    if cfg.consumer_name is not None and not _STREAM_NAME.match(cfg.consumer_name):
+        raise ConfigError(f"config 'consumer_name' is not a valid name: {cfg.consumer_name!r}")
+    if cfg.endpoint_url is not None and not re.match(r"^https?://", cfg.endpoint_url):
+        raise ConfigError(
+            f"config 'endpoint_url' must start with http:// or https://, got {cfg.endpoint_url!r}"
+        )
+    if not _REGION.match(cfg.region):
+        raise ConfigError(f"config 'region' is not an AWS region name: {cfg.region!r}")
+
+
+def _check_numbers(cfg: WorkerConfig) -> None:
+    for name in _DURATIONS:
+        _duration(name, getattr(cfg, name))
     if not 1 <= cfg.max_records <= 10_000:
         raise ConfigError(
             f"config 'max_records' must be 1..10000 (GetRecords' limit), got {cfg.max_records}"
@@ -255,24 +276,19 @@ def _check(cfg: WorkerConfig) -> None:
     ):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"config {name!r} must be >= 1, got {getattr(cfg, name)}")
-    if not _REGION.match(cfg.region):
-        raise ConfigError(f"config 'region' is not an AWS region name: {cfg.region!r}")
+    if cfg.metrics_port is not None and not 0 <= cfg.metrics_port <= 65535:
+        raise ConfigError(f"config 'metrics_port' must be 0..65535, got {cfg.metrics_port}")
+
+
+def _check_choices(cfg: WorkerConfig) -> None:
     if cfg.aged_checkpoint_policy not in {"fail", "earliest", "latest"}:
         raise ConfigError(
             "config 'aged_checkpoint_policy' must be 'fail', 'earliest' or 'latest', "
             f"got {cfg.aged_checkpoint_policy!r}"
         )
-    if cfg.metrics_port is not None and not 0 <= cfg.metrics_port <= 65535:
-        raise ConfigError(f"config 'metrics_port' must be 0..65535, got {cfg.metrics_port}")
     if cfg.retrieval_mode not in {"polling", "fanout"}:
         raise ConfigError(
             f"config 'retrieval_mode' must be 'polling' or 'fanout', got {cfg.retrieval_mode!r}"
-        )
-    if cfg.consumer_name is not None and not _STREAM_NAME.match(cfg.consumer_name):
-        raise ConfigError(f"config 'consumer_name' is not a valid name: {cfg.consumer_name!r}")
-    if cfg.endpoint_url is not None and not re.match(r"^https?://", cfg.endpoint_url):
-        raise ConfigError(
-            f"config 'endpoint_url' must start with http:// or https://, got {cfg.endpoint_url!r}"
         )
 
 

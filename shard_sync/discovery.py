@@ -97,8 +97,13 @@ class KinesisShardLister:
         return result
 
     def stream_status(self) -> str:
-        summary = self._call("describe_stream_summary", **self._stream)
-        return str(summary["StreamDescriptionSummary"]["StreamStatus"])
+        return self.describe()[0]
+
+    def describe(self) -> tuple[str, float | None]:
+        """(status, creation time in epoch seconds) from DescribeStreamSummary."""
+        summary = self._call("describe_stream_summary", **self._stream)["StreamDescriptionSummary"]
+        created = summary.get("StreamCreationTimestamp")
+        return str(summary["StreamStatus"]), None if created is None else created.timestamp()
 
     def _wait_until_active_once(self) -> None:
         status = self.stream_status()

@@ -37,8 +37,6 @@ from botocore.exceptions import BotoCoreError, ClientError
 from checkpoint.base.clock import Clock, SystemClock
 from checkpoint.base.errors import (
     DependencyError,
-    InvalidStateError,
-    ResourceNotFoundError,
     ThrottledError,
     error_code,
     map_aws_error,
@@ -49,6 +47,7 @@ from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import ExtendedSequenceNumber
 from checkpoint.stores import dynamo_codec as codec
 from checkpoint.stores.dynamo_codec import Expr
+from checkpoint.stores.dynamo_table import TableSetup
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient
@@ -59,8 +58,6 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 OWNER_INDEX = codec.OWNER_INDEX
-# How often to poll DescribeTable while a new table and its index become ACTIVE.
-_POLL_SECONDS = 0.5
 # A coordination record's TTL is its expiry plus this, so only records abandoned for a day go.
 _TTL_GRACE_SECONDS = 86_400.0
 
@@ -166,65 +163,16 @@ class DynamoDBLeaseTable:
     # -- table ----------------------------------------------------------------------------------
 
     def ensure_table(self) -> None:
-        self._retried(f"ensure_table {self._table!r}", self._try_ensure_table)
-
-    def _describe(self) -> dict[str, Any] | None:
-        response = self._call("DescribeTable", tolerate=frozenset({"ResourceNotFoundException"}))
-        return None if response is None else dict(response["Table"])
-
-    def _try_ensure_table(self) -> None:
-        table = self._describe()
-        if table is None:
-            if not self._create:
-                raise ResourceNotFoundError(
-                    f"lease table {self._table!r} does not exist and creating it is disabled"
-                )
-            self._create_table()
-            table = self._wait_active()
-        problem = codec.key_schema_problem(table)
-        if problem is not None:
-            raise InvalidStateError(f"table {self._table!r} is not a KCL lease table: {problem}")
-        if table.get("TableStatus") != "ACTIVE":
-            self._wait_active()
-        if self._ttl_attribute is not None:
-            self._ensure_ttl(self._ttl_attribute)
-
-    def _create_table(self) -> None:
-        created = self._call(
-            "CreateTable",
-            tolerate=frozenset({"ResourceInUseException"}),  # another worker is creating it
-            **codec.TABLE_DEFINITION,
+        setup = TableSetup(
+            self._table,
+            self._call,
+            create=self._create,
+            ttl_attribute=self._ttl_attribute,
+            clock=self._clock,
+            sleep=self._sleep,
+            create_timeout=self._create_timeout,
         )
-        if created is not None:
-            log.info("created lease table %r", self._table)
-
-    def _wait_active(self) -> dict[str, Any]:
-        deadline = self._clock.monotonic() + self._create_timeout
-        while True:
-            table = self._describe()
-            if table is not None and table.get("TableStatus") == "ACTIVE":
-                indexes = table.get("GlobalSecondaryIndexes", [])
-                if all(i.get("IndexStatus", "ACTIVE") == "ACTIVE" for i in indexes):
-                    return table
-            if self._clock.monotonic() >= deadline:
-                raise DependencyError(
-                    f"lease table {self._table!r} is not ACTIVE after {self._create_timeout:.0f}s"
-                )
-            self._sleep(_POLL_SECONDS)
-
-    def _ensure_ttl(self, attribute: str) -> None:
-        description = self._call("DescribeTimeToLive").get("TimeToLiveDescription", {})
-        if description.get("TimeToLiveStatus") in {"ENABLED", "ENABLING"}:
-            if description.get("AttributeName") != attribute:
-                raise InvalidStateError(
-                    f"table {self._table!r} has TTL on attribute "
-                    f"{description.get('AttributeName')!r}, not {attribute!r}"
-                )
-            return
-        self._call(
-            "UpdateTimeToLive",
-            TimeToLiveSpecification={"Enabled": True, "AttributeName": attribute},
-        )
+        self._retried(f"ensure_table {self._table!r}", setup.ensure)
 
     # -- reads ----------------------------------------------------------------------------------
 

@@ -14,7 +14,6 @@ Sequence numbers and hash keys are TEXT (they exceed 64-bit integers), shard-id 
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
@@ -24,45 +23,35 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from checkpoint.base.errors import (
-    CorruptLeaseError,
     InvalidStateError,
     ResourceNotFoundError,
 )
 from checkpoint.base.retry import DEFAULT_POLICY, RetryPolicy, call_with_retry
-from checkpoint.lease import HashKeyRange, Lease, refuse_regression
+from checkpoint.lease import Lease, refuse_regression
 from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import ExtendedSequenceNumber
 from checkpoint.stores.sqlite_pool import ConnectionPool, sqlite_errors
+from checkpoint.stores.sqlite_rows import (
+    ADDED_LEASE_COLUMNS,
+    LEASE_COLUMNS,
+    LEASE_TYPES,
+    PROGRESS_COLUMNS,
+    RECORD_COLUMNS,
+    RECORD_TYPES,
+    lease_from_row,
+    lease_to_row,
+    progress_values,
+)
 
 T = TypeVar("T")
 
 LEASES = "kclpy_spark_leases"
 RECORDS = "kclpy_spark_records"
 
-# Typed loosely on purpose (nothing NOT NULL but the key): a damaged row must still be readable,
-# so that it can be reported as a CorruptLeaseError naming the lease.
-_LEASE_TYPES = {
-    "namespace": "TEXT NOT NULL", "lease_key": "TEXT NOT NULL", "lease_owner": "TEXT",
-    "lease_counter": "INTEGER", "checkpoint": "TEXT", "checkpoint_sub": "INTEGER",
-    "pending_checkpoint": "TEXT", "pending_checkpoint_sub": "INTEGER",
-    "pending_checkpoint_state": "BLOB", "owner_switches": "INTEGER", "parent_shard_ids": "TEXT",
-    "child_shard_ids": "TEXT", "starting_hash_key": "TEXT", "ending_hash_key": "TEXT",
-    "checkpoint_owner": "TEXT", "closed_until": "REAL", "closed_count": "INTEGER",
-    "start_timestamp": "REAL",
-}  # fmt: skip
-# Columns added after the first release, in order: a database without them gets them (ALTER TABLE
-# ADD COLUMN, NULL for existing rows) when the table is ensured.
-_ADDED_LEASE_COLUMNS = ("start_timestamp",)
-_RECORD_TYPES = {
-    "namespace": "TEXT NOT NULL", "key": "TEXT NOT NULL", "owner": "TEXT",
-    "version": "INTEGER NOT NULL", "expires_at": "REAL NOT NULL", "data": "TEXT NOT NULL",
-}  # fmt: skip
-_LEASE_COLUMNS = tuple(_LEASE_TYPES)
-_RECORD_COLUMNS = tuple(_RECORD_TYPES)
 _SCHEMA = [
     f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(f'{c} {t}' for c, t in types.items())}, "
     f"PRIMARY KEY (namespace, {key}))"
-    for table, types, key in ((LEASES, _LEASE_TYPES, "lease_key"), (RECORDS, _RECORD_TYPES, "key"))
+    for table, types, key in ((LEASES, LEASE_TYPES, "lease_key"), (RECORDS, RECORD_TYPES, "key"))
 ]
 
 # Long enough to ride out another process's write transaction (a few milliseconds each) even on a
@@ -158,14 +147,14 @@ class SQLiteLeaseTable:
             for statement in _SCHEMA:
                 conn.execute(statement)
             return
-        missing = _LEASE_COLUMNS[len(found[LEASES]) :]
-        if tuple(found[LEASES]) + missing == _LEASE_COLUMNS and set(missing) <= set(
-            _ADDED_LEASE_COLUMNS
+        missing = LEASE_COLUMNS[len(found[LEASES]) :]
+        if tuple(found[LEASES]) + missing == LEASE_COLUMNS and set(missing) <= set(
+            ADDED_LEASE_COLUMNS
         ):
             for column in missing:
-                conn.execute(f"ALTER TABLE {LEASES} ADD COLUMN {column} {_LEASE_TYPES[column]}")
-            found[LEASES] = list(_LEASE_COLUMNS)
-        for name, expected in ((LEASES, _LEASE_COLUMNS), (RECORDS, _RECORD_COLUMNS)):
+                conn.execute(f"ALTER TABLE {LEASES} ADD COLUMN {column} {LEASE_TYPES[column]}")
+            found[LEASES] = list(LEASE_COLUMNS)
+        for name, expected in ((LEASES, LEASE_COLUMNS), (RECORDS, RECORD_COLUMNS)):
             if tuple(found[name]) != expected:
                 raise InvalidStateError(
                     f"{self._where}: table {name} has columns "
@@ -175,12 +164,12 @@ class SQLiteLeaseTable:
     # -- reads ----------------------------------------------------------------------------------
 
     def _select(self, conn: sqlite3.Connection, lease_key: str | None = None) -> list[Lease]:
-        sql = f"SELECT {', '.join(_LEASE_COLUMNS)} FROM {LEASES} WHERE namespace = ?"
+        sql = f"SELECT {', '.join(LEASE_COLUMNS)} FROM {LEASES} WHERE namespace = ?"
         args: tuple[str, ...] = (self._namespace,)
         if lease_key is not None:
             sql += " AND lease_key = ?"
             args += (lease_key,)
-        return [_lease_from_row(row) for row in conn.execute(sql + " ORDER BY lease_key", args)]
+        return [lease_from_row(row) for row in conn.execute(sql + " ORDER BY lease_key", args)]
 
     def list_leases(self) -> list[Lease]:
         return self._run("list leases", self._select, write=False)
@@ -202,9 +191,9 @@ class SQLiteLeaseTable:
     # -- conditional writes ---------------------------------------------------------------------
 
     def create_lease_if_absent(self, lease: Lease) -> bool:
-        row = _lease_to_row(self._namespace, lease)
-        marks = ", ".join("?" * len(_LEASE_COLUMNS))
-        sql = f"INSERT OR IGNORE INTO {LEASES} ({', '.join(_LEASE_COLUMNS)}) VALUES ({marks})"
+        row = lease_to_row(self._namespace, lease)
+        marks = ", ".join("?" * len(LEASE_COLUMNS))
+        sql = f"INSERT OR IGNORE INTO {LEASES} ({', '.join(LEASE_COLUMNS)}) VALUES ({marks})"
         return self._won(f"create lease {lease.lease_key!r}", sql, row)
 
     def _conditional_update(
@@ -266,12 +255,12 @@ class SQLiteLeaseTable:
     def _write_progress(
         self, what: str, lease: Lease, new: Lease, *, check_checkpoint: bool = False
     ) -> Lease | None:
-        assignments = "".join(f"{name} = ?, " for name in _PROGRESS_COLUMNS)
+        assignments = "".join(f"{name} = ?, " for name in PROGRESS_COLUMNS)
         return self._conditional_update(
             what,
             lease,
             assignments,
-            _progress_values(new),
+            progress_values(new),
             check_owner=True,
             check_checkpoint=check_checkpoint,
         )
@@ -324,90 +313,3 @@ class SQLiteLeaseTable:
             )
             args = (*values, record.key, expected_version)
         return self._won(f"put record {record.key!r}", sql, args)
-
-
-# -- rows <-> leases ----------------------------------------------------------------------------
-
-_PROGRESS_COLUMNS = (
-    "checkpoint", "checkpoint_sub", "pending_checkpoint", "pending_checkpoint_sub",
-    "pending_checkpoint_state", "owner_switches", "child_shard_ids", "closed_until", "closed_count",
-    "start_timestamp",
-)  # fmt: skip
-
-
-def _progress_values(lease: Lease) -> tuple[Any, ...]:
-    pending = lease.pending_checkpoint
-    return (
-        lease.checkpoint.sequence_number, lease.checkpoint.sub_sequence_number,
-        pending and pending.sequence_number, pending and pending.sub_sequence_number,
-        lease.pending_checkpoint_state, lease.owner_switches_since_checkpoint,
-        json.dumps(sorted(lease.child_shard_ids)), lease.closed_until, lease.closed_count,
-        lease.start_timestamp,
-    )  # fmt: skip
-
-
-def _lease_to_row(namespace: str, lease: Lease) -> tuple[Any, ...]:
-    hash_range = lease.hash_key_range
-    by_name = dict(
-        zip(_PROGRESS_COLUMNS, _progress_values(lease), strict=True),
-        namespace=namespace, lease_key=lease.lease_key, lease_owner=lease.lease_owner,
-        lease_counter=lease.lease_counter, checkpoint_owner=lease.checkpoint_owner,
-        parent_shard_ids=json.dumps(sorted(lease.parent_shard_ids)),
-        starting_hash_key=None if hash_range is None else str(hash_range.start),
-        ending_hash_key=None if hash_range is None else str(hash_range.end),
-    )  # fmt: skip
-    return tuple(by_name[name] for name in _LEASE_COLUMNS)
-
-
-def _lease_from_row(row: tuple[Any, ...]) -> Lease:
-    col = dict(zip(_LEASE_COLUMNS, row, strict=True))
-    key = str(col["lease_key"])
-
-    def get(name: str, kind: type[T]) -> T | None:
-        value = col[name]
-        if value is not None and type(value) is not kind:
-            raise CorruptLeaseError(key, f"column {name} is {value!r}, not {kind.__name__}")
-        return value
-
-    def need(name: str, kind: type[T]) -> T:
-        value = get(name, kind)
-        if value is None:
-            raise CorruptLeaseError(key, f"column {name} is NULL")
-        return value
-
-    def ids(name: str) -> frozenset[str]:
-        try:
-            values = json.loads(get(name, str) or "[]")
-        except ValueError:
-            raise CorruptLeaseError(key, f"column {name} is not JSON: {col[name]!r}") from None
-        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-            raise CorruptLeaseError(key, f"column {name} is not a JSON list of strings")
-        return frozenset(values)
-
-    pending = get("pending_checkpoint", str)
-    start, end = get("starting_hash_key", str), get("ending_hash_key", str)
-    if (start is None) != (end is None):
-        raise CorruptLeaseError(key, "only one of starting_hash_key and ending_hash_key is set")
-    try:
-        return Lease(
-            lease_key=key,
-            checkpoint=ExtendedSequenceNumber(
-                need("checkpoint", str), get("checkpoint_sub", int) or 0
-            ),
-            lease_owner=get("lease_owner", str),
-            lease_counter=need("lease_counter", int),
-            pending_checkpoint=None
-            if pending is None
-            else ExtendedSequenceNumber(pending, get("pending_checkpoint_sub", int) or 0),
-            pending_checkpoint_state=get("pending_checkpoint_state", bytes),
-            owner_switches_since_checkpoint=get("owner_switches", int) or 0,
-            parent_shard_ids=ids("parent_shard_ids"),
-            child_shard_ids=ids("child_shard_ids"),
-            hash_key_range=None if start is None else HashKeyRange.from_strings(start, end or ""),
-            checkpoint_owner=get("checkpoint_owner", str),
-            closed_until=get("closed_until", float),
-            closed_count=get("closed_count", int) or 0,
-            start_timestamp=get("start_timestamp", float),
-        )
-    except ValueError as exc:  # a bad sequence number or hash key range
-        raise CorruptLeaseError(key, str(exc)) from None

@@ -117,6 +117,19 @@ async def _wait_processed(
     return False
 
 
+def _split_first_shard(kinesis: Any, stream: str) -> None:
+    first = kinesis.list_shards(StreamName=stream)["Shards"][0]
+    lo = int(first["HashKeyRange"]["StartingHashKey"])
+    hi = int(first["HashKeyRange"]["EndingHashKey"])
+    print(f"\nsplitting {first['ShardId']} in two (a reshard while consuming)")
+    kinesis.split_shard(
+        StreamName=stream, ShardToSplit=first["ShardId"], NewStartingHashKey=str((lo + hi) // 2)
+    )
+    kinesis.get_waiter("stream_exists").wait(
+        StreamName=stream, WaiterConfig={"Delay": 1, "MaxAttempts": 60}
+    )
+
+
 def run_demo(args: argparse.Namespace) -> int:
     from kclpy_spark.aws import boto3_client
     from kclpy_spark.runtime.daemon import run_worker
@@ -153,21 +166,7 @@ def run_demo(args: argparse.Namespace) -> int:
     async def scenario(worker: Worker) -> None:
         ok = await _wait_processed(worker, produced, "phase 1: consuming", deadline)
         if ok:
-            shards = kinesis.list_shards(StreamName=cfg.stream_name)["Shards"]
-            first = shards[0]
-            lo = int(first["HashKeyRange"]["StartingHashKey"])
-            hi = int(first["HashKeyRange"]["EndingHashKey"])
-            print(f"\nsplitting {first['ShardId']} in two (a reshard while consuming)")
-            kinesis.split_shard(
-                StreamName=cfg.stream_name,
-                ShardToSplit=first["ShardId"],
-                NewStartingHashKey=str((lo + hi) // 2),
-            )
-            await asyncio.to_thread(
-                kinesis.get_waiter("stream_exists").wait,
-                StreamName=cfg.stream_name,
-                WaiterConfig={"Delay": 1, "MaxAttempts": 60},
-            )
+            await asyncio.to_thread(_split_first_shard, kinesis, stream)
             more = await asyncio.to_thread(_produce, kinesis, stream, args.records, args.records)
             _merge(produced, more)
             print(f"produced {args.records} more records after the split")

@@ -288,21 +288,9 @@ def _multilang(props: Mapping[str, str], folder: Path) -> MultiLangSettings:
     )
 
 
-def config_from_properties(
-    raw: Mapping[str, str],
-    *,
-    folder: Path,
-    source: str = "properties",
-    overrides: Mapping[str, Any] | None = None,
-) -> tuple[WorkerConfig, MultiLangSettings]:
-    """The worker config and child settings for parsed properties ``raw`` (see the module doc).
-
-    ``overrides`` are WorkerConfig fields (e.g. from command-line flags); None values are skipped.
-    Raises ConfigError naming the property (or field) that is wrong.
-    """
-    props = {k: v.strip() for k, v in raw.items() if v.strip()}
-    values: dict[str, Any] = {"lease_store": "dynamodb"}
-    keys: dict[str, str] = {}  # WorkerConfig field -> the property that set it
+def _direct_fields(props: Mapping[str, str], values: dict[str, Any], keys: dict[str, str]) -> None:
+    """The properties that map onto one WorkerConfig field each; the rest are checked (credential
+    providers, ignored and unknown keys) and handled by the caller."""
     for key, value in props.items():
         if key in FIELDS:
             name, convert = FIELDS[key]
@@ -320,6 +308,24 @@ def config_from_properties(
             _ignored(key, value)
         elif key not in SPECIAL:
             _unknown(key)
+
+
+def config_from_properties(
+    raw: Mapping[str, str],
+    *,
+    folder: Path,
+    source: str = "properties",
+    overrides: Mapping[str, Any] | None = None,
+) -> tuple[WorkerConfig, MultiLangSettings]:
+    """The worker config and child settings for parsed properties ``raw`` (see the module doc).
+
+    ``overrides`` are WorkerConfig fields (e.g. from command-line flags); None values are skipped.
+    Raises ConfigError naming the property (or field) that is wrong.
+    """
+    props = {k: v.strip() for k, v in raw.items() if v.strip()}
+    values: dict[str, Any] = {"lease_store": "dynamodb"}
+    keys: dict[str, str] = {}  # WorkerConfig field -> the property that set it
+    _direct_fields(props, values, keys)
     table = props.get("tableName")
     if table:
         # Our application name only names the lease table (the KCL also uses it for metrics).

@@ -29,9 +29,10 @@ from types import ModuleType
 from typing import Any
 
 from checkpoint.base.errors import ConfigError
+from kclpy_spark.multilang.child import spec_from_settings
 from kclpy_spark.multilang.inprocess import processor_factory
 from kclpy_spark.multilang.properties import PropertiesConfig, load_properties
-from kclpy_spark.multilang.subprocess_processor import SubprocessProcessor, spec_from_settings
+from kclpy_spark.multilang.subprocess_processor import SubprocessProcessor
 from kclpy_spark.processor import RecordProcessor
 from kclpy_spark.runtime.worker import ProcessorFactory
 

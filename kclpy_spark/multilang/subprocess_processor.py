@@ -32,21 +32,16 @@ which then shuts them down in order; a child also exits when the worker dies (it
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
-import os
 import shlex
-import shutil
-import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-from checkpoint.base.errors import ConfigError
 from checkpoint.checkpointer import DEPENDENCY, INVALID_STATE, CheckpointError
 from kclpy_spark.multilang import protocol
-from kclpy_spark.multilang.properties import MultiLangSettings
+from kclpy_spark.multilang.child import ChildSpec
 from kclpy_spark.processor import (
     Checkpointer,
     InitializeInput,
@@ -65,6 +60,8 @@ child_log = logging.getLogger("kclpy_spark.multilang.child")
 LINE_LIMIT = 8 * 1024 * 1024
 # After SIGTERM, how long a child may take to exit before SIGKILL.
 TERMINATE_WAIT = 2.0
+# Stderr lines of a child kept to explain its end.
+STDERR_TAIL = 20
 
 
 class ChildFailedError(Exception):
@@ -75,54 +72,6 @@ class ChildTimeoutError(ChildFailedError):
     """The child did not answer within timeoutInSeconds."""
 
 
-@dataclass(frozen=True)
-class ChildSpec:
-    """The command to run per lease (already split and resolved), where, and its time limits."""
-
-    command: tuple[str, ...]
-    cwd: Path
-    timeout: float | None = None
-    shutdown_grace: float = 5.0
-    env: Mapping[str, str] | None = None
-
-
-def resolve_command(executable_name: str, cwd: Path) -> tuple[str, ...]:
-    """``executableName`` split like a shell command line, its program resolved against ``cwd``
-    (then PATH). A ``.py`` script that is not executable runs with this Python interpreter.
-    Raises ConfigError if the program cannot be found or run."""
-    try:
-        parts = shlex.split(executable_name)
-    except ValueError as exc:
-        raise ConfigError(f"property 'executableName' cannot be split: {exc}") from None
-    if not parts:
-        raise ConfigError("property 'executableName' is empty")
-    program = parts[0]
-    local = cwd / program
-    if os.sep in program or local.exists():
-        if not local.exists():
-            raise ConfigError(f"property 'executableName': {str(local)!r} does not exist")
-        if not local.is_file():
-            raise ConfigError(f"property 'executableName': {str(local)!r} is not a file")
-        if os.access(local, os.X_OK):
-            return (str(local), *parts[1:])
-        if local.suffix == ".py":
-            return (sys.executable, str(local), *parts[1:])
-        raise ConfigError(f"property 'executableName': {str(local)!r} is not executable")
-    found = shutil.which(program)
-    if found is None:
-        raise ConfigError(f"property 'executableName': {program!r} is not found on PATH")
-    return (found, *parts[1:])
-
-
-def spec_from_settings(settings: MultiLangSettings) -> ChildSpec:
-    return ChildSpec(
-        command=resolve_command(settings.executable_name, settings.cwd),
-        cwd=settings.cwd,
-        timeout=settings.timeout,
-        shutdown_grace=settings.shutdown_grace,
-    )
-
-
 class SubprocessProcessor(RecordProcessor):
     """Runs one child per lease; every method is async and awaited on the worker's loop."""
 
@@ -130,6 +79,8 @@ class SubprocessProcessor(RecordProcessor):
         self._spec = spec
         self._proc: asyncio.subprocess.Process | None = None
         self._stderr: asyncio.Task[None] | None = None
+        # The child's last stderr lines: an error that ends it says what it printed last.
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
         self._init: InitializeInput | None = None
         self.shard_id = "?"
         self.children_started = 0
@@ -301,7 +252,7 @@ class SubprocessProcessor(RecordProcessor):
                 status = await self._wait_exit(proc, 1.0)
                 raise ChildFailedError(
                     f"shard {self.shard_id}: the child process ended (status {status}) while "
-                    f"{action!r} was waiting for its status"
+                    f"{action!r} was waiting for its status{await self._last_words()}"
                 )
             decoded = protocol.decode_child_line(line)
             if decoded is None:
@@ -348,7 +299,18 @@ class SubprocessProcessor(RecordProcessor):
                 return
             text = line.decode("utf-8", "replace").rstrip()
             if text:
+                self._stderr_tail.append(text)
                 child_log.info("shard %s: %s", self.shard_id, text)
+
+    async def _last_words(self) -> str:
+        """The ended child's last stderr lines, for the error that reports its end."""
+        task = self._stderr
+        if task is not None:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(task), 1.0)
+        if not self._stderr_tail:
+            return ""
+        return "; its stderr ended with: " + " | ".join(self._stderr_tail)
 
     # --- ending a child --------------------------------------------------------------------------
 

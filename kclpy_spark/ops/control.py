@@ -3,6 +3,9 @@
 * ``suspended``: set by ``kclpy-spark suspend``; every worker stops taking and processing leases
   (keeping its checkpoints, staying alive) until ``resume``. It lives in the store, so it holds
   across restarts and machines.
+* ``stream/<stream>``: when the stream this application's leases belong to was created: a stream
+  deleted and re-created under the same name has new records but the same shard ids, so the old
+  checkpoints must not be applied to it (single-stream mode; multi-stream lease keys carry it).
 * ``worker/<id>``: what each worker publishes about itself for ``kclpy-spark status`` (leases, lag,
   records, last renewal, readiness). Only its own worker writes it; each process marks it with an
   instance id, so two processes started with the same worker id find each other.
@@ -73,6 +76,27 @@ def set_suspended(store: CoordinationStore, suspended: bool, *, by: str, now_wal
         store,
         SUSPEND_KEY,
         lambda d: {**d, "suspended": suspended, "by": by, "at": now_wall},
+        owner=None,
+        now_wall=now_wall,
+    )
+
+
+def stream_key(stream: str) -> str:
+    return f"stream/{stream}"
+
+
+def stream_created(store: CoordinationStore, stream: str) -> float | None:
+    value = _data(store.get_record(stream_key(stream))).get("created")
+    return float(value) if isinstance(value, int | float) else None
+
+
+def set_stream_created(
+    store: CoordinationStore, stream: str, created: float, *, now_wall: float
+) -> bool:
+    return update_record(
+        store,
+        stream_key(stream),
+        lambda d: {**d, "created": created, "at": now_wall},
         owner=None,
         now_wall=now_wall,
     )

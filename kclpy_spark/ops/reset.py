@@ -11,11 +11,13 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from checkpoint.base.errors import ConfigError
+from checkpoint.base.errors import ConfigError, KclpySparkError
 from checkpoint.lease import Lease
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.config import WorkerConfig, check_not_in_future
+from kclpy_spark.ops import control
 from kclpy_spark.ops.commands import live_workers, open_store
+from kclpy_spark.runtime.lease_store import LeaseStore
 
 
 @dataclass(frozen=True)
@@ -91,8 +93,28 @@ def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
     for before, after in plan.changes:
         if store.update_lease(after) is None:
             failed.append(before.shard_id)
+    if not cfg.streams and args.shard is None:
+        _record_stream(store, cfg)
     if failed:
         print(f"these leases changed meanwhile and were not reset: {', '.join(failed)}")
         return 1
     print("done")
     return 0
+
+
+def _record_stream(store: LeaseStore, cfg: WorkerConfig) -> None:
+    """A reset of every lease starts the application over on the stream as it is now: remember
+    its creation time, so a stream re-created under the same name is accepted from here on."""
+    from kclpy_spark.aws import boto3_client
+    from shard_sync.discovery import KinesisShardLister
+
+    lister = KinesisShardLister(
+        boto3_client("kinesis", cfg), stream_name=cfg.stream_name, stream_arn=cfg.stream_arn
+    )
+    try:
+        _, created = lister.describe()
+    except KclpySparkError as exc:
+        print(f"note: the stream's creation time was not recorded ({exc})")
+        return
+    if created is not None:
+        control.set_stream_created(store, cfg.stream, created, now_wall=time.time())

@@ -1,5 +1,6 @@
-"""KPL aggregated records: deaggregation (what a consumer needs) and an aggregator (for tests and
-small producers), with a hand-written decoder of the format's three protobuf messages.
+"""KPL aggregated records: deaggregation (what a consumer needs), with a hand-written decoder of the
+format's three protobuf messages. The aggregator (for tests and small producers) is
+``kpl_aggregate``.
 
 The format (awslabs/amazon-kinesis-producer, aggregation-format.md)::
 
@@ -33,8 +34,7 @@ import enum
 import hashlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from checkpoint.lease import MAX_HASH_KEY, HashKeyRange
 from checkpoint.sequence import ExtendedSequenceNumber
@@ -67,16 +67,6 @@ class KplCounters:
 
 class CorruptAggregateError(ValueError):
     """Internal: why an aggregate could not be decoded (never leaves this module)."""
-
-
-@dataclass(frozen=True)
-class UserRecord:
-    """One record given to the aggregator (a KPL ``addUserRecord``)."""
-
-    partition_key: str
-    data: bytes
-    explicit_hash_key: str | None = None
-    tags: tuple[tuple[str, str], ...] = field(default=())
 
 
 # --- decoding ------------------------------------------------------------------------------------
@@ -156,6 +146,35 @@ def _decode_record(buf: bytes, pos: int, end: int) -> _SubRecord:
     return pk_index, ehk_index, data
 
 
+def _other_field(
+    body: bytes, pos: int, end: int, pks: list[str], ehks: list[str], records: list[_SubRecord]
+) -> int:
+    """Decode the field at ``pos`` that is not a record in the KPL's layout (a key table entry,
+    a record laid out otherwise, a field to skip); returns where the next field starts."""
+    key = body[pos]
+    if key < 0x80:
+        pos += 1
+    else:
+        key, pos = _varint(body, pos, end)
+    number = key >> 3
+    wire_type = key & 7
+    if number not in (1, 2, 3):
+        return _skip(body, pos, end, wire_type)
+    if wire_type != 2:
+        raise CorruptAggregateError(f"field {number} has wire type {wire_type}")
+    length, pos = _varint(body, pos, end)
+    stop = pos + length
+    if stop > end:
+        raise CorruptAggregateError(f"field {number} runs past the end")
+    if number == 3:
+        records.append(_decode_record(body, pos, stop))
+    elif number == 1:
+        pks.append(body[pos:stop].decode("utf-8"))
+    else:
+        ehks.append(body[pos:stop].decode("ascii"))
+    return stop
+
+
 def decode(body: bytes) -> tuple[list[str], list[str], list[_SubRecord]]:
     """The partition-key table, explicit-hash-key table and sub-records of one AggregatedRecord
     protobuf message (without magic and digest). Raises CorruptAggregateError."""
@@ -193,28 +212,7 @@ def decode(body: bytes) -> tuple[list[str], list[str], list[_SubRecord]]:
                 append(_decode_record(body, pos, stop))
                 pos = stop
                 continue
-            if key < 0x80:
-                pos += 1
-            else:
-                key, pos = _varint(body, pos, end)
-            number = key >> 3
-            wire_type = key & 7
-            if number in (1, 2, 3):
-                if wire_type != 2:
-                    raise CorruptAggregateError(f"field {number} has wire type {wire_type}")
-                length, pos = _varint(body, pos, end)
-                stop = pos + length
-                if stop > end:
-                    raise CorruptAggregateError(f"field {number} runs past the end")
-                if number == 3:
-                    append(_decode_record(body, pos, stop))
-                elif number == 1:
-                    pks.append(body[pos:stop].decode("utf-8"))
-                else:
-                    ehks.append(body[pos:stop].decode("ascii"))
-                pos = stop
-            else:
-                pos = _skip(body, pos, end, wire_type)
+            pos = _other_field(body, pos, end, pks, ehks, records)
     except UnicodeDecodeError as exc:
         raise CorruptAggregateError(f"a key is not valid text: {exc}") from None
     return pks, ehks, records
@@ -395,62 +393,3 @@ class Deaggregator:
         if skipped and self._on_out_of_range is not None:
             self._on_out_of_range(skipped)
         return out
-
-
-# --- encoding (the aggregator) -------------------------------------------------------------------
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _field(key: int, payload: bytes) -> bytes:
-    return bytes((key,)) + _encode_varint(len(payload)) + payload
-
-
-def aggregate_body(records: Sequence[UserRecord]) -> bytes:
-    """The AggregatedRecord protobuf bytes for ``records``, laid out as the KPL writes them: key
-    tables in order of first use, an explicit hash key index only where a key was given."""
-    pk_index: dict[str, int] = {}
-    ehk_index: dict[str, int] = {}
-    encoded: list[bytes] = []
-    for r in records:
-        inner = b"\x08" + _encode_varint(pk_index.setdefault(r.partition_key, len(pk_index)))
-        if r.explicit_hash_key is not None:
-            index = ehk_index.setdefault(r.explicit_hash_key, len(ehk_index))
-            inner += b"\x10" + _encode_varint(index)
-        inner += _field(0x1A, r.data)
-        for k, v in r.tags:
-            inner += _field(0x22, _field(0x0A, k.encode()) + _field(0x12, v.encode()))
-        encoded.append(_field(0x1A, inner))
-    return b"".join(
-        [_field(0x0A, k.encode("utf-8")) for k in pk_index]
-        + [_field(0x12, k.encode("ascii")) for k in ehk_index]
-        + encoded
-    )
-
-
-def aggregate(records: Sequence[UserRecord]) -> bytes:
-    """One KPL aggregated record's data: magic, protobuf, MD5. (The KPL itself sends a lone user
-    record unaggregated; this always aggregates, which consumers must accept too.)"""
-    body = aggregate_body(records)
-    return MAGIC + body + hashlib.md5(body).digest()
-
-
-def put_entry(records: Sequence[UserRecord]) -> dict[str, Any]:
-    """A PutRecords entry for ``records`` aggregated, routed as the KPL routes it: by the first
-    user record's explicit hash key, or else the MD5 of its partition key."""
-    if not records:
-        raise ValueError("an aggregate needs at least one user record")
-    first = records[0]
-    hash_key = first.explicit_hash_key or str(partition_key_hash(first.partition_key))
-    return {
-        "Data": aggregate(records),
-        "PartitionKey": first.partition_key,
-        "ExplicitHashKey": hash_key,
-    }

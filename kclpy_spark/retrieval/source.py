@@ -6,15 +6,14 @@ and enhanced fan-out (SubscribeToShard) implement it; tests use a fake. What bot
 to raw records is ``RecordFilter`` (KPL deaggregation, and skipping what the start checkpoint
 already covers); when they last succeeded is ``FetchProgress``; what they retry and what they
 raise is ``wait_or_raise``. ``ShardProbe`` answers the two questions a consumer asks of a shard
-outside reading it (its oldest record, and whether it still exists), and ``KinesisSources`` builds
-the configured source for a lease.
+outside reading it (its oldest record, and whether it still exists). ``kinesis.KinesisSources``
+builds the configured source for a lease.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -188,17 +187,6 @@ class KinesisShardProbe:
         return True
 
 
-@dataclass(frozen=True)
-class SourceSettings:
-    """What the configured sources need (a slice of WorkerConfig)."""
-
-    retrieval_mode: str = "polling"
-    max_records: int = 10_000
-    idle_time_between_reads: float = 1.0
-    kpl_deaggregation: bool = True
-    consumer_name: str = "kclpy-spark"
-
-
 class SourceFactory(Protocol):
     def __call__(
         self,
@@ -209,70 +197,3 @@ class SourceFactory(Protocol):
         queue: asyncio.Queue[FetchedBatch],
         progress: FetchProgress,
     ) -> RecordSource: ...
-
-
-class KinesisSources:
-    """The configured RecordSource (polling or fan-out) over one stream, per lease."""
-
-    def __init__(
-        self,
-        client: Any,
-        stream: dict[str, str],
-        settings: SourceSettings,
-        rng: random.Random | None = None,
-        on_out_of_range: Callable[[str, int], None] | None = None,
-    ) -> None:
-        self._client = client
-        self._stream = stream
-        self._settings = settings
-        self._rng = rng or random.Random()
-        # Told (shard id, count) of KPL sub-records left out for lying outside the shard's range.
-        self._on_out_of_range = on_out_of_range
-
-    def __call__(
-        self,
-        shard_id: str,
-        start: ExtendedSequenceNumber,
-        position: InitialPosition,
-        hash_range: HashKeyRange | None,
-        queue: asyncio.Queue[FetchedBatch],
-        progress: FetchProgress,
-    ) -> RecordSource:
-        from kclpy_spark.retrieval.fanout import FanOutFetcher
-        from kclpy_spark.retrieval.polling import PollingFetcher
-
-        s = self._settings
-        deaggregator = None
-        if s.kpl_deaggregation:
-            report = self._on_out_of_range
-            deaggregator = Deaggregator(
-                hash_range,
-                shard_id=shard_id,
-                on_out_of_range=None if report is None else lambda n: report(shard_id, n),
-            )
-        if s.retrieval_mode == "fanout":
-            return FanOutFetcher(
-                self._client,
-                self._stream,
-                shard_id,
-                start,
-                position,
-                queue,
-                consumer_name=s.consumer_name,
-                rng=self._rng,
-                deaggregator=deaggregator,
-                progress=progress,
-            )
-        return PollingFetcher(
-            self._client,
-            self._stream,
-            shard_id,
-            start,
-            position,
-            queue,
-            max_records=s.max_records,
-            idle_time=s.idle_time_between_reads,
-            rng=self._rng,
-            deaggregator=deaggregator,
-            progress=progress,
-        )

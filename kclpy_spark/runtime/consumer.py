@@ -21,11 +21,9 @@ tested in the pure tier with fakes (tests/unit/runtime/test_consumer.py).
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from checkpoint.base.clock import AsyncSleep, Clock
@@ -49,39 +47,20 @@ from kclpy_spark.runtime.metrics import WorkerMetrics
 from kclpy_spark.runtime.shard_end import ShardEnd, finish_shard
 from kclpy_spark.runtime.tenure import (
     LeaseLost,
+    Outcome,
     Parked,
+    ShardStats,
     ShutdownSignal,
     Tenure,
     call_processor,
 )
 
+__all__ = ["Outcome", "ProcessorFactory", "ShardConsumer", "ShardStats", "start_position"]
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 ProcessorFactory = Callable[[], RecordProcessor]
-
-
-class Outcome(enum.StrEnum):
-    SHARD_END = "shard_end"
-    LEASE_LOST = "lease_lost"
-    SHUTDOWN = "shutdown"
-    PARKED = "parked"
-    RELEASED = "released"  # given back so another worker may try (a blocked merge child)
-
-
-@dataclass
-class ShardStats:
-    """Live figures for one shard (read by the status display and metrics)."""
-
-    shard_id: str
-    state: str = "waiting_on_parents"
-    records: int = 0
-    batches: int = 0
-    bytes: int = 0
-    millis_behind_latest: int | None = None
-    last_delivered: str | None = None
-    failures: int = 0
-    park_reason: str = ""
 
 
 def start_position(lease_start: float | None, configured: InitialPosition) -> InitialPosition:
@@ -372,11 +351,12 @@ class ShardConsumer:
         # shutdown_requested) stays at the end of the previous batch.
         before = checkpointer.largest_permitted
         arg = ProcessRecordsInput(batch.records, batch.millis_behind_latest or 0, checkpointer)
+        sequence_numbers = [r.sequence_number for r in batch.records]
         while True:
             # Checked before every delivery, not only when the renewer reports: a checkpoint that
             # lost its conditional write drops the lease at once.
             self.tenure.current()
-            checkpointer.set_largest_permitted(end)
+            checkpointer.set_largest_permitted(end, sequence_numbers)
             try:
                 await call_processor(processor.process_records, arg)
                 break

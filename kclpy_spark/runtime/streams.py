@@ -7,7 +7,10 @@ one's checkpoints.
 
 ``StreamSet`` keeps a worker's ``StreamContext`` per configured stream in line with the
 configuration (streams added or removed while running are picked up) and watches that each one
-still exists: ``gone_since`` tells the worker's health how long a stream has been missing.
+still exists: ``gone_since`` tells the worker's health how long a stream has been missing. In
+single-stream mode it also remembers when the stream was created (a coordination record): a
+stream deleted and re-created under the same name is refused at start-up, and seen as gone while
+running, instead of having the old checkpoints applied to its new records.
 """
 
 from __future__ import annotations
@@ -15,16 +18,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
-from checkpoint.base.errors import KclpySparkError, ResourceNotFoundError, map_aws_error
+from checkpoint.base.errors import (
+    ConfigError,
+    KclpySparkError,
+    ResourceNotFoundError,
+    map_aws_error,
+)
 from checkpoint.counters import CoordinationCounters
 from checkpoint.lease import Lease, in_stream
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import InitialPosition
 from kclpy_spark.config import StreamSpec, WorkerConfig
-from kclpy_spark.retrieval.source import KinesisShardProbe, KinesisSources, SourceSettings
+from kclpy_spark.ops import control
+from kclpy_spark.retrieval.kinesis import KinesisSources, SourceSettings
+from kclpy_spark.retrieval.source import KinesisShardProbe
+from kclpy_spark.runtime.lease_store import LeaseStore
 from shard_sync.cleanup import LeaderMaintenance
 from shard_sync.discovery import KinesisShardLister
 from shard_sync.syncer import ShardSyncer
@@ -44,6 +57,22 @@ def stream_identity(kinesis_sync: Any, spec: StreamSpec) -> str:
     name = str(summary["StreamName"])
     epoch = int(summary["StreamCreationTimestamp"].timestamp())
     return f"{account}:{name}:{epoch}"
+
+
+class StreamRecreatedError(ConfigError):
+    """The stream was deleted and re-created since the application's leases were written."""
+
+
+def recreated_message(label: str, known: float, created: float) -> str:
+    def when(t: float) -> str:
+        return datetime.fromtimestamp(t, tz=UTC).isoformat(timespec="seconds")
+
+    return (
+        f"stream {label} was deleted and re-created (now created {when(created)}; this "
+        f"application's leases belong to the one created {when(known)}): its checkpoints name "
+        "records of the old stream. Start over with `kclpy-spark reset --to TRIM_HORIZON` (or "
+        "LATEST), which also records the new stream"
+    )
 
 
 def source_settings(cfg: WorkerConfig) -> SourceSettings:
@@ -95,6 +124,7 @@ class StreamContext:
         )
         self.probe = KinesisShardProbe(kinesis_async, spec.request)
         self.gone_since: float | None = None  # monotonic: when it was first found missing
+        self.created: float | None = None  # creation time of the stream the leases belong to
 
     @property
     def label(self) -> str:
@@ -112,7 +142,7 @@ class StreamSet:
         cfg: WorkerConfig,
         tracker: Callable[[], tuple[StreamSpec, ...]],
         *,
-        table: LeaseTable,
+        table: LeaseStore,
         kinesis_sync: Any,
         kinesis_async: Any,
         counters: CoordinationCounters,
@@ -169,10 +199,13 @@ class StreamSet:
         )
         await asyncio.to_thread(lister.wait_until_active)
         stream_key = None
+        created = None
         if multi:
             stream_key = await asyncio.to_thread(stream_identity, self._kinesis_sync, spec)
+        else:
+            created = await asyncio.to_thread(self._check_identity, lister, spec.label)
         cfg = self._cfg
-        return StreamContext(
+        context = StreamContext(
             spec,
             stream_key=stream_key,
             initial_position=spec.initial_position or cfg.initial_position,
@@ -185,6 +218,21 @@ class StreamSet:
             rng=self._rng,
             on_out_of_range=self._on_out_of_range,
         )
+        context.created = created
+        return context
+
+    def _check_identity(self, lister: KinesisShardLister, label: str) -> float | None:
+        """The stream's creation time; raises StreamRecreatedError if the leases belong to an
+        earlier stream of that name."""
+        _, created = lister.describe()
+        if created is None:
+            return None
+        known = control.stream_created(self._table, label)
+        if known is None:
+            control.set_stream_created(self._table, label, created, now_wall=time.time())
+        elif abs(known - created) > 1.0:
+            raise StreamRecreatedError(recreated_message(label, known, created))
+        return created
 
     async def check_present(self) -> list[StreamContext]:
         """Ask each stream whether it still exists (DescribeStreamSummary); returns the ones
@@ -192,8 +240,13 @@ class StreamSet:
         missing = []
         for context in list(self.contexts.values()):
             try:
-                status = await asyncio.to_thread(context.lister.stream_status)
+                status, created = await asyncio.to_thread(context.lister.describe)
                 gone = status == "DELETING"
+                known = context.created
+                if not gone and known is not None and created is not None:
+                    gone = abs(created - known) > 1.0  # a new stream of that name
+                    if gone and context.gone_since is None:
+                        log.error(recreated_message(context.label, known, created))
             except ResourceNotFoundError:
                 gone = True
             except KclpySparkError as exc:

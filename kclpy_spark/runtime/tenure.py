@@ -11,8 +11,10 @@ so the worker does not mistake the lease's going for a loss.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from checkpoint.base.clock import AsyncSleep
@@ -25,6 +27,29 @@ from checkpoint.sequence import ExtendedSequenceNumber
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class Outcome(enum.StrEnum):
+    SHARD_END = "shard_end"
+    LEASE_LOST = "lease_lost"
+    SHUTDOWN = "shutdown"
+    PARKED = "parked"
+    RELEASED = "released"  # given back so another worker may try (a blocked merge child)
+
+
+@dataclass
+class ShardStats:
+    """Live figures for one shard (read by the status display and metrics)."""
+
+    shard_id: str
+    state: str = "waiting_on_parents"
+    records: int = 0
+    batches: int = 0
+    bytes: int = 0
+    millis_behind_latest: int | None = None
+    last_delivered: str | None = None
+    failures: int = 0
+    park_reason: str = ""
 
 
 class LeaseLost(Exception):

@@ -24,11 +24,9 @@ from typing import Any, TypeVar
 
 from checkpoint.base.clock import AsyncSleep, Clock, SystemClock
 from checkpoint.base.errors import KclpySparkError
-from checkpoint.counters import CoordinationCounters, Counter
-from checkpoint.lease import Lease, LeaseState
+from checkpoint.counters import CoordinationCounters
+from checkpoint.lease import Lease
 from checkpoint.leasing.holder import LeaseHolder
-from checkpoint.leasing.observer import LeaseObserver
-from checkpoint.leasing.taker import plan_takes
 from checkpoint.leasing.timing import LeaseTiming
 from kclpy_spark.config import StreamSpec, WorkerConfig
 from kclpy_spark.logs import set_application
@@ -39,6 +37,7 @@ from kclpy_spark.runtime.health import Health
 from kclpy_spark.runtime.lease_store import LeaseStore
 from kclpy_spark.runtime.metrics import StatusServer, WorkerMetrics
 from kclpy_spark.runtime.streams import StreamContext, StreamSet
+from kclpy_spark.runtime.taking import Taker
 from shard_sync.leader import LeaderElection
 
 log = logging.getLogger(__name__)
@@ -67,8 +66,8 @@ class Worker:
     ) -> None:
         self.cfg = cfg
         self.store = store
-        self._clock = clock or SystemClock()
-        self._rng = rng or random.Random()
+        self.clock = clock or SystemClock()
+        self.rng = rng or random.Random()
         self.timing = LeaseTiming(failover=cfg.failover_time)
         self.counters = CoordinationCounters()
         self.metrics = WorkerMetrics(self.counters)
@@ -76,13 +75,12 @@ class Worker:
         self.instance = uuid.uuid4().hex  # tells this process from another with the same id
         self.exit_reason: str | None = None
         self.status_server: StatusServer | None = None
-        self.holder = LeaseHolder(store, cfg.worker_id, self._clock, self.timing.lease_duration)
-        self._observer = LeaseObserver(self.timing)
+        self.holder = LeaseHolder(store, cfg.worker_id, self.clock, self.timing.lease_duration)
         self.leader = LeaderElection(
-            store, cfg.worker_id, lease_duration=self.timing.lease_duration, clock=self._clock
+            store, cfg.worker_id, lease_duration=self.timing.lease_duration, clock=self.clock
         )
         self.health = Health(
-            self._clock.monotonic,
+            self.clock.monotonic,
             store_interval=self.timing.renew_interval,
             missing_timeout=cfg.missing_dependency_timeout,
             table_name=cfg.application_name,
@@ -90,25 +88,15 @@ class Worker:
         self._stop = asyncio.Event()
         self._take_now = asyncio.Event()
         self.started = asyncio.Event()
-        self.streams = StreamSet(
-            cfg,
-            stream_tracker or (lambda: cfg.stream_specs),
-            table=store,
-            kinesis_sync=kinesis_sync,
-            kinesis_async=kinesis_async,
-            counters=self.counters,
-            monotonic=self._clock.monotonic,
-            rng=self._rng,
-            on_out_of_range=lambda shard, n: self.metrics.kpl_out_of_range.labels(shard).inc(n),
-        )
+        self.streams = self._stream_set(stream_tracker, kinesis_sync, kinesis_async)
         self.consumers = ConsumerSet(
             cfg,
             processor_factory,
             holder=self.holder,
             table=store,
-            clock=self._clock,
+            clock=self.clock,
             sleep=sleep,
-            rng=self._rng,
+            rng=self.rng,
             metrics=self.metrics,
             counters=self.counters,
             on_shard_end=self._take_now.set,
@@ -116,6 +104,26 @@ class Worker:
         # Lease-table calls of the worker's own loops: never queued behind processor threads.
         self._lease_io = concurrent.futures.ThreadPoolExecutor(
             max_workers=4, thread_name_prefix="kclpy-spark-lease"
+        )
+        self.taker = Taker(self, self._io)
+
+    def _stream_set(
+        self,
+        tracker: Callable[[], tuple[StreamSpec, ...]] | None,
+        kinesis_sync: Any,
+        kinesis_async: Any,
+    ) -> StreamSet:
+        cfg = self.cfg
+        return StreamSet(
+            cfg,
+            tracker or (lambda: cfg.stream_specs),
+            table=self.store,
+            kinesis_sync=kinesis_sync,
+            kinesis_async=kinesis_async,
+            counters=self.counters,
+            monotonic=self.clock.monotonic,
+            rng=self.rng,
+            on_out_of_range=lambda shard, n: self.metrics.kpl_out_of_range.labels(shard).inc(n),
         )
 
     # --- public ----------------------------------------------------------------------------------
@@ -220,7 +228,8 @@ class Worker:
     async def _take_loop(self) -> None:
         while True:
             try:
-                await self._take_round()
+                if not self.suspended:
+                    await self.taker.round()
             except KclpySparkError as exc:
                 self.health.store_failed(exc)
                 log.warning("worker %s: lease taking failed: %s", self.cfg.worker_id, exc)
@@ -251,13 +260,13 @@ class Worker:
         and look again; only a record that moved meanwhile is a live duplicate."""
         status = await self._io(control.worker_status, self.store, self.cfg.worker_id)
         recent = 3 * self.timing.lease_duration
-        if not control.published_by_another(status, self.instance, self._clock.wall(), recent):
+        if not control.published_by_another(status, self.instance, self.clock.wall(), recent):
             return
         log.info(
             "worker %s: a process with this worker id published its status %.0fs ago; waiting "
             "%.0fs to see whether it still runs",
             self.cfg.worker_id,
-            self._clock.wall() - float(status.get("updated_at", 0.0)),
+            self.clock.wall() - float(status.get("updated_at", 0.0)),
             self.timing.lease_duration + 1,
         )
         await asyncio.sleep(self.timing.lease_duration + 1)
@@ -274,7 +283,7 @@ class Worker:
     async def _control_round(self) -> None:
         """Publish this worker's status; follow the suspend flag; watch the streams' presence
         and whether a dependency has been gone too long."""
-        now = self._clock.wall()
+        now = self.clock.wall()
         suspended = await self._io(control.is_suspended, self.store)
         self.health.store_ok()
         if suspended and not self.suspended:
@@ -318,7 +327,7 @@ class Worker:
         self.health.duplicate_worker = message
 
     def _status_payload(self, now_wall: float) -> dict[str, Any]:
-        now = self._clock.monotonic()
+        now = self.clock.monotonic()
         leases: dict[str, Any] = {}
         for held in self.holder.held():
             stats = self.consumers.stats_of(held.lease_key)
@@ -359,55 +368,7 @@ class Worker:
             if result.synced is not None and result.synced.created:
                 self._take_now.set()
         if self.leader.is_leader:
-            await self._io(functools.partial(self.leader.note, last_sync=self._clock.wall()))
-
-    async def _take_round(self) -> None:
-        if self.suspended:
-            return
-        leases = await self._io(self.store.list_leases)
-        self.health.store_ok()
-        now_wall = self._clock.wall()
-        mine = [x for x in leases if self.streams.context_of(x) is not None]
-        unfinished = [x for x in mine if not x.checkpoint.is_shard_end]
-        # Parked leases are invisible to the taker until their reopen time; leases of streams
-        # this worker does not consume (removed from the config) are never taken.
-        open_leases = [x for x in mine if x.state(now_wall) is not LeaseState.CLOSED]
-        self.health.all_parked = bool(unfinished) and all(
-            x.state(now_wall) is LeaseState.CLOSED for x in unfinished
-        )
-        monotonic = self._clock.monotonic()
-        scan = self._observer.observe(open_leases, monotonic)
-        plan = plan_takes(
-            scan,
-            self.cfg.worker_id,
-            max_leases_for_worker=self.cfg.max_leases_for_worker,
-            max_leases_to_steal=self.cfg.max_leases_to_steal,
-            rng=self._rng,
-            steal_cooldown=self.timing.steal_cooldown,
-        )
-        if not plan.leases:
-            if plan.mine < plan.target:
-                self.counters.increment(Counter.NO_PARTITIONS_ACQUIRED)
-            return
-        log.info("worker %s: %s", self.cfg.worker_id, plan.reason)
-        for lease in plan.leases:
-            if lease.lease_key not in self.consumers:
-                await self._take(lease, stolen=lease in plan.steal)
-
-    async def _take(self, lease: Lease, *, stolen: bool) -> None:
-        taken = await self._io(self.store.take_lease, lease, self.cfg.worker_id)
-        if taken is None:
-            log.info("lease %s: another worker took it first", lease.lease_key)
-            return
-        self._observer.record_write(taken, self._clock.monotonic())
-        self.counters.increment(Counter.PARTITIONS_ACQUIRED)
-        (self.metrics.steals if stolen else self.metrics.takes).inc()
-        held = self.holder.add_taken(taken)
-        context = self.streams.context_of(taken)
-        if context is None:  # its stream was removed meanwhile
-            await self._io(self.holder.release, held.lease_key, held.token)
-            return
-        self.consumers.start(held, context)
+            await self._io(functools.partial(self.leader.note, last_sync=self.clock.wall()))
 
     async def _release_all(self, *, resign: bool = True) -> None:
         for held in self.holder.held():
@@ -422,7 +383,7 @@ class Worker:
             with contextlib.suppress(KclpySparkError):
                 await self._io(self.leader.resign)
             with contextlib.suppress(KclpySparkError):  # a restart need not wait for us
-                now = self._clock.wall()
+                now = self.clock.wall()
                 stopped = {"stopped": True, "leases": {}}
                 await self._io(
                     control.publish_worker_status,

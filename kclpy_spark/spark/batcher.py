@@ -29,11 +29,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from checkpoint.base.clock import Clock, SystemClock
-from checkpoint.checkpointer import SHUTDOWN, CheckpointError, PreparedCheckpoint
 from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.spark.batch import BatchSink, Interrupter, NoInterrupter, ToDataFrame
 from kclpy_spark.spark.lane import (
@@ -48,6 +46,7 @@ from kclpy_spark.spark.lane import (
 from kclpy_spark.spark.pieces import Chunk, PendingState
 from kclpy_spark.spark.planner import Plan, next_wakeup, plan_due
 from kclpy_spark.spark.settings import BatcherSettings
+from kclpy_spark.spark.updates import BatcherStats, LaneUpdates
 from kclpy_spark.spark.writer import Batch, BatchWriter, DeadLetterWriter
 
 __all__ = [
@@ -60,22 +59,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class BatcherStats:
-    batches: int = 0
-    rows: int = 0
-    failed_attempts: int = 0
-    dead_lettered_batches: int = 0
-    parked_batches: int = 0
-    commits: int = 0
-    # Seconds spent, summed over batches: pending checkpoints, sink writes, checkpoint commits.
-    prepare_seconds: float = 0.0
-    write_seconds: float = 0.0
-    commit_seconds: float = 0.0
-    last_error: str = ""
-    by_lease_rows: dict[str, int] = field(default_factory=dict)
 
 
 class MicroBatcher:
@@ -101,10 +84,13 @@ class MicroBatcher:
         self._lanes: dict[str, Lane] = {}
         self._active = 0
         self._closed = False
+        self._updates = LaneUpdates(
+            self._cond, self.stats, self._clock, self.settings, self._close_locked
+        )
         self._writer = BatchWriter(
             sink,
             self.settings,
-            _Events(self),
+            self._updates,
             to_df=to_df,
             interrupter=interrupter or NoInterrupter(),
             dead_letter=dead_letter,
@@ -301,7 +287,7 @@ class MicroBatcher:
             self._writer.run(batch)
         except Exception as exc:  # a bug here must not kill the writer thread or lose records
             log.exception("%r failed unexpectedly", batch)
-            _Events(self).gave_up(batch, exc)
+            self._updates.gave_up(batch, exc)
         finally:
             with self._cond:
                 self._active -= 1
@@ -372,88 +358,3 @@ class MicroBatcher:
             bytes_left -= cut.nbytes
             parts.append((lane, cut))
         return Batch(sorted(parts, key=lambda part: part[1].key))
-
-
-class _Events:
-    """The writer's reports, applied to the lanes and stats under the batcher's lock."""
-
-    def __init__(self, batcher: MicroBatcher) -> None:
-        self._b = batcher
-
-    def prepared(self, lane: Lane, cut: Cut, token: Any, checkpoint: PreparedCheckpoint) -> None:
-        with self._b._cond:
-            lane.prepared(cut, checkpoint)
-
-    def not_prepared(self, lane: Lane, cut: Cut, error: CheckpointError) -> None:
-        with self._b._cond:
-            if error.value == SHUTDOWN:
-                self._b._close_locked(lane)
-            else:
-                lane.put_back(cut, (cut.key,), self._b._clock.monotonic())
-                lane.park(f"cannot prepare the checkpoint: {error}")
-            self._b._cond.notify_all()
-
-    def all_closed(self, batch: Batch) -> bool:
-        with self._b._cond:
-            return all(lane.state is LaneState.CLOSED for lane, _ in batch.parts)
-
-    def attempt(self, error: BaseException | None, prepare_s: float, write_s: float) -> None:
-        with self._b._cond:
-            stats = self._b.stats
-            stats.prepare_seconds += prepare_s
-            stats.write_seconds += write_s
-            if error is not None:
-                stats.failed_attempts += 1
-                stats.last_error = repr(error)
-
-    def written(self, batch: Batch, *, dead_lettered: bool) -> list[tuple[Lane, Cut]]:
-        rows = batch.sink_batch.rows if batch.sink_batch is not None else 0
-        with self._b._cond:
-            stats = self._b.stats
-            if dead_lettered:
-                stats.dead_lettered_batches += 1
-            else:
-                stats.batches += 1
-                stats.rows += rows
-            for lane, cut in batch.parts:
-                key = lane.lease_key
-                stats.by_lease_rows[key] = stats.by_lease_rows.get(key, 0) + cut.piece.rows
-            return [(lane, cut) for lane, cut in batch.parts if lane.state is not LaneState.CLOSED]
-
-    def committed(self, lane: Lane, cut: Cut, seconds: float) -> None:
-        with self._b._cond:
-            lane.committed(cut)
-            self._b.stats.commits += 1
-            self._b.stats.commit_seconds += seconds
-            self._b._cond.notify_all()
-
-    def commit_failed(self, lane: Lane, cut: Cut, error: CheckpointError) -> None:
-        b = self._b
-        with b._cond:
-            if error.value == SHUTDOWN or lane.state is LaneState.CLOSED:
-                b._close_locked(lane)
-            elif error.retry_may_help:
-                lane.commit_later(cut, b._clock.monotonic() + b.settings.commit_retry_delay)
-            else:
-                lane.put_back(cut, (cut.key,), b._clock.monotonic())
-                lane.park(f"checkpoint failed: {error}")
-            b._cond.notify_all()
-
-    def gave_up(self, batch: Batch, error: BaseException) -> None:
-        """Nothing is checkpointed: each cut goes back to the head of its lane to be re-formed,
-        and the lanes are parked until the lease is parked or re-armed."""
-        log.error(
-            "%r: giving up after %d attempts (%r); parking its leases",
-            batch,
-            self._b.settings.max_attempts,
-            error,
-        )
-        with self._b._cond:
-            self._b.stats.parked_batches += 1
-            now = self._b._clock.monotonic()
-            for lane, cut in batch.parts:
-                if lane.state is LaneState.CLOSED:
-                    continue
-                lane.put_back(cut, batch.group, now)
-                lane.park(repr(error))
-            self._b._cond.notify_all()

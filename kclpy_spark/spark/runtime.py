@@ -20,6 +20,7 @@ from checkpoint.base.errors import ConfigError
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.spark.batch import BatchSink, FunctionSink
 from kclpy_spark.spark.batcher import MicroBatcher
+from kclpy_spark.spark.paths import check_sink_path, check_writable, local_path
 from kclpy_spark.spark.session import SparkSessionHolder
 from kclpy_spark.spark.sink_config import SinkConfig
 from kclpy_spark.spark.sink_processor import SparkSinkProcessorFactory
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 def load_sink(cfg: SinkConfig) -> BatchSink:
     """``parquet:<path>``, ``delta:<path>``, or ``module:attr`` naming a foreachBatch function
     ``fn(df, batch_id)`` or a BatchSink (an object, or a class made with no arguments)."""
+    if cfg.sink_kind in ("parquet", "delta"):
+        check_sink_path(cfg.sink_kind, cfg.sink_path)
     if cfg.sink_kind == "parquet":
         return ParquetSink(cfg.sink_path)
     if cfg.sink_kind == "delta":
@@ -97,8 +100,13 @@ def processor_factory_from_sink_config(
         keep_raw_data=sink_cfg.keep_raw_data,
     )
     sink = load_sink(sink_cfg)
+    if sink_cfg.dead_letter_path:
+        folder = local_path(sink_cfg.dead_letter_path)
+        if folder is not None:
+            check_writable(folder, "config 'failure_policy' dead-letter")
     if start_session:
         holder.session()
+        holder.check_value_schema()
     settings = sink_cfg.batcher_settings(holder.max_batch_bytes())
     if settings.max_bytes < sink_cfg.batching.max_bytes:
         log.warning(

@@ -43,7 +43,7 @@ MIB = 1024 * 1024
 DEFAULT_RPC_MAX_MIB = 128
 TASK_SIZE_SHARE = 0.75
 MIN_JAVA = 17
-_LOCAL = re.compile(r"^local(\[(\d+|\*)(,\d+)?\])?$")
+_LOCAL = re.compile(r"^local(\[([1-9]\d*|\*)(,\d+)?\])?$")
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 # Over Connect, createDataFrame uploads a table larger than this threshold (1 MiB by default) as a
 # cached artifact that the server keeps until the session ends: ~30 MB of heap per 100k rows, a
@@ -234,6 +234,24 @@ class SparkSessionHolder:
         except ValueError:
             limit = DEFAULT_RPC_MAX_MIB * MIB
         return int(limit * TASK_SIZE_SHARE)
+
+    def check_value_schema(self) -> None:
+        """Raise ConfigError (one line) now if ``value_schema`` is not a DDL schema Spark can
+        parse JSON into, instead of at the first write."""
+        if not self._value_schema:
+            return
+        from kclpy_spark.spark.pieces import SCHEMA
+
+        try:
+            self.to_df(SCHEMA.empty_table()).schema  # noqa: B018 - forces the analysis
+        except ConfigError:
+            raise
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            raise ConfigError(
+                f"config 'value_schema' {self._value_schema!r} is not a Spark DDL schema "
+                f"(e.g. 'id BIGINT, name STRING'): {first}"
+            ) from None
 
     # --- DataFrames and cancellation -------------------------------------------------------------
 

@@ -33,10 +33,10 @@ class BatcherSettings:
                 raise ConfigError(f"config {name!r} must be >= 1, got {getattr(self, name)}")
         if self.buffer_bytes < 0:
             raise ConfigError(f"config 'buffer_bytes' must be >= 0, got {self.buffer_bytes}")
-        for name in ("max_wait", "write_timeout"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"config {name!r} must be > 0, got {getattr(self, name)}")
-        for name in ("retry_base_delay", "retry_max_delay", "regroup_wait", "commit_retry_delay"):
+        if not self.write_timeout > 0:
+            raise ConfigError(f"config 'write_timeout' must be > 0, got {self.write_timeout}")
+        for name in ("max_wait", "retry_base_delay", "retry_max_delay", "regroup_wait",
+                     "commit_retry_delay"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ConfigError(f"config {name!r} must be >= 0, got {getattr(self, name)}")
         if self.retry_max_delay < self.retry_base_delay:

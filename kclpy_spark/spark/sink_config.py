@@ -99,6 +99,8 @@ def _check(cfg: SinkConfig) -> None:
             "config 'failure_policy' must be 'park' or 'dead-letter:<path>', "
             f"got {cfg.failure_policy!r}"
         )
+    if not cfg.batching.max_wait > 0:  # 0 (flush at once) is for tests; a sink batches
+        raise ConfigError(f"config 'max_wait' must be > 0, got {cfg.batching.max_wait}")
     if not cfg.shutdown_timeout > 0:
         raise ConfigError(f"config 'shutdown_timeout' must be > 0, got {cfg.shutdown_timeout}")
 

@@ -18,7 +18,8 @@ from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
 from checkpoint.stores.sqlite import SQLiteLeaseTable
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.processor import InitializeInput, ProcessRecordsInput, RecordProcessor
-from kclpy_spark.retrieval.kpl import UserRecord, partition_key_hash, put_entry
+from kclpy_spark.retrieval.kpl import partition_key_hash
+from kclpy_spark.retrieval.kpl_aggregate import UserRecord, put_entry
 from kclpy_spark.runtime.daemon import run_worker
 
 HALF = 2**127

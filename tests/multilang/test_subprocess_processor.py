@@ -25,12 +25,11 @@ from multilang_helpers import (
 
 from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import SHARD_END, ExtendedSequenceNumber
+from kclpy_spark.multilang.child import ChildSpec, resolve_command
 from kclpy_spark.multilang.subprocess_processor import (
     ChildFailedError,
-    ChildSpec,
     ChildTimeoutError,
     SubprocessProcessor,
-    resolve_command,
 )
 from kclpy_spark.processor import (
     InitializeInput,
@@ -293,3 +292,27 @@ def test_resolve_command(tmp_path: Path) -> None:
     (tmp_path / "data.txt").write_text("x")
     with pytest.raises(ConfigError, match="is not executable"):
         resolve_command("data.txt", tmp_path)
+    # Issue 15: an interpreter that exists with a script that does not used to start, fail at
+    # once ("can't open file", logged at INFO) and be retried forever.
+    with pytest.raises(ConfigError, match=r"no_such_script\.py' does not exist"):
+        resolve_command("python3 no_such_script.py", tmp_path)
+
+
+def test_the_error_of_a_child_that_died_quotes_its_last_stderr_lines(tmp_path: Path) -> None:
+    """Issue 15: a child that could not run (e.g. "can't open file") said so only at INFO; the
+    failure that ends it (and counts toward parking the lease) now carries its last words."""
+    script = tmp_path / "crasher.py"
+    script.write_text(
+        "import sys\n"
+        "sys.stdin.readline()\n"
+        "print('Traceback: ModuleNotFoundError: No module named foo', file=sys.stderr)\n"
+        "sys.exit(1)\n"
+    )
+    shard = held_shard()
+    processor = SubprocessProcessor(spec(tmp_path, script))
+
+    async def scenario() -> None:
+        with pytest.raises(ChildFailedError, match=r"stderr ended with: .*No module named foo"):
+            await start(processor, shard)
+
+    asyncio.run(scenario())

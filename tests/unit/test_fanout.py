@@ -22,7 +22,8 @@ from kclpy_spark.retrieval.fanout import (
     deregister_consumer,
     starting_position,
 )
-from kclpy_spark.retrieval.kpl import Deaggregator, UserRecord, aggregate
+from kclpy_spark.retrieval.kpl import Deaggregator
+from kclpy_spark.retrieval.kpl_aggregate import UserRecord, aggregate
 from kclpy_spark.retrieval.polling import FetchedBatch
 
 STREAM_ARN = "arn:aws:kinesis:us-east-1:000000000000:stream/s"

@@ -18,14 +18,11 @@ from kclpy_spark.retrieval.kpl import (
     CorruptPolicy,
     Deaggregator,
     KplCounters,
-    UserRecord,
-    aggregate,
-    aggregate_body,
     deaggregate,
     partition_key_hash,
-    put_entry,
     skip_through,
 )
+from kclpy_spark.retrieval.kpl_aggregate import UserRecord, aggregate, aggregate_body, put_entry
 from kclpy_spark.retrieval.polling import FetchedBatch, PollingFetcher
 
 HALF = 2**127

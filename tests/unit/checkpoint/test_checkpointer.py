@@ -537,3 +537,52 @@ def test_the_store_refuses_a_backward_checkpoint_write(table: FaultyTable) -> No
     with pytest.raises(CheckpointRegressionError):
         table.update_checkpoint(forward, esn("120"))
     assert stored(table) == forward
+
+
+# --- a checkpoint names a record this lease delivered (issue 15) --------------------------------
+
+
+def test_a_sequence_number_inside_the_range_but_not_delivered_is_refused(
+    table: FaultyTable, cp: Checkpointer
+) -> None:
+    """It used to be accepted (it lies numerically between the last checkpoint and the last
+    record delivered); on restart the lease was then parked as older than the retention."""
+    delivered = ["110", "120", "130"]
+    cp.set_largest_permitted(esn("130"), delivered)
+    with raises(ILLEGAL_ARGUMENT) as info:
+        cp.checkpoint("125")  # e.g. a record of another shard
+    assert "no record this lease delivered" in str(info.value)
+    assert table.write_calls == 0
+    cp.checkpoint("120")
+    assert stored(table).checkpoint == esn("120")
+    cp.set_largest_permitted(esn("150"), ["140", "150"])
+    with raises(ILLEGAL_ARGUMENT):
+        cp.checkpoint("145")
+    cp.checkpoint("150")
+    cp.checkpoint()  # no argument: the last record delivered, always fine
+    assert stored(table).checkpoint == esn("150")
+
+
+def test_a_batch_that_failed_is_forgotten_with_its_records(
+    table: FaultyTable, cp: Checkpointer
+) -> None:
+    cp.set_largest_permitted(esn("120"), ["110", "120"])
+    cp.set_largest_permitted(esn("140"), ["130", "140"])
+    cp.set_largest_permitted(esn("120"))  # process_records of the second batch raised
+    with raises(ILLEGAL_ARGUMENT):
+        cp.checkpoint("130")
+    cp.checkpoint("110")
+
+
+def test_delivered_records_are_bounded_and_forgotten_ranges_fall_back_to_the_range_check() -> None:
+    from checkpoint.delivered import DeliveredRecords
+
+    seen = DeliveredRecords(max_records=4)
+    for first in range(0, 40, 2):  # 20 batches of 2
+        seen.delivered([str(100 + first), str(101 + first)], esn(str(101 + first)))
+    assert seen.names_a_record(esn("137")) and seen.names_a_record(esn("139"))
+    assert not seen.names_a_record(esn("1370"))  # beyond every batch
+    assert seen.names_a_record(esn("102"))  # forgotten: only the range check applies
+    seen.checkpointed(esn("139"))
+    assert seen.names_a_record(esn("139"))  # the same checkpoint again is fine
+    assert not seen.names_a_record(esn("140"))  # nothing delivered after it

@@ -1,0 +1,135 @@
+"""How a written batch changes the lanes: the MicroBatcher's side of the writer's reports.
+
+The writer (writer.py) does I/O only and reports each outcome through ``LaneEvents``;
+``LaneUpdates`` applies it under the batcher's lock with the ``Lane`` transitions, and keeps the
+batcher's statistics.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from checkpoint.base.clock import Clock
+from checkpoint.checkpointer import SHUTDOWN, CheckpointError, PreparedCheckpoint
+from kclpy_spark.spark.lane import Cut, Lane, LaneState
+from kclpy_spark.spark.settings import BatcherSettings
+from kclpy_spark.spark.writer import Batch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BatcherStats:
+    batches: int = 0
+    rows: int = 0
+    failed_attempts: int = 0
+    dead_lettered_batches: int = 0
+    parked_batches: int = 0
+    commits: int = 0
+    # Seconds spent, summed over batches: pending checkpoints, sink writes, checkpoint commits.
+    prepare_seconds: float = 0.0
+    write_seconds: float = 0.0
+    commit_seconds: float = 0.0
+    last_error: str = ""
+    by_lease_rows: dict[str, int] = field(default_factory=dict)
+
+
+class LaneUpdates:
+    """The writer's reports (``LaneEvents``), applied to the lanes and the stats under the
+    batcher's lock: the batcher's side of every lane change a write causes."""
+
+    def __init__(
+        self,
+        cond: threading.Condition,
+        stats: BatcherStats,
+        clock: Clock,
+        settings: BatcherSettings,
+        close: Callable[[Lane], None],
+    ) -> None:
+        self._cond = cond
+        self.stats = stats
+        self._clock = clock
+        self._settings = settings
+        self._close = close  # closes a lane and forgets it (call with the lock held)
+
+    def prepared(self, lane: Lane, cut: Cut, token: Any, checkpoint: PreparedCheckpoint) -> None:
+        with self._cond:
+            lane.prepared(cut, checkpoint)
+
+    def not_prepared(self, lane: Lane, cut: Cut, error: CheckpointError) -> None:
+        with self._cond:
+            if error.value == SHUTDOWN:
+                self._close(lane)
+            else:
+                lane.put_back(cut, (cut.key,), self._clock.monotonic())
+                lane.park(f"cannot prepare the checkpoint: {error}")
+            self._cond.notify_all()
+
+    def all_closed(self, batch: Batch) -> bool:
+        with self._cond:
+            return all(lane.state is LaneState.CLOSED for lane, _ in batch.parts)
+
+    def attempt(self, error: BaseException | None, prepare_s: float, write_s: float) -> None:
+        with self._cond:
+            stats = self.stats
+            stats.prepare_seconds += prepare_s
+            stats.write_seconds += write_s
+            if error is not None:
+                stats.failed_attempts += 1
+                stats.last_error = repr(error)
+
+    def written(self, batch: Batch, *, dead_lettered: bool) -> list[tuple[Lane, Cut]]:
+        rows = batch.sink_batch.rows if batch.sink_batch is not None else 0
+        with self._cond:
+            stats = self.stats
+            if dead_lettered:
+                stats.dead_lettered_batches += 1
+            else:
+                stats.batches += 1
+                stats.rows += rows
+            for lane, cut in batch.parts:
+                key = lane.lease_key
+                stats.by_lease_rows[key] = stats.by_lease_rows.get(key, 0) + cut.piece.rows
+            return [(lane, cut) for lane, cut in batch.parts if lane.state is not LaneState.CLOSED]
+
+    def committed(self, lane: Lane, cut: Cut, seconds: float) -> None:
+        with self._cond:
+            lane.committed(cut)
+            self.stats.commits += 1
+            self.stats.commit_seconds += seconds
+            self._cond.notify_all()
+
+    def commit_failed(self, lane: Lane, cut: Cut, error: CheckpointError) -> None:
+        with self._cond:
+            now = self._clock.monotonic()
+            if error.value == SHUTDOWN or lane.state is LaneState.CLOSED:
+                self._close(lane)
+            elif error.retry_may_help:
+                lane.commit_later(cut, now + self._settings.commit_retry_delay)
+            else:
+                lane.put_back(cut, (cut.key,), now)
+                lane.park(f"checkpoint failed: {error}")
+            self._cond.notify_all()
+
+    def gave_up(self, batch: Batch, error: BaseException) -> None:
+        """Nothing is checkpointed: each cut goes back to the head of its lane to be re-formed,
+        and the lanes are parked until the lease is parked or re-armed."""
+        log.error(
+            "%r: giving up after %d attempts (%r); parking its leases",
+            batch,
+            self._settings.max_attempts,
+            error,
+        )
+        with self._cond:
+            self.stats.parked_batches += 1
+            now = self._clock.monotonic()
+            for lane, cut in batch.parts:
+                if lane.state is LaneState.CLOSED:
+                    continue
+                lane.put_back(cut, batch.group, now)
+                lane.park(repr(error))
+            self._cond.notify_all()
