@@ -65,19 +65,19 @@ class WorkerMetrics:
             "kclpy_spark_processing_failures", "process_records calls that raised", ["shard"],
             registry=r,
         )  # fmt: skip
-        self.sink_batch_seconds = Histogram(
-            "kclpy_spark_sink_batch_seconds", "Sink batch write duration", registry=r
-        )
         self.kpl_out_of_range = Counter(
             "kclpy_spark_kpl_subrecords_out_of_range",
             "KPL sub-records skipped because their hash key lies outside the shard's range",
             ["shard"],
             registry=r,
         )
-        self.sink_failures = Counter(
-            "kclpy_spark_sink_failures", "Sink batch writes that raised", registry=r
-        )
         r.register(_CoordinationCollector(counters))
+
+    def watch_resources(self, store_connections: Callable[[], int] | None = None) -> None:
+        """Export this process's resources (kclpy_spark_open_fds, ...: see resources.py)."""
+        from kclpy_spark.runtime.resources import ResourceCollector
+
+        self.registry.register(ResourceCollector(store_connections))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

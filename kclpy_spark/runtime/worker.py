@@ -71,6 +71,13 @@ class Worker:
         self.timing = LeaseTiming(failover=cfg.failover_time)
         self.counters = CoordinationCounters()
         self.metrics = WorkerMetrics(self.counters)
+        extra = getattr(processor_factory, "metrics_collector", None)  # the Spark sink's figures
+        if callable(extra):
+            self.metrics.registry.register(extra())
+        counts_connections = hasattr(store, "open_connections")  # the SQLite store's pool
+        self.metrics.watch_resources(
+            (lambda: int(getattr(store, "open_connections", 0))) if counts_connections else None
+        )
         self.suspended = False
         self.instance = uuid.uuid4().hex  # tells this process from another with the same id
         self.exit_reason: str | None = None

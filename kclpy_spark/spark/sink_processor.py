@@ -136,6 +136,12 @@ class SparkSinkProcessorFactory:
     def status(self) -> dict[str, Any]:
         return self.batcher.status()
 
+    def metrics_collector(self) -> Any:
+        """A Prometheus collector of the batcher's figures (the worker registers it)."""
+        from kclpy_spark.spark.updates import BatcherStatsCollector
+
+        return BatcherStatsCollector(self.batcher.stats)
+
     def close(self) -> None:
         self.batcher.close()
         for closer in self._on_close:

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
+
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from checkpoint.base.clock import Clock
 from checkpoint.checkpointer import SHUTDOWN, CheckpointError, PreparedCheckpoint
@@ -36,6 +39,31 @@ class BatcherStats:
     commit_seconds: float = 0.0
     last_error: str = ""
     by_lease_rows: dict[str, int] = field(default_factory=dict)
+
+
+class BatcherStatsCollector(Collector):
+    """The batcher's statistics as Prometheus metrics (``kclpy_spark_sink_*``)."""
+
+    _COUNTERS: ClassVar[dict[str, str]] = {
+        "batches": "Batches written",
+        "rows": "Rows written",
+        "failed_attempts": "Sink write attempts that raised",
+        "dead_lettered_batches": "Batches written to the dead-letter location",
+        "parked_batches": "Batches given up on (their leases parked)",
+        "commits": "Checkpoints moved after a write",
+        "prepare_seconds": "Seconds spent writing pending checkpoints",
+        "write_seconds": "Seconds spent in sink writes",
+        "commit_seconds": "Seconds spent moving checkpoints after writes",
+    }
+
+    def __init__(self, stats: BatcherStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        for name, help_text in self._COUNTERS.items():
+            yield CounterMetricFamily(
+                f"kclpy_spark_sink_{name}", help_text, value=float(getattr(self._stats, name))
+            )
 
 
 class LaneUpdates:

@@ -1,0 +1,65 @@
+"""What this process holds right now: descriptors, sockets, threads, asyncio tasks, memory and
+lease-store connections, as Prometheus gauges (``kclpy_spark_open_fds`` ...). A daemon that runs
+for weeks must hold what is alive, not what ever ran: these are what an operator (and the soak
+benchmark) watches for growth."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Callable, Iterable
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def process_resources() -> dict[str, float]:
+    """Descriptors, sockets, threads, asyncio tasks (of the running loop) and resident memory."""
+    fds = sockets = 0
+    try:
+        entries = os.listdir("/proc/self/fd")
+    except OSError:
+        entries = []
+    for entry in entries:
+        fds += 1
+        try:
+            if os.readlink(f"/proc/self/fd/{entry}").startswith("socket:"):
+                sockets += 1
+        except OSError:
+            continue  # closed meanwhile (the listing's own descriptor, for one)
+    try:
+        tasks = len(asyncio.all_tasks())
+    except RuntimeError:  # no running loop in this thread
+        tasks = 0
+    try:
+        with open("/proc/self/statm") as fh:
+            rss = int(fh.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        rss = 0
+    return {
+        "open_fds": fds,
+        "open_sockets": sockets,
+        "threads": threading.active_count(),
+        "asyncio_tasks": tasks,
+        "rss_bytes": rss,
+    }
+
+
+class ResourceCollector(Collector):
+    """``kclpy_spark_<name>`` gauges for ``process_resources()`` and the lease store's
+    connections (when the store counts them)."""
+
+    def __init__(self, store_connections: Callable[[], int] | None = None) -> None:
+        self._store_connections = store_connections
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        values = process_resources()
+        if self._store_connections is not None:
+            values["lease_store_connections"] = self._store_connections()
+        for name, value in values.items():
+            yield GaugeMetricFamily(
+                f"kclpy_spark_{name}", f"This process's {name.replace('_', ' ')} now", value=value
+            )

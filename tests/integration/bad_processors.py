@@ -1,0 +1,33 @@
+"""Processors that a user might write by mistake (for test_bad_input.py). Not a test module."""
+
+from __future__ import annotations
+
+from kclpy_spark.processor import ProcessRecordsInput, RecordProcessor
+
+
+class NeedsArguments(RecordProcessor):
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+        return None
+
+
+class DuckTyped:
+    """Has process_records, but neither subclasses RecordProcessor nor has its other methods."""
+
+    def initialize(self, initialize_input: object) -> None:
+        return None
+
+    def process_records(self, process_records_input: object) -> None:
+        return None
+
+
+class FailsToInitialize(RecordProcessor):
+    """Starts fine; every lease's initialize fails (a database it needs is down)."""
+
+    def initialize(self, initialize_input: object) -> None:
+        raise RuntimeError("no database")
+
+    def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+        return None

@@ -1,0 +1,197 @@
+"""Issue 15, the running half, on LocalStack with real worker processes: a worker that can no
+longer make progress says so (/readyz 503 with the reason) and, when its lease table or stream has
+been gone for missing_dependency_timeout, exits 3 with one line. A second process with the same
+worker id is refused; a stream re-created under the same name is refused until a reset; SIGHUP
+stops gracefully and SIGUSR1 reports without stopping."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from worker_procs import fleet, produce, read_output, wait_active, wait_for
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _readyz(port: int) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return 0, str(exc)
+
+
+def _config(name: str, endpoint: str, store: str, **extra: Any) -> str:
+    lines = [
+        f'application_name = "{name}"', f'stream_name = "{name}"', f'endpoint_url = "{endpoint}"',
+        'initial_position = "TRIM_HORIZON"', f'lease_store = "{store}"',
+        'processor = "kclpy_spark.demo.samples:JsonLinesProcessor"', "failover_time = 3.0",
+        "idle_time_between_reads = 0.3", "missing_dependency_timeout = 6.0",
+    ]  # fmt: skip
+    lines += [f"{key} = {value!r}" if isinstance(value, str) else f"{key} = {value}"
+              for key, value in extra.items()]  # fmt: skip
+    return "\n".join(lines).replace("'", '"') + "\n"
+
+
+def _last_error_line(text: str) -> str:
+    errors = [line for line in text.splitlines() if line.startswith("kclpy-spark: error:")]
+    assert len(errors) == 1, text[-3000:]
+    return errors[0]
+
+
+def test_a_deleted_lease_table_makes_the_worker_unready_then_exit_3(
+    kinesis_client: Any, dynamodb_client: Any, localstack_endpoint: str, unique_name: str,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    name = unique_name
+    kinesis_client.create_stream(StreamName=name, ShardCount=1)
+    wait_active(kinesis_client, name)
+    produce(kinesis_client, name, range(10))
+    port = _free_port()
+    config = _config(name, localstack_endpoint, "dynamodb", metrics_port=port)
+    with fleet(tmp_path, config, tmp_path / "out") as workers:
+        worker = workers.start("w1")
+        wait_for("10 records", lambda: len(read_output(tmp_path / "out")) >= 10, timeout=60)
+        assert _readyz(port)[0] == 200
+        dynamodb_client.delete_table(TableName=name)
+        wait_for("not ready", lambda: _readyz(port)[0] == 503, timeout=30)
+        assert "gone" in _readyz(port)[1] or "unreachable" in _readyz(port)[1]
+        status = workers.wait("w1", timeout=60)
+        assert status == 3, worker.log_text()[-3000:]
+        assert "lease table" in _last_error_line(worker.log_text())
+
+
+def test_a_deleted_stream_makes_the_worker_unready_then_exit_3(
+    kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    name = unique_name
+    kinesis_client.create_stream(StreamName=name, ShardCount=1)
+    wait_active(kinesis_client, name)
+    produce(kinesis_client, name, range(5))
+    port = _free_port()
+    config = _config(name, localstack_endpoint, f"sqlite:{tmp_path / 'l.db'}", metrics_port=port)
+    with fleet(tmp_path, config, tmp_path / "out") as workers:
+        worker = workers.start("w1")
+        wait_for("5 records", lambda: len(read_output(tmp_path / "out")) >= 5, timeout=60)
+        kinesis_client.delete_stream(StreamName=name, EnforceConsumerDeletion=True)
+        wait_for("not ready", lambda: "gone" in _readyz(port)[1], timeout=40)
+        assert _readyz(port)[0] == 503
+        status = workers.wait("w1", timeout=60)
+        assert status == 3, worker.log_text()[-3000:]
+        assert f"stream {name}" in _last_error_line(worker.log_text())
+
+
+def test_every_lease_parked_is_not_ready(
+    kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    name = unique_name
+    kinesis_client.create_stream(StreamName=name, ShardCount=1)
+    wait_active(kinesis_client, name)
+    produce(kinesis_client, name, range(3))
+    port = _free_port()
+    config = _config(
+        name, localstack_endpoint, f"sqlite:{tmp_path / 'l.db'}", metrics_port=port,
+        processor="bad_processors:FailsToInitialize", max_processing_attempts=2,
+        park_duration=600.0,
+    )  # fmt: skip
+    with fleet(tmp_path, config, tmp_path / "out") as workers:
+        workers.env["PYTHONPATH"] += f":{Path(__file__).parent}"
+        worker = workers.start("w1")
+        wait_for("parked", lambda: "parked" in _readyz(port)[1], timeout=60)
+        assert _readyz(port)[0] == 503
+        log = worker.log_text()
+        assert "initialize failed (attempt 2 of 2)" in log and "parked (initialize failed" in log
+
+
+def test_a_second_process_with_the_same_worker_id_is_refused(
+    kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    name = unique_name
+    kinesis_client.create_stream(StreamName=name, ShardCount=1)
+    wait_active(kinesis_client, name)
+    config = _config(name, localstack_endpoint, f"sqlite:{tmp_path / 'l.db'}")
+    with fleet(tmp_path, config, tmp_path / "out") as workers:
+        first = workers.start("same-id")
+        wait_for("the first to run", lambda: "took lease" in first.log_text(), timeout=60)
+        second = workers.start("same-id")
+        status = second.proc.wait(timeout=60)
+        assert status == 2, second.log_text()[-3000:]
+        assert "another process runs with worker_id 'same-id'" in _last_error_line(
+            second.log_text()
+        )
+        assert first.alive()
+
+
+def test_a_recreated_stream_is_refused_until_a_reset(
+    kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    name = unique_name
+    kinesis_client.create_stream(StreamName=name, ShardCount=1)
+    wait_active(kinesis_client, name)
+    produce(kinesis_client, name, range(3))
+    config = _config(name, localstack_endpoint, f"sqlite:{tmp_path / 'l.db'}")
+    with fleet(tmp_path, config, tmp_path / "out") as workers:
+        workers.start("w1")
+        wait_for("3 records", lambda: len(read_output(tmp_path / "out")) >= 3, timeout=60)
+        workers.kill("w1", signal.SIGTERM)
+        assert workers.wait("w1", timeout=60) == 0
+        kinesis_client.delete_stream(StreamName=name)
+        wait_for(
+            "the stream to go",
+            lambda: name not in kinesis_client.list_streams()["StreamNames"],
+            timeout=60,
+        )
+        kinesis_client.create_stream(StreamName=name, ShardCount=1)
+        wait_active(kinesis_client, name)
+        again = workers.start("w2")
+        assert again.proc.wait(timeout=60) == 2
+        assert "re-created" in _last_error_line(again.log_text())
+        reset = subprocess.run(
+            [sys.executable, "-m", "kclpy_spark.cli", "reset", "--config", str(workers.config),
+             "--to", "TRIM_HORIZON", "--yes"],
+            capture_output=True, text=True, timeout=60, env=workers.env, check=False,
+        )  # fmt: skip
+        assert reset.returncode == 0, reset.stderr
+        produce(kinesis_client, name, range(100, 103))
+        after = workers.start("w3")
+        wait_for(
+            "the new stream's records",
+            lambda: (
+                {"100", "101", "102"} <= {str(e.get("data")) for e in read_output(tmp_path / "out")}
+            ),
+            timeout=60,
+        )
+        assert after.alive()
+
+
+def test_sighup_stops_gracefully_and_sigusr1_reports(
+    kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    name = unique_name
+    kinesis_client.create_stream(StreamName=name, ShardCount=1)
+    wait_active(kinesis_client, name)
+    config = _config(name, localstack_endpoint, f"sqlite:{tmp_path / 'l.db'}")
+    with fleet(tmp_path, config, tmp_path / "out") as workers:
+        worker = workers.start("w1")
+        wait_for("a lease", lambda: "took lease" in worker.log_text(), timeout=60)
+        workers.kill("w1", signal.SIGUSR1)
+        wait_for("the report", lambda: "SIGUSR1: worker w1" in worker.log_text(), timeout=20)
+        assert worker.alive()
+        workers.kill("w1", signal.SIGHUP)
+        assert workers.wait("w1", timeout=60) == 0
+        log = worker.log_text()
+        assert "received SIGHUP: shutting down gracefully" in log
+        assert "released lease" in log

@@ -1,0 +1,69 @@
+"""Readiness means progress (issue 15): the rules of Health, on a manual clock."""
+
+from __future__ import annotations
+
+from checkpoint.base.clock import ManualClock
+from checkpoint.base.errors import DependencyError, ResourceNotFoundError
+from kclpy_spark.runtime.health import ConsumerView, Health
+
+
+def health(clock: ManualClock) -> Health:
+    h = Health(clock.monotonic, store_interval=3.0, missing_timeout=60.0, table_name="app")
+    h.started = True
+    h.store_ok()
+    return h
+
+
+def ready(h: Health, *consumers: ConsumerView, missing: tuple[str, ...] = ()) -> tuple[bool, str]:
+    return h.readiness(suspended=False, consumers=consumers, missing_streams=missing)
+
+
+def test_ready_when_started_and_the_table_answers() -> None:
+    clock = ManualClock()
+    h = Health(clock.monotonic, store_interval=3.0, missing_timeout=60.0, table_name="app")
+    assert ready(h) == (False, "starting")
+    h.started = True
+    assert ready(h) == (False, "no lease-table round trip yet")
+    h.store_ok()
+    assert ready(h) == (True, "ready")
+    clock.advance(10.0)
+    assert ready(h)[0] is False and "unreachable" in ready(h)[1]
+
+
+def test_a_stalled_shard_a_missing_stream_or_all_leases_parked_is_not_ready() -> None:
+    clock = ManualClock()
+    h = health(clock)
+    ok = ConsumerView("shardId-0", "processing", stalled=False)
+    stuck = ConsumerView("shardId-1", "processing", stalled=True)
+    assert ready(h, ok) == (True, "ready")
+    assert ready(h, ok, stuck) == (False, "no successful read lately on shard(s) shardId-1")
+    assert ready(h, ok, missing=("orders",)) == (False, "stream(s) gone: orders")
+    h.all_parked = True
+    assert ready(h, ok) == (False, "every lease of the application is parked (see status)")
+    assert h.readiness(suspended=True, consumers=[ok], missing_streams=[]) == (True, "suspended")
+
+
+def test_a_lease_table_gone_is_not_ready_then_fatal_after_the_timeout() -> None:
+    clock = ManualClock()
+    h = health(clock)
+    h.store_failed(DependencyError("throttled"))  # not gone: only a failure
+    assert h.table_gone_since is None
+    h.store_failed(ResourceNotFoundError("table app does not exist"))
+    clock.advance(59.0)
+    assert ready(h) == (False, "lease table app gone for 59s")
+    assert h.fatal({}) is None
+    clock.advance(1.0)
+    reason = h.fatal({})
+    assert reason is not None and "lease table app has been gone for 60s" in reason
+    h.store_ok()  # back: the clock restarts
+    assert h.fatal({}) is None and ready(h) == (True, "ready")
+
+
+def test_a_stream_gone_for_the_timeout_is_fatal() -> None:
+    clock = ManualClock()
+    h = health(clock)
+    since = clock.monotonic()
+    clock.advance(30.0)
+    assert h.fatal({"orders": since}) is None
+    clock.advance(30.0)
+    assert "stream orders has been gone for 60s" in (h.fatal({"orders": since}) or "")

@@ -1,0 +1,52 @@
+"""The resource gauges a long-running daemon is watched by, and the Spark sink's counters."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from checkpoint.counters import CoordinationCounters
+from kclpy_spark.runtime.metrics import WorkerMetrics
+from kclpy_spark.runtime.resources import process_resources
+from kclpy_spark.spark.updates import BatcherStats, BatcherStatsCollector
+
+
+def _value(text: str, name: str) -> float:
+    [line] = [x for x in text.splitlines() if x.startswith(name + " ")]
+    return float(line.split()[1])
+
+
+def test_resources_count_what_is_open_now() -> None:
+    before = process_resources()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        during = process_resources()
+        assert during["open_sockets"] == before["open_sockets"] + 1
+        assert during["open_fds"] == before["open_fds"] + 1
+    assert process_resources()["open_sockets"] == before["open_sockets"]
+    assert before["threads"] >= 1 and before["rss_bytes"] > 0
+
+
+def test_the_worker_exports_resources_and_store_connections() -> None:
+    metrics = WorkerMetrics(CoordinationCounters())
+    metrics.watch_resources(lambda: 3)
+
+    async def scrape() -> str:  # on a loop, as the status server scrapes
+        return metrics.exposition().decode()
+
+    text = asyncio.run(scrape())
+    assert _value(text, "kclpy_spark_lease_store_connections") == 3
+    assert _value(text, "kclpy_spark_asyncio_tasks") >= 1
+    for name in ("open_fds", "open_sockets", "threads", "rss_bytes"):
+        assert _value(text, f"kclpy_spark_{name}") >= 0
+
+
+def test_the_sink_counters_follow_the_batcher_stats() -> None:
+    stats = BatcherStats(batches=7, rows=700, failed_attempts=2, commits=7)
+    metrics = WorkerMetrics(CoordinationCounters())
+    metrics.registry.register(BatcherStatsCollector(stats))
+    text = metrics.exposition().decode()
+    assert _value(text, "kclpy_spark_sink_batches_total") == 7
+    assert _value(text, "kclpy_spark_sink_rows_total") == 700
+    stats.batches += 1
+    assert _value(metrics.exposition().decode(), "kclpy_spark_sink_batches_total") == 8
