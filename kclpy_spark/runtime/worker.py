@@ -34,6 +34,7 @@ from kclpy_spark.ops import control
 from kclpy_spark.runtime.consumer import ProcessorFactory, ShardStats
 from kclpy_spark.runtime.consumers import ConsumerSet
 from kclpy_spark.runtime.health import Health
+from kclpy_spark.runtime.identity import duplicate_message, unique_worker_id
 from kclpy_spark.runtime.lease_store import LeaseStore
 from kclpy_spark.runtime.metrics import StatusServer, WorkerMetrics
 from kclpy_spark.runtime.streams import StreamContext, StreamSet
@@ -181,7 +182,7 @@ class Worker:
             self.cfg.application_name,
             self.cfg.lease_store,
         )
-        await self._check_unique_worker_id()
+        await unique_worker_id(self, self._io)
         await self._control_round()
         await self._leader_tick()
         await self._maintenance_round()
@@ -226,11 +227,18 @@ class Worker:
             try:
                 await step()
             except KclpySparkError as exc:
-                self.health.store_failed(exc)
-                log.warning("worker %s: %s", self.cfg.worker_id, exc)
+                self._failed(exc)
             except Exception:
                 log.exception("worker %s: unexpected error in %s", self.cfg.worker_id, step)
             await asyncio.sleep(interval)
+
+    def _failed(self, exc: KclpySparkError, what: str = "") -> None:
+        """A loop's lease-table call failed: tell health; log it (quietly once the table is
+        known to be gone: health has said so at ERROR)."""
+        already_gone = self.health.table_gone_since is not None
+        self.health.store_failed(exc)
+        level = logging.DEBUG if already_gone else logging.WARNING
+        log.log(level, "worker %s: %s%s", self.cfg.worker_id, what, exc)
 
     async def _take_loop(self) -> None:
         while True:
@@ -238,8 +246,7 @@ class Worker:
                 if not self.suspended:
                     await self.taker.round()
             except KclpySparkError as exc:
-                self.health.store_failed(exc)
-                log.warning("worker %s: lease taking failed: %s", self.cfg.worker_id, exc)
+                self._failed(exc, "lease taking failed: ")
             except Exception:
                 log.exception("worker %s: unexpected error taking leases", self.cfg.worker_id)
             self._take_now.clear()
@@ -254,42 +261,26 @@ class Worker:
         self.metrics.leases_held.set(len(self.holder.held()))
         for exc in report.failed.values():
             self.health.store_failed(exc)
-        if not report.failed and not report.slow:
+        if report.renewed and not report.failed:  # nothing held proves nothing about the table
             self.health.store_ok()
         for lease in report.lost:
             log.warning("worker %s lost lease %s", self.cfg.worker_id, lease.lease_key)
             self.consumers.lost(lease.lease_key)
         self.consumers.lost_unless_held(self.holder.held_keys())
 
-    async def _check_unique_worker_id(self) -> None:
-        """Refuse to start beside a live process with the same worker id. A record published
-        lately by another instance may be a previous run that crashed: wait one status interval
-        and look again; only a record that moved meanwhile is a live duplicate."""
-        status = await self._io(control.worker_status, self.store, self.cfg.worker_id)
-        recent = 3 * self.timing.lease_duration
-        if not control.published_by_another(status, self.instance, self.clock.wall(), recent):
-            return
-        log.info(
-            "worker %s: a process with this worker id published its status %.0fs ago; waiting "
-            "%.0fs to see whether it still runs",
-            self.cfg.worker_id,
-            self.clock.wall() - float(status.get("updated_at", 0.0)),
-            self.timing.lease_duration + 1,
-        )
-        await asyncio.sleep(self.timing.lease_duration + 1)
-        again = await self._io(control.worker_status, self.store, self.cfg.worker_id)
-        if again.get("updated_at") != status.get("updated_at"):
-            raise control.DuplicateWorkerError(self._duplicate_message())
-
-    def _duplicate_message(self) -> str:
-        return (
-            f"another process runs with worker_id {self.cfg.worker_id!r} (it keeps publishing "
-            "its status); every worker needs a distinct worker_id"
-        )
-
     async def _control_round(self) -> None:
-        """Publish this worker's status; follow the suspend flag; watch the streams' presence
-        and whether a dependency has been gone too long."""
+        """Watch the streams' presence and whether a dependency has been gone too long (first:
+        this must not depend on the lease table answering); follow the suspend flag; publish
+        this worker's status."""
+        await self.streams.check_present()
+        contexts = self.streams.contexts.values()
+        gone = {c.label: c.gone_since for c in contexts if c.gone_since is not None}
+        reason = self.health.fatal(gone)
+        if reason is not None:
+            self.exit_reason = reason
+            log.error("worker %s: giving up: %s", self.cfg.worker_id, reason)
+            self._stop.set()
+            return
         now = self.clock.wall()
         suspended = await self._io(control.is_suspended, self.store)
         self.health.store_ok()
@@ -312,23 +303,12 @@ class Worker:
             3 * self.timing.lease_duration,
         )
         self._note_duplicate(other)
-        await self.streams.check_present()
-        gone = {
-            c.label: c.gone_since
-            for c in self.streams.contexts.values()
-            if c.gone_since is not None
-        }
-        reason = self.health.fatal(gone)
-        if reason is not None:
-            self.exit_reason = reason
-            log.error("worker %s: giving up: %s", self.cfg.worker_id, reason)
-            self._stop.set()
 
     def _note_duplicate(self, other: str | None) -> None:
         if other is None:
             self.health.duplicate_worker = None
             return
-        message = self._duplicate_message()
+        message = duplicate_message(self.cfg.worker_id)
         if self.health.duplicate_worker is None:
             log.error("worker %s: %s", self.cfg.worker_id, message)
         self.health.duplicate_worker = message

@@ -35,15 +35,16 @@ def _readyz(port: int) -> tuple[int, str]:
 
 
 def _config(name: str, endpoint: str, store: str, **extra: Any) -> str:
-    lines = [
-        f'application_name = "{name}"', f'stream_name = "{name}"', f'endpoint_url = "{endpoint}"',
-        'initial_position = "TRIM_HORIZON"', f'lease_store = "{store}"',
-        'processor = "kclpy_spark.demo.samples:JsonLinesProcessor"', "failover_time = 3.0",
-        "idle_time_between_reads = 0.3", "missing_dependency_timeout = 6.0",
-    ]  # fmt: skip
-    lines += [f"{key} = {value!r}" if isinstance(value, str) else f"{key} = {value}"
-              for key, value in extra.items()]  # fmt: skip
-    return "\n".join(lines).replace("'", '"') + "\n"
+    values: dict[str, Any] = {
+        "application_name": name, "stream_name": name, "endpoint_url": endpoint,
+        "initial_position": "TRIM_HORIZON", "lease_store": store,
+        "processor": "kclpy_spark.demo.samples:JsonLinesProcessor", "failover_time": 3.0,
+        "idle_time_between_reads": 0.3, "missing_dependency_timeout": 6.0, **extra,
+    }  # fmt: skip
+    return "".join(
+        f'{key} = "{value}"\n' if isinstance(value, str) else f"{key} = {value}\n"
+        for key, value in values.items()
+    )
 
 
 def _last_error_line(text: str) -> str:
