@@ -1,0 +1,440 @@
+"""Soak: the daemon as a user runs it (the CLI and a config file), for half an hour per part,
+under a steady producer, sampled every few seconds for what it holds. Two parts, one after the
+other (on 2 cores they do not fit side by side):
+
+* A: the embedded defaults (SQLite lease store) with the built-in Parquet sink, batches every
+  ~0.1 s (thousands of Spark micro-batches); its stream is on kinesalite (started here), which
+  serves reads at a fraction of LocalStack's CPU;
+* B: DynamoDB on LocalStack with a RecordProcessor on 8 shards, tens of thousands of batches, and a
+  second worker started and stopped every minute (lease moves both ways each time).
+
+Sampled from each worker's /metrics every ``--every`` seconds: descriptors, sockets, threads,
+asyncio tasks, RSS, SQLite connections. The verdict: growth after warm-up (the last tenth of the
+run against the tenth after warm-up: the maximum of each count, the median of RSS) under 5%, no
+record lost (every record
+produced is in the output), and each record exactly once in the Parquet output.
+
+    .venv/bin/python bench/bench_soak.py [--minutes 30] [--every 5] [--no-write]
+
+Needs LocalStack on 127.0.0.1:4566 (``python3 localstack/lsctl.py start``) and Java (Spark).
+Writes bench/results/soak.md, soak.png and soak-samples.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common import CACHE, REPO, RESULTS, child_env, machine, stamp, write_results
+
+ENDPOINT = "http://127.0.0.1:4566"
+WATCHED = ("open_fds", "open_sockets", "threads", "asyncio_tasks", "rss_bytes",
+           "lease_store_connections")  # fmt: skip
+GROWTH_LIMIT = 0.05
+SHARDS_B = 12
+
+
+def kinesis(endpoint: str = ENDPOINT) -> Any:
+    import boto3
+
+    return boto3.client(
+        "kinesis", endpoint_url=endpoint, region_name="us-east-1",
+        aws_access_key_id="test", aws_secret_access_key="test",
+    )  # fmt: skip
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> dict[str, float] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("kclpy_spark_") and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            base = name.split("{", 1)[0].removeprefix("kclpy_spark_")
+            values[base] = values.get(base, 0.0) + float(value)
+    return values
+
+
+@dataclass(eq=False)
+class Producer(threading.Thread):
+    """PutRecords of numbered records at ``rate`` per second until stopped."""
+
+    stream: str
+    prefix: str
+    rate: float
+    endpoint: str = ENDPOINT
+    produced: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        threading.Thread.__init__(self, daemon=True, name=f"producer-{self.prefix}")
+
+    def run(self) -> None:
+        client = kinesis(self.endpoint)
+        n = 0
+        tick = 0.5
+        while not self.stop.is_set():
+            started = time.monotonic()
+            batch = [f"{self.prefix}-{n + i}" for i in range(int(self.rate * tick))]
+            n += len(batch)
+            pending = [{"Data": d.encode(), "PartitionKey": d} for d in batch]
+            while pending:
+                try:
+                    resp = client.put_records(StreamName=self.stream, Records=pending)
+                except Exception:  # LocalStack busy: try the same records again
+                    time.sleep(0.5)
+                    continue
+                failed = [e for e, r in zip(pending, resp["Records"], strict=True)
+                          if "ShardId" not in r]  # fmt: skip
+                self.produced += [e["Data"].decode() for e in pending if e not in failed]
+                pending = failed
+            self.stop.wait(max(0.0, tick - (time.monotonic() - started)))
+
+
+@dataclass
+class Worker:
+    name: str
+    config: Path
+    port: int
+    env: dict[str, str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    last: dict[str, float] = field(default_factory=dict)
+    totals: dict[str, float] = field(default_factory=dict)  # counters of earlier incarnations
+
+    def start(self) -> None:
+        with self.log.open("ab") as fh:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "kclpy_spark.cli", "run", "--config", str(self.config),
+                 "--worker-id", self.name, "--metrics-port", str(self.port)],
+                stdout=fh, stderr=subprocess.STDOUT, env=self.env, cwd=REPO,
+            )  # fmt: skip
+
+    def stop(self, timeout: float = 60) -> int | None:
+        if self.proc is None:
+            return None
+        final = scrape(self.port)
+        if final:
+            self.last = final
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            status = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            status = self.proc.wait()
+        for key in ("lease_takes_total", "lease_steals_total", "records_processed_total"):
+            self.totals[key] = self.totals.get(key, 0.0) + self.last.get(key, 0.0)
+        self.last = {}
+        self.proc = None
+        return status
+
+
+def config_a(work: Path, stream: str, endpoint: str) -> Path:
+    path = work / "a.toml"
+    path.write_text(
+        f'application_name = "{stream}"\nstream_name = "{stream}"\nendpoint_url = "{endpoint}"\n'
+        f'initial_position = "TRIM_HORIZON"\nlease_store = "sqlite:{work / "a" / "leases.db"}"\n'
+        "idle_time_between_reads = 0.2\n"
+        f'[sink]\nsink = "parquet:{work / "a" / "out"}"\nspark_target = "local[2]"\n'
+        'max_wait = 0.1\nmax_records = 1000\nwriters = 2\nscope = "lease"\n'
+    )
+    return path
+
+
+def config_b(work: Path, stream: str) -> Path:
+    path = work / "b.toml"
+    path.write_text(
+        f'application_name = "{stream}"\nstream_name = "{stream}"\nendpoint_url = "{ENDPOINT}"\n'
+        'initial_position = "TRIM_HORIZON"\nlease_store = "dynamodb"\n'
+        'processor = "soak_processor:BatchLines"\nidle_time_between_reads = 0.05\n'
+        "max_records = 5\n"
+    )
+    return path
+
+
+def make_stream(client: Any, name: str, shards: int) -> None:
+    client.create_stream(StreamName=name, ShardCount=shards)
+    client.get_waiter("stream_exists").wait(
+        StreamName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 120}
+    )
+
+
+def parquet_data(out: Path) -> list[str]:
+    import pyarrow.dataset as ds
+
+    if not out.exists():
+        return []
+    table = ds.dataset(str(out), format="parquet", partitioning="hive").to_table(columns=["data"])
+    return [bytes(v).decode() for v in table.column("data").to_pylist()]
+
+
+def batch_lines(out: Path, until: float = float("inf")) -> tuple[int, list[str]]:
+    """(batches processed before wall time ``until``, the data of every batch)."""
+    batches, data = 0, []
+    for path in out.glob("batches-*.jsonl"):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                entry = json.loads(line)
+                batches += entry["t"] < until
+                data += entry["data"]
+    return batches, data
+
+
+def restarter(worker: Worker, stop: threading.Event, period: float, moves: list[float]) -> None:
+    """Start the second worker, let it take its share, stop it; once per ``period``."""
+    stop.wait(20.0)
+    while not stop.is_set():
+        worker.start()
+        stop.wait(period * 0.8)
+        worker.stop()
+        moves.append(time.monotonic())
+        stop.wait(period * 0.2)
+
+
+def growth(
+    samples: list[dict[str, Any]], worker: str, metric: str, warmup: float
+) -> tuple[float, float, float] | None:
+    """(median after warm-up, median at the end, growth) of one metric of one worker."""
+    rows = [s for s in samples if s["worker"] == worker and metric in s]
+    if len(rows) < 10:
+        return None
+    t_end = rows[-1]["t"]
+    t0 = rows[0]["t"] + warmup * (t_end - rows[0]["t"])
+    span = t_end - t0
+    first = [r[metric] for r in rows if t0 <= r["t"] < t0 + 0.1 * span]
+    last = [r[metric] for r in rows if r["t"] >= t_end - 0.1 * span]
+    if not first or not last:
+        return None
+    # Counts (descriptors, threads...) by their maximum in each window: they follow the leases
+    # held, which cycle with the second worker; a leak raises the maximum. Memory by its median.
+    pick = statistics.median if metric == "rss_bytes" else max
+    a, b = float(pick(first)), float(pick(last))
+    return a, b, (b - a) / a if a else 0.0
+
+
+def plot(samples: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7))
+    for ax, metric in zip(axes.flat, WATCHED, strict=True):
+        for worker, style in (("a", "-"), ("b1", "-"), ("b2", ":")):
+            rows = [s for s in samples if s["worker"] == worker and metric in s]
+            if not rows:
+                continue
+            scale = 1 / 2**20 if metric == "rss_bytes" else 1
+            ax.plot([r["t"] / 60 for r in rows], [r[metric] * scale for r in rows], style,
+                    label=worker, linewidth=1)  # fmt: skip
+        ax.set_title(metric.replace("rss_bytes", "RSS (MiB)"))
+        ax.set_xlabel("minutes")
+        ax.legend(fontsize=7)
+    fig.suptitle(
+        "kclpy-spark soak: A = SQLite + Parquet sink; then B = DynamoDB + RecordProcessor "
+        "(b2 restarted every minute); minutes since each part began"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def wait_drained(check: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(5)
+    return bool(check())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=30.0, help="per part")
+    parser.add_argument("--every", type=float, default=5.0, help="seconds between samples")
+    parser.add_argument("--rate-a", type=float, default=20.0, help="records/s into part A")
+    parser.add_argument("--rate-b", type=float, default=240.0, help="records/s into part B")
+    parser.add_argument("--parts", default="ab", help="a, b or ab (one after the other)")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    run = time.strftime("%H%M%S")
+    work = CACHE / f"soak-{run}"
+    work.mkdir(parents=True)
+    env = child_env(KCLPY_SPARK_SAMPLE_OUTPUT=str(work / "b"))
+    env["PYTHONPATH"] += os.pathsep + str(REPO / "bench")
+    print(f"soak: {args.minutes:g} min per part, work dir {work}", flush=True)
+    result: dict[str, Any] = {"minutes per part": args.minutes}
+    samples: list[dict[str, Any]] = []
+    if "a" in args.parts:
+        part, rows = soak_a(args, work, env, f"soak-a-{run}")
+        result |= part
+        samples += rows
+    if "b" in args.parts:
+        part, rows = soak_b(args, work, env, f"soak-b-{run}")
+        result |= part
+        samples += rows
+    report(result, samples, args, write=not args.no_write)
+    return 0
+
+
+def sample(workers: list[Worker], args: Any, samples: list[dict[str, Any]]) -> None:
+    """Scrape each running worker every ``args.every`` seconds for ``args.minutes``."""
+    started = time.monotonic()
+    while time.monotonic() - started < args.minutes * 60:
+        for worker in workers:
+            values = scrape(worker.port) if worker.proc is not None else None
+            if values:
+                worker.last = values
+                samples.append({"t": time.monotonic() - started, "worker": worker.name,
+                                **{m: values[m] for m in WATCHED if m in values}})  # fmt: skip
+        time.sleep(args.every)
+
+
+def soak_a(
+    args: Any, work: Path, env: dict[str, str], stream: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Part A: SQLite lease store and the built-in Parquet sink, one worker, on kinesalite."""
+    from kinesalite import Kinesalite
+
+    samples: list[dict[str, Any]] = []
+    with Kinesalite() as kinesalite:
+        make_stream(kinesis(kinesalite.endpoint), stream, 2)
+        a = Worker("a", config_a(work, stream, kinesalite.endpoint), free_port(), env,
+                   work / "a.log")  # fmt: skip
+        producer = Producer(stream, "a", args.rate_a, kinesalite.endpoint)
+        a.start()
+        try:
+            producer.start()
+            sample([a], args, samples)
+            in_window = a.last.get("sink_batches_total", 0.0)
+            producer.stop.set()
+            producer.join()
+            produced = set(producer.produced)
+            drained = wait_drained(lambda: produced <= set(parquet_data(work / "a" / "out")), 300)
+            final = scrape(a.port) or a.last
+            a.stop()
+        finally:
+            if a.proc is not None:
+                a.proc.kill()
+    rows = parquet_data(work / "a" / "out")
+    return {
+        "A spark_batches (in the window)": in_window,
+        "A spark_batches (with the drain)": final.get("sink_batches_total", 0.0),
+        "A produced": len(produced), "A lost": len(produced - set(rows)),
+        "A rows": len(rows), "A duplicates": len(rows) - len(set(rows)), "A drained": drained,
+    }, samples  # fmt: skip
+
+
+def soak_b(
+    args: Any, work: Path, env: dict[str, str], stream: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Part B: DynamoDB and Kinesis on LocalStack, a RecordProcessor, a second worker restarted
+    every minute."""
+    samples: list[dict[str, Any]] = []
+    make_stream(kinesis(), stream, SHARDS_B)
+    b1 = Worker("b1", config_b(work, stream), free_port(), env, work / "b1.log")
+    b2 = Worker("b2", b1.config, free_port(), env, work / "b2.log")
+    stop = threading.Event()
+    moves: list[float] = []
+    producer = Producer(stream, "b", args.rate_b)
+    b1.start()
+    try:
+        producer.start()
+        restart = threading.Thread(target=restarter, args=(b2, stop, 60.0, moves), daemon=True)
+        restart.start()
+        sample([b1, b2], args, samples)
+        window_end = time.time()
+        stop.set()
+        producer.stop.set()
+        producer.join()
+        restart.join(120)
+        produced = set(producer.produced)
+        drained = wait_drained(lambda: produced <= set(batch_lines(work / "b")[1]), 300)
+        for worker in (b1, b2):
+            worker.stop()
+    finally:
+        for worker in (b1, b2):
+            if worker.proc is not None:
+                worker.proc.kill()
+    batches, data = batch_lines(work / "b", window_end)
+    takes = sum(w.totals.get("lease_takes_total", 0) + w.totals.get("lease_steals_total", 0)
+                for w in (b1, b2))  # fmt: skip
+    return {
+        "B processor_batches (in the window)": batches,
+        "B lease_moves": max(0.0, takes - SHARDS_B),  # the first takes are no moves
+        "B restarts of b2": len(moves),
+        "B produced": len(produced), "B lost": len(produced - set(data)),
+        "B duplicates (at-least-once)": len(data) - len(set(data)), "B drained": drained,
+    }, samples  # fmt: skip
+
+
+def report(
+    result: dict[str, Any], samples: list[dict[str, Any]], args: Any, *, write: bool
+) -> None:
+    warmup = 0.15
+    lines = [
+        f"# Soak ({stamp()})", "", f"Machine: {machine()}.", "",
+        f"`bench/bench_soak.py --minutes {args.minutes:g}`: part A (kinesalite, SQLite, Parquet "
+        f"sink), then part B (LocalStack: Kinesis and DynamoDB), sampled every {args.every:g} s; "
+        f"warm-up {warmup:.0%} of each part.", "",
+        "| what | value |", "|---|---|",
+    ]  # fmt: skip
+    for key, value in result.items():
+        lines.append(
+            f"| {key} | {value:g} |" if isinstance(value, float) else f"| {key} | {value} |"
+        )
+    lines += [
+        "",
+        "| worker | metric | after warm-up | at the end | growth |",
+        "|---|---|---|---|---|",
+    ]
+    worst = 0.0
+    for worker in ("a", "b1"):
+        for metric in WATCHED:
+            g = growth(samples, worker, metric, warmup)
+            if g is None:
+                continue
+            first, last, change = g
+            worst = max(worst, change)
+            lines.append(f"| {worker} | {metric} | {first:,.0f} | {last:,.0f} | {change:+.1%} |")
+    lost = result.get("A lost", 0) + result.get("B lost", 0)
+    drained = result.get("A drained", True) and result.get("B drained", True)
+    ok = worst < GROWTH_LIMIT and lost == 0 and result.get("A duplicates", 0) == 0 and drained
+    lines += ["", f"Verdict: {'PASS' if ok else 'FAIL'}: largest growth after warm-up "
+              f"{worst:+.1%} (limit {GROWTH_LIMIT:.0%}); records lost {lost}; Parquet "
+              f"duplicates {result.get('A duplicates', 0)}; drained {drained}."]  # fmt: skip
+    text = "\n".join(lines)
+    print(text)
+    if write:
+        write_results("soak.md", text)
+        plot(samples, RESULTS / "soak.png")
+        with (RESULTS / "soak-samples.csv").open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=["t", "worker", *WATCHED])
+            writer.writeheader()
+            writer.writerows(samples)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""The soak benchmark's RecordProcessor: one JSON line per batch (worker pid, shard, the records'
+data), appended to ``$KCLPY_SPARK_SAMPLE_OUTPUT/batches-<pid>.jsonl``, then a checkpoint. The
+benchmark counts batches and checks that no record was lost from these lines."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from pathlib import Path
+
+from kclpy_spark.processor import (
+    CheckpointError,
+    InitializeInput,
+    ProcessRecordsInput,
+    RecordProcessor,
+    ShutdownRequestedInput,
+)
+
+_lock = threading.Lock()
+
+
+class BatchLines(RecordProcessor):
+    def initialize(self, initialize_input: InitializeInput) -> None:
+        self.shard = initialize_input.shard_id
+        out = Path(os.environ["KCLPY_SPARK_SAMPLE_OUTPUT"])
+        out.mkdir(parents=True, exist_ok=True)
+        self.path = out / f"batches-{os.getpid()}.jsonl"
+
+    def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+        line = json.dumps(
+            {
+                "shard": self.shard,
+                "data": [r.binary_data.decode() for r in process_records_input.records],
+            }
+        )
+        with _lock, self.path.open("a") as fh:
+            fh.write(line + "\n")
+        process_records_input.checkpointer.checkpoint()
+
+    def shutdown_requested(self, shutdown_requested_input: ShutdownRequestedInput) -> None:
+        with contextlib.suppress(CheckpointError):  # the next owner re-reads from the checkpoint
+            shutdown_requested_input.checkpointer.checkpoint()
