@@ -87,8 +87,10 @@ max_records = 5
     assert not [e for e in after if e["event"] == "checkpoint_ok"], after
     # A batch the zombie was in the middle of when stopped finishes after SIGCONT: its checkpoint
     # must fail with ShutdownException (usually there is one; under load it may have been idle).
+    # The stop may also fall between a batch's "records" event and its checkpoint: then the
+    # records event is from before SIGCONT and only the failed checkpoint after it.
     finished = [e for e in after if e["event"] == "records"]
     failed = [e for e in after if e["event"] == "checkpoint_failed"]
-    assert len(failed) == len(finished)
+    assert len(failed) >= len(finished)
     assert all(e["error"] == "ShutdownException" for e in failed)
     assert stopped_at < resumed_at

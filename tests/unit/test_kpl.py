@@ -208,6 +208,28 @@ def test_sub_records_with_explicit_hash_keys_outside_the_range_are_skipped() -> 
     assert counters.skipped_out_of_range == 2 and counters.sub_records == 2
 
 
+def test_each_skipped_sub_record_is_logged_and_reported(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 14, finding 10: the KCL's rule, but never silent: a WARNING per sub-record naming
+    the shard, its sequence/sub-sequence number and hash key, and a count for the metric."""
+    users = [
+        UserRecord("a", b"in", "0"),
+        UserRecord("b", b"out", str(HALF)),
+        UserRecord("c", b"out-too", str(MAX_HASH_KEY)),
+    ]
+    reported: list[int] = []
+    deagg = Deaggregator(
+        HashKeyRange(0, HALF - 1), shard_id="shardId-000000000007", on_out_of_range=reported.append
+    )
+    caplog.set_level(logging.WARNING, logger="kclpy_spark.retrieval.kpl")
+    out = deagg([agg_record(users, "77")], None)
+    assert [r.binary_data for r in out] == [b"in"]
+    assert reported == [2]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2
+    assert "shardId-000000000007" in warnings[0] and "77/1" in warnings[0]
+    assert f"explicit hash key {HALF}" in warnings[0] and "77/2" in warnings[1]
+
+
 def test_without_an_explicit_key_the_partition_key_md5_decides() -> None:
     low, high = keys_by_half(3)
     users = [UserRecord(k, k.encode()) for pair in zip(low, high, strict=True) for k in pair]

@@ -1,0 +1,131 @@
+"""Lane, the one owner of a lease's micro-batch state: every transition, without Spark or a
+batcher (Arrow chunks made in memory, a checkpointer that is never called)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from checkpoint.sequence import ExtendedSequenceNumber
+from kclpy_spark.processor import Record
+from kclpy_spark.spark.lane import DrainResult, Lane, LaneState
+from kclpy_spark.spark.pieces import Chunk, PieceKey, records_to_chunk
+
+KEY = "shardId-000000000000"
+
+
+def esn(seq: int, sub: int = 0) -> ExtendedSequenceNumber:
+    return ExtendedSequenceNumber(str(seq), sub)
+
+
+def chunk(first: int, count: int) -> Chunk:
+    """Records first*10 ... (first+count-1)*10."""
+    recs = [Record(b"x" * 10, "k", str(i * 10)) for i in range(first, first + count)]
+    return records_to_chunk(recs, "s", KEY)
+
+
+class NoCheckpointer:
+    lease_key = KEY
+    pending_checkpoint = None
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"a lane never calls its checkpointer ({name})")
+
+
+def lane(replay: tuple[ExtendedSequenceNumber, tuple[PieceKey, ...], Any] | None = None) -> Lane:
+    return Lane(KEY, KEY, NoCheckpointer(), replay=replay, now=100.0)  # type: ignore[arg-type]
+
+
+def test_add_buffers_in_order_and_remembers_the_oldest_arrival() -> None:
+    a = lane()
+    assert a.idle and not a.can_cut() and a.oldest is None
+    a.add(chunk(1, 3), now=101.0)
+    a.add(chunk(4, 2), now=102.0)
+    assert (a.rows, a.oldest, a.idle, a.can_cut()) == (5, 101.0, False, True)
+
+
+def test_cut_respects_the_row_and_byte_budgets_but_takes_at_least_one_record() -> None:
+    a = lane()
+    a.add(chunk(1, 5), now=101.0)
+    cut = a.cut(max_rows=3, max_bytes=10**9)
+    assert cut.key == PieceKey(KEY, esn(10), esn(30)) and cut.piece.rows == 3
+    assert a.out is cut and not a.can_cut()  # one cut out at a time
+    assert a.rows == 2
+    a.committed(cut)
+    tiny = a.cut(max_rows=10, max_bytes=1)  # smaller than one record: still one record
+    assert tiny.piece.rows == 1
+
+
+def test_commit_retry_is_claimed_once_when_due() -> None:
+    a = lane()
+    a.add(chunk(1, 2), now=101.0)
+    cut = a.cut(10, 10**9)
+    a.commit_later(cut, at=105.0)
+    assert a.claim_commit(now=104.0) is None
+    assert a.claim_commit(now=105.0) is cut
+    assert a.claim_commit(now=106.0) is None  # claimed: not due again until rescheduled
+    a.committed(cut)
+    assert a.out is None and a.commit_due_at is None and a.idle
+
+
+def test_put_back_reforms_the_same_cut_exactly() -> None:
+    a = lane()
+    a.add(chunk(1, 4), now=101.0)
+    cut = a.cut(3, 10**9)
+    a.put_back(cut, (cut.key,), now=103.0)
+    assert a.out is None and a.replaying and a.replay_ready
+    assert a.replay_key() == cut.key and a.replay_group == (cut.key,)
+    again = a.cut(1, 1)  # limits do not apply to a replay
+    assert again.key == cut.key and again.replayed and again.piece.rows == 3
+
+
+def test_a_replay_cuts_exactly_at_its_target_whatever_the_chunking() -> None:
+    group = (PieceKey(KEY, esn(10), esn(40)), PieceKey("other", esn(1), esn(2)))
+    a = lane(replay=(esn(40), group, {"v": 3}))
+    a.add(chunk(1, 2), now=101.0)  # 10, 20: not yet at the target
+    assert a.replaying and not a.replay_ready and not a.can_cut()
+    a.add(chunk(3, 3), now=102.0)  # 30, 40, 50: goes past it, split at 40
+    assert a.replay_ready and a.replay_key() == group[0]
+    cut = a.cut(1, 1)
+    assert cut.key == group[0] and cut.token == {"v": 3} and a.rows == 1  # 50 stays buffered
+
+
+def test_force_final_cuts_a_replay_at_what_arrived() -> None:
+    a = lane(replay=(esn(90), (), None))
+    a.add(chunk(1, 2), now=101.0)
+    a.force(final=True)
+    assert a.forced and a.replay_ready and a.replay_key() == PieceKey(KEY, esn(10), esn(20))
+
+
+def test_a_replay_whose_records_are_gone_is_dropped() -> None:
+    a = lane(replay=(esn(5), (), None))  # everything after the target: the range was trimmed
+    a.add(chunk(1, 2), now=101.0)
+    assert not a.replaying and a.can_cut() and a.rows == 2
+
+
+def test_park_rearm_and_close() -> None:
+    a = lane()
+    a.add(chunk(1, 2), now=101.0)
+    cut = a.cut(10, 10**9)
+    a.put_back(cut, (cut.key,), now=102.0)
+    a.park("boom")
+    assert a.state is LaneState.PARKED and a.park_reason == "boom" and not a.can_cut()
+    assert a.drained(final=True) is DrainResult.PARKED
+    a.rearm()
+    assert a.state is LaneState.ACTIVE and a.can_cut()
+    a.close()
+    assert a.state is LaneState.CLOSED and a.rows == 0 and a.out is None
+    assert a.drained(final=False) is DrainResult.CLOSED
+    a.park("late")  # nothing revives a closed lane
+    a.put_back(cut, (cut.key,), now=103.0)
+    assert a.state is LaneState.CLOSED and a.rows == 0
+
+
+@pytest.mark.parametrize(("final", "expected"), [(False, DrainResult.DONE), (True, None)])
+def test_drained_leaves_an_incomplete_replay_to_the_next_owner_unless_final(
+    final: bool, expected: DrainResult | None
+) -> None:
+    a = lane(replay=(esn(90), (), None))
+    a.add(chunk(1, 2), now=101.0)
+    assert a.drained(final) is expected
