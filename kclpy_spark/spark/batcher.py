@@ -35,6 +35,7 @@ from checkpoint.base.clock import Clock, SystemClock
 from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.spark.batch import BatchSink, Interrupter, NoInterrupter, ToDataFrame
 from kclpy_spark.spark.lane import (
+    BatcherClosedError,
     Cut,
     DrainResult,
     Lane,
@@ -50,6 +51,7 @@ from kclpy_spark.spark.updates import BatcherStats, LaneUpdates
 from kclpy_spark.spark.writer import Batch, BatchWriter, DeadLetterWriter
 
 __all__ = [
+    "BatcherClosedError",
     "BatcherSettings",
     "BatcherStats",
     "DrainResult",
@@ -177,6 +179,8 @@ class MicroBatcher:
                 result = lane.drained(final)
                 if result is not None:
                     return result
+                if self._closed:
+                    return DrainResult.CLOSED
                 if self._threaded:
                     left = None if deadline is None else deadline - self._clock.monotonic()
                     if left is not None and left <= 0:
@@ -188,8 +192,9 @@ class MicroBatcher:
                     return lane.drained(final) or DrainResult.TIMEOUT
 
     def close_lane(self, lane: Lane) -> None:
-        """Lease lost or handed over: drop its buffered records (the next owner reads them again
-        from the checkpoint); a write in flight finishes but commits nothing."""
+        """Lease lost, handed over or finished: drop its buffered records (the next owner reads
+        them again from the checkpoint) and forget the lane. A write in flight finishes; its
+        commit is not started any more (one already running is fenced by the lease)."""
         with self._cond:
             self._close_locked(lane)
 
@@ -209,11 +214,17 @@ class MicroBatcher:
         with self._cond:
             if self._active:
                 log.warning("closing the sink with %d batch(es) still being written", self._active)
+        self._writer.watchdog.close()
 
     @property
     def threads(self) -> int:
         """Writer threads alive (fixed at start)."""
         return sum(t.is_alive() for t in self._threads)
+
+    @property
+    def deadlines(self) -> int:
+        """Write timeouts scheduled on the watchdog (bounded by the writes in flight)."""
+        return self._writer.watchdog.scheduled
 
     def status(self) -> dict[str, Any]:
         with self._cond:
@@ -287,7 +298,8 @@ class MicroBatcher:
             self._writer.run(batch)
         except Exception as exc:  # a bug here must not kill the writer thread or lose records
             log.exception("%r failed unexpectedly", batch)
-            self._updates.gave_up(batch, exc)
+            if batch.outcome == "pending":  # written batches keep their commits (retried)
+                self._updates.gave_up(batch, exc)
         finally:
             with self._cond:
                 self._active -= 1
@@ -303,7 +315,9 @@ class MicroBatcher:
                 f"lease {lane.lease_key}: the sink gave up on a batch ({lane.park_reason}); "
                 "the lease must be parked and its records redelivered later"
             )
-        if lane.state is LaneState.CLOSED or self._closed:
+        if self._closed:
+            raise BatcherClosedError("the Spark sink is closed (the worker is stopping)")
+        if lane.state is LaneState.CLOSED:
             raise LaneClosedError(f"lease {lane.lease_key}: the sink lane is closed")
 
     def _must_wait(self, lane: Lane) -> bool:

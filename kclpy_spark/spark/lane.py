@@ -40,8 +40,14 @@ class LaneClosedError(KclpySparkError):
     """The lease's lane was closed (lease lost or handed over)."""
 
 
+class BatcherClosedError(KclpySparkError):
+    """The whole batcher was closed (the worker is stopping): nothing more can be buffered."""
+
+
 class DrainResult(enum.Enum):
-    DONE = "done"  # everything buffered was written and checkpointed
+    # Everything buffered was written and checkpointed; or, not final, nothing can be flushed
+    # yet (a re-formed piece still waiting for its records is left for the next owner).
+    DONE = "done"
     PARKED = "parked"  # the sink gave up on a batch
     CLOSED = "closed"  # the lease was lost
     TIMEOUT = "timeout"
@@ -104,6 +110,9 @@ class _Replay:
     token: Any
     since: float  # monotonic time the lane started replaying
     ready_chunks: int | None = None  # chunks forming the cut once ``target`` was reached
+    # Its pending checkpoint (and so its token) is stored: the re-formed cut keeps the token.
+    # A cut put back before its pending checkpoint was written gets a fresh token instead.
+    stored: bool = True
 
 
 class Lane:
@@ -261,9 +270,8 @@ class Lane:
         self._recount()
         rows = sum(c.rows for c in taken)
         piece = Piece(PieceKey(self.lease_key, taken[0].first, taken[-1].last), self.shard_id, rows)
-        self.out = Cut(
-            piece, taken, replayed=rep is not None, token=None if rep is None else rep.token
-        )
+        kept = rep if rep is not None and rep.stored else None  # its token is stored
+        self.out = Cut(piece, taken, replayed=kept is not None, token=kept and kept.token)
         return self.out
 
     def _take(self, max_rows: int, max_bytes: int) -> list[Chunk]:
@@ -287,6 +295,11 @@ class Lane:
             rows += chunk.rows
             nbytes += chunk.nbytes
         return taken
+
+    def tokened(self, cut: Cut, token: Any) -> None:
+        """The sink gave the cut its token (before its pending checkpoint is written)."""
+        if self.out is cut:
+            cut.token = token
 
     def prepared(self, cut: Cut, checkpoint: PreparedCheckpoint) -> None:
         """The cut's pending checkpoint is written."""
@@ -320,7 +333,14 @@ class Lane:
             self._chunks.appendleft(chunk)
         self._recount()
         self.oldest = now if self.oldest is None else self.oldest
-        self._replay = _Replay(cut.key.last, group, cut.token, now, ready_chunks=len(cut.chunks))
+        self._replay = _Replay(
+            cut.key.last,
+            group,
+            cut.token,
+            now,
+            ready_chunks=len(cut.chunks),
+            stored=cut.prepared is not None or cut.replayed,
+        )
         if self.out is cut:
             self.out = None
             self.commit_due_at = None
@@ -346,8 +366,9 @@ class Lane:
             self._state = LaneState.ACTIVE
 
     def close(self) -> None:
-        """Lease lost or handed over: drop the buffer; an out cut commits nothing any more (the
-        next owner reads the records again from the checkpoint)."""
+        """Lease lost or handed over: drop the buffer and forget the out cut, so the batcher
+        starts no commit for it any more. A commit already running may still land while the
+        lease is held (it is fenced by the lease); the next owner reads from the checkpoint."""
         self._state = LaneState.CLOSED
         self._chunks.clear()
         self.rows = self.nbytes = 0

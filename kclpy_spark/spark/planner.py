@@ -57,8 +57,14 @@ def plan_due(
             continue
         group = lane.replay_group
         members = [lane]
-        if s.scope == "worker" and len(group) > 1:
-            members = [m for m in ready if m.replay_group == group and m.replay_key() in group]
+        # A piece re-formed differently from the original (records trimmed meanwhile) cannot
+        # complete its old batch: it goes alone.
+        if s.scope == "worker" and len(group) > 1 and lane.replay_key() in group:
+            members += [
+                m
+                for m in ready
+                if m is not lane and m.replay_group == group and m.replay_key() in group
+            ]
             complete = {m.replay_key() for m in members} == set(group)
             since = lane.replay_since or now
             partners = {k.lease_key for k in group} - {lane.lease_key}
@@ -96,10 +102,16 @@ def _due(lanes: list[Lane], s: BatcherSettings, now: float, pressure: bool) -> b
 
 
 def next_wakeup(lanes: Iterable[Lane], s: BatcherSettings, now: float) -> float:
-    """Seconds until something may become due (capped at 1 s)."""
+    """Seconds until something may become due (capped at 1 s). Only lanes that can act count:
+    a lane with a cut out, parked or closed has nothing due however old its records are."""
     lanes = list(lanes)
-    times = [x.oldest + s.max_wait for x in lanes if x.oldest is not None]
-    times += [since + s.regroup_wait for x in lanes if (since := x.replay_since) is not None]
-    times += [x.commit_due_at for x in lanes if x.commit_due_at is not None]
+    cuttable = [x for x in lanes if x.can_cut()]
+    times = [x.oldest + s.max_wait for x in cuttable if x.oldest is not None]
+    times += [
+        since + s.regroup_wait
+        for x in cuttable
+        if x.replay_ready and (since := x.replay_since) is not None
+    ]
+    times += [at for x in lanes if (at := x.commit_due_at) is not None and at != float("inf")]
     # Capped: a notification may be missed when the injected clock is not the OS's.
     return max(0.01, min([1.0, *(t - now for t in times)]))

@@ -39,6 +39,8 @@ from checkpoint.base.errors import ConfigError
 from kclpy_spark.spark.settings import BatcherSettings
 
 _FUNCTION = re.compile(r"^[\w.]+:[\w.]+$")
+# The default ``batching``: replaced in __post_init__ by the defaults of the sink's kind.
+_BY_SINK = BatcherSettings()
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class SinkConfig:
     spark_target: str = "local[2]"
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     app_name: str = "kclpy-spark"
-    batching: BatcherSettings = field(default_factory=lambda: _batching_defaults("worker", 30.0))
+    batching: BatcherSettings = _BY_SINK
     failure_policy: str = "park"
     shutdown_timeout: float = 15.0
     value_schema: str | None = None
@@ -55,6 +57,8 @@ class SinkConfig:
     delta_app_id_prefix: str = "kclpy-spark"
 
     def __post_init__(self) -> None:
+        if self.batching is _BY_SINK:
+            object.__setattr__(self, "batching", _defaults_for(self.sink))
         _check(self)
 
     @property
@@ -105,10 +109,11 @@ def _check(cfg: SinkConfig) -> None:
         raise ConfigError(f"config 'shutdown_timeout' must be > 0, got {cfg.shutdown_timeout}")
 
 
-def _batching_defaults(
-    scope: str, regroup_wait: float, given: Mapping[str, Any] = {}
-) -> BatcherSettings:
-    return BatcherSettings(**{"scope": scope, "regroup_wait": regroup_wait, **given})
+def _defaults_for(sink: str, given: Mapping[str, Any] = {}) -> BatcherSettings:
+    """Batching settings with the defaults of the sink's kind under the ``given`` ones."""
+    builtin = sink.startswith(("parquet:", "delta:"))
+    defaults = {"scope": "worker", "regroup_wait": 0.0} if builtin else {"scope": "lease"}
+    return BatcherSettings(**{**defaults, **given})
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(SinkConfig) if f.name != "batching"}
@@ -157,11 +162,8 @@ def sink_config_from_mapping(values: Mapping[str, Any], *, source: str = "[sink]
     if "sink" not in values:
         raise ConfigError(f"config 'sink' is required in {source}")
     coerced = {k: _coerce(k, v, source) for k, v in values.items()}
-    builtin = str(coerced["sink"]).startswith(("parquet:", "delta:"))
     batching = {k: coerced.pop(k) for k in list(coerced) if k in _BATCHING}
-    scope = "worker" if builtin else "lease"
-    regroup_wait = 0.0 if builtin else 30.0
-    return SinkConfig(**coerced, batching=_batching_defaults(scope, regroup_wait, batching))
+    return SinkConfig(**coerced, batching=_defaults_for(str(coerced["sink"]), batching))
 
 
 def sink_table(data: Mapping[str, Any]) -> Mapping[str, Any] | None:

@@ -7,7 +7,9 @@ worker. The checkpoint follows the last record *written*, never the last record 
   lease (visible in status; the records come again from the checkpoint when it reopens).
 * ``lease_lost`` drops the lease's unwritten records: the next owner reads them again.
 * ``shard_ended`` waits until every record of the lease is written and checkpointed, then
-  checkpoints SHARD_END (the children may start only then).
+  checkpoints SHARD_END (the children may start only then) and forgets the lane.
+* After the worker closed the sink, ``process_records`` raises ``BatcherClosedError`` (records are
+  not silently dropped).
 * ``shutdown_requested`` flushes and waits (bounded) for the lease's records to be written.
 """
 
@@ -85,18 +87,22 @@ class SparkSinkProcessor(RecordProcessor):
             self._batcher.close_lane(self._lane)
 
     def shard_ended(self, shard_ended_input: ShardEndedInput) -> None:
-        if self._lane is not None:
-            result = self._batcher.drain(self._lane, None, final=True)
+        lane = self._lane
+        if lane is not None:
+            result = self._batcher.drain(lane, None, final=True)
             if result is DrainResult.PARKED:
                 # Shard end cannot be parked by the consumer: it calls shard_ended again with
                 # backoff, and draining re-arms the lane to try the failed batch again.
                 raise SinkParkedError(
-                    f"lease {self._lane.lease_key}: a batch failed at shard end; retrying"
+                    f"lease {lane.lease_key}: a batch failed at shard end; retrying"
                 )
             if result is not DrainResult.DONE:
-                log.warning("lease %s: shard end drain: %s", self._lane.lease_key, result.value)
+                log.warning("lease %s: shard end drain: %s", lane.lease_key, result.value)
                 return
         shard_ended_input.checkpointer.checkpoint()
+        if lane is not None:  # finished: the lane is forgotten (a worker ends many shards)
+            self._batcher.close_lane(lane)
+            self._lane = None
 
     def shutdown_requested(self, shutdown_requested_input: ShutdownRequestedInput) -> None:
         lane = self._lane

@@ -32,7 +32,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,7 @@ class ParquetSink:
         self.path = _local_path(path, "ParquetSink")
         self._stale_staging = stale_staging
         self._writes = 0
+        self._count_lock = threading.Lock()  # writer threads count writes together
         self.clean_staging()
 
     def clean_staging(self, now: float | None = None) -> list[Path]:
@@ -119,8 +120,10 @@ class ParquetSink:
         return {}
 
     def write(self, batch: SinkBatch) -> None:
-        self._writes += 1
-        if self._writes % _CLEAN_EVERY == 0:
+        with self._count_lock:
+            self._writes += 1
+            clean = self._writes % _CLEAN_EVERY == 0
+        if clean:
             self.clean_staging()
         todo = [p for p in batch.pieces if not self.piece_dir(p).exists()]
         if len(todo) < len(batch.pieces):
@@ -192,37 +195,43 @@ class DeltaSink:
         return f"{self._prefix}:{lease_key}"
 
     def _load(self) -> Any:
+        """The table, refreshed (call with the lock held), or None when it does not exist."""
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
-        with self._lock:
-            if self._table is None:
-                try:
-                    self._table = DeltaTable(self.path, storage_options=self._options)
-                except TableNotFoundError:
-                    return None
-            else:
-                self._table.update_incremental()
-            return self._table
+        if self._table is None:
+            try:
+                self._table = DeltaTable(self.path, storage_options=self._options)
+            except TableNotFoundError:
+                return None
+        else:
+            self._table.update_incremental()
+        return self._table
 
-    def committed_version(self, lease_key: str, table: Any = None) -> int:
-        """The last version committed for the lease's app id (0: none yet)."""
-        table = table if table is not None else self._load()
-        if table is None:
-            return 0
-        return int(table.transaction_version(self.app_id(lease_key)) or 0)
+    def committed_versions(self, lease_keys: Iterable[str]) -> dict[str, int]:
+        """The last version committed for each lease's app id (0: none yet), read from one
+        refreshed snapshot under the lock (writer threads share the table object)."""
+        with self._lock:
+            table = self._load()
+            return {
+                key: 0 if table is None else int(table.transaction_version(self.app_id(key)) or 0)
+                for key in lease_keys
+            }
+
+    def committed_version(self, lease_key: str) -> int:
+        return self.committed_versions([lease_key])[lease_key]
 
     def prepare(self, pieces: Sequence[Piece]) -> Mapping[str, Any]:
-        table = self._load()
-        return {p.lease_key: self.committed_version(p.lease_key, table) + 1 for p in pieces}
+        committed = self.committed_versions(p.lease_key for p in pieces)
+        return {p.lease_key: committed[p.lease_key] + 1 for p in pieces}
 
     def write(self, batch: SinkBatch) -> None:
         from deltalake import CommitProperties, Transaction, write_deltalake
 
-        table = self._load()
+        known = self.committed_versions(p.lease_key for p in batch.pieces)
         todo, versions = [], {}
         for piece in batch.pieces:
-            committed = self.committed_version(piece.lease_key, table)
+            committed = known[piece.lease_key]
             token = batch.tokens.get(piece.lease_key)
             version = int(token) if token is not None else committed + 1
             if committed >= version:

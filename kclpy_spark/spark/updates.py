@@ -84,7 +84,11 @@ class LaneUpdates:
         self._settings = settings
         self._close = close  # closes a lane and forgets it (call with the lock held)
 
-    def prepared(self, lane: Lane, cut: Cut, token: Any, checkpoint: PreparedCheckpoint) -> None:
+    def tokened(self, lane: Lane, cut: Cut, token: Any) -> None:
+        with self._cond:
+            lane.tokened(cut, token)
+
+    def prepared(self, lane: Lane, cut: Cut, checkpoint: PreparedCheckpoint) -> None:
         with self._cond:
             lane.prepared(cut, checkpoint)
 
@@ -131,12 +135,17 @@ class LaneUpdates:
             self.stats.commit_seconds += seconds
             self._cond.notify_all()
 
-    def commit_failed(self, lane: Lane, cut: Cut, error: CheckpointError) -> None:
+    def commit_failed(self, lane: Lane, cut: Cut, error: Exception) -> None:
+        """A commit that failed: retried later unless the lease is gone or the checkpoint can
+        never be taken (then the cut is re-formed and the lane parked). An error that is not a
+        ``CheckpointError`` is retried: the write succeeded, so the commit must not be lost."""
         with self._cond:
             now = self._clock.monotonic()
-            if error.value == SHUTDOWN or lane.state is LaneState.CLOSED:
+            if lane.state is LaneState.CLOSED or (
+                isinstance(error, CheckpointError) and error.value == SHUTDOWN
+            ):
                 self._close(lane)
-            elif error.retry_may_help:
+            elif not isinstance(error, CheckpointError) or error.retry_may_help:
                 lane.commit_later(cut, now + self._settings.commit_retry_delay)
             else:
                 lane.put_back(cut, (cut.key,), now)

@@ -6,7 +6,6 @@ state goes back through ``LaneEvents`` (the MicroBatcher, which holds its lock a
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from kclpy_spark.spark.batch import BatchSink, Interrupter, SinkBatch, ToDataFra
 from kclpy_spark.spark.lane import Cut, Lane
 from kclpy_spark.spark.pieces import SCHEMA, PendingState, PieceKey, batch_id_of
 from kclpy_spark.spark.settings import BatcherSettings
+from kclpy_spark.spark.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +62,9 @@ class Batch:
 class LaneEvents(Protocol):
     """What the writer tells the batcher; each call changes lanes under the batcher's lock."""
 
-    def prepared(
-        self, lane: Lane, cut: Cut, token: Any, checkpoint: PreparedCheckpoint
-    ) -> None: ...
+    def tokened(self, lane: Lane, cut: Cut, token: Any) -> None: ...
+
+    def prepared(self, lane: Lane, cut: Cut, checkpoint: PreparedCheckpoint) -> None: ...
 
     def not_prepared(self, lane: Lane, cut: Cut, error: CheckpointError) -> None: ...
 
@@ -76,7 +76,7 @@ class LaneEvents(Protocol):
 
     def committed(self, lane: Lane, cut: Cut, seconds: float) -> None: ...
 
-    def commit_failed(self, lane: Lane, cut: Cut, error: CheckpointError) -> None: ...
+    def commit_failed(self, lane: Lane, cut: Cut, error: Exception) -> None: ...
 
     def gave_up(self, batch: Batch, error: BaseException) -> None: ...
 
@@ -103,6 +103,7 @@ class BatchWriter:
         interrupter: Interrupter,
         dead_letter: DeadLetterWriter | None,
         sleep: Callable[[float], None],
+        watchdog: Watchdog | None = None,
     ) -> None:
         self._sink = sink
         self._s = settings
@@ -111,6 +112,7 @@ class BatchWriter:
         self._interrupter = interrupter
         self._dead_letter = dead_letter
         self._sleep = sleep
+        self.watchdog = watchdog or Watchdog()
         self._backoff = Backoff(base=settings.retry_base_delay, cap=settings.retry_max_delay)
 
     # --- one batch -------------------------------------------------------------------------------
@@ -183,8 +185,27 @@ class BatchWriter:
             tokens = self._sink.prepare(fresh) if fresh else {}
             for lane, cut in batch.parts:
                 if not cut.replayed:
-                    cut.token = tokens.get(lane.lease_key)
+                    self._events.tokened(lane, cut, tokens.get(lane.lease_key))
             batch.tokens_ready = True
+        while not self._prepare_pending(batch):
+            # A cut left the batch: the pending checkpoints written so far name the old
+            # composition, so the survivors' are written again with the new one.
+            batch.prepared.clear()
+            batch.sink_batch = None
+        if batch.sink_batch is None and batch.parts:
+            chunks = [c.batch for _, cut in batch.parts for c in cut.chunks]
+            pieces = tuple(cut.piece for _, cut in batch.parts)
+            batch.sink_batch = SinkBatch(
+                batch_id_of([p.key for p in pieces]),
+                pieces,
+                pa.Table.from_batches(chunks, schema=SCHEMA),
+                {lane.lease_key: cut.token for lane, cut in batch.parts},
+                to_df=self._to_df,
+            )
+
+    def _prepare_pending(self, batch: Batch) -> bool:
+        """Write the pending checkpoint of each cut not yet prepared; False when a cut had to
+        leave the batch (its lease cannot take a checkpoint any more)."""
         for lane, cut in list(batch.parts):
             if id(cut) in batch.prepared:
                 continue
@@ -200,45 +221,31 @@ class BatchWriter:
                 log.warning("lease %s: cannot prepare its checkpoint (%s)", lane.lease_key, exc)
                 self._events.not_prepared(lane, cut, exc)
                 batch.parts.remove((lane, cut))
-                batch.sink_batch = None
-                continue
+                return False
             batch.prepared.add(id(cut))
-            self._events.prepared(lane, cut, cut.token, checkpoint)
-        if batch.sink_batch is None and batch.parts:
-            chunks = [c.batch for _, cut in batch.parts for c in cut.chunks]
-            pieces = tuple(cut.piece for _, cut in batch.parts)
-            batch.sink_batch = SinkBatch(
-                batch_id_of([p.key for p in pieces]),
-                pieces,
-                pa.Table.from_batches(chunks, schema=SCHEMA),
-                {lane.lease_key: cut.token for lane, cut in batch.parts},
-                to_df=self._to_df,
-            )
+            self._events.prepared(lane, cut, checkpoint)
+        return True
 
     def _write_once(self, sink_batch: SinkBatch) -> None:
         sink_batch.attempt += 1
         tag = f"kclpy-spark-{sink_batch.batch_id:016x}-{sink_batch.attempt}"
-        fired = threading.Event()
 
         def on_timeout() -> None:
-            fired.set()
             log.warning("batch %s overran the %.0fs write timeout", tag, self._s.write_timeout)
             self._interrupter.interrupt(tag)
 
-        timer = threading.Timer(self._s.write_timeout, on_timeout)
-        timer.daemon = True
         with self._interrupter.tagged(tag):
-            timer.start()
+            deadline = self.watchdog.after(self._s.write_timeout, on_timeout)
             try:
                 self._sink.write(sink_batch)
             except Exception as exc:
-                if fired.is_set():
+                if deadline.fired.is_set():
                     raise WriteTimeoutError(
                         f"batch {sink_batch.batch_id} overran {self._s.write_timeout}s: {exc!r}"
                     ) from exc
                 raise
             finally:
-                timer.cancel()
+                deadline.cancel()
 
     # --- commits ---------------------------------------------------------------------------------
 
@@ -253,8 +260,8 @@ class BatchWriter:
         try:
             assert cut.prepared is not None
             cut.prepared.checkpoint()
-        except CheckpointError as exc:
-            log.warning("lease %s: checkpoint after the write failed: %s", lane.lease_key, exc)
+        except Exception as exc:  # anything else than a CheckpointError is retried later
+            log.warning("lease %s: checkpoint after the write failed: %r", lane.lease_key, exc)
             self._events.commit_failed(lane, cut, exc)
             return
         self._events.committed(lane, cut, time.perf_counter() - started)

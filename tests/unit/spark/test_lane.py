@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from checkpoint.checkpointer import PreparedCheckpoint
 from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.processor import Record
 from kclpy_spark.spark.lane import DrainResult, Lane, LaneState
@@ -69,15 +70,38 @@ def test_commit_retry_is_claimed_once_when_due() -> None:
     assert a.out is None and a.commit_due_at is None and a.idle
 
 
-def test_put_back_reforms_the_same_cut_exactly() -> None:
+def test_put_back_reforms_the_same_cut_exactly_with_its_stored_token() -> None:
     a = lane()
     a.add(chunk(1, 4), now=101.0)
     cut = a.cut(3, 10**9)
+    a.tokened(cut, {"v": 7})
+    a.prepared(cut, PreparedCheckpoint(None, cut.key.last))  # its pending checkpoint is stored
     a.put_back(cut, (cut.key,), now=103.0)
     assert a.out is None and a.replaying and a.replay_ready
     assert a.replay_key() == cut.key and a.replay_group == (cut.key,)
     again = a.cut(1, 1)  # limits do not apply to a replay
     assert again.key == cut.key and again.replayed and again.piece.rows == 3
+    assert again.token == {"v": 7}
+
+
+def test_a_cut_put_back_before_its_pending_checkpoint_gets_a_fresh_token() -> None:
+    a = lane()
+    a.add(chunk(1, 4), now=101.0)
+    cut = a.cut(3, 10**9)
+    a.tokened(cut, {"v": 7})  # the sink gave a token, but no pending checkpoint names it
+    a.put_back(cut, (cut.key,), now=103.0)
+    again = a.cut(1, 1)
+    assert again.key == cut.key  # still the same range
+    assert not again.replayed and again.token is None  # sink.prepare is asked again
+
+
+def test_a_token_for_a_cut_no_longer_out_is_ignored() -> None:
+    a = lane()
+    a.add(chunk(1, 2), now=101.0)
+    cut = a.cut(10, 10**9)
+    a.close()
+    a.tokened(cut, {"v": 1})
+    assert cut.token is None
 
 
 def test_a_replay_cuts_exactly_at_its_target_whatever_the_chunking() -> None:

@@ -30,6 +30,7 @@ from checkpoint.stores.sqlite_pool import POOL_SIZE
 from kclpy_spark.processor import Record
 from kclpy_spark.spark.batch import SinkBatch
 from kclpy_spark.spark.batcher import (
+    BatcherClosedError,
     BatcherSettings,
     DrainResult,
     MicroBatcher,
@@ -58,6 +59,7 @@ class FakeSink:
     def __init__(self) -> None:
         self.fail: Callable[[SinkBatch], bool] = lambda batch: False
         self.attempts: list[tuple[int, int]] = []  # (batch_id, attempt)
+        self.attempts_pieces: list[Piece] = []
         self.written: list[SinkBatch] = []
         self.on_write: Callable[[SinkBatch], None] = lambda batch: None
 
@@ -66,6 +68,7 @@ class FakeSink:
 
     def write(self, batch: SinkBatch) -> None:
         self.attempts.append((batch.batch_id, batch.attempt))
+        self.attempts_pieces += batch.pieces
         self.on_write(batch)
         if self.fail(batch):
             raise RuntimeError(f"boom on attempt {batch.attempt}")
@@ -405,6 +408,61 @@ def test_lease_lost_during_the_write_commits_nothing_and_drops_the_buffer() -> N
     assert lane.rows == 0 and env.batcher.lane_state(lane) is LaneState.CLOSED
 
 
+def test_a_piece_that_leaves_its_batch_has_the_other_pending_checkpoints_rewritten() -> None:
+    """The pending checkpoint names the batch's composition; when a cut leaves the batch (its
+    lease lost before its pending write), the others' are written again without it."""
+    env = manual(max_records=100, max_attempts=1, max_wait=1.0)
+    for shard in SHARDS:
+        env.take(shard)
+        env.deliver(shard, records(1, 3))
+    assert env.table.take_lease(env.lease(SHARDS[1]), "worker-z") is not None
+    env.sink.fail = lambda batch: True  # the pending checkpoint stays to be read
+    env.clock.advance(1.0)
+    env.batcher.step()
+    state = PendingState.decode(env.lease(SHARDS[0]).pending_checkpoint_state)
+    assert state is not None and [k.lease_key for k in state.group] == [SHARDS[0]]
+    assert [p.lease_key for p in env.sink.attempts_pieces] == [SHARDS[0]]
+    assert env.batcher.lane_state(env.lanes[SHARDS[1]]) is LaneState.CLOSED
+
+
+def test_a_commit_that_raises_something_unexpected_is_retried_not_written_again() -> None:
+    env = manual(max_records=3, commit_retry_delay=2.0)
+    lane = env.take(SHARDS[0])
+    original = env.table.update_checkpoint
+    failures = [RuntimeError("a bug in the store")]
+
+    def flaky(lease: Lease, cp: ExtendedSequenceNumber, pending: Any = None) -> Lease | None:
+        if failures:
+            raise failures.pop()
+        return original(lease, cp, pending)
+
+    env.table.update_checkpoint = flaky  # type: ignore[method-assign]
+    env.deliver(SHARDS[0], records(1, 3))
+    assert env.batcher.step() == 1
+    assert env.batcher.lane_state(lane) is LaneState.ACTIVE  # not parked, not put back
+    assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON
+    env.clock.advance(2.0)
+    env.batcher.run_until_idle()
+    assert env.lease(SHARDS[0]).checkpoint == esn(30)
+    assert len(env.sink.written) == 1  # written once, committed on the retry
+
+
+def test_a_closed_batcher_ends_drains_and_refuses_records() -> None:
+    with threaded_env(max_records=100, max_wait=3600.0) as env:
+        lane = env.take(SHARDS[0])
+        env.deliver(SHARDS[0], records(1, 2))
+        env.batcher.close(timeout=5.0)
+        result: list[DrainResult] = []
+        waiter = threading.Thread(
+            target=lambda: result.append(env.batcher.drain(lane, None, final=True)), daemon=True
+        )
+        waiter.start()
+        waiter.join(10.0)
+        assert result == [DrainResult.CLOSED]  # used to wait forever
+        with pytest.raises(BatcherClosedError):
+            env.deliver(SHARDS[0], records(3, 1))
+
+
 # --- replay after a crash -----------------------------------------------------------------------
 
 
@@ -622,6 +680,7 @@ def test_n_batches_leave_resources_bounded_by_a_constant(tmp_path: Path) -> None
         assert threading.active_count() <= threads
         assert store.open_connections <= POOL_SIZE
         assert batcher.threads == 2
+        assert batcher.deadlines <= 2 * 2 + 17  # write timeouts: one watchdog, no timer each
     finally:
         batcher.close(timeout=5.0)
         holder.close()

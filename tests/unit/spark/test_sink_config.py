@@ -15,7 +15,12 @@ from kclpy_spark.config import WorkerConfig
 from kclpy_spark.spark.batch import FunctionSink
 from kclpy_spark.spark.runtime import load_sink, processor_factory_from_sink_config
 from kclpy_spark.spark.session import MIB, SparkSessionHolder, SparkTarget, TargetKind, find_java
-from kclpy_spark.spark.sink_config import load_sink_config, sink_config, sink_config_from_mapping
+from kclpy_spark.spark.sink_config import (
+    SinkConfig,
+    load_sink_config,
+    sink_config,
+    sink_config_from_mapping,
+)
 from kclpy_spark.spark.sinks import DeltaSink, ParquetSink
 
 
@@ -29,6 +34,9 @@ def test_defaults_and_derived_values() -> None:
     # range, stable whoever re-forms it (issue 14, finding 4).
     assert dlq.batching.scope == "lease" and dlq.batching.regroup_wait == 30.0
     assert cfg.batching.regroup_wait == 0.0  # built-in sinks never wait for a whole batch
+    # Built directly (not from TOML), a SinkConfig gets the same defaults for its sink's kind.
+    assert SinkConfig("pkg.mod:fn").batching.scope == "lease"
+    assert SinkConfig("delta:/t").batching == sink_config("delta:/t").batching
     assert sink_config("pkg.mod:fn", scope="worker").batching.scope == "worker"
     assert sink_config("delta:s3://b/t").sink_path == "s3://b/t"
     settings = sink_config("parquet:/x", max_bytes=200 * MIB).batcher_settings(96 * MIB)

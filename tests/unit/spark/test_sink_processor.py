@@ -25,6 +25,7 @@ from kclpy_spark.processor import (
 )
 from kclpy_spark.spark.batch import SinkBatch
 from kclpy_spark.spark.batcher import (
+    BatcherClosedError,
     BatcherSettings,
     DrainResult,
     MicroBatcher,
@@ -114,6 +115,27 @@ def test_shard_end_writes_everything_then_checkpoints_shard_end(
     c.processor.shard_ended(ShardEndedInput(c.cp))
     assert sink.rows == [str(i * 10) for i in range(1, 6)]
     assert c.checkpoint() == SHARD_END
+    assert factory.status()["lanes"] == {}  # a finished lease's lane is forgotten
+
+
+def test_records_after_the_sink_closed_raise_instead_of_vanishing(
+    factory: SparkSinkProcessorFactory, sink: Sink
+) -> None:
+    c = consumer(factory)
+    c.deliver(2)
+    factory.close()
+    with pytest.raises(BatcherClosedError):
+        c.deliver(1)
+    c.cp.mark_shard_end()
+    done = threading.Event()
+
+    def end() -> None:
+        c.processor.shard_ended(ShardEndedInput(c.cp))  # must not wait forever
+        done.set()
+
+    threading.Thread(target=end, daemon=True).start()
+    assert done.wait(10.0)
+    assert c.checkpoint() == TRIM_HORIZON  # nothing written: no SHARD_END
 
 
 def test_shutdown_flushes_and_checkpoints_what_was_written(

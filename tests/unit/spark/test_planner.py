@@ -1,0 +1,77 @@
+"""The planner's two questions, on lanes built in memory: which batches are due now, and when
+to look again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from checkpoint.sequence import ExtendedSequenceNumber
+from kclpy_spark.processor import Record
+from kclpy_spark.spark.lane import Lane
+from kclpy_spark.spark.pieces import Chunk, PieceKey, records_to_chunk
+from kclpy_spark.spark.planner import Plan, next_wakeup, plan_due
+from kclpy_spark.spark.settings import BatcherSettings
+
+A, B = "shardId-000000000000", "shardId-000000000001"
+WORKER = BatcherSettings(scope="worker", max_records=1000, max_wait=5.0, regroup_wait=30.0)
+
+
+def esn(seq: int) -> ExtendedSequenceNumber:
+    return ExtendedSequenceNumber(str(seq), 0)
+
+
+def chunk(key: str, first: int, count: int) -> Chunk:
+    recs = [Record(b"x", "k", str(i * 10)) for i in range(first, first + count)]
+    return records_to_chunk(recs, "s", key)
+
+
+def lane(key: str, replay: Any = None, now: float = 0.0) -> Lane:
+    return Lane(key, key, None, replay=replay, now=now)  # type: ignore[arg-type]
+
+
+def test_a_reformed_piece_that_differs_from_its_batch_goes_alone_at_once() -> None:
+    """Records 10 were trimmed: the piece re-forms as 20..40, which is not the 10..40 of its old
+    batch, so it can never complete that batch; it used to wait (and then go as an empty plan)."""
+    group = (PieceKey(A, esn(10), esn(40)), PieceKey(B, esn(10), esn(20)))
+    a = lane(A, replay=(esn(40), group, None))
+    a.add(chunk(A, 2, 3), now=0.0)
+    assert a.replay_ready and a.replay_key() == PieceKey(A, esn(20), esn(40))
+    plans = plan_due([a], WORKER, now=0.0, limit=None, expected=lambda key: True)
+    assert plans == [Plan((a,), budgeted=False)]
+
+
+def test_a_reformed_piece_waits_for_a_partner_held_here_and_they_go_together() -> None:
+    group = (PieceKey(A, esn(10), esn(20)), PieceKey(B, esn(10), esn(20)))
+    a, b = lane(A, replay=(esn(20), group, None)), lane(B, replay=(esn(20), group, None))
+    a.add(chunk(A, 1, 2), now=0.0)
+    assert plan_due([a, b], WORKER, now=1.0, limit=None) == []  # b's lane is open: wait
+    b.add(chunk(B, 1, 2), now=1.0)
+    [plan] = plan_due([a, b], WORKER, now=1.0, limit=None)
+    assert set(plan.lanes) == {a, b} and not plan.budgeted
+
+
+def test_wakeup_ignores_lanes_that_cannot_cut() -> None:
+    """A lane with a cut out (or parked) has nothing due however old its records: counting it
+    made the writer threads spin every 10 ms while a slow write was out."""
+    a = lane(A)
+    a.add(chunk(A, 1, 2), now=0.0)
+    a.cut(1000, 10**9)
+    a.add(chunk(A, 3, 2), now=0.0)
+    b = lane(B)
+    b.add(chunk(B, 1, 2), now=0.0)
+    b.park("sink down")
+    assert next_wakeup([a, b], WORKER, now=100.0) == 1.0
+    c = lane("shardId-000000000002")
+    c.add(chunk("shardId-000000000002", 1, 1), now=99.0)
+    assert abs(next_wakeup([a, b, c], WORKER, now=100.0) - 4.0) > 2.9  # capped at 1 s
+    assert next_wakeup([a, b, c], WORKER, now=103.5) == 0.5
+
+
+def test_a_claimed_commit_retry_does_not_wake_anyone() -> None:
+    a = lane(A)
+    a.add(chunk(A, 1, 2), now=0.0)
+    cut = a.cut(1000, 10**9)
+    a.commit_later(cut, at=2.0)
+    assert next_wakeup([a], WORKER, now=1.5) == 0.5
+    assert a.claim_commit(now=2.0) is cut
+    assert next_wakeup([a], WORKER, now=2.0) == 1.0
