@@ -21,6 +21,7 @@ Failures raise ``CheckpointError`` whose ``value`` is the Java exception name kc
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -121,6 +122,7 @@ class Checkpointer:
         self._largest_permitted = largest_permitted
         self._at_shard_end: ExtendedSequenceNumber | None = None
         self._delivered = DeliveredRecords()
+        self._written: ExtendedSequenceNumber | None = None  # the last checkpoint this one wrote
         self._retry_policy = retry_policy
         self._sleep = sleep
         self._lock = threading.Lock()
@@ -140,6 +142,10 @@ class Checkpointer:
         record of this lease can be refused. Moving back (a batch that was not processed after
         all) forgets the batches after ``position``."""
         with self._lock:
+            if self._written is not None and position < self._written:
+                # A batch that raised after checkpointing part of itself: what it checkpointed
+                # stays checkpointed, so checkpoint() must not aim below it.
+                position = self._written
             self._delivered.undo_after(position)
             self._delivered.delivered(sequence_numbers, position)
             self._largest_permitted = position
@@ -179,8 +185,14 @@ class Checkpointer:
         """
         target = self._target(sequence_number, sub_sequence_number)
         self._run(lambda: self._try_checkpoint(target))
-        with self._lock:
-            self._delivered.checkpointed(target)
+        self._checkpointed(target)
+
+    async def acheckpoint(
+        self, sequence_number: str | None = None, sub_sequence_number: int | None = None
+    ) -> None:
+        """``checkpoint`` for ``async def`` processors: the table write runs in a thread, so
+        the event loop (every other shard's consumer) does not wait for it."""
+        await asyncio.to_thread(self.checkpoint, sequence_number, sub_sequence_number)
 
     def prepare_checkpoint(
         self,
@@ -254,8 +266,13 @@ class Checkpointer:
     def _commit(self, target: ExtendedSequenceNumber) -> None:
         self._held_or_raise()
         self._run(lambda: self._try_checkpoint(target))
+        self._checkpointed(target)
+
+    def _checkpointed(self, target: ExtendedSequenceNumber) -> None:
         with self._lock:
             self._delivered.checkpointed(target)
+            if not target.is_sentinel and (self._written is None or self._written < target):
+                self._written = target
 
     def _run(self, attempt: Callable[[], None]) -> None:
         """The retry loop outside; maps what is left to kclpy's CheckpointError values."""

@@ -128,6 +128,9 @@ class WorkerConfig:
     # Seconds the lease table or a stream may be gone (deleted) before the daemon gives up and
     # exits non-zero; until then it says "not ready" and retries.
     missing_dependency_timeout: float = 300.0
+    # A processor call (process_records, initialize, shard_ended) running longer makes the
+    # worker not ready and is logged: a hung processor holds its lease without progress.
+    processor_stall_timeout: float = 900.0
 
     def __post_init__(self) -> None:
         _check(self)
@@ -166,6 +169,7 @@ _DURATIONS: dict[str, tuple[float, float, str]] = {
     "shutdown_grace": (0.1, 3600.0, "SIGTERM waits this long"),
     "park_duration": (1.0, 7 * 86_400.0, "a parked lease waits this long"),
     "missing_dependency_timeout": (1.0, 7 * 86_400.0, "a worker that can do nothing waits this"),
+    "processor_stall_timeout": (1.0, 7 * 86_400.0, "a hung processor call is reported after it"),
 }
 
 

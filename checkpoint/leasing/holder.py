@@ -93,6 +93,9 @@ class RenewalReport:
     lost: tuple[Lease, ...] = ()
     failed: dict[str, KclpySparkError] = field(default_factory=dict)
     slow: tuple[str, ...] = ()
+    # The tenure each lost lease was held under: a report that arrives after the lease was
+    # taken again (a new tenure, a new token) must not stop the new one.
+    lost_tokens: dict[str, uuid.UUID] = field(default_factory=dict)
 
 
 class _Renewal(enum.Enum):
@@ -199,17 +202,23 @@ class LeaseHolder:
     def held_keys(self) -> set[str]:
         return {h.lease_key for h in self.held()}
 
-    def drop(self, lease_key: str) -> HeldLease | None:
-        """Stop holding the lease locally (no write: it expires for others). Returns what was
-        held."""
+    def drop(self, lease_key: str, token: uuid.UUID | None = None) -> HeldLease | None:
+        """Stop holding the lease locally (no write: it expires for others); with ``token``,
+        only if it is still held under that tenure. Returns what was dropped."""
         with self._lock:
-            slot = self._slots.pop(lease_key, None)
-        return None if slot is None else slot.held
+            slot = self._slots.get(lease_key)
+            if slot is None or (token is not None and slot.held.token != token):
+                return None
+            del self._slots[lease_key]
+        return slot.held
 
-    def _drop_slot(self, lease_key: str, slot: _Slot) -> None:
+    def _drop_slot(self, lease_key: str, slot: _Slot) -> bool:
+        """Drop ``slot`` if it is still the registered one; whether it was."""
         with self._lock:
             if self._current(lease_key, slot):
                 del self._slots[lease_key]
+                return True
+            return False
 
     # --- renewals --------------------------------------------------------------------------------
 
@@ -234,7 +243,7 @@ class LeaseHolder:
         limit = self.lease_duration / 3 if wait is None else wait
         done, pending = concurrent.futures.wait(submitted, timeout=limit)
         renewed: list[str] = []
-        lost: list[Lease] = []
+        lost: list[HeldLease] = []
         failed: dict[str, KclpySparkError] = {}
         for future in done:
             outcome, value = future.result()
@@ -242,7 +251,7 @@ class LeaseHolder:
             if outcome is _Renewal.RENEWED:
                 renewed.append(key)
             elif outcome is _Renewal.LOST:
-                assert isinstance(value, Lease)
+                assert isinstance(value, HeldLease)
                 lost.append(value)
             elif outcome is _Renewal.FAILED:
                 assert isinstance(value, KclpySparkError)
@@ -252,9 +261,10 @@ class LeaseHolder:
             log.warning("renewing lease %s is taking long (still under way)", key)
         return RenewalReport(
             tuple(sorted(renewed)),
-            tuple(sorted(lost, key=lambda x: x.lease_key)),
+            tuple(sorted((h.lease for h in lost), key=lambda x: x.lease_key)),
             failed,
             tuple(slow),
+            {h.lease_key: h.token for h in lost},
         )
 
     def _renew_one(self, key: str, slot: _Slot) -> tuple[_Renewal, object]:
@@ -274,7 +284,10 @@ class LeaseHolder:
         left = slot.held.last_counter_change + self.lease_duration - self._clock.monotonic()
         if left < 0 or not slot.lock.acquire(timeout=left):
             if self._expired_now(key, slot):
-                return _Renewal.LOST, slot.held.lease
+                return _Renewal.LOST, slot.held  # the expired tenure just dropped
+            with self._lock:
+                if not self._current(key, slot):
+                    return _Renewal.GONE, None  # released or replaced meanwhile
             return _Renewal.FAILED, LeaseBusyError(
                 f"lease {key}: a write of it held its lock for the rest of the lease"
             )
@@ -282,26 +295,29 @@ class LeaseHolder:
             with self._lock:
                 if not self._current(key, slot):
                     return _Renewal.GONE, None
-            if self._expired_now(key, slot):
-                return _Renewal.LOST, slot.held.lease
             held = slot.held
+            if self._expired_now(key, slot):
+                return _Renewal.LOST, held
             started = self._clock.monotonic()
             new = self.table.renew_lease(held.lease)
             if new is None:
                 log.warning("lost lease %s: its renewal lost the conditional write", key)
-                self._drop_slot(key, slot)
-                return _Renewal.LOST, held.lease
+                if not self._drop_slot(key, slot):
+                    return _Renewal.GONE, None
+                return _Renewal.LOST, held
             slot.held = HeldLease(new, held.token, started)
             return _Renewal.RENEWED, None
         finally:
             slot.lock.release()
 
     def _expired_now(self, key: str, slot: _Slot) -> bool:
-        """True (and the slot dropped) if the lease has expired locally."""
+        """True (and the slot dropped) if the lease has expired locally and ``slot`` is still
+        the registered one (a slot released or replaced meanwhile reports nothing)."""
         if not slot.held.is_expired(self._clock.monotonic(), self.lease_duration):
             return False
+        if not self._drop_slot(key, slot):
+            return False
         log.warning("lease %s expired locally before renewal; dropping it", key)
-        self._drop_slot(key, slot)
         return True
 
     # --- writes ----------------------------------------------------------------------------------

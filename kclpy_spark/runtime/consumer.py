@@ -2,16 +2,16 @@
 process, then shard end, lease loss, shutdown or parking. Runs as an asyncio task; a plain
 processor method runs in a thread, an ``async def`` one on the loop.
 
-Nothing is retried forever and nothing fails silently. Every step that can fail over and over
+Nothing fails silently, and no failure is retried forever: every step that can fail over and over
 (creating the processor, ``initialize``, reading the shard, checking retention, a
-``process_records`` batch) counts toward one budget, ``max_processing_attempts`` consecutive
-failures, waiting with backoff in between (a dependency failure a retry may fix, like throttling
-or an endpoint that does not answer, is retried with backoff without counting: readiness reports
-an outage); when it is spent the lease is parked with the reason:
-released with a reopen time every worker sees, its records redelivered from the last checkpoint
-when it reopens. Records are never skipped. A failure outside those steps (a bug) parks the lease
-too, after logging its traceback. Whatever ends the tenure, the processor hears of it
-(``lease_lost`` or ``shutdown_requested``), the log says why, and the lease table shows it.
+``process_records`` batch, the shard-end step and ``shard_ended``) spends one budget
+(budget.py), and when it is spent the lease is parked with the reason and redelivered from its
+last checkpoint when it reopens; a failure outside those steps (a bug) parks it at once, after
+logging its traceback. Waiting is not failing: parents reaching SHARD_END and a merge child's other
+parent getting its lease are waited for as long as they take. Records are never skipped: a read
+restarted before its first batch was delivered starts where the first read started. Whatever ends
+the tenure, the processor hears of it (``lease_lost`` or ``shutdown_requested``), the log says
+why, and the lease table shows it.
 
 The consumer's ports: the lease table and holder, a ``ProcessorFactory``, a ``SourceFactory``
 (where records come from), a ``ShardProbe`` and an injected clock and sleep, so its paths are
@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from checkpoint.base.clock import AsyncSleep, Clock
@@ -32,7 +32,13 @@ from checkpoint.base.retry import Backoff
 from checkpoint.counters import CoordinationCounters
 from checkpoint.leasing.holder import HeldLease, LeaseHolder
 from checkpoint.port import LeaseTable
-from checkpoint.sequence import LATEST, TRIM_HORIZON, ExtendedSequenceNumber, InitialPosition
+from checkpoint.sequence import (
+    AT_TIMESTAMP,
+    LATEST,
+    TRIM_HORIZON,
+    ExtendedSequenceNumber,
+    InitialPosition,
+)
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.logs import set_shard
 from kclpy_spark.processor import (
@@ -43,6 +49,7 @@ from kclpy_spark.processor import (
     ShutdownRequestedInput,
 )
 from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress, ShardProbe, SourceFactory
+from kclpy_spark.runtime.budget import FailureBudget
 from kclpy_spark.runtime.metrics import WorkerMetrics
 from kclpy_spark.runtime.shard_end import ShardEnd, finish_shard
 from kclpy_spark.runtime.tenure import (
@@ -61,6 +68,11 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 ProcessorFactory = Callable[[], RecordProcessor]
+
+# A read at LATEST restarted before anything was delivered goes on AT_TIMESTAMP from when the
+# first read started, this much earlier (the host's clock against the service's): duplicates of
+# records just before the start are possible, a gap is not.
+LATEST_RESTART_MARGIN = 5.0
 
 
 def start_position(lease_start: float | None, configured: InitialPosition) -> InitialPosition:
@@ -101,20 +113,33 @@ class ShardConsumer:
         self._probe = probe
         self._cfg = cfg
         self._clock = clock
-        self._backoff = Backoff(rng or random.Random(), base=0.5, cap=30.0)
         self.lease_key = held.lease_key
         self.stats = ShardStats(held.lease.shard_id)
         self.progress = FetchProgress(clock.monotonic)
         configured = initial_position or cfg.initial_position
         self._position = start_position(held.lease.start_timestamp, configured)
         self._resume: ExtendedSequenceNumber = held.lease.checkpoint
-        self._failures = 0  # consecutive failures of any step, reset by a delivered batch
+        self.budget = FailureBudget(
+            self.tenure,
+            self.stats,
+            limit=cfg.max_processing_attempts,
+            park_duration=cfg.park_duration,
+            backoff=Backoff(rng or random.Random(), base=0.5, cap=30.0),
+            monotonic=clock.monotonic,
+            metrics=self._metrics,
+        )
+        self._latest_since: float | None = None  # wall time the first LATEST read started
 
     # --- signals from the worker -----------------------------------------------------------------
 
     @property
     def held_lease(self) -> Any:
         return self.tenure.lease
+
+    @property
+    def token(self) -> Any:
+        """The concurrency token of this tenure."""
+        return self.tenure.held.token
 
     @property
     def checkpointer(self) -> Any:
@@ -144,21 +169,21 @@ class ShardConsumer:
             outcome = Outcome.PARKED
         except Exception as exc:  # a bug: never a silent end of a lease
             log.exception("shard %s: the shard consumer failed unexpectedly", self.stats.shard_id)
-            await self._park(f"the consumer failed: {exc!r}")
+            await self.budget.park(f"the consumer failed: {exc!r}")
             outcome = Outcome.PARKED
         return await self._finish(outcome)
 
     async def _lifecycle(self) -> Outcome:
         self.stats.state = "waiting_on_parents"
         await self._wait_for_parents()
-        await self._retrying("checking the checkpoint against the retention", self._retention)
+        await self.budget.retrying("checking the checkpoint against the retention", self._retention)
         self.stats.state = "initializing"
-        processor = await self._retrying("creating the processor", self._create_processor)
+        processor = await self.budget.retrying("creating the processor", self._create_processor)
         checkpoint = self.tenure.lease.checkpoint
         init = InitializeInput(
             self.stats.shard_id, checkpoint.sequence_number, checkpoint.sub_sequence_number
         )
-        await self._retrying("initialize", lambda: call_processor(processor.initialize, init))
+        await self.budget.retrying("initialize", lambda: self._call(processor.initialize, init))
         self.stats.state = "processing"
         log.info("shard %s: processing from checkpoint %s", self.stats.shard_id, checkpoint)
         return await self._process(processor)
@@ -178,62 +203,20 @@ class ShardConsumer:
         self.stats.state = outcome.value
         return outcome
 
+    async def _call(self, method: Callable[[Any], Any], arg: object) -> None:
+        """A processor call, timed in ``stats.call_started`` while it runs (a call that never
+        returns makes the worker not ready: health.py)."""
+        self.stats.call_started = self._clock.monotonic()
+        try:
+            await call_processor(method, arg)
+        finally:
+            self.stats.call_started = None
+
     async def _safe(self, method: Callable[[Any], Any], arg: object, name: str) -> None:
         try:
             await call_processor(method, arg)
         except Exception:
             log.exception("shard %s: the processor's %s raised", self.stats.shard_id, name)
-
-    # --- failures: one budget, then park ---------------------------------------------------------
-
-    async def _retrying(self, what: str, step: Callable[[], Awaitable[T]]) -> T:
-        """``step()`` until it succeeds. A failure a retry may fix (throttling, a dependency
-        that does not answer) waits a backoff and does not count: an outage is the worker's
-        health's business, not a reason to park every lease. Every other failure counts
-        (``_failed``)."""
-        transient = 0
-        while True:
-            try:
-                return await step()
-            except (LeaseLost, ShutdownSignal, Parked):
-                raise
-            except KclpySparkError as exc:
-                if not exc.retriable:
-                    await self._failed(what, exc)
-                    continue
-                transient += 1
-                log.warning("shard %s: %s failed, retrying: %s", self.stats.shard_id, what, exc)
-                await self.tenure.pause(self._backoff.delay(transient))
-            except Exception as exc:
-                await self._failed(what, exc)
-
-    async def _failed(self, what: str, exc: BaseException, detail: str = "") -> None:
-        """Count a failure; park the lease after ``max_processing_attempts`` in a row (raises
-        Parked), else wait a backoff. Raises LeaseLost if the lease went meanwhile: then the
-        failure was the lease's, not the records'."""
-        self.tenure.current()
-        self._failures += 1
-        self.stats.failures += 1
-        self._metrics.processing_failures.labels(self.stats.shard_id).inc()
-        limit = self._cfg.max_processing_attempts
-        log.error(
-            "shard %s: %s failed%s (attempt %d of %d): %s",
-            self.stats.shard_id,
-            what,
-            detail,
-            self._failures,
-            limit,
-            exc if isinstance(exc, KclpySparkError) else repr(exc),
-            exc_info=not isinstance(exc, KclpySparkError),
-        )
-        if self._failures >= limit:
-            await self._park(f"{what} failed {self._failures} times in a row: {exc}")
-            raise Parked()
-        await self.tenure.pause(self._backoff.delay(self._failures))
-
-    async def _park(self, reason: str) -> None:
-        self.stats.park_reason = reason
-        await self.tenure.park(reason, self._cfg.park_duration)
 
     # --- steps -----------------------------------------------------------------------------------
 
@@ -283,7 +266,7 @@ class ShardConsumer:
         )
         if policy == "fail":
             log.error("%s. Parking the lease; set aged_checkpoint_policy or run reset", what)
-            await self._park("aged-out checkpoint")
+            await self.budget.park("aged-out checkpoint")
             raise Parked()
         target = TRIM_HORIZON if policy == "earliest" else LATEST
         await self.tenure.restart_at(target)
@@ -305,11 +288,13 @@ class ShardConsumer:
             except (LeaseLost, ShutdownSignal, Parked):
                 raise
             except KclpySparkError as exc:
-                await self._failed("reading the shard", exc)
+                self.budget.answered_since(self.progress.last_ok)
+                await self.budget.failed("reading the shard", exc)
 
     async def _read(self, processor: RecordProcessor) -> Outcome:
         queue: asyncio.Queue[FetchedBatch] = asyncio.Queue(maxsize=self._cfg.prefetch_batches)
         lease = self.tenure.lease
+        self._latest_restart()
         source = self._sources(
             self.stats.shard_id, self._resume, self._position, lease.hash_key_range, queue,
             self.progress,
@@ -330,14 +315,34 @@ class ShardConsumer:
             fetch.cancel()
             await asyncio.gather(fetch, return_exceptions=True)
 
+    def _latest_restart(self) -> None:
+        """A read at LATEST that starts again before any record was delivered must not ask for
+        a new LATEST (records written in between would be skipped): it reads AT_TIMESTAMP from
+        when the first read started."""
+        if self._resume != LATEST:
+            return
+        if self._latest_since is None:
+            self._latest_since = self._clock.wall() - LATEST_RESTART_MARGIN
+            return
+        self._resume = AT_TIMESTAMP
+        self._position = InitialPosition.at_timestamp(self._latest_since)
+        log.info(
+            "shard %s: reading again from when the first LATEST read started (%s)",
+            self.stats.shard_id,
+            self._position.timestamp,
+        )
+
     @staticmethod
     async def _next(queue: asyncio.Queue[FetchedBatch], fetch: asyncio.Task[None]) -> FetchedBatch:
         """The next batch; raises what stopped the source if it stopped first."""
         getter = asyncio.ensure_future(queue.get())
-        done, _ = await asyncio.wait({getter, fetch}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            done, _ = await asyncio.wait({getter, fetch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not getter.done():  # stopped or cancelled: no getter task left behind
+                getter.cancel()
         if getter in done:
             return getter.result()
-        getter.cancel()
         fetch.result()  # raises what stopped the fetcher
         raise KclpySparkError("the record source stopped before the shard ended")
 
@@ -358,13 +363,13 @@ class ShardConsumer:
             self.tenure.current()
             checkpointer.set_largest_permitted(end, sequence_numbers)
             try:
-                await call_processor(processor.process_records, arg)
+                await self._call(processor.process_records, arg)
                 break
             except Exception as exc:
                 checkpointer.set_largest_permitted(before)
                 first, final = batch.records[0].sequence_number, last.sequence_number
-                await self._failed("process_records", exc, f" on records {first}..{final}")
-        self._failures = 0
+                await self.budget.failed("process_records", exc, f" on records {first}..{final}")
+        self.budget.succeeded()
         self._resume = end
         self._count(batch)
 
@@ -389,6 +394,7 @@ class ShardConsumer:
             batch,
             self._probe,
             poll_interval=self._cfg.parent_shard_poll_interval,
-            backoff=self._backoff,
+            failed=self.budget.failed,
+            call=self._call,
         )
         return Outcome.SHARD_END if done is ShardEnd.DONE else Outcome.RELEASED

@@ -13,6 +13,7 @@ import asyncio
 import functools
 import logging
 import random
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,11 +31,15 @@ from kclpy_spark.runtime.streams import StreamContext
 
 log = logging.getLogger(__name__)
 
+# Ended tenures kept for status (the oldest are forgotten first).
+FINISHED_KEPT = 256
+
 
 @dataclass
 class _Running:
     consumer: ShardConsumer
     task: asyncio.Task[Outcome]
+    warned_call: float | None = None  # start of the processor call already warned about
 
 
 class ConsumerSet:
@@ -80,15 +85,30 @@ class ConsumerSet:
         return None if running is None else running.consumer.stats
 
     def views(self) -> list[ConsumerView]:
-        return [
-            ConsumerView(
-                r.consumer.stats.shard_id,
-                r.consumer.stats.state,
-                r.consumer.stats.state == "processing"
-                and r.consumer.progress.stalled(self.stall_after),
+        now = self._clock.monotonic()
+        views = []
+        for r in self.running.values():
+            stats = r.consumer.stats
+            stalled = stats.state == "processing" and r.consumer.progress.stalled(self.stall_after)
+            views.append(ConsumerView(stats.shard_id, stats.state, stalled, self._hung(r, now)))
+        return views
+
+    def _hung(self, running: _Running, now: float) -> float | None:
+        """Seconds the consumer's processor call has been running, once past the timeout."""
+        started = running.consumer.stats.call_started
+        if started is None or now - started <= self._cfg.processor_stall_timeout:
+            running.warned_call = None
+            return None
+        if running.warned_call != started:  # once per call
+            running.warned_call = started
+            log.warning(
+                "shard %s: a processor call has been running for %.0fs (processor_stall_timeout "
+                "%.0fs); the lease is held without progress",
+                running.consumer.stats.shard_id,
+                now - started,
+                self._cfg.processor_stall_timeout,
             )
-            for r in self.running.values()
-        ]
+        return now - started
 
     def start(self, held: HeldLease, context: StreamContext) -> None:
         consumer = ShardConsumer(
@@ -117,9 +137,11 @@ class ConsumerSet:
                 held.lease.checkpoint,
             )
 
-    def lost(self, lease_key: str) -> None:
+    def lost(self, lease_key: str, token: uuid.UUID | None = None) -> None:
+        """The lease was lost; with ``token``, only the tenure held under it (a late report
+        must not stop a consumer of the lease taken again since)."""
         running = self.running.get(lease_key)
-        if running is not None:
+        if running is not None and (token is None or running.consumer.token == token):
             running.consumer.lease_lost()
 
     def lost_unless_held(self, held_keys: set[str]) -> None:
@@ -140,7 +162,7 @@ class ConsumerSet:
     def _done(self, key: str, task: asyncio.Task[Outcome]) -> None:
         running = self.running.pop(key, None)
         if running is not None:
-            self.finished[key] = running.consumer.stats
+            self._remember(key, running.consumer.stats)
         if task.cancelled():
             return
         exc = task.exception()
@@ -156,8 +178,18 @@ class ConsumerSet:
             self._in_background(key, "its stream is no longer configured")
         elif outcome is Outcome.LEASE_LOST:
             self._counters.increment(Counter.PARTITION_NOT_OWNED_ERRORS)
-            self._holder.drop(key)
+            self._holder.drop(key, None if running is None else running.consumer.token)
         self._hand_back.discard(key)
+
+    def _remember(self, key: str, stats: ShardStats) -> None:
+        """Keep the last FINISHED_KEPT ended tenures for status; forget the shard's per-shard
+        metrics (a lag gauge of a shard held elsewhere now would alert falsely; a finished
+        shard's counters would stay forever)."""
+        self.finished.pop(key, None)
+        self.finished[key] = stats
+        while len(self.finished) > FINISHED_KEPT:
+            self.finished.pop(next(iter(self.finished)))
+        self._metrics.forget(stats.shard_id, finished=stats.state == Outcome.SHARD_END.value)
 
     def _in_background(self, key: str, why: str) -> None:
         held = self._holder.get_if_held(key)

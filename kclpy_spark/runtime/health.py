@@ -1,11 +1,13 @@
 """Is the worker making progress? Readiness for ``/readyz`` and ``status``, and when to give up.
 
 Ready means more than "the process answers": the lease table answered recently and exists, every
-configured stream exists, not every lease of the application is parked, and no held lease has
+configured stream exists, not every lease of the application is parked, no held lease has
 gone without a successful read for ``stall_after`` seconds (a read blocked only because the
-processor is behind does not count). When the lease table or a stream has been gone for
-``missing_timeout`` seconds, ``fatal`` says so and the daemon exits non-zero with that one line:
-a worker that can do nothing must not look healthy forever.
+processor is behind does not count), and no processor call has been running for longer than
+``processor_stall_timeout`` (a hung processor holds its lease and makes no progress). When the
+lease table or a stream has been gone for ``missing_timeout`` seconds, ``fatal`` says so and the
+daemon exits non-zero with that one line: a worker that can do nothing must not look healthy
+forever.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class ConsumerView:
     shard_id: str
     state: str
     stalled: bool  # processing, and its source silent past stall_after
+    hung_for: float | None = None  # seconds a processor call has run past the stall timeout
 
 
 class Health:
@@ -89,6 +92,10 @@ class Health:
             return False, self.duplicate_worker
         if suspended:
             return True, "suspended"
+        consumers = list(consumers)
+        hung = sorted(f"{c.shard_id} ({c.hung_for:.0f}s)" for c in consumers if c.hung_for)
+        if hung:
+            return False, f"a processor call has not returned on shard(s) {', '.join(hung)}"
         stalled = sorted(c.shard_id for c in consumers if c.stalled)
         if stalled:
             return False, f"no successful read lately on shard(s) {', '.join(stalled)}"

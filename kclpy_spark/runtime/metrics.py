@@ -6,6 +6,7 @@ keep separate figures. The server binds 127.0.0.1 unless told otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -72,6 +73,16 @@ class WorkerMetrics:
             registry=r,
         )
         r.register(_CoordinationCollector(counters))
+
+    def forget(self, shard_id: str, *, finished: bool) -> None:
+        """A tenure ended: drop the shard's lag gauge; once the shard is finished (SHARD_END),
+        its counters too (no worker reads it again)."""
+        metrics: list[Counter | Gauge] = [self.behind]
+        if finished:
+            metrics += [self.records, self.bytes, self.processing_failures, self.kpl_out_of_range]
+        for metric in metrics:
+            with contextlib.suppress(KeyError):
+                metric.remove(shard_id)
 
     def watch_resources(self, store_connections: Callable[[], int] | None = None) -> None:
         """Export this process's resources (kclpy_spark_open_fds, ...: see resources.py)."""

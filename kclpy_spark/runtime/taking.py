@@ -4,6 +4,8 @@ each lease it names; a lease taken gets its shard consumer."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -63,7 +65,17 @@ class Taker:
 
     async def _take(self, lease: Lease, *, stolen: bool) -> None:
         w = self._w
-        taken = await self._io(w.store.take_lease, lease, w.cfg.worker_id)
+        take = asyncio.ensure_future(self._io(w.store.take_lease, lease, w.cfg.worker_id))
+        try:
+            taken = await asyncio.shield(take)
+        except asyncio.CancelledError:
+            # Stopping: the take may still win in its thread. Hold what it took, so the stop's
+            # release gives it back at once instead of leaving it owned by nobody alive.
+            with contextlib.suppress(Exception):
+                late = await take
+                if late is not None:
+                    w.holder.add_taken(late)
+            raise
         if taken is None:
             log.info("lease %s: another worker took it first", lease.lease_key)
             return
@@ -72,7 +84,7 @@ class Taker:
         (w.metrics.steals if stolen else w.metrics.takes).inc()
         held = w.holder.add_taken(taken)
         context = w.streams.context_of(taken)
-        if context is None:  # its stream was removed meanwhile
+        if context is None or not w.may_take:  # its stream removed, or suspended, meanwhile
             await self._io(w.holder.release, held.lease_key, held.token)
             return
         w.consumers.start(held, context)

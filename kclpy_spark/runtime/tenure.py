@@ -2,10 +2,10 @@
 
 A ``Tenure`` owns what a shard consumer shares with the worker about its lease: the held lease and
 its checkpointer, the two signals that end it early (lost, shutdown requested) and the waits that
-honour them, and the writes that end it on purpose: ``release`` (evict: any worker may take it at
-once), ``park`` (release with a reopen time every worker sees), ``restart_at`` (the aged-checkpoint
-policy's reset). Each of them is logged, written to the lease table, and leaves ``finishing`` set
-so the worker does not mistake the lease's going for a loss.
+honour them, and its writes: those that end it on purpose, ``release`` (evict: any worker may take
+it at once), ``park`` (release with a reopen time every worker sees) and ``finished`` (shard end),
+each logged and leaving ``finishing`` set so the worker does not mistake the lease's going for a
+loss; and ``restart_at``, the aged-checkpoint policy's reset, after which the tenure goes on.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class ShardStats:
     last_delivered: str | None = None
     failures: int = 0
     park_reason: str = ""
+    call_started: float | None = None  # monotonic start of the processor call running now
 
 
 class LeaseLost(Exception):
@@ -122,11 +123,12 @@ class Tenure:
         try:
             done, _ = await asyncio.wait({task, lost, stop}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for t in (lost, stop):
-                t.cancel()
+            # Whatever ended the wait (a signal, or this task cancelled), nothing is left running.
+            for t in (lost, stop, task):
+                if not t.done():
+                    t.cancel()
         if task in done:
             return task.result()
-        task.cancel()
         raise LeaseLost() if self.lost.is_set() else ShutdownSignal()
 
     async def pause(self, seconds: float) -> None:
@@ -142,15 +144,15 @@ class Tenure:
         )
 
     async def release(self, why: str) -> bool:
-        """Evict the lease so any worker may take it now; True if the write won."""
-        result = await self._release(None)
-        log.warning(
-            "shard %s: released its lease (%s)%s",
-            self.shard_id,
-            why,
-            "" if result.won else " - the write lost: another worker holds it already",
-        )
-        return result.won
+        """Evict the lease so any worker may take it now; True if the write won. This worker
+        stops holding it whatever the outcome (a failed write: it expires for the others)."""
+        try:
+            won = (await self._release(None)).won
+            outcome = "" if won else " - the write lost: another worker holds it already"
+        except Exception as exc:
+            won, outcome = False, f" - not written ({exc!r}); it expires instead"
+        log.warning("shard %s: released its lease (%s)%s", self.shard_id, why, outcome)
+        return won
 
     async def park(self, reason: str, duration: float) -> None:
         """Release the lease with a reopen time ``duration`` seconds from now (CLOSED in status,

@@ -48,6 +48,20 @@ T = TypeVar("T")
 __all__ = ["ProcessorFactory", "Worker"]
 
 
+def _metrics(
+    counters: CoordinationCounters, processor_factory: ProcessorFactory, store: LeaseStore
+) -> WorkerMetrics:
+    metrics = WorkerMetrics(counters)
+    extra = getattr(processor_factory, "metrics_collector", None)  # the Spark sink's figures
+    if callable(extra):
+        metrics.registry.register(extra())
+    counts_connections = hasattr(store, "open_connections")  # the SQLite store's pool
+    metrics.watch_resources(
+        (lambda: int(getattr(store, "open_connections", 0))) if counts_connections else None
+    )
+    return metrics
+
+
 class Worker:
     """One worker of an application. ``run()`` returns after ``request_shutdown()`` (or, with
     ``exit_reason`` set, when a dependency has been gone for too long)."""
@@ -71,14 +85,7 @@ class Worker:
         self.rng = rng or random.Random()
         self.timing = LeaseTiming(failover=cfg.failover_time)
         self.counters = CoordinationCounters()
-        self.metrics = WorkerMetrics(self.counters)
-        extra = getattr(processor_factory, "metrics_collector", None)  # the Spark sink's figures
-        if callable(extra):
-            self.metrics.registry.register(extra())
-        counts_connections = hasattr(store, "open_connections")  # the SQLite store's pool
-        self.metrics.watch_resources(
-            (lambda: int(getattr(store, "open_connections", 0))) if counts_connections else None
-        )
+        self.metrics = _metrics(self.counters, processor_factory, store)
         self.suspended = False
         self.instance = uuid.uuid4().hex  # tells this process from another with the same id
         self.exit_reason: str | None = None
@@ -113,6 +120,9 @@ class Worker:
         self._lease_io = concurrent.futures.ThreadPoolExecutor(
             max_workers=4, thread_name_prefix="kclpy-spark-lease"
         )
+        self._renew_io = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="kclpy-spark-renew-round"
+        )
         self.taker = Taker(self, self._io)
 
     def _stream_set(
@@ -135,6 +145,11 @@ class Worker:
         )
 
     # --- public ----------------------------------------------------------------------------------
+
+    @property
+    def may_take(self) -> bool:
+        """Whether a lease just taken may get a consumer (not suspended, not stopping)."""
+        return not self.suspended and not self._stop.is_set()
 
     def request_shutdown(self) -> None:
         log.info("worker %s: shutdown requested", self.cfg.worker_id)
@@ -167,6 +182,7 @@ class Worker:
                 await self.status_server.stop()
             self.holder.close()
             self._lease_io.shutdown(wait=False, cancel_futures=True)
+            self._renew_io.shutdown(wait=False, cancel_futures=True)
 
     async def _io(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the lease executor, with this task's logging context."""
@@ -254,7 +270,10 @@ class Worker:
                 await asyncio.wait_for(self._take_now.wait(), self.timing.take_interval)
 
     async def _renew_round(self) -> None:
-        report = await self._io(self.holder.renew_all)
+        # On its own thread: a slow scan or maintenance pass on the lease executor never delays
+        # a renewal round (renew_all itself waits at most a third of the lease duration).
+        call = functools.partial(contextvars.copy_context().run, self.holder.renew_all)
+        report = await asyncio.get_running_loop().run_in_executor(self._renew_io, call)
         self.metrics.renewals.inc(len(report.renewed))
         self.metrics.renewal_failures.inc(len(report.failed))
         self.metrics.leases_lost.inc(len(report.lost))
@@ -265,7 +284,7 @@ class Worker:
             self.health.store_ok()
         for lease in report.lost:
             log.warning("worker %s lost lease %s", self.cfg.worker_id, lease.lease_key)
-            self.consumers.lost(lease.lease_key)
+            self.consumers.lost(lease.lease_key, report.lost_tokens.get(lease.lease_key))
         self.consumers.lost_unless_held(self.holder.held_keys())
 
     async def _control_round(self) -> None:

@@ -586,3 +586,72 @@ def test_delivered_records_are_bounded_and_forgotten_ranges_fall_back_to_the_ran
     seen.checkpointed(esn("139"))
     assert seen.names_a_record(esn("139"))  # the same checkpoint again is fine
     assert not seen.names_a_record(esn("140"))  # nothing delivered after it
+
+
+def test_delivered_records_keep_eight_bytes_per_record_not_the_records_strings() -> None:
+    """It used to keep every sequence-number string alive (about 100 bytes each, plus a set
+    per batch looked up): up to ~150 MB per lease that checkpoints rarely."""
+    import gc
+    import tracemalloc
+
+    from checkpoint.delivered import DeliveredRecords
+
+    seen = DeliveredRecords()
+    base = 49_000_000_000_000_000_000_000_000_000_000_000_000_000_000_000
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for batch in range(50):  # 50 000 records, each batch's strings freed after delivery
+            seqs = [str(base + batch * 1000 + i) for i in range(1000)]
+            seen.delivered(seqs, esn(seqs[-1]))
+            del seqs
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 50_000 * 12  # ~8 bytes a record and a little per batch
+    inside = base + 7 * 1000 + 500
+    assert seen.names_a_record(esn(str(inside)))
+    assert seen.names_a_record(esn(str(base + 49 * 1000 + 999)))
+    assert not seen.names_a_record(esn(str(base + 49 * 1000 + 999 + 1)))
+
+
+def test_a_batch_that_raised_after_a_checkpoint_keeps_what_it_checkpointed(
+    table: FaultyTable, cp: Checkpointer
+) -> None:
+    """Rolling "the last record delivered" back below a checkpoint the batch itself wrote made
+    a later no-argument checkpoint() (e.g. in shutdown_requested) fail as backwards."""
+    cp.set_largest_permitted(esn("120"), ["110", "120"])
+    cp.checkpoint()
+    cp.set_largest_permitted(esn("150"), ["130", "140", "150"])
+    cp.checkpoint("140")  # part of the batch, then process_records raises
+    cp.set_largest_permitted(esn("120"))  # the consumer rolls back to the previous batch
+    assert cp.largest_permitted == esn("140")
+    cp.checkpoint()  # fine: at what is stored
+    assert stored(table).checkpoint == esn("140")
+
+
+def test_acheckpoint_writes_from_a_thread() -> None:
+    import asyncio
+
+    table = FaultyTable()
+    table.create_lease_if_absent(Lease(KEY, LAST))
+    cp = Worker(table, "worker-a").take()
+    cp.set_largest_permitted(esn("130"), ["110", "120", "130"])
+    loop_thread: list[int] = []
+
+    async def main() -> None:
+        loop_thread.append(threading.get_ident())
+        await cp.acheckpoint("120")
+
+    writers: list[int] = []
+    original = table.update_checkpoint
+
+    def spy(*args: object, **kwargs: object) -> Lease | None:
+        writers.append(threading.get_ident())
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    table.update_checkpoint = spy  # type: ignore[method-assign]
+    asyncio.run(main())
+    assert stored(table).checkpoint == esn("120")
+    assert writers and writers[0] != loop_thread[0]

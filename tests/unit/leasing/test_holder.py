@@ -400,3 +400,33 @@ def test_release_evicts_then_drops_and_can_park_first(
     again = holder.add_taken(take(table, "worker-a"))
     assert holder.release(KEY, held.token).loss is LeaseLoss.TOKEN_CHANGED
     assert holder.get_if_held(KEY) == again
+
+
+def test_a_late_renewal_of_an_ended_tenure_reports_nothing_against_the_next(
+    clock: ManualClock,
+) -> None:
+    """A renewal queued behind a slow one ran after its tenure was released and the lease taken
+    again: it reported the lease LOST by key, which stopped the new tenure's consumer."""
+    table = HangingTable(stuck=KEYS[1])
+    holder = LeaseHolder(table, "worker-a", clock, DURATION, renewal_threads=1)
+    holder.add_taken(take(table, "worker-a", KEYS[1]))  # its renewal takes the one thread
+    old = holder.add_taken(take(table, "worker-a", KEYS[0]))  # queued behind it
+    out: list[RenewalReport] = []
+    thread = threading.Thread(target=lambda: out.append(holder.renew_all(wait=5.0)), daemon=True)
+    try:
+        thread.start()
+        assert table.entered.wait(10.0)
+        clock.advance(DURATION + 1.0)  # the queued tenure is past its time
+        holder.release(KEYS[0], old.token)
+        new = holder.add_taken(take(table, "worker-a", KEYS[0]))  # taken again: a new tenure
+        table.release.set()
+        thread.join(10.0)
+        [report] = out
+        assert KEYS[0] not in {lease.lease_key for lease in report.lost}
+        held = holder.get_if_held(KEYS[0])
+        assert held is not None and held.token == new.token
+        assert holder.drop(KEYS[0], old.token) is None  # a stale drop leaves the new tenure
+        assert holder.drop(KEYS[0], new.token) == held
+    finally:
+        table.release.set()
+        holder.close()

@@ -12,11 +12,18 @@ from typing import Any
 import pytest
 
 from checkpoint.base.clock import ManualClock
-from checkpoint.base.errors import RequestError, ResourceNotFoundError
+from checkpoint.base.errors import (
+    DependencyError,
+    KclpySparkError,
+    RequestError,
+    ResourceNotFoundError,
+    ThrottledError,
+)
 from checkpoint.lease import HashKeyRange, Lease, LeaseState
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.sequence import (
     AT_TIMESTAMP,
+    LATEST,
     SHARD_END,
     TRIM_HORIZON,
     ExtendedSequenceNumber,
@@ -34,7 +41,7 @@ from kclpy_spark.processor import (
     ShutdownRequestedInput,
 )
 from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress
-from kclpy_spark.runtime.consumer import Outcome, ShardConsumer
+from kclpy_spark.runtime.consumer import LATEST_RESTART_MARGIN, Outcome, ShardConsumer
 from kclpy_spark.runtime.shard_end import BLOCKED_RELEASE_EVERY
 
 SHARD = "shardId-000000000000"
@@ -64,7 +71,7 @@ def child(shard: str, parents: list[str]) -> dict[str, Any]:
     }
 
 
-Script = list[FetchedBatch | Exception]
+Script = list[FetchedBatch | Exception | str]  # "ok": the service answered, with nothing new
 
 
 class FakeSources:
@@ -91,6 +98,9 @@ class FakeSources:
                 for item in script:
                     if isinstance(item, Exception):
                         raise item
+                    if isinstance(item, str):
+                        progress.ok()
+                        continue
                     await progress.put(queue, item)
                     if item.shard_ended:
                         return
@@ -104,12 +114,15 @@ class FakeProbe:
     earliest: str | None = None
     gone: set[str] = field(default_factory=set)
     asked: list[str] = field(default_factory=list)
+    errors: list[Exception] = field(default_factory=list)  # raised by shard_exists first
 
     async def earliest_sequence_number(self, shard_id: str) -> str | None:
         return self.earliest
 
     async def shard_exists(self, shard_id: str) -> bool:
         self.asked.append(shard_id)
+        if self.errors:
+            raise self.errors.pop(0)
         return shard_id not in self.gone
 
 
@@ -401,3 +414,160 @@ def test_an_at_timestamp_lease_starts_at_its_own_stored_time() -> None:
     configured = InitialPosition.at_timestamp(1_600_000_000.0)
     env.run(env.consumer(sources, position=configured))
     assert sources.starts == [(AT_TIMESTAMP, InitialPosition.at_timestamp(1_700_000_123.0))]
+
+
+# --- review fixes: shard end, failures in a row, LATEST restarts, hung calls, tasks -------------
+
+
+class NoShardEnd(Recorder):
+    """shard_ended that never checkpoints SHARD_END (or raises, with ``raises``)."""
+
+    def __init__(self, raises: bool = False) -> None:
+        super().__init__()
+        self.raises = raises
+
+    def shard_ended(self, shard_ended_input: ShardEndedInput) -> None:
+        self.calls.append("shard_ended")
+        if self.raises:
+            raise RuntimeError("the sink is down")
+
+
+@pytest.mark.parametrize("raises", [False, True])
+def test_a_shard_end_the_processor_never_completes_parks_instead_of_looping(raises: bool) -> None:
+    """It was retried forever: the lease renewed, the children never started, and the worker
+    said "ready" the whole time."""
+    env = Env(processor=NoShardEnd(raises))
+    env.lease()
+    consumer = env.consumer(FakeSources([batch(10), ended([])]))
+    assert env.run(consumer) is Outcome.PARKED
+    assert env.processor.calls.count("shard_ended") == ATTEMPTS
+    assert "shard_ended" in consumer.stats.park_reason
+    lease = env.stored()
+    assert lease.checkpoint == ExtendedSequenceNumber("10") and lease.lease_owner is None
+
+
+def test_child_leases_the_table_refuses_count_as_shard_end_failures_not_read_failures() -> None:
+    env = Env()
+    env.lease()
+    original = env.table.create_lease_if_absent
+
+    def refuse(lease: Lease) -> Any:
+        if lease.lease_key == CHILD:
+            raise KclpySparkError("the table refused the child lease")
+        return original(lease)
+
+    env.table.create_lease_if_absent = refuse  # type: ignore[method-assign]
+    sources = FakeSources([batch(10), ended([child(CHILD, [SHARD])])])
+    consumer = env.consumer(sources)
+    assert env.run(consumer) is Outcome.PARKED
+    assert len(sources.starts) == 1  # the shard was not read again for it
+    assert "child leases" in consumer.stats.park_reason
+    assert env.stored().checkpoint == ExtendedSequenceNumber("10")  # no SHARD_END
+
+
+def test_a_throttled_parent_lookup_during_a_blocked_merge_is_waited_out_not_counted() -> None:
+    env = Env(probe=FakeProbe(gone={OTHER}, errors=[ThrottledError("slow down")] * 5))
+    env.lease()
+    consumer = env.consumer(FakeSources([batch(10), ended([child(CHILD, [SHARD, OTHER])])]))
+    assert env.run(consumer) is Outcome.SHARD_END
+    assert consumer.stats.failures == 0
+    assert env.stored(CHILD).parent_shard_ids == frozenset({SHARD, OTHER})
+
+
+def test_a_failed_release_after_shard_end_still_ends_the_shard() -> None:
+    """SHARD_END is stored: a release that fails afterwards used to end as a lost lease, telling
+    the processor lease_lost after shard_ended."""
+    env = Env()
+    env.lease()
+
+    def broken_evict(lease: Lease) -> Lease | None:
+        raise DependencyError("the table did not answer")
+
+    env.table.evict_lease = broken_evict  # type: ignore[method-assign]
+    consumer = env.consumer(FakeSources([batch(10), ended([])]))
+    assert env.run(consumer) is Outcome.SHARD_END
+    assert env.processor.calls[-1] == "shard_ended"
+    assert env.stored().checkpoint == SHARD_END
+
+
+def test_rare_read_failures_with_answers_in_between_never_add_up_to_a_park() -> None:
+    """The budget counts failures in a row: a read that got answers since the last failure
+    starts it again (an idle shard with an error every few days used to be parked)."""
+    env = Env()
+    env.lease()
+    flaky = ResourceNotFoundError("GetRecords: a passing error")
+    scripts: list[Script] = [["ok", flaky] for _ in range(ATTEMPTS * 3)]
+    sources = FakeSources(*scripts, [batch(10), ended([])])
+    consumer = env.consumer(sources)
+    assert env.run(consumer) is Outcome.SHARD_END
+    assert consumer.stats.failures == ATTEMPTS * 3
+    assert env.processor.seen == ["10"]
+
+
+def test_a_latest_read_restarted_before_delivering_resumes_at_its_start_time() -> None:
+    """A new LATEST iterator after a failed first read skipped what was written in between."""
+    env = Env()
+    env.lease(checkpoint=LATEST)
+    env.clock.advance(1000.0)
+    started = env.clock.wall()
+    gone = ResourceNotFoundError("GetRecords: the shard vanished for a moment")
+    sources = FakeSources([gone], [gone], [batch(10), ended([])])
+    assert env.run(env.consumer(sources)) is Outcome.SHARD_END
+    since = InitialPosition.at_timestamp(started - LATEST_RESTART_MARGIN)
+    assert [s for s, _ in sources.starts] == [LATEST, AT_TIMESTAMP, AT_TIMESTAMP]
+    assert [p for _, p in sources.starts[1:]] == [since, since]
+    assert env.processor.seen == ["10"]
+
+
+def test_a_processor_call_is_timed_while_it_runs() -> None:
+    import threading
+
+    env = Env()
+    env.lease()
+    release = threading.Event()
+    entered = threading.Event()
+
+    class Slow(Recorder):
+        def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+            entered.set()
+            assert release.wait(10.0)
+            super().process_records(process_records_input)
+
+    env.processor = Slow()
+    consumer = env.consumer(FakeSources([batch(10), ended([])]))
+    seen: list[float | None] = []
+
+    async def go() -> Outcome:
+        task = asyncio.create_task(consumer.run())
+        while not entered.is_set():
+            await asyncio.sleep(0.001)
+        seen.append(consumer.stats.call_started)
+        env.clock.advance(1000.0)
+        release.set()
+        return await asyncio.wait_for(task, 30)
+
+    assert asyncio.run(go()) is Outcome.SHARD_END
+    assert seen[0] is not None and consumer.stats.call_started is None
+
+
+def test_a_tenure_that_ends_while_waiting_for_records_leaves_no_task_behind() -> None:
+    env = Env()
+    env.lease()
+    consumer = env.consumer(FakeSources([batch(10)]))  # then the source waits forever
+    left: list[set[asyncio.Task[Any]]] = []
+
+    async def go() -> Outcome:
+        task = asyncio.create_task(consumer.run())
+        while not env.processor.seen:
+            await asyncio.sleep(0)
+        for _ in range(20):
+            await asyncio.sleep(0)  # the consumer waits on its queue now
+        consumer.lease_lost()
+        outcome = await asyncio.wait_for(task, 30)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        left.append(asyncio.all_tasks() - {asyncio.current_task()})  # type: ignore[arg-type]
+        return outcome
+
+    assert asyncio.run(go()) is Outcome.LEASE_LOST
+    assert left == [set()]

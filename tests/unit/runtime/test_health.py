@@ -67,3 +67,15 @@ def test_a_stream_gone_for_the_timeout_is_fatal() -> None:
     assert h.fatal({"orders": since}) is None
     clock.advance(30.0)
     assert "stream orders has been gone for 60s" in (h.fatal({"orders": since}) or "")
+
+
+def test_a_processor_call_that_does_not_return_is_not_ready_naming_the_shard() -> None:
+    clock = ManualClock()
+    h = health(clock)
+    ok = ConsumerView("shardId-0", "processing", stalled=False)
+    hung = ConsumerView("shardId-1", "processing", stalled=False, hung_for=901.4)
+    assert ready(h, ok) == (True, "ready")
+    assert ready(h, ok, hung) == (
+        False,
+        "a processor call has not returned on shard(s) shardId-1 (901s)",
+    )

@@ -1,0 +1,141 @@
+"""ConsumerSet, the shard consumers of one worker: a late loss report never stops a newer tenure,
+a hung processor call shows in readiness, and nothing per shard outlives what is alive (ended
+tenures kept for status are bounded; a finished shard's metrics are forgotten)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+from test_consumer import FakeProbe, FakeSources, Recorder, batch, ended
+
+from checkpoint.base.clock import ManualClock
+from checkpoint.counters import CoordinationCounters
+from checkpoint.lease import Lease
+from checkpoint.leasing.holder import LeaseHolder
+from checkpoint.sequence import TRIM_HORIZON, InitialPosition
+from checkpoint.stores.memory import MemoryLeaseTable
+from kclpy_spark.config import WorkerConfig
+from kclpy_spark.processor import ProcessRecordsInput, RecordProcessor
+from kclpy_spark.runtime import consumers as consumers_module
+from kclpy_spark.runtime.consumers import ConsumerSet
+from kclpy_spark.runtime.metrics import WorkerMetrics
+
+
+class Env:
+    def __init__(self, processor: RecordProcessor | None = None, **cfg: Any) -> None:
+        self.clock = ManualClock()
+        self.table = MemoryLeaseTable()
+        self.holder = LeaseHolder(self.table, "worker-a", self.clock, 1e9)
+        self.cfg = WorkerConfig(stream_name="s", **cfg)
+        self.metrics = WorkerMetrics(CoordinationCounters())
+        self.processor = processor or Recorder()
+        self.set = ConsumerSet(
+            self.cfg,
+            lambda: self.processor,
+            holder=self.holder,
+            table=self.table,
+            clock=self.clock,
+            sleep=self.clock.sleep,
+            rng=random.Random(1),
+            metrics=self.metrics,
+            counters=CoordinationCounters(),
+            on_shard_end=lambda: None,
+        )
+
+    def start(self, key: str, script: list[Any]) -> Any:
+        self.table.create_lease_if_absent(Lease(key, TRIM_HORIZON))
+        lease = self.table.get_lease(key)
+        assert lease is not None
+        taken = self.table.take_lease(lease, "worker-a")
+        assert taken is not None
+        held = self.holder.add_taken(taken)
+        context = SimpleNamespace(
+            sources=FakeSources(script),
+            probe=FakeProbe(),
+            initial_position=InitialPosition.trim_horizon(),
+        )
+        self.set.start(held, context)  # type: ignore[arg-type]
+        return held
+
+
+async def settle(until: Any, rounds: int = 5000) -> None:
+    for _ in range(rounds):
+        if until():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the condition never held")
+
+
+def test_a_loss_reported_for_an_earlier_tenure_does_not_stop_the_current_one() -> None:
+    env = Env()
+    key = "shardId-000000000000"
+
+    async def go() -> None:
+        old = env.start(key, [batch(10)])
+        await settle(lambda: env.processor.seen)  # type: ignore[attr-defined]
+        new = env.holder.add_taken(env.table.take_lease(env.table.get_lease(key), "worker-a"))  # type: ignore[arg-type]
+        running = env.set.running[key].consumer
+        running.tenure.held = new  # the consumer of the current tenure
+        env.set.lost(key, old.token)  # late: about the tenure before
+        await asyncio.sleep(0)
+        assert not running.tenure.lost.is_set()
+        env.set.lost(key, new.token)
+        await settle(lambda: key not in env.set)
+        assert env.holder.get_if_held(key) is None  # dropped under its own token
+
+    asyncio.run(go())
+
+
+def test_a_processor_call_past_the_stall_timeout_makes_the_view_hung() -> None:
+    release = threading.Event()
+
+    class Hung(Recorder):
+        def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+            assert release.wait(30.0)
+
+    env = Env(Hung(), processor_stall_timeout=60.0)
+    key = "shardId-000000000000"
+
+    async def go() -> None:
+        env.start(key, [batch(10)])
+        await settle(lambda: env.set.running[key].consumer.stats.call_started is not None)
+        [view] = env.set.views()
+        assert view.hung_for is None
+        env.clock.advance(61.0)
+        [view] = env.set.views()
+        assert view.hung_for is not None and view.hung_for >= 61.0
+        release.set()
+        await settle(lambda: env.set.running[key].consumer.stats.call_started is None)
+        [view] = env.set.views()
+        assert view.hung_for is None
+        env.set.running[key].consumer.request_shutdown()
+        await settle(lambda: key not in env.set)
+
+    try:
+        asyncio.run(go())
+    finally:
+        release.set()
+
+
+def test_ended_tenures_are_bounded_and_a_finished_shards_metrics_forgotten(
+    monkeypatch: Any,
+) -> None:
+    monkeypatch.setattr(consumers_module, "FINISHED_KEPT", 3)
+    env = Env()
+    keys = [f"shardId-{i:012d}" for i in range(6)]
+
+    async def go() -> None:
+        for key in keys:
+            env.start(key, [batch(10), ended([])])
+        await settle(lambda: not env.set.running)
+
+    asyncio.run(go())
+    assert len(env.set.finished) == 3 and set(env.set.finished) < set(keys)
+    exported = env.metrics.registry.get_sample_value
+    for key in keys:  # each was counted while it ran, and forgotten at SHARD_END
+        assert exported("kclpy_spark_records_processed_total", {"shard": key}) is None
+        assert exported("kclpy_spark_millis_behind_latest", {"shard": key}) is None
