@@ -212,10 +212,11 @@ class LeaseHolder:
             del self._slots[lease_key]
         return slot.held
 
-    def _drop_slot(self, lease_key: str, slot: _Slot) -> bool:
-        """Drop ``slot`` if it is still the registered one; whether it was."""
+    def _drop_slot(self, lease_key: str, slot: _Slot, held: HeldLease | None = None) -> bool:
+        """Drop ``slot`` if it is still the registered one (and, with ``held``, still holds that
+        tenure); whether it was. add_taken replaces a slot's tenure under this same lock."""
         with self._lock:
-            if self._current(lease_key, slot):
+            if self._current(lease_key, slot) and (held is None or slot.held is held):
                 del self._slots[lease_key]
                 return True
             return False
@@ -281,10 +282,11 @@ class LeaseHolder:
                 slot.renewing = False
 
     def _renew_slot(self, key: str, slot: _Slot) -> tuple[_Renewal, object]:
-        left = slot.held.last_counter_change + self.lease_duration - self._clock.monotonic()
+        seen = slot.held  # a retake may replace it in this slot until we hold its lock
+        left = seen.last_counter_change + self.lease_duration - self._clock.monotonic()
         if left < 0 or not slot.lock.acquire(timeout=left):
-            if self._expired_now(key, slot):
-                return _Renewal.LOST, slot.held  # the expired tenure just dropped
+            if self._expired_now(key, slot, seen):
+                return _Renewal.LOST, seen
             with self._lock:
                 if not self._current(key, slot):
                     return _Renewal.GONE, None  # released or replaced meanwhile
@@ -296,7 +298,7 @@ class LeaseHolder:
                 if not self._current(key, slot):
                     return _Renewal.GONE, None
             held = slot.held
-            if self._expired_now(key, slot):
+            if self._expired_now(key, slot, held):
                 return _Renewal.LOST, held
             started = self._clock.monotonic()
             new = self.table.renew_lease(held.lease)
@@ -310,12 +312,12 @@ class LeaseHolder:
         finally:
             slot.lock.release()
 
-    def _expired_now(self, key: str, slot: _Slot) -> bool:
-        """True (and the slot dropped) if the lease has expired locally and ``slot`` is still
-        the registered one (a slot released or replaced meanwhile reports nothing)."""
-        if not slot.held.is_expired(self._clock.monotonic(), self.lease_duration):
+    def _expired_now(self, key: str, slot: _Slot, held: HeldLease) -> bool:
+        """True (and the slot dropped) if the tenure ``held`` has expired locally and is still
+        the registered one (a tenure released, or replaced by a retake, reports nothing)."""
+        if not held.is_expired(self._clock.monotonic(), self.lease_duration):
             return False
-        if not self._drop_slot(key, slot):
+        if not self._drop_slot(key, slot, held):
             return False
         log.warning("lease %s expired locally before renewal; dropping it", key)
         return True

@@ -5,8 +5,9 @@ the shard and waits a backoff; the one that spends the budget parks the lease (`
 failure a retry may fix (a retriable ``KclpySparkError``: throttling, a dependency that does not
 answer) waits a backoff without counting (``retrying``): an outage is the worker's health's
 business, not a reason to park every lease. "In a row" is kept honest: any step that succeeds
-starts the count again (``succeeded``), and so does a read that got answers since the last failure
-(``answered_since``), so rare errors days apart never add up.
+starts the count again (``succeeded``), and so does a read that kept getting answers for
+``ANSWERED_FOR`` seconds after the last failure (``answered_since``), so rare errors days apart
+never add up, while a source that answers once and fails again each time still parks.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# Seconds of answers after a failure that make it not "in a row" with the next one: longer than
+# the longest backoff (30 s), so the wait itself never counts as a working read.
+ANSWERED_FOR = 60.0
+
 
 class FailureBudget:
     def __init__(
@@ -36,6 +41,7 @@ class FailureBudget:
         backoff: Backoff,
         monotonic: Callable[[], float],
         metrics: WorkerMetrics,
+        label: str,
     ) -> None:
         self._tenure = tenure
         self._stats = stats
@@ -44,6 +50,7 @@ class FailureBudget:
         self.backoff = backoff
         self._monotonic = monotonic
         self._metrics = metrics
+        self._label = label  # the lease key: the metrics' shard label
         self.failures = 0  # in a row
         self._failed_at = float("-inf")  # monotonic time of the last failure counted
 
@@ -51,9 +58,10 @@ class FailureBudget:
         self.failures = 0
 
     def answered_since(self, last_ok: float | None) -> None:
-        """The source's last answer (``FetchProgress.last_ok``): one since the last failure
-        means the failures before were not in a row."""
-        if last_ok is not None and last_ok > self._failed_at:
+        """The source's last answer (``FetchProgress.last_ok``): answers going on for
+        ANSWERED_FOR seconds after the last failure mean the failures before were not in a
+        row."""
+        if last_ok is not None and last_ok - self._failed_at >= ANSWERED_FOR:
             self.failures = 0
 
     async def retrying(self, what: str, step: Callable[[], Awaitable[T]]) -> T:
@@ -86,7 +94,7 @@ class FailureBudget:
         self.failures += 1
         self._failed_at = self._monotonic()
         self._stats.failures += 1
-        self._metrics.processing_failures.labels(self._stats.shard_id).inc()
+        self._metrics.processing_failures.labels(self._label).inc()
         log.error(
             "shard %s: %s failed%s (attempt %d of %d): %s",
             self._stats.shard_id,

@@ -127,6 +127,7 @@ class ShardConsumer:
             backoff=Backoff(rng or random.Random(), base=0.5, cap=30.0),
             monotonic=clock.monotonic,
             metrics=self._metrics,
+            label=held.lease_key,
         )
         self._latest_since: float | None = None  # wall time the first LATEST read started
 
@@ -294,7 +295,7 @@ class ShardConsumer:
     async def _read(self, processor: RecordProcessor) -> Outcome:
         queue: asyncio.Queue[FetchedBatch] = asyncio.Queue(maxsize=self._cfg.prefetch_batches)
         lease = self.tenure.lease
-        self._latest_restart()
+        await self._pin_latest()
         source = self._sources(
             self.stats.shard_id, self._resume, self._position, lease.hash_key_range, queue,
             self.progress,
@@ -315,19 +316,24 @@ class ShardConsumer:
             fetch.cancel()
             await asyncio.gather(fetch, return_exceptions=True)
 
-    def _latest_restart(self) -> None:
-        """A read at LATEST that starts again before any record was delivered must not ask for
-        a new LATEST (records written in between would be skipped): it reads AT_TIMESTAMP from
-        when the first read started."""
+    async def _pin_latest(self) -> None:
+        """Reading a lease checkpointed at LATEST: the first read asks for LATEST, and where it
+        began is stored in the lease at once (AT_TIMESTAMP, ``LATEST_RESTART_MARGIN`` earlier).
+        Every later read of it, in this tenure after a failure or in another after a park, a
+        crash or a hand-over, starts there: a new LATEST would skip what came in between."""
         if self._resume != LATEST:
             return
         if self._latest_since is None:
-            self._latest_since = self._clock.wall() - LATEST_RESTART_MARGIN
+            since = self._clock.wall() - LATEST_RESTART_MARGIN
+            await self.budget.retrying(
+                "recording where the LATEST read starts", lambda: self.tenure.pin_start(since)
+            )
+            self._latest_since = since
             return
         self._resume = AT_TIMESTAMP
         self._position = InitialPosition.at_timestamp(self._latest_since)
         log.info(
-            "shard %s: reading again from when the first LATEST read started (%s)",
+            "shard %s: reading again from where the first LATEST read started (%s)",
             self.stats.shard_id,
             self._position.timestamp,
         )
@@ -374,17 +380,17 @@ class ShardConsumer:
         self._count(batch)
 
     def _count(self, batch: FetchedBatch) -> None:
-        shard = self.stats.shard_id
+        label = self.lease_key  # the shard id; stream-qualified in multi-stream mode
         size = sum(r.data_size for r in batch.records)
         self.stats.records += len(batch.records)
         self.stats.batches += 1
         self.stats.bytes += size
         self.stats.millis_behind_latest = batch.millis_behind_latest
         self.stats.last_delivered = batch.records[-1].sequence_number
-        self._metrics.records.labels(shard).inc(len(batch.records))
-        self._metrics.bytes.labels(shard).inc(size)
+        self._metrics.records.labels(label).inc(len(batch.records))
+        self._metrics.bytes.labels(label).inc(size)
         if batch.millis_behind_latest is not None:
-            self._metrics.behind.labels(shard).set(batch.millis_behind_latest)
+            self._metrics.behind.labels(label).set(batch.millis_behind_latest)
 
     async def _shard_end(self, processor: RecordProcessor, batch: FetchedBatch) -> Outcome:
         self.stats.state = "shard_end"
@@ -394,7 +400,7 @@ class ShardConsumer:
             batch,
             self._probe,
             poll_interval=self._cfg.parent_shard_poll_interval,
-            failed=self.budget.failed,
+            budget=self.budget,
             call=self._call,
         )
         return Outcome.SHARD_END if done is ShardEnd.DONE else Outcome.RELEASED

@@ -74,7 +74,7 @@ class WorkerMetrics:
         )
         r.register(_CoordinationCollector(counters))
 
-    def forget(self, shard_id: str, *, finished: bool) -> None:
+    def forget(self, lease_key: str, *, finished: bool) -> None:
         """A tenure ended: drop the shard's lag gauge; once the shard is finished (SHARD_END),
         its counters too (no worker reads it again)."""
         metrics: list[Counter | Gauge] = [self.behind]
@@ -82,7 +82,7 @@ class WorkerMetrics:
             metrics += [self.records, self.bytes, self.processing_failures, self.kpl_out_of_range]
         for metric in metrics:
             with contextlib.suppress(KeyError):
-                metric.remove(shard_id)
+                metric.remove(lease_key)
 
     def watch_resources(self, store_connections: Callable[[], int] | None = None) -> None:
         """Export this process's resources (kclpy_spark_open_fds, ...: see resources.py)."""

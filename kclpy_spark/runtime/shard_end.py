@@ -14,9 +14,9 @@ SHARD_END is never checkpointed while a child's lease is missing.
 
 Waiting is not failing: a blocked merge child and a retriable error (throttling, a dependency that
 does not answer) are retried without limit. Every other failure (child shards the table refuses,
-``shard_ended`` raising or not checkpointing SHARD_END) is reported to ``failed``, the consumer's
-one failure budget, which parks the lease when it is spent (then it is redelivered later and the
-step tried again). A failure to release the lease after SHARD_END is written is only logged: the
+``shard_ended`` raising or not checkpointing SHARD_END) spends the consumer's failure budget
+(budget.py), which parks the lease when it is spent (then it is redelivered later and the step
+tried again). A failure to release the lease after SHARD_END is written is only logged: the
 shard is finished whoever holds it, and the lease expires.
 """
 
@@ -28,25 +28,20 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
-from checkpoint.base.errors import KclpySparkError
 from checkpoint.lease import Lease
 from kclpy_spark.processor import RecordProcessor, ShardEndedInput
 from kclpy_spark.retrieval.source import FetchedBatch, ShardProbe
-from kclpy_spark.runtime.tenure import LeaseLost, Parked, ShutdownSignal, Tenure, call_processor
+from kclpy_spark.runtime.budget import FailureBudget
+from kclpy_spark.runtime.tenure import Tenure, call_processor
 from shard_sync.children import ChildLeases, create_child_leases
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 # Blocked attempts between two releases of a lease whose merge child is blocked (the KCL: 1 in 30).
 BLOCKED_RELEASE_EVERY = 30
 
-# Told (what failed, the error); counts toward the consumer's budget: waits a backoff, or raises
-# Parked when the budget is spent (or LeaseLost when the lease went meanwhile).
-Failed = Callable[[str, BaseException], Awaitable[None]]
 # Calls a processor method (the consumer's: it times the call).
 Call = Callable[[Callable[[Any], Any], object], Awaitable[None]]
 
@@ -63,14 +58,15 @@ async def finish_shard(
     probe: ShardProbe,
     *,
     poll_interval: float,
-    failed: Failed,
+    budget: FailureBudget,
     call: Call = call_processor,
     note_blocked: Callable[[str], None] = lambda _: None,
 ) -> ShardEnd:
     """Run the shard-end step for ``tenure``'s lease. Raises LeaseLost / ShutdownSignal from its
-    waits, Parked from ``failed``."""
-    steps = _Steps(tenure, poll_interval, failed)
-    children = await _children(steps, batch.child_shards, probe, note_blocked)
+    waits, Parked from the budget."""
+    children = await _children(
+        tenure, budget, batch.child_shards, probe, poll_interval, note_blocked
+    )
     if children is None:
         await tenure.release("a merge child stays blocked on its other parent; another may try")
         return ShardEnd.RELEASED
@@ -79,8 +75,10 @@ async def finish_shard(
         return tenure.table.update_lease(replace(lease, child_shard_ids=children.children))
 
     if children.children:
-        await steps.retry("recording the child shards in the lease", lambda: tenure.update(record))
-    await _shard_ended(tenure, processor, failed, call)
+        await budget.retrying(
+            "recording the child shards in the lease", lambda: tenure.update(record)
+        )
+    await _shard_ended(tenure, processor, budget, call)
     try:
         await tenure.finished()
     except Exception as exc:  # SHARD_END is stored: the shard is done whoever holds the lease
@@ -89,44 +87,19 @@ async def finish_shard(
     return ShardEnd.DONE
 
 
-class _Steps:
-    """Runs one table or Kinesis call of the shard-end step: a retriable error waits
-    ``poll_interval`` and tries again without counting; any other error counts (``failed``)."""
-
-    def __init__(self, tenure: Tenure, poll_interval: float, failed: Failed) -> None:
-        self.tenure = tenure
-        self.poll = poll_interval
-        self._failed = failed
-
-    async def retry(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
-        while True:
-            self.tenure.current()
-            try:
-                return await call()
-            except (LeaseLost, ShutdownSignal, Parked):
-                raise
-            except KclpySparkError as exc:
-                if not exc.retriable:
-                    await self._failed(what, exc)
-                    continue
-                log.warning("shard %s: %s failed (%s); retrying", self.tenure.shard_id, what, exc)
-                await self.tenure.pause(self.poll)
-            except Exception as exc:
-                await self._failed(what, exc)
-
-
 async def _children(
-    steps: _Steps,
+    tenure: Tenure,
+    budget: FailureBudget,
     child_shards: list[dict[str, Any]],
     probe: ShardProbe,
+    poll_interval: float,
     note_blocked: Callable[[str], None],
 ) -> ChildLeases | None:
     """The children's leases, created; None when blocked for BLOCKED_RELEASE_EVERY attempts."""
-    tenure = steps.tenure
     gone: set[str] = set()
     blocked = 0
     while True:
-        result = await steps.retry(
+        result = await budget.retrying(
             "creating the child leases",
             lambda: asyncio.to_thread(
                 create_child_leases, tenure.table, tenure.lease, child_shards, gone_parents=gone
@@ -137,7 +110,7 @@ async def _children(
         vanished = []
         for parent in result.blocked_on:
             look = functools.partial(_exists, tenure, probe, parent)
-            exists = await steps.retry(f"looking up merge parent {parent}", look)
+            exists = await budget.retrying(f"looking up merge parent {parent}", look)
             if not exists:
                 vanished.append(parent)
         if vanished:
@@ -157,11 +130,11 @@ async def _children(
             tenure.shard_id,
             ", ".join(result.blocked_on),
             blocked,
-            steps.poll,
+            poll_interval,
         )
         if blocked % BLOCKED_RELEASE_EVERY == 0:
             return None
-        await tenure.pause(steps.poll)
+        await tenure.pause(poll_interval)
 
 
 async def _exists(tenure: Tenure, probe: ShardProbe, shard_id: str) -> bool:
@@ -169,7 +142,7 @@ async def _exists(tenure: Tenure, probe: ShardProbe, shard_id: str) -> bool:
 
 
 async def _shard_ended(
-    tenure: Tenure, processor: RecordProcessor, failed: Failed, call: Call
+    tenure: Tenure, processor: RecordProcessor, budget: FailureBudget, call: Call
 ) -> None:
     """Call ``shard_ended`` until the processor checkpointed SHARD_END; each call that raised or
     did not checkpoint counts as a failure."""
@@ -188,4 +161,4 @@ async def _shard_ended(
                 "the processor did not checkpoint at SHARD_END in shard_ended; its children "
                 "cannot start"
             )
-        await failed("shard_ended", error)
+        await budget.failed("shard_ended", error)

@@ -30,7 +30,7 @@ from checkpoint.base.errors import (
     map_aws_error,
 )
 from checkpoint.counters import CoordinationCounters
-from checkpoint.lease import Lease, in_stream
+from checkpoint.lease import Lease, in_stream, lease_key_of
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import InitialPosition
 from kclpy_spark.config import StreamSpec, WorkerConfig
@@ -119,8 +119,14 @@ class StreamContext:
             stream_key=stream_key,
         )
         self.maintenance = LeaderMaintenance(syncer, table, lister=self.lister)
+        report = on_out_of_range
         self.sources = KinesisSources(
-            kinesis_async, spec.request, settings or SourceSettings(), rng, on_out_of_range
+            kinesis_async,
+            spec.request,
+            settings or SourceSettings(),
+            rng,
+            # Metrics name the lease (stream-qualified in multi-stream mode), not the bare shard.
+            None if report is None else lambda shard, n: report(lease_key_of(stream_key, shard), n),
         )
         self.probe = KinesisShardProbe(kinesis_async, spec.request)
         self.gone_since: float | None = None  # monotonic: when it was first found missing

@@ -60,6 +60,8 @@ class Taker:
             return
         log.info("worker %s: %s", w.cfg.worker_id, plan.reason)
         for lease in plan.leases:
+            if not w.may_take:  # suspended or stopping meanwhile: take (or steal) no more
+                return
             if lease.lease_key not in w.consumers:
                 await self._take(lease, stolen=lease in plan.steal)
 

@@ -5,7 +5,8 @@ its checkpointer, the two signals that end it early (lost, shutdown requested) a
 honour them, and its writes: those that end it on purpose, ``release`` (evict: any worker may take
 it at once), ``park`` (release with a reopen time every worker sees) and ``finished`` (shard end),
 each logged and leaving ``finishing`` set so the worker does not mistake the lease's going for a
-loss; and ``restart_at``, the aged-checkpoint policy's reset, after which the tenure goes on.
+loss; ``restart_at``, the aged-checkpoint policy's reset, and ``pin_start``, which fixes where a
+LATEST lease began; after those the tenure goes on.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import asyncio
 import enum
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from checkpoint.base.clock import AsyncSleep
@@ -22,7 +23,7 @@ from checkpoint.checkpointer import Checkpointer
 from checkpoint.lease import Lease
 from checkpoint.leasing.holder import HeldLease, LeaseHolder, UpdateResult
 from checkpoint.port import LeaseTable
-from checkpoint.sequence import ExtendedSequenceNumber
+from checkpoint.sequence import AT_TIMESTAMP, ExtendedSequenceNumber
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,24 @@ class Tenure:
             raise LeaseLost()
         self.held = HeldLease(result.lease, held.token, held.last_counter_change)
         self.checkpointer = self._checkpointer(result.lease.checkpoint)
+
+    async def pin_start(self, since: float) -> None:
+        """A lease checkpointed at LATEST starts reading now: store AT_TIMESTAMP ``since`` as
+        its checkpoint, so whoever reads it next (this tenure after a failed read, a later one
+        after a park, a crash or a hand-over) starts there instead of at a new LATEST, which
+        would skip what was written in between. Raises LeaseLost if the write did not win."""
+
+        def write(lease: Lease) -> Lease | None:
+            pinned = replace(lease.checkpointed(AT_TIMESTAMP), start_timestamp=since)
+            return self.table.update_lease(pinned)
+
+        held = self.current()
+        result = await asyncio.to_thread(self._holder.update, self.lease_key, held.token, write)
+        if not result.won or result.lease is None:
+            raise LeaseLost()
+        self.held = HeldLease(result.lease, held.token, held.last_counter_change)
+        # Until a record is delivered, checkpoint() records the pinned start, not LATEST again.
+        self.checkpointer.set_largest_permitted(AT_TIMESTAMP)
 
     async def update(self, write: Callable[[Lease], Lease | None]) -> Lease:
         """One conditional write of the held lease; raises LeaseLost if it did not win."""

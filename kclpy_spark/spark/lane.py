@@ -361,7 +361,8 @@ class Lane:
         self.park_reason = reason
 
     def rearm(self) -> None:
-        """Shard end: try the failed cut again (the consumer cannot park a finished shard)."""
+        """Shard end: try the failed cut again (each shard_ended call that gives up counts toward
+        the consumer's failure budget, which parks the lease when it is spent)."""
         if self._state is LaneState.PARKED:
             self._state = LaneState.ACTIVE
 

@@ -91,8 +91,9 @@ class SparkSinkProcessor(RecordProcessor):
         if lane is not None:
             result = self._batcher.drain(lane, None, final=True)
             if result is DrainResult.PARKED:
-                # Shard end cannot be parked by the consumer: it calls shard_ended again with
-                # backoff, and draining re-arms the lane to try the failed batch again.
+                # The consumer counts this toward its failure budget and calls shard_ended again
+                # after a backoff (draining re-arms the lane to try the failed batch again), or
+                # parks the lease when the budget is spent.
                 raise SinkParkedError(
                     f"lease {lane.lease_key}: a batch failed at shard end; retrying"
                 )

@@ -1,12 +1,15 @@
 """One thread that fires deadlines: the write timeouts of every writer thread.
 
 A timer thread per write attempt would make the thread count follow the number of batches; the
-watchdog is one daemon thread, started at first use, whatever the number of writes. Callbacks
-run in the watchdog's thread and must be short (an interrupt request, a log line).
+watchdog is one daemon thread, started at first use, whatever the number of writes. Due callbacks
+run on a small pool of its own (``callback_threads``), so one interrupt that hangs (Spark not
+answering, which is when timeouts fire) does not hold back the others. After ``close`` new
+deadlines are inert: a write still running while the process stops is not failed for it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import heapq
 import itertools
 import logging
@@ -32,8 +35,11 @@ class Deadline:
 
 
 class Watchdog:
-    def __init__(self, name: str = "kclpy-spark-watchdog") -> None:
+    def __init__(self, name: str = "kclpy-spark-watchdog", callback_threads: int = 2) -> None:
         self._name = name
+        self._callbacks = concurrent.futures.ThreadPoolExecutor(
+            max_workers=callback_threads, thread_name_prefix=f"{name}-fire"
+        )
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, Deadline]] = []
         self._seq = itertools.count()
@@ -46,7 +52,8 @@ class Watchdog:
         deadline = Deadline(time.monotonic() + seconds, callback, self)
         with self._cond:
             if self._closed:
-                raise RuntimeError("the watchdog is closed")
+                deadline.cancelled = True  # inert: the process is stopping
+                return deadline
             heapq.heappush(self._heap, (deadline.at, next(self._seq), deadline))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
@@ -73,6 +80,7 @@ class Watchdog:
             thread = self._thread
         if thread is not None:
             thread.join(timeout)
+        self._callbacks.shutdown(wait=False, cancel_futures=True)
 
     def _loop(self) -> None:
         while True:
@@ -88,9 +96,9 @@ class Watchdog:
                     wait = self._heap[0][0] - time.monotonic() if self._heap else None
                     self._cond.wait(wait)
             try:
-                due.callback()
-            except Exception:
-                log.exception("a watchdog callback failed")
+                self._callbacks.submit(_run, due.callback)
+            except RuntimeError:  # closed meanwhile
+                return
 
     def _cancel(self, deadline: Deadline) -> None:
         with self._cond:
@@ -109,3 +117,10 @@ class Watchdog:
         while self._heap and self._heap[0][2].cancelled:
             heapq.heappop(self._heap)
             self._cancelled -= 1
+
+
+def _run(callback: Callable[[], None]) -> None:
+    try:
+        callback()
+    except Exception:
+        log.exception("a watchdog callback failed")

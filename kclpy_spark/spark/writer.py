@@ -112,7 +112,7 @@ class BatchWriter:
         self._interrupter = interrupter
         self._dead_letter = dead_letter
         self._sleep = sleep
-        self.watchdog = watchdog or Watchdog()
+        self.watchdog = watchdog or Watchdog(callback_threads=settings.writers)
         self._backoff = Backoff(base=settings.retry_base_delay, cap=settings.retry_max_delay)
 
     # --- one batch -------------------------------------------------------------------------------

@@ -430,3 +430,17 @@ def test_a_late_renewal_of_an_ended_tenure_reports_nothing_against_the_next(
     finally:
         table.release.set()
         holder.close()
+
+
+def test_an_expiry_seen_for_a_tenure_never_drops_the_one_that_replaced_it(
+    table: FaultyRenewTable, holder: LeaseHolder, clock: ManualClock
+) -> None:
+    """A renewal reads the slot's tenure before it gets the lease's lock; a retake may replace
+    the tenure in the same slot meanwhile. The expiry of what it read must not drop the new one."""
+    old = holder.add_taken(take(table, "worker-a"))
+    clock.advance(DURATION + 1.0)  # the old tenure is past its time
+    new = holder.add_taken(take(table, "worker-a"))  # retaken: same slot, fresh tenure
+    slot = holder._slots[KEY]
+    assert not holder._expired_now(KEY, slot, old)
+    held = holder.get_if_held(KEY)
+    assert held is not None and held.token == new.token

@@ -71,7 +71,8 @@ def child(shard: str, parents: list[str]) -> dict[str, Any]:
     }
 
 
-Script = list[FetchedBatch | Exception | str]  # "ok": the service answered, with nothing new
+# "ok": the service answered, with nothing new; a callable runs first (e.g. moves the clock).
+Script = list[FetchedBatch | Exception | str | Callable[[], None]]
 
 
 class FakeSources:
@@ -100,6 +101,9 @@ class FakeSources:
                         raise item
                     if isinstance(item, str):
                         progress.ok()
+                        continue
+                    if callable(item):
+                        item()
                         continue
                     await progress.put(queue, item)
                     if item.shard_ended:
@@ -491,17 +495,28 @@ def test_a_failed_release_after_shard_end_still_ends_the_shard() -> None:
 
 
 def test_rare_read_failures_with_answers_in_between_never_add_up_to_a_park() -> None:
-    """The budget counts failures in a row: a read that got answers since the last failure
-    starts it again (an idle shard with an error every few days used to be parked)."""
+    """The budget counts failures in a row: a read that kept getting answers for a while after
+    the last failure starts it again (an idle shard with an error every few days used to be
+    parked)."""
     env = Env()
     env.lease()
     flaky = ResourceNotFoundError("GetRecords: a passing error")
-    scripts: list[Script] = [["ok", flaky] for _ in range(ATTEMPTS * 3)]
-    sources = FakeSources(*scripts, [batch(10), ended([])])
+    hours_later: Script = ["ok", lambda: env.clock.advance(3600.0), "ok", flaky]
+    sources = FakeSources(*[hours_later] * (ATTEMPTS * 3), [batch(10), ended([])])
     consumer = env.consumer(sources)
     assert env.run(consumer) is Outcome.SHARD_END
     assert consumer.stats.failures == ATTEMPTS * 3
     assert env.processor.seen == ["10"]
+
+
+def test_a_read_that_answers_once_then_fails_each_time_still_parks() -> None:
+    env = Env()
+    env.lease()
+    flaky = ResourceNotFoundError("GetRecords: fails right after its first answer")
+    sources = FakeSources(*[["ok", flaky]] * (ATTEMPTS + 2))
+    consumer = env.consumer(sources)
+    assert env.run(consumer) is Outcome.PARKED
+    assert len(sources.starts) == ATTEMPTS
 
 
 def test_a_latest_read_restarted_before_delivering_resumes_at_its_start_time() -> None:
@@ -517,6 +532,43 @@ def test_a_latest_read_restarted_before_delivering_resumes_at_its_start_time() -
     assert [s for s, _ in sources.starts] == [LATEST, AT_TIMESTAMP, AT_TIMESTAMP]
     assert [p for _, p in sources.starts[1:]] == [since, since]
     assert env.processor.seen == ["10"]
+
+
+def test_where_a_latest_read_began_is_stored_for_the_next_tenure() -> None:
+    """Parked (or crashed, or handed over) before its first delivery, a LATEST lease used to
+    start at a new LATEST in its next tenure, skipping everything in between."""
+    env = Env(processor=Recorder(lambda name, arg: name == "process_records"))
+    env.lease(checkpoint=LATEST)
+    env.clock.advance(1000.0)
+    started = env.clock.wall()
+    assert env.run(env.consumer(FakeSources([batch(10)]))) is Outcome.PARKED
+    lease = env.stored()
+    assert lease.checkpoint == AT_TIMESTAMP
+    assert lease.start_timestamp == started - LATEST_RESTART_MARGIN
+    env.clock.advance(120.0)  # the park is over: the next tenure starts where the first began
+    env.processor = Recorder()
+    sources = FakeSources([batch(10), ended([])])
+    assert env.run(env.consumer(sources)) is Outcome.SHARD_END
+    assert sources.starts == [
+        (AT_TIMESTAMP, InitialPosition.at_timestamp(started - LATEST_RESTART_MARGIN))
+    ]
+    assert env.processor.seen == ["10"]
+
+
+def test_a_checkpoint_before_any_delivery_keeps_the_stored_latest_start() -> None:
+    class CheckpointsAtShutdown(Recorder):
+        def shutdown_requested(self, shutdown_requested_input: ShutdownRequestedInput) -> None:
+            super().shutdown_requested(shutdown_requested_input)
+            shutdown_requested_input.checkpointer.checkpoint()  # nothing delivered yet
+
+    env = Env(processor=CheckpointsAtShutdown())
+    env.lease(checkpoint=LATEST)
+    sources = FakeSources([])
+    consumer = env.consumer(sources)
+    outcome = env.run(consumer, until=lambda: env.stored().checkpoint == AT_TIMESTAMP)
+    assert outcome is Outcome.SHUTDOWN
+    assert env.processor.calls[-1] == "shutdown_requested"
+    assert env.stored().checkpoint == AT_TIMESTAMP  # not LATEST again
 
 
 def test_a_processor_call_is_timed_while_it_runs() -> None:
