@@ -21,6 +21,7 @@ tested in the pure tier with fakes (tests/unit/runtime/test_consumer.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 from collections.abc import Callable
@@ -33,7 +34,6 @@ from checkpoint.counters import CoordinationCounters
 from checkpoint.leasing.holder import HeldLease, LeaseHolder
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import (
-    AT_TIMESTAMP,
     LATEST,
     TRIM_HORIZON,
     ExtendedSequenceNumber,
@@ -51,6 +51,7 @@ from kclpy_spark.processor import (
 from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress, ShardProbe, SourceFactory
 from kclpy_spark.runtime.budget import FailureBudget
 from kclpy_spark.runtime.metrics import WorkerMetrics
+from kclpy_spark.runtime.resume import ReadStart
 from kclpy_spark.runtime.shard_end import ShardEnd, finish_shard
 from kclpy_spark.runtime.tenure import (
     LeaseLost,
@@ -62,23 +63,12 @@ from kclpy_spark.runtime.tenure import (
     call_processor,
 )
 
-__all__ = ["Outcome", "ProcessorFactory", "ShardConsumer", "ShardStats", "start_position"]
+__all__ = ["Outcome", "ProcessorFactory", "ShardConsumer", "ShardStats"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 ProcessorFactory = Callable[[], RecordProcessor]
-
-# A read at LATEST restarted before anything was delivered goes on AT_TIMESTAMP from when the
-# first read started, this much earlier (the host's clock against the service's): duplicates of
-# records just before the start are possible, a gap is not.
-LATEST_RESTART_MARGIN = 5.0
-
-
-def start_position(lease_start: float | None, configured: InitialPosition) -> InitialPosition:
-    """Where a lease checkpointed at AT_TIMESTAMP starts: its own start time (a reset or its
-    creation stored it in the lease), else the configured initial position."""
-    return configured if lease_start is None else InitialPosition.at_timestamp(lease_start)
 
 
 class ShardConsumer:
@@ -117,8 +107,8 @@ class ShardConsumer:
         self.stats = ShardStats(held.lease.shard_id)
         self.progress = FetchProgress(clock.monotonic)
         configured = initial_position or cfg.initial_position
-        self._position = start_position(held.lease.start_timestamp, configured)
-        self._resume: ExtendedSequenceNumber = held.lease.checkpoint
+        lease = held.lease
+        self._start = ReadStart(lease.shard_id, lease.checkpoint, lease.start_timestamp, configured)
         self.budget = FailureBudget(
             self.tenure,
             self.stats,
@@ -129,7 +119,6 @@ class ShardConsumer:
             metrics=self._metrics,
             label=held.lease_key,
         )
-        self._latest_since: float | None = None  # wall time the first LATEST read started
 
     # --- signals from the worker -----------------------------------------------------------------
 
@@ -271,7 +260,7 @@ class ShardConsumer:
             raise Parked()
         target = TRIM_HORIZON if policy == "earliest" else LATEST
         await self.tenure.restart_at(target)
-        self._resume = target
+        self._start.restarted(target)
         log.warning(
             "%s. Policy %r: restarting at %s (%s)",
             what,
@@ -295,9 +284,13 @@ class ShardConsumer:
     async def _read(self, processor: RecordProcessor) -> Outcome:
         queue: asyncio.Queue[FetchedBatch] = asyncio.Queue(maxsize=self._cfg.prefetch_batches)
         lease = self.tenure.lease
-        await self._pin_latest()
+        since = self._start.begin(self._clock.wall())
+        if since is not None:  # a first read at LATEST: store where it begins (resume.py)
+            pin = functools.partial(self.tenure.pin_start, since)
+            await self.budget.retrying("recording where the LATEST read starts", pin)
         source = self._sources(
-            self.stats.shard_id, self._resume, self._position, lease.hash_key_range, queue,
+            self.stats.shard_id, self._start.checkpoint, self._start.position,
+            lease.hash_key_range, queue,
             self.progress,
         )  # fmt: skip
         fetch = asyncio.create_task(source.run(), name=f"fetch-{self.stats.shard_id}")
@@ -315,28 +308,6 @@ class ShardConsumer:
         finally:
             fetch.cancel()
             await asyncio.gather(fetch, return_exceptions=True)
-
-    async def _pin_latest(self) -> None:
-        """Reading a lease checkpointed at LATEST: the first read asks for LATEST, and where it
-        began is stored in the lease at once (AT_TIMESTAMP, ``LATEST_RESTART_MARGIN`` earlier).
-        Every later read of it, in this tenure after a failure or in another after a park, a
-        crash or a hand-over, starts there: a new LATEST would skip what came in between."""
-        if self._resume != LATEST:
-            return
-        if self._latest_since is None:
-            since = self._clock.wall() - LATEST_RESTART_MARGIN
-            await self.budget.retrying(
-                "recording where the LATEST read starts", lambda: self.tenure.pin_start(since)
-            )
-            self._latest_since = since
-            return
-        self._resume = AT_TIMESTAMP
-        self._position = InitialPosition.at_timestamp(self._latest_since)
-        log.info(
-            "shard %s: reading again from where the first LATEST read started (%s)",
-            self.stats.shard_id,
-            self._position.timestamp,
-        )
 
     @staticmethod
     async def _next(queue: asyncio.Queue[FetchedBatch], fetch: asyncio.Task[None]) -> FetchedBatch:
@@ -376,7 +347,7 @@ class ShardConsumer:
                 first, final = batch.records[0].sequence_number, last.sequence_number
                 await self.budget.failed("process_records", exc, f" on records {first}..{final}")
         self.budget.succeeded()
-        self._resume = end
+        self._start.delivered(end)
         self._count(batch)
 
     def _count(self, batch: FetchedBatch) -> None:

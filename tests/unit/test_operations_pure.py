@@ -110,7 +110,7 @@ def test_two_processes_with_one_worker_id_find_each_other() -> None:
 def test_a_reset_to_a_time_applies_to_the_shards_it_names_only() -> None:
     """Issue 14, finding 5: one application-wide reset time used to apply to every lease at the
     AT_TIMESTAMP sentinel, and to leases created later."""
-    from kclpy_spark.runtime.consumer import start_position
+    from kclpy_spark.runtime.resume import start_position
 
     t1, t2 = 1_700_000_000.0, 1_700_003_600.0
     configured = InitialPosition.at_timestamp(t1)

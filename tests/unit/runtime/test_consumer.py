@@ -41,7 +41,8 @@ from kclpy_spark.processor import (
     ShutdownRequestedInput,
 )
 from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress
-from kclpy_spark.runtime.consumer import LATEST_RESTART_MARGIN, Outcome, ShardConsumer
+from kclpy_spark.runtime.consumer import Outcome, ShardConsumer
+from kclpy_spark.runtime.resume import LATEST_RESTART_MARGIN
 from kclpy_spark.runtime.shard_end import BLOCKED_RELEASE_EVERY
 
 SHARD = "shardId-000000000000"

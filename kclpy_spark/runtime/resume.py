@@ -1,0 +1,65 @@
+"""Where a shard consumer's next read starts: pure bookkeeping over the lease's checkpoint.
+
+A read resumes after the last record delivered; before the first delivery, at the lease's
+checkpoint: a sequence number, TRIM_HORIZON, AT_TIMESTAMP (the lease's own start time when it has
+one, else the configured one) or LATEST. LATEST is the one position that moves: a second read at
+LATEST skips what was written between the two. So the first LATEST read's start is pinned
+(``begin`` returns the time to store in the lease as AT_TIMESTAMP, ``LATEST_RESTART_MARGIN``
+earlier for the host's clock against the service's) and every later read starts there: duplicates
+of records just before the start are possible, a gap is not.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from checkpoint.sequence import AT_TIMESTAMP, LATEST, ExtendedSequenceNumber, InitialPosition
+
+log = logging.getLogger(__name__)
+
+LATEST_RESTART_MARGIN = 5.0
+
+
+def start_position(lease_start: float | None, configured: InitialPosition) -> InitialPosition:
+    """Where a lease checkpointed at AT_TIMESTAMP starts: its own start time (a reset, its
+    creation or its first LATEST read stored it in the lease), else the configured position."""
+    return configured if lease_start is None else InitialPosition.at_timestamp(lease_start)
+
+
+class ReadStart:
+    def __init__(
+        self,
+        shard_id: str,
+        checkpoint: ExtendedSequenceNumber,
+        lease_start: float | None,
+        configured: InitialPosition,
+    ) -> None:
+        self._shard_id = shard_id
+        self.checkpoint = checkpoint  # where the next read resumes (after it, for a record)
+        self.position = start_position(lease_start, configured)
+        self._latest_since: float | None = None  # wall time the first LATEST read began
+
+    def begin(self, wall_now: float) -> float | None:
+        """A read starts now. Returns the wall time to pin in the lease (the first read at
+        LATEST), else None; a later read that would be at LATEST goes AT_TIMESTAMP instead."""
+        if self.checkpoint != LATEST:
+            return None
+        if self._latest_since is None:
+            self._latest_since = wall_now - LATEST_RESTART_MARGIN
+            return self._latest_since
+        self.checkpoint = AT_TIMESTAMP
+        self.position = InitialPosition.at_timestamp(self._latest_since)
+        log.info(
+            "shard %s: reading again from where the first LATEST read began (%s)",
+            self._shard_id,
+            self.position.timestamp,
+        )
+        return None
+
+    def delivered(self, last: ExtendedSequenceNumber) -> None:
+        self.checkpoint = last
+
+    def restarted(self, target: ExtendedSequenceNumber) -> None:
+        """The checkpoint was reset (the aged-checkpoint policy)."""
+        self.checkpoint = target
+        self._latest_since = None

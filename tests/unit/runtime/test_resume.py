@@ -1,0 +1,41 @@
+"""ReadStart: where each read of a tenure starts (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from checkpoint.sequence import (
+    AT_TIMESTAMP,
+    LATEST,
+    TRIM_HORIZON,
+    ExtendedSequenceNumber,
+    InitialPosition,
+)
+from kclpy_spark.runtime.resume import LATEST_RESTART_MARGIN, ReadStart
+
+LATEST_POS = InitialPosition.latest()
+
+
+@pytest.mark.parametrize("checkpoint", [TRIM_HORIZON, ExtendedSequenceNumber("42"), AT_TIMESTAMP])
+def test_positions_that_do_not_move_are_never_pinned(checkpoint: ExtendedSequenceNumber) -> None:
+    start = ReadStart("s", checkpoint, 1_700_000_000.0, LATEST_POS)
+    assert start.begin(100.0) is None and start.begin(200.0) is None
+    assert start.checkpoint == checkpoint
+
+
+def test_latest_is_pinned_by_the_first_read_and_later_reads_start_there() -> None:
+    start = ReadStart("s", LATEST, None, LATEST_POS)
+    assert start.begin(1000.0) == 1000.0 - LATEST_RESTART_MARGIN  # to store in the lease
+    assert start.checkpoint == LATEST  # the first read itself asks for LATEST
+    assert start.begin(1500.0) is None
+    assert start.checkpoint == AT_TIMESTAMP
+    assert start.position == InitialPosition.at_timestamp(1000.0 - LATEST_RESTART_MARGIN)
+
+
+def test_a_delivery_or_a_reset_moves_the_start() -> None:
+    start = ReadStart("s", LATEST, None, LATEST_POS)
+    start.begin(1000.0)
+    start.delivered(ExtendedSequenceNumber("77"))
+    assert start.begin(2000.0) is None and start.checkpoint == ExtendedSequenceNumber("77")
+    start.restarted(LATEST)  # the aged-checkpoint policy "latest": a new first read
+    assert start.begin(3000.0) == 3000.0 - LATEST_RESTART_MARGIN
