@@ -69,7 +69,9 @@ def test_aged_checkpoint_policy(
                     assert time.monotonic() < deadline
                     await asyncio.sleep(0.2)
             else:
-                while worker.store.get_lease(SHARD).checkpoint.sequence_number != "LATEST":  # type: ignore[union-attr]
+                # Reset to LATEST, then pinned as where that first read began (AT_TIMESTAMP).
+                reset = {"LATEST", "AT_TIMESTAMP"}
+                while worker.store.get_lease(SHARD).checkpoint.sequence_number not in reset:  # type: ignore[union-attr]
                     assert time.monotonic() < deadline
                     await asyncio.sleep(0.2)
                 await asyncio.sleep(1.0)  # the LATEST iterator is in place
