@@ -4,7 +4,6 @@ publishes with an instance id; ``unique_worker_id`` refuses to start beside a li
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -41,7 +40,7 @@ async def unique_worker_id(worker: Worker, io: Io) -> None:
         clock.wall() - float(status.get("updated_at", 0.0)),
         interval + 1,
     )
-    await asyncio.sleep(interval + 1)
+    await worker.sleep(interval + 1)
     again = await io(control.worker_status, worker.store, cfg.worker_id)
     if again.get("updated_at") != status.get("updated_at"):
         raise control.DuplicateWorkerError(duplicate_message(cfg.worker_id))

@@ -80,6 +80,7 @@ class Worker:
         stream_tracker: Callable[[], tuple[StreamSpec, ...]] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.sleep = sleep  # every wait of the worker's loops (the injected sleep)
         self.store = store
         self.clock = clock or SystemClock()
         self.rng = rng or random.Random()
@@ -238,7 +239,7 @@ class Worker:
 
     async def _loop(self, step: Callable[[], Any], interval: float, *, first: bool = True) -> None:
         if not first:
-            await asyncio.sleep(interval)
+            await self.sleep(interval)
         while True:
             try:
                 await step()
@@ -246,7 +247,7 @@ class Worker:
                 self._failed(exc)
             except Exception:
                 log.exception("worker %s: unexpected error in %s", self.cfg.worker_id, step)
-            await asyncio.sleep(interval)
+            await self.sleep(interval)
 
     def _failed(self, exc: KclpySparkError, what: str = "") -> None:
         """A loop's lease-table call failed: tell health; log it (quietly once the table is
