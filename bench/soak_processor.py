@@ -1,4 +1,4 @@
-"""The soak benchmark's RecordProcessor: one JSON line per batch (worker pid, shard, the records'
+"""The soak benchmark's RecordProcessor: one JSON line per batch (wall time, shard, the records'
 data), appended to ``$KCLPY_SPARK_SAMPLE_OUTPUT/batches-<pid>.jsonl``, then a checkpoint. The
 benchmark counts batches and checks that no record was lost from these lines."""
 
@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 from kclpy_spark.processor import (
@@ -31,6 +32,7 @@ class BatchLines(RecordProcessor):
     def process_records(self, process_records_input: ProcessRecordsInput) -> None:
         line = json.dumps(
             {
+                "t": time.time(),
                 "shard": self.shard,
                 "data": [r.binary_data.decode() for r in process_records_input.records],
             }
