@@ -38,7 +38,9 @@ def _add_worker_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--idle-time-between-reads", type=float, help="seconds")
     p.add_argument("--shard-sync-interval", type=float, help="seconds")
     p.add_argument("--parent-shard-poll-interval", type=float, help="seconds")
-    p.add_argument("--metrics-port", type=int, help="serve /metrics, /healthz, /readyz")
+    p.add_argument(
+        "--metrics-port", type=int, help="serve /metrics, /healthz, /readyz and the status page /"
+    )
     # Also accepted after the subcommand (`kclpy-spark run --log-level DEBUG`).
     p.add_argument("--log-level", default=argparse.SUPPRESS)
     p.add_argument("--log-format", choices=("text", "json"), default=argparse.SUPPRESS)

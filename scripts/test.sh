@@ -4,4 +4,5 @@
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not integration and not spark"`.
 source "$(dirname "$0")/_venv.sh"
 python localstack/lsctl.py install
+source "$ROOT/scripts/_browser.sh"
 exec python -m pytest "$@"

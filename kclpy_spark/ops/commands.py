@@ -35,6 +35,12 @@ def add_subcommands(sub: Any, add_worker_flags: Callable[[argparse.ArgumentParse
     status.add_argument(
         "--watch", type=_positive_seconds, metavar="SECONDS", help="refresh every SECONDS"
     )
+    status.add_argument(
+        "--serve",
+        metavar="[HOST:]PORT",
+        help="serve the read-only status page on HOST:PORT (127.0.0.1 unless a host is given); "
+        "the table is read every --watch seconds (default 10)",
+    )
     reset = sub.add_parser("reset", help="move checkpoints to TRIM_HORIZON, LATEST or a time")
     add_worker_flags(reset)
     reset.add_argument("--to", required=True, help="TRIM_HORIZON, LATEST or AT_TIMESTAMP:<time>")
@@ -61,7 +67,22 @@ def open_store(cfg: WorkerConfig) -> LeaseStore:
     )
 
 
+def serve_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
+    import asyncio
+
+    from kclpy_spark.board.model import Board
+    from kclpy_spark.board.standalone import Look, parse_address, serve
+
+    host, port = parse_address(args.serve)
+    store = open_store(cfg)
+    board = Board(cfg.application_name, cfg.stream, worker_ttl=max(3 * cfg.failover_time, 10.0))
+    asyncio.run(serve(board, Look(store), host, port, args.watch or 10.0))
+    return 0
+
+
 def status_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
+    if args.serve:
+        return serve_command(args, cfg)
     store = open_store(cfg)
     while True:
         leases = store.list_leases()

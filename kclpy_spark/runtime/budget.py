@@ -94,7 +94,7 @@ class FailureBudget:
         self.failures += 1
         self._failed_at = self._monotonic()
         self._stats.failures += 1
-        self._metrics.processing_failures.labels(self._label).inc()
+        self._metrics.processing_failures.labels(*self._metrics.shard(self._label)).inc()
         log.error(
             "shard %s: %s failed%s (attempt %d of %d): %s",
             self._stats.shard_id,

@@ -67,6 +67,8 @@ __all__ = ["Outcome", "ProcessorFactory", "ShardConsumer", "ShardStats"]
 
 log = logging.getLogger(__name__)
 
+LOST_WHY = "another worker took it, or it was not renewed within the lease duration"
+
 T = TypeVar("T")
 ProcessorFactory = Callable[[], RecordProcessor]
 
@@ -96,6 +98,7 @@ class ShardConsumer:
             sleep=sleep,
             wall=clock.wall,
             on_checkpoint=self._metrics.checkpoint_seconds.observe,
+            on_event=self._metrics.events.add,
         )
         self._processors = processors
         self._processor: RecordProcessor | None = None
@@ -180,6 +183,8 @@ class ShardConsumer:
 
     async def _finish(self, outcome: Outcome) -> Outcome:
         processor = self._processor
+        if outcome is Outcome.LEASE_LOST:  # parkings and releases tell the log themselves
+            self._metrics.events.add(self.tenure.lease_key, "lost", LOST_WHY)
         if outcome in (Outcome.LEASE_LOST, Outcome.PARKED, Outcome.RELEASED):
             self.stats.state = outcome.value
             log.info("shard %s: %s; telling the processor", self.stats.shard_id, outcome.value)
@@ -351,17 +356,17 @@ class ShardConsumer:
         self._count(batch)
 
     def _count(self, batch: FetchedBatch) -> None:
-        label = self.lease_key  # the shard id; stream-qualified in multi-stream mode
+        label = self._metrics.shard(self.lease_key)  # (stream, shard)
         size = sum(r.data_size for r in batch.records)
         self.stats.records += len(batch.records)
         self.stats.batches += 1
         self.stats.bytes += size
         self.stats.millis_behind_latest = batch.millis_behind_latest
         self.stats.last_delivered = batch.records[-1].sequence_number
-        self._metrics.records.labels(label).inc(len(batch.records))
-        self._metrics.bytes.labels(label).inc(size)
+        self._metrics.records.labels(*label).inc(len(batch.records))
+        self._metrics.bytes.labels(*label).inc(size)
         if batch.millis_behind_latest is not None:
-            self._metrics.behind.labels(label).set(batch.millis_behind_latest)
+            self._metrics.behind.labels(*label).set(batch.millis_behind_latest)
 
     async def _shard_end(self, processor: RecordProcessor, batch: FetchedBatch) -> Outcome:
         self.stats.state = "shard_end"

@@ -2,6 +2,13 @@
 
 One registry per worker (not the process-global one), so several workers in one process (tests)
 keep separate figures. The server binds 127.0.0.1 unless told otherwise.
+
+Labels: every series carries ``application`` and ``worker`` (added at exposition); per-shard
+series add ``stream`` and ``shard`` (the shard id). What that costs: per shard this worker holds
+(or has held, for the counters, until the shard is finished) five series (records, bytes, lag,
+processing failures, KPL sub-records out of range); per worker about fifty more that do not
+grow with shards (leases, renewals, checkpoint latency buckets, the sink's and the coordination
+counters, the process's resources).
 """
 
 from __future__ import annotations
@@ -15,9 +22,14 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from checkpoint.base.errors import ConfigError
 from checkpoint.counters import CoordinationCounters
+from checkpoint.lease import split_lease_key, stream_name_of
+from kclpy_spark.board.routes import Snapshot, add_routes
+from kclpy_spark.config import WorkerConfig
+from kclpy_spark.runtime.events import EventLog
 
 log = logging.getLogger(__name__)
 
@@ -35,21 +47,54 @@ class _CoordinationCollector(Collector):
             )
 
 
+SHARD_LABELS = ("stream", "shard")
+
+
+class _WithLabels:
+    """A registry's metrics with constant labels added to every sample (at exposition)."""
+
+    def __init__(self, registry: CollectorRegistry, labels: dict[str, str]) -> None:
+        self._registry = registry
+        self._labels = labels
+
+    def collect(self) -> Iterable[Any]:
+        for metric in self._registry.collect():
+            metric.samples = [
+                Sample(s.name, {**self._labels, **s.labels}, s.value, s.timestamp, s.exemplar)
+                for s in metric.samples
+            ]
+            yield metric
+
+
 class WorkerMetrics:
-    def __init__(self, counters: CoordinationCounters) -> None:
+    def __init__(
+        self,
+        counters: CoordinationCounters,
+        events: EventLog | None = None,
+        *,
+        application: str = "",
+        worker: str = "",
+        stream: str = "",
+    ) -> None:
+        # Recent lease events (takes, losses, parkings, ...) for the published status and page.
+        self.events = events or EventLog(worker, time.time)
+        self._stream = stream  # the stream of a plain shard-id lease key
+        self._constant = {"application": application, "worker": worker}
         self.registry = CollectorRegistry()
         r = self.registry
         self.records = Counter(
-            "kclpy_spark_records_processed", "Records delivered to processors", ["shard"],
+            "kclpy_spark_records_processed", "Records delivered to processors", SHARD_LABELS,
             registry=r,
         )  # fmt: skip
         self.bytes = Counter(
-            "kclpy_spark_bytes_processed", "Record data bytes delivered", ["shard"], registry=r
+            "kclpy_spark_bytes_processed", "Record data bytes delivered", SHARD_LABELS, registry=r
         )
         self.behind = Gauge(
-            "kclpy_spark_millis_behind_latest", "MillisBehindLatest of the last batch", ["shard"],
+            "kclpy_spark_millis_behind_latest",
+            "MillisBehindLatest of the last batch",
+            SHARD_LABELS,
             registry=r,
-        )  # fmt: skip
+        )
         self.leases_held = Gauge("kclpy_spark_leases_held", "Leases held now", registry=r)
         self.renewals = Counter("kclpy_spark_lease_renewals", "Successful renewals", registry=r)
         self.renewal_failures = Counter(
@@ -63,16 +108,20 @@ class WorkerMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
         )  # fmt: skip
         self.processing_failures = Counter(
-            "kclpy_spark_processing_failures", "process_records calls that raised", ["shard"],
+            "kclpy_spark_processing_failures", "process_records calls that raised", SHARD_LABELS,
             registry=r,
         )  # fmt: skip
         self.kpl_out_of_range = Counter(
             "kclpy_spark_kpl_subrecords_out_of_range",
             "KPL sub-records skipped because their hash key lies outside the shard's range",
-            ["shard"],
+            SHARD_LABELS,
             registry=r,
         )
         r.register(_CoordinationCollector(counters))
+
+    def shard(self, lease_key: str) -> tuple[str, str]:
+        """The (stream, shard) label values of a lease key."""
+        return stream_name_of(lease_key) or self._stream, split_lease_key(lease_key)[1]
 
     def forget(self, lease_key: str, *, finished: bool) -> None:
         """A tenure ended: drop the shard's lag gauge; once the shard is finished (SHARD_END),
@@ -82,7 +131,7 @@ class WorkerMetrics:
             metrics += [self.records, self.bytes, self.processing_failures, self.kpl_out_of_range]
         for metric in metrics:
             with contextlib.suppress(KeyError):
-                metric.remove(lease_key)
+                metric.remove(*self.shard(lease_key))
 
     def watch_resources(self, store_connections: Callable[[], int] | None = None) -> None:
         """Export this process's resources (kclpy_spark_open_fds, ...: see resources.py)."""
@@ -91,12 +140,39 @@ class WorkerMetrics:
         self.registry.register(ResourceCollector(store_connections))
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(_WithLabels(self.registry, self._constant))
+
+
+def worker_metrics(
+    cfg: WorkerConfig,
+    counters: CoordinationCounters,
+    processor_factory: Any,
+    store: Any,
+    events: EventLog,
+) -> WorkerMetrics:
+    """A worker's metrics: its own, the Spark sink's (when the processor factory has them) and
+    the process's resources (with the SQLite store's open connections)."""
+    metrics = WorkerMetrics(
+        counters,
+        events,
+        application=cfg.application_name,
+        worker=cfg.worker_id,
+        stream=cfg.stream_name or cfg.stream.rsplit("/", 1)[-1],
+    )
+    extra = getattr(processor_factory, "metrics_collector", None)  # the Spark sink's figures
+    if callable(extra):
+        metrics.registry.register(extra())
+    counts_connections = hasattr(store, "open_connections")  # the SQLite store's pool
+    metrics.watch_resources(
+        (lambda: int(getattr(store, "open_connections", 0))) if counts_connections else None
+    )
+    return metrics
 
 
 class StatusServer:
     """``/metrics`` (Prometheus text), ``/healthz`` (the event loop answers), ``/readyz`` (the
-    worker started and its last lease-table round trip succeeded recently)."""
+    worker started and its last lease-table round trip succeeded recently), and with ``board``
+    the read-only status page (``/``, ``/status``, ``/status.json``: board/routes.py)."""
 
     def __init__(
         self,
@@ -104,8 +180,11 @@ class StatusServer:
         ready: Callable[[], tuple[bool, str]],
         host: str = "127.0.0.1",
         port: int = 0,
+        *,
+        board: Snapshot | None = None,
     ) -> None:
         self._metrics = metrics
+        self._board = board  # the status page's snapshot (the page is served when given)
         self._ready = ready
         self._host = host
         self._port = port
@@ -130,6 +209,8 @@ class StatusServer:
         app.router.add_get("/metrics", metrics)
         app.router.add_get("/healthz", healthz)
         app.router.add_get("/readyz", readyz)
+        if self._board is not None:
+            add_routes(app, self._board)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)

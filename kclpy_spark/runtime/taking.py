@@ -35,6 +35,7 @@ class Taker:
         w = self._w
         leases = await self._io(w.store.list_leases)
         w.health.store_ok()
+        w.board.on_scan(leases)
         now_wall = w.clock.wall()
         mine = [x for x in leases if w.streams.context_of(x) is not None]
         unfinished = [x for x in mine if not x.checkpoint.is_shard_end]
@@ -84,9 +85,19 @@ class Taker:
         self._observer.record_write(taken, w.clock.monotonic())
         w.counters.increment(Counter.PARTITIONS_ACQUIRED)
         (w.metrics.steals if stolen else w.metrics.takes).inc()
+        w.events.add(lease.lease_key, *_why_taken(lease, stolen=stolen))
         held = w.holder.add_taken(taken)
         context = w.streams.context_of(taken)
         if context is None or not w.may_take:  # its stream removed, or suspended, meanwhile
             await self._io(w.holder.release, held.lease_key, held.token)
             return
         w.consumers.start(held, context)
+
+
+def _why_taken(lease: Lease, *, stolen: bool) -> tuple[str, str]:
+    """The event of a take: its kind and why the lease was free to take."""
+    if stolen:
+        return "stole", f"from {lease.lease_owner}, to balance the leases between workers"
+    if lease.lease_owner:
+        return "took", f"from {lease.lease_owner}, which stopped renewing it"
+    return "took", "it had no owner"

@@ -76,6 +76,7 @@ class Tenure:
         sleep: AsyncSleep,
         wall: Callable[[], float],
         on_checkpoint: Callable[[float], None] | None = None,
+        on_event: Callable[[str, str, str], None] | None = None,
     ) -> None:
         self.held = held
         self._holder = holder
@@ -83,6 +84,7 @@ class Tenure:
         self._sleep = sleep
         self._wall = wall
         self._on_checkpoint = on_checkpoint
+        self._on_event = on_event  # (lease key, kind, detail): the worker's EventLog.add
         self.lost = asyncio.Event()
         self.shutdown = asyncio.Event()
         # True once the lease is given up on purpose (shard end, parking, release).
@@ -153,6 +155,7 @@ class Tenure:
         except Exception as exc:
             won, outcome = False, f" - not written ({exc!r}); it expires instead"
         log.warning("shard %s: released its lease (%s)%s", self.shard_id, why, outcome)
+        self._event("released", f"{why}{outcome}")
         return won
 
     async def park(self, reason: str, duration: float) -> None:
@@ -176,12 +179,18 @@ class Tenure:
             duration,
             written,
         )
+        self._event("parked", f"{reason}; reopens in {duration:.0f}s ({written})")
 
     async def finished(self) -> None:
         """Shard end: give the lease up so no worker renews it; cleanup deletes it later."""
         result = await self._release(None)
         if not result.won:
             log.warning("shard %s: releasing the finished lease lost its write", self.shard_id)
+        self._event("finished", "shard end: every record read and checkpointed")
+
+    def _event(self, kind: str, detail: str) -> None:
+        if self._on_event is not None:
+            self._on_event(self.lease_key, kind, detail)
 
     async def restart_at(self, target: ExtendedSequenceNumber) -> None:
         """Move the checkpoint to ``target`` (a reset by policy, which may go backwards) and give

@@ -28,15 +28,18 @@ from checkpoint.counters import CoordinationCounters
 from checkpoint.lease import Lease
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.leasing.timing import LeaseTiming
+from kclpy_spark.board.feed import WorkerBoard
 from kclpy_spark.config import StreamSpec, WorkerConfig
 from kclpy_spark.logs import set_application
 from kclpy_spark.ops import control
 from kclpy_spark.runtime.consumer import ProcessorFactory, ShardStats
 from kclpy_spark.runtime.consumers import ConsumerSet
+from kclpy_spark.runtime.events import EventLog
 from kclpy_spark.runtime.health import Health
 from kclpy_spark.runtime.identity import duplicate_message, unique_worker_id
 from kclpy_spark.runtime.lease_store import LeaseStore
-from kclpy_spark.runtime.metrics import StatusServer, WorkerMetrics
+from kclpy_spark.runtime.metrics import StatusServer, worker_metrics
+from kclpy_spark.runtime.publish import status_payload
 from kclpy_spark.runtime.streams import StreamContext, StreamSet
 from kclpy_spark.runtime.taking import Taker
 from shard_sync.leader import LeaderElection
@@ -48,18 +51,8 @@ T = TypeVar("T")
 __all__ = ["ProcessorFactory", "Worker"]
 
 
-def _metrics(
-    counters: CoordinationCounters, processor_factory: ProcessorFactory, store: LeaseStore
-) -> WorkerMetrics:
-    metrics = WorkerMetrics(counters)
-    extra = getattr(processor_factory, "metrics_collector", None)  # the Spark sink's figures
-    if callable(extra):
-        metrics.registry.register(extra())
-    counts_connections = hasattr(store, "open_connections")  # the SQLite store's pool
-    metrics.watch_resources(
-        (lambda: int(getattr(store, "open_connections", 0))) if counts_connections else None
-    )
-    return metrics
+def _executor(threads: int, name: str) -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
 
 
 class Worker:
@@ -86,7 +79,8 @@ class Worker:
         self.rng = rng or random.Random()
         self.timing = LeaseTiming(failover=cfg.failover_time)
         self.counters = CoordinationCounters()
-        self.metrics = _metrics(self.counters, processor_factory, store)
+        self.events = EventLog(cfg.worker_id, self.clock.wall)
+        self.metrics = worker_metrics(cfg, self.counters, processor_factory, store, self.events)
         self.suspended = False
         self.instance = uuid.uuid4().hex  # tells this process from another with the same id
         self.exit_reason: str | None = None
@@ -118,13 +112,10 @@ class Worker:
             on_shard_end=self._take_now.set,
         )
         # Lease-table calls of the worker's own loops: never queued behind processor threads.
-        self._lease_io = concurrent.futures.ThreadPoolExecutor(
-            max_workers=4, thread_name_prefix="kclpy-spark-lease"
-        )
-        self._renew_io = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="kclpy-spark-renew-round"
-        )
+        self._lease_io = _executor(4, "kclpy-spark-lease")
+        self._renew_io = _executor(1, "kclpy-spark-renew-round")
         self.taker = Taker(self, self._io)
+        self.board = WorkerBoard(self, self._io)  # the status page's view, fed by the taker
 
     def _stream_set(
         self,
@@ -142,8 +133,11 @@ class Worker:
             counters=self.counters,
             monotonic=self.clock.monotonic,
             rng=self.rng,
-            on_out_of_range=lambda shard, n: self.metrics.kpl_out_of_range.labels(shard).inc(n),
+            on_out_of_range=self._out_of_range,
         )
+
+    def _out_of_range(self, lease_key: str, count: int) -> None:
+        self.metrics.kpl_out_of_range.labels(*self.metrics.shard(lease_key)).inc(count)
 
     # --- public ----------------------------------------------------------------------------------
 
@@ -173,7 +167,11 @@ class Worker:
         set_application(self.cfg.application_name, self.cfg.stream)
         if self.cfg.metrics_port is not None:
             self.status_server = StatusServer(
-                self.metrics, self.readiness, self.cfg.metrics_host, self.cfg.metrics_port
+                self.metrics,
+                self.readiness,
+                self.cfg.metrics_host,
+                self.cfg.metrics_port,
+                board=self.board.snapshot,
             )
             await self.status_server.start()
         try:
@@ -317,7 +315,7 @@ class Worker:
             control.publish_worker_status,
             self.store,
             self.cfg.worker_id,
-            self._status_payload(now),
+            status_payload(self, now),
             now,
             self.instance,
             3 * self.timing.lease_duration,
@@ -332,26 +330,6 @@ class Worker:
         if self.health.duplicate_worker is None:
             log.error("worker %s: %s", self.cfg.worker_id, message)
         self.health.duplicate_worker = message
-
-    def _status_payload(self, now_wall: float) -> dict[str, Any]:
-        now = self.clock.monotonic()
-        leases: dict[str, Any] = {}
-        for held in self.holder.held():
-            stats = self.consumers.stats_of(held.lease_key)
-            leases[held.lease_key] = {
-                "state": stats.state if stats else "held",
-                "records": stats.records if stats else 0,
-                "millis_behind_latest": stats.millis_behind_latest if stats else None,
-                "last_renewal": now_wall - (now - held.last_counter_change),
-            }
-        ready, why = self.readiness()
-        return {
-            "suspended": self.suspended,
-            "leader": self.leader.is_leader,
-            "ready": ready,
-            "readiness": why,
-            "leases": leases,
-        }
 
     async def _leader_tick(self) -> None:
         await self._io(self.leader.tick)
@@ -384,6 +362,7 @@ class Worker:
                 outcome = "" if result.won else " (already lost)"
             except KclpySparkError as exc:
                 outcome = f" failed ({exc}); it expires instead"
+            self.events.add(held.lease_key, "released", f"worker stopping{outcome}")
             log.info("worker %s released lease %s%s", self.cfg.worker_id, held.lease_key, outcome)
         self.metrics.leases_held.set(0)
         if resign:

@@ -39,12 +39,12 @@ class Fleet:
     env: dict[str, str]
     procs: dict[str, WorkerProc] = field(default_factory=dict)
 
-    def start(self, worker_id: str) -> WorkerProc:
+    def start(self, worker_id: str, *flags: str) -> WorkerProc:
         log = self.workdir / f"{worker_id}-{len(self.procs)}.log"
         fh = log.open("wb")
         proc = subprocess.Popen(
             [sys.executable, "-m", "kclpy_spark.cli", "--log-level", "INFO", "run",
-             "--config", str(self.config), "--worker-id", worker_id],
+             "--config", str(self.config), "--worker-id", worker_id, *flags],
             stdout=fh, stderr=subprocess.STDOUT, env=self.env, cwd=self.workdir,
         )  # fmt: skip
         fh.close()

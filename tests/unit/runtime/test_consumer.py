@@ -19,6 +19,7 @@ from checkpoint.base.errors import (
     ResourceNotFoundError,
     ThrottledError,
 )
+from checkpoint.counters import CoordinationCounters
 from checkpoint.lease import HashKeyRange, Lease, LeaseState
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.sequence import (
@@ -42,6 +43,8 @@ from kclpy_spark.processor import (
 )
 from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress
 from kclpy_spark.runtime.consumer import Outcome, ShardConsumer
+from kclpy_spark.runtime.events import EventLog
+from kclpy_spark.runtime.metrics import WorkerMetrics
 from kclpy_spark.runtime.resume import LATEST_RESTART_MARGIN
 from kclpy_spark.runtime.shard_end import BLOCKED_RELEASE_EVERY
 
@@ -175,6 +178,11 @@ class Env:
         self.cfg = WorkerConfig(
             stream_name="s", max_processing_attempts=ATTEMPTS, park_duration=60.0
         )
+        self.events = EventLog("worker-a", self.clock.wall)
+        self.metrics = WorkerMetrics(CoordinationCounters(), self.events)
+
+    def kinds(self) -> list[str]:
+        return [e["kind"] for e in self.events.recent()]
 
     def lease(self, key: str = SHARD, **fields: Any) -> Lease:
         self.table.create_lease_if_absent(
@@ -207,6 +215,7 @@ class Env:
             clock=self.clock,
             sleep=self.clock.sleep,
             initial_position=position,
+            metrics=self.metrics,
         )
 
     def run(
@@ -249,6 +258,7 @@ def test_records_are_delivered_then_children_created_then_shard_end() -> None:
     assert lease.child_shard_ids == frozenset({CHILD, OTHER_CHILD})
     assert env.stored(CHILD).checkpoint == TRIM_HORIZON  # the child leases exist
     assert env.stored(OTHER_CHILD).parent_shard_ids == frozenset({SHARD})
+    assert env.kinds() == ["finished"]  # the status page's recent events
 
 
 @pytest.mark.parametrize(
@@ -272,6 +282,7 @@ def test_a_step_that_keeps_failing_parks_the_lease_and_skips_nothing(
     assert env.processor.calls.count(what.split(" ")[0]) == ATTEMPTS
     assert env.processor.calls[-1] == "lease_lost"
     assert what in consumer.stats.park_reason
+    assert env.kinds() == ["parked"] and what in env.events.recent()[0]["detail"]
 
 
 def test_a_processor_that_cannot_be_created_parks_the_lease() -> None:
@@ -402,6 +413,7 @@ def test_a_lost_lease_stops_the_consumer_and_tells_the_processor() -> None:
     outcome = env.run(consumer, until=lambda: bool(env.processor.seen), then=consumer.lease_lost)
     assert outcome is Outcome.LEASE_LOST
     assert env.processor.calls[-1] == "lease_lost"
+    assert env.kinds() == ["lost"]
 
 
 def test_shutdown_asks_the_processor_to_checkpoint() -> None:

@@ -137,5 +137,7 @@ def test_ended_tenures_are_bounded_and_a_finished_shards_metrics_forgotten(
     assert len(env.set.finished) == 3 and set(env.set.finished) < set(keys)
     exported = env.metrics.registry.get_sample_value
     for key in keys:  # each was counted while it ran, and forgotten at SHARD_END
-        assert exported("kclpy_spark_records_processed_total", {"shard": key}) is None
-        assert exported("kclpy_spark_millis_behind_latest", {"shard": key}) is None
+        labels = dict(zip(("stream", "shard"), env.metrics.shard(key), strict=True))
+        assert exported("kclpy_spark_records_processed_total", labels) is None
+        assert exported("kclpy_spark_millis_behind_latest", labels) is None
+    assert exported("kclpy_spark_records_processed_total", {"stream": "", "shard": "x"}) is None

@@ -12,8 +12,8 @@ from kclpy_spark.spark.updates import BatcherStats, BatcherStatsCollector
 
 
 def _value(text: str, name: str) -> float:
-    [line] = [x for x in text.splitlines() if x.startswith(name + " ")]
-    return float(line.split()[1])
+    [line] = [x for x in text.splitlines() if x.startswith((name + " ", name + "{"))]
+    return float(line.rsplit(" ", 1)[1])
 
 
 def test_resources_count_what_is_open_now() -> None:

@@ -1,0 +1,231 @@
+"""The status page's model: an application's leases as the lease table shows them, the figures
+the workers publish, their history over the last hour, and what moved.
+
+Pure: ``observe`` takes a lease scan, the workers' published status records and the wall time;
+``snapshot`` gives the JSON the page draws. Everything it keeps is bounded by what is alive: a
+series per lease in the table that has figures (at most ``window / step`` points each, and at
+most ``max_series`` series: more lines than that make no readable chart), the workers in the
+last look, and a fixed number of events.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from checkpoint.lease import Lease
+from kclpy_spark.board.graph import layout
+from kclpy_spark.ops.status import is_live, lease_rows
+
+SINK_FIGURES = ("batches", "rows", "failed_attempts", "dead_lettered_batches", "parked_batches")
+
+
+@dataclass
+class Series:
+    """One lease's lag and records/s over time (wall seconds), oldest first."""
+
+    t: deque[float] = field(default_factory=deque)
+    lag: deque[int | None] = field(default_factory=deque)
+    rate: deque[float | None] = field(default_factory=deque)
+
+    def add(self, at: float, lag: int | None, rate: float | None, *, step: float) -> None:
+        if self.t and at - self.t[-1] < step:  # within a step: the newer figures replace
+            self.t.pop()
+            self.lag.pop()
+            self.rate.pop()
+        self.t.append(at)
+        self.lag.append(lag)
+        self.rate.append(rate)
+
+    def trim(self, since: float) -> None:
+        while self.t and self.t[0] < since:
+            self.t.popleft()
+            self.lag.popleft()
+            self.rate.popleft()
+
+
+@dataclass(frozen=True)
+class _Count:
+    owner: str
+    records: int
+    at: float  # the owner's publishing time of ``records``
+
+
+class Board:
+    def __init__(
+        self,
+        application: str,
+        stream: str,
+        *,
+        window: float = 3600.0,
+        step: float = 10.0,
+        worker_ttl: float = 30.0,
+        max_events: int = 200,
+        max_series: int = 100,
+    ) -> None:
+        self.application = application
+        self.stream = stream
+        self._window = window
+        self._step = step
+        self._worker_ttl = worker_ttl  # a worker silent this long is shown as gone
+        self._series: dict[str, Series] = {}
+        self._max_series = max_series
+        self.series_limited = False  # some leases with figures have no series (max_series)
+        self._counts: dict[str, _Count] = {}
+        self._rates: dict[str, float | None] = {}
+        self._leases: list[Lease] = []
+        self._statuses: dict[str, Mapping[str, Any]] = {}
+        self._events: deque[dict[str, Any]] = deque(maxlen=max_events)
+        self._seen_events: set[tuple[Any, ...]] = set()
+        self._suspended = False
+        self._at = 0.0
+
+    def observe(
+        self,
+        leases: Iterable[Lease],
+        statuses: Mapping[str, Mapping[str, Any]],
+        now_wall: float,
+        *,
+        suspended: bool = False,
+    ) -> None:
+        """A new look at the table (``leases``) and at the workers' records (``statuses``, by
+        worker id: what ``control.publish_worker_status`` wrote)."""
+        self._leases = sorted(leases, key=lambda x: x.lease_key)
+        self._statuses = {w: s for w, s in statuses.items() if s}
+        self._suspended = suspended
+        self._at = now_wall
+        keys = {x.lease_key for x in self._leases}
+        for gone in [k for k in self._series if k not in keys]:  # deleted by cleanup
+            del self._series[gone]
+            self._counts.pop(gone, None)
+            self._rates.pop(gone, None)
+        for lease in self._leases:
+            self._sample(lease, now_wall)
+        for key, series in list(self._series.items()):  # a series with no new figures ages out
+            series.trim(now_wall - self._window)
+            if not series.t:
+                del self._series[key]
+        self._merge_events()
+
+    def _published(self, lease: Lease) -> tuple[Mapping[str, Any], float | None]:
+        if lease.lease_owner is None:
+            return {}, None
+        status = self._statuses.get(lease.lease_owner, {})
+        figures = status.get("leases", {}).get(lease.lease_key, {})
+        at = status.get("updated_at")
+        return figures, float(at) if isinstance(at, int | float) else None
+
+    def _sample(self, lease: Lease, now_wall: float) -> None:
+        figures, at = self._published(lease)
+        records = figures.get("records")
+        key = lease.lease_key
+        if lease.lease_owner is None or not isinstance(records, int) or at is None:
+            self._counts.pop(key, None)
+            self._rates[key] = None
+        else:
+            before = self._counts.get(key)
+            count = _Count(lease.lease_owner, records, at)
+            if before is None or before.owner != count.owner or count.records < before.records:
+                # First seen, moved, or a new tenure counting from 0: no rate until a step.
+                self._counts[key] = count
+                self._rates[key] = None
+            elif count.at - before.at >= self._step:  # over a step: counts published in bursts
+                self._rates[key] = (count.records - before.records) / (count.at - before.at)
+                self._counts[key] = count
+        lag = figures.get("millis_behind_latest")
+        lag = lag if isinstance(lag, int) else None
+        rate = self._rates.get(key)
+        if lag is None and rate is None:  # nothing to draw (the page breaks lines at gaps)
+            return
+        series = self._series.get(key)
+        if series is None:
+            if len(self._series) >= self._max_series:
+                self.series_limited = True
+                return
+            series = self._series[key] = Series()
+        series.add(now_wall, lag, rate, step=self._step)
+
+    def _merge_events(self) -> None:
+        fresh = []
+        for status in self._statuses.values():
+            for event in status.get("events", []) or []:
+                if not isinstance(event, dict):
+                    continue
+                key = (event.get("at"), event.get("lease_key"), event.get("kind"),
+                       event.get("worker"))  # fmt: skip
+                if key not in self._seen_events:
+                    fresh.append(event)
+                    self._seen_events.add(key)
+        fresh.sort(key=lambda e: e.get("at") or 0.0)
+        self._events.extend(fresh)
+        # What is remembered as seen is bounded by what is still shown or still published.
+        published = {
+            (e.get("at"), e.get("lease_key"), e.get("kind"), e.get("worker"))
+            for s in self._statuses.values()
+            for e in s.get("events", []) or []
+            if isinstance(e, dict)
+        }
+        shown = {(e.get("at"), e.get("lease_key"), e.get("kind"), e.get("worker"))
+                 for e in self._events}  # fmt: skip
+        self._seen_events &= published | shown
+
+    def _workers(self) -> list[dict[str, Any]]:
+        held: dict[str, int] = {}
+        load: dict[str, float] = {}
+        for lease in self._leases:
+            if lease.lease_owner and lease.state(self._at).value == "ASSIGNED":
+                held[lease.lease_owner] = held.get(lease.lease_owner, 0) + 1
+                load[lease.lease_owner] = load.get(lease.lease_owner, 0.0) + (
+                    self._rates.get(lease.lease_key) or 0.0
+                )
+        rows = []
+        for worker in sorted(set(held) | set(self._statuses)):
+            status = self._statuses.get(worker, {})
+            sink = status.get("sink")
+            rows.append({
+                "worker_id": worker,
+                "live": is_live(status, self._at, self._worker_ttl)
+                and not status.get("stopped"),
+                "leases": held.get(worker, 0),
+                "records_per_s": round(load.get(worker, 0.0), 2),
+                "ready": status.get("ready"),
+                "readiness": status.get("readiness", ""),
+                "leader": bool(status.get("leader")),
+                "updated_at": status.get("updated_at"),
+                "sink": {k: sink.get(k, 0) for k in SINK_FIGURES} if isinstance(sink, dict)
+                else None,
+            })  # fmt: skip
+        return rows
+
+    def snapshot(self) -> dict[str, Any]:
+        rows = lease_rows(self._leases, self._statuses, self._at)
+        places = layout(
+            {x.lease_key: [x.sibling_key(p) for p in x.parent_shard_ids] for x in self._leases}
+        )
+        leases = []
+        by_key = {x.lease_key: x for x in self._leases}
+        for row in rows:
+            item = asdict(row)
+            lease = by_key[row.lease_key]
+            item["parent_keys"] = sorted(lease.sibling_key(p) for p in lease.parent_shard_ids)
+            item["records_per_s"] = self._rates.get(row.lease_key)
+            item["column"], item["row"] = places.get(row.lease_key, (0, 0))
+            leases.append(item)
+        series = {
+            key: {"t": list(s.t), "lag": list(s.lag), "rate": list(s.rate)}
+            for key, s in self._series.items()
+        }
+        return {
+            "application": self.application,
+            "stream": self.stream,
+            "generated_at": self._at,
+            "suspended": self._suspended,
+            "leases": leases,
+            "workers": self._workers(),
+            "series": series,
+            "series_limited": self.series_limited,
+            "step": self._step,
+            "events": list(self._events)[::-1],  # newest first
+        }

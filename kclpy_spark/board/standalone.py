@@ -1,0 +1,98 @@
+"""``kclpy-spark status --serve [HOST:]PORT``: the status page for a machine that runs no worker.
+
+Every ``every`` seconds it reads the lease table and the records the lease owners publish (one
+scan and a read per owner: choose ``every`` with the table's cost in mind) and serves what it saw.
+Read-only, like the page in the daemon. It stops on SIGINT or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from typing import Any
+
+from checkpoint.base.errors import ConfigError, KclpySparkError
+from checkpoint.lease import Lease
+from kclpy_spark.board.model import Board
+from kclpy_spark.board.routes import add_routes
+from kclpy_spark.ops import control
+from kclpy_spark.runtime.lease_store import LeaseStore
+
+log = logging.getLogger(__name__)
+
+FORGET_WORKERS_AFTER = 3600.0  # a worker silent this long leaves the page
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``PORT`` or ``HOST:PORT``; the host defaults to 127.0.0.1 (this machine only)."""
+    host, sep, port = text.rpartition(":")
+    try:
+        number = int(port)
+    except ValueError:
+        number = -1
+    if not 0 <= number <= 65535:
+        raise ConfigError(f"--serve: expected PORT or HOST:PORT, got {text!r}")
+    return (host if sep and host else "127.0.0.1"), number
+
+
+class Look:
+    """One look at the application: its leases, its workers' records, the suspend flag."""
+
+    def __init__(self, store: LeaseStore) -> None:
+        self._store = store
+        self._workers: set[str] = set()
+
+    def __call__(self) -> tuple[list[Lease], dict[str, Any], bool]:
+        leases = self._store.list_leases()
+        self._workers |= {x.lease_owner for x in leases if x.lease_owner}
+        statuses = {w: control.worker_status(self._store, w) for w in sorted(self._workers)}
+        now = time.time()
+        for worker, status in statuses.items():  # bounded by the workers alive this hour
+            updated = status.get("updated_at")
+            if not isinstance(updated, int | float) or now - updated > FORGET_WORKERS_AFTER:
+                self._workers.discard(worker)
+        return leases, statuses, control.is_suspended(self._store)
+
+
+async def serve(board: Board, look: Look, host: str, port: int, every: float) -> None:
+    from aiohttp import web
+
+    error: list[str] = []
+
+    async def snapshot() -> dict[str, Any]:
+        return {**board.snapshot(), "error": error[0] if error else None}
+
+    app = web.Application()
+    add_routes(app, snapshot)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        why = exc.strerror or exc
+        raise ConfigError(f"--serve: cannot listen on {host}:{port}: {why}") from None
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    sockets = getattr(getattr(site, "_server", None), "sockets", None) or []
+    bound = sockets[0].getsockname()[1] if sockets else port
+    print(f"status page on http://{host}:{bound}/ (read-only; Ctrl-C stops)", flush=True)
+    try:
+        while not stop.is_set():
+            try:
+                leases, statuses, suspended = await asyncio.to_thread(look)
+                board.observe(leases, statuses, time.time(), suspended=suspended)
+                error.clear()
+            except KclpySparkError as exc:
+                log.warning("status page: cannot read the lease table: %s", exc)
+                error[:] = [str(exc)]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), every)
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,50 @@
+"""What a worker publishes about itself (its ``worker/<id>`` coordination record): for
+``kclpy-spark status``, the status page and a duplicate worker id to find it. Small and bounded:
+its held leases' figures, readiness, the last few lease events and, with a Spark sink, the sink's
+totals."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kclpy_spark.board.model import SINK_FIGURES
+
+if TYPE_CHECKING:
+    from kclpy_spark.runtime.worker import Worker
+
+EVENTS_PUBLISHED = 10
+
+
+def sink_figures(worker: Worker) -> dict[str, float] | None:
+    """The Spark sink's totals from the worker's metrics, or None without a sink."""
+    registry = worker.metrics.registry
+    figures = {k: registry.get_sample_value(f"kclpy_spark_sink_{k}_total") for k in SINK_FIGURES}
+    if all(v is None for v in figures.values()):
+        return None
+    return {k: v or 0.0 for k, v in figures.items()}
+
+
+def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
+    now = worker.clock.monotonic()
+    leases: dict[str, Any] = {}
+    for held in worker.holder.held():
+        stats = worker.consumers.stats_of(held.lease_key)
+        leases[held.lease_key] = {
+            "state": stats.state if stats else "held",
+            "records": stats.records if stats else 0,
+            "millis_behind_latest": stats.millis_behind_latest if stats else None,
+            "last_renewal": now_wall - (now - held.last_counter_change),
+        }
+    ready, why = worker.readiness()
+    payload = {
+        "suspended": worker.suspended,
+        "leader": worker.leader.is_leader,
+        "ready": ready,
+        "readiness": why,
+        "leases": leases,
+        "events": worker.events.recent(EVENTS_PUBLISHED),
+    }
+    sink = sink_figures(worker)
+    if sink is not None:
+        payload["sink"] = sink
+    return payload
