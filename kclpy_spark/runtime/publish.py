@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from prometheus_client import CollectorRegistry
+
 from kclpy_spark.board.model import SINK_FIGURES
 
 if TYPE_CHECKING:
@@ -15,9 +17,8 @@ if TYPE_CHECKING:
 EVENTS_PUBLISHED = 10
 
 
-def sink_figures(worker: Worker) -> dict[str, float] | None:
-    """The Spark sink's totals from the worker's metrics, or None without a sink."""
-    registry = worker.metrics.registry
+def sink_figures(registry: CollectorRegistry) -> dict[str, float] | None:
+    """The Spark sink's totals from a worker's metrics registry, or None without a sink."""
     figures = {k: registry.get_sample_value(f"kclpy_spark_sink_{k}_total") for k in SINK_FIGURES}
     if all(v is None for v in figures.values()):
         return None
@@ -44,7 +45,7 @@ def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
         "leases": leases,
         "events": worker.events.recent(EVENTS_PUBLISHED),
     }
-    sink = sink_figures(worker)
+    sink = sink_figures(worker.metrics.registry)
     if sink is not None:
         payload["sink"] = sink
     return payload

@@ -50,3 +50,16 @@ def test_the_sink_counters_follow_the_batcher_stats() -> None:
     assert _value(text, "kclpy_spark_sink_rows_total") == 700
     stats.batches += 1
     assert _value(metrics.exposition().decode(), "kclpy_spark_sink_batches_total") == 8
+
+
+def test_a_worker_publishes_its_sink_totals_and_none_without_a_sink() -> None:
+    from kclpy_spark.runtime.publish import sink_figures
+
+    metrics = WorkerMetrics(CoordinationCounters())
+    assert sink_figures(metrics.registry) is None
+    stats = BatcherStats(batches=3, rows=30, failed_attempts=1, dead_lettered_batches=1)
+    metrics.registry.register(BatcherStatsCollector(stats))
+    assert sink_figures(metrics.registry) == {
+        "batches": 3.0, "rows": 30.0, "failed_attempts": 1.0, "dead_lettered_batches": 1.0,
+        "parked_batches": 0.0,
+    }  # fmt: skip
