@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import gc
-import importlib
 import inspect
 import logging
 import os
@@ -25,6 +24,7 @@ from kclpy_spark.config import StreamSpec, WorkerConfig, load_toml
 from kclpy_spark.processor import RecordProcessor
 from kclpy_spark.runtime.lease_store import LeaseStore
 from kclpy_spark.runtime.worker import ProcessorFactory, Worker
+from kclpy_spark.user_code import import_user_module
 
 # What the worker calls on a processor (amazon-kclpy v3's methods).
 PROCESSOR_METHODS = (
@@ -52,11 +52,7 @@ def load_processor_factory(path: str) -> ProcessorFactory:
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise ConfigError(f"processor {path!r} must look like 'package.module:Class'")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # ImportError, or whatever the module raised on import
-        raise ConfigError(f"cannot import processor module {module_name!r}: {exc}") from None
-    target: object = module
+    target: object = import_user_module(module_name, "processor")
     for part in attr.split("."):
         try:
             target = getattr(target, part)

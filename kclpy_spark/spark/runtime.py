@@ -11,7 +11,6 @@ finally:
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 from typing import Any
@@ -25,6 +24,7 @@ from kclpy_spark.spark.session import SparkSessionHolder
 from kclpy_spark.spark.sink_config import SinkConfig
 from kclpy_spark.spark.sink_processor import SparkSinkProcessorFactory
 from kclpy_spark.spark.sinks import DeadLetterDirectory, DeltaSink, ParquetSink
+from kclpy_spark.user_code import import_user_module
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +43,7 @@ def load_sink(cfg: SinkConfig) -> BatchSink:
             via_spark=cfg.value_schema is not None,
         )
     module_name, _, attr = cfg.sink.partition(":")
-    try:
-        target: Any = importlib.import_module(module_name)
-    except Exception as exc:  # ImportError, or whatever the module raised on import
-        raise ConfigError(f"cannot import sink module {module_name!r}: {exc}") from None
+    target: Any = import_user_module(module_name, "sink")
     for part in attr.split("."):
         try:
             target = getattr(target, part)

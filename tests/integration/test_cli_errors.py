@@ -100,3 +100,39 @@ def test_wrong_type_in_config_file(tmp_path: Path) -> None:
         'failover_time = "ten seconds"\n'
     )
     _assert_one_line_error(_run("--config", "types.toml", cwd=tmp_path), "failover_time", "float")
+
+
+def _console_script() -> str:
+    script = Path(sys.executable).with_name("kclpy-spark")
+    if not script.exists():
+        pytest.skip("the kclpy-spark console script is not installed next to this Python")
+    return str(script)
+
+
+def test_a_processor_module_in_the_working_directory_is_found(tmp_path: Path) -> None:
+    """Issue 18: `processor = "myproc:Counter"` beside the config needed PYTHONPATH=. before.
+    Through the console script (whose sys.path[0] is its own folder, not the working
+    directory), the module is imported: its processor is then created once at start-up, and
+    this one refuses, which proves it was found."""
+    (tmp_path / "myproc.py").write_text(
+        "from kclpy_spark import RecordProcessor\n\n"
+        "class Counter(RecordProcessor):\n"
+        "    def __init__(self):\n"
+        "        raise RuntimeError('myproc was imported from the working directory')\n\n"
+        "    def process_records(self, process_records_input):\n"
+        "        pass\n"
+    )
+    result = subprocess.run(
+        [_console_script(), "run", "--stream-name", "s", "--processor", "myproc:Counter"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    _assert_one_line_error(result, "myproc was imported from the working directory")
+
+
+def test_a_processor_module_found_nowhere_says_where_it_looked(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [_console_script(), "run", "--stream-name", "s", "--processor", "myproc:Counter"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    _assert_one_line_error(result, "cannot import processor module 'myproc'", str(tmp_path),
+                           "PYTHONPATH")  # fmt: skip

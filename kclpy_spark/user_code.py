@@ -1,0 +1,37 @@
+"""Importing the user's code named in a config (``processor = "myproc:Counter"``, a sink function):
+the working directory is importable, as with ``python -m``, and a module that cannot be imported
+gets one line that says where it was looked for."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from types import ModuleType
+
+from checkpoint.base.errors import ConfigError
+
+
+def working_directory_importable() -> str:
+    """Put the working directory first on ``sys.path`` (once), as ``python -m`` does."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    return cwd
+
+
+def import_user_module(module_name: str, what: str) -> ModuleType:
+    """Import ``module_name`` for ``what`` (e.g. "processor"); ConfigError if it cannot be."""
+    cwd = working_directory_importable()
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.split(".")[0] == exc.name.split(".")[0]:
+            raise ConfigError(
+                f"cannot import {what} module {module_name!r}: no module named {exc.name!r} in "
+                f"the working directory {cwd} or the installed packages (run from the folder "
+                "that holds it, or add that folder to PYTHONPATH)"
+            ) from None
+        raise ConfigError(f"cannot import {what} module {module_name!r}: {exc}") from None
+    except Exception as exc:  # whatever the module raised on import
+        raise ConfigError(f"cannot import {what} module {module_name!r}: {exc!r}") from None
