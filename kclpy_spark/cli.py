@@ -55,6 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the consumer daemon")
     _add_worker_flags(run)
+    run.add_argument(
+        "--until-caught-up",
+        action="store_const",
+        const=True,
+        help="a job: read every shard to where it ended at start, commit, exit 0 (1 if not all "
+        "could be committed)",
+    )
     from kclpy_spark.ops.commands import add_subcommands
 
     add_subcommands(sub, _add_worker_flags)
@@ -92,6 +99,7 @@ def _config_from_args(args: argparse.Namespace) -> WorkerConfig:
     from kclpy_spark.config import from_mapping, load_toml
 
     overrides = {name: getattr(args, name) for name in _FLAG_FIELDS}
+    overrides["until_caught_up"] = getattr(args, "until_caught_up", None)
     if args.config:
         return load_toml(args.config).with_overrides(**overrides)
     return from_mapping(
@@ -164,9 +172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_demo(args)
     except KclpySparkError as exc:
-        from kclpy_spark.runtime.daemon import DependencyGoneError
+        from kclpy_spark.runtime.daemon import DependencyGoneError, NotCaughtUpError
 
         print(f"kclpy-spark: error: {exc}", file=sys.stderr)
+        if isinstance(exc, NotCaughtUpError):
+            return 1
         return 3 if isinstance(exc, DependencyGoneError) else 2
     except KeyboardInterrupt:
         return 130

@@ -131,6 +131,9 @@ class WorkerConfig:
     # A processor call (process_records, initialize, shard_ended) running longer makes the
     # worker not ready and is logged: a hung processor holds its lease without progress.
     processor_stall_timeout: float = 900.0
+    # Run as a job: process every shard up to where it ended when the worker started, commit,
+    # and exit (0; 1 with one line if something could not be committed). runtime/caught_up.py
+    until_caught_up: bool = False
 
     def __post_init__(self) -> None:
         _check(self)

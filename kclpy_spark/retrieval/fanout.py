@@ -339,7 +339,7 @@ class FanOutFetcher:
         continuation = body.get("ContinuationSequenceNumber")
         ended = continuation is None
         self._advance(raw, continuation)
-        if records or ended:
+        if records or ended or body.get("MillisBehindLatest") == 0:  # at the tip: see polling
             await self._put(
                 FetchedBatch(
                     records=records,

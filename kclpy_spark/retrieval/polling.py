@@ -143,7 +143,9 @@ class PollingFetcher:
             ended = next_iterator is None
             if raw:
                 self._last_delivered = raw[-1].sequence_number
-            if records or ended:
+            # An empty answer at the tip goes out too: it says where the shard's lag is (0) and
+            # tells a job that runs until caught up that this shard is (caught_up.py).
+            if records or ended or lag == 0:
                 await self._put(
                     FetchedBatch(
                         records=records,

@@ -50,6 +50,7 @@ from kclpy_spark.processor import (
 )
 from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress, ShardProbe, SourceFactory
 from kclpy_spark.runtime.budget import FailureBudget
+from kclpy_spark.runtime.caught_up import CaughtUp
 from kclpy_spark.runtime.metrics import WorkerMetrics
 from kclpy_spark.runtime.resume import ReadStart
 from kclpy_spark.runtime.shard_end import ShardEnd, finish_shard
@@ -89,8 +90,10 @@ class ShardConsumer:
         rng: random.Random | None = None,
         metrics: WorkerMetrics | None = None,
         initial_position: InitialPosition | None = None,
+        caught_up: CaughtUp | None = None,
     ) -> None:
         self._metrics = metrics or WorkerMetrics(CoordinationCounters())
+        self._caught_up = caught_up  # until_caught_up: the job's tracker
         self.tenure = Tenure(
             held,
             holder,
@@ -190,6 +193,8 @@ class ShardConsumer:
             log.info("shard %s: %s; telling the processor", self.stats.shard_id, outcome.value)
             if processor is not None:
                 await self._safe(processor.lease_lost, LeaseLostInput(), "lease_lost")
+        elif outcome is Outcome.CAUGHT_UP and self._caught_up is not None:
+            await self._caught_up.conclude(self.tenure, processor, self._safe)
         elif outcome is Outcome.SHUTDOWN:
             self.stats.state = "shutting_down"
             if processor is not None:
@@ -304,8 +309,12 @@ class ShardConsumer:
                 batch = await self.tenure.wait_or_stop(self._next(queue, fetch))
                 if batch.records:
                     await self._deliver(processor, batch)
+                elif batch.millis_behind_latest is not None:  # an empty read at the tip
+                    self._lag(batch.millis_behind_latest)
                 if batch.shard_ended:
                     return await self._shard_end(processor, batch)
+                if self._caught_up is not None and self._caught_up.reached(batch):
+                    return Outcome.CAUGHT_UP
                 if self.tenure.lost.is_set():
                     raise LeaseLost()
                 if self.tenure.shutdown.is_set():
@@ -361,12 +370,16 @@ class ShardConsumer:
         self.stats.records += len(batch.records)
         self.stats.batches += 1
         self.stats.bytes += size
-        self.stats.millis_behind_latest = batch.millis_behind_latest
         self.stats.last_delivered = batch.records[-1].sequence_number
         self._metrics.records.labels(*label).inc(len(batch.records))
         self._metrics.bytes.labels(*label).inc(size)
         if batch.millis_behind_latest is not None:
-            self._metrics.behind.labels(*label).set(batch.millis_behind_latest)
+            self._lag(batch.millis_behind_latest)
+
+    def _lag(self, millis_behind_latest: int) -> None:
+        self.stats.millis_behind_latest = millis_behind_latest
+        label = self._metrics.shard(self.lease_key)
+        self._metrics.behind.labels(*label).set(millis_behind_latest)
 
     async def _shard_end(self, processor: RecordProcessor, batch: FetchedBatch) -> Outcome:
         self.stats.state = "shard_end"

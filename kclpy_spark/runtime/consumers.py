@@ -24,6 +24,7 @@ from checkpoint.leasing.holder import HeldLease, LeaseHolder
 from checkpoint.port import LeaseTable
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.logs import shard_context
+from kclpy_spark.runtime.caught_up import CaughtUp
 from kclpy_spark.runtime.consumer import Outcome, ProcessorFactory, ShardConsumer, ShardStats
 from kclpy_spark.runtime.health import ConsumerView
 from kclpy_spark.runtime.metrics import WorkerMetrics
@@ -56,8 +57,10 @@ class ConsumerSet:
         metrics: WorkerMetrics,
         counters: CoordinationCounters,
         on_shard_end: Callable[[], None],
+        caught_up: CaughtUp | None = None,
     ) -> None:
         self._cfg = cfg
+        self._caught_up = caught_up
         self._processors = processors
         self._holder = holder
         self._table = table
@@ -124,6 +127,7 @@ class ConsumerSet:
             rng=self._rng,
             metrics=self._metrics,
             initial_position=context.initial_position,
+            caught_up=self._caught_up,
         )
         key = held.lease_key
         task = asyncio.create_task(consumer.run(), name=f"shard-{held.lease.shard_id}")

@@ -44,6 +44,10 @@ class DependencyGoneError(KclpySparkError):
     """The lease table or a stream has been gone longer than missing_dependency_timeout."""
 
 
+class NotCaughtUpError(KclpySparkError):
+    """until_caught_up: the job ended with shards not (or not all) committed."""
+
+
 log = logging.getLogger(__name__)
 
 
@@ -134,6 +138,20 @@ async def run_worker(
             signals.remove()
     if worker.exit_reason is not None:
         raise DependencyGoneError(worker.exit_reason)
+    _job_result(worker)
+
+
+def _job_result(worker: Worker) -> None:
+    """until_caught_up: raise NotCaughtUpError unless every shard was caught up and committed."""
+    job = worker.caught_up
+    if job is None:
+        return
+    if job.failed:
+        first, why = sorted(job.failed.items())[0]
+        more = f" (and {len(job.failed) - 1} more)" if len(job.failed) > 1 else ""
+        raise NotCaughtUpError(f"not caught up: lease {first}: {why}{more}")
+    if not worker.caught_up_complete:
+        raise NotCaughtUpError("stopped before every shard was caught up; run it again")
 
 
 async def _run(worker: Worker, on_started: Callable[[Worker], Awaitable[None]] | None) -> None:

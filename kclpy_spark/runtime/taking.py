@@ -38,6 +38,10 @@ class Taker:
         w.board.on_scan(leases)
         now_wall = w.clock.wall()
         mine = [x for x in leases if w.streams.context_of(x) is not None]
+        if w.caught_up is not None:  # a job: stop when every shard is caught up
+            if self._job_complete(mine):
+                return
+            mine = [x for x in mine if not w.caught_up.is_ended(x.lease_key)]
         unfinished = [x for x in mine if not x.checkpoint.is_shard_end]
         # Parked leases are invisible to the taker until their reopen time; leases of streams
         # this worker does not consume (removed from the config) are never taken.
@@ -65,6 +69,18 @@ class Taker:
                 return
             if lease.lease_key not in w.consumers:
                 await self._take(lease, stolen=lease in plan.steal)
+
+    def _job_complete(self, leases: list[Lease]) -> bool:
+        w = self._w
+        assert w.caught_up is not None
+        if not leases or w.caught_up.remaining(leases):
+            return False
+        done, failed = len(w.caught_up.done), len(w.caught_up.failed)
+        log.info("worker %s: caught up (%d lease(s) done, %d failed); stopping",
+                 w.cfg.worker_id, done, failed)  # fmt: skip
+        w.caught_up_complete = True
+        w.request_shutdown()
+        return True
 
     async def _take(self, lease: Lease, *, stolen: bool) -> None:
         w = self._w

@@ -36,6 +36,7 @@ class Outcome(enum.StrEnum):
     SHUTDOWN = "shutdown"
     PARKED = "parked"
     RELEASED = "released"  # given back so another worker may try (a blocked merge child)
+    CAUGHT_UP = "caught_up"  # until_caught_up: read to the tip as of start (the lease is kept)
 
 
 @dataclass

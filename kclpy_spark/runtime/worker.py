@@ -32,6 +32,7 @@ from kclpy_spark.board.feed import WorkerBoard
 from kclpy_spark.config import StreamSpec, WorkerConfig
 from kclpy_spark.logs import set_application
 from kclpy_spark.ops import control
+from kclpy_spark.runtime.caught_up import CaughtUp
 from kclpy_spark.runtime.consumer import ProcessorFactory, ShardStats
 from kclpy_spark.runtime.consumers import ConsumerSet
 from kclpy_spark.runtime.events import EventLog
@@ -80,6 +81,9 @@ class Worker:
         self.timing = LeaseTiming(failover=cfg.failover_time)
         self.counters = CoordinationCounters()
         self.events = EventLog(cfg.worker_id, self.clock.wall)
+        # until_caught_up: the job's progress; complete once every shard is caught up.
+        self.caught_up = CaughtUp(self.clock.wall()) if cfg.until_caught_up else None
+        self.caught_up_complete = False
         self.metrics = worker_metrics(cfg, self.counters, processor_factory, store, self.events)
         self.suspended = False
         self.instance = uuid.uuid4().hex  # tells this process from another with the same id
@@ -99,23 +103,27 @@ class Worker:
         self._take_now = asyncio.Event()
         self.started = asyncio.Event()
         self.streams = self._stream_set(stream_tracker, kinesis_sync, kinesis_async)
-        self.consumers = ConsumerSet(
-            cfg,
-            processor_factory,
+        self.consumers = self._consumer_set(processor_factory, sleep)
+        # Lease-table calls of the worker's own loops: never queued behind processor threads.
+        self._lease_io = _executor(4, "kclpy-spark-lease")
+        self._renew_io = _executor(1, "kclpy-spark-renew-round")
+        self.taker = Taker(self, self._io)
+        self.board = WorkerBoard(self, self._io)  # the status page's view, fed by the taker
+
+    def _consumer_set(self, processors: ProcessorFactory, sleep: AsyncSleep) -> ConsumerSet:
+        return ConsumerSet(
+            self.cfg,
+            processors,
             holder=self.holder,
-            table=store,
+            table=self.store,
             clock=self.clock,
             sleep=sleep,
             rng=self.rng,
             metrics=self.metrics,
             counters=self.counters,
             on_shard_end=self._take_now.set,
+            caught_up=self.caught_up,
         )
-        # Lease-table calls of the worker's own loops: never queued behind processor threads.
-        self._lease_io = _executor(4, "kclpy-spark-lease")
-        self._renew_io = _executor(1, "kclpy-spark-renew-round")
-        self.taker = Taker(self, self._io)
-        self.board = WorkerBoard(self, self._io)  # the status page's view, fed by the taker
 
     def _stream_set(
         self,

@@ -1,0 +1,102 @@
+"""``until_caught_up``: the daemon as a job that reads every shard up to its tip as of start,
+commits, and exits.
+
+A lease is caught up when a batch read from it is at the tip (MillisBehindLatest 0) or holds a
+record that arrived after the worker started (everything before it was read). Its consumer then
+ends as at a shutdown: the processor gets ``shutdown_requested`` (its chance to checkpoint; the
+Spark sink writes and commits what it holds), and the lease is done if its stored checkpoint
+covers every record delivered, failed otherwise. The worker keeps holding done leases (so no one
+reads them again) and stops when every lease is finished (SHARD_END), done, failed, or a
+descendant of a done lease (a child of a shard that split after the start holds nothing from
+before it). Pure apart from the clock reading given to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from checkpoint.base.errors import KclpySparkError
+from checkpoint.lease import Lease
+from kclpy_spark.processor import RecordProcessor, ShutdownRequestedInput
+from kclpy_spark.retrieval.source import FetchedBatch
+
+if TYPE_CHECKING:
+    from kclpy_spark.runtime.tenure import Tenure
+
+log = logging.getLogger(__name__)
+
+SafeCall = Callable[[Callable[[Any], Any], object, str], Awaitable[None]]
+
+
+@dataclass
+class CaughtUp:
+    started_wall: float  # the worker's start: "the tip as of start"
+    done: set[str] = field(default_factory=set)
+    failed: dict[str, str] = field(default_factory=dict)  # lease key -> why
+
+    def reached(self, batch: FetchedBatch) -> bool:
+        """Whether ``batch`` (delivered, not a shard end) shows its shard caught up."""
+        if batch.millis_behind_latest == 0:
+            return True
+        started_ms = self.started_wall * 1000.0
+        return any(r.timestamp_millis >= started_ms for r in batch.records[-1:])
+
+    def finished(self, lease_key: str, problem: str | None) -> None:
+        if problem is None:
+            self.done.add(lease_key)
+            self.failed.pop(lease_key, None)
+        else:
+            self.failed[lease_key] = problem
+
+    async def conclude(
+        self, tenure: Tenure, processor: RecordProcessor | None, safe: SafeCall
+    ) -> None:
+        """A caught-up lease: the processor's chance to checkpoint (``shutdown_requested``),
+        then done if the stored checkpoint covers every record delivered, failed otherwise."""
+        if processor is not None:
+            arg = ShutdownRequestedInput(tenure.checkpointer)
+            await safe(processor.shutdown_requested, arg, "shutdown_requested")
+        delivered = tenure.checkpointer.largest_permitted
+        key = tenure.lease_key
+        try:
+            stored = await asyncio.to_thread(tenure.table.get_lease, key)
+        except KclpySparkError as exc:
+            self.finished(key, f"its checkpoint could not be read back ({exc})")
+            return
+        if stored is None or stored.checkpoint < delivered:
+            at = "no lease" if stored is None else str(stored.checkpoint)
+            self.finished(
+                key,
+                f"records up to {delivered} were delivered but the checkpoint is {at} (the "
+                "processor did not checkpoint them, in process_records or shutdown_requested)",
+            )
+            return
+        log.info("shard %s: caught up; checkpoint %s", tenure.shard_id, stored.checkpoint)
+        self.finished(key, None)
+
+    def is_ended(self, lease_key: str) -> bool:
+        return lease_key in self.done or lease_key in self.failed
+
+    def remaining(self, leases: Iterable[Lease]) -> list[str]:
+        """The lease keys still to catch up (sorted); empty when the job is complete."""
+        by_key = {x.lease_key: x for x in leases}
+        beyond: set[str] = set()  # descendants of done leases: nothing from before the start
+        changed = True
+        while changed:
+            changed = False
+            for key, lease in by_key.items():
+                if key in beyond or key in self.done:
+                    continue
+                parents = {lease.sibling_key(p) for p in lease.parent_shard_ids}
+                if parents & (self.done | beyond):
+                    beyond.add(key)
+                    changed = True
+        return sorted(
+            key
+            for key, lease in by_key.items()
+            if not lease.checkpoint.is_shard_end and not self.is_ended(key) and key not in beyond
+        )

@@ -1,0 +1,131 @@
+"""``until_caught_up`` (issue 18): when a shard is caught up, which leases a job still waits for,
+and a consumer that ends at the tip with its records committed, or says why they are not."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from test_consumer import SHARD, Env, FakeSources, Recorder, batch
+
+from checkpoint.lease import Lease
+from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber
+from kclpy_spark.processor import ProcessRecordsInput, Record
+from kclpy_spark.retrieval.source import FetchedBatch
+from kclpy_spark.runtime.caught_up import CaughtUp
+from kclpy_spark.runtime.consumer import Outcome, ShardConsumer
+
+STARTED = 1_000.0  # the job's start, wall seconds
+
+
+def arrived(seq: int, at: float) -> Record:
+    return Record(b"x", "k", str(seq), timestamp_millis=int(at * 1000))
+
+
+@pytest.mark.parametrize(
+    ("fetched", "caught_up"),
+    [
+        (FetchedBatch([], 0), True),  # an empty read at the tip
+        (FetchedBatch([arrived(1, 900.0)], 0), True),  # the last record before the tip
+        (FetchedBatch([arrived(1, 900.0)], 5_000), False),  # behind, all from before the start
+        (FetchedBatch([arrived(1, 900.0), arrived(2, 1_000.0)], 5_000), True),  # past the start
+        (FetchedBatch([arrived(1, 1_200.0), arrived(2, 900.0)], 5_000), False),  # the last counts
+        (FetchedBatch([arrived(1, 900.0)], None), False),  # no lag reported, before the start
+    ],
+)
+def test_when_a_shard_is_caught_up(fetched: FetchedBatch, caught_up: bool) -> None:
+    assert CaughtUp(STARTED).reached(fetched) is caught_up
+
+
+def lease(key: str, *parents: str, done: bool = False) -> Lease:
+    return Lease(key, SHARD_END if done else TRIM_HORIZON, parent_shard_ids=frozenset(parents))
+
+
+def test_every_open_lease_is_waited_for_until_done_or_failed() -> None:
+    job = CaughtUp(STARTED)
+    leases = [lease("a"), lease("b"), lease("old", done=True)]
+    assert job.remaining(leases) == ["a", "b"]
+    job.finished("a", None)
+    job.finished("b", "not committed")
+    assert job.remaining(leases) == []
+    assert job.done == {"a"} and job.failed == {"b": "not committed"}
+
+
+def test_children_of_a_shard_that_ended_before_the_start_are_read() -> None:
+    job = CaughtUp(STARTED)
+    leases = [lease("p", done=True), lease("c1", "p"), lease("c2", "p")]
+    assert job.remaining(leases) == ["c1", "c2"]
+
+
+def test_descendants_of_a_caught_up_shard_hold_nothing_from_before_the_start() -> None:
+    job = CaughtUp(STARTED)
+    job.finished("p", None)  # caught up, then split after the start
+    leases = [lease("p"), lease("c1", "p"), lease("c2", "p"), lease("g", "c1", "c2"),
+              lease("other")]  # fmt: skip
+    assert job.remaining(leases) == ["other"]
+
+
+def test_multi_stream_parents_are_found_within_their_stream() -> None:
+    job = CaughtUp(STARTED)
+    job.finished("1:s1:1:shardId-0", None)
+    child = Lease("1:s2:1:shardId-1", TRIM_HORIZON, parent_shard_ids=frozenset({"shardId-0"}))
+    assert job.remaining([child]) == ["1:s2:1:shardId-1"]  # s2's shardId-0 is not done
+
+
+def run_job(env: Env, sources: FakeSources) -> tuple[Outcome, CaughtUp]:
+    job = CaughtUp(STARTED)
+    taken = env.table.take_lease(env.stored(), "worker-a")
+    assert taken is not None
+    consumer = ShardConsumer(
+        held=env.holder.add_taken(taken), holder=env.holder, table=env.table,
+        processors=lambda: env.processor, sources=sources, probe=env.probe, cfg=env.cfg,
+        clock=env.clock, sleep=env.clock.sleep, metrics=env.metrics, caught_up=job,
+    )  # fmt: skip
+    return asyncio.run(asyncio.wait_for(consumer.run(), 30)), job
+
+
+def test_a_consumer_stops_at_the_tip_with_everything_committed() -> None:
+    env = Env()
+    env.lease()
+    outcome, job = run_job(env, FakeSources([batch(10, lag=900), batch(20, lag=0), batch(30)]))
+    assert outcome is Outcome.CAUGHT_UP
+    assert env.processor.seen == ["10", "20"]  # not 30: read after the tip
+    assert env.processor.calls[-1] == "shutdown_requested"
+    assert job.done == {SHARD} and not job.failed
+    assert env.stored().checkpoint == ExtendedSequenceNumber("20")
+    assert env.stored().lease_owner == "worker-a"  # kept: nobody reads it again meanwhile
+
+
+def test_records_never_checkpointed_fail_the_job_with_the_reason() -> None:
+    class NoCheckpoints(Recorder):
+        def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+            self.seen += [r.sequence_number for r in process_records_input.records]
+
+    env = Env(processor=NoCheckpoints())
+    env.lease()
+    outcome, job = run_job(env, FakeSources([batch(10, lag=0)]))
+    assert outcome is Outcome.CAUGHT_UP and not job.done
+    assert "records up to 10 were delivered but the checkpoint is TRIM_HORIZON" in job.failed[SHARD]
+
+
+def test_a_checkpoint_in_shutdown_requested_is_enough() -> None:
+    class AtShutdown(Recorder):
+        def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+            self.seen += [r.sequence_number for r in process_records_input.records]
+
+        def shutdown_requested(self, shutdown_requested_input: Any) -> None:
+            shutdown_requested_input.checkpointer.checkpoint()
+
+    env = Env(processor=AtShutdown())
+    env.lease()
+    _, job = run_job(env, FakeSources([batch(10, 11, lag=0)]))
+    assert job.done == {SHARD} and env.stored().checkpoint == ExtendedSequenceNumber("11")
+
+
+def test_an_idle_shard_is_caught_up_by_an_empty_read_at_the_tip() -> None:
+    env = Env()
+    env.lease()
+    outcome, job = run_job(env, FakeSources([FetchedBatch([], 0)]))
+    assert outcome is Outcome.CAUGHT_UP and job.done == {SHARD}
+    assert env.processor.calls == ["initialize", "shutdown_requested"]
