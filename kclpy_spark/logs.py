@@ -94,8 +94,17 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out)
 
 
+_configured = {"level": "INFO", "format": "text"}
+
+
+def configured() -> tuple[str, str]:
+    """The level and format ``configure`` was given (Spark's JVM logs follow them)."""
+    return _configured["level"], _configured["format"]
+
+
 def configure(level: str = "INFO", fmt: str = "text") -> None:
     """Set up the root logger for the daemon (stderr)."""
+    _configured.update(level=level.upper(), format=fmt)
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(ContextFilter())
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))

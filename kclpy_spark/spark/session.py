@@ -25,6 +25,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from checkpoint.base.errors import ConfigError
+from kclpy_spark.logs import configured
+from kclpy_spark.spark.jvm_logs import jvm_logging, spark_level
 
 log = logging.getLogger(__name__)
 _CORRUPT = "_kclpy_spark_corrupt_record"
@@ -198,8 +201,11 @@ class SparkSessionHolder:
         builder = SparkSession.builder.master(t.master).appName(self._app_name)
         for key, value in {**defaults, **self._conf}.items():
             builder = builder.config(key, value)
-        session = builder.getOrCreate()
-        session.sparkContext.setLogLevel(self._conf.get("kclpy.logLevel", "WARN"))
+        level, fmt = configured()
+        local = t.kind is TargetKind.LOCAL
+        with jvm_logging(level, fmt, Path(tempfile.gettempdir()) / "kclpy-spark", local=local):
+            session = builder.getOrCreate()
+        session.sparkContext.setLogLevel(self._conf.get("kclpy.logLevel", spark_level(level)))
         log.info("Spark session on %s (Spark %s)", t.master, session.version)
         return session
 

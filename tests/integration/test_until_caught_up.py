@@ -146,3 +146,10 @@ max_wait = 1.0
     table = ds.dataset(str(parquet), format="parquet", partitioning="hive").to_table()
     data = sorted(int(bytes(x).decode()) for x in table.column("data").to_pylist())
     assert data == list(range(300)), "every record once"
+    # Spark's own log lines come in the daemon's format, without its start-up noise (issue 18).
+    assert "Using Spark's default log4j profile" not in result.stderr
+    assert "NativeCodeLoader" not in result.stderr
+    assert "Spark session on local[1]" in result.stderr
+    for line in result.stderr.splitlines():
+        if " spark." in line:
+            assert line[:4].isdigit() and line[19] == ",", line  # "2026-11-24 06:16:37,145 ..."

@@ -1,0 +1,89 @@
+"""Spark's own log lines (its JVM's log4j) in the daemon's shape: the same stderr, the same text
+or JSON format, at the level ``--log-level`` gives, without the start-up noise.
+
+Local and cluster-client Spark start their driver JVM from this process, so its logging is set
+before that start: a log4j2 configuration written here and named in ``PYSPARK_SUBMIT_ARGS``
+(unless the user set that variable). Spark at INFO is very talkative, so the daemon's INFO keeps
+Spark at WARN; DEBUG shows Spark's INFO.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+
+# The daemon's level -> Spark's.
+LEVELS = {"DEBUG": "INFO", "INFO": "WARN", "WARNING": "WARN", "ERROR": "ERROR",
+          "CRITICAL": "FATAL"}  # fmt: skip
+# Lines that say nothing a user can act on: the native-Hadoop notice, the shutdown hook's list.
+QUIET = ("org.apache.hadoop.util.NativeCodeLoader", "org.apache.spark.util.ShutdownHookManager")
+
+_TEXT = "%d{yyyy-MM-dd HH:mm:ss,SSS} %-7p spark.%c{1}: %m%n%ex"
+_JSON = (
+    '{"time":"%d{yyyy-MM-dd\'T\'HH:mm:ss.SSS\'Z\'}{UTC}","level":"%p","logger":"spark.%c{1}",'
+    '"message":"%enc{%m}{JSON}"}%n'
+)
+
+
+def spark_level(level: str) -> str:
+    return LEVELS.get(level.upper(), "WARN")
+
+
+# local[N] only: a micro-batch lives in the driver and travels inside its task, so every batch
+# over 1000 KiB made Spark warn of a "task of very large size" it cannot avoid in one process.
+LOCAL_ONLY_QUIET = ("org.apache.spark.scheduler.TaskSetManager",)
+
+
+def log4j2_properties(level: str, fmt: str, *, local: bool = False) -> str:
+    """A log4j2 properties file: one console appender on stderr in the daemon's format."""
+    pattern = _JSON if fmt == "json" else _TEXT
+    lines = [
+        "status = error",
+        "appender.console.type = Console",
+        "appender.console.name = console",
+        "appender.console.target = SYSTEM_ERR",
+        "appender.console.layout.type = PatternLayout",
+        f"appender.console.layout.pattern = {pattern}",
+        f"rootLogger.level = {spark_level(level)}",
+        "rootLogger.appenderRef.stderr.ref = console",
+        # A PySpark driver counts as a shell: Spark sets the root level to this logger's (WARN
+        # if unset), saying so on stderr, unless the two agree.
+        "logger.repl.name = org.apache.spark.repl.Main",
+        f"logger.repl.level = {spark_level(level)}",
+    ]
+    for i, name in enumerate(QUIET + (LOCAL_ONLY_QUIET if local else ())):
+        lines += [f"logger.quiet{i}.name = {name}", f"logger.quiet{i}.level = error"]
+    return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def jvm_logging(
+    level: str, fmt: str, directory: Path, *, local: bool = False
+) -> Iterator[Path | None]:
+    """Around the start of the driver JVM: write the configuration and name it for the JVM
+    (gone again afterwards: it is read once, at the start). Does nothing (yields None) if the
+    user set ``PYSPARK_SUBMIT_ARGS`` or a JVM runs already."""
+    if "PYSPARK_SUBMIT_ARGS" in os.environ or _jvm_running():
+        yield None
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"log4j2-{os.getpid()}.properties"
+    path.write_text(log4j2_properties(level, fmt, local=local), encoding="utf-8")
+    option = shlex.quote(f"-Dlog4j2.configurationFile={path.resolve().as_uri()}")
+    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--driver-java-options {option} pyspark-shell"
+    try:
+        yield path
+    finally:
+        os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
+        path.unlink(missing_ok=True)
+
+
+def _jvm_running() -> bool:
+    try:
+        from pyspark import SparkContext
+    except ImportError:
+        return False
+    return SparkContext._active_spark_context is not None
