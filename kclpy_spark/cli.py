@@ -65,10 +65,19 @@ def build_parser() -> argparse.ArgumentParser:
     from kclpy_spark.ops.commands import add_subcommands
 
     add_subcommands(sub, _add_worker_flags)
-    demo = sub.add_parser("demo", help="a live demo against a local endpoint")
+    demo = sub.add_parser(
+        "demo", help="the whole path live: two workers writing Spark Parquet, a reshard, a kill -9"
+    )
     demo.add_argument("--endpoint", required=True, help="e.g. http://127.0.0.1:4566")
     demo.add_argument("--shards", type=int, default=2)
-    demo.add_argument("--records", type=int, default=300)
+    demo.add_argument(
+        "--processor",
+        action="store_true",
+        help="the RecordProcessor demo instead (one worker in this process, no Spark)",
+    )
+    demo.add_argument("--records", type=int, default=300, help="--processor: records per phase")
+    demo.add_argument("--seconds", type=float, default=75.0, help="seconds of producing")
+    demo.add_argument("--rate", type=float, default=40.0, help="records per second produced")
     demo.add_argument("--timeout", type=float, default=240.0, help="seconds before giving up")
     from kclpy_spark.multilang.command import add_subcommand as add_multilang
 
@@ -168,9 +177,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             from kclpy_spark.multilang.command import run as run_multilang
 
             return run_multilang(args)
-        from kclpy_spark.demo.run import run_demo
+        if args.processor:
+            from kclpy_spark.demo.run import run_demo
 
-        return run_demo(args)
+            return run_demo(args)
+        from kclpy_spark.demo.pipeline import run_pipeline_demo
+
+        return run_pipeline_demo(args)
     except KclpySparkError as exc:
         from kclpy_spark.runtime.daemon import DependencyGoneError, NotCaughtUpError
 
