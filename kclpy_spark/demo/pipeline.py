@@ -126,6 +126,7 @@ initial_position = "TRIM_HORIZON"
 lease_store = "sqlite:{work / "leases.db"}"
 failover_time = 6.0
 idle_time_between_reads = 0.5
+max_records = 50
 shard_sync_interval = 5.0
 parent_shard_poll_interval = 1.0
 

@@ -44,18 +44,15 @@ class ParquetView:
         return [int(json.loads(bytes(d))["n"]) for d in table.column("data").to_pylist()]
 
     def published(self) -> dict[str, list[float]]:
-        """shard id -> the publication times (the ``_SUCCESS`` marker's mtime) of its pieces."""
+        """shard id -> when each of its pieces' files was written (mtime: a piece is written in
+        staging, then renamed into the table, which keeps the time)."""
         import pyarrow.parquet as pq  # type: ignore[import-untyped, unused-ignore]
 
         times: dict[str, list[float]] = {}
-        for piece in sorted(self.path.glob("kcl_piece=*")):
-            marker = piece / "_SUCCESS"
-            if not marker.exists():
-                continue
-            for part in piece.glob("*.parquet"):
-                shards = set(pq.read_table(part, columns=["shard_id"]).column(0).to_pylist())
-                for shard in shards:
-                    times.setdefault(shard, []).append(marker.stat().st_mtime)
+        for part in sorted(self.path.glob("kcl_piece=*/*.parquet")):
+            shards = set(pq.read_table(part, columns=["shard_id"]).column(0).to_pylist())
+            for shard in shards:
+                times.setdefault(shard, []).append(part.stat().st_mtime)
         return times
 
     def children_after_parents(self, parents: Mapping[str, Sequence[str]]) -> Order:
