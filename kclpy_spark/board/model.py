@@ -94,6 +94,7 @@ class Board:
         worker id: what ``control.publish_worker_status`` wrote)."""
         self._leases = sorted(leases, key=lambda x: x.lease_key)
         self._statuses = {w: s for w, s in statuses.items() if s}
+        self.series_limited = False
         self._suspended = suspended
         self._at = now_wall
         keys = {x.lease_key for x in self._leases}
@@ -213,8 +214,12 @@ class Board:
             item["records_per_s"] = self._rates.get(row.lease_key)
             item["column"], item["row"] = places.get(row.lease_key, (0, 0))
             leases.append(item)
-        series = {
-            key: {"t": list(s.t), "lag": list(s.lag), "rate": list(s.rate)}
+        series = {  # rounded: the page polls this every few seconds
+            key: {
+                "t": [round(t, 1) for t in s.t],
+                "lag": list(s.lag),
+                "rate": [None if r is None else round(r, 2) for r in s.rate],
+            }
             for key, s in self._series.items()
         }
         return {

@@ -5,10 +5,14 @@ A lease is caught up when a batch read from it is at the tip (MillisBehindLatest
 record that arrived after the worker started (everything before it was read). Its consumer then
 ends as at a shutdown: the processor gets ``shutdown_requested`` (its chance to checkpoint; the
 Spark sink writes and commits what it holds), and the lease is done if its stored checkpoint
-covers every record delivered, failed otherwise. The worker keeps holding done leases (so no one
-reads them again) and stops when every lease is finished (SHARD_END), done, failed, or a
-descendant of a done lease (a child of a shard that split after the start holds nothing from
-before it). Pure apart from the clock reading given to it.
+covers every record delivered, failed otherwise (a lease parked in a job fails too); either way
+it is released, and this worker does not take it again. The worker stops when every lease is
+finished (SHARD_END), done or failed here, or created after the start as a descendant of one of
+those (a child of a shard that split after the start holds nothing from before it).
+
+Every lease is read by this worker: with several job workers on one table, each reads what the
+others released after them (from their checkpoints: at once caught up). A daemon that keeps
+holding leases of the same application makes a job wait for ever: do not share one.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class CaughtUp:
     started_wall: float  # the worker's start: "the tip as of start"
     done: set[str] = field(default_factory=set)
     failed: dict[str, str] = field(default_factory=dict)  # lease key -> why
+    initial: frozenset[str] | None = None  # the lease keys of the first scan
 
     def reached(self, batch: FetchedBatch) -> bool:
         """Whether ``batch`` (delivered, not a shard end) shows its shard caught up."""
@@ -66,6 +71,7 @@ class CaughtUp:
             stored = await asyncio.to_thread(tenure.table.get_lease, key)
         except KclpySparkError as exc:
             self.finished(key, f"its checkpoint could not be read back ({exc})")
+            await tenure.release("not caught up", level=logging.INFO)
             return
         if stored is None or stored.checkpoint < delivered:
             at = "no lease" if stored is None else str(stored.checkpoint)
@@ -74,27 +80,43 @@ class CaughtUp:
                 f"records up to {delivered} were delivered but the checkpoint is {at} (the "
                 "processor did not checkpoint them, in process_records or shutdown_requested)",
             )
-            return
-        log.info("shard %s: caught up; checkpoint %s", tenure.shard_id, stored.checkpoint)
-        self.finished(key, None)
+        else:
+            log.info("shard %s: caught up; checkpoint %s", tenure.shard_id, stored.checkpoint)
+            self.finished(key, None)
+        await tenure.release(
+            "caught up" if key in self.done else "not caught up", level=logging.INFO
+        )
 
     def is_ended(self, lease_key: str) -> bool:
         return lease_key in self.done or lease_key in self.failed
 
     def remaining(self, leases: Iterable[Lease]) -> list[str]:
-        """The lease keys still to catch up (sorted); empty when the job is complete."""
+        """The lease keys still to catch up (sorted); empty when the job is complete.
+
+        A lease that existed at the start and whose parent was caught up before its end cannot
+        be read (it waits for that SHARD_END) and is failed here, loudly, rather than skipped."""
         by_key = {x.lease_key: x for x in leases}
-        beyond: set[str] = set()  # descendants of done leases: nothing from before the start
+        if self.initial is None and by_key:
+            self.initial = frozenset(by_key)
+        initial = self.initial or frozenset()
+        ended = self.done | set(self.failed)
+        beyond: set[str] = set()  # created after the start, below a lease ended here
         changed = True
         while changed:
             changed = False
             for key, lease in by_key.items():
-                if key in beyond or key in self.done:
+                if key in beyond or self.is_ended(key) or lease.checkpoint.is_shard_end:
                     continue
                 parents = {lease.sibling_key(p) for p in lease.parent_shard_ids}
-                if parents & (self.done | beyond):
-                    beyond.add(key)
-                    changed = True
+                if not parents & (ended | beyond):
+                    continue
+                if key in initial:
+                    stuck = sorted(parents & self.done)
+                    if stuck:
+                        self.finished(key, f"its parent {stuck[0]} was caught up before its end")
+                    continue
+                beyond.add(key)
+                changed = True
         return sorted(
             key
             for key, lease in by_key.items()

@@ -195,6 +195,8 @@ class ShardConsumer:
                 await self._safe(processor.lease_lost, LeaseLostInput(), "lease_lost")
         elif outcome is Outcome.CAUGHT_UP and self._caught_up is not None:
             await self._caught_up.conclude(self.tenure, processor, self._safe)
+        if outcome is Outcome.PARKED and self._caught_up is not None:  # a job ends with it
+            self._caught_up.finished(self.lease_key, f"parked: {self.stats.park_reason}")
         elif outcome is Outcome.SHUTDOWN:
             self.stats.state = "shutting_down"
             if processor is not None:

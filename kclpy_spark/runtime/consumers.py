@@ -193,7 +193,7 @@ class ConsumerSet:
         self.finished[key] = stats
         while len(self.finished) > FINISHED_KEPT:
             self.finished.pop(next(iter(self.finished)))
-        self._metrics.forget(key, finished=stats.state == Outcome.SHARD_END.value)
+        self._metrics.forget(key)
 
     def _in_background(self, key: str, why: str) -> None:
         held = self._holder.get_if_held(key)

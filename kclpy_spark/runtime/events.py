@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 KINDS = ("took", "stole", "lost", "released", "parked", "finished")
+MAX_DETAIL = 300  # a reason may carry a whole Java stack trace; the status record must stay small
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class EventLog:
     def add(self, lease_key: str, kind: str, detail: str = "") -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown lease event kind {kind!r}")
+        if len(detail) > MAX_DETAIL:
+            detail = detail[: MAX_DETAIL - 3] + "..."
         event = LeaseEvent(self._wall(), lease_key, kind, self._worker, detail)
         with self._lock:
             self._events.append(event)

@@ -5,8 +5,8 @@ keep separate figures. The server binds 127.0.0.1 unless told otherwise.
 
 Labels: every series carries ``application`` and ``worker`` (added at exposition); per-shard
 series add ``stream`` and ``shard`` (the shard id). What that costs: per shard this worker holds
-(or has held, for the counters, until the shard is finished) five series (records, bytes, lag,
-processing failures, KPL sub-records out of range); per worker about fifty more that do not
+now, five series (records, bytes, lag, processing failures, KPL sub-records out of range; all
+dropped when the tenure ends); per worker about fifty more that do not
 grow with shards (leases, renewals, checkpoint latency buckets, the sink's and the coordination
 counters, the process's resources).
 """
@@ -123,12 +123,14 @@ class WorkerMetrics:
         """The (stream, shard) label values of a lease key."""
         return stream_name_of(lease_key) or self._stream, split_lease_key(lease_key)[1]
 
-    def forget(self, lease_key: str, *, finished: bool) -> None:
-        """A tenure ended: drop the shard's lag gauge; once the shard is finished (SHARD_END),
-        its counters too (no worker reads it again)."""
-        metrics: list[Counter | Gauge] = [self.behind]
-        if finished:
-            metrics += [self.records, self.bytes, self.processing_failures, self.kpl_out_of_range]
+    def forget(self, lease_key: str) -> None:
+        """A tenure ended: drop every series of the shard, so what a worker exports is bounded
+        by the leases it holds (a lag gauge left behind would alert falsely; counters of shards
+        that moved away or ended would pile up over weeks of moves and reshards). A lease that
+        comes back counts from 0 again, which Prometheus' rate() reads as a counter reset."""
+        metrics: list[Counter | Gauge] = [
+            self.behind, self.records, self.bytes, self.processing_failures, self.kpl_out_of_range
+        ]  # fmt: skip
         for metric in metrics:
             with contextlib.suppress(KeyError):
                 metric.remove(*self.shard(lease_key))

@@ -18,11 +18,16 @@ EVENTS_PUBLISHED = 10
 
 
 def sink_figures(registry: CollectorRegistry) -> dict[str, float] | None:
-    """The Spark sink's totals from a worker's metrics registry, or None without a sink."""
-    figures = {k: registry.get_sample_value(f"kclpy_spark_sink_{k}_total") for k in SINK_FIGURES}
-    if all(v is None for v in figures.values()):
+    """The Spark sink's totals from a worker's metrics registry, or None without a sink (one
+    pass over the registry: each collection reads every collector)."""
+    wanted = {f"kclpy_spark_sink_{k}": k for k in SINK_FIGURES}
+    figures: dict[str, float] = {}
+    for metric in registry.collect():
+        if metric.name in wanted:
+            figures[wanted[metric.name]] = float(metric.samples[0].value) if metric.samples else 0.0
+    if not figures:
         return None
-    return {k: v or 0.0 for k, v in figures.items()}
+    return {k: figures.get(k, 0.0) for k in SINK_FIGURES}
 
 
 def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:

@@ -35,7 +35,10 @@ class Taker:
         w = self._w
         leases = await self._io(w.store.list_leases)
         w.health.store_ok()
-        w.board.on_scan(leases)
+        try:  # the status page's view: never at the cost of taking
+            w.board.on_scan(leases)
+        except Exception:
+            log.exception("worker %s: the status page could not follow the scan", w.cfg.worker_id)
         now_wall = w.clock.wall()
         mine = [x for x in leases if w.streams.context_of(x) is not None]
         if w.caught_up is not None:  # a job: stop when every shard is caught up
@@ -101,8 +104,8 @@ class Taker:
         self._observer.record_write(taken, w.clock.monotonic())
         w.counters.increment(Counter.PARTITIONS_ACQUIRED)
         (w.metrics.steals if stolen else w.metrics.takes).inc()
-        w.events.add(lease.lease_key, *_why_taken(lease, stolen=stolen))
         held = w.holder.add_taken(taken)
+        w.events.add(lease.lease_key, *_why_taken(lease, stolen=stolen))
         context = w.streams.context_of(taken)
         if context is None or not w.may_take:  # its stream removed, or suspended, meanwhile
             await self._io(w.holder.release, held.lease_key, held.token)

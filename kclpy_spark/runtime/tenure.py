@@ -147,7 +147,7 @@ class Tenure:
             self._holder.release, self.lease_key, self.held.token, change=change
         )
 
-    async def release(self, why: str) -> bool:
+    async def release(self, why: str, *, level: int = logging.WARNING) -> bool:
         """Evict the lease so any worker may take it now; True if the write won. This worker
         stops holding it whatever the outcome (a failed write: it expires for the others)."""
         try:
@@ -155,7 +155,7 @@ class Tenure:
             outcome = "" if won else " - the write lost: another worker holds it already"
         except Exception as exc:
             won, outcome = False, f" - not written ({exc!r}); it expires instead"
-        log.warning("shard %s: released its lease (%s)%s", self.shard_id, why, outcome)
+        log.log(level, "shard %s: released its lease (%s)%s", self.shard_id, why, outcome)
         self._event("released", f"{why}{outcome}")
         return won
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +26,7 @@ QUIET = ("org.apache.hadoop.util.NativeCodeLoader", "org.apache.spark.util.Shutd
 _TEXT = "%d{yyyy-MM-dd HH:mm:ss,SSS} %-7p spark.%c{1}: %m%n%ex"
 _JSON = (
     '{"time":"%d{yyyy-MM-dd\'T\'HH:mm:ss.SSS\'Z\'}{UTC}","level":"%p","logger":"spark.%c{1}",'
-    '"message":"%enc{%m}{JSON}"}%n'
+    '"message":"%enc{%m}{JSON}","exception":"%enc{%ex}{JSON}"}%n'
 )
 
 
@@ -61,16 +63,17 @@ def log4j2_properties(level: str, fmt: str, *, local: bool = False) -> str:
 
 @contextlib.contextmanager
 def jvm_logging(
-    level: str, fmt: str, directory: Path, *, local: bool = False
+    level: str, fmt: str, directory: Path | None = None, *, local: bool = False
 ) -> Iterator[Path | None]:
-    """Around the start of the driver JVM: write the configuration and name it for the JVM
-    (gone again afterwards: it is read once, at the start). Does nothing (yields None) if the
-    user set ``PYSPARK_SUBMIT_ARGS`` or a JVM runs already."""
+    """Around the start of the driver JVM: write the configuration (in a new private folder
+    under ``directory``, the system's temporary one by default) and name it for the JVM; gone
+    again afterwards (it is read once, at the start). Does nothing (yields None) if the user set
+    ``PYSPARK_SUBMIT_ARGS`` or a JVM runs already."""
     if "PYSPARK_SUBMIT_ARGS" in os.environ or _jvm_running():
         yield None
         return
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"log4j2-{os.getpid()}.properties"
+    folder = Path(tempfile.mkdtemp(prefix="kclpy-spark-log4j-", dir=directory))
+    path = folder / "log4j2.properties"
     path.write_text(log4j2_properties(level, fmt, local=local), encoding="utf-8")
     option = shlex.quote(f"-Dlog4j2.configurationFile={path.resolve().as_uri()}")
     os.environ["PYSPARK_SUBMIT_ARGS"] = f"--driver-java-options {option} pyspark-shell"
@@ -78,7 +81,7 @@ def jvm_logging(
         yield path
     finally:
         os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
-        path.unlink(missing_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _jvm_running() -> bool:

@@ -25,7 +25,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -203,7 +202,7 @@ class SparkSessionHolder:
             builder = builder.config(key, value)
         level, fmt = configured()
         local = t.kind is TargetKind.LOCAL
-        with jvm_logging(level, fmt, Path(tempfile.gettempdir()) / "kclpy-spark", local=local):
+        with jvm_logging(level, fmt, local=local):
             session = builder.getOrCreate()
         session.sparkContext.setLogLevel(self._conf.get("kclpy.logLevel", spark_level(level)))
         log.info("Spark session on %s (Spark %s)", t.master, session.version)

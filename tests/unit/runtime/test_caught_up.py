@@ -60,10 +60,30 @@ def test_children_of_a_shard_that_ended_before_the_start_are_read() -> None:
 
 def test_descendants_of_a_caught_up_shard_hold_nothing_from_before_the_start() -> None:
     job = CaughtUp(STARTED)
+    assert job.remaining([lease("p"), lease("other")]) == ["other", "p"]  # the first scan
     job.finished("p", None)  # caught up, then split after the start
     leases = [lease("p"), lease("c1", "p"), lease("c2", "p"), lease("g", "c1", "c2"),
               lease("other")]  # fmt: skip
     assert job.remaining(leases) == ["other"]
+
+
+def test_children_of_a_failed_shard_do_not_hold_the_job() -> None:
+    job = CaughtUp(STARTED)
+    job.remaining([lease("p")])
+    job.finished("p", "not committed")
+    assert job.remaining([lease("p"), lease("c1", "p")]) == []
+    assert job.failed == {"p": "not committed"}
+
+
+def test_a_child_at_the_start_whose_parent_was_caught_up_early_fails_loudly() -> None:
+    """A shard closed before the start must reach SHARD_END; if it was taken as caught up
+    instead, its children (there at the start) could never be read: the job says so."""
+    job = CaughtUp(STARTED)
+    leases = [lease("p"), lease("c1", "p")]
+    assert job.remaining(leases) == ["c1", "p"]
+    job.finished("p", None)
+    assert job.remaining(leases) == []
+    assert "its parent p was caught up before its end" in job.failed["c1"]
 
 
 def test_multi_stream_parents_are_found_within_their_stream() -> None:
@@ -94,7 +114,7 @@ def test_a_consumer_stops_at_the_tip_with_everything_committed() -> None:
     assert env.processor.calls[-1] == "shutdown_requested"
     assert job.done == {SHARD} and not job.failed
     assert env.stored().checkpoint == ExtendedSequenceNumber("20")
-    assert env.stored().lease_owner == "worker-a"  # kept: nobody reads it again meanwhile
+    assert env.stored().lease_owner is None  # released; this worker does not take it again
 
 
 def test_records_never_checkpointed_fail_the_job_with_the_reason() -> None:
@@ -129,3 +149,12 @@ def test_an_idle_shard_is_caught_up_by_an_empty_read_at_the_tip() -> None:
     outcome, job = run_job(env, FakeSources([FetchedBatch([], 0)]))
     assert outcome is Outcome.CAUGHT_UP and job.done == {SHARD}
     assert env.processor.calls == ["initialize", "shutdown_requested"]
+
+
+def test_a_lease_parked_in_a_job_fails_it_instead_of_coming_back() -> None:
+    env = Env(processor=Recorder(lambda name, arg: name == "process_records"))
+    env.lease()
+    outcome, job = run_job(env, FakeSources([batch(10, lag=5_000)]))
+    assert outcome is Outcome.PARKED and not job.done
+    assert job.failed[SHARD].startswith("parked: ") and "process_records" in job.failed[SHARD]
+    assert job.remaining([env.stored()]) == []  # the job ends (exit 1), not after each reopen

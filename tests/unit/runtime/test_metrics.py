@@ -44,13 +44,14 @@ def test_shard_series_name_the_stream_and_the_shard_id() -> None:
             "shard": "shardId-000000000001"} in labels  # fmt: skip
 
 
-def test_a_shard_moved_away_keeps_its_counters_a_finished_one_loses_them_all() -> None:
+def test_a_tenure_that_ends_takes_every_series_of_its_shard() -> None:
     m = metrics()
     for key in ("shardId-0", "shardId-1"):
         m.records.labels(*m.shard(key)).inc()
         m.behind.labels(*m.shard(key)).set(100)
-    m.forget("shardId-0", finished=False)
-    m.forget("shardId-1", finished=True)
+    m.forget("shardId-0")
     exported = series(m)
-    assert [x["shard"] for x in exported.get("kclpy_spark_millis_behind_latest", [])] == []
-    assert [x["shard"] for x in exported["kclpy_spark_records_processed_total"]] == ["shardId-0"]
+    assert [x["shard"] for x in exported["kclpy_spark_millis_behind_latest"]] == ["shardId-1"]
+    assert [x["shard"] for x in exported["kclpy_spark_records_processed_total"]] == ["shardId-1"]
+    m.forget("shardId-1")
+    assert "kclpy_spark_records_processed_total" not in series(m)

@@ -47,6 +47,7 @@ def test_the_configuration_is_named_for_the_jvm_start_only(
         assert args.startswith("--driver-java-options ") and args.endswith(" pyspark-shell")
         assert path.resolve().as_uri() in args
     assert "PYSPARK_SUBMIT_ARGS" not in os.environ and not path.exists()
+    assert list(tmp_path.iterdir()) == []  # its private folder went with it
 
 
 def test_a_users_submit_args_are_left_alone(
