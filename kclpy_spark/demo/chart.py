@@ -44,10 +44,10 @@ def terminal_chart(series: Mapping[str, Sequence[tuple[float, float | None]]]) -
 def png_chart(series: Mapping[str, Sequence[tuple[float, float | None]]], path: Path) -> bool:
     """Write the lag chart to ``path``; False if matplotlib is not installed."""
     try:
-        import matplotlib
+        import matplotlib  # type: ignore[import-not-found, unused-ignore]
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
         return False
     fig, ax = plt.subplots(figsize=(9, 4))
