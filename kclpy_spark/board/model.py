@@ -46,6 +46,12 @@ class Series:
             self.rate.popleft()
 
 
+def _event_key(event: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What tells one published lease event from another (the same event is published again
+    by its worker at every status round)."""
+    return (event.get("at"), event.get("lease_key"), event.get("kind"), event.get("worker"))
+
+
 @dataclass(frozen=True)
 class _Count:
     owner: str
@@ -149,28 +155,22 @@ class Board:
         series.add(now_wall, lag, rate, step=self._step)
 
     def _merge_events(self) -> None:
+        published = [
+            e for s in self._statuses.values() for e in s.get("events", []) or []
+            if isinstance(e, dict)
+        ]  # fmt: skip
         fresh = []
-        for status in self._statuses.values():
-            for event in status.get("events", []) or []:
-                if not isinstance(event, dict):
-                    continue
-                key = (event.get("at"), event.get("lease_key"), event.get("kind"),
-                       event.get("worker"))  # fmt: skip
-                if key not in self._seen_events:
-                    fresh.append(event)
-                    self._seen_events.add(key)
+        for event in published:
+            key = _event_key(event)
+            if key not in self._seen_events:
+                fresh.append(event)
+                self._seen_events.add(key)
         fresh.sort(key=lambda e: e.get("at") or 0.0)
         self._events.extend(fresh)
         # What is remembered as seen is bounded by what is still shown or still published.
-        published = {
-            (e.get("at"), e.get("lease_key"), e.get("kind"), e.get("worker"))
-            for s in self._statuses.values()
-            for e in s.get("events", []) or []
-            if isinstance(e, dict)
+        self._seen_events &= {_event_key(e) for e in published} | {
+            _event_key(e) for e in self._events
         }
-        shown = {(e.get("at"), e.get("lease_key"), e.get("kind"), e.get("worker"))
-                 for e in self._events}  # fmt: skip
-        self._seen_events &= published | shown
 
     def _workers(self) -> list[dict[str, Any]]:
         held: dict[str, int] = {}

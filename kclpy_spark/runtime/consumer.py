@@ -110,6 +110,7 @@ class ShardConsumer:
         self._cfg = cfg
         self._clock = clock
         self.lease_key = held.lease_key
+        self._shard_labels = self._metrics.shard(held.lease_key)  # (stream, shard) of its series
         self.stats = ShardStats(held.lease.shard_id)
         self.progress = FetchProgress(clock.monotonic)
         configured = initial_position or cfg.initial_position
@@ -367,7 +368,7 @@ class ShardConsumer:
         self._count(batch)
 
     def _count(self, batch: FetchedBatch) -> None:
-        label = self._metrics.shard(self.lease_key)  # (stream, shard)
+        label = self._shard_labels
         size = sum(r.data_size for r in batch.records)
         self.stats.records += len(batch.records)
         self.stats.batches += 1
@@ -380,8 +381,7 @@ class ShardConsumer:
 
     def _lag(self, millis_behind_latest: int) -> None:
         self.stats.millis_behind_latest = millis_behind_latest
-        label = self._metrics.shard(self.lease_key)
-        self._metrics.behind.labels(*label).set(millis_behind_latest)
+        self._metrics.behind.labels(*self._shard_labels).set(millis_behind_latest)
 
     async def _shard_end(self, processor: RecordProcessor, batch: FetchedBatch) -> Outcome:
         self.stats.state = "shard_end"

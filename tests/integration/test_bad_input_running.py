@@ -7,7 +7,6 @@ stops gracefully and SIGUSR1 reports without stopping."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -15,13 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from worker_procs import fleet, produce, read_output, wait_active, wait_for
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from worker_procs import fleet, free_port, produce, read_output, wait_active, wait_for
 
 
 def _readyz(port: int) -> tuple[int, str]:
@@ -61,7 +54,7 @@ def test_a_deleted_lease_table_makes_the_worker_unready_then_exit_3(
     kinesis_client.create_stream(StreamName=name, ShardCount=1)
     wait_active(kinesis_client, name)
     produce(kinesis_client, name, range(10))
-    port = _free_port()
+    port = free_port()
     config = _config(name, localstack_endpoint, "dynamodb", metrics_port=port)
     with fleet(tmp_path, config, tmp_path / "out") as workers:
         worker = workers.start("w1")
@@ -82,7 +75,7 @@ def test_a_deleted_stream_makes_the_worker_unready_then_exit_3(
     kinesis_client.create_stream(StreamName=name, ShardCount=1)
     wait_active(kinesis_client, name)
     produce(kinesis_client, name, range(5))
-    port = _free_port()
+    port = free_port()
     config = _config(name, localstack_endpoint, f"sqlite:{tmp_path / 'l.db'}", metrics_port=port)
     with fleet(tmp_path, config, tmp_path / "out") as workers:
         worker = workers.start("w1")
@@ -102,7 +95,7 @@ def test_every_lease_parked_is_not_ready(
     kinesis_client.create_stream(StreamName=name, ShardCount=1)
     wait_active(kinesis_client, name)
     produce(kinesis_client, name, range(3))
-    port = _free_port()
+    port = free_port()
     config = _config(
         name, localstack_endpoint, f"sqlite:{tmp_path / 'l.db'}", metrics_port=port,
         processor="bad_processors:FailsToInitialize", max_processing_attempts=2,

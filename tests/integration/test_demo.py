@@ -3,21 +3,18 @@ daemons on LocalStack, a reshard, a kill -9 and restart) and every check it repo
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from worker_procs import REPO
+from worker_procs import worker_env
 
 
 def test_the_demo_passes_every_check(localstack_endpoint: str, tmp_path: Path) -> None:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     result = subprocess.run(
         [sys.executable, "-m", "kclpy_spark.cli", "demo", "--endpoint", localstack_endpoint,
          "--seconds", "40", "--rate", "20", "--timeout", "150"],
-        capture_output=True, text=True, timeout=420, env=env, cwd=tmp_path, check=False,
+        capture_output=True, text=True, timeout=420, env=worker_env(), cwd=tmp_path, check=False,
     )  # fmt: skip
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr[-2000:]

@@ -4,23 +4,16 @@ resume, the metrics and health endpoints, and credentials kept out of the logs."
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from worker_procs import fleet, produce, read_output, wait_active, wait_for
+from worker_procs import fleet, free_port, produce, read_output, wait_active, wait_for
 
 ACCESS_KEY = "AKIAZZZZ7EXAMPLEKEY9"
 SECRET_KEY = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzzSECRETzz"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _cli(*args: str, config: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -54,7 +47,7 @@ def test_status_reset_suspend_metrics_and_no_secrets_in_logs(
     kinesis_client.create_stream(StreamName=name, ShardCount=2)
     wait_active(kinesis_client, name)
     produce(kinesis_client, name, range(40))
-    port = _free_port()
+    port = free_port()
     config = f"""
 application_name = "{name}"
 stream_name = "{name}"

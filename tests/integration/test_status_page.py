@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_procs import REPO, fleet, produce, wait_active, wait_for
+from worker_procs import REPO, fleet, free_port, produce, wait_active, wait_for
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -33,12 +32,6 @@ pytestmark = pytest.mark.skipif(
     reason="chromium and chromedriver are not installed (scripts/test.sh installs them with apt "
     "when it runs as root)",
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _status_json(port: int) -> dict[str, Any]:
@@ -151,7 +144,7 @@ idle_time_between_reads = 0.3
 """
     stop = threading.Event()
     producer = _producer(kinesis_client, name, stop)
-    port = _free_port()
+    port = free_port()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     try:
         with fleet(tmp_path, config, tmp_path / "out") as workers:
@@ -180,7 +173,7 @@ idle_time_between_reads = 0.3
             browser.save_screenshot(str(ARTIFACTS / "status-page.png"))
 
             # The same page for a machine that runs no worker: status --serve.
-            serve_port = _free_port()
+            serve_port = free_port()
             server = subprocess.Popen(
                 [sys.executable, "-m", "kclpy_spark.cli", "status", "--config",
                  str(workers.config), "--serve", f"127.0.0.1:{serve_port}", "--watch", "1"],

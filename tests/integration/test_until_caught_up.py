@@ -5,23 +5,19 @@ since; a processor that does not checkpoint makes the job exit 1 with one line."
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from worker_procs import REPO, produce, read_output, wait_active
+from worker_procs import produce, read_output, wait_active, worker_env
 
 
 def _job(config: Path, output: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env["KCLPY_SPARK_SAMPLE_OUTPUT"] = str(output)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     return subprocess.run(
         [sys.executable, "-m", "kclpy_spark.cli", "run", "--config", str(config),
          "--until-caught-up"],
-        capture_output=True, text=True, timeout=180, env=env, cwd=cwd, check=False,
+        capture_output=True, text=True, timeout=180, env=worker_env(output), cwd=cwd, check=False,
     )  # fmt: skip
 
 

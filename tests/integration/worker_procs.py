@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -70,14 +71,27 @@ class Fleet:
                 w.proc.wait()
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def worker_env(output: Path | None = None) -> dict[str, str]:
+    """The environment of a `kclpy-spark` child process: this checkout first on PYTHONPATH, and
+    where the sample processors write (KCLPY_SPARK_SAMPLE_OUTPUT) when ``output`` is given."""
+    env = dict(os.environ)
+    if output is not None:
+        env["KCLPY_SPARK_SAMPLE_OUTPUT"] = str(output)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    return env
+
+
 @contextmanager
 def fleet(workdir: Path, config: str, output: Path) -> Iterator[Fleet]:
     cfg = workdir / "worker.toml"
     cfg.write_text(config)
-    env = dict(os.environ)
-    env["KCLPY_SPARK_SAMPLE_OUTPUT"] = str(output)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    f = Fleet(workdir, cfg, env)
+    f = Fleet(workdir, cfg, worker_env(output))
     try:
         yield f
     finally:
