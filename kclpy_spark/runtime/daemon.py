@@ -10,7 +10,6 @@ table or stream has been gone too long raises ``DependencyGoneError`` (the CLI e
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import gc
 import inspect
 import logging
@@ -23,6 +22,7 @@ from checkpoint.base.errors import ConfigError, KclpySparkError
 from kclpy_spark.config import StreamSpec, WorkerConfig, load_toml
 from kclpy_spark.processor import RecordProcessor
 from kclpy_spark.runtime.lease_store import LeaseStore
+from kclpy_spark.runtime.threads import RetiringThreadPool
 from kclpy_spark.runtime.worker import ProcessorFactory, Worker
 from kclpy_spark.user_code import import_user_module
 
@@ -36,7 +36,8 @@ PROCESSOR_METHODS = (
 )
 
 # Threads for processor calls and the consumers' lease-table writes: one per running consumer at a
-# time (a call blocks its consumer), created as needed, so bounded by the leases held and this cap.
+# time (a call blocks its consumer), started as needed and ended after IDLE_SECONDS without work,
+# so bounded by the calls in flight lately (at most the leases held) and this cap.
 PROCESSOR_THREADS = 128
 
 
@@ -110,9 +111,7 @@ async def run_worker(
 
     _tune_gc()
     loop = asyncio.get_running_loop()
-    loop.set_default_executor(
-        concurrent.futures.ThreadPoolExecutor(PROCESSOR_THREADS, thread_name_prefix="kclpy-spark")
-    )
+    loop.set_default_executor(RetiringThreadPool(PROCESSOR_THREADS, "kclpy-spark"))
     signals = _Signals(loop) if install_signal_handlers else None
     try:
         store = await asyncio.to_thread(open_lease_store, cfg)

@@ -1,0 +1,164 @@
+"""The retiring thread pool: threads follow the calls in flight, no call is ever stranded."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import random
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from kclpy_spark.runtime.threads import RetiringThreadPool
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.01)
+    return check()
+
+
+def named(prefix: str) -> int:
+    return sum(1 for t in threading.enumerate() if t.name.startswith(prefix + "_"))
+
+
+def burst(pool: RetiringThreadPool, n: int) -> None:
+    """n calls in flight at once, then all released."""
+    gate = threading.Event()
+    started = threading.Semaphore(0)
+
+    def call() -> None:
+        started.release()
+        gate.wait(10)
+
+    futures = [pool.submit(call) for _ in range(n)]
+    for _ in range(n):
+        assert started.acquire(timeout=10)
+    gate.set()
+    for f in futures:
+        f.result(timeout=10)
+
+
+def test_threads_follow_the_calls_in_flight_and_end_when_idle() -> None:
+    pool = RetiringThreadPool(64, "t-follow", idle_seconds=0.2)
+    try:
+        burst(pool, 20)
+        assert named("t-follow") == 20 == pool.thread_count
+        assert wait_for(lambda: named("t-follow") == 0 and pool.thread_count == 0)
+        burst(pool, 3)
+        assert pool.thread_count == 3
+    finally:
+        pool.shutdown()
+    assert named("t-follow") == 0
+
+
+def test_many_bursts_never_hold_more_threads_than_the_largest_recent_one() -> None:
+    """A thousand calls in bursts of up to 6: the pool never holds more than 6 threads, and
+    after the last burst's idle time none (the standard pool would keep its high-water mark)."""
+    pool = RetiringThreadPool(128, "t-bursts", idle_seconds=0.05)
+    seen = 0
+    try:
+        rng = random.Random(7)
+        done = 0
+        while done < 1000:
+            n = rng.randint(1, 6)
+            burst(pool, n)
+            done += n
+            seen = max(seen, pool.thread_count)
+            if rng.random() < 0.2:
+                time.sleep(0.06)  # long enough for some threads to end
+        assert seen <= 6
+        assert wait_for(lambda: pool.thread_count == 0)
+    finally:
+        pool.shutdown()
+
+
+def test_no_call_is_stranded_when_submitted_as_threads_decide_to_end() -> None:
+    """Calls arrive at random around the idle time, when threads are deciding to end: each
+    one runs (a lost wake-up would leave a future pending forever)."""
+    pool = RetiringThreadPool(8, "t-race", idle_seconds=0.002)
+    rng = random.Random(11)
+    try:
+        futures = []
+        for i in range(3000):
+            futures.append(pool.submit(lambda i=i: i))
+            if rng.random() < 0.3:
+                time.sleep(rng.uniform(0, 0.004))
+        assert [f.result(timeout=10) for f in futures] == list(range(3000))
+    finally:
+        pool.shutdown()
+
+
+def test_a_full_pool_queues_calls_and_serves_them_in_turn() -> None:
+    pool = RetiringThreadPool(2, "t-full", idle_seconds=0.05)
+    try:
+        gate = threading.Event()
+        blockers = [pool.submit(gate.wait, 10) for _ in range(2)]
+        queued = [pool.submit(lambda i=i: i) for i in range(5)]
+        assert pool.thread_count == 2
+        assert not any(f.done() for f in queued)
+        gate.set()
+        assert [f.result(timeout=10) for f in queued] == list(range(5))
+        assert all(f.result(timeout=10) for f in blockers)
+        # After the full spell, idle threads still end and a new call still gets a thread.
+        assert wait_for(lambda: pool.thread_count == 0)
+        assert pool.submit(lambda: 42).result(timeout=10) == 42
+    finally:
+        pool.shutdown()
+
+
+def test_a_slow_call_does_not_hold_up_a_new_one_below_the_cap() -> None:
+    """After a full spell (calls queued at the cap), a slow call must not make the next call
+    wait behind it while the pool is below its cap."""
+    pool = RetiringThreadPool(2, "t-slow", idle_seconds=0.05)
+    try:
+        gate = threading.Event()
+        blockers = [pool.submit(gate.wait, 10) for _ in range(2)]
+        queued = [pool.submit(lambda: None) for _ in range(3)]
+        gate.set()
+        for f in blockers + queued:
+            f.result(timeout=10)
+        assert wait_for(lambda: pool.thread_count == 0)
+        slow_gate = threading.Event()
+        slow = pool.submit(slow_gate.wait, 10)
+        fast = pool.submit(lambda: "fast")
+        assert fast.result(timeout=5) == "fast"
+        slow_gate.set()
+        assert slow.result(timeout=10)
+    finally:
+        pool.shutdown()
+
+
+def test_shutdown_waits_for_running_calls_and_refuses_new_ones() -> None:
+    pool = RetiringThreadPool(4, "t-shut", idle_seconds=5)
+    ran = threading.Event()
+    pool.submit(lambda: (time.sleep(0.1), ran.set()))
+    pool.shutdown(wait=True)
+    assert ran.is_set()
+    assert named("t-shut") == 0
+    with pytest.raises(RuntimeError):
+        pool.submit(lambda: None)
+
+
+def test_idle_seconds_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        RetiringThreadPool(4, "t-bad", idle_seconds=0)
+
+
+def test_as_asyncio_default_executor_it_runs_to_thread_with_the_callers_context() -> None:
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+
+    async def main() -> list[str]:
+        asyncio.get_running_loop().set_default_executor(
+            RetiringThreadPool(8, "t-asyncio", idle_seconds=0.05)
+        )
+        var.set("lease-7")
+        return list(await asyncio.gather(*(asyncio.to_thread(var.get) for _ in range(16))))
+
+    assert asyncio.run(main()) == ["lease-7"] * 16
+    assert wait_for(lambda: named("t-asyncio") == 0)
