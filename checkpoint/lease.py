@@ -104,6 +104,18 @@ class Lease:
     start_timestamp: float | None = None
 
     @property
+    def actual_owner(self) -> str | None:
+        """The worker processing the lease: during a graceful handoff (``checkpoint_owner`` set)
+        the old owner, which still renews and checkpoints it while ``lease_owner`` already names
+        the new one (the KCL 3.x meaning); otherwise ``lease_owner``."""
+        return self.checkpoint_owner if self.checkpoint_owner is not None else self.lease_owner
+
+    @property
+    def handoff_pending(self) -> bool:
+        """A graceful handoff from ``checkpoint_owner`` to ``lease_owner`` has begun, not ended."""
+        return self.checkpoint_owner is not None
+
+    @property
     def shard_id(self) -> str:
         """The shard id: the lease key itself, or its last part in the multi-stream key format."""
         return split_lease_key(self.lease_key)[1]

@@ -6,6 +6,20 @@ never an exception. Methods raise only for infrastructure failures (``Dependency
 missing tables (``ResourceNotFoundError``) and corrupt items (``CorruptLeaseError``).
 
 A won write returns the lease as now stored (counter incremented): callers never guess it.
+
+"Owner" in a condition means the lease's *actual* owner (``Lease.actual_owner``): the
+``checkpoint_owner`` while a graceful handoff is pending (the old owner keeps renewing and
+checkpointing until it completes the handoff), else the ``lease_owner``. The graceful handoff (the
+KCL 3.x protocol, same attributes, so tables stay compatible):
+
+1. ``initiate_handoff``: lease_owner := new owner, checkpoint_owner := old owner; counter unchanged
+   (the old owner's renewals go on undisturbed);
+2. the old owner sees it in its next renewal, lets its processor checkpoint
+   (``shutdown_requested``), then ``complete_handoff``: checkpoint_owner removed, counter + 1, so
+   nothing of the old tenure can write any more;
+3. the new owner takes the lease (``take_lease``) once no handoff is pending. If the old owner
+   dies first, its renewals stop and the lease expires like any other: ``take_lease`` clears the
+   checkpoint owner.
 """
 
 from __future__ import annotations
@@ -57,8 +71,9 @@ class LeaseTable(Protocol):
         ...
 
     def renew_lease(self, lease: Lease) -> Lease | None:
-        """Condition: counter == lease.lease_counter and owner == lease.lease_owner.
-        Change: counter + 1. Returns the renewed lease, or None if the condition failed."""
+        """Condition: counter == lease.lease_counter and owner == lease.actual_owner.
+        Change: counter + 1. Returns the renewed lease as stored (a handoff begun meanwhile shows
+        in its lease_owner and checkpoint_owner), or None if the condition failed."""
         ...
 
     def take_lease(self, lease: Lease, owner: str) -> Lease | None:
@@ -68,14 +83,30 @@ class LeaseTable(Protocol):
         ...
 
     def evict_lease(self, lease: Lease) -> Lease | None:
-        """Release: condition counter == lease.lease_counter and owner == lease.lease_owner.
-        Change: owner removed, counter + 1."""
+        """Release: condition counter == lease.lease_counter and owner == lease.actual_owner.
+        Change: owner removed, counter + 1; during a handoff only the checkpoint owner is removed
+        (the lease goes to the new owner at once, as the KCL evicts a lease mid-handoff)."""
+        ...
+
+    def initiate_handoff(self, lease: Lease, new_owner: str) -> Lease | None:
+        """Begin a graceful handoff to ``new_owner``. Condition: lease_owner ==
+        lease.lease_owner (not None) and no handoff pending. Change: lease_owner := new_owner,
+        checkpoint_owner := the old lease_owner; the counter is NOT incremented (the KCL's
+        initiateGracefulLeaseHandoff)."""
+        ...
+
+    def complete_handoff(self, lease: Lease) -> Lease | None:
+        """End a graceful handoff (by the old owner, once its processor has checkpointed or the
+        handoff timed out). Condition: counter == lease.lease_counter, lease_owner ==
+        lease.lease_owner and checkpoint_owner == lease.checkpoint_owner (not None). Change:
+        checkpoint_owner removed, counter + 1, owner_switches_since_checkpoint + 1 (the KCL's
+        assignLease to the pending owner)."""
         ...
 
     def update_lease(self, lease: Lease) -> Lease | None:
         """Write ``lease``'s progress fields (checkpoint, pending checkpoint, owner switches, child
         shard ids, parking fields, start timestamp). Condition: the stored counter ==
-        lease.lease_counter and the stored owner == lease.lease_owner. Change: those fields,
+        lease.lease_counter and the stored owner == lease.actual_owner. Change: those fields,
         counter + 1."""
         ...
 

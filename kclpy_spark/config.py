@@ -103,6 +103,12 @@ class WorkerConfig:
     idle_time_between_reads: float = 1.0
     max_leases_for_worker: int = 2**31 - 1
     max_leases_to_steal: int = 1
+    # A lease moved for balancing (or given up on SIGTERM) goes by the KCL 3.x graceful handoff:
+    # the old owner's processor gets shutdown_requested and checkpoints before the new owner
+    # starts; forced after handoff_timeout seconds. False: the KCL 2.x steal (records since the
+    # last checkpoint are delivered again).
+    graceful_handoff: bool = True
+    handoff_timeout: float = 30.0
     shard_sync_interval: float = 60.0
     parent_shard_poll_interval: float = 10.0
     prefetch_batches: int = 3
@@ -170,6 +176,7 @@ _DURATIONS: dict[str, tuple[float, float, str]] = {
     "shard_sync_interval": (0.1, 86_400.0, "new shards are found only this often"),
     "parent_shard_poll_interval": (0.1, 3600.0, "children wait this long between checks"),
     "shutdown_grace": (0.1, 3600.0, "SIGTERM waits this long"),
+    "handoff_timeout": (0.1, 3600.0, "a lease being handed over waits at most this long"),
     "park_duration": (1.0, 7 * 86_400.0, "a parked lease waits this long"),
     "missing_dependency_timeout": (1.0, 7 * 86_400.0, "a worker that can do nothing waits this"),
     "processor_stall_timeout": (1.0, 7 * 86_400.0, "a hung processor call is reported after it"),

@@ -18,8 +18,7 @@ thread, not one per round. A renewal waits for its lease's lock (held by a check
 until that lease would expire. The lease table's own timeouts (see ``kclpy_spark.aws`` and the
 stores' retry policies) end every call well within the lease duration.
 
-The time a renewal *started* is the time its counter moved by our hand: other workers see the new
-counter only after it landed, so their expiry clocks start later than ours.
+A renewal's start is when its counter moved by our hand (others see it later, after it landed).
 """
 
 from __future__ import annotations
@@ -96,6 +95,9 @@ class RenewalReport:
     # The tenure each lost lease was held under: a report that arrives after the lease was
     # taken again (a new tenure, a new token) must not stop the new one.
     lost_tokens: dict[str, uuid.UUID] = field(default_factory=dict)
+    # Leases another worker asked us to hand over (a graceful handoff seen by their renewal):
+    # still held; the processor should checkpoint, then ``release`` completes the handoff.
+    handoffs: tuple[HeldLease, ...] = ()
 
 
 class _Renewal(enum.Enum):
@@ -244,6 +246,7 @@ class LeaseHolder:
         limit = self.lease_duration / 3 if wait is None else wait
         done, pending = concurrent.futures.wait(submitted, timeout=limit)
         renewed: list[str] = []
+        handoffs: list[HeldLease] = []
         lost: list[HeldLease] = []
         failed: dict[str, KclpySparkError] = {}
         for future in done:
@@ -251,6 +254,8 @@ class LeaseHolder:
             key = submitted[future]
             if outcome is _Renewal.RENEWED:
                 renewed.append(key)
+                if isinstance(value, HeldLease) and value.lease.handoff_pending:
+                    handoffs.append(value)
             elif outcome is _Renewal.LOST:
                 assert isinstance(value, HeldLease)
                 lost.append(value)
@@ -266,6 +271,7 @@ class LeaseHolder:
             failed,
             tuple(slow),
             {h.lease_key: h.token for h in lost},
+            tuple(sorted(handoffs, key=lambda h: h.lease_key)),
         )
 
     def _renew_one(self, key: str, slot: _Slot) -> tuple[_Renewal, object]:
@@ -308,7 +314,7 @@ class LeaseHolder:
                     return _Renewal.GONE, None
                 return _Renewal.LOST, held
             slot.held = HeldLease(new, held.token, started)
-            return _Renewal.RENEWED, None
+            return _Renewal.RENEWED, slot.held
         finally:
             slot.lock.release()
 
@@ -358,6 +364,8 @@ class LeaseHolder:
                 return UpdateResult(None, LeaseLoss.WRITE_LOST)
             if new.lease_counter != held.lease.lease_counter:
                 slot.held = HeldLease(new, held.token, started)
+            elif new != held.lease:  # changed without a counter move (a handoff initiated)
+                slot.held = HeldLease(new, held.token, held.last_counter_change)
             return UpdateResult(new)
 
     def release(
@@ -368,9 +376,10 @@ class LeaseHolder:
         change: Callable[[Lease], Lease] | None = None,
     ) -> UpdateResult:
         """Give the lease up: write ``change(lease)``'s progress fields first if given (e.g.
-        parking), then evict it (owner removed, so any worker may take it at once), then stop
-        holding it locally, whatever the writes' outcome. The result is the evicted lease, or why
-        nothing (or not everything) was written; errors propagate after the local drop."""
+        parking), then evict it (owner removed, so any worker may take it at once; during a
+        graceful handoff, complete it: the new owner gets it), then stop holding it locally,
+        whatever the writes' outcome. The result is the evicted lease, or why nothing (or not
+        everything) was written; errors propagate after the local drop."""
 
         def write(lease: Lease) -> Lease | None:
             if change is not None:
@@ -378,6 +387,8 @@ class LeaseHolder:
                 if updated is None:
                     return None
                 lease = updated
+            if lease.handoff_pending:
+                return self.table.complete_handoff(lease)
             return self.table.evict_lease(lease)
 
         try:

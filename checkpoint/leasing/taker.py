@@ -192,7 +192,9 @@ def _plan_steal(
             reason=f"below target ({base.mine} of {target}) but not stealing: a lease was taken "
             f"from us {scan.now - lost_at:.1f} s ago (cooldown {steal_cooldown:.1f} s)",
         )
-    chosen = tuple(_shuffled(scan.held_by(victim), rng)[:n])
+    # A lease already being handed over (to its owner here) is not stolen again.
+    candidates = tuple(o for o in scan.held_by(victim) if not o.lease.handoff_pending)
+    chosen = tuple(_shuffled(candidates, rng)[:n])
     return replace(
         base,
         steal=chosen,

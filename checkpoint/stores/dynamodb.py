@@ -27,42 +27,31 @@ renewer, taker and checkpointer threads.
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
-
-from botocore.exceptions import BotoCoreError, ClientError
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from checkpoint.base.clock import Clock, SystemClock
-from checkpoint.base.errors import (
-    DependencyError,
-    ThrottledError,
-    error_code,
-    map_aws_error,
-)
-from checkpoint.base.retry import DEFAULT_POLICY, RetryPolicy, call_with_retry
+from checkpoint.base.retry import DEFAULT_POLICY, RetryPolicy
 from checkpoint.lease import Lease, refuse_regression
 from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import ExtendedSequenceNumber
 from checkpoint.stores import dynamo_codec as codec
-from checkpoint.stores.dynamo_codec import Expr
+from checkpoint.stores.dynamo_calls import DynamoCalls
+from checkpoint.stores.dynamo_expr import Expr
 from checkpoint.stores.dynamo_table import TableSetup
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient
     from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef
 
-T = TypeVar("T")
-
-log = logging.getLogger(__name__)
-
 OWNER_INDEX = codec.OWNER_INDEX
 # A coordination record's TTL is its expiry plus this, so only records abandoned for a day go.
 _TTL_GRACE_SECONDS = 86_400.0
 
 
-class DynamoDBLeaseTable:
+class DynamoDBLeaseTable(DynamoCalls):
     """Implements LeaseTable and CoordinationStore on a DynamoDB table in the KCL's schema."""
 
     def __init__(
@@ -77,88 +66,11 @@ class DynamoDBLeaseTable:
         sleep: Callable[[float], None] = time.sleep,
         create_timeout: float = 300.0,
     ) -> None:
-        self._client = client
-        self._table = table_name
+        super().__init__(client, table_name, retry, sleep)
         self._create = create_if_missing
         self._ttl_attribute = ttl_attribute
         self._clock = clock or SystemClock()
-        self._retry = retry
-        self._sleep = sleep
         self._create_timeout = create_timeout
-
-    @property
-    def table_name(self) -> str:
-        return self._table
-
-    # -- plumbing -------------------------------------------------------------------------------
-
-    def _retried(self, what: str, attempt: Callable[[], T]) -> T:
-        return call_with_retry(attempt, what=what, policy=self._retry, sleep=self._sleep)
-
-    def _call(
-        self, operation: str, *, tolerate: frozenset[str] = frozenset(), **kwargs: Any
-    ) -> Any:
-        """One client call on this table; an error whose code is in ``tolerate`` returns None,
-        a failed ConditionExpression returns a ``_Lost``."""
-        method = getattr(self._client, _snake(operation))
-        try:
-            return method(TableName=self._table, **kwargs)
-        except ClientError as exc:
-            code = error_code(exc)
-            if code in tolerate:
-                return None
-            if code == "ConditionalCheckFailedException" and "ConditionExpression" in kwargs:
-                retried = exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
-                found: Any = exc.response.get("Item")
-                return _Lost(found, bool(retried))
-            raise map_aws_error(exc, f"{operation} on table {self._table!r}") from exc
-        except BotoCoreError as exc:
-            raise map_aws_error(exc, f"{operation} on table {self._table!r}") from exc
-
-    def _write(
-        self,
-        what: str,
-        operation: str,
-        build: Callable[[Expr], dict[str, Any]],
-        won: Callable[[dict[str, Any]], T],
-        landed: Callable[[dict[str, Any] | None], T | None],
-    ) -> T | None:
-        """A conditional write, retried; None if it lost. ``build`` makes the request, ``won``
-        reads the response of a win, ``landed`` judges the item found by a failed condition
-        after an unknown outcome (a result if it holds this write, else None)."""
-        unknown = False
-
-        def once() -> T | None:
-            nonlocal unknown
-            expr = Expr()
-            request = build(expr)
-            try:
-                response = self._call(
-                    operation, ReturnValuesOnConditionCheckFailure="ALL_OLD", **request,
-                    **expr.kwargs(),
-                )  # fmt: skip
-            except DependencyError as exc:
-                unknown = unknown or not isinstance(exc, ThrottledError)
-                raise
-            if not isinstance(response, _Lost):
-                return won(response)
-            if not (unknown or response.retried):
-                return None
-            result = landed(response.item)
-            if result is not None:
-                log.info("%s: an earlier attempt had landed", what)
-            return result
-
-        return self._retried(what, once)
-
-    def _pages(self, operation: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
-        """Every item of a Scan or Query, page by page."""
-        while True:
-            page = self._call(operation, **kwargs)
-            yield from page.get("Items", [])
-            kwargs["ExclusiveStartKey"] = page.get("LastEvaluatedKey")
-            if not kwargs["ExclusiveStartKey"]:
-                return
 
     # -- table ----------------------------------------------------------------------------------
 
@@ -255,25 +167,32 @@ class DynamoDBLeaseTable:
         *,
         check_owner: bool = True,
         check_checkpoint: bool = False,
+        check_handoff: bool = False,
+        counted: bool = True,
     ) -> Lease | None:
-        """UpdateItem SET ``sets`` (plus counter + 1) REMOVE ``removes``, on condition that the
-        stored counter (and owner, if ``check_owner``; and checkpoint, if ``check_checkpoint``)
+        """UpdateItem SET ``sets`` (plus counter + 1 if ``counted``) REMOVE ``removes``, on
+        condition that the stored counter (if ``counted``; and actual owner, if ``check_owner``;
+        checkpoint, if ``check_checkpoint``; lease and checkpoint owner, if ``check_handoff``)
         are ``lease``'s."""
-        sets = {**sets, codec.LEASE_COUNTER: codec.n_value(lease.lease_counter + 1)}
+        if counted:
+            sets = {**sets, codec.LEASE_COUNTER: codec.n_value(lease.lease_counter + 1)}
         expect = dict(sets)  # what the item holds once this write landed
         if check_owner and lease.lease_owner is not None and codec.LEASE_OWNER not in removes:
             expect[codec.LEASE_OWNER] = codec.s_value(lease.lease_owner)
 
         def build(expr: Expr) -> dict[str, Any]:
-            condition = expr.counter_is(lease.lease_counter)
+            terms = [expr.counter_is(lease.lease_counter)] if counted else [expr.exists()]
             if check_owner:
-                condition += f" AND {expr.owner_is(lease.lease_owner)}"
+                terms.append(expr.actual_owner_is(lease.actual_owner))
             if check_checkpoint:
-                condition += f" AND {expr.checkpoint_is(lease.checkpoint)}"
+                terms.append(expr.checkpoint_is(lease.checkpoint))
+            if check_handoff:
+                terms.append(expr.owner_is(lease.lease_owner))
+                terms.append(expr.checkpoint_owner_is(lease.checkpoint_owner))
             return {
                 "Key": codec.key_of(lease.lease_key),
                 "UpdateExpression": expr.update(sets, removes),
-                "ConditionExpression": condition,
+                "ConditionExpression": " AND ".join(terms),
                 "ReturnValues": "ALL_NEW",
             }
 
@@ -294,7 +213,7 @@ class DynamoDBLeaseTable:
         )
 
     def renew_lease(self, lease: Lease) -> Lease | None:
-        if lease.lease_owner is None:
+        if lease.actual_owner is None:
             return None  # nobody holds it: nothing to renew
         return self._lease_write("renew", lease, {}, [])
 
@@ -313,7 +232,30 @@ class DynamoDBLeaseTable:
         )
 
     def evict_lease(self, lease: Lease) -> Lease | None:
-        return self._lease_write("evict", lease, {}, [codec.LEASE_OWNER])
+        # Mid-handoff only the checkpoint owner goes: the lease passes to the new owner at once.
+        gone = codec.CHECKPOINT_OWNER if lease.handoff_pending else codec.LEASE_OWNER
+        return self._lease_write("evict", lease, {}, [gone], check_handoff=True)
+
+    def initiate_handoff(self, lease: Lease, new_owner: str) -> Lease | None:
+        if lease.lease_owner is None:
+            return None
+        sets = {
+            codec.LEASE_OWNER: codec.s_value(new_owner),
+            codec.CHECKPOINT_OWNER: codec.s_value(lease.lease_owner),
+        }
+        return self._lease_write(
+            f"hand over ({new_owner!r})", replace(lease, checkpoint_owner=None), sets, [],
+            check_owner=False, check_handoff=True, counted=False,
+        )  # fmt: skip
+
+    def complete_handoff(self, lease: Lease) -> Lease | None:
+        if lease.checkpoint_owner is None:
+            return None
+        switches = codec.n_value(lease.owner_switches_since_checkpoint + 1)
+        return self._lease_write(
+            "complete the handoff of", lease, {codec.OWNER_SWITCHES: switches},
+            [codec.CHECKPOINT_OWNER], check_owner=False, check_handoff=True,
+        )  # fmt: skip
 
     def update_lease(self, lease: Lease) -> Lease | None:
         sets, removes = codec.progress_changes(lease)
@@ -370,17 +312,3 @@ class DynamoDBLeaseTable:
         return bool(
             self._write(f"put record {record.key!r}", "PutItem", build, lambda _: True, landed)
         )
-
-
-class _Lost:
-    """A failed condition: the item as it stood (None if absent), and whether botocore had
-    retried the request internally (so an earlier try of it may have landed)."""
-
-    def __init__(self, item: dict[str, Any] | None, retried: bool) -> None:
-        self.item = item
-        self.retried = retried
-
-
-def _snake(operation: str) -> str:
-    """``UpdateItem`` -> ``update_item``: boto3's method for an API operation."""
-    return "".join(f"_{c.lower()}" if c.isupper() else c for c in operation).lstrip("_")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 from checkpoint.lease import Lease, refuse_regression
 from checkpoint.port import CoordinationRecord
@@ -39,18 +40,25 @@ class MemoryLeaseTable:
             self._leases[lease.lease_key] = lease
             return True
 
-    def _swap(self, expected: Lease, new: Lease, *, check_owner: bool) -> Lease | None:
+    def _swap(
+        self, expected: Lease, new: Lease, *, check_owner: bool, check_handoff: bool = False
+    ) -> Lease | None:
         with self._lock:
             current = self._leases.get(expected.lease_key)
             if current is None or current.lease_counter != expected.lease_counter:
                 return None
-            if check_owner and current.lease_owner != expected.lease_owner:
+            if check_owner and current.actual_owner != expected.actual_owner:
+                return None
+            if check_handoff and (
+                current.lease_owner != expected.lease_owner
+                or current.checkpoint_owner != expected.checkpoint_owner
+            ):
                 return None
             self._leases[expected.lease_key] = new
             return new
 
     def renew_lease(self, lease: Lease) -> Lease | None:
-        if lease.lease_owner is None:
+        if lease.actual_owner is None:
             return None
         current = self.get_lease(lease.lease_key)
         if current is None:
@@ -73,7 +81,41 @@ class MemoryLeaseTable:
         current = self.get_lease(lease.lease_key)
         if current is None:
             return None
-        return self._swap(lease, current.bumped(lease_owner=None), check_owner=True)
+        # Mid-handoff only the checkpoint owner goes: the lease passes to the new owner at once.
+        gone = {"checkpoint_owner" if lease.handoff_pending else "lease_owner": None}
+        return self._swap(lease, current.bumped(**gone), check_owner=True, check_handoff=True)
+
+    def initiate_handoff(self, lease: Lease, new_owner: str) -> Lease | None:
+        with self._lock:
+            current = self._leases.get(lease.lease_key)
+            if (
+                lease.lease_owner is None
+                or current is None
+                or current.lease_owner != lease.lease_owner
+                or current.handoff_pending
+            ):
+                return None
+            new = replace(current, lease_owner=new_owner, checkpoint_owner=current.lease_owner)
+            self._leases[lease.lease_key] = new
+            return new
+
+    def complete_handoff(self, lease: Lease) -> Lease | None:
+        with self._lock:
+            current = self._leases.get(lease.lease_key)
+            if (
+                lease.checkpoint_owner is None
+                or current is None
+                or current.lease_counter != lease.lease_counter
+                or current.lease_owner != lease.lease_owner
+                or current.checkpoint_owner != lease.checkpoint_owner
+            ):
+                return None
+            new = current.bumped(
+                checkpoint_owner=None,
+                owner_switches_since_checkpoint=current.owner_switches_since_checkpoint + 1,
+            )
+            self._leases[lease.lease_key] = new
+            return new
 
     def update_lease(self, lease: Lease) -> Lease | None:
         return self._update(lease)

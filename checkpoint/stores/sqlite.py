@@ -205,17 +205,22 @@ class SQLiteLeaseTable:
         *,
         check_owner: bool,
         check_checkpoint: bool = False,
+        check_handoff: bool = False,
     ) -> Lease | None:
-        """``UPDATE ... SET <assignments>, counter + 1`` where counter (and owner, and checkpoint)
-        are ``lease``'s; the stored lease if the update won, None if it lost."""
+        """``UPDATE ... SET <assignments>, counter + 1`` where counter (and actual owner, and
+        checkpoint; and with ``check_handoff`` lease and checkpoint owner both) are ``lease``'s;
+        the stored lease if the update won, None if it lost."""
         sql = (
             f"UPDATE {LEASES} SET {assignments}lease_counter = lease_counter + 1 "
             "WHERE namespace = ? AND lease_key = ? AND lease_counter = ?"
         )
         where: tuple[Any, ...] = (self._namespace, lease.lease_key, lease.lease_counter)
         if check_owner:
-            sql += " AND lease_owner IS ?"
-            where += (lease.lease_owner,)
+            sql += " AND COALESCE(checkpoint_owner, lease_owner) IS ?"
+            where += (lease.actual_owner,)
+        if check_handoff:
+            sql += " AND lease_owner IS ? AND checkpoint_owner IS ?"
+            where += (lease.lease_owner, lease.checkpoint_owner)
         if check_checkpoint:
             sql += " AND checkpoint IS ? AND COALESCE(checkpoint_sub, 0) = ?"
             where += (lease.checkpoint.sequence_number, lease.checkpoint.sub_sequence_number)
@@ -229,7 +234,7 @@ class SQLiteLeaseTable:
         return self._run(f"{what} lease {lease.lease_key!r}", body, write=True)
 
     def renew_lease(self, lease: Lease) -> Lease | None:
-        if lease.lease_owner is None:
+        if lease.actual_owner is None:
             return None  # nobody holds it: nothing to renew
         return self._conditional_update("renew", lease, "", (), check_owner=True)
 
@@ -245,9 +250,37 @@ class SQLiteLeaseTable:
         )
 
     def evict_lease(self, lease: Lease) -> Lease | None:
+        # Mid-handoff only the checkpoint owner goes: the lease passes to the new owner at once.
+        gone = "checkpoint_owner" if lease.handoff_pending else "lease_owner"
         return self._conditional_update(
-            "evict", lease, "lease_owner = NULL, ", (), check_owner=True
+            "evict", lease, f"{gone} = NULL, ", (), check_owner=True, check_handoff=True
         )
+
+    def initiate_handoff(self, lease: Lease, new_owner: str) -> Lease | None:
+        if lease.lease_owner is None:
+            return None
+        sql = (
+            f"UPDATE {LEASES} SET checkpoint_owner = lease_owner, lease_owner = ? "
+            "WHERE namespace = ? AND lease_key = ? AND lease_owner = ? "
+            "AND checkpoint_owner IS NULL"
+        )
+        args = (new_owner, self._namespace, lease.lease_key, lease.lease_owner)
+
+        def body(conn: sqlite3.Connection) -> Lease | None:
+            if conn.execute(sql, args).rowcount != 1:
+                return None
+            return self._select(conn, lease.lease_key)[0]
+
+        return self._run(f"hand over lease {lease.lease_key!r}", body, write=True)
+
+    def complete_handoff(self, lease: Lease) -> Lease | None:
+        if lease.checkpoint_owner is None:
+            return None
+        assignments = "checkpoint_owner = NULL, owner_switches = owner_switches + 1, "
+        return self._conditional_update(
+            "complete the handoff of", lease, assignments, (), check_owner=False,
+            check_handoff=True,
+        )  # fmt: skip
 
     def update_lease(self, lease: Lease) -> Lease | None:
         return self._write_progress("update", lease, lease)

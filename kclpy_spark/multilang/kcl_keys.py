@@ -61,6 +61,8 @@ FIELDS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "maxLeasesToStealAtOneTime": ("max_leases_to_steal", as_int),
     "ignoreUnexpectedChildShards": ("ignore_unexpected_child_shards", as_bool),
     "shutdownGraceMillis": ("shutdown_grace", as_seconds),
+    "isGracefulLeaseHandoffEnabled": ("graceful_handoff", as_bool),
+    "gracefulLeaseHandoffTimeoutMillis": ("handoff_timeout", as_seconds),
 }
 
 # Keys read below with their own rules.
@@ -125,8 +127,6 @@ IGNORED_WARNING: dict[str, str] = {
             "coordinatorStatePointInTimeRecoveryEnabled",
             "coordinatorStateDeletionProtectionEnabled",
             "coordinatorStateTags",
-            "gracefulLeaseHandoffTimeoutMillis",
-            "isGracefulLeaseHandoffEnabled",
             "workerMetricsTableName",
             "workerMetricsBillingMode",
             "workerMetricsReadCapacity",

@@ -3,8 +3,9 @@
 ``ConsumerSet`` starts a ``ShardConsumer`` for each lease taken, tells consumers when their lease
 is lost or must be handed back, and handles how each one ended: a finished shard wakes the taker
 (its children may be ready), a lost lease is dropped, a stream removed from the configuration
-gets its leases released. The consumers themselves release or park their leases when they give
-them up (``Tenure``).
+gets its leases released, a lease another worker asked for (graceful handoff) is handed over
+once its processor has had ``shutdown_requested``. The consumers themselves release or park
+their leases when they give them up (``Tenure``).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class ConsumerSet:
         self.running: dict[str, _Running] = {}
         self.finished: dict[str, ShardStats] = {}
         self._hand_back: set[str] = set()  # leases to release when their consumer has stopped
+        self._handing_over: set[str] = set()
         self._background: set[asyncio.Future[None]] = set()
         # A read silent this long (not blocked on a full queue) makes the worker not ready.
         self.stall_after = max(30.0, 10 * cfg.idle_time_between_reads)
@@ -162,6 +164,45 @@ class ConsumerSet:
             if context.owns(running.consumer.held_lease):
                 self._hand_back.add(key)
                 running.consumer.request_shutdown()
+
+    def hand_over(self, held: HeldLease, timeout: float) -> None:
+        """Another worker asked for this lease (graceful handoff): its consumer stops, the
+        processor gets ``shutdown_requested`` (and checkpoints there), then the handoff is
+        completed. After ``timeout`` it is completed anyway and the consumer told the lease is
+        lost (its late checkpoints are refused: the completion moved the counter)."""
+        key = held.lease_key
+        if key in self._handing_over:
+            return  # the renewals report it until it is done
+        self._handing_over.add(key)
+        running = self.running.get(key)
+        if running is not None and running.consumer.token == held.token:
+            running.consumer.request_shutdown()
+        task = None if running is None else running.task
+        future = asyncio.ensure_future(self._hand_over(held, task, timeout))
+        self._background.add(future)
+        future.add_done_callback(self._background.discard)
+
+    async def _hand_over(
+        self, held: HeldLease, task: asyncio.Task[Outcome] | None, timeout: float
+    ) -> None:
+        key, to = held.lease_key, held.lease.lease_owner
+        try:
+            done = task is None or bool((await asyncio.wait([task], timeout=timeout))[0])
+            if not done:
+                log.warning("lease %s: the processor did not finish shutdown_requested within "
+                            "%.0f s; handing the lease over anyway", key, timeout)  # fmt: skip
+            try:
+                result = await asyncio.to_thread(self._holder.release, key, held.token)
+            except KclpySparkError as exc:
+                log.warning("lease %s: completing the handoff failed (%s); it expires", key, exc)
+            else:
+                if result.won:
+                    log.info("lease %s: handed over to %s", key, to)
+                    self._metrics.events.add(key, "handed", f"to {to}, which asked for it")
+            if not done and task is not None:
+                self.lost(key, held.token)
+        finally:
+            self._handing_over.discard(key)
 
     def _done(self, key: str, task: asyncio.Task[Outcome]) -> None:
         running = self.running.pop(key, None)

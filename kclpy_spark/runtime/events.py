@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-KINDS = ("took", "stole", "lost", "released", "parked", "finished")
+# "asked": a graceful handoff to us begun (the steal of the KCL 3.x); "handed": one from us ended.
+KINDS = ("took", "stole", "asked", "handed", "lost", "released", "parked", "finished")
 MAX_DETAIL = 300  # a reason may carry a whole Java stack trace; the status record must stay small
 
 

@@ -1,15 +1,25 @@
 """Taking leases: one scan of the lease table per round, the KCL 2.x rule (``plan_takes``) over
 what this worker has seen of each lease's counter (``LeaseObserver``), and a conditional take of
-each lease it names; a lease taken gets its shard consumer."""
+each lease it names; a lease taken gets its shard consumer.
+
+A steal is a graceful handoff (``graceful_handoff``, the default): the lease table names us as the
+new owner and the old one as checkpoint owner; the old owner's processor checkpoints in
+``shutdown_requested`` and completes the handoff, and we take the lease then. While handoffs to us
+are pending, the wait between rounds looks at those leases every ``HANDOFF_POLL`` seconds (one
+read each), so the shard's processing moves within about that time of the old owner's checkpoint.
+Any lease the table says is ours with no handoff pending and that we do not hold (handed to us by
+a stopping worker) is taken in the next round."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from checkpoint.base.errors import KclpySparkError
 from checkpoint.counters import Counter
 from checkpoint.lease import Lease, LeaseState
 from checkpoint.leasing.observer import LeaseObserver
@@ -23,12 +33,39 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Io = Callable[..., Awaitable[Any]]
 
+HANDOFF_POLL = 0.5
+
 
 class Taker:
     def __init__(self, worker: Worker, io: Io) -> None:
         self._w = worker
         self._io = io  # runs a lease-table call on the worker's lease executor
         self._observer = LeaseObserver(worker.timing)
+        self._incoming: dict[str, float] = {}  # handoffs to us -> monotonic time to stop waiting
+        self._live: dict[str, int] = {}  # other live workers -> leases, as of the last scan
+
+    async def wait(self, wake: asyncio.Event, interval: float) -> None:
+        """Until ``wake`` is set or ``interval`` passed; meanwhile take each lease handed to us
+        as soon as its handoff completes."""
+        end = time.monotonic() + interval
+        while (left := end - time.monotonic()) > 0:
+            poll = min(left, HANDOFF_POLL) if self._incoming else left
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), poll)
+                return
+            if self._incoming:
+                await self._look_at_incoming()
+
+    async def _look_at_incoming(self) -> None:
+        w = self._w
+        for key, until in list(self._incoming.items()):
+            lease = await self._io(w.store.get_lease, key)
+            if lease is None or lease.lease_owner != w.cfg.worker_id or time.monotonic() > until:
+                del self._incoming[key]  # gone, taken by another, or left to the rounds
+            elif not lease.handoff_pending:
+                del self._incoming[key]
+                if w.may_take and key not in w.consumers and not lease.checkpoint.is_shard_end:
+                    await self._take(lease, how="handed")
 
     async def round(self) -> None:
         """One scan of the lease table; take (or steal) what the KCL's rule says."""
@@ -52,8 +89,10 @@ class Taker:
         w.health.all_parked = bool(unfinished) and all(
             x.state(now_wall) is LeaseState.CLOSED for x in unfinished
         )
+        await self._adopt(open_leases)
         monotonic = w.clock.monotonic()
         scan = self._observer.observe(open_leases, monotonic)
+        self._live = {o: n for o, n in scan.owner_counts.items() if o != w.cfg.worker_id}
         plan = plan_takes(
             scan,
             w.cfg.worker_id,
@@ -70,8 +109,64 @@ class Taker:
         for lease in plan.leases:
             if not w.may_take:  # suspended or stopping meanwhile: take (or steal) no more
                 return
-            if lease.lease_key not in w.consumers:
-                await self._take(lease, stolen=lease in plan.steal)
+            if lease.lease_key in w.consumers:
+                continue
+            if lease in plan.steal and w.cfg.graceful_handoff:
+                await self._ask_handoff(lease)
+            else:
+                await self._take(lease, how="stole" if lease in plan.steal else "took")
+
+    async def _adopt(self, leases: list[Lease]) -> None:
+        """Take the leases the table says are ours (no handoff pending) that we do not hold."""
+        w = self._w
+        for lease in leases:
+            key = lease.lease_key
+            if lease.lease_owner != w.cfg.worker_id or lease.handoff_pending:
+                continue
+            if lease.checkpoint.is_shard_end:  # finished by the old owner: nothing to do
+                continue
+            if key in w.consumers or key in self._incoming or w.holder.get_if_held(key):
+                continue
+            if w.may_take:
+                await self._take(lease, how="handed")
+
+    async def hand_out(self) -> None:
+        """Stopping: begin a graceful handoff of every lease we hold to the live workers of the
+        last scan, fewest leases first, so they take each one as soon as its processor has
+        checkpointed in ``shutdown_requested`` and the release completed the handoff. Without
+        another live worker (or with handoffs off, or in a job) leases are just released."""
+        w = self._w
+        if not (w.cfg.graceful_handoff and self._live) or w.caught_up is not None:
+            return
+        load = dict(self._live)
+        for held in w.holder.held():
+            if held.lease.handoff_pending:
+                continue
+            to = min(sorted(load), key=lambda worker: load[worker])
+            try:
+                result = await self._io(
+                    w.holder.update, held.lease_key, held.token,
+                    lambda lease, to=to: w.store.initiate_handoff(lease, to),
+                )  # fmt: skip
+            except KclpySparkError as exc:
+                log.warning("lease %s: no handoff (%s); releasing it instead", held.lease_key, exc)
+                continue
+            if result.won:
+                load[to] += 1
+                log.info("lease %s: handing it over to %s (stopping)", held.lease_key, to)
+
+    async def _ask_handoff(self, lease: Lease) -> None:
+        w = self._w
+        pending = await self._io(w.store.initiate_handoff, lease, w.cfg.worker_id)
+        if pending is None:
+            log.info("lease %s: changed before we could ask for it", lease.lease_key)
+            return
+        log.info("lease %s: asked %s to hand it over (graceful handoff)",
+                 lease.lease_key, lease.lease_owner)  # fmt: skip
+        w.metrics.steals.inc()
+        w.events.add(lease.lease_key, "asked", _why_taken(lease, "stole")[1])
+        wait = w.cfg.handoff_timeout + w.timing.lease_duration
+        self._incoming[lease.lease_key] = time.monotonic() + wait
 
     def _job_complete(self, leases: list[Lease]) -> bool:
         w = self._w
@@ -85,7 +180,7 @@ class Taker:
         w.request_shutdown()
         return True
 
-    async def _take(self, lease: Lease, *, stolen: bool) -> None:
+    async def _take(self, lease: Lease, *, how: str) -> None:
         w = self._w
         take = asyncio.ensure_future(self._io(w.store.take_lease, lease, w.cfg.worker_id))
         try:
@@ -103,9 +198,9 @@ class Taker:
             return
         self._observer.record_write(taken, w.clock.monotonic())
         w.counters.increment(Counter.PARTITIONS_ACQUIRED)
-        (w.metrics.steals if stolen else w.metrics.takes).inc()
+        (w.metrics.steals if how == "stole" else w.metrics.takes).inc()
         held = w.holder.add_taken(taken)
-        w.events.add(lease.lease_key, *_why_taken(lease, stolen=stolen))
+        w.events.add(lease.lease_key, *_why_taken(lease, how))
         context = w.streams.context_of(taken)
         if context is None or not w.may_take:  # its stream removed, or suspended, meanwhile
             await self._io(w.holder.release, held.lease_key, held.token)
@@ -113,10 +208,12 @@ class Taker:
         w.consumers.start(held, context)
 
 
-def _why_taken(lease: Lease, *, stolen: bool) -> tuple[str, str]:
+def _why_taken(lease: Lease, how: str) -> tuple[str, str]:
     """The event of a take: its kind and why the lease was free to take."""
-    if stolen:
+    if how == "stole":
         return "stole", f"from {lease.lease_owner}, to balance the leases between workers"
+    if how == "handed":
+        return "took", "handed over to us (graceful handoff)"
     if lease.lease_owner:
         return "took", f"from {lease.lease_owner}, which stopped renewing it"
     return "took", "it had no owner"

@@ -235,6 +235,7 @@ class Worker:
             for task in loops[1:]:
                 task.cancel()
             await asyncio.gather(*loops[1:], return_exceptions=True)
+            await self.taker.hand_out()  # lease moves now wait for the processors' checkpoints
             await self.consumers.shutdown_all(self.cfg.shutdown_grace)
             renewer.cancel()
             await asyncio.gather(renewer, return_exceptions=True)
@@ -273,8 +274,7 @@ class Worker:
             except Exception:
                 log.exception("worker %s: unexpected error taking leases", self.cfg.worker_id)
             self._take_now.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._take_now.wait(), self.timing.take_interval)
+            await self.taker.wait(self._take_now, self.timing.take_interval)
 
     async def _renew_round(self) -> None:
         # On its own thread: a slow scan or maintenance pass on the lease executor never delays
@@ -292,6 +292,8 @@ class Worker:
         for lease in report.lost:
             log.warning("worker %s lost lease %s", self.cfg.worker_id, lease.lease_key)
             self.consumers.lost(lease.lease_key, report.lost_tokens.get(lease.lease_key))
+        for held in report.handoffs:
+            self.consumers.hand_over(held, self.cfg.handoff_timeout)
         self.consumers.lost_unless_held(self.holder.held_keys())
 
     async def _control_round(self) -> None:
@@ -370,6 +372,11 @@ class Worker:
                 outcome = "" if result.won else " (already lost)"
             except KclpySparkError as exc:
                 outcome = f" failed ({exc}); it expires instead"
+            if held.lease.handoff_pending:  # hand_out() began a graceful handoff: this ends it
+                self.events.add(held.lease_key, "handed", f"to {held.lease.lease_owner}{outcome}")
+                log.info("lease %s: handed over to %s (worker stopping)%s", held.lease_key,
+                         held.lease.lease_owner, outcome)  # fmt: skip
+                continue
             self.events.add(held.lease_key, "released", f"worker stopping{outcome}")
             log.info("worker %s released lease %s%s", self.cfg.worker_id, held.lease_key, outcome)
         self.metrics.leases_held.set(0)

@@ -252,7 +252,7 @@ def test_take_ignores_the_owner_it_is_given(table: Any) -> None:
 
 
 def test_evict_removes_the_owner(table: Any) -> None:
-    table.create_lease_if_absent(full_lease())
+    table.create_lease_if_absent(replace(full_lease(), checkpoint_owner=None))
     before = stored(table)
     evicted = table.evict_lease(before)
     assert evicted == replace(before, lease_owner=None, lease_counter=before.lease_counter + 1)
@@ -395,7 +395,7 @@ def test_update_lease_leaves_identity_fields_alone(table: Any) -> None:
         before,
         parent_shard_ids=frozenset({"other"}),
         hash_key_range=HashKeyRange(0, 1),
-        checkpoint_owner=None,
+        lease_owner="sneaky",  # the condition is on the actual owner, the checkpoint owner here
         owner_switches_since_checkpoint=0,
     )
     updated = table.update_lease(sneaky)
@@ -483,3 +483,106 @@ def test_records_are_not_leases(table: Any) -> None:
     table.create_lease_if_absent(lease())
     assert [x.lease_key for x in table.list_leases()] == [KEY]
     assert table.get_record("shard-sync-leader") is not None
+
+
+# -- graceful handoff (KCL 3.x: checkpointOwner) -------------------------------------------------
+
+
+def owned(table: Any, owner: str = "a", counter: int = 5) -> Lease:
+    table.create_lease_if_absent(
+        lease(lease_owner=owner, lease_counter=counter, checkpoint=ExtendedSequenceNumber(SEQ_1))
+    )
+    return stored(table)
+
+
+def test_initiate_handoff_names_both_owners_and_keeps_the_counter(table: Any) -> None:
+    before = owned(table)
+    pending = table.initiate_handoff(before, "b")
+    assert pending == replace(before, lease_owner="b", checkpoint_owner="a")
+    assert pending == stored(table)
+    assert pending.actual_owner == "a" and pending.handoff_pending
+
+
+@pytest.mark.parametrize("case", ["unowned", "owner_changed", "already_pending", "missing"])
+def test_initiate_handoff_loses(table: Any, case: str) -> None:
+    if case == "missing":
+        assert table.initiate_handoff(lease(lease_owner="a"), "b") is None
+        assert table.get_lease(KEY) is None
+        return
+    before = (
+        owned(table)
+        if case != "unowned"
+        else (table.create_lease_if_absent(lease()), stored(table))[1]
+    )
+    view = before
+    if case == "owner_changed":
+        before = table.take_lease(before, "c")
+    elif case == "already_pending":
+        before = table.initiate_handoff(before, "c")
+    assert table.initiate_handoff(view, "b") is None
+    assert stored(table) == before
+
+
+def test_the_old_owner_renews_and_checkpoints_until_it_completes_the_handoff(table: Any) -> None:
+    mine = owned(table)  # a's view, from before the handoff began
+    table.initiate_handoff(mine, "b")
+    renewed = table.renew_lease(mine)
+    assert renewed == replace(mine, lease_owner="b", checkpoint_owner="a",
+                              lease_counter=mine.lease_counter + 1)  # fmt: skip
+    moved = table.update_checkpoint(renewed, ExtendedSequenceNumber(SEQ_2))
+    assert moved is not None and moved.checkpoint == ExtendedSequenceNumber(SEQ_2)
+    assert moved.checkpoint_owner == "a" and moved.lease_owner == "b"
+    # The new owner may not act on it yet: a renewal in its name loses.
+    assert table.renew_lease(replace(moved, checkpoint_owner=None)) is None
+    done = table.complete_handoff(moved)
+    assert done == replace(moved, checkpoint_owner=None, lease_counter=moved.lease_counter + 1,
+                           owner_switches_since_checkpoint=1)  # fmt: skip
+    assert stored(table) == done
+    # Nothing of the old tenure writes any more; the new owner takes it.
+    assert table.renew_lease(moved) is None
+    assert table.update_checkpoint(moved, ExtendedSequenceNumber(SEQ_2, 1)) is None
+    assert table.evict_lease(moved) is None
+    assert stored(table) == done
+    taken = table.take_lease(done, "b")
+    assert taken == replace(done, lease_counter=done.lease_counter + 1)
+
+
+@pytest.mark.parametrize("case", ["stale_counter", "no_handoff", "other_checkpoint_owner"])
+def test_complete_handoff_loses(table: Any, case: str) -> None:
+    before = owned(table)
+    pending = table.initiate_handoff(before, "b")
+    view = pending
+    if case == "stale_counter":
+        table.renew_lease(pending)
+    elif case == "no_handoff":
+        view = before
+    else:
+        view = replace(pending, checkpoint_owner="z")
+    after = stored(table)
+    assert table.complete_handoff(view) is None
+    assert stored(table) == after
+
+
+def test_evict_mid_handoff_passes_the_lease_to_the_new_owner(table: Any) -> None:
+    pending = table.initiate_handoff(owned(table), "b")
+    evicted = table.evict_lease(pending)
+    assert evicted == replace(
+        pending, checkpoint_owner=None, lease_counter=pending.lease_counter + 1
+    )
+    assert stored(table) == evicted
+
+
+def test_evict_with_a_view_from_before_the_handoff_loses(table: Any) -> None:
+    """Removing the owner while a handoff is pending would leave a checkpoint owner without a
+    lease owner: the old owner learns of the handoff first (its renewal shows it)."""
+    before = owned(table)
+    pending = table.initiate_handoff(before, "b")
+    assert table.evict_lease(before) is None
+    assert stored(table) == pending
+
+
+def test_take_after_the_old_owner_died_mid_handoff_clears_it(table: Any) -> None:
+    pending = table.initiate_handoff(owned(table), "b")
+    taken = table.take_lease(pending, "c")
+    assert taken is not None and taken.lease_owner == "c" and taken.checkpoint_owner is None
+    assert taken.lease_counter == pending.lease_counter + 1

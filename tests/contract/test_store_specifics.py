@@ -461,8 +461,11 @@ def test_dynamodb_writes_exactly_the_kcl_attributes(
     item = raw_item(dynamodb_client, dynamo.table_name, "shardId-1")
     assert item["kclpySparkClosedUntil"] == {"N": "1700000000.5"}
     assert item["kclpySparkClosedCount"] == {"N": "2"}
-    evicted = dynamo.evict_lease(parked)
+    evicted = dynamo.evict_lease(parked)  # mid-handoff: the lease goes to the new owner
     assert evicted is not None
+    item = raw_item(dynamodb_client, dynamo.table_name, "shardId-1")
+    assert "checkpointOwner" not in item and item["leaseOwner"] == {"S": "w"}
+    assert dynamo.evict_lease(evicted) is not None
     assert "leaseOwner" not in raw_item(dynamodb_client, dynamo.table_name, "shardId-1")
 
 

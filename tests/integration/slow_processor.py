@@ -55,3 +55,5 @@ class SlowProcessor(RecordProcessor):
             shutdown_requested_input.checkpointer.checkpoint()
         except CheckpointError as exc:
             _emit({"event": "checkpoint_failed", "shard": self.shard, "error": exc.value})
+            return
+        _emit({"event": "shutdown_requested", "shard": self.shard})

@@ -166,9 +166,9 @@ idle_time_between_reads = 0.3
             _page_shows(browser, "one lease moved to page-b",
                         lambda: sorted(_rows(browser).values()) == ["page-a", "page-b"],
                         timeout=90)  # fmt: skip
-            _page_shows(browser, "the move in the recent events",
-                        lambda: _count(browser, "#events tr[data-kind='lost']") >= 1
-                        and _count(browser, "#events tr[data-kind='stole']") >= 1,
+            _page_shows(browser, "the move (a graceful handoff) in the recent events",
+                        lambda: _count(browser, "#events tr[data-kind='handed']") >= 1
+                        and _count(browser, "#events tr[data-kind='asked']") >= 1,
                         timeout=60)  # fmt: skip
             browser.save_screenshot(str(ARTIFACTS / "status-page.png"))
 

@@ -362,3 +362,28 @@ def test_very_old_leases_follow_the_same_preference() -> None:
     for seed in range(20):
         plan = plan_takes(scan, ME, rng=random.Random(seed), max_leases_for_worker=2)
         assert [x.lease_key for x in plan.take] == ["stale", "reopened"]
+
+
+def test_a_lease_already_being_handed_over_is_not_stolen_again() -> None:
+    """The victim's leases mid-handoff (checkpoint owner set) are skipped; with only such
+    leases nothing is stolen."""
+    base = scan_of({"a": 4, "b": 4}, expired={})
+    pending_keys = {"a-00", "a-01", "a-02"}
+
+    def with_pending(keys: set[str]) -> ObservedScan:
+        leases = tuple(
+            replace(o, lease=replace(o.lease, checkpoint_owner="old")) if o.key in keys else o
+            for o in base.leases
+        )
+        return replace(base, leases=leases)
+
+    from_a = 0
+    for seed in range(20):
+        plan = plan_takes(with_pending(pending_keys), ME, rng=random.Random(seed))
+        if plan.victim == "a":
+            from_a += 1
+            assert [x.lease_key for x in plan.steal] == ["a-03"]
+    assert from_a > 0
+    everything = {o.key for o in base.leases}
+    plan = plan_takes(with_pending(everything), ME, rng=random.Random(1))
+    assert plan.steal == ()

@@ -26,18 +26,19 @@ def test_an_unknown_kind_is_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    ("owner", "stolen", "kind", "why"),
+    ("owner", "how", "kind", "why"),
     [
-        (None, False, "took", "it had no owner"),
-        ("w2", False, "took", "from w2, which stopped renewing it"),
-        ("w2", True, "stole", "from w2, to balance the leases between workers"),
+        (None, "took", "took", "it had no owner"),
+        ("w2", "took", "took", "from w2, which stopped renewing it"),
+        ("w2", "stole", "stole", "from w2, to balance the leases between workers"),
+        ("w2", "handed", "took", "handed over to us (graceful handoff)"),
     ],
 )
 def test_a_take_says_why_the_lease_was_free(
-    owner: str | None, stolen: bool, kind: str, why: str
+    owner: str | None, how: str, kind: str, why: str
 ) -> None:
     from checkpoint.lease import Lease
     from checkpoint.sequence import TRIM_HORIZON
     from kclpy_spark.runtime.taking import _why_taken
 
-    assert _why_taken(Lease("s0", TRIM_HORIZON, lease_owner=owner), stolen=stolen) == (kind, why)
+    assert _why_taken(Lease("s0", TRIM_HORIZON, lease_owner=owner), how) == (kind, why)

@@ -1,0 +1,123 @@
+"""The DynamoDB plumbing under the lease table: one client call on the table with its errors
+mapped, a conditional write retried (and judged after an unknown outcome), paged reads."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from checkpoint.base.errors import DependencyError, ThrottledError, error_code, map_aws_error
+from checkpoint.base.retry import RetryPolicy, call_with_retry
+from checkpoint.stores.dynamo_expr import Expr
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb.client import DynamoDBClient
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+
+class DynamoCalls:
+    """Calls on one table through boto3's low-level (thread-safe) client."""
+
+    def __init__(
+        self,
+        client: DynamoDBClient,
+        table_name: str,
+        retry: RetryPolicy,
+        sleep: Callable[[float], None],
+    ) -> None:
+        self._client = client
+        self._table = table_name
+        self._retry = retry
+        self._sleep = sleep
+
+    @property
+    def table_name(self) -> str:
+        return self._table
+
+    def _retried(self, what: str, attempt: Callable[[], T]) -> T:
+        return call_with_retry(attempt, what=what, policy=self._retry, sleep=self._sleep)
+
+    def _call(
+        self, operation: str, *, tolerate: frozenset[str] = frozenset(), **kwargs: Any
+    ) -> Any:
+        """One client call on this table; an error whose code is in ``tolerate`` returns None,
+        a failed ConditionExpression returns a ``_Lost``."""
+        method = getattr(self._client, _snake(operation))
+        try:
+            return method(TableName=self._table, **kwargs)
+        except ClientError as exc:
+            code = error_code(exc)
+            if code in tolerate:
+                return None
+            if code == "ConditionalCheckFailedException" and "ConditionExpression" in kwargs:
+                retried = exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
+                found: Any = exc.response.get("Item")
+                return _Lost(found, bool(retried))
+            raise map_aws_error(exc, f"{operation} on table {self._table!r}") from exc
+        except BotoCoreError as exc:
+            raise map_aws_error(exc, f"{operation} on table {self._table!r}") from exc
+
+    def _write(
+        self,
+        what: str,
+        operation: str,
+        build: Callable[[Expr], dict[str, Any]],
+        won: Callable[[dict[str, Any]], T],
+        landed: Callable[[dict[str, Any] | None], T | None],
+    ) -> T | None:
+        """A conditional write, retried; None if it lost. ``build`` makes the request, ``won``
+        reads the response of a win, ``landed`` judges the item found by a failed condition
+        after an unknown outcome (a result if it holds this write, else None)."""
+        unknown = False
+
+        def once() -> T | None:
+            nonlocal unknown
+            expr = Expr()
+            request = build(expr)
+            try:
+                response = self._call(
+                    operation, ReturnValuesOnConditionCheckFailure="ALL_OLD", **request,
+                    **expr.kwargs(),
+                )  # fmt: skip
+            except DependencyError as exc:
+                unknown = unknown or not isinstance(exc, ThrottledError)
+                raise
+            if not isinstance(response, _Lost):
+                return won(response)
+            if not (unknown or response.retried):
+                return None
+            result = landed(response.item)
+            if result is not None:
+                log.info("%s: an earlier attempt had landed", what)
+            return result
+
+        return self._retried(what, once)
+
+    def _pages(self, operation: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        """Every item of a Scan or Query, page by page."""
+        while True:
+            page = self._call(operation, **kwargs)
+            yield from page.get("Items", [])
+            kwargs["ExclusiveStartKey"] = page.get("LastEvaluatedKey")
+            if not kwargs["ExclusiveStartKey"]:
+                return
+
+
+class _Lost:
+    """A failed condition: the item as it stood (None if absent), and whether botocore had
+    retried the request internally (so an earlier try of it may have landed)."""
+
+    def __init__(self, item: dict[str, Any] | None, retried: bool) -> None:
+        self.item = item
+        self.retried = retried
+
+
+def _snake(operation: str) -> str:
+    """``UpdateItem`` -> ``update_item``: boto3's method for an API operation."""
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in operation).lstrip("_")
