@@ -122,6 +122,8 @@ def test_a_missing_file_is_a_config_error(tmp_path: Path) -> None:
         ("ignoreUnexpectedChildShards", "true", "ignore_unexpected_child_shards", True),
         ("ignoreUnexpectedChildShards", "No", "ignore_unexpected_child_shards", False),
         ("shutdownGraceMillis", "7000", "shutdown_grace", 7.0),
+        ("isGracefulLeaseHandoffEnabled", "false", "graceful_handoff", False),
+        ("gracefulLeaseHandoffTimeoutMillis", "45000", "handoff_timeout", 45.0),
         ("kinesisEndpoint", "http://127.0.0.1:4566", "endpoint_url", "http://127.0.0.1:4566"),
         ("dynamoDBEndpoint", "http://localhost:4566", "endpoint_url", "http://localhost:4566"),
         ("kclpyspark.lease_store", "sqlite:leases.db", "lease_store", "sqlite:leases.db"),
@@ -186,8 +188,6 @@ def test_an_unknown_key_gives_one_warning_each(caplog: pytest.LogCaptureFixture)
     "key",
     [
         "coordinatorStateTableName",
-        "gracefulLeaseHandoffTimeoutMillis",
-        "isGracefulLeaseHandoffEnabled",
         "workerMetricsTableName",
         "disableWorkerMetrics",
         "reBalanceThresholdPercentage",
