@@ -444,3 +444,64 @@ def test_an_expiry_seen_for_a_tenure_never_drops_the_one_that_replaced_it(
     assert not holder._expired_now(KEY, slot, old)
     held = holder.get_if_held(KEY)
     assert held is not None and held.token == new.token
+
+
+# --- graceful handoff --------------------------------------------------------------------------
+
+
+def test_a_renewal_reports_a_handoff_asked_of_us_and_keeps_the_lease(
+    table: FaultyRenewTable, holder: LeaseHolder
+) -> None:
+    held = holder.add_taken(take(table, "worker-a"))
+    assert holder.renew_all(wait=5).handoffs == ()
+    assert table.initiate_handoff(stored(table), "worker-b") is not None
+    report = holder.renew_all(wait=5)
+    assert report.renewed == (KEY,) and report.lost == ()
+    (asked,) = report.handoffs
+    assert asked.token == held.token
+    assert asked.lease.lease_owner == "worker-b" and asked.lease.checkpoint_owner == "worker-a"
+    # Still ours to checkpoint until we complete it.
+    moved = holder.update(
+        KEY, held.token, lambda x: table.update_checkpoint(x, ExtendedSequenceNumber("7"))
+    )
+    assert moved.won
+    result = holder.release(KEY, held.token)  # completes the handoff
+    assert result.won and holder.get_if_held(KEY) is None
+    after = stored(table)
+    assert after.lease_owner == "worker-b" and after.checkpoint_owner is None
+    assert after.checkpoint == ExtendedSequenceNumber("7")
+    assert after.lease_counter == moved.lease.lease_counter + 1  # fences the old tenure
+
+
+def test_a_zombie_old_owner_cannot_checkpoint_after_the_handoff(
+    table: FaultyRenewTable, clock: ManualClock
+) -> None:
+    """The old owner paused past the handoff: the new owner completed nothing, the lease expired
+    and was taken. A write of the old tenure is refused and the lease dropped."""
+    holder = LeaseHolder(table, "worker-a", clock, DURATION)
+    held = holder.add_taken(take(table, "worker-a"))
+    table.initiate_handoff(stored(table), "worker-b")
+    holder.renew_all(wait=5)  # sees the handoff; then pauses
+    assert table.take_lease(stored(table), "worker-b") is not None  # expired for the others
+    result = holder.update(
+        KEY, held.token, lambda x: table.update_checkpoint(x, ExtendedSequenceNumber("9"))
+    )
+    assert result.loss is LeaseLoss.WRITE_LOST
+    assert stored(table).checkpoint == TRIM_HORIZON and stored(table).lease_owner == "worker-b"
+
+
+def test_an_update_that_begins_a_handoff_is_remembered_without_extending_the_lease(
+    table: FaultyRenewTable, holder: LeaseHolder, clock: ManualClock
+) -> None:
+    """hand_out() on SIGTERM: initiate_handoff keeps the counter; the held view must show the
+    handoff (so the release completes it rather than losing its condition), and the expiry clock
+    must not restart (no counter moved)."""
+    held = holder.add_taken(take(table, "worker-a"))
+    clock.advance(DURATION - 1)
+    result = holder.update(KEY, held.token, lambda x: table.initiate_handoff(x, "worker-b"))
+    assert result.won
+    now = holder.get_if_held(KEY)
+    assert now is not None and now.lease.handoff_pending
+    assert now.last_counter_change == held.last_counter_change
+    assert holder.release(KEY, held.token).won
+    assert stored(table).lease_owner == "worker-b" and not stored(table).handoff_pending

@@ -141,3 +141,78 @@ def test_ended_tenures_are_bounded_and_a_finished_shards_metrics_forgotten(
         assert exported("kclpy_spark_records_processed_total", labels) is None
         assert exported("kclpy_spark_millis_behind_latest", labels) is None
     assert exported("kclpy_spark_records_processed_total", {"stream": "", "shard": "x"}) is None
+
+
+async def eventually(until: Any, timeout: float = 10.0) -> None:
+    """Until ``until()`` holds, letting threads (to_thread calls) run too."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not until():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("the condition never held")
+        await asyncio.sleep(0.01)
+
+
+def _ask_handoff(env: Env, key: str) -> Any:
+    """What another worker's steal does, and what our next renewal then reports."""
+    lease = env.table.get_lease(key)
+    assert lease is not None and env.table.initiate_handoff(lease, "worker-b") is not None
+    (asked,) = env.holder.renew_all(wait=5).handoffs
+    return asked
+
+
+def test_a_handoff_lets_the_processor_checkpoint_then_passes_the_lease() -> None:
+    env = Env()
+    key = "shardId-000000000000"
+
+    async def go() -> None:
+        env.start(key, [batch(10), batch(11)])
+        await eventually(lambda: "11" in env.processor.seen)
+        env.set.hand_over(_ask_handoff(env, key), timeout=30.0)
+        await eventually(lambda: not env.table.get_lease(key).handoff_pending)  # type: ignore[union-attr]
+        await eventually(lambda: key not in env.set)
+
+    asyncio.run(go())
+    stored = env.table.get_lease(key)
+    assert stored is not None and stored.lease_owner == "worker-b"
+    assert stored.checkpoint.sequence_number == "11"  # the old owner's last checkpoint
+    assert env.processor.calls[-1] == "shutdown_requested"
+    assert "lease_lost" not in env.processor.calls
+    assert env.holder.get_if_held(key) is None
+    kinds = [e["kind"] for e in env.metrics.events.recent(10)]
+    assert "handed" in kinds
+
+
+def test_a_handoff_is_forced_after_its_timeout_and_the_late_checkpoint_refused() -> None:
+    release = threading.Event()
+    outcomes: list[str] = []
+
+    class Hung(Recorder):
+        def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+            self.calls.append("process_records")
+            assert release.wait(30.0)
+            try:
+                process_records_input.checkpointer.checkpoint()
+                outcomes.append("checkpointed")
+            except Exception as exc:  # CheckpointError: the lease moved on
+                outcomes.append(type(exc).__name__)
+
+    env = Env(Hung())
+    key = "shardId-000000000000"
+
+    async def go() -> None:
+        env.start(key, [batch(10)])
+        await eventually(lambda: "process_records" in env.processor.calls)
+        env.set.hand_over(_ask_handoff(env, key), timeout=0.2)
+        await eventually(lambda: not env.table.get_lease(key).handoff_pending)  # type: ignore[union-attr]
+        release.set()
+        await eventually(lambda: key not in env.set)
+
+    try:
+        asyncio.run(go())
+    finally:
+        release.set()
+    stored = env.table.get_lease(key)
+    assert stored is not None and stored.lease_owner == "worker-b"
+    assert stored.checkpoint == TRIM_HORIZON
+    assert outcomes == ["CheckpointError"]
+    assert "lease_lost" in env.processor.calls
