@@ -1,6 +1,7 @@
 """The soak benchmark's RecordProcessor: one JSON line per batch (wall time, shard, the records'
 data), appended to ``$KCLPY_SPARK_SAMPLE_OUTPUT/batches-<pid>.jsonl``, then a checkpoint. The
-benchmark counts batches and checks that no record was lost from these lines."""
+benchmark counts batches and checks that no record was lost from these lines. ``$BATCH_DELAY``
+seconds of work per batch (default 0) stand for a real processor's writes."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class BatchLines(RecordProcessor):
         self.path = out / f"batches-{os.getpid()}.jsonl"
 
     def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+        time.sleep(float(os.environ.get("BATCH_DELAY", "0")))
         line = json.dumps(
             {
                 "t": time.time(),

@@ -54,7 +54,11 @@ class Taker:
                 await asyncio.wait_for(wake.wait(), poll)
                 return
             if self._incoming:
-                await self._look_at_incoming()
+                try:
+                    await self._look_at_incoming()
+                except KclpySparkError as exc:  # the next poll (or round) tries again
+                    log.warning("worker %s: looking at leases handed to us failed: %s",
+                                self._w.cfg.worker_id, exc)  # fmt: skip
 
     async def _look_at_incoming(self) -> None:
         w = self._w
