@@ -102,6 +102,9 @@ class Lease:
     # kclpy-spark's: where a lease checkpointed at AT_TIMESTAMP starts reading (epoch seconds), as
     # a reset or the lease's creation chose it; None: the configured initial position's time.
     start_timestamp: float | None = None
+    # The KCL 3.x's throughputKBps: the lease's read throughput (a moving average), written by its
+    # owner at each renewal; None until first measured. Load-aware balancing weighs leases by it.
+    throughput_kbps: float | None = None
 
     @property
     def actual_owner(self) -> str | None:

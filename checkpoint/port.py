@@ -72,8 +72,9 @@ class LeaseTable(Protocol):
 
     def renew_lease(self, lease: Lease) -> Lease | None:
         """Condition: counter == lease.lease_counter and owner == lease.actual_owner.
-        Change: counter + 1. Returns the renewed lease as stored (a handoff begun meanwhile shows
-        in its lease_owner and checkpoint_owner), or None if the condition failed."""
+        Change: counter + 1, and throughput_kbps := lease.throughput_kbps unless that is None.
+        Returns the renewed lease as stored (a handoff begun meanwhile shows in its lease_owner
+        and checkpoint_owner), or None if the condition failed."""
         ...
 
     def take_lease(self, lease: Lease, owner: str) -> Lease | None:

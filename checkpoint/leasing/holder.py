@@ -29,75 +29,27 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from checkpoint.base.clock import Clock
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.lease import Lease
+from checkpoint.leasing.held import HeldLease, LeaseLoss, RenewalReport, UpdateResult
 from checkpoint.port import LeaseTable
 
 log = logging.getLogger(__name__)
 
+__all__ = [
+    "HeldLease",
+    "LeaseBusyError",
+    "LeaseHolder",
+    "LeaseLoss",
+    "RenewalReport",
+    "UpdateResult",
+]
+
 # The KCL's default maxLeaseRenewalThreads.
 RENEWAL_THREADS = 20
-
-
-@dataclass(frozen=True)
-class HeldLease:
-    """One tenure of one lease by this worker, as last seen."""
-
-    lease: Lease
-    token: uuid.UUID
-    last_counter_change: float  # monotonic seconds
-
-    @property
-    def lease_key(self) -> str:
-        return self.lease.lease_key
-
-    def is_expired(self, now_monotonic: float, lease_duration: float) -> bool:
-        return now_monotonic - self.last_counter_change > lease_duration
-
-
-class LeaseLoss(enum.StrEnum):
-    """Why a write for a lease was refused or lost (every one means: stop processing it)."""
-
-    NOT_HELD = "NOT_HELD"  # never taken, or already dropped
-    EXPIRED = "EXPIRED"  # not renewed within the lease duration, by our own clock
-    TOKEN_CHANGED = "TOKEN_CHANGED"  # held, but in a later tenure than the caller's
-    WRITE_LOST = "WRITE_LOST"  # the conditional write lost: someone else changed the lease
-
-
-@dataclass(frozen=True)
-class UpdateResult:
-    """The outcome of ``LeaseHolder.update``: the lease as now stored, or why nothing was written
-    (``WRITE_LOST``: a write was tried and lost its condition)."""
-
-    lease: Lease | None
-    loss: LeaseLoss | None = None
-
-    @property
-    def won(self) -> bool:
-        return self.lease is not None
-
-
-@dataclass(frozen=True)
-class RenewalReport:
-    """What one ``renew_all`` pass did. ``lost`` leases are dropped: their processors must stop.
-    ``failed`` renewals hit an infrastructure error (or could not get their lease's lock in time)
-    and stay held (they expire locally if the errors go on). ``slow`` renewals were still under way
-    when the pass stopped waiting; they finish on their own and are not submitted again until then.
-    """
-
-    renewed: tuple[str, ...] = ()
-    lost: tuple[Lease, ...] = ()
-    failed: dict[str, KclpySparkError] = field(default_factory=dict)
-    slow: tuple[str, ...] = ()
-    # The tenure each lost lease was held under: a report that arrives after the lease was
-    # taken again (a new tenure, a new token) must not stop the new one.
-    lost_tokens: dict[str, uuid.UUID] = field(default_factory=dict)
-    # Leases another worker asked us to hand over (a graceful handoff seen by their renewal):
-    # still held; the processor should checkpoint, then ``release`` completes the handoff.
-    handoffs: tuple[HeldLease, ...] = ()
 
 
 class _Renewal(enum.Enum):
@@ -112,6 +64,7 @@ class _Slot:
     held: HeldLease
     lock: threading.Lock = field(default_factory=threading.Lock)
     renewing: bool = False  # a renewal of this slot is in flight (guarded by the registry lock)
+    throughput: float | None = None  # KB/s measured lately; the next renewal writes it
 
 
 class LeaseBusyError(KclpySparkError):
@@ -203,6 +156,14 @@ class LeaseHolder:
 
     def held_keys(self) -> set[str]:
         return {h.lease_key for h in self.held()}
+
+    def set_throughput(self, lease_key: str, token: uuid.UUID, kbps: float) -> None:
+        """The lease's read throughput (KB/s, smoothed by the caller), written by its next
+        renewal as the KCL 3.x's throughputKBps; ignored unless held under ``token``."""
+        with self._lock:
+            slot = self._slots.get(lease_key)
+            if slot is not None and slot.held.token == token:
+                slot.throughput = kbps
 
     def drop(self, lease_key: str, token: uuid.UUID | None = None) -> HeldLease | None:
         """Stop holding the lease locally (no write: it expires for others); with ``token``,
@@ -307,7 +268,10 @@ class LeaseHolder:
             if self._expired_now(key, slot, held):
                 return _Renewal.LOST, held
             started = self._clock.monotonic()
-            new = self.table.renew_lease(held.lease)
+            lease = held.lease
+            if slot.throughput is not None:
+                lease = replace(lease, throughput_kbps=round(slot.throughput, 3))
+            new = self.table.renew_lease(lease)
             if new is None:
                 log.warning("lost lease %s: its renewal lost the conditional write", key)
                 if not self._drop_slot(key, slot):

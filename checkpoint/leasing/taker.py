@@ -45,6 +45,7 @@ import random
 from dataclasses import dataclass, replace
 
 from checkpoint.lease import Lease
+from checkpoint.leasing.load import has_load, plan_load_steal
 from checkpoint.leasing.observer import ObservedLease, ObservedScan
 
 # The KCL's default maxLeasesForWorker (Integer.MAX_VALUE): no cap.
@@ -138,11 +139,8 @@ def plan_takes(
         )
 
     needed = target - mine
-    if needed <= 0:
-        return replace(base, reason=f"at target: {mine} of {target}")
-
     available = scan.available
-    if available:
+    if needed > 0 and available:
         chosen = tuple(_preferred(available, rng)[:needed])
         return replace(
             base,
@@ -150,9 +148,32 @@ def plan_takes(
             reason=f"below target ({mine} of {target}): taking {len(chosen)} of "
             f"{len(available)} available lease(s)",
         )
+    if has_load(scan):  # the leases carry their throughput: steal by load, not by count
+        return _plan_load_steal(scan, worker_id, base, max_leases_to_steal, rng, steal_cooldown)
+    if needed <= 0:
+        return replace(base, reason=f"at target: {mine} of {target}")
     return _plan_steal(
         scan, worker_id, base, counts, needed, max_leases_to_steal, rng, steal_cooldown
     )
+
+
+def _plan_load_steal(
+    scan: ObservedScan,
+    worker_id: str,
+    base: TakePlan,
+    max_leases_to_steal: int,
+    rng: random.Random,
+    steal_cooldown: float,
+) -> TakePlan:
+    decided = plan_load_steal(scan, worker_id, rng=rng, max_leases_to_steal=max_leases_to_steal)
+    if not decided.steal:
+        return replace(base, reason=decided.reason)
+    lost_at = scan.taken_from.get(worker_id)
+    if steal_cooldown > 0 and lost_at is not None and scan.now - lost_at < steal_cooldown:
+        ago = scan.now - lost_at
+        return replace(base, reason=f"{decided.reason}; but not now: a lease was taken from us "
+                       f"{ago:.1f} s ago (cooldown {steal_cooldown:.1f} s)")  # fmt: skip
+    return replace(base, steal=decided.steal, victim=decided.victim, reason=decided.reason)
 
 
 def _plan_steal(

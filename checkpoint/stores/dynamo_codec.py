@@ -4,9 +4,9 @@ Items are the low-level client's typed attribute dicts (``{"S": ...}``, ``{"N": 
 follows the KCL's ``DynamoDBLeaseSerializer``: ``leaseOwner`` is absent while unowned, and empty
 sets are never written (DynamoDB forbids empty SS values), so an empty parent or child set is an
 absent attribute. kclpy-spark's parking fields are two extra attributes the KCL ignores, written
-only when they differ from their defaults. Attributes we do not model (``throughputKBps``,
-``streamName``, ``shardId``...) are ignored on reading and, because state changes use UpdateItem,
-kept on writing.
+only when they differ from their defaults. ``throughputKBps`` (KCL 3.x) is read, and written only
+by renewals. Attributes we do not model (``streamName``, ``shardId``...) are ignored on reading
+and, because state changes use UpdateItem, kept on writing.
 
 Reading is strict where the KCL could not work either: a missing ``leaseCounter`` or ``checkpoint``,
 an attribute of the wrong type, a non-numeric N, or a bad sequence number raise
@@ -45,6 +45,7 @@ CHECKPOINT_OWNER = "checkpointOwner"
 CLOSED_UNTIL = "kclpySparkClosedUntil"
 CLOSED_COUNT = "kclpySparkClosedCount"
 START_TIMESTAMP = "kclpySparkStartTimestamp"
+THROUGHPUT = "throughputKBps"  # KCL 3.x, written at renewal
 
 # KCL 3.5 keeps other entities (worker metrics, streams, leader...) in the lease table and tells
 # them apart with this attribute; items without it are leases (KCL 2.x wrote none).
@@ -135,6 +136,8 @@ def lease_to_item(lease: Lease) -> dict[str, AttributeValueTypeDef]:
         item[ENDING_HASH_KEY] = s_value(str(lease.hash_key_range.end))
     if lease.checkpoint_owner is not None:
         item[CHECKPOINT_OWNER] = s_value(lease.checkpoint_owner)
+    if lease.throughput_kbps is not None:
+        item[THROUGHPUT] = n_value(float(lease.throughput_kbps))
     set_values, _ = progress_changes(lease)
     item.update(set_values)
     return item
@@ -283,6 +286,7 @@ def lease_from_item(item: Mapping[str, Any]) -> Lease:
             raise r.corrupt(f"bad hash key range: {exc}") from None
     closed = r.number(CLOSED_UNTIL)
     start_timestamp = r.number(START_TIMESTAMP)
+    throughput = r.number(THROUGHPUT)
     try:
         return Lease(
             lease_key=lease_key,
@@ -299,6 +303,7 @@ def lease_from_item(item: Mapping[str, Any]) -> Lease:
             closed_until=None if closed is None else float(closed),
             closed_count=r.integer(CLOSED_COUNT),
             start_timestamp=None if start_timestamp is None else float(start_timestamp),
+            throughput_kbps=None if throughput is None else float(throughput),
         )
     except ValueError as exc:
         raise r.corrupt(str(exc)) from None

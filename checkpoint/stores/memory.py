@@ -63,7 +63,10 @@ class MemoryLeaseTable:
         current = self.get_lease(lease.lease_key)
         if current is None:
             return None
-        return self._swap(lease, current.bumped(), check_owner=True)
+        throughput = (
+            current.throughput_kbps if lease.throughput_kbps is None else lease.throughput_kbps
+        )
+        return self._swap(lease, current.bumped(throughput_kbps=throughput), check_owner=True)
 
     def take_lease(self, lease: Lease, owner: str) -> Lease | None:
         current = self.get_lease(lease.lease_key)

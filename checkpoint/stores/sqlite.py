@@ -236,7 +236,12 @@ class SQLiteLeaseTable:
     def renew_lease(self, lease: Lease) -> Lease | None:
         if lease.actual_owner is None:
             return None  # nobody holds it: nothing to renew
-        return self._conditional_update("renew", lease, "", (), check_owner=True)
+        if lease.throughput_kbps is None:
+            return self._conditional_update("renew", lease, "", (), check_owner=True)
+        args = (float(lease.throughput_kbps),)
+        return self._conditional_update(
+            "renew", lease, "throughput_kbps = ?, ", args, check_owner=True
+        )
 
     def take_lease(self, lease: Lease, owner: str) -> Lease | None:
         assignments = (

@@ -24,11 +24,11 @@ LEASE_TYPES = {
     "pending_checkpoint_state": "BLOB", "owner_switches": "INTEGER", "parent_shard_ids": "TEXT",
     "child_shard_ids": "TEXT", "starting_hash_key": "TEXT", "ending_hash_key": "TEXT",
     "checkpoint_owner": "TEXT", "closed_until": "REAL", "closed_count": "INTEGER",
-    "start_timestamp": "REAL",
+    "start_timestamp": "REAL", "throughput_kbps": "REAL",
 }  # fmt: skip
 # Columns added after the first release, in order: a database without them gets them (ALTER TABLE
 # ADD COLUMN, NULL for existing rows) when the table is ensured.
-ADDED_LEASE_COLUMNS = ("start_timestamp",)
+ADDED_LEASE_COLUMNS = ("start_timestamp", "throughput_kbps")
 RECORD_TYPES = {
     "namespace": "TEXT NOT NULL", "key": "TEXT NOT NULL", "owner": "TEXT",
     "version": "INTEGER NOT NULL", "expires_at": "REAL NOT NULL", "data": "TEXT NOT NULL",
@@ -63,6 +63,7 @@ def lease_to_row(namespace: str, lease: Lease) -> tuple[Any, ...]:
         parent_shard_ids=json.dumps(sorted(lease.parent_shard_ids)),
         starting_hash_key=None if hash_range is None else str(hash_range.start),
         ending_hash_key=None if hash_range is None else str(hash_range.end),
+        throughput_kbps=lease.throughput_kbps,
     )  # fmt: skip
     return tuple(by_name[name] for name in LEASE_COLUMNS)
 
@@ -116,6 +117,7 @@ def lease_from_row(row: tuple[Any, ...]) -> Lease:
             closed_until=get("closed_until", float),
             closed_count=get("closed_count", int) or 0,
             start_timestamp=get("start_timestamp", float),
+            throughput_kbps=get("throughput_kbps", float),
         )
     except ValueError as exc:  # a bad sequence number or hash key range
         raise CorruptLeaseError(key, str(exc)) from None

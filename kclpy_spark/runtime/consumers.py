@@ -22,6 +22,7 @@ from checkpoint.base.clock import AsyncSleep, Clock
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.counters import CoordinationCounters, Counter
 from checkpoint.leasing.holder import HeldLease, LeaseHolder
+from checkpoint.leasing.load import ema
 from checkpoint.port import LeaseTable
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.logs import shard_context
@@ -42,6 +43,9 @@ class _Running:
     consumer: ShardConsumer
     task: asyncio.Task[Outcome]
     warned_call: float | None = None  # start of the processor call already warned about
+    bytes_seen: int = 0  # stats.bytes at the last throughput measurement
+    measured_at: float | None = None
+    kbps: float | None = None  # the moving average of the read throughput
 
 
 class ConsumerSet:
@@ -164,6 +168,17 @@ class ConsumerSet:
             if context.owns(running.consumer.held_lease):
                 self._hand_back.add(key)
                 running.consumer.request_shutdown()
+
+    def measure_throughput(self) -> None:
+        """Each consumer's read throughput since the last call, smoothed (the KCL 3.x moving
+        average), handed to the holder for the next renewal to write (load-aware balancing)."""
+        now = self._clock.monotonic()
+        for key, r in self.running.items():
+            total = r.consumer.stats.bytes
+            if r.measured_at is not None and now > r.measured_at:
+                r.kbps = ema(r.kbps, (total - r.bytes_seen) / 1024 / (now - r.measured_at))
+                self._holder.set_throughput(key, r.consumer.token, r.kbps)
+            r.bytes_seen, r.measured_at = total, now
 
     def hand_over(self, held: HeldLease, timeout: float) -> None:
         """Another worker asked for this lease (graceful handoff): its consumer stops, the

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import contextvars
 import functools
 import logging
@@ -41,6 +40,7 @@ from kclpy_spark.runtime.identity import duplicate_message, unique_worker_id
 from kclpy_spark.runtime.lease_store import LeaseStore
 from kclpy_spark.runtime.metrics import StatusServer, worker_metrics
 from kclpy_spark.runtime.publish import status_payload
+from kclpy_spark.runtime.stopping import release_all
 from kclpy_spark.runtime.streams import StreamContext, StreamSet
 from kclpy_spark.runtime.taking import Taker
 from shard_sync.leader import LeaderElection
@@ -239,7 +239,7 @@ class Worker:
             await self.consumers.shutdown_all(self.cfg.shutdown_grace)
             renewer.cancel()
             await asyncio.gather(renewer, return_exceptions=True)
-            await self._release_all()
+            await release_all(self, self._io)
             log.info("worker %s stopped", self.cfg.worker_id)
 
     # --- loops -----------------------------------------------------------------------------------
@@ -279,6 +279,7 @@ class Worker:
     async def _renew_round(self) -> None:
         # On its own thread: a slow scan or maintenance pass on the lease executor never delays
         # a renewal round (renew_all itself waits at most a third of the lease duration).
+        self.consumers.measure_throughput()  # written by these renewals
         call = functools.partial(contextvars.copy_context().run, self.holder.renew_all)
         report = await asyncio.get_running_loop().run_in_executor(self._renew_io, call)
         self.metrics.renewals.inc(len(report.renewed))
@@ -316,7 +317,7 @@ class Worker:
             log.warning("worker %s: application suspended; releasing leases", self.cfg.worker_id)
             self.suspended = True
             await self.consumers.shutdown_all(self.cfg.shutdown_grace)
-            await self._release_all(resign=False)
+            await release_all(self, self._io, resign=False)
         elif not suspended and self.suspended:
             log.warning("worker %s: application resumed", self.cfg.worker_id)
             self.suspended = False
@@ -364,36 +365,6 @@ class Worker:
                 self._take_now.set()
         if self.leader.is_leader:
             await self._io(functools.partial(self.leader.note, last_sync=self.clock.wall()))
-
-    async def _release_all(self, *, resign: bool = True) -> None:
-        for held in self.holder.held():
-            try:
-                result = await self._io(self.holder.release, held.lease_key, held.token)
-                outcome = "" if result.won else " (already lost)"
-            except KclpySparkError as exc:
-                outcome = f" failed ({exc}); it expires instead"
-            if held.lease.handoff_pending:  # hand_out() began a graceful handoff: this ends it
-                self.events.add(held.lease_key, "handed", f"to {held.lease.lease_owner}{outcome}")
-                log.info("lease %s: handed over to %s (worker stopping)%s", held.lease_key,
-                         held.lease.lease_owner, outcome)  # fmt: skip
-                continue
-            self.events.add(held.lease_key, "released", f"worker stopping{outcome}")
-            log.info("worker %s released lease %s%s", self.cfg.worker_id, held.lease_key, outcome)
-        self.metrics.leases_held.set(0)
-        if resign:
-            with contextlib.suppress(KclpySparkError):
-                await self._io(self.leader.resign)
-            with contextlib.suppress(KclpySparkError):  # a restart need not wait for us
-                now = self.clock.wall()
-                stopped = {"stopped": True, "leases": {}}
-                await self._io(
-                    control.publish_worker_status,
-                    self.store,
-                    self.cfg.worker_id,
-                    stopped,
-                    now,
-                    self.instance,
-                )
 
     def context_of(self, lease: Lease) -> StreamContext | None:
         return self.streams.context_of(lease)

@@ -586,3 +586,19 @@ def test_take_after_the_old_owner_died_mid_handoff_clears_it(table: Any) -> None
     taken = table.take_lease(pending, "c")
     assert taken is not None and taken.lease_owner == "c" and taken.checkpoint_owner is None
     assert taken.lease_counter == pending.lease_counter + 1
+
+
+# -- throughput (KCL 3.x throughputKBps, written at renewal) -------------------------------------
+
+
+def test_renew_records_the_throughput_it_is_given_and_only_renew_does(table: Any) -> None:
+    before = owned(table)
+    assert before.throughput_kbps is None
+    renewed = table.renew_lease(replace(before, throughput_kbps=3.25))
+    assert renewed == replace(before, lease_counter=before.lease_counter + 1, throughput_kbps=3.25)
+    assert stored(table) == renewed
+    kept = table.renew_lease(replace(renewed, throughput_kbps=None))  # not measured: kept
+    assert kept is not None and kept.throughput_kbps == 3.25
+    updated = table.update_lease(replace(kept, throughput_kbps=99.0, closed_count=1))
+    assert updated is not None and updated.throughput_kbps == 3.25 and updated.closed_count == 1
+    assert stored(table) == updated

@@ -190,17 +190,26 @@ def test_sqlite_a_busy_pool_is_a_retriable_dependency_error(tmp_path: Path) -> N
     assert store.list_leases() == []
 
 
-def test_sqlite_a_database_of_an_earlier_version_gains_the_new_columns(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "dropped",
+    [("throughput_kbps", "start_timestamp"), ("throughput_kbps",)],
+    ids=["first-release", "before-throughput"],
+)
+def test_sqlite_a_database_of_an_earlier_version_gains_the_new_columns(
+    tmp_path: Path, dropped: tuple[str, ...]
+) -> None:
     path = tmp_path / "old.db"
     store = open_sqlite(path, namespace="app")
     store.create_lease_if_absent(Lease("shardId-0", TRIM_HORIZON))
     store.close()
-    with sqlite3.connect(path) as conn:  # what the first release created: no start_timestamp
-        conn.execute("ALTER TABLE kclpy_spark_leases DROP COLUMN start_timestamp")
+    with sqlite3.connect(path) as conn:  # what an earlier release created
+        for column in dropped:
+            conn.execute(f"ALTER TABLE kclpy_spark_leases DROP COLUMN {column}")
     again = open_sqlite(path, namespace="app")
     assert again.get_lease("shardId-0") == Lease("shardId-0", TRIM_HORIZON)
-    again.create_lease_if_absent(Lease("shardId-1", TRIM_HORIZON, start_timestamp=5.0))
-    assert again.get_lease("shardId-1").start_timestamp == 5.0  # type: ignore[union-attr]
+    new = Lease("shardId-1", TRIM_HORIZON, start_timestamp=5.0, throughput_kbps=2.5)
+    again.create_lease_if_absent(new)
+    assert again.get_lease("shardId-1") == new
 
 
 def test_sqlite_missing_file_with_creation_disabled(tmp_path: Path) -> None:
@@ -392,6 +401,7 @@ def test_dynamodb_reads_an_item_the_java_kcl_wrote(
         child_shard_ids=frozenset({"shardId-000000000004"}),
         hash_key_range=HashKeyRange(0, MAX_HASH_KEY),
         checkpoint_owner="kcl-worker-0",
+        throughput_kbps=12.5,
     )
     assert dynamo.get_lease("shardId-000000000003") == expected
     assert dynamo.list_leases() == [expected]

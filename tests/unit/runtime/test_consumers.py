@@ -216,3 +216,25 @@ def test_a_handoff_is_forced_after_its_timeout_and_the_late_checkpoint_refused()
     assert stored.checkpoint == TRIM_HORIZON
     assert outcomes == ["CheckpointError"]
     assert "lease_lost" in env.processor.calls
+
+
+def test_the_read_throughput_is_measured_smoothed_and_written_at_renewal() -> None:
+    env = Env()
+    key = "shardId-000000000000"
+
+    async def go() -> None:
+        env.start(key, [batch(10), batch(11)])
+        env.set.measure_throughput()  # the first look only sets the baseline
+        await eventually(lambda: "11" in env.processor.seen)
+        env.clock.advance(2.0)
+        env.set.measure_throughput()
+        env.holder.renew_all(wait=5)
+        env.set.running[key].consumer.request_shutdown()
+        await eventually(lambda: key not in env.set)
+
+    asyncio.run(go())
+    stored = env.table.get_lease(key)
+    assert stored is not None and stored.throughput_kbps is not None
+    delivered = env.set.finished[key].bytes
+    assert delivered > 0
+    assert stored.throughput_kbps == round(delivered / 1024 / 2.0, 3)

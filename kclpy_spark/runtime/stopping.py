@@ -1,0 +1,45 @@
+"""A worker's last step: give up every lease it still holds (ending the graceful handoffs that
+``Taker.hand_out`` began, releasing the rest so any worker takes them at once), resign shard-sync
+leadership and publish that it stopped, so a restart need not wait for its old status to age."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from checkpoint.base.errors import KclpySparkError
+from kclpy_spark.ops import control
+
+if TYPE_CHECKING:
+    from kclpy_spark.runtime.worker import Worker
+
+log = logging.getLogger(__name__)
+
+Io = Callable[..., Awaitable[Any]]
+
+
+async def release_all(w: Worker, io: Io, *, resign: bool = True) -> None:
+    for held in w.holder.held():
+        try:
+            result = await io(w.holder.release, held.lease_key, held.token)
+            outcome = "" if result.won else " (already lost)"
+        except KclpySparkError as exc:
+            outcome = f" failed ({exc}); it expires instead"
+        if held.lease.handoff_pending:  # hand_out() began a graceful handoff: this ends it
+            w.events.add(held.lease_key, "handed", f"to {held.lease.lease_owner}{outcome}")
+            log.info("lease %s: handed over to %s (worker stopping)%s", held.lease_key,
+                     held.lease.lease_owner, outcome)  # fmt: skip
+            continue
+        w.events.add(held.lease_key, "released", f"worker stopping{outcome}")
+        log.info("worker %s released lease %s%s", w.cfg.worker_id, held.lease_key, outcome)
+    w.metrics.leases_held.set(0)
+    if not resign:
+        return
+    with contextlib.suppress(KclpySparkError):
+        await io(w.leader.resign)
+    with contextlib.suppress(KclpySparkError):  # a restart need not wait for us
+        stopped = {"stopped": True, "leases": {}}
+        now = w.clock.wall()
+        await io(control.publish_worker_status, w.store, w.cfg.worker_id, stopped, now, w.instance)
