@@ -1,0 +1,147 @@
+"""One hot shard: does load-aware balancing give the hot shard's worker nothing else, keep the
+workers' CPU close, and move no lease back and forth?
+
+    .venv/bin/python bench/bench_hot_shard.py [--minutes 10] [--no-write]
+
+As a user runs it (the CLI and a config file, default timing): a 4-shard stream on LocalStack, a
+DynamoDB lease table, the soak's BatchLines processor; a producer puts ~1 KB records, 10x as many
+into one shard (explicit hash keys) as into each other one. Worker w1 starts alone and takes all
+four leases; w2 joins. Every 5 s the lease table is read (owners and throughputKBps) and each
+worker's CPU seconds (/proc/<pid>/stat). Reported after the balancing settles: which leases each
+worker holds, lease moves during the last ``--minutes`` (should be none), and the two workers' CPU
+over that time. Needs LocalStack on 127.0.0.1:4566. Writes bench/results/hot-shard.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_failover import ENDPOINT, Fleet, _kinesis, open_store, wait_for
+from common import REPO, machine, stamp, write_results
+
+COLD_RATE = 4  # records/s into each cold shard; the hot one gets 10x
+PAYLOAD = 1000
+
+
+def config(app: str) -> str:
+    return f"""
+application_name = "{app}"
+stream_name = "{app}"
+endpoint_url = "{ENDPOINT}"
+initial_position = "LATEST"
+lease_store = "dynamodb"
+processor = "soak_processor:BatchLines"
+"""
+
+
+def producer(kinesis: Any, stream: str, stop: threading.Event) -> None:
+    shards = kinesis.list_shards(StreamName=stream)["Shards"]
+    keys = [s["HashKeyRange"]["StartingHashKey"] for s in shards]
+    n = 0
+    while not stop.wait(1.0):
+        records = []
+        for i, key in enumerate(keys):
+            for _ in range(COLD_RATE * (10 if i == 0 else 1)):
+                data = (str(n).encode() + b" " + b"x" * PAYLOAD)[:PAYLOAD]
+                records.append({"Data": data, "PartitionKey": "p", "ExplicitHashKey": key})
+                n += 1
+        for start in range(0, len(records), 500):
+            kinesis.put_records(StreamName=stream, Records=records[start : start + 500])
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    app = f"bench-hot-{uuid.uuid4().hex[:8]}"
+    work = REPO / ".cache" / "bench" / f"hot-{time.strftime('%H%M%S')}"
+    work.mkdir(parents=True)
+    (work / "worker.toml").write_text(config(app))
+    kinesis = _kinesis()
+    kinesis.create_stream(StreamName=app, ShardCount=4)
+    kinesis.get_waiter("stream_exists").wait(StreamName=app)
+    hot = kinesis.list_shards(StreamName=app)["Shards"][0]["ShardId"]
+    fleet = Fleet(work, work / "worker.toml")
+    fleet.env.update(KCLPY_SPARK_SAMPLE_OUTPUT=str(work / "out"))
+    fleet.env["PYTHONPATH"] += f":{REPO / 'bench'}"
+    stop = threading.Event()
+    thread = threading.Thread(target=producer, args=(kinesis, app, stop))
+    thread.start()
+    try:
+        fleet.start("w1")
+        wait_for("the lease table", lambda: open_store("dynamodb", work, app).list_leases(), 120)
+        store = open_store("dynamodb", work, app)
+        wait_for("w1 holding all leases",
+                 lambda: {x.lease_owner for x in store.list_leases()} == {"w1"}, 120)  # fmt: skip
+        time.sleep(20)  # throughput measured and written
+        fleet.start("w2")
+        settle_start = time.monotonic()
+
+        def owners() -> dict[str, str | None]:
+            return {x.shard_id: x.actual_owner for x in store.list_leases()}
+
+        previous, stable_since = owners(), time.monotonic()
+        while time.monotonic() - stable_since < 60:  # settled: a minute without a move
+            time.sleep(5)
+            now = owners()
+            if now != previous:
+                previous, stable_since = now, time.monotonic()
+            if time.monotonic() - settle_start > 600:
+                break
+        settled_after = stable_since - settle_start
+        pids = {w: p.pid for w, p in fleet.procs.items()}
+        cpu0 = {w: cpu_seconds(pid) for w, pid in pids.items()}
+        t0, moves, last = time.monotonic(), 0, owners()
+        while time.monotonic() - t0 < args.minutes * 60:
+            time.sleep(5)
+            now = owners()
+            moves += sum(1 for k in now if now[k] != last.get(k))
+            last = now
+        elapsed = time.monotonic() - t0
+        cpu = {w: (cpu_seconds(pid) - cpu0[w]) / elapsed for w, pid in pids.items()}
+        leases = store.list_leases()
+    finally:
+        stop.set()
+        thread.join()
+        fleet.stop_all()
+        kinesis.delete_stream(StreamName=app, EnforceConsumerDeletion=True)
+    hot_owner = next(x.actual_owner for x in leases if x.shard_id == hot)
+    rows = "".join(
+        f"| {x.shard_id}{' (hot)' if x.shard_id == hot else ''} | {x.actual_owner} | "
+        f"{x.throughput_kbps if x.throughput_kbps is not None else '-'} |\n"
+        for x in sorted(leases, key=lambda x: x.shard_id)
+    )
+    others = [x.shard_id for x in leases if x.actual_owner == hot_owner and x.shard_id != hot]
+    spread = max(cpu.values()) / min(cpu.values()) if min(cpu.values()) > 0 else float("inf")
+    text = (
+        f"# One hot shard, load-aware balancing\n\n{stamp()} on {machine()}; 4 shards, "
+        f"{COLD_RATE} records/s of {PAYLOAD} B into each cold shard, {10 * COLD_RATE} into the "
+        "hot one; DynamoDB on LocalStack; w1 alone, then w2 joins.\n\n"
+        f"Settled {settled_after:.0f} s after w2 joined. Then, over {args.minutes:g} minutes: "
+        f"**{moves} lease moves**; CPU w1 {cpu.get('w1', 0):.1%}, w2 {cpu.get('w2', 0):.1%} of a "
+        f"core (ratio {spread:.2f}); the hot shard's worker ({hot_owner}) holds "
+        f"{'no other lease' if not others else 'also ' + ', '.join(others)}.\n\n"
+        "| lease | owner | throughputKBps |\n|---|---|---|\n" + rows
+    )
+    print(text)
+    if not args.no_write:
+        write_results("hot-shard", text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
