@@ -332,6 +332,25 @@ class LeaseHolder:
                 slot.held = HeldLease(new, held.token, held.last_counter_change)
             return UpdateResult(new)
 
+    def begin_handoff(self, lease_key: str, token: uuid.UUID, to: str) -> UpdateResult:
+        """Ask for our lease to be handed to ``to`` (a stopping worker's leases): the table names
+        ``to`` as owner and us as checkpoint owner; ``release`` completes it. A handoff another
+        worker began since our last renewal counts as begun (the lease stays held)."""
+
+        def write(lease: Lease) -> Lease | None:
+            begun = self.table.initiate_handoff(lease, to)
+            return begun if begun is not None else self._handoff_asked(lease)
+
+        return self.update(lease_key, token, write)
+
+    def _handoff_asked(self, lease: Lease) -> Lease | None:
+        """The lease as stored if a handoff from us began since ``lease`` (our last view): same
+        counter, and we are its checkpoint owner. Else None."""
+        current = self.table.get_lease(lease.lease_key)
+        if current is None or current.lease_counter != lease.lease_counter:
+            return None
+        return current if current.checkpoint_owner == self.worker_id else None
+
     def release(
         self,
         lease_key: str,
@@ -353,7 +372,11 @@ class LeaseHolder:
                 lease = updated
             if lease.handoff_pending:
                 return self.table.complete_handoff(lease)
-            return self.table.evict_lease(lease)
+            evicted = self.table.evict_lease(lease)
+            if evicted is None:  # a handoff begun since our last renewal: end it instead
+                asked = self._handoff_asked(lease)
+                return None if asked is None else self.table.complete_handoff(asked)
+            return evicted
 
         try:
             return self.update(lease_key, token, write)

@@ -150,11 +150,12 @@ class LeaseObserver:
         if before is None:
             # First sight (the KCL's rule): unowned = never renewed; owned = renewed now.
             return None if lease.lease_owner is None else now
-        if before.counter == lease.lease_counter:
-            return before.since
         previous_owner, owner = before.owner, lease.lease_owner
+        # An owner change is a move even without a counter change (a graceful handoff begun).
         if previous_owner is not None and owner is not None and owner != previous_owner:
             self._taken_from[previous_owner] = now
+        if before.counter == lease.lease_counter:
+            return before.since
         return now
 
     def record_write(self, lease: Lease, now: float) -> None:

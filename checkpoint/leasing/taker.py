@@ -149,7 +149,10 @@ def plan_takes(
             f"{len(available)} available lease(s)",
         )
     if has_load(scan):  # the leases carry their throughput: steal by load, not by count
-        return _plan_load_steal(scan, worker_id, base, max_leases_to_steal, rng, steal_cooldown)
+        if mine >= max_leases_for_worker:
+            return replace(base, reason=f"at max_leases_for_worker ({mine})")
+        steal = min(max_leases_to_steal, max_leases_for_worker - mine)
+        return _plan_load_steal(scan, worker_id, base, steal, rng, steal_cooldown)
     if needed <= 0:
         return replace(base, reason=f"at target: {mine} of {target}")
     return _plan_steal(

@@ -177,8 +177,6 @@ class DynamoDBLeaseTable(DynamoCalls):
         if counted:
             sets = {**sets, codec.LEASE_COUNTER: codec.n_value(lease.lease_counter + 1)}
         expect = dict(sets)  # what the item holds once this write landed
-        if check_owner and lease.lease_owner is not None and codec.LEASE_OWNER not in removes:
-            expect[codec.LEASE_OWNER] = codec.s_value(lease.lease_owner)
 
         def build(expr: Expr) -> dict[str, Any]:
             terms = [expr.counter_is(lease.lease_counter)] if counted else [expr.exists()]
@@ -202,7 +200,10 @@ class DynamoDBLeaseTable(DynamoCalls):
             found = codec.lease_from_item(item)
             normal = codec.lease_to_item(found)
             done = all(normal.get(k) == v for k, v in expect.items())
-            return found if done and not any(k in normal for k in removes) else None
+            # The actual owner, not leaseOwner: a handoff begun after our write landed renames it.
+            owners_removed = {codec.LEASE_OWNER, codec.CHECKPOINT_OWNER} & set(removes)
+            ours = not check_owner or owners_removed or found.actual_owner == lease.actual_owner
+            return found if done and ours and not any(k in normal for k in removes) else None
 
         return self._write(
             f"{what} lease {lease.lease_key!r}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 
 from checkpoint.lease import Lease, refuse_regression
@@ -16,7 +17,7 @@ class MemoryLeaseTable:
     def __init__(self) -> None:
         self._leases: dict[str, Lease] = {}
         self._records: dict[str, CoordinationRecord] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     def ensure_table(self) -> None:
         return None
@@ -41,8 +42,15 @@ class MemoryLeaseTable:
             return True
 
     def _swap(
-        self, expected: Lease, new: Lease, *, check_owner: bool, check_handoff: bool = False
+        self,
+        expected: Lease,
+        build: Callable[[Lease], Lease],
+        *,
+        check_owner: bool,
+        check_handoff: bool = False,
     ) -> Lease | None:
+        """Store ``build(current)`` if the stored lease meets the condition; read, check and
+        write under one lock (a handoff begun between a read and a write must not be undone)."""
         with self._lock:
             current = self._leases.get(expected.lease_key)
             if current is None or current.lease_counter != expected.lease_counter:
@@ -54,39 +62,38 @@ class MemoryLeaseTable:
                 or current.checkpoint_owner != expected.checkpoint_owner
             ):
                 return None
+            new = build(current)
             self._leases[expected.lease_key] = new
             return new
 
     def renew_lease(self, lease: Lease) -> Lease | None:
         if lease.actual_owner is None:
             return None
-        current = self.get_lease(lease.lease_key)
-        if current is None:
-            return None
-        throughput = (
-            current.throughput_kbps if lease.throughput_kbps is None else lease.throughput_kbps
-        )
-        return self._swap(lease, current.bumped(throughput_kbps=throughput), check_owner=True)
+        measured = lease.throughput_kbps
+
+        def renewed(current: Lease) -> Lease:
+            kbps = current.throughput_kbps if measured is None else measured
+            return current.bumped(throughput_kbps=kbps)
+
+        return self._swap(lease, renewed, check_owner=True)
 
     def take_lease(self, lease: Lease, owner: str) -> Lease | None:
-        current = self.get_lease(lease.lease_key)
-        if current is None:
-            return None
-        # The KCL counts a switch only from one owner to another, not from unowned.
-        switched = current.lease_owner is not None and current.lease_owner != owner
-        switches = current.owner_switches_since_checkpoint + switched
-        new = current.bumped(
-            lease_owner=owner, owner_switches_since_checkpoint=switches, checkpoint_owner=None
-        )
-        return self._swap(lease, new, check_owner=False)
+        def taken(current: Lease) -> Lease:
+            # The KCL counts a switch only from one owner to another, not from unowned.
+            switched = current.lease_owner is not None and current.lease_owner != owner
+            switches = current.owner_switches_since_checkpoint + switched
+            return current.bumped(
+                lease_owner=owner, owner_switches_since_checkpoint=switches, checkpoint_owner=None
+            )
+
+        return self._swap(lease, taken, check_owner=False)
 
     def evict_lease(self, lease: Lease) -> Lease | None:
-        current = self.get_lease(lease.lease_key)
-        if current is None:
-            return None
         # Mid-handoff only the checkpoint owner goes: the lease passes to the new owner at once.
         gone = {"checkpoint_owner" if lease.handoff_pending else "lease_owner": None}
-        return self._swap(lease, current.bumped(**gone), check_owner=True, check_handoff=True)
+        return self._swap(
+            lease, lambda current: current.bumped(**gone), check_owner=True, check_handoff=True
+        )
 
     def initiate_handoff(self, lease: Lease, new_owner: str) -> Lease | None:
         with self._lock:
@@ -124,20 +131,19 @@ class MemoryLeaseTable:
         return self._update(lease)
 
     def _update(self, lease: Lease) -> Lease | None:
-        current = self.get_lease(lease.lease_key)
-        if current is None:
-            return None
-        new = current.bumped(
-            checkpoint=lease.checkpoint,
-            pending_checkpoint=lease.pending_checkpoint,
-            pending_checkpoint_state=lease.pending_checkpoint_state,
-            owner_switches_since_checkpoint=lease.owner_switches_since_checkpoint,
-            child_shard_ids=lease.child_shard_ids,
-            closed_until=lease.closed_until,
-            closed_count=lease.closed_count,
-            start_timestamp=lease.start_timestamp,
-        )
-        return self._swap(lease, new, check_owner=True)
+        def updated(current: Lease) -> Lease:
+            return current.bumped(
+                checkpoint=lease.checkpoint,
+                pending_checkpoint=lease.pending_checkpoint,
+                pending_checkpoint_state=lease.pending_checkpoint_state,
+                owner_switches_since_checkpoint=lease.owner_switches_since_checkpoint,
+                child_shard_ids=lease.child_shard_ids,
+                closed_until=lease.closed_until,
+                closed_count=lease.closed_count,
+                start_timestamp=lease.start_timestamp,
+            )
+
+        return self._swap(lease, updated, check_owner=True)
 
     def update_checkpoint(
         self,
@@ -146,10 +152,11 @@ class MemoryLeaseTable:
         pending: ExtendedSequenceNumber | None = None,
     ) -> Lease | None:
         refuse_regression(lease, checkpoint)
-        current = self.get_lease(lease.lease_key)
-        if current is None or current.checkpoint != lease.checkpoint:
-            return None
-        return self._update(lease.checkpointed(checkpoint, pending))
+        with self._lock:  # re-entrant: the check and the write see one state
+            current = self._leases.get(lease.lease_key)
+            if current is None or current.checkpoint != lease.checkpoint:
+                return None
+            return self._update(lease.checkpointed(checkpoint, pending))
 
     def delete_lease(self, lease: Lease) -> bool:
         with self._lock:

@@ -59,6 +59,9 @@ class Taker:
                 except KclpySparkError as exc:  # the next poll (or round) tries again
                     log.warning("worker %s: looking at leases handed to us failed: %s",
                                 self._w.cfg.worker_id, exc)  # fmt: skip
+                except Exception:  # a bug here must not end the take loop
+                    log.exception("worker %s: looking at leases handed to us failed",
+                                  self._w.cfg.worker_id)  # fmt: skip
 
     async def _look_at_incoming(self) -> None:
         w = self._w
@@ -68,7 +71,7 @@ class Taker:
                 del self._incoming[key]  # gone, taken by another, or left to the rounds
             elif not lease.handoff_pending:
                 del self._incoming[key]
-                if w.may_take and key not in w.consumers and not lease.checkpoint.is_shard_end:
+                if w.may_take and self._ours_to_take(lease):
                     await self._take(lease, how="handed")
 
     async def round(self) -> None:
@@ -121,18 +124,36 @@ class Taker:
                 await self._take(lease, how="stole" if lease in plan.steal else "took")
 
     async def _adopt(self, leases: list[Lease]) -> None:
-        """Take the leases the table says are ours (no handoff pending) that we do not hold."""
+        """Take the leases the table says are ours (handed to us) that we do not hold; end the
+        handoffs from us of leases we no longer hold (handed to us and asked for by another
+        worker before we took them), so that their new owner can start."""
         w = self._w
         for lease in leases:
             key = lease.lease_key
-            if lease.lease_owner != w.cfg.worker_id or lease.handoff_pending:
+            if key in self._incoming or not w.may_take:
                 continue
-            if lease.checkpoint.is_shard_end:  # finished by the old owner: nothing to do
-                continue
-            if key in w.consumers or key in self._incoming or w.holder.get_if_held(key):
-                continue
-            if w.may_take:
+            if lease.checkpoint_owner == w.cfg.worker_id and not self._running(key):
+                log.info("lease %s: ending a handoff from us to %s", key, lease.lease_owner)
+                await self._io(w.store.complete_handoff, lease)
+            elif self._ours_to_take(lease):
                 await self._take(lease, how="handed")
+
+    def _running(self, key: str) -> bool:
+        return key in self._w.consumers or self._w.holder.get_if_held(key) is not None
+
+    def _ours_to_take(self, lease: Lease) -> bool:
+        """Ours by the table and ours to take now: no handoff pending, work left, not parked,
+        of a stream we consume (not ended, in a job), and not held or running here."""
+        w = self._w
+        if lease.lease_owner != w.cfg.worker_id or lease.handoff_pending:
+            return False
+        if lease.checkpoint.is_shard_end or lease.state(w.clock.wall()) is LeaseState.CLOSED:
+            return False
+        if w.streams.context_of(lease) is None:
+            return False
+        if w.caught_up is not None and w.caught_up.is_ended(lease.lease_key):
+            return False
+        return not self._running(lease.lease_key)
 
     async def hand_out(self) -> None:
         """Stopping: begin a graceful handoff of every lease we hold to the live workers of the
@@ -148,15 +169,13 @@ class Taker:
                 continue
             to = min(sorted(load), key=lambda worker: load[worker])
             try:
-                result = await self._io(
-                    w.holder.update, held.lease_key, held.token,
-                    lambda lease, to=to: w.store.initiate_handoff(lease, to),
-                )  # fmt: skip
+                result = await self._io(w.holder.begin_handoff, held.lease_key, held.token, to)
             except KclpySparkError as exc:
                 log.warning("lease %s: no handoff (%s); releasing it instead", held.lease_key, exc)
                 continue
-            if result.won:
-                load[to] += 1
+            if result.lease is not None:  # begun by us, or by a thief meanwhile
+                to = result.lease.lease_owner or to
+                load[to] = load.get(to, 0) + 1
                 log.info("lease %s: handing it over to %s (stopping)", held.lease_key, to)
 
     async def _ask_handoff(self, lease: Lease) -> None:
@@ -209,7 +228,11 @@ class Taker:
         if context is None or not w.may_take:  # its stream removed, or suspended, meanwhile
             await self._io(w.holder.release, held.lease_key, held.token)
             return
-        w.consumers.start(held, context)
+        try:
+            w.consumers.start(held, context)
+        except Exception:  # a bug: never hold (and renew) a lease nothing processes
+            log.exception("lease %s: its consumer could not start; releasing it", held.lease_key)
+            await self._io(w.holder.release, held.lease_key, held.token)
 
 
 def _why_taken(lease: Lease, how: str) -> tuple[str, str]:

@@ -25,12 +25,14 @@ import itertools
 import queue
 import threading
 import weakref
-from collections.abc import MutableMapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, MutableMapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import thread as _thread
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 IDLE_SECONDS = 30.0
+
+T = TypeVar("T")
 
 __all__ = ["IDLE_SECONDS", "RetiringThreadPool"]
 
@@ -58,9 +60,16 @@ class RetiringThreadPool(ThreadPoolExecutor):
     def _live(self) -> set[threading.Thread]:
         return cast(set[threading.Thread], self._threads)  # typeshed: AbstractSet
 
-    def _adjust_thread_count(self) -> None:
-        """Called by ``submit()`` under the lock, after queueing the call."""
-        self._top_up()
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        """Queue ``fn(*args, **kwargs)``. Our own work items, not the standard pool's (whose
+        private ``run`` changes between Python versions)."""
+        with self._shutdown_lock:
+            if self._shutdown or _thread._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            future: Future[T] = Future()
+            cast(Any, self._work_queue).put(_Call(future, fn, args, kwargs))
+            self._top_up()
+            return future
 
     def _top_up(self) -> None:
         while self._work_queue.qsize() > self._idle and len(self._threads) < self._max_workers:
@@ -108,6 +117,26 @@ class RetiringThreadPool(ThreadPoolExecutor):
                 threads = list(self._threads)  # idle threads leave the set as they end
             for t in threads:
                 t.join()
+
+
+class _Call:
+    """One submitted call; ``future`` is what ``shutdown(cancel_futures=True)`` cancels."""
+
+    __slots__ = ("args", "fn", "future", "kwargs")
+
+    def __init__(self, future: Future[Any], fn: Callable[..., Any], args: Any, kwargs: Any) -> None:
+        self.future, self.fn, self.args, self.kwargs = future, fn, args, kwargs
+
+    def run(self) -> None:
+        if not self.future.set_running_or_notify_cancel():
+            return
+        try:
+            result = self.fn(*self.args, **self.kwargs)
+        except BaseException as exc:
+            self.future.set_exception(exc)
+            del self  # no cycle: the traceback's frame would hold the future holding it
+        else:
+            self.future.set_result(result)
 
 
 def _serve(

@@ -505,3 +505,30 @@ def test_an_update_that_begins_a_handoff_is_remembered_without_extending_the_lea
     assert now.last_counter_change == held.last_counter_change
     assert holder.release(KEY, held.token).won
     assert stored(table).lease_owner == "worker-b" and not stored(table).handoff_pending
+
+
+def test_a_stopping_worker_whose_view_predates_a_thiefs_ask_still_hands_over(
+    table: FaultyRenewTable, holder: LeaseHolder
+) -> None:
+    """begin_handoff and release with a view from before another worker began a handoff: the
+    lease stays held, and the release completes the handoff (not a lost write and an expiry)."""
+    held = holder.add_taken(take(table, "worker-a"))
+    assert table.initiate_handoff(stored(table), "worker-b") is not None  # not renewed since
+    begun = holder.begin_handoff(KEY, held.token, "worker-c")
+    assert begun.won and begun.lease is not None and begun.lease.lease_owner == "worker-b"
+    assert holder.get_if_held(KEY) is not None
+    assert holder.release(KEY, held.token).won
+    after = stored(table)
+    assert after.lease_owner == "worker-b" and not after.handoff_pending
+
+
+def test_a_release_with_a_view_from_before_a_handoff_completes_it(
+    table: FaultyRenewTable, holder: LeaseHolder
+) -> None:
+    held = holder.add_taken(take(table, "worker-a"))
+    table.initiate_handoff(stored(table), "worker-b")
+    result = holder.release(KEY, held.token)
+    assert result.won
+    after = stored(table)
+    assert after.lease_owner == "worker-b" and after.checkpoint_owner is None
+    assert after.lease_counter == held.lease.lease_counter + 1

@@ -143,3 +143,9 @@ def test_random_loads_converge_without_oscillating(workers: int, leases: int, se
     moves = simulate(throughputs, workers=workers, seed=seed)
     assert sum(moves[100:]) == 0, f"still moving after 100 rounds: {moves[100:110]}"
     assert sum(moves) <= 3 * leases  # every move lowers the sum of squared loads
+
+
+def test_load_steals_stop_at_max_leases_for_worker() -> None:
+    owned = {"a": [20.0, 20.0, 1.0, 1.0], ME: [0.0]}
+    assert plan_takes(scan(owned), ME, rng=random.Random(1), max_leases_for_worker=1).steal == ()
+    assert plan_takes(scan(owned), ME, rng=random.Random(1), max_leases_for_worker=2).steal

@@ -202,3 +202,16 @@ def test_lease_timing_follows_the_kcls_formulas() -> None:
 def test_lease_timing_rejects_bad_values(kwargs: dict[str, float]) -> None:
     with pytest.raises(ConfigError):
         LeaseTiming(**kwargs)
+
+
+def test_a_handoff_begun_is_a_move_though_the_counter_did_not_change() -> None:
+    """initiate_handoff renames the owner without a counter change: still a lease taken from
+    the old owner (the steal cooldown's input), and the expiry clock keeps running."""
+    clock = ManualClock()
+    observer = LeaseObserver(LeaseTiming(failover=10.0, steal_cooldown_intervals=2.0))
+    observer.observe([lease("s", "a", 5)], clock.monotonic())
+    clock.advance(3.0)
+    pending = replace(lease("s", "b", 5), checkpoint_owner="a")
+    scan = observer.observe([pending], clock.monotonic())
+    assert scan.taken_from == {"a": clock.monotonic()}
+    assert scan.leases[0].last_change == clock.monotonic() - 3.0

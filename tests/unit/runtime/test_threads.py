@@ -162,3 +162,25 @@ def test_as_asyncio_default_executor_it_runs_to_thread_with_the_callers_context(
 
     assert asyncio.run(main()) == ["lease-7"] * 16
     assert wait_for(lambda: named("t-asyncio") == 0)
+
+
+def test_shutdown_can_cancel_the_queued_calls() -> None:
+    pool = RetiringThreadPool(1, "t-cancel", idle_seconds=5)
+    gate = threading.Event()
+    running = pool.submit(gate.wait, 10)
+    queued = [pool.submit(lambda: 1) for _ in range(3)]
+    pool.shutdown(wait=False, cancel_futures=True)
+    gate.set()
+    assert running.result(timeout=10) is True
+    assert all(f.cancelled() for f in queued)
+    assert wait_for(lambda: named("t-cancel") == 0)
+
+
+def test_a_call_that_raises_gives_its_exception_to_the_future() -> None:
+    pool = RetiringThreadPool(2, "t-raise", idle_seconds=0.05)
+    try:
+        with pytest.raises(ZeroDivisionError):
+            pool.submit(lambda: 1 / 0).result(timeout=10)
+        assert pool.submit(lambda: "next").result(timeout=10) == "next"
+    finally:
+        pool.shutdown()

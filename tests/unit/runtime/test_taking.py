@@ -1,0 +1,124 @@
+"""Taker paths of the graceful handoff, on the memory store with a stand-in worker: leases the
+table hands us are taken (unless finished, parked or not ours to run), a handoff from us of a
+lease we no longer hold is ended so its new owner can start, and a consumer that cannot start
+does not leave its lease held."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any
+
+from checkpoint.base.clock import ManualClock
+from checkpoint.counters import CoordinationCounters
+from checkpoint.lease import Lease
+from checkpoint.leasing.holder import LeaseHolder
+from checkpoint.sequence import SHARD_END, TRIM_HORIZON
+from checkpoint.stores.memory import MemoryLeaseTable
+from kclpy_spark.config import WorkerConfig
+from kclpy_spark.runtime.events import EventLog
+from kclpy_spark.runtime.metrics import WorkerMetrics
+from kclpy_spark.runtime.taking import Taker
+
+ME = "me"
+
+
+class Consumers(dict[str, Any]):
+    def __init__(self, fail: bool = False) -> None:
+        super().__init__()
+        self.fail = fail
+
+    def start(self, held: Any, context: Any) -> None:
+        if self.fail:
+            raise RuntimeError("cannot start")
+        self[held.lease_key] = held
+
+
+def worker(table: MemoryLeaseTable, consumers: Consumers) -> Any:
+    clock = ManualClock()
+    return SimpleNamespace(
+        cfg=WorkerConfig(stream_name="s", worker_id=ME),
+        store=table,
+        clock=clock,
+        timing=SimpleNamespace(lease_duration=10.0, steal_cooldown=0.0, take_interval=5.0),
+        holder=LeaseHolder(table, ME, clock, 10.0),
+        consumers=consumers,
+        streams=SimpleNamespace(context_of=lambda lease: object()),
+        caught_up=None,
+        may_take=True,
+        counters=CoordinationCounters(),
+        metrics=WorkerMetrics(CoordinationCounters()),
+        events=EventLog(ME, clock.wall),
+        rng=random.Random(1),
+    )
+
+
+async def io(fn: Any, *args: Any) -> Any:
+    return fn(*args)
+
+
+def put(table: MemoryLeaseTable, key: str, **fields: Any) -> Lease:
+    table.create_lease_if_absent(Lease(key, fields.pop("checkpoint", TRIM_HORIZON), **fields))
+    stored = table.get_lease(key)
+    assert stored is not None
+    return stored
+
+
+def test_leases_handed_to_us_are_taken_unless_finished_or_parked() -> None:
+    table = MemoryLeaseTable()
+    leases = [
+        put(table, "handed", lease_owner=ME, lease_counter=3),
+        put(table, "pending", lease_owner=ME, checkpoint_owner="x", lease_counter=3),
+        put(table, "finished", lease_owner=ME, checkpoint=SHARD_END),
+        put(table, "parked", lease_owner=ME, closed_until=1_800_000_000.0, closed_count=1),
+        put(table, "theirs", lease_owner="x"),
+    ]
+    w = worker(table, Consumers())
+    asyncio.run(Taker(w, io)._adopt(leases))
+    assert set(w.consumers) == {"handed"}
+    assert table.get_lease("handed").lease_counter == 4  # type: ignore[union-attr]
+    assert table.get_lease("pending").handoff_pending  # type: ignore[union-attr]
+
+
+def test_a_handoff_from_us_of_a_lease_we_do_not_hold_is_ended() -> None:
+    """Handed to us at a SIGTERM, then asked for by another worker before we took it: we are its
+    checkpoint owner but never ran it. Ending the handoff lets the asker start at once instead
+    of after the lease expired."""
+    table = MemoryLeaseTable()
+    orphan = put(table, "s", lease_owner="thief", checkpoint_owner=ME, lease_counter=7)
+    w = worker(table, Consumers())
+    asyncio.run(Taker(w, io)._adopt([orphan]))
+    after = table.get_lease("s")
+    assert after is not None and after.lease_owner == "thief" and not after.handoff_pending
+    assert after.lease_counter == 8 and not w.consumers
+
+
+def test_a_handoff_from_a_lease_we_hold_is_left_to_its_consumer() -> None:
+    table = MemoryLeaseTable()
+    mine = table.take_lease(put(table, "s"), ME)
+    assert mine is not None
+    w = worker(table, Consumers())
+    w.holder.add_taken(mine)
+    pending = table.initiate_handoff(mine, "thief")
+    asyncio.run(Taker(w, io)._adopt([pending]))  # type: ignore[list-item]
+    assert table.get_lease("s") == pending  # still pending: hand_over completes it
+
+
+def test_a_consumer_that_cannot_start_gives_its_lease_back() -> None:
+    table = MemoryLeaseTable()
+    handed = put(table, "s", lease_owner=ME)
+    w = worker(table, Consumers(fail=True))
+    asyncio.run(Taker(w, io)._adopt([handed]))
+    assert w.holder.get_if_held("s") is None
+    assert table.get_lease("s").lease_owner is None  # type: ignore[union-attr]
+
+
+def test_nothing_is_taken_while_the_worker_stops() -> None:
+    table = MemoryLeaseTable()
+    handed = put(table, "s", lease_owner=ME)
+    w = worker(table, Consumers())
+    w.may_take = False
+    asyncio.run(Taker(w, io)._adopt([replace(handed)]))
+    assert not w.consumers and table.get_lease("s") == handed
