@@ -117,9 +117,9 @@ class Board:
         self._merge_events()
 
     def _published(self, lease: Lease) -> tuple[Mapping[str, Any], float | None]:
-        if lease.lease_owner is None:
+        if lease.actual_owner is None:
             return {}, None
-        status = self._statuses.get(lease.lease_owner, {})
+        status = self._statuses.get(lease.actual_owner, {})
         figures = status.get("leases", {}).get(lease.lease_key, {})
         at = status.get("updated_at")
         return figures, float(at) if isinstance(at, int | float) else None
@@ -128,12 +128,12 @@ class Board:
         figures, at = self._published(lease)
         records = figures.get("records")
         key = lease.lease_key
-        if lease.lease_owner is None or not isinstance(records, int) or at is None:
+        if lease.actual_owner is None or not isinstance(records, int) or at is None:
             self._counts.pop(key, None)
             self._rates[key] = None
         else:
             before = self._counts.get(key)
-            count = _Count(lease.lease_owner, records, at)
+            count = _Count(lease.actual_owner, records, at)
             if before is None or before.owner != count.owner or count.records < before.records:
                 # First seen, moved, or a new tenure counting from 0: no rate until a step.
                 self._counts[key] = count
@@ -176,9 +176,10 @@ class Board:
         held: dict[str, int] = {}
         load: dict[str, float] = {}
         for lease in self._leases:
-            if lease.lease_owner and lease.state(self._at).value == "ASSIGNED":
-                held[lease.lease_owner] = held.get(lease.lease_owner, 0) + 1
-                load[lease.lease_owner] = load.get(lease.lease_owner, 0.0) + (
+            owner = lease.actual_owner
+            if owner and lease.state(self._at).value == "ASSIGNED":
+                held[owner] = held.get(owner, 0) + 1
+                load[owner] = load.get(owner, 0.0) + (
                     self._rates.get(lease.lease_key) or 0.0
                 )
         rows = []

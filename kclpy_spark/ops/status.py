@@ -41,15 +41,14 @@ def lease_rows(
     rows = []
     for lease in sorted(leases, key=lambda x: x.lease_key):
         published: Mapping[str, Any] = {}
-        if lease.lease_owner:
-            published = (
-                statuses.get(lease.lease_owner, {}).get("leases", {}).get(lease.lease_key, {})
-            )
+        owner = lease.actual_owner  # the worker processing it (the old owner mid-handoff)
+        if owner:
+            published = statuses.get(owner, {}).get("leases", {}).get(lease.lease_key, {})
         rows.append(
             LeaseRow(
                 shard_id=lease.shard_id,
                 lease_key=lease.lease_key,
-                owner=lease.lease_owner,
+                owner=owner,
                 state=lease.state(now_wall).value,
                 checkpoint=str(lease.checkpoint),
                 millis_behind_latest=published.get("millis_behind_latest"),
