@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 
 from checkpoint.base.clock import Clock
 from checkpoint.base.errors import KclpySparkError
+from checkpoint.base.threads import RetiringThreadPool
 from checkpoint.lease import Lease
 from checkpoint.leasing.held import HeldLease, LeaseLoss, RenewalReport, UpdateResult
 from checkpoint.port import LeaseTable
@@ -98,9 +99,7 @@ class LeaseHolder:
         self._clock = clock
         self._slots: dict[str, _Slot] = {}
         self._lock = threading.Lock()
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=renewal_threads, thread_name_prefix="kclpy-spark-renewer"
-        )
+        self._pool = RetiringThreadPool(renewal_threads, "kclpy-spark-renewer")
 
     def close(self) -> None:
         """Stop the renewal threads (renewals in flight finish on their own)."""

@@ -179,9 +179,7 @@ class Board:
             owner = lease.actual_owner
             if owner and lease.state(self._at).value == "ASSIGNED":
                 held[owner] = held.get(owner, 0) + 1
-                load[owner] = load.get(owner, 0.0) + (
-                    self._rates.get(lease.lease_key) or 0.0
-                )
+                load[owner] = load.get(owner, 0.0) + (self._rates.get(lease.lease_key) or 0.0)
         rows = []
         for worker in sorted(set(held) | set(self._statuses)):
             status = self._statuses.get(worker, {})

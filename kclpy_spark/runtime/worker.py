@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from checkpoint.base.clock import AsyncSleep, Clock, SystemClock
 from checkpoint.base.errors import KclpySparkError
+from checkpoint.base.threads import RetiringThreadPool
 from checkpoint.counters import CoordinationCounters
 from checkpoint.lease import Lease
 from checkpoint.leasing.holder import LeaseHolder
@@ -53,7 +54,7 @@ __all__ = ["ProcessorFactory", "Worker"]
 
 
 def _executor(threads: int, name: str) -> concurrent.futures.ThreadPoolExecutor:
-    return concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
+    return RetiringThreadPool(threads, name)
 
 
 class Worker:

@@ -9,13 +9,14 @@ deadlines are inert: a write still running while the process stops is not failed
 
 from __future__ import annotations
 
-import concurrent.futures
 import heapq
 import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable
+
+from checkpoint.base.threads import RetiringThreadPool
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +38,7 @@ class Deadline:
 class Watchdog:
     def __init__(self, name: str = "kclpy-spark-watchdog", callback_threads: int = 2) -> None:
         self._name = name
-        self._callbacks = concurrent.futures.ThreadPoolExecutor(
-            max_workers=callback_threads, thread_name_prefix=f"{name}-fire"
-        )
+        self._callbacks = RetiringThreadPool(callback_threads, f"{name}-fire")
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, Deadline]] = []
         self._seq = itertools.count()

@@ -1,10 +1,12 @@
-"""A thread pool whose idle threads end: the daemon's processor calls and lease-table writes.
+"""A thread pool whose idle threads end: every pool of the daemon (processor calls, lease-table
+calls, renewals, Spark watchdog callbacks).
 
 The standard ``ThreadPoolExecutor`` starts a thread whenever a call finds none idle and keeps it
 for the life of the pool, so over weeks its size is the highest number of calls ever in flight at
-once (a take of several leases while others checkpoint), not what runs now: the soak of
-2026-11-24 saw it climb 18 -> 20 in half an hour. Here a thread that has waited ``idle_seconds``
-for work ends, so the count follows the calls of the last ``idle_seconds``.
+once (a take of several leases while others checkpoint), not what runs now: the soaks of
+2026-11-24 saw the daemon's threads climb 18 -> 20, then 13 -> 14 and 20 -> 21, in half an hour.
+Here a thread that has waited ``idle_seconds`` for work ends, so the count follows the calls of
+the last ``idle_seconds``.
 
 A subclass of ThreadPoolExecutor (asyncio's ``set_default_executor`` takes nothing else) that
 replaces how threads start and end, with its own count of idle threads under the pool's lock:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from kclpy_spark.runtime.threads import RetiringThreadPool
+from checkpoint.base.threads import RetiringThreadPool
 
 
 def wait_for(check: Callable[[], bool], timeout: float = 20.0) -> bool:
