@@ -169,7 +169,7 @@ def main() -> int:
     text = report(results, args.rate)
     print(text)
     if not args.no_write:
-        write_results("handoff", text)
+        write_results("handoff.md", text)
     return 0
 
 

@@ -139,7 +139,7 @@ def main() -> int:
     )
     print(text)
     if not args.no_write:
-        write_results("hot-shard", text)
+        write_results("hot-shard.md", text)
     return 0
 
 
