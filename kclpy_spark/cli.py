@@ -125,7 +125,7 @@ def _run(args: argparse.Namespace) -> int:
         from kclpy_spark.runtime.daemon import config_file_stream_tracker
 
         tracker = config_file_stream_tracker(args.config, cfg.streams)
-    # A [sink] table runs the Spark sink; pyspark is imported only then.
+    # A [sink] table (or [[sinks]]) runs the Spark sink; pyspark is imported only then.
     from kclpy_spark.spark.sink_config import load_sink_config
 
     sink_cfg = load_sink_config(args.config) if args.config else None

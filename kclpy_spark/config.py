@@ -383,6 +383,6 @@ def load_toml(path: str | Path) -> WorkerConfig:
     table = data.get("kclpy_spark", data)
     if not isinstance(table, dict):
         raise ConfigError(f"config file {str(p)!r}: [kclpy_spark] must be a table")
-    # The [sink] table configures the Spark sink (kclpy_spark.spark.sink_config), not the worker.
-    table = {k: v for k, v in table.items() if k != "sink"}
+    # [sink] and [[sinks]] configure the Spark sink (kclpy_spark.spark.sink_config), not the worker.
+    table = {k: v for k, v in table.items() if k not in ("sink", "sinks")}
     return from_mapping(table, source=str(p))

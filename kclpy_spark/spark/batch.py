@@ -4,6 +4,7 @@ A sink implements ``BatchSink``: ``prepare`` (before the pending checkpoints are
 JSON-able token per lease that comes back unchanged when the piece is re-formed after a crash) and
 ``write`` (one attempt; raise to fail it). A plain foreachBatch function ``fn(df, batch_id)`` is
 wrapped by ``FunctionSink``; while it runs, ``current_batch()`` tells it the batch's pieces.
+``SinkRoute`` gives a sink its name and its own failure policy (several sinks per application).
 """
 
 from __future__ import annotations
@@ -74,6 +75,25 @@ class BatchSink(Protocol):
     def write(self, batch: SinkBatch) -> None:
         """Write the batch once; raise on failure. Idempotent sinks skip pieces already written."""
         ...
+
+
+class DeadLetterWriter(Protocol):
+    def write(self, batch: SinkBatch, error: BaseException) -> None:
+        """Store the batch durably with the error; raise if that failed."""
+        ...
+
+
+@dataclass(frozen=True)
+class SinkRoute:
+    """One sink of the application with its own failure policy: ``max_attempts`` writes of a
+    batch (each within ``write_timeout`` seconds), then its ``dead_letter`` location, or, without
+    one, the batch's leases park. ``name`` tells the sinks apart (logs, tokens, metrics)."""
+
+    name: str
+    sink: BatchSink
+    max_attempts: int
+    write_timeout: float
+    dead_letter: DeadLetterWriter | None = None
 
 
 class Interrupter(Protocol):

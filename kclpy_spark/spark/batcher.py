@@ -28,12 +28,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from checkpoint.base.clock import Clock, SystemClock
 from checkpoint.sequence import ExtendedSequenceNumber
-from kclpy_spark.spark.batch import BatchSink, Interrupter, NoInterrupter, ToDataFrame
+from kclpy_spark.spark.batch import (
+    BatchSink,
+    DeadLetterWriter,
+    Interrupter,
+    NoInterrupter,
+    SinkRoute,
+    ToDataFrame,
+)
 from kclpy_spark.spark.lane import (
     BatcherClosedError,
     Cut,
@@ -48,7 +55,7 @@ from kclpy_spark.spark.pieces import Chunk, PendingState
 from kclpy_spark.spark.planner import Plan, next_wakeup, plan_due
 from kclpy_spark.spark.settings import BatcherSettings
 from kclpy_spark.spark.updates import BatcherStats, LaneUpdates
-from kclpy_spark.spark.writer import Batch, BatchWriter, DeadLetterWriter
+from kclpy_spark.spark.writer import Batch, BatchWriter, single_route
 
 __all__ = [
     "BatcherClosedError",
@@ -64,11 +71,13 @@ log = logging.getLogger(__name__)
 
 
 class MicroBatcher:
-    """Thread-safe. ``threaded=False`` runs nothing in the background: call ``step()`` (tests)."""
+    """Thread-safe. ``sink``: one sink (with ``dead_letter`` and the settings' failure policy) or
+    several ``SinkRoute``s, each batch written to all of them. ``threaded=False`` runs nothing in
+    the background: call ``step()`` (tests)."""
 
     def __init__(
         self,
-        sink: BatchSink,
+        sink: BatchSink | Sequence[SinkRoute],
         settings: BatcherSettings | None = None,
         *,
         to_df: ToDataFrame | None = None,
@@ -89,13 +98,17 @@ class MicroBatcher:
         self._updates = LaneUpdates(
             self._cond, self.stats, self._clock, self.settings, self._close_locked
         )
+        routes = (
+            list(sink)
+            if isinstance(sink, Sequence)
+            else [single_route(sink, self.settings, dead_letter)]
+        )
         self._writer = BatchWriter(
-            sink,
+            routes,
             self.settings,
             self._updates,
             to_df=to_df,
             interrupter=interrupter or NoInterrupter(),
-            dead_letter=dead_letter,
             sleep=sleep,
         )
         self._on_batch_done = on_batch_done
@@ -214,12 +227,22 @@ class MicroBatcher:
         with self._cond:
             if self._active:
                 log.warning("closing the sink with %d batch(es) still being written", self._active)
-        self._writer.watchdog.close()
+        self._writer.close()
 
     @property
     def threads(self) -> int:
         """Writer threads alive (fixed at start)."""
         return sum(t.is_alive() for t in self._threads)
+
+    @property
+    def write_threads(self) -> int:
+        """Threads the sink writes run on (one per writer, plus any write still hung)."""
+        return self._writer.write_threads
+
+    @property
+    def hung_writes(self) -> int:
+        """Sink writes given up on for giving no answer, still running in their threads."""
+        return self._writer.hung_writes
 
     @property
     def deadlines(self) -> int:
@@ -240,7 +263,8 @@ class MicroBatcher:
                 for key, lane in self._lanes.items()
             }
             stats = dict(vars(self.stats))
-        return {"lanes": lanes, "stats": stats}
+        stats["hung_writes"] = self._writer.hung_writes
+        return {"lanes": lanes, "stats": stats, "sinks": list(self._writer.sink_names)}
 
     # --- running batches -------------------------------------------------------------------------
 

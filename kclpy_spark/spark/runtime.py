@@ -17,11 +17,12 @@ from typing import Any
 
 from checkpoint.base.errors import ConfigError
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.spark.batch import BatchSink, FunctionSink
+from kclpy_spark.spark.batch import BatchSink, FunctionSink, SinkRoute
 from kclpy_spark.spark.batcher import MicroBatcher
 from kclpy_spark.spark.paths import check_sink_path, check_writable, local_path
 from kclpy_spark.spark.session import SparkSessionHolder
-from kclpy_spark.spark.sink_config import SinkConfig
+from kclpy_spark.spark.settings import BatcherSettings
+from kclpy_spark.spark.sink_config import SinkConfig, SinkSpec
 from kclpy_spark.spark.sink_processor import SparkSinkProcessorFactory
 from kclpy_spark.spark.sinks import DeadLetterDirectory, DeltaSink, ParquetSink
 from kclpy_spark.user_code import import_user_module
@@ -29,37 +30,41 @@ from kclpy_spark.user_code import import_user_module
 log = logging.getLogger(__name__)
 
 
-def load_sink(cfg: SinkConfig) -> BatchSink:
+def load_sink(cfg: SinkConfig, spec: SinkSpec | None = None) -> BatchSink:
     """``parquet:<path>``, ``delta:<path>``, or ``module:attr`` naming a foreachBatch function
-    ``fn(df, batch_id)`` or a BatchSink (an object, or a class made with no arguments)."""
-    if cfg.sink_kind in ("parquet", "delta"):
-        check_sink_path(cfg.sink_kind, cfg.sink_path)
-    if cfg.sink_kind == "parquet":
-        return ParquetSink(cfg.sink_path)
-    if cfg.sink_kind == "delta":
+    ``fn(df, batch_id)`` or a BatchSink (an object, or a class made with no arguments).
+    ``spec``: which of the config's sinks (default: the first)."""
+    spec = spec or cfg.specs[0]
+    if spec.kind in ("parquet", "delta"):
+        check_sink_path(spec.kind, spec.path)
+    if spec.kind == "parquet":
+        return ParquetSink(spec.path)
+    if spec.kind == "delta":
         return DeltaSink(
-            cfg.sink_path,
+            spec.path,
             app_id_prefix=cfg.delta_app_id_prefix,
             via_spark=cfg.value_schema is not None,
         )
-    module_name, _, attr = cfg.sink.partition(":")
+    return _user_sink(spec.sink)
+
+
+def _user_sink(name: str) -> BatchSink:
+    module_name, _, attr = name.partition(":")
     target: Any = import_user_module(module_name, "sink")
     for part in attr.split("."):
         try:
             target = getattr(target, part)
         except AttributeError:
-            raise ConfigError(
-                f"module {module_name!r} has no {attr!r} (sink {cfg.sink!r})"
-            ) from None
+            raise ConfigError(f"module {module_name!r} has no {attr!r} (sink {name!r})") from None
     if inspect.isclass(target):
         target = target()
     if callable(getattr(target, "write", None)) and callable(getattr(target, "prepare", None)):
         sink: BatchSink = target
         return sink
     if callable(target):
-        _check_foreach_batch_signature(target, cfg.sink)
+        _check_foreach_batch_signature(target, name)
         return FunctionSink(target)
-    raise ConfigError(f"sink {cfg.sink!r} is neither a function fn(df, batch_id) nor a sink")
+    raise ConfigError(f"sink {name!r} is neither a function fn(df, batch_id) nor a sink")
 
 
 def _check_foreach_batch_signature(fn: Any, name: str) -> None:
@@ -76,6 +81,24 @@ def _check_foreach_batch_signature(fn: Any, name: str) -> None:
             f"sink {name!r} must take foreachBatch's two arguments (df, batch_id); "
             f"its signature is {fn.__name__ if hasattr(fn, '__name__') else fn}{signature}"
         ) from None
+
+
+def _route(cfg: SinkConfig, spec: SinkSpec, settings: BatcherSettings) -> SinkRoute:
+    """One sink, loaded and checked, with its failure policy (unset parts: the [sink] table's)."""
+    sink = load_sink(cfg, spec)
+    dead_letter = None
+    if spec.dead_letter_path:
+        folder = local_path(spec.dead_letter_path)
+        if folder is not None:
+            check_writable(folder, f"config 'failure_policy' dead-letter of sink {spec.name!r}")
+        dead_letter = DeadLetterDirectory(spec.dead_letter_path)
+    return SinkRoute(
+        spec.name,
+        sink,
+        spec.max_attempts or settings.max_attempts,
+        spec.write_timeout or settings.write_timeout,
+        dead_letter,
+    )
 
 
 def processor_factory_from_sink_config(
@@ -96,11 +119,8 @@ def processor_factory_from_sink_config(
         value_schema=sink_cfg.value_schema,
         keep_raw_data=sink_cfg.keep_raw_data,
     )
-    sink = load_sink(sink_cfg)
-    if sink_cfg.dead_letter_path:
-        folder = local_path(sink_cfg.dead_letter_path)
-        if folder is not None:
-            check_writable(folder, "config 'failure_policy' dead-letter")
+    settings = sink_cfg.batching
+    routes = [_route(sink_cfg, spec, settings) for spec in sink_cfg.specs]
     if start_session:
         holder.session()
         holder.check_value_schema()
@@ -113,15 +133,16 @@ def processor_factory_from_sink_config(
             settings.max_bytes,
             holder.target.master,
         )
-    dead_letter = (
-        DeadLetterDirectory(sink_cfg.dead_letter_path) if sink_cfg.dead_letter_path else None
-    )
-    batcher = MicroBatcher(
-        sink, settings, to_df=holder.to_df, interrupter=holder, dead_letter=dead_letter
-    )
+    batcher = MicroBatcher(routes, settings, to_df=holder.to_df, interrupter=holder)
     # Leave the worker time to release its leases after the processors' last flush.
     shutdown_timeout = min(sink_cfg.shutdown_timeout, 0.75 * worker_cfg.shutdown_grace)
-    log.info("Spark sink %r on %s, %s", sink, holder.target.master, settings)
+    log.info(
+        "Spark sink%s %s on %s, %s",
+        "s" if len(routes) > 1 else "",
+        ", ".join(repr(r.sink) for r in routes),
+        holder.target.master,
+        settings,
+    )
     return SparkSinkProcessorFactory(
         batcher, worker_cfg.stream, shutdown_timeout=shutdown_timeout, on_close=[holder.stop]
     )

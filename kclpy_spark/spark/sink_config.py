@@ -23,6 +23,17 @@ value_schema = "id BIGINT, name STRING"   # optional: parse data as JSON into th
 [sink.spark_conf]
 "spark.executor.memory" = "2g"
 ```
+
+Several sinks: each ``[[sinks]]`` entry names one (``sink``, optional ``name``, and its own
+``failure_policy``, ``max_attempts``, ``write_timeout``); ``[sink]`` keeps the shared settings
+and no ``sink`` key. Each batch goes to every sink in order; its checkpoint moves when all of
+them acknowledged it (acks.py)::
+
+    [[sinks]]
+    sink = "parquet:/data/out"
+    [[sinks]]
+    sink = "alerts:send"
+    failure_policy = "dead-letter:/data/alerts-dead"
 """
 
 from __future__ import annotations
@@ -30,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +52,41 @@ from kclpy_spark.spark.settings import BatcherSettings
 _FUNCTION = re.compile(r"^[\w.]+:[\w.]+$")
 # The default ``batching``: replaced in __post_init__ by the defaults of the sink's kind.
 _BY_SINK = BatcherSettings()
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    """One sink of several (a ``[[sinks]]`` entry): where it writes and its own failure policy.
+    ``max_attempts`` and ``write_timeout`` left unset take the ``[sink]`` table's values."""
+
+    sink: str
+    name: str = ""
+    failure_policy: str = "park"
+    max_attempts: int | None = None
+    write_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", _default_name(self.sink))
+        _check_sink(self.sink)
+        _check_policy(self.failure_policy)
+        if self.max_attempts is not None and self.max_attempts < 1:
+            raise ConfigError(f"config 'max_attempts' of sink {self.name!r} must be >= 1")
+        if self.write_timeout is not None and not self.write_timeout > 0:
+            raise ConfigError(f"config 'write_timeout' of sink {self.name!r} must be > 0")
+
+    @property
+    def kind(self) -> str:
+        """``parquet``, ``delta`` or ``function``."""
+        return _kind(self.sink)
+
+    @property
+    def path(self) -> str:
+        return self.sink.split(":", 1)[1] if self.kind != "function" else ""
+
+    @property
+    def dead_letter_path(self) -> str | None:
+        return _dead_letter_path(self.failure_policy)
 
 
 @dataclass(frozen=True)
@@ -55,29 +101,36 @@ class SinkConfig:
     value_schema: str | None = None
     keep_raw_data: bool = False
     delta_app_id_prefix: str = "kclpy-spark"
+    # Several sinks ([[sinks]]): each batch goes to all of them; then ``sink`` is left empty.
+    sinks: tuple[SinkSpec, ...] = ()
 
     def __post_init__(self) -> None:
+        if bool(self.sink) == bool(self.sinks):
+            raise ConfigError(
+                "name the sink once: 'sink' in [sink] for one sink, or [[sinks]] entries "
+                "(each with its 'sink') for several"
+            )
         if self.batching is _BY_SINK:
-            object.__setattr__(self, "batching", _defaults_for(self.sink))
+            object.__setattr__(self, "batching", _defaults_for([s.sink for s in self.specs]))
         _check(self)
 
     @property
+    def specs(self) -> tuple[SinkSpec, ...]:
+        """Every sink, in the order a batch is written to them."""
+        return self.sinks or (SinkSpec(self.sink, "sink", self.failure_policy),)
+
+    @property
     def sink_kind(self) -> str:
-        """``parquet``, ``delta`` or ``function``."""
-        for kind in ("parquet", "delta"):
-            if self.sink.startswith(kind + ":"):
-                return kind
-        return "function"
+        """The first sink's kind: ``parquet``, ``delta`` or ``function``."""
+        return self.specs[0].kind
 
     @property
     def sink_path(self) -> str:
-        return self.sink.split(":", 1)[1] if self.sink_kind != "function" else ""
+        return self.specs[0].path
 
     @property
     def dead_letter_path(self) -> str | None:
-        if self.failure_policy.startswith("dead-letter:"):
-            return self.failure_policy.split(":", 1)[1]
-        return None
+        return self.specs[0].dead_letter_path
 
     def batcher_settings(self, max_task_bytes: int | None = None) -> BatcherSettings:
         """The batcher's settings, ``max_bytes`` capped at ``max_task_bytes`` (cluster limit)."""
@@ -86,42 +139,73 @@ class SinkConfig:
         return dataclasses.replace(self.batching, max_bytes=max_task_bytes)
 
 
-def _check(cfg: SinkConfig) -> None:
-    if cfg.sink_kind == "function":
-        if not _FUNCTION.match(cfg.sink):
+def _kind(sink: str) -> str:
+    for kind in ("parquet", "delta"):
+        if sink.startswith(kind + ":"):
+            return kind
+    return "function"
+
+
+def _default_name(sink: str) -> str:
+    """``parquet``, ``delta``, or the function's name."""
+    kind = _kind(sink)
+    return kind if kind != "function" else sink.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+
+
+def _dead_letter_path(policy: str) -> str | None:
+    return policy.split(":", 1)[1] if policy.startswith("dead-letter:") else None
+
+
+def _check_sink(sink: str) -> None:
+    if _kind(sink) == "function":
+        if not _FUNCTION.match(sink):
             raise ConfigError(
                 "config 'sink' must be 'parquet:<path>', 'delta:<path>' or "
-                f"'package.module:function', got {cfg.sink!r}"
+                f"'package.module:function', got {sink!r}"
             )
-    elif not cfg.sink_path:
-        raise ConfigError(f"config 'sink' {cfg.sink!r} needs a path after the colon")
+    elif not sink.split(":", 1)[1]:
+        raise ConfigError(f"config 'sink' {sink!r} needs a path after the colon")
+
+
+def _check_policy(policy: str) -> None:
+    if not (policy == "park" or (_dead_letter_path(policy) or "").strip()):
+        raise ConfigError(
+            f"config 'failure_policy' must be 'park' or 'dead-letter:<path>', got {policy!r}"
+        )
+
+
+def _check(cfg: SinkConfig) -> None:
+    specs = cfg.specs  # each checked its sink and policy when made
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ConfigError(
+            f"the [[sinks]] entries need distinct names, got {names}: set 'name' in each"
+        )
     from kclpy_spark.spark.session import SparkTarget
 
     SparkTarget.parse(cfg.spark_target)  # raises ConfigError naming spark_target
-    if not (cfg.failure_policy == "park" or (cfg.dead_letter_path or "").strip()):
-        raise ConfigError(
-            "config 'failure_policy' must be 'park' or 'dead-letter:<path>', "
-            f"got {cfg.failure_policy!r}"
-        )
     if not cfg.batching.max_wait > 0:  # 0 (flush at once) is for tests; a sink batches
         raise ConfigError(f"config 'max_wait' must be > 0, got {cfg.batching.max_wait}")
     if not cfg.shutdown_timeout > 0:
         raise ConfigError(f"config 'shutdown_timeout' must be > 0, got {cfg.shutdown_timeout}")
 
 
-def _defaults_for(sink: str, given: Mapping[str, Any] = {}) -> BatcherSettings:
-    """Batching settings with the defaults of the sink's kind under the ``given`` ones."""
-    builtin = sink.startswith(("parquet:", "delta:"))
+def _defaults_for(sinks: list[str], given: Mapping[str, Any] = {}) -> BatcherSettings:
+    """Batching settings with the defaults of the sinks' kinds under the ``given`` ones: those
+    of the built-in sinks only when every sink is one."""
+    builtin = all(sink.startswith(("parquet:", "delta:")) for sink in sinks)
     defaults = {"scope": "worker", "regroup_wait": 0.0} if builtin else {"scope": "lease"}
     return BatcherSettings(**{**defaults, **given})
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(SinkConfig) if f.name != "batching"}
+_FIELDS = {f.name: f for f in dataclasses.fields(SinkConfig) if f.name not in ("batching", "sinks")}
+_SPEC_FIELDS = {f.name: f for f in dataclasses.fields(SinkSpec)}
 _BATCHING = {f.name: f for f in dataclasses.fields(BatcherSettings)}
 
 
 def _coerce(name: str, value: Any, source: str) -> Any:
-    kind = str((_FIELDS.get(name) or _BATCHING[name]).type)
+    kind = str((_FIELDS.get(name) or _BATCHING.get(name) or _SPEC_FIELDS[name]).type)
+    kind = kind.replace(" | None", "") if value is not None else kind
     bad = ConfigError(f"config {name!r} in {source} must be of type {kind}, got {value!r}")
     if kind == "float":
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -152,18 +236,54 @@ def sink_config(sink: str, **values: Any) -> SinkConfig:
     return sink_config_from_mapping({"sink": sink, **values}, source="sink_config()")
 
 
-def sink_config_from_mapping(values: Mapping[str, Any], *, source: str = "[sink]") -> SinkConfig:
+def sink_config_from_mapping(
+    values: Mapping[str, Any],
+    *,
+    source: str = "[sink]",
+    sinks: Sequence[Mapping[str, Any]] = (),
+) -> SinkConfig:
+    """The ``[sink]`` table's ``values`` and, for several sinks, the ``[[sinks]]`` entries (then
+    ``values`` holds the shared settings, and its ``failure_policy``, ``max_attempts`` and
+    ``write_timeout`` are the entries' defaults)."""
     unknown = sorted(set(values) - set(_FIELDS) - set(_BATCHING))
     if unknown:
         raise ConfigError(
             f"unknown sink config key(s) in {source}: {', '.join(unknown)} "
             f"(known: {', '.join(sorted({*_FIELDS, *_BATCHING}))})"
         )
-    if "sink" not in values:
+    if "sink" not in values and not sinks:
         raise ConfigError(f"config 'sink' is required in {source}")
+    if "sink" in values and sinks:
+        raise ConfigError(
+            f"{source} names a 'sink' and [[sinks]] entries are given too: with several sinks, "
+            "name each in its [[sinks]] entry"
+        )
     coerced = {k: _coerce(k, v, source) for k, v in values.items()}
+    specs = tuple(_spec(entry, coerced, i) for i, entry in enumerate(sinks))
     batching = {k: coerced.pop(k) for k in list(coerced) if k in _BATCHING}
-    return SinkConfig(**coerced, batching=_defaults_for(str(coerced["sink"]), batching))
+    if specs:
+        coerced.pop("failure_policy", None)  # the entries' default, given to each
+        coerced["sink"] = ""
+    names = [spec.sink for spec in specs] or [str(coerced["sink"])]
+    return SinkConfig(**coerced, batching=_defaults_for(names, batching), sinks=specs)
+
+
+def _spec(entry: Mapping[str, Any], shared: Mapping[str, Any], index: int) -> SinkSpec:
+    source = f"[[sinks]] entry {index + 1}"
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"{source} must be a table")
+    unknown = sorted(set(entry) - set(_SPEC_FIELDS))
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) in {source}: {', '.join(unknown)} "
+            f"(known: {', '.join(sorted(_SPEC_FIELDS))}; the other settings go in [sink])"
+        )
+    if "sink" not in entry:
+        raise ConfigError(f"config 'sink' is required in {source}")
+    inherited = {k: shared[k] for k in ("failure_policy", "max_attempts", "write_timeout")
+                 if k in shared}  # fmt: skip
+    values = {**inherited, **{k: _coerce(k, v, source) for k, v in entry.items()}}
+    return SinkSpec(**values)
 
 
 def sink_table(data: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -179,8 +299,22 @@ def sink_table(data: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return table
 
 
+def sinks_entries(data: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+    """The ``[[sinks]]`` (or ``[[kclpy_spark.sinks]]``) entries of parsed TOML (may be empty)."""
+    entries = data.get("sinks")
+    nested = data.get("kclpy_spark")
+    if entries is None and isinstance(nested, Mapping):
+        entries = nested.get("sinks")
+    if entries is None:
+        return ()
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError("config 'sinks' must be one or more [[sinks]] tables")
+    return entries
+
+
 def load_sink_config(path: str | Path) -> SinkConfig | None:
-    """The sink settings of a TOML config file, or None when it has no ``[sink]`` table."""
+    """The sink settings of a TOML config file, or None when it has neither a ``[sink]`` table
+    nor ``[[sinks]]`` entries."""
     p = Path(path)
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
@@ -188,5 +322,7 @@ def load_sink_config(path: str | Path) -> SinkConfig | None:
         raise ConfigError(f"config file {str(p)!r} does not exist") from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"config file {str(p)!r} cannot be read: {exc}") from None
-    table = sink_table(data)
-    return None if table is None else sink_config_from_mapping(table, source=f"{p} [sink]")
+    table, entries = sink_table(data), sinks_entries(data)
+    if table is None and not entries:
+        return None
+    return sink_config_from_mapping(table or {}, source=f"{p} [sink]", sinks=entries)

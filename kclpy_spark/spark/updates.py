@@ -156,9 +156,9 @@ class LaneUpdates:
         """Nothing is checkpointed: each cut goes back to the head of its lane to be re-formed,
         and the lanes are parked until the lease is parked or re-armed."""
         log.error(
-            "%r: giving up after %d attempts (%r); parking its leases",
+            "%r: giving up after %d attempt(s) (%r); parking its leases",
             batch,
-            self._settings.max_attempts,
+            sum(batch.attempts.values()),
             error,
         )
         with self._cond:

@@ -181,3 +181,72 @@ def test_the_sink_modules_do_not_import_pyspark() -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_several_sinks_are_read_from_sinks_entries(tmp_path: Path) -> None:
+    path = tmp_path / "several.toml"
+    path.write_text(
+        'stream_name = "s"\n'
+        '[sink]\nmax_records = 500\nmax_attempts = 4\nfailure_policy = "dead-letter:/dl"\n'
+        '[[sinks]]\nsink = "parquet:/out"\n'
+        '[[sinks]]\nsink = "alerts.mod:send"\nfailure_policy = "park"\nwrite_timeout = 20\n'
+        '[[sinks]]\nsink = "alerts.mod:send"\nname = "copy"\nmax_attempts = 2\n'
+    )
+    cfg = load_sink_config(path)
+    assert cfg is not None and cfg.sink == "" and cfg.batching.max_records == 500
+    assert [(s.name, s.kind, s.path) for s in cfg.specs] == [
+        ("parquet", "parquet", "/out"),
+        ("send", "function", ""),
+        ("copy", "function", ""),
+    ]
+    # the [sink] table's policy keys are each entry's defaults
+    assert [s.dead_letter_path for s in cfg.specs] == ["/dl", None, "/dl"]
+    assert [s.max_attempts for s in cfg.specs] == [4, 4, 2]
+    assert [s.write_timeout for s in cfg.specs] == [None, 20.0, None]
+    # one foreachBatch function among the sinks: batches are per lease (stable batch_id)
+    assert cfg.batching.scope == "lease" and cfg.batching.regroup_wait == 30.0
+    builtin = sink_config_from_mapping({}, sinks=[{"sink": "parquet:/a"}, {"sink": "delta:/b"}])
+    assert builtin.batching.scope == "worker" and builtin.batching.regroup_wait == 0.0
+    # a single [sink] keeps one spec named "sink", with the table's policy
+    single = sink_config("parquet:/x", failure_policy="dead-letter:/d")
+    assert [(s.name, s.dead_letter_path) for s in single.specs] == [("sink", "/d")]
+
+
+@pytest.mark.parametrize(
+    ("table", "entries", "message"),
+    [
+        ({"sink": "parquet:/a"}, [{"sink": "delta:/b"}], "name each in its"),
+        ({}, [{"sink": "parquet:/a"}, {"sink": "parquet:/b"}], "distinct names"),
+        ({}, [{"sink": "parquet:/a", "max_records": 5}], "the other settings go in"),
+        ({}, [{"name": "x"}], "'sink' is required in"),
+        ({}, [{"sink": "not a sink"}], "must be 'parquet"),
+        ({}, [{"sink": "m:f", "failure_policy": "retry"}], "failure_policy"),
+        ({}, [{"sink": "m:f", "max_attempts": 0}], "max_attempts"),
+        ({}, [{"sink": "m:f", "write_timeout": "soon"}], "write_timeout"),
+        ({}, [], "'sink' is required"),
+    ],
+)
+def test_bad_sinks_entries_are_clear_errors(
+    table: dict[str, Any], entries: list[dict[str, Any]], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        sink_config_from_mapping(table, sinks=entries)
+
+
+def test_the_factory_routes_each_batch_to_every_sink(tmp_path: Path) -> None:
+    worker = WorkerConfig(stream_name="s", application_name="app")
+    entries = [
+        {"sink": f"parquet:{tmp_path / 'out'}"},
+        {"sink": "operator:add", "failure_policy": f"dead-letter:{tmp_path / 'dl'}"},
+    ]
+    cfg = sink_config_from_mapping({"max_attempts": 3}, sinks=entries)
+    factory = processor_factory_from_sink_config(cfg, worker, start_session=False)
+    try:
+        assert factory.batcher.status()["sinks"] == ["parquet", "add"]
+    finally:
+        factory.close()
+    bad = [{"sink": "operator:add", "failure_policy": "dead-letter:/proc/no-such/dl"}]
+    with pytest.raises(ConfigError, match="sink 'add'"):
+        processor_factory_from_sink_config(
+            sink_config_from_mapping({}, sinks=bad), worker, start_session=False
+        )

@@ -1,0 +1,226 @@
+"""Several sinks per application: each batch goes to every sink, the checkpoint moves only when all
+of them acknowledged it, each sink fails by its own policy, and a write that gives no answer within
+its timeout is a negative acknowledgment.
+
+Real Checkpointers over a MemoryLeaseTable, a ManualClock, fake sinks (test_micro_batcher's Env).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+from test_micro_batcher import SHARDS, Env, FakeSink, esn, records
+
+from checkpoint.sequence import TRIM_HORIZON
+from kclpy_spark.spark.acks import DEAD_LETTERED, FAILED, WRITTEN, SinkFailedError
+from kclpy_spark.spark.batch import SinkBatch, SinkRoute
+from kclpy_spark.spark.batcher import BatcherSettings, DrainResult, MicroBatcher, SinkParkedError
+from kclpy_spark.spark.lane import LaneState
+from kclpy_spark.spark.pieces import PendingState, Piece
+from kclpy_spark.spark.writer import Batch
+
+
+class NamedSink(FakeSink):
+    """A FakeSink whose tokens name it, so each sink can be shown to get its own."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def prepare(self, pieces: Sequence[Piece]) -> Mapping[str, Any]:
+        return {p.lease_key: f"{self.name}-{p.key.last}" for p in pieces}
+
+
+class DeadLetters:
+    def __init__(self) -> None:
+        self.stored: list[tuple[SinkBatch, BaseException]] = []
+
+    def write(self, batch: SinkBatch, error: BaseException) -> None:
+        self.stored.append((batch, error))
+
+
+class TwoSinks(Env):
+    """Env whose batcher writes to two sinks, ``a`` then ``b``, each with its own policy."""
+
+    def __init__(self, settings: BatcherSettings, **route_b: Any) -> None:
+        self.a, self.b = NamedSink("a"), NamedSink("b")
+        self.route_b = {"max_attempts": 2, "write_timeout": 5.0, **route_b}
+        self.done: list[Batch] = []
+        super().__init__(settings)
+
+    def new_batcher(self, **kwargs: Any) -> MicroBatcher:
+        routes = [
+            SinkRoute("a", self.a, max_attempts=3, write_timeout=5.0),
+            SinkRoute("b", self.b, **self.route_b),
+        ]
+        return MicroBatcher(
+            routes,
+            self.settings,
+            clock=self.clock,
+            sleep=self.sleeps.append,
+            threaded=False,
+            on_batch_done=self.done.append,
+            **kwargs,
+        )
+
+
+def two_sinks(**route_b: Any) -> TwoSinks:
+    return TwoSinks(BatcherSettings(max_records=3, max_wait=10.0), **route_b)
+
+
+def test_each_batch_goes_to_every_sink_then_the_checkpoint_moves() -> None:
+    env = two_sinks()
+    env.take(SHARDS[0])
+    env.deliver(SHARDS[0], records(1, 6))
+    env.batcher.run_until_idle()
+    for sink in (env.a, env.b):
+        assert [b.rows for b in sink.written] == [3, 3]
+        assert [b.attempt for b in sink.written] == [1, 1]
+    assert [b.batch_id for b in env.a.written] == [b.batch_id for b in env.b.written]
+    # each sink sees its own token (and only it)
+    assert env.a.written[0].tokens == {SHARDS[0]: f"a-{esn(30)}"}
+    assert env.b.written[0].tokens == {SHARDS[0]: f"b-{esn(30)}"}
+    assert env.lease(SHARDS[0]).checkpoint == esn(60)
+    assert [b.acks.answers if b.acks else None for b in env.done] == [
+        {"a": WRITTEN, "b": WRITTEN}
+    ] * 2
+    assert env.batcher.status()["sinks"] == ["a", "b"]
+
+
+def test_one_failing_sink_among_two_moves_no_checkpoint_and_parks_the_lease() -> None:
+    env = two_sinks(max_attempts=2)
+    lane = env.take(SHARDS[0])
+    env.b.fail = lambda batch: True
+    env.deliver(SHARDS[0], records(1, 3))
+    env.batcher.step()
+    assert len(env.a.written) == 1 and len(env.a.attempts) == 1  # a answered: not asked again
+    assert [attempt for _, attempt in env.b.attempts] == [1, 2]  # b's own max_attempts
+    stored = env.lease(SHARDS[0])
+    assert stored.checkpoint == TRIM_HORIZON and stored.pending_checkpoint == esn(30)
+    assert env.batcher.lane_state(lane) is LaneState.PARKED
+    [batch] = env.done
+    assert batch.outcome == "parked" and batch.acks is not None
+    assert batch.acks.answers == {"a": WRITTEN, "b": FAILED}
+    assert isinstance(batch.error, SinkFailedError) and batch.error.sink == "b"
+    with pytest.raises(SinkParkedError, match="'b'"):
+        env.deliver(SHARDS[0], records(4, 1))
+    assert env.batcher.stats.parked_batches == 1 and env.batcher.stats.commits == 0
+
+
+def test_a_sink_that_recovers_within_its_attempts_lets_the_checkpoint_move() -> None:
+    env = two_sinks(max_attempts=3)
+    env.take(SHARDS[0])
+    env.b.fail = lambda batch: batch.attempt < 3
+    env.deliver(SHARDS[0], records(1, 3))
+    env.batcher.step()
+    assert [attempt for _, attempt in env.a.attempts] == [1]
+    assert [attempt for _, attempt in env.b.attempts] == [1, 2, 3]
+    assert env.lease(SHARDS[0]).checkpoint == esn(30)
+    assert env.batcher.stats.failed_attempts == 2
+
+
+def test_the_first_sink_failing_for_good_leaves_the_second_unwritten() -> None:
+    """The records come again later (parked lease), so the second sink would write them twice."""
+    env = two_sinks()
+    env.take(SHARDS[0])
+    env.a.fail = lambda batch: True
+    env.deliver(SHARDS[0], records(1, 3))
+    env.batcher.step()
+    assert len(env.a.attempts) == 3 and env.b.attempts == []
+    assert env.done[0].acks is not None and env.done[0].acks.waiting == ("b",)
+    assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON
+
+
+def test_a_dead_lettering_sink_acknowledges_and_the_checkpoint_moves() -> None:
+    dead = DeadLetters()
+    env = two_sinks(max_attempts=1, dead_letter=dead)
+    env.take(SHARDS[0])
+    env.b.fail = lambda batch: True
+    env.deliver(SHARDS[0], records(1, 3))
+    env.batcher.step()
+    assert [b.rows for b, _ in dead.stored] == [3] and len(env.a.written) == 1
+    assert dead.stored[0][0].tokens == {SHARDS[0]: f"b-{esn(30)}"}  # the failed sink's view
+    assert env.lease(SHARDS[0]).checkpoint == esn(30)
+    assert env.done[0].acks is not None
+    assert env.done[0].acks.answers == {"a": WRITTEN, "b": DEAD_LETTERED}
+    assert env.batcher.stats.dead_lettered_batches == 1
+
+
+def test_a_replayed_piece_gets_back_each_sinks_own_token() -> None:
+    env = two_sinks(max_attempts=1)
+    env.take(SHARDS[0])
+    env.b.fail = lambda batch: True
+    env.deliver(SHARDS[0], records(1, 3))
+    env.batcher.step()  # a wrote, b failed: the pending checkpoint holds both tokens
+    pending = env.lease(SHARDS[0]).pending_checkpoint_state
+    state = PendingState.decode(pending)
+    assert state is not None and state.token == {"a": f"a-{esn(30)}", "b": f"b-{esn(30)}"}
+    # The lease moves (a crash): the new owner re-forms the piece with the stored tokens.
+    env.table.evict_lease(env.lease(SHARDS[0]))
+    env.b.fail = lambda batch: False
+    env.batcher = env.new_batcher()
+    env.take(SHARDS[0], worker="worker-b")
+    env.deliver(SHARDS[0], records(1, 3))
+    env.batcher.run_until_idle()
+    assert env.b.written[-1].tokens == {SHARDS[0]: f"b-{esn(30)}"}
+    assert env.a.written[-1].tokens == {SHARDS[0]: f"a-{esn(30)}"}
+    assert env.a.written[-1].batch_id == env.a.written[0].batch_id  # same piece, same id
+    assert env.lease(SHARDS[0]).checkpoint == esn(30)
+
+
+def test_a_write_with_no_answer_within_its_timeout_is_a_negative_acknowledgment() -> None:
+    """The write of b never returns: after write_timeout (interrupt) and the grace after it, it
+    counts as failed and is left running; the lease parks, nothing is checkpointed; the threads
+    are bounded by the writers plus the writes still hung, and go back down when it returns."""
+    release = threading.Event()
+    env = two_sinks(max_attempts=1, write_timeout=0.2)
+    env.b.on_write = lambda batch: release.wait(30.0) and None
+    lane = env.take(SHARDS[0])
+    env.deliver(SHARDS[0], records(1, 3))
+    started = time.monotonic()
+    try:
+        env.batcher.step()
+        assert time.monotonic() - started < 20.0  # not the 30 s the write would take
+        assert env.batcher.lane_state(lane) is LaneState.PARKED
+        assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON
+        assert "gave no answer" in str(env.done[0].error)
+        assert env.batcher.hung_writes == 1
+        assert env.batcher.write_threads <= 2  # one writer + the hung write
+        # the next batch (another lease) is written on a fresh thread meanwhile
+        env.take(SHARDS[1])
+        env.b.on_write = lambda batch: None
+        env.deliver(SHARDS[1], records(1, 3))
+        env.batcher.run_until_idle()
+        assert env.lease(SHARDS[1]).checkpoint == esn(30)
+    finally:
+        release.set()
+    deadline = time.monotonic() + 10.0
+    while env.batcher.hung_writes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert env.batcher.hung_writes == 0
+    env.batcher.close(timeout=5.0)
+
+
+def test_a_parked_batch_rearmed_at_shard_end_is_written_to_every_sink() -> None:
+    env = two_sinks(max_attempts=1)
+    lane = env.take(SHARDS[0])
+    env.b.fail = lambda batch: True
+    env.deliver(SHARDS[0], records(1, 3))
+    env.batcher.step()
+    assert env.batcher.lane_state(lane) is LaneState.PARKED
+    env.b.fail = lambda batch: False
+    assert env.batcher.drain(lane, None, final=True) is DrainResult.DONE
+    # a is asked again (a new batch: its idempotence absorbs it), b writes it once
+    assert len(env.a.written) == 2 and len(env.b.written) == 1
+    assert env.a.written[0].batch_id == env.a.written[1].batch_id == env.b.written[0].batch_id
+    assert env.lease(SHARDS[0]).checkpoint == esn(30)
+
+
+def test_sinks_need_distinct_names() -> None:
+    sink = FakeSink()
+    with pytest.raises(ValueError, match="distinct"):
+        MicroBatcher([SinkRoute("x", sink, 1, 1.0), SinkRoute("x", sink, 1, 1.0)], threaded=False)
