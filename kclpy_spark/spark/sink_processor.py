@@ -147,7 +147,7 @@ class SparkSinkProcessorFactory:
         """A Prometheus collector of the batcher's figures (the worker registers it)."""
         from kclpy_spark.spark.updates import BatcherStatsCollector
 
-        return BatcherStatsCollector(self.batcher.stats)
+        return BatcherStatsCollector(self.batcher.stats, lambda: self.batcher.hung_writes)
 
     def close(self) -> None:
         self.batcher.close()

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from checkpoint.base.clock import Clock
@@ -56,14 +56,20 @@ class BatcherStatsCollector(Collector):
         "commit_seconds": "Seconds spent moving checkpoints after writes",
     }
 
-    def __init__(self, stats: BatcherStats) -> None:
+    def __init__(self, stats: BatcherStats, hung_writes: Callable[[], int] = lambda: 0) -> None:
         self._stats = stats
+        self._hung_writes = hung_writes
 
-    def collect(self) -> Iterable[CounterMetricFamily]:
+    def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
         for name, help_text in self._COUNTERS.items():
             yield CounterMetricFamily(
                 f"kclpy_spark_sink_{name}", help_text, value=float(getattr(self._stats, name))
             )
+        yield GaugeMetricFamily(
+            "kclpy_spark_sink_hung_writes",
+            "Sink writes given up on for giving no answer within their timeout, still running",
+            value=float(self._hung_writes()),
+        )
 
 
 class LaneUpdates:

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from spark_harness import LeaseEnv, make_records, written_numbers
 
-from kclpy_spark.spark.batch import FunctionSink, SinkBatch, current_batch
+from kclpy_spark.spark.batch import FunctionSink, SinkBatch, SinkRoute, current_batch
 from kclpy_spark.spark.batcher import BatcherSettings, MicroBatcher
 from kclpy_spark.spark.pieces import Piece
 from kclpy_spark.spark.session import SparkSessionHolder
@@ -238,3 +238,70 @@ def test_a_write_over_its_timeout_has_its_spark_job_cancelled_and_is_retried(
     assert len(calls) == 2 and "WriteTimeoutError" in batcher.stats.last_error
     assert sorted(written_numbers(tmp_path / "out")) == [1, 2, 3, 4, 5]
     assert env.checkpoint_number(SHARDS[0]) == 5
+
+
+def test_two_sinks_on_real_spark_each_get_every_record_and_the_checkpoint_waits_for_both(
+    holder: SparkSessionHolder, tmp_path: Path
+) -> None:
+    """Parquet (idempotent per piece) and a foreachBatch function that fails first attempts:
+    after every batch no checkpoint passes a record missing from either sink; at the end each
+    sink has every record once and Parquet was not asked again for the function's retries.
+    Then the function fails for good: Parquet has the rows, the checkpoint has not moved."""
+    out, fn_out = tmp_path / "parquet", tmp_path / "function"
+    seen: dict[int, int] = {}
+    fail_all = [False]
+
+    def foreach_batch(df: Any, batch_id: int) -> None:
+        seen[batch_id] = seen.get(batch_id, 0) + 1
+        if fail_all[0] or (seen[batch_id] == 1 and batch_id % 2 == 0):
+            raise RuntimeError("the function's first attempt fails")
+        df.write.mode("append").parquet(str(fn_out))
+
+    parquet = ParquetSink(out)
+    parquet_writes: list[int] = []
+    original_write = parquet.write
+
+    def counted_write(batch: SinkBatch) -> None:
+        parquet_writes.append(batch.batch_id)
+        original_write(batch)
+
+    parquet.write = counted_write  # type: ignore[method-assign]
+    env = LeaseEnv(SHARDS)
+    log: list[str] = []
+    both = check_after_each_batch(env, out, log)
+
+    def check(batch: Batch) -> None:
+        both(batch)
+        for shard in SHARDS:  # the function's output too
+            upto = env.checkpoint_number(shard)
+            assert set(range(1, upto + 1)) <= set(written_numbers(fn_out, shard))
+
+    routes = [
+        SinkRoute("parquet", parquet, max_attempts=3, write_timeout=120.0),
+        SinkRoute("fn", FunctionSink(foreach_batch), max_attempts=3, write_timeout=120.0),
+    ]
+    batcher = MicroBatcher(
+        routes,
+        BatcherSettings(max_records=250, max_wait=0.0, retry_base_delay=0.0),
+        to_df=holder.to_df,
+        interrupter=holder,
+        threaded=False,
+        sleep=lambda s: None,
+        on_batch_done=check,
+    )
+    for shard in SHARDS:
+        env.take(batcher, shard)
+    feed(env, batcher, 200, (70, 130, 40))
+    assert log and set(log) == {"written"} and batcher.stats.failed_attempts > 0
+    assert len(parquet_writes) == len(set(parquet_writes))  # never asked again for a retry
+    for folder in (out, fn_out):
+        got = sorted(written_numbers(folder))
+        assert got == sorted(list(range(1, 201)) * len(SHARDS)), folder
+    assert all(env.checkpoint_number(s) == 200 for s in SHARDS)
+    # The function now fails for good: the batch is parked although Parquet wrote it.
+    fail_all[0] = True
+    env.deliver(batcher, SHARDS[0], make_records(201, 10))
+    batcher.run_until_idle()
+    assert log[-1] == "parked" and env.checkpoint_number(SHARDS[0]) == 200
+    assert 210 in written_numbers(out, SHARDS[0])
+    batcher.close()

@@ -44,9 +44,13 @@ def test_the_worker_exports_resources_and_store_connections() -> None:
 def test_the_sink_counters_follow_the_batcher_stats() -> None:
     stats = BatcherStats(batches=7, rows=700, failed_attempts=2, commits=7)
     metrics = WorkerMetrics(CoordinationCounters())
-    metrics.registry.register(BatcherStatsCollector(stats))
+    hung = [0]
+    metrics.registry.register(BatcherStatsCollector(stats, lambda: hung[0]))
     text = metrics.exposition().decode()
     assert _value(text, "kclpy_spark_sink_batches_total") == 7
+    assert _value(text, "kclpy_spark_sink_hung_writes") == 0
+    hung[0] = 2
+    assert _value(metrics.exposition().decode(), "kclpy_spark_sink_hung_writes") == 2
     assert _value(text, "kclpy_spark_sink_rows_total") == 700
     stats.batches += 1
     assert _value(metrics.exposition().decode(), "kclpy_spark_sink_batches_total") == 8
