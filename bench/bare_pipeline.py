@@ -1,0 +1,128 @@
+"""The bare overlapped pipeline of ``bench_pipeline.py``, the baseline the issue names: no leases,
+no checkpoints, no batching rules. One thread drains every shard with aiobotocore (GetRecords,
+10,000 records a call, the SDK's own parsing) into Arrow record batches; another takes
+``--batch`` rows at a time and writes them with ``spark.createDataFrame(arrow)`` + Parquet
+append (the SparkSession made as the sink makes it). Spark starts before the clock. Prints one
+JSON line: the seconds from the first GetRecords to the last write.
+
+    python bench/bare_pipeline.py --endpoint http://127.0.0.1:PORT --stream s --records N --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import queue
+import sys
+import threading
+import time
+from typing import Any
+
+import pyarrow as pa
+
+SCHEMA = pa.schema(
+    [
+        ("shard_id", pa.string()),
+        ("sequence_number", pa.string()),
+        ("partition_key", pa.string()),
+        ("approximate_arrival_timestamp", pa.timestamp("ms", tz="UTC")),
+        ("data", pa.binary()),
+    ]
+)
+
+
+def to_arrow(shard: str, records: list[dict[str, Any]]) -> pa.RecordBatch:
+    n = len(records)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([shard] * n, pa.string()),
+            pa.array([r["SequenceNumber"] for r in records], pa.string()),
+            pa.array([r["PartitionKey"] for r in records], pa.string()),
+            pa.array([r["ApproximateArrivalTimestamp"] for r in records], SCHEMA.field(3).type),
+            pa.array([r["Data"] for r in records], pa.binary()),
+        ],
+        schema=SCHEMA,
+    )
+
+
+async def drain(endpoint: str, stream: str, total: int, out: queue.Queue[Any]) -> None:
+    from aiobotocore.session import get_session
+
+    session = get_session()
+    async with session.create_client(
+        "kinesis",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+    ) as client:
+        shards = (await client.list_shards(StreamName=stream))["Shards"]
+        left = [total]
+
+        async def one(shard: str) -> None:
+            it = (
+                await client.get_shard_iterator(
+                    StreamName=stream, ShardId=shard, ShardIteratorType="TRIM_HORIZON"
+                )
+            )["ShardIterator"]
+            while left[0] > 0 and it:
+                response = await client.get_records(ShardIterator=it, Limit=10_000)
+                it = response.get("NextShardIterator")
+                records = response["Records"]
+                if records:
+                    left[0] -= len(records)
+                    out.put(to_arrow(shard, records))
+                else:
+                    await asyncio.sleep(0.05)
+
+        await asyncio.gather(*(one(s["ShardId"]) for s in shards))
+    out.put(None)
+
+
+def write_all(spark: Any, batches: queue.Queue[Any], rows: int, path: str) -> int:
+    pending: list[pa.RecordBatch] = []
+    size = written = 0
+    while True:
+        item = batches.get()
+        if item is not None:
+            pending.append(item)
+            size += item.num_rows
+        if pending and (size >= rows or item is None):
+            spark.createDataFrame(pa.Table.from_batches(pending)).write.mode("append").parquet(path)
+            written += size
+            pending, size = [], 0
+        if item is None:
+            return written
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--endpoint", required=True)
+    parser.add_argument("--stream", required=True)
+    parser.add_argument("--records", type=int, required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--batch", type=int, default=100_000)
+    parser.add_argument("--target", default="local[2]")
+    args = parser.parse_args()
+    from kclpy_spark.spark.session import SparkSessionHolder
+
+    holder = SparkSessionHolder(args.target)  # the sink's Spark settings: same ground
+    spark = holder.session()
+    spark.range(1).collect()  # the JVM warm before the clock
+    batches: queue.Queue[Any] = queue.Queue(maxsize=64)
+    began = time.perf_counter()
+    reader = threading.Thread(
+        target=lambda: asyncio.run(drain(args.endpoint, args.stream, args.records, batches))
+    )
+    reader.start()
+    written = write_all(spark, batches, args.batch, args.out)
+    reader.join()
+    steady = time.perf_counter() - began
+    holder.stop()
+    print(json.dumps({"steady_s": steady, "rows": written}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

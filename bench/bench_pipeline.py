@@ -1,0 +1,253 @@
+"""The whole path as a user runs it: ``kclpy-spark run --until-caught-up`` with a config file,
+against the same kinesalite stream, one variant after another (alternating, ``--rounds`` times):
+
+* **consumer** (the baseline): ``processor = "pipeline_app:Noop"`` (checkpoints every batch);
+* **parquet**: a ``[sink]`` table writing the built-in Parquet sink (default batching settings
+  but ``spark_target``);
+* **two sinks**: ``[[sinks]]`` with the same Parquet sink and a foreachBatch function
+  (``pipeline_app:count_by_shard``: per-shard counts collected to the driver);
+* **bare**: ``bare_pipeline.py``, an aiobotocore drain in one thread and
+  ``createDataFrame(arrow)`` + Parquet append of 100,000 rows in another (no leases, no
+  checkpoints), the issue's second baseline; its clock runs from its first GetRecords.
+
+CPU: each run's process tree is sampled every 0.2 s (psutil), Python and the JVM apart; CPU per
+record is their CPU seconds over the records (start-up included: the JVM's start is a few CPU
+seconds, which 400,000 records spread thin; use more records to read the steady state).
+
+Each run starts a fresh application (its own SQLite lease table), reads every shard from
+TRIM_HORIZON to its tip, commits and exits. Rate = records / steady-state seconds: from the first
+``processing from checkpoint`` log line (Spark has started by then) to the last ``caught up``
+line. Wall time (start-up included) is printed too. Every run's output is checked: the Parquet
+rows, distinct, equal the records put.
+
+    python bench/bench_pipeline.py                    # 400,000 records, 4 shards, 3 rounds
+    python bench/bench_pipeline.py --records 2000000  # the issue's size (about 25 minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+from common import CACHE, child_env, machine, median, stamp, write_results
+from kinesalite import Kinesalite, load_stream
+
+VARIANTS = ("consumer", "bare", "parquet", "two sinks")
+CLI = [sys.executable, "-m", "kclpy_spark.cli"]
+
+
+def config(variant: str, work: Path, endpoint: str, stream: str, target: str) -> Path:
+    app = f"{stream}-{variant.replace(' ', '-')}-{work.name}"
+    head = (
+        f'application_name = "{app}"\nstream_name = "{stream}"\nendpoint_url = "{endpoint}"\n'
+        f'initial_position = "TRIM_HORIZON"\nlease_store = "sqlite:{work / "leases.db"}"\n'
+    )
+    out = work / "out"
+    if variant == "consumer":
+        body = 'processor = "pipeline_app:Noop"\n'
+    elif variant == "parquet":
+        body = f'[sink]\nsink = "parquet:{out}"\nspark_target = "{target}"\n'
+    else:
+        body = (
+            f'[sink]\nspark_target = "{target}"\n'
+            f'[[sinks]]\nsink = "parquet:{out}"\n'
+            '[[sinks]]\nsink = "pipeline_app:count_by_shard"\n'
+        )
+    path = work / "app.toml"
+    path.write_text(head + body)
+    return path
+
+
+def _time(line: dict[str, Any]) -> float:
+    return datetime.strptime(line["time"], "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
+
+
+class TreeCpu:
+    """CPU seconds of a process and its descendants, sampled until it ends: the last figure seen
+    of each process, Python and the JVM (``java``) apart."""
+
+    def __init__(self, pid: int) -> None:
+        self._root = psutil.Process(pid)
+        self._seen: dict[int, tuple[str, float]] = {}
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while self._root.is_running() and self._root.status() != psutil.STATUS_ZOMBIE:
+            with contextlib.suppress(psutil.Error):
+                for proc in [self._root, *self._root.children(recursive=True)]:
+                    with contextlib.suppress(psutil.Error):
+                        times = proc.cpu_times()
+                        self._seen[proc.pid] = (proc.name(), times.user + times.system)
+            time.sleep(0.2)
+
+    def totals(self) -> dict[str, float]:
+        self._thread.join(10.0)
+        jvm = sum(cpu for name, cpu in self._seen.values() if name == "java")
+        return {"jvm": jvm, "python": sum(c for _, c in self._seen.values()) - jvm}
+
+
+def run(variant: str, endpoint: str, stream: str, records: int, target: str) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="pipeline-", dir=CACHE))
+    if variant == "bare":
+        args = [sys.executable, str(Path(__file__).parent / "bare_pipeline.py"), "--endpoint",
+                endpoint, "--stream", stream, "--records", str(records), "--out",
+                str(work / "out"), "--target", target]  # fmt: skip
+    else:
+        cfg = config(variant, work, endpoint, stream, target)
+        args = [*CLI, "--log-format", "json", "run", "--config", str(cfg), "--until-caught-up"]
+    began = time.perf_counter()
+    proc = subprocess.Popen(
+        args,
+        env=child_env(PYTHONPATH=f"{Path(__file__).parent}:{child_env()['PYTHONPATH']}"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    cpu = TreeCpu(proc.pid)
+    stdout, stderr = proc.communicate(timeout=3600)
+    wall = time.perf_counter() - began
+    if proc.returncode != 0:
+        raise RuntimeError(f"{variant} exited {proc.returncode}:\n{stderr[-3000:]}")
+    used = cpu.totals()
+    if variant == "bare":
+        steady = float(json.loads(stdout.strip().splitlines()[-1])["steady_s"])
+    else:
+        steady = _steady_seconds(variant, stdout, stderr)
+    if variant != "consumer":
+        rows = _parquet_rows(work / "out")
+        if rows != records:
+            raise RuntimeError(f"{variant}: {rows} distinct Parquet rows, {records} records put")
+    return {
+        "variant": variant,
+        "steady_s": steady,
+        "wall_s": wall,
+        "rate": records / steady,
+        "python_us": used["python"] / records * 1e6,
+        "jvm_us": used["jvm"] / records * 1e6,
+    }
+
+
+def _steady_seconds(variant: str, stdout: str, stderr: str) -> float:
+    lines = []
+    for text in stderr.splitlines() + stdout.splitlines():
+        if text.startswith("{"):
+            try:
+                lines.append(json.loads(text))
+            except ValueError:
+                continue
+    starts = [_time(x) for x in lines if "processing from checkpoint" in x.get("message", "")]
+    ends = [_time(x) for x in lines if "caught up; checkpoint" in x.get("message", "")]
+    if not starts or not ends:
+        raise RuntimeError(f"{variant}: no start or caught-up lines in its log")
+    return max(ends) - min(starts)
+
+
+def _parquet_rows(out: Path) -> int:
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(str(out), format="parquet", partitioning="hive").to_table(
+        columns=["shard_id", "sequence_number"]
+    )
+    keys = zip(
+        table.column("shard_id").to_pylist(),
+        table.column("sequence_number").to_pylist(),
+        strict=True,
+    )
+    return len(set(keys))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=400_000)
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--size", type=int, default=200, help="payload bytes per record")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--target", default="local[2]")
+    args = parser.parse_args()
+    CACHE.mkdir(parents=True, exist_ok=True)
+    results: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+    with Kinesalite() as kinesalite:
+        stream = f"pipeline-{int(time.time())}"
+        put_s = load_stream(
+            kinesalite.endpoint, stream, shards=args.shards, records=args.records, size=args.size
+        )
+        print(f"put {args.records:,} records in {put_s:.0f}s", flush=True)
+        for n in range(args.rounds):
+            for variant in VARIANTS:
+                r = run(variant, kinesalite.endpoint, stream, args.records, args.target)
+                results[variant].append(r)
+                print(
+                    f"round {n + 1} {variant}: {r['rate']:,.0f} records/s steady "
+                    f"({r['steady_s']:.1f}s; wall {r['wall_s']:.1f}s)",
+                    flush=True,
+                )
+    report(results, args)
+    return 0
+
+
+def report(results: dict[str, list[dict[str, Any]]], args: Any) -> None:
+    rate = {v: median([r["rate"] for r in rs]) for v, rs in results.items()}
+    wall = {v: median([r["wall_s"] for r in rs]) for v, rs in results.items()}
+    rounds = len(results["consumer"])
+    per_round = [
+        {v: results[v][i]["rate"] for v in VARIANTS} for i in range(rounds)
+    ]  # ratios within a round: same load
+    parquet_vs = median([r["parquet"] / r["consumer"] for r in per_round])
+    bare_vs = median([r["parquet"] / r["bare"] for r in per_round])
+    two_vs = median([r["two sinks"] / r["parquet"] for r in per_round])
+    cpu = {
+        v: (median([r["python_us"] for r in rs]), median([r["jvm_us"] for r in rs]))
+        for v, rs in results.items()
+    }
+    cpu_vs = (cpu["parquet"][0] + cpu["parquet"][1]) / (cpu["bare"][0] + cpu["bare"][1])
+    lines = [
+        f"# The whole path: Kinesis -> Spark sinks, as a user runs it ({stamp()})",
+        "",
+        f"Machine: {machine()}.",
+        "",
+        f"`bench/bench_pipeline.py --records {args.records} --shards {args.shards} --rounds "
+        f"{args.rounds} --target {args.target}`: kinesalite, {args.size}-byte records, "
+        "`kclpy-spark run --until-caught-up` per variant (fresh application, SQLite lease "
+        "table, default batching settings); variants alternate within each round.",
+        "",
+        "| variant | records/s steady (median) | wall s (median, start-up included) "
+        "| CPU us/record: Python | JVM | together |",
+        "|---|---:|---:|---:|---:|---:|",
+        *(
+            f"| {v} | {rate[v]:,.0f} | {wall[v]:.1f} | {cpu[v][0]:.1f} | {cpu[v][1]:.1f} "
+            f"| {cpu[v][0] + cpu[v][1]:.1f} |"
+            for v in VARIANTS
+        ),
+        "",
+        "| ratio (median of per-round ratios) | value | goal |",
+        "|---|---:|---:|",
+        f"| Parquet sink / consumer alone | {parquet_vs:.2f} | >= 0.9 |",
+        f"| Parquet sink / bare overlapped pipeline | {bare_vs:.2f} | >= 1.2 |",
+        f"| CPU per record, Parquet sink / bare (together) | {cpu_vs:.2f} | <= 0.6 |",
+        f"| two sinks (Parquet + a function) / Parquet alone | {two_vs:.2f} | >= 0.8 |",
+        "",
+        "| round | " + " | ".join(VARIANTS) + " |",
+        "|---:|" + "---:|" * len(VARIANTS),
+        *(
+            f"| {i + 1} | " + " | ".join(f"{r[v]:,.0f}" for v in VARIANTS) + " |"
+            for i, r in enumerate(per_round)
+        ),
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    write_results("pipeline.md", text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
