@@ -181,6 +181,7 @@ async def _put_all(
     payload: Callable[[int], bytes],
     concurrency: int,
     shards: int,
+    tips: dict[str, int] | None = None,
 ) -> int:
     from aiobotocore.config import AioConfig
     from aiobotocore.session import get_session
@@ -216,6 +217,12 @@ async def _put_all(
                         if "ErrorCode" in result
                     ]
                     put += len(pending) - len(failed)
+                    if tips is not None:
+                        for result in resp["Records"]:
+                            if "ErrorCode" not in result:
+                                seq = int(result["SequenceNumber"])
+                                shard = result["ShardId"]
+                                tips[shard] = max(tips.get(shard, 0), seq)
                     pending = failed
                     if failed:
                         await asyncio.sleep(0.05)
@@ -233,13 +240,17 @@ def load_stream(
     size: int = 200,
     payload: Callable[[int], bytes] | None = None,
     concurrency: int = PUT_CONCURRENCY,
+    tips: dict[str, int] | None = None,
 ) -> float:
     """Create a ``shards``-shard stream and put ``records`` records of ``size`` bytes, spread
-    evenly over the shards. Returns the seconds the puts took."""
+    evenly over the shards. Returns the seconds the puts took; ``tips`` (when given) gets each
+    shard's last sequence number."""
     create_stream(endpoint, stream, shards)
     began = time.perf_counter()
     done = asyncio.run(
-        _put_all(endpoint, stream, records, payload or default_payload(size), concurrency, shards)
+        _put_all(
+            endpoint, stream, records, payload or default_payload(size), concurrency, shards, tips
+        )
     )
     if done != records:
         raise RuntimeError(f"put {done} of {records} records")
