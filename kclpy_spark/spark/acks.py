@@ -62,6 +62,10 @@ class AckSet:
         return not self.waiting and not self.failed
 
     @property
+    def written_any(self) -> bool:
+        return WRITTEN in self.answers.values()
+
+    @property
     def dead_lettered(self) -> bool:
         return DEAD_LETTERED in self.answers.values()
 

@@ -91,7 +91,8 @@ def _route(cfg: SinkConfig, spec: SinkSpec, settings: BatcherSettings) -> SinkRo
         folder = local_path(spec.dead_letter_path)
         if folder is not None:
             check_writable(folder, f"config 'failure_policy' dead-letter of sink {spec.name!r}")
-        dead_letter = DeadLetterDirectory(spec.dead_letter_path)
+        several = len(cfg.specs) > 1
+        dead_letter = DeadLetterDirectory(spec.dead_letter_path, spec.name if several else None)
     return SinkRoute(
         spec.name,
         sink,

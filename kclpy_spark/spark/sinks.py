@@ -18,7 +18,7 @@ never written twice even when it comes back in a batch of another composition:
   batch carrying one application transaction per lease: app id ``<prefix>:<lease key>``, version
   = the lease's previous version + 1, chosen in ``prepare`` and stored with the pending checkpoint,
   so a replayed piece finds its version already committed and is skipped.
-* ``DeadLetterDirectory(path)``: a failed batch as ``batch-<id>.parquet`` (pyarrow, no Spark),
+* ``DeadLetterDirectory(path)``: a failed batch as ``batch-<id>[-<sink>].parquet`` (pyarrow),
   with the error and the pieces in the file's metadata; the file and the folder are fsynced before
   the batch counts as handled (its checkpoint moves after that).
 """
@@ -264,8 +264,11 @@ class DeltaSink:
 
 
 class DeadLetterDirectory:
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], sink_name: str | None = None) -> None:
+        """``sink_name``: with several sinks, whose failure this location stores (in the file
+        name and metadata, so that sinks sharing a location keep their own files)."""
         self.path = _local_path(path, "the dead-letter location")
+        self.sink_name = sink_name
 
     def __repr__(self) -> str:
         return f"DeadLetterDirectory({str(self.path)!r})"
@@ -274,7 +277,8 @@ class DeadLetterDirectory:
         import pyarrow.parquet as pq  # type: ignore[import-untyped, unused-ignore]
 
         self.path.mkdir(parents=True, exist_ok=True)
-        final = self.path / f"batch-{batch.batch_id:016x}.parquet"
+        suffix = f"-{self.sink_name}" if self.sink_name else ""
+        final = self.path / f"batch-{batch.batch_id:016x}{suffix}.parquet"
         if final.exists():
             return  # a replay of a batch already dead-lettered
         pieces = [
@@ -293,6 +297,7 @@ class DeadLetterDirectory:
                 "kclpy_spark.error": repr(error)[:10_000],
                 "kclpy_spark.attempts": str(batch.attempt),
                 "kclpy_spark.pieces": json.dumps(pieces),
+                "kclpy_spark.sink": self.sink_name or "",
             }
         )
         tmp = self.path / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp"

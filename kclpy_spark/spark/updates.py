@@ -126,8 +126,8 @@ class LaneUpdates:
             stats = self.stats
             if dead_lettered:
                 stats.dead_lettered_batches += 1
-            else:
-                stats.batches += 1
+            if not dead_lettered or (batch.acks is not None and batch.acks.written_any):
+                stats.batches += 1  # written by a sink (by some, when others dead-lettered it)
                 stats.rows += rows
             for lane, cut in batch.parts:
                 key = lane.lease_key

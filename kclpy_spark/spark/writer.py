@@ -8,22 +8,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
-from tenacity import RetryCallState, Retrying, stop_after_attempt
+from tenacity import RetryCallState, Retrying, retry_if_not_exception_type, stop_after_attempt
 from tenacity.stop import stop_base
 
-from checkpoint.base.errors import KclpySparkError
 from checkpoint.base.retry import Backoff
 from checkpoint.checkpointer import CheckpointError, PreparedCheckpoint
-from kclpy_spark.spark.acks import DEAD_LETTERED, FAILED, WRITTEN, AckSet
+from kclpy_spark.spark.acks import DEAD_LETTERED, FAILED, WRITTEN, AckSet, SinkFailedError
 from kclpy_spark.spark.batch import (
     BatchSink,
     DeadLetterWriter,
@@ -33,25 +29,26 @@ from kclpy_spark.spark.batch import (
     ToDataFrame,
 )
 from kclpy_spark.spark.lane import Cut, Lane
-from kclpy_spark.spark.pieces import SCHEMA, PendingState, PieceKey, batch_id_of
+from kclpy_spark.spark.pieces import SCHEMA, PendingState, Piece, PieceKey, batch_id_of
 from kclpy_spark.spark.settings import BatcherSettings
+from kclpy_spark.spark.timed_write import TimedWrites, WriteHungError, WriteTimeoutError
 from kclpy_spark.spark.watchdog import Watchdog
+from kclpy_spark.spark.write_threads import WriteThreadsClosedError
 
-__all__ = ["Batch", "BatchWriter", "DeadLetterWriter", "LaneEvents", "WriteTimeoutError"]
+__all__ = [
+    "Batch",
+    "BatchWriter",
+    "DeadLetterWriter",
+    "LaneEvents",
+    "WriteHungError",
+    "WriteTimeoutError",
+]
 
 log = logging.getLogger(__name__)
 
 
-class WriteTimeoutError(KclpySparkError):
-    """A write attempt overran its sink's ``write_timeout``: its Spark jobs were interrupted, or it
-    gave no answer at all (then it is abandoned, left running in its thread)."""
-
-    retriable = True
-
-
-# A write that overran its timeout gets this long (at most its timeout again) to end after its
-# Spark jobs were interrupted; after that it counts as failed and is abandoned.
-HUNG_GRACE = 30.0
+# With several sinks, a lease's stored sink token is {BY_SINK: {sink name: token}}.
+BY_SINK = "by_sink"
 
 
 @dataclass(eq=False)
@@ -138,49 +135,44 @@ class BatchWriter:
         self._s = settings
         self._events = events
         self._to_df = to_df
-        self._interrupter = interrupter
         self._sleep = sleep
-        self.watchdog = watchdog or Watchdog(callback_threads=settings.writers)
+        self._timed = TimedWrites(settings.writers, interrupter, watchdog)
         self._backoff = Backoff(base=settings.retry_base_delay, cap=settings.retry_max_delay)
-        # Sink writes run on these threads (one per writer, long-lived: Spark keeps a JVM thread
-        # per Python thread) so that a write that never answers can be given up on. Such a write
-        # keeps its thread and the pool is replaced: threads = writers + writes still hung.
-        self._pool_lock = threading.Lock()
-        self._pool = self._new_pool()
-        self._hung: set[Future[None]] = set()
-        self._used: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # threads that wrote
-
-    def _new_pool(self) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(self._s.writers, thread_name_prefix="kclpy-spark-sink-write")
 
     @property
     def sink_names(self) -> tuple[str, ...]:
         return tuple(r.name for r in self._routes)
 
     @property
+    def watchdog(self) -> Watchdog:
+        return self._timed.watchdog
+
+    @property
     def write_threads(self) -> int:
-        """Sink-write threads alive: at most ``writers`` plus the writes still hung."""
-        with self._pool_lock:
-            return sum(t.is_alive() for t in list(self._used))
+        """Sink-write threads alive: ``writers`` plus the writes still hung."""
+        return self._timed.threads.alive
 
     @property
     def hung_writes(self) -> int:
         """Writes given up on (no answer within timeout and grace) that are still running."""
-        with self._pool_lock:
-            return len(self._hung)
+        return self._timed.threads.hung
 
     def close(self) -> None:
-        self.watchdog.close()
-        with self._pool_lock:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        """Writes not started are not started any more (their batch is abandoned, not failed);
+        a write under way finishes on its own thread."""
+        self._timed.close()
 
     # --- one batch -------------------------------------------------------------------------------
 
     def run(self, batch: Batch) -> None:
         acks = batch.acks = AckSet(self.sink_names)
-        for route in self._routes:
-            if not self._run_route(batch, route, acks):
-                break
+        if self._prepared_with_retries(batch):
+            for route in self._routes:
+                if not self._run_route(batch, route, acks):
+                    break
+        if batch.outcome == "abandoned":
+            log.warning("%r: not written, the sink is closing; its next owner writes it", batch)
+            return
         if acks.done:
             if batch.parts:
                 self._commit_all(batch, dead_lettered=acks.dead_lettered)
@@ -188,7 +180,7 @@ class BatchWriter:
                 batch.outcome = "abandoned"  # every lease was lost before its write
             return
         batch.error = acks.error() or batch.error
-        if self._events.all_closed(batch):
+        if self._events.all_closed(batch) or batch.outcome == "abandoned":
             batch.outcome = "abandoned"
             log.warning("%r: every lease was lost; their next owners write it", batch)
             return
@@ -196,18 +188,38 @@ class BatchWriter:
         batch.outcome = "parked"
         self._events.gave_up(batch, batch.error)
 
-    def _run_route(self, batch: Batch, route: SinkRoute, acks: AckSet) -> bool:
-        """Write the batch to one sink, with its retries and failure policy; True when the sink
-        answered positively (written, or dead-lettered)."""
-        retrying = Retrying(
-            stop=stop_after_attempt(route.max_attempts) | _LanesGone(batch, self._events),
+    def _retrying(self, batch: Batch, attempts: int, route: SinkRoute | None) -> Retrying:
+        """Retries with backoff until ``attempts``, every lease of the batch lost, the sink
+        closing, or a write of this batch hung (not resubmitted while it may still run)."""
+        return Retrying(
+            stop=stop_after_attempt(attempts) | _LanesGone(batch, self._events),
+            retry=retry_if_not_exception_type((WriteThreadsClosedError, WriteHungError)),
             wait=lambda state: self._backoff.delay(state.attempt_number),
             sleep=self._sleep,
             reraise=True,
-            before_sleep=lambda state: self._log_retry(batch, route, state),
+            before_sleep=lambda state: self._log_retry(batch, route, attempts, state),
         )
+
+    def _prepared_with_retries(self, batch: Batch) -> bool:
+        """Tokens and pending checkpoints before any sink writes (retried as a write is);
+        False when the batch was given up on here."""
+        started = time.perf_counter()
         try:
-            retrying(self._attempt, batch, route)
+            self._retrying(batch, self._s.max_attempts, None)(self._prepare, batch)
+        except Exception as exc:
+            self._events.attempt(exc, time.perf_counter() - started, 0.0)
+            batch.error = exc
+            return False
+        return True
+
+    def _run_route(self, batch: Batch, route: SinkRoute, acks: AckSet) -> bool:
+        """Write the batch to one sink, with its retries and failure policy; True when the sink
+        answered positively (written, or dead-lettered)."""
+        try:
+            self._retrying(batch, route.max_attempts, route)(self._attempt, batch, route)
+        except WriteThreadsClosedError:
+            batch.outcome = "abandoned"
+            return False
         except Exception as exc:
             batch.error = exc
             if self._dead_letter(batch, route, exc):
@@ -233,15 +245,18 @@ class BatchWriter:
     def _of(self, route: SinkRoute) -> str:
         return f" of sink {route.name!r}" if len(self._routes) > 1 else ""
 
-    def _log_retry(self, batch: Batch, route: SinkRoute, state: RetryCallState) -> None:
+    def _log_retry(
+        self, batch: Batch, route: SinkRoute | None, attempts: int, state: RetryCallState
+    ) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
         delay = state.next_action.sleep if state.next_action is not None else 0.0
         log.warning(
-            "%r: attempt %d of %d%s failed (%r); retrying in %.1fs",
+            "%r: %s %d of %d%s failed (%r); retrying in %.1fs",
             batch,
+            "attempt" if route else "preparing (tokens, pending checkpoints), attempt",
             state.attempt_number,
-            route.max_attempts,
-            self._of(route),
+            attempts,
+            self._of(route) if route else "",
             exc,
             delay,
         )
@@ -261,12 +276,14 @@ class BatchWriter:
         self._events.attempt(None, prepared - started, time.perf_counter() - prepared)
 
     def _view(self, batch: Batch, route: SinkRoute) -> SinkBatch:
-        """The batch as one sink sees it: its own tokens and attempt count."""
+        """The batch as one sink sees this attempt: its own tokens and attempt count (a copy:
+        a write given up on may still be reading the one it was given)."""
         assert batch.sink_batch is not None
-        if len(self._routes) == 1:
-            batch.sink_batch.attempt = batch.attempts.get(route.name, 0)
-            return batch.sink_batch
-        tokens = {lane.lease_key: _token_of(route, cut.token) for lane, cut in batch.parts}
+        several = len(self._routes) > 1
+        tokens = {
+            lane.lease_key: _token_of(route, cut.token, several=several)
+            for lane, cut in batch.parts
+        }
         attempt = batch.attempts.get(route.name, 0)
         return dataclasses.replace(batch.sink_batch, tokens=tokens, attempt=attempt)
 
@@ -274,11 +291,14 @@ class BatchWriter:
         """Tokens, then each cut's pending checkpoint (once per batch), then the SinkBatch."""
         if not batch.tokens_ready:
             fresh = [cut.piece for _, cut in batch.parts if not cut.replayed]
-            given = {r.name: r.sink.prepare(fresh) if fresh else {} for r in self._routes}
+            given = {r.name: self._tokens(r, fresh) for r in self._routes}
             for lane, cut in batch.parts:
                 if not cut.replayed:
                     by_sink = {name: t.get(lane.lease_key) for name, t in given.items()}
-                    token = by_sink if len(self._routes) > 1 else next(iter(by_sink.values()))
+                    if len(self._routes) > 1:
+                        token: Any = {BY_SINK: by_sink}
+                    else:
+                        token = next(iter(by_sink.values()))
                     self._events.tokened(lane, cut, token)
             batch.tokens_ready = True
         while not self._prepare_pending(batch):
@@ -320,59 +340,19 @@ class BatchWriter:
             self._events.prepared(lane, cut, checkpoint)
         return True
 
-    def _write_once(self, view: SinkBatch, route: SinkRoute) -> None:
-        """One attempt, on a sink-write thread: interrupted at ``write_timeout``; failed (and left
-        running) when it has not answered after the grace that follows."""
-        tag = f"kclpy-spark-{view.batch_id:016x}-{self._routes.index(route)}-{view.attempt}"
-        timeout = route.write_timeout
-
-        def on_timeout() -> None:
-            log.warning("batch %s overran its %.0fs write timeout%s", tag, timeout, self._of(route))
-            self._interrupter.interrupt(tag)
-
-        deadline = self.watchdog.after(timeout, on_timeout)
+    def _tokens(self, route: SinkRoute, pieces: list[Piece]) -> Mapping[str, Any]:
+        if not pieces:
+            return {}
         try:
-            with self._pool_lock:
-                future = self._pool.submit(self._tagged_write, route.sink, view, tag)
-            wait([future], timeout + min(HUNG_GRACE, timeout))
-            if not future.done():
-                self._abandon(future)
-                raise WriteTimeoutError(
-                    f"batch {view.batch_id}{self._of(route)} gave no answer within {timeout:g}s "
-                    "and the grace after it: counted as failed (the write is left running)"
-                )
-            try:
-                future.result()
-            except Exception as exc:
-                if deadline.fired.is_set():
-                    raise WriteTimeoutError(
-                        f"batch {view.batch_id}{self._of(route)} overran {timeout:g}s: {exc!r}"
-                    ) from exc
-                raise
-        finally:
-            deadline.cancel()
+            return route.sink.prepare(pieces)
+        except Exception as exc:
+            if len(self._routes) > 1:
+                raise SinkFailedError(route.name, exc) from exc
+            raise
 
-    def _tagged_write(self, sink: BatchSink, view: SinkBatch, tag: str) -> None:
-        with self._pool_lock:
-            self._used.add(threading.current_thread())
-        with self._interrupter.tagged(tag):
-            sink.write(view)
-
-    def _abandon(self, future: Future[None]) -> None:
-        """Give up on a write that does not answer: a new pool serves the next writes (the old one
-        lets its idle threads end; the hung thread ends when its write does)."""
-        if future.cancel():
-            return  # it had not started: nothing is left running
-        with self._pool_lock:
-            self._hung.add(future)
-            old, self._pool = self._pool, self._new_pool()
-        old.shutdown(wait=False)
-        future.add_done_callback(self._unhung)
-        log.error("a sink write gave no answer; abandoned (%d write(s) hung now)", self.hung_writes)
-
-    def _unhung(self, future: Future[None]) -> None:
-        with self._pool_lock:
-            self._hung.discard(future)
+    def _write_once(self, view: SinkBatch, route: SinkRoute) -> None:
+        index = self._routes.index(route)
+        self._timed.write(route.sink, view, route.write_timeout, f"{index}", self._of(route))
 
     # --- commits ---------------------------------------------------------------------------------
 
@@ -394,7 +374,18 @@ class BatchWriter:
         self._events.committed(lane, cut, time.perf_counter() - started)
 
 
-def _token_of(route: SinkRoute, token: Any) -> Any:
-    """A lease's token for one of several sinks: the stored token maps sink names to tokens (a
-    piece re-formed from a pending checkpoint written with one sink has none for them)."""
-    return token.get(route.name) if isinstance(token, Mapping) else None
+def _token_of(route: SinkRoute, token: Any, *, several: bool) -> Any:
+    """A lease's token for one sink. With several sinks the stored token is ``{BY_SINK: {name:
+    token}}``; with one, the sink's own. A piece re-formed from a pending checkpoint written under
+    another list of sinks has no token for this one: it gets None (Delta then takes the next
+    version, so drain before changing the sinks: a clean stop leaves no pending checkpoint)."""
+    wrapped = isinstance(token, Mapping) and set(token) == {BY_SINK}
+    if several == wrapped:
+        return token[BY_SINK].get(route.name) if wrapped else token
+    if token is not None:
+        log.warning(
+            "a re-formed piece's sink token was stored under another list of sinks; sink %r "
+            "gets none (a sink that is not idempotent per piece may write it twice)",
+            route.name,
+        )
+    return None

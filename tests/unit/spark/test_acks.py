@@ -36,6 +36,7 @@ def test_the_checkpoint_waits_for_every_sink_and_one_failure_fails_the_batch(
         acks.answer(name, outcome, BOOM if outcome != WRITTEN else None)
     assert acks.waiting == waiting
     assert (acks.done, acks.failed, acks.dead_lettered) == (done, failed, dead_lettered)
+    assert acks.written_any == any(outcome == WRITTEN for _, outcome in answers)
 
 
 def test_a_sink_answers_once_and_only_sinks_of_the_batch_answer() -> None:

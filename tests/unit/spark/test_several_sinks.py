@@ -7,14 +7,19 @@ Real Checkpointers over a MemoryLeaseTable, a ManualClock, fake sinks (test_micr
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 from test_micro_batcher import SHARDS, Env, FakeSink, esn, records
 
+from checkpoint.lease import Lease
 from checkpoint.sequence import TRIM_HORIZON
 from kclpy_spark.spark.acks import DEAD_LETTERED, FAILED, WRITTEN, SinkFailedError
 from kclpy_spark.spark.batch import SinkBatch, SinkRoute
@@ -148,6 +153,7 @@ def test_a_dead_lettering_sink_acknowledges_and_the_checkpoint_moves() -> None:
     assert env.done[0].acks is not None
     assert env.done[0].acks.answers == {"a": WRITTEN, "b": DEAD_LETTERED}
     assert env.batcher.stats.dead_lettered_batches == 1
+    assert (env.batcher.stats.batches, env.batcher.stats.rows) == (1, 3)  # a wrote it
 
 
 def test_a_replayed_piece_gets_back_each_sinks_own_token() -> None:
@@ -158,7 +164,8 @@ def test_a_replayed_piece_gets_back_each_sinks_own_token() -> None:
     env.batcher.step()  # a wrote, b failed: the pending checkpoint holds both tokens
     pending = env.lease(SHARDS[0]).pending_checkpoint_state
     state = PendingState.decode(pending)
-    assert state is not None and state.token == {"a": f"a-{esn(30)}", "b": f"b-{esn(30)}"}
+    assert state is not None
+    assert state.token == {"by_sink": {"a": f"a-{esn(30)}", "b": f"b-{esn(30)}"}}
     # The lease moves (a crash): the new owner re-forms the piece with the stored tokens.
     env.table.evict_lease(env.lease(SHARDS[0]))
     env.b.fail = lambda batch: False
@@ -172,13 +179,56 @@ def test_a_replayed_piece_gets_back_each_sinks_own_token() -> None:
     assert env.lease(SHARDS[0]).checkpoint == esn(30)
 
 
+def test_a_token_stored_under_another_list_of_sinks_is_not_passed_on() -> None:
+    """A raw (one-sink) token given to one of several sinks, or an envelope given to one sink,
+    would be misread (a Delta version of another sink): the sink gets None instead."""
+    from kclpy_spark.spark.writer import _token_of
+
+    route = SinkRoute("a", FakeSink(), 1, 1.0)
+    assert _token_of(route, {"by_sink": {"a": 7, "b": 9}}, several=True) == 7
+    assert _token_of(route, {"by_sink": {"b": 9}}, several=True) is None
+    assert _token_of(route, 7, several=True) is None
+    assert _token_of(route, {"by_sink": {"a": 7}}, several=False) is None
+    assert _token_of(route, 7, several=False) == 7
+    assert _token_of(route, {"version": 7}, several=False) == {"version": 7}  # a sink's own dict
+
+
+def test_the_spark_job_tag_is_set_on_the_thread_that_writes() -> None:
+    """Spark job tags are thread-local: the interrupter must tag the thread running the write."""
+    tagged_on: list[int] = []
+    wrote_on: list[int] = []
+
+    class Interrupter:
+        @contextmanager
+        def tagged(self, tag: str) -> Iterator[None]:
+            tagged_on.append(threading.get_ident())
+            yield
+
+        def interrupt(self, tag: str) -> None:
+            return None
+
+    env = two_sinks()
+    env.batcher = env.new_batcher(interrupter=Interrupter())
+    env.a.on_write = lambda batch: wrote_on.append(threading.get_ident())
+    env.take(SHARDS[0])
+    env.deliver(SHARDS[0], records(1, 3))
+    env.batcher.step()
+    assert wrote_on and tagged_on[0] == wrote_on[0] and len(tagged_on) == 2
+
+
 def test_a_write_with_no_answer_within_its_timeout_is_a_negative_acknowledgment() -> None:
     """The write of b never returns: after write_timeout (interrupt) and the grace after it, it
     counts as failed and is left running; the lease parks, nothing is checkpointed; the threads
     are bounded by the writers plus the writes still hung, and go back down when it returns."""
     release = threading.Event()
     env = two_sinks(max_attempts=1, write_timeout=0.2)
-    env.b.on_write = lambda batch: release.wait(30.0) and None
+    hung_calls: list[int] = []
+
+    def hang(batch: SinkBatch) -> None:
+        hung_calls.append(batch.attempt)
+        release.wait(30.0)
+
+    env.b.on_write = hang
     lane = env.take(SHARDS[0])
     env.deliver(SHARDS[0], records(1, 3))
     started = time.monotonic()
@@ -188,6 +238,7 @@ def test_a_write_with_no_answer_within_its_timeout_is_a_negative_acknowledgment(
         assert env.batcher.lane_state(lane) is LaneState.PARKED
         assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON
         assert "gave no answer" in str(env.done[0].error)
+        assert hung_calls == [1]  # not submitted again while it may still run
         assert env.batcher.hung_writes == 1
         assert env.batcher.write_threads <= 2  # one writer + the hung write
         # the next batch (another lease) is written on a fresh thread meanwhile
@@ -224,3 +275,67 @@ def test_sinks_need_distinct_names() -> None:
     sink = FakeSink()
     with pytest.raises(ValueError, match="distinct"):
         MicroBatcher([SinkRoute("x", sink, 1, 1.0), SinkRoute("x", sink, 1, 1.0)], threaded=False)
+
+
+def test_hung_writes_are_capped_and_a_closing_sink_abandons_instead_of_failing() -> None:
+    """At most 2 hung writes per writer: the next write is refused (a failure, no new thread).
+    After close, a batch is abandoned, never dead-lettered or checkpointed for it."""
+    release = threading.Event()
+    dead = DeadLetters()
+    env = two_sinks(max_attempts=1, write_timeout=0.05, dead_letter=dead)
+    env.b.on_write = lambda batch: release.wait(30.0) and None
+    try:
+        for n, shard in enumerate(SHARDS):
+            env.take(shard)
+            env.deliver(shard, records(1, 3))
+            env.batcher.run_until_idle()
+            assert env.batcher.hung_writes == n + 1
+        assert env.batcher.write_threads <= 3  # one writer + two hung
+        # a third lease: refused at once, no third hung thread
+        env.table.create_lease_if_absent(Lease("shardId-000000000009", TRIM_HORIZON))
+        env.take("shardId-000000000009")
+        env.deliver("shardId-000000000009", records(1, 3))
+        env.batcher.run_until_idle()
+        assert env.batcher.hung_writes == 2 and env.batcher.write_threads <= 3
+        assert [type(error).__name__ for _, error in dead.stored] == ["WriteHungError"] * 2
+        # every write is refused now, sink a's too (it parks: no dead-letter location)
+        assert env.done[-1].outcome == "parked" and "hang already" in repr(env.done[-1].error)
+    finally:
+        release.set()
+    # closing: a batch formed now is abandoned, not dead-lettered, not checkpointed
+    before = len(dead.stored)
+    env.b.on_write = lambda batch: None
+    env.batcher._writer.close()
+    env.table.create_lease_if_absent(Lease("shardId-000000000010", TRIM_HORIZON))
+    env.take("shardId-000000000010")
+    env.deliver("shardId-000000000010", records(1, 3))
+    env.batcher.step()
+    assert env.done[-1].outcome == "abandoned" and len(dead.stored) == before
+    assert env.lease("shardId-000000000010").checkpoint == TRIM_HORIZON
+
+
+_EXITS = """
+import sys, threading, time
+sys.path[:0] = [{repo!r}, {tests!r}]
+from test_several_sinks import two_sinks
+from test_micro_batcher import SHARDS, records
+env = two_sinks(max_attempts=1, write_timeout=0.1)
+env.b.on_write = lambda batch: time.sleep(3600)
+env.take(SHARDS[0])
+env.deliver(SHARDS[0], records(1, 3))
+env.batcher.step()
+assert env.batcher.hung_writes == 1
+env.batcher.close(timeout=1.0)
+print("closed", flush=True)
+"""
+
+
+def test_a_hung_write_does_not_keep_the_process_from_exiting() -> None:
+    here = Path(__file__).resolve().parent
+    code = _EXITS.format(repo=str(here.parents[2]), tests=str(here))
+    # The hung write sleeps an hour: the process ends long before (or the run times out).
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "closed" in proc.stdout

@@ -86,6 +86,17 @@ def test_a_dead_letter_file_and_its_folder_are_fsynced(
     assert kinds == ["fsync", "rename", "fsync"]
     assert synced[1] == ("rename", final) and synced[2] == ("fsync", final.parent)
     assert final.exists()
+    # Two sinks sharing the location keep a file each, named and marked with the sink.
+    for name in ("parquet", "alerts"):
+        shared = DeadLetterDirectory(tmp_path / "dlq", sink_name=name)
+        shared.write(SinkBatch(7, (Piece(key, "shardId-0", 1),), table), RuntimeError(name))
+    import pyarrow.parquet as pq
+
+    for name in ("parquet", "alerts"):
+        path = tmp_path / "dlq" / f"batch-{7:016x}-{name}.parquet"
+        metadata = pq.read_schema(path).metadata
+        assert metadata[b"kclpy_spark.sink"] == name.encode()
+        assert name.encode() in metadata[b"kclpy_spark.error"]
 
 
 def test_staging_folders_of_crashed_writers_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
