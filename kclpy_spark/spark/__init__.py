@@ -15,16 +15,18 @@ Spark's own foreachBatch signature, so existing code moves over unchanged::
     # sink = "my_module:foreach_batch"     # or "parquet:/data/out", "delta:/data/table"
     # spark_target = "local[2]"            # spark://host:7077, yarn, k8s://..., sc://host:15002
 
-When the function returns, each lease's range in the batch is acknowledged and its checkpoint
-moves; when it raises, nothing moves and the batch is retried with backoff, then dead-lettered
-or its leases parked. ``batch_id`` is a stable hash of the batch's (lease, first, last) ranges, so
-a batch replayed after a crash has the same id; the built-in ``ParquetSink`` and ``DeltaSink`` are
-idempotent per lease range. ``current_batch()`` (batch.py) tells a function the batch's pieces.
+When the function returns (every sink's, with several ``[[sinks]]``), each lease's range in the
+batch is acknowledged and its checkpoint moves; when it raises, nothing moves and the batch is
+retried with backoff, then dead-lettered or its leases parked. ``batch_id`` is a stable hash of
+the batch's (lease, first, last) ranges, so a batch replayed after a crash has the same id; the
+built-in ``ParquetSink`` and ``DeltaSink`` are idempotent per lease range. ``current_batch()``
+(batch.py) tells a function the batch's pieces.
 
 Import-light on purpose: nothing here imports pyspark (a worker that only runs RecordProcessors
 never loads it); the modules import it inside the functions that need a session. Entry point:
 ``runtime.processor_factory_from_sink_config``. Parts: ``config`` (SinkConfig), ``session``
 (SparkSessionHolder, Spark targets), ``pieces`` (ids, Arrow), ``lanes``/``planner``/``batcher``/
-``writer`` (the MicroBatcher), ``processor`` (SparkSinkProcessor), ``sinks`` (Parquet, Delta,
-dead letters).
+``writer`` (the MicroBatcher), ``acks`` (every sink of a batch must answer before its checkpoint
+moves), ``timed_write``/``write_threads`` (a write with a deadline, on threads that a hung write
+cannot exhaust), ``processor`` (SparkSinkProcessor), ``sinks`` (Parquet, Delta, dead letters).
 """

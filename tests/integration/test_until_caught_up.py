@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from worker_procs import produce, read_output, wait_active, worker_env
 
 
@@ -149,3 +150,79 @@ max_wait = 1.0
     for line in result.stderr.splitlines():
         if " spark." in line:
             assert line[:4].isdigit() and line[19] == ",", line  # "2026-11-24 06:16:37,145 ..."
+
+
+_FLAKY_SINK = '''
+"""A foreachBatch function that fails its first attempt at every batch, then appends the
+batch's rows to its own Parquet folder (a second sink next to the built-in one)."""
+import os
+
+SEEN = {}
+
+
+def write(df, batch_id):
+    SEEN[batch_id] = SEEN.get(batch_id, 0) + 1
+    if SEEN[batch_id] == 1:
+        raise RuntimeError("first attempt fails")
+    df.write.mode("append").parquet(os.environ["FLAKY_OUT"])
+'''
+
+
+def test_a_job_with_two_sinks_writes_every_record_to_each_and_exits(
+    kinesis_client: Any,
+    localstack_endpoint: str,
+    unique_name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """[[sinks]] as a user writes it: the built-in Parquet sink and a function of their own (in
+    the working directory) that fails each batch once; the job ends with every record in both
+    outputs, the Parquet one exactly once, and every checkpoint at the shard's last record."""
+    import pyarrow.dataset as ds
+
+    name = unique_name
+    kinesis_client.create_stream(StreamName=name, ShardCount=2)
+    wait_active(kinesis_client, name)
+    produce(kinesis_client, name, range(200))
+    (tmp_path / "flaky_sink.py").write_text(_FLAKY_SINK)
+    parquet, flaky = tmp_path / "parquet", tmp_path / "flaky"
+    config = tmp_path / "sinks.toml"
+    config.write_text(f"""
+application_name = "{name}"
+stream_name = "{name}"
+endpoint_url = "{localstack_endpoint}"
+initial_position = "TRIM_HORIZON"
+lease_store = "sqlite:{tmp_path / "sinks.db"}"
+idle_time_between_reads = 0.2
+[sink]
+spark_target = "local[1]"
+max_wait = 1.0
+retry_base_delay = 0.1
+[sink.spark_conf]
+"spark.sql.shuffle.partitions" = "1"
+[[sinks]]
+sink = "parquet:{parquet}"
+[[sinks]]
+sink = "flaky_sink:write"
+max_attempts = 3
+""")
+    monkeypatch.setenv("FLAKY_OUT", str(flaky))  # worker_env passes it on
+    result = _job(config, tmp_path / "out", tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Spark sinks ParquetSink" in result.stderr and "first attempt fails" in result.stderr
+    for folder, once in ((parquet, True), (flaky, False)):
+        table = ds.dataset(str(folder), format="parquet", partitioning="hive").to_table()
+        data = sorted(int(bytes(x).decode()) for x in table.column("data").to_pylist())
+        if once:
+            assert data == list(range(200)), "every record once in the built-in sink"
+        else:
+            assert sorted(set(data)) == list(range(200)), "every record in the function's output"
+    from checkpoint.stores.sqlite import SQLiteLeaseTable
+
+    store = SQLiteLeaseTable(tmp_path / "sinks.db", namespace=name, create_if_missing=False)
+    try:
+        leases = store.list_leases()
+    finally:
+        store.close()
+    assert len(leases) == 2 and all(x.pending_checkpoint is None for x in leases)
+    assert all(not x.checkpoint.is_sentinel for x in leases)
