@@ -190,6 +190,7 @@ class Board:
                 and not status.get("stopped"),
                 "leases": held.get(worker, 0),
                 "records_per_s": round(load.get(worker, 0.0), 2),
+                "cpu_percent": status.get("cpu_percent"),
                 "ready": status.get("ready"),
                 "readiness": status.get("readiness", ""),
                 "leader": bool(status.get("leader")),

@@ -96,6 +96,12 @@ class WorkerMetrics:
             registry=r,
         )
         self.leases_held = Gauge("kclpy_spark_leases_held", "Leases held now", registry=r)
+        self.cpu_percent = Gauge(
+            "kclpy_spark_cpu_percent",
+            "CPU used by this process and its children over the last status interval, in percent "
+            "of the CPUs it may use (cgroup quota or affinity)",
+            registry=r,
+        )
         self.renewals = Counter("kclpy_spark_lease_renewals", "Successful renewals", registry=r)
         self.renewal_failures = Counter(
             "kclpy_spark_lease_renewal_failures", "Renewals that raised", registry=r

@@ -49,6 +49,7 @@ def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
         "readiness": why,
         "leases": leases,
         "events": worker.events.recent(EVENTS_PUBLISHED),
+        "cpu_percent": worker.cpu.last_percent,
     }
     sink = sink_figures(worker.metrics.registry)
     if sink is not None:

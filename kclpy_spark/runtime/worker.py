@@ -35,6 +35,7 @@ from kclpy_spark.ops import control
 from kclpy_spark.runtime.caught_up import CaughtUp
 from kclpy_spark.runtime.consumer import ProcessorFactory, ShardStats
 from kclpy_spark.runtime.consumers import ConsumerSet
+from kclpy_spark.runtime.cpu import CpuMeter
 from kclpy_spark.runtime.events import EventLog
 from kclpy_spark.runtime.health import Health
 from kclpy_spark.runtime.identity import duplicate_message, unique_worker_id
@@ -86,6 +87,7 @@ class Worker:
         self.caught_up = CaughtUp(self.clock.wall()) if cfg.until_caught_up else None
         self.caught_up_complete = False
         self.metrics = worker_metrics(cfg, self.counters, processor_factory, store, self.events)
+        self.cpu = CpuMeter()
         self.suspended = False
         self.instance = uuid.uuid4().hex  # tells this process from another with the same id
         self.exit_reason: str | None = None
@@ -312,6 +314,9 @@ class Worker:
             self._stop.set()
             return
         now = self.clock.wall()
+        cpu = self.cpu.sample()
+        if cpu is not None:
+            self.metrics.cpu_percent.set(cpu)
         suspended = await self._io(control.is_suspended, self.store)
         self.health.store_ok()
         if suspended and not self.suspended:

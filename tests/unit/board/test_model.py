@@ -33,6 +33,9 @@ def test_rates_come_from_the_owners_counts_between_two_publications() -> None:
     assert snap["series"]["s0"] == {"t": [101.0, 111.0], "lag": [50, 20], "rate": [None, 50.0]}
     assert snap["step"] == 10.0  # the page breaks a line where points are further apart
     assert snap["workers"][0]["records_per_s"] == 50.0
+    assert snap["workers"][0]["cpu_percent"] is None  # not published
+    board.observe([lease("s0")], {"w1": status(120.0, {"s0": (1600, 0)}, cpu_percent=37.5)}, 121.0)
+    assert board.snapshot()["workers"][0]["cpu_percent"] == 37.5
 
 
 def test_the_same_publication_seen_twice_keeps_the_last_rate() -> None:

@@ -1,0 +1,99 @@
+"""The worker's CPU use, as KCL 3.x publishes it for load-aware balancing: the CPU seconds of this
+process and its child processes (the Spark driver's JVM, a MultiLang child) over an interval, as a
+percentage of the CPUs the process may use: the cgroup's quota when one is set (a container),
+otherwise the CPUs it may run on.
+
+``CpuMeter.sample()`` gives the utilization since the previous sample (None at the first). The
+worker samples it once per control round and publishes the figure in its status record
+(``cpu_percent``: ``kclpy-spark status`` and the status page show it) and as the gauge
+``kclpy_spark_cpu_percent``. Balancing does not use it yet (lease throughput does)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+Read = Callable[[str], str | None]
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
+def cpu_limit(read: Read = _read, cpus: int | None = None) -> float:
+    """The CPUs this process may use: the cgroup v2 ``cpu.max`` or v1 CFS quota, capped by the
+    CPUs it may run on (``cpus``, default: its affinity)."""
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+        cpus = cpus or os.cpu_count() or 1
+    quota = None
+    v2 = read("/sys/fs/cgroup/cpu.max")
+    if v2:
+        parts = v2.split()
+        if len(parts) == 2 and parts[0] != "max":
+            quota = _ratio(parts[0], parts[1])
+    else:
+        q = read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")
+        p = read("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
+        if q and p and q.strip() != "-1":
+            quota = _ratio(q, p)
+    return min(float(cpus), quota) if quota else float(cpus)
+
+
+def _ratio(quota: str, period: str) -> float | None:
+    try:
+        q, p = float(quota), float(period)
+    except ValueError:
+        return None
+    return q / p if q > 0 and p > 0 else None
+
+
+def children_cpu_seconds(read: Read = _read, pid: int | None = None) -> float:
+    """CPU seconds of the live child processes of ``pid`` (default: this process)."""
+    pid = os.getpid() if pid is None else pid
+    total = 0.0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for task in tasks:
+        for child in (read(f"/proc/{pid}/task/{task}/children") or "").split():
+            stat = read(f"/proc/{child}/stat")
+            if stat:
+                fields = stat.rsplit(")", 1)[-1].split()
+                try:  # utime and stime: the 14th and 15th fields, 12th/13th after the name
+                    total += (int(fields[11]) + int(fields[12])) / _TICKS
+                except (IndexError, ValueError):
+                    continue
+    return total
+
+
+class CpuMeter:
+    def __init__(
+        self,
+        cpu_seconds: Callable[[], float] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        limit: float | None = None,
+    ) -> None:
+        self._cpu_seconds = cpu_seconds or (lambda: time.process_time() + children_cpu_seconds())
+        self._monotonic = monotonic
+        self.limit = limit if limit is not None else cpu_limit()
+        self._last: tuple[float, float] | None = None
+        self.last_percent: float | None = None
+
+    def sample(self) -> float | None:
+        """Percent of ``limit`` CPUs used since the previous sample (0..100; None at first)."""
+        now, used = self._monotonic(), self._cpu_seconds()
+        last, self._last = self._last, (now, used)
+        if last is None or now <= last[0]:
+            return None
+        # A child that ended takes its seconds with it: never below zero.
+        share = max(0.0, used - last[1]) / ((now - last[0]) * self.limit)
+        self.last_percent = round(min(100.0, 100.0 * share), 1)
+        return self.last_percent
