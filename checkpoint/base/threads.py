@@ -6,23 +6,26 @@ for the life of the pool, so over weeks its size is the highest number of calls 
 once (a take of several leases while others checkpoint), not what runs now: the soaks of
 2026-11-24 saw the daemon's threads climb 18 -> 20, then 13 -> 14 and 20 -> 21, in half an hour.
 Here a thread that has waited ``idle_seconds`` for work ends, so the count follows the calls of
-the last ``idle_seconds``.
+the last ``idle_seconds``. Calls go to the thread that became idle *last* (a stack, not one shared
+queue): with one shared queue a steady trickle of calls wakes every idle thread in turn, none is
+ever idle for long, and the count stays at the highest burst since start (soak run 3: 19 -> 20,
+late, for good); with the stack, surplus threads stay idle and end.
 
 A subclass of ThreadPoolExecutor (asyncio's ``set_default_executor`` takes nothing else) that
-replaces how threads start and end, with its own count of idle threads under the pool's lock:
+replaces how calls reach threads, everything under the pool's lock:
 
-* a submitted call is queued, then threads are started while more calls wait than threads are
-  idle (up to ``max_workers``); a started thread counts as idle;
-* a thread that takes a call stops counting as idle and tops the pool up again (a call submitted
-  just before it stopped counting must not wait behind it);
-* a thread that waited ``idle_seconds`` ends only if, under the lock, no call is queued;
-  otherwise it takes it.
+* ``submit`` hands the call to the most recently idle thread (its own one-slot queue), else
+  starts a thread with it (up to ``max_workers``), else appends it to a backlog;
+* a thread that finished a call takes the oldest backlog call, else pushes itself on the idle
+  stack and waits ``idle_seconds`` on its slot;
+* a thread whose wait ran out ends if it is still on the stack; if it is not, a call was handed
+  to it meanwhile, and it runs that call.
 
-Calls are only queued under the lock, so "no call queued" seen there is true, and a queued call
-always has an idle thread coming for it or every thread busy."""
+So a call is always either handed to a thread or in the backlog with every thread busy."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import queue
 import threading
@@ -41,7 +44,7 @@ __all__ = ["IDLE_SECONDS", "RetiringThreadPool"]
 
 class RetiringThreadPool(ThreadPoolExecutor):
     """``ThreadPoolExecutor`` with at most ``max_workers`` threads, each ending after
-    ``idle_seconds`` without work."""
+    ``idle_seconds`` without work; calls go to the most recently idle thread."""
 
     def __init__(
         self, max_workers: int, thread_name_prefix: str, idle_seconds: float = IDLE_SECONDS
@@ -50,7 +53,9 @@ class RetiringThreadPool(ThreadPoolExecutor):
             raise ValueError("idle_seconds must be positive")
         super().__init__(max_workers, thread_name_prefix=thread_name_prefix)
         self._idle_seconds = idle_seconds
-        self._idle = 0
+        self._idle_stack: list[queue.SimpleQueue[Any]] = []  # the last one became idle last
+        self._backlog: collections.deque[_Call] = collections.deque()
+        self._slots: set[queue.SimpleQueue[Any]] = set()  # every live thread's slot
         self._names = itertools.count()
 
     @property
@@ -63,60 +68,87 @@ class RetiringThreadPool(ThreadPoolExecutor):
         return cast(set[threading.Thread], self._threads)  # typeshed: AbstractSet
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        """Queue ``fn(*args, **kwargs)``. Our own work items, not the standard pool's (whose
-        private ``run`` changes between Python versions)."""
+        """Run ``fn(*args, **kwargs)`` on a thread. Our own work items, not the standard pool's
+        (whose private ``run`` changes between Python versions)."""
         with self._shutdown_lock:
             if self._shutdown or _thread._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             future: Future[T] = Future()
-            cast(Any, self._work_queue).put(_Call(future, fn, args, kwargs))
-            self._top_up()
+            call = _Call(future, fn, args, kwargs)
+            if self._idle_stack:
+                self._idle_stack.pop().put(call)
+            elif len(self._threads) < self._max_workers:
+                self._start_thread(call)
+            else:
+                self._backlog.append(call)
             return future
 
-    def _top_up(self) -> None:
-        while self._work_queue.qsize() > self._idle and len(self._threads) < self._max_workers:
-            self._start_thread()
+    def _start_thread(self, first: _Call) -> None:
+        slot: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        slots = self._slots
 
-    def _start_thread(self) -> None:
-        def wake(_: object, q: Any = self._work_queue) -> None:
-            q.put(None)  # the pool was collected without shutdown(): let its threads end
+        def wake(_: object) -> None:  # the pool was collected without shutdown(): end
+            for each in list(slots):
+                each.put(None)
 
         t = threading.Thread(
             name=f"{self._thread_name_prefix}_{next(self._names)}",
             target=_serve,
-            args=(weakref.ref(self, wake), self._work_queue, self._idle_seconds),
+            args=(weakref.ref(self, wake), slot, first, self._idle_seconds),
             daemon=True,
         )
-        self._idle += 1
+        self._slots.add(slot)
         t.start()
         self._live.add(t)
-        # joined at interpreter exit, as the standard pool's threads are
-        cast(MutableMapping[Any, Any], _thread._threads_queues)[t] = self._work_queue
+        # joined at interpreter exit, as the standard pool's threads are (None ends it)
+        cast(MutableMapping[Any, Any], _thread._threads_queues)[t] = slot
 
-    def _took_call(self) -> None:
+    def _next(self, slot: queue.SimpleQueue[Any], me: threading.Thread) -> _Call | bool | None:
+        """After a call: the oldest backlog call; False when the thread must end (shutdown: it
+        is forgotten); otherwise None, with ``slot`` pushed on the idle stack."""
         with self._shutdown_lock:
-            self._idle -= 1
-            self._top_up()
-
-    def _done_call(self) -> None:
-        with self._shutdown_lock:
-            self._idle += 1
-
-    def _may_end(self, me: threading.Thread) -> bool:
-        """After ``idle_seconds`` without work: True (and ``me`` forgotten) unless a call is
-        queued."""
-        with self._shutdown_lock:
-            if self._work_queue.qsize() > 0:
+            if self._backlog:
+                return self._backlog.popleft()
+            if self._shutdown or _thread._shutdown:
+                self._forget(slot, me)
                 return False
-            self._idle -= 1
-            self._live.discard(me)
+            self._idle_stack.append(slot)
+            return None
+
+    def _forget(self, slot: queue.SimpleQueue[Any], me: threading.Thread) -> None:
+        """``me`` ends (call with the lock held)."""
+        if slot in self._idle_stack:
+            self._idle_stack.remove(slot)
+        self._slots.discard(slot)
+        self._live.discard(me)
+
+    def _ended(self, slot: queue.SimpleQueue[Any], me: threading.Thread) -> None:
+        with self._shutdown_lock:
+            self._forget(slot, me)
+
+    def _may_end(self, slot: queue.SimpleQueue[Any], me: threading.Thread) -> bool:
+        """After ``idle_seconds`` idle: True (and ``me`` forgotten) if still on the idle stack;
+        False if a call was handed to it meanwhile (it is in ``slot``)."""
+        with self._shutdown_lock:
+            if slot not in self._idle_stack:
+                return False
+            self._forget(slot, me)
             return True
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        super().shutdown(wait=False, cancel_futures=cancel_futures)
+        """Refuse new calls; backlog calls still run unless ``cancel_futures``; idle threads
+        end now, busy ones after their calls; ``wait``: until every thread ended."""
+        with self._shutdown_lock:
+            self._shutdown = True
+            if cancel_futures:
+                for call in self._backlog:
+                    call.future.cancel()
+                self._backlog.clear()
+            idle, self._idle_stack = self._idle_stack, []
+            threads = list(self._threads)
+        for slot in idle:
+            slot.put(None)
         if wait:
-            with self._shutdown_lock:
-                threads = list(self._threads)  # idle threads leave the set as they end
             for t in threads:
                 t.join()
 
@@ -142,34 +174,37 @@ class _Call:
 
 
 def _serve(
-    pool_ref: weakref.ref[RetiringThreadPool], work: queue.SimpleQueue[Any], idle: float
+    pool_ref: weakref.ref[RetiringThreadPool],
+    slot: queue.SimpleQueue[Any],
+    call: _Call | None,
+    idle: float,
 ) -> None:
     me = threading.current_thread()
     while True:
+        if call is not None:
+            call.run()
+            call = None
+        pool = pool_ref()
+        if pool is None:
+            return
+        follow = pool._next(slot, me)
+        del pool
+        if follow is False:
+            return
+        if isinstance(follow, _Call):
+            call = follow
+            continue
         try:
-            item = work.get(timeout=idle)
+            item = slot.get(timeout=idle)
         except queue.Empty:
             pool = pool_ref()
-            if pool is None or pool._may_end(me):
+            if pool is None or pool._may_end(slot, me):
                 return
             del pool
-            continue
+            item = slot.get()  # handed to us just as we ran out of patience
         if item is None:  # shutdown(), interpreter exit or the pool collected
             pool = pool_ref()
-            if _thread._shutdown or pool is None or pool._shutdown:
-                if pool is not None:
-                    pool._shutdown = True
-                work.put(None)  # wake the next thread
-                return
-            del pool
-            continue
-        pool = pool_ref()
-        if pool is not None:
-            pool._took_call()
-        del pool
-        item.run()
-        del item
-        pool = pool_ref()
-        if pool is not None:
-            pool._done_call()
-        del pool
+            if pool is not None:
+                pool._ended(slot, me)
+            return
+        call = item

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -27,6 +27,9 @@ from checkpoint.base.errors import (
 # How many connections one store object keeps at most. Writes are serialized by SQLite's lock and
 # take milliseconds; four lets reads (WAL readers do not block) overlap a write.
 POOL_SIZE = 4
+# A connection not used for this long is closed when the pool is next used: the count follows
+# the concurrency of the last half minute, not the highest since start (soak run 3: 2 -> 3).
+IDLE_SECONDS = 30.0
 
 # sqlite3.OperationalError messages, and what they mean here.
 _OPERATIONAL_ERRORS: tuple[tuple[str, type[KclpySparkError]], ...] = (
@@ -60,14 +63,27 @@ def sqlite_errors(where: str) -> Iterator[None]:
 class ConnectionPool:
     """At most ``size`` connections to ``path``, shared by every thread (one at a time each)."""
 
-    def __init__(self, path: Path, *, create: bool, busy_timeout: float, size: int = POOL_SIZE):
+    def __init__(
+        self,
+        path: Path,
+        *,
+        create: bool,
+        busy_timeout: float,
+        size: int = POOL_SIZE,
+        idle_seconds: float = IDLE_SECONDS,
+        monotonic: Callable[[], float] = time.monotonic,
+    ):
         if size < 1:
             raise ValueError(f"pool size must be >= 1, got {size}")
         self._path = path
         self._create = create
         self._busy_timeout = busy_timeout
         self._size = size
-        self._idle: list[sqlite3.Connection] = []
+        self._idle_seconds = idle_seconds
+        self._monotonic = monotonic
+        # Idle connections with the time each came back; the last came back last and is used
+        # first, so the ones at the bottom are those nobody needed lately.
+        self._idle: list[tuple[sqlite3.Connection, float]] = []
         self._open = 0
         self._cond = threading.Condition()
         self.where = f"SQLite lease database {str(path)!r}"
@@ -92,7 +108,7 @@ class ConnectionPool:
         with self._cond:
             idle, self._idle = self._idle, []
             self._open -= len(idle)
-        for conn in idle:
+        for conn, _ in idle:
             conn.close()
 
     def _checkout(self) -> sqlite3.Connection:
@@ -107,7 +123,7 @@ class ConnectionPool:
                     )
                 self._cond.wait(left)
             if self._idle:
-                return self._idle.pop()
+                return self._idle.pop()[0]
             self._open += 1
         try:
             return self._connect()
@@ -119,14 +135,18 @@ class ConnectionPool:
 
     def _checkin(self, conn: sqlite3.Connection) -> None:
         broken = conn.in_transaction  # a failed ROLLBACK: do not hand the connection on
+        now = self._monotonic()
         with self._cond:
+            stale = [c for c, at in self._idle if now - at > self._idle_seconds]
+            self._idle = [(c, at) for c, at in self._idle if now - at <= self._idle_seconds]
             if not broken:
-                self._idle.append(conn)
+                self._idle.append((conn, now))
             else:
-                self._open -= 1
+                stale.append(conn)
+            self._open -= len(stale)
             self._cond.notify()
-        if broken:
-            conn.close()
+        for old in stale:
+            old.close()
 
     def _connect(self) -> sqlite3.Connection:
         if not self._create and not self._path.exists():

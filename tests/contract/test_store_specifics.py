@@ -178,6 +178,28 @@ def test_sqlite_connections_are_bounded_by_the_pool_not_by_threads(tmp_path: Pat
     assert store.open_connections == 0
 
 
+def test_sqlite_connections_not_used_lately_are_closed(tmp_path: Path) -> None:
+    """Soak run 3: the connections went 2 -> 3 late and stayed (the most ever in use at once).
+    Now a connection idle for the pool's idle time is closed when the pool is next used, so
+    after a burst of three a single user keeps one."""
+    from checkpoint.stores.sqlite_pool import ConnectionPool
+
+    now = [0.0]
+    pool = ConnectionPool(
+        tmp_path / "pool.db", create=True, busy_timeout=1.0, idle_seconds=30.0,
+        monotonic=lambda: now[0],
+    )  # fmt: skip
+    with pool.connection(), pool.connection(), pool.connection():
+        assert pool.open_connections == 3
+    for _ in range(5):  # one at a time, the latest returned one each time
+        now[0] += 10.0
+        with pool.connection() as conn:
+            conn.execute("SELECT 1").fetchone()
+    assert pool.open_connections == 1
+    pool.close()
+    assert pool.open_connections == 0
+
+
 def test_sqlite_a_busy_pool_is_a_retriable_dependency_error(tmp_path: Path) -> None:
     store = open_sqlite(
         tmp_path / "leases.db", busy_timeout=0.05, retry=RetryPolicy(max_attempts=1)

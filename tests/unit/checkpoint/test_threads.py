@@ -184,3 +184,22 @@ def test_a_call_that_raises_gives_its_exception_to_the_future() -> None:
         assert pool.submit(lambda: "next").result(timeout=10) == "next"
     finally:
         pool.shutdown()
+
+
+def test_after_a_burst_a_steady_trickle_of_calls_keeps_one_thread_not_the_peak() -> None:
+    """Soak run 3 (2026-11-24 12:29): a pool's threads went 19 -> 20 late and stayed there. A
+    burst had started a thread, and the steady calls after it, handed to whichever idle thread
+    woke first, kept every thread busy within its idle time, so none ever ended: the count
+    followed the highest burst since start, not the calls in flight. Idle threads are handed
+    calls most recently idle first, so the surplus ones stay idle and end."""
+    pool = RetiringThreadPool(16, "t-trickle", idle_seconds=0.3)
+    try:
+        burst(pool, 8)
+        assert pool.thread_count == 8
+        deadline = time.monotonic() + 20.0
+        while pool.thread_count > 1 and time.monotonic() < deadline:
+            pool.submit(lambda: None).result(timeout=10)  # one at a time, every ~10 ms
+            time.sleep(0.01)
+        assert pool.thread_count == 1
+    finally:
+        pool.shutdown()
