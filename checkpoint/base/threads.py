@@ -26,7 +26,9 @@ So a call is always either handed to a thread or in the backlog with every threa
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
+import logging
 import queue
 import threading
 import weakref
@@ -36,6 +38,8 @@ from concurrent.futures import thread as _thread
 from typing import Any, TypeVar, cast
 
 IDLE_SECONDS = 30.0
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -70,7 +74,9 @@ class RetiringThreadPool(ThreadPoolExecutor):
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         """Run ``fn(*args, **kwargs)`` on a thread. Our own work items, not the standard pool's
         (whose private ``run`` changes between Python versions)."""
-        with self._shutdown_lock:
+        # The global lock too, as the standard pool: interpreter exit must not run between the
+        # check and a thread's registration (or a call handed to a thread it just woke to end).
+        with self._shutdown_lock, _thread._global_shutdown_lock:
             if self._shutdown or _thread._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             future: Future[T] = Future()
@@ -94,9 +100,10 @@ class RetiringThreadPool(ThreadPoolExecutor):
         t = threading.Thread(
             name=f"{self._thread_name_prefix}_{next(self._names)}",
             target=_serve,
-            args=(weakref.ref(self, wake), slot, first, self._idle_seconds),
+            args=(weakref.ref(self, wake), slot, self._idle_seconds),
             daemon=True,
         )
+        slot.put(first)  # not in the thread's args: those live as long as the thread
         self._slots.add(slot)
         t.start()
         self._live.add(t)
@@ -136,8 +143,9 @@ class RetiringThreadPool(ThreadPoolExecutor):
             return True
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Refuse new calls; backlog calls still run unless ``cancel_futures``; idle threads
-        end now, busy ones after their calls; ``wait``: until every thread ended."""
+        """Refuse new calls; backlog calls still run unless ``cancel_futures`` (a call already
+        handed to a thread runs either way, as in the standard pool); idle threads end now, busy
+        ones after their calls; ``wait``: until every thread ended."""
         with self._shutdown_lock:
             self._shutdown = True
             if cancel_futures:
@@ -174,37 +182,57 @@ class _Call:
 
 
 def _serve(
-    pool_ref: weakref.ref[RetiringThreadPool],
-    slot: queue.SimpleQueue[Any],
-    call: _Call | None,
-    idle: float,
+    pool_ref: weakref.ref[RetiringThreadPool], slot: queue.SimpleQueue[Any], idle: float
 ) -> None:
     me = threading.current_thread()
-    while True:
-        if call is not None:
-            call.run()
-            call = None
+    try:
+        _serve_calls(pool_ref, slot, idle, me)
+    except BaseException:  # a bug here must not leave a thread counted that is gone
+        log.exception("a pool thread failed")
+    finally:
         pool = pool_ref()
-        if pool is None:
-            return
-        follow = pool._next(slot, me)
-        del pool
-        if follow is False:
-            return
-        if isinstance(follow, _Call):
-            call = follow
-            continue
+        if pool is not None:
+            pool._ended(slot, me)
+
+
+def _serve_calls(
+    pool_ref: weakref.ref[RetiringThreadPool],
+    slot: queue.SimpleQueue[Any],
+    idle: float,
+    me: threading.Thread,
+) -> None:
+    """Wait on ``slot`` for a call (the first one is there at start), run it, then the backlog's
+    calls; then wait on the slot again, on the idle stack. Nothing holds a call once it ran (its
+    result, arguments and context would live as long as the thread)."""
+    while True:
         try:
             item = slot.get(timeout=idle)
         except queue.Empty:
             pool = pool_ref()
-            if pool is None or pool._may_end(slot, me):
+            if pool is None:  # collected without shutdown: run what was handed over, then end
+                with contextlib.suppress(queue.Empty):
+                    last = slot.get_nowait()
+                    if last is not None:
+                        last.run()
+                return
+            if pool._may_end(slot, me):
                 return
             del pool
             item = slot.get()  # handed to us just as we ran out of patience
         if item is None:  # shutdown(), interpreter exit or the pool collected
-            pool = pool_ref()
-            if pool is not None:
-                pool._ended(slot, me)
             return
-        call = item
+        item.run()
+        item = None
+        while True:
+            pool = pool_ref()
+            if pool is None:
+                return
+            follow = pool._next(slot, me)
+            del pool
+            if follow is None:
+                break  # on the idle stack: wait on the slot
+            if follow is False:
+                return
+            assert isinstance(follow, _Call)
+            follow.run()
+            follow = None

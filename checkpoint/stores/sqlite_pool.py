@@ -103,8 +103,9 @@ class ConnectionPool:
             self._checkin(conn)
 
     def close(self) -> None:
-        """Close the idle connections now, those in use when they come back. The pool stays
-        usable: a later call opens new connections."""
+        """Close the idle connections now; those in use come back to the pool and are closed
+        when idle for ``idle_seconds`` (or at the next close). The pool stays usable: a later
+        call opens new connections."""
         with self._cond:
             idle, self._idle = self._idle, []
             self._open -= len(idle)
@@ -144,7 +145,7 @@ class ConnectionPool:
             else:
                 stale.append(conn)
             self._open -= len(stale)
-            self._cond.notify()
+            self._cond.notify_all()
         for old in stale:
             old.close()
 

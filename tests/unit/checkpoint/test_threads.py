@@ -203,3 +203,41 @@ def test_after_a_burst_a_steady_trickle_of_calls_keeps_one_thread_not_the_peak()
         assert pool.thread_count == 1
     finally:
         pool.shutdown()
+
+
+def test_shutdown_without_cancel_still_runs_the_backlog() -> None:
+    pool = RetiringThreadPool(2, "t-drain", idle_seconds=5)
+    gate = threading.Event()
+    blockers = [pool.submit(gate.wait, 10) for _ in range(2)]
+    queued = [pool.submit(lambda i=i: i) for i in range(4)]
+    stopper = threading.Thread(target=pool.shutdown, kwargs={"wait": True})
+    stopper.start()
+    gate.set()
+    stopper.join(20)
+    assert not stopper.is_alive()
+    assert [f.result(timeout=1) for f in queued] == [0, 1, 2, 3]
+    assert all(f.result(timeout=1) for f in blockers)
+    assert pool.thread_count == 0 and named("t-drain") == 0
+
+
+def test_a_finished_call_is_not_kept_alive_by_its_idle_thread() -> None:
+    """A thread may stay idle for a long time (the most recently idle one serves the next
+    call): what its last call returned must not live as long as the thread."""
+    import gc
+    import weakref
+
+    class Result:
+        pass
+
+    pool = RetiringThreadPool(2, "t-keep", idle_seconds=30)
+    try:
+        refs = []
+        for _ in range(3):
+            result = Result()
+            refs.append(weakref.ref(result))
+            future = pool.submit(lambda r=result: r)
+            assert future.result(timeout=10) is result
+            del result, future
+        assert wait_for(lambda: (gc.collect(), all(r() is None for r in refs))[1], timeout=5)
+    finally:
+        pool.shutdown()
