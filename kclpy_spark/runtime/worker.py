@@ -106,6 +106,7 @@ class Worker:
         self._take_now = asyncio.Event()
         self.started = asyncio.Event()
         self.streams = self._stream_set(stream_tracker, kinesis_sync, kinesis_async)
+        self._processor_factory = processor_factory
         self.consumers = self._consumer_set(processor_factory, sleep)
         # Lease-table calls of the worker's own loops: never queued behind processor threads.
         self._lease_io = _executor(4, "kclpy-spark-lease")
@@ -170,9 +171,13 @@ class Worker:
 
     def readiness(self) -> tuple[bool, str]:
         missing = [c.label for c in self.streams.contexts.values() if c.gone_since is not None]
-        return self.health.readiness(
+        ready, why = self.health.readiness(
             suspended=self.suspended, consumers=self.consumers.views(), missing_streams=missing
         )
+        sink = getattr(self._processor_factory, "readiness", None)  # the Spark sink's
+        if ready and callable(sink):
+            ready, why = sink()
+        return ready, why
 
     async def run(self) -> None:
         set_application(self.cfg.application_name, self.cfg.stream)

@@ -235,13 +235,13 @@ class MicroBatcher:
         return sum(t.is_alive() for t in self._threads)
 
     @property
-    def write_threads(self) -> int:
-        """Threads the sink writes run on (one per writer, plus any write still hung)."""
-        return self._writer.write_threads
+    def writes(self) -> BatchWriter:
+        """The writer: its ``write_threads`` (one per writer, plus writes still hung),
+        ``hung_writes`` (given up on, still running) and ``max_hung_writes``."""
+        return self._writer
 
     @property
     def hung_writes(self) -> int:
-        """Sink writes given up on for giving no answer, still running in their threads."""
         return self._writer.hung_writes
 
     @property

@@ -143,6 +143,13 @@ class SparkSinkProcessorFactory:
     def status(self) -> dict[str, Any]:
         return self.batcher.status()
 
+    def readiness(self) -> tuple[bool, str]:
+        """Not ready while the sink refuses writes: as many writes hang as it allows."""
+        hung, limit = self.batcher.hung_writes, self.batcher.writes.max_hung_writes
+        if hung >= limit:
+            return False, f"{hung} Spark sink write(s) hang (at most {limit}); writes are refused"
+        return True, "ready"
+
     def metrics_collector(self) -> Any:
         """A Prometheus collector of the batcher's figures (the worker registers it)."""
         from kclpy_spark.spark.updates import BatcherStatsCollector

@@ -65,6 +65,10 @@ class WriteThreads:
             return sum(t.is_alive() for t in list(self._threads))
 
     @property
+    def max_hung(self) -> int:
+        return self._max_hung
+
+    @property
     def hung(self) -> int:
         with self._lock:
             return len(self._hung)

@@ -153,6 +153,10 @@ class BatchWriter:
         return self._timed.threads.alive
 
     @property
+    def max_hung_writes(self) -> int:
+        return self._timed.threads.max_hung
+
+    @property
     def hung_writes(self) -> int:
         """Writes given up on (no answer within timeout and grace) that are still running."""
         return self._timed.threads.hung

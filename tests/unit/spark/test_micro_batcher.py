@@ -684,7 +684,7 @@ def test_n_batches_leave_resources_bounded_by_a_constant(tmp_path: Path) -> None
         assert len(sink.written) >= 2 * 150
         assert _descriptors() <= descriptors
         assert _threads_but_sink_writes() <= threads
-        assert batcher.write_threads <= 2  # one per writer (a hung write would add one)
+        assert batcher.writes.write_threads <= 2  # one per writer (a hung write would add one)
         assert store.open_connections <= POOL_SIZE
         assert batcher.threads == 2
         assert batcher.deadlines <= 2 * 2 + 17  # write timeouts: one watchdog, no timer each

@@ -26,6 +26,7 @@ from kclpy_spark.spark.batch import SinkBatch, SinkRoute
 from kclpy_spark.spark.batcher import BatcherSettings, DrainResult, MicroBatcher, SinkParkedError
 from kclpy_spark.spark.lane import LaneState
 from kclpy_spark.spark.pieces import PendingState, Piece
+from kclpy_spark.spark.sink_processor import SparkSinkProcessorFactory
 from kclpy_spark.spark.writer import Batch
 
 
@@ -240,7 +241,7 @@ def test_a_write_with_no_answer_within_its_timeout_is_a_negative_acknowledgment(
         assert "gave no answer" in str(env.done[0].error)
         assert hung_calls == [1]  # not submitted again while it may still run
         assert env.batcher.hung_writes == 1
-        assert env.batcher.write_threads <= 2  # one writer + the hung write
+        assert env.batcher.writes.write_threads <= 2  # one writer + the hung write
         # the next batch (another lease) is written on a fresh thread meanwhile
         env.take(SHARDS[1])
         env.b.on_write = lambda batch: None
@@ -290,18 +291,23 @@ def test_hung_writes_are_capped_and_a_closing_sink_abandons_instead_of_failing()
             env.deliver(shard, records(1, 3))
             env.batcher.run_until_idle()
             assert env.batcher.hung_writes == n + 1
-        assert env.batcher.write_threads <= 3  # one writer + two hung
+        assert env.batcher.writes.write_threads <= 3  # one writer + two hung
         # a third lease: refused at once, no third hung thread
         env.table.create_lease_if_absent(Lease("shardId-000000000009", TRIM_HORIZON))
         env.take("shardId-000000000009")
         env.deliver("shardId-000000000009", records(1, 3))
         env.batcher.run_until_idle()
-        assert env.batcher.hung_writes == 2 and env.batcher.write_threads <= 3
+        assert env.batcher.hung_writes == 2 and env.batcher.writes.write_threads <= 3
+        # the worker's /readyz says so (the factory is what the worker asks)
+        ready, why = SparkSinkProcessorFactory(env.batcher, "stream").readiness()
+        assert not ready and "2 Spark sink write(s) hang" in why
         assert [type(error).__name__ for _, error in dead.stored] == ["WriteHungError"] * 2
         # every write is refused now, sink a's too (it parks: no dead-letter location)
         assert env.done[-1].outcome == "parked" and "hang already" in repr(env.done[-1].error)
     finally:
         release.set()
+    assert wait_for_zero(lambda: env.batcher.hung_writes)
+    assert SparkSinkProcessorFactory(env.batcher, "stream").readiness() == (True, "ready")
     # closing: a batch formed now is abandoned, not dead-lettered, not checkpointed
     before = len(dead.stored)
     env.b.on_write = lambda batch: None
@@ -312,6 +318,13 @@ def test_hung_writes_are_capped_and_a_closing_sink_abandons_instead_of_failing()
     env.batcher.step()
     assert env.done[-1].outcome == "abandoned" and len(dead.stored) == before
     assert env.lease("shardId-000000000010").checkpoint == TRIM_HORIZON
+
+
+def wait_for_zero(value: Any, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while value() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return not value()
 
 
 _EXITS = """
