@@ -49,9 +49,6 @@ VARIANTS = ("consumer", "bare", "parquet", "two sinks")
 CLI = [sys.executable, "-m", "kclpy_spark.cli"]
 
 
-TOTAL = [0]  # records put
-
-
 def _app(variant: str, stream: str, work: Path) -> str:
     return f"{stream}-{variant.replace(' ', '-')}-{work.name}"
 
@@ -108,9 +105,8 @@ class TreeCpu:
 
 
 def run(
-    variant: str, endpoint: str, stream: str, tips: dict[str, int], target: str
+    variant: str, endpoint: str, stream: str, tips: dict[str, int], records: int, target: str
 ) -> dict[str, Any]:
-    records = TOTAL[0]
     work = Path(tempfile.mkdtemp(prefix="pipeline-", dir=CACHE))
     if variant == "bare":
         args = [sys.executable, str(Path(__file__).parent / "bare_pipeline.py"), "--endpoint",
@@ -223,7 +219,6 @@ def main() -> int:
     with Kinesalite() as kinesalite:
         stream = f"pipeline-{int(time.time())}"
         tips: dict[str, int] = {}
-        TOTAL[0] = args.records
         put_s = load_stream(
             kinesalite.endpoint,
             stream,
@@ -235,7 +230,7 @@ def main() -> int:
         print(f"put {args.records:,} records in {put_s:.0f}s", flush=True)
         for n in range(args.rounds):
             for variant in VARIANTS:
-                r = run(variant, kinesalite.endpoint, stream, tips, args.target)
+                r = run(variant, kinesalite.endpoint, stream, tips, args.records, args.target)
                 results[variant].append(r)
                 print(
                     f"round {n + 1} {variant}: {r['rate']:,.0f} records/s steady "

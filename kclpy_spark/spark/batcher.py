@@ -20,7 +20,8 @@ One batch, in one of ``writers`` writer threads (writer.py does the I/O):
 
 The batcher owns the threads, the timing and the lock; every lane change it makes is a ``Lane``
 method called under that lock. Its threads are fixed at start (``writers`` daemon threads, no
-thread per batch), so resources do not grow with the number of batches written.
+thread per batch; the sink writes run on as many more, plus at most two per writer that hang:
+write_threads.py), so resources do not grow with the number of batches written.
 """
 
 from __future__ import annotations
