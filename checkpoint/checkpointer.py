@@ -187,6 +187,15 @@ class Checkpointer:
         self._run(lambda: self._try_checkpoint(target))
         self._checkpointed(target)
 
+    def checkpoint_keeping_pending(
+        self, sequence_number: str | None = None, sub_sequence_number: int | None = None
+    ) -> None:
+        """``checkpoint``, but a pending checkpoint stored beyond the new position stays (with its
+        state): pipelined writers commit one batch while later ones are still being written."""
+        target = self._target(sequence_number, sub_sequence_number)
+        self._run(lambda: self._try_checkpoint(target, keep_later_pending=True))
+        self._checkpointed(target)
+
     async def acheckpoint(
         self, sequence_number: str | None = None, sub_sequence_number: int | None = None
     ) -> None:
@@ -315,12 +324,17 @@ class Checkpointer:
                 f"{self.lease_key} ({reason})",
             )
 
-    def _try_checkpoint(self, target: ExtendedSequenceNumber) -> None:
+    def _try_checkpoint(
+        self, target: ExtendedSequenceNumber, *, keep_later_pending: bool = False
+    ) -> None:
         def write(lease: Lease) -> Lease | None:
             self._checked(lease, target)
-            if lease.checkpoint == target and lease.pending_checkpoint is None:
+            pending = lease.pending_checkpoint
+            if not (keep_later_pending and pending is not None and target < pending):
+                pending = None
+            if lease.checkpoint == target and lease.pending_checkpoint == pending:
                 return lease  # already stored: the KCL skips a checkpoint it already made
-            return self._holder.table.update_checkpoint(lease, target, None)
+            return self._holder.table.update_checkpoint(lease, target, pending)
 
         self._write(write)
 

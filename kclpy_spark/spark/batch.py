@@ -66,6 +66,10 @@ class SinkBatch:
 
 
 class BatchSink(Protocol):
+    """A sink. With ``writers`` > 1, up to ``batches_in_flight`` batches of one lease may be
+    written at once and finish in any order (checkpoints still move in order); a sink class that
+    needs a lease's batches one after another sets ``ordered_per_lease = True``."""
+
     def prepare(self, pieces: Sequence[Piece]) -> Mapping[str, Any]:
         """Called before the pieces' pending checkpoints are written; returns JSON-able tokens by
         lease key (may be empty). Not called for pieces re-formed from a pending checkpoint:

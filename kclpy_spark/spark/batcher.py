@@ -52,8 +52,9 @@ from kclpy_spark.spark.lane import (
     SinkParkedError,
     TwoPhaseCheckpointer,
 )
-from kclpy_spark.spark.pieces import Chunk, PendingState
+from kclpy_spark.spark.pieces import Chunk
 from kclpy_spark.spark.planner import Plan, next_wakeup, plan_due
+from kclpy_spark.spark.replays import replays_from_pending
 from kclpy_spark.spark.settings import BatcherSettings
 from kclpy_spark.spark.updates import BatcherStats, LaneUpdates
 from kclpy_spark.spark.writer import Batch, BatchWriter, single_route
@@ -112,6 +113,9 @@ class MicroBatcher:
             interrupter=interrupter or NoInterrupter(),
             sleep=sleep,
         )
+        # Sinks that need one lease's batches in order (Delta's versions) get one at a time.
+        ordered = any(getattr(r.sink, "ordered_per_lease", False) for r in routes)
+        self._depth = 1 if ordered else self.settings.batches_in_flight
         self._on_batch_done = on_batch_done
         self._threaded = threaded
         self._threads = [
@@ -133,37 +137,16 @@ class MicroBatcher:
         checkpointer: TwoPhaseCheckpointer,
         checkpoint: ExtendedSequenceNumber | None,
     ) -> Lane:
-        """Start buffering for a lease just taken; re-form its pending piece if it has one."""
-        replay = self._replay(lease_key, checkpointer, checkpoint)
-        lane = Lane(lease_key, shard_id, checkpointer, replay=replay, now=self._clock.monotonic())
+        """Start buffering for a lease just taken; re-form its pieces in flight if it has any."""
+        replays = replays_from_pending(lease_key, checkpointer.pending_checkpoint, checkpoint)
+        now = self._clock.monotonic()
+        lane = Lane(lease_key, shard_id, checkpointer, replays=replays, now=now, depth=self._depth)
         with self._cond:
             old = self._lanes.get(lease_key)
             if old is not None:
                 self._close_locked(old)
             self._lanes[lease_key] = lane
         return lane
-
-    @staticmethod
-    def _replay(
-        lease_key: str,
-        checkpointer: TwoPhaseCheckpointer,
-        checkpoint: ExtendedSequenceNumber | None,
-    ) -> tuple[ExtendedSequenceNumber, tuple[Any, ...], Any] | None:
-        pending = checkpointer.pending_checkpoint
-        if pending is None or (checkpoint is not None and not checkpoint < pending[0]):
-            return None
-        target, raw = pending
-        state = PendingState.decode(raw)
-        mine = [k for k in state.group if k.lease_key == lease_key] if state else []
-        if mine:
-            # The piece's own last record: the pending checkpoint says SHARD_END instead when
-            # the piece ended at a closed shard's last record.
-            target = mine[0].last
-        if target.is_sentinel:
-            log.warning("lease %s: pending checkpoint %s cannot be re-formed", lease_key, target)
-            return None
-        log.info("lease %s: re-forming the range up to %s first", lease_key, target)
-        return target, state.group if state else (), state.token if state else None
 
     def add(self, lane: Lane, chunk: Chunk) -> None:
         """Buffer a lease's next records; blocks while the buffer is full (backpressure).
@@ -257,7 +240,7 @@ class MicroBatcher:
                     "state": lane.state.value,
                     "buffered_rows": lane.rows,
                     "buffered_bytes": lane.nbytes,
-                    "in_flight_rows": lane.out.piece.rows if lane.out else 0,
+                    "in_flight_rows": sum(c.piece.rows for c in lane.outs),
                     "recovering": lane.replaying,
                     "park_reason": lane.park_reason,
                 }
@@ -360,8 +343,7 @@ class MicroBatcher:
     def _commits_due(self) -> bool:
         with self._cond:
             now = self._clock.monotonic()
-            due = (x.commit_due_at for x in self._lanes.values() if x.commit_due_at is not None)
-            return any(at <= now for at in due)
+            return any(x.commit_ready(now) for x in self._lanes.values())
 
     def _claim_commits(self) -> list[tuple[Lane, Cut]]:
         now = self._clock.monotonic()

@@ -1,15 +1,18 @@
 """One lease's lane in the micro-batcher: the one owner of its state and of every transition.
 
 A lane buffers the lease's records (``Chunk``s, in order) and hands out *cuts*: the next records to
-write, at most one at a time (a second cut's pending checkpoint would overwrite the one that makes
-the first replayable). A cut is prepared (its pending checkpoint written), written, then committed
-(the checkpoint moves to its end); or put back at the head of the buffer to be re-formed exactly.
+write, up to ``depth`` at a time (pipelined batches). A cut is prepared (the lease's pending
+checkpoint written, listing every cut out: ``pending_state``), written, then committed; the next
+cut is handed out only once the previous one is prepared, so pending checkpoints list the cuts in
+order. The checkpoint moves only over the contiguous prefix of written cuts, whatever order their
+writes finish in (``claim_commit``). A cut that failed is put back at the head of the buffer with
+every cut after it, each to be re-formed exactly (replays.py).
 
 States: ACTIVE (buffering and cutting), PARKED (the sink gave up on a cut: the lease must be parked
 by its consumer, or re-armed at shard end), CLOSED (lease lost or handed over: the buffer is
 dropped, nothing is committed any more). A lane opened on a lease whose pending checkpoint is set
-*replays*: its first cut ends exactly at that position, whatever the size limits, so it has the
-same key, id and content as the cut that was being written before.
+*replays*: its first cuts end exactly where the pieces in flight ended, whatever the size limits,
+so they have the same keys, ids and content as the cuts that were being written before.
 
 Pure bookkeeping: no I/O, no locking (the batcher holds its lock around every call). The
 MicroBatcher only ever changes a lane through these methods.
@@ -18,17 +21,17 @@ MicroBatcher only ever changes a lane through these methods.
 from __future__ import annotations
 
 import enum
-import logging
+import threading
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.checkpointer import PreparedCheckpoint
 from checkpoint.sequence import ExtendedSequenceNumber
-from kclpy_spark.spark.pieces import Chunk, Piece, PieceKey
-
-log = logging.getLogger(__name__)
+from kclpy_spark.spark.pieces import Chunk, InFlight, PendingState, Piece, PieceKey
+from kclpy_spark.spark.replays import Replay, Replays
 
 
 class SinkParkedError(KclpySparkError):
@@ -75,6 +78,10 @@ class TwoPhaseCheckpointer(Protocol):
         application_state: bytes | None = None,
     ) -> PreparedCheckpoint: ...
 
+    def checkpoint_keeping_pending(
+        self, sequence_number: str | None = None, sub_sequence_number: int | None = None
+    ) -> None: ...
+
     @property
     def pending_checkpoint(self) -> tuple[ExtendedSequenceNumber, bytes | None] | None: ...
 
@@ -90,7 +97,9 @@ class Cut:
     chunks: list[Chunk]
     replayed: bool = False  # re-formed from a pending checkpoint: its token is the stored one
     token: Any = None  # the sink's token for this lease in the batch
-    prepared: PreparedCheckpoint | None = None  # set once its pending checkpoint is written
+    group: tuple[PieceKey, ...] | None = None  # its batch, once its pending write started
+    prepared: bool = False  # a pending checkpoint listing it is written
+    written: bool = False  # every sink acknowledged it
 
     @property
     def key(self) -> PieceKey:
@@ -101,18 +110,7 @@ class Cut:
         return sum(c.nbytes for c in self.chunks)
 
 
-@dataclass
-class _Replay:
-    """The first cut must end exactly at ``target`` (it was being written before)."""
-
-    target: ExtendedSequenceNumber
-    group: tuple[PieceKey, ...]  # every piece of the batch it was written in
-    token: Any
-    since: float  # monotonic time the lane started replaying
-    ready_chunks: int | None = None  # chunks forming the cut once ``target`` was reached
-    # Its pending checkpoint (and so its token) is stored: the re-formed cut keeps the token.
-    # A cut put back before its pending checkpoint was written gets a fresh token instead.
-    stored: bool = True
+ReplayTarget = tuple[ExtendedSequenceNumber, tuple[PieceKey, ...], Any]  # target, group, token
 
 
 class Lane:
@@ -122,22 +120,28 @@ class Lane:
         shard_id: str,
         checkpointer: TwoPhaseCheckpointer,
         *,
-        replay: tuple[ExtendedSequenceNumber, tuple[PieceKey, ...], Any] | None = None,
+        replays: Sequence[ReplayTarget] = (),
         now: float = 0.0,
+        depth: int = 1,
     ) -> None:
         self.lease_key = lease_key
         self.shard_id = shard_id
         self.checkpointer = checkpointer
+        self.depth = depth  # the most cuts out at once
+        # Held by the writer around each pending-checkpoint write of this lease (never by the
+        # lane): the last write to land then lists every cut whose write started.
+        self.pending_lock = threading.Lock()
         self._state = LaneState.ACTIVE
         self.park_reason = ""
         self._chunks: deque[Chunk] = deque()
+        self._replays = Replays(lease_key, (Replay(*r, since=now) for r in replays))
         self.rows = 0
         self.nbytes = 0
         self.oldest: float | None = None  # monotonic time the oldest buffered record arrived
         self.forced = False  # flush without waiting (shard end, shutdown)
-        self._replay = None if replay is None else _Replay(*replay, since=now)
-        self.out: Cut | None = None  # the cut being written, or written and not yet committed
-        self.commit_due_at: float | None = None  # set while the out cut's commit must be retried
+        self._outs: deque[Cut] = deque()  # cut and not yet committed, in lease order
+        self._committing = False  # a commit of this lane is under way
+        self.commit_due_at: float | None = None  # set while a failed commit waits for its retry
 
     @property
     def state(self) -> LaneState:
@@ -146,43 +150,47 @@ class Lane:
     # --- questions -------------------------------------------------------------------------------
 
     @property
+    def outs(self) -> tuple[Cut, ...]:
+        return tuple(self._outs)
+
+    @property
     def idle(self) -> bool:
         """Nothing buffered and nothing out."""
-        return not self._chunks and self.out is None
+        return self.rows == 0 and not self._outs
 
     @property
     def replaying(self) -> bool:
-        return self._replay is not None
+        return bool(self._replays)
 
     @property
     def replay_ready(self) -> bool:
-        """Replaying, and every record of the cut to re-form has arrived."""
-        return self._replay is not None and self._replay.ready_chunks is not None
+        """Replaying, and every record of the next cut to re-form has arrived."""
+        first = self._replays.first
+        return first is not None and first.ready
 
     @property
     def replay_group(self) -> tuple[PieceKey, ...]:
-        return () if self._replay is None else self._replay.group
+        first = self._replays.first
+        return () if first is None else first.group
 
     @property
     def replay_since(self) -> float | None:
-        return None if self._replay is None else self._replay.since
+        first = self._replays.first
+        return None if first is None else first.since
 
     def replay_key(self) -> PieceKey | None:
-        """The key of the cut being re-formed, once all its records are here."""
-        rep = self._replay
-        if rep is None or rep.ready_chunks is None:
-            return None
-        return PieceKey(
-            self.lease_key, self._chunks[0].first, self._chunks[rep.ready_chunks - 1].last
-        )
+        """The key of the next cut to re-form, once all its records are here."""
+        first = self._replays.first
+        return None if first is None else first.key(self.lease_key)
 
     def can_cut(self) -> bool:
-        """May a cut of this lane join a new batch now?"""
+        """May a cut of this lane join a new batch now? (Room for one more out, the last one's
+        pending checkpoint written, and records to cut.)"""
         return (
             self._state is LaneState.ACTIVE
-            and self.out is None
-            and self.rows > 0
-            and (self._replay is None or self._replay.ready_chunks is not None)
+            and len(self._outs) < self.depth
+            and all(c.prepared for c in self._outs)
+            and (self.replay_ready if self._replays else bool(self._chunks))
         )
 
     def drained(self, final: bool) -> DrainResult | None:
@@ -191,8 +199,8 @@ class Lane:
             return DrainResult.CLOSED
         if self._state is LaneState.PARKED:
             return DrainResult.PARKED
-        waiting_for_records = self._replay is not None and self._replay.ready_chunks is None
-        if self.idle or (not final and self.out is None and waiting_for_records):
+        waiting_for_records = bool(self._replays) and not self.replay_ready
+        if self.idle or (not final and not self._outs and waiting_for_records):
             return DrainResult.DONE
         return None
 
@@ -200,79 +208,36 @@ class Lane:
 
     def add(self, chunk: Chunk, now: float) -> None:
         """Buffer ``chunk`` (the next records of the lease, in order)."""
-        rep = self._replay
-        if rep is None or rep.ready_chunks is not None:
-            self._append(chunk, now)
-            return
-        inside = chunk.count_up_to(rep.target)
-        if inside == chunk.rows:
-            self._append(chunk, now)
-            if chunk.last == rep.target:
-                self._replay_reached()
-            return
-        # The chunk goes past the replay target: cut there.
-        if inside > 0:
-            head, chunk = chunk.split(inside)
-            self._append(head, now)
-        self._replay_reached()
-        self._append(chunk, now)
-
-    def _append(self, chunk: Chunk, now: float) -> None:
-        self._chunks.append(chunk)
-        self.rows += chunk.rows
-        self.nbytes += chunk.nbytes
-        if self.oldest is None:
+        rest = self._replays.add(chunk) if self._replays else chunk
+        if rest is not None:
+            self._chunks.append(rest)
+        self._recount()
+        if self.oldest is None and self.rows:
             self.oldest = now
 
-    def _replay_reached(self) -> None:
-        rep = self._replay
-        assert rep is not None
-        rep.ready_chunks = len(self._chunks)
-        if rep.ready_chunks == 0:
-            log.warning(
-                "lease %s: the records up to its pending checkpoint %s are gone (trimmed?); "
-                "the range cannot be re-formed and is skipped",
-                self.lease_key,
-                rep.target,
-            )
-            self._replay = None
-            return
-        last = self._chunks[rep.ready_chunks - 1].last
-        if last != rep.target:
-            log.warning(
-                "lease %s: pending checkpoint %s is not a record position delivered again "
-                "(last at or before it: %s); the re-formed piece differs from the original",
-                self.lease_key,
-                rep.target,
-                last,
-            )
-
     def force(self, *, final: bool) -> None:
-        """Flush without waiting. ``final``: no more records will come (shard end), so a replay
-        is cut at what arrived."""
+        """Flush without waiting. ``final``: no more records will come (shard end), so the
+        replays are cut at what arrived."""
         self.forced = True
-        if final and self._replay is not None and self._replay.ready_chunks is None:
-            self._replay_reached()
+        if final:
+            self._replays.reach_all()
+            self._recount()
 
     # --- cutting and writing ---------------------------------------------------------------------
 
     def cut(self, max_rows: int, max_bytes: int) -> Cut:
-        """Cut the next records (exactly the replayed range if replaying, else at most
+        """Cut the next records (exactly the next replayed range if replaying, else at most
         ``max_rows``/``max_bytes`` but at least one record) and hand them out."""
         assert self.can_cut()
-        rep = self._replay
-        if rep is not None:
-            assert rep.ready_chunks is not None
-            taken = [self._chunks.popleft() for _ in range(rep.ready_chunks)]
-            self._replay = None
-        else:
-            taken = self._take(max_rows, max_bytes)
+        rep = self._replays.pop_first() if self._replays else None
+        taken = rep.chunks if rep is not None else self._take(max_rows, max_bytes)
         self._recount()
         rows = sum(c.rows for c in taken)
         piece = Piece(PieceKey(self.lease_key, taken[0].first, taken[-1].last), self.shard_id, rows)
         kept = rep if rep is not None and rep.stored else None  # its token is stored
-        self.out = Cut(piece, taken, replayed=kept is not None, token=kept and kept.token)
-        return self.out
+        cut = Cut(piece, taken, replayed=kept is not None, token=kept and kept.token)
+        self._outs.append(cut)
+        return cut
 
     def _take(self, max_rows: int, max_bytes: int) -> list[Chunk]:
         taken: list[Chunk] = []
@@ -298,57 +263,106 @@ class Lane:
 
     def tokened(self, cut: Cut, token: Any) -> None:
         """The sink gave the cut its token (before its pending checkpoint is written)."""
-        if self.out is cut:
+        if cut in self._outs:
             cut.token = token
 
-    def prepared(self, cut: Cut, checkpoint: PreparedCheckpoint) -> None:
-        """The cut's pending checkpoint is written."""
-        cut.prepared = checkpoint
+    def pending_state(
+        self, cut: Cut, group: tuple[PieceKey, ...]
+    ) -> tuple[ExtendedSequenceNumber, PendingState] | None:
+        """The pending checkpoint to write for ``cut`` (in the batch ``group``): the end of the
+        last cut out whose write started, and every such cut in order. None if the cut is no
+        longer out (put back or closed)."""
+        if cut not in self._outs:
+            return None
+        cut.group = group
+        listed = [c for c in self._outs if c.group is not None]
+        state = PendingState(tuple(InFlight(c.group or (), c.token) for c in listed))
+        return listed[-1].key.last, state
+
+    def prepared(self, cut: Cut) -> None:
+        """A pending checkpoint listing the cut is written."""
+        cut.prepared = True
+
+    def acknowledged(self, cut: Cut) -> None:
+        """Every sink acknowledged the cut's batch."""
+        if cut in self._outs:
+            cut.written = True
+
+    def commit_ready(self, now: float) -> bool:
+        head = self._outs[0] if self._outs else None
+        due = self.commit_due_at is None or self.commit_due_at <= now
+        return head is not None and head.written and not self._committing and due
+
+    def claim_commit(self, now: float) -> Cut | None:
+        """The last cut of the written prefix, to commit now (claimed: no other commit of this
+        lane starts until ``committed`` or ``commit_later``). None when the head is not written
+        yet, a commit is under way, or a failed one waits for its retry."""
+        if not self.commit_ready(now):
+            return None
+        last = self._outs[0]
+        for c in self._outs:
+            if not c.written:
+                break
+            last = c
+        self._committing = True
+        self.commit_due_at = None
+        return last
 
     def committed(self, cut: Cut) -> None:
-        """The cut's checkpoint moved: the lane may cut again."""
-        if self.out is cut:
-            self.out = None
-            self.commit_due_at = None
+        """The checkpoint moved to the cut's end: it and the cuts before it are done."""
+        self._committing = False
+        if cut in self._outs:
+            while self._outs and self._outs.popleft() is not cut:
+                pass
 
     def commit_later(self, cut: Cut, at: float) -> None:
         """Written, but the commit failed in a way a retry may fix: retry at ``at``. The lane
-        cuts nothing meanwhile (the next pending checkpoint would hide this one)."""
-        if self.out is cut:
+        goes on cutting (each pending checkpoint lists every cut out)."""
+        self._committing = False
+        if cut in self._outs:
             self.commit_due_at = at
 
-    def claim_commit(self, now: float) -> Cut | None:
-        """The out cut whose commit retry is due now (claimed: not due again until rescheduled)."""
-        if self.out is None or self.commit_due_at is None or self.commit_due_at > now:
-            return None
-        self.commit_due_at = float("inf")
-        return self.out
-
     def put_back(self, cut: Cut, group: tuple[PieceKey, ...], now: float) -> None:
-        """The cut was not written (or not committed): put it back at the head, to be re-formed
-        exactly as it was (its pending checkpoint may be stored already)."""
-        if self._state is LaneState.CLOSED:
+        """The cut was not written (or not committed): put it back at the head of the buffer
+        with every cut after it, each to be re-formed exactly as it was (their pending
+        checkpoint may be stored already). ``group``: the cut's batch."""
+        if self._state is LaneState.CLOSED or cut not in self._outs:
             return
-        for chunk in reversed(cut.chunks):
-            self._chunks.appendleft(chunk)
+        moved: list[Cut] = []
+        while self._outs and self._outs[-1] is not cut:
+            moved.append(self._outs.pop())
+        moved.append(self._outs.pop())
+        moved.reverse()
+        self._replays.push_front(
+            [
+                Replay(
+                    c.key.last,
+                    group if c is cut else (c.group or (c.key,)),
+                    c.token,
+                    now,
+                    stored=c.prepared or c.replayed,
+                    chunks=list(c.chunks),
+                    ready=True,
+                )
+                for c in moved
+            ]
+        )
         self._recount()
         self.oldest = now if self.oldest is None else self.oldest
-        self._replay = _Replay(
-            cut.key.last,
-            group,
-            cut.token,
-            now,
-            ready_chunks=len(cut.chunks),
-            stored=cut.prepared is not None or cut.replayed,
-        )
-        if self.out is cut:
-            self.out = None
+        if not self._outs:
+            self._committing = False
             self.commit_due_at = None
 
+    def put_back_all(self, now: float) -> None:
+        """Every cut out goes back (a commit that can never succeed), each in its batch."""
+        if self._outs:
+            head = self._outs[0]
+            self.put_back(head, head.group or (head.key,), now)
+
     def _recount(self) -> None:
-        self.rows = sum(c.rows for c in self._chunks)
-        self.nbytes = sum(c.nbytes for c in self._chunks)
-        if not self._chunks:
+        self.rows = self._replays.rows + sum(c.rows for c in self._chunks)
+        self.nbytes = self._replays.nbytes + sum(c.nbytes for c in self._chunks)
+        if not self.rows:
             self.oldest = None
 
     # --- parking and closing ---------------------------------------------------------------------
@@ -367,13 +381,14 @@ class Lane:
             self._state = LaneState.ACTIVE
 
     def close(self) -> None:
-        """Lease lost or handed over: drop the buffer and forget the out cut, so the batcher
-        starts no commit for it any more. A commit already running may still land while the
+        """Lease lost or handed over: drop the buffer and forget the cuts out, so the batcher
+        starts no commit for them any more. A commit already running may still land while the
         lease is held (it is fenced by the lease); the next owner reads from the checkpoint."""
         self._state = LaneState.CLOSED
         self._chunks.clear()
+        self._replays.clear()
         self.rows = self.nbytes = 0
         self.oldest = None
-        self._replay = None
-        self.out = None
+        self._outs.clear()
+        self._committing = False
         self.commit_due_at = None

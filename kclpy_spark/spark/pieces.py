@@ -12,9 +12,9 @@ another worker:
   63-bit int (what Spark's foreachBatch passes as ``batch_id``). It is stable, not increasing:
   Delta's ``txnVersion`` idiom needs increasing versions, so use ``DeltaSink`` for Delta.
 
-The pending checkpoint written before a batch is attempted carries a small JSON state: the
-batch's pieces (so a restarted worker can re-form the identical batch) and this lease's sink token
-(e.g. the Delta version the piece commits with).
+The pending checkpoint written before a batch is attempted carries a small JSON state: for each of
+the lease's pieces in flight, its batch's pieces (so a restarted worker can re-form the identical
+batch) and this lease's sink token in it (e.g. the Delta version the piece commits with).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ SCHEMA = pa.schema(
 )
 _SEQ = SCHEMA.get_field_index("sequence_number")
 _SUB = SCHEMA.get_field_index("sub_sequence_number")
-STATE_FORMAT = "kclpy-spark-sink/1"
+STATE_FORMAT = "kclpy-spark-sink/1"  # one piece in flight
+STATE_FORMAT_2 = "kclpy-spark-sink/2"  # several (pipelined batches)
 
 
 @dataclass(frozen=True, order=True)
@@ -171,15 +172,31 @@ def records_to_chunk(records: Sequence[Record], stream: str, shard_id: str) -> C
 
 
 @dataclass(frozen=True)
-class PendingState:
-    """What a lease's pending checkpoint says about the batch being written when it was set."""
+class InFlight:
+    """One piece of a lease in flight: the batch it is written in (every piece of that batch)
+    and this lease's sink token in it."""
 
-    group: tuple[PieceKey, ...]  # every piece of that batch
-    token: Any = None  # this lease's sink token
+    group: tuple[PieceKey, ...]
+    token: Any = None
+
+    def piece_of(self, lease_key: str) -> PieceKey | None:
+        return next((k for k in self.group if k.lease_key == lease_key), None)
+
+
+@dataclass(frozen=True)
+class PendingState:
+    """What a lease's pending checkpoint says about its pieces in flight when it was set, in
+    order (with pipelined batches, several: the pending checkpoint is the last one's end)."""
+
+    pieces: tuple[InFlight, ...]
 
     def encode(self) -> bytes:
-        group = [k.as_json() for k in self.group]
-        value = {"format": STATE_FORMAT, "group": group, "token": self.token}
+        """One piece in flight: format 1 (what earlier versions read); several: format 2."""
+        if len(self.pieces) == 1:
+            [only] = self.pieces
+            value: dict[str, Any] = {"format": STATE_FORMAT, **_in_flight_json(only)}
+        else:
+            value = {"format": STATE_FORMAT_2, "pieces": [_in_flight_json(p) for p in self.pieces]}
         return json.dumps(value, separators=(",", ":")).encode()
 
     @classmethod
@@ -190,9 +207,31 @@ class PendingState:
             return None
         try:
             value = json.loads(raw)
-            if not isinstance(value, Mapping) or value.get("format") != STATE_FORMAT:
+            if not isinstance(value, Mapping):
                 return None
-            group = tuple(PieceKey.from_json(k) for k in value["group"])
+            if value.get("format") == STATE_FORMAT:
+                return cls((_in_flight_of(value),))
+            if value.get("format") == STATE_FORMAT_2:
+                return cls(tuple(_in_flight_of(p) for p in value["pieces"]))
         except (ValueError, TypeError, KeyError):
             return None
-        return cls(group, value.get("token"))
+        return None
+
+    def after(
+        self, lease_key: str, checkpoint: ExtendedSequenceNumber | None
+    ) -> list[tuple[PieceKey, InFlight]]:
+        """This lease's pieces in flight that end after ``checkpoint``, in order."""
+        out = []
+        for entry in self.pieces:
+            key = entry.piece_of(lease_key)
+            if key is not None and (checkpoint is None or checkpoint < key.last):
+                out.append((key, entry))
+        return out
+
+
+def _in_flight_json(entry: InFlight) -> dict[str, Any]:
+    return {"group": [k.as_json() for k in entry.group], "token": entry.token}
+
+
+def _in_flight_of(value: Mapping[str, Any]) -> InFlight:
+    return InFlight(tuple(PieceKey.from_json(k) for k in value["group"]), value.get("token"))

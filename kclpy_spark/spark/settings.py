@@ -21,6 +21,7 @@ class BatcherSettings:
     retry_max_delay: float = 30.0
     write_timeout: float = 600.0
     writers: int = 1
+    batches_in_flight: int = 2  # per lease: written or being written, not yet checkpointed
     buffer_bytes: int = 0  # records buffered before process_records blocks; 0: 2 x max_bytes
     regroup_wait: float = 30.0  # how long a re-formed piece waits for the rest of its batch
     commit_retry_delay: float = 1.0
@@ -28,7 +29,7 @@ class BatcherSettings:
     def __post_init__(self) -> None:
         if self.scope not in {"worker", "lease"}:
             raise ConfigError(f"config 'scope' must be 'worker' or 'lease', got {self.scope!r}")
-        for name in ("max_records", "max_bytes", "writers", "max_attempts"):
+        for name in ("max_records", "max_bytes", "writers", "max_attempts", "batches_in_flight"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"config {name!r} must be >= 1, got {getattr(self, name)}")
         if self.buffer_bytes < 0:

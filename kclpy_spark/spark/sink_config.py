@@ -19,6 +19,8 @@ scope = "lease"                     # "worker": one batch over the worker's leas
 max_attempts = 5
 failure_policy = "park"             # or "dead-letter:/data/dead-letters"
 write_timeout = 600.0
+writers = 1                         # batches written at once (threads)
+batches_in_flight = 2               # per lease: a batch is cut while the one before commits
 value_schema = "id BIGINT, name STRING"   # optional: parse data as JSON into these columns
 [sink.spark_conf]
 "spark.executor.memory" = "2g"

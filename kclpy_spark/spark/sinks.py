@@ -17,7 +17,8 @@ never written twice even when it comes back in a batch of another composition:
 * ``DeltaSink(path)``: the deltalake package (delta-rs) appends from the driver, one commit per
   batch carrying one application transaction per lease: app id ``<prefix>:<lease key>``, version
   = the lease's previous version + 1, chosen in ``prepare`` and stored with the pending checkpoint,
-  so a replayed piece finds its version already committed and is skipped.
+  so a replayed piece finds its version already committed and is skipped. One batch of a lease
+  is in flight at a time (``ordered_per_lease``): versions must commit in order.
 * ``DeadLetterDirectory(path)``: a failed batch as ``batch-<id>[-<sink>].parquet`` (pyarrow),
   with the error and the pieces in the file's metadata; the file and the folder are fsynced before
   the batch counts as handled (its checkpoint moves after that).
@@ -169,6 +170,10 @@ class ParquetSink:
 
 
 class DeltaSink:
+    # A lease's versions must commit in order (a later one committed first would make Delta skip
+    # the earlier), so the batcher keeps one batch of a lease in flight at a time.
+    ordered_per_lease = True
+
     def __init__(
         self,
         path: str,

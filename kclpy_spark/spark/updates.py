@@ -17,8 +17,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from checkpoint.base.clock import Clock
-from checkpoint.checkpointer import SHUTDOWN, CheckpointError, PreparedCheckpoint
+from checkpoint.checkpointer import SHUTDOWN, CheckpointError
+from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.spark.lane import Cut, Lane, LaneState
+from kclpy_spark.spark.pieces import PendingState, PieceKey
 from kclpy_spark.spark.settings import BatcherSettings
 from kclpy_spark.spark.writer import Batch
 
@@ -94,9 +96,16 @@ class LaneUpdates:
         with self._cond:
             lane.tokened(cut, token)
 
-    def prepared(self, lane: Lane, cut: Cut, checkpoint: PreparedCheckpoint) -> None:
+    def pending_state(
+        self, lane: Lane, cut: Cut, group: tuple[PieceKey, ...]
+    ) -> tuple[ExtendedSequenceNumber, PendingState] | None:
         with self._cond:
-            lane.prepared(cut, checkpoint)
+            return lane.pending_state(cut, group)
+
+    def prepared(self, lane: Lane, cut: Cut) -> None:
+        with self._cond:
+            lane.prepared(cut)
+            self._cond.notify_all()  # the lane may cut again
 
     def not_prepared(self, lane: Lane, cut: Cut, error: CheckpointError) -> None:
         with self._cond:
@@ -120,7 +129,9 @@ class LaneUpdates:
                 stats.failed_attempts += 1
                 stats.last_error = repr(error)
 
-    def written(self, batch: Batch, *, dead_lettered: bool) -> list[tuple[Lane, Cut]]:
+    def written(self, batch: Batch, *, dead_lettered: bool) -> list[Lane]:
+        """Every sink acknowledged the batch: its cuts are marked written; returns the lanes
+        still open (each commits its written prefix)."""
         rows = batch.sink_batch.rows if batch.sink_batch is not None else 0
         with self._cond:
             stats = self.stats
@@ -132,7 +143,12 @@ class LaneUpdates:
             for lane, cut in batch.parts:
                 key = lane.lease_key
                 stats.by_lease_rows[key] = stats.by_lease_rows.get(key, 0) + cut.piece.rows
-            return [(lane, cut) for lane, cut in batch.parts if lane.state is not LaneState.CLOSED]
+                lane.acknowledged(cut)
+            return [lane for lane, _ in batch.parts if lane.state is not LaneState.CLOSED]
+
+    def claim_commit(self, lane: Lane) -> Cut | None:
+        with self._cond:
+            return lane.claim_commit(self._clock.monotonic())
 
     def committed(self, lane: Lane, cut: Cut, seconds: float) -> None:
         with self._cond:
@@ -143,7 +159,7 @@ class LaneUpdates:
 
     def commit_failed(self, lane: Lane, cut: Cut, error: Exception) -> None:
         """A commit that failed: retried later unless the lease is gone or the checkpoint can
-        never be taken (then the cut is re-formed and the lane parked). An error that is not a
+        never be taken (then every cut out is re-formed and the lane parked). An error that is not a
         ``CheckpointError`` is retried: the write succeeded, so the commit must not be lost."""
         with self._cond:
             now = self._clock.monotonic()
@@ -154,7 +170,7 @@ class LaneUpdates:
             elif not isinstance(error, CheckpointError) or error.retry_may_help:
                 lane.commit_later(cut, now + self._settings.commit_retry_delay)
             else:
-                lane.put_back(cut, (cut.key,), now)
+                lane.put_back_all(now)
                 lane.park(f"checkpoint failed: {error}")
             self._cond.notify_all()
 

@@ -10,15 +10,14 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from tenacity import RetryCallState, Retrying, retry_if_not_exception_type, stop_after_attempt
 from tenacity.stop import stop_base
 
 from checkpoint.base.retry import Backoff
-from checkpoint.checkpointer import CheckpointError, PreparedCheckpoint
+from checkpoint.checkpointer import CheckpointError
 from kclpy_spark.spark.acks import DEAD_LETTERED, FAILED, WRITTEN, AckSet, SinkFailedError
 from kclpy_spark.spark.batch import (
     BatchSink,
@@ -28,8 +27,9 @@ from kclpy_spark.spark.batch import (
     SinkRoute,
     ToDataFrame,
 )
+from kclpy_spark.spark.events import Batch, LaneEvents
 from kclpy_spark.spark.lane import Cut, Lane
-from kclpy_spark.spark.pieces import SCHEMA, PendingState, Piece, PieceKey, batch_id_of
+from kclpy_spark.spark.pieces import SCHEMA, Piece, batch_id_of
 from kclpy_spark.spark.settings import BatcherSettings
 from kclpy_spark.spark.timed_write import TimedWrites, WriteHungError, WriteTimeoutError
 from kclpy_spark.spark.watchdog import Watchdog
@@ -49,50 +49,6 @@ log = logging.getLogger(__name__)
 
 # With several sinks, a lease's stored sink token is {BY_SINK: {sink name: token}}.
 BY_SINK = "by_sink"
-
-
-@dataclass(eq=False)
-class Batch:
-    """One micro-batch: a cut of each of its lanes, sorted by piece key."""
-
-    parts: list[tuple[Lane, Cut]]
-    sink_batch: SinkBatch | None = None
-    tokens_ready: bool = False
-    prepared: set[int] = field(default_factory=set)  # id() of the cuts whose pending is written
-    error: BaseException | None = None  # the last failure, once given up
-    outcome: str = "pending"  # written | dead-lettered | parked | abandoned
-    acks: AckSet | None = None  # the sinks' answers
-    attempts: dict[str, int] = field(default_factory=dict)  # write attempts by sink name
-
-    @property
-    def group(self) -> tuple[PieceKey, ...]:
-        return tuple(sorted(cut.key for _, cut in self.parts))
-
-    def __repr__(self) -> str:
-        keys = ", ".join(f"{k.lease_key}[{k.first}..{k.last}]" for k in self.group)
-        return f"Batch({keys})"
-
-
-class LaneEvents(Protocol):
-    """What the writer tells the batcher; each call changes lanes under the batcher's lock."""
-
-    def tokened(self, lane: Lane, cut: Cut, token: Any) -> None: ...
-
-    def prepared(self, lane: Lane, cut: Cut, checkpoint: PreparedCheckpoint) -> None: ...
-
-    def not_prepared(self, lane: Lane, cut: Cut, error: CheckpointError) -> None: ...
-
-    def all_closed(self, batch: Batch) -> bool: ...
-
-    def attempt(self, error: BaseException | None, prepare_s: float, write_s: float) -> None: ...
-
-    def written(self, batch: Batch, *, dead_lettered: bool) -> list[tuple[Lane, Cut]]: ...
-
-    def committed(self, lane: Lane, cut: Cut, seconds: float) -> None: ...
-
-    def commit_failed(self, lane: Lane, cut: Cut, error: Exception) -> None: ...
-
-    def gave_up(self, batch: Batch, error: BaseException) -> None: ...
 
 
 class _LanesGone(stop_base):
@@ -322,26 +278,31 @@ class BatchWriter:
             )
 
     def _prepare_pending(self, batch: Batch) -> bool:
-        """Write the pending checkpoint of each cut not yet prepared; False when a cut had to
-        leave the batch (its lease cannot take a checkpoint any more)."""
+        """Write the pending checkpoint of each cut not yet prepared (listing every cut of its
+        lane out, pipelined ones included); False when a cut had to leave the batch (its lease
+        cannot take a checkpoint any more, or it was put back meanwhile)."""
         for lane, cut in list(batch.parts):
             if id(cut) in batch.prepared:
                 continue
-            last = cut.key.last
-            state = PendingState(batch.group, cut.token).encode()
-            try:
-                checkpoint = lane.checkpointer.prepare_checkpoint(
-                    last.sequence_number, last.sub_sequence_number, state
-                )
-            except CheckpointError as exc:
-                if exc.retry_may_help:
-                    raise
-                log.warning("lease %s: cannot prepare its checkpoint (%s)", lane.lease_key, exc)
-                self._events.not_prepared(lane, cut, exc)
-                batch.parts.remove((lane, cut))
-                return False
+            with lane.pending_lock:  # the last pending write of a lane lists all its cuts out
+                pending = self._events.pending_state(lane, cut, batch.group)
+                if pending is None:
+                    batch.parts.remove((lane, cut))
+                    return False
+                target, state = pending
+                try:
+                    lane.checkpointer.prepare_checkpoint(
+                        target.sequence_number, target.sub_sequence_number, state.encode()
+                    )
+                except CheckpointError as exc:
+                    if exc.retry_may_help:
+                        raise
+                    log.warning("lease %s: cannot prepare its checkpoint (%s)", lane.lease_key, exc)
+                    self._events.not_prepared(lane, cut, exc)
+                    batch.parts.remove((lane, cut))
+                    return False
             batch.prepared.add(id(cut))
-            self._events.prepared(lane, cut, checkpoint)
+            self._events.prepared(lane, cut)
         return True
 
     def _tokens(self, route: SinkRoute, pieces: list[Piece]) -> Mapping[str, Any]:
@@ -362,20 +323,27 @@ class BatchWriter:
 
     def _commit_all(self, batch: Batch, *, dead_lettered: bool) -> None:
         batch.outcome = "dead-lettered" if dead_lettered else "written"
-        for lane, cut in self._events.written(batch, dead_lettered=dead_lettered):
-            self.commit(lane, cut)
+        for lane in self._events.written(batch, dead_lettered=dead_lettered):
+            self.commit(lane)
 
-    def commit(self, lane: Lane, cut: Cut) -> None:
-        """Checkpoint at the written cut's end (clears the pending checkpoint)."""
-        started = time.perf_counter()
-        try:
-            assert cut.prepared is not None
-            cut.prepared.checkpoint()
-        except Exception as exc:  # anything else than a CheckpointError is retried later
-            log.warning("lease %s: checkpoint after the write failed: %r", lane.lease_key, exc)
-            self._events.commit_failed(lane, cut, exc)
-            return
-        self._events.committed(lane, cut, time.perf_counter() - started)
+    def commit(self, lane: Lane, claimed: Cut | None = None) -> None:
+        """Move the lane's checkpoint over its written prefix (``claimed``: already claimed),
+        then over what was written meanwhile, until nothing more is ready. A pending checkpoint
+        beyond it (cuts still being written) stays."""
+        cut = claimed or self._events.claim_commit(lane)
+        while cut is not None:
+            started = time.perf_counter()
+            last = cut.key.last
+            try:
+                lane.checkpointer.checkpoint_keeping_pending(
+                    last.sequence_number, last.sub_sequence_number
+                )
+            except Exception as exc:  # anything else than a CheckpointError is retried later
+                log.warning("lease %s: checkpoint after the write failed: %r", lane.lease_key, exc)
+                self._events.commit_failed(lane, cut, exc)
+                return
+            self._events.committed(lane, cut, time.perf_counter() - started)
+            cut = self._events.claim_commit(lane)
 
 
 def _token_of(route: SinkRoute, token: Any, *, several: bool) -> Any:

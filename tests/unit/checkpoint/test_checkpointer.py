@@ -288,6 +288,27 @@ def test_checkpoint_clears_a_pending_checkpoint(table: FaultyTable, cp: Checkpoi
     assert stored(table).checkpoint == esn("120")
 
 
+def test_checkpoint_keeping_pending_keeps_only_a_pending_checkpoint_beyond_it(
+    table: FaultyTable, cp: Checkpointer
+) -> None:
+    """Pipelined batches: committing the first while a later one's pending checkpoint is stored
+    keeps that one (and its state); committing up to it clears it."""
+    cp.prepare_checkpoint("150", application_state=b"two in flight")
+    cp.checkpoint_keeping_pending("120")
+    lease = stored(table)
+    assert lease.checkpoint == esn("120") and lease.pending_checkpoint == esn("150")
+    assert lease.pending_checkpoint_state == b"two in flight"
+    cp.checkpoint_keeping_pending("150")
+    lease = stored(table)
+    assert lease.checkpoint == esn("150")
+    assert lease.pending_checkpoint is None and lease.pending_checkpoint_state is None
+    writes = table.write_calls
+    cp.checkpoint_keeping_pending("150")  # already stored: nothing to write
+    assert table.write_calls == writes
+    with raises(ILLEGAL_ARGUMENT):
+        cp.checkpoint_keeping_pending("120")  # never backwards
+
+
 def test_commit_after_lease_loss_raises_shutdown(
     worker: Worker, table: FaultyTable, cp: Checkpointer
 ) -> None:

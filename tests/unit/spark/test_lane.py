@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from checkpoint.checkpointer import PreparedCheckpoint
 from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.processor import Record
 from kclpy_spark.spark.lane import DrainResult, Lane, LaneState
@@ -34,8 +33,14 @@ class NoCheckpointer:
         raise AssertionError(f"a lane never calls its checkpointer ({name})")
 
 
-def lane(replay: tuple[ExtendedSequenceNumber, tuple[PieceKey, ...], Any] | None = None) -> Lane:
-    return Lane(KEY, KEY, NoCheckpointer(), replay=replay, now=100.0)  # type: ignore[arg-type]
+def lane(
+    replay: tuple[ExtendedSequenceNumber, tuple[PieceKey, ...], Any] | None = None,
+    *,
+    replays: list[tuple[ExtendedSequenceNumber, tuple[PieceKey, ...], Any]] | None = None,
+    depth: int = 1,
+) -> Lane:
+    targets = replays if replays is not None else ([] if replay is None else [replay])
+    return Lane(KEY, KEY, NoCheckpointer(), replays=targets, now=100.0, depth=depth)  # type: ignore[arg-type]
 
 
 def test_add_buffers_in_order_and_remembers_the_oldest_arrival() -> None:
@@ -51,7 +56,7 @@ def test_cut_respects_the_row_and_byte_budgets_but_takes_at_least_one_record() -
     a.add(chunk(1, 5), now=101.0)
     cut = a.cut(max_rows=3, max_bytes=10**9)
     assert cut.key == PieceKey(KEY, esn(10), esn(30)) and cut.piece.rows == 3
-    assert a.out is cut and not a.can_cut()  # one cut out at a time
+    assert a.outs == (cut,) and not a.can_cut()  # depth 1: one cut out at a time
     assert a.rows == 2
     a.committed(cut)
     tiny = a.cut(max_rows=10, max_bytes=1)  # smaller than one record: still one record
@@ -62,12 +67,14 @@ def test_commit_retry_is_claimed_once_when_due() -> None:
     a = lane()
     a.add(chunk(1, 2), now=101.0)
     cut = a.cut(10, 10**9)
+    a.acknowledged(cut)
+    assert a.claim_commit(now=101.0) is cut
     a.commit_later(cut, at=105.0)
     assert a.claim_commit(now=104.0) is None
     assert a.claim_commit(now=105.0) is cut
     assert a.claim_commit(now=106.0) is None  # claimed: not due again until rescheduled
     a.committed(cut)
-    assert a.out is None and a.commit_due_at is None and a.idle
+    assert a.outs == () and a.commit_due_at is None and a.idle
 
 
 def test_put_back_reforms_the_same_cut_exactly_with_its_stored_token() -> None:
@@ -75,9 +82,9 @@ def test_put_back_reforms_the_same_cut_exactly_with_its_stored_token() -> None:
     a.add(chunk(1, 4), now=101.0)
     cut = a.cut(3, 10**9)
     a.tokened(cut, {"v": 7})
-    a.prepared(cut, PreparedCheckpoint(None, cut.key.last))  # its pending checkpoint is stored
+    a.prepared(cut)  # its pending checkpoint is stored
     a.put_back(cut, (cut.key,), now=103.0)
-    assert a.out is None and a.replaying and a.replay_ready
+    assert a.outs == () and a.replaying and a.replay_ready
     assert a.replay_key() == cut.key and a.replay_group == (cut.key,)
     again = a.cut(1, 1)  # limits do not apply to a replay
     assert again.key == cut.key and again.replayed and again.piece.rows == 3
@@ -139,7 +146,7 @@ def test_park_rearm_and_close() -> None:
     a.rearm()
     assert a.state is LaneState.ACTIVE and a.can_cut()
     a.close()
-    assert a.state is LaneState.CLOSED and a.rows == 0 and a.out is None
+    assert a.state is LaneState.CLOSED and a.rows == 0 and a.outs == ()
     assert a.drained(final=False) is DrainResult.CLOSED
     a.park("late")  # nothing revives a closed lane
     a.put_back(cut, (cut.key,), now=103.0)

@@ -37,7 +37,14 @@ from kclpy_spark.spark.batcher import (
     SinkParkedError,
 )
 from kclpy_spark.spark.lane import Lane, LaneState
-from kclpy_spark.spark.pieces import PendingState, Piece, PieceKey, batch_id_of, records_to_chunk
+from kclpy_spark.spark.pieces import (
+    InFlight,
+    PendingState,
+    Piece,
+    PieceKey,
+    batch_id_of,
+    records_to_chunk,
+)
 from kclpy_spark.spark.writer import WriteTimeoutError
 
 SHARDS = ("shardId-000000000000", "shardId-000000000001")
@@ -181,8 +188,12 @@ def test_ids_are_pure_functions_of_the_pieces() -> None:
     assert batch_id_of([a]) != batch_id_of([PieceKey(SHARDS[0], esn(10), esn(60))])
     assert a.piece_id == same_a.piece_id != b.piece_id
     assert a.piece_id.startswith("p") and len(a.piece_id) == 33
-    state = PendingState((a, b), {"v": 3})
+    state = PendingState((InFlight((a, b), {"v": 3}),))
     assert PendingState.decode(state.encode()) == state
+    assert b"kclpy-spark-sink/1" in state.encode()  # one piece: the format earlier versions read
+    two = PendingState((InFlight((a, b), 1), InFlight((PieceKey(SHARDS[0], esn(60), esn(70)),))))
+    assert PendingState.decode(two.encode()) == two and b"kclpy-spark-sink/2" in two.encode()
+    assert [k.last for k, _ in two.after(SHARDS[0], esn(50))] == [esn(70)]
     assert PendingState.decode(b"not ours") is None and PendingState.decode(None) is None
 
 
@@ -270,8 +281,8 @@ def test_the_pending_checkpoint_is_written_before_the_write_and_committed_after(
     [during] = seen
     assert during.checkpoint == TRIM_HORIZON and during.pending_checkpoint == esn(30)
     state = PendingState.decode(during.pending_checkpoint_state)
-    assert state is not None and state.token == "token-30"
-    assert state.group == (PieceKey(SHARDS[0], esn(10), esn(30)),)
+    assert state is not None and [p.token for p in state.pieces] == ["token-30"]
+    assert state.pieces[0].group == (PieceKey(SHARDS[0], esn(10), esn(30)),)
     after = env.lease(SHARDS[0])
     assert after.checkpoint == esn(30) and after.pending_checkpoint is None
 
@@ -375,25 +386,38 @@ def test_a_failing_dead_letter_write_parks_instead() -> None:
     assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON
 
 
-def test_a_throttled_commit_blocks_the_lease_until_it_is_retried() -> None:
-    env = manual(max_records=3, commit_retry_delay=2.0)
+@pytest.mark.parametrize("in_flight", [1, 2])
+def test_a_throttled_commit_is_retried_and_the_checkpoint_waits_for_it(in_flight: int) -> None:
+    """One batch in flight per lease: the next piece waits for the retried commit. Two: the next
+    piece is written meanwhile (its pending checkpoint lists both), and one commit moves the
+    checkpoint over both when the retry comes."""
+    env = manual(max_records=3, commit_retry_delay=2.0, batches_in_flight=in_flight)
     env.take(SHARDS[0])
     original = env.table.update_checkpoint
     failures = [ThrottledError("slow down")]
+    commits: list[ExtendedSequenceNumber] = []
 
     def flaky(lease: Lease, cp: ExtendedSequenceNumber, pending: Any = None) -> Lease | None:
         if failures:
             raise failures.pop()
+        commits.append(cp)
         return original(lease, cp, pending)
 
     env.table.update_checkpoint = flaky  # type: ignore[method-assign]
     env.deliver(SHARDS[0], records(1, 6))
     assert env.batcher.step() == 1
     assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON  # written, commit failed
-    assert env.batcher.step() == 0  # the next piece waits: its pending would hide this one's
+    assert env.batcher.step() == in_flight - 1
+    assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON  # never past the unacknowledged one
+    if in_flight == 2:
+        state = PendingState.decode(env.lease(SHARDS[0]).pending_checkpoint_state)
+        assert env.lease(SHARDS[0]).pending_checkpoint == esn(60)
+        assert state is not None and [p.group[0].last for p in state.pieces] == [esn(30), esn(60)]
     env.clock.advance(2.0)
     env.batcher.run_until_idle()
     assert env.lease(SHARDS[0]).checkpoint == esn(60)
+    assert env.lease(SHARDS[0]).pending_checkpoint is None
+    assert commits == ([esn(30), esn(60)] if in_flight == 1 else [esn(60)])
     assert len(env.sink.written) == 2
 
 
@@ -420,7 +444,7 @@ def test_a_piece_that_leaves_its_batch_has_the_other_pending_checkpoints_rewritt
     env.clock.advance(1.0)
     env.batcher.step()
     state = PendingState.decode(env.lease(SHARDS[0]).pending_checkpoint_state)
-    assert state is not None and [k.lease_key for k in state.group] == [SHARDS[0]]
+    assert state is not None and [k.lease_key for k in state.pieces[-1].group] == [SHARDS[0]]
     assert [p.lease_key for p in env.sink.attempts_pieces] == [SHARDS[0]]
     assert env.batcher.lane_state(env.lanes[SHARDS[1]]) is LaneState.CLOSED
 

@@ -26,7 +26,8 @@ def chunk(key: str, first: int, count: int) -> Chunk:
 
 
 def lane(key: str, replay: Any = None, now: float = 0.0) -> Lane:
-    return Lane(key, key, None, replay=replay, now=now)  # type: ignore[arg-type]
+    replays = [] if replay is None else [replay]
+    return Lane(key, key, None, replays=replays, now=now)  # type: ignore[arg-type]
 
 
 def test_a_reformed_piece_that_differs_from_its_batch_goes_alone_at_once() -> None:
@@ -71,6 +72,8 @@ def test_a_claimed_commit_retry_does_not_wake_anyone() -> None:
     a = lane(A)
     a.add(chunk(A, 1, 2), now=0.0)
     cut = a.cut(1000, 10**9)
+    a.acknowledged(cut)
+    assert a.claim_commit(now=1.0) is cut  # the commit right after the write: it fails
     a.commit_later(cut, at=2.0)
     assert next_wakeup([a], WORKER, now=1.5) == 0.5
     assert a.claim_commit(now=2.0) is cut

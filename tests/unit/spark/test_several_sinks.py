@@ -166,7 +166,7 @@ def test_a_replayed_piece_gets_back_each_sinks_own_token() -> None:
     pending = env.lease(SHARDS[0]).pending_checkpoint_state
     state = PendingState.decode(pending)
     assert state is not None
-    assert state.token == {"by_sink": {"a": f"a-{esn(30)}", "b": f"b-{esn(30)}"}}
+    assert state.pieces[-1].token == {"by_sink": {"a": f"a-{esn(30)}", "b": f"b-{esn(30)}"}}
     # The lease moves (a crash): the new owner re-forms the piece with the stored tokens.
     env.table.evict_lease(env.lease(SHARDS[0]))
     env.b.fail = lambda batch: False

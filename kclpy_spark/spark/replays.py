@@ -1,0 +1,170 @@
+"""A lane's ranges to re-form exactly: pieces that were in flight (written, or being written)
+when the lease last changed hands or their batch failed.
+
+Each must come back with the same records, so the same key, id and content: its records are
+gathered up to its ``target`` whatever the batch size limits, then it is cut alone. They are in
+lease order and fill one after the other; records past the last target go to the lane's buffer.
+Pure bookkeeping, used only by ``Lane``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from checkpoint.sequence import ExtendedSequenceNumber
+from kclpy_spark.spark.pieces import Chunk, PendingState, PieceKey
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Replay:
+    """A range to re-form: it ends exactly at ``target`` (its last record)."""
+
+    target: ExtendedSequenceNumber
+    group: tuple[PieceKey, ...]  # every piece of the batch it was written in
+    token: Any
+    since: float  # monotonic time it started waiting to be re-formed
+    # Its pending checkpoint (and so its token) is stored: the re-formed cut keeps the token.
+    # A cut put back before its pending checkpoint was written gets a fresh token instead.
+    stored: bool = True
+    chunks: list[Chunk] = field(default_factory=list)
+    ready: bool = False  # every record up to ``target`` has arrived
+
+    @property
+    def rows(self) -> int:
+        return sum(c.rows for c in self.chunks)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.chunks)
+
+    def key(self, lease_key: str) -> PieceKey | None:
+        """The re-formed piece's key, once ready."""
+        if not self.ready or not self.chunks:
+            return None
+        return PieceKey(lease_key, self.chunks[0].first, self.chunks[-1].last)
+
+
+class Replays:
+    """The lane's replays in lease order."""
+
+    def __init__(self, lease_key: str, replays: Iterable[Replay] = ()) -> None:
+        self._lease_key = lease_key
+        self._queue: deque[Replay] = deque(replays)
+
+    def __bool__(self) -> bool:
+        return bool(self._queue)
+
+    def __iter__(self) -> Iterator[Replay]:
+        return iter(self._queue)
+
+    @property
+    def first(self) -> Replay | None:
+        return self._queue[0] if self._queue else None
+
+    @property
+    def rows(self) -> int:
+        return sum(r.rows for r in self._queue)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(r.nbytes for r in self._queue)
+
+    def add(self, chunk: Chunk) -> Chunk | None:
+        """Give ``chunk`` (the lease's next records) to the replays still gathering; returns
+        what goes past every target (for the buffer), or None."""
+        rest: Chunk | None = chunk
+        for rep in self._queue:
+            if rep.ready or rest is None:
+                continue
+            inside = rest.count_up_to(rep.target)
+            if inside == rest.rows:
+                rep.chunks.append(rest)
+                if rest.last == rep.target:
+                    self._reached(rep)
+                rest = None
+                continue
+            if inside > 0:  # the chunk goes past this target: split there
+                head, rest = rest.split(inside)
+                rep.chunks.append(head)
+            self._reached(rep)
+        self._drop_empty()
+        return rest
+
+    def reach_all(self) -> None:
+        """No more records will come (shard end): each replay is re-formed from what arrived."""
+        for rep in self._queue:
+            if not rep.ready:
+                self._reached(rep)
+        self._drop_empty()
+
+    def pop_first(self) -> Replay:
+        return self._queue.popleft()
+
+    def push_front(self, replays: list[Replay]) -> None:
+        self._queue.extendleft(reversed(replays))
+
+    def clear(self) -> None:
+        self._queue.clear()
+
+    def _reached(self, rep: Replay) -> None:
+        rep.ready = True
+        if not rep.chunks:
+            log.warning(
+                "lease %s: the records up to its pending checkpoint %s are gone (trimmed?); "
+                "the range cannot be re-formed and is skipped",
+                self._lease_key,
+                rep.target,
+            )
+            return
+        last = rep.chunks[-1].last
+        if last != rep.target:
+            log.warning(
+                "lease %s: pending checkpoint %s is not a record position delivered again "
+                "(last at or before it: %s); the re-formed piece differs from the original",
+                self._lease_key,
+                rep.target,
+                last,
+            )
+
+    def _drop_empty(self) -> None:
+        if any(r.ready and not r.chunks for r in self._queue):
+            self._queue = deque(r for r in self._queue if r.chunks or not r.ready)
+
+
+def replays_from_pending(
+    lease_key: str,
+    pending: tuple[ExtendedSequenceNumber, bytes | None] | None,
+    checkpoint: ExtendedSequenceNumber | None,
+) -> list[tuple[ExtendedSequenceNumber, tuple[PieceKey, ...], Any]]:
+    """The ranges to re-form on a lease just taken, from its pending checkpoint (position,
+    state): each piece in flight after ``checkpoint`` (target, its batch, its token), in order.
+    A state written by something else: the range up to the pending position, alone."""
+    if pending is None or (checkpoint is not None and not checkpoint < pending[0]):
+        return []
+    position, raw = pending
+    state = PendingState.decode(raw)
+    if state is None:
+        targets: list[tuple[ExtendedSequenceNumber, tuple[PieceKey, ...], Any]] = [
+            (position, (), None)
+        ]
+    else:
+        # Each piece's own last record: the pending checkpoint says SHARD_END instead when the
+        # last piece ended at a closed shard's last record.
+        targets = [(key.last, e.group, e.token) for key, e in state.after(lease_key, checkpoint)]
+        if not targets:
+            targets = [(position, (), None)]
+    if any(t.is_sentinel for t, _, _ in targets):
+        log.warning("lease %s: pending checkpoint %s cannot be re-formed", lease_key, position)
+        return []
+    log.info(
+        "lease %s: re-forming %s first",
+        lease_key,
+        ", ".join(f"the range up to {t}" for t, _, _ in targets),
+    )
+    return targets

@@ -1,0 +1,288 @@
+"""Pipelined batches: several batches of one lease in flight; checkpoints move only over the
+contiguous acknowledged prefix, whatever order writes finish in; a failure puts back every later
+batch; a crash re-forms every piece that was in flight, exactly.
+
+Pure lane tables first (no I/O), then the batcher with real Checkpointers over a MemoryLeaseTable
+(threaded where the order of completion matters, blocked on events, never on sleeps).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from test_lane import KEY, chunk, lane
+from test_micro_batcher import SHARDS, Env, esn, records
+
+from checkpoint.base.errors import ThrottledError
+from checkpoint.lease import Lease
+from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
+from kclpy_spark.spark.batch import SinkBatch
+from kclpy_spark.spark.batcher import BatcherSettings, DrainResult
+from kclpy_spark.spark.lane import Cut, Lane, LaneState
+from kclpy_spark.spark.pieces import PendingState, PieceKey
+
+# --- the lane, pure ------------------------------------------------------------------------------
+
+
+def three_out() -> tuple[Lane, list[Cut]]:
+    a = lane(depth=3)
+    a.add(chunk(1, 9), now=101.0)
+    cuts = []
+    for _ in range(3):
+        cut = a.cut(3, 10**9)
+        a.pending_state(cut, (cut.key,))
+        a.prepared(cut)
+        cuts.append(cut)
+    return a, cuts
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(3))))
+def test_commits_cover_only_the_acknowledged_prefix_in_any_completion_order(
+    order: tuple[int, ...],
+) -> None:
+    a, cuts = three_out()
+    acked: set[int] = set()
+    committed: list[ExtendedSequenceNumber] = []
+    for i in order:
+        a.acknowledged(cuts[i])
+        acked.add(i)
+        while (target := a.claim_commit(now=200.0)) is not None:
+            end = cuts.index(target)
+            assert set(range(end + 1)) <= acked, "a commit passed an unacknowledged cut"
+            committed.append(target.key.last)
+            a.committed(target)
+        prefix = next((n for n in range(3) if n not in acked), 3)
+        expected_end = cuts[prefix - 1].key.last if prefix else None
+        assert (committed[-1] if committed else None) == expected_end
+    assert committed[-1] == esn(90) and a.outs == () and a.idle
+    assert committed == sorted(committed)  # one commit per new prefix, always forward
+
+
+def test_depth_limits_the_cuts_out_and_a_cut_waits_for_the_previous_pending_write() -> None:
+    a = lane(depth=2)
+    a.add(chunk(1, 9), now=101.0)
+    first = a.cut(3, 10**9)
+    assert not a.can_cut()  # its pending checkpoint is not written yet
+    a.pending_state(first, (first.key,))
+    a.prepared(first)
+    assert a.can_cut()
+    second = a.cut(3, 10**9)
+    a.pending_state(second, (second.key,))
+    a.prepared(second)
+    assert not a.can_cut() and a.outs == (first, second)  # depth 2 reached
+    a.acknowledged(first)
+    assert a.claim_commit(now=200.0) is first
+    a.committed(first)
+    assert a.can_cut()
+
+
+def test_the_pending_state_lists_every_cut_out_in_order_with_its_batch_and_token() -> None:
+    a = lane(depth=2)
+    a.add(chunk(1, 6), now=101.0)
+    first = a.cut(3, 10**9)
+    other = PieceKey("shardId-000000000009", esn(5), esn(7))
+    a.tokened(first, "t1")
+    target, state = a.pending_state(first, (first.key, other)) or (None, None)
+    assert target == esn(30) and state is not None and len(state.pieces) == 1
+    a.prepared(first)
+    second = a.cut(3, 10**9)
+    a.tokened(second, "t2")
+    target, state = a.pending_state(second, (second.key,)) or (None, None)
+    assert target == esn(60) and state is not None
+    assert [(p.group, p.token) for p in state.pieces] == [
+        ((first.key, other), "t1"),
+        ((second.key,), "t2"),
+    ]
+    assert [k.last for k, _ in state.after(KEY, esn(30))] == [esn(60)]  # after a commit
+
+
+def test_a_failed_cut_goes_back_with_every_cut_after_it_and_each_is_reformed_exactly() -> None:
+    a, cuts = three_out()
+    a.tokened(cuts[2], "late")
+    a.acknowledged(cuts[0])
+    a.acknowledged(cuts[2])  # written before the failure: it must come again all the same
+    a.put_back(cuts[1], (cuts[1].key,), now=150.0)
+    assert a.outs == (cuts[0],)
+    assert a.claim_commit(now=200.0) is cuts[0]  # the prefix before the failure still commits
+    a.committed(cuts[0])
+    a.acknowledged(cuts[2])  # a late answer for a cut put back: ignored
+    assert a.claim_commit(now=200.0) is None
+    a.put_back(cuts[2], (cuts[2].key,), now=151.0)  # and a late failure: not put back twice
+    assert a.rows == 6
+    again = [a.cut(1, 1) for _ in range(1)]
+    a.pending_state(again[0], (again[0].key,))
+    a.prepared(again[0])
+    again.append(a.cut(1, 1))
+    assert [c.key for c in again] == [cuts[1].key, cuts[2].key]  # limits do not apply
+    assert again[1].token == "late" and again[1].replayed  # its pending write was stored
+
+
+def test_a_commit_that_can_never_succeed_puts_back_every_cut_out() -> None:
+    a, cuts = three_out()
+    a.acknowledged(cuts[0])
+    a.put_back_all(now=150.0)
+    assert a.outs == () and a.rows == 9 and a.replay_key() == cuts[0].key
+
+
+@pytest.mark.parametrize("sizes", [(9,), (1,) * 9, (2, 2, 5), (4, 5), (3, 3, 3), (8, 1)])
+def test_several_replays_fill_in_order_whatever_the_chunking(sizes: tuple[int, ...]) -> None:
+    """Two pieces were in flight (10..30 and 40..70); records come again in any chunks."""
+    first = lane(replays=[(esn(30), (), "a"), (esn(70), (), "b")], depth=2)
+    start = 1
+    for size in sizes:
+        first.add(chunk(start, size), now=101.0)
+        start += size
+    assert first.replay_key() == PieceKey(KEY, esn(10), esn(30))
+    one = first.cut(100, 10**9)
+    first.pending_state(one, (one.key,))
+    first.prepared(one)
+    two = first.cut(1, 1)
+    assert (one.key.last, one.token, two.key, two.token) == (
+        esn(30),
+        "a",
+        PieceKey(KEY, esn(40), esn(70)),
+        "b",
+    )
+    assert first.rows == 2 and not first.replaying  # 80 and 90 buffered after them
+
+
+# --- the batcher ---------------------------------------------------------------------------------
+
+
+@contextmanager
+def threaded(**settings: Any) -> Iterator[Env]:
+    env = Env(BatcherSettings(**settings), threaded=True)
+    try:
+        yield env
+    finally:
+        env.batcher.close(timeout=5.0)
+
+
+def test_a_later_batch_written_first_does_not_move_the_checkpoint_past_an_earlier_one() -> None:
+    """Two writers, one lease: batch 1 (10..30) is held in its write while batch 2 (40..60) is
+    cut, written and acknowledged. The checkpoint stays before batch 1 (the pending one lists
+    both), then moves over both once batch 1 is written."""
+    release_first = threading.Event()
+    second_written = threading.Event()
+    with threaded(max_records=3, max_wait=0.0, writers=2, batches_in_flight=2) as env:
+        seen: list[ExtendedSequenceNumber] = []
+
+        def on_write(batch: SinkBatch) -> None:
+            if batch.pieces[0].key.first == esn(10):
+                assert release_first.wait(10.0)
+            else:
+                second_written.set()
+
+        env.sink.on_write = on_write
+        env.take(SHARDS[0])
+        env.deliver(SHARDS[0], records(1, 3))
+        env.deliver(SHARDS[0], records(4, 3))
+        assert second_written.wait(10.0), "the second batch was not written while the first was"
+        wait_until(lambda: env.batcher.stats.batches == 1)
+        lease = env.lease(SHARDS[0])
+        seen.append(lease.checkpoint)
+        assert lease.checkpoint == TRIM_HORIZON and lease.pending_checkpoint == esn(60)
+        state = PendingState.decode(lease.pending_checkpoint_state)
+        assert state is not None
+        assert [p.group[0].last for p in state.pieces] == [esn(30), esn(60)]
+        release_first.set()
+        assert env.batcher.drain(env.lanes[SHARDS[0]], 10.0, final=False) is DrainResult.DONE
+        lease = env.lease(SHARDS[0])
+        assert lease.checkpoint == esn(60) and lease.pending_checkpoint is None
+        assert env.batcher.stats.commits == 1  # one commit over both batches
+
+
+def test_a_failed_earlier_batch_keeps_the_checkpoint_and_a_new_owner_reforms_both() -> None:
+    """Batch 2 succeeds while batch 1 fails for good: nothing is checkpointed, the lane parks
+    with both pieces put back, and the next owner re-forms both exactly (same piece keys)."""
+    second_written = threading.Event()
+    with threaded(max_records=3, max_wait=0.0, writers=2, max_attempts=1) as env:
+
+        def on_write(batch: SinkBatch) -> None:
+            if batch.pieces[0].key.first == esn(10):
+                assert second_written.wait(10.0)
+                raise RuntimeError("sink down")
+            second_written.set()
+
+        env.sink.on_write = on_write
+        lane_a = env.take(SHARDS[0])
+        env.deliver(SHARDS[0], records(1, 3))
+        env.deliver(SHARDS[0], records(4, 3))
+        assert env.batcher.drain(lane_a, 10.0, final=False) is DrainResult.PARKED
+        assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON
+        originals = sorted(p.key for b in env.sink.written for p in b.pieces)
+        assert originals == [PieceKey(SHARDS[0], esn(40), esn(60))]
+        assert lane_a.state is LaneState.PARKED and lane_a.replay_key() is not None
+    # Another worker takes the lease (the first one parked it, or died).
+    env.sink.on_write = lambda batch: None
+    env.threaded = False
+    env.batcher = env.new_batcher()
+    lane_b = env.take(SHARDS[0], worker="worker-b")
+    env.deliver(SHARDS[0], records(1, 7))
+    env.batcher.run_until_idle()
+    assert env.batcher.drain(lane_b, None, final=True) is DrainResult.DONE
+    keys = [p.key for b in env.sink.written[1:] for p in b.pieces]
+    assert keys[:2] == [
+        PieceKey(SHARDS[0], esn(10), esn(30)),
+        PieceKey(SHARDS[0], esn(40), esn(60)),
+    ]
+    assert env.lease(SHARDS[0]).checkpoint == esn(70)
+
+
+def test_a_crash_with_two_batches_in_flight_reforms_both_exactly() -> None:
+    """Both batches written, neither committed (the lease table throttles), then the worker
+    dies: the new owner re-forms the two pieces with their keys and tokens, then goes on."""
+    env = Env(BatcherSettings(max_records=3, max_wait=0.0, commit_retry_delay=60.0))
+    original = env.table.update_checkpoint
+
+    def throttled(lease: Lease, cp: ExtendedSequenceNumber, pending: Any = None) -> Lease | None:
+        raise ThrottledError("slow down")
+
+    env.table.update_checkpoint = throttled  # type: ignore[method-assign]
+    env.take(SHARDS[0])
+    env.deliver(SHARDS[0], records(1, 6))
+    assert env.batcher.step() == 1 and env.batcher.step() == 1 and env.batcher.step() == 0
+    first = [p for b in env.sink.written for p in b.pieces]
+    tokens = [b.tokens[SHARDS[0]] for b in env.sink.written]
+    assert env.lease(SHARDS[0]).pending_checkpoint == esn(60)
+    env.table.update_checkpoint = original  # type: ignore[method-assign]
+    env.batcher = env.new_batcher()  # the worker died; another one takes the lease
+    lane_b = env.take(SHARDS[0], worker="worker-b")
+    env.deliver(SHARDS[0], records(1, 8))
+    env.batcher.run_until_idle()
+    assert env.batcher.drain(lane_b, None, final=True) is DrainResult.DONE
+    again = env.sink.written[2:]
+    assert [p.key for b in again[:2] for p in b.pieces] == [p.key for p in first]
+    assert [b.tokens[SHARDS[0]] for b in again[:2]] == tokens  # stored tokens, not fresh ones
+    assert env.lease(SHARDS[0]).checkpoint == esn(80)
+
+
+def test_a_sink_that_needs_a_leases_batches_in_order_gets_one_at_a_time() -> None:
+    release_first = threading.Event()
+    with threaded(max_records=3, max_wait=0.0, writers=2, batches_in_flight=4) as env:
+        env.sink.ordered_per_lease = True  # type: ignore[attr-defined]
+        env.batcher.close(timeout=5.0)
+        env.batcher = env.new_batcher()
+        env.sink.on_write = lambda batch: release_first.wait(10.0) and None
+        lane_a = env.take(SHARDS[0])
+        assert lane_a.depth == 1
+        env.deliver(SHARDS[0], records(1, 6))
+        wait_until(lambda: len(env.sink.attempts) == 1)
+        assert lane_a.outs and len(lane_a.outs) == 1 and not lane_a.can_cut()
+        release_first.set()
+        assert env.batcher.drain(lane_a, 10.0, final=False) is DrainResult.DONE
+        assert env.lease(SHARDS[0]).checkpoint == esn(60)
+
+
+def wait_until(condition: Any, timeout: float = 10.0) -> None:
+    done = threading.Event()
+    for _ in range(int(timeout / 0.01)):
+        if condition():
+            return
+        done.wait(0.01)
+    raise AssertionError("condition not reached")
