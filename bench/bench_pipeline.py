@@ -4,6 +4,14 @@ against the same kinesalite stream, one variant after another (alternating, ``--
 * **consumer** (the baseline): ``processor = "pipeline_app:Noop"`` (checkpoints every batch);
 * **parquet**: a ``[sink]`` table writing the built-in Parquet sink (default batching settings
   but ``spark_target``);
+* **parquet 2 writers**: the same with ``writers = 2`` (two batches written at once; with the
+  default ``batches_in_flight = 2`` the next batch of a lease is cut and written while the one
+  before it is still being written);
+* **remote 1 writer**, **remote 2 writers**: a foreachBatch function standing for a store one
+  second away (``pipeline_app:remote_store``: it waits 1 s per batch), ``scope = "worker"``,
+  ``max_records = 20000``; with 2 writers the next batch is written while the one before it
+  waits (pipelined batches), with 1 it waits its turn. Latency-bound, not CPU-bound: what
+  pipelining is for;
 * **two sinks**: ``[[sinks]]`` with the same Parquet sink and a foreachBatch function
   (``pipeline_app:count_by_shard``: per-shard counts collected to the driver);
 * **bare**: ``bare_pipeline.py``, an aiobotocore drain in one thread and
@@ -45,7 +53,15 @@ import psutil
 from common import CACHE, child_env, machine, median, stamp, write_results
 from kinesalite import Kinesalite, load_stream
 
-VARIANTS = ("consumer", "bare", "parquet", "two sinks")
+VARIANTS = (
+    "consumer",
+    "bare",
+    "parquet",
+    "parquet 2 writers",
+    "two sinks",
+    "remote 1 writer",
+    "remote 2 writers",
+)
 CLI = [sys.executable, "-m", "kclpy_spark.cli"]
 
 
@@ -64,6 +80,13 @@ def config(variant: str, work: Path, endpoint: str, stream: str, target: str) ->
         body = 'processor = "pipeline_app:Noop"\n'
     elif variant == "parquet":
         body = f'[sink]\nsink = "parquet:{out}"\nspark_target = "{target}"\n'
+    elif variant.startswith("remote"):
+        body = (
+            f'[sink]\nsink = "pipeline_app:remote_store"\nspark_target = "{target}"\n'
+            f'scope = "worker"\nmax_records = 20000\nwriters = {variant.split()[1]}\n'
+        )
+    elif variant == "parquet 2 writers":
+        body = f'[sink]\nsink = "parquet:{out}"\nspark_target = "{target}"\nwriters = 2\n'
     else:
         body = (
             f'[sink]\nspark_target = "{target}"\n'
@@ -118,7 +141,10 @@ def run(
     began = time.perf_counter()
     proc = subprocess.Popen(
         args,
-        env=child_env(PYTHONPATH=f"{Path(__file__).parent}:{child_env()['PYTHONPATH']}"),
+        env=child_env(
+            PYTHONPATH=f"{Path(__file__).parent}:{child_env()['PYTHONPATH']}",
+            BENCH_PIPELINE_OUT=str(work),
+        ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -137,7 +163,11 @@ def run(
         steady = float(json.loads(stdout.strip().splitlines()[-1])["steady_s"])
     else:
         steady = done_at - _first_start(variant, stdout, stderr)
-    if variant != "consumer":
+    if variant.startswith("remote"):
+        rows = _noted_rows(work / "pieces.jsonl")
+        if rows != records:
+            raise RuntimeError(f"{variant}: {rows} rows in distinct pieces, {records} records put")
+    elif variant != "consumer":
         rows = _parquet_rows(work / "out")
         if rows != records:
             raise RuntimeError(f"{variant}: {rows} distinct Parquet rows, {records} records put")
@@ -192,6 +222,12 @@ def _first_start(variant: str, stdout: str, stderr: str) -> float:
     return min(starts)
 
 
+def _noted_rows(path: Path) -> int:
+    """Rows of the distinct pieces ``remote_store`` noted (a piece written twice counts once)."""
+    pieces = dict(json.loads(line) for line in path.read_text().splitlines())
+    return sum(pieces.values())
+
+
 def _parquet_rows(out: Path) -> int:
     import pyarrow.dataset as ds
 
@@ -213,9 +249,19 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=200, help="payload bytes per record")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--target", default="local[2]")
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="which, comma-separated (the ratios need consumer, bare, parquet and two sinks)",
+    )
+    parser.add_argument("--results", default="pipeline.md", help="file name in bench/results")
     args = parser.parse_args()
+    chosen = [v.strip() for v in args.variants.split(",")] if args.variants else list(VARIANTS)
+    unknown = set(chosen) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     CACHE.mkdir(parents=True, exist_ok=True)
-    results: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+    results: dict[str, list[dict[str, Any]]] = {v: [] for v in chosen}
     with Kinesalite() as kinesalite:
         stream = f"pipeline-{int(time.time())}"
         tips: dict[str, int] = {}
@@ -229,7 +275,7 @@ def main() -> int:
         )
         print(f"put {args.records:,} records in {put_s:.0f}s", flush=True)
         for n in range(args.rounds):
-            for variant in VARIANTS:
+            for variant in chosen:
                 r = run(variant, kinesalite.endpoint, stream, tips, args.records, args.target)
                 results[variant].append(r)
                 print(
@@ -241,31 +287,46 @@ def main() -> int:
     return 0
 
 
+RATIOS = (  # (label, numerator, denominator, goal)
+    ("Parquet sink / consumer alone", "parquet", "consumer", ">= 0.9"),
+    ("Parquet sink / bare overlapped pipeline", "parquet", "bare", ">= 1.2"),
+    ("Parquet sink, 2 writers / 1 writer", "parquet 2 writers", "parquet", "-"),
+    ("Parquet sink, 2 writers / consumer alone", "parquet 2 writers", "consumer", ">= 0.9"),
+    ("two sinks (Parquet + a function) / Parquet alone", "two sinks", "parquet", ">= 0.8"),
+    ("remote store (1 s per write), 2 writers / 1 writer", "remote 2 writers", "remote 1 writer", "-"),
+)
+
+
 def report(results: dict[str, list[dict[str, Any]]], args: Any) -> None:
+    variants = list(results)
     rate = {v: median([r["rate"] for r in rs]) for v, rs in results.items()}
     wall = {v: median([r["wall_s"] for r in rs]) for v, rs in results.items()}
-    rounds = len(results["consumer"])
+    rounds = len(results[variants[0]])
     per_round = [
-        {v: results[v][i]["rate"] for v in VARIANTS} for i in range(rounds)
+        {v: results[v][i]["rate"] for v in variants} for i in range(rounds)
     ]  # ratios within a round: same load
-    parquet_vs = median([r["parquet"] / r["consumer"] for r in per_round])
-    bare_vs = median([r["parquet"] / r["bare"] for r in per_round])
-    two_vs = median([r["two sinks"] / r["parquet"] for r in per_round])
     cpu = {
         v: (median([r["python_us"] for r in rs]), median([r["jvm_us"] for r in rs]))
         for v, rs in results.items()
     }
-    cpu_vs = (cpu["parquet"][0] + cpu["parquet"][1]) / (cpu["bare"][0] + cpu["bare"][1])
+    ratios = [
+        f"| {label} | {median([r[num] / r[den] for r in per_round]):.2f} | {goal} |"
+        for label, num, den, goal in RATIOS
+        if num in results and den in results
+    ]
+    if "parquet" in cpu and "bare" in cpu:
+        cpu_vs = sum(cpu["parquet"]) / sum(cpu["bare"])
+        ratios.append(f"| CPU per record, Parquet sink / bare (together) | {cpu_vs:.2f} | <= 0.6 |")
     lines = [
         f"# The whole path: Kinesis -> Spark sinks, as a user runs it ({stamp()})",
         "",
         f"Machine: {machine()}.",
         "",
         f"`bench/bench_pipeline.py --records {args.records} --shards {args.shards} --rounds "
-        f"{args.rounds} --target {args.target}`: kinesalite, {args.size}-byte records, "
-        "`kclpy-spark run` per variant (fresh application, SQLite lease table, default "
-        "batching settings), stopped once every record is checkpointed; variants alternate "
-        "within each round.",
+        f"{args.rounds} --target {args.target} --variants '{','.join(variants)}'`: kinesalite, "
+        f"{args.size}-byte records, `kclpy-spark run` per variant (fresh application, SQLite "
+        "lease table, default batching settings unless the variant says), stopped once every "
+        "record is checkpointed; variants alternate within each round.",
         "",
         "| variant | records/s steady (median) | wall s (median, start-up included) "
         "| CPU us/record: Python | JVM | together |",
@@ -273,26 +334,23 @@ def report(results: dict[str, list[dict[str, Any]]], args: Any) -> None:
         *(
             f"| {v} | {rate[v]:,.0f} | {wall[v]:.1f} | {cpu[v][0]:.1f} | {cpu[v][1]:.1f} "
             f"| {cpu[v][0] + cpu[v][1]:.1f} |"
-            for v in VARIANTS
+            for v in variants
         ),
         "",
         "| ratio (median of per-round ratios) | value | goal |",
         "|---|---:|---:|",
-        f"| Parquet sink / consumer alone | {parquet_vs:.2f} | >= 0.9 |",
-        f"| Parquet sink / bare overlapped pipeline | {bare_vs:.2f} | >= 1.2 |",
-        f"| CPU per record, Parquet sink / bare (together) | {cpu_vs:.2f} | <= 0.6 |",
-        f"| two sinks (Parquet + a function) / Parquet alone | {two_vs:.2f} | >= 0.8 |",
+        *ratios,
         "",
-        "| round | " + " | ".join(VARIANTS) + " |",
-        "|---:|" + "---:|" * len(VARIANTS),
+        "| round | " + " | ".join(variants) + " |",
+        "|---:|" + "---:|" * len(variants),
         *(
-            f"| {i + 1} | " + " | ".join(f"{r[v]:,.0f}" for v in VARIANTS) + " |"
+            f"| {i + 1} | " + " | ".join(f"{r[v]:,.0f}" for v in variants) + " |"
             for i, r in enumerate(per_round)
         ),
     ]
     text = "\n".join(lines) + "\n"
     print(text)
-    write_results("pipeline.md", text)
+    write_results(args.results, text)
 
 
 if __name__ == "__main__":

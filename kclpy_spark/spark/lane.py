@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.checkpointer import PreparedCheckpoint
 from checkpoint.sequence import ExtendedSequenceNumber
-from kclpy_spark.spark.pieces import Chunk, InFlight, PendingState, Piece, PieceKey
+from kclpy_spark.spark.pieces import Chunk, InFlight, PendingState, Piece, PieceKey, take_chunks
 from kclpy_spark.spark.replays import Replay, Replays
 
 
@@ -185,12 +185,13 @@ class Lane:
 
     def can_cut(self) -> bool:
         """May a cut of this lane join a new batch now? (Room for one more out, the last one's
-        pending checkpoint written, and records to cut.)"""
+        pending checkpoint written, and records to cut. Ranges to re-form go only once every
+        one of them is whole: each pending write lists them all, up to the last one's end.)"""
         return (
             self._state is LaneState.ACTIVE
             and len(self._outs) < self.depth
             and all(c.prepared for c in self._outs)
-            and (self.replay_ready if self._replays else bool(self._chunks))
+            and (self._replays.all_ready if self._replays else bool(self._chunks))
         )
 
     def drained(self, final: bool) -> DrainResult | None:
@@ -199,7 +200,7 @@ class Lane:
             return DrainResult.CLOSED
         if self._state is LaneState.PARKED:
             return DrainResult.PARKED
-        waiting_for_records = bool(self._replays) and not self.replay_ready
+        waiting_for_records = bool(self._replays) and not self._replays.all_ready
         if self.idle or (not final and not self._outs and waiting_for_records):
             return DrainResult.DONE
         return None
@@ -230,7 +231,7 @@ class Lane:
         ``max_rows``/``max_bytes`` but at least one record) and hand them out."""
         assert self.can_cut()
         rep = self._replays.pop_first() if self._replays else None
-        taken = rep.chunks if rep is not None else self._take(max_rows, max_bytes)
+        taken = rep.chunks if rep is not None else take_chunks(self._chunks, max_rows, max_bytes)
         self._recount()
         rows = sum(c.rows for c in taken)
         piece = Piece(PieceKey(self.lease_key, taken[0].first, taken[-1].last), self.shard_id, rows)
@@ -238,28 +239,6 @@ class Lane:
         cut = Cut(piece, taken, replayed=kept is not None, token=kept and kept.token)
         self._outs.append(cut)
         return cut
-
-    def _take(self, max_rows: int, max_bytes: int) -> list[Chunk]:
-        taken: list[Chunk] = []
-        rows = nbytes = 0
-        while self._chunks and rows < max_rows:
-            chunk = self._chunks[0]
-            fit = min(max_rows - rows, chunk.rows)
-            if nbytes + chunk.nbytes > max_bytes:
-                per_row = max(1, chunk.nbytes // chunk.rows)
-                fit = min(fit, (max_bytes - nbytes) // per_row)
-                if fit <= 0:
-                    if rows:
-                        break
-                    fit = 1  # a single record larger than the limit still goes alone
-            if fit < chunk.rows:
-                chunk, self._chunks[0] = chunk.split(fit)
-            else:
-                self._chunks.popleft()
-            taken.append(chunk)
-            rows += chunk.rows
-            nbytes += chunk.nbytes
-        return taken
 
     def tokened(self, cut: Cut, token: Any) -> None:
         """The sink gave the cut its token (before its pending checkpoint is written)."""
@@ -269,15 +248,27 @@ class Lane:
     def pending_state(
         self, cut: Cut, group: tuple[PieceKey, ...]
     ) -> tuple[ExtendedSequenceNumber, PendingState] | None:
-        """The pending checkpoint to write for ``cut`` (in the batch ``group``): the end of the
-        last cut out whose write started, and every such cut in order. None if the cut is no
-        longer out (put back or closed)."""
+        """The pending checkpoint to write for ``cut`` (in the batch ``group``): every cut out
+        whose pending write started, then every range waiting to be re-formed whose pending
+        checkpoint was stored (its records may be in a sink already), in order; the position is
+        the last one's end. None if the cut is no longer out (put back or closed)."""
         if cut not in self._outs:
             return None
         cut.group = group
-        listed = [c for c in self._outs if c.group is not None]
-        state = PendingState(tuple(InFlight(c.group or (), c.token) for c in listed))
-        return listed[-1].key.last, state
+        listed = [(c.key, c.group or (), c.token) for c in self._outs if c.group is not None]
+        listed += [
+            (
+                r.key(self.lease_key) or PieceKey(self.lease_key, r.target, r.target),
+                r.group,
+                r.token,
+            )
+            for r in self._replays
+            if r.stored
+        ]
+        state = PendingState(
+            tuple(InFlight(g if k in g else (k,), token) for k, g, token in listed)
+        )
+        return listed[-1][0].last, state
 
     def prepared(self, cut: Cut) -> None:
         """A pending checkpoint listing the cut is written."""
@@ -322,12 +313,13 @@ class Lane:
         if cut in self._outs:
             self.commit_due_at = at
 
-    def put_back(self, cut: Cut, group: tuple[PieceKey, ...], now: float) -> None:
+    def put_back(self, cut: Cut, group: tuple[PieceKey, ...], now: float) -> bool:
         """The cut was not written (or not committed): put it back at the head of the buffer
         with every cut after it, each to be re-formed exactly as it was (their pending
-        checkpoint may be stored already). ``group``: the cut's batch."""
+        checkpoint may be stored already). ``group``: the cut's batch. False (nothing done)
+        when the cut is no longer out: a late answer about a cut already put back."""
         if self._state is LaneState.CLOSED or cut not in self._outs:
-            return
+            return False
         moved: list[Cut] = []
         while self._outs and self._outs[-1] is not cut:
             moved.append(self._outs.pop())
@@ -340,7 +332,8 @@ class Lane:
                     group if c is cut else (c.group or (c.key,)),
                     c.token,
                     now,
-                    stored=c.prepared or c.replayed,
+                    # A pending write that started may still land, naming its token.
+                    stored=c.prepared or c.replayed or c.group is not None,
                     chunks=list(c.chunks),
                     ready=True,
                 )
@@ -352,12 +345,14 @@ class Lane:
         if not self._outs:
             self._committing = False
             self.commit_due_at = None
+        return True
 
-    def put_back_all(self, now: float) -> None:
+    def put_back_all(self, now: float) -> bool:
         """Every cut out goes back (a commit that can never succeed), each in its batch."""
-        if self._outs:
-            head = self._outs[0]
-            self.put_back(head, head.group or (head.key,), now)
+        if not self._outs:
+            return False
+        head = self._outs[0]
+        return self.put_back(head, head.group or (head.key,), now)
 
     def _recount(self) -> None:
         self.rows = self._replays.rows + sum(c.rows for c in self._chunks)

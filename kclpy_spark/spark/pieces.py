@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -147,6 +148,31 @@ class Chunk:
                 break
             count += 1
         return count
+
+
+def take_chunks(chunks: deque[Chunk], max_rows: int, max_bytes: int) -> list[Chunk]:
+    """Take from the head of ``chunks`` at most ``max_rows`` records and ``max_bytes`` (but at
+    least one record, however large), splitting a chunk where the limit falls."""
+    taken: list[Chunk] = []
+    rows = nbytes = 0
+    while chunks and rows < max_rows:
+        chunk = chunks[0]
+        fit = min(max_rows - rows, chunk.rows)
+        if nbytes + chunk.nbytes > max_bytes:
+            per_row = max(1, chunk.nbytes // chunk.rows)
+            fit = min(fit, (max_bytes - nbytes) // per_row)
+            if fit <= 0:
+                if rows:
+                    break
+                fit = 1  # a single record larger than the limit still goes alone
+        if fit < chunk.rows:
+            chunk, chunks[0] = chunk.split(fit)
+        else:
+            chunks.popleft()
+        taken.append(chunk)
+        rows += chunk.rows
+        nbytes += chunk.nbytes
+    return taken
 
 
 def records_to_chunk(records: Sequence[Record], stream: str, shard_id: str) -> Chunk:

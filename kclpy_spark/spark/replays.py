@@ -68,6 +68,10 @@ class Replays:
         return self._queue[0] if self._queue else None
 
     @property
+    def all_ready(self) -> bool:
+        return all(r.ready for r in self._queue)
+
+    @property
     def rows(self) -> int:
         return sum(r.rows for r in self._queue)
 

@@ -111,8 +111,7 @@ class LaneUpdates:
         with self._cond:
             if error.value == SHUTDOWN:
                 self._close(lane)
-            else:
-                lane.put_back(cut, (cut.key,), self._clock.monotonic())
+            elif lane.put_back(cut, (cut.key,), self._clock.monotonic()):
                 lane.park(f"cannot prepare the checkpoint: {error}")
             self._cond.notify_all()
 
@@ -169,8 +168,7 @@ class LaneUpdates:
                 self._close(lane)
             elif not isinstance(error, CheckpointError) or error.retry_may_help:
                 lane.commit_later(cut, now + self._settings.commit_retry_delay)
-            else:
-                lane.put_back_all(now)
+            elif lane.put_back_all(now):
                 lane.park(f"checkpoint failed: {error}")
             self._cond.notify_all()
 
@@ -187,8 +185,8 @@ class LaneUpdates:
             self.stats.parked_batches += 1
             now = self._clock.monotonic()
             for lane, cut in batch.parts:
-                if lane.state is LaneState.CLOSED:
-                    continue
-                lane.put_back(cut, batch.group, now)
-                lane.park(repr(error))
+                # A cut no longer out (put back with an earlier failed one, maybe re-formed
+                # and in flight again) is not this failure's: the lane is not parked for it.
+                if lane.put_back(cut, batch.group, now):
+                    lane.park(repr(error))
             self._cond.notify_all()

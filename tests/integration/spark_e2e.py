@@ -129,6 +129,35 @@ class StallingSink:
         self.delta.write(batch)
 
 
+class OvertakingSink:
+    """Parquet. With STALL_ENV set, the first batch stalls before writing anything, and once a
+    later batch of the same lease is written (it overtook the stalled one: pipelined batches),
+    the marker file names both (the test kills the process then)."""
+
+    def __init__(self) -> None:
+        self.parquet = ParquetSink(Path(os.environ[OUT_ENV]) / "parquet")
+        self.stalled: tuple[str, list[str]] | None = None  # lease key, piece ids
+        self.lock = threading.Lock()
+
+    def prepare(self, pieces: Sequence[Piece]) -> Mapping[str, Any]:
+        return {}
+
+    def write(self, batch: SinkBatch) -> None:
+        marker = os.environ.get(STALL_ENV)
+        with self.lock:
+            stall = bool(marker) and self.stalled is None
+            if stall:
+                self.stalled = (batch.pieces[0].lease_key, [p.piece_id for p in batch.pieces])
+            stalled = self.stalled
+        if stall:
+            while True:
+                time.sleep(60)  # killed here
+        self.parquet.write(batch)
+        if marker and stalled and any(p.lease_key == stalled[0] for p in batch.pieces):
+            later = [p.piece_id for p in batch.pieces if p.lease_key == stalled[0]]
+            Path(marker).write_text(json.dumps({"stalled": stalled[1], "overtook": later}))
+
+
 def put(kinesis: Any, stream: str, start: int, count: int) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for at in range(start, start + count, 250):

@@ -28,6 +28,7 @@ from spark_e2e import (
 )
 
 from checkpoint.stores.sqlite import SQLiteLeaseTable
+from kclpy_spark.spark.pieces import PendingState
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -144,5 +145,70 @@ def test_kill9_during_a_write_then_restart_loses_nothing_and_duplicates_nothing(
             assert lease.lease_owner is None
         text = log.read_text(errors="replace")
         assert "already written; skipped" in text  # the replay was recognised, not rewritten
+    finally:
+        kinesis.delete_stream(StreamName=stream, EnforceConsumerDeletion=True)
+
+
+def test_kill9_with_a_later_batch_written_before_an_earlier_one_reforms_both_exactly(
+    localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    """Pipelined batches (2 writers, 2 batches of a lease in flight): the first batch stalls
+    before its write while the next batch of the same lease is written; kill -9 then. The
+    checkpoint has not moved (it never passes the unwritten batch), the pending checkpoint lists
+    both pieces, and after a restart every record is in the Parquet output exactly once (the
+    piece written ahead is re-formed identically and skipped)."""
+    stream = unique_name
+    kinesis = kinesis_client(localstack_endpoint)
+    create_stream(kinesis, stream, 1)
+    try:
+        produced = put(kinesis, stream, 0, 300)
+        out, db = tmp_path / "out", tmp_path / "leases.db"
+        config = tmp_path / "worker.toml"
+        config.write_text(
+            f'application_name = "{stream}"\nstream_name = "{stream}"\n'
+            f'endpoint_url = "{localstack_endpoint}"\ninitial_position = "TRIM_HORIZON"\n'
+            f'lease_store = "sqlite:{db}"\nfailover_time = 3.0\n'
+            "idle_time_between_reads = 0.2\nshard_sync_interval = 1.0\n\n"
+            '[sink]\nsink = "spark_e2e:OvertakingSink"\nspark_target = "local[2]"\n'
+            'scope = "lease"\nwriters = 2\nbatches_in_flight = 2\n'
+            "max_records = 100\nmax_wait = 0.5\nmax_attempts = 3\nretry_base_delay = 0.1\n"
+        )
+        log = tmp_path / "worker.log"
+        marker = tmp_path / "overtaken.json"
+
+        first = start_worker(config, out, log, marker)
+        try:
+            wait_for(marker.exists, 120, "a batch to overtake the stalled one", first, log)
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)  # kill -9, Python and JVM
+            first.wait(30)
+        seen = json.loads(marker.read_text())
+        on_disk = {p.name.split("=", 1)[1] for p in (out / "parquet").glob("kcl_piece=*")}
+        assert set(seen["overtook"]) <= on_disk and not set(seen["stalled"]) & on_disk
+        [lease] = SQLiteLeaseTable(db, namespace=stream).list_leases()
+        assert lease.checkpoint.is_sentinel  # never past the batch that was not written
+        state = PendingState.decode(lease.pending_checkpoint_state)
+        assert state is not None and len(state.pieces) == 2, lease.pending_checkpoint_state
+        listed = [p.piece_of(lease.lease_key) for p in state.pieces]
+        assert [k.piece_id for k in listed if k] == seen["stalled"] + seen["overtook"]
+
+        second = start_worker(config, out, log, None)
+        try:
+
+            def all_written() -> bool:
+                got = written(out)
+                return all(set(seqs) <= set(got.get(s, [])) for s, seqs in produced.items())
+
+            wait_for(all_written, 150, "every record in Parquet", second, log)
+        finally:
+            os.killpg(second.pid, signal.SIGTERM)  # graceful: flush, checkpoint, release
+            assert second.wait(60) == 0, log.read_text(errors="replace")[-4000:]
+        got = written(out)
+        for shard, seqs in produced.items():
+            assert sorted(got[shard], key=int) == sorted(seqs, key=int), shard
+        [lease] = SQLiteLeaseTable(db, namespace=stream).list_leases()
+        assert lease.pending_checkpoint is None
+        assert lease.checkpoint.sequence_number == max(produced[lease.shard_id], key=int)
+        assert "already written; skipped" in log.read_text(errors="replace")
     finally:
         kinesis.delete_stream(StreamName=stream, EnforceConsumerDeletion=True)

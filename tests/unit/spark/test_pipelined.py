@@ -23,6 +23,7 @@ from checkpoint.lease import Lease
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
 from kclpy_spark.spark.batch import SinkBatch
 from kclpy_spark.spark.batcher import BatcherSettings, DrainResult
+from kclpy_spark.spark.events import Batch
 from kclpy_spark.spark.lane import Cut, Lane, LaneState
 from kclpy_spark.spark.pieces import PendingState, PieceKey
 
@@ -286,3 +287,74 @@ def wait_until(condition: Any, timeout: float = 10.0) -> None:
             return
         done.wait(0.01)
     raise AssertionError("condition not reached")
+
+
+def test_a_new_owner_that_reformed_only_the_first_piece_still_lists_the_second() -> None:
+    """Owner 1 wrote two pieces (10..30, 40..60) and committed neither. Owner 2 waits until
+    both are whole (each pending write lists both), re-forms and commits the first, then dies
+    before the second: the table must still name the second, so owner 3 re-forms it exactly (not
+    as a fresh, differently cut range whose records the sink would then hold twice)."""
+    env = Env(BatcherSettings(max_records=3, max_wait=0.0, commit_retry_delay=60.0))
+    original = env.table.update_checkpoint
+
+    def throttled(lease: Lease, cp: ExtendedSequenceNumber, pending: Any = None) -> Lease | None:
+        raise ThrottledError("slow down")
+
+    env.table.update_checkpoint = throttled  # type: ignore[method-assign]
+    env.take(SHARDS[0])
+    env.deliver(SHARDS[0], records(1, 6))
+    env.batcher.run_until_idle()
+    first, second = [p.key for b in env.sink.written for p in b.pieces]
+    env.table.update_checkpoint = original  # type: ignore[method-assign]
+    env.batcher = env.new_batcher()
+    env.take(SHARDS[0], worker="worker-b")
+    stored = env.lease(SHARDS[0])
+    env.deliver(SHARDS[0], records(1, 4))  # 10..40: the second piece is not whole yet
+    assert env.batcher.step() == 0 and env.lease(SHARDS[0]) == stored  # waits, writes nothing
+    env.deliver(SHARDS[0], records(5, 2))
+    assert env.batcher.step() == 1  # the first piece, written and committed
+    lease = env.lease(SHARDS[0])
+    assert lease.checkpoint == first.last
+    state = PendingState.decode(lease.pending_checkpoint_state)
+    assert lease.pending_checkpoint == second.last and state is not None
+    assert [k for k, _ in state.after(SHARDS[0], lease.checkpoint)] == [second]
+    env.batcher = env.new_batcher()  # owner 2 dies before writing the second
+    lane_c = env.take(SHARDS[0], worker="worker-c")
+    env.deliver(SHARDS[0], records(4, 5))
+    env.batcher.run_until_idle()
+    assert env.batcher.drain(lane_c, None, final=True) is DrainResult.DONE
+    assert env.sink.written[-2].pieces[0].key == second  # exactly as owner 1 wrote it
+    assert env.lease(SHARDS[0]).checkpoint == esn(80)
+
+
+def test_a_late_failure_of_a_cut_already_put_back_does_not_park_the_lane_again() -> None:
+    a, cuts = three_out()
+    assert a.put_back(cuts[1], (cuts[1].key,), now=150.0)
+    a.rearm()
+    assert not a.put_back(cuts[2], (cuts[2].key,), now=151.0)  # its batch failed late
+    env = Env(BatcherSettings())
+    lane_a = env.take(SHARDS[0])
+    env.deliver(SHARDS[0], records(1, 6))
+    updates = env.batcher._updates
+    with env.batcher._cond:
+        one = lane_a.cut(3, 10**9)
+        lane_a.pending_state(one, (one.key,))
+        lane_a.prepared(one)
+        two = lane_a.cut(3, 10**9)
+        lane_a.pending_state(two, (two.key,))
+    updates.gave_up(Batch([(lane_a, one)]), RuntimeError("first failed"))
+    assert lane_a.state is LaneState.PARKED
+    lane_a.rearm()
+    updates.gave_up(Batch([(lane_a, two)]), RuntimeError("second failed late"))
+    assert lane_a.state is LaneState.ACTIVE and lane_a.rows == 6
+
+
+def test_a_cut_put_back_while_its_pending_write_may_land_keeps_its_token() -> None:
+    a = lane(depth=2)
+    a.add(chunk(1, 3), now=101.0)
+    cut = a.cut(3, 10**9)
+    a.tokened(cut, "t1")
+    a.pending_state(cut, (cut.key,))  # the write started; it may land after the put-back
+    a.put_back(cut, (cut.key,), now=102.0)
+    again = a.cut(1, 1)
+    assert again.replayed and again.token == "t1"
