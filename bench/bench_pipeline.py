@@ -293,7 +293,7 @@ RATIOS = (  # (label, numerator, denominator, goal)
     ("Parquet sink, 2 writers / 1 writer", "parquet 2 writers", "parquet", "-"),
     ("Parquet sink, 2 writers / consumer alone", "parquet 2 writers", "consumer", ">= 0.9"),
     ("two sinks (Parquet + a function) / Parquet alone", "two sinks", "parquet", ">= 0.8"),
-    ("remote store (1 s per write), 2 writers / 1 writer", "remote 2 writers", "remote 1 writer", "-"),
+    ("remote store (1 s a write), 2 writers / 1", "remote 2 writers", "remote 1 writer", "-"),
 )
 
 

@@ -13,9 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kclpy_spark.spark.batch import current_batch
-
 from kclpy_spark.processor import ProcessRecordsInput, RecordProcessor, ShutdownRequestedInput
+from kclpy_spark.spark.batch import current_batch
 
 COUNTS: dict[str, int] = {}
 
