@@ -10,7 +10,9 @@ against the same kinesalite stream, one variant after another (alternating, ``--
 * **remote 1 writer**, **remote 2 writers**: a foreachBatch function standing for a store one
   second away (``pipeline_app:remote_store``: it waits 1 s per batch), ``scope = "worker"``,
   ``max_records = 20000``; with 2 writers the next batch is written while the one before it
-  waits (pipelined batches), with 1 it waits its turn. Latency-bound, not CPU-bound: what
+  waits (pipelined batches), with 1 it waits its turn; **remote 2 writers unpipelined**: 2
+  writers with ``batches_in_flight = 1`` (each batch holds every lease, so the second writer
+  has nothing to cut until the first batch commits). Latency-bound, not CPU-bound: what
   pipelining is for;
 * **two sinks**: ``[[sinks]]`` with the same Parquet sink and a foreachBatch function
   (``pipeline_app:count_by_shard``: per-shard counts collected to the driver);
@@ -61,6 +63,7 @@ VARIANTS = (
     "two sinks",
     "remote 1 writer",
     "remote 2 writers",
+    "remote 2 writers unpipelined",
 )
 CLI = [sys.executable, "-m", "kclpy_spark.cli"]
 
@@ -85,6 +88,8 @@ def config(variant: str, work: Path, endpoint: str, stream: str, target: str) ->
             f'[sink]\nsink = "pipeline_app:remote_store"\nspark_target = "{target}"\n'
             f'scope = "worker"\nmax_records = 20000\nwriters = {variant.split()[1]}\n'
         )
+        if variant.endswith("unpipelined"):
+            body += "batches_in_flight = 1\n"
     elif variant == "parquet 2 writers":
         body = f'[sink]\nsink = "parquet:{out}"\nspark_target = "{target}"\nwriters = 2\n'
     else:
@@ -294,6 +299,12 @@ RATIOS = (  # (label, numerator, denominator, goal)
     ("Parquet sink, 2 writers / consumer alone", "parquet 2 writers", "consumer", ">= 0.9"),
     ("two sinks (Parquet + a function) / Parquet alone", "two sinks", "parquet", ">= 0.8"),
     ("remote store (1 s a write), 2 writers / 1", "remote 2 writers", "remote 1 writer", "-"),
+    (
+        "remote store, 2 writers, 1 batch in flight / 1 writer",
+        "remote 2 writers unpipelined",
+        "remote 1 writer",
+        "-",
+    ),
 )
 
 
