@@ -158,6 +158,23 @@ class OvertakingSink:
             Path(marker).write_text(json.dumps({"stalled": stalled[1], "overtook": later}))
 
 
+def stall_then_note(df: Any, batch_id: int) -> None:
+    """The second of two sinks (after Parquet): notes each piece it got (id, rows) in
+    ``function.jsonl``; with STALL_ENV set, the first call stalls instead (killed there)."""
+    from kclpy_spark.spark.batch import current_batch
+
+    batch = current_batch()
+    assert batch is not None
+    marker = os.environ.get(STALL_ENV)
+    if marker and not Path(marker).exists():
+        Path(marker).write_text(json.dumps([p.piece_id for p in batch.pieces]))
+        while True:
+            time.sleep(60)  # killed here
+    lines = "".join(json.dumps([p.piece_id, p.rows]) + "\n" for p in batch.pieces)
+    with open(Path(os.environ[OUT_ENV]) / "function.jsonl", "a") as fh:
+        fh.write(lines)
+
+
 def put(kinesis: Any, stream: str, start: int, count: int) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for at in range(start, start + count, 250):

@@ -52,6 +52,16 @@ def start_worker(config: Path, out: Path, log: Path, stall: Path | None) -> subp
         )
 
 
+def worker_toml(stream: str, endpoint: str, db: Path) -> str:
+    """The worker part of a test's config file (the test adds its ``[sink]``)."""
+    return (
+        f'application_name = "{stream}"\nstream_name = "{stream}"\n'
+        f'endpoint_url = "{endpoint}"\ninitial_position = "TRIM_HORIZON"\n'
+        f'lease_store = "sqlite:{db}"\nfailover_time = 3.0\n'
+        "idle_time_between_reads = 0.2\nshard_sync_interval = 1.0\n\n"
+    )
+
+
 def wait_for(
     condition: Any, timeout: float, what: str, proc: subprocess.Popen[bytes], log: Path
 ) -> None:
@@ -96,11 +106,8 @@ def test_kill9_during_a_write_then_restart_loses_nothing_and_duplicates_nothing(
         out, db = tmp_path / "out", tmp_path / "leases.db"
         config = tmp_path / "worker.toml"
         config.write_text(
-            f'application_name = "{stream}"\nstream_name = "{stream}"\n'
-            f'endpoint_url = "{localstack_endpoint}"\ninitial_position = "TRIM_HORIZON"\n'
-            f'lease_store = "sqlite:{db}"\nfailover_time = 3.0\n'
-            "idle_time_between_reads = 0.2\nshard_sync_interval = 1.0\n\n"
-            '[sink]\nsink = "spark_e2e:StallingSink"\nspark_target = "local[2]"\n'
+            worker_toml(stream, localstack_endpoint, db)
+            + '[sink]\nsink = "spark_e2e:StallingSink"\nspark_target = "local[2]"\n'
             "max_records = 150\nmax_wait = 0.5\nmax_attempts = 3\nretry_base_delay = 0.1\n"
             '[sink.spark_conf]\n"spark.sql.shuffle.partitions" = "2"\n'
         )
@@ -165,11 +172,8 @@ def test_kill9_with_a_later_batch_written_before_an_earlier_one_reforms_both_exa
         out, db = tmp_path / "out", tmp_path / "leases.db"
         config = tmp_path / "worker.toml"
         config.write_text(
-            f'application_name = "{stream}"\nstream_name = "{stream}"\n'
-            f'endpoint_url = "{localstack_endpoint}"\ninitial_position = "TRIM_HORIZON"\n'
-            f'lease_store = "sqlite:{db}"\nfailover_time = 3.0\n'
-            "idle_time_between_reads = 0.2\nshard_sync_interval = 1.0\n\n"
-            '[sink]\nsink = "spark_e2e:OvertakingSink"\nspark_target = "local[2]"\n'
+            worker_toml(stream, localstack_endpoint, db)
+            + '[sink]\nsink = "spark_e2e:OvertakingSink"\nspark_target = "local[2]"\n'
             'scope = "lease"\nwriters = 2\nbatches_in_flight = 2\n'
             "max_records = 100\nmax_wait = 0.5\nmax_attempts = 3\nretry_base_delay = 0.1\n"
         )
@@ -212,3 +216,76 @@ def test_kill9_with_a_later_batch_written_before_an_earlier_one_reforms_both_exa
         assert "already written; skipped" in log.read_text(errors="replace")
     finally:
         kinesis.delete_stream(StreamName=stream, EnforceConsumerDeletion=True)
+
+
+def test_kill9_between_two_sinks_then_restart_each_sink_gets_every_record(
+    localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    """``[[sinks]]``: Parquet, then a function. The function's first call stalls after Parquet
+    wrote the batch; kill -9 there. Nothing is checkpointed (the function never acknowledged);
+    after a restart the re-formed batch is skipped by Parquet (same pieces) and given to the
+    function again, and each sink holds every record."""
+    stream = unique_name
+    kinesis = kinesis_client(localstack_endpoint)
+    create_stream(kinesis, stream, 2)
+    try:
+        produced = put(kinesis, stream, 0, 300)
+        out, db = tmp_path / "out", tmp_path / "leases.db"
+        out.mkdir()
+        config = tmp_path / "worker.toml"
+        config.write_text(
+            worker_toml(stream, localstack_endpoint, db) + '[sink]\nspark_target = "local[2]"\n'
+            "max_records = 100\nmax_wait = 0.5\nmax_attempts = 3\nretry_base_delay = 0.1\n"
+            f'[[sinks]]\nsink = "parquet:{out / "parquet"}"\n'
+            '[[sinks]]\nsink = "spark_e2e:stall_then_note"\n'
+        )
+        log = tmp_path / "worker.log"
+        stall = tmp_path / "stalled.json"
+
+        first = start_worker(config, out, log, stall)
+        try:
+            wait_for(stall.exists, 120, "the function's first call to stall", first, log)
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)  # kill -9, Python and JVM
+            first.wait(30)
+        stalled = set(json.loads(stall.read_text()))
+        on_disk = {p.name.split("=", 1)[1] for p in (out / "parquet").glob("kcl_piece=*")}
+        assert stalled <= on_disk, "Parquet (the first sink) had written the stalled batch"
+        leases = SQLiteLeaseTable(db, namespace=stream).list_leases()
+        assert all(x.checkpoint.is_sentinel for x in leases)  # the function never acknowledged
+        pending = [PendingState.decode(x.pending_checkpoint_state) for x in leases]
+        tokens = [p.token for state in pending if state for p in state.pieces]
+        assert tokens and all(set(t["by_sink"]) == {"parquet", "stall_then_note"} for t in tokens)
+
+        second = start_worker(config, out, log, None)
+        notes = out / "function.jsonl"
+        try:
+
+            def all_in_both() -> bool:
+                got = written(out)
+                noted = _noted(notes)
+                return sum(noted.values()) == 300 and all(
+                    set(seqs) <= set(got.get(s, [])) for s, seqs in produced.items()
+                )
+
+            wait_for(all_in_both, 150, "every record in both sinks", second, log)
+        finally:
+            os.killpg(second.pid, signal.SIGTERM)
+            assert second.wait(60) == 0, log.read_text(errors="replace")[-4000:]
+        got = written(out)
+        for shard, seqs in produced.items():
+            assert sorted(got[shard], key=int) == sorted(seqs, key=int), shard
+        assert stalled <= set(_noted(notes))  # the function got the stalled pieces again
+        for lease in SQLiteLeaseTable(db, namespace=stream).list_leases():
+            assert lease.pending_checkpoint is None
+            assert lease.checkpoint.sequence_number == max(produced[lease.shard_id], key=int)
+        assert "already written; skipped" in log.read_text(errors="replace")
+    finally:
+        kinesis.delete_stream(StreamName=stream, EnforceConsumerDeletion=True)
+
+
+def _noted(path: Path) -> dict[str, int]:
+    """Rows by piece id the function noted (a piece given twice counts once)."""
+    if not path.exists():
+        return {}
+    return dict(json.loads(line) for line in path.read_text().splitlines() if line)

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from test_lane import KEY, chunk, lane
-from test_micro_batcher import SHARDS, Env, esn, records
+from test_micro_batcher import SHARDS, Env, esn, records, threaded_env
 
 from checkpoint.base.errors import ThrottledError
 from checkpoint.lease import Lease
@@ -155,22 +153,13 @@ def test_several_replays_fill_in_order_whatever_the_chunking(sizes: tuple[int, .
 # --- the batcher ---------------------------------------------------------------------------------
 
 
-@contextmanager
-def threaded(**settings: Any) -> Iterator[Env]:
-    env = Env(BatcherSettings(**settings), threaded=True)
-    try:
-        yield env
-    finally:
-        env.batcher.close(timeout=5.0)
-
-
 def test_a_later_batch_written_first_does_not_move_the_checkpoint_past_an_earlier_one() -> None:
     """Two writers, one lease: batch 1 (10..30) is held in its write while batch 2 (40..60) is
     cut, written and acknowledged. The checkpoint stays before batch 1 (the pending one lists
     both), then moves over both once batch 1 is written."""
     release_first = threading.Event()
     second_written = threading.Event()
-    with threaded(max_records=3, max_wait=0.0, writers=2, batches_in_flight=2) as env:
+    with threaded_env(max_records=3, max_wait=0.0, writers=2, batches_in_flight=2) as env:
         seen: list[ExtendedSequenceNumber] = []
 
         def on_write(batch: SinkBatch) -> None:
@@ -202,7 +191,7 @@ def test_a_failed_earlier_batch_keeps_the_checkpoint_and_a_new_owner_reforms_bot
     """Batch 2 succeeds while batch 1 fails for good: nothing is checkpointed, the lane parks
     with both pieces put back, and the next owner re-forms both exactly (same piece keys)."""
     second_written = threading.Event()
-    with threaded(max_records=3, max_wait=0.0, writers=2, max_attempts=1) as env:
+    with threaded_env(max_records=3, max_wait=0.0, writers=2, max_attempts=1) as env:
 
         def on_write(batch: SinkBatch) -> None:
             if batch.pieces[0].key.first == esn(10):
@@ -235,11 +224,10 @@ def test_a_failed_earlier_batch_keeps_the_checkpoint_and_a_new_owner_reforms_bot
     assert env.lease(SHARDS[0]).checkpoint == esn(70)
 
 
-def test_a_crash_with_two_batches_in_flight_reforms_both_exactly() -> None:
-    """Both batches written, neither committed (the lease table throttles), then the worker
-    dies: the new owner re-forms the two pieces with their keys and tokens, then goes on."""
+def two_written_neither_committed() -> Env:
+    """One worker wrote two pieces of a lease (10..30, 40..60) while the lease table throttled
+    every commit: both are written, neither checkpointed, the pending checkpoint lists both."""
     env = Env(BatcherSettings(max_records=3, max_wait=0.0, commit_retry_delay=60.0))
-    original = env.table.update_checkpoint
 
     def throttled(lease: Lease, cp: ExtendedSequenceNumber, pending: Any = None) -> Lease | None:
         raise ThrottledError("slow down")
@@ -248,10 +236,17 @@ def test_a_crash_with_two_batches_in_flight_reforms_both_exactly() -> None:
     env.take(SHARDS[0])
     env.deliver(SHARDS[0], records(1, 6))
     assert env.batcher.step() == 1 and env.batcher.step() == 1 and env.batcher.step() == 0
+    return env
+
+
+def test_a_crash_with_two_batches_in_flight_reforms_both_exactly() -> None:
+    """Both batches written, neither committed (the lease table throttles), then the worker
+    dies: the new owner re-forms the two pieces with their keys and tokens, then goes on."""
+    env = two_written_neither_committed()
     first = [p for b in env.sink.written for p in b.pieces]
     tokens = [b.tokens[SHARDS[0]] for b in env.sink.written]
     assert env.lease(SHARDS[0]).pending_checkpoint == esn(60)
-    env.table.update_checkpoint = original  # type: ignore[method-assign]
+    del env.table.update_checkpoint  # the table answers again
     env.batcher = env.new_batcher()  # the worker died; another one takes the lease
     lane_b = env.take(SHARDS[0], worker="worker-b")
     env.deliver(SHARDS[0], records(1, 8))
@@ -265,7 +260,7 @@ def test_a_crash_with_two_batches_in_flight_reforms_both_exactly() -> None:
 
 def test_a_sink_that_needs_a_leases_batches_in_order_gets_one_at_a_time() -> None:
     release_first = threading.Event()
-    with threaded(max_records=3, max_wait=0.0, writers=2, batches_in_flight=4) as env:
+    with threaded_env(max_records=3, max_wait=0.0, writers=2, batches_in_flight=4) as env:
         env.sink.ordered_per_lease = True  # type: ignore[attr-defined]
         env.batcher.close(timeout=5.0)
         env.batcher = env.new_batcher()
@@ -294,18 +289,9 @@ def test_a_new_owner_that_reformed_only_the_first_piece_still_lists_the_second()
     both are whole (each pending write lists both), re-forms and commits the first, then dies
     before the second: the table must still name the second, so owner 3 re-forms it exactly (not
     as a fresh, differently cut range whose records the sink would then hold twice)."""
-    env = Env(BatcherSettings(max_records=3, max_wait=0.0, commit_retry_delay=60.0))
-    original = env.table.update_checkpoint
-
-    def throttled(lease: Lease, cp: ExtendedSequenceNumber, pending: Any = None) -> Lease | None:
-        raise ThrottledError("slow down")
-
-    env.table.update_checkpoint = throttled  # type: ignore[method-assign]
-    env.take(SHARDS[0])
-    env.deliver(SHARDS[0], records(1, 6))
-    env.batcher.run_until_idle()
+    env = two_written_neither_committed()
     first, second = [p.key for b in env.sink.written for p in b.pieces]
-    env.table.update_checkpoint = original  # type: ignore[method-assign]
+    del env.table.update_checkpoint  # the table answers again
     env.batcher = env.new_batcher()
     env.take(SHARDS[0], worker="worker-b")
     stored = env.lease(SHARDS[0])
