@@ -129,14 +129,19 @@ class StallingSink:
         self.delta.write(batch)
 
 
+STALL_FROM_ENV = "KCLPY_E2E_STALL_FROM"  # OvertakingSink: the sequence number whose batch stalls
+
+
 class OvertakingSink:
-    """Parquet. With STALL_ENV set, the first batch stalls before writing anything, and once a
-    later batch of the same lease is written (it overtook the stalled one: pipelined batches),
-    the marker file names both (the test kills the process then)."""
+    """Parquet. With STALL_ENV set, the batch that starts at STALL_FROM_ENV (the lease's first
+    record: its first batch, whichever writer gets to the sink first) stalls before writing
+    anything; once it stalls and a later batch is written (before or after: pipelined batches),
+    the marker file names both (the test kills the process then). One lease only."""
 
     def __init__(self) -> None:
         self.parquet = ParquetSink(Path(os.environ[OUT_ENV]) / "parquet")
-        self.stalled: tuple[str, list[str]] | None = None  # lease key, piece ids
+        self.stalled: list[str] = []  # piece ids of the stalled batch
+        self.written: list[str] = []  # piece ids of the batches written
         self.lock = threading.Lock()
 
     def prepare(self, pieces: Sequence[Piece]) -> Mapping[str, Any]:
@@ -144,18 +149,17 @@ class OvertakingSink:
 
     def write(self, batch: SinkBatch) -> None:
         marker = os.environ.get(STALL_ENV)
+        first = batch.pieces[0].key.first.sequence_number
+        stall = bool(marker) and first == os.environ.get(STALL_FROM_ENV)
+        if not stall:
+            self.parquet.write(batch)
         with self.lock:
-            stall = bool(marker) and self.stalled is None
-            if stall:
-                self.stalled = (batch.pieces[0].lease_key, [p.piece_id for p in batch.pieces])
-            stalled = self.stalled
-        if stall:
-            while True:
-                time.sleep(60)  # killed here
-        self.parquet.write(batch)
-        if marker and stalled and any(p.lease_key == stalled[0] for p in batch.pieces):
-            later = [p.piece_id for p in batch.pieces if p.lease_key == stalled[0]]
-            Path(marker).write_text(json.dumps({"stalled": stalled[1], "overtook": later}))
+            (self.stalled if stall else self.written).extend(p.piece_id for p in batch.pieces)
+            if marker and self.stalled and self.written:
+                seen = {"stalled": self.stalled, "overtook": self.written}
+                Path(marker).write_text(json.dumps(seen))
+        while stall:
+            time.sleep(60)  # killed here
 
 
 def stall_then_note(df: Any, batch_id: int) -> None:

@@ -18,9 +18,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from spark_e2e import (
     OUT_ENV,
     STALL_ENV,
+    STALL_FROM_ENV,
     create_stream,
     kinesis_client,
     put,
@@ -157,7 +159,7 @@ def test_kill9_during_a_write_then_restart_loses_nothing_and_duplicates_nothing(
 
 
 def test_kill9_with_a_later_batch_written_before_an_earlier_one_reforms_both_exactly(
-    localstack_endpoint: str, unique_name: str, tmp_path: Path
+    localstack_endpoint: str, unique_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Pipelined batches (2 writers, 2 batches of a lease in flight): the first batch stalls
     before its write while the next batch of the same lease is written; kill -9 then. The
@@ -169,6 +171,8 @@ def test_kill9_with_a_later_batch_written_before_an_earlier_one_reforms_both_exa
     create_stream(kinesis, stream, 1)
     try:
         produced = put(kinesis, stream, 0, 300)
+        [seqs] = produced.values()
+        monkeypatch.setenv(STALL_FROM_ENV, seqs[0])  # the lease's first batch stalls
         out, db = tmp_path / "out", tmp_path / "leases.db"
         config = tmp_path / "worker.toml"
         config.write_text(
