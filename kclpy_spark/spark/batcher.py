@@ -241,6 +241,7 @@ class MicroBatcher:
                     "buffered_rows": lane.rows,
                     "buffered_bytes": lane.nbytes,
                     "in_flight_rows": sum(c.piece.rows for c in lane.outs),
+                    "in_flight_batches": len(lane.outs),
                     "recovering": lane.replaying,
                     "park_reason": lane.park_reason,
                 }

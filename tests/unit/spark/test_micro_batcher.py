@@ -712,6 +712,9 @@ def test_n_batches_leave_resources_bounded_by_a_constant(tmp_path: Path) -> None
         assert store.open_connections <= POOL_SIZE
         assert batcher.threads == 2
         assert batcher.deadlines <= 2 * 2 + 17  # write timeouts: one watchdog, no timer each
+        # Two batches of a lease in flight (writers 2, batches_in_flight 2 by default): the
+        # lanes hold nothing once drained, whatever order the writes finished in.
+        assert all(lane.outs == () and not lane.replaying for _, lane in lanes.values())
     finally:
         batcher.close(timeout=5.0)
         holder.close()

@@ -177,6 +177,8 @@ def test_a_later_batch_written_first_does_not_move_the_checkpoint_past_an_earlie
         lease = env.lease(SHARDS[0])
         seen.append(lease.checkpoint)
         assert lease.checkpoint == TRIM_HORIZON and lease.pending_checkpoint == esn(60)
+        lane_status = env.batcher.status()["lanes"][SHARDS[0]]
+        assert (lane_status["in_flight_batches"], lane_status["in_flight_rows"]) == (2, 6)
         state = PendingState.decode(lease.pending_checkpoint_state)
         assert state is not None
         assert [p.group[0].last for p in state.pieces] == [esn(30), esn(60)]
