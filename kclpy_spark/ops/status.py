@@ -28,6 +28,10 @@ class LeaseRow:
     children: tuple[str, ...]
     last_renewal: float | None  # wall seconds, as the owner published it
     reopen_at: float | None
+    # With a Spark sink, as the owner published them: the lease's batches cut and not yet
+    # checkpointed, and its records waiting to be cut.
+    sink_in_flight: int | None = None
+    sink_buffered: int | None = None
 
 
 def is_live(status: Mapping[str, Any], now_wall: float, max_age: float) -> bool:
@@ -57,9 +61,21 @@ def lease_rows(
                 children=tuple(sorted(lease.child_shard_ids)),
                 last_renewal=published.get("last_renewal"),
                 reopen_at=lease.closed_until,
+                sink_in_flight=_int(published.get("sink_in_flight")),
+                sink_buffered=_int(published.get("sink_buffered")),
             )
         )
     return rows
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _sink(row: LeaseRow) -> str:
+    if row.sink_in_flight is None and row.sink_buffered is None:
+        return "-"
+    return f"{row.sink_in_flight or 0} out, {row.sink_buffered or 0} buffered"
 
 
 def render_json(rows: list[LeaseRow], extra: Mapping[str, Any]) -> str:
@@ -71,8 +87,9 @@ def _age(now: float, then: float | None) -> str:
 
 
 def render_table(rows: list[LeaseRow], now_wall: float) -> str:
+    with_sink = any(r.sink_in_flight is not None or r.sink_buffered is not None for r in rows)
     header = ("shard", "state", "owner", "checkpoint", "lag ms", "records", "renewed",
-              "parents", "children")  # fmt: skip
+              "parents", "children") + (("sink batches",) if with_sink else ())  # fmt: skip
     body = [
         (
             r.shard_id,
@@ -85,7 +102,7 @@ def render_table(rows: list[LeaseRow], now_wall: float) -> str:
             _age(now_wall, r.last_renewal),
             ",".join(r.parents) or "-",
             ",".join(r.children) or "-",
-        )
+        ) + ((_sink(r),) if with_sink else ())
         for r in rows
     ]  # fmt: skip
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=False)]

@@ -30,9 +30,19 @@ def sink_figures(registry: CollectorRegistry) -> dict[str, float] | None:
     return {k: figures.get(k, 0.0) for k in SINK_FIGURES}
 
 
+def sink_lanes(factory: object) -> dict[str, dict[str, Any]]:
+    """The Spark sink's lanes by lease key (``{}`` for RecordProcessors)."""
+    status = getattr(factory, "status", None)
+    if not callable(status):
+        return {}
+    lanes = status().get("lanes", {})
+    return lanes if isinstance(lanes, dict) else {}
+
+
 def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
     now = worker.clock.monotonic()
     leases: dict[str, Any] = {}
+    lanes = sink_lanes(worker.processor_factory)
     for held in worker.holder.held():
         stats = worker.consumers.stats_of(held.lease_key)
         leases[held.lease_key] = {
@@ -41,6 +51,10 @@ def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
             "millis_behind_latest": stats.millis_behind_latest if stats else None,
             "last_renewal": now_wall - (now - held.last_counter_change),
         }
+        lane = lanes.get(held.lease_key)
+        if lane is not None:
+            leases[held.lease_key]["sink_in_flight"] = lane.get("in_flight_batches", 0)
+            leases[held.lease_key]["sink_buffered"] = lane.get("buffered_rows", 0)
     ready, why = worker.readiness()
     payload = {
         "suspended": worker.suspended,

@@ -169,6 +169,11 @@ class Worker:
     def finished(self) -> dict[str, ShardStats]:
         return self.consumers.finished
 
+    @property
+    def processor_factory(self) -> Any:
+        """What makes this worker's processors (the Spark sink's factory, with a sink)."""
+        return self._processor_factory
+
     def readiness(self) -> tuple[bool, str]:
         missing = [c.label for c in self.streams.contexts.values() if c.gone_since is not None]
         ready, why = self.health.readiness(

@@ -187,6 +187,8 @@ def test_kill9_with_a_later_batch_written_before_an_earlier_one_reforms_both_exa
         first = start_worker(config, out, log, marker)
         try:
             wait_for(marker.exists, 120, "a batch to overtake the stalled one", first, log)
+            # What an operator sees meanwhile: two batches of the lease out (kclpy-spark status).
+            wait_for(lambda: _sink_in_flight(config) == [2], 60, "status: 2 out", first, log)
         finally:
             os.killpg(first.pid, signal.SIGKILL)  # kill -9, Python and JVM
             first.wait(30)
@@ -286,6 +288,17 @@ def test_kill9_between_two_sinks_then_restart_each_sink_gets_every_record(
         assert "already written; skipped" in log.read_text(errors="replace")
     finally:
         kinesis.delete_stream(StreamName=stream, EnforceConsumerDeletion=True)
+
+
+def _sink_in_flight(config: Path) -> list[int | None]:
+    """Each lease's sink batches in flight as ``kclpy-spark status --json`` shows them."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-m", "kclpy_spark.cli", "status", "--config", str(config), "--json"],
+        env=env, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return [row["sink_in_flight"] for row in json.loads(done.stdout)["leases"]]
 
 
 def _noted(path: Path) -> dict[str, int]:

@@ -49,6 +49,18 @@ def test_rows_merge_leases_with_the_owners_published_figures() -> None:
     assert parsed["application"] == "app" and len(parsed["leases"]) == 4
 
 
+def test_the_table_shows_a_sink_column_only_when_a_lease_has_sink_figures() -> None:
+    plain = lease_rows(leases(), {"w1": {"leases": {"shardId-0": {"records": 7}}}}, 1_000.0)
+    assert "sink" not in render_table(plain, 1_000.0).splitlines()[0]
+    figures = {"records": 7, "sink_in_flight": 2, "sink_buffered": 40}
+    rows = lease_rows(leases(), {"w1": {"leases": {"shardId-0": figures}}}, 1_000.0)
+    assert (rows[0].sink_in_flight, rows[0].sink_buffered) == (2, 40)
+    assert rows[1].sink_in_flight is None
+    table = render_table(rows, 1_000.0).splitlines()
+    assert table[0].rstrip().endswith("sink batches") and "2 out, 40 buffered" in table[1]
+    assert json.loads(render_json(rows, {}))["leases"][0]["sink_in_flight"] == 2
+
+
 def test_reset_plan_leaves_finished_leases_and_names_live_owners() -> None:
     plan = plan_reset(leases(), InitialPosition.latest(), shards=None, live_workers=["w1"])
     assert [before.shard_id for before, _ in plan.changes] == [

@@ -56,6 +56,18 @@ def test_the_sink_counters_follow_the_batcher_stats() -> None:
     assert _value(metrics.exposition().decode(), "kclpy_spark_sink_batches_total") == 8
 
 
+def test_a_worker_publishes_each_leases_sink_lane_and_nothing_for_record_processors() -> None:
+    from kclpy_spark.runtime.publish import sink_lanes
+
+    class Factory:
+        def status(self) -> dict[str, object]:
+            lane = {"in_flight_batches": 2, "buffered_rows": 40, "state": "active"}
+            return {"lanes": {"shardId-0": lane}, "stats": {}}
+
+    assert sink_lanes(Factory())["shardId-0"]["in_flight_batches"] == 2
+    assert sink_lanes(object()) == {}
+
+
 def test_a_worker_publishes_its_sink_totals_and_none_without_a_sink() -> None:
     from kclpy_spark.runtime.publish import sink_figures
 
