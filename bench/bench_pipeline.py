@@ -11,9 +11,9 @@ against the same kinesalite stream, one variant after another (alternating, ``--
   second away (``pipeline_app:remote_store``: it waits 1 s per batch), ``scope = "worker"``,
   ``max_records = 20000``; with 2 writers the next batch is written while the one before it
   waits (pipelined batches), with 1 it waits its turn; **remote 2 writers unpipelined**: 2
-  writers with ``batches_in_flight = 1`` (each batch holds every lease, so the second writer
-  has nothing to cut until the first batch commits). Latency-bound, not CPU-bound: what
-  pipelining is for;
+  writers with ``batches_in_flight = 1`` (with one shard the second writer has nothing to cut
+  until the first batch commits; with several it cuts other leases' records). Latency-bound,
+  not CPU-bound: what pipelining is for;
 * **two sinks**: ``[[sinks]]`` with the same Parquet sink and a foreachBatch function
   (``pipeline_app:count_by_shard``: per-shard counts collected to the driver);
 * **bare**: ``bare_pipeline.py``, an aiobotocore drain in one thread and

@@ -5,6 +5,8 @@ totals."""
 
 from __future__ import annotations
 
+import logging
+import sys
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
@@ -15,6 +17,7 @@ if TYPE_CHECKING:
     from kclpy_spark.runtime.worker import Worker
 
 EVENTS_PUBLISHED = 10
+log = logging.getLogger(__name__)
 
 
 def sink_figures(registry: CollectorRegistry) -> dict[str, float] | None:
@@ -31,11 +34,16 @@ def sink_figures(registry: CollectorRegistry) -> dict[str, float] | None:
 
 
 def sink_lanes(factory: object) -> dict[str, dict[str, Any]]:
-    """The Spark sink's lanes by lease key (``{}`` for RecordProcessors)."""
-    status = getattr(factory, "status", None)
-    if not callable(status):
+    """The Spark sink's lanes by lease key (``{}`` for RecordProcessors, or when the sink cannot
+    say: publishing the rest of the status must not depend on it)."""
+    module = sys.modules.get("kclpy_spark.spark.sink_processor")  # loaded with a Spark sink only
+    if module is None or not isinstance(factory, module.SparkSinkProcessorFactory):
         return {}
-    lanes = status().get("lanes", {})
+    try:
+        lanes = factory.status().get("lanes", {})
+    except Exception:
+        log.exception("could not read the Spark sink's lanes for the status record")
+        return {}
     return lanes if isinstance(lanes, dict) else {}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from typing import Any
 
 from checkpoint.counters import CoordinationCounters
 from kclpy_spark.runtime.metrics import WorkerMetrics
@@ -58,14 +59,25 @@ def test_the_sink_counters_follow_the_batcher_stats() -> None:
 
 def test_a_worker_publishes_each_leases_sink_lane_and_nothing_for_record_processors() -> None:
     from kclpy_spark.runtime.publish import sink_lanes
+    from kclpy_spark.spark.sink_processor import SparkSinkProcessorFactory
 
-    class Factory:
-        def status(self) -> dict[str, object]:
+    class Factory(SparkSinkProcessorFactory):
+        def __init__(self, broken: bool = False) -> None:
+            self.broken = broken
+
+        def status(self) -> dict[str, Any]:
+            if self.broken:
+                raise RuntimeError("sink status failed")
             lane = {"in_flight_batches": 2, "buffered_rows": 40, "state": "active"}
             return {"lanes": {"shardId-0": lane}, "stats": {}}
 
+    class NotASink:
+        def status(self, verbose: bool) -> None:  # another factory's method of the same name
+            raise AssertionError("not called")
+
     assert sink_lanes(Factory())["shardId-0"]["in_flight_batches"] == 2
-    assert sink_lanes(object()) == {}
+    assert sink_lanes(Factory(broken=True)) == {}  # the rest of the status is still published
+    assert sink_lanes(NotASink()) == {} and sink_lanes(object()) == {}
 
 
 def test_a_worker_publishes_its_sink_totals_and_none_without_a_sink() -> None:

@@ -207,6 +207,7 @@ def test_a_failed_earlier_batch_keeps_the_checkpoint_and_a_new_owner_reforms_bot
         env.deliver(SHARDS[0], records(4, 3))
         assert env.batcher.drain(lane_a, 10.0, final=False) is DrainResult.PARKED
         assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON
+        wait_until(lambda: len(env.sink.written) == 1)  # recorded just after on_write returns
         originals = sorted(p.key for b in env.sink.written for p in b.pieces)
         assert originals == [PieceKey(SHARDS[0], esn(40), esn(60))]
         assert lane_a.state is LaneState.PARKED and lane_a.replay_key() is not None
