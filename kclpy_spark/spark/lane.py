@@ -208,12 +208,15 @@ class Lane:
     # --- buffering -------------------------------------------------------------------------------
 
     def add(self, chunk: Chunk, now: float) -> None:
-        """Buffer ``chunk`` (the next records of the lease, in order)."""
-        rest = self._replays.add(chunk) if self._replays else chunk
+        """Buffer ``chunk`` (the next records of the lease, in order). Counts are kept as the
+        records come (no pass over the buffer: this runs for every delivery)."""
+        rest, kept = self._replays.add(chunk) if self._replays else (chunk, 0)
         if rest is not None:
             self._chunks.append(rest)
-        self._recount()
-        if self.oldest is None and self.rows:
+            kept += rest.nbytes
+        self.rows += chunk.rows  # a split keeps every record, here or in a replay
+        self.nbytes += kept
+        if self.oldest is None:
             self.oldest = now
 
     def force(self, *, final: bool) -> None:

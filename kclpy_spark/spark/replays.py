@@ -79,16 +79,18 @@ class Replays:
     def nbytes(self) -> int:
         return sum(r.nbytes for r in self._queue)
 
-    def add(self, chunk: Chunk) -> Chunk | None:
+    def add(self, chunk: Chunk) -> tuple[Chunk | None, int]:
         """Give ``chunk`` (the lease's next records) to the replays still gathering; returns
-        what goes past every target (for the buffer), or None."""
+        what goes past every target (for the buffer), or None, and the bytes kept here."""
         rest: Chunk | None = chunk
+        kept = 0
         for rep in self._queue:
             if rep.ready or rest is None:
                 continue
             inside = rest.count_up_to(rep.target)
             if inside == rest.rows:
                 rep.chunks.append(rest)
+                kept += rest.nbytes
                 if rest.last == rep.target:
                     self._reached(rep)
                 rest = None
@@ -96,9 +98,10 @@ class Replays:
             if inside > 0:  # the chunk goes past this target: split there
                 head, rest = rest.split(inside)
                 rep.chunks.append(head)
+                kept += head.nbytes
             self._reached(rep)
         self._drop_empty()
-        return rest
+        return rest, kept
 
     def reach_all(self) -> None:
         """No more records will come (shard end): each replay is re-formed from what arrived."""

@@ -137,6 +137,9 @@ def test_several_replays_fill_in_order_whatever_the_chunking(sizes: tuple[int, .
         first.add(chunk(start, size), now=101.0)
         start += size
     assert first.replay_key() == PieceKey(KEY, esn(10), esn(30))
+    counted = (first.rows, first.nbytes)  # kept as records came, split or not
+    first._recount()
+    assert counted == (first.rows, first.nbytes) and first.rows == 9
     one = first.cut(100, 10**9)
     first.pending_state(one, (one.key,))
     first.prepared(one)
