@@ -78,6 +78,20 @@ def refuse_regression(lease: Lease, checkpoint: ExtendedSequenceNumber) -> None:
 
 
 @dataclass(frozen=True)
+class WriteStamp:
+    """When a lease was last written, on the writer's wall clock (kclpy-spark's, not the KCL's).
+
+    Every store stamps each write that moves the lease counter with the new counter and its own
+    wall time, taken before the write is sent (so never before the holder's renewal began). The
+    stamp speaks only for the counter it names: a write by a KCL worker, which does not stamp,
+    leaves an older stamp that no longer matches and is ignored (see ``Lease.write_time``).
+    """
+
+    counter: int
+    at: float  # epoch seconds
+
+
+@dataclass(frozen=True)
 class Lease:
     """One row of the lease table. Change with ``dataclasses.replace`` (or the helpers below).
 
@@ -105,6 +119,16 @@ class Lease:
     # The KCL 3.x's throughputKBps: the lease's read throughput (a moving average), written by its
     # owner at each renewal; None until first measured. Load-aware balancing weighs leases by it.
     throughput_kbps: float | None = None
+    # kclpy-spark's write stamp (see WriteStamp). Metadata about the write, not lease state: two
+    # leases that differ only in it are equal.
+    written: WriteStamp | None = field(default=None, compare=False)
+
+    @property
+    def write_time(self) -> float | None:
+        """Wall time (epoch seconds) of the write that set the current counter, if a store
+        stamped it; None for unstamped writes (a KCL worker's, or a lease just created)."""
+        stamp = self.written
+        return stamp.at if stamp is not None and stamp.counter == self.lease_counter else None
 
     @property
     def actual_owner(self) -> str | None:
@@ -165,6 +189,9 @@ class Lease:
             else None,
         )
 
-    def bumped(self, **changes: object) -> Lease:
-        """A copy with ``changes`` applied and the counter incremented (what a won write stores)."""
-        return replace(self, lease_counter=self.lease_counter + 1, **changes)  # type: ignore[arg-type]
+    def bumped(self, *, at: float | None = None, **changes: object) -> Lease:
+        """A copy with ``changes`` applied and the counter incremented (what a won write stores),
+        stamped as written at wall time ``at`` if given."""
+        counter = self.lease_counter + 1
+        written = self.written if at is None else WriteStamp(counter, at)
+        return replace(self, lease_counter=counter, written=written, **changes)  # type: ignore[arg-type]

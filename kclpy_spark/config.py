@@ -99,6 +99,10 @@ class WorkerConfig:
     processor: str | None = None  # "module:Class"
     worker_id: str = field(default_factory=_default_worker_id)
     failover_time: float = 10.0
+    # The largest wall-clock difference between two workers' machines that lease expiry allows
+    # for (leases are stamped with their writer's time): a dead worker's leases move
+    # failover_time + max_clock_skew after its last write.
+    max_clock_skew: float = 1.0
     max_records: int = 10_000
     idle_time_between_reads: float = 1.0
     max_leases_for_worker: int = 2**31 - 1
@@ -171,6 +175,7 @@ class WorkerConfig:
 # Durations with the bounds that still make sense, and why the upper bound is there.
 _DURATIONS: dict[str, tuple[float, float, str]] = {
     "failover_time": (0.5, 3600.0, "a dead worker's leases move only after it"),
+    "max_clock_skew": (0.0, 600.0, "a dead worker's leases move this much after failover_time"),
     # GetRecords' shard iterators expire after 5 minutes.
     "idle_time_between_reads": (0.001, 299.0, "a shard iterator expires after 300 s"),
     "shard_sync_interval": (0.1, 86_400.0, "new shards are found only this often"),

@@ -1,10 +1,9 @@
 """What one worker has seen of the lease table: which leases are expired, judged by its own clock.
 
-Expiry in the KCL is purely local. Nothing in the lease table says when a lease was renewed; a
-holder renews by incrementing the lease counter, and every other worker remembers, per lease, the
-time on its own monotonic clock at which it first saw the current counter value (the KCL's
-``lastCounterIncrementNanos``). A lease is expired when that time is more than the lease duration
-ago. No wall clock is read or compared, so clock skew between machines cannot expire a lease.
+Expiry in the KCL is purely local. A holder renews by incrementing the lease counter, and every
+other worker remembers, per lease, the time on its own monotonic clock at which it first saw the
+current counter value (the KCL's ``lastCounterIncrementNanos``). A lease is expired when that time
+is more than the lease duration ago.
 
 First sight, as the KCL's DynamoDBLeaseTaker.updateAllLeases does it:
 
@@ -14,8 +13,22 @@ First sight, as the KCL's DynamoDBLeaseTaker.updateAllLeases does it:
   started gives every holder a full lease duration to show that it is alive before judging it
   expired.
 
-Later scans keep the remembered time while the counter is unchanged and reset it to the scan time
-when the counter has moved. Leases that vanished from the table are forgotten.
+Later scans keep the remembered time while the counter is unchanged and reset it when the counter
+has moved. Leases that vanished from the table are forgotten.
+
+**Write stamps (beyond the KCL).** Seen only at scans, a counter change is dated up to one scan
+interval late, so a dead worker's lease moved up to that much later than it had to. kclpy-spark's
+stores stamp every counter move with the writer's wall time (``Lease.write_time``), taken before
+the write is sent, so never before the holder's own expiry clock started. When a stamp names the
+current counter, the change is dated at the stamp plus ``LeaseTiming.max_clock_skew`` (the
+largest difference between two workers' wall clocks this allows for), converted to this worker's
+monotonic clock, and never earlier than the last time this worker saw the older counter nor later
+than now. So the holder, whose clock started before its stamp, gives the lease up before any
+other worker may judge it expired, as long as clocks differ by less than ``max_clock_skew``; a
+larger difference can only move a live lease early (its holder's next write then loses, the
+fencing of the counter is unchanged). An unstamped counter (written by a KCL worker) is dated at
+the scan, as the KCL does. ``next_check`` and ``look_again`` let the taker read one lease at the
+moment it would expire instead of waiting for its next scan.
 
 Beyond the KCL, the observer notes when it saw a lease pass from one owner directly to another (a
 steal, or a take after expiry); the taker uses that to damp stealing back (see taker.py).
@@ -98,6 +111,8 @@ class _Seen:
     counter: int
     since: float | None
     owner: str | None
+    seen_at: float  # the last time this counter was seen (by a scan or a look)
+    watched: bool = False  # owned, unfinished and not yet expired: due a look when it would expire
 
 
 class LeaseObserver:
@@ -109,25 +124,29 @@ class LeaseObserver:
         self._seen: dict[str, _Seen] = {}
         self._taken_from: dict[str, float] = {}
 
-    def observe(self, leases: Iterable[Lease], now: float) -> ObservedScan:
+    def observe(
+        self, leases: Iterable[Lease], now: float, wall: float | None = None
+    ) -> ObservedScan:
         """Update the memory with a fresh, complete scan of the table made at monotonic ``now``
-        (read the clock after the scan returns, as the KCL does) and classify every lease."""
+        and wall time ``wall`` (both read after the scan returns, as the KCL does; without
+        ``wall`` write stamps are not used) and classify every lease."""
         duration, very_old_after = self._timing.lease_duration, self._timing.very_old
         seen: dict[str, _Seen] = {}
         live: list[ObservedLease] = []
         finished: list[Lease] = []
         counts: dict[str, int] = {}
         for lease in leases:
-            since = self._since(lease, now)
-            seen[lease.lease_key] = _Seen(lease.lease_counter, since, lease.lease_owner)
+            since = self._since(lease, now, wall)
+            age = None if since is None else now - since
+            expired = age is None or age > duration
+            seen[lease.lease_key] = self._seen_now(lease, since, now, expired=expired)
             if lease.checkpoint.is_shard_end:
                 finished.append(lease)
                 continue
-            age = None if since is None else now - since
             observed = ObservedLease(
                 lease=lease,
                 last_change=since,
-                expired=age is None or age > duration,
+                expired=expired,
                 very_old=age is None or age > very_old_after,
             )
             live.append(observed)
@@ -145,24 +164,80 @@ class LeaseObserver:
             taken_from=dict(self._taken_from),
         )
 
-    def _since(self, lease: Lease, now: float) -> float | None:
+    @staticmethod
+    def _seen_now(lease: Lease, since: float | None, now: float, *, expired: bool) -> _Seen:
+        watched = lease.lease_owner is not None and not expired
+        watched = watched and not lease.checkpoint.is_shard_end
+        return _Seen(lease.lease_counter, since, lease.lease_owner, now, watched)
+
+    def _since(self, lease: Lease, now: float, wall: float | None) -> float | None:
         before = self._seen.get(lease.lease_key)
         if before is None:
-            # First sight (the KCL's rule): unowned = never renewed; owned = renewed now.
-            return None if lease.lease_owner is None else now
+            # First sight (the KCL's rule): unowned = never renewed; owned = renewed now, or
+            # when its stamp says.
+            return None if lease.lease_owner is None else self._written(lease, now, wall, None)
         previous_owner, owner = before.owner, lease.lease_owner
         # An owner change is a move even without a counter change (a graceful handoff begun).
         if previous_owner is not None and owner is not None and owner != previous_owner:
             self._taken_from[previous_owner] = now
         if before.counter == lease.lease_counter:
             return before.since
-        return now
+        return self._written(lease, now, wall, before.seen_at)
+
+    def _written(self, lease: Lease, now: float, wall: float | None, floor: float | None) -> float:
+        """When the lease's current counter was written, on our monotonic clock: its stamp plus
+        the clock skew allowed, within [``floor``, ``now``]; ``now`` if it is not stamped."""
+        at = lease.write_time
+        if wall is None or at is None:
+            return now
+        estimate = now - (wall - at) + self._timing.max_clock_skew
+        if floor is not None:
+            estimate = max(estimate, floor)
+        return min(estimate, now)
 
     def record_write(self, lease: Lease, now: float) -> None:
         """Remember ``lease`` as this worker just stored it (a won take or renewal) at ``now``, so
         the next scan does not mistake our own write for someone else's (the KCL sets
         lastCounterIncrementNanos on a taken lease the same way)."""
-        self._seen[lease.lease_key] = _Seen(lease.lease_counter, now, lease.lease_owner)
+        self._seen[lease.lease_key] = _Seen(lease.lease_counter, now, lease.lease_owner, now)
+
+    def next_check(self, exclude_owner: str) -> float | None:
+        """The monotonic time at which the first watched lease not owned by ``exclude_owner``
+        would expire unless its counter moves; None if no such lease."""
+        duration = self._timing.lease_duration
+        times = [
+            s.since + duration
+            for s in self._seen.values()
+            if s.watched and s.since is not None and s.owner != exclude_owner
+        ]
+        return min(times, default=None)
+
+    def due(self, now: float, exclude_owner: str) -> list[str]:
+        """Keys of watched leases not owned by ``exclude_owner`` that expire by ``now`` unless a
+        fresh read shows their counter moved (``look_again`` each)."""
+        duration = self._timing.lease_duration
+        return sorted(
+            key
+            for key, s in self._seen.items()
+            if s.watched
+            and s.since is not None
+            and s.owner != exclude_owner
+            and now - s.since > duration
+        )
+
+    def look_again(
+        self, lease_key: str, lease: Lease | None, now: float, wall: float | None
+    ) -> bool:
+        """Update the memory of one lease from a fresh read made at ``now`` / ``wall`` (None:
+        deleted) and tell whether it is available now: expired, or released. Such a lease is
+        watched no more (the next scan decides who takes it)."""
+        if lease is None:
+            self._seen.pop(lease_key, None)
+            return False
+        since = self._since(lease, now, wall)
+        expired = since is None or now - since > self._timing.lease_duration
+        self._seen[lease_key] = self._seen_now(lease, since, now, expired=expired)
+        return expired or lease.lease_owner is None
 
     def last_change(self, lease_key: str) -> float | None:
         """When the remembered counter of ``lease_key`` was first seen (None: never renewed or

@@ -21,7 +21,7 @@ from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
 from checkpoint.base.errors import CorruptLeaseError, InvalidStateError
-from checkpoint.lease import HashKeyRange, Lease
+from checkpoint.lease import HashKeyRange, Lease, WriteStamp
 from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import ExtendedSequenceNumber
 
@@ -46,6 +46,10 @@ CLOSED_UNTIL = "kclpySparkClosedUntil"
 CLOSED_COUNT = "kclpySparkClosedCount"
 START_TIMESTAMP = "kclpySparkStartTimestamp"
 THROUGHPUT = "throughputKBps"  # KCL 3.x, written at renewal
+# kclpy-spark's write stamp (checkpoint.lease.WriteStamp): the counter a write set and the
+# writer's wall time, written with every counter move; the KCL ignores (and keeps) both.
+WRITTEN_COUNTER = "kclpySparkWrittenCounter"
+WRITTEN_AT = "kclpySparkWrittenAt"
 
 # KCL 3.5 keeps other entities (worker metrics, streams, leader...) in the lease table and tells
 # them apart with this attribute; items without it are leases (KCL 2.x wrote none).
@@ -138,9 +142,27 @@ def lease_to_item(lease: Lease) -> dict[str, AttributeValueTypeDef]:
         item[CHECKPOINT_OWNER] = s_value(lease.checkpoint_owner)
     if lease.throughput_kbps is not None:
         item[THROUGHPUT] = n_value(float(lease.throughput_kbps))
+    if lease.written is not None:
+        item.update(stamp_values(lease.written))
     set_values, _ = progress_changes(lease)
     item.update(set_values)
     return item
+
+
+def stamp_values(stamp: WriteStamp) -> dict[str, AttributeValueTypeDef]:
+    """The attributes of a write stamp."""
+    return {WRITTEN_COUNTER: n_value(stamp.counter), WRITTEN_AT: n_value(float(stamp.at))}
+
+
+def _stamp(item: Mapping[str, Any]) -> WriteStamp | None:
+    """The item's write stamp, or None if absent or malformed (a bad stamp only costs the faster
+    failover it serves, so it never makes the lease unreadable)."""
+    counter, at = item.get(WRITTEN_COUNTER), item.get(WRITTEN_AT)
+    try:
+        stamp = WriteStamp(int(counter["N"]), float(at["N"]))  # type: ignore[index]
+    except (TypeError, KeyError, ValueError):
+        return None
+    return stamp if math.isfinite(stamp.at) else None
 
 
 def progress_changes(lease: Lease) -> tuple[dict[str, AttributeValueTypeDef], list[str]]:
@@ -304,6 +326,7 @@ def lease_from_item(item: Mapping[str, Any]) -> Lease:
             closed_count=r.integer(CLOSED_COUNT),
             start_timestamp=None if start_timestamp is None else float(start_timestamp),
             throughput_kbps=None if throughput is None else float(throughput),
+            written=_stamp(item),
         )
     except ValueError as exc:
         raise r.corrupt(str(exc)) from None

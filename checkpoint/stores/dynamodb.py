@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from checkpoint.base.clock import Clock, SystemClock
 from checkpoint.base.retry import DEFAULT_POLICY, RetryPolicy
-from checkpoint.lease import Lease, refuse_regression
+from checkpoint.lease import Lease, WriteStamp, refuse_regression
 from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import ExtendedSequenceNumber
 from checkpoint.stores import dynamo_codec as codec
@@ -174,8 +174,10 @@ class DynamoDBLeaseTable(DynamoCalls):
         condition that the stored counter (if ``counted``; and actual owner, if ``check_owner``;
         checkpoint, if ``check_checkpoint``; lease and checkpoint owner, if ``check_handoff``)
         are ``lease``'s."""
-        if counted:
-            sets = {**sets, codec.LEASE_COUNTER: codec.n_value(lease.lease_counter + 1)}
+        if counted:  # stamped: the new counter and this write's wall time (once, for retries)
+            stamp = WriteStamp(lease.lease_counter + 1, self._clock.wall())
+            sets = {**sets, codec.LEASE_COUNTER: codec.n_value(stamp.counter)}
+            sets.update(codec.stamp_values(stamp))
         expect = dict(sets)  # what the item holds once this write landed
 
         def build(expr: Expr) -> dict[str, Any]:

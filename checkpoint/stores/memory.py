@@ -6,15 +6,18 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 
-from checkpoint.lease import Lease, refuse_regression
+from checkpoint.base.clock import Clock, SystemClock
+from checkpoint.lease import Lease, WriteStamp, refuse_regression
 from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import ExtendedSequenceNumber
 
 
 class MemoryLeaseTable:
-    """Implements LeaseTable and CoordinationStore in a dict guarded by a lock."""
+    """Implements LeaseTable and CoordinationStore in a dict guarded by a lock. Writes that move
+    a lease counter are stamped with ``clock``'s wall time (see ``WriteStamp``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock | None = None) -> None:
+        self._clock = clock or SystemClock()
         self._leases: dict[str, Lease] = {}
         self._records: dict[str, CoordinationRecord] = {}
         self._lock = threading.RLock()
@@ -62,9 +65,13 @@ class MemoryLeaseTable:
                 or current.checkpoint_owner != expected.checkpoint_owner
             ):
                 return None
-            new = build(current)
-            self._leases[expected.lease_key] = new
-            return new
+            return self._store(build(current))
+
+    def _store(self, new: Lease) -> Lease:
+        """Store ``new`` (its counter moved), stamped with the time of this write."""
+        new = replace(new, written=WriteStamp(new.lease_counter, self._clock.wall()))
+        self._leases[new.lease_key] = new
+        return new
 
     def renew_lease(self, lease: Lease) -> Lease | None:
         if lease.actual_owner is None:
@@ -120,12 +127,12 @@ class MemoryLeaseTable:
                 or current.checkpoint_owner != lease.checkpoint_owner
             ):
                 return None
-            new = current.bumped(
-                checkpoint_owner=None,
-                owner_switches_since_checkpoint=current.owner_switches_since_checkpoint + 1,
+            return self._store(
+                current.bumped(
+                    checkpoint_owner=None,
+                    owner_switches_since_checkpoint=current.owner_switches_since_checkpoint + 1,
+                )
             )
-            self._leases[lease.lease_key] = new
-            return new
 
     def update_lease(self, lease: Lease) -> Lease | None:
         return self._update(lease)

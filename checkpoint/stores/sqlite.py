@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from checkpoint.base.clock import Clock, SystemClock
 from checkpoint.base.errors import (
     InvalidStateError,
     ResourceNotFoundError,
@@ -71,8 +72,10 @@ class SQLiteLeaseTable:
         retry: RetryPolicy = DEFAULT_POLICY,
         sleep: Callable[[float], None] = time.sleep,
         busy_timeout: float = _BUSY_TIMEOUT_SECONDS,
+        clock: Clock | None = None,
     ) -> None:
         self._path = Path(path)
+        self._clock = clock or SystemClock()  # stamps the writes that move a counter
         self._busy_timeout = busy_timeout
         self._namespace = namespace
         self._create = create_if_missing
@@ -209,11 +212,14 @@ class SQLiteLeaseTable:
     ) -> Lease | None:
         """``UPDATE ... SET <assignments>, counter + 1`` where counter (and actual owner, and
         checkpoint; and with ``check_handoff`` lease and checkpoint owner both) are ``lease``'s;
-        the stored lease if the update won, None if it lost."""
+        the stored lease if the update won, None if it lost. The write is stamped (the new
+        counter and this write's wall time; SQLite's right-hand sides see the row before it)."""
         sql = (
-            f"UPDATE {LEASES} SET {assignments}lease_counter = lease_counter + 1 "
+            f"UPDATE {LEASES} SET {assignments}written_counter = lease_counter + 1, "
+            "written_at = ?, lease_counter = lease_counter + 1 "
             "WHERE namespace = ? AND lease_key = ? AND lease_counter = ?"
         )
+        args = (*args, self._clock.wall())
         where: tuple[Any, ...] = (self._namespace, lease.lease_key, lease.lease_counter)
         if check_owner:
             sql += " AND COALESCE(checkpoint_owner, lease_owner) IS ?"

@@ -7,10 +7,11 @@ Reading is strict: a damaged row raises CorruptLeaseError naming the lease.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, TypeVar
 
 from checkpoint.base.errors import CorruptLeaseError
-from checkpoint.lease import HashKeyRange, Lease
+from checkpoint.lease import HashKeyRange, Lease, WriteStamp
 from checkpoint.sequence import ExtendedSequenceNumber
 
 T = TypeVar("T")
@@ -24,11 +25,12 @@ LEASE_TYPES = {
     "pending_checkpoint_state": "BLOB", "owner_switches": "INTEGER", "parent_shard_ids": "TEXT",
     "child_shard_ids": "TEXT", "starting_hash_key": "TEXT", "ending_hash_key": "TEXT",
     "checkpoint_owner": "TEXT", "closed_until": "REAL", "closed_count": "INTEGER",
-    "start_timestamp": "REAL", "throughput_kbps": "REAL",
+    "start_timestamp": "REAL", "throughput_kbps": "REAL", "written_counter": "INTEGER",
+    "written_at": "REAL",
 }  # fmt: skip
 # Columns added after the first release, in order: a database without them gets them (ALTER TABLE
 # ADD COLUMN, NULL for existing rows) when the table is ensured.
-ADDED_LEASE_COLUMNS = ("start_timestamp", "throughput_kbps")
+ADDED_LEASE_COLUMNS = ("start_timestamp", "throughput_kbps", "written_counter", "written_at")
 RECORD_TYPES = {
     "namespace": "TEXT NOT NULL", "key": "TEXT NOT NULL", "owner": "TEXT",
     "version": "INTEGER NOT NULL", "expires_at": "REAL NOT NULL", "data": "TEXT NOT NULL",
@@ -64,6 +66,8 @@ def lease_to_row(namespace: str, lease: Lease) -> tuple[Any, ...]:
         starting_hash_key=None if hash_range is None else str(hash_range.start),
         ending_hash_key=None if hash_range is None else str(hash_range.end),
         throughput_kbps=lease.throughput_kbps,
+        written_counter=None if lease.written is None else lease.written.counter,
+        written_at=None if lease.written is None else lease.written.at,
     )  # fmt: skip
     return tuple(by_name[name] for name in LEASE_COLUMNS)
 
@@ -118,6 +122,15 @@ def lease_from_row(row: tuple[Any, ...]) -> Lease:
             closed_count=get("closed_count", int) or 0,
             start_timestamp=get("start_timestamp", float),
             throughput_kbps=get("throughput_kbps", float),
+            written=_stamp(col["written_counter"], col["written_at"]),
         )
     except ValueError as exc:  # a bad sequence number or hash key range
         raise CorruptLeaseError(key, str(exc)) from None
+
+
+def _stamp(counter: object, at: object) -> WriteStamp | None:
+    """The write stamp, or None if absent or not what a store writes (a bad stamp only costs the
+    faster failover it serves, so it never makes the lease unreadable)."""
+    if isinstance(counter, int) and isinstance(at, int | float) and math.isfinite(at):
+        return WriteStamp(counter, float(at))
+    return None

@@ -8,7 +8,12 @@ new owner and the old one as checkpoint owner; the old owner's processor checkpo
 are pending, the wait between rounds looks at those leases every ``HANDOFF_POLL`` seconds (one
 read each), so the shard's processing moves within about that time of the old owner's checkpoint.
 Any lease the table says is ours with no handoff pending and that we do not hold (handed to us by
-a stopping worker) is taken in the next round."""
+a stopping worker) is taken in the next round.
+
+Between rounds, a lease of another worker is read once more at the moment it would expire unless
+its counter moved (``LeaseObserver.next_check``, dated by write stamps); if it did not move, the
+next round starts at once. A live lease's counter moves before that moment, so the read is seldom
+needed; more than ``MAX_LOOKS`` due at once start a round instead (one scan reads them all)."""
 
 from __future__ import annotations
 
@@ -34,6 +39,9 @@ T = TypeVar("T")
 Io = Callable[..., Awaitable[Any]]
 
 HANDOFF_POLL = 0.5
+# Leases read one by one when due (more start a round at once), and the shortest wait for them.
+MAX_LOOKS = 8
+LOOK_MARGIN = 0.02
 
 
 class Taker:
@@ -50,8 +58,22 @@ class Taker:
         end = time.monotonic() + interval
         while (left := end - time.monotonic()) > 0:
             poll = min(left, HANDOFF_POLL) if self._incoming else left
+            check = self._observer.next_check(self._w.cfg.worker_id)
+            if check is not None:
+                poll = min(poll, max(check - self._w.clock.monotonic(), 0.0) + LOOK_MARGIN)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), poll)
+                return
+            try:
+                if await self._look_at_due():
+                    return  # an owner stopped writing: the next round takes its lease now
+            except KclpySparkError as exc:  # the next round scans anyway
+                log.warning("worker %s: reading leases due to expire failed: %s",
+                            self._w.cfg.worker_id, exc)  # fmt: skip
+                return
+            except Exception:  # a bug here must not end the take loop
+                log.exception("worker %s: reading leases due to expire failed",
+                              self._w.cfg.worker_id)  # fmt: skip
                 return
             if self._incoming:
                 try:
@@ -62,6 +84,21 @@ class Taker:
                 except Exception:  # a bug here must not end the take loop
                     log.exception("worker %s: looking at leases handed to us failed",
                                   self._w.cfg.worker_id)  # fmt: skip
+
+    async def _look_at_due(self) -> bool:
+        """Read each lease of another worker whose expiry has come unless its counter moved;
+        True if one did expire (or too many are due to read one by one)."""
+        w = self._w
+        due = self._observer.due(w.clock.monotonic(), w.cfg.worker_id)
+        if len(due) > MAX_LOOKS:
+            return True
+        for key in due:
+            lease = await self._io(w.store.get_lease, key)
+            if self._observer.look_again(key, lease, w.clock.monotonic(), w.clock.wall()):
+                log.info("lease %s: %s stopped renewing it; taking leases now",
+                         key, lease.lease_owner if lease else None)  # fmt: skip
+                return True
+        return False
 
     async def _look_at_incoming(self) -> None:
         w = self._w
@@ -97,8 +134,7 @@ class Taker:
             x.state(now_wall) is LeaseState.CLOSED for x in unfinished
         )
         await self._adopt(open_leases)
-        monotonic = w.clock.monotonic()
-        scan = self._observer.observe(open_leases, monotonic)
+        scan = self._observer.observe(open_leases, w.clock.monotonic(), w.clock.wall())
         self._live = {o: n for o, n in scan.owner_counts.items() if o != w.cfg.worker_id}
         plan = plan_takes(
             scan,

@@ -80,7 +80,7 @@ class Worker:
         self.store = store
         self.clock = clock or SystemClock()
         self.rng = rng or random.Random()
-        self.timing = LeaseTiming(failover=cfg.failover_time)
+        self.timing = LeaseTiming(failover=cfg.failover_time, max_clock_skew=cfg.max_clock_skew)
         self.counters = CoordinationCounters()
         self.events = EventLog(cfg.worker_id, self.clock.wall)
         # until_caught_up: the job's progress; complete once every shard is caught up.

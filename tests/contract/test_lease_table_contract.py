@@ -6,6 +6,7 @@ and writes nothing (read back and compared), a won write returns the lease as no
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -602,3 +603,43 @@ def test_renew_records_the_throughput_it_is_given_and_only_renew_does(table: Any
     updated = table.update_lease(replace(kept, throughput_kbps=99.0, closed_count=1))
     assert updated is not None and updated.throughput_kbps == 3.25 and updated.closed_count == 1
     assert stored(table) == updated
+
+
+# -- write stamps (kclpy-spark's, for faster failover) --------------------------------------------
+
+
+def test_every_counter_move_is_stamped_with_the_new_counter_and_the_writers_wall_time(
+    table: Any,
+) -> None:
+    table.create_lease_if_absent(lease())
+    assert stored(table).write_time is None  # created, never written since
+    writes = [
+        lambda x: table.take_lease(x, "a"),
+        table.renew_lease,
+        lambda x: table.update_checkpoint(x, ExtendedSequenceNumber(SEQ_1)),
+        lambda x: table.update_lease(replace(x, closed_count=1)),
+        lambda x: table.complete_handoff(table.initiate_handoff(x, "b")),
+        table.evict_lease,
+    ]
+    for write in writes:
+        before, current = time.time(), stored(table)
+        new = write(current)
+        after = time.time()
+        assert new is not None and new.lease_counter == current.lease_counter + 1
+        read = stored(table)
+        for found in (new, read):
+            assert found.written is not None and found.written.counter == new.lease_counter
+            assert found.write_time is not None and before <= found.write_time <= after
+
+
+def test_a_stamp_speaks_only_for_its_counter_and_is_not_part_of_equality(table: Any) -> None:
+    table.create_lease_if_absent(lease(lease_owner="a"))
+    renewed = table.renew_lease(stored(table))
+    assert renewed is not None and renewed.write_time is not None
+    # A handoff begun moves no counter: the stamp still dates the current counter.
+    begun = table.initiate_handoff(renewed, "b")
+    assert begun is not None and begun.write_time == renewed.write_time
+    assert replace(begun, written=None) == begun
+    # A counter moved by a writer that does not stamp (a KCL worker) leaves a stale stamp.
+    stale = replace(begun, lease_counter=begun.lease_counter + 1)
+    assert stale.written == begun.written and stale.write_time is None

@@ -30,6 +30,7 @@ from checkpoint.base.retry import RetryPolicy
 from checkpoint.lease import MAX_HASH_KEY, HashKeyRange, Lease
 from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber
+from checkpoint.stores import dynamo_codec
 from checkpoint.stores.dynamodb import OWNER_INDEX, DynamoDBLeaseTable
 from checkpoint.stores.sqlite import SQLiteLeaseTable
 from checkpoint.stores.sqlite_pool import POOL_SIZE
@@ -214,8 +215,12 @@ def test_sqlite_a_busy_pool_is_a_retriable_dependency_error(tmp_path: Path) -> N
 
 @pytest.mark.parametrize(
     "dropped",
-    [("throughput_kbps", "start_timestamp"), ("throughput_kbps",)],
-    ids=["first-release", "before-throughput"],
+    [
+        ("written_at", "written_counter", "throughput_kbps", "start_timestamp"),
+        ("written_at", "written_counter", "throughput_kbps"),
+        ("written_at", "written_counter"),
+    ],
+    ids=["first-release", "before-throughput", "before-stamps"],
 )
 def test_sqlite_a_database_of_an_earlier_version_gains_the_new_columns(
     tmp_path: Path, dropped: tuple[str, ...]
@@ -232,6 +237,8 @@ def test_sqlite_a_database_of_an_earlier_version_gains_the_new_columns(
     new = Lease("shardId-1", TRIM_HORIZON, start_timestamp=5.0, throughput_kbps=2.5)
     again.create_lease_if_absent(new)
     assert again.get_lease("shardId-1") == new
+    taken = again.take_lease(new, "a")
+    assert taken is not None and taken.write_time is not None  # the added columns are written
 
 
 def test_sqlite_missing_file_with_creation_disabled(tmp_path: Path) -> None:
@@ -740,3 +747,27 @@ def test_dynamodb_scans_paginate(dynamo: DynamoDBLeaseTable, dynamodb_client: An
     page = dynamodb_client.scan(TableName=dynamo.table_name)
     assert "LastEvaluatedKey" in page  # the table really needs several pages
     assert len(dynamo.list_leases()) == 8
+
+
+@pytest.mark.parametrize(
+    ("counter", "at", "expected"),
+    [
+        ({"N": "4"}, {"N": "1700000000.25"}, 1_700_000_000.25),
+        ({"N": "3"}, {"N": "1700000000.25"}, None),  # names another counter: a KCL write since
+        (None, {"N": "1700000000.25"}, None),
+        ({"N": "4"}, None, None),
+        ({"S": "4"}, {"N": "1700000000.25"}, None),
+        ({"N": "4.5"}, {"N": "1700000000.25"}, None),
+        ({"N": "4"}, {"S": "soon"}, None),
+    ],
+)
+def test_dynamodb_a_missing_or_malformed_write_stamp_is_ignored_not_corrupt(
+    counter: Any, at: Any, expected: float | None
+) -> None:
+    item: dict[str, Any] = {
+        "leaseKey": {"S": "shardId-0"}, "leaseCounter": {"N": "4"}, "checkpoint": {"S": SEQ},
+    }  # fmt: skip
+    for name, value in (("kclpySparkWrittenCounter", counter), ("kclpySparkWrittenAt", at)):
+        if value is not None:
+            item[name] = value
+    assert dynamo_codec.lease_from_item(item).write_time == expected

@@ -9,7 +9,7 @@ import pytest
 
 from checkpoint.base.clock import ManualClock
 from checkpoint.base.errors import ConfigError
-from checkpoint.lease import Lease
+from checkpoint.lease import Lease, WriteStamp
 from checkpoint.leasing import LeaseObserver, LeaseTiming, ObservedScan
 from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber
 
@@ -180,11 +180,11 @@ def test_lease_timing_follows_the_kcls_formulas() -> None:
     timing = LeaseTiming.from_failover_millis(10_000)
     assert timing.lease_duration == 10.0
     assert timing.renew_interval == pytest.approx(3.30833, abs=1e-5)  # the KCL's 3308 ms
-    assert timing.take_interval == pytest.approx(5.0125)  # a quarter of the KCL's 20 050 ms
+    assert timing.take_interval == pytest.approx(7.0175)  # 0.35x the KCL's 20 050 ms
     kcl = LeaseTiming(failover=10.0, take_interval_multiplier=2.0)
     assert kcl.take_interval == pytest.approx(20.05)  # the KCL's 20 050 ms
     assert timing.very_old == 30.0
-    assert timing.steal_cooldown == pytest.approx(10.025)
+    assert timing.steal_cooldown == pytest.approx(14.035)
     assert LeaseTiming.from_failover_millis(60_000, epsilon_millis=0).renew_interval == 20.0
 
 
@@ -197,6 +197,8 @@ def test_lease_timing_follows_the_kcls_formulas() -> None:
         {"failover": 10.0, "epsilon": -1.0},
         {"failover": 10.0, "very_old_multiplier": 0.5},
         {"failover": 10.0, "steal_cooldown_intervals": -1.0},
+        {"failover": 10.0, "max_clock_skew": -0.5},
+        {"failover": 10.0, "max_clock_skew": float("inf")},
     ],
 )
 def test_lease_timing_rejects_bad_values(kwargs: dict[str, float]) -> None:
@@ -215,3 +217,113 @@ def test_a_handoff_begun_is_a_move_though_the_counter_did_not_change() -> None:
     scan = observer.observe([pending], clock.monotonic())
     assert scan.taken_from == {"a": clock.monotonic()}
     assert scan.leases[0].last_change == clock.monotonic() - 3.0
+
+
+# -- write stamps ---------------------------------------------------------------------------------
+
+SKEW = TIMING.max_clock_skew  # 1 s
+WALL = 1_700_000_000.0  # our wall clock at monotonic 1,000 (ManualClock's start)
+
+
+def stamped(key: str, owner: str | None, counter: int, at: float | None) -> Lease:
+    """A lease whose counter ``counter`` was written at wall time ``at`` (None: not stamped)."""
+    written = None if at is None else WriteStamp(counter, at)
+    return replace(lease(key, owner, counter), written=written)
+
+
+@pytest.mark.parametrize(
+    ("before", "written_ago", "stamp_counter", "expected_since"),
+    [
+        # First sight, owned: dated by its stamp plus the skew allowed.
+        (None, 5.0, 7, 1_000.0 - 5.0 + SKEW),
+        (None, 30.0, 7, 1_000.0 - 30.0 + SKEW),  # a long-dead owner: expired at first sight
+        (None, -4.0, 7, 1_000.0),  # stamped in our future (a clock ahead): never after now
+        (None, 5.0, 6, 1_000.0),  # the stamp names an older counter (a KCL write): now
+        (None, None, 7, 1_000.0),  # not stamped: now, as the KCL
+        # Counter moved since a scan at 997 saw counter 6: never dated before that scan.
+        (997.0, 2.0, 7, 1_000.0 - 2.0 + SKEW),
+        (997.0, 8.0, 7, 997.0),
+    ],
+)
+def test_a_counter_change_is_dated_by_its_stamp_within_what_was_seen(
+    before: float | None, written_ago: float | None, stamp_counter: int, expected_since: float
+) -> None:
+    observer = LeaseObserver(TIMING)
+    if before is not None:
+        observer.observe([lease("s", "a", 6)], before, WALL - (1_000.0 - before))
+    at = None if written_ago is None else WALL - written_ago
+    current = replace(
+        lease("s", "a", 7), written=None if at is None else WriteStamp(stamp_counter, at)
+    )
+    scan = observer.observe([current], 1_000.0, WALL)
+    assert scan.leases[0].last_change == pytest.approx(expected_since)
+    assert scan.leases[0].expired is (1_000.0 - expected_since > DURATION)
+
+
+def test_stamps_are_ignored_without_our_wall_clock() -> None:
+    observer = LeaseObserver(TIMING)
+    scan = observer.observe([stamped("s", "a", 7, WALL - 30.0)], 1_000.0)
+    assert scan.leases[0].last_change == 1_000.0 and not scan.leases[0].expired
+
+
+def test_a_dead_owners_lease_is_due_a_look_when_its_last_write_expires() -> None:
+    """The failover path: one scan sees the last write; the look at its expiry finds it unchanged
+    and the lease expired, though no scan came in between."""
+    clock = ManualClock()
+    observer = LeaseObserver(TIMING)
+    observer.observe(
+        [stamped("theirs", "a", 7, clock.wall() - 1.0), stamped("mine", "me", 3, clock.wall())],
+        clock.monotonic(),
+        clock.wall(),
+    )
+    written = clock.monotonic() - 1.0
+    assert observer.next_check("me") == pytest.approx(written + SKEW + DURATION)
+    clock.advance(DURATION - 1.0 + SKEW)  # exactly at the expiry: not past it
+    assert observer.due(clock.monotonic(), "me") == []
+    clock.advance(0.01)
+    assert observer.due(clock.monotonic(), "me") == ["theirs"]  # never our own lease
+    unchanged = stamped("theirs", "a", 7, clock.wall() - DURATION - 1.01)
+    assert observer.look_again("theirs", unchanged, clock.monotonic(), clock.wall()) is True
+    assert observer.next_check("me") is None and observer.due(clock.monotonic(), "me") == []
+    scan = observer.observe([unchanged], clock.monotonic(), clock.wall())
+    assert scan.leases[0].available and scan.leases[0].expired
+
+
+def test_a_look_that_finds_a_newer_write_moves_the_next_check() -> None:
+    clock = ManualClock()
+    observer = LeaseObserver(TIMING)
+    observer.observe([stamped("s", "a", 7, clock.wall())], clock.monotonic(), clock.wall())
+    clock.advance(DURATION + SKEW + 0.01)
+    renewed = stamped("s", "a", 8, clock.wall() - 2.0)  # written 2 s before our look
+    assert observer.look_again("s", renewed, clock.monotonic(), clock.wall()) is False
+    assert observer.next_check("other") == pytest.approx(clock.monotonic() - 2.0 + SKEW + DURATION)
+    assert observer.due(clock.monotonic(), "other") == []
+
+
+@pytest.mark.parametrize(
+    ("found", "expired"),
+    [(None, False), (stamped("s", None, 8, None), True)],
+    ids=["deleted", "released"],
+)
+def test_a_look_at_a_deleted_or_released_lease(found: Lease | None, expired: bool) -> None:
+    """Deleted: forgotten, nothing to take. Released (unowned): free now, so take at once."""
+    clock = ManualClock()
+    observer = LeaseObserver(TIMING)
+    observer.observe([stamped("s", "a", 7, clock.wall())], clock.monotonic(), clock.wall())
+    clock.advance(DURATION + SKEW + 0.01)
+    assert observer.look_again("s", found, clock.monotonic(), clock.wall()) is expired
+    assert observer.next_check("other") is None
+
+
+def test_expired_finished_and_unowned_leases_are_not_watched() -> None:
+    clock = ManualClock()
+    observer = LeaseObserver(TIMING)
+    leases = [
+        stamped("old", "a", 7, clock.wall() - 60.0),  # expired already: the scan decides
+        replace(stamped("done", "a", 7, clock.wall()), checkpoint=SHARD_END),
+        stamped("free", None, 7, clock.wall()),
+    ]
+    observer.observe(leases, clock.monotonic(), clock.wall())
+    assert observer.next_check("me") is None
+    clock.advance(DURATION * 5)
+    assert observer.due(clock.monotonic(), "me") == []

@@ -15,12 +15,13 @@ from checkpoint.base.clock import ManualClock
 from checkpoint.counters import CoordinationCounters
 from checkpoint.lease import Lease
 from checkpoint.leasing.holder import LeaseHolder
+from checkpoint.leasing.timing import LeaseTiming
 from checkpoint.sequence import SHARD_END, TRIM_HORIZON
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.runtime.events import EventLog
 from kclpy_spark.runtime.metrics import WorkerMetrics
-from kclpy_spark.runtime.taking import Taker
+from kclpy_spark.runtime.taking import MAX_LOOKS, Taker
 
 ME = "me"
 
@@ -36,13 +37,13 @@ class Consumers(dict[str, Any]):
         self[held.lease_key] = held
 
 
-def worker(table: MemoryLeaseTable, consumers: Consumers) -> Any:
-    clock = ManualClock()
+def worker(table: MemoryLeaseTable, consumers: Consumers, clock: ManualClock | None = None) -> Any:
+    clock = clock or ManualClock()
     return SimpleNamespace(
         cfg=WorkerConfig(stream_name="s", worker_id=ME),
         store=table,
         clock=clock,
-        timing=SimpleNamespace(lease_duration=10.0, steal_cooldown=0.0, take_interval=5.0),
+        timing=LeaseTiming(failover=10.0, steal_cooldown_intervals=0.0),
         holder=LeaseHolder(table, ME, clock, 10.0),
         consumers=consumers,
         streams=SimpleNamespace(context_of=lambda lease: object()),
@@ -122,3 +123,59 @@ def test_nothing_is_taken_while_the_worker_stops() -> None:
     w.may_take = False
     asyncio.run(Taker(w, io)._adopt([replace(handed)]))
     assert not w.consumers and table.get_lease("s") == handed
+
+
+class CountingTable(MemoryLeaseTable):
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(clock)
+        self.gets: list[str] = []
+
+    def get_lease(self, lease_key: str) -> Lease | None:
+        self.gets.append(lease_key)
+        return super().get_lease(lease_key)
+
+
+def watching(keys: list[str]) -> tuple[CountingTable, Any, Taker]:
+    """Leases of worker "a", each written (stamped) now, as a scan of ours has just seen them."""
+    clock = ManualClock()
+    table = CountingTable(clock)
+    leases = [table.take_lease(put(table, key), "a") for key in keys]
+    w = worker(table, Consumers(), clock)
+    taker = Taker(w, io)
+    taker._observer.observe(leases, clock.monotonic(), clock.wall())  # type: ignore[arg-type]
+    table.gets.clear()
+    return table, w, taker
+
+
+def wait(taker: Taker, interval: float) -> None:
+    async def run() -> None:  # the bound only keeps a broken wait from hanging the suite
+        await asyncio.wait_for(taker.wait(asyncio.Event(), interval), 20.0)
+
+    asyncio.run(run())
+
+
+def test_the_wait_ends_when_a_lease_of_a_dead_owner_expires() -> None:
+    table, w, taker = watching(["s"])
+    w.clock.advance(w.timing.lease_duration + w.timing.max_clock_skew + 0.01)
+    wait(taker, 3_600.0)  # returns at the look, not after the hour
+    assert table.gets == ["s"]
+
+
+def test_a_lease_written_again_is_looked_at_once_and_then_not_until_its_new_expiry() -> None:
+    table, w, taker = watching(["s"])
+    w.clock.advance(4.0)
+    renewed = table.renew_lease(table.get_lease("s"))  # type: ignore[arg-type]
+    assert renewed is not None
+    table.gets.clear()
+    w.clock.advance(w.timing.lease_duration + w.timing.max_clock_skew - 4.0 + 0.01)
+    wait(taker, 0.5)  # the full half second: the owner is alive
+    assert table.gets == ["s"]
+    expiry = taker._observer.next_check(ME)
+    assert expiry is not None and expiry > w.clock.monotonic()
+
+
+def test_too_many_leases_due_at_once_end_the_wait_without_reading_them() -> None:
+    table, w, taker = watching([f"s{i}" for i in range(MAX_LOOKS + 1)])
+    w.clock.advance(w.timing.lease_duration + w.timing.max_clock_skew + 0.01)
+    wait(taker, 3_600.0)  # the round's one scan reads them all
+    assert table.gets == []
