@@ -7,14 +7,16 @@ spread over both, the one holding the most is killed with SIGKILL, and this proc
 table every 50 ms until every lease it held is owned by the survivor. The kill comes at a random
 moment (uniform over one take interval) after the leases balanced, so trials sample every phase of
 the survivor's scan cycle. Then a fresh worker joins,
-the leases rebalance, and the next trial kills again. Median of ``--trials``.
+the leases rebalance, and the next trial kills again. Median of ``--trials``. With ``--against
+COMMIT`` the same trials (same kill moments) run first with that commit's code as the baseline.
 
 Reported per trial: the failover time from the kill, and from the victim's last renewal seen in
 the table (the lease duration counts from there). The KCL's bound for the same failover time is
 failover + take interval = 10 + (10 + 0.025) * 2 = 30.05 s: a lease expires a failover time after
 its last renewal, and the KCL's taker scans every 2 x (failover + epsilon). kclpy-spark's taker
-scans every (failover + epsilon) (``checkpoint/leasing/timing.py``). Writes
-``bench/results/failover.md``.
+scans every 0.7 x (failover + epsilon) and reads a lease once more when it would expire
+(``checkpoint/leasing/timing.py``). Writes ``bench/results/failover.md`` (with ``--rate``:
+``failover-records.md``).
 """
 
 from __future__ import annotations
@@ -60,11 +62,11 @@ def _kinesis() -> Any:
 class Fleet:
     """Worker processes of one application; each logs to a file in ``workdir``."""
 
-    def __init__(self, workdir: Path, config: Path) -> None:
+    def __init__(self, workdir: Path, config: Path, tree: Path = REPO) -> None:
         self.workdir = workdir
         self.config = config
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.env = child_env()
+        self.env = child_env(PYTHONPATH=str(tree))
 
     def start(self, worker_id: str) -> None:
         log = (self.workdir / f"{worker_id}.log").open("wb")
@@ -200,29 +202,15 @@ def trial(
     }
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--trials", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=1, help="for the kill moments")
-    parser.add_argument("--lease-store", choices=("sqlite", "dynamodb"), default="sqlite")
-    parser.add_argument("--no-write", action="store_true")
-    parser.add_argument(
-        "--rate", type=float, default=0.0,
-        help="records/s put into the stream during the trials (the processors checkpoint every "
-        "batch, so the counter moves with each): 0 for idle shards",
-    )  # fmt: skip
-    args = parser.parse_args(argv)
-
+def run_trials(args: argparse.Namespace, tree: Path, rng: random.Random) -> list[dict[str, Any]]:
+    """One fleet of ``tree``'s code on a fresh stream and lease table: ``args.trials`` kills."""
     timing = LeaseTiming(failover=FAILOVER)
-    kcl_take = (FAILOVER + timing.epsilon) * 2
-    kcl_bound = FAILOVER + kcl_take
     app = f"failover-bench-{uuid.uuid4().hex[:8]}"
     stream = app
     kinesis = _kinesis()
     kinesis.create_stream(StreamName=stream, ShardCount=SHARDS)
     kinesis.get_waiter("stream_exists").wait(StreamName=stream, WaiterConfig={"Delay": 0.5})
     results: list[dict[str, Any]] = []
-    rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="failover-bench-") as tmp:
         workdir = Path(tmp)
         db = workdir / "leases.db"
@@ -235,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             f'processor = "kclpy_spark.demo.samples:CountingProcessor"\n'
             f"failover_time = {FAILOVER}\n"
         )
-        fleet = Fleet(workdir, config)
+        fleet = Fleet(workdir, config, tree)
         stop_producing = threading.Event()
         producer = threading.Thread(
             target=_produce, args=(stream, args.rate, stop_producing), daemon=True
@@ -252,8 +240,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 result = trial(fleet, store, 90, rng, timing.take_interval)
                 results.append(result)
                 print(
-                    f"trial {n + 1}: {result['leases']} leases of {result['victim']} owned by "
-                    f"{result['survivor']} {result['from_kill']:.2f}s after kill -9 "
+                    f"{tree.name} trial {n + 1}: {result['leases']} leases of {result['victim']} "
+                    f"owned by {result['survivor']} {result['from_kill']:.2f}s after kill -9 "
                     f"({result['from_last_renewal']:.2f}s after its last renewal)",
                     flush=True,
                 )
@@ -266,8 +254,49 @@ def main(argv: Sequence[str] | None = None) -> None:
             kinesis.delete_stream(StreamName=stream, EnforceConsumerDeletion=True)
             if args.lease_store == "dynamodb":
                 _dynamodb().delete_table(TableName=app)
-    from_kill = median([r["from_kill"] for r in results])
-    from_renewal = median([r["from_last_renewal"] for r in results])
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=1, help="for the kill moments")
+    parser.add_argument("--lease-store", choices=("sqlite", "dynamodb"), default="sqlite")
+    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument(
+        "--rate", type=float, default=0.0,
+        help="records/s put into the stream during the trials (the processors checkpoint every "
+        "batch, so the counter moves with each): 0 for idle shards",
+    )  # fmt: skip
+    parser.add_argument(
+        "--against", metavar="COMMIT",
+        help="first run the same trials (same kill moments) with that commit's code, checked out "
+        "under .cache/bench/versions/, as the baseline",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    runs: list[tuple[str, list[dict[str, Any]]]] = []
+    if args.against:
+        from bench_versions import worktree
+
+        runs.append(
+            (args.against, run_trials(args, worktree(args.against), random.Random(args.seed)))
+        )
+    runs.append(("this checkout", run_trials(args, REPO, random.Random(args.seed))))
+    text = report(args, argv, runs)
+    print(text)
+    if not args.no_write:
+        name = "failover-records.md" if args.rate > 0 else "failover.md"
+        print(f"written to {write_results(name, text)}")
+
+
+def report(
+    args: argparse.Namespace,
+    argv: Sequence[str] | None,
+    runs: list[tuple[str, list[dict[str, Any]]]],
+) -> str:
+    timing = LeaseTiming(failover=FAILOVER)
+    kcl_take = (FAILOVER + timing.epsilon) * 2
+    kcl_bound = FAILOVER + kcl_take
     lines = [
         "# Failover after kill -9",
         "",
@@ -276,8 +305,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "",
         f"Endpoint: LocalStack at {ENDPOINT} (Kinesis, 4-shard stream); lease store "
         f"{args.lease_store}{' on LocalStack' if args.lease_store == 'dynamodb' else ''}; "
-        f"failover_time {FAILOVER:.0f} s, so renew every {timing.renew_interval:.3f} s and take "
-        f"every {timing.take_interval:.3f} s (the KCL: every {kcl_take:.2f} s). "
+        f"failover_time {FAILOVER:.0f} s: renew every {timing.renew_interval:.3f} s; this "
+        f"checkout scans every {timing.take_interval:.3f} s (the KCL: every {kcl_take:.2f} s) "
+        f"and reads a lease once more when it would expire, dated by its write stamp plus "
+        f"max_clock_skew {timing.max_clock_skew:g} s. "
         + (
             f"A producer puts ~{args.rate:g} records/s and CountingProcessor checkpoints every "
             "batch, so the counters move with the records too."
@@ -285,36 +316,43 @@ def main(argv: Sequence[str] | None = None) -> None:
             else "No records flow (idle shards): only renewals move the counters."
         ),
         "",
-        "| trial | leases moved | from kill -9 (s) | from last renewal (s) | vs KCL bound "
+        "| code | trial | leases moved | from kill -9 (s) | from last renewal (s) | vs KCL bound "
         f"{kcl_bound:.2f} s |",
-        "|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|",
     ]
-    for n, r in enumerate(results, 1):
+    medians = []
+    for name, results in runs:
+        for n, r in enumerate(results, 1):
+            lines.append(
+                f"| {name} | {n} | {r['leases']} | {r['from_kill']:.2f} | "
+                f"{r['from_last_renewal']:.2f} | {r['from_kill'] / kcl_bound:.2f}x |"
+            )
+        from_kill = median([r["from_kill"] for r in results])
+        from_renewal = median([r["from_last_renewal"] for r in results])
+        medians.append(from_kill)
         lines.append(
-            f"| {n} | {r['leases']} | {r['from_kill']:.2f} | {r['from_last_renewal']:.2f} | "
-            f"{r['from_kill'] / kcl_bound:.2f}x |"
+            f"| **{name}: median** | | | **{from_kill:.2f}** | **{from_renewal:.2f}** | "
+            f"**{from_kill / kcl_bound:.2f}x** |"
         )
+    if len(medians) == 2:
+        lines += ["", f"Median from the kill, this checkout / {runs[0][0]}: "
+                  f"**{medians[1] / medians[0]:.2f}x**."]  # fmt: skip
     lines += [
-        f"| **median** | | **{from_kill:.2f}** | **{from_renewal:.2f}** | "
-        f"**{from_kill / kcl_bound:.2f}x** |",
         "",
-        "Expected: a worker sees a counter change only at its first scan after it (0 to "
-        f"{timing.take_interval:.2f} s later) and judges the lease expired {FAILOVER:g} s after "
-        "that scan; its scans come every "
-        f"{timing.take_interval:.3f} s, so one lands just after the expiry: the take comes "
-        f"{FAILOVER:g} to {FAILOVER + timing.take_interval:.1f} s after the victim's last write, "
-        f"{FAILOVER + timing.take_interval / 2:.1f} s on average. From the kill, subtract the time "
-        "since that last write: up to one renewal interval "
-        f"({timing.renew_interval:.2f} s) on idle shards, about nothing while checkpoints flow. "
-        f"The KCL's taker, scanning every {kcl_take:.2f} s, takes it {FAILOVER:g} to "
-        f"{FAILOVER + kcl_take:.2f} s after the last write by the same reasoning.",
+        "Expected for this checkout: the survivor sees the victim's last write at a scan (or a "
+        "look), dates it by its stamp, and reads the lease again "
+        f"{FAILOVER:g} + {timing.max_clock_skew:g} s after that write; finding it unchanged, it "
+        "scans and takes it at once. So the take comes about "
+        f"{FAILOVER + timing.max_clock_skew:g} s after the victim's last write: up to one renewal "
+        f"interval ({timing.renew_interval:.2f} s) before the kill on idle shards, about at the "
+        "kill while checkpoints flow. Without stamps, a counter change is dated at the scan that "
+        "first sees it, up to one scan interval late, and the take waits for a scan after the "
+        "expiry. The KCL's taker, scanning every "
+        f"{kcl_take:.2f} s, takes it {FAILOVER:g} to {FAILOVER + kcl_take:.2f} s after the last "
+        "write.",
         "",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if not args.no_write:
-        name = "failover-records.md" if args.rate > 0 else "failover.md"
-        print(f"written to {write_results(name, text)}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
