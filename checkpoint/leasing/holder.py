@@ -105,16 +105,21 @@ class LeaseHolder:
         """Stop the renewal threads (renewals in flight finish on their own)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _new_held(self, lease: Lease) -> HeldLease:
-        return HeldLease(lease, uuid.uuid4(), self._clock.monotonic())
+    def _new_held(self, lease: Lease, started: float | None = None) -> HeldLease:
+        return HeldLease(
+            lease, uuid.uuid4(), self._clock.monotonic() if started is None else started
+        )
 
     def _current(self, lease_key: str, slot: _Slot) -> bool:
         """True if ``slot`` is still the registered slot for the key (call with the lock held)."""
         return self._slots.get(lease_key) is slot
 
-    def add_taken(self, lease: Lease) -> HeldLease:
+    def add_taken(self, lease: Lease, started: float | None = None) -> HeldLease:
         """Register ``lease`` just taken (or created) by this worker, as returned by the store.
 
+        ``started``: the monotonic time before the write that won it (default: now). The tenure's
+        local expiry counts from there, as a renewal's does from its start, so it never outlasts
+        what other workers judge from the write's stamp.
         Issues a new concurrency token, so checkpointers of an earlier tenure can no longer write.
         Raises ValueError if the lease names another owner.
         """
@@ -127,13 +132,13 @@ class LeaseHolder:
             with self._lock:
                 slot = self._slots.get(lease.lease_key)
                 if slot is None:
-                    slot = _Slot(self._new_held(lease))
+                    slot = _Slot(self._new_held(lease, started))
                     self._slots[lease.lease_key] = slot
                     return slot.held
             # Already held: replace under the lease's lock so no write of the old tenure is halfway.
             with slot.lock, self._lock:
                 if self._current(lease.lease_key, slot):
-                    slot.held = self._new_held(lease)
+                    slot.held = self._new_held(lease, started)
                     return slot.held
             # Dropped meanwhile: start over and register a fresh slot.
 

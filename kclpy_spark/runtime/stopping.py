@@ -1,6 +1,8 @@
-"""A worker's last step: give up every lease it still holds (ending the graceful handoffs that
-``Taker.hand_out`` began, releasing the rest so any worker takes them at once), resign shard-sync
-leadership and publish that it stopped, so a restart need not wait for its old status to age."""
+"""A stopping worker's steps. After handing its leases out, it keeps processing while the new
+owners find them (``let_new_owners_see``). Its last step: give up every lease it still holds
+(ending the graceful handoffs that ``Taker.hand_out`` began, releasing the rest so any worker
+takes them at once), resign shard-sync leadership and publish that it stopped, so a restart need
+not wait for its old status to age."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from checkpoint.base.errors import KclpySparkError
 from kclpy_spark.ops import control
+from kclpy_spark.runtime.taking import HANDOFF_POLL
 
 if TYPE_CHECKING:
     from kclpy_spark.runtime.worker import Worker
@@ -18,6 +21,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Io = Callable[..., Awaitable[Any]]
+
+
+async def let_new_owners_see(w: Worker) -> float:
+    """After handoffs were begun on stopping: keep processing for one of the new owners' scan
+    intervals and a second (at most half the shutdown grace), so that each has found the lease
+    being handed to it and watches it when our processor checkpoints; it then starts within
+    HANDOFF_POLL. Returns the seconds waited."""
+    wait = min(w.timing.take_interval + 2 * HANDOFF_POLL, w.cfg.shutdown_grace / 2)
+    log.info("worker %s: processing on for %.1f s while the new owners find the leases handed "
+             "to them", w.cfg.worker_id, wait)  # fmt: skip
+    await w.sleep(wait)
+    return wait
 
 
 async def release_all(w: Worker, io: Io, *, resign: bool = True) -> None:

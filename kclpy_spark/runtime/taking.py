@@ -160,9 +160,10 @@ class Taker:
                 await self._take(lease, how="stole" if lease in plan.steal else "took")
 
     async def _adopt(self, leases: list[Lease]) -> None:
-        """Take the leases the table says are ours (handed to us) that we do not hold; end the
-        handoffs from us of leases we no longer hold (handed to us and asked for by another
-        worker before we took them), so that their new owner can start."""
+        """Take the leases the table says are ours (handed to us) that we do not hold; watch
+        those whose handoff to us has begun (a stopping worker's), to take them as soon as it
+        completes; end the handoffs from us of leases we no longer hold (handed to us and asked
+        for by another worker before we took them), so that their new owner can start."""
         w = self._w
         for lease in leases:
             key = lease.lease_key
@@ -173,6 +174,21 @@ class Taker:
                 await self._io(w.store.complete_handoff, lease)
             elif self._ours_to_take(lease):
                 await self._take(lease, how="handed")
+            elif self._handed_to_us(lease):
+                log.info("lease %s: %s is handing it over to us; watching it",
+                         key, lease.checkpoint_owner)  # fmt: skip
+                self._watch_incoming(key)
+
+    def _watch_incoming(self, key: str) -> None:
+        """Look at a lease being handed to us every HANDOFF_POLL seconds, for at most the
+        handoff timeout and a lease duration (then the rounds take over)."""
+        wait = self._w.cfg.handoff_timeout + self._w.timing.lease_duration
+        self._incoming[key] = time.monotonic() + wait
+
+    def _handed_to_us(self, lease: Lease) -> bool:
+        """A handoff to us has begun (by a stopping worker) and we do not run the lease."""
+        mine = lease.lease_owner == self._w.cfg.worker_id and lease.handoff_pending
+        return mine and not self._running(lease.lease_key)
 
     def _running(self, key: str) -> bool:
         return key in self._w.consumers or self._w.holder.get_if_held(key) is not None
@@ -191,14 +207,16 @@ class Taker:
             return False
         return not self._running(lease.lease_key)
 
-    async def hand_out(self) -> None:
+    async def hand_out(self) -> int:
         """Stopping: begin a graceful handoff of every lease we hold to the live workers of the
         last scan, fewest leases first, so they take each one as soon as its processor has
         checkpointed in ``shutdown_requested`` and the release completed the handoff. Without
-        another live worker (or with handoffs off, or in a job) leases are just released."""
+        another live worker (or with handoffs off, or in a job) leases are just released.
+        Returns how many handoffs were begun."""
         w = self._w
         if not (w.cfg.graceful_handoff and self._live) or w.caught_up is not None:
-            return
+            return 0
+        begun = 0
         load = dict(self._live)
         for held in w.holder.held():
             if held.lease.handoff_pending:
@@ -212,7 +230,9 @@ class Taker:
             if result.lease is not None:  # begun by us, or by a thief meanwhile
                 to = result.lease.lease_owner or to
                 load[to] = load.get(to, 0) + 1
+                begun += 1
                 log.info("lease %s: handing it over to %s (stopping)", held.lease_key, to)
+        return begun
 
     async def _ask_handoff(self, lease: Lease) -> None:
         w = self._w
@@ -224,8 +244,7 @@ class Taker:
                  lease.lease_key, lease.lease_owner)  # fmt: skip
         w.metrics.steals.inc()
         w.events.add(lease.lease_key, "asked", _why_taken(lease, "stole")[1])
-        wait = w.cfg.handoff_timeout + w.timing.lease_duration
-        self._incoming[lease.lease_key] = time.monotonic() + wait
+        self._watch_incoming(lease.lease_key)
 
     def _job_complete(self, leases: list[Lease]) -> bool:
         w = self._w
@@ -241,6 +260,7 @@ class Taker:
 
     async def _take(self, lease: Lease, *, how: str) -> None:
         w = self._w
+        started = w.clock.monotonic()  # the new tenure's expiry counts from before the write
         take = asyncio.ensure_future(self._io(w.store.take_lease, lease, w.cfg.worker_id))
         try:
             taken = await asyncio.shield(take)
@@ -250,7 +270,7 @@ class Taker:
             with contextlib.suppress(Exception):
                 late = await take
                 if late is not None:
-                    w.holder.add_taken(late)
+                    w.holder.add_taken(late, started)
             raise
         if taken is None:
             log.info("lease %s: another worker took it first", lease.lease_key)
@@ -258,7 +278,7 @@ class Taker:
         self._observer.record_write(taken, w.clock.monotonic())
         w.counters.increment(Counter.PARTITIONS_ACQUIRED)
         (w.metrics.steals if how == "stole" else w.metrics.takes).inc()
-        held = w.holder.add_taken(taken)
+        held = w.holder.add_taken(taken, started)
         w.events.add(lease.lease_key, *_why_taken(lease, how))
         context = w.streams.context_of(taken)
         if context is None or not w.may_take:  # its stream removed, or suspended, meanwhile

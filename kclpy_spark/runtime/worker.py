@@ -42,7 +42,7 @@ from kclpy_spark.runtime.identity import duplicate_message, unique_worker_id
 from kclpy_spark.runtime.lease_store import LeaseStore
 from kclpy_spark.runtime.metrics import StatusServer, worker_metrics
 from kclpy_spark.runtime.publish import status_payload
-from kclpy_spark.runtime.stopping import release_all
+from kclpy_spark.runtime.stopping import let_new_owners_see, release_all
 from kclpy_spark.runtime.streams import StreamContext, StreamSet
 from kclpy_spark.runtime.taking import Taker
 from shard_sync.leader import LeaderElection
@@ -248,8 +248,10 @@ class Worker:
             for task in loops[1:]:
                 task.cancel()
             await asyncio.gather(*loops[1:], return_exceptions=True)
-            await self.taker.hand_out()  # lease moves now wait for the processors' checkpoints
-            await self.consumers.shutdown_all(self.cfg.shutdown_grace)
+            grace = self.cfg.shutdown_grace
+            if await self.taker.hand_out():  # lease moves now wait for the processors' checkpoints
+                grace -= await let_new_owners_see(self)
+            await self.consumers.shutdown_all(grace)
             renewer.cancel()
             await asyncio.gather(renewer, return_exceptions=True)
             await release_all(self, self._io)

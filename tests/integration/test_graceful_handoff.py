@@ -1,7 +1,8 @@
 """Graceful handoff (KCL 3.x) with real worker processes on a DynamoDB lease table (LocalStack),
 records flowing: a second worker's steals and the first worker's SIGTERM move leases only after
 the old owner's processor checkpointed in ``shutdown_requested``, so no record is delivered twice
-(the KCL 2.x steal delivers the batch in flight again: its checkpoint is refused)."""
+(the KCL 2.x steal delivers the batch in flight again: its checkpoint is refused). On SIGTERM the
+old owner processes on until the new one has found the leases handed to it."""
 
 from __future__ import annotations
 
@@ -96,6 +97,10 @@ def test_steals_and_sigterm_hand_leases_over_without_a_duplicate(
         log = a.log_text()
         assert "handed over to b" in log and "handing it over to b (stopping)" in log
         assert "asked a to hand it over" in b.log_text()
+        # a processed on after SIGTERM until b had found the leases being handed to it, so b
+        # watched them and started each right after a's checkpoint, not at its next scan.
+        assert "processing on for" in log
+        assert "a is handing it over to us; watching it" in b.log_text()
     table = DynamoDBLeaseTable(dynamodb_client, name)
     leases = table.list_leases()
     assert len(leases) == SHARDS

@@ -76,6 +76,19 @@ def test_add_taken_issues_a_token_and_rejects_other_owners(
         holder.add_taken(other)
 
 
+def test_a_tenure_expires_a_lease_duration_after_the_write_that_won_it_began(
+    table: FaultyRenewTable, holder: LeaseHolder, clock: ManualClock
+) -> None:
+    """A take that took 2 s to return: the tenure counts from before the write (other workers
+    date it by the write's stamp), not from when the answer came back."""
+    started = clock.monotonic()
+    clock.advance(2.0)
+    held = holder.add_taken(take(table, "worker-a"), started)
+    assert held.last_counter_change == started
+    clock.advance(DURATION - 2.0 + 0.001)
+    assert holder.get_if_held(KEY) is None
+
+
 def test_retaking_issues_a_new_token(table: FaultyRenewTable, holder: LeaseHolder) -> None:
     first = holder.add_taken(take(table, "worker-a"))
     second = holder.add_taken(stored(table))

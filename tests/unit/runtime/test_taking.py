@@ -77,10 +77,18 @@ def test_leases_handed_to_us_are_taken_unless_finished_or_parked() -> None:
         put(table, "theirs", lease_owner="x"),
     ]
     w = worker(table, Consumers())
-    asyncio.run(Taker(w, io)._adopt(leases))
+    taker = Taker(w, io)
+    asyncio.run(taker._adopt(leases))
     assert set(w.consumers) == {"handed"}
     assert table.get_lease("handed").lease_counter == 4  # type: ignore[union-attr]
     assert table.get_lease("pending").handoff_pending  # type: ignore[union-attr]
+    # The handoff to us has begun: watched, and taken once its old owner completes it.
+    assert set(taker._incoming) == {"pending"}
+    asyncio.run(taker._look_at_incoming())
+    assert set(w.consumers) == {"handed"} and set(taker._incoming) == {"pending"}
+    assert table.complete_handoff(table.get_lease("pending")) is not None  # type: ignore[arg-type]
+    asyncio.run(taker._look_at_incoming())
+    assert set(w.consumers) == {"handed", "pending"} and not taker._incoming
 
 
 def test_a_handoff_from_us_of_a_lease_we_do_not_hold_is_ended() -> None:
