@@ -1,7 +1,7 @@
 """Rolling restart under a steady producer: records delivered twice with graceful handoff (the
 default) against the KCL 2.x steal (``graceful_handoff = false``), measured in one run.
 
-    .venv/bin/python bench/bench_handoff.py [--rate 20] [--no-write]
+    .venv/bin/python bench/bench_handoff.py [--rate 20] [--no-write] [--against COMMIT]
 
 Per variant, as a user runs it (the CLI and a config file, default timing: failover_time 10 s):
 a 4-shard stream on LocalStack, DynamoDB lease table; a producer at ``--rate`` records/s; the
@@ -9,7 +9,9 @@ soak's BatchLines processor (one JSON line per batch, 0.2 s of work per batch, a
 each batch and in ``shutdown_requested``). Three workers start and balance; each is restarted once
 with SIGTERM (waiting for the leases to settle in between); then a fourth joins. Counted from the
 processor's lines: records delivered more than once, records never delivered, and per moved lease
-the gap between the old owner's last batch and the new owner's first. Needs LocalStack on
+the gap between the old owner's last batch and the new owner's first (split by moves at a SIGTERM
+and the others). ``--against COMMIT`` adds the graceful variant run with that commit's code, as
+the baseline of this one. Needs LocalStack on
 127.0.0.1:4566 (``python3 localstack/lsctl.py start``). Writes bench/results/handoff.md.
 """
 
@@ -68,27 +70,31 @@ def lines(out: Path) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: r["t"])
 
 
-def gaps(rows: list[dict[str, Any]]) -> list[float]:
+def gaps(rows: list[dict[str, Any]], stopped: dict[str, float]) -> list[tuple[float, bool]]:
     """Per change of the process delivering a shard: first batch of the new one minus last of
-    the old one (negative: both delivered at once)."""
+    the old one (negative: both delivered at once), and whether the move came from a SIGTERM
+    (the old process had been sent it, ``stopped``: pid -> time, before its last batch)."""
     out = []
     last: dict[str, dict[str, Any]] = {}
     for row in rows:
         before = last.get(row["shard"])
         if before is not None and before["pid"] != row["pid"]:
-            out.append(row["t"] - before["t"])
+            sigterm = before["pid"] in stopped and before["t"] >= stopped[before["pid"]]
+            out.append((row["t"] - before["t"], sigterm))
         last[row["shard"]] = row
     return out
 
 
-def variant(graceful: bool, rate: float, work: Path) -> dict[str, Any]:
+def variant(
+    graceful: bool, rate: float, work: Path, tree: Path = REPO, code: str = "this checkout"
+) -> dict[str, Any]:
     app = f"bench-handoff-{uuid.uuid4().hex[:8]}"
     work.mkdir(parents=True)
     (work / "worker.toml").write_text(config(app, graceful))
     kinesis = _kinesis()
     kinesis.create_stream(StreamName=app, ShardCount=SHARDS)
     kinesis.get_waiter("stream_exists").wait(StreamName=app)
-    fleet = Fleet(work, work / "worker.toml")
+    fleet = Fleet(work, work / "worker.toml", tree)
     fleet.env.update(KCLPY_SPARK_SAMPLE_OUTPUT=str(work / "out"), BATCH_DELAY=str(DELAY))
     fleet.env["PYTHONPATH"] += f":{REPO / 'bench'}"
     stop = threading.Event()
@@ -96,6 +102,7 @@ def variant(graceful: bool, rate: float, work: Path) -> dict[str, Any]:
     thread = threading.Thread(target=lambda: sent.extend(producer(kinesis, app, rate, stop)))
     thread.start()
     store: Any = None
+    stopped: dict[str, float] = {}  # pid -> time of its SIGTERM
 
     def settled(n: int) -> bool:
         held = Counter(x.actual_owner for x in store.list_leases() if x.actual_owner)
@@ -113,6 +120,7 @@ def variant(graceful: bool, rate: float, work: Path) -> dict[str, Any]:
         wait_for("3 workers balanced", lambda: settled(3), 180)
         for w in ("w1", "w2", "w3"):  # a rolling restart
             proc = fleet.procs.pop(w)
+            stopped[str(proc.pid)] = time.time()
             proc.send_signal(15)
             proc.wait(timeout=60)
             time.sleep(2)
@@ -129,8 +137,11 @@ def variant(graceful: bool, rate: float, work: Path) -> dict[str, Any]:
         kinesis.delete_stream(StreamName=app, EnforceConsumerDeletion=True)
     rows = lines(work / "out")
     delivered = Counter(d for r in rows for d in r["data"])
-    g = gaps(rows)
+    moves = gaps(rows, stopped)
+    g = [x for x, _ in moves]
+    at_stop = [x for x, sigterm in moves if sigterm]
     return {
+        "code": code,
         "graceful_handoff": graceful,
         "records": len(sent),
         "lost": len(set(sent) - set(delivered)),
@@ -139,17 +150,23 @@ def variant(graceful: bool, rate: float, work: Path) -> dict[str, Any]:
         "overlapping_moves": sum(1 for x in g if x < 0),
         "gap_median": statistics.median(g) if g else 0.0,
         "gap_max": max(g) if g else 0.0,
+        "sigterm_moves": len(at_stop),
+        "sigterm_gap_max": max(at_stop) if at_stop else 0.0,
+        "other_gap_max": max((x for x, sigterm in moves if not sigterm), default=0.0),
     }
 
 
 def report(results: list[dict[str, Any]], rate: float) -> str:
     head = (
-        "| graceful_handoff | records | lost | delivered twice | lease moves | moves with both "
-        "owners delivering | gap median (s) | gap max (s) |\n|---|---|---|---|---|---|---|---|\n"
+        "| code | graceful_handoff | records | lost | delivered twice | lease moves | moves with "
+        "both owners delivering | gap median (s) | gap max (s) | moves at a SIGTERM | their gap "
+        "max (s) | other moves' gap max (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     rows = "".join(
-        f"| {r['graceful_handoff']} | {r['records']} | {r['lost']} | {r['twice']} | {r['moves']} "
-        f"| {r['overlapping_moves']} | {r['gap_median']:.2f} | {r['gap_max']:.2f} |\n"
+        f"| {r['code']} | {r['graceful_handoff']} | {r['records']} | {r['lost']} | {r['twice']} "
+        f"| {r['moves']} | {r['overlapping_moves']} | {r['gap_median']:.2f} | "
+        f"{r['gap_max']:.2f} | {r['sigterm_moves']} | {r['sigterm_gap_max']:.2f} | "
+        f"{r['other_gap_max']:.2f} |\n"
         for r in results
     )
     return (
@@ -163,9 +180,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=20.0)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument(
+        "--against", metavar="COMMIT",
+        help="also run the graceful variant with that commit's code (checked out under "
+        ".cache/bench/versions/) as a baseline",
+    )  # fmt: skip
     args = parser.parse_args()
     base = REPO / ".cache" / "bench" / f"handoff-{time.strftime('%H%M%S')}"
-    results = [variant(g, args.rate, base / str(g).lower()) for g in (False, True)]
+    results = []
+    if args.against:
+        from bench_versions import worktree
+
+        tree = worktree(args.against)
+        results.append(variant(True, args.rate, base / "against", tree, args.against))
+    results += [variant(g, args.rate, base / str(g).lower()) for g in (False, True)]
     text = report(results, args.rate)
     print(text)
     if not args.no_write:
