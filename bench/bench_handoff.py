@@ -73,13 +73,14 @@ def lines(out: Path) -> list[dict[str, Any]]:
 def gaps(rows: list[dict[str, Any]], stopped: dict[str, float]) -> list[tuple[float, bool]]:
     """Per change of the process delivering a shard: first batch of the new one minus last of
     the old one (negative: both delivered at once), and whether the move came from a SIGTERM
-    (the old process had been sent it, ``stopped``: pid -> time, before its last batch)."""
+    (the old process had been sent it, ``stopped``: pid -> time, before the new owner's first
+    batch)."""
     out = []
     last: dict[str, dict[str, Any]] = {}
     for row in rows:
         before = last.get(row["shard"])
         if before is not None and before["pid"] != row["pid"]:
-            sigterm = before["pid"] in stopped and before["t"] >= stopped[before["pid"]]
+            sigterm = before["pid"] in stopped and row["t"] >= stopped[before["pid"]]
             out.append((row["t"] - before["t"], sigterm))
         last[row["shard"]] = row
     return out
@@ -135,6 +136,7 @@ def variant(
         time.sleep(15)  # the last records reach their processors
         fleet.stop_all()
         kinesis.delete_stream(StreamName=app, EnforceConsumerDeletion=True)
+    (work / "sigterms.json").write_text(json.dumps(stopped))  # for a look at single moves
     rows = lines(work / "out")
     delivered = Counter(d for r in rows for d in r["data"])
     moves = gaps(rows, stopped)

@@ -37,7 +37,7 @@ steal, or a take after expiry); the taker uses that to damp stealing back (see t
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from checkpoint.lease import Lease
 from checkpoint.leasing.timing import LeaseTiming
@@ -113,6 +113,7 @@ class _Seen:
     owner: str | None
     seen_at: float  # the last time this counter was seen (by a scan or a look)
     watched: bool = False  # owned, unfinished and not yet expired: due a look when it would expire
+    actual: str | None = None  # the worker processing it (the checkpoint owner mid-handoff)
 
 
 class LeaseObserver:
@@ -168,7 +169,9 @@ class LeaseObserver:
     def _seen_now(lease: Lease, since: float | None, now: float, *, expired: bool) -> _Seen:
         watched = lease.lease_owner is not None and not expired
         watched = watched and not lease.checkpoint.is_shard_end
-        return _Seen(lease.lease_counter, since, lease.lease_owner, now, watched)
+        return _Seen(
+            lease.lease_counter, since, lease.lease_owner, now, watched, lease.actual_owner
+        )
 
     def _since(self, lease: Lease, now: float, wall: float | None) -> float | None:
         before = self._seen.get(lease.lease_key)
@@ -199,31 +202,42 @@ class LeaseObserver:
         """Remember ``lease`` as this worker just stored it (a won take or renewal) at ``now``, so
         the next scan does not mistake our own write for someone else's (the KCL sets
         lastCounterIncrementNanos on a taken lease the same way)."""
-        self._seen[lease.lease_key] = _Seen(lease.lease_counter, now, lease.lease_owner, now)
+        self._seen[lease.lease_key] = _Seen(
+            lease.lease_counter, now, lease.lease_owner, now, actual=lease.actual_owner
+        )
 
     def next_check(self, exclude_owner: str) -> float | None:
-        """The monotonic time at which the first watched lease not owned by ``exclude_owner``
-        would expire unless its counter moves; None if no such lease."""
+        """The monotonic time at which the first watched lease not processed by
+        ``exclude_owner`` (its actual owner) would expire unless its counter moves; None if no
+        such lease."""
         duration = self._timing.lease_duration
         times = [
             s.since + duration
             for s in self._seen.values()
-            if s.watched and s.since is not None and s.owner != exclude_owner
+            if s.watched and s.since is not None and s.actual != exclude_owner
         ]
         return min(times, default=None)
 
     def due(self, now: float, exclude_owner: str) -> list[str]:
-        """Keys of watched leases not owned by ``exclude_owner`` that expire by ``now`` unless a
-        fresh read shows their counter moved (``look_again`` each)."""
+        """Keys of watched leases not processed by ``exclude_owner`` that expire by ``now``
+        unless a fresh read shows their counter moved (``look_again`` each)."""
         duration = self._timing.lease_duration
         return sorted(
             key
             for key, s in self._seen.items()
             if s.watched
             and s.since is not None
-            and s.owner != exclude_owner
+            and s.actual != exclude_owner
             and now - s.since > duration
         )
+
+    def unwatch(self, keys: Iterable[str]) -> None:
+        """Look at these leases no more until the next scan (their look failed or was left to a
+        scan): a lease that stays due must not end every wait."""
+        for key in keys:
+            seen = self._seen.get(key)
+            if seen is not None:
+                self._seen[key] = replace(seen, watched=False)
 
     def look_again(
         self, lease_key: str, lease: Lease | None, now: float, wall: float | None

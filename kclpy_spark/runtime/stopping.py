@@ -32,6 +32,8 @@ async def let_new_owners_see(w: Worker) -> float:
     log.info("worker %s: processing on for %.1f s while the new owners find the leases handed "
              "to them", w.cfg.worker_id, wait)  # fmt: skip
     await w.sleep(wait)
+    log.info("worker %s: stopping the consumers of the leases being handed over",
+             w.cfg.worker_id)  # fmt: skip
     return wait
 
 

@@ -58,23 +58,14 @@ class Taker:
         end = time.monotonic() + interval
         while (left := end - time.monotonic()) > 0:
             poll = min(left, HANDOFF_POLL) if self._incoming else left
-            check = self._observer.next_check(self._w.cfg.worker_id)
+            check = None if self._w.suspended else self._observer.next_check(self._w.cfg.worker_id)
             if check is not None:
                 poll = min(poll, max(check - self._w.clock.monotonic(), 0.0) + LOOK_MARGIN)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), poll)
                 return
-            try:
-                if await self._look_at_due():
-                    return  # an owner stopped writing: the next round takes its lease now
-            except KclpySparkError as exc:  # the next round scans anyway
-                log.warning("worker %s: reading leases due to expire failed: %s",
-                            self._w.cfg.worker_id, exc)  # fmt: skip
-                return
-            except Exception:  # a bug here must not end the take loop
-                log.exception("worker %s: reading leases due to expire failed",
-                              self._w.cfg.worker_id)  # fmt: skip
-                return
+            if check is not None and await self._look_at_due():
+                return  # an owner stopped writing: the next round takes its lease now
             if self._incoming:
                 try:
                     await self._look_at_incoming()
@@ -87,17 +78,28 @@ class Taker:
 
     async def _look_at_due(self) -> bool:
         """Read each lease of another worker whose expiry has come unless its counter moved;
-        True if one did expire (or too many are due to read one by one)."""
+        True if one is available now (or too many are due to read one by one: a scan reads
+        them all). Leases not read (too many, or a read failed) are watched no more until the
+        next scan, so they cannot end every wait."""
         w = self._w
         due = self._observer.due(w.clock.monotonic(), w.cfg.worker_id)
         if len(due) > MAX_LOOKS:
+            self._observer.unwatch(due)
             return True
-        for key in due:
-            lease = await self._io(w.store.get_lease, key)
-            if self._observer.look_again(key, lease, w.clock.monotonic(), w.clock.wall()):
-                log.info("lease %s: %s stopped renewing it; taking leases now",
-                         key, lease.lease_owner if lease else None)  # fmt: skip
-                return True
+        try:
+            for key in due:
+                lease = await self._io(w.store.get_lease, key)
+                if self._observer.look_again(key, lease, w.clock.monotonic(), w.clock.wall()):
+                    log.info("lease %s: %s stopped renewing it (or released it); taking leases "
+                             "now", key, lease.actual_owner if lease else None)  # fmt: skip
+                    return True
+        except Exception as exc:  # the next round scans anyway
+            self._observer.unwatch(due)
+            if not isinstance(exc, KclpySparkError):
+                log.exception("worker %s: reading leases due to expire failed", w.cfg.worker_id)
+            else:
+                log.warning("worker %s: reading leases due to expire failed: %s",
+                            w.cfg.worker_id, exc)  # fmt: skip
         return False
 
     async def _look_at_incoming(self) -> None:

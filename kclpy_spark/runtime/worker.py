@@ -89,6 +89,9 @@ class Worker:
         self.metrics = worker_metrics(cfg, self.counters, processor_factory, store, self.events)
         self.cpu = CpuMeter()
         self.suspended = False
+        # Stopping: the handoffs of our leases have begun and complete when the consumers stop
+        # (release_all), not at the next renewal, so the new owners can find them first.
+        self.handing_out = False
         self.instance = uuid.uuid4().hex  # tells this process from another with the same id
         self.exit_reason: str | None = None
         self.status_server: StatusServer | None = None
@@ -249,6 +252,7 @@ class Worker:
                 task.cancel()
             await asyncio.gather(*loops[1:], return_exceptions=True)
             grace = self.cfg.shutdown_grace
+            self.handing_out = True  # renewals leave the handoffs begun now to the stop below
             if await self.taker.hand_out():  # lease moves now wait for the processors' checkpoints
                 grace -= await let_new_owners_see(self)
             await self.consumers.shutdown_all(grace)
@@ -308,7 +312,7 @@ class Worker:
         for lease in report.lost:
             log.warning("worker %s lost lease %s", self.cfg.worker_id, lease.lease_key)
             self.consumers.lost(lease.lease_key, report.lost_tokens.get(lease.lease_key))
-        for held in report.handoffs:
+        for held in () if self.handing_out else report.handoffs:
             self.consumers.hand_over(held, self.cfg.handoff_timeout)
         self.consumers.lost_unless_held(self.holder.held_keys())
 

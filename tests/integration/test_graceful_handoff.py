@@ -101,6 +101,9 @@ def test_steals_and_sigterm_hand_leases_over_without_a_duplicate(
         # watched them and started each right after a's checkpoint, not at its next scan.
         assert "processing on for" in log
         assert "a is handing it over to us; watching it" in b.log_text()
+        stop = log.index("stopping the consumers of the leases being handed over")
+        # Completed by the stop after the wait, not by a renewal during it.
+        assert log.find("handed over to b", log.index("processing on for")) > stop
     table = DynamoDBLeaseTable(dynamodb_client, name)
     leases = table.list_leases()
     assert len(leases) == SHARDS

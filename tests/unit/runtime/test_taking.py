@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from checkpoint.base.clock import ManualClock
+from checkpoint.base.errors import DependencyError
 from checkpoint.counters import CoordinationCounters
 from checkpoint.lease import Lease
 from checkpoint.leasing.holder import LeaseHolder
@@ -40,6 +41,7 @@ class Consumers(dict[str, Any]):
 def worker(table: MemoryLeaseTable, consumers: Consumers, clock: ManualClock | None = None) -> Any:
     clock = clock or ManualClock()
     return SimpleNamespace(
+        suspended=False,
         cfg=WorkerConfig(stream_name="s", worker_id=ME),
         store=table,
         clock=clock,
@@ -137,10 +139,18 @@ class CountingTable(MemoryLeaseTable):
     def __init__(self, clock: ManualClock) -> None:
         super().__init__(clock)
         self.gets: list[str] = []
+        self.failing = False
+        self.take_takes = 0.0  # seconds a take "takes" on the clock
 
     def get_lease(self, lease_key: str) -> Lease | None:
         self.gets.append(lease_key)
+        if self.failing:
+            raise DependencyError("the lease table does not answer")
         return super().get_lease(lease_key)
+
+    def take_lease(self, lease: Lease, owner: str) -> Lease | None:
+        self._clock.advance(self.take_takes)  # type: ignore[attr-defined]
+        return super().take_lease(lease, owner)
 
 
 def watching(keys: list[str]) -> tuple[CountingTable, Any, Taker]:
@@ -187,3 +197,64 @@ def test_too_many_leases_due_at_once_end_the_wait_without_reading_them() -> None
     w.clock.advance(w.timing.lease_duration + w.timing.max_clock_skew + 0.01)
     wait(taker, 3_600.0)  # the round's one scan reads them all
     assert table.gets == []
+
+
+def test_a_failing_read_does_not_end_every_wait() -> None:
+    """A look that fails leaves the lease to the next scan: one read, then the wait runs its
+    course instead of ending (and reading) again every few milliseconds."""
+    table, w, taker = watching(["s"])
+    w.clock.advance(w.timing.lease_duration + w.timing.max_clock_skew + 0.01)
+    table.failing = True
+    wait(taker, 0.3)
+    wait(taker, 0.3)
+    assert table.gets == ["s"]
+    assert taker._observer.next_check(ME) is None
+
+
+def test_a_suspended_worker_reads_nothing_while_it_waits() -> None:
+    table, w, taker = watching(["s"])
+    w.clock.advance(w.timing.lease_duration + w.timing.max_clock_skew + 0.01)
+    w.suspended = True
+    wait(taker, 0.3)
+    assert table.gets == []
+
+
+def test_too_many_due_are_left_to_the_scan_and_not_looked_at_again() -> None:
+    table, w, taker = watching([f"s{i}" for i in range(MAX_LOOKS + 1)])
+    w.clock.advance(w.timing.lease_duration + w.timing.max_clock_skew + 0.01)
+    wait(taker, 3_600.0)
+    assert taker._observer.next_check(ME) is None  # a scan that fails cannot make this spin
+    wait(taker, 0.3)
+    assert table.gets == []
+
+
+def test_a_lease_being_handed_to_us_is_watched_for_its_old_owners_expiry() -> None:
+    """Mid-handoff to us, the old owner still processes the lease: if it dies, the lease
+    expires like any other, and we look at it then (and never at a lease we still process
+    ourselves while handing it to another)."""
+    clock = ManualClock()
+    table = CountingTable(clock)
+    theirs = table.take_lease(put(table, "to-us"), "old")
+    mine = table.take_lease(put(table, "from-us"), ME)
+    assert theirs is not None and mine is not None
+    leases = [table.initiate_handoff(theirs, ME), table.initiate_handoff(mine, "thief")]
+    w = worker(table, Consumers(), clock)
+    taker = Taker(w, io)
+    taker._observer.observe(leases, clock.monotonic(), clock.wall())  # type: ignore[arg-type]
+    clock.advance(w.timing.lease_duration + w.timing.max_clock_skew + 0.01)
+    assert taker._observer.due(clock.monotonic(), ME) == ["to-us"]
+
+
+def test_a_taken_tenure_counts_from_before_the_take() -> None:
+    """A take answered 3 s late: the holder's clock for the tenure starts before the write (other
+    workers date the lease from the write's stamp), so it cannot outlast their judgement."""
+    clock = ManualClock()
+    table = CountingTable(clock)
+    free = put(table, "s")
+    table.take_takes = 3.0
+    w = worker(table, Consumers(), clock)
+    before = clock.monotonic()
+    asyncio.run(Taker(w, io)._take(free, how="took"))
+    held = w.holder.get_if_held("s")
+    assert held is not None and held.last_counter_change == before
+    assert clock.monotonic() == before + 3.0
