@@ -2,8 +2,10 @@
 
 A ``HeldLease`` pairs the lease as we last wrote it with two things the table never stores: the
 concurrency token issued when we took it (a checkpointer created for one tenure must not write in a
-later one) and the monotonic time its counter last moved by our hand. Expiry is judged locally from
-that time, as the KCL does: no wall clock, so no clock skew between workers.
+later one) and the monotonic time its counter last moved by our hand, read before each write. The
+holder's own expiry is judged locally from that time, as the KCL does, with no wall clock; other
+workers date the same write by its stamp (taken by the store after that time) plus the clock skew
+they allow, so the holder gives a lease up first unless clocks differ by more than that.
 
 ``LeaseHolder`` is the registry of one worker. Renewals and checkpoint writes for one lease are both
 conditional on the same counter, so they are serialized by a per-lease lock; otherwise a renewal
@@ -78,8 +80,9 @@ class LeaseBusyError(KclpySparkError):
 class LeaseHolder:
     """Thread-safe registry of the leases held by worker ``worker_id``.
 
-    ``lease_duration`` is the failover time in seconds: a lease not seen to change for longer is
-    treated as lost by this worker (others may take it after the same time on their own clocks).
+    ``lease_duration`` is the failover time in seconds: a lease whose counter has not moved by our
+    hand for longer is treated as lost by this worker (others may take it after the same time,
+    counted from the write's stamp plus their clock-skew allowance).
     """
 
     def __init__(

@@ -48,7 +48,8 @@ class ObservedLease:
     """One lease as of a scan, with what this worker concluded about it."""
 
     lease: Lease
-    # Monotonic time this worker first saw the lease's current counter; None: never seen renewed.
+    # When the lease's current counter was written, on this worker's monotonic clock: its stamp
+    # plus the skew allowed, or when first seen if unstamped; None: never seen renewed.
     last_change: float | None
     expired: bool  # counter unchanged for longer than the lease duration (or never renewed)
     very_old: bool  # counter unchanged for longer than the very-old threshold (or never renewed)
@@ -129,8 +130,9 @@ class LeaseObserver:
         self, leases: Iterable[Lease], now: float, wall: float | None = None
     ) -> ObservedScan:
         """Update the memory with a fresh, complete scan of the table made at monotonic ``now``
-        and wall time ``wall`` (both read after the scan returns, as the KCL does; without
-        ``wall`` write stamps are not used) and classify every lease."""
+        and wall time ``wall`` (both read after the scan returned, as the KCL does, or later,
+        which only dates changes later; without ``wall`` write stamps are not used) and classify
+        every lease."""
         duration, very_old_after = self._timing.lease_duration, self._timing.very_old
         seen: dict[str, _Seen] = {}
         live: list[ObservedLease] = []
@@ -254,8 +256,8 @@ class LeaseObserver:
         return expired or lease.lease_owner is None
 
     def last_change(self, lease_key: str) -> float | None:
-        """When the remembered counter of ``lease_key`` was first seen (None: never renewed or
-        unknown)."""
+        """When the remembered counter of ``lease_key`` was written, as this worker dates it (None:
+        never renewed or unknown)."""
         seen = self._seen.get(lease_key)
         return None if seen is None else seen.since
 

@@ -17,7 +17,8 @@ The KCL derives its intervals from ``failoverTimeMillis`` (the lease duration) a
   flowing or not. The KCL (and earlier versions here, with 5 s scans and no stamps) take a lease
   one or two scan intervals after the failover time has passed since the scan that first saw its
   last counter. Set the multiplier to 2 for the KCL's scan rate (the extra reads then come
-  about once per lease per lease duration);
+  about once per lease per lease duration, and a moment with more than eight leases due starts
+  a scan instead);
 * a lease is "very old" after ``3 * failover`` without a counter change, and is then taken first.
 
 Seconds as floats throughout; the KCL's milliseconds are accepted only by ``from_failover_millis``.

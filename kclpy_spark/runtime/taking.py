@@ -210,13 +210,16 @@ class Taker:
         return not self._running(lease.lease_key)
 
     async def hand_out(self) -> int:
-        """Stopping: begin a graceful handoff of every lease we hold to the live workers of the
-        last scan, fewest leases first, so they take each one as soon as its processor has
-        checkpointed in ``shutdown_requested`` and the release completed the handoff. Without
-        another live worker (or with handoffs off, or in a job) leases are just released.
-        Returns how many handoffs were begun."""
+        """Stopping: begin a graceful handoff of every lease we hold to the live workers of a
+        fresh scan (the last round's if it fails), fewest leases first, so they take each one
+        as soon as its processor has checkpointed in ``shutdown_requested`` and the release
+        completed the handoff. Without another live worker (or with handoffs off, or in a job)
+        leases are just released. Returns how many handoffs were begun."""
         w = self._w
-        if not (w.cfg.graceful_handoff and self._live) or w.caught_up is not None:
+        if not w.cfg.graceful_handoff or w.caught_up is not None or not w.holder.held():
+            return 0
+        await self._refresh_live()
+        if not self._live:
             return 0
         begun = 0
         load = dict(self._live)
@@ -235,6 +238,24 @@ class Taker:
                 begun += 1
                 log.info("lease %s: handing it over to %s (stopping)", held.lease_key, to)
         return begun
+
+    async def _refresh_live(self) -> None:
+        """The other live workers and their lease counts, from a fresh scan: a worker that
+        joined since our last round (up to a scan interval ago) gets its share too."""
+        w = self._w
+        try:
+            leases = await self._io(w.store.list_leases)
+        except KclpySparkError as exc:
+            log.info("worker %s: no fresh scan before handing leases out (%s); using the last",
+                     w.cfg.worker_id, exc)  # fmt: skip
+            return
+        now_wall = w.clock.wall()
+        open_leases = [
+            x for x in leases
+            if w.streams.context_of(x) is not None and x.state(now_wall) is not LeaseState.CLOSED
+        ]  # fmt: skip
+        scan = self._observer.observe(open_leases, w.clock.monotonic(), now_wall)
+        self._live = {o: n for o, n in scan.owner_counts.items() if o != w.cfg.worker_id}
 
     async def _ask_handoff(self, lease: Lease) -> None:
         w = self._w

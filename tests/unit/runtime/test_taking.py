@@ -258,3 +258,19 @@ def test_a_taken_tenure_counts_from_before_the_take() -> None:
     held = w.holder.get_if_held("s")
     assert held is not None and held.last_counter_change == before
     assert clock.monotonic() == before + 3.0
+
+
+def test_a_stopping_worker_hands_its_leases_to_a_worker_that_joined_since_its_last_round() -> None:
+    clock = ManualClock()
+    table = CountingTable(clock)
+    mine = table.take_lease(put(table, "mine"), ME)
+    assert table.take_lease(put(table, "theirs"), "newcomer") is not None
+    w = worker(table, Consumers(), clock)
+    assert mine is not None
+    w.holder.add_taken(mine)
+    w.cfg = WorkerConfig(stream_name="s", worker_id=ME, graceful_handoff=True)
+    taker = Taker(w, io)  # no round yet: the last view knows no other worker
+    assert asyncio.run(taker.hand_out()) == 1
+    handed = table.get_lease("mine")
+    assert handed is not None and handed.lease_owner == "newcomer"
+    assert handed.checkpoint_owner == ME
