@@ -771,3 +771,24 @@ def test_dynamodb_a_missing_or_malformed_write_stamp_is_ignored_not_corrupt(
         if value is not None:
             item[name] = value
     assert dynamo_codec.lease_from_item(item).write_time == expected
+
+
+def test_sqlite_a_database_with_a_newer_versions_columns_is_used_as_it_is(tmp_path: Path) -> None:
+    """A newer version added a column: this one keeps using the file (a rolling downgrade, or an
+    older worker restarting next to a newer one) and leaves that column alone."""
+    path = tmp_path / "newer.db"
+    store = open_sqlite(path, namespace="app")
+    store.create_lease_if_absent(Lease("shardId-0", TRIM_HORIZON))
+    store.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("ALTER TABLE kclpy_spark_leases ADD COLUMN from_the_future TEXT")
+        conn.execute("UPDATE kclpy_spark_leases SET from_the_future = 'kept'")
+    again = open_sqlite(path, namespace="app")
+    taken = again.take_lease(again.get_lease("shardId-0"), "a")  # type: ignore[arg-type]
+    assert taken is not None and taken.lease_owner == "a"
+    again.create_lease_if_absent(Lease("shardId-1", TRIM_HORIZON))
+    assert [x.lease_key for x in again.list_leases()] == ["shardId-0", "shardId-1"]
+    with sqlite3.connect(path) as conn:
+        assert conn.execute(
+            "SELECT from_the_future FROM kclpy_spark_leases ORDER BY lease_key"
+        ).fetchall() == [("kept",), (None,)]
