@@ -245,9 +245,9 @@ class Taker:
         w = self._w
         try:
             leases = await self._io(w.store.list_leases)
-        except KclpySparkError as exc:
-            log.info("worker %s: no fresh scan before handing leases out (%s); using the last",
-                     w.cfg.worker_id, exc)  # fmt: skip
+        except Exception as exc:  # stopping goes on whatever this scan does
+            log.warning("worker %s: no fresh scan before handing leases out (%r); using the "
+                        "last", w.cfg.worker_id, exc)  # fmt: skip
             return
         now_wall = w.clock.wall()
         open_leases = [

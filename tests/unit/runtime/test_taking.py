@@ -274,3 +274,21 @@ def test_a_stopping_worker_hands_its_leases_to_a_worker_that_joined_since_its_la
     handed = table.get_lease("mine")
     assert handed is not None and handed.lease_owner == "newcomer"
     assert handed.checkpoint_owner == ME
+
+
+def test_a_failing_scan_before_handing_out_falls_back_on_the_last_rounds_view() -> None:
+    class NoScan(CountingTable):
+        def list_leases(self) -> list[Lease]:
+            raise RuntimeError("a bug, or the table gone")
+
+    clock = ManualClock()
+    table = NoScan(clock)
+    mine = table.take_lease(put(table, "mine"), ME)
+    assert mine is not None
+    w = worker(table, Consumers(), clock)
+    w.holder.add_taken(mine)
+    taker = Taker(w, io)
+    taker._live = {"peer": 1}  # what the last round saw
+    assert asyncio.run(taker.hand_out()) == 1
+    handed = table.get_lease("mine")
+    assert handed is not None and handed.lease_owner == "peer"
