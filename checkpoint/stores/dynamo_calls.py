@@ -11,12 +11,16 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from checkpoint.base.errors import DependencyError, ThrottledError, error_code, map_aws_error
 from checkpoint.base.retry import RetryPolicy, call_with_retry
+from checkpoint.stores.capacity import CapacityMeter, item_size, write_units
 from checkpoint.stores.dynamo_expr import Expr
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient
 
 T = TypeVar("T")
+
+# Requests on items, which report the capacity they consumed (the table's own calls do not).
+_METERED = frozenset({"GetItem", "PutItem", "UpdateItem", "DeleteItem", "Scan", "Query"})
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +39,7 @@ class DynamoCalls:
         self._table = table_name
         self._retry = retry
         self._sleep = sleep
+        self.capacity = CapacityMeter()  # what this table's requests cost, by operation
 
     @property
     def table_name(self) -> str:
@@ -49,8 +54,11 @@ class DynamoCalls:
         """One client call on this table; an error whose code is in ``tolerate`` returns None,
         a failed ConditionExpression returns a ``_Lost``."""
         method = getattr(self._client, _snake(operation))
+        metered = operation in _METERED
+        if metered:
+            kwargs["ReturnConsumedCapacity"] = "TOTAL"
         try:
-            return method(TableName=self._table, **kwargs)
+            response = method(TableName=self._table, **kwargs)
         except ClientError as exc:
             code = error_code(exc)
             if code in tolerate:
@@ -58,10 +66,15 @@ class DynamoCalls:
             if code == "ConditionalCheckFailedException" and "ConditionExpression" in kwargs:
                 retried = exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
                 found: Any = exc.response.get("Item")
+                size = item_size(found) if found else 0  # charged, but not reported
+                self.capacity.add(operation, write_units(size, size))
                 return _Lost(found, bool(retried))
             raise map_aws_error(exc, f"{operation} on table {self._table!r}") from exc
         except BotoCoreError as exc:
             raise map_aws_error(exc, f"{operation} on table {self._table!r}") from exc
+        if metered:
+            self.capacity.add_consumed(operation, response)
+        return response
 
     def _write(
         self,

@@ -27,6 +27,7 @@ from prometheus_client.samples import Sample
 from checkpoint.base.errors import ConfigError
 from checkpoint.counters import CoordinationCounters
 from checkpoint.lease import split_lease_key, stream_name_of
+from checkpoint.stores.capacity import CapacityMeter
 from kclpy_spark.board.routes import Snapshot, add_routes
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.runtime.events import EventLog
@@ -45,6 +46,31 @@ class _CoordinationCollector(Collector):
                 f"Source-coordination counter {name} (Data Prepper's name)",
                 value=value,
             )
+
+
+class _CapacityCollector(Collector):
+    """The DynamoDB lease table's requests and consumed capacity units, by operation."""
+
+    def __init__(self, meter: CapacityMeter) -> None:
+        self._meter = meter
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        requests = CounterMetricFamily(
+            "kclpy_spark_lease_table_requests",
+            "Requests on the DynamoDB lease table",
+            labels=["operation"],
+        )
+        units = CounterMetricFamily(
+            "kclpy_spark_lease_table_capacity_units",
+            "Capacity units the DynamoDB lease table's requests consumed (read units for "
+            "GetItem, Scan and Query; write units for the others)",
+            labels=["operation"],
+        )
+        for operation, usage in sorted(self._meter.snapshot().items()):
+            requests.add_metric([operation], usage.requests)
+            units.add_metric([operation], usage.units)
+        yield requests
+        yield units
 
 
 SHARD_LABELS = ("stream", "shard")
@@ -170,6 +196,9 @@ def worker_metrics(
     extra = getattr(processor_factory, "metrics_collector", None)  # the Spark sink's figures
     if callable(extra):
         metrics.registry.register(extra())
+    meter = getattr(store, "capacity", None)  # the DynamoDB store's
+    if isinstance(meter, CapacityMeter):
+        metrics.registry.register(_CapacityCollector(meter))
     counts_connections = hasattr(store, "open_connections")  # the SQLite store's pool
     metrics.watch_resources(
         (lambda: int(getattr(store, "open_connections", 0))) if counts_connections else None

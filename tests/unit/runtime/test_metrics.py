@@ -55,3 +55,37 @@ def test_a_tenure_that_ends_takes_every_series_of_its_shard() -> None:
     assert [x["shard"] for x in exported["kclpy_spark_records_processed_total"]] == ["shardId-1"]
     m.forget("shardId-1")
     assert "kclpy_spark_records_processed_total" not in series(m)
+
+
+def test_a_dynamodb_lease_tables_requests_and_units_are_exported_by_operation() -> None:
+    from types import SimpleNamespace
+
+    from checkpoint.stores.capacity import CapacityMeter
+    from kclpy_spark.config import WorkerConfig
+    from kclpy_spark.runtime.events import EventLog
+    from kclpy_spark.runtime.metrics import worker_metrics
+
+    meter = CapacityMeter()
+    meter.add("UpdateItem", 1.0)
+    meter.add("UpdateItem", 2.0)
+    meter.add("Scan", 1.5)
+    store = SimpleNamespace(capacity=meter)  # what the DynamoDB store carries
+    cfg = WorkerConfig(stream_name="orders", application_name="app", worker_id="w1")
+    m = worker_metrics(cfg, CoordinationCounters(), object(), store, EventLog("w1", lambda: 0.0))
+
+    def values() -> dict[tuple[str, str], float]:
+        return {
+            (s.name, s.labels["operation"]): s.value
+            for family in text_string_to_metric_families(m.exposition().decode())
+            for s in family.samples
+            if s.name.startswith("kclpy_spark_lease_table_")
+        }
+
+    assert values() == {
+        ("kclpy_spark_lease_table_requests_total", "Scan"): 1.0,
+        ("kclpy_spark_lease_table_requests_total", "UpdateItem"): 2.0,
+        ("kclpy_spark_lease_table_capacity_units_total", "Scan"): 1.5,
+        ("kclpy_spark_lease_table_capacity_units_total", "UpdateItem"): 3.0,
+    }
+    meter.add("Scan", 1.5)  # read at every scrape, not copied once
+    assert values()[("kclpy_spark_lease_table_capacity_units_total", "Scan")] == 3.0
