@@ -56,6 +56,7 @@ class LeaderElection:
         self._seen: _Seen | None = None
         self._leading = False
         self._leading_until = float("-inf")  # monotonic: our last renewing write's start + duration
+        self._later: dict[str, object] = {}  # data for the next renewal (note_later)
         # tick, note and resign may run in different threads of one worker; serialized here so
         # they never make each other's conditional writes lose.
         self._lock = threading.RLock()
@@ -103,12 +104,16 @@ class LeaderElection:
         if self._seen is None or self._seen.version != current.version:
             self._seen = _Seen(current.version, now)
         if current.owner == self._worker_id:
+            later = dict(self._later)
             won = self._store.put_record(
-                self._record(current.version + 1, json.loads(current.data or "{}")),
+                self._record(current.version + 1, {**json.loads(current.data or "{}"), **later}),
                 expected_version=current.version,
             )
             if won:
                 self._seen = _Seen(current.version + 1, now)
+                for key in later:
+                    if self._later.get(key) is later[key]:
+                        del self._later[key]
             return self._set_leading(won, "renewed" if won else "renewal lost", now)
         stale = current.owner is None or now - self._seen.since > self._duration
         if not stale:
@@ -137,25 +142,10 @@ class LeaderElection:
             )
             self._store.put_record(released, expected_version=current.version)
         self._set_leading(False, "resigned")
+        self._later.clear()
 
-    def note(self, **data: object) -> bool:
+    def note_later(self, **data: object) -> None:
+        """Merge ``data`` into the record with our next renewal (no request of its own); dropped
+        if we lose leadership first."""
         with self._lock:
-            return self._note(**data)
-
-    def _note(self, **data: object) -> bool:
-        """Merge ``data`` (e.g. the last sync time) into the record while leading.
-
-        True if written."""
-        started = self._clock.monotonic()
-        current = self._store.get_record(self._key)
-        if current is None or current.owner != self._worker_id:
-            return False
-        merged = {**json.loads(current.data or "{}"), **data}
-        won = self._store.put_record(
-            self._record(current.version + 1, merged), expected_version=current.version
-        )
-        if won:
-            self._seen = _Seen(current.version + 1, started)
-            if self._leading:
-                self._leading_until = started + self._duration
-        return won
+            self._later.update(data)

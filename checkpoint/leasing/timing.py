@@ -19,7 +19,12 @@ The KCL derives its intervals from ``failoverTimeMillis`` (the lease duration) a
   last counter. Set the multiplier to 2 for the KCL's scan rate (the extra reads then come
   about once per lease per lease duration, and a moment with more than eight leases due starts
   a scan instead);
-* a lease is "very old" after ``3 * failover`` without a counter change, and is then taken first.
+* a lease is "very old" after ``3 * failover`` without a counter change, and is then taken first;
+* the shard-sync leader record is renewed every ``failover`` and expires after ``3 * failover``
+  (30 s by default): leadership only decides who syncs shards and cleans up, which a 30 s gap
+  after a leader's crash delays by that much (a stopping leader resigns at once), while a
+  renewal per lease interval cost every worker a read, and the leader a write, every 3.3 s. The
+  KCL 3.x leader lock: 120 s, heartbeat every 30 s.
 
 Seconds as floats throughout; the KCL's milliseconds are accepted only by ``from_failover_millis``.
 """
@@ -39,6 +44,8 @@ DEFAULT_VERY_OLD_MULTIPLIER = 3.0
 # leases was taken by another worker (see checkpoint.leasing.taker). Two intervals let every other
 # worker's taker run at least once whatever its phase, so the counts we steal on have settled.
 DEFAULT_STEAL_COOLDOWN_INTERVALS = 2.0
+# The shard-sync leader's record lives this many failover times without a renewal.
+LEADER_DURATION_MULTIPLIER = 3.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,16 @@ class LeaseTiming:
     def take_interval(self) -> float:
         """How often a worker scans the lease table and takes or steals leases."""
         return (self.failover + self.epsilon) * self.take_interval_multiplier
+
+    @property
+    def leader_duration(self) -> float:
+        """A leader record whose version has not moved for longer than this may be taken."""
+        return LEADER_DURATION_MULTIPLIER * self.failover
+
+    @property
+    def leader_renew_interval(self) -> float:
+        """How often every worker looks at the leader record (and the leader renews it)."""
+        return self.leader_duration / 3
 
     @property
     def very_old(self) -> float:

@@ -97,7 +97,7 @@ class Worker:
         self.status_server: StatusServer | None = None
         self.holder = LeaseHolder(store, cfg.worker_id, self.clock, self.timing.lease_duration)
         self.leader = LeaderElection(
-            store, cfg.worker_id, lease_duration=self.timing.lease_duration, clock=self.clock
+            store, cfg.worker_id, lease_duration=self.timing.leader_duration, clock=self.clock
         )
         self.health = Health(
             self.clock.monotonic,
@@ -231,7 +231,7 @@ class Worker:
             asyncio.create_task(self._loop(self._renew_round, self.timing.renew_interval)),
             asyncio.create_task(self._take_loop()),
             asyncio.create_task(
-                self._loop(self._leader_tick, self.timing.renew_interval, first=False)
+                self._loop(self._leader_tick, self.timing.leader_renew_interval, first=False)
             ),
             asyncio.create_task(
                 self._loop(self._maintenance_round, self.cfg.shard_sync_interval, first=False)
@@ -385,8 +385,8 @@ class Worker:
                 continue
             if result.synced is not None and result.synced.created:
                 self._take_now.set()
-        if self.leader.is_leader:
-            await self._io(functools.partial(self.leader.note, last_sync=self.clock.wall()))
+        if self.leader.is_leader:  # shown by `status`; written with the next renewal
+            self.leader.note_later(last_sync=self.clock.wall())
 
     def context_of(self, lease: Lease) -> StreamContext | None:
         return self.streams.context_of(lease)

@@ -185,6 +185,8 @@ def test_lease_timing_follows_the_kcls_formulas() -> None:
     assert kcl.take_interval == pytest.approx(20.05)  # the KCL's 20 050 ms
     assert timing.very_old == 30.0
     assert timing.steal_cooldown == pytest.approx(14.035)
+    assert timing.leader_duration == 30.0  # the shard-sync leader's record (KCL 3.x lock: 120 s)
+    assert timing.leader_renew_interval == 10.0  # (KCL 3.x heartbeat: 30 s)
     assert LeaseTiming.from_failover_millis(60_000, epsilon_millis=0).renew_interval == 20.0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from checkpoint.base.clock import ManualClock
+from checkpoint.port import CoordinationRecord
 from checkpoint.stores.memory import MemoryLeaseTable
 from shard_sync.leader import LEADER_KEY, LeaderElection
 
@@ -67,17 +68,56 @@ def test_resign_hands_over_at_once() -> None:
     assert b.tick() is True
 
 
-def test_note_merges_data_only_for_leader() -> None:
+def test_a_note_is_written_with_the_next_renewal_and_only_by_the_leader() -> None:
     store, _, a, b = _pair()
     a.tick()
     b.tick()
-    assert a.note(last_sync=123.0) is True
-    assert b.note(last_sync=999.0) is False
+    a.note_later(last_sync=123.0)
+    b.note_later(last_sync=999.0)
+    record = store.get_record(LEADER_KEY)
+    assert record is not None and "last_sync" not in record.data  # no request of its own
+    a.tick()
+    b.tick()
     record = store.get_record(LEADER_KEY)
     assert record is not None and '"last_sync": 123.0' in record.data
-    a.tick()  # renewal keeps the data
+    a.note_later(other=1)
+    a.tick()  # later renewals keep the data
     record = store.get_record(LEADER_KEY)
-    assert record is not None and '"last_sync": 123.0' in record.data
+    assert record is not None and '"last_sync": 123.0' in record.data and '"other": 1' in record.data
+
+
+class _LosesOnce(MemoryLeaseTable):
+    """A store whose next put_record loses its condition (another write came between)."""
+
+    lose = False
+
+    def put_record(self, record: CoordinationRecord, expected_version: int | None) -> bool:
+        if self.lose:
+            self.lose = False
+            return False
+        return super().put_record(record, expected_version)
+
+
+def test_a_note_is_kept_while_a_renewal_fails_and_dropped_on_resigning() -> None:
+    store = _LosesOnce()
+    a = LeaderElection(store, "A", lease_duration=10.0, clock=ManualClock())
+    a.tick()
+    a.note_later(last_sync=1.0)
+    store.lose = True
+    assert a.tick() is False  # the renewal lost its condition: the note waits
+    assert a.tick() is True
+    record = store.get_record(LEADER_KEY)
+    assert record is not None and '"last_sync": 1.0' in record.data
+    a.note_later(last_sync=2.0)
+    a.resign()
+    assert b_takes(store)
+    record = store.get_record(LEADER_KEY)
+    assert record is not None and "2.0" not in record.data
+
+
+def b_takes(store: MemoryLeaseTable) -> bool:
+    """Another worker takes the record (it has no owner after a resignation)."""
+    return LeaderElection(store, "B", lease_duration=10.0, clock=ManualClock()).tick()
 
 
 def test_a_stalled_leader_stops_leading_on_its_own_clock_before_anyone_can_take_over() -> None:
@@ -95,12 +135,13 @@ def test_a_stalled_leader_stops_leading_on_its_own_clock_before_anyone_can_take_
     assert a.tick() is False  # and a late tick does not bring it back
 
 
-def test_leadership_is_extended_by_every_renewal_and_note() -> None:
+def test_leadership_is_extended_by_every_renewal() -> None:
     _, clock, a, _ = _pair(duration=10.0)
     a.tick()
     for _ in range(5):
         clock.advance(6.0)
-        assert a.note(last_sync=clock.wall())
+        a.note_later(last_sync=clock.wall())
+        assert a.tick()
         assert a.is_leader
     clock.advance(10.5)
     assert not a.is_leader
