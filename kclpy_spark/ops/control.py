@@ -55,6 +55,18 @@ def update_record(
     now_wall: float,
 ) -> bool:
     """Read-modify-write of a record's JSON data, conditional on its version. True if written."""
+    return _update(store, key, change, owner=owner, now_wall=now_wall) is not None
+
+
+def _update(
+    store: CoordinationStore,
+    key: str,
+    change: Callable[[dict[str, Any]], dict[str, Any]],
+    *,
+    owner: str | None,
+    now_wall: float,
+) -> int | None:
+    """``update_record``; the version written, or None."""
     for _ in range(_ATTEMPTS):
         current = store.get_record(key)
         data = change(_data(current))
@@ -63,8 +75,8 @@ def update_record(
         if current is not None:
             record = replace(record, owner=owner if owner is not None else current.owner)
         if store.put_record(record, None if current is None else current.version):
-            return True
-    return False
+            return version
+    return None
 
 
 def is_suspended(store: CoordinationStore) -> bool:
@@ -129,16 +141,50 @@ def publish_worker_status(
     """Write this worker's status record. Returns the instance id of another process that
     wrote the record under the same worker id within ``max_age`` seconds, if one did (the
     record is written anyway: the newest writer's status is what ``status`` shows)."""
-    other: list[str] = []
+    return StatusWriter(store, worker_id, instance, max_age).publish(status, now_wall)
 
-    def change(previous: dict[str, Any]) -> dict[str, Any]:
-        other.clear()
-        if published_by_another(previous, instance, now_wall, max_age):
-            other.append(str(previous["instance"]))
-        return {**status, "updated_at": now_wall, "worker_id": worker_id, "instance": instance}
 
-    update_record(store, worker_key(worker_id), change, owner=worker_id, now_wall=now_wall)
-    return other[0] if other else None
+class StatusWriter:
+    """Publishes one worker's status record, again and again.
+
+    The first write reads the record (another process may have written it); later ones are a
+    single write conditional on the version this writer wrote last. It wins only if nobody wrote
+    in between, and then no other process did; if it loses, the record is read and written
+    again, which tells who came between (``publish_worker_status``'s answer)."""
+
+    def __init__(
+        self, store: CoordinationStore, worker_id: str, instance: str = "", max_age: float = 0.0
+    ) -> None:
+        self._store = store
+        self._worker_id = worker_id
+        self._instance = instance
+        self._max_age = max_age
+        self._version: int | None = None  # what we wrote last
+
+    def _data(self, status: dict[str, Any], now_wall: float) -> dict[str, Any]:
+        ids = {"worker_id": self._worker_id, "instance": self._instance}
+        return {**status, "updated_at": now_wall, **ids}
+
+    def publish(self, status: dict[str, Any], now_wall: float) -> str | None:
+        """Write ``status``; the instance id of another process that wrote the record within
+        ``max_age`` seconds, if one did."""
+        key = worker_key(self._worker_id)
+        if self._version is not None:
+            data = json.dumps(self._data(status, now_wall))
+            record = CoordinationRecord(key, self._worker_id, self._version + 1, now_wall, data)
+            if self._store.put_record(record, expected_version=self._version):
+                self._version += 1
+                return None
+        other: list[str] = []
+
+        def change(previous: dict[str, Any]) -> dict[str, Any]:
+            other.clear()
+            if published_by_another(previous, self._instance, now_wall, self._max_age):
+                other.append(str(previous["instance"]))
+            return self._data(status, now_wall)
+
+        self._version = _update(self._store, key, change, owner=self._worker_id, now_wall=now_wall)
+        return other[0] if other else None
 
 
 def worker_status(store: CoordinationStore, worker_id: str) -> dict[str, Any]:

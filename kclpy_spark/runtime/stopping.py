@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from checkpoint.base.errors import KclpySparkError
-from kclpy_spark.ops import control
 from kclpy_spark.runtime.taking import HANDOFF_POLL
 
 if TYPE_CHECKING:
@@ -59,4 +58,4 @@ async def release_all(w: Worker, io: Io, *, resign: bool = True) -> None:
     with contextlib.suppress(KclpySparkError):  # a restart need not wait for us
         stopped = {"stopped": True, "leases": {}}
         now = w.clock.wall()
-        await io(control.publish_worker_status, w.store, w.cfg.worker_id, stopped, now, w.instance)
+        await io(w.status_writer.publish, stopped, now)

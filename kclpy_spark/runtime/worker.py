@@ -93,6 +93,9 @@ class Worker:
         # (release_all), not at the next renewal, so the new owners can find them first.
         self.handing_out = False
         self.instance = uuid.uuid4().hex  # tells this process from another with the same id
+        self.status_writer = control.StatusWriter(
+            store, cfg.worker_id, self.instance, 3 * self.timing.lease_duration
+        )
         self.exit_reason: str | None = None
         self.status_server: StatusServer | None = None
         self.holder = LeaseHolder(store, cfg.worker_id, self.clock, self.timing.lease_duration)
@@ -344,15 +347,7 @@ class Worker:
             log.warning("worker %s: application resumed", self.cfg.worker_id)
             self.suspended = False
             self._take_now.set()
-        other = await self._io(
-            control.publish_worker_status,
-            self.store,
-            self.cfg.worker_id,
-            status_payload(self, now),
-            now,
-            self.instance,
-            3 * self.timing.lease_duration,
-        )
+        other = await self._io(self.status_writer.publish, status_payload(self, now), now)
         self._note_duplicate(other)
 
     def _note_duplicate(self, other: str | None) -> None:

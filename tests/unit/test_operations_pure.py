@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -200,3 +201,39 @@ def test_lease_keys_belong_to_their_stream() -> None:
     assert not lease_in_stream("123:orders:1700000001:shardId-1", "123:orders:1700000000")
     assert not lease_in_stream("123:orders-2:1700000000:shardId-1", "123:orders")
     assert lease_in_stream("shardId-1", None)
+
+
+class _CountingRecords(MemoryLeaseTable):
+    """Counts coordination-record reads and writes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gets = 0
+        self.puts = 0
+
+    def get_record(self, key: str) -> Any:
+        self.gets += 1
+        return super().get_record(key)
+
+    def put_record(self, record: Any, expected_version: int | None) -> bool:
+        self.puts += 1
+        return super().put_record(record, expected_version)
+
+
+def test_a_status_writer_writes_once_per_publish_and_still_finds_a_second_process() -> None:
+    store = _CountingRecords()
+    a = control.StatusWriter(store, "w1", "proc-a", 30.0)
+    assert a.publish({"n": 1}, 100.0) is None
+    assert (store.gets, store.puts) == (1, 1)  # the first write reads what was there
+    for i in range(10):
+        assert a.publish({"n": i}, 101.0 + i) is None
+    assert (store.gets, store.puts) == (1, 11)  # then one conditional write each
+    assert control.worker_status(store, "w1")["n"] == 9
+    b = control.StatusWriter(store, "w1", "proc-b", 30.0)
+    assert b.publish({}, 112.0) == "proc-a"  # a second process with the same worker id
+    assert a.publish({}, 113.0) == "proc-b"  # a's write loses its condition, reads, finds b
+    assert b.publish({}, 114.0) == "proc-a"
+    assert a.publish({}, 300.0) is None  # b fell silent: its record is stale
+    assert a.publish({}, 301.0) is None
+    status = control.worker_status(store, "w1")
+    assert status["instance"] == "proc-a" and status["updated_at"] == 301.0
