@@ -1,17 +1,17 @@
-"""Steady-state lease-table requests per lease per minute: ``python bench/bench_lease_requests.py``.
+"""Steady-state lease-table cost per lease per minute: ``python bench/bench_lease_requests.py``.
 
 In-process workers (``run_worker``; ``--workers``, one by default, which then holds every lease)
 share the leases of an N-shard stream on kinesalite (in memory, idle: no records, so no
-checkpoints). Each one's lease store (SQLite by default, shared; memory for one worker) is wrapped
-in a counter of every port call. After the leases settled and a warm-up, the calls of every worker
-in a steady-state window are counted by method and turned into requests per lease per minute,
-against the KCL's model for the same failover time and number of workers.
+checkpoints). Each one's lease store is wrapped in a counter of every port call. After the leases
+settled and a warm-up, the calls of every worker in a steady-state window are counted and turned
+into requests per lease per minute, against the KCL's models for the same failover time and
+number of workers (bench/kcl_model.py: 3.x, and 2.x).
 
-How calls map to DynamoDB requests (what a lease table costs): every port call is one request
-(GetItem, PutItem, UpdateItem, DeleteItem), except ``list_leases``, a Scan: counted here as one
-request per 1 MB page, which is one page for any N here (a lease item is ~0.3 KB), and shown also
-as N item reads. The KCL's model, per worker: a renewal (UpdateItem) per held lease every
-failover/3 - epsilon, and a Scan of the whole table every take interval, (failover + epsilon) * 2.
+``--store dynamodb`` (the default when ``LOCALSTACK_ENDPOINT`` is set) puts the lease table on
+LocalStack's DynamoDB, and counts what DynamoDB itself reports for every request (the store's
+capacity meter, ReturnConsumedCapacity): requests and read and write capacity units by
+operation. ``--store sqlite`` / ``memory`` count port calls only: every call is one request
+(GetItem, PutItem, UpdateItem, DeleteItem), ``list_leases`` a Scan of one page.
 Writes ``bench/results/lease_requests.md``.
 """
 
@@ -31,9 +31,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, stamp, write_results
+from kcl_model import Cost, kcl2, kcl3
 
 from checkpoint.leasing.timing import LeaseTiming
 from checkpoint.sequence import InitialPosition
+from checkpoint.stores.capacity import READ_OPERATIONS, Usage, item_size
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.processor import ProcessRecordsInput, RecordProcessor
 from kclpy_spark.runtime.daemon import run_worker
@@ -83,8 +85,37 @@ class Idle(RecordProcessor):
         process_records_input.checkpointer.checkpoint()
 
 
+def _dynamo_client(endpoint: str) -> Any:
+    """A DynamoDB client for LocalStack (the workers' own store is replaced by a table on it)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "dynamodb", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="bench",
+        aws_secret_access_key="bench", config=Config(max_pool_connections=32),
+    )  # fmt: skip
+
+
+def _lease_bytes(table: Any) -> float:
+    """The mean size DynamoDB bills for one lease item of ``table`` as it is now."""
+    from checkpoint.stores import dynamo_codec
+
+    leases = table.list_leases()
+    sizes = [item_size(dynamo_codec.lease_to_item(x)) for x in leases]
+    return sum(sizes) / len(sizes) if sizes else 0.0
+
+
 def run(
-    endpoint: str, shards: int, store: str, warmup: float, window: float, workers: int = 1
+    endpoint: str,
+    shards: int,
+    store: str,
+    warmup: float,
+    window: float,
+    workers: int = 1,
+    *,
+    dynamodb: str | None = None,
+    failover: float = 10.0,
+    idle: float = 1.0,
 ) -> dict[str, Any]:
     """``workers`` in-process workers on one stream and one lease store; calls counted over all."""
     from kinesalite import create_stream
@@ -97,18 +128,30 @@ def run(
             stream_name=stream,
             endpoint_url=endpoint,
             initial_position=InitialPosition.trim_horizon(),
-            lease_store="memory" if store == "memory" else f"sqlite:{Path(tmp) / 'leases.db'}",
-        )
+            lease_store=f"sqlite:{Path(tmp) / 'leases.db'}" if store == "sqlite" else "memory",
+            failover_time=failover,
+            idle_time_between_reads=idle,
+        )  # fmt: skip
         if store == "memory" and workers > 1:
-            raise SystemExit("several workers need a shared store: --store sqlite")
+            raise SystemExit("several workers need a shared store: --store sqlite or dynamodb")
         wrapped: list[CountingStore] = []
         started: list[Worker] = []
-        span: dict[str, float] = {}
+        span: dict[str, Any] = {}
+
+        client = _dynamo_client(dynamodb) if dynamodb is not None else None
 
         def wrap(inner: Any) -> Any:
+            if client is not None:
+                from checkpoint.stores.dynamodb import DynamoDBLeaseTable
+
+                inner = DynamoDBLeaseTable(client, stream)
+                inner.ensure_table()
             counting = CountingStore(inner)
             wrapped.append(counting)
             return counting
+
+        def meters() -> list[dict[str, Usage]]:
+            return [c.capacity.snapshot() for c in wrapped if hasattr(c, "capacity")]
 
         async def scenario(worker: Worker) -> None:
             started.append(worker)
@@ -117,10 +160,11 @@ def run(
             try:
                 await _settle(started, workers, shards)
                 await asyncio.sleep(warmup)
-                span["start"] = time.monotonic()
+                span["start"], span["meters_before"] = time.monotonic(), meters()
                 await asyncio.sleep(window)
-                span["end"] = time.monotonic()
+                span["end"], span["meters_after"] = time.monotonic(), meters()
                 span["held"] = sum(len(w.holder.held()) for w in started)
+                span["lease_bytes"] = _lease_bytes(wrapped[0])
             finally:
                 for w in started:
                     w.request_shutdown()
@@ -132,18 +176,37 @@ def run(
                 for i in range(workers)
             ))  # fmt: skip
 
-        asyncio.run(fleet())
+        try:
+            asyncio.run(fleet())
+        finally:
+            if client is not None:
+                client.delete_table(TableName=stream)
     counts = collections.Counter(
         name for store_calls in wrapped for t, name in store_calls.calls
         if span["start"] <= t < span["end"]
     )  # fmt: skip
     return {
         "counts": counts,
+        "units": _units(span.get("meters_before", []), span.get("meters_after", [])),
         "minutes": (span["end"] - span["start"]) / 60,
         "held": span["held"],
         "workers": workers,
         "failover": base.failover_time,
+        "lease_bytes": span["lease_bytes"],
     }
+
+
+def _units(before: list[dict[str, Usage]], after: list[dict[str, Usage]]) -> dict[str, Usage]:
+    """What every worker's DynamoDB requests cost in the window, by operation."""
+    total: dict[str, Usage] = {}
+    for was, now in zip(before, after, strict=True):
+        for op, usage in now.items():
+            old = was.get(op, Usage())
+            got = total.get(op, Usage())
+            total[op] = Usage(
+                got.requests + usage.requests - old.requests, got.units + usage.units - old.units
+            )
+    return total
 
 
 async def _settle(started: list[Worker], workers: int, shards: int) -> None:
@@ -159,53 +222,82 @@ async def _settle(started: list[Worker], workers: int, shards: int) -> None:
         await asyncio.sleep(0.2)
 
 
+def _ours(r: dict[str, Any]) -> Cost | None:
+    """Our cost per lease per minute, as DynamoDB reported it (None without DynamoDB)."""
+    units: dict[str, Usage] = r["units"]
+    if not units:
+        return None
+    reads = sum(u.units for op, u in units.items() if op in READ_OPERATIONS)
+    writes = sum(u.units for op, u in units.items() if op not in READ_OPERATIONS)
+    requests = sum(u.requests for u in units.values())
+    return Cost(requests, reads, writes).per(r["minutes"] * r["held"])
+
+
+def _row(r: dict[str, Any]) -> str:
+    n, k, minutes = r["held"], r["workers"], r["minutes"]
+    per_min = {name: c / minutes for name, c in sorted(r["counts"].items())}
+    k3 = kcl3(n, k, r["failover"], round(r["lease_bytes"])).per(n)
+    k2 = kcl2(n, k, r["failover"], round(r["lease_bytes"])).per(n)
+    ours = _ours(r)
+    calls = ", ".join(f"{name} {v:.1f}" for name, v in per_min.items())
+    requests = ours.requests if ours else sum(per_min.values()) / n
+    ratio = f"**{requests / k3.requests:.2f}x**"
+    cells = [f"{n}", f"{k}", f"{minutes * 60:.0f} s", calls, f"{requests:.2f}",
+             f"{k3.requests:.2f}", ratio, f"{k2.requests:.2f}"]  # fmt: skip
+    if ours is None:
+        cells += ["-", f"{k3.read_units:.2f} / {k3.write_units:.2f}", "-"]
+    else:
+        total, k3_total = ours.read_units + ours.write_units, k3.read_units + k3.write_units
+        cells += [
+            f"{ours.read_units:.2f} / {ours.write_units:.2f}",
+            f"{k3.read_units:.2f} / {k3.write_units:.2f}",
+            f"**{total / k3_total:.2f}x**",
+        ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _by_operation(results: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for r in results:
+        if r["units"]:
+            per = r["minutes"] * r["held"]
+            ops = ", ".join(
+                f"{op} {u.requests / per:.2f} req / {u.units / per:.2f} units"
+                for op, u in sorted(r["units"].items())
+            )
+            who = f"{r['held']} leases, {r['workers']} worker(s)"
+            lines.append(f"- {who}, per lease per min: {ops}")
+    return lines
+
+
 def report(results: list[dict[str, Any]], store: str, argv: Sequence[str] | None) -> str:
     timing = LeaseTiming(failover=results[0]["failover"])
-    kcl_take = (timing.failover + timing.epsilon) * 2
-    renew_per_min = 60 / timing.renew_interval
     lines = [
-        "# Lease-table requests per lease per minute, steady state",
+        "# Lease-table cost per lease per minute, steady state",
         "",
         f"Run {stamp()} with `python bench/bench_lease_requests.py"
         f"{' ' + ' '.join(argv) if argv else ''}` on {machine()}.",
         "",
-        f"Endpoint: kinesalite in memory on 127.0.0.1 (idle stream: no records, no checkpoints); "
-        f"lease store {store} wrapped in a call counter; in-process workers sharing the "
-        "leases (one: it holds every lease); "
-        f"failover_time {timing.failover:g} s: renew every {timing.renew_interval:.3f} s, "
-        f"scan every {timing.take_interval:.3f} s (the KCL: {kcl_take:.2f} s).",
+        f"Kinesis: kinesalite in memory on 127.0.0.1 (idle stream: no records, no checkpoints); "
+        f"lease store {store}; in-process workers sharing the leases (one: it holds every "
+        f"lease); failover_time {timing.failover:g} s: renew every {timing.renew_interval:.3f} s, "
+        f"scan every {timing.take_interval:.3f} s. Units: read / write capacity units "
+        "as DynamoDB reported them (ReturnConsumedCapacity); the KCL's from its model "
+        "(bench/kcl_model.py, with the same lease item size).",
         "",
-        "| leases | workers | counted over | our calls by method (per minute) | ours per lease per "
-        "min (Scan = 1 request/page) | KCL model per lease per min | ours / KCL | ours, Scan = N "
-        "reads | KCL, Scan = N reads |",
-        "|---:|---:|---:|---|---:|---:|---:|---:|---:|",
-    ]
-    for r in results:
-        n = r["held"]
-        minutes = r["minutes"]
-        per_min = {name: c / minutes for name, c in sorted(r["counts"].items())}
-        ours = sum(per_min.values()) / n
-        scans = per_min.get("list_leases", 0.0)
-        ours_reads = (sum(per_min.values()) - scans + scans * n) / n
-        k = r["workers"]
-        kcl = (n * renew_per_min + k * 60 / kcl_take) / n
-        kcl_reads = (n * renew_per_min + k * 60 / kcl_take * n) / n
-        methods = ", ".join(f"{name} {v:.1f}" for name, v in per_min.items())
-        lines.append(
-            f"| {n} | {k} | {minutes * 60:.0f} s | {methods} | {ours:.2f} | {kcl:.2f} | "
-            f"{ours / kcl:.2f}x | {ours_reads:.2f} | {kcl_reads:.2f} |"
-        )
-    lines += [
+        "| leases | workers | counted over | our port calls (per minute) | our requests per lease "
+        "per min | KCL 3.x | ours / KCL 3.x | KCL 2.x | our units per lease per min (read / "
+        "write) | KCL 3.x units | ours / KCL 3.x (units) |",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        *(_row(r) for r in results),
         "",
-        f"KCL model: {renew_per_min:.2f} renewals per lease per minute (one UpdateItem every "
-        f"{timing.renew_interval:.3f} s) + {60 / kcl_take:.2f} Scans per worker per minute (one "
-        f"every {kcl_take:.2f} s), divided by the leases. Ours renews on the same schedule; on "
-        f"top of it each worker scans every {timing.take_interval:.2f} s (for faster failover), "
-        "reads a lease of another worker once more only when it would expire unless renewed "
-        "(get_lease; none while every worker is alive), runs a leader round every renewal "
-        "interval (read + conditional write of the leader record) and a control round once per "
-        "lease duration (the suspend flag, its published status): requests per worker, "
-        "whatever the number of leases.",
+        *_by_operation(results),
+        "",
+        "Ours renews on the KCL's schedule; on top of it each worker scans every "
+        f"{timing.take_interval:.2f} s (the failover time it buys: BENCHMARKS.md), reads a lease "
+        "of another worker once more only when it would expire unless renewed (none while "
+        "every worker is alive), reads the leader record every failover time (the leader "
+        "writes it), the suspend flag and writes its status once per failover time.",
         "",
         "By role: " + "; ".join(sorted({f"{k} = {v}" for k, v in ROLES.items()})),
         "",
@@ -214,10 +306,19 @@ def report(results: list[dict[str, Any]], store: str, argv: Sequence[str] | None
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    import os
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--shards", type=int, nargs="+", default=[4, 16])
     parser.add_argument("--workers", type=int, nargs="+", default=[1])
-    parser.add_argument("--store", choices=("memory", "sqlite"), default="sqlite")
+    localstack = os.environ.get("LOCALSTACK_ENDPOINT")
+    parser.add_argument(
+        "--store", choices=("memory", "sqlite", "dynamodb"),
+        default="dynamodb" if localstack else "sqlite",
+    )  # fmt: skip
+    parser.add_argument("--dynamodb-endpoint", default=localstack or "http://127.0.0.1:4566")
+    parser.add_argument("--failover", type=float, default=10.0)
+    parser.add_argument("--idle", type=float, default=1.0, help="idle_time_between_reads")
     parser.add_argument("--warmup", type=float, default=15.0)
     parser.add_argument("--window", type=float, default=75.0)
     parser.add_argument("--no-write", action="store_true")
@@ -226,12 +327,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     from kinesalite import Kinesalite
 
     results = []
+    dynamodb = args.dynamodb_endpoint if args.store == "dynamodb" else None
     with Kinesalite() as emulator:
         for workers in args.workers:
             for shards in args.shards:
                 result = run(
-                    emulator.endpoint, shards, args.store, args.warmup, args.window, workers
-                )
+                    emulator.endpoint, shards, args.store, args.warmup, args.window, workers,
+                    dynamodb=dynamodb, failover=args.failover, idle=args.idle,
+                )  # fmt: skip
                 print(f"{shards} leases, {workers} worker(s): {dict(result['counts'])} in "
                       f"{result['minutes']:.2f} min")  # fmt: skip
                 results.append(result)

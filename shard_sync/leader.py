@@ -57,6 +57,7 @@ class LeaderElection:
         self._leading = False
         self._leading_until = float("-inf")  # monotonic: our last renewing write's start + duration
         self._later: dict[str, object] = {}  # data for the next renewal (note_later)
+        self._mine: CoordinationRecord | None = None  # the record as we last wrote it
         # tick, note and resign may run in different threads of one worker; serialized here so
         # they never make each other's conditional writes lose.
         self._lock = threading.RLock()
@@ -95,35 +96,43 @@ class LeaderElection:
 
     def _tick(self) -> bool:
         now = self._clock.monotonic()
+        mine = self._mine
+        if mine is not None and self._renew(mine, now):
+            return self._set_leading(True, "renewed", now)  # one write: nobody wrote since
         current = self._store.get_record(self._key)
         if current is None:
-            won = self._store.put_record(self._record(1), expected_version=None)
-            if won:
-                self._seen = _Seen(1, now)
+            won = self._put(self._record(1), None, now)
             return self._set_leading(won, "no leader yet", now)
         if self._seen is None or self._seen.version != current.version:
             self._seen = _Seen(current.version, now)
         if current.owner == self._worker_id:
-            later = dict(self._later)
-            won = self._store.put_record(
-                self._record(current.version + 1, {**json.loads(current.data or "{}"), **later}),
-                expected_version=current.version,
-            )
-            if won:
-                self._seen = _Seen(current.version + 1, now)
-                for key in later:
-                    if self._later.get(key) is later[key]:
-                        del self._later[key]
+            won = self._renew(current, now)
             return self._set_leading(won, "renewed" if won else "renewal lost", now)
         stale = current.owner is None or now - self._seen.since > self._duration
         if not stale:
             return self._set_leading(False, f"{current.owner} leads")
-        won = self._store.put_record(
-            self._record(current.version + 1), expected_version=current.version
-        )
-        if won:
-            self._seen = _Seen(current.version + 1, now)
+        won = self._put(self._record(current.version + 1), current.version, now)
         return self._set_leading(won, f"previous leader {current.owner} expired", now)
+
+    def _renew(self, current: CoordinationRecord, now: float) -> bool:
+        """Write our record over ``current`` (ours), with the notes for it; True if won."""
+        later = dict(self._later)
+        data = {**json.loads(current.data or "{}"), **later}
+        won = self._put(self._record(current.version + 1, data), current.version, now)
+        if won:
+            for key in later:
+                if self._later.get(key) is later[key]:
+                    del self._later[key]
+        return won
+
+    def _put(self, record: CoordinationRecord, expected: int | None, now: float) -> bool:
+        """A conditional write of the leader record; remembers it when it wins, so the next
+        renewal needs no read (it is conditional on this version: it loses if anyone wrote)."""
+        won = self._store.put_record(record, expected_version=expected)
+        self._mine = record if won else None
+        if won:
+            self._seen = _Seen(record.version, now)
+        return won
 
     def resign(self) -> None:
         """Give leadership up at once (graceful shutdown) so another worker need not wait."""
@@ -143,6 +152,7 @@ class LeaderElection:
             self._store.put_record(released, expected_version=current.version)
         self._set_leading(False, "resigned")
         self._later.clear()
+        self._mine = None
 
     def note_later(self, **data: object) -> None:
         """Merge ``data`` into the record with our next renewal (no request of its own); dropped

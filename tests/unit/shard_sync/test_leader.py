@@ -87,25 +87,52 @@ def test_a_note_is_written_with_the_next_renewal_and_only_by_the_leader() -> Non
     assert '"other": 1' in record.data
 
 
-class _LosesOnce(MemoryLeaseTable):
-    """A store whose next put_record loses its condition (another write came between)."""
+class _Loses(MemoryLeaseTable):
+    """A store whose next ``lose`` put_record calls lose their condition; counts calls."""
 
-    lose = False
+    lose = 0
+    gets = 0
+    puts = 0
+
+    def get_record(self, key: str) -> CoordinationRecord | None:
+        self.gets += 1
+        return super().get_record(key)
 
     def put_record(self, record: CoordinationRecord, expected_version: int | None) -> bool:
+        self.puts += 1
         if self.lose:
-            self.lose = False
+            self.lose -= 1
             return False
         return super().put_record(record, expected_version)
 
 
+def test_a_leader_renews_with_one_write_and_reads_only_after_losing_one() -> None:
+    store = _Loses()
+    a = LeaderElection(store, "A", lease_duration=10.0, clock=ManualClock())
+    assert a.tick()
+    assert (store.gets, store.puts) == (1, 1)
+    for _ in range(5):
+        assert a.tick()
+    assert (store.gets, store.puts) == (1, 6)  # renewals conditional on what it wrote last
+    store.lose = 1  # a write lost (its outcome unknown, or someone wrote): read, then write
+    assert a.tick()
+    assert (store.gets, store.puts) == (2, 8)
+    b = LeaderElection(store, "B", lease_duration=10.0, clock=ManualClock())
+    assert not b.tick()
+    a.resign()
+    assert b.tick()
+    puts = store.puts
+    assert not a.tick()  # A no longer writes blindly: it reads, sees B, and stays out
+    assert store.puts == puts
+
+
 def test_a_note_is_kept_while_a_renewal_fails_and_dropped_on_resigning() -> None:
-    store = _LosesOnce()
+    store = _Loses()
     a = LeaderElection(store, "A", lease_duration=10.0, clock=ManualClock())
     a.tick()
     a.note_later(last_sync=1.0)
-    store.lose = True
-    assert a.tick() is False  # the renewal lost its condition: the note waits
+    store.lose = 2
+    assert a.tick() is False  # both writes lost their condition: the note waits
     assert a.tick() is True
     record = store.get_record(LEADER_KEY)
     assert record is not None and '"last_sync": 1.0' in record.data
