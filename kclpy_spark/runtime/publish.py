@@ -5,6 +5,7 @@ totals."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,9 @@ if TYPE_CHECKING:
     from kclpy_spark.runtime.worker import Worker
 
 EVENTS_PUBLISHED = 10
+# The per-lease figures of one status record stay under this many bytes of JSON (~250 leases):
+# DynamoDB refuses an item over 400 KB, and each KB costs a write unit at every publish.
+LEASE_FIGURES_BYTES = 32_768
 log = logging.getLogger(__name__)
 
 
@@ -64,12 +68,14 @@ def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
             leases[held.lease_key]["sink_in_flight"] = lane.get("in_flight_batches", 0)
             leases[held.lease_key]["sink_buffered"] = lane.get("buffered_rows", 0)
     ready, why = worker.readiness()
+    leases, omitted = bounded(leases, LEASE_FIGURES_BYTES)
     payload = {
         "suspended": worker.suspended,
         "leader": worker.leader.is_leader,
         "ready": ready,
         "readiness": why,
         "leases": leases,
+        "leases_omitted": omitted,
         "events": worker.events.recent(EVENTS_PUBLISHED),
         "cpu_percent": worker.cpu.last_percent,
     }
@@ -77,3 +83,25 @@ def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
     if sink is not None:
         payload["sink"] = sink
     return payload
+
+
+def bounded(leases: dict[str, Any], budget: int) -> tuple[dict[str, Any], int]:
+    """The figures of as many leases as fit in ``budget`` bytes of JSON, the furthest behind
+    first (those an operator looks for); and how many were left out."""
+    size = len(json.dumps(leases))
+    if size <= budget:
+        return leases, 0
+
+    def behind(key: str) -> float:
+        lag = leases[key].get("millis_behind_latest")
+        return -float(lag) if isinstance(lag, int | float) else 0.0
+
+    kept: dict[str, Any] = {}
+    used = 2
+    for key in sorted(leases, key=lambda k: (behind(k), k)):
+        entry = len(json.dumps({key: leases[key]})) + 1
+        if used + entry > budget:
+            continue
+        kept[key] = leases[key]
+        used += entry
+    return kept, len(leases) - len(kept)

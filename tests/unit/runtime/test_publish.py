@@ -1,0 +1,47 @@
+"""A worker's status record stays bounded however many leases it holds."""
+
+from __future__ import annotations
+
+import json
+
+from kclpy_spark.runtime.publish import bounded
+
+
+def _figures(n: int) -> dict[str, dict[str, object]]:
+    return {
+        f"shardId-{i:012d}": {
+            "state": "processing",
+            "records": 1_000_000 + i,
+            "millis_behind_latest": i * 10 if i % 3 else None,
+            "last_renewal": 1_764_000_000.123456 + i,
+        }
+        for i in range(n)
+    }
+
+
+def test_few_leases_are_published_whole() -> None:
+    figures = _figures(10)
+    assert bounded(figures, 32_768) == (figures, 0)
+
+
+def test_many_leases_keep_the_furthest_behind_within_the_budget() -> None:
+    figures = _figures(5_000)  # ~600 KB of JSON: over DynamoDB's 400 KB item limit
+    assert len(json.dumps(figures)) > 400_000
+    kept, omitted = bounded(figures, 32_768)
+    assert len(json.dumps(kept)) <= 32_768
+    assert omitted == 5_000 - len(kept) and 100 < len(kept) < 5_000
+    lags = [v["millis_behind_latest"] for v in kept.values()]
+    assert None not in lags  # the ones with a lag come first...
+    worst = sorted(
+        (v["millis_behind_latest"] for v in figures.values() if v["millis_behind_latest"]),
+        reverse=True,
+    )
+    assert sorted(lags, reverse=True) == worst[: len(kept)]  # ...the furthest behind of them
+
+
+def test_the_budget_is_met_exactly_or_under_for_any_size() -> None:
+    for n in (1, 2, 50, 300, 301):
+        for budget in (10, 200, 5_000):
+            kept, omitted = bounded(_figures(n), budget)
+            assert len(json.dumps(kept)) <= budget or kept == {}
+            assert len(kept) + omitted == n
