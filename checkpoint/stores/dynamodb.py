@@ -92,7 +92,12 @@ class DynamoDBLeaseTable(DynamoCalls):
         return self._retried(f"list leases in {self._table!r}", self._try_list_leases)
 
     def _try_list_leases(self) -> list[Lease]:
-        items = self._pages("Scan", ConsistentRead=True)
+        # Eventually consistent, as the KCL's scans: half the read units of a consistent Scan,
+        # which every worker runs every take interval. A scan may show a lease as it stood a moment
+        # ago; every decision taken from one is a write conditional on the counter it saw (a stale
+        # one loses), and the observer dates an older counter no earlier than it saw the newer one,
+        # so staleness can delay a take but never make a live lease look expired.
+        items = self._pages("Scan", ConsistentRead=False)
         return [codec.lease_from_item(i) for i in items if codec.is_lease_item(i)]
 
     def get_lease(self, lease_key: str) -> Lease | None:

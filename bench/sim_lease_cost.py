@@ -1,0 +1,262 @@
+"""Lease-table cost at scale, simulated: ``python bench/sim_lease_cost.py``.
+
+Thousands of leases and dozens of workers do not fit this machine as real worker processes with
+a real stream. So this runs the lease management a worker runs in steady state (every worker
+alive, every lease held, no checkpoints) on one in-memory lease store, in virtual time: each
+worker's real ``LeaseHolder.renew_all`` every renewal interval, a ``list_leases`` Scan every take
+interval (the taker's, which reads nothing else while every lease is renewed in time), the real
+``LeaderElection.tick`` every leader interval, and once per failover time the suspend flag read
+and the real ``StatusWriter`` publishing a status record shaped like the worker's
+(``publish.bounded`` per-lease figures and ten events). Each call is costed by DynamoDB's rules
+(checkpoint.stores.capacity) on the item the DynamoDB store would read or write
+(checkpoint.stores.dynamo_codec): a Scan pays for the whole table, coordination records
+included, per 1 MB page. Not simulated: the leader's shard-sync maintenance (a Scan every few
+minutes; about 0.25 a minute measured by bench_lease_requests) and anything a moving lease costs.
+
+``--check`` also runs the sizes bench_lease_requests measured on LocalStack, to compare.
+Writes ``bench/results/sim_lease_cost.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import random
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, stamp, write_results
+from kcl_model import Cost, kcl3
+
+from checkpoint.base.clock import ManualClock
+from checkpoint.lease import HashKeyRange, Lease
+from checkpoint.leasing.holder import LeaseHolder
+from checkpoint.leasing.timing import LeaseTiming
+from checkpoint.port import CoordinationRecord
+from checkpoint.sequence import ExtendedSequenceNumber
+from checkpoint.stores import dynamo_codec as codec
+from checkpoint.stores.capacity import item_size, read_units, write_units
+from checkpoint.stores.memory import MemoryLeaseTable
+from kclpy_spark.ops import control
+from kclpy_spark.runtime.publish import LEASE_FIGURES_BYTES, bounded
+from shard_sync.leader import LeaderElection
+
+SEQ = "49590338271490256608559692538361571095921575989136588898"
+PAGE_BYTES = 1 << 20
+READS = ("list_leases", "get_lease", "get_record")
+
+
+class CostingStore:
+    """A memory store whose every call is costed as the DynamoDB store's request would be."""
+
+    def __init__(self, inner: MemoryLeaseTable) -> None:
+        self.inner = inner
+        self.sizes: dict[str, int] = {}  # item bytes by leaseKey (leases and records)
+        self.usage: dict[str, list[float]] = {}  # by call: [requests, units]
+        self._lock = threading.Lock()
+
+    def _add(self, call: str, units: float) -> None:
+        with self._lock:
+            entry = self.usage.setdefault(call, [0, 0.0])
+            entry[0] += 1
+            entry[1] += units
+
+    def _lease_written(self, call: str, key: str, result: Lease | None) -> None:
+        before = self.sizes.get(key, 0)
+        after = item_size(codec.lease_to_item(result)) if result is not None else before
+        self._add(call, write_units(before, after))
+        self.sizes[key] = after
+
+    def create_lease_if_absent(self, lease: Lease) -> bool:
+        won = self.inner.create_lease_if_absent(lease)
+        self.sizes[lease.lease_key] = item_size(codec.lease_to_item(lease))
+        return won
+
+    def renew_lease(self, lease: Lease) -> Lease | None:
+        result = self.inner.renew_lease(lease)
+        self._lease_written("renew_lease", lease.lease_key, result)
+        return result
+
+    def list_leases(self) -> list[Lease]:
+        leases = self.inner.list_leases()
+        units, page = 0.0, 0
+        for size in list(self.sizes.values()):
+            if page + size > PAGE_BYTES:
+                units += read_units([page], consistent=False)
+                page = 0
+            page += size
+        self._add("list_leases", units + read_units([page], consistent=False))
+        return leases
+
+    def get_record(self, key: str) -> CoordinationRecord | None:
+        record = self.inner.get_record(key)
+        self._add("get_record", read_units([self.sizes.get(codec.record_item_key(key), 0)]))
+        return record
+
+    def put_record(self, record: CoordinationRecord, expected_version: int | None) -> bool:
+        won = self.inner.put_record(record, expected_version)
+        key = codec.record_item_key(record.key)
+        before = self.sizes.get(key, 0)
+        after = item_size(codec.record_to_item(record, None, 0.0)) if won else before
+        self._add("put_record", write_units(before, after))
+        self.sizes[key] = after
+        return won
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"{name}: not a call of the steady state simulated here")
+
+    def total(self) -> Cost:
+        reads = sum(u for call, (_, u) in self.usage.items() if call in READS)
+        writes = sum(u for call, (_, u) in self.usage.items() if call not in READS)
+        return Cost(sum(r for r, _ in self.usage.values()), reads, writes)
+
+
+class SimWorker:
+    """One worker's lease-management calls, with the real classes the worker uses."""
+
+    def __init__(self, worker_id: str, store: CostingStore, clock: ManualClock, t: LeaseTiming):
+        self.id = worker_id
+        self.store = store
+        self.clock = clock
+        self.holder = LeaseHolder(store, worker_id, clock, t.lease_duration, renewal_threads=4)  # type: ignore[arg-type]
+        self.leader = LeaderElection(
+            store, worker_id, lease_duration=t.leader_duration, clock=clock
+        )  # type: ignore[arg-type]
+        self.status = control.StatusWriter(store, worker_id, worker_id, 3 * t.lease_duration)  # type: ignore[arg-type]
+        events = [{"at": clock.wall(), "lease_key": f"shardId-{i:012d}", "kind": "taken",
+                   "detail": f"lease taken (expired, owner w{i})"} for i in range(10)]  # fmt: skip
+        self.events = events
+
+    def scan(self) -> None:
+        self.store.list_leases()
+
+    def control(self) -> None:
+        control.is_suspended(self.store)  # type: ignore[arg-type]
+        now = self.clock.wall()
+        figures = {h.lease_key: {"state": "processing", "records": 123_456,
+                                 "millis_behind_latest": 0, "last_renewal": now - 1.2345}
+                   for h in self.holder.held()}  # fmt: skip
+        leases, omitted = bounded(figures, LEASE_FIGURES_BYTES)
+        status = {"suspended": False, "leader": self.leader.is_leader, "ready": True,
+                  "readiness": "ready", "leases": leases, "leases_omitted": omitted,
+                  "events": self.events, "cpu_percent": 12.5}  # fmt: skip
+        self.status.publish(status, now)
+
+
+def _populate(store: CostingStore, leases: int, workers: list[SimWorker]) -> None:
+    step = (1 << 128) // leases
+    for i in range(leases):
+        owner = workers[i % len(workers)].id
+        lease = Lease(
+            f"shardId-{i:012d}", ExtendedSequenceNumber(SEQ), lease_owner=owner,
+            parent_shard_ids=frozenset({f"shardId-{i + 100_000:012d}"}),
+            hash_key_range=HashKeyRange(i * step, (i + 1) * step - 1),
+        )  # fmt: skip
+        store.create_lease_if_absent(lease)
+    for lease in store.inner.list_leases():
+        next(w for w in workers if w.id == lease.lease_owner).holder.add_taken(lease)
+
+
+def simulate(leases: int, workers: int, failover: float, warmup: float, minutes: float) -> Cost:
+    """Per lease per minute, after ``warmup`` virtual seconds."""
+    timing = LeaseTiming(failover=failover)
+    clock = ManualClock()
+    store = CostingStore(MemoryLeaseTable(clock))
+    fleet = [SimWorker(f"worker-{i:03d}", store, clock, timing) for i in range(workers)]
+    _populate(store, leases, fleet)
+    rng = random.Random(7)
+    steps: list[tuple[float, Callable[[], Any]]] = []
+    for w in fleet:
+        steps += [
+            (timing.renew_interval, w.holder.renew_all),
+            (timing.take_interval, w.scan),
+            (timing.leader_renew_interval, w.leader.tick),
+            (timing.lease_duration, w.control),
+        ]
+    order = itertools.count()
+    queue = [(rng.uniform(0, every), next(order), every, step) for every, step in steps]
+    heapq.heapify(queue)
+    start = clock.monotonic()
+    before: Cost | None = None
+    while True:
+        at, _, every, step = heapq.heappop(queue)
+        if at >= warmup and before is None:
+            before = store.total()
+        if at >= warmup + minutes * 60:
+            break
+        clock.advance(max(0.0, start + at - clock.monotonic()))
+        step()
+        heapq.heappush(queue, (at + every, next(order), every, step))
+    for w in fleet:
+        w.holder.close()
+    after = store.total()
+    assert before is not None
+    spent = Cost(after.requests - before.requests, after.read_units - before.read_units,
+                 after.write_units - before.write_units)  # fmt: skip
+    return spent.per(minutes * leases)
+
+
+def _lease_bytes(leases: int) -> int:
+    """The size of one simulated lease item while held (what the model prices)."""
+    lease = Lease("shardId-000000000000", ExtendedSequenceNumber(SEQ), lease_owner="worker-000",
+                  parent_shard_ids=frozenset({"shardId-000000100000"}),
+                  hash_key_range=HashKeyRange(0, (1 << 128) // max(leases, 1) - 1),
+                  lease_counter=123_456)  # fmt: skip
+    return item_size(codec.lease_to_item(lease))
+
+
+def report(rows: list[tuple[int, int, Cost]], failover: float, argv: Sequence[str]) -> str:
+    lines = [
+        "# Lease-table cost at scale, simulated (per lease per minute, steady state)",
+        "",
+        f"Run {stamp()} with `python bench/sim_lease_cost.py {' '.join(argv)}` on {machine()}.",
+        "",
+        f"failover_time {failover:g} s. Ours: the worker's lease-management calls in virtual time "
+        "on the in-memory store, costed by DynamoDB's rules (see the script's docstring). KCL 3.x: "
+        "bench/kcl_model.py with the same lease item size. Units: read + write capacity units.",
+        "",
+        "| leases | workers | our requests | KCL 3.x | ours / KCL 3.x | our read / write units | "
+        "KCL 3.x read / write units | ours / KCL 3.x (units) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for leases, workers, ours in rows:
+        k3 = kcl3(leases, workers, failover, _lease_bytes(leases)).per(leases)
+        units, k3_units = ours.read_units + ours.write_units, k3.read_units + k3.write_units
+        lines.append(
+            f"| {leases} | {workers} | {ours.requests:.2f} | {k3.requests:.2f} | "
+            f"**{ours.requests / k3.requests:.2f}x** | {ours.read_units:.2f} / "
+            f"{ours.write_units:.2f} | {k3.read_units:.2f} / {k3.write_units:.2f} | "
+            f"**{units / k3_units:.2f}x** |"
+        )
+    return "\n".join([*lines, ""])
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--sizes", nargs="+", default=["4x1", "16x1", "4x4", "16x4", "1000x4",
+                        "1000x50", "10000x4", "10000x50"], help="LEASESxWORKERS")  # fmt: skip
+    parser.add_argument("--failover", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=60.0, help="virtual seconds")
+    parser.add_argument("--minutes", type=float, default=2.0, help="virtual minutes counted")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+    rows = []
+    for size in args.sizes:
+        leases, workers = (int(x) for x in size.split("x"))
+        ours = simulate(leases, workers, args.failover, args.warmup, args.minutes)
+        print(f"{leases} leases, {workers} workers: {ours}", flush=True)
+        rows.append((leases, workers, ours))
+    text = report(rows, args.failover, argv)
+    print(text)
+    if not args.no_write:
+        print(f"written to {write_results('sim_lease_cost.md', text)}")
+
+
+if __name__ == "__main__":
+    main()
