@@ -119,9 +119,23 @@ class Lease:
     # The KCL 3.x's throughputKBps: the lease's read throughput (a moving average), written by its
     # owner at each renewal; None until first measured. Load-aware balancing weighs leases by it.
     throughput_kbps: float | None = None
+    # kclpy-spark's: the owner's figures, written with each renewal (no request of their own):
+    # records delivered in its tenure, and how far behind the stream's tip it last read.
+    records_processed: int | None = None
+    millis_behind_latest: int | None = None
     # kclpy-spark's write stamp (see WriteStamp). Metadata about the write, not lease state: two
     # leases that differ only in it are equal.
     written: WriteStamp | None = field(default=None, compare=False)
+
+    def renewal_figures(self) -> dict[str, float | int]:
+        """The figures a renewal writes (those measured; None keeps the stored ones), by field
+        name: ``throughput_kbps``, ``records_processed``, ``millis_behind_latest``."""
+        figures = {
+            "throughput_kbps": self.throughput_kbps,
+            "records_processed": self.records_processed,
+            "millis_behind_latest": self.millis_behind_latest,
+        }
+        return {name: value for name, value in figures.items() if value is not None}
 
     @property
     def write_time(self) -> float | None:

@@ -67,7 +67,8 @@ class _Slot:
     held: HeldLease
     lock: threading.Lock = field(default_factory=threading.Lock)
     renewing: bool = False  # a renewal of this slot is in flight (guarded by the registry lock)
-    throughput: float | None = None  # KB/s measured lately; the next renewal writes it
+    # What the consumer measured lately (Lease.renewal_figures' names); the next renewal writes it.
+    figures: dict[str, float | int] = field(default_factory=dict)
 
 
 class LeaseBusyError(KclpySparkError):
@@ -164,13 +165,15 @@ class LeaseHolder:
     def held_keys(self) -> set[str]:
         return {h.lease_key for h in self.held()}
 
-    def set_throughput(self, lease_key: str, token: uuid.UUID, kbps: float) -> None:
-        """The lease's read throughput (KB/s, smoothed by the caller), written by its next
-        renewal as the KCL 3.x's throughputKBps; ignored unless held under ``token``."""
+    def set_figures(self, lease_key: str, token: uuid.UUID, **figures: float | int | None) -> None:
+        """What the lease's consumer measured (``Lease.renewal_figures``' names: the read
+        throughput as the KCL 3.x's throughputKBps, records delivered in this tenure,
+        MillisBehindLatest), written by its next renewal. Ignored unless held under ``token``;
+        a figure None or not given keeps its last value."""
         with self._lock:
             slot = self._slots.get(lease_key)
             if slot is not None and slot.held.token == token:
-                slot.throughput = kbps
+                slot.figures.update({k: v for k, v in figures.items() if v is not None})
 
     def drop(self, lease_key: str, token: uuid.UUID | None = None) -> HeldLease | None:
         """Stop holding the lease locally (no write: it expires for others); with ``token``,
@@ -276,8 +279,8 @@ class LeaseHolder:
                 return _Renewal.LOST, held
             started = self._clock.monotonic()
             lease = held.lease
-            if slot.throughput is not None:
-                lease = replace(lease, throughput_kbps=round(slot.throughput, 3))
+            if slot.figures:
+                lease = replace(lease, **slot.figures)  # type: ignore[arg-type]
             new = self.table.renew_lease(lease)
             if new is None:
                 log.warning("lost lease %s: its renewal lost the conditional write", key)

@@ -46,6 +46,14 @@ CLOSED_UNTIL = "kclpySparkClosedUntil"
 CLOSED_COUNT = "kclpySparkClosedCount"
 START_TIMESTAMP = "kclpySparkStartTimestamp"
 THROUGHPUT = "throughputKBps"  # KCL 3.x, written at renewal
+# kclpy-spark's owner figures, written at renewal with the throughput (Lease.renewal_figures).
+RECORDS_PROCESSED = "kclpySparkRecordsProcessed"
+MILLIS_BEHIND = "kclpySparkMillisBehindLatest"
+FIGURE_ATTRIBUTES = {
+    "throughput_kbps": THROUGHPUT,
+    "records_processed": RECORDS_PROCESSED,
+    "millis_behind_latest": MILLIS_BEHIND,
+}
 # kclpy-spark's write stamp (checkpoint.lease.WriteStamp): the counter a write set and the
 # writer's wall time, written with every counter move; the KCL ignores (and keeps) both.
 WRITTEN_COUNTER = "kclpySparkWrittenCounter"
@@ -140,8 +148,7 @@ def lease_to_item(lease: Lease) -> dict[str, AttributeValueTypeDef]:
         item[ENDING_HASH_KEY] = s_value(str(lease.hash_key_range.end))
     if lease.checkpoint_owner is not None:
         item[CHECKPOINT_OWNER] = s_value(lease.checkpoint_owner)
-    if lease.throughput_kbps is not None:
-        item[THROUGHPUT] = n_value(float(lease.throughput_kbps))
+    item.update(figure_values(lease))
     if lease.written is not None:
         item.update(stamp_values(lease.written))
     set_values, _ = progress_changes(lease)
@@ -152,6 +159,21 @@ def lease_to_item(lease: Lease) -> dict[str, AttributeValueTypeDef]:
 def stamp_values(stamp: WriteStamp) -> dict[str, AttributeValueTypeDef]:
     """The attributes of a write stamp."""
     return {WRITTEN_COUNTER: n_value(stamp.counter), WRITTEN_AT: n_value(float(stamp.at))}
+
+
+def figure_values(lease: Lease) -> dict[str, AttributeValueTypeDef]:
+    """The attributes of the lease's measured figures (what a renewal writes)."""
+    return {FIGURE_ATTRIBUTES[k]: n_value(v) for k, v in lease.renewal_figures().items()}
+
+
+def _whole(item: Mapping[str, Any], name: str) -> int | None:
+    """A figure that must be a whole number, or None if absent or malformed (figures are for
+    people reading ``status``: a bad one never makes the lease unreadable)."""
+    try:
+        value = float(item[name]["N"])
+    except (TypeError, KeyError, ValueError):
+        return None
+    return int(value) if math.isfinite(value) and value == int(value) else None
 
 
 def _stamp(item: Mapping[str, Any]) -> WriteStamp | None:
@@ -327,6 +349,8 @@ def lease_from_item(item: Mapping[str, Any]) -> Lease:
             start_timestamp=None if start_timestamp is None else float(start_timestamp),
             throughput_kbps=None if throughput is None else float(throughput),
             written=_stamp(item),
+            records_processed=_whole(item, RECORDS_PROCESSED),
+            millis_behind_latest=_whole(item, MILLIS_BEHIND),
         )
     except ValueError as exc:
         raise r.corrupt(str(exc)) from None

@@ -223,10 +223,7 @@ class DynamoDBLeaseTable(DynamoCalls):
     def renew_lease(self, lease: Lease) -> Lease | None:
         if lease.actual_owner is None:
             return None  # nobody holds it: nothing to renew
-        sets = {}
-        if lease.throughput_kbps is not None:
-            sets[codec.THROUGHPUT] = codec.n_value(float(lease.throughput_kbps))
-        return self._lease_write("renew", lease, sets, [])
+        return self._lease_write("renew", lease, codec.figure_values(lease), [])
 
     def take_lease(self, lease: Lease, owner: str) -> Lease | None:
         # The counter condition pins the item to the version the caller read, so the caller's

@@ -76,11 +76,10 @@ class MemoryLeaseTable:
     def renew_lease(self, lease: Lease) -> Lease | None:
         if lease.actual_owner is None:
             return None
-        measured = lease.throughput_kbps
+        measured = lease.renewal_figures()
 
         def renewed(current: Lease) -> Lease:
-            kbps = current.throughput_kbps if measured is None else measured
-            return current.bumped(throughput_kbps=kbps)
+            return current.bumped(**measured)
 
         return self._swap(lease, renewed, check_owner=True)
 

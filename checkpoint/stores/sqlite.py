@@ -244,11 +244,10 @@ class SQLiteLeaseTable:
     def renew_lease(self, lease: Lease) -> Lease | None:
         if lease.actual_owner is None:
             return None  # nobody holds it: nothing to renew
-        if lease.throughput_kbps is None:
-            return self._conditional_update("renew", lease, "", (), check_owner=True)
-        args = (float(lease.throughput_kbps),)
+        figures = lease.renewal_figures()  # column names; those not measured keep their value
+        assignments = "".join(f"{name} = ?, " for name in figures)
         return self._conditional_update(
-            "renew", lease, "throughput_kbps = ?, ", args, check_owner=True
+            "renew", lease, assignments, tuple(figures.values()), check_owner=True
         )
 
     def take_lease(self, lease: Lease, owner: str) -> Lease | None:

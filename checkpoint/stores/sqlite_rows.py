@@ -26,11 +26,14 @@ LEASE_TYPES = {
     "child_shard_ids": "TEXT", "starting_hash_key": "TEXT", "ending_hash_key": "TEXT",
     "checkpoint_owner": "TEXT", "closed_until": "REAL", "closed_count": "INTEGER",
     "start_timestamp": "REAL", "throughput_kbps": "REAL", "written_counter": "INTEGER",
-    "written_at": "REAL",
+    "written_at": "REAL", "records_processed": "INTEGER", "millis_behind_latest": "INTEGER",
 }  # fmt: skip
 # Columns added after the first release, in order: a database without them gets them (ALTER TABLE
 # ADD COLUMN, NULL for existing rows) when the table is ensured.
-ADDED_LEASE_COLUMNS = ("start_timestamp", "throughput_kbps", "written_counter", "written_at")
+ADDED_LEASE_COLUMNS = (
+    "start_timestamp", "throughput_kbps", "written_counter", "written_at", "records_processed",
+    "millis_behind_latest",
+)  # fmt: skip
 RECORD_TYPES = {
     "namespace": "TEXT NOT NULL", "key": "TEXT NOT NULL", "owner": "TEXT",
     "version": "INTEGER NOT NULL", "expires_at": "REAL NOT NULL", "data": "TEXT NOT NULL",
@@ -68,6 +71,8 @@ def lease_to_row(namespace: str, lease: Lease) -> tuple[Any, ...]:
         throughput_kbps=lease.throughput_kbps,
         written_counter=None if lease.written is None else lease.written.counter,
         written_at=None if lease.written is None else lease.written.at,
+        records_processed=lease.records_processed,
+        millis_behind_latest=lease.millis_behind_latest,
     )  # fmt: skip
     return tuple(by_name[name] for name in LEASE_COLUMNS)
 
@@ -123,6 +128,8 @@ def lease_from_row(row: tuple[Any, ...]) -> Lease:
             start_timestamp=get("start_timestamp", float),
             throughput_kbps=get("throughput_kbps", float),
             written=_stamp(col["written_counter"], col["written_at"]),
+            records_processed=get("records_processed", int),
+            millis_behind_latest=get("millis_behind_latest", int),
         )
     except ValueError as exc:  # a bad sequence number or hash key range
         raise CorruptLeaseError(key, str(exc)) from None

@@ -17,7 +17,7 @@ from typing import Any
 
 from checkpoint.lease import Lease
 from kclpy_spark.board.graph import layout
-from kclpy_spark.ops.status import is_live, lease_rows
+from kclpy_spark.ops.status import is_live, lease_rows, owner_figures
 
 SINK_FIGURES = ("batches", "rows", "failed_attempts", "dead_lettered_batches", "parked_batches")
 
@@ -120,8 +120,8 @@ class Board:
         if lease.actual_owner is None:
             return {}, None
         status = self._statuses.get(lease.actual_owner, {})
-        figures = status.get("leases", {}).get(lease.lease_key, {})
-        at = status.get("updated_at")
+        figures = owner_figures(lease, status)
+        at = lease.write_time if lease.records_processed is not None else status.get("updated_at")
         return figures, float(at) if isinstance(at, int | float) else None
 
     def _sample(self, lease: Lease, now_wall: float) -> None:

@@ -47,7 +47,7 @@ def lease_rows(
         published: Mapping[str, Any] = {}
         owner = lease.actual_owner  # the worker processing it (the old owner mid-handoff)
         if owner:
-            published = statuses.get(owner, {}).get("leases", {}).get(lease.lease_key, {})
+            published = owner_figures(lease, statuses.get(owner, {}))
         rows.append(
             LeaseRow(
                 shard_id=lease.shard_id,
@@ -66,6 +66,21 @@ def lease_rows(
             )
         )
     return rows
+
+
+def owner_figures(lease: Lease, status: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What the lease's owner measured: from the lease itself (its renewals write the figures),
+    else from the owner's status record (versions before that published them there), with the
+    owner's Spark-sink figures for the lease from its status record."""
+    published: Mapping[str, Any] = status.get("leases", {}).get(lease.lease_key, {})
+    if lease.records_processed is None:
+        return published
+    return {
+        **published,
+        "records": lease.records_processed,
+        "millis_behind_latest": lease.millis_behind_latest,
+        "last_renewal": lease.write_time,
+    }
 
 
 def _int(value: Any) -> int | None:

@@ -171,13 +171,18 @@ class ConsumerSet:
 
     def measure_throughput(self) -> None:
         """Each consumer's read throughput since the last call, smoothed (the KCL 3.x moving
-        average), handed to the holder for the next renewal to write (load-aware balancing)."""
+        average), with its records and lag, handed to the holder for the next renewal to write
+        (load-aware balancing; ``status``)."""
         now = self._clock.monotonic()
         for key, r in self.running.items():
-            total = r.consumer.stats.bytes
+            stats = r.consumer.stats
+            total = stats.bytes
             if r.measured_at is not None and now > r.measured_at:
                 r.kbps = ema(r.kbps, (total - r.bytes_seen) / 1024 / (now - r.measured_at))
-                self._holder.set_throughput(key, r.consumer.token, r.kbps)
+            kbps = None if r.kbps is None else round(r.kbps, 3)
+            self._holder.set_figures(key, r.consumer.token, throughput_kbps=kbps,
+                                     records_processed=stats.records,
+                                     millis_behind_latest=stats.millis_behind_latest)  # fmt: skip
             r.bytes_seen, r.measured_at = total, now
 
     def hand_over(self, held: HeldLease, timeout: float) -> None:

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from kclpy_spark.runtime.worker import Worker
 
 EVENTS_PUBLISHED = 10
-# The per-lease figures of one status record stay under this many bytes of JSON (~250 leases):
-# DynamoDB refuses an item over 400 KB, and each KB costs a write unit at every publish.
+# The per-lease figures of one status record (the Spark sink's) stay under this many bytes of
+# JSON: DynamoDB refuses an item over 400 KB, and each KB costs a write unit at every publish.
 LEASE_FIGURES_BYTES = 32_768
 log = logging.getLogger(__name__)
 
@@ -52,21 +52,17 @@ def sink_lanes(factory: object) -> dict[str, dict[str, Any]]:
 
 
 def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
-    now = worker.clock.monotonic()
+    # Per lease only what renewals do not write into the lease itself (records, lag and the
+    # renewal time ride on them): the Spark sink's batches in flight and rows buffered.
     leases: dict[str, Any] = {}
     lanes = sink_lanes(worker.processor_factory)
     for held in worker.holder.held():
-        stats = worker.consumers.stats_of(held.lease_key)
-        leases[held.lease_key] = {
-            "state": stats.state if stats else "held",
-            "records": stats.records if stats else 0,
-            "millis_behind_latest": stats.millis_behind_latest if stats else None,
-            "last_renewal": now_wall - (now - held.last_counter_change),
-        }
         lane = lanes.get(held.lease_key)
         if lane is not None:
-            leases[held.lease_key]["sink_in_flight"] = lane.get("in_flight_batches", 0)
-            leases[held.lease_key]["sink_buffered"] = lane.get("buffered_rows", 0)
+            leases[held.lease_key] = {
+                "sink_in_flight": lane.get("in_flight_batches", 0),
+                "sink_buffered": lane.get("buffered_rows", 0),
+            }
     ready, why = worker.readiness()
     leases, omitted = bounded(leases, LEASE_FIGURES_BYTES)
     payload = {
@@ -86,8 +82,8 @@ def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
 
 
 def bounded(leases: dict[str, Any], budget: int) -> tuple[dict[str, Any], int]:
-    """The figures of as many leases as fit in ``budget`` bytes of JSON, the furthest behind
-    first (those an operator looks for); and how many were left out."""
+    """The figures of as many leases as fit in ``budget`` bytes of JSON (those furthest behind
+    first, when the figures say); and how many were left out."""
     size = len(json.dumps(leases))
     if size <= budget:
         return leases, 0

@@ -605,6 +605,25 @@ def test_renew_records_the_throughput_it_is_given_and_only_renew_does(table: Any
     assert stored(table) == updated
 
 
+def test_renew_records_the_owners_figures_and_keeps_those_not_measured(table: Any) -> None:
+    before = owned(table)
+    assert (before.records_processed, before.millis_behind_latest) == (None, None)
+    figures = {"records_processed": 1_234_567, "millis_behind_latest": 0, "throughput_kbps": 1.5}
+    renewed = table.renew_lease(replace(before, **figures))
+    assert renewed == replace(before, lease_counter=before.lease_counter + 1, **figures)
+    assert stored(table) == renewed
+    later = table.renew_lease(
+        replace(renewed, records_processed=1_234_999, millis_behind_latest=None)
+    )
+    assert later is not None
+    assert (later.records_processed, later.millis_behind_latest) == (1_234_999, 0)
+    moved = table.update_checkpoint(
+        replace(later, records_processed=5), ExtendedSequenceNumber(SEQ_2)
+    )  # only renewals write the figures
+    assert moved is not None and moved.records_processed == 1_234_999
+    assert stored(table) == moved
+
+
 # -- write stamps (kclpy-spark's, for faster failover) --------------------------------------------
 
 

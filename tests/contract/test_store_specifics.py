@@ -216,11 +216,25 @@ def test_sqlite_a_busy_pool_is_a_retriable_dependency_error(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     "dropped",
     [
-        ("written_at", "written_counter", "throughput_kbps", "start_timestamp"),
-        ("written_at", "written_counter", "throughput_kbps"),
-        ("written_at", "written_counter"),
+        (
+            "records_processed",
+            "millis_behind_latest",
+            "written_at",
+            "written_counter",
+            "throughput_kbps",
+            "start_timestamp",
+        ),
+        (
+            "records_processed",
+            "millis_behind_latest",
+            "written_at",
+            "written_counter",
+            "throughput_kbps",
+        ),
+        ("records_processed", "millis_behind_latest", "written_at", "written_counter"),
+        ("records_processed", "millis_behind_latest"),
     ],
-    ids=["first-release", "before-throughput", "before-stamps"],
+    ids=["first-release", "before-throughput", "before-stamps", "before-figures"],
 )
 def test_sqlite_a_database_of_an_earlier_version_gains_the_new_columns(
     tmp_path: Path, dropped: tuple[str, ...]
@@ -239,6 +253,9 @@ def test_sqlite_a_database_of_an_earlier_version_gains_the_new_columns(
     assert again.get_lease("shardId-1") == new
     taken = again.take_lease(new, "a")
     assert taken is not None and taken.write_time is not None  # the added columns are written
+    renewed = again.renew_lease(replace(taken, records_processed=3, millis_behind_latest=4))
+    assert renewed is not None
+    assert (renewed.records_processed, renewed.millis_behind_latest) == (3, 4)
 
 
 def test_sqlite_missing_file_with_creation_disabled(tmp_path: Path) -> None:
@@ -792,3 +809,26 @@ def test_sqlite_a_database_with_a_newer_versions_columns_is_used_as_it_is(tmp_pa
         assert conn.execute(
             "SELECT from_the_future FROM kclpy_spark_leases ORDER BY lease_key"
         ).fetchall() == [("kept",), (None,)]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ({"N": "42"}, 42),
+        ({"N": "42.0"}, 42),
+        ({"N": "4.5"}, None),
+        ({"S": "42"}, None),
+        (None, None),
+    ],
+)
+def test_dynamodb_a_missing_or_malformed_owner_figure_is_ignored_not_corrupt(
+    value: Any, expected: int | None
+) -> None:
+    item: dict[str, Any] = {
+        "leaseKey": {"S": "shardId-0"}, "leaseCounter": {"N": "4"}, "checkpoint": {"S": SEQ},
+    }  # fmt: skip
+    if value is not None:
+        item[dynamo_codec.RECORDS_PROCESSED] = value
+        item[dynamo_codec.MILLIS_BEHIND] = value
+    lease = dynamo_codec.lease_from_item(item)
+    assert (lease.records_processed, lease.millis_behind_latest) == (expected, expected)

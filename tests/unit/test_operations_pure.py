@@ -50,6 +50,27 @@ def test_rows_merge_leases_with_the_owners_published_figures() -> None:
     assert parsed["application"] == "app" and len(parsed["leases"]) == 4
 
 
+def test_rows_take_the_figures_a_renewal_wrote_into_the_lease_first() -> None:
+    from dataclasses import replace
+
+    from checkpoint.lease import WriteStamp
+
+    renewed = replace(leases()[0], records_processed=42, millis_behind_latest=5,
+                      written=WriteStamp(5, 995.0))  # fmt: skip
+    figures = {
+        "millis_behind_latest": 250,
+        "records": 7,
+        "last_renewal": 990.0,
+        "sink_in_flight": 1,
+    }
+    old_style = {"w1": {"leases": {"shardId-0": figures}}}
+    [row] = lease_rows([renewed], old_style, now_wall=1_000.0)
+    assert (row.records, row.millis_behind_latest, row.last_renewal) == (42, 5, 995.0)
+    assert row.sink_in_flight == 1  # the sink's figures stay in the worker's record
+    [row] = lease_rows([leases()[0]], old_style, now_wall=1_000.0)  # a worker before figures
+    assert (row.records, row.millis_behind_latest, row.last_renewal) == (7, 250, 990.0)
+
+
 def test_the_table_shows_a_sink_column_only_when_a_lease_has_sink_figures() -> None:
     plain = lease_rows(leases(), {"w1": {"leases": {"shardId-0": {"records": 7}}}}, 1_000.0)
     assert "sink" not in render_table(plain, 1_000.0).splitlines()[0]
