@@ -97,10 +97,13 @@ def _dynamo_client(endpoint: str) -> Any:
 
 
 def _lease_bytes(table: Any) -> float:
-    """The mean size DynamoDB bills for one lease item of ``table`` as it is now."""
+    """The mean size DynamoDB would bill for one lease item of ``table`` as the KCL 3.x writes
+    it (what its model prices): without kclpy-spark's stamps and figures."""
+    from dataclasses import replace
+
     from checkpoint.stores import dynamo_codec
 
-    leases = table.list_leases()
+    leases = [replace(x, written=None, figures=None) for x in table.list_leases()]
     sizes = [item_size(dynamo_codec.lease_to_item(x)) for x in leases]
     return sum(sizes) / len(sizes) if sizes else 0.0
 
@@ -211,7 +214,7 @@ def _units(before: list[dict[str, Usage]], after: list[dict[str, Usage]]) -> dic
 
 async def _settle(started: list[Worker], workers: int, shards: int) -> None:
     """Until every worker runs and the leases are spread (each worker holds its fair share)."""
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 120 + shards  # a thousand leases spread in minutes
     share = shards // workers
     while True:
         held = [len(w.holder.held()) for w in started]
@@ -322,6 +325,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, default=15.0)
     parser.add_argument("--window", type=float, default=75.0)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--results", default="lease_requests.md", help="file in bench/results/")
     args = parser.parse_args(argv)
 
     from kinesalite import Kinesalite
@@ -341,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     text = report(results, args.store, argv)
     print(text)
     if not args.no_write:
-        print(f"written to {write_results('lease_requests.md', text)}")
+        print(f"written to {write_results(args.results, text)}")
 
 
 if __name__ == "__main__":

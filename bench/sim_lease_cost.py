@@ -7,7 +7,7 @@ worker's real ``LeaseHolder.renew_all`` every renewal interval, a ``list_leases`
 interval (the taker's, which reads nothing else while every lease is renewed in time), the real
 ``LeaderElection.tick`` every leader interval, and once per failover time the suspend flag read
 and the real ``StatusWriter`` publishing a status record shaped like the worker's
-(``publish.bounded`` per-lease figures and ten events). Each call is costed by DynamoDB's rules
+(ten events; a lease's figures ride on its renewals). Each call is costed by DynamoDB's rules
 (checkpoint.stores.capacity) on the item the DynamoDB store would read or write
 (checkpoint.stores.dynamo_codec): a Scan pays for the whole table, coordination records
 included, per 1 MB page. Not simulated: the leader's shard-sync maintenance (a Scan every few
@@ -34,7 +34,7 @@ from common import machine, stamp, write_results
 from kcl_model import Cost, kcl3
 
 from checkpoint.base.clock import ManualClock
-from checkpoint.lease import HashKeyRange, Lease
+from checkpoint.lease import HashKeyRange, Lease, OwnerFigures
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.leasing.timing import LeaseTiming
 from checkpoint.port import CoordinationRecord
@@ -43,7 +43,6 @@ from checkpoint.stores import dynamo_codec as codec
 from checkpoint.stores.capacity import item_size, read_units, write_units
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.ops import control
-from kclpy_spark.runtime.publish import LEASE_FIGURES_BYTES, bounded
 from shard_sync.leader import LeaderElection
 
 SEQ = "49590338271490256608559692538361571095921575989136588898"
@@ -137,15 +136,20 @@ class SimWorker:
 
     def control(self) -> None:
         control.is_suspended(self.store)  # type: ignore[arg-type]
-        now = self.clock.wall()
-        figures = {h.lease_key: {"state": "processing", "records": 123_456,
-                                 "millis_behind_latest": 0, "last_renewal": now - 1.2345}
-                   for h in self.holder.held()}  # fmt: skip
-        leases, omitted = bounded(figures, LEASE_FIGURES_BYTES)
+        # Per-lease figures ride on the renewals (Lease.renewal_figures): the status record holds
+        # none for a RecordProcessor application (only a Spark sink's, within 32 KB).
         status = {"suspended": False, "leader": self.leader.is_leader, "ready": True,
-                  "readiness": "ready", "leases": leases, "leases_omitted": omitted,
+                  "readiness": "ready", "leases": {}, "leases_omitted": 0,
                   "events": self.events, "cpu_percent": 12.5}  # fmt: skip
-        self.status.publish(status, now)
+        self.status.publish(status, self.clock.wall())
+
+    def measure(self) -> None:
+        """What the consumers hand the holder before each renewal round (written with it)."""
+        for held in self.holder.held():
+            figures = OwnerFigures(self.id, self.clock.wall(), 1_234_567, 0)
+            self.holder.set_figures(
+                held.lease_key, held.token, throughput_kbps=12.345, figures=figures
+            )
 
 
 def _populate(store: CostingStore, leases: int, workers: list[SimWorker]) -> None:
@@ -173,7 +177,7 @@ def simulate(leases: int, workers: int, failover: float, warmup: float, minutes:
     steps: list[tuple[float, Callable[[], Any]]] = []
     for w in fleet:
         steps += [
-            (timing.renew_interval, w.holder.renew_all),
+            (timing.renew_interval, lambda w=w: (w.measure(), w.holder.renew_all())),
             (timing.take_interval, w.scan),
             (timing.leader_renew_interval, w.leader.tick),
             (timing.lease_duration, w.control),
@@ -202,11 +206,12 @@ def simulate(leases: int, workers: int, failover: float, warmup: float, minutes:
 
 
 def _lease_bytes(leases: int) -> int:
-    """The size of one simulated lease item while held (what the model prices)."""
+    """The size of one of the simulated leases as the KCL 3.x writes it (what its model prices):
+    the same lease with throughputKBps, without kclpy-spark's stamps and figures."""
     lease = Lease("shardId-000000000000", ExtendedSequenceNumber(SEQ), lease_owner="worker-000",
                   parent_shard_ids=frozenset({"shardId-000000100000"}),
                   hash_key_range=HashKeyRange(0, (1 << 128) // max(leases, 1) - 1),
-                  lease_counter=123_456)  # fmt: skip
+                  lease_counter=123_456, throughput_kbps=12.345)  # fmt: skip
     return item_size(codec.lease_to_item(lease))
 
 

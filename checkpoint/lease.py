@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field, replace
 
 from checkpoint.base.errors import CheckpointRegressionError
@@ -92,6 +93,34 @@ class WriteStamp:
 
 
 @dataclass(frozen=True)
+class OwnerFigures:
+    """What a lease's owner measured, written with its renewals (kclpy-spark's, for ``status``):
+    who measured it and when (wall time), the records it delivered in its tenure, and how far
+    behind the stream's tip it last read. Stored as one short text (``encode``), so it costs a
+    lease item a few dozen bytes; figures of another owner than the lease's are stale."""
+
+    owner: str
+    at: float
+    records: int
+    millis_behind_latest: int | None = None
+
+    def encode(self) -> str:
+        lag = "-" if self.millis_behind_latest is None else str(self.millis_behind_latest)
+        return f"{self.at:.1f} {self.records} {lag} {self.owner}"
+
+    @classmethod
+    def decode(cls, text: object) -> OwnerFigures | None:
+        """The figures ``encode`` wrote; None for anything else (they are for people reading
+        ``status``: a malformed value never makes the lease unreadable)."""
+        try:
+            at, records, lag, owner = str(text).split(" ", 3)
+            figures = cls(owner, float(at), int(records), None if lag == "-" else int(lag))
+        except ValueError:
+            return None
+        return figures if math.isfinite(figures.at) and owner else None
+
+
+@dataclass(frozen=True)
 class Lease:
     """One row of the lease table. Change with ``dataclasses.replace`` (or the helpers below).
 
@@ -119,23 +148,23 @@ class Lease:
     # The KCL 3.x's throughputKBps: the lease's read throughput (a moving average), written by its
     # owner at each renewal; None until first measured. Load-aware balancing weighs leases by it.
     throughput_kbps: float | None = None
-    # kclpy-spark's: the owner's figures, written with each renewal (no request of their own):
-    # records delivered in its tenure, and how far behind the stream's tip it last read.
-    records_processed: int | None = None
-    millis_behind_latest: int | None = None
+    # kclpy-spark's: the owner's figures, written with each renewal (no request of their own).
+    figures: OwnerFigures | None = None
     # kclpy-spark's write stamp (see WriteStamp). Metadata about the write, not lease state: two
     # leases that differ only in it are equal.
     written: WriteStamp | None = field(default=None, compare=False)
 
-    def renewal_figures(self) -> dict[str, float | int]:
-        """The figures a renewal writes (those measured; None keeps the stored ones), by field
-        name: ``throughput_kbps``, ``records_processed``, ``millis_behind_latest``."""
-        figures = {
-            "throughput_kbps": self.throughput_kbps,
-            "records_processed": self.records_processed,
-            "millis_behind_latest": self.millis_behind_latest,
-        }
-        return {name: value for name, value in figures.items() if value is not None}
+    def renewal_figures(self) -> dict[str, float | OwnerFigures]:
+        """What a renewal writes (those measured; None keeps the stored ones), by field name:
+        ``throughput_kbps`` and ``figures``."""
+        measured = {"throughput_kbps": self.throughput_kbps, "figures": self.figures}
+        return {name: value for name, value in measured.items() if value is not None}
+
+    @property
+    def owner_figures(self) -> OwnerFigures | None:
+        """The figures if its current owner (the one processing it) measured them."""
+        figures = self.figures
+        return figures if figures is not None and figures.owner == self.actual_owner else None
 
     @property
     def write_time(self) -> float | None:

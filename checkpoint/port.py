@@ -72,7 +72,7 @@ class LeaseTable(Protocol):
 
     def renew_lease(self, lease: Lease) -> Lease | None:
         """Condition: counter == lease.lease_counter and owner == lease.actual_owner.
-        Change: counter + 1, and throughput_kbps := lease.throughput_kbps unless that is None.
+        Change: counter + 1, and throughput_kbps and figures := the lease's, each unless None.
         Returns the renewed lease as stored (a handoff begun meanwhile shows in its lease_owner
         and checkpoint_owner), or None if the condition failed."""
         ...

@@ -57,7 +57,10 @@ class LeaderElection:
         self._leading = False
         self._leading_until = float("-inf")  # monotonic: our last renewing write's start + duration
         self._later: dict[str, object] = {}  # data for the next renewal (note_later)
+        # Guards only _later, never held across a request: note_later is called on the event loop.
+        self._later_lock = threading.Lock()
         self._mine: CoordinationRecord | None = None  # the record as we last wrote it
+        self._resigned = False  # for good: this worker is stopping
         # tick, note and resign may run in different threads of one worker; serialized here so
         # they never make each other's conditional writes lose.
         self._lock = threading.RLock()
@@ -92,6 +95,8 @@ class LeaderElection:
 
     def tick(self) -> bool:
         with self._lock:
+            if self._resigned:
+                return False  # a tick queued before the stop must not take leadership back
             return self._tick()
 
     def _tick(self) -> bool:
@@ -116,13 +121,15 @@ class LeaderElection:
 
     def _renew(self, current: CoordinationRecord, now: float) -> bool:
         """Write our record over ``current`` (ours), with the notes for it; True if won."""
-        later = dict(self._later)
+        with self._later_lock:
+            later = dict(self._later)
         data = {**json.loads(current.data or "{}"), **later}
         won = self._put(self._record(current.version + 1, data), current.version, now)
         if won:
-            for key in later:
-                if self._later.get(key) is later[key]:
-                    del self._later[key]
+            with self._later_lock:
+                for key in later:
+                    if self._later.get(key) is later[key]:
+                        del self._later[key]
         return won
 
     def _put(self, record: CoordinationRecord, expected: int | None, now: float) -> bool:
@@ -140,6 +147,7 @@ class LeaderElection:
             self._resign()
 
     def _resign(self) -> None:
+        self._resigned = True
         current = self._store.get_record(self._key)
         if current is not None and current.owner == self._worker_id:
             released = CoordinationRecord(
@@ -151,11 +159,12 @@ class LeaderElection:
             )
             self._store.put_record(released, expected_version=current.version)
         self._set_leading(False, "resigned")
-        self._later.clear()
+        with self._later_lock:
+            self._later.clear()
         self._mine = None
 
     def note_later(self, **data: object) -> None:
         """Merge ``data`` into the record with our next renewal (no request of its own); dropped
-        if we lose leadership first."""
-        with self._lock:
+        when we resign. Never waits for a request in flight (safe on the event loop)."""
+        with self._later_lock:
             self._later.update(data)

@@ -68,7 +68,7 @@ class _Slot:
     lock: threading.Lock = field(default_factory=threading.Lock)
     renewing: bool = False  # a renewal of this slot is in flight (guarded by the registry lock)
     # What the consumer measured lately (Lease.renewal_figures' names); the next renewal writes it.
-    figures: dict[str, float | int] = field(default_factory=dict)
+    figures: dict[str, object] = field(default_factory=dict)
 
 
 class LeaseBusyError(KclpySparkError):
@@ -165,11 +165,10 @@ class LeaseHolder:
     def held_keys(self) -> set[str]:
         return {h.lease_key for h in self.held()}
 
-    def set_figures(self, lease_key: str, token: uuid.UUID, **figures: float | int | None) -> None:
-        """What the lease's consumer measured (``Lease.renewal_figures``' names: the read
-        throughput as the KCL 3.x's throughputKBps, records delivered in this tenure,
-        MillisBehindLatest), written by its next renewal. Ignored unless held under ``token``;
-        a figure None or not given keeps its last value."""
+    def set_figures(self, lease_key: str, token: uuid.UUID, **figures: object) -> None:
+        """What the lease's consumer measured (``Lease.renewal_figures``' names:
+        ``throughput_kbps``, the KCL 3.x's throughputKBps; ``figures``, an OwnerFigures), written
+        by its next renewal. Ignored unless held under ``token``; None keeps the last value."""
         with self._lock:
             slot = self._slots.get(lease_key)
             if slot is not None and slot.held.token == token:

@@ -21,7 +21,7 @@ from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
 from checkpoint.base.errors import CorruptLeaseError, InvalidStateError
-from checkpoint.lease import HashKeyRange, Lease, WriteStamp
+from checkpoint.lease import HashKeyRange, Lease, OwnerFigures, WriteStamp
 from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import ExtendedSequenceNumber
 
@@ -46,14 +46,8 @@ CLOSED_UNTIL = "kclpySparkClosedUntil"
 CLOSED_COUNT = "kclpySparkClosedCount"
 START_TIMESTAMP = "kclpySparkStartTimestamp"
 THROUGHPUT = "throughputKBps"  # KCL 3.x, written at renewal
-# kclpy-spark's owner figures, written at renewal with the throughput (Lease.renewal_figures).
-RECORDS_PROCESSED = "kclpySparkRecordsProcessed"
-MILLIS_BEHIND = "kclpySparkMillisBehindLatest"
-FIGURE_ATTRIBUTES = {
-    "throughput_kbps": THROUGHPUT,
-    "records_processed": RECORDS_PROCESSED,
-    "millis_behind_latest": MILLIS_BEHIND,
-}
+# kclpy-spark's owner figures (checkpoint.lease.OwnerFigures, one short S), written at renewal.
+FIGURES = "kclpySparkFigures"
 # kclpy-spark's write stamp (checkpoint.lease.WriteStamp): the counter a write set and the
 # writer's wall time, written with every counter move; the KCL ignores (and keeps) both.
 WRITTEN_COUNTER = "kclpySparkWrittenCounter"
@@ -163,17 +157,17 @@ def stamp_values(stamp: WriteStamp) -> dict[str, AttributeValueTypeDef]:
 
 def figure_values(lease: Lease) -> dict[str, AttributeValueTypeDef]:
     """The attributes of the lease's measured figures (what a renewal writes)."""
-    return {FIGURE_ATTRIBUTES[k]: n_value(v) for k, v in lease.renewal_figures().items()}
+    values: dict[str, AttributeValueTypeDef] = {}
+    if lease.throughput_kbps is not None:
+        values[THROUGHPUT] = n_value(float(lease.throughput_kbps))
+    if lease.figures is not None:
+        values[FIGURES] = s_value(lease.figures.encode())
+    return values
 
 
-def _whole(item: Mapping[str, Any], name: str) -> int | None:
-    """A figure that must be a whole number, or None if absent or malformed (figures are for
-    people reading ``status``: a bad one never makes the lease unreadable)."""
-    try:
-        value = float(item[name]["N"])
-    except (TypeError, KeyError, ValueError):
-        return None
-    return int(value) if math.isfinite(value) and value == int(value) else None
+def _figures(item: Mapping[str, Any]) -> OwnerFigures | None:
+    value = item.get(FIGURES)
+    return OwnerFigures.decode(value.get("S")) if isinstance(value, Mapping) else None
 
 
 def _stamp(item: Mapping[str, Any]) -> WriteStamp | None:
@@ -349,8 +343,7 @@ def lease_from_item(item: Mapping[str, Any]) -> Lease:
             start_timestamp=None if start_timestamp is None else float(start_timestamp),
             throughput_kbps=None if throughput is None else float(throughput),
             written=_stamp(item),
-            records_processed=_whole(item, RECORDS_PROCESSED),
-            millis_behind_latest=_whole(item, MILLIS_BEHIND),
+            figures=_figures(item),
         )
     except ValueError as exc:
         raise r.corrupt(str(exc)) from None

@@ -79,7 +79,7 @@ class MemoryLeaseTable:
         measured = lease.renewal_figures()
 
         def renewed(current: Lease) -> Lease:
-            return current.bumped(**measured)
+            return current.bumped(**measured)  # type: ignore[arg-type]
 
         return self._swap(lease, renewed, check_owner=True)
 

@@ -28,7 +28,7 @@ from checkpoint.base.errors import (
     ResourceNotFoundError,
 )
 from checkpoint.base.retry import DEFAULT_POLICY, RetryPolicy, call_with_retry
-from checkpoint.lease import Lease, refuse_regression
+from checkpoint.lease import Lease, OwnerFigures, refuse_regression
 from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import ExtendedSequenceNumber
 from checkpoint.stores.sqlite_pool import ConnectionPool, sqlite_errors
@@ -244,10 +244,11 @@ class SQLiteLeaseTable:
     def renew_lease(self, lease: Lease) -> Lease | None:
         if lease.actual_owner is None:
             return None  # nobody holds it: nothing to renew
-        figures = lease.renewal_figures()  # column names; those not measured keep their value
-        assignments = "".join(f"{name} = ?, " for name in figures)
+        measured = lease.renewal_figures()  # column names; those not measured keep their value
+        values = [v.encode() if isinstance(v, OwnerFigures) else v for v in measured.values()]
+        assignments = "".join(f"{name} = ?, " for name in measured)
         return self._conditional_update(
-            "renew", lease, assignments, tuple(figures.values()), check_owner=True
+            "renew", lease, assignments, tuple(values), check_owner=True
         )
 
     def take_lease(self, lease: Lease, owner: str) -> Lease | None:

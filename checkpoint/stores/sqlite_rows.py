@@ -11,7 +11,7 @@ import math
 from typing import Any, TypeVar
 
 from checkpoint.base.errors import CorruptLeaseError
-from checkpoint.lease import HashKeyRange, Lease, WriteStamp
+from checkpoint.lease import HashKeyRange, Lease, OwnerFigures, WriteStamp
 from checkpoint.sequence import ExtendedSequenceNumber
 
 T = TypeVar("T")
@@ -26,13 +26,12 @@ LEASE_TYPES = {
     "child_shard_ids": "TEXT", "starting_hash_key": "TEXT", "ending_hash_key": "TEXT",
     "checkpoint_owner": "TEXT", "closed_until": "REAL", "closed_count": "INTEGER",
     "start_timestamp": "REAL", "throughput_kbps": "REAL", "written_counter": "INTEGER",
-    "written_at": "REAL", "records_processed": "INTEGER", "millis_behind_latest": "INTEGER",
+    "written_at": "REAL", "figures": "TEXT",
 }  # fmt: skip
 # Columns added after the first release, in order: a database without them gets them (ALTER TABLE
 # ADD COLUMN, NULL for existing rows) when the table is ensured.
 ADDED_LEASE_COLUMNS = (
-    "start_timestamp", "throughput_kbps", "written_counter", "written_at", "records_processed",
-    "millis_behind_latest",
+    "start_timestamp", "throughput_kbps", "written_counter", "written_at", "figures",
 )  # fmt: skip
 RECORD_TYPES = {
     "namespace": "TEXT NOT NULL", "key": "TEXT NOT NULL", "owner": "TEXT",
@@ -71,8 +70,7 @@ def lease_to_row(namespace: str, lease: Lease) -> tuple[Any, ...]:
         throughput_kbps=lease.throughput_kbps,
         written_counter=None if lease.written is None else lease.written.counter,
         written_at=None if lease.written is None else lease.written.at,
-        records_processed=lease.records_processed,
-        millis_behind_latest=lease.millis_behind_latest,
+        figures=None if lease.figures is None else lease.figures.encode(),
     )  # fmt: skip
     return tuple(by_name[name] for name in LEASE_COLUMNS)
 
@@ -128,8 +126,7 @@ def lease_from_row(row: tuple[Any, ...]) -> Lease:
             start_timestamp=get("start_timestamp", float),
             throughput_kbps=get("throughput_kbps", float),
             written=_stamp(col["written_counter"], col["written_at"]),
-            records_processed=get("records_processed", int),
-            millis_behind_latest=get("millis_behind_latest", int),
+            figures=OwnerFigures.decode(col["figures"]) if col["figures"] is not None else None,
         )
     except ValueError as exc:  # a bad sequence number or hash key range
         raise CorruptLeaseError(key, str(exc)) from None

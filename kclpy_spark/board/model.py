@@ -121,7 +121,8 @@ class Board:
             return {}, None
         status = self._statuses.get(lease.actual_owner, {})
         figures = owner_figures(lease, status)
-        at = lease.write_time if lease.records_processed is not None else status.get("updated_at")
+        owned = lease.owner_figures
+        at = owned.at if owned is not None else status.get("updated_at")
         return figures, float(at) if isinstance(at, int | float) else None
 
     def _sample(self, lease: Lease, now_wall: float) -> None:

@@ -17,6 +17,7 @@ few times by re-reading, since these are single-writer records or idempotent fla
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -160,6 +161,8 @@ class StatusWriter:
         self._instance = instance
         self._max_age = max_age
         self._version: int | None = None  # what we wrote last
+        self._stopped = False  # a stopped status was written: nothing after it
+        self._lock = threading.Lock()  # the control round's publish may outlive its task
 
     def _data(self, status: dict[str, Any], now_wall: float) -> dict[str, Any]:
         ids = {"worker_id": self._worker_id, "instance": self._instance}
@@ -167,7 +170,16 @@ class StatusWriter:
 
     def publish(self, status: dict[str, Any], now_wall: float) -> str | None:
         """Write ``status``; the instance id of another process that wrote the record within
-        ``max_age`` seconds, if one did."""
+        ``max_age`` seconds, if one did. After a status with ``stopped`` set, nothing is written
+        (a control round's publish still running when the worker stopped must not undo it)."""
+        with self._lock:
+            if self._stopped:
+                return None
+            other = self._publish(status, now_wall)
+            self._stopped = bool(status.get("stopped"))
+            return other
+
+    def _publish(self, status: dict[str, Any], now_wall: float) -> str | None:
         key = worker_key(self._worker_id)
         if self._version is not None:
             data = json.dumps(self._data(status, now_wall))

@@ -69,17 +69,18 @@ def lease_rows(
 
 
 def owner_figures(lease: Lease, status: Mapping[str, Any]) -> Mapping[str, Any]:
-    """What the lease's owner measured: from the lease itself (its renewals write the figures),
-    else from the owner's status record (versions before that published them there), with the
-    owner's Spark-sink figures for the lease from its status record."""
+    """What the lease's owner measured: from the lease itself (its renewals write the figures,
+    with the time they were measured), else from the owner's status record (versions before that
+    published them there), with the owner's Spark-sink figures from its status record."""
     published: Mapping[str, Any] = status.get("leases", {}).get(lease.lease_key, {})
-    if lease.records_processed is None:
+    figures = lease.owner_figures  # None if another owner wrote them (an earlier tenure)
+    if figures is None:
         return published
     return {
         **published,
-        "records": lease.records_processed,
-        "millis_behind_latest": lease.millis_behind_latest,
-        "last_renewal": lease.write_time,
+        "records": figures.records,
+        "millis_behind_latest": figures.millis_behind_latest,
+        "last_renewal": figures.at,
     }
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from checkpoint.base.clock import AsyncSleep, Clock
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.counters import CoordinationCounters, Counter
+from checkpoint.lease import OwnerFigures
 from checkpoint.leasing.holder import HeldLease, LeaseHolder
 from checkpoint.leasing.load import ema
 from checkpoint.port import LeaseTable
@@ -180,9 +181,10 @@ class ConsumerSet:
             if r.measured_at is not None and now > r.measured_at:
                 r.kbps = ema(r.kbps, (total - r.bytes_seen) / 1024 / (now - r.measured_at))
             kbps = None if r.kbps is None else round(r.kbps, 3)
-            self._holder.set_figures(key, r.consumer.token, throughput_kbps=kbps,
-                                     records_processed=stats.records,
-                                     millis_behind_latest=stats.millis_behind_latest)  # fmt: skip
+            at = round(self._clock.wall(), 1)
+            owner = self._holder.worker_id
+            figures = OwnerFigures(owner, at, stats.records, stats.millis_behind_latest)
+            self._holder.set_figures(key, r.consumer.token, throughput_kbps=kbps, figures=figures)
             r.bytes_seen, r.measured_at = total, now
 
     def hand_over(self, held: HeldLease, timeout: float) -> None:

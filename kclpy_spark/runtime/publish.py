@@ -82,22 +82,20 @@ def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
 
 
 def bounded(leases: dict[str, Any], budget: int) -> tuple[dict[str, Any], int]:
-    """The figures of as many leases as fit in ``budget`` bytes of JSON (those furthest behind
-    first, when the figures say); and how many were left out."""
-    size = len(json.dumps(leases))
-    if size <= budget:
+    """The figures of as many leases as fit in ``budget`` bytes of JSON, those with the most rows
+    buffered first (then by key); and how many were left out."""
+    if len(json.dumps(leases)) <= budget:
         return leases, 0
 
-    def behind(key: str) -> float:
-        lag = leases[key].get("millis_behind_latest")
-        return -float(lag) if isinstance(lag, int | float) else 0.0
+    def order(key: str) -> tuple[float, str]:
+        buffered = leases[key].get("sink_buffered")
+        return (-float(buffered) if isinstance(buffered, int | float) else 0.0, key)
 
     kept: dict[str, Any] = {}
     used = 2
-    for key in sorted(leases, key=lambda k: (behind(k), k)):
+    for key in sorted(leases, key=order):
         entry = len(json.dumps({key: leases[key]})) + 1
-        if used + entry > budget:
-            continue
-        kept[key] = leases[key]
-        used += entry
+        if used + entry <= budget:
+            kept[key] = leases[key]
+            used += entry
     return kept, len(leases) - len(kept)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from checkpoint.base.errors import CheckpointRegressionError
-from checkpoint.lease import MAX_HASH_KEY, HashKeyRange, Lease
+from checkpoint.lease import MAX_HASH_KEY, HashKeyRange, Lease, OwnerFigures
 from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import (
     AT_TIMESTAMP,
@@ -605,23 +605,24 @@ def test_renew_records_the_throughput_it_is_given_and_only_renew_does(table: Any
     assert stored(table) == updated
 
 
-def test_renew_records_the_owners_figures_and_keeps_those_not_measured(table: Any) -> None:
+def test_renew_records_the_owners_figures_and_keeps_them_when_not_measured(table: Any) -> None:
     before = owned(table)
-    assert (before.records_processed, before.millis_behind_latest) == (None, None)
-    figures = {"records_processed": 1_234_567, "millis_behind_latest": 0, "throughput_kbps": 1.5}
-    renewed = table.renew_lease(replace(before, **figures))
-    assert renewed == replace(before, lease_counter=before.lease_counter + 1, **figures)
-    assert stored(table) == renewed
-    later = table.renew_lease(
-        replace(renewed, records_processed=1_234_999, millis_behind_latest=None)
-    )
-    assert later is not None
-    assert (later.records_processed, later.millis_behind_latest) == (1_234_999, 0)
+    assert before.figures is None and before.owner_figures is None
+    figures = OwnerFigures("a", 1_700_000_000.5, 1_234_567, 0)
+    renewed = table.renew_lease(replace(before, figures=figures, throughput_kbps=1.5))
+    expected = replace(before, lease_counter=before.lease_counter + 1, figures=figures,
+                       throughput_kbps=1.5)  # fmt: skip
+    assert renewed == expected == stored(table)
+    assert renewed.owner_figures == figures  # measured by its owner
+    later = table.renew_lease(replace(renewed, figures=None))  # not measured: kept
+    assert later is not None and later.figures == figures
     moved = table.update_checkpoint(
-        replace(later, records_processed=5), ExtendedSequenceNumber(SEQ_2)
+        replace(later, figures=replace(figures, records=5)), ExtendedSequenceNumber(SEQ_2)
     )  # only renewals write the figures
-    assert moved is not None and moved.records_processed == 1_234_999
-    assert stored(table) == moved
+    assert moved is not None and moved.figures == figures
+    taken = table.take_lease(moved, "worker-2")
+    assert taken is not None and taken.figures == figures  # kept, but no longer the owner's:
+    assert taken.owner_figures is None  # readers fall back on what the new owner publishes
 
 
 # -- write stamps (kclpy-spark's, for faster failover) --------------------------------------------

@@ -27,7 +27,7 @@ from checkpoint.base.errors import (
     ThrottledError,
 )
 from checkpoint.base.retry import RetryPolicy
-from checkpoint.lease import MAX_HASH_KEY, HashKeyRange, Lease
+from checkpoint.lease import MAX_HASH_KEY, HashKeyRange, Lease, OwnerFigures
 from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber
 from checkpoint.stores import dynamo_codec
@@ -216,23 +216,10 @@ def test_sqlite_a_busy_pool_is_a_retriable_dependency_error(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     "dropped",
     [
-        (
-            "records_processed",
-            "millis_behind_latest",
-            "written_at",
-            "written_counter",
-            "throughput_kbps",
-            "start_timestamp",
-        ),
-        (
-            "records_processed",
-            "millis_behind_latest",
-            "written_at",
-            "written_counter",
-            "throughput_kbps",
-        ),
-        ("records_processed", "millis_behind_latest", "written_at", "written_counter"),
-        ("records_processed", "millis_behind_latest"),
+        ("figures", "written_at", "written_counter", "throughput_kbps", "start_timestamp"),
+        ("figures", "written_at", "written_counter", "throughput_kbps"),
+        ("figures", "written_at", "written_counter"),
+        ("figures",),
     ],
     ids=["first-release", "before-throughput", "before-stamps", "before-figures"],
 )
@@ -253,9 +240,9 @@ def test_sqlite_a_database_of_an_earlier_version_gains_the_new_columns(
     assert again.get_lease("shardId-1") == new
     taken = again.take_lease(new, "a")
     assert taken is not None and taken.write_time is not None  # the added columns are written
-    renewed = again.renew_lease(replace(taken, records_processed=3, millis_behind_latest=4))
-    assert renewed is not None
-    assert (renewed.records_processed, renewed.millis_behind_latest) == (3, 4)
+    figures = OwnerFigures("a", 1.5, 3, 4)
+    renewed = again.renew_lease(replace(taken, figures=figures))
+    assert renewed is not None and renewed.figures == figures
 
 
 def test_sqlite_missing_file_with_creation_disabled(tmp_path: Path) -> None:
@@ -814,21 +801,21 @@ def test_sqlite_a_database_with_a_newer_versions_columns_is_used_as_it_is(tmp_pa
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
-        ({"N": "42"}, 42),
-        ({"N": "42.0"}, 42),
-        ({"N": "4.5"}, None),
-        ({"S": "42"}, None),
+        ({"S": "1700000000.5 42 7 worker a"}, OwnerFigures("worker a", 1_700_000_000.5, 42, 7)),
+        ({"S": "1700000000.5 42 - w"}, OwnerFigures("w", 1_700_000_000.5, 42, None)),
+        ({"S": "1700000000.5 4.5 7 w"}, None),
+        ({"S": "nan 1 2 w"}, None),
+        ({"S": "1 2 3"}, None),
+        ({"N": "42"}, None),
         (None, None),
     ],
 )
-def test_dynamodb_a_missing_or_malformed_owner_figure_is_ignored_not_corrupt(
-    value: Any, expected: int | None
+def test_dynamodb_missing_or_malformed_owner_figures_are_ignored_not_corrupt(
+    value: Any, expected: OwnerFigures | None
 ) -> None:
     item: dict[str, Any] = {
         "leaseKey": {"S": "shardId-0"}, "leaseCounter": {"N": "4"}, "checkpoint": {"S": SEQ},
     }  # fmt: skip
     if value is not None:
-        item[dynamo_codec.RECORDS_PROCESSED] = value
-        item[dynamo_codec.MILLIS_BEHIND] = value
-    lease = dynamo_codec.lease_from_item(item)
-    assert (lease.records_processed, lease.millis_behind_latest) == (expected, expected)
+        item[dynamo_codec.FIGURES] = value
+    assert dynamo_codec.lease_from_item(item).figures == expected

@@ -53,10 +53,10 @@ def test_rows_merge_leases_with_the_owners_published_figures() -> None:
 def test_rows_take_the_figures_a_renewal_wrote_into_the_lease_first() -> None:
     from dataclasses import replace
 
-    from checkpoint.lease import WriteStamp
+    from checkpoint.lease import OwnerFigures, WriteStamp
 
-    renewed = replace(leases()[0], records_processed=42, millis_behind_latest=5,
-                      written=WriteStamp(5, 995.0))  # fmt: skip
+    renewed = replace(leases()[0], figures=OwnerFigures("w1", 995.0, 42, 5),
+                      written=WriteStamp(5, 999.0))  # fmt: skip
     figures = {
         "millis_behind_latest": 250,
         "records": 7,
@@ -68,6 +68,9 @@ def test_rows_take_the_figures_a_renewal_wrote_into_the_lease_first() -> None:
     assert (row.records, row.millis_behind_latest, row.last_renewal) == (42, 5, 995.0)
     assert row.sink_in_flight == 1  # the sink's figures stay in the worker's record
     [row] = lease_rows([leases()[0]], old_style, now_wall=1_000.0)  # a worker before figures
+    assert (row.records, row.millis_behind_latest, row.last_renewal) == (7, 250, 990.0)
+    earlier = replace(renewed, figures=OwnerFigures("w0", 995.0, 42, 5))  # an earlier owner's
+    [row] = lease_rows([earlier], old_style, now_wall=1_000.0)
     assert (row.records, row.millis_behind_latest, row.last_renewal) == (7, 250, 990.0)
 
 
@@ -258,3 +261,13 @@ def test_a_status_writer_writes_once_per_publish_and_still_finds_a_second_proces
     assert a.publish({}, 301.0) is None
     status = control.worker_status(store, "w1")
     assert status["instance"] == "proc-a" and status["updated_at"] == 301.0
+
+
+def test_nothing_is_published_after_a_stopped_status() -> None:
+    store = MemoryLeaseTable()
+    writer = control.StatusWriter(store, "w1", "proc-a", 30.0)
+    writer.publish({"leases": {}}, 1.0)
+    writer.publish({"stopped": True, "leases": {}}, 2.0)
+    writer.publish({"leases": {"late": {}}}, 3.0)  # a control round that outlived its task
+    status = control.worker_status(store, "w1")
+    assert status["stopped"] is True and status["updated_at"] == 2.0

@@ -239,4 +239,5 @@ def test_the_read_throughput_is_measured_smoothed_and_written_at_renewal() -> No
     assert delivered > 0
     assert stored.throughput_kbps == round(delivered / 1024 / 2.0, 3)
     # The records delivered ride on the same renewal (for `status`, no request of their own).
-    assert stored.records_processed == env.set.finished[key].records > 0
+    assert stored.owner_figures is not None
+    assert stored.owner_figures.records == env.set.finished[key].records > 0

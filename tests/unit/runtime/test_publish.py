@@ -10,10 +10,9 @@ from kclpy_spark.runtime.publish import bounded
 def _figures(n: int) -> dict[str, dict[str, object]]:
     return {
         f"shardId-{i:012d}": {
-            "state": "processing",
-            "records": 1_000_000 + i,
-            "millis_behind_latest": i * 10 if i % 3 else None,
-            "last_renewal": 1_764_000_000.123456 + i,
+            "sink_in_flight": 2,
+            "sink_buffered": i * 10 if i % 3 else None,
+            "padding": "x" * 80,
         }
         for i in range(n)
     }
@@ -24,19 +23,18 @@ def test_few_leases_are_published_whole() -> None:
     assert bounded(figures, 32_768) == (figures, 0)
 
 
-def test_many_leases_keep_the_furthest_behind_within_the_budget() -> None:
+def test_many_leases_keep_those_with_most_rows_buffered_within_the_budget() -> None:
     figures = _figures(5_000)  # ~600 KB of JSON: over DynamoDB's 400 KB item limit
     assert len(json.dumps(figures)) > 400_000
     kept, omitted = bounded(figures, 32_768)
     assert len(json.dumps(kept)) <= 32_768
     assert omitted == 5_000 - len(kept) and 100 < len(kept) < 5_000
-    lags = [v["millis_behind_latest"] for v in kept.values()]
-    assert None not in lags  # the ones with a lag come first...
-    worst = sorted(
-        (v["millis_behind_latest"] for v in figures.values() if v["millis_behind_latest"]),
-        reverse=True,
+    buffered = [v["sink_buffered"] for v in kept.values()]
+    assert None not in buffered  # the ones with rows buffered come first...
+    most = sorted(
+        (v["sink_buffered"] for v in figures.values() if v["sink_buffered"]), reverse=True
     )
-    assert sorted(lags, reverse=True) == worst[: len(kept)]  # ...the furthest behind of them
+    assert sorted(buffered, reverse=True) == most[: len(kept)]  # ...the fullest of them
 
 
 def test_the_budget_is_met_exactly_or_under_for_any_size() -> None:

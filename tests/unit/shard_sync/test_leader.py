@@ -108,7 +108,8 @@ class _Loses(MemoryLeaseTable):
 
 def test_a_leader_renews_with_one_write_and_reads_only_after_losing_one() -> None:
     store = _Loses()
-    a = LeaderElection(store, "A", lease_duration=10.0, clock=ManualClock())
+    clock = ManualClock()
+    a = LeaderElection(store, "A", lease_duration=10.0, clock=clock)
     assert a.tick()
     assert (store.gets, store.puts) == (1, 1)
     for _ in range(5):
@@ -117,13 +118,23 @@ def test_a_leader_renews_with_one_write_and_reads_only_after_losing_one() -> Non
     store.lose = 1  # a write lost (its outcome unknown, or someone wrote): read, then write
     assert a.tick()
     assert (store.gets, store.puts) == (2, 8)
-    b = LeaderElection(store, "B", lease_duration=10.0, clock=ManualClock())
+    b = LeaderElection(store, "B", lease_duration=10.0, clock=clock)
     assert not b.tick()
-    a.resign()
+    clock.advance(10.5)  # A stalls past its lease; B takes the record over
     assert b.tick()
     puts = store.puts
-    assert not a.tick()  # A no longer writes blindly: it reads, sees B, and stays out
-    assert store.puts == puts
+    assert not a.tick()  # A's write on the version it wrote loses; it reads, sees B, stays out
+    assert store.puts == puts + 1
+    assert not a.tick()
+    assert store.puts == puts + 1  # and writes no more
+
+
+def test_a_resigned_leader_never_takes_the_record_back() -> None:
+    _, _, a, b = _pair()
+    a.tick()
+    a.resign()
+    assert a.tick() is False  # a tick queued before the stop ran after it
+    assert b.tick() is True
 
 
 def test_a_note_is_kept_while_a_renewal_fails_and_dropped_on_resigning() -> None:
@@ -173,3 +184,26 @@ def test_leadership_is_extended_by_every_renewal() -> None:
         assert a.is_leader
     clock.advance(10.5)
     assert not a.is_leader
+
+
+def test_a_note_never_waits_for_a_request_in_flight() -> None:
+    """note_later is called on the event loop: it must not queue behind a tick's slow write."""
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+
+    class Slow(MemoryLeaseTable):
+        def put_record(self, record: CoordinationRecord, expected_version: int | None) -> bool:
+            entered.set()
+            release.wait(5)
+            return super().put_record(record, expected_version)
+
+    a = LeaderElection(Slow(), "A", lease_duration=10.0, clock=ManualClock())
+    ticking = threading.Thread(target=a.tick)
+    ticking.start()
+    assert entered.wait(5)
+    done = threading.Event()
+    threading.Thread(target=lambda: (a.note_later(last_sync=1.0), done.set())).start()
+    assert done.wait(1.0)  # while the tick's write is still in flight
+    release.set()
+    ticking.join(5)
