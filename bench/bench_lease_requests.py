@@ -286,7 +286,7 @@ def report(results: list[dict[str, Any]], store: str, argv: Sequence[str] | None
         f"lease); failover_time {timing.failover:g} s: renew every {timing.renew_interval:.3f} s, "
         f"scan every {timing.take_interval:.3f} s. Units: read / write capacity units "
         "as DynamoDB reported them (ReturnConsumedCapacity); the KCL's from its model "
-        "(bench/kcl_model.py, with the same lease item size).",
+        "(bench/kcl_model.py, pricing the KCL's own item for the same leases).",
         "",
         "| leases | workers | counted over | our port calls (per minute) | our requests per lease "
         "per min | KCL 3.x | ours / KCL 3.x | KCL 2.x | our units per lease per min (read / "

@@ -223,7 +223,8 @@ def report(rows: list[tuple[int, int, Cost]], failover: float, argv: Sequence[st
         "",
         f"failover_time {failover:g} s. Ours: the worker's lease-management calls in virtual time "
         "on the in-memory store, costed by DynamoDB's rules (see the script's docstring). KCL 3.x: "
-        "bench/kcl_model.py with the same lease item size. Units: read + write capacity units.",
+        "bench/kcl_model.py, pricing the KCL's own item for the same leases. Units: read + write "
+        "capacity units.",
         "",
         "| leases | workers | our requests | KCL 3.x | ours / KCL 3.x | our read / write units | "
         "KCL 3.x read / write units | ours / KCL 3.x (units) |",
