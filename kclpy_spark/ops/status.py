@@ -80,7 +80,9 @@ def owner_figures(lease: Lease, status: Mapping[str, Any]) -> Mapping[str, Any]:
         **published,
         "records": figures.records,
         "millis_behind_latest": figures.millis_behind_latest,
-        "last_renewal": figures.at,
+        # The last counter move (a renewal or a checkpoint) shows the owner alive; the figures'
+        # own time is when they were measured (the status page dates its rates by it).
+        "last_renewal": lease.write_time if lease.write_time is not None else figures.at,
     }
 
 

@@ -65,7 +65,7 @@ def test_rows_take_the_figures_a_renewal_wrote_into_the_lease_first() -> None:
     }
     old_style = {"w1": {"leases": {"shardId-0": figures}}}
     [row] = lease_rows([renewed], old_style, now_wall=1_000.0)
-    assert (row.records, row.millis_behind_latest, row.last_renewal) == (42, 5, 995.0)
+    assert (row.records, row.millis_behind_latest, row.last_renewal) == (42, 5, 999.0)
     assert row.sink_in_flight == 1  # the sink's figures stay in the worker's record
     [row] = lease_rows([leases()[0]], old_style, now_wall=1_000.0)  # a worker before figures
     assert (row.records, row.millis_behind_latest, row.last_renewal) == (7, 250, 990.0)
