@@ -35,7 +35,7 @@ from kcl_model import Cost, kcl2, kcl3
 
 from checkpoint.leasing.timing import LeaseTiming
 from checkpoint.sequence import InitialPosition
-from checkpoint.stores.capacity import READ_OPERATIONS, Usage, item_size
+from checkpoint.stores.capacity import Usage, item_size, split_units
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.processor import ProcessRecordsInput, RecordProcessor
 from kclpy_spark.runtime.daemon import run_worker
@@ -230,8 +230,7 @@ def _ours(r: dict[str, Any]) -> Cost | None:
     units: dict[str, Usage] = r["units"]
     if not units:
         return None
-    reads = sum(u.units for op, u in units.items() if op in READ_OPERATIONS)
-    writes = sum(u.units for op, u in units.items() if op not in READ_OPERATIONS)
+    reads, writes = split_units(units)
     requests = sum(u.requests for u in units.values())
     return Cost(requests, reads, writes).per(r["minutes"] * r["held"])
 

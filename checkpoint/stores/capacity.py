@@ -76,6 +76,13 @@ def write_units(before: int, after: int) -> float:
     return float(max(1, math.ceil(max(before, after) / WRITE_UNIT_BYTES)))
 
 
+def split_units(usage: Mapping[str, Usage]) -> tuple[float, float]:
+    """(read units, write units) of usage by operation."""
+    reads = sum(u.units for op, u in usage.items() if op in READ_OPERATIONS)
+    writes = sum(u.units for op, u in usage.items() if op not in READ_OPERATIONS)
+    return reads, writes
+
+
 @dataclass(frozen=True)
 class Usage:
     """Totals of one operation."""
@@ -106,10 +113,3 @@ class CapacityMeter:
     def snapshot(self) -> dict[str, Usage]:
         with self._lock:
             return dict(self._usage)
-
-    def totals(self) -> tuple[float, float]:
-        """(read units, write units) over every operation."""
-        usage = self.snapshot()
-        reads = sum(u.units for op, u in usage.items() if op in READ_OPERATIONS)
-        writes = sum(u.units for op, u in usage.items() if op not in READ_OPERATIONS)
-        return reads, writes

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.counters import Counter
 from checkpoint.lease import Lease, LeaseState
-from checkpoint.leasing.observer import LeaseObserver
+from checkpoint.leasing.observer import LeaseObserver, ObservedScan
 from checkpoint.leasing.taker import plan_takes
 
 if TYPE_CHECKING:
@@ -136,8 +136,7 @@ class Taker:
             x.state(now_wall) is LeaseState.CLOSED for x in unfinished
         )
         await self._adopt(open_leases)
-        scan = self._observer.observe(open_leases, w.clock.monotonic(), w.clock.wall())
-        self._live = {o: n for o, n in scan.owner_counts.items() if o != w.cfg.worker_id}
+        scan = self._observe(open_leases)
         plan = plan_takes(
             scan,
             w.cfg.worker_id,
@@ -254,8 +253,15 @@ class Taker:
             x for x in leases
             if w.streams.context_of(x) is not None and x.state(now_wall) is not LeaseState.CLOSED
         ]  # fmt: skip
-        scan = self._observer.observe(open_leases, w.clock.monotonic(), now_wall)
+        self._observe(open_leases)
+
+    def _observe(self, open_leases: list[Lease]) -> ObservedScan:
+        """Show a scan's open leases to the observer (dated now), and note the other live
+        workers and their lease counts."""
+        w = self._w
+        scan = self._observer.observe(open_leases, w.clock.monotonic(), w.clock.wall())
         self._live = {o: n for o, n in scan.owner_counts.items() if o != w.cfg.worker_id}
+        return scan
 
     async def _ask_handoff(self, lease: Lease) -> None:
         w = self._w
