@@ -129,6 +129,29 @@ class LeaseTable(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class TableScan:
+    """The whole lease table as one read saw it: every lease, and the coordination records whose
+    key starts with the prefix asked for."""
+
+    leases: tuple[Lease, ...]
+    records: tuple[CoordinationRecord, ...]
+
+
+class TableReader(Protocol):
+    """Reads that serve the shard-sync leader's assignment and the other workers' discovery."""
+
+    def scan_table(self, record_prefix: str) -> TableScan:
+        """Every lease and every coordination record whose key starts with ``record_prefix``,
+        in one read of the table (DynamoDB: one eventually consistent Scan, as list_leases)."""
+        ...
+
+    def list_lease_keys_by_owner(self, owner: str) -> list[str]:
+        """The keys of the leases whose ``lease_owner`` is ``owner`` (DynamoDB: a Query of the
+        KCL's owner index, eventually consistent: a lease assigned a moment ago may be missing)."""
+        ...
+
+
 class CoordinationStore(Protocol):
     def get_record(self, key: str) -> CoordinationRecord | None: ...
 

@@ -2,12 +2,21 @@
 
 ``plan_takes`` follows DynamoDBLeaseTaker.computeLeasesToTake / chooseLeasesToSteal:
 
-1. ``workers`` = the owners of live (renewed, unexpired) leases, plus this worker;
+1. ``workers`` = the owners of live (renewed, unexpired) leases, plus this worker, plus (beyond
+   the KCL) the other workers known to run (their status records) that own no lease this scan
+   shows expired: a worker that holds nothing yet counts at once, so workers started together
+   each take a fair share instead of the first one taking everything and balancing moving the
+   rest one lease per round; a dead worker, whose status outlives it for a while, is not
+   counted once its leases show expired, so it does not halve the share of its survivors;
    ``target`` = 1 if workers >= leases, else ceil(leases / workers), capped at
    ``max_leases_for_worker`` (leases over the cap are "spillover": nobody may take them).
 2. If any lease is very old (counter unchanged for 3 lease durations, or never renewed), take those
    first, in random order, up to ``max_leases_for_worker - mine``, ignoring the target; nothing else
-   happens in that round (as in the KCL, even when the cap leaves room for none).
+   happens in that round (as in the KCL, even when the cap leaves room for none). Unlike the KCL,
+   at most this worker's share of them: ``ceil(very_old / k)``, ``k`` the workers holding no more
+   live leases than this one (itself included; they are the ones that take next). On a fresh
+   table every lease is very old (never renewed), and the KCL's first worker to scan takes them
+   all; here workers started together split them in their first rounds (given ``workers``).
 3. Otherwise, below target, take up to ``target - mine`` available (unowned or expired) leases in
    random order.
 4. If none is available and we are still below target, steal from the single most-loaded worker:
@@ -42,6 +51,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from checkpoint.lease import Lease
@@ -101,6 +111,18 @@ def _preferred(observed: tuple[ObservedLease, ...], rng: random.Random) -> list[
     return [lease for rank in sorted(groups) for lease in _shuffled(tuple(groups[rank]), rng)]
 
 
+def _counts(scan: ObservedScan, worker_id: str, workers: Collection[str]) -> dict[str, int]:
+    """Live leases per worker: owners of live leases, us, and the workers known to run that own
+    no lease seen expired (those are taken as dead)."""
+    counts = dict(scan.owner_counts)
+    counts.setdefault(worker_id, 0)
+    dead = {o.owner for o in scan.available if o.owner is not None}
+    for other in workers:
+        if other not in dead:
+            counts.setdefault(other, 0)
+    return counts
+
+
 def plan_takes(
     scan: ObservedScan,
     worker_id: str,
@@ -109,8 +131,10 @@ def plan_takes(
     max_leases_to_steal: int = 1,
     rng: random.Random,
     steal_cooldown: float = 0.0,
+    workers: Collection[str] = (),
 ) -> TakePlan:
-    """Decide this round's takes for ``worker_id`` from ``scan``. Pure: randomness from ``rng``."""
+    """Decide this round's takes for ``worker_id`` from ``scan``; ``workers``: the other
+    workers known to run, whatever they hold. Pure: randomness from ``rng``."""
     if max_leases_for_worker < 1:
         raise ValueError(f"max_leases_for_worker must be >= 1, got {max_leases_for_worker}")
     if max_leases_to_steal < 1:
@@ -118,25 +142,16 @@ def plan_takes(
     total = scan.total
     if total == 0:
         return TakePlan(reason="no lease with work left")
-    counts = dict(scan.owner_counts)
-    counts.setdefault(worker_id, 0)
-    workers = len(counts)
-    target = 1 if workers >= total else math.ceil(total / workers)
+    counts = _counts(scan, worker_id, workers)
+    n_workers = len(counts)
+    target = 1 if n_workers >= total else math.ceil(total / n_workers)
     spillover = max(0, target - max_leases_for_worker)
     target = min(target, max_leases_for_worker)
     mine = counts[worker_id]
-    base = TakePlan(target=target, mine=mine, workers=workers, total=total, spillover=spillover)
+    base = TakePlan(target=target, mine=mine, workers=n_workers, total=total, spillover=spillover)
 
-    very_old = scan.very_old
-    if very_old:
-        room = max(0, min(max_leases_for_worker - mine, len(very_old)))
-        chosen = tuple(_preferred(very_old, rng)[:room])
-        return replace(
-            base,
-            take=chosen,
-            reason=f"{len(very_old)} very old lease(s) first (never renewed, or not for the"
-            f" very-old time); taking {len(chosen)}, room {room} under max {max_leases_for_worker}",
-        )
+    if scan.very_old:
+        return _plan_very_old(scan, base, counts, max_leases_for_worker, rng)
 
     needed = target - mine
     available = scan.available
@@ -157,6 +172,28 @@ def plan_takes(
         return replace(base, reason=f"at target: {mine} of {target}")
     return _plan_steal(
         scan, worker_id, base, counts, needed, max_leases_to_steal, rng, steal_cooldown
+    )
+
+
+def _plan_very_old(
+    scan: ObservedScan,
+    base: TakePlan,
+    counts: dict[str, int],
+    max_leases_for_worker: int,
+    rng: random.Random,
+) -> TakePlan:
+    very_old, mine = scan.very_old, base.mine
+    # Split among the workers that hold no more than we do (they take next, or took less).
+    sharing = sum(1 for n in counts.values() if n <= mine)
+    share = math.ceil(len(very_old) / sharing)
+    room = max(0, min(max_leases_for_worker - mine, len(very_old), share))
+    chosen = tuple(_preferred(very_old, rng)[:room])
+    return replace(
+        base,
+        take=chosen,
+        reason=f"{len(very_old)} very old lease(s) first (never renewed, or not for the"
+        f" very-old time); taking {len(chosen)}: our share of them, under"
+        f" max {max_leases_for_worker}",
     )
 
 

@@ -349,6 +349,11 @@ def lease_from_item(item: Mapping[str, Any]) -> Lease:
         raise r.corrupt(str(exc)) from None
 
 
+def is_record_item(item: Mapping[str, Any]) -> bool:
+    """A kclpy-spark coordination record (not a lease, not a KCL 3.x entity)."""
+    return item.get(ENTITY_TYPE) == {"S": RECORD_ENTITY}
+
+
 def record_item_key(key: str) -> str:
     """The leaseKey under which coordination record ``key`` is stored."""
     return RECORD_KEY_PREFIX + key

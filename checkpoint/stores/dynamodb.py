@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from checkpoint.base.clock import Clock, SystemClock
 from checkpoint.base.retry import DEFAULT_POLICY, RetryPolicy
 from checkpoint.lease import Lease, WriteStamp, refuse_regression
-from checkpoint.port import CoordinationRecord
+from checkpoint.port import CoordinationRecord, TableScan
 from checkpoint.sequence import ExtendedSequenceNumber
 from checkpoint.stores import dynamo_codec as codec
 from checkpoint.stores.dynamo_calls import DynamoCalls
@@ -99,6 +99,21 @@ class DynamoDBLeaseTable(DynamoCalls):
         # so staleness can delay a take but never make a live lease look expired.
         items = self._pages("Scan", ConsistentRead=False)
         return [codec.lease_from_item(i) for i in items if codec.is_lease_item(i)]
+
+    def scan_table(self, record_prefix: str) -> TableScan:
+        """``list_leases``'s one Scan, which reads the coordination records anyway."""
+        return self._retried(f"scan {self._table!r}", lambda: self._try_scan_table(record_prefix))
+
+    def _try_scan_table(self, record_prefix: str) -> TableScan:
+        items = list(self._pages("Scan", ConsistentRead=False))
+        prefix = codec.record_item_key(record_prefix)
+        records = (
+            codec.record_from_item(i)
+            for i in items
+            if codec.is_record_item(i) and i[codec.LEASE_KEY]["S"].startswith(prefix)
+        )
+        leases = (codec.lease_from_item(i) for i in items if codec.is_lease_item(i))
+        return TableScan(tuple(leases), tuple(records))
 
     def get_lease(self, lease_key: str) -> Lease | None:
         return self._retried(f"get lease {lease_key!r}", lambda: self._try_get_lease(lease_key))

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from checkpoint.base.clock import Clock, SystemClock
 from checkpoint.lease import Lease, WriteStamp, refuse_regression
-from checkpoint.port import CoordinationRecord
+from checkpoint.port import CoordinationRecord, TableScan
 from checkpoint.sequence import ExtendedSequenceNumber
 
 
@@ -32,6 +32,15 @@ class MemoryLeaseTable:
     def get_lease(self, lease_key: str) -> Lease | None:
         with self._lock:
             return self._leases.get(lease_key)
+
+    def scan_table(self, record_prefix: str) -> TableScan:
+        with self._lock:
+            records = (r for k, r in self._records.items() if k.startswith(record_prefix))
+            return TableScan(tuple(self._leases.values()), tuple(records))
+
+    def list_lease_keys_by_owner(self, owner: str) -> list[str]:
+        with self._lock:
+            return [k for k, lease in self._leases.items() if lease.lease_owner == owner]
 
     def is_empty(self) -> bool:
         with self._lock:

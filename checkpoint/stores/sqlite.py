@@ -29,7 +29,7 @@ from checkpoint.base.errors import (
 )
 from checkpoint.base.retry import DEFAULT_POLICY, RetryPolicy, call_with_retry
 from checkpoint.lease import Lease, OwnerFigures, refuse_regression
-from checkpoint.port import CoordinationRecord
+from checkpoint.port import CoordinationRecord, TableScan
 from checkpoint.sequence import ExtendedSequenceNumber
 from checkpoint.stores.sqlite_pool import ConnectionPool, sqlite_errors
 from checkpoint.stores.sqlite_rows import (
@@ -178,6 +178,26 @@ class SQLiteLeaseTable:
 
     def list_leases(self) -> list[Lease]:
         return self._run("list leases", self._select, write=False)
+
+    def scan_table(self, record_prefix: str) -> TableScan:
+        sql = (
+            f"SELECT {_RECORD_FIELDS} FROM {RECORDS} WHERE namespace = ? AND substr(key, 1, ?) = ?"
+        )
+        args = (self._namespace, len(record_prefix), record_prefix)
+
+        def body(conn: sqlite3.Connection) -> TableScan:  # one transaction: one view
+            rows = conn.execute(sql, args).fetchall()
+            return TableScan(tuple(self._select(conn)), tuple(_record(row) for row in rows))
+
+        return self._run("scan the lease table", body, write=False)
+
+    def list_lease_keys_by_owner(self, owner: str) -> list[str]:
+        sql = f"SELECT lease_key FROM {LEASES} WHERE namespace = ? AND lease_owner = ?"
+        return self._run(
+            f"list leases of {owner!r}",
+            lambda conn: [row[0] for row in conn.execute(sql, (self._namespace, owner))],
+            write=False,
+        )
 
     def get_lease(self, lease_key: str) -> Lease | None:
         found = self._run(
@@ -329,20 +349,13 @@ class SQLiteLeaseTable:
     # -- coordination records -------------------------------------------------------------------
 
     def get_record(self, key: str) -> CoordinationRecord | None:
-        sql = (
-            f"SELECT key, owner, version, expires_at, data FROM {RECORDS} "
-            "WHERE namespace = ? AND key = ?"
-        )
+        sql = f"SELECT {_RECORD_FIELDS} FROM {RECORDS} WHERE namespace = ? AND key = ?"
         row = self._run(
             f"get record {key!r}",
             lambda conn: conn.execute(sql, (self._namespace, key)).fetchone(),
             write=False,
         )
-        if row is None:
-            return None
-        return CoordinationRecord(
-            key=row[0], owner=row[1], version=int(row[2]), expires_at=float(row[3]), data=row[4]
-        )
+        return None if row is None else _record(row)
 
     def put_record(self, record: CoordinationRecord, expected_version: int | None) -> bool:
         values = (record.owner, record.version, record.expires_at, record.data, self._namespace)
@@ -359,3 +372,12 @@ class SQLiteLeaseTable:
             )
             args = (*values, record.key, expected_version)
         return self._won(f"put record {record.key!r}", sql, args)
+
+
+_RECORD_FIELDS = "key, owner, version, expires_at, data"
+
+
+def _record(row: tuple[Any, ...]) -> CoordinationRecord:
+    return CoordinationRecord(
+        key=row[0], owner=row[1], version=int(row[2]), expires_at=float(row[3]), data=row[4]
+    )

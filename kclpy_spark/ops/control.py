@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -33,8 +33,11 @@ class DuplicateWorkerError(ConfigError):
     """Another live process publishes status under this worker id."""
 
 
+WORKER_PREFIX = "worker/"
+
+
 def worker_key(worker_id: str) -> str:
-    return f"worker/{worker_id}"
+    return f"{WORKER_PREFIX}{worker_id}"
 
 
 def _data(record: CoordinationRecord | None) -> dict[str, Any]:
@@ -197,6 +200,26 @@ class StatusWriter:
 
         self._version = _update(self._store, key, change, owner=self._worker_id, now_wall=now_wall)
         return other[0] if other else None
+
+
+def live_workers(
+    records: Iterable[CoordinationRecord], now_wall: float, max_age: float
+) -> frozenset[str]:
+    """The workers whose status records say they run: written within ``max_age`` seconds (by
+    the writer's clock) and not stopping, stopped or suspended. A worker publishes before its
+    first take round, so one that holds no lease yet is seen here before any lease shows it."""
+    live: set[str] = set()
+    for record in records:
+        if not record.key.startswith(WORKER_PREFIX):
+            continue
+        data = _data(record)
+        updated = data.get("updated_at")
+        if not isinstance(updated, int | float) or now_wall - updated > max_age:
+            continue
+        if data.get("stopped") or data.get("stopping") or data.get("suspended"):
+            continue
+        live.add(record.key.removeprefix(WORKER_PREFIX))
+    return frozenset(live)
 
 
 def worker_status(store: CoordinationStore, worker_id: str) -> dict[str, Any]:

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from checkpoint.base.retry import RetryPolicy
-from checkpoint.port import CoordinationStore, LeaseTable
+from checkpoint.port import CoordinationStore, LeaseTable, TableReader
 
 if TYPE_CHECKING:
     from kclpy_spark.config import WorkerConfig
 
 
-class LeaseStore(LeaseTable, CoordinationStore, Protocol):
+class LeaseStore(LeaseTable, CoordinationStore, TableReader, Protocol):
     """A lease table that also keeps the application's coordination records."""
 
 

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from checkpoint.base.errors import KclpySparkError
+from kclpy_spark.runtime.publish import status_payload
 from kclpy_spark.runtime.taking import HANDOFF_POLL
 
 if TYPE_CHECKING:
@@ -20,6 +21,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Io = Callable[..., Awaitable[Any]]
+
+
+async def announce_stopping(w: Worker, io: Io) -> None:
+    """Publish that we are stopping (before handing leases out): the other workers count us
+    as running no more, so none of them waits for us to take a share (or, led, assigns us one)."""
+    now = w.clock.wall()
+    try:
+        await io(w.status_writer.publish, {**status_payload(w, now), "stopping": True}, now)
+    except Exception as exc:  # stopping goes on: our status then ages out instead
+        log.warning("worker %s: could not publish that it is stopping: %r", w.cfg.worker_id, exc)
 
 
 async def let_new_owners_see(w: Worker) -> float:

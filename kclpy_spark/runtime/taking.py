@@ -29,6 +29,8 @@ from checkpoint.counters import Counter
 from checkpoint.lease import Lease, LeaseState
 from checkpoint.leasing.observer import LeaseObserver, ObservedScan
 from checkpoint.leasing.taker import plan_takes
+from checkpoint.port import CoordinationRecord
+from kclpy_spark.ops import control
 
 if TYPE_CHECKING:
     from kclpy_spark.runtime.worker import Worker
@@ -51,6 +53,7 @@ class Taker:
         self._observer = LeaseObserver(worker.timing)
         self._incoming: dict[str, float] = {}  # handoffs to us -> monotonic time to stop waiting
         self._live: dict[str, int] = {}  # other live workers -> leases, as of the last scan
+        self._known_workers: frozenset[str] = frozenset()  # others running, by status records
 
     async def wait(self, wake: asyncio.Event, interval: float) -> None:
         """Until ``wake`` is set or ``interval`` passed; meanwhile take each lease handed to us
@@ -116,7 +119,8 @@ class Taker:
     async def round(self) -> None:
         """One scan of the lease table; take (or steal) what the KCL's rule says."""
         w = self._w
-        leases = await self._io(w.store.list_leases)
+        table = await self._io(w.store.scan_table, control.WORKER_PREFIX)
+        leases = list(table.leases)
         w.health.store_ok()
         try:  # the status page's view: never at the cost of taking
             w.board.on_scan(leases)
@@ -136,7 +140,7 @@ class Taker:
             x.state(now_wall) is LeaseState.CLOSED for x in unfinished
         )
         await self._adopt(open_leases)
-        scan = self._observe(open_leases)
+        scan = self._observe(open_leases, self._known(table.records))
         plan = plan_takes(
             scan,
             w.cfg.worker_id,
@@ -144,6 +148,7 @@ class Taker:
             max_leases_to_steal=w.cfg.max_leases_to_steal,
             rng=w.rng,
             steal_cooldown=w.timing.steal_cooldown,
+            workers=self._known_workers,
         )
         if not plan.leases:
             if plan.mine < plan.target:
@@ -243,24 +248,35 @@ class Taker:
         joined since our last round (up to a scan interval ago) gets its share too."""
         w = self._w
         try:
-            leases = await self._io(w.store.list_leases)
+            table = await self._io(w.store.scan_table, control.WORKER_PREFIX)
         except Exception as exc:  # stopping goes on whatever this scan does
             log.warning("worker %s: no fresh scan before handing leases out (%r); using the "
                         "last", w.cfg.worker_id, exc)  # fmt: skip
             return
         now_wall = w.clock.wall()
         open_leases = [
-            x for x in leases
+            x for x in table.leases
             if w.streams.context_of(x) is not None and x.state(now_wall) is not LeaseState.CLOSED
         ]  # fmt: skip
-        self._observe(open_leases)
+        self._observe(open_leases, self._known(table.records))
 
-    def _observe(self, open_leases: list[Lease]) -> ObservedScan:
+    def _known(self, records: tuple[CoordinationRecord, ...]) -> frozenset[str]:
+        """The other workers whose status records say they run (see plan_takes)."""
+        w = self._w
+        max_age = 2 * w.timing.lease_duration + w.timing.max_clock_skew
+        live = control.live_workers(records, w.clock.wall(), max_age)
+        return live - {w.cfg.worker_id}
+
+    def _observe(self, open_leases: list[Lease], known: frozenset[str]) -> ObservedScan:
         """Show a scan's open leases to the observer (dated now), and note the other live
-        workers and their lease counts."""
+        workers (those the scan shows renewing, and ``known`` unless their leases expired) and
+        their lease counts."""
         w = self._w
         scan = self._observer.observe(open_leases, w.clock.monotonic(), w.clock.wall())
+        dead = {o.owner for o in scan.available if o.owner is not None}
+        self._known_workers = known - dead
         self._live = {o: n for o, n in scan.owner_counts.items() if o != w.cfg.worker_id}
+        self._live.update({o: 0 for o in self._known_workers if o not in self._live})
         return scan
 
     async def _ask_handoff(self, lease: Lease) -> None:

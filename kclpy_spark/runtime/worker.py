@@ -42,7 +42,7 @@ from kclpy_spark.runtime.identity import duplicate_message, unique_worker_id
 from kclpy_spark.runtime.lease_store import LeaseStore
 from kclpy_spark.runtime.metrics import StatusServer, worker_metrics
 from kclpy_spark.runtime.publish import status_payload
-from kclpy_spark.runtime.stopping import let_new_owners_see, release_all
+from kclpy_spark.runtime.stopping import announce_stopping, let_new_owners_see, release_all
 from kclpy_spark.runtime.streams import StreamContext, StreamSet
 from kclpy_spark.runtime.taking import Taker
 from shard_sync.leader import LeaderElection
@@ -256,6 +256,7 @@ class Worker:
             await asyncio.gather(*loops[1:], return_exceptions=True)
             grace = self.cfg.shutdown_grace
             self.handing_out = True  # renewals leave the handoffs begun now to the stop below
+            await announce_stopping(self, self._io)
             if await self.taker.hand_out():  # lease moves now wait for the processors' checkpoints
                 grace -= await let_new_owners_see(self)
             await self.consumers.shutdown_all(grace)

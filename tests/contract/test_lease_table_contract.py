@@ -119,6 +119,28 @@ def test_list_leases_on_an_empty_table(table: Any) -> None:
     assert table.list_leases() == []
 
 
+def test_a_table_scan_returns_the_leases_and_the_records_under_a_prefix(table: Any) -> None:
+    leases = [lease(f"shardId-00{i}", lease_owner=f"w{i % 2}") for i in range(3)]
+    for one in leases:
+        assert table.create_lease_if_absent(one)
+    later = time.time() + 60
+    records = [CoordinationRecord(key, "w0", 1, later, "{}") for key in ("worker/a", "worker/b")]
+    for record in [*records, CoordinationRecord("workers-not", None, 1, later, "{}")]:
+        assert table.put_record(record, None)
+    scan = table.scan_table("worker/")
+    assert sorted(scan.leases, key=lambda x: x.lease_key) == leases
+    assert sorted(scan.records, key=lambda r: r.key) == records
+    assert table.scan_table("nothing/").records == ()
+
+
+def test_lease_keys_by_owner(table: Any) -> None:
+    for i, owner in enumerate(["a", "b", "a", None]):
+        assert table.create_lease_if_absent(lease(f"shardId-{i}", lease_owner=owner))
+    assert table.put_record(CoordinationRecord("worker/a", "a", 1, 100.0, "{}"), None)
+    assert sorted(table.list_lease_keys_by_owner("a")) == ["shardId-0", "shardId-2"]
+    assert table.list_lease_keys_by_owner("nobody") == []
+
+
 # -- round trips ----------------------------------------------------------------------------------
 
 

@@ -69,7 +69,8 @@ PLAN_TABLE = [
     ("steal at most the need", {"a": 10}, 0, 0, {}, 0, UNLIMITED, 10, 5, 0, 5),
     ("steal at most the excess", {"a": 6, "b": 1}, 0, 0, {}, 0, UNLIMITED, 9, 3, 0, 3),
     ("target capped by max", {"a": 2}, 8, 0, {}, 0, 3, 1, 3, 3, 0),
-    ("very old first, past target", {ME: 4, "a": 2}, 0, 2, {}, 0, UNLIMITED, 1, 4, 2, 0),
+    ("very old first, past target", {ME: 4, "a": 2}, 0, 4, {}, 0, UNLIMITED, 1, 5, 2, 0),
+    ("very old: our share", {ME: 1, "a": 1}, 0, 10, {}, 0, UNLIMITED, 1, 6, 5, 0),
     ("very old up to max", {ME: 4}, 0, 3, {}, 0, 5, 1, 5, 1, 0),
     ("very old at max: nothing", {ME: 2, "a": 6}, 0, 1, {}, 0, 2, 1, 2, 0, 0),
     ("very old before free", {"a": 1}, 5, 2, {}, 0, UNLIMITED, 1, 4, 2, 0),
@@ -194,11 +195,14 @@ class Fleet:
         lockstep: bool = False,
         cooldown: bool = True,
         max_steal: int = 1,
+        status: bool = False,
     ) -> None:
         self.clock = ManualClock()
         self.table = {f"s{i:03d}": Lease(f"s{i:03d}", TRIM_HORIZON) for i in range(leases)}
         self.rng = random.Random(seed)
         self.lockstep, self.max_steal = lockstep, max_steal
+        # Every worker ever started is known from its status record (which outlives a death).
+        self.status = status
         self.cooldown = TIMING.steal_cooldown if cooldown else 0.0
         self.observers: dict[str, LeaseObserver] = {}
         self.alive: dict[str, bool] = {}
@@ -233,8 +237,14 @@ class Fleet:
     def plan(self, worker: str, now: float) -> TakePlan:
         scan = self.observers[worker].observe(list(self.table.values()), now)
         rng = random.Random(self.rng.random())
+        known = set(self.alive) - {worker} if self.status else set()
         return plan_takes(
-            scan, worker, max_leases_to_steal=self.max_steal, rng=rng, steal_cooldown=self.cooldown
+            scan,
+            worker,
+            max_leases_to_steal=self.max_steal,
+            rng=rng,
+            steal_cooldown=self.cooldown,
+            workers=known,
         )
 
     def settle(self, quiet: int = 10, limit: int = 200) -> int:
@@ -387,3 +397,58 @@ def test_a_lease_already_being_handed_over_is_not_stolen_again() -> None:
     everything = {o.key for o in base.leases}
     plan = plan_takes(with_pending(everything), ME, rng=random.Random(1))
     assert plan.steal == ()
+
+
+# live leases, expired leases, workers known from status -> target, taken
+KNOWN_TABLE = [
+    ("fresh table, 3 others known", {}, {}, 12, {"a", "b", "c"}, 3, 3),
+    ("known worker holding nothing", {"a": 4}, {}, 4, {"a", "b"}, 3, 3),
+    ("known but its leases expired", {"a": 2}, {"dead": 4}, 0, {"a", "dead"}, 3, 3),
+    ("known twice: once by its leases", {"a": 3}, {}, 3, {"a"}, 3, 3),
+    ("nothing known", {}, {}, 6, set(), 6, 6),
+]
+
+
+@pytest.mark.parametrize(
+    ("live", "expired", "free", "known", "target", "taken"),
+    [row[1:] for row in KNOWN_TABLE],
+    ids=[row[0] for row in KNOWN_TABLE],
+)
+def test_workers_known_from_their_status_count_unless_their_leases_expired(
+    live: dict[str, int],
+    expired: dict[str, int],
+    free: int,
+    known: set[str],
+    target: int,
+    taken: int,
+) -> None:
+    scan = scan_of(live, free=free, expired=expired)
+    plan = plan_takes(scan, ME, rng=random.Random(3), workers=known)
+    assert (plan.target, len(plan.take)) == (target, taken), plan.reason
+
+
+@pytest.mark.parametrize(("workers", "leases"), [(4, 1000), (3, 10), (5, 7), (4, 40)])
+def test_workers_started_together_each_take_a_fair_share_at_once(workers: int, leases: int) -> None:
+    """Without the status records the first worker's first round takes everything (nobody else
+    holds a lease yet) and balancing moves the rest one lease per round; with them, one round
+    gives a fair share and no lease moves twice."""
+    for seed in range(3):
+        fleet = Fleet(leases, workers, seed, status=True)
+        assert fleet.round() == leases
+        counts = fleet.counts()
+        assert max(counts.values()) == kcl_target(leases, workers)
+        assert fleet.settle(quiet=5) == 0
+        without = Fleet(leases, workers, seed)
+        without.round()
+        # What the status records fix: the first to scan takes (nearly) everything.
+        assert max(without.counts().values()) >= leases - workers + 1
+
+
+def test_a_dead_workers_fresh_status_does_not_halve_its_survivors_share() -> None:
+    for seed in range(5):
+        fleet = Fleet(10, 2, seed, status=True)
+        fleet.settle()
+        fleet.alive["w0"] = False  # its status record stays fresh a while longer
+        for _ in range(4):
+            fleet.round()
+        assert fleet.counts() == {"w1": 10}

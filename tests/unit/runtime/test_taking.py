@@ -6,6 +6,7 @@ does not leave its lease held."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from dataclasses import replace
 from types import SimpleNamespace
@@ -17,9 +18,11 @@ from checkpoint.counters import CoordinationCounters
 from checkpoint.lease import Lease
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.leasing.timing import LeaseTiming
+from checkpoint.port import CoordinationRecord, TableScan
 from checkpoint.sequence import SHARD_END, TRIM_HORIZON
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.config import WorkerConfig
+from kclpy_spark.ops import control
 from kclpy_spark.runtime.events import EventLog
 from kclpy_spark.runtime.metrics import WorkerMetrics
 from kclpy_spark.runtime.taking import MAX_LOOKS, Taker
@@ -278,7 +281,7 @@ def test_a_stopping_worker_hands_its_leases_to_a_worker_that_joined_since_its_la
 
 def test_a_failing_scan_before_handing_out_falls_back_on_the_last_rounds_view() -> None:
     class NoScan(CountingTable):
-        def list_leases(self) -> list[Lease]:
+        def scan_table(self, record_prefix: str) -> TableScan:
             raise RuntimeError("a bug, or the table gone")
 
     clock = ManualClock()
@@ -292,3 +295,47 @@ def test_a_failing_scan_before_handing_out_falls_back_on_the_last_rounds_view() 
     assert asyncio.run(taker.hand_out()) == 1
     handed = table.get_lease("mine")
     assert handed is not None and handed.lease_owner == "peer"
+
+
+def status(table: MemoryLeaseTable, worker_id: str, updated_at: float, **data: Any) -> None:
+    record = CoordinationRecord(
+        control.worker_key(worker_id),
+        worker_id,
+        1,
+        updated_at,
+        json.dumps({"updated_at": updated_at, **data}),
+    )
+    assert table.put_record(record, None)
+
+
+def test_a_round_counts_the_workers_whose_status_says_they_run() -> None:
+    """A fresh table: the first round takes our share only, not every lease, when the others'
+    status records say they run; a stale, stopping or stopped record counts for nothing."""
+    clock = ManualClock()
+    table = MemoryLeaseTable(clock)
+    for i in range(12):
+        put(table, f"s{i:02d}")
+    now = clock.wall()
+    status(table, "peer", now - 1.0)
+    status(table, "another", now - 5.0)
+    status(table, "stale", now - 60.0)
+    status(table, "leaving", now, stopping=True)
+    status(table, "gone", now, stopped=True)
+    w = worker(table, Consumers(), clock)
+    w.streams = SimpleNamespace(context_of=lambda lease: object())
+    w.board = SimpleNamespace(on_scan=lambda leases: None)
+    w.health = SimpleNamespace(store_ok=lambda: None, all_parked=False)
+    asyncio.run(Taker(w, io).round())
+    assert len(w.consumers) == 4  # a third: "peer", "another" and us
+
+
+def test_a_stopping_worker_says_so_before_handing_out(monkeypatch: Any) -> None:
+    from kclpy_spark.runtime import stopping
+
+    table = MemoryLeaseTable()
+    w = worker(table, Consumers())
+    w.status_writer = control.StatusWriter(table, ME)
+    monkeypatch.setattr(stopping, "status_payload", lambda worker, now: {"leases": {}})
+    asyncio.run(stopping.announce_stopping(w, io))
+    assert control.worker_status(table, ME)["stopping"] is True
+    assert control.live_workers(table.scan_table("worker/").records, w.clock.wall(), 60.0) == set()
