@@ -112,6 +112,9 @@ class WorkerConfig:
     # starts; forced after handoff_timeout seconds. False: the KCL 2.x steal (records since the
     # last checkpoint are delivered again).
     graceful_handoff: bool = True
+    # "worker": every worker scans and takes its share (the KCL 2.x rule, with the handoff).
+    # "leader": the shard-sync leader scans and assigns; the others Query the owner index.
+    lease_assignment: str = "worker"
     handoff_timeout: float = 30.0
     shard_sync_interval: float = 60.0
     parent_shard_poll_interval: float = 10.0
@@ -299,16 +302,19 @@ def _check_numbers(cfg: WorkerConfig) -> None:
         raise ConfigError(f"config 'metrics_port' must be 0..65535, got {cfg.metrics_port}")
 
 
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "aged_checkpoint_policy": ("fail", "earliest", "latest"),
+    "retrieval_mode": ("polling", "fanout"),
+    "lease_assignment": ("worker", "leader"),
+}
+
+
 def _check_choices(cfg: WorkerConfig) -> None:
-    if cfg.aged_checkpoint_policy not in {"fail", "earliest", "latest"}:
-        raise ConfigError(
-            "config 'aged_checkpoint_policy' must be 'fail', 'earliest' or 'latest', "
-            f"got {cfg.aged_checkpoint_policy!r}"
-        )
-    if cfg.retrieval_mode not in {"polling", "fanout"}:
-        raise ConfigError(
-            f"config 'retrieval_mode' must be 'polling' or 'fanout', got {cfg.retrieval_mode!r}"
-        )
+    for name, allowed in _CHOICES.items():
+        value = getattr(cfg, name)
+        if value not in allowed:
+            choices = ", ".join(repr(a) for a in allowed)
+            raise ConfigError(f"config {name!r} must be one of {choices}, got {value!r}")
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(WorkerConfig)}

@@ -60,6 +60,7 @@ class LeaderElection:
         # Guards only _later, never held across a request: note_later is called on the event loop.
         self._later_lock = threading.Lock()
         self._mine: CoordinationRecord | None = None  # the record as we last wrote it
+        self._other: str | None = None  # the record's owner at our last read, if not us
         self._resigned = False  # for good: this worker is stopping
         # tick, note and resign may run in different threads of one worker; serialized here so
         # they never make each other's conditional writes lose.
@@ -69,6 +70,14 @@ class LeaderElection:
     def is_leader(self) -> bool:
         """True while our leadership is renewed, judged on our own monotonic clock."""
         return self._leading and self._clock.monotonic() < self._leading_until
+
+    def led_by(self) -> str | None:
+        """Another worker that leads, as far as we can tell: the record's owner at our last
+        read, whose version we saw move within the lease duration (on our clock)."""
+        seen, other = self._seen, self._other
+        if self._leading or other is None or seen is None:
+            return None
+        return other if self._clock.monotonic() - seen.since <= self._duration else None
 
     def _record(self, version: int, data: dict[str, object] | None = None) -> CoordinationRecord:
         return CoordinationRecord(
@@ -105,6 +114,7 @@ class LeaderElection:
         if mine is not None and self._renew(mine, now):
             return self._set_leading(True, "renewed", now)  # one write: nobody wrote since
         current = self._store.get_record(self._key)
+        self._other = None if current is None or current.owner == self._worker_id else current.owner
         if current is None:
             won = self._put(self._record(1), None, now)
             return self._set_leading(won, "no leader yet", now)

@@ -103,7 +103,7 @@ def _preference(observed: ObservedLease) -> int:
     return 2
 
 
-def _preferred(observed: tuple[ObservedLease, ...], rng: random.Random) -> list[Lease]:
+def preferred(observed: tuple[ObservedLease, ...], rng: random.Random) -> list[Lease]:
     """Available leases in preference order; random within each group (as the KCL shuffles)."""
     groups: dict[int, list[ObservedLease]] = {}
     for o in observed:
@@ -156,7 +156,7 @@ def plan_takes(
     needed = target - mine
     available = scan.available
     if needed > 0 and available:
-        chosen = tuple(_preferred(available, rng)[:needed])
+        chosen = tuple(preferred(available, rng)[:needed])
         return replace(
             base,
             take=chosen,
@@ -187,7 +187,7 @@ def _plan_very_old(
     sharing = sum(1 for n in counts.values() if n <= mine)
     share = math.ceil(len(very_old) / sharing)
     room = max(0, min(max_leases_for_worker - mine, len(very_old), share))
-    chosen = tuple(_preferred(very_old, rng)[:room])
+    chosen = tuple(preferred(very_old, rng)[:room])
     return replace(
         base,
         take=chosen,

@@ -60,6 +60,10 @@ class LeaseTiming:
     # The largest difference between two workers' wall clocks that write stamps allow for (see
     # checkpoint.leasing.observer): a dead worker's lease moves this much after the lease duration.
     max_clock_skew: float = 1.0
+    # Failover times a leader record lives without a renewal (renewed three times as often):
+    # 3 when leadership only syncs shards; 1 when the leader also assigns leases, so a dead
+    # leader's own leases move about as fast as any worker's.
+    leader_duration_multiplier: float = LEADER_DURATION_MULTIPLIER
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.failover) and self.failover > 0):
@@ -79,6 +83,11 @@ class LeaseTiming:
             )
         if not (math.isfinite(self.max_clock_skew) and self.max_clock_skew >= 0):
             raise ConfigError(f"max clock skew must be >= 0 seconds: {self.max_clock_skew}")
+        if not 1 <= self.leader_duration_multiplier <= 100:
+            raise ConfigError(
+                f"leader duration multiplier must be within 1..100: "
+                f"{self.leader_duration_multiplier}"
+            )
         if not self.very_old_multiplier >= 1:
             raise ConfigError(f"very-old multiplier must be >= 1: {self.very_old_multiplier}")
         if not self.steal_cooldown_intervals >= 0:
@@ -111,7 +120,7 @@ class LeaseTiming:
     @property
     def leader_duration(self) -> float:
         """A leader record whose version has not moved for longer than this may be taken."""
-        return LEADER_DURATION_MULTIPLIER * self.failover
+        return self.leader_duration_multiplier * self.failover
 
     @property
     def leader_renew_interval(self) -> float:

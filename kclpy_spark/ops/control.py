@@ -204,11 +204,12 @@ class StatusWriter:
 
 def live_workers(
     records: Iterable[CoordinationRecord], now_wall: float, max_age: float
-) -> frozenset[str]:
+) -> dict[str, float]:
     """The workers whose status records say they run: written within ``max_age`` seconds (by
     the writer's clock) and not stopping, stopped or suspended. A worker publishes before its
-    first take round, so one that holds no lease yet is seen here before any lease shows it."""
-    live: set[str] = set()
+    first take round, so one that holds no lease yet is seen here before any lease shows it.
+    Worker id -> when its status was written."""
+    live: dict[str, float] = {}
     for record in records:
         if not record.key.startswith(WORKER_PREFIX):
             continue
@@ -218,8 +219,8 @@ def live_workers(
             continue
         if data.get("stopped") or data.get("stopping") or data.get("suspended"):
             continue
-        live.add(record.key.removeprefix(WORKER_PREFIX))
-    return frozenset(live)
+        live[record.key.removeprefix(WORKER_PREFIX)] = float(updated)
+    return live
 
 
 def worker_status(store: CoordinationStore, worker_id: str) -> dict[str, Any]:

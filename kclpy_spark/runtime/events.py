@@ -14,7 +14,18 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 # "asked": a graceful handoff to us begun (the steal of the KCL 3.x); "handed": one from us ended.
-KINDS = ("took", "stole", "asked", "handed", "lost", "released", "parked", "finished")
+KINDS = (
+    "took",
+    "stole",
+    "asked",
+    "handed",
+    "lost",
+    "released",
+    "parked",
+    "finished",
+    "assigned",
+    "moving",
+)
 MAX_DETAIL = 300  # a reason may carry a whole Java stack trace; the status record must stay small
 
 

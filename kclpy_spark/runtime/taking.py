@@ -31,6 +31,7 @@ from checkpoint.leasing.observer import LeaseObserver, ObservedScan
 from checkpoint.leasing.taker import plan_takes
 from checkpoint.port import CoordinationRecord
 from kclpy_spark.ops import control
+from kclpy_spark.runtime.assigning import Led
 
 if TYPE_CHECKING:
     from kclpy_spark.runtime.worker import Worker
@@ -54,6 +55,8 @@ class Taker:
         self._incoming: dict[str, float] = {}  # handoffs to us -> monotonic time to stop waiting
         self._live: dict[str, int] = {}  # other live workers -> leases, as of the last scan
         self._known_workers: frozenset[str] = frozenset()  # others running, by status records
+        self.running: dict[str, float] = {}  # every running worker -> its status time
+        self.led: Led | None = Led(self) if worker.cfg.lease_assignment == "leader" else None
 
     async def wait(self, wake: asyncio.Event, interval: float) -> None:
         """Until ``wake`` is set or ``interval`` passed; meanwhile take each lease handed to us
@@ -114,33 +117,40 @@ class Taker:
             elif not lease.handoff_pending:
                 del self._incoming[key]
                 if w.may_take and self._ours_to_take(lease):
-                    await self._take(lease, how="handed")
+                    await self.take(lease, how="handed")
+
+    @property
+    def worker(self) -> Worker:
+        return self._w
+
+    @property
+    def io(self) -> Io:
+        return self._io
+
+    @property
+    def observer(self) -> LeaseObserver:
+        return self._observer
+
+    def forget_observed(self) -> None:
+        self._observer.forget()
+
+    def interval(self) -> float:
+        """How long to wait between rounds: a led worker looks for what it was assigned every
+        renewal interval (its share of a dead worker's leases starts within it)."""
+        if self.led is not None and self.led.role() == "led":
+            return self._w.timing.renew_interval
+        return self._w.timing.take_interval
 
     async def round(self) -> None:
-        """One scan of the lease table; take (or steal) what the KCL's rule says."""
+        """One round: led (``lease_assignment = "leader"``), the leader's scan and assignment,
+        or another worker's look at its own keys; else (or while no leader leads) one scan of
+        the lease table and the takes (or steals) the KCL's rule says."""
+        if self.led is not None and await self.led.round():
+            return
+        scan = await self.scan()
+        if scan is None:
+            return
         w = self._w
-        table = await self._io(w.store.scan_table, control.WORKER_PREFIX)
-        leases = list(table.leases)
-        w.health.store_ok()
-        try:  # the status page's view: never at the cost of taking
-            w.board.on_scan(leases)
-        except Exception:
-            log.exception("worker %s: the status page could not follow the scan", w.cfg.worker_id)
-        now_wall = w.clock.wall()
-        mine = [x for x in leases if w.streams.context_of(x) is not None]
-        if w.caught_up is not None:  # a job: stop when every shard is caught up
-            if self._job_complete(mine):
-                return
-            mine = [x for x in mine if not w.caught_up.is_ended(x.lease_key)]
-        unfinished = [x for x in mine if not x.checkpoint.is_shard_end]
-        # Parked leases are invisible to the taker until their reopen time; leases of streams
-        # this worker does not consume (removed from the config) are never taken.
-        open_leases = [x for x in mine if x.state(now_wall) is not LeaseState.CLOSED]
-        w.health.all_parked = bool(unfinished) and all(
-            x.state(now_wall) is LeaseState.CLOSED for x in unfinished
-        )
-        await self._adopt(open_leases)
-        scan = self._observe(open_leases, self._known(table.records))
         plan = plan_takes(
             scan,
             w.cfg.worker_id,
@@ -161,11 +171,38 @@ class Taker:
             if lease.lease_key in w.consumers:
                 continue
             if lease in plan.steal and w.cfg.graceful_handoff:
-                await self._ask_handoff(lease)
+                await self.ask_handoff(lease, w.cfg.worker_id)
             else:
-                await self._take(lease, how="stole" if lease in plan.steal else "took")
+                await self.take(lease, how="stole" if lease in plan.steal else "took")
 
-    async def _adopt(self, leases: list[Lease]) -> None:
+    async def scan(self) -> ObservedScan | None:
+        """Scan the lease table (leases and status records), show it to the status page, take
+        what was handed to us, and judge every open lease; None when a job just completed."""
+        w = self._w
+        table = await self._io(w.store.scan_table, control.WORKER_PREFIX)
+        leases = list(table.leases)
+        w.health.store_ok()
+        try:  # the status page's view: never at the cost of taking
+            w.board.on_scan(leases)
+        except Exception:
+            log.exception("worker %s: the status page could not follow the scan", w.cfg.worker_id)
+        now_wall = w.clock.wall()
+        mine = [x for x in leases if w.streams.context_of(x) is not None]
+        if w.caught_up is not None:  # a job: stop when every shard is caught up
+            if self._job_complete(mine):
+                return None
+            mine = [x for x in mine if not w.caught_up.is_ended(x.lease_key)]
+        unfinished = [x for x in mine if not x.checkpoint.is_shard_end]
+        # Parked leases are invisible to the taker until their reopen time; leases of streams
+        # this worker does not consume (removed from the config) are never taken.
+        open_leases = [x for x in mine if x.state(now_wall) is not LeaseState.CLOSED]
+        w.health.all_parked = bool(unfinished) and all(
+            x.state(now_wall) is LeaseState.CLOSED for x in unfinished
+        )
+        await self.adopt(open_leases)
+        return self._observe(open_leases, self._known(table.records))
+
+    async def adopt(self, leases: list[Lease]) -> None:
         """Take the leases the table says are ours (handed to us) that we do not hold; watch
         those whose handoff to us has begun (a stopping worker's), to take them as soon as it
         completes; end the handoffs from us of leases we no longer hold (handed to us and asked
@@ -175,11 +212,11 @@ class Taker:
             key = lease.lease_key
             if key in self._incoming or not w.may_take:
                 continue
-            if lease.checkpoint_owner == w.cfg.worker_id and not self._running(key):
+            if lease.checkpoint_owner == w.cfg.worker_id and not self.running_here(key):
                 log.info("lease %s: ending a handoff from us to %s", key, lease.lease_owner)
                 await self._io(w.store.complete_handoff, lease)
             elif self._ours_to_take(lease):
-                await self._take(lease, how="handed")
+                await self.take(lease, how="handed")
             elif self._handed_to_us(lease):
                 log.info("lease %s: %s is handing it over to us; watching it",
                          key, lease.checkpoint_owner)  # fmt: skip
@@ -194,9 +231,9 @@ class Taker:
     def _handed_to_us(self, lease: Lease) -> bool:
         """A handoff to us has begun (by a stopping worker) and we do not run the lease."""
         mine = lease.lease_owner == self._w.cfg.worker_id and lease.handoff_pending
-        return mine and not self._running(lease.lease_key)
+        return mine and not self.running_here(lease.lease_key)
 
-    def _running(self, key: str) -> bool:
+    def running_here(self, key: str) -> bool:
         return key in self._w.consumers or self._w.holder.get_if_held(key) is not None
 
     def _ours_to_take(self, lease: Lease) -> bool:
@@ -211,7 +248,7 @@ class Taker:
             return False
         if w.caught_up is not None and w.caught_up.is_ended(lease.lease_key):
             return False
-        return not self._running(lease.lease_key)
+        return not self.running_here(lease.lease_key)
 
     async def hand_out(self) -> int:
         """Stopping: begin a graceful handoff of every lease we hold to the live workers of a
@@ -261,11 +298,12 @@ class Taker:
         self._observe(open_leases, self._known(table.records))
 
     def _known(self, records: tuple[CoordinationRecord, ...]) -> frozenset[str]:
-        """The other workers whose status records say they run (see plan_takes)."""
+        """The other workers whose status records say they run (see plan_takes); all of them,
+        with when each status was written, in ``running``."""
         w = self._w
         max_age = 2 * w.timing.lease_duration + w.timing.max_clock_skew
-        live = control.live_workers(records, w.clock.wall(), max_age)
-        return live - {w.cfg.worker_id}
+        self.running = control.live_workers(records, w.clock.wall(), max_age)
+        return frozenset(self.running) - {w.cfg.worker_id}
 
     def _observe(self, open_leases: list[Lease], known: frozenset[str]) -> ObservedScan:
         """Show a scan's open leases to the observer (dated now), and note the other live
@@ -279,17 +317,24 @@ class Taker:
         self._live.update({o: 0 for o in self._known_workers if o not in self._live})
         return scan
 
-    async def _ask_handoff(self, lease: Lease) -> None:
+    async def ask_handoff(self, lease: Lease, to: str) -> bool:
+        """Ask ``lease``'s owner to hand it over to ``to`` (us, or a worker the leader names);
+        True if the handoff began."""
         w = self._w
-        pending = await self._io(w.store.initiate_handoff, lease, w.cfg.worker_id)
+        pending = await self._io(w.store.initiate_handoff, lease, to)
         if pending is None:
             log.info("lease %s: changed before we could ask for it", lease.lease_key)
-            return
-        log.info("lease %s: asked %s to hand it over (graceful handoff)",
-                 lease.lease_key, lease.lease_owner)  # fmt: skip
+            return False
+        log.info("lease %s: asked %s to hand it over to %s (graceful handoff)",
+                 lease.lease_key, lease.lease_owner, to)  # fmt: skip
         w.metrics.steals.inc()
-        w.events.add(lease.lease_key, "asked", _why_taken(lease, "stole")[1])
-        self._watch_incoming(lease.lease_key)
+        if to == w.cfg.worker_id:
+            w.events.add(lease.lease_key, "asked", _why_taken(lease, "stole")[1])
+            self._watch_incoming(lease.lease_key)
+        else:
+            w.events.add(lease.lease_key, "moving", f"from {lease.lease_owner} to {to}, to "
+                         "balance the load (assigned by this leader)")  # fmt: skip
+        return True
 
     def _job_complete(self, leases: list[Lease]) -> bool:
         w = self._w
@@ -303,7 +348,7 @@ class Taker:
         w.request_shutdown()
         return True
 
-    async def _take(self, lease: Lease, *, how: str) -> None:
+    async def take(self, lease: Lease, *, how: str) -> None:
         w = self._w
         started = w.clock.monotonic()  # the new tenure's expiry counts from before the write
         take = asyncio.ensure_future(self._io(w.store.take_lease, lease, w.cfg.worker_id))

@@ -54,6 +54,15 @@ T = TypeVar("T")
 __all__ = ["ProcessorFactory", "Worker"]
 
 
+def lease_timing(cfg: WorkerConfig) -> LeaseTiming:
+    """A leader that assigns leases lapses after one failover time (see runtime.assigning)."""
+    return LeaseTiming(
+        failover=cfg.failover_time,
+        max_clock_skew=cfg.max_clock_skew,
+        leader_duration_multiplier=1.0 if cfg.lease_assignment == "leader" else 3.0,
+    )
+
+
 def _executor(threads: int, name: str) -> concurrent.futures.ThreadPoolExecutor:
     return RetiringThreadPool(threads, name)
 
@@ -80,7 +89,7 @@ class Worker:
         self.store = store
         self.clock = clock or SystemClock()
         self.rng = rng or random.Random()
-        self.timing = LeaseTiming(failover=cfg.failover_time, max_clock_skew=cfg.max_clock_skew)
+        self.timing = lease_timing(cfg)
         self.counters = CoordinationCounters()
         self.events = EventLog(cfg.worker_id, self.clock.wall)
         # until_caught_up: the job's progress; complete once every shard is caught up.
@@ -297,7 +306,7 @@ class Worker:
             except Exception:
                 log.exception("worker %s: unexpected error taking leases", self.cfg.worker_id)
             self._take_now.clear()
-            await self.taker.wait(self._take_now, self.timing.take_interval)
+            await self.taker.wait(self._take_now, self.taker.interval())
 
     async def _renew_round(self) -> None:
         # On its own thread: a slow scan or maintenance pass on the lease executor never delays

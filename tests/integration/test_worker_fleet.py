@@ -9,16 +9,19 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+import pytest
 from worker_procs import fleet, produce, read_output, wait_active, wait_for
 
 from checkpoint.stores.dynamodb import DynamoDBLeaseTable
+from shard_sync.leader import LEADER_KEY
 
 FAILOVER = 4.0
 TAKE_INTERVAL = (FAILOVER + 0.025) * 0.5  # LeaseTiming's default: half a lease duration
 
 
-def _config(name: str, endpoint: str) -> str:
+def _config(name: str, endpoint: str, assignment: str = "worker") -> str:
     return f"""
+lease_assignment = "{assignment}"
 application_name = "{name}"
 stream_name = "{name}"
 endpoint_url = "{endpoint}"
@@ -37,7 +40,9 @@ def _processed(output: Path) -> set[str]:
     return {line["data"] for line in read_output(output)}
 
 
+@pytest.mark.parametrize("assignment", ["worker", "leader"])
 def test_three_workers_split_merge_kill_and_handoff(
+    assignment: str,
     kinesis_client: Any,
     dynamodb_client: Any,
     localstack_endpoint: str,
@@ -58,10 +63,14 @@ def test_three_workers_split_merge_kill_and_handoff(
         return produced <= _processed(output)
 
     put(range(0, 100))
-    with fleet(tmp_path, _config(name, localstack_endpoint), output) as workers:
+    with fleet(tmp_path, _config(name, localstack_endpoint, assignment), output) as workers:
         for wid in ("w1", "w2", "w3"):
             workers.start(wid)
         wait_for("the first 100 records", all_processed, timeout=120)
+        if assignment == "leader":  # one leads and assigns; the others find their leases
+            logs = [p.log_text() for p in workers.procs.values()]
+            assert sum("lease assignment role worker -> leader" in x for x in logs) >= 1
+            assert sum("-> led" in x for x in logs) >= 2
         table = DynamoDBLeaseTable(dynamodb_client, name, create_if_missing=False)
 
         # Reshard while consuming: split shard 0, merge shards 1 and 2.
@@ -106,6 +115,10 @@ def test_three_workers_split_merge_kill_and_handoff(
             )
 
         victim = owners().most_common(1)[0][0]
+        if assignment == "leader":  # the leader: its own leases wait for a new leader
+            record = table.get_record(LEADER_KEY)
+            assert record is not None and record.owner in workers.procs
+            victim = record.owner
         assert victim is not None
         workers.kill(victim, signal.SIGKILL)
         killed_at = time.monotonic()

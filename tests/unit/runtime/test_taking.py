@@ -83,7 +83,7 @@ def test_leases_handed_to_us_are_taken_unless_finished_or_parked() -> None:
     ]
     w = worker(table, Consumers())
     taker = Taker(w, io)
-    asyncio.run(taker._adopt(leases))
+    asyncio.run(taker.adopt(leases))
     assert set(w.consumers) == {"handed"}
     assert table.get_lease("handed").lease_counter == 4  # type: ignore[union-attr]
     assert table.get_lease("pending").handoff_pending  # type: ignore[union-attr]
@@ -103,7 +103,7 @@ def test_a_handoff_from_us_of_a_lease_we_do_not_hold_is_ended() -> None:
     table = MemoryLeaseTable()
     orphan = put(table, "s", lease_owner="thief", checkpoint_owner=ME, lease_counter=7)
     w = worker(table, Consumers())
-    asyncio.run(Taker(w, io)._adopt([orphan]))
+    asyncio.run(Taker(w, io).adopt([orphan]))
     after = table.get_lease("s")
     assert after is not None and after.lease_owner == "thief" and not after.handoff_pending
     assert after.lease_counter == 8 and not w.consumers
@@ -116,7 +116,7 @@ def test_a_handoff_from_a_lease_we_hold_is_left_to_its_consumer() -> None:
     w = worker(table, Consumers())
     w.holder.add_taken(mine)
     pending = table.initiate_handoff(mine, "thief")
-    asyncio.run(Taker(w, io)._adopt([pending]))  # type: ignore[list-item]
+    asyncio.run(Taker(w, io).adopt([pending]))  # type: ignore[list-item]
     assert table.get_lease("s") == pending  # still pending: hand_over completes it
 
 
@@ -124,7 +124,7 @@ def test_a_consumer_that_cannot_start_gives_its_lease_back() -> None:
     table = MemoryLeaseTable()
     handed = put(table, "s", lease_owner=ME)
     w = worker(table, Consumers(fail=True))
-    asyncio.run(Taker(w, io)._adopt([handed]))
+    asyncio.run(Taker(w, io).adopt([handed]))
     assert w.holder.get_if_held("s") is None
     assert table.get_lease("s").lease_owner is None  # type: ignore[union-attr]
 
@@ -134,7 +134,7 @@ def test_nothing_is_taken_while_the_worker_stops() -> None:
     handed = put(table, "s", lease_owner=ME)
     w = worker(table, Consumers())
     w.may_take = False
-    asyncio.run(Taker(w, io)._adopt([replace(handed)]))
+    asyncio.run(Taker(w, io).adopt([replace(handed)]))
     assert not w.consumers and table.get_lease("s") == handed
 
 
@@ -257,7 +257,7 @@ def test_a_taken_tenure_counts_from_before_the_take() -> None:
     table.take_takes = 3.0
     w = worker(table, Consumers(), clock)
     before = clock.monotonic()
-    asyncio.run(Taker(w, io)._take(free, how="took"))
+    asyncio.run(Taker(w, io).take(free, how="took"))
     held = w.holder.get_if_held("s")
     assert held is not None and held.last_counter_change == before
     assert clock.monotonic() == before + 3.0
@@ -338,4 +338,4 @@ def test_a_stopping_worker_says_so_before_handing_out(monkeypatch: Any) -> None:
     monkeypatch.setattr(stopping, "status_payload", lambda worker, now: {"leases": {}})
     asyncio.run(stopping.announce_stopping(w, io))
     assert control.worker_status(table, ME)["stopping"] is True
-    assert control.live_workers(table.scan_table("worker/").records, w.clock.wall(), 60.0) == set()
+    assert control.live_workers(table.scan_table("worker/").records, w.clock.wall(), 60.0) == {}

@@ -207,3 +207,22 @@ def test_a_note_never_waits_for_a_request_in_flight() -> None:
     assert done.wait(1.0)  # while the tick's write is still in flight
     release.set()
     ticking.join(5)
+
+
+def test_led_by_names_a_live_leader_only() -> None:
+    _, clock, a, b = _pair(duration=10.0)
+    assert b.led_by() is None  # never looked
+    a.tick()
+    b.tick()
+    assert b.led_by() == "A" and a.led_by() is None  # a leader is led by nobody
+    clock.advance(5.0)
+    a.tick()
+    b.tick()
+    clock.advance(9.0)
+    assert b.led_by() == "A"  # seen moving 9 s ago
+    clock.advance(1.5)
+    assert b.led_by() is None  # not seen moving for a lease duration: nobody leads
+    a.resign()
+    clock.advance(0.1)
+    b.tick()
+    assert b.is_leader and b.led_by() is None  # it took the released record

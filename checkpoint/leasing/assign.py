@@ -1,0 +1,200 @@
+"""Leader assignment: which worker each free lease goes to, and which lease moves to even out the
+load, decided by the one worker that leads (the KCL 3.x shape; ``lease_assignment = "leader"``).
+
+The leader scans the table (its observer judges expiry exactly as a taker's does) and knows the
+running workers from their status records. ``plan_assignments``:
+
+1. ``targets``: the running workers (the leader included), less any that owns a lease this scan
+   shows expired (it stopped renewing: dead, or stalled, and given nothing more until its leases
+   move on). A worker owning live leases but not known as running (its status write failed) is
+   counted in the loads but given nothing new.
+2. **Free leases** (very old ones first, then the others available, each group in the taker's
+   preference order): each goes to the target holding the fewest live leases at that point (ties
+   at random), skipping targets at ``max_leases_for_worker``; a lease no target has room for is
+   spillover (reported, left where it is). Nothing moves in a round that assigns.
+3. **Moves**, when nothing was free: by load when the leases carry their throughput (the least
+   loaded target asks what it would steal under ``plan_load_steal``'s rule), else by count: one
+   live lease of the most loaded target (not one being handed over already) goes to the least
+   loaded while the two differ by more than one. At most ``max_moves`` a round, each from and to
+   a different worker, so the leader's next scan sees their effect before it moves more. Each move
+   strictly lowers the sum of squared loads, so moves stop; none undoes another.
+
+The caller writes each assignment as a take conditional on the counter seen (naming the target),
+and each move as a graceful handoff to its target; a lost write just means the table changed.
+Pure: randomness from the caller's ``rng``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+
+from checkpoint.lease import Lease
+from checkpoint.leasing.load import has_load, plan_load_steal
+from checkpoint.leasing.observer import ObservedLease, ObservedScan
+from checkpoint.leasing.taker import UNLIMITED, preferred
+
+
+@dataclass(frozen=True)
+class Assignment:
+    lease: Lease
+    to: str
+
+
+@dataclass(frozen=True)
+class AssignPlan:
+    assign: tuple[Assignment, ...] = ()  # free leases, each to a target (a take naming it)
+    moves: tuple[Assignment, ...] = ()  # live leases, each to a target (a graceful handoff)
+    reason: str = ""
+    counts: dict[str, int] = field(default_factory=dict)  # targets' live leases, before the plan
+    spillover: int = 0
+
+
+def stalled(scan: ObservedScan) -> set[str]:
+    """The owners of leases this scan shows expired: they stopped renewing."""
+    return {o.owner for o in scan.available if o.owner is not None}
+
+
+def targets_of(scan: ObservedScan, running: Collection[str]) -> list[str]:
+    """The running workers that own no lease this scan shows expired, sorted."""
+    return sorted(set(running) - stalled(scan))
+
+
+class Suspects:
+    """The leader's memory of workers that stopped renewing. Once a stalled worker's leases have
+    moved on, no scan shows it stalled any more, yet its status record stays fresh for a while
+    after it died: without this memory it would be given leases again, each of which then waits
+    a lease duration more. A suspect is a target again only once its status record has been
+    written after it was suspected (it runs again), or when its record is gone."""
+
+    def __init__(self) -> None:
+        self._since: dict[str, float] = {}  # worker -> its status time when suspected
+
+    def targets(self, scan: ObservedScan, running: Mapping[str, float]) -> list[str]:
+        """``running``: worker -> the time its status record was written."""
+        now_stalled = stalled(scan)
+        for worker in now_stalled:
+            if worker in running:
+                self._since[worker] = max(running[worker], self._since.get(worker, running[worker]))
+        self._since = {w: t for w, t in self._since.items() if w in running and running[w] <= t}
+        return sorted(set(running) - now_stalled - set(self._since))
+
+
+def plan_assignments(
+    scan: ObservedScan,
+    running: Collection[str],
+    *,
+    rng: random.Random,
+    max_leases_for_worker: int = UNLIMITED,
+    max_moves: int = 1,
+) -> AssignPlan:
+    """This round's assignments and moves over ``scan``, for the ``running`` workers."""
+    if max_moves < 0:
+        raise ValueError(f"max_moves must be >= 0, got {max_moves}")
+    targets = targets_of(scan, running)
+    counts = {t: scan.count(t) for t in targets}
+    base = AssignPlan(counts=dict(counts))
+    if not targets:
+        return AssignPlan(reason="no running worker to assign to", counts={})
+    free = _free(scan, rng)
+    if free:
+        return _assign_free(free, counts, base, rng, max_leases_for_worker)
+    if max_moves == 0:
+        return AssignPlan(reason="nothing free; moves off", counts=base.counts)
+    if has_load(scan):
+        return _load_moves(scan, counts, base, rng, max_moves, max_leases_for_worker)
+    return _count_moves(scan, counts, base, rng, max_moves, max_leases_for_worker)
+
+
+def _free(scan: ObservedScan, rng: random.Random) -> list[Lease]:
+    very_old = scan.very_old
+    old_keys = {o.key for o in very_old}
+    rest = tuple(o for o in scan.available if o.key not in old_keys)
+    return preferred(very_old, rng) + preferred(rest, rng)
+
+
+def _least(counts: dict[str, int], rng: random.Random, cap: int) -> str | None:
+    open_ = {t: n for t, n in counts.items() if n < cap}
+    if not open_:
+        return None
+    fewest = min(open_.values())
+    return rng.choice(sorted(t for t, n in open_.items() if n == fewest))
+
+
+def _assign_free(
+    free: list[Lease], counts: dict[str, int], base: AssignPlan, rng: random.Random, cap: int
+) -> AssignPlan:
+    chosen: list[Assignment] = []
+    for lease in free:
+        to = _least(counts, rng, cap)
+        if to is None:
+            break
+        counts[to] += 1
+        chosen.append(Assignment(lease, to))
+    spill = len(free) - len(chosen)
+    reason = f"{len(chosen)} free lease(s) assigned to {len(set(a.to for a in chosen))} worker(s)"
+    if spill:
+        reason += f"; {spill} left: every worker at max_leases_for_worker ({cap})"
+    return AssignPlan(tuple(chosen), (), reason, base.counts, spill)
+
+
+def _movable(scan: ObservedScan, owner: str) -> list[ObservedLease]:
+    return [o for o in scan.held_by(owner) if not o.lease.handoff_pending]
+
+
+def _count_moves(
+    scan: ObservedScan,
+    counts: dict[str, int],
+    base: AssignPlan,
+    rng: random.Random,
+    max_moves: int,
+    cap: int,
+) -> AssignPlan:
+    moves: list[Assignment] = []
+    givers, takers = dict(counts), dict(counts)  # each worker gives or takes once a round
+    while len(moves) < max_moves and givers and takers:
+        most = max(givers.values())
+        giver = rng.choice(sorted(t for t, n in givers.items() if n == most))
+        to = _least({t: n for t, n in takers.items() if t != giver}, rng, cap)
+        if to is None or counts[giver] - counts[to] <= 1:
+            break
+        candidates = sorted((o.lease for o in _movable(scan, giver)), key=_key)
+        if not candidates:
+            del givers[giver]
+            continue
+        lease = rng.choice(candidates)
+        moves.append(Assignment(lease, to))
+        counts[giver] -= 1
+        counts[to] += 1
+        del givers[giver], takers[to]
+        givers.pop(to, None)
+        takers.pop(giver, None)
+    if not moves:
+        return AssignPlan(reason="balanced by count", counts=base.counts)
+    what = ", ".join(f"{a.lease.lease_key} {a.lease.lease_owner} -> {a.to}" for a in moves)
+    return AssignPlan((), tuple(moves), f"evening out lease counts: {what}", base.counts)
+
+
+def _load_moves(
+    scan: ObservedScan,
+    counts: dict[str, int],
+    base: AssignPlan,
+    rng: random.Random,
+    max_moves: int,
+    cap: int,
+) -> AssignPlan:
+    """The least loaded target (by count, then at random) asks the load rule what it would take."""
+    order = sorted(counts, key=lambda t: (counts[t], rng.random()))
+    for thief in order:
+        if counts[thief] >= cap:
+            continue
+        decided = plan_load_steal(scan, thief, rng=rng, max_leases_to_steal=max_moves)
+        if decided.steal and decided.victim in counts:
+            moves = tuple(Assignment(lease, thief) for lease in decided.steal)
+            return AssignPlan((), moves, f"{thief}: {decided.reason}", base.counts)
+    return AssignPlan(reason="balanced by load", counts=base.counts)
+
+
+def _key(lease: Lease) -> str:
+    return lease.lease_key

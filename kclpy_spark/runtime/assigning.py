@@ -1,0 +1,157 @@
+"""Leader assignment at run time (``lease_assignment = "leader"``, the KCL 3.x shape).
+
+Each round a worker plays one of three roles:
+
+* **leader** (it holds the shard-sync leadership): one scan of the table (leases and status
+  records), the same expiry judgement and timed reads as a taker's, then ``plan_assignments``:
+  each free lease is written to its target with a take conditional on the counter seen
+  (``take_lease(lease, target)``: the old owner is fenced off as by any take), each move begins a
+  graceful handoff to its target. Before every write it checks that it still leads: a leader
+  whose leadership lapsed mid-round stops, and a write planned on a stale scan loses its
+  condition.
+* **led** (another worker leads, its record seen moving): no scan. Every renewal interval it
+  Queries the owner index for its own lease keys (``list_lease_keys_by_owner``), reads the few it
+  does not run, and takes each that is its own to take (a write of its own, so its tenure counts
+  from it) or watches a handoff to it. A lease assigned to a dead worker is never renewed and
+  expires again; the leader gives it to another.
+* **worker** (nobody leads: a leader just died, or the table does not answer): the KCL 2.x
+  round, as with ``lease_assignment = "worker"``, until a leader leads again. In a job
+  (``--until-caught-up``) always.
+
+The leader record is renewed every third of the failover time and lapses after one failover
+time in this mode, so a dead leader's own leases move about one failover time later than a
+worker's: a new leader is elected, then it scans and assigns them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from checkpoint.lease import Lease
+from checkpoint.leasing.assign import Suspects, plan_assignments
+
+if TYPE_CHECKING:
+    from kclpy_spark.runtime.taking import Taker
+
+log = logging.getLogger(__name__)
+
+# A key of ours that we read and did not take (finished, parked, of a stream we do not consume)
+# is read again only after this many seconds.
+DECLINED_FOR = 30.0
+
+
+class Led:
+    """The leader-assignment roles of one worker's taker."""
+
+    def __init__(self, taker: Taker) -> None:
+        self._t = taker
+        self._suspects = Suspects()
+        self._role = "worker"
+        self._declined: dict[str, float] = {}  # key -> monotonic time it was declined
+
+    def role(self) -> str:
+        w = self._t.worker
+        if w.caught_up is not None:
+            return "worker"
+        if w.leader.is_leader:
+            return "leader"
+        return "led" if w.leader.led_by() is not None else "worker"
+
+    async def round(self) -> bool:
+        """One round in this worker's role; False: none (take as a worker does)."""
+        role = self.role()
+        if role != self._role:
+            w = self._t.worker
+            log.info("worker %s: lease assignment role %s -> %s", w.cfg.worker_id,
+                     self._role, role)  # fmt: skip
+            self._role = role
+            self._suspects = Suspects()
+            self._t.forget_observed()  # a led worker watches no lease; a new leader starts fresh
+        if role == "leader":
+            await self._lead()
+        elif role == "led":
+            await self._discover()
+        return role != "worker"
+
+    def _leading(self) -> bool:
+        w = self._t.worker
+        return w.leader.is_leader and w.may_take
+
+    async def _lead(self) -> None:
+        t = self._t
+        w = t.worker
+        me = w.cfg.worker_id
+        scan = await t.scan()
+        if scan is None:
+            return
+        running = dict(t.running)
+        if w.may_take:  # we run, whether or not our last status write landed
+            running.setdefault(me, w.clock.wall())
+        targets = self._suspects.targets(scan, running)
+        plan = plan_assignments(
+            scan,
+            targets,
+            rng=w.rng,
+            max_leases_for_worker=w.cfg.max_leases_for_worker,
+            max_moves=w.cfg.max_leases_to_steal,
+        )
+        if not plan.assign and not plan.moves:
+            return
+        log.info("worker %s (leader): %s", me, plan.reason)
+        for a in plan.assign:
+            if not self._leading():
+                return
+            if a.to == me:
+                if a.lease.lease_key not in w.consumers:
+                    await t.take(a.lease, how="took")
+            else:
+                await self._assign(a.lease, a.to)
+        for m in plan.moves:
+            if not self._leading():
+                return
+            if w.cfg.graceful_handoff:
+                await t.ask_handoff(m.lease, m.to)
+            elif m.to == me:
+                await t.take(m.lease, how="stole")
+            else:
+                await self._assign(m.lease, m.to)
+
+    async def _assign(self, lease: Lease, to: str) -> None:
+        t = self._t
+        w = t.worker
+        taken = await t.io(w.store.take_lease, lease, to)
+        key = lease.lease_key
+        if taken is None:
+            log.info("lease %s: changed before we could assign it", key)
+            return
+        t.observer.record_write(taken, w.clock.monotonic())
+        why = f"by leader {w.cfg.worker_id}: " + why_free(lease)
+        w.events.add(key, "assigned", f"to {to} {why}")
+        log.info("lease %s: assigned to %s %s", key, to, why)
+
+    async def _discover(self) -> None:
+        """Our keys from the owner index; read the ones we do not run, take what is ours."""
+        t = self._t
+        w = t.worker
+        keys = await t.io(w.store.list_lease_keys_by_owner, w.cfg.worker_id)
+        w.health.store_ok()
+        now = w.clock.monotonic()
+        self._declined = {k: at for k, at in self._declined.items() if now - at < DECLINED_FOR}
+        leases: list[Lease] = []
+        for key in keys:
+            if t.running_here(key) or key in self._declined:
+                continue
+            lease = await t.io(w.store.get_lease, key)
+            if lease is not None:
+                leases.append(lease)
+        await t.adopt(leases)
+        for lease in leases:
+            if not t.running_here(lease.lease_key) and not lease.handoff_pending:
+                self._declined[lease.lease_key] = now
+
+
+def why_free(lease: Lease) -> str:
+    if lease.lease_owner:
+        return f"(from {lease.lease_owner}, which stopped renewing it)"
+    return "(it had no owner)"

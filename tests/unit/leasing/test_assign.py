@@ -1,0 +1,222 @@
+"""The leader's assignment rule (checkpoint.leasing.assign): table-driven over scans made by a real
+observer, then a fleet in virtual time where one leader assigns and moves leases for everyone."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from checkpoint.base.clock import ManualClock
+from checkpoint.lease import Lease
+from checkpoint.leasing import LeaseObserver, LeaseTiming
+from checkpoint.leasing.assign import Suspects, plan_assignments, targets_of
+from checkpoint.sequence import TRIM_HORIZON
+from tests.unit.leasing.test_taker import scan_of
+
+TIMING = LeaseTiming(failover=10.0)
+
+# live, free, very old, expired, running, max leases, max moves -> {worker: assigned}, moves
+TABLE = [
+    ("fresh table, 3 workers", {}, 0, 9, {}, {"a", "b", "c"}, 99, 1, {"a": 3, "b": 3, "c": 3}, 0),
+    ("fill the emptiest first", {"a": 3}, 3, 0, {}, {"a", "b"}, 99, 1, {"a": 0, "b": 3}, 0),
+    (
+        "uneven free: fewest first",
+        {"a": 2, "b": 1},
+        3,
+        0,
+        {},
+        {"a", "b"},
+        99,
+        1,
+        {"a": 1, "b": 2},
+        0,
+    ),
+    (
+        "dead worker's leases to survivors",
+        {"a": 2, "b": 2},
+        0,
+        0,
+        {"dead": 4},
+        {"a", "b", "dead"},
+        99,
+        1,
+        {"a": 2, "b": 2},
+        0,
+    ),
+    ("capped by max_leases_for_worker", {"a": 2}, 5, 0, {}, {"a", "b"}, 3, 1, {"a": 1, "b": 3}, 0),
+    ("balanced: nothing", {"a": 3, "b": 2}, 0, 0, {}, {"a", "b"}, 99, 1, {}, 0),
+    ("a joiner gets one per round", {"a": 4, "b": 4}, 0, 0, {}, {"a", "b", "c"}, 99, 1, {}, 1),
+    (
+        "two moves, different workers",
+        {"a": 4, "b": 4},
+        0,
+        0,
+        {},
+        {"a", "b", "c", "d"},
+        99,
+        2,
+        {},
+        2,
+    ),
+    ("moves off", {"a": 6}, 0, 0, {}, {"a", "b"}, 99, 0, {}, 0),
+    ("nobody running", {"a": 2}, 2, 0, {}, set(), 99, 1, {}, 0),
+    ("owner not known as running keeps its leases", {"x": 4}, 2, 0, {}, {"a"}, 99, 1, {"a": 2}, 0),
+]
+
+
+@pytest.mark.parametrize(
+    ("live", "free", "old", "expired", "running", "cap", "max_moves", "assigned", "moves"),
+    [row[1:] for row in TABLE],
+    ids=[row[0] for row in TABLE],
+)
+def test_plan_table(
+    live: dict[str, int],
+    free: int,
+    old: int,
+    expired: dict[str, int],
+    running: set[str],
+    cap: int,
+    max_moves: int,
+    assigned: dict[str, int],
+    moves: int,
+) -> None:
+    scan = scan_of(live, free=free, very_old=old, expired=expired)
+    plan = plan_assignments(
+        scan, running, rng=random.Random(5), max_leases_for_worker=cap, max_moves=max_moves
+    )
+    got = {t: sum(1 for a in plan.assign if a.to == t) for t in assigned}
+    assert got == assigned, plan.reason
+    assert sum(got.values()) == len(plan.assign)
+    assert len(plan.moves) == moves, plan.reason
+    for move in plan.moves:  # never to the lease's own owner, never a lease mid-handoff
+        assert move.to != move.lease.lease_owner and not move.lease.handoff_pending
+    assert len({a.lease.lease_key for a in plan.assign + plan.moves}) == len(
+        plan.assign + plan.moves
+    )
+
+
+def test_a_worker_whose_leases_expired_is_no_target() -> None:
+    scan = scan_of({"a": 1}, expired={"stalled": 2})
+    assert targets_of(scan, {"a", "stalled"}) == ["a"]
+
+
+def test_leases_mid_handoff_are_not_moved() -> None:
+    observer, clock = LeaseObserver(TIMING), ManualClock()
+    leases = [Lease(f"a-{i}", TRIM_HORIZON, "a", 1) for i in range(4)]
+    leases = [replace(x, lease_owner="b", checkpoint_owner="a") for x in leases[:3]] + leases[3:]
+    observer.observe(leases, clock.monotonic())
+    clock.advance(1.0)
+    scan = observer.observe(leases, clock.monotonic())
+    plan = plan_assignments(scan, {"a", "b", "c"}, rng=random.Random(1), max_moves=3)
+    # b counts 3 (being handed to it), a 1: b gives one to c, but none of its leases is movable
+    # until its handoff completes.
+    assert all(not m.lease.handoff_pending for m in plan.moves)
+
+
+def test_load_moves_take_the_hot_shards_neighbour_not_the_hot_shard() -> None:
+    observer, clock = LeaseObserver(TIMING), ManualClock()
+    hot = Lease("hot", TRIM_HORIZON, "a", 1, throughput_kbps=100.0)
+    cold = [Lease(f"cold-{i}", TRIM_HORIZON, "a", 1, throughput_kbps=10.0) for i in range(3)]
+    observer.observe([hot, *cold], clock.monotonic())
+    clock.advance(1.0)
+    scan = observer.observe([hot.bumped(), *(x.bumped() for x in cold)], clock.monotonic())
+    plan = plan_assignments(scan, {"a", "b"}, rng=random.Random(2), max_moves=3)
+    assert plan.moves and {m.to for m in plan.moves} == {"b"}
+    assert "hot" not in {m.lease.lease_key for m in plan.moves}
+
+
+class LedFleet:
+    """Workers on one table of owners in virtual time: every take interval the live workers
+    renew; the leader (the first live worker) scans, assigns free leases (a take naming the
+    target) and moves one lease (taken at once here: the handoff's two steps collapsed). Status
+    records are written every other round and count as running for three rounds."""
+
+    def __init__(self, leases: int, workers: int, seed: int) -> None:
+        self.clock = ManualClock()
+        self.table = {f"s{i:03d}": Lease(f"s{i:03d}", TRIM_HORIZON) for i in range(leases)}
+        self.rng = random.Random(seed)
+        self.alive = {f"w{i}": True for i in range(workers)}
+        self.observer = LeaseObserver(TIMING)
+        self.suspects = Suspects()
+        self.leader = "w0"
+        self.status = {w: self.clock.monotonic() for w in self.alive}  # worker -> written at
+
+    def round(self) -> int:
+        self.clock.advance(TIMING.take_interval)
+        now = self.clock.monotonic()
+        for key, lease in self.table.items():
+            if lease.lease_owner is not None and self.alive[lease.lease_owner]:
+                self.table[key] = lease.bumped()
+        for w, up in self.alive.items():
+            if up and (w not in self.status or int(now / TIMING.take_interval) % 2 == 0):
+                self.status[w] = now
+        if not self.alive[self.leader]:  # a new leader, with a fresh memory
+            self.leader = min(w for w, up in self.alive.items() if up)
+            self.observer, self.suspects = LeaseObserver(TIMING), Suspects()
+        scan = self.observer.observe(list(self.table.values()), now)
+        running = {w: t for w, t in self.status.items() if now - t <= 3 * TIMING.take_interval}
+        targets = self.suspects.targets(scan, running)
+        plan = plan_assignments(scan, targets, rng=random.Random(self.rng.random()))
+        moved = 0
+        for a in plan.assign + plan.moves:
+            current = self.table[a.lease.lease_key]
+            if current.lease_counter == a.lease.lease_counter:
+                self.table[a.lease.lease_key] = current.bumped(lease_owner=a.to)
+                self.observer.record_write(self.table[a.lease.lease_key], now)
+                moved += current.lease_owner != a.to
+        return moved
+
+    def counts(self) -> dict[str, int]:
+        counts = {w: 0 for w, up in self.alive.items() if up}
+        for lease in self.table.values():
+            assert lease.lease_owner in counts, f"{lease.lease_key}: {lease.lease_owner}"
+            counts[lease.lease_owner] += 1
+        return counts
+
+    def settle(self, limit: int = 200) -> int:
+        moved, still = 0, 0
+        for _ in range(limit):
+            changed = self.round()
+            moved, still = moved + changed, (0 if changed else still + 1)
+            if still >= 10:
+                return moved
+        raise AssertionError(f"no convergence: {self.counts()}")
+
+
+@pytest.mark.parametrize(("leases", "workers"), [(10, 3), (7, 5), (1000, 4), (40, 50)])
+def test_a_fresh_table_is_split_fairly_in_one_round_and_never_moves_again(
+    leases: int, workers: int
+) -> None:
+    fleet = LedFleet(leases, workers, seed=leases + workers)
+    assert fleet.round() == leases
+    counts = fleet.counts().values()
+    assert max(counts) - min(counts) <= 1
+    assert fleet.settle() == 0
+
+
+def test_a_dead_workers_leases_go_to_the_survivors_and_a_dead_leader_is_replaced() -> None:
+    for dead in ("w1", "w0"):  # a worker, then the leader
+        fleet = LedFleet(12, 3, seed=3)
+        fleet.settle()
+        fleet.alive[dead] = False
+        fleet.settle()
+        assert sorted(fleet.counts().values()) == [6, 6]
+
+
+def test_a_joiner_gets_its_share_and_only_its_share_moves() -> None:
+    fleet = LedFleet(12, 3, seed=4)
+    fleet.settle()
+    fleet.alive["w3"] = True
+    assert fleet.settle() == 3
+    assert sorted(fleet.counts().values()) == [3, 3, 3, 3]
+
+
+def test_a_suspect_is_a_target_again_only_once_its_status_is_written_again() -> None:
+    suspects = Suspects()
+    stalled_scan = scan_of({"a": 1}, expired={"b": 1})
+    assert suspects.targets(stalled_scan, {"a": 10.0, "b": 10.0}) == ["a"]
+    moved_on = scan_of({"a": 2})
+    assert suspects.targets(moved_on, {"a": 12.0, "b": 10.0}) == ["a"]  # its old status
+    assert suspects.targets(moved_on, {"a": 14.0, "b": 15.0}) == ["a", "b"]  # it runs again

@@ -1,0 +1,183 @@
+"""Leader assignment at run time (kclpy_spark.runtime.assigning), on the memory store with
+stand-in workers: the leader assigns, led workers find and take what they were given, and a
+leadership that changes (or lapses) mid-assignment never gives one lease two runners."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+from checkpoint.base.clock import ManualClock
+from checkpoint.sequence import SHARD_END
+from checkpoint.stores.memory import MemoryLeaseTable
+from kclpy_spark.config import WorkerConfig
+from kclpy_spark.runtime.assigning import DECLINED_FOR
+from kclpy_spark.runtime.taking import Taker
+from tests.unit.runtime.test_taking import Consumers, io, put, status, worker
+
+
+class Leader:
+    """A stand-in election: whether we lead, and who else does."""
+
+    def __init__(self, leading: bool, other: str | None = None) -> None:
+        self.is_leader, self.other = leading, other
+
+    def led_by(self) -> str | None:
+        return None if self.is_leader else self.other
+
+
+class Reads(MemoryLeaseTable):
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(clock)
+        self.calls: list[str] = []
+
+    def get_lease(self, lease_key: str) -> Any:
+        self.calls.append(f"get {lease_key}")
+        return super().get_lease(lease_key)
+
+    def scan_table(self, record_prefix: str) -> Any:
+        self.calls.append("scan")
+        return super().scan_table(record_prefix)
+
+    def list_lease_keys_by_owner(self, owner: str) -> list[str]:
+        self.calls.append("query")
+        return super().list_lease_keys_by_owner(owner)
+
+
+def led_worker(table: MemoryLeaseTable, me: str, leader: Leader, clock: ManualClock) -> Any:
+    w = worker(table, Consumers(), clock)
+    w.cfg = WorkerConfig(stream_name="s", worker_id=me, lease_assignment="leader")
+    w.holder = type(w.holder)(table, me, clock, 10.0)
+    w.events = type(w.events)(me, clock.wall)
+    w.leader = leader
+    w.board = SimpleNamespace(on_scan=lambda leases: None)
+    w.health = SimpleNamespace(store_ok=lambda: None, all_parked=False)
+    return w
+
+
+def fleet(n_leases: int, names: list[str]) -> tuple[ManualClock, Reads, dict[str, Taker]]:
+    clock = ManualClock()
+    table = Reads(clock)
+    for i in range(n_leases):
+        put(table, f"s{i:02d}")
+    for name in names:
+        status(table, name, clock.wall())
+    takers = {
+        name: Taker(led_worker(table, name, Leader(i == 0, names[0]), clock), io)
+        for i, name in enumerate(names)
+    }
+    return clock, table, takers
+
+
+def run(taker: Taker) -> None:
+    asyncio.run(taker.round())
+
+
+def runners(takers: dict[str, Taker]) -> dict[str, set[str]]:
+    return {name: set(t.worker.consumers) for name, t in takers.items()}
+
+
+def test_the_leader_assigns_a_fair_share_and_the_led_take_theirs_without_scanning() -> None:
+    _, table, takers = fleet(9, ["lead", "b", "c"])
+    run(takers["lead"])
+    owners = [x.lease_owner for x in table.list_leases()]
+    assert sorted(owners.count(n) for n in takers) == [3, 3, 3]
+    assert len(takers["lead"].worker.consumers) == 3  # its own share taken at once
+    table.calls.clear()
+    for name in ("b", "c"):
+        assert takers[name].interval() == takers[name].worker.timing.renew_interval
+        run(takers[name])
+    assert "scan" not in table.calls and table.calls.count("query") == 2
+    running = runners(takers)
+    assert [len(keys) for keys in running.values()] == [3, 3, 3]
+    assert set().union(*running.values()) == {x.lease_key for x in table.list_leases()}
+    for lease in table.list_leases():  # each taken by its runner's own write
+        assert lease.lease_key in running[lease.lease_owner]  # type: ignore[index]
+        assert lease.lease_counter == (1 if lease.lease_owner == "lead" else 2)
+
+
+def test_a_led_worker_reads_only_keys_it_does_not_run_and_declined_ones_rarely() -> None:
+    clock, table, takers = fleet(0, ["lead", "b"])
+    put(table, "mine", lease_owner="b")
+    put(table, "done", lease_owner="b", checkpoint=SHARD_END)
+    b = takers["b"]
+    run(b)
+    assert set(b.worker.consumers) == {"mine"}
+    table.calls.clear()
+    run(b)
+    assert table.calls == ["query"]  # runs "mine"; "done" was declined
+    clock.advance(DECLINED_FOR + 1)
+    table.calls.clear()
+    run(b)
+    assert table.calls == ["query", "get done"]
+
+
+def test_two_leaders_mid_assignment_never_give_a_lease_two_runners() -> None:
+    """The old leader's leadership lapsed but its round runs on a scan it made before; the new
+    one scans too. Both assign every lease; each write is conditional on the counter seen."""
+    _, table, takers = fleet(6, ["old", "new", "b"])
+    takers["new"].worker.leader = Leader(True)
+    stale = table.scan_table("worker/")  # what the old leader saw before the new one wrote
+
+    class Stale:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(table, name)
+
+        def scan_table(self, record_prefix: str) -> Any:
+            return stale
+
+    run(takers["new"])
+    takers["old"].worker.store = Stale()
+    run(takers["old"])  # plans on the stale scan; its writes lose: the counters moved
+    assert not takers["old"].worker.consumers
+    assert sorted(x.lease_owner for x in table.list_leases()).count("old") == 2  # new's share
+    for t in takers.values():
+        t.worker.leader = Leader(False, "new")
+    takers["new"].worker.leader = Leader(True)
+    for name in ("old", "b"):
+        run(takers[name])
+    running = runners(takers)
+    everyone = [k for keys in running.values() for k in keys]
+    assert sorted(everyone) == sorted(x.lease_key for x in table.list_leases())
+
+
+def test_a_leader_whose_leadership_lapses_mid_round_stops_writing() -> None:
+    _, table, takers = fleet(6, ["lead", "b", "c"])
+    lead = takers["lead"]
+    real_take = table.take_lease
+
+    def take_then_lapse(lease: Any, owner: str) -> Any:
+        lead.worker.leader.is_leader = False  # lapsed during this write
+        return real_take(lease, owner)
+
+    table.take_lease = take_then_lapse  # type: ignore[method-assign]
+    run(lead)
+    assert sum(1 for x in table.list_leases() if x.lease_owner is not None) == 1
+
+
+def test_a_lease_assigned_to_a_dead_worker_is_assigned_again_after_a_lease_duration() -> None:
+    clock, table, takers = fleet(4, ["lead", "dead"])
+    run(takers["lead"])
+    given = {x.lease_key for x in table.list_leases() if x.lease_owner == "dead"}
+    assert len(given) == 2
+    lead = takers["lead"]
+    for step in (6.0, 5.2):  # the leader renews its own; "dead" never took its two
+        clock.advance(step)
+        lead.worker.holder.renew_all()
+    run(lead)  # "dead" never took them: expired, and it is suspect now
+    assert {x.lease_owner for x in table.list_leases()} == {"lead"}
+
+
+def test_the_leader_moves_a_lease_to_a_joiner_by_a_graceful_handoff() -> None:
+    clock, table, takers = fleet(4, ["lead", "b"])
+    run(takers["lead"])
+    run(takers["b"])
+    status(table, "joiner", clock.wall())
+    clock.advance(1.0)
+    for t in takers.values():  # both renew: nothing is free
+        t.worker.holder.renew_all()
+    run(takers["lead"])
+    moving = [x for x in table.list_leases() if x.handoff_pending]
+    assert len(moving) == 1 and moving[0].lease_owner == "joiner"
+    assert moving[0].checkpoint_owner in {"lead", "b"}
