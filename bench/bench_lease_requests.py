@@ -44,7 +44,9 @@ from kclpy_spark.runtime.worker import Worker
 # What each port method is for, to group the counts.
 ROLES = {
     "renew_lease": "renewal",
-    "list_leases": "scan (taker, leader maintenance)",
+    "list_leases": "scan (leader maintenance, status page)",
+    "scan_table": "scan (taker; with lease_assignment = leader, the leader only)",
+    "list_lease_keys_by_owner": "owner-index query (lease_assignment = leader, non-leaders)",
     "get_lease": "lease read",
     "take_lease": "take",
     "evict_lease": "release",
@@ -119,6 +121,7 @@ def run(
     dynamodb: str | None = None,
     failover: float = 10.0,
     idle: float = 1.0,
+    assignment: str = "worker",
 ) -> dict[str, Any]:
     """``workers`` in-process workers on one stream and one lease store; calls counted over all."""
     from kinesalite import create_stream
@@ -134,6 +137,7 @@ def run(
             lease_store=f"sqlite:{Path(tmp) / 'leases.db'}" if store == "sqlite" else "memory",
             failover_time=failover,
             idle_time_between_reads=idle,
+            lease_assignment=assignment,
         )  # fmt: skip
         if store == "memory" and workers > 1:
             raise SystemExit("several workers need a shared store: --store sqlite or dynamodb")
@@ -194,6 +198,7 @@ def run(
         "minutes": (span["end"] - span["start"]) / 60,
         "held": span["held"],
         "workers": workers,
+        "assignment": assignment,
         "failover": base.failover_time,
         "lease_bytes": span["lease_bytes"],
     }
@@ -244,7 +249,7 @@ def _row(r: dict[str, Any]) -> str:
     calls = ", ".join(f"{name} {v:.1f}" for name, v in per_min.items())
     requests = ours.requests if ours else sum(per_min.values()) / n
     ratio = f"**{requests / k3.requests:.2f}x**"
-    cells = [f"{n}", f"{k}", f"{minutes * 60:.0f} s", calls, f"{requests:.2f}",
+    cells = [f"{n}", f"{k} ({r['assignment']})", f"{minutes * 60:.0f} s", calls, f"{requests:.2f}",
              f"{k3.requests:.2f}", ratio, f"{k2.requests:.2f}"]  # fmt: skip
     if ours is None:
         cells += ["-", f"{k3.read_units:.2f} / {k3.write_units:.2f}", "-"]
@@ -267,7 +272,7 @@ def _by_operation(results: list[dict[str, Any]]) -> list[str]:
                 f"{op} {u.requests / per:.2f} req / {u.units / per:.2f} units"
                 for op, u in sorted(r["units"].items())
             )
-            who = f"{r['held']} leases, {r['workers']} worker(s)"
+            who = f"{r['held']} leases, {r['workers']} worker(s), {r['assignment']}"
             lines.append(f"- {who}, per lease per min: {ops}")
     return lines
 
@@ -287,9 +292,9 @@ def report(results: list[dict[str, Any]], store: str, argv: Sequence[str] | None
         "as DynamoDB reported them (ReturnConsumedCapacity); the KCL's from its model "
         "(bench/kcl_model.py, pricing the KCL's own item for the same leases).",
         "",
-        "| leases | workers | counted over | our port calls (per minute) | our requests per lease "
-        "per min | KCL 3.x | ours / KCL 3.x | KCL 2.x | our units per lease per min (read / "
-        "write) | KCL 3.x units | ours / KCL 3.x (units) |",
+        "| leases | workers (lease_assignment) | counted over | our port calls (per minute) | "
+        "our requests per lease per min | KCL 3.x | ours / KCL 3.x | KCL 2.x | "
+        "our units per lease per min (read / write) | KCL 3.x units | ours / KCL 3.x (units) |",
         "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
         *(_row(r) for r in results),
         "",
@@ -325,6 +330,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--window", type=float, default=75.0)
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--results", default="lease_requests.md", help="file in bench/results/")
+    parser.add_argument("--assignment", nargs="+", choices=("worker", "leader"),
+                        default=["worker"], help="lease_assignment values, each a run")  # fmt: skip
     args = parser.parse_args(argv)
 
     from kinesalite import Kinesalite
@@ -334,13 +341,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     with Kinesalite() as emulator:
         for workers in args.workers:
             for shards in args.shards:
-                result = run(
-                    emulator.endpoint, shards, args.store, args.warmup, args.window, workers,
-                    dynamodb=dynamodb, failover=args.failover, idle=args.idle,
-                )  # fmt: skip
-                print(f"{shards} leases, {workers} worker(s): {dict(result['counts'])} in "
-                      f"{result['minutes']:.2f} min")  # fmt: skip
-                results.append(result)
+                for assignment in args.assignment:
+                    result = run(
+                        emulator.endpoint, shards, args.store, args.warmup, args.window, workers,
+                        dynamodb=dynamodb, failover=args.failover, idle=args.idle,
+                        assignment=assignment,
+                    )  # fmt: skip
+                    print(f"{shards} leases, {workers} worker(s), {assignment}: "
+                          f"{dict(result['counts'])} in {result['minutes']:.2f} min")  # fmt: skip
+                    results.append(result)
     text = report(results, args.store, argv)
     print(text)
     if not args.no_write:

@@ -13,7 +13,9 @@ and the real ``StatusWriter`` publishing a status record shaped like the worker'
 included, per 1 MB page. Not simulated: the leader's shard-sync maintenance (a Scan every few
 minutes; about 0.25 a minute measured by bench_lease_requests) and anything a moving lease costs.
 
-``--check`` also runs the sizes bench_lease_requests measured on LocalStack, to compare.
+With ``lease_assignment = "leader"`` (``--assignment leader``; both modes run by default) only
+the leader scans; every other worker Queries the owner index for its own keys every renewal
+interval, and the leader record is renewed every third of a failover time.
 Writes ``bench/results/sim_lease_cost.md``.
 """
 
@@ -37,7 +39,7 @@ from checkpoint.base.clock import ManualClock
 from checkpoint.lease import HashKeyRange, Lease, OwnerFigures
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.leasing.timing import LeaseTiming
-from checkpoint.port import CoordinationRecord
+from checkpoint.port import CoordinationRecord, TableScan
 from checkpoint.sequence import ExtendedSequenceNumber
 from checkpoint.stores import dynamo_codec as codec
 from checkpoint.stores.capacity import item_size, read_units, write_units
@@ -47,7 +49,7 @@ from shard_sync.leader import LeaderElection
 
 SEQ = "49590338271490256608559692538361571095921575989136588898"
 PAGE_BYTES = 1 << 20
-READS = ("list_leases", "get_lease", "get_record")
+READS = ("scan_table", "get_lease", "get_record", "list_lease_keys_by_owner")
 
 
 class CostingStore:
@@ -81,16 +83,26 @@ class CostingStore:
         self._lease_written("renew_lease", lease.lease_key, result)
         return result
 
-    def list_leases(self) -> list[Lease]:
-        leases = self.inner.list_leases()
+    def scan_table(self, record_prefix: str) -> TableScan:
+        scan = self.inner.scan_table(record_prefix)
         units, page = 0.0, 0
         for size in list(self.sizes.values()):
             if page + size > PAGE_BYTES:
                 units += read_units([page], consistent=False)
                 page = 0
             page += size
-        self._add("list_leases", units + read_units([page], consistent=False))
-        return leases
+        self._add("scan_table", units + read_units([page], consistent=False))
+        return scan
+
+    def list_lease_keys_by_owner(self, owner: str) -> list[str]:
+        """A Query of the KEYS_ONLY owner index: it reads each entry's two keys (and the
+        index's 100 bytes of overhead per item), eventually consistent, 1 MB pages."""
+        keys = self.inner.list_lease_keys_by_owner(owner)
+        entry = [len(k) + len(owner) + len("leaseKey") + len("leaseOwner") + 100 for k in keys]
+        units = sum(read_units(entry[i : i + 8000], consistent=False)
+                    for i in range(0, max(len(entry), 1), 8000))  # fmt: skip
+        self._add("list_lease_keys_by_owner", units)
+        return keys
 
     def get_record(self, key: str) -> CoordinationRecord | None:
         record = self.inner.get_record(key)
@@ -132,7 +144,17 @@ class SimWorker:
         self.events = events
 
     def scan(self) -> None:
-        self.store.list_leases()
+        self.store.scan_table(control.WORKER_PREFIX)
+
+    def take_round(self, led: bool) -> None:
+        """The taker's round at the take interval: every worker scans, or only the leader."""
+        if not led or self.leader.is_leader:
+            self.scan()
+
+    def discover(self) -> None:
+        """A led worker's look at its own keys, every renewal interval (none while it leads)."""
+        if not self.leader.is_leader:
+            self.store.list_lease_keys_by_owner(self.id)
 
     def control(self) -> None:
         control.is_suspended(self.store)  # type: ignore[arg-type]
@@ -166,9 +188,13 @@ def _populate(store: CostingStore, leases: int, workers: list[SimWorker]) -> Non
         next(w for w in workers if w.id == lease.lease_owner).holder.add_taken(lease)
 
 
-def simulate(leases: int, workers: int, failover: float, warmup: float, minutes: float) -> Cost:
-    """Per lease per minute, after ``warmup`` virtual seconds."""
-    timing = LeaseTiming(failover=failover)
+def simulate(
+    leases: int, workers: int, failover: float, warmup: float, minutes: float, led: bool = False
+) -> Cost:
+    """Per lease per minute, after ``warmup`` virtual seconds; ``led``: lease_assignment =
+    "leader" (only the leader scans, the others Query their keys; the leader record lives one
+    failover time)."""
+    timing = LeaseTiming(failover=failover, leader_duration_multiplier=1.0 if led else 3.0)
     clock = ManualClock()
     store = CostingStore(MemoryLeaseTable(clock))
     fleet = [SimWorker(f"worker-{i:03d}", store, clock, timing) for i in range(workers)]
@@ -178,10 +204,12 @@ def simulate(leases: int, workers: int, failover: float, warmup: float, minutes:
     for w in fleet:
         steps += [
             (timing.renew_interval, lambda w=w: (w.measure(), w.holder.renew_all())),
-            (timing.take_interval, w.scan),
+            (timing.take_interval, lambda w=w: w.take_round(led)),
             (timing.leader_renew_interval, w.leader.tick),
             (timing.lease_duration, w.control),
         ]
+        if led:
+            steps.append((timing.renew_interval, w.discover))
     order = itertools.count()
     queue = [(rng.uniform(0, every), next(order), every, step) for every, step in steps]
     heapq.heapify(queue)
@@ -215,7 +243,7 @@ def _lease_bytes(leases: int) -> int:
     return item_size(codec.lease_to_item(lease))
 
 
-def report(rows: list[tuple[int, int, Cost]], failover: float, argv: Sequence[str]) -> str:
+def report(rows: list[tuple[int, int, str, Cost]], failover: float, argv: Sequence[str]) -> str:
     lines = [
         "# Lease-table cost at scale, simulated (per lease per minute, steady state)",
         "",
@@ -226,15 +254,15 @@ def report(rows: list[tuple[int, int, Cost]], failover: float, argv: Sequence[st
         "bench/kcl_model.py, pricing the KCL's own item for the same leases. Units: read + write "
         "capacity units.",
         "",
-        "| leases | workers | our requests | KCL 3.x | ours / KCL 3.x | our read / write units | "
-        "KCL 3.x read / write units | ours / KCL 3.x (units) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| leases | workers | lease_assignment | our requests | KCL 3.x | ours / KCL 3.x | "
+        "our read / write units | KCL 3.x read / write units | ours / KCL 3.x (units) |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for leases, workers, ours in rows:
+    for leases, workers, mode, ours in rows:
         k3 = kcl3(leases, workers, failover, _lease_bytes(leases)).per(leases)
         units, k3_units = ours.read_units + ours.write_units, k3.read_units + k3.write_units
         lines.append(
-            f"| {leases} | {workers} | {ours.requests:.2f} | {k3.requests:.2f} | "
+            f"| {leases} | {workers} | {mode} | {ours.requests:.2f} | {k3.requests:.2f} | "
             f"**{ours.requests / k3.requests:.2f}x** | {ours.read_units:.2f} / "
             f"{ours.write_units:.2f} | {k3.read_units:.2f} / {k3.write_units:.2f} | "
             f"**{units / k3_units:.2f}x** |"
@@ -251,13 +279,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, default=60.0, help="virtual seconds")
     parser.add_argument("--minutes", type=float, default=2.0, help="virtual minutes counted")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--assignment", nargs="+", choices=["worker", "leader"],
+                        default=["worker", "leader"], help="lease_assignment values")  # fmt: skip
     args = parser.parse_args(argv)
     rows = []
     for size in args.sizes:
         leases, workers = (int(x) for x in size.split("x"))
-        ours = simulate(leases, workers, args.failover, args.warmup, args.minutes)
-        print(f"{leases} leases, {workers} workers: {ours}", flush=True)
-        rows.append((leases, workers, ours))
+        for mode in args.assignment:
+            led = mode == "leader"
+            ours = simulate(leases, workers, args.failover, args.warmup, args.minutes, led)
+            print(f"{leases} leases, {workers} workers, {mode}: {ours}", flush=True)
+            rows.append((leases, workers, mode, ours))
     text = report(rows, args.failover, argv)
     print(text)
     if not args.no_write:

@@ -64,6 +64,8 @@ def run_config(tmp_path: Path, body: str, *extra: str) -> subprocess.CompletedPr
          ["DuckTyped", "lease_lost", "RecordProcessor"]),
         (f'stream_name = "s"\n{PROCESSOR}[sink]\nsink = "parquet:out"\n',
          ["both 'processor' and a [sink]"]),
+        (f'stream_name = "s"\n{PROCESSOR}lease_assignment = "leaders"\n',
+         ["lease_assignment", "'worker', 'leader'", "'leaders'"]),
     ],
 )  # fmt: skip
 def test_start_up_checks(body: str, needles: list[str], tmp_path: Path) -> None:
