@@ -233,7 +233,9 @@ def trial(
     }
 
 
-def run_trials(args: argparse.Namespace, tree: Path, rng: random.Random) -> list[dict[str, Any]]:
+def run_trials(
+    args: argparse.Namespace, tree: Path, rng: random.Random, assignment: str = "worker"
+) -> list[dict[str, Any]]:
     """One fleet of ``tree``'s code on a fresh stream and lease table: ``args.trials`` kills."""
     timing = LeaseTiming(failover=FAILOVER)
     app = f"failover-bench-{uuid.uuid4().hex[:8]}"
@@ -253,6 +255,7 @@ def run_trials(args: argparse.Namespace, tree: Path, rng: random.Random) -> list
             f'initial_position = "TRIM_HORIZON"\nlease_store = "{store_setting}"\n'
             f'processor = "kclpy_spark.demo.samples:CountingProcessor"\n'
             f"failover_time = {FAILOVER}\n"
+            + (f'lease_assignment = "{assignment}"\n' if assignment != "worker" else "")
         )
         fleet = Fleet(workdir, config, tree)
         stop_producing = threading.Event()
@@ -304,6 +307,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="first run the same trials (same kill moments) with that commit's code, checked out "
         "under .cache/bench/versions/, as the baseline",
     )  # fmt: skip
+    parser.add_argument(
+        "--assignment", nargs="+", choices=("worker", "leader"), default=["worker"],
+        help="lease_assignment values, each a run of this checkout (same kill moments)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     runs: list[tuple[str, list[dict[str, Any]]]] = []
     if args.against:
@@ -312,7 +319,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         runs.append(
             (args.against, run_trials(args, worktree(args.against), random.Random(args.seed)))
         )
-    runs.append(("this checkout", run_trials(args, REPO, random.Random(args.seed))))
+    for assignment in args.assignment:
+        name = "this checkout" + (f" ({assignment})" if len(args.assignment) > 1 else "")
+        runs.append((name, run_trials(args, REPO, random.Random(args.seed), assignment)))
     text = report(args, argv, runs)
     print(text)
     if not args.no_write:

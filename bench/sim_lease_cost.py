@@ -208,8 +208,8 @@ def simulate(
             (timing.leader_renew_interval, w.leader.tick),
             (timing.lease_duration, w.control),
         ]
-        if led:
-            steps.append((timing.renew_interval, w.discover))
+    if led:  # after the others, so that both modes run the common steps in the same phases
+        steps += [(timing.renew_interval, w.discover) for w in fleet]
     order = itertools.count()
     queue = [(rng.uniform(0, every), next(order), every, step) for every, step in steps]
     heapq.heapify(queue)

@@ -13,11 +13,12 @@ running workers from their status records. ``plan_assignments``:
    at random), skipping targets at ``max_leases_for_worker``; a lease no target has room for is
    spillover (reported, left where it is). Nothing moves in a round that assigns.
 3. **Moves**, when nothing was free: by load when the leases carry their throughput (the least
-   loaded target asks what it would steal under ``plan_load_steal``'s rule), else by count: one
-   live lease of the most loaded target (not one being handed over already) goes to the least
-   loaded while the two differ by more than one. At most ``max_moves`` a round, each from and to
-   a different worker, so the leader's next scan sees their effect before it moves more. Each move
-   strictly lowers the sum of squared loads, so moves stop; none undoes another.
+   loaded target asks what it would steal under ``plan_load_steal``'s rule: up to ``max_moves``
+   leases, all to it), else by count: one live lease of the most loaded target (not one being
+   handed over already, nor one in ``keep``: assigned a moment ago and not yet taken) goes to the
+   least loaded while the two differ by more than one; each target takes at most one a round
+   (a giver may give several), at most ``max_moves`` in all. Each move strictly lowers the sum
+   of squared counts, so moves stop; none undoes another.
 
 The caller writes each assignment as a take conditional on the counter seen (naming the target),
 and each move as a graceful handoff to its target; a lost write just means the table changed.
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from checkpoint.lease import Lease
 from checkpoint.leasing.load import has_load, plan_load_steal
 from checkpoint.leasing.observer import ObservedLease, ObservedScan
-from checkpoint.leasing.taker import UNLIMITED, preferred
+from checkpoint.leasing.taker import UNLIMITED, preferred, stalled
 
 
 @dataclass(frozen=True)
@@ -49,11 +50,6 @@ class AssignPlan:
     reason: str = ""
     counts: dict[str, int] = field(default_factory=dict)  # targets' live leases, before the plan
     spillover: int = 0
-
-
-def stalled(scan: ObservedScan) -> set[str]:
-    """The owners of leases this scan shows expired: they stopped renewing."""
-    return {o.owner for o in scan.available if o.owner is not None}
 
 
 def targets_of(scan: ObservedScan, running: Collection[str]) -> list[str]:
@@ -88,8 +84,10 @@ def plan_assignments(
     rng: random.Random,
     max_leases_for_worker: int = UNLIMITED,
     max_moves: int = 1,
+    keep: Collection[str] = (),
 ) -> AssignPlan:
-    """This round's assignments and moves over ``scan``, for the ``running`` workers."""
+    """This round's assignments and moves over ``scan``, for the ``running`` workers; leases
+    in ``keep`` (assigned a moment ago, not yet taken by their target) are not moved."""
     if max_moves < 0:
         raise ValueError(f"max_moves must be >= 0, got {max_moves}")
     targets = targets_of(scan, running)
@@ -104,7 +102,7 @@ def plan_assignments(
         return AssignPlan(reason="nothing free; moves off", counts=base.counts)
     if has_load(scan):
         return _load_moves(scan, counts, base, rng, max_moves, max_leases_for_worker)
-    return _count_moves(scan, counts, base, rng, max_moves, max_leases_for_worker)
+    return _count_moves(scan, counts, base, rng, max_moves, max_leases_for_worker, set(keep))
 
 
 def _free(scan: ObservedScan, rng: random.Random) -> list[Lease]:
@@ -139,8 +137,8 @@ def _assign_free(
     return AssignPlan(tuple(chosen), (), reason, base.counts, spill)
 
 
-def _movable(scan: ObservedScan, owner: str) -> list[ObservedLease]:
-    return [o for o in scan.held_by(owner) if not o.lease.handoff_pending]
+def _movable(scan: ObservedScan, owner: str, keep: set[str]) -> list[ObservedLease]:
+    return [o for o in scan.held_by(owner) if not o.lease.handoff_pending and o.key not in keep]
 
 
 def _count_moves(
@@ -150,26 +148,33 @@ def _count_moves(
     rng: random.Random,
     max_moves: int,
     cap: int,
+    keep: set[str],
 ) -> AssignPlan:
+    """One lease at a time from the most loaded to the least loaded target, each target taking
+    at most one a round (a giver may give several), while they differ by more than one."""
     moves: list[Assignment] = []
-    givers, takers = dict(counts), dict(counts)  # each worker gives or takes once a round
-    while len(moves) < max_moves and givers and takers:
+    takers = dict(counts)
+    exhausted: set[str] = set()  # givers with nothing movable left
+    while len(moves) < max_moves:
+        givers = {t: n for t, n in counts.items() if t not in exhausted}
+        if not givers or not takers:
+            break
         most = max(givers.values())
         giver = rng.choice(sorted(t for t, n in givers.items() if n == most))
-        to = _least({t: n for t, n in takers.items() if t != giver}, rng, cap)
+        to = _least({t: counts[t] for t in takers if t != giver}, rng, cap)
         if to is None or counts[giver] - counts[to] <= 1:
             break
-        candidates = sorted((o.lease for o in _movable(scan, giver)), key=_key)
+        moved = {a.lease.lease_key for a in moves}
+        candidates = sorted(
+            (o.lease for o in _movable(scan, giver, keep) if o.key not in moved), key=_key
+        )
         if not candidates:
-            del givers[giver]
+            exhausted.add(giver)
             continue
-        lease = rng.choice(candidates)
-        moves.append(Assignment(lease, to))
+        moves.append(Assignment(rng.choice(candidates), to))
         counts[giver] -= 1
         counts[to] += 1
-        del givers[giver], takers[to]
-        givers.pop(to, None)
-        takers.pop(giver, None)
+        del takers[to]
     if not moves:
         return AssignPlan(reason="balanced by count", counts=base.counts)
     what = ", ".join(f"{a.lease.lease_key} {a.lease.lease_owner} -> {a.to}" for a in moves)

@@ -2,21 +2,20 @@
 
 ``plan_takes`` follows DynamoDBLeaseTaker.computeLeasesToTake / chooseLeasesToSteal:
 
-1. ``workers`` = the owners of live (renewed, unexpired) leases, plus this worker, plus (beyond
-   the KCL) the other workers known to run (their status records) that own no lease this scan
-   shows expired: a worker that holds nothing yet counts at once, so workers started together
-   each take a fair share instead of the first one taking everything and balancing moving the
-   rest one lease per round; a dead worker, whose status outlives it for a while, is not
-   counted once its leases show expired, so it does not halve the share of its survivors;
+1. ``workers`` = the owners of live (renewed, unexpired) leases, plus this worker;
    ``target`` = 1 if workers >= leases, else ceil(leases / workers), capped at
    ``max_leases_for_worker`` (leases over the cap are "spillover": nobody may take them).
 2. If any lease is very old (counter unchanged for 3 lease durations, or never renewed), take those
    first, in random order, up to ``max_leases_for_worker - mine``, ignoring the target; nothing else
    happens in that round (as in the KCL, even when the cap leaves room for none). Unlike the KCL,
    at most this worker's share of them: ``ceil(very_old / k)``, ``k`` the workers holding no more
-   live leases than this one (itself included; they are the ones that take next). On a fresh
-   table every lease is very old (never renewed), and the KCL's first worker to scan takes them
-   all; here workers started together split them in their first rounds (given ``workers``).
+   live leases than this one (itself included; they are the ones that take next) plus the other
+   workers known to run (``workers``: their status records) that hold none and process no lease
+   this scan shows expired. On a fresh table every lease is very old (never renewed), and the
+   KCL's first worker to scan takes them all; here workers started together split them in their
+   first rounds. Known workers count only here, not in the target: one that runs but never
+   takes (it cannot open its stream, say) only slows the very old leases' split by a round or
+   two, and never holds back the expired leases of a dead worker.
 3. Otherwise, below target, take up to ``target - mine`` available (unowned or expired) leases in
    random order.
 4. If none is available and we are still below target, steal from the single most-loaded worker:
@@ -111,16 +110,10 @@ def preferred(observed: tuple[ObservedLease, ...], rng: random.Random) -> list[L
     return [lease for rank in sorted(groups) for lease in _shuffled(tuple(groups[rank]), rng)]
 
 
-def _counts(scan: ObservedScan, worker_id: str, workers: Collection[str]) -> dict[str, int]:
-    """Live leases per worker: owners of live leases, us, and the workers known to run that own
-    no lease seen expired (those are taken as dead)."""
-    counts = dict(scan.owner_counts)
-    counts.setdefault(worker_id, 0)
-    dead = {o.owner for o in scan.available if o.owner is not None}
-    for other in workers:
-        if other not in dead:
-            counts.setdefault(other, 0)
-    return counts
+def stalled(scan: ObservedScan) -> set[str]:
+    """The workers processing a lease this scan shows expired (its actual owner: the old owner
+    mid-handoff): they stopped renewing."""
+    return {o.lease.actual_owner for o in scan.available if o.lease.actual_owner is not None}
 
 
 def plan_takes(
@@ -142,7 +135,8 @@ def plan_takes(
     total = scan.total
     if total == 0:
         return TakePlan(reason="no lease with work left")
-    counts = _counts(scan, worker_id, workers)
+    counts = dict(scan.owner_counts)
+    counts.setdefault(worker_id, 0)
     n_workers = len(counts)
     target = 1 if n_workers >= total else math.ceil(total / n_workers)
     spillover = max(0, target - max_leases_for_worker)
@@ -151,7 +145,9 @@ def plan_takes(
     base = TakePlan(target=target, mine=mine, workers=n_workers, total=total, spillover=spillover)
 
     if scan.very_old:
-        return _plan_very_old(scan, base, counts, max_leases_for_worker, rng)
+        sharing = sum(1 for n in counts.values() if n <= mine)
+        sharing += len(set(workers) - stalled(scan) - set(counts))  # known, holding nothing
+        return _plan_very_old(scan, base, sharing, max_leases_for_worker, rng)
 
     needed = target - mine
     available = scan.available
@@ -178,13 +174,11 @@ def plan_takes(
 def _plan_very_old(
     scan: ObservedScan,
     base: TakePlan,
-    counts: dict[str, int],
+    sharing: int,
     max_leases_for_worker: int,
     rng: random.Random,
 ) -> TakePlan:
     very_old, mine = scan.very_old, base.mine
-    # Split among the workers that hold no more than we do (they take next, or took less).
-    sharing = sum(1 for n in counts.values() if n <= mine)
     share = math.ceil(len(very_old) / sharing)
     room = max(0, min(max_leases_for_worker - mine, len(very_old), share))
     chosen = tuple(preferred(very_old, rng)[:room])

@@ -165,6 +165,7 @@ class StatusWriter:
         self._max_age = max_age
         self._version: int | None = None  # what we wrote last
         self._stopped = False  # a stopped status was written: nothing after it
+        self._stopping = False  # a stopping status was written: every later one says so too
         self._lock = threading.Lock()  # the control round's publish may outlive its task
 
     def _data(self, status: dict[str, Any], now_wall: float) -> dict[str, Any]:
@@ -178,6 +179,9 @@ class StatusWriter:
         with self._lock:
             if self._stopped:
                 return None
+            self._stopping = self._stopping or bool(status.get("stopping"))
+            if self._stopping:  # a control round's publish still running must not undo it
+                status = {**status, "stopping": True}
             other = self._publish(status, now_wall)
             self._stopped = bool(status.get("stopped"))
             return other

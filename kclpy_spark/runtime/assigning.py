@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from checkpoint.base.errors import InvalidStateError
 from checkpoint.lease import Lease
 from checkpoint.leasing.assign import Suspects, plan_assignments
 
@@ -49,10 +50,12 @@ class Led:
         self._suspects = Suspects()
         self._role = "worker"
         self._declined: dict[str, float] = {}  # key -> monotonic time it was declined
+        self._assigned: dict[str, float] = {}  # key -> monotonic time the leader assigned it
+        self._no_index = False  # the table has no owner index (made by KCL 2.x)
 
     def role(self) -> str:
         w = self._t.worker
-        if w.caught_up is not None:
+        if w.caught_up is not None or self._no_index:
             return "worker"
         if w.leader.is_leader:
             return "leader"
@@ -66,8 +69,9 @@ class Led:
             log.info("worker %s: lease assignment role %s -> %s", w.cfg.worker_id,
                      self._role, role)  # fmt: skip
             self._role = role
-            self._suspects = Suspects()
+            self._suspects, self._assigned = Suspects(), {}
             self._t.forget_observed()  # a led worker watches no lease; a new leader starts fresh
+            w.health.all_parked = False  # judged from scans, which a led worker does not make
         if role == "leader":
             await self._lead()
         elif role == "led":
@@ -85,6 +89,11 @@ class Led:
         scan = await t.scan()
         if scan is None:
             return
+        now = w.clock.monotonic()
+        if now - w.resumed_at < w.timing.lease_duration + w.timing.max_clock_skew:
+            return  # the others' status still says suspended: they would get nothing
+        window = w.timing.lease_duration
+        self._assigned = {k: at for k, at in self._assigned.items() if now - at < window}
         running = dict(t.running)
         if w.may_take:  # we run, whether or not our last status write landed
             running.setdefault(me, w.clock.wall())
@@ -94,7 +103,8 @@ class Led:
             targets,
             rng=w.rng,
             max_leases_for_worker=w.cfg.max_leases_for_worker,
-            max_moves=w.cfg.max_leases_to_steal,
+            max_moves=max(1, len(targets)) * w.cfg.max_leases_to_steal,
+            keep=self._assigned,
         )
         if not plan.assign and not plan.moves:
             return
@@ -126,6 +136,7 @@ class Led:
             log.info("lease %s: changed before we could assign it", key)
             return
         t.observer.record_write(taken, w.clock.monotonic())
+        self._assigned[key] = w.clock.monotonic()
         why = f"by leader {w.cfg.worker_id}: " + why_free(lease)
         w.events.add(key, "assigned", f"to {to} {why}")
         log.info("lease %s: assigned to %s %s", key, to, why)
@@ -134,8 +145,16 @@ class Led:
         """Our keys from the owner index; read the ones we do not run, take what is ours."""
         t = self._t
         w = t.worker
-        keys = await t.io(w.store.list_lease_keys_by_owner, w.cfg.worker_id)
+        try:
+            keys = await t.io(w.store.list_lease_keys_by_owner, w.cfg.worker_id)
+        except InvalidStateError as exc:  # no owner index: every worker takes for itself
+            log.error("worker %s: %s; lease_assignment = \"leader\" needs the owner index "
+                      "(LeaseOwnerToLeaseKeyIndex): taking leases as every worker does instead",
+                      w.cfg.worker_id, exc)  # fmt: skip
+            self._no_index = True
+            return
         w.health.store_ok()
+        t.forget_observed()  # nothing to watch while led (and nothing kept from our takes)
         now = w.clock.monotonic()
         self._declined = {k: at for k, at in self._declined.items() if now - at < DECLINED_FOR}
         leases: list[Lease] = []
@@ -146,8 +165,9 @@ class Led:
             if lease is not None:
                 leases.append(lease)
         await t.adopt(leases)
-        for lease in leases:
-            if not t.running_here(lease.lease_key) and not lease.handoff_pending:
+        for lease in leases:  # ours, yet not taken: finished, parked, or not of our streams
+            mine = lease.lease_owner == w.cfg.worker_id and not lease.handoff_pending
+            if mine and not t.running_here(lease.lease_key):
                 self._declined[lease.lease_key] = now
 
 

@@ -307,14 +307,12 @@ class Taker:
 
     def _observe(self, open_leases: list[Lease], known: frozenset[str]) -> ObservedScan:
         """Show a scan's open leases to the observer (dated now), and note the other live
-        workers (those the scan shows renewing, and ``known`` unless their leases expired) and
-        their lease counts."""
+        workers (those the scan shows renewing: a stopping worker hands its leases to them) and
+        their lease counts, and the others known from their status records."""
         w = self._w
         scan = self._observer.observe(open_leases, w.clock.monotonic(), w.clock.wall())
-        dead = {o.owner for o in scan.available if o.owner is not None}
-        self._known_workers = known - dead
+        self._known_workers = known
         self._live = {o: n for o, n in scan.owner_counts.items() if o != w.cfg.worker_id}
-        self._live.update({o: 0 for o in self._known_workers if o not in self._live})
         return scan
 
     async def ask_handoff(self, lease: Lease, to: str) -> bool:

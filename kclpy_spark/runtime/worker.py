@@ -98,6 +98,7 @@ class Worker:
         self.metrics = worker_metrics(cfg, self.counters, processor_factory, store, self.events)
         self.cpu = CpuMeter()
         self.suspended = False
+        self.resumed_at = float("-inf")  # monotonic: when the application was last resumed
         # Stopping: the handoffs of our leases have begun and complete when the consumers stop
         # (release_all), not at the next renewal, so the new owners can find them first.
         self.handing_out = False
@@ -356,6 +357,7 @@ class Worker:
         elif not suspended and self.suspended:
             log.warning("worker %s: application resumed", self.cfg.worker_id)
             self.suspended = False
+            self.resumed_at = self.clock.monotonic()
             self._take_now.set()
         other = await self._io(self.status_writer.publish, status_payload(self, now), now)
         self._note_duplicate(other)

@@ -60,6 +60,7 @@ TABLE = [
         {},
         2,
     ),
+    ("one giver, three takers", {"a": 9}, 0, 0, {}, {"a", "b", "c", "d"}, 99, 5, {}, 3),
     ("moves off", {"a": 6}, 0, 0, {}, {"a", "b"}, 99, 0, {}, 0),
     ("nobody running", {"a": 2}, 2, 0, {}, set(), 99, 1, {}, 0),
     ("owner not known as running keeps its leases", {"x": 4}, 2, 0, {}, {"a"}, 99, 1, {"a": 2}, 0),
@@ -102,17 +103,24 @@ def test_a_worker_whose_leases_expired_is_no_target() -> None:
     assert targets_of(scan, {"a", "stalled"}) == ["a"]
 
 
-def test_leases_mid_handoff_are_not_moved() -> None:
+def test_leases_mid_handoff_or_just_assigned_are_not_moved() -> None:
     observer, clock = LeaseObserver(TIMING), ManualClock()
-    leases = [Lease(f"a-{i}", TRIM_HORIZON, "a", 1) for i in range(4)]
-    leases = [replace(x, lease_owner="b", checkpoint_owner="a") for x in leases[:3]] + leases[3:]
+    leases = [Lease(f"a-{i}", TRIM_HORIZON, "a", 1) for i in range(5)]
+    # Four of a's leases are being handed to b: b counts 4, a 1, c none.
+    leases = [replace(x, lease_owner="b", checkpoint_owner="a") for x in leases[:4]] + leases[4:]
     observer.observe(leases, clock.monotonic())
     clock.advance(1.0)
     scan = observer.observe(leases, clock.monotonic())
     plan = plan_assignments(scan, {"a", "b", "c"}, rng=random.Random(1), max_moves=3)
-    # b counts 3 (being handed to it), a 1: b gives one to c, but none of its leases is movable
-    # until its handoff completes.
-    assert all(not m.lease.handoff_pending for m in plan.moves)
+    assert plan.counts == {"a": 1, "b": 4, "c": 0}
+    assert plan.moves == ()  # b is the giver, but nothing of it may move yet
+    settled = [Lease(f"b-{i}", TRIM_HORIZON, "b", 1) for i in range(4)]
+    observer.observe(settled, clock.monotonic())
+    clock.advance(1.0)
+    scan = observer.observe(settled, clock.monotonic())
+    kept = {"b-0", "b-1", "b-2"}
+    plan = plan_assignments(scan, {"b", "c"}, rng=random.Random(1), max_moves=3, keep=kept)
+    assert [m.lease.lease_key for m in plan.moves] == ["b-3"]
 
 
 def test_load_moves_take_the_hot_shards_neighbour_not_the_hot_shard() -> None:

@@ -399,30 +399,30 @@ def test_a_lease_already_being_handed_over_is_not_stolen_again() -> None:
     assert plan.steal == ()
 
 
-# live leases, expired leases, workers known from status -> target, taken
+# live leases, expired leases, very old leases, workers known from status -> target, taken
 KNOWN_TABLE = [
-    ("fresh table, 3 others known", {}, {}, 12, {"a", "b", "c"}, 3, 3),
-    ("known worker holding nothing", {"a": 4}, {}, 4, {"a", "b"}, 3, 3),
-    ("known but its leases expired", {"a": 2}, {"dead": 4}, 0, {"a", "dead"}, 3, 3),
-    ("known twice: once by its leases", {"a": 3}, {}, 3, {"a"}, 3, 3),
+    ("fresh table: a quarter of it", {}, {}, 12, {"a", "b", "c"}, 12, 3),
+    ("known worker holding nothing shares", {"a": 4}, {}, 4, {"a", "b"}, 4, 2),
+    ("a phantom never holds back expired leases", {"a": 2}, {"dead": 4}, 0, {"a", "phantom"}, 3, 3),
+    ("stalled worker shares nothing", {"a": 1}, {"gone": 1}, 4, {"a", "gone"}, 3, 4),
     ("nothing known", {}, {}, 6, set(), 6, 6),
 ]
 
 
 @pytest.mark.parametrize(
-    ("live", "expired", "free", "known", "target", "taken"),
+    ("live", "expired", "old", "known", "target", "taken"),
     [row[1:] for row in KNOWN_TABLE],
     ids=[row[0] for row in KNOWN_TABLE],
 )
-def test_workers_known_from_their_status_count_unless_their_leases_expired(
+def test_workers_known_from_their_status_share_the_very_old_leases_only(
     live: dict[str, int],
     expired: dict[str, int],
-    free: int,
+    old: int,
     known: set[str],
     target: int,
     taken: int,
 ) -> None:
-    scan = scan_of(live, free=free, expired=expired)
+    scan = scan_of(live, very_old=old, expired=expired)
     plan = plan_takes(scan, ME, rng=random.Random(3), workers=known)
     assert (plan.target, len(plan.take)) == (target, taken), plan.reason
 

@@ -181,3 +181,49 @@ def test_the_leader_moves_a_lease_to_a_joiner_by_a_graceful_handoff() -> None:
     moving = [x for x in table.list_leases() if x.handoff_pending]
     assert len(moving) == 1 and moving[0].lease_owner == "joiner"
     assert moving[0].checkpoint_owner in {"lead", "b"}
+
+
+def test_a_leader_just_resumed_waits_for_the_others_to_say_they_run_again() -> None:
+    clock, table, takers = fleet(6, ["lead", "b"])
+    lead = takers["lead"]
+    lead.worker.resumed_at = clock.monotonic()
+    run(lead)
+    assert all(x.lease_owner is None for x in table.list_leases())
+    clock.advance(lead.worker.timing.lease_duration + lead.worker.timing.max_clock_skew)
+    run(lead)  # b's status (written at the start) is still fresh
+    assert sorted(x.lease_owner for x in table.list_leases()).count("b") == 3
+
+
+def test_without_the_owner_index_a_led_worker_takes_as_every_worker_does() -> None:
+    from checkpoint.base.errors import InvalidStateError
+
+    _, table, takers = fleet(4, ["lead", "b"])
+    b = takers["b"]
+
+    def no_index(owner: str) -> list[str]:
+        raise InvalidStateError("the table has no index LeaseOwnerToLeaseKeyIndex")
+
+    table.list_lease_keys_by_owner = no_index  # type: ignore[method-assign]
+    run(b)  # finds out, and from now on scans
+    assert b.led is not None and b.led.role() == "worker"
+    run(b)
+    assert b.worker.consumers  # took its share by the KCL 2.x rule
+
+
+def test_a_key_the_read_shows_owned_by_another_is_read_again_next_time() -> None:
+    """The owner index is eventually consistent: a key may still be listed under us after it
+    moved. Only leases that are really ours and that we do not take are left alone a while."""
+    _, table, takers = fleet(0, ["lead", "b"])
+    put(table, "moved", lease_owner="b")
+    b = takers["b"]
+    real_get = table.get_lease
+
+    def stale_index_read(key: str) -> Any:
+        lease = real_get(key)
+        return None if lease is None else lease.bumped(lease_owner="other")
+
+    table.get_lease = stale_index_read  # type: ignore[method-assign]
+    run(b)
+    table.get_lease = real_get  # type: ignore[method-assign]
+    run(b)
+    assert set(b.worker.consumers) == {"moved"}

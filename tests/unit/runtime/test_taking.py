@@ -45,6 +45,7 @@ def worker(table: MemoryLeaseTable, consumers: Consumers, clock: ManualClock | N
     clock = clock or ManualClock()
     return SimpleNamespace(
         suspended=False,
+        resumed_at=float("-inf"),
         cfg=WorkerConfig(stream_name="s", worker_id=ME),
         store=table,
         clock=clock,
@@ -337,5 +338,7 @@ def test_a_stopping_worker_says_so_before_handing_out(monkeypatch: Any) -> None:
     w.status_writer = control.StatusWriter(table, ME)
     monkeypatch.setattr(stopping, "status_payload", lambda worker, now: {"leases": {}})
     asyncio.run(stopping.announce_stopping(w, io))
+    assert control.worker_status(table, ME)["stopping"] is True
+    w.status_writer.publish({"leases": {}}, w.clock.wall())  # a control round's late publish
     assert control.worker_status(table, ME)["stopping"] is True
     assert control.live_workers(table.scan_table("worker/").records, w.clock.wall(), 60.0) == {}
