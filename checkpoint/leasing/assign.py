@@ -13,11 +13,12 @@ running workers from their status records. ``plan_assignments``:
    at random), skipping targets at ``max_leases_for_worker``; a lease no target has room for is
    spillover (reported, left where it is). Nothing moves in a round that assigns.
 3. **Moves**, when nothing was free: by load when the leases carry their throughput (the least
-   loaded target asks what it would steal under ``plan_load_steal``'s rule: up to ``max_moves``
-   leases, all to it), else by count: one live lease of the most loaded target (not one being
-   handed over already, nor one in ``keep``: assigned a moment ago and not yet taken) goes to the
-   least loaded while the two differ by more than one; each target takes at most one a round
-   (a giver may give several), at most ``max_moves`` in all. Each move strictly lowers the sum
+   loaded target asks what it would steal under ``plan_load_steal``'s rule: up to
+   ``max_load_moves`` leases, all to it, none in ``keep``), else by count: one live lease of the
+   most loaded target (not one being handed over already, nor one in ``keep``: assigned a
+   moment ago and not yet taken) goes to the least loaded while the two differ by more than
+   one; each target takes at most one a round (a giver may give several), at most ``max_moves``
+   in all. Each move strictly lowers the sum
    of squared counts, so moves stop; none undoes another.
 
 The caller writes each assignment as a take conditional on the counter seen (naming the target),
@@ -85,6 +86,7 @@ def plan_assignments(
     max_leases_for_worker: int = UNLIMITED,
     max_moves: int = 1,
     keep: Collection[str] = (),
+    max_load_moves: int = 1,
 ) -> AssignPlan:
     """This round's assignments and moves over ``scan``, for the ``running`` workers; leases
     in ``keep`` (assigned a moment ago, not yet taken by their target) are not moved."""
@@ -101,7 +103,8 @@ def plan_assignments(
     if max_moves == 0:
         return AssignPlan(reason="nothing free; moves off", counts=base.counts)
     if has_load(scan):
-        return _load_moves(scan, counts, base, rng, max_moves, max_leases_for_worker)
+        moves = min(max_moves, max_load_moves)
+        return _load_moves(scan, counts, base, rng, moves, max_leases_for_worker, set(keep))
     return _count_moves(scan, counts, base, rng, max_moves, max_leases_for_worker, set(keep))
 
 
@@ -188,13 +191,15 @@ def _load_moves(
     rng: random.Random,
     max_moves: int,
     cap: int,
+    keep: set[str],
 ) -> AssignPlan:
-    """The least loaded target (by count, then at random) asks the load rule what it would take."""
+    """The least loaded target (by count, then at random) asks the load rule what it would take
+    (at most ``max_moves`` leases, all to it; none in ``keep``)."""
     order = sorted(counts, key=lambda t: (counts[t], rng.random()))
     for thief in order:
         if counts[thief] >= cap:
             continue
-        decided = plan_load_steal(scan, thief, rng=rng, max_leases_to_steal=max_moves)
+        decided = plan_load_steal(scan, thief, rng=rng, max_leases_to_steal=max_moves, exclude=keep)
         if decided.steal and decided.victim in counts:
             moves = tuple(Assignment(lease, thief) for lease in decided.steal)
             return AssignPlan((), moves, f"{thief}: {decided.reason}", base.counts)

@@ -24,7 +24,7 @@ Pure: the scan in, the leases to steal out; randomness (ties) from the caller's 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from checkpoint.lease import Lease
@@ -78,8 +78,10 @@ def plan_load_steal(
     max_leases_to_steal: int = 1,
     threshold: float = THRESHOLD,
     dampening: float = DAMPENING,
+    exclude: Collection[str] = (),
 ) -> LoadSteal:
-    """What ``worker_id`` should steal to even out the load (possibly nothing, with why)."""
+    """What ``worker_id`` should steal to even out the load (possibly nothing, with why);
+    leases in ``exclude`` are never picked."""
     live = _live(scan)
     weight = weights([o.lease for o in live])
     loads: dict[str, float] = {worker_id: 0.0}
@@ -101,7 +103,11 @@ def plan_load_steal(
     if theirs <= average * (1 + threshold):
         return _why(result, f"most loaded {victim} ({theirs:.1f} KB/s) is within {threshold:.0%} "
                     f"of the average {average:.1f}")  # fmt: skip
-    candidates = [o.lease for o in live if o.owner == victim and not o.lease.handoff_pending]
+    candidates = [
+        o.lease
+        for o in live
+        if o.owner == victim and not o.lease.handoff_pending and o.key not in exclude
+    ]
     chosen: list[Lease] = []
     for _ in range(max_leases_to_steal):
         gap = theirs - mine

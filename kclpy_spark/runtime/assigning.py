@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 # A key of ours that we read and did not take (finished, parked, of a stream we do not consume)
 # is read again only after this many seconds.
 DECLINED_FOR = 30.0
+# Without the owner index, workers take for themselves this long before looking again.
+NO_INDEX_RETRY = 300.0
 
 
 class Led:
@@ -51,11 +53,12 @@ class Led:
         self._role = "worker"
         self._declined: dict[str, float] = {}  # key -> monotonic time it was declined
         self._assigned: dict[str, float] = {}  # key -> monotonic time the leader assigned it
-        self._no_index = False  # the table has no owner index (made by KCL 2.x)
+        # Until when (monotonic) to take as every worker does: the owner index was missing.
+        self._no_index_until = float("-inf")
 
     def role(self) -> str:
         w = self._t.worker
-        if w.caught_up is not None or self._no_index:
+        if w.caught_up is not None or w.clock.monotonic() < self._no_index_until:
             return "worker"
         if w.leader.is_leader:
             return "leader"
@@ -72,11 +75,13 @@ class Led:
             self._suspects, self._assigned = Suspects(), {}
             self._t.forget_observed()  # a led worker watches no lease; a new leader starts fresh
             w.health.all_parked = False  # judged from scans, which a led worker does not make
+            if role == "leader" and not await self._index_answers():
+                return False
         if role == "leader":
             await self._lead()
         elif role == "led":
             await self._discover()
-        return role != "worker"
+        return role != "worker" and self._role == role
 
     def _leading(self) -> bool:
         w = self._t.worker
@@ -105,6 +110,7 @@ class Led:
             max_leases_for_worker=w.cfg.max_leases_for_worker,
             max_moves=max(1, len(targets)) * w.cfg.max_leases_to_steal,
             keep=self._assigned,
+            max_load_moves=w.cfg.max_leases_to_steal,
         )
         if not plan.assign and not plan.moves:
             return
@@ -145,13 +151,8 @@ class Led:
         """Our keys from the owner index; read the ones we do not run, take what is ours."""
         t = self._t
         w = t.worker
-        try:
-            keys = await t.io(w.store.list_lease_keys_by_owner, w.cfg.worker_id)
-        except InvalidStateError as exc:  # no owner index: every worker takes for itself
-            log.error("worker %s: %s; lease_assignment = \"leader\" needs the owner index "
-                      "(LeaseOwnerToLeaseKeyIndex): taking leases as every worker does instead",
-                      w.cfg.worker_id, exc)  # fmt: skip
-            self._no_index = True
+        keys = await self._own_keys()
+        if keys is None:
             return
         w.health.store_ok()
         t.forget_observed()  # nothing to watch while led (and nothing kept from our takes)
@@ -169,6 +170,27 @@ class Led:
             mine = lease.lease_owner == w.cfg.worker_id and not lease.handoff_pending
             if mine and not t.running_here(lease.lease_key):
                 self._declined[lease.lease_key] = now
+
+    async def _own_keys(self) -> list[str] | None:
+        """Our keys from the owner index; None if the table has none (a KCL 2.x table, or an
+        index still being built): then every worker takes for itself for NO_INDEX_RETRY
+        seconds, and looks again."""
+        t = self._t
+        w = t.worker
+        try:
+            keys: list[str] = await t.io(w.store.list_lease_keys_by_owner, w.cfg.worker_id)
+            return keys
+        except InvalidStateError as exc:
+            log.error("worker %s: %s; lease_assignment = \"leader\" needs the owner index "
+                      "(LeaseOwnerToLeaseKeyIndex): taking leases as every worker does for "
+                      "%.0f s", w.cfg.worker_id, exc, NO_INDEX_RETRY)  # fmt: skip
+            self._no_index_until = w.clock.monotonic() + NO_INDEX_RETRY
+            self._role = "worker"
+            return None
+
+    async def _index_answers(self) -> bool:
+        """A new leader checks once that the owner index exists (the others depend on it)."""
+        return await self._own_keys() is not None
 
 
 def why_free(lease: Lease) -> str:

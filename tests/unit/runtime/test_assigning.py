@@ -208,6 +208,11 @@ def test_without_the_owner_index_a_led_worker_takes_as_every_worker_does() -> No
     assert b.led is not None and b.led.role() == "worker"
     run(b)
     assert b.worker.consumers  # took its share by the KCL 2.x rule
+    lead = takers["lead"]
+    run(lead)  # a new leader checks the index first: it assigns nothing, it takes
+    assert lead.led is not None and lead.led.role() == "worker"
+    owners = {x.lease_owner for x in table.list_leases()}
+    assert owners <= {"lead", "b"} and len(lead.worker.consumers) >= 1
 
 
 def test_a_key_the_read_shows_owned_by_another_is_read_again_next_time() -> None:
