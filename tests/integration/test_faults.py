@@ -126,7 +126,7 @@ def test_lease_table_throttling_and_lost_write_storms(
     def fault(method: str, n: int) -> object:
         if storm["on"] and method in {"renew_lease", "take_lease", "update_checkpoint"}:
             return "lose" if n % 2 else throttled()
-        if method == "list_leases" and n % 5 == 0:
+        if method == "scan_table" and n % 5 == 0:
             return DependencyError("injected: scan failed")
         if method == "update_checkpoint" and n % 4 == 0:
             return throttled()
@@ -154,7 +154,7 @@ def test_lease_table_throttling_and_lost_write_storms(
     assert set(collector.seen) == first | second
     injected = stores["s"].injected
     storm_hits = sum(injected.get(m, 0) for m in ("renew_lease", "take_lease", "update_checkpoint"))
-    assert storm_hits >= 3 and injected.get("list_leases", 0) >= 1
+    assert storm_hits >= 3 and injected.get("scan_table", 0) >= 1
 
 
 def test_endpoint_unreachable_for_30_seconds(
