@@ -45,6 +45,7 @@ class LeaderElection:
         lease_duration: float,
         clock: Clock | None = None,
         key: str = LEADER_KEY,
+        assigns: bool = False,
     ) -> None:
         if lease_duration <= 0:
             raise ValueError("lease_duration must be > 0")
@@ -61,6 +62,11 @@ class LeaderElection:
         self._later_lock = threading.Lock()
         self._mine: CoordinationRecord | None = None  # the record as we last wrote it
         self._other: str | None = None  # the record's owner at our last read, if not us
+        # Written into every record of ours: whether this leader assigns leases (lease_assignment
+        # = "leader"); read from another's, so that workers of that mode follow only a leader
+        # that assigns (a fleet in the middle of changing the setting).
+        self._assigns = assigns
+        self.other_assigns = False
         self._resigned = False  # for good: this worker is stopping
         # tick, note and resign may run in different threads of one worker; serialized here so
         # they never make each other's conditional writes lose.
@@ -85,7 +91,11 @@ class LeaderElection:
             owner=self._worker_id,
             version=version,
             expires_at=self._clock.wall() + self._duration,
-            data=json.dumps(data or {}),
+            # Our id, not a flag: an older version leading after us carries the data forward
+            # unchanged, and must not look as if it assigned.
+            data=json.dumps(
+                {**(data or {}), "assigns": self._worker_id if self._assigns else None}
+            ),
         )
 
     def _set_leading(self, leading: bool, reason: str, since: float | None = None) -> bool:
@@ -115,6 +125,7 @@ class LeaderElection:
             return self._set_leading(True, "renewed", now)  # one write: nobody wrote since
         current = self._store.get_record(self._key)
         self._other = None if current is None or current.owner == self._worker_id else current.owner
+        self.other_assigns = self._other is not None and _assigns(current)
         if current is None:
             won = self._put(self._record(1), None, now)
             return self._set_leading(won, "no leader yet", now)
@@ -178,3 +189,15 @@ class LeaderElection:
         when we resign. Never waits for a request in flight (safe on the event loop)."""
         with self._later_lock:
             self._later.update(data)
+
+
+def _assigns(record: CoordinationRecord | None) -> bool:
+    """Whether a leader record says its leader assigns leases: it names its own owner (older
+    versions write nothing there, or carry forward what an earlier leader wrote)."""
+    if record is None or record.owner is None:
+        return False
+    try:
+        data = json.loads(record.data or "{}")
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("assigns") == record.owner

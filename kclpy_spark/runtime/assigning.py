@@ -14,8 +14,9 @@ Each round a worker plays one of three roles:
   does not run, and takes each that is its own to take (a write of its own, so its tenure counts
   from it) or watches a handoff to it. A lease assigned to a dead worker is never renewed and
   expires again; the leader gives it to another.
-* **worker** (nobody leads: a leader just died, or the table does not answer): the KCL 2.x
-  round, as with ``lease_assignment = "worker"``, until a leader leads again. In a job
+* **worker** (nobody leads: a leader just died, or the table does not answer; or the leader does
+  not assign, its record says, while a fleet changes the setting): the KCL 2.x round, as with
+  ``lease_assignment = "worker"``, until a leader that assigns leads. In a job
   (``--until-caught-up``) always.
 
 The leader record is renewed every third of the failover time and lapses after one failover
@@ -28,9 +29,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from checkpoint.base.clock import Clock
 from checkpoint.base.errors import InvalidStateError
 from checkpoint.lease import Lease
 from checkpoint.leasing.assign import Suspects, plan_assignments
+from checkpoint.leasing.timing import LeaseTiming
+from checkpoint.port import CoordinationStore
+from kclpy_spark.config import WorkerConfig
+from shard_sync.leader import LeaderElection
 
 if TYPE_CHECKING:
     from kclpy_spark.runtime.taking import Taker
@@ -62,7 +68,8 @@ class Led:
             return "worker"
         if w.leader.is_leader:
             return "leader"
-        return "led" if w.leader.led_by() is not None else "worker"
+        led = w.leader.led_by() is not None and w.leader.other_assigns
+        return "led" if led else "worker"
 
     async def round(self) -> bool:
         """One round in this worker's role; False: none (take as a worker does)."""
@@ -191,6 +198,27 @@ class Led:
     async def _index_answers(self) -> bool:
         """A new leader checks once that the owner index exists (the others depend on it)."""
         return await self._own_keys() is not None
+
+
+def lease_timing(cfg: WorkerConfig) -> LeaseTiming:
+    """A leader that assigns leases lapses after one failover time (see above)."""
+    return LeaseTiming(
+        failover=cfg.failover_time,
+        max_clock_skew=cfg.max_clock_skew,
+        leader_duration_multiplier=1.0 if cfg.lease_assignment == "leader" else 3.0,
+    )
+
+
+def leader_election(
+    cfg: WorkerConfig, store: CoordinationStore, timing: LeaseTiming, clock: Clock
+) -> LeaderElection:
+    return LeaderElection(
+        store,
+        cfg.worker_id,
+        lease_duration=timing.leader_duration,
+        clock=clock,
+        assigns=cfg.lease_assignment == "leader",
+    )
 
 
 def why_free(lease: Lease) -> str:

@@ -27,11 +27,11 @@ from checkpoint.base.threads import RetiringThreadPool
 from checkpoint.counters import CoordinationCounters
 from checkpoint.lease import Lease
 from checkpoint.leasing.holder import LeaseHolder
-from checkpoint.leasing.timing import LeaseTiming
 from kclpy_spark.board.feed import WorkerBoard
 from kclpy_spark.config import StreamSpec, WorkerConfig
 from kclpy_spark.logs import set_application
 from kclpy_spark.ops import control
+from kclpy_spark.runtime.assigning import leader_election, lease_timing
 from kclpy_spark.runtime.caught_up import CaughtUp
 from kclpy_spark.runtime.consumer import ProcessorFactory, ShardStats
 from kclpy_spark.runtime.consumers import ConsumerSet
@@ -45,22 +45,12 @@ from kclpy_spark.runtime.publish import status_payload
 from kclpy_spark.runtime.stopping import announce_stopping, let_new_owners_see, release_all
 from kclpy_spark.runtime.streams import StreamContext, StreamSet
 from kclpy_spark.runtime.taking import Taker
-from shard_sync.leader import LeaderElection
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 __all__ = ["ProcessorFactory", "Worker"]
-
-
-def lease_timing(cfg: WorkerConfig) -> LeaseTiming:
-    """A leader that assigns leases lapses after one failover time (see runtime.assigning)."""
-    return LeaseTiming(
-        failover=cfg.failover_time,
-        max_clock_skew=cfg.max_clock_skew,
-        leader_duration_multiplier=1.0 if cfg.lease_assignment == "leader" else 3.0,
-    )
 
 
 def _executor(threads: int, name: str) -> concurrent.futures.ThreadPoolExecutor:
@@ -109,9 +99,7 @@ class Worker:
         self.exit_reason: str | None = None
         self.status_server: StatusServer | None = None
         self.holder = LeaseHolder(store, cfg.worker_id, self.clock, self.timing.lease_duration)
-        self.leader = LeaderElection(
-            store, cfg.worker_id, lease_duration=self.timing.leader_duration, clock=self.clock
-        )
+        self.leader = leader_election(cfg, store, self.timing, self.clock)
         self.health = Health(
             self.clock.monotonic,
             store_interval=self.timing.renew_interval,

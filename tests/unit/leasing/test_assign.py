@@ -130,9 +130,7 @@ def test_load_moves_take_the_hot_shards_neighbour_not_the_hot_shard() -> None:
     observer.observe([hot, *cold], clock.monotonic())
     clock.advance(1.0)
     scan = observer.observe([hot.bumped(), *(x.bumped() for x in cold)], clock.monotonic())
-    plan = plan_assignments(
-        scan, {"a", "b"}, rng=random.Random(2), max_moves=3, max_load_moves=3
-    )
+    plan = plan_assignments(scan, {"a", "b"}, rng=random.Random(2), max_moves=3, max_load_moves=3)
     assert plan.moves and {m.to for m in plan.moves} == {"b"}
     assert "hot" not in {m.lease.lease_key for m in plan.moves}
     one = plan_assignments(scan, {"a", "b"}, rng=random.Random(2), max_moves=9)

@@ -20,8 +20,8 @@ from tests.unit.runtime.test_taking import Consumers, io, put, status, worker
 class Leader:
     """A stand-in election: whether we lead, and who else does."""
 
-    def __init__(self, leading: bool, other: str | None = None) -> None:
-        self.is_leader, self.other = leading, other
+    def __init__(self, leading: bool, other: str | None = None, assigns: bool = True) -> None:
+        self.is_leader, self.other, self.other_assigns = leading, other, assigns
 
     def led_by(self) -> str | None:
         return None if self.is_leader else self.other
@@ -232,3 +232,14 @@ def test_a_key_the_read_shows_owned_by_another_is_read_again_next_time() -> None
     table.get_lease = real_get  # type: ignore[method-assign]
     run(b)
     assert set(b.worker.consumers) == {"moved"}
+
+
+def test_under_a_leader_that_does_not_assign_a_worker_takes_for_itself() -> None:
+    """A fleet changing lease_assignment: the leader runs "worker"; the others must not wait
+    for assignments that never come."""
+    _, _, takers = fleet(4, ["lead", "b"])
+    b = takers["b"]
+    b.worker.leader = Leader(False, "lead", assigns=False)
+    assert b.led is not None and b.led.role() == "worker"
+    run(b)
+    assert b.worker.consumers

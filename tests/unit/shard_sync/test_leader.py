@@ -226,3 +226,31 @@ def test_led_by_names_a_live_leader_only() -> None:
     clock.advance(0.1)
     b.tick()
     assert b.is_leader and b.led_by() is None  # it took the released record
+
+
+def test_a_leader_record_says_whether_its_leader_assigns() -> None:
+    store, clock = MemoryLeaseTable(), ManualClock()
+    old = LeaderElection(store, "A", lease_duration=10.0, clock=clock)  # lease_assignment worker
+    new = LeaderElection(store, "B", lease_duration=10.0, clock=clock, assigns=True)
+    assert old.tick() and not new.tick()
+    assert new.led_by() == "A" and new.other_assigns is False
+    old.resign()
+    assert new.tick()  # B leads now, and says it assigns
+    c = LeaderElection(store, "C", lease_duration=10.0, clock=clock)
+    assert not c.tick() and c.led_by() == "B" and c.other_assigns is True
+    clock.advance(3.0)
+    assert new.tick()  # renewed without a read: still says so
+    assert not c.tick() and c.other_assigns is True
+
+
+def test_an_older_leader_carrying_the_data_forward_does_not_look_as_if_it_assigned() -> None:
+    store, clock = MemoryLeaseTable(), ManualClock()
+    new = LeaderElection(store, "B", lease_duration=10.0, clock=clock, assigns=True)
+    assert new.tick()
+    record = store.get_record(LEADER_KEY)
+    assert record is not None
+    # An older version takes over: same data, its own id as owner.
+    older = CoordinationRecord(LEADER_KEY, "OLD", record.version + 1, 0.0, record.data)
+    assert store.put_record(older, record.version)
+    c = LeaderElection(store, "C", lease_duration=10.0, clock=clock, assigns=True)
+    assert not c.tick() and c.led_by() == "OLD" and c.other_assigns is False
