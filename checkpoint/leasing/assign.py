@@ -18,8 +18,8 @@ running workers from their status records. ``plan_assignments``:
    most loaded target (not one being handed over already, nor one in ``keep``: assigned a
    moment ago and not yet taken) goes to the least loaded while the two differ by more than
    one; each target takes at most one a round (a giver may give several), at most ``max_moves``
-   in all. Each move strictly lowers the sum
-   of squared counts, so moves stop; none undoes another.
+   in all. Each move strictly lowers the sum of squared counts, so moves stop; none undoes
+   another.
 
 The caller writes each assignment as a take conditional on the counter seen (naming the target),
 and each move as a graceful handoff to its target; a lost write just means the table changed.

@@ -80,7 +80,7 @@ class Led:
                      self._role, role)  # fmt: skip
             self._role = role
             self._suspects, self._assigned = Suspects(), {}
-            self._t.forget_observed()  # a led worker watches no lease; a new leader starts fresh
+            self._t.observer.forget()  # a led worker watches no lease; a new leader starts fresh
             w.health.all_parked = False  # judged from scans, which a led worker does not make
             if role == "leader" and not await self._index_answers():
                 return False
@@ -162,7 +162,7 @@ class Led:
         if keys is None:
             return
         w.health.store_ok()
-        t.forget_observed()  # nothing to watch while led (and nothing kept from our takes)
+        t.observer.forget()  # nothing to watch while led (and nothing kept from our takes)
         now = w.clock.monotonic()
         self._declined = {k: at for k, at in self._declined.items() if now - at < DECLINED_FOR}
         leases: list[Lease] = []

@@ -54,8 +54,8 @@ class Taker:
         self._observer = LeaseObserver(worker.timing)
         self._incoming: dict[str, float] = {}  # handoffs to us -> monotonic time to stop waiting
         self._live: dict[str, int] = {}  # other live workers -> leases, as of the last scan
-        self._known_workers: frozenset[str] = frozenset()  # others running, by status records
-        self.running: dict[str, float] = {}  # every running worker -> its status time
+        # Every worker whose status record says it runs -> its status time, as of the last scan.
+        self.running: dict[str, float] = {}
         self.led: Led | None = Led(self) if worker.cfg.lease_assignment == "leader" else None
 
     async def wait(self, wake: asyncio.Event, interval: float) -> None:
@@ -131,9 +131,6 @@ class Taker:
     def observer(self) -> LeaseObserver:
         return self._observer
 
-    def forget_observed(self) -> None:
-        self._observer.forget()
-
     def interval(self) -> float:
         """How long to wait between rounds: a led worker looks for what it was assigned every
         renewal interval (its share of a dead worker's leases starts within it)."""
@@ -158,7 +155,7 @@ class Taker:
             max_leases_to_steal=w.cfg.max_leases_to_steal,
             rng=w.rng,
             steal_cooldown=w.timing.steal_cooldown,
-            workers=self._known_workers,
+            workers=frozenset(self.running) - {w.cfg.worker_id},
         )
         if not plan.leases:
             if plan.mine < plan.target:
@@ -200,7 +197,8 @@ class Taker:
             x.state(now_wall) is LeaseState.CLOSED for x in unfinished
         )
         await self.adopt(open_leases)
-        return self._observe(open_leases, self._known(table.records))
+        self._note_running(table.records)
+        return self._observe(open_leases)
 
     async def adopt(self, leases: list[Lease]) -> None:
         """Take the leases the table says are ours (handed to us) that we do not hold; watch
@@ -295,23 +293,20 @@ class Taker:
             x for x in table.leases
             if w.streams.context_of(x) is not None and x.state(now_wall) is not LeaseState.CLOSED
         ]  # fmt: skip
-        self._observe(open_leases, self._known(table.records))
+        self._observe(open_leases)
 
-    def _known(self, records: tuple[CoordinationRecord, ...]) -> frozenset[str]:
-        """The other workers whose status records say they run (see plan_takes); all of them,
-        with when each status was written, in ``running``."""
+    def _note_running(self, records: tuple[CoordinationRecord, ...]) -> None:
+        """The workers whose status records say they run (see plan_takes and assigning)."""
         w = self._w
         max_age = 2 * w.timing.lease_duration + w.timing.max_clock_skew
         self.running = control.live_workers(records, w.clock.wall(), max_age)
-        return frozenset(self.running) - {w.cfg.worker_id}
 
-    def _observe(self, open_leases: list[Lease], known: frozenset[str]) -> ObservedScan:
+    def _observe(self, open_leases: list[Lease]) -> ObservedScan:
         """Show a scan's open leases to the observer (dated now), and note the other live
         workers (those the scan shows renewing: a stopping worker hands its leases to them) and
-        their lease counts, and the others known from their status records."""
+        their lease counts."""
         w = self._w
         scan = self._observer.observe(open_leases, w.clock.monotonic(), w.clock.wall())
-        self._known_workers = known
         self._live = {o: n for o, n in scan.owner_counts.items() if o != w.cfg.worker_id}
         return scan
 

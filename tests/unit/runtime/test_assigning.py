@@ -243,3 +243,38 @@ def test_under_a_leader_that_does_not_assign_a_worker_takes_for_itself() -> None
     assert b.led is not None and b.led.role() == "worker"
     run(b)
     assert b.worker.consumers
+
+
+def test_what_the_roles_remember_stays_bounded_over_many_rounds() -> None:
+    """Weeks of rounds: keys declined by a led worker and leases the leader assigned are
+    forgotten after their window; the led worker's observer keeps nothing of its takes."""
+    clock, table, takers = fleet(0, ["lead", "b"])
+    b, lead = takers["b"], takers["lead"]
+    for i in range(200):  # a finished lease of ours every round: declined, then cleaned up
+        done = put(table, f"done-{i}", lease_owner="b", checkpoint=SHARD_END)
+        run(b)
+        assert table.delete_lease(done)
+        clock.advance(b.worker.timing.renew_interval)
+    assert b.led is not None
+    window = int(DECLINED_FOR / b.worker.timing.renew_interval) + 1
+    assert len(b.led._declined) <= window
+    assert len(b.observer._seen) == 0
+    for i in range(100):  # a lease for the dead "b" every round, never taken
+        put(table, f"s-{i}", lease_owner=None)
+        status(table, f"w{i}", clock.wall())  # a fleet that keeps changing
+        run(lead)
+        clock.advance(lead.worker.timing.take_interval)
+    assert lead.led is not None
+    now, window = clock.monotonic(), lead.worker.timing.lease_duration
+    keys = {x.lease_key for x in table.list_leases()}
+    assert set(lead.led._assigned) <= keys  # only leases alive in the table...
+    assert all(now - at < window + lead.worker.timing.take_interval  # ...and recent
+               for at in lead.led._assigned.values())  # fmt: skip
+    fresh = 2 * window + lead.worker.timing.max_clock_skew
+    assert len(lead.running) <= fresh / lead.worker.timing.take_interval + 3  # recent statuses
+    for lease in table.list_leases():  # shard ends, cleanup deletes them all
+        assert table.delete_lease(lease)
+    for _ in range(3):
+        clock.advance(window)
+        run(lead)
+    assert lead.led._assigned == {}
