@@ -33,7 +33,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from checkpoint.lease import Lease
-from checkpoint.leasing.load import has_load, plan_load_steal
+from checkpoint.leasing.load import FleetCpu, has_load, plan_load_steal
 from checkpoint.leasing.observer import ObservedLease, ObservedScan
 from checkpoint.leasing.taker import UNLIMITED, preferred, stalled
 
@@ -87,9 +87,11 @@ def plan_assignments(
     max_moves: int = 1,
     keep: Collection[str] = (),
     max_load_moves: int = 1,
+    cpu: FleetCpu | None = None,
 ) -> AssignPlan:
     """This round's assignments and moves over ``scan``, for the ``running`` workers; leases
-    in ``keep`` (assigned a moment ago, not yet taken by their target) are not moved."""
+    in ``keep`` (assigned a moment ago, not yet taken by their target) are not moved; ``cpu``:
+    the workers' CPU figures (the load rule's)."""
     if max_moves < 0:
         raise ValueError(f"max_moves must be >= 0, got {max_moves}")
     targets = targets_of(scan, running)
@@ -104,7 +106,7 @@ def plan_assignments(
         return AssignPlan(reason="nothing free; moves off", counts=base.counts)
     if has_load(scan):
         moves = min(max_moves, max_load_moves)
-        return _load_moves(scan, counts, base, rng, moves, max_leases_for_worker, set(keep))
+        return _load_moves(scan, counts, base, rng, moves, max_leases_for_worker, set(keep), cpu)
     return _count_moves(scan, counts, base, rng, max_moves, max_leases_for_worker, set(keep))
 
 
@@ -192,6 +194,7 @@ def _load_moves(
     max_moves: int,
     cap: int,
     keep: set[str],
+    cpu: FleetCpu | None,
 ) -> AssignPlan:
     """The least loaded target (by count, then at random) asks the load rule what it would take
     (at most ``max_moves`` leases, all to it; none in ``keep``)."""
@@ -199,7 +202,9 @@ def _load_moves(
     for thief in order:
         if counts[thief] >= cap:
             continue
-        decided = plan_load_steal(scan, thief, rng=rng, max_leases_to_steal=max_moves, exclude=keep)
+        decided = plan_load_steal(
+            scan, thief, rng=rng, max_leases_to_steal=max_moves, exclude=keep, cpu=cpu
+        )
         if decided.steal and decided.victim in counts:
             moves = tuple(Assignment(lease, thief) for lease in decided.steal)
             return AssignPlan((), moves, f"{thief}: {decided.reason}", base.counts)

@@ -84,6 +84,9 @@ class ObservedScan:
     owner_counts: Mapping[str, int] = field(default_factory=dict)
     # Worker -> the last scan time at which one of its leases was seen owned by another worker.
     taken_from: Mapping[str, float] = field(default_factory=dict)
+    # Worker -> the last scan time at which a lease was seen coming to it or leaving it (owner or
+    # the worker processing it changed; first sights excluded), kept for LeaseTiming.cpu_settle.
+    moved_at: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -125,6 +128,7 @@ class LeaseObserver:
         self._timing = timing
         self._seen: dict[str, _Seen] = {}
         self._taken_from: dict[str, float] = {}
+        self._moved_at: dict[str, float] = {}
 
     def observe(
         self, leases: Iterable[Lease], now: float, wall: float | None = None
@@ -159,12 +163,15 @@ class LeaseObserver:
         # Keep only what the steal cooldown can still use, so ids of long-gone workers drop out.
         horizon = self._timing.steal_cooldown
         self._taken_from = {w: t for w, t in self._taken_from.items() if now - t <= horizon}
+        settle = self._timing.cpu_settle
+        self._moved_at = {w: t for w, t in self._moved_at.items() if now - t <= settle}
         return ObservedScan(
             now=now,
             leases=tuple(live),
             finished=tuple(finished),
             owner_counts=counts,
             taken_from=dict(self._taken_from),
+            moved_at=dict(self._moved_at),
         )
 
     @staticmethod
@@ -185,6 +192,9 @@ class LeaseObserver:
         # An owner change is a move even without a counter change (a graceful handoff begun).
         if previous_owner is not None and owner is not None and owner != previous_owner:
             self._taken_from[previous_owner] = now
+        for old, new in ((previous_owner, owner), (before.actual, lease.actual_owner)):
+            if old != new:
+                self._moved_at.update({w: now for w in (old, new) if w is not None})
         if before.counter == lease.lease_counter:
             return before.since
         return self._written(lease, now, wall, before.seen_at)
@@ -265,3 +275,4 @@ class LeaseObserver:
         """Drop all memory (after this, every lease is judged as on first sight)."""
         self._seen.clear()
         self._taken_from.clear()
+        self._moved_at.clear()

@@ -54,7 +54,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from checkpoint.lease import Lease
-from checkpoint.leasing.load import has_load, plan_load_steal
+from checkpoint.leasing.load import FleetCpu, has_load, plan_load_steal
 from checkpoint.leasing.observer import ObservedLease, ObservedScan
 
 # The KCL's default maxLeasesForWorker (Integer.MAX_VALUE): no cap.
@@ -125,9 +125,11 @@ def plan_takes(
     rng: random.Random,
     steal_cooldown: float = 0.0,
     workers: Collection[str] = (),
+    cpu: FleetCpu | None = None,
 ) -> TakePlan:
     """Decide this round's takes for ``worker_id`` from ``scan``; ``workers``: the other
-    workers known to run, whatever they hold. Pure: randomness from ``rng``."""
+    workers known to run, whatever they hold; ``cpu``: the running workers' CPU figures (the
+    load rule's, see load.py). Pure: randomness from ``rng``."""
     if max_leases_for_worker < 1:
         raise ValueError(f"max_leases_for_worker must be >= 1, got {max_leases_for_worker}")
     if max_leases_to_steal < 1:
@@ -163,7 +165,7 @@ def plan_takes(
         if mine >= max_leases_for_worker:
             return replace(base, reason=f"at max_leases_for_worker ({mine})")
         steal = min(max_leases_to_steal, max_leases_for_worker - mine)
-        return _plan_load_steal(scan, worker_id, base, steal, rng, steal_cooldown)
+        return _plan_load_steal(scan, worker_id, base, steal, rng, steal_cooldown, cpu)
     if needed <= 0:
         return replace(base, reason=f"at target: {mine} of {target}")
     return _plan_steal(
@@ -198,8 +200,11 @@ def _plan_load_steal(
     max_leases_to_steal: int,
     rng: random.Random,
     steal_cooldown: float,
+    cpu: FleetCpu | None,
 ) -> TakePlan:
-    decided = plan_load_steal(scan, worker_id, rng=rng, max_leases_to_steal=max_leases_to_steal)
+    decided = plan_load_steal(
+        scan, worker_id, rng=rng, max_leases_to_steal=max_leases_to_steal, cpu=cpu
+    )
     if not decided.steal:
         return replace(base, reason=decided.reason)
     lost_at = scan.taken_from.get(worker_id)

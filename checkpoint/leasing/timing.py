@@ -133,6 +133,14 @@ class LeaseTiming:
         return self.very_old_multiplier * self.failover
 
     @property
+    def cpu_settle(self) -> float:
+        """After a worker's leases changed, its CPU figure counts for the load rule only this
+        much later: the worker measures CPU over one lease duration and publishes it every lease
+        duration, so two of them (and a renewal interval for the write and the scan) always hold
+        a whole window measured after the change."""
+        return 2 * self.lease_duration + self.renew_interval
+
+    @property
     def steal_cooldown(self) -> float:
         """After a lease was taken from us, do not steal for this long (kclpy-spark's damping)."""
         return self.steal_cooldown_intervals * self.take_interval

@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from checkpoint.base.errors import ConfigError
+from checkpoint.leasing.load import CpuFigure
 from checkpoint.port import CoordinationRecord, CoordinationStore
 
 SUSPEND_KEY = "suspended"
@@ -206,14 +207,10 @@ class StatusWriter:
         return other[0] if other else None
 
 
-def live_workers(
+def _running(
     records: Iterable[CoordinationRecord], now_wall: float, max_age: float
-) -> dict[str, float]:
-    """The workers whose status records say they run: written within ``max_age`` seconds (by
-    the writer's clock) and not stopping, stopped or suspended. A worker publishes before its
-    first take round, so one that holds no lease yet is seen here before any lease shows it.
-    Worker id -> when its status was written."""
-    live: dict[str, float] = {}
+) -> dict[str, dict[str, Any]]:
+    running: dict[str, dict[str, Any]] = {}
     for record in records:
         if not record.key.startswith(WORKER_PREFIX):
             continue
@@ -223,8 +220,36 @@ def live_workers(
             continue
         if data.get("stopped") or data.get("stopping") or data.get("suspended"):
             continue
-        live[record.key.removeprefix(WORKER_PREFIX)] = float(updated)
-    return live
+        running[record.key.removeprefix(WORKER_PREFIX)] = data
+    return running
+
+
+def live_workers(
+    records: Iterable[CoordinationRecord], now_wall: float, max_age: float
+) -> dict[str, float]:
+    """The workers whose status records say they run: written within ``max_age`` seconds (by
+    the writer's clock) and not stopping, stopped or suspended. A worker publishes before its
+    first take round, so one that holds no lease yet is seen here before any lease shows it.
+    Worker id -> when its status was written."""
+    return {w: float(d["updated_at"]) for w, d in _running(records, now_wall, max_age).items()}
+
+
+def cpu_figures(
+    records: Iterable[CoordinationRecord], now_wall: float, max_age: float
+) -> dict[str, CpuFigure]:
+    """The running workers' CPU as they publish it (``cpu_percent``, ``cpu_settled``), for the
+    load rule; a worker of a version that does not publish ``cpu_settled`` is left out (then the
+    load rule balances throughput)."""
+    figures = {}
+    for worker, data in _running(records, now_wall, max_age).items():
+        settled, percent = data.get("cpu_settled"), data.get("cpu_percent")
+        if not isinstance(settled, bool):
+            continue
+        if isinstance(percent, int | float) and not isinstance(percent, bool):
+            figures[worker] = CpuFigure(float(percent), settled)
+        else:
+            figures[worker] = CpuFigure(None, False)
+    return figures
 
 
 def worker_status(store: CoordinationStore, worker_id: str) -> dict[str, Any]:

@@ -118,6 +118,7 @@ class Led:
             max_moves=max(1, len(targets)) * w.cfg.max_leases_to_steal,
             keep=self._assigned,
             max_load_moves=w.cfg.max_leases_to_steal,
+            cpu=t.cpu,
         )
         if not plan.assign and not plan.moves:
             return

@@ -77,6 +77,7 @@ class ConsumerSet:
         self._counters = counters
         self._on_shard_end = on_shard_end
         self.running: dict[str, _Running] = {}
+        self.changes = 0  # consumers started or ended so far (the CPU meter's marker)
         self.finished: dict[str, ShardStats] = {}
         self._hand_back: set[str] = set()  # leases to release when their consumer has stopped
         self._handing_over: set[str] = set()
@@ -139,6 +140,7 @@ class ConsumerSet:
         key = held.lease_key
         task = asyncio.create_task(consumer.run(), name=f"shard-{held.lease.shard_id}")
         self.running[key] = _Running(consumer, task)
+        self.changes += 1
         task.add_done_callback(functools.partial(self._done, key))
         with shard_context(held.lease.shard_id):
             log.info(
@@ -228,6 +230,7 @@ class ConsumerSet:
 
     def _done(self, key: str, task: asyncio.Task[Outcome]) -> None:
         running = self.running.pop(key, None)
+        self.changes += 1
         if running is not None:
             self._remember(key, running.consumer.stats)
         if task.cancelled():

@@ -6,7 +6,10 @@ otherwise the CPUs it may run on.
 ``CpuMeter.sample()`` gives the utilization since the previous sample (None at the first). The
 worker samples it once per control round and publishes the figure in its status record
 (``cpu_percent``: ``kclpy-spark status`` and the status page show it) and as the gauge
-``kclpy_spark_cpu_percent``. Balancing does not use it yet (lease throughput does)."""
+``kclpy_spark_cpu_percent``. With it goes ``cpu_settled``: whether the worker started or ended no
+consumer during the window the figure covers (``sample(marker)``: the marker, the consumer set's
+change count, was the same at both ends). The load rule (checkpoint/leasing/load.py) balances CPU
+only on settled figures, so a lease move is never judged on CPU measured before it."""
 
 from __future__ import annotations
 
@@ -86,13 +89,19 @@ class CpuMeter:
         self.limit = limit if limit is not None else cpu_limit()
         self._last: tuple[float, float] | None = None
         self.last_percent: float | None = None
+        self._marker: object = None
+        self.settled = False  # last_percent measured over a window with one marker throughout
 
-    def sample(self) -> float | None:
-        """Percent of ``limit`` CPUs used since the previous sample (0..100; None at first)."""
+    def sample(self, marker: object = None) -> float | None:
+        """Percent of ``limit`` CPUs used since the previous sample (0..100; None at first);
+        ``settled`` says whether ``marker`` is what it was at the previous sample."""
         now, used = self._monotonic(), self._cpu_seconds()
         last, self._last = self._last, (now, used)
+        previous, self._marker = self._marker, marker
         if last is None or now <= last[0]:
+            self.settled = False
             return None
+        self.settled = previous == marker
         # A child that ended takes its seconds with it: never below zero.
         share = max(0.0, used - last[1]) / ((now - last[0]) * self.limit)
         self.last_percent = round(min(100.0, 100.0 * share), 1)

@@ -74,6 +74,7 @@ def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
         "leases_omitted": omitted,
         "events": worker.events.recent(EVENTS_PUBLISHED),
         "cpu_percent": worker.cpu.last_percent,
+        "cpu_settled": worker.cpu.settled,
     }
     sink = sink_figures(worker.metrics.registry)
     if sink is not None:

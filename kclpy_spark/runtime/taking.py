@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.counters import Counter
 from checkpoint.lease import Lease, LeaseState
+from checkpoint.leasing.load import FleetCpu
 from checkpoint.leasing.observer import LeaseObserver, ObservedScan
 from checkpoint.leasing.taker import plan_takes
 from checkpoint.port import CoordinationRecord
@@ -56,6 +57,7 @@ class Taker:
         self._live: dict[str, int] = {}  # other live workers -> leases, as of the last scan
         # Every worker whose status record says it runs -> its status time, as of the last scan.
         self.running: dict[str, float] = {}
+        self.cpu = FleetCpu({}, worker.timing.cpu_settle)  # their CPU (the load rule's), likewise
         self.led: Led | None = Led(self) if worker.cfg.lease_assignment == "leader" else None
 
     async def wait(self, wake: asyncio.Event, interval: float) -> None:
@@ -156,6 +158,7 @@ class Taker:
             rng=w.rng,
             steal_cooldown=w.timing.steal_cooldown,
             workers=frozenset(self.running) - {w.cfg.worker_id},
+            cpu=self.cpu,
         )
         if not plan.leases:
             if plan.mine < plan.target:
@@ -300,6 +303,9 @@ class Taker:
         w = self._w
         max_age = 2 * w.timing.lease_duration + w.timing.max_clock_skew
         self.running = control.live_workers(records, w.clock.wall(), max_age)
+        self.cpu = FleetCpu(
+            control.cpu_figures(records, w.clock.wall(), max_age), w.timing.cpu_settle
+        )
 
     def _observe(self, open_leases: list[Lease]) -> ObservedScan:
         """Show a scan's open leases to the observer (dated now), and note the other live

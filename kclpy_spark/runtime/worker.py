@@ -332,7 +332,7 @@ class Worker:
             self._stop.set()
             return
         now = self.clock.wall()
-        cpu = self.cpu.sample()
+        cpu = self.cpu.sample(self.consumers.changes)
         if cpu is not None:
             self.metrics.cpu_percent.set(cpu)
         suspended = await self._io(control.is_suspended, self.store)

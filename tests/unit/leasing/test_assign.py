@@ -12,6 +12,7 @@ from checkpoint.base.clock import ManualClock
 from checkpoint.lease import Lease
 from checkpoint.leasing import LeaseObserver, LeaseTiming
 from checkpoint.leasing.assign import Suspects, plan_assignments, targets_of
+from checkpoint.leasing.load import CpuFigure, FleetCpu
 from checkpoint.sequence import TRIM_HORIZON
 from tests.unit.leasing.test_taker import scan_of
 
@@ -140,6 +141,25 @@ def test_load_moves_take_the_hot_shards_neighbour_not_the_hot_shard() -> None:
         keep={"cold-0", "cold-1"},
     )  # fmt: skip
     assert [m.lease.lease_key for m in kept.moves] == ["cold-2"]
+
+
+def test_load_moves_follow_the_cpu_when_every_target_publishes_it() -> None:
+    """By bytes 'a' (four leases of 1 KB/s) carries less than 'b' (three of 20 KB/s); its CPU says
+    it is the busy one: the leader moves one of a's leases to b, and nothing while a figure is
+    unsettled."""
+    observer, clock = LeaseObserver(TIMING), ManualClock()
+    leases = [Lease(f"a-{i}", TRIM_HORIZON, "a", 1, throughput_kbps=1.0) for i in range(4)]
+    leases += [Lease(f"b-{i}", TRIM_HORIZON, "b", 1, throughput_kbps=20.0) for i in range(3)]
+    observer.observe(leases, clock.monotonic())
+    clock.advance(1.0)
+    scan = observer.observe([x.bumped() for x in leases], clock.monotonic())
+    by_bytes = plan_assignments(scan, {"a", "b"}, rng=random.Random(2))
+    assert [m.to for m in by_bytes.moves] == ["a"]
+    busy = FleetCpu({"a": CpuFigure(85.0), "b": CpuFigure(30.0)}, TIMING.cpu_settle)
+    plan = plan_assignments(scan, {"a", "b"}, rng=random.Random(2), cpu=busy)
+    assert [(m.lease.lease_key[:2], m.to) for m in plan.moves] == [("a-", "b")], plan.reason
+    waiting = FleetCpu({"a": CpuFigure(85.0), "b": CpuFigure(30.0, settled=False)})
+    assert plan_assignments(scan, {"a", "b"}, rng=random.Random(2), cpu=waiting).moves == ()
 
 
 class LedFleet:

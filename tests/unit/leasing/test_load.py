@@ -10,7 +10,15 @@ import pytest
 
 from checkpoint.lease import Lease
 from checkpoint.leasing import ObservedLease, ObservedScan, plan_takes
-from checkpoint.leasing.load import FLOOR_KBPS, ema, has_load, plan_load_steal, weights
+from checkpoint.leasing.load import (
+    FLOOR_KBPS,
+    CpuFigure,
+    FleetCpu,
+    ema,
+    has_load,
+    plan_load_steal,
+    weights,
+)
 from checkpoint.sequence import TRIM_HORIZON
 
 ME = "me"
@@ -149,3 +157,176 @@ def test_load_steals_stop_at_max_leases_for_worker() -> None:
     owned = {"a": [20.0, 20.0, 1.0, 1.0], ME: [0.0]}
     assert plan_takes(scan(owned), ME, rng=random.Random(1), max_leases_for_worker=1).steal == ()
     assert plan_takes(scan(owned), ME, rng=random.Random(1), max_leases_for_worker=2).steal
+
+
+# --- by CPU -------------------------------------------------------------------------------------
+
+
+def cpus(**percent: float | None) -> FleetCpu:
+    return FleetCpu({w: CpuFigure(p) for w, p in percent.items()})
+
+
+# name, leases (worker -> throughputs), CPU figures, stolen lease keys, measured by CPU
+CPU_CASES = [
+    ("no CPU figures: by throughput", {"a": [10.0, 10.0, 10.0], ME: [1.0]}, None, ["a-0?"], False),
+    ("a worker without a figure: by throughput", {"a": [10.0, 10.0, 10.0], ME: [1.0]},
+     FleetCpu({ME: CpuFigure(30.0)}), ["a-0?"], False),
+    ("fleet below the floor: by throughput", {"a": [10.0, 10.0, 10.0], ME: [1.0]},
+     cpus(a=15.0, me=5.0), ["a-0?"], False),
+    ("bytes say steal, CPU says even", {"a": [10.0, 10.0, 10.0], ME: [1.0]},
+     cpus(a=50.0, me=48.0), [], True),
+    ("bytes say even, CPU says steal", {"a": [1.0, 1.0, 1.0, 1.0], ME: [10.0, 10.0]},
+     cpus(a=80.0, me=30.0), ["a-0?"], True),
+    ("CPU: less than the noise gap", {"a": [1.0, 1.0, 1.0, 1.0], ME: [1.0]},
+     cpus(a=25.5, me=20.6), [], True),
+    ("CPU: just over the noise gap", {"a": [1.0] * 10, ME: [1.0]},
+     cpus(a=26.0, me=20.5), ["a-0?"], True),
+    ("CPU: a hot lease alone never moves", {"a": [50.0], ME: [1.0, 1.0, 1.0]},
+     cpus(a=90.0, me=30.0), [], True),
+    ("CPU: the costliest that fits 60% of the gap", {"a": [20.0, 4.0, 1.0, 1.0], ME: []},
+     cpus(a=80.0, me=2.0), ["a-01"], True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "owned", "figures", "stolen", "by_cpu"), CPU_CASES, ids=[c[0] for c in CPU_CASES]
+)
+def test_the_load_steal_rule_by_cpu(
+    name: str,
+    owned: dict[str, list[float | None]],
+    figures: FleetCpu | None,
+    stolen: list[str],
+    by_cpu: bool,
+) -> None:
+    decided = plan_load_steal(scan(owned), ME, rng=random.Random(3), cpu=figures)
+    keys = [x.lease_key for x in decided.steal]
+    assert len(keys) == len(stolen), decided.reason
+    for key, pattern in zip(keys, stolen, strict=True):
+        assert key[:-1] == pattern[:-1] and (pattern[-1] == "?" or key == pattern)
+    assert decided.by_cpu is by_cpu and decided.reason
+    if by_cpu:
+        assert figures is not None
+        assert "% CPU" in decided.reason and decided.loads[ME] == figures.figures[ME].percent
+
+
+@pytest.mark.parametrize(
+    "figures",
+    [
+        {"a": CpuFigure(80.0, settled=False), ME: CpuFigure(10.0)},
+        {"a": CpuFigure(80.0), ME: CpuFigure(10.0, settled=False)},
+        {"a": CpuFigure(80.0), ME: CpuFigure(None, settled=False)},  # no window measured yet
+    ],
+)
+def test_an_unsettled_cpu_figure_holds_every_move_by_load(figures: dict[str, CpuFigure]) -> None:
+    """A figure measured while its worker started or ended a consumer describes neither its old
+    leases nor its new ones: judging on it would move again before the last move shows."""
+    owned: dict[str, list[float | None]] = {"a": [5.0, 5.0, 5.0, 5.0], ME: []}
+    fleet = FleetCpu(figures)
+    decided = plan_load_steal(scan(owned), ME, rng=random.Random(1), cpu=fleet)
+    assert decided.steal == () and "not yet measured" in decided.reason
+    # ... and the count rule does not step in: the taker's load path is the one deciding.
+    assert plan_takes(scan(owned), ME, rng=random.Random(1), cpu=fleet).steal == ()
+
+
+@pytest.mark.parametrize(
+    ("moved", "ago", "steals"),
+    [("a", 10.0, False), (ME, 10.0, False), ("a", 30.0, True), ("b", 1.0, True)],
+)
+def test_a_figure_older_than_the_last_lease_move_holds_moves_by_load(
+    moved: str, ago: float, steals: bool
+) -> None:
+    """A settled figure published before a lease came to (or left) its worker still describes
+    the leases before: the rule waits ``settle`` seconds after the scan saw the move."""
+    owned: dict[str, list[float | None]] = {"a": [5.0, 5.0, 5.0, 5.0], ME: []}
+    base = scan(owned)
+    seen = ObservedScan(base.now, base.leases, owner_counts=base.owner_counts,
+                        moved_at={moved: base.now - ago})  # fmt: skip
+    fleet = FleetCpu({"a": CpuFigure(80.0), ME: CpuFigure(10.0)}, settle=25.0)
+    decided = plan_load_steal(seen, ME, rng=random.Random(1), cpu=fleet)
+    assert bool(decided.steal) is steals, decided.reason
+
+
+def simulate_cpu(
+    kbps: list[float],
+    speed: dict[str, float],
+    seed: int,
+    rounds: int = 200,
+    by_cpu: bool = True,
+    every: int = 3,
+    trust_unsettled: bool = False,
+    settle: float | None = None,
+) -> tuple[list[int], dict[str, float]]:
+    """A fleet whose CPU is not its bytes: worker w spends ``speed[w]`` points per unit of
+    (0.5 per lease polled + 0.3 per KB/s), plus a 2-point base and +-1 point of noise. Figures
+    lag, as published ones do: a new window ends every ``every`` rounds, each figure describes
+    the owners as they were at its start, and a worker whose leases changed within the window
+    marks it unsettled (``trust_unsettled``: as if it did not). A round is a second; the rule
+    waits ``settle`` (two windows by default, as LeaseTiming.cpu_settle) after a worker's leases
+    moved. Every lease starts on the first worker. Returns the moves per round and the final CPU
+    figures."""
+    rng = random.Random(seed)
+    names = sorted(speed)
+    owner = {f"s{i:02d}": names[0] for i in range(len(kbps))}
+    rate = {f"s{i:02d}": k for i, k in enumerate(kbps)}
+
+    def cpu_of(w: str) -> float:
+        work = sum(0.5 + 0.3 * rate[k] for k, o in owner.items() if o == w)
+        return min(100.0, 2.0 + speed[w] * work)
+
+    moves: list[int] = []
+    start = {w: cpu_of(w) for w in names}  # the open window: CPU as of its start
+    changed: set[str] = set()  # workers whose leases changed in the open window
+    figures: dict[str, CpuFigure] = {}
+    moved_at: dict[str, float] = {}
+    wait = 2.0 * every if settle is None else settle
+    for r in range(rounds):
+        if r % every == 0:
+            figures = {
+                w: CpuFigure(start[w] + rng.uniform(-1, 1), trust_unsettled or w not in changed)
+                for w in names
+            }
+            start, changed = {w: cpu_of(w) for w in names}, set()
+        moved = 0
+        for w in rng.sample(names, len(names)):
+            leases = [
+                Lease(k, TRIM_HORIZON, o, 1, throughput_kbps=rate[k]) for k, o in owner.items()
+            ]
+            observed = tuple(ObservedLease(x, 0.0, expired=False, very_old=False) for x in leases)
+            counts = Counter(owner.values())
+            seen = ObservedScan(float(r), observed, owner_counts=dict(counts), moved_at=moved_at)
+            fleet = FleetCpu(figures, wait) if by_cpu else None
+            plan = plan_takes(seen, w, rng=rng, cpu=fleet)
+            for lease in plan.steal:
+                changed |= {owner[lease.lease_key], w}
+                moved_at.update({owner[lease.lease_key]: float(r), w: float(r)})
+                owner[lease.lease_key] = w
+                moved += 1
+        moves.append(moved)
+    return moves, {w: cpu_of(w) for w in names}
+
+
+def _slow_worker_fleet(seed: int) -> tuple[list[float], dict[str, float]]:
+    rng = random.Random(seed)
+    return [rng.uniform(5.0, 30.0) for _ in range(24)], {"w0": 1.0, "w1": 2.0, "w2": 1.0}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_slower_worker_is_given_less_by_cpu_and_nothing_oscillates(seed: int) -> None:
+    """Three workers, one twice as slow per record (a smaller machine, a busier JVM): balancing
+    the bytes leaves it with nearly twice the CPU of the others; by CPU it gets less, the spread
+    shrinks, moves stop, and noise of +-1 point does not start them again."""
+    kbps, speed = _slow_worker_fleet(seed)
+    moves, by_cpu = simulate_cpu(kbps, speed, seed, rounds=300)
+    assert sum(moves[120:]) == 0, f"still moving after 120 rounds: {moves[120:140]}"
+    assert sum(moves) <= len(kbps)
+    _, by_bytes = simulate_cpu(kbps, speed, seed, by_cpu=False)
+    spread = max(by_cpu.values()) - min(by_cpu.values())
+    assert spread < 0.5 * (max(by_bytes.values()) - min(by_bytes.values())), (by_cpu, by_bytes)
+
+
+def test_without_waiting_for_figures_after_a_move_balancing_by_cpu_oscillates() -> None:
+    """Why the rule waits ``settle`` after a worker's leases moved: figures from before a move
+    make the next thief steal again (and the victim steal back) on CPU that is no longer there."""
+    kbps, speed = _slow_worker_fleet(0)
+    moves, _ = simulate_cpu(kbps, speed, 0, rounds=300, settle=0.0)
+    assert sum(moves[120:]) > 20

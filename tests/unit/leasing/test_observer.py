@@ -329,3 +329,33 @@ def test_expired_finished_and_unowned_leases_are_not_watched() -> None:
     assert observer.next_check("me") is None
     clock.advance(DURATION * 5)
     assert observer.due(clock.monotonic(), "me") == []
+
+
+def test_leases_coming_and_going_are_dated_per_worker_for_the_cpu_rule() -> None:
+    """moved_at: the workers a lease came to or left (owner, or the worker processing it mid
+    handoff), at the scan that saw it; not at first sight; kept for cpu_settle."""
+    clock = ManualClock()
+    observer = LeaseObserver(TIMING)
+    first = observer.observe([lease("s", "a", 1), lease("t", None, 1)], clock.monotonic())
+    assert first.moved_at == {}  # first sight: nothing known to have moved
+    clock.advance(1.0)
+    scan = observer.observe([lease("s", "b", 2), lease("t", "c", 2)], clock.monotonic())
+    at = clock.monotonic()
+    assert scan.moved_at == {"a": at, "b": at, "c": at}
+    clock.advance(1.0)
+    done = observer.observe([lease("s", "b", 3), lease("t", "c", 3)], clock.monotonic())
+    assert done.moved_at == {"a": at, "b": at, "c": at}  # renewals move nothing
+    clock.advance(1.0)
+    handing = replace(lease("s", "d", 3), checkpoint_owner="b")  # begun: d owns, b processes
+    assert observer.observe([handing, lease("t", "c", 4)], clock.monotonic()).moved_at["d"] == (
+        clock.monotonic()
+    )
+    clock.advance(1.0)
+    completed = observer.observe([lease("s", "d", 4), lease("t", "c", 5)], clock.monotonic())
+    assert completed.moved_at["b"] == completed.moved_at["d"] == clock.monotonic()
+    clock.advance(TIMING.cpu_settle + 0.001)
+    assert observer.observe([lease("s", "d", 5)], clock.monotonic()).moved_at == {}  # pruned
+
+
+def test_cpu_settle_holds_a_whole_measured_window_after_a_change() -> None:
+    assert TIMING.cpu_settle == 2 * TIMING.lease_duration + TIMING.renew_interval

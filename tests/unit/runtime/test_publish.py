@@ -43,3 +43,31 @@ def test_the_budget_is_met_exactly_or_under_for_any_size() -> None:
             kept, omitted = bounded(_figures(n), budget)
             assert len(json.dumps(kept)) <= budget or kept == {}
             assert len(kept) + omitted == n
+
+
+def test_the_status_publishes_the_cpu_figure_and_whether_it_is_settled() -> None:
+    """The load rule reads ``cpu_percent`` and ``cpu_settled`` from here (control.cpu_figures)."""
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry
+
+    from kclpy_spark.runtime.cpu import CpuMeter
+    from kclpy_spark.runtime.publish import status_payload
+
+    clock, used = [0.0], [0.0]
+    meter = CpuMeter(lambda: used[0], lambda: clock[0], limit=1.0)
+    worker = SimpleNamespace(
+        holder=SimpleNamespace(held=list), processor_factory=None, readiness=lambda: (True, "ok"),
+        suspended=False, leader=SimpleNamespace(is_leader=False),
+        events=SimpleNamespace(recent=lambda n: []), cpu=meter,
+        metrics=SimpleNamespace(registry=CollectorRegistry()),
+    )  # fmt: skip
+    meter.sample(3)
+    first = status_payload(worker, 0.0)  # type: ignore[arg-type]
+    assert first["cpu_percent"] is None and first["cpu_settled"] is False
+    clock[0], used[0] = 10.0, 2.5
+    meter.sample(3)
+    assert {k: status_payload(worker, 10.0)[k] for k in ("cpu_percent", "cpu_settled")} == {  # type: ignore[arg-type]
+        "cpu_percent": 25.0,
+        "cpu_settled": True,
+    }

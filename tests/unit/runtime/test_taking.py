@@ -12,6 +12,8 @@ from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from checkpoint.base.clock import ManualClock
 from checkpoint.base.errors import DependencyError
 from checkpoint.counters import CoordinationCounters
@@ -342,3 +344,38 @@ def test_a_stopping_worker_says_so_before_handing_out(monkeypatch: Any) -> None:
     w.status_writer.publish({"leases": {}}, w.clock.wall())  # a control round's late publish
     assert control.worker_status(table, ME)["stopping"] is True
     assert control.live_workers(table.scan_table("worker/").records, w.clock.wall(), 60.0) == {}
+
+
+@pytest.mark.parametrize(
+    ("figures", "steals"),
+    [
+        ({}, True),  # no CPU published (an older version): the bytes decide
+        ({"peer": (50.0, True), ME: (48.0, True)}, False),  # CPU even: nothing moves
+        ({"peer": (90.0, True), ME: (20.0, False)}, False),  # our figure is from before a change
+    ],
+)
+def test_a_round_balances_by_the_cpu_the_status_records_publish(
+    figures: dict[str, tuple[float, bool]], steals: bool
+) -> None:
+    """By bytes 'peer' (three leases of 10 KB/s) carries far more than we do (one of 1 KB/s);
+    when every worker publishes its CPU and the fleet is busy, the CPU decides instead."""
+    clock = ManualClock()
+    table = MemoryLeaseTable(clock)
+    for i in range(3):
+        put(table, f"p{i}", lease_owner="peer", throughput_kbps=10.0)
+    put(table, "m0", lease_owner=ME, throughput_kbps=1.0)
+    now = clock.wall()
+    for who in ("peer", ME):
+        cpu = figures.get(who)
+        extra = {} if cpu is None else {"cpu_percent": cpu[0], "cpu_settled": cpu[1]}
+        status(table, who, now - 1.0, **extra)
+    consumers = Consumers()
+    consumers["m0"] = object()
+    w = worker(table, consumers, clock)
+    w.board = SimpleNamespace(on_scan=lambda leases: None)
+    w.health = SimpleNamespace(store_ok=lambda: None, all_parked=False)
+    asyncio.run(Taker(w, io).round())
+    moved = [
+        x.lease_key for x in table.list_leases() if x.lease_owner == ME and x.lease_key != "m0"
+    ]
+    assert bool(moved) is steals, moved
