@@ -46,3 +46,23 @@ class BatchLines(RecordProcessor):
     def shutdown_requested(self, shutdown_requested_input: ShutdownRequestedInput) -> None:
         with contextlib.suppress(CheckpointError):  # the next owner re-reads from the checkpoint
             shutdown_requested_input.checkpointer.checkpoint()
+
+
+class Burner(RecordProcessor):
+    """Spends ``$BURN_MS`` x ``$BURN_FACTOR`` milliseconds of CPU on each record (a stand-in for
+    parsing and transforming; a factor of 2 is a worker twice as slow per record), then
+    checkpoints the batch. The CPU balancing benchmark runs it."""
+
+    def initialize(self, initialize_input: InitializeInput) -> None:
+        factor = float(os.environ.get("BURN_FACTOR", "1"))
+        self.burn = float(os.environ.get("BURN_MS", "1")) * factor / 1000.0
+
+    def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+        end = time.thread_time() + self.burn * len(process_records_input.records)
+        while time.thread_time() < end:
+            pass
+        process_records_input.checkpointer.checkpoint()
+
+    def shutdown_requested(self, shutdown_requested_input: ShutdownRequestedInput) -> None:
+        with contextlib.suppress(CheckpointError):
+            shutdown_requested_input.checkpointer.checkpoint()

@@ -107,14 +107,14 @@ class WorkerConfig:
     idle_time_between_reads: float = 1.0
     max_leases_for_worker: int = 2**31 - 1
     max_leases_to_steal: int = 1
-    # A lease moved for balancing (or given up on SIGTERM) goes by the KCL 3.x graceful handoff:
-    # the old owner's processor gets shutdown_requested and checkpoints before the new owner
-    # starts; forced after handoff_timeout seconds. False: the KCL 2.x steal (records since the
-    # last checkpoint are delivered again).
+    # Balancing moves (and SIGTERM) go by the KCL 3.x graceful handoff, forced after
+    # handoff_timeout s. False: the KCL 2.x steal (records since the checkpoint come again).
     graceful_handoff: bool = True
     # "worker": every worker scans and takes its share (the KCL 2.x rule, with the handoff).
     # "leader": the shard-sync leader scans and assigns; the others Query the owner index.
     lease_assignment: str = "worker"
+    # "auto": balance CPU once the fleet is busy, else throughput (leasing/load.py).
+    load_metric: str = "auto"
     handoff_timeout: float = 30.0
     shard_sync_interval: float = 60.0
     parent_shard_poll_interval: float = 10.0
@@ -306,6 +306,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "aged_checkpoint_policy": ("fail", "earliest", "latest"),
     "retrieval_mode": ("polling", "fanout"),
     "lease_assignment": ("worker", "leader"),
+    "load_metric": ("auto", "throughput"),
 }
 
 

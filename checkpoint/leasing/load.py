@@ -10,25 +10,27 @@ every worker decides for itself (the KCL 2.x shape of taking; the leader asks th
   with no traffic balances by count), or the mean throughput of the measured leases plus the floor
   while a lease has not been measured yet (a new lease is assumed average);
 * a worker's **load** is, by default, the sum of the weights of the live leases it owns (a lease
-  being handed over counts for its new owner);
-* **by CPU** instead, when every worker in the comparison publishes its CPU (percent of its
-  cgroup-aware limit, process and children; ``CpuFigure``) and the fleet uses at least
-  ``CPU_FLOOR`` percent on average: a worker's load is its CPU, and a lease costs its owner's CPU
-  in proportion to its weight among the owner's leases. Below the floor every worker has CPU to
-  spare and the bytes are balanced. Moving leases shifts CPU between workers but hardly changes
-  the fleet's average, so the rule's own moves do not switch it between the two measures. A CPU
-  figure counts only when it was measured over a window in which its worker started or ended no
-  consumer (``settled``) and ended at least ``FleetCpu.settle`` after the scan last saw a lease
-  come to it or leave it: while the stealer's or the victim's does not, nothing moves by load (so
-  no move is judged on figures from before the last one; a third worker's churn holds nothing
-  back), and two workers must differ by ``CPU_MIN_GAP`` points (measurement noise) as well as by
-  the threshold;
+  being handed over counts for its new owner); moving a lease takes its weight from one worker
+  and gives the same to the other;
+* **by CPU** instead (cpu_load.py), when every worker in the comparison publishes its CPU and the
+  fleet uses at least ``CPU_FLOOR`` percent of its limits on average: a worker's load is its CPU;
+  a lease costs its owner its share of the owner's CPU by weight and gives the receiver what its
+  weight costs there. Below the floor every worker has CPU to spare and the bytes are balanced;
+  moving leases hardly changes the fleet's average, so the rule's own moves do not switch it
+  between the two, and a steal by bytes is refused when the thief's current CPU is already
+  ``CPU_MIN_GAP`` points above its victim's (it would undo a move made by CPU). Only current
+  figures count (measured over a window that began after the worker's last lease move, see
+  cpu_load.current): the thief waits while its own is not, and steals from the busiest worker
+  whose figure is; two workers must differ by ``CPU_MIN_GAP`` points as well as by the
+  threshold;
 * a worker more than ``threshold`` below the average steals from the most loaded worker, if that one
-  is more than ``threshold`` above it: the heaviest lease whose cost is at most
-  ``dampening`` times the gap between the two loads. The hot lease of a worker holding nothing
-  else is never moved (its cost is the whole gap or more), and no move can be undone by the
-  reverse move: each one takes cost ``w <= dampening * gap < gap`` from the heavier worker, so
-  the sum of the squared loads falls with every move and balancing stops.
+  is more than ``threshold`` above it: the heaviest lease that takes from the victim, and gives
+  the thief, at most ``dampening`` times the gap between the two loads. The hot lease of a worker
+  holding nothing else is never moved (its cost is the whole gap or more). Every move lowers the
+  larger of the two loads and leaves the other below where the larger was, so the loads sorted
+  from the largest fall (lexicographically) with every move, on the figures the moves are judged
+  by: balancing stops, and no move is undone by its reverse (by bytes, where a lease takes from
+  one what it gives the other, the sum of the squared loads falls too).
 
 Pure: the scan and the figures in, the leases to steal out; randomness (ties) from the caller's
 ``rng``.
@@ -36,39 +38,27 @@ Pure: the scan and the figures in, the leases to steal out; randomness (ties) fr
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from checkpoint.lease import Lease
+from checkpoint.leasing.cpu_load import (
+    CPU_FLOOR,
+    CPU_MIN_GAP,
+    CpuFigure,
+    FleetCpu,
+    current,
+    percents,
+    receiver_gain,
+)
 from checkpoint.leasing.observer import ObservedLease, ObservedScan
+
+__all__ = ["CpuFigure", "FleetCpu", "LoadSteal", "ema", "has_load", "plan_load_steal", "weights"]
 
 FLOOR_KBPS = 1.0
 THRESHOLD = 0.10  # the KCL 3.x reBalanceThresholdPercentage
 DAMPENING = 0.6  # the KCL 3.x dampeningPercentage (in code)
-CPU_FLOOR = 20.0  # percent: a fleet using less on average is balanced by throughput
-CPU_MIN_GAP = 5.0  # percentage points: CPU figures closer than this are the same
-
-
-@dataclass(frozen=True)
-class CpuFigure:
-    """A worker's CPU as its status record publishes it: percent of its limit over the last
-    window (None before its first window ends), and whether its set of consumers stayed the same
-    over that window."""
-
-    percent: float | None
-    settled: bool = True
-
-
-@dataclass(frozen=True)
-class FleetCpu:
-    """What the load rule knows of the workers' CPU: their figures (from their status records)
-    and how long after a worker's leases changed its figure still describes the leases before
-    (``LeaseTiming.cpu_settle``; the scan's ``moved_at`` says when they changed)."""
-
-    figures: Mapping[str, CpuFigure]
-    settle: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -85,11 +75,24 @@ class LoadSteal:
 @dataclass(frozen=True)
 class _Measure:
     loads: dict[str, float]
-    cost: dict[str, float]  # lease key -> what moving it moves
+    cost: dict[str, float]  # lease key -> what moving it takes from its owner
     unit: str
     min_gap: float
     by_cpu: bool
-    unsettled: frozenset[str] = frozenset()  # workers whose figure predates their last change
+    weights: dict[str, float]  # lease key -> weight
+    held: dict[str, float]  # worker -> the weight it holds
+    figures: Mapping[str, CpuFigure] = field(default_factory=dict)  # current figures
+
+    def gain(self, lease: Lease, giver: str, receiver: str) -> float:
+        """What moving ``lease`` from ``giver`` would add to ``receiver``'s load."""
+        cost = self.cost[lease.lease_key]
+        if not self.by_cpu:
+            return cost
+        weight = self.weights[lease.lease_key]
+        return receiver_gain(weight, cost, giver, receiver, self.loads, self.held, self.figures)
+
+    def current(self, worker: str) -> bool:
+        return not self.by_cpu or self.figures[worker].settled
 
 
 def ema(previous: float | None, sample: float, alpha: float = 0.5) -> float:
@@ -121,29 +124,22 @@ def measure(scan: ObservedScan, worker_id: str, fleet: FleetCpu | None) -> _Meas
     """The loads and lease costs the rule compares: by CPU or by throughput (see the module)."""
     live = _live(scan)
     weight = weights([o.lease for o in live])
-    loads: dict[str, float] = {worker_id: 0.0}
+    held: dict[str, float] = {worker_id: 0.0}
     for o in live:
         assert o.owner is not None
-        loads[o.owner] = loads.get(o.owner, 0.0) + weight[o.key]
-    bytes_ = _Measure(loads, weight, "KB/s", 0.0, by_cpu=False)
-    cpu = fleet.figures if fleet is not None else {}
-    if not cpu or any(w not in cpu for w in loads):
+        held[o.owner] = held.get(o.owner, 0.0) + weight[o.key]
+    figures = current(fleet, scan.moved_at, scan.now) if fleet is not None else {}
+    bytes_ = _Measure(dict(held), weight, "KB/s", 0.0, False, weight, held, figures)
+    if not figures or any(w not in figures for w in held):
         return bytes_
-    known = [p for w in loads if (p := cpu[w].percent) is not None]
-    if not known or sum(known) / len(known) < CPU_FLOOR:
+    percent = percents(figures, list(held))
+    if sum(percent.values()) / len(percent) < CPU_FLOOR:
         return bytes_
-    assert fleet is not None
-    unsettled = frozenset(
-        w for w in loads
-        if not cpu[w].settled or cpu[w].percent is None
-        or scan.now - scan.moved_at.get(w, -math.inf) < fleet.settle
-    )  # fmt: skip
-    percent = {w: cpu[w].percent or 0.0 for w in loads}
     cost = {}
     for o in live:
         assert o.owner is not None
-        cost[o.key] = percent[o.owner] * weight[o.key] / loads[o.owner]
-    return _Measure(percent, cost, "% CPU", CPU_MIN_GAP, by_cpu=True, unsettled=unsettled)
+        cost[o.key] = percent[o.owner] * weight[o.key] / held[o.owner]
+    return _Measure(percent, cost, "% CPU", CPU_MIN_GAP, True, weight, held, figures)
 
 
 def plan_load_steal(
@@ -159,7 +155,6 @@ def plan_load_steal(
 ) -> LoadSteal:
     """What ``worker_id`` should steal to even out the load (possibly nothing, with why);
     leases in ``exclude`` are never picked; ``cpu``: the running workers' CPU figures."""
-    live = _live(scan)
     m = measure(scan, worker_id, cpu)
     loads, unit = m.loads, m.unit
     average = sum(loads.values()) / len(loads)
@@ -168,29 +163,30 @@ def plan_load_steal(
     if mine >= average * (1 - threshold):
         return _why(result, f"load {mine:.1f} {unit} is within {threshold:.0%} of the average "
                     f"{average:.1f} or above it")  # fmt: skip
-    others = {w: n for w, n in loads.items() if w != worker_id}
-    if not others:
-        return _why(result, "nobody to steal load from")
-    most = max(others.values())
-    victim = rng.choice(sorted(w for w, n in others.items() if n == most))
+    if not m.current(worker_id):
+        return _why(result, f"our CPU ({mine:.1f}%) was measured before our leases last changed: "
+                    "no move by load until it is again")  # fmt: skip
+    victim = _victim(m, worker_id, rng)
+    if victim is None:
+        return _why(result, "nobody to steal load from (or no current CPU figure to judge by)")
     theirs = loads[victim]
-    waiting = sorted(m.unsettled & {worker_id, victim})
-    if waiting:  # the two a move would change: judged only on figures from after their last one
-        return _why(result, f"CPU of {', '.join(waiting)} not yet measured over its current "
-                    "leases: no move by load until it is")  # fmt: skip
     if theirs <= average * (1 + threshold):
         return _why(result, f"most loaded {victim} ({theirs:.1f} {unit}) is within "
                     f"{threshold:.0%} of the average {average:.1f}")  # fmt: skip
     if theirs - mine < m.min_gap:
         return _why(result, f"most loaded {victim} ({theirs:.1f} {unit}) is less than "
                     f"{m.min_gap:g} points above us ({mine:.1f})")  # fmt: skip
+    blocked = _cpu_disagrees(m, worker_id, victim)
+    if blocked:
+        return _why(result, blocked)
+    live = _live(scan)
     candidates = [
         o.lease
         for o in live
         if o.owner == victim and not o.lease.handoff_pending and o.key not in exclude
     ]
-    chosen = _heaviest_fitting(candidates, m.cost, mine, theirs, average, threshold, dampening,
-                               max_leases_to_steal, rng)  # fmt: skip
+    chosen = _heaviest_fitting(m, candidates, worker_id, victim, average * (1 - threshold),
+                               dampening, max_leases_to_steal, rng)  # fmt: skip
     if not chosen:
         return LoadSteal((), victim, f"below the average load ({mine:.1f} of {average:.1f} "
                          f"{unit}) but no lease of {victim} ({theirs:.1f}) fits within "
@@ -201,34 +197,60 @@ def plan_load_steal(
                      f"({theirs:.1f})", loads, m.by_cpu)  # fmt: skip
 
 
+def _victim(m: _Measure, worker_id: str, rng: random.Random) -> str | None:
+    """The most loaded other worker whose figure is current (ties at random)."""
+    others = {w: n for w, n in m.loads.items() if w != worker_id and m.current(w)}
+    if not others:
+        return None
+    most = max(others.values())
+    return rng.choice(sorted(w for w, n in others.items() if n == most))
+
+
+def _cpu_disagrees(m: _Measure, thief: str, victim: str) -> str | None:
+    """Why a steal by bytes would undo balancing by CPU (the thief's current CPU already
+    CPU_MIN_GAP points above the victim's), or None."""
+    if m.by_cpu:
+        return None
+    a, b = m.figures.get(thief), m.figures.get(victim)
+    if a is None or b is None or not (a.settled and b.settled):
+        return None
+    if a.percent is None or b.percent is None or a.percent - b.percent < CPU_MIN_GAP:
+        return None
+    return (f"lighter by bytes than {victim}, but our CPU ({a.percent:.1f}%) is above its "
+            f"({b.percent:.1f}%): not stealing")  # fmt: skip
+
+
 def _heaviest_fitting(
+    m: _Measure,
     candidates: list[Lease],
-    cost: Mapping[str, float],
-    mine: float,
-    theirs: float,
-    average: float,
-    threshold: float,
+    thief: str,
+    victim: str,
+    below: float,
     dampening: float,
     n: int,
     rng: random.Random,
 ) -> list[Lease]:
-    """Up to ``n`` leases, each the heaviest whose cost fits ``dampening`` times the gap left."""
+    """Up to ``n`` leases, each the heaviest (by what it takes from the victim) whose move takes
+    from the victim and gives the thief at most ``dampening`` times the gap left; none once the
+    thief is no longer ``below``."""
     chosen: list[Lease] = []
+    mine, theirs = m.loads[thief], m.loads[victim]
     for _ in range(n):
         gap = theirs - mine
-        fitting = [x for x in candidates if cost[x.lease_key] <= dampening * gap]
-        if not fitting or mine >= average * (1 - threshold):
+        moves = [(x, m.cost[x.lease_key], m.gain(x, victim, thief)) for x in candidates]
+        fitting = [(x, g, r) for x, g, r in moves if max(g, r) <= dampening * gap]
+        if not fitting or mine >= below:
             break
-        heaviest = max(cost[x.lease_key] for x in fitting)
-        pick = rng.choice(sorted((x for x in fitting if cost[x.lease_key] == heaviest), key=_key))
+        heaviest = max(g for _, g, _ in fitting)
+        pick, g, r = rng.choice(sorted((t for t in fitting if t[1] == heaviest), key=_first_key))
         chosen.append(pick)
         candidates.remove(pick)
-        mine, theirs = mine + cost[pick.lease_key], theirs - cost[pick.lease_key]
+        mine, theirs = mine + r, theirs - g
     return chosen
 
 
-def _key(lease: Lease) -> str:
-    return lease.lease_key
+def _first_key(t: tuple[Lease, float, float]) -> str:
+    return t[0].lease_key
 
 
 def _why(result: LoadSteal, reason: str) -> LoadSteal:

@@ -84,8 +84,9 @@ class ObservedScan:
     owner_counts: Mapping[str, int] = field(default_factory=dict)
     # Worker -> the last scan time at which one of its leases was seen owned by another worker.
     taken_from: Mapping[str, float] = field(default_factory=dict)
-    # Worker -> the last scan time at which a lease was seen coming to it or leaving it (owner or
-    # the worker processing it changed; first sights excluded), kept for LeaseTiming.cpu_settle.
+    # Worker -> the last time a lease was seen coming to it or leaving it (owner or the worker
+    # processing it changed, by a scan or by our own take; first sights excluded; both sides of a
+    # pending handoff at every scan), kept for LeaseTiming.cpu_move_memory.
     moved_at: Mapping[str, float] = field(default_factory=dict)
 
     @property
@@ -163,8 +164,8 @@ class LeaseObserver:
         # Keep only what the steal cooldown can still use, so ids of long-gone workers drop out.
         horizon = self._timing.steal_cooldown
         self._taken_from = {w: t for w, t in self._taken_from.items() if now - t <= horizon}
-        settle = self._timing.cpu_settle
-        self._moved_at = {w: t for w, t in self._moved_at.items() if now - t <= settle}
+        memory = self._timing.cpu_move_memory
+        self._moved_at = {w: t for w, t in self._moved_at.items() if now - t <= memory}
         return ObservedScan(
             now=now,
             leases=tuple(live),
@@ -184,6 +185,7 @@ class LeaseObserver:
 
     def _since(self, lease: Lease, now: float, wall: float | None) -> float | None:
         before = self._seen.get(lease.lease_key)
+        self._note_moves(before, lease, now)
         if before is None:
             # First sight (the KCL's rule): unowned = never renewed; owned = renewed now, or
             # when its stamp says.
@@ -192,9 +194,6 @@ class LeaseObserver:
         # An owner change is a move even without a counter change (a graceful handoff begun).
         if previous_owner is not None and owner is not None and owner != previous_owner:
             self._taken_from[previous_owner] = now
-        for old, new in ((previous_owner, owner), (before.actual, lease.actual_owner)):
-            if old != new:
-                self._moved_at.update({w: now for w in (old, new) if w is not None})
         if before.counter == lease.lease_counter:
             return before.since
         return self._written(lease, now, wall, before.seen_at)
@@ -210,10 +209,21 @@ class LeaseObserver:
             estimate = max(estimate, floor)
         return min(estimate, now)
 
+    def _note_moves(self, before: _Seen | None, lease: Lease, now: float) -> None:
+        """Date, for both workers, a lease coming or going (owner or actual owner changed since
+        ``before``); both sides of a handoff still pending are dated at every sight."""
+        pairs = [(lease.lease_owner, lease.actual_owner)] if lease.handoff_pending else []
+        if before is not None:
+            pairs += [(before.owner, lease.lease_owner), (before.actual, lease.actual_owner)]
+        for old, new in pairs:
+            if old != new:
+                self._moved_at.update({w: now for w in (old, new) if w is not None})
+
     def record_write(self, lease: Lease, now: float) -> None:
         """Remember ``lease`` as this worker just stored it (a won take or renewal) at ``now``, so
         the next scan does not mistake our own write for someone else's (the KCL sets
-        lastCounterIncrementNanos on a taken lease the same way)."""
+        lastCounterIncrementNanos on a taken lease the same way); a take is dated as a move."""
+        self._note_moves(self._seen.get(lease.lease_key), lease, now)
         self._seen[lease.lease_key] = _Seen(
             lease.lease_counter, now, lease.lease_owner, now, actual=lease.actual_owner
         )

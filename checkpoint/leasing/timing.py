@@ -133,12 +133,12 @@ class LeaseTiming:
         return self.very_old_multiplier * self.failover
 
     @property
-    def cpu_settle(self) -> float:
-        """After a worker's leases changed, its CPU figure counts for the load rule only this
-        much later: the worker measures CPU over one lease duration and publishes it every lease
-        duration, so two of them (and a renewal interval for the write and the scan) always hold
-        a whole window measured after the change."""
-        return 2 * self.lease_duration + self.renew_interval
+    def cpu_move_memory(self) -> float:
+        """How long the observer remembers that a lease came to or left a worker (for the CPU
+        load rule): a worker's status record counts as running for ``2 * lease_duration +
+        max_clock_skew`` and describes a window of one lease duration before it, so an older
+        move can no longer fall inside a figure the rule would use."""
+        return 3 * self.lease_duration + self.max_clock_skew + self.renew_interval
 
     @property
     def steal_cooldown(self) -> float:

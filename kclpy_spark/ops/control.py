@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from checkpoint.base.errors import ConfigError
-from checkpoint.leasing.load import CpuFigure
+from checkpoint.leasing.cpu_load import CpuFigure
 from checkpoint.port import CoordinationRecord, CoordinationStore
 
 SUSPEND_KEY = "suspended"
@@ -218,7 +218,7 @@ def _running(
         updated = data.get("updated_at")
         if not isinstance(updated, int | float) or now_wall - updated > max_age:
             continue
-        if data.get("stopped") or data.get("stopping") or data.get("suspended"):
+        if _not_running(data):
             continue
         running[record.key.removeprefix(WORKER_PREFIX)] = data
     return running
@@ -237,19 +237,36 @@ def live_workers(
 def cpu_figures(
     records: Iterable[CoordinationRecord], now_wall: float, max_age: float
 ) -> dict[str, CpuFigure]:
-    """The running workers' CPU as they publish it (``cpu_percent``, ``cpu_settled``), for the
-    load rule; a worker of a version that does not publish ``cpu_settled`` is left out (then the
-    load rule balances throughput)."""
+    """The workers' CPU as they publish it (``cpu_percent``, ``cpu_settled``, ``cpu_since``,
+    ``cpu_limit``), for the load rule. Left out: workers that do not publish ``cpu_settled`` (an
+    older version, or ``load_metric = "throughput"``: then the rule balances throughput), and
+    stopping, stopped or suspended ones. A record older than ``max_age`` (a status write late or
+    failed) gives an unsettled figure: moves to or from that worker wait, and the fleet does not
+    fall back to throughput for it."""
     figures = {}
-    for worker, data in _running(records, now_wall, max_age).items():
-        settled, percent = data.get("cpu_settled"), data.get("cpu_percent")
-        if not isinstance(settled, bool):
+    for record in records:
+        if not record.key.startswith(WORKER_PREFIX):
             continue
-        if isinstance(percent, int | float) and not isinstance(percent, bool):
-            figures[worker] = CpuFigure(float(percent), settled)
-        else:
-            figures[worker] = CpuFigure(None, False)
+        data = _data(record)
+        settled = data.get("cpu_settled")
+        if not isinstance(settled, bool) or _not_running(data):
+            continue
+        updated = _number(data.get("updated_at"))
+        fresh = updated is not None and now_wall - updated <= max_age
+        percent = _number(data.get("cpu_percent"))
+        figures[record.key.removeprefix(WORKER_PREFIX)] = CpuFigure(
+            percent, settled and fresh and percent is not None,
+            _number(data.get("cpu_since")), _number(data.get("cpu_limit")),
+        )  # fmt: skip
     return figures
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _not_running(data: dict[str, Any]) -> bool:
+    return bool(data.get("stopped") or data.get("stopping") or data.get("suspended"))
 
 
 def worker_status(store: CoordinationStore, worker_id: str) -> dict[str, Any]:

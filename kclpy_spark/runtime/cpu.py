@@ -6,10 +6,12 @@ otherwise the CPUs it may run on.
 ``CpuMeter.sample()`` gives the utilization since the previous sample (None at the first). The
 worker samples it once per control round and publishes the figure in its status record
 (``cpu_percent``: ``kclpy-spark status`` and the status page show it) and as the gauge
-``kclpy_spark_cpu_percent``. With it goes ``cpu_settled``: whether the worker started or ended no
-consumer during the window the figure covers (``sample(marker)``: the marker, the consumer set's
-change count, was the same at both ends). The load rule (checkpoint/leasing/load.py) balances CPU
-only on settled figures, so a lease move is never judged on CPU measured before it."""
+``kclpy_spark_cpu_percent``. With it go ``cpu_settled`` (whether the worker started or ended no
+consumer during the window the figure covers: ``sample(marker)``, the marker being the consumer
+set's change count, the same at both ends), ``cpu_since`` (the wall time the window began) and
+``cpu_limit``. The load rule (checkpoint/leasing/cpu_load.py) balances CPU only on settled figures
+whose window began after the worker's last lease move, so a move is never judged on CPU measured
+before it."""
 
 from __future__ import annotations
 
@@ -83,6 +85,7 @@ class CpuMeter:
         cpu_seconds: Callable[[], float] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         limit: float | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._cpu_seconds = cpu_seconds or (lambda: time.process_time() + children_cpu_seconds())
         self._monotonic = monotonic
@@ -91,6 +94,9 @@ class CpuMeter:
         self.last_percent: float | None = None
         self._marker: object = None
         self.settled = False  # last_percent measured over a window with one marker throughout
+        self._wall = wall
+        self._last_wall: float | None = None
+        self.since: float | None = None  # wall time at which last_percent's window began
 
     def sample(self, marker: object = None) -> float | None:
         """Percent of ``limit`` CPUs used since the previous sample (0..100; None at first);
@@ -98,10 +104,12 @@ class CpuMeter:
         now, used = self._monotonic(), self._cpu_seconds()
         last, self._last = self._last, (now, used)
         previous, self._marker = self._marker, marker
+        began, self._last_wall = self._last_wall, self._wall()
         if last is None or now <= last[0]:
             self.settled = False
             return None
         self.settled = previous == marker
+        self.since = began
         # A child that ended takes its seconds with it: never below zero.
         share = max(0.0, used - last[1]) / ((now - last[0]) * self.limit)
         self.last_percent = round(min(100.0, 100.0 * share), 1)

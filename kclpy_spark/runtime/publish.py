@@ -74,8 +74,10 @@ def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
         "leases_omitted": omitted,
         "events": worker.events.recent(EVENTS_PUBLISHED),
         "cpu_percent": worker.cpu.last_percent,
-        "cpu_settled": worker.cpu.settled,
     }
+    if worker.cfg.load_metric == "auto":  # else others must not balance CPU with us
+        payload |= {"cpu_settled": worker.cpu.settled, "cpu_since": worker.cpu.since,
+                    "cpu_limit": worker.cpu.limit}  # fmt: skip
     sink = sink_figures(worker.metrics.registry)
     if sink is not None:
         payload["sink"] = sink

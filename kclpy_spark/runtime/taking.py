@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.counters import Counter
 from checkpoint.lease import Lease, LeaseState
-from checkpoint.leasing.load import FleetCpu
+from checkpoint.leasing.cpu_load import FleetCpu
 from checkpoint.leasing.observer import LeaseObserver, ObservedScan
 from checkpoint.leasing.taker import plan_takes
 from checkpoint.port import CoordinationRecord
@@ -57,7 +57,7 @@ class Taker:
         self._live: dict[str, int] = {}  # other live workers -> leases, as of the last scan
         # Every worker whose status record says it runs -> its status time, as of the last scan.
         self.running: dict[str, float] = {}
-        self.cpu = FleetCpu({}, worker.timing.cpu_settle)  # their CPU (the load rule's), likewise
+        self.cpu = FleetCpu({})  # their CPU figures (the load rule's), from the same scan
         self.led: Led | None = Led(self) if worker.cfg.lease_assignment == "leader" else None
 
     async def wait(self, wake: asyncio.Event, interval: float) -> None:
@@ -303,9 +303,9 @@ class Taker:
         w = self._w
         max_age = 2 * w.timing.lease_duration + w.timing.max_clock_skew
         self.running = control.live_workers(records, w.clock.wall(), max_age)
-        self.cpu = FleetCpu(
-            control.cpu_figures(records, w.clock.wall(), max_age), w.timing.cpu_settle
-        )
+        figures = control.cpu_figures(records, w.clock.wall(), max_age)
+        use = w.cfg.load_metric == "auto"  # else the load rule balances throughput only
+        self.cpu = FleetCpu(figures if use else {}, w.clock.wall(), w.timing.max_clock_skew)
 
     def _observe(self, open_leases: list[Lease]) -> ObservedScan:
         """Show a scan's open leases to the observer (dated now), and note the other live

@@ -276,27 +276,32 @@ def test_nothing_is_published_after_a_stopped_status() -> None:
 def test_cpu_figures_come_from_running_workers_status_records() -> None:
     """What the load rule reads of each running worker's CPU: a worker of a version without
     ``cpu_settled`` is left out (the fleet then balances throughput), one without a figure yet
-    is unsettled, stale and stopping workers are not running."""
-    from checkpoint.leasing.load import CpuFigure
+    is unsettled, so is one whose record is late, and stopping workers are not running."""
+    from checkpoint.leasing.cpu_load import CpuFigure
     from checkpoint.port import CoordinationRecord
 
     def record(worker: str, **data: Any) -> CoordinationRecord:
         return CoordinationRecord(control.worker_key(worker), worker, 1, 0.0, json.dumps(data))
 
     records = [
-        record("busy", updated_at=99.0, cpu_percent=62.5, cpu_settled=True),
+        record("busy", updated_at=99.0, cpu_percent=62.5, cpu_settled=True, cpu_since=89.0,
+               cpu_limit=2.0),
         record("moving", updated_at=99.0, cpu_percent=12.0, cpu_settled=False),
         record("new", updated_at=99.0, cpu_percent=None, cpu_settled=False),
         record("old-version", updated_at=99.0, cpu_percent=40.0),
-        record("stale", updated_at=50.0, cpu_percent=40.0, cpu_settled=True),
+        record("late", updated_at=50.0, cpu_percent=40.0, cpu_settled=True),
         record("stopping", updated_at=99.0, stopping=True, cpu_percent=40.0, cpu_settled=True),
         CoordinationRecord("suspended", "x", 1, 0.0, json.dumps({"suspended": False})),
-    ]
+    ]  # fmt: skip
     assert control.cpu_figures(records, 100.0, max_age=21.0) == {
-        "busy": CpuFigure(62.5, True),
+        "busy": CpuFigure(62.5, True, 89.0, 2.0),
         "moving": CpuFigure(12.0, False),
         "new": CpuFigure(None, False),
+        "late": CpuFigure(40.0, False),  # a status write late: its moves wait, no fallback
     }
     assert set(control.live_workers(records, 100.0, max_age=21.0)) == {
-        "busy", "moving", "new", "old-version"
-    }  # fmt: skip
+        "busy",
+        "moving",
+        "new",
+        "old-version",
+    }  # fmt: skip (the late one is not running)

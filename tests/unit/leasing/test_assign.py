@@ -155,7 +155,7 @@ def test_load_moves_follow_the_cpu_when_every_target_publishes_it() -> None:
     scan = observer.observe([x.bumped() for x in leases], clock.monotonic())
     by_bytes = plan_assignments(scan, {"a", "b"}, rng=random.Random(2))
     assert [m.to for m in by_bytes.moves] == ["a"]
-    busy = FleetCpu({"a": CpuFigure(85.0), "b": CpuFigure(30.0)}, TIMING.cpu_settle)
+    busy = FleetCpu({"a": CpuFigure(85.0), "b": CpuFigure(30.0)})
     plan = plan_assignments(scan, {"a", "b"}, rng=random.Random(2), cpu=busy)
     assert [(m.lease.lease_key[:2], m.to) for m in plan.moves] == [("a-", "b")], plan.reason
     waiting = FleetCpu({"a": CpuFigure(85.0), "b": CpuFigure(30.0, settled=False)})

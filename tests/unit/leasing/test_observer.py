@@ -332,8 +332,9 @@ def test_expired_finished_and_unowned_leases_are_not_watched() -> None:
 
 
 def test_leases_coming_and_going_are_dated_per_worker_for_the_cpu_rule() -> None:
-    """moved_at: the workers a lease came to or left (owner, or the worker processing it mid
-    handoff), at the scan that saw it; not at first sight; kept for cpu_settle."""
+    """moved_at: the workers a lease came to or left (owner, or the worker processing it), at the
+    scan that saw it; not at first sight; both sides of a pending handoff at every scan; our own
+    takes when we write them; kept for cpu_move_memory."""
     clock = ManualClock()
     observer = LeaseObserver(TIMING)
     first = observer.observe([lease("s", "a", 1), lease("t", None, 1)], clock.monotonic())
@@ -347,15 +348,23 @@ def test_leases_coming_and_going_are_dated_per_worker_for_the_cpu_rule() -> None
     assert done.moved_at == {"a": at, "b": at, "c": at}  # renewals move nothing
     clock.advance(1.0)
     handing = replace(lease("s", "d", 3), checkpoint_owner="b")  # begun: d owns, b processes
-    assert observer.observe([handing, lease("t", "c", 4)], clock.monotonic()).moved_at["d"] == (
-        clock.monotonic()
-    )
+    begun = observer.observe([handing, lease("t", "c", 4)], clock.monotonic())
+    assert begun.moved_at["d"] == begun.moved_at["b"] == clock.monotonic()
     clock.advance(1.0)
-    completed = observer.observe([lease("s", "d", 4), lease("t", "c", 5)], clock.monotonic())
+    still = observer.observe([handing, lease("t", "c", 5)], clock.monotonic())
+    assert still.moved_at["d"] == still.moved_at["b"] == clock.monotonic()  # pending: again
+    clock.advance(1.0)
+    completed = observer.observe([lease("s", "d", 4), lease("t", "c", 6)], clock.monotonic())
     assert completed.moved_at["b"] == completed.moved_at["d"] == clock.monotonic()
-    clock.advance(TIMING.cpu_settle + 0.001)
+    clock.advance(1.0)
+    observer.record_write(lease("t", "me", 7), clock.monotonic())  # we took it ourselves
+    taken = observer.observe([lease("s", "d", 5), lease("t", "me", 7)], clock.monotonic() + 0.5)
+    assert taken.moved_at["me"] == taken.moved_at["c"] == clock.monotonic()
+    clock.advance(TIMING.cpu_move_memory + 1.0)
     assert observer.observe([lease("s", "d", 5)], clock.monotonic()).moved_at == {}  # pruned
 
 
-def test_cpu_settle_holds_a_whole_measured_window_after_a_change() -> None:
-    assert TIMING.cpu_settle == 2 * TIMING.lease_duration + TIMING.renew_interval
+def test_a_pending_handoff_seen_first_dates_both_sides() -> None:
+    observer = LeaseObserver(TIMING)
+    pending = replace(lease("s", "new", 3), checkpoint_owner="old")
+    assert observer.observe([pending], 5.0).moved_at == {"new": 5.0, "old": 5.0}

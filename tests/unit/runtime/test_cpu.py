@@ -88,11 +88,11 @@ def test_a_figure_is_settled_only_when_the_marker_held_over_its_window() -> None
     """The worker passes its consumer set's change count: a window in which a consumer started
     or ended gives an unsettled figure (the load rule does not judge on it)."""
     clock, used = [0.0], [0.0]
-    meter = CpuMeter(lambda: used[0], lambda: clock[0], limit=1.0)
+    meter = CpuMeter(lambda: used[0], lambda: clock[0], limit=1.0, wall=lambda: 500 + clock[0])
     assert meter.sample(0) is None and not meter.settled  # no window yet
     clock[0], used[0] = 10.0, 5.0
-    assert meter.sample(0) == 50.0 and meter.settled
+    assert meter.sample(0) == 50.0 and meter.settled and meter.since == 500.0
     clock[0], used[0] = 20.0, 6.0
     assert meter.sample(1) == 10.0 and not meter.settled  # a consumer started in the window
     clock[0], used[0] = 30.0, 7.0
-    assert meter.sample(1) == 10.0 and meter.settled
+    assert meter.sample(1) == 10.0 and meter.settled and meter.since == 520.0

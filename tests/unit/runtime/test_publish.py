@@ -51,12 +51,14 @@ def test_the_status_publishes_the_cpu_figure_and_whether_it_is_settled() -> None
 
     from prometheus_client import CollectorRegistry
 
+    from kclpy_spark.config import WorkerConfig
     from kclpy_spark.runtime.cpu import CpuMeter
     from kclpy_spark.runtime.publish import status_payload
 
     clock, used = [0.0], [0.0]
-    meter = CpuMeter(lambda: used[0], lambda: clock[0], limit=1.0)
+    meter = CpuMeter(lambda: used[0], lambda: clock[0], limit=1.0, wall=lambda: 1000 + clock[0])
     worker = SimpleNamespace(
+        cfg=WorkerConfig(stream_name="s"),
         holder=SimpleNamespace(held=list), processor_factory=None, readiness=lambda: (True, "ok"),
         suspended=False, leader=SimpleNamespace(is_leader=False),
         events=SimpleNamespace(recent=lambda n: []), cpu=meter,
@@ -67,7 +69,14 @@ def test_the_status_publishes_the_cpu_figure_and_whether_it_is_settled() -> None
     assert first["cpu_percent"] is None and first["cpu_settled"] is False
     clock[0], used[0] = 10.0, 2.5
     meter.sample(3)
-    assert {k: status_payload(worker, 10.0)[k] for k in ("cpu_percent", "cpu_settled")} == {  # type: ignore[arg-type]
+    keys = ("cpu_percent", "cpu_settled", "cpu_since", "cpu_limit")
+    assert {k: status_payload(worker, 10.0)[k] for k in keys} == {  # type: ignore[arg-type]
         "cpu_percent": 25.0,
         "cpu_settled": True,
+        "cpu_since": 1000.0,  # the window began at the first sample, on the wall clock
+        "cpu_limit": 1.0,
     }
+    # load_metric = "throughput": no figure others could balance CPU on (a mixed fleet would
+    # aim at two different balances).
+    worker.cfg = WorkerConfig(stream_name="s", load_metric="throughput")
+    assert "cpu_settled" not in status_payload(worker, 10.0)  # type: ignore[arg-type]

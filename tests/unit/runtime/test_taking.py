@@ -347,15 +347,16 @@ def test_a_stopping_worker_says_so_before_handing_out(monkeypatch: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    ("figures", "steals"),
+    ("figures", "metric", "steals"),
     [
-        ({}, True),  # no CPU published (an older version): the bytes decide
-        ({"peer": (50.0, True), ME: (48.0, True)}, False),  # CPU even: nothing moves
-        ({"peer": (90.0, True), ME: (20.0, False)}, False),  # our figure is from before a change
+        ({}, "auto", True),  # no CPU published (an older version): the bytes decide
+        ({"peer": (50.0, True), ME: (48.0, True)}, "auto", False),  # CPU even: nothing moves
+        ({"peer": (90.0, True), ME: (20.0, False)}, "auto", False),  # ours predates a change
+        ({"peer": (50.0, True), ME: (48.0, True)}, "throughput", True),  # CPU not used
     ],
 )
 def test_a_round_balances_by_the_cpu_the_status_records_publish(
-    figures: dict[str, tuple[float, bool]], steals: bool
+    figures: dict[str, tuple[float, bool]], metric: str, steals: bool
 ) -> None:
     """By bytes 'peer' (three leases of 10 KB/s) carries far more than we do (one of 1 KB/s);
     when every worker publishes its CPU and the fleet is busy, the CPU decides instead."""
@@ -372,6 +373,7 @@ def test_a_round_balances_by_the_cpu_the_status_records_publish(
     consumers = Consumers()
     consumers["m0"] = object()
     w = worker(table, consumers, clock)
+    w.cfg = WorkerConfig(stream_name="s", worker_id=ME, load_metric=metric)
     w.board = SimpleNamespace(on_scan=lambda leases: None)
     w.health = SimpleNamespace(store_ok=lambda: None, all_parked=False)
     asyncio.run(Taker(w, io).round())
@@ -379,3 +381,13 @@ def test_a_round_balances_by_the_cpu_the_status_records_publish(
         x.lease_key for x in table.list_leases() if x.lease_owner == ME and x.lease_key != "m0"
     ]
     assert bool(moved) is steals, moved
+
+
+def test_load_metric_is_checked() -> None:
+    from checkpoint.base.errors import ConfigError
+    from kclpy_spark.config import from_mapping
+
+    cfg = from_mapping({"stream_name": "s", "load_metric": "throughput"})
+    assert cfg.load_metric == "throughput"
+    with pytest.raises(ConfigError, match="'load_metric' must be one of 'auto', 'throughput'"):
+        from_mapping({"stream_name": "s", "load_metric": "cpu"})
