@@ -162,7 +162,8 @@ class SimWorker:
         # none for a RecordProcessor application (only a Spark sink's, within 32 KB).
         status = {"suspended": False, "leader": self.leader.is_leader, "ready": True,
                   "readiness": "ready", "leases": {}, "leases_omitted": 0,
-                  "events": self.events, "cpu_percent": 12.5}  # fmt: skip
+                  "events": self.events, "cpu_percent": 12.5, "cpu_settled": True,
+                  "cpu_since": self.clock.wall() - 10.0, "cpu_limit": 2.0}  # fmt: skip
         self.status.publish(status, self.clock.wall())
 
     def measure(self) -> None:

@@ -12,7 +12,8 @@ own CPU limit.
 * A lease's **cost** on its owner is the owner's CPU times the lease's share of the owner's
   weight (throughput plus a floor, load.weights). What it would **give** the receiver is its
   weight times the receiver's own percent per unit of weight (a slower or smaller worker pays more
-  for the same bytes), or, for a receiver holding nothing, the cost converted by the two limits.
+  for the same bytes), or, for a receiver holding less than half the giver's weight, the cost
+  converted by the two limits.
 
 Pure: figures and times in, numbers out.
 """
@@ -84,9 +85,10 @@ def receiver_gain(
 ) -> float:
     """What a lease of ``weight`` (costing ``cost`` on ``giver``) would add to ``receiver``'s
     percent: its weight at the receiver's own percent per unit of weight, or, when the receiver
-    holds nothing to judge by, the cost scaled by the giver's limit over the receiver's."""
+    holds too little to judge by (less than half the giver's weight: its idle CPU would count
+    as the leases'), the cost scaled by the giver's limit over the receiver's."""
     held = weights.get(receiver, 0.0)
-    if held > 0 and percent[receiver] > 0:
+    if held >= 0.5 * weights.get(giver, 0.0) and held > 0 and percent[receiver] > 0:
         return weight * percent[receiver] / held
     giver_limit, receiver_limit = figures[giver].limit, figures[receiver].limit
     if giver_limit and receiver_limit:

@@ -17,8 +17,10 @@ every worker decides for itself (the KCL 2.x shape of taking; the leader asks th
   a lease costs its owner its share of the owner's CPU by weight and gives the receiver what its
   weight costs there. Below the floor every worker has CPU to spare and the bytes are balanced;
   moving leases hardly changes the fleet's average, so the rule's own moves do not switch it
-  between the two, and a steal by bytes is refused when the thief's current CPU is already
-  ``CPU_MIN_GAP`` points above its victim's (it would undo a move made by CPU). Only current
+  between the two; where both publish CPU, a steal by bytes waits for their figures to be
+  current and takes no lease that would leave the thief busier by CPU than its victim (a fleet
+  whose average wanders across the floor would otherwise move
+  leases one way by CPU and back by bytes, as a first run of bench_cpu_balance.py did). Only current
   figures count (measured over a window that began after the worker's last lease move, see
   cpu_load.current): the thief waits while its own is not, and steals from the busiest worker
   whose figure is; two workers must differ by ``CPU_MIN_GAP`` points as well as by the
@@ -93,6 +95,19 @@ class _Measure:
 
     def current(self, worker: str) -> bool:
         return not self.by_cpu or self.figures[worker].settled
+
+    def flips_cpu(self, lease: Lease, giver: str, receiver: str) -> bool:
+        """By bytes, where both publish CPU: whether the move would leave the receiver busier by
+        CPU than the giver (balancing by CPU, when the fleet is busy again, would move it back;
+        judged on the order of the two, which does not change as traffic rises and falls)."""
+        a, b = self.figures.get(receiver), self.figures.get(giver)
+        if self.by_cpu or a is None or b is None or a.percent is None or b.percent is None:
+            return False
+        weight, held = self.weights[lease.lease_key], self.held.get(giver, 0.0)
+        cost = b.percent * weight / held if held > 0 else 0.0
+        percent = {receiver: a.percent, giver: b.percent}
+        gain = receiver_gain(weight, cost, giver, receiver, percent, self.held, self.figures)
+        return a.percent + gain > b.percent - cost
 
 
 def ema(previous: float | None, sample: float, alpha: float = 0.5) -> float:
@@ -207,17 +222,15 @@ def _victim(m: _Measure, worker_id: str, rng: random.Random) -> str | None:
 
 
 def _cpu_disagrees(m: _Measure, thief: str, victim: str) -> str | None:
-    """Why a steal by bytes would undo balancing by CPU (the thief's current CPU already
-    CPU_MIN_GAP points above the victim's), or None."""
+    """Why a steal by bytes must wait where both workers publish their CPU: one of the two
+    figures is not current (as by CPU); None if it may go on."""
     if m.by_cpu:
         return None
     a, b = m.figures.get(thief), m.figures.get(victim)
-    if a is None or b is None or not (a.settled and b.settled):
+    if a is None or b is None or (a.settled and b.settled):
         return None
-    if a.percent is None or b.percent is None or a.percent - b.percent < CPU_MIN_GAP:
-        return None
-    return (f"lighter by bytes than {victim}, but our CPU ({a.percent:.1f}%) is above its "
-            f"({b.percent:.1f}%): not stealing")  # fmt: skip
+    return (f"lighter by bytes than {victim}, but a CPU figure of the two is from before "
+            "its last lease move: not stealing until it is current")  # fmt: skip
 
 
 def _heaviest_fitting(
@@ -238,7 +251,10 @@ def _heaviest_fitting(
     for _ in range(n):
         gap = theirs - mine
         moves = [(x, m.cost[x.lease_key], m.gain(x, victim, thief)) for x in candidates]
-        fitting = [(x, g, r) for x, g, r in moves if max(g, r) <= dampening * gap]
+        fitting = [
+            (x, g, r) for x, g, r in moves
+            if max(g, r) <= dampening * gap and not m.flips_cpu(x, victim, thief)
+        ]  # fmt: skip
         if not fitting or mine >= below:
             break
         heaviest = max(g for _, g, _ in fitting)

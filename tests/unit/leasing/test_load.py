@@ -3,6 +3,7 @@ fleets of simulated workers that must converge without moving a lease back and f
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 
@@ -256,6 +257,8 @@ def simulate_cpu(
     by_cpu: bool = True,
     every: int = 3,
     trust_stale: bool = False,
+    swing: float = 0.0,
+    log: list[tuple[int, str, str, str]] | None = None,
 ) -> tuple[list[int], dict[str, float]]:
     """A fleet whose CPU is not its bytes: worker w spends ``speed[w]`` points per unit of
     (0.5 per lease polled + 0.3 per KB/s), plus a 2-point base and +-1 point of noise. Figures
@@ -263,14 +266,18 @@ def simulate_cpu(
     the owners as they were at its start, says when it began, and is unsettled when its worker's
     leases changed within it. A round is a second on both clocks; the scan dates each move
     (``trust_stale``: as if it did not, so only the settled flag guards). Every lease starts on the
-    first worker. Returns the moves per round and the final CPU figures."""
+    first worker. ``swing``: the traffic rises and falls by that fraction over 60 rounds (the
+    fleet's average crossing the CPU floor, with ``kbps`` chosen around it). Returns the moves per
+    round and the final CPU figures."""
     rng = random.Random(seed)
     names = sorted(speed)
     owner = {f"s{i:02d}": names[0] for i in range(len(kbps))}
     rate = {f"s{i:02d}": k for i, k in enumerate(kbps)}
 
+    tide = [1.0]
+
     def cpu_of(w: str) -> float:
-        work = sum(0.5 + 0.3 * rate[k] for k, o in owner.items() if o == w)
+        work = sum(0.5 + 0.3 * rate[k] * tide[0] for k, o in owner.items() if o == w)
         return min(100.0, 2.0 + speed[w] * work)
 
     moves: list[int] = []
@@ -280,6 +287,7 @@ def simulate_cpu(
     moved_at: dict[str, float] = {}
     began = 0.0
     for r in range(rounds):
+        tide[0] = 1.0 + swing * math.sin(2 * math.pi * r / 60)
         if r % every == 0:
             figures = {
                 w: CpuFigure(start[w] + rng.uniform(-1, 1), w not in changed, since=began)
@@ -298,6 +306,8 @@ def simulate_cpu(
             fleet = FleetCpu(figures, wall=float(r)) if by_cpu else None
             plan = plan_takes(seen, w, rng=rng, cpu=fleet)
             for lease in plan.steal:
+                if log is not None:
+                    log.append((r, lease.lease_key, owner[lease.lease_key], w))
                 changed |= {owner[lease.lease_key], w}
                 moved_at.update({owner[lease.lease_key]: float(r), w: float(r)})
                 owner[lease.lease_key] = w
@@ -354,13 +364,19 @@ def test_the_busiest_worker_with_a_current_figure_is_the_victim() -> None:
 
 
 def test_a_steal_by_bytes_that_cpu_contradicts_is_refused() -> None:
-    """Below the CPU floor the bytes decide, but a thief whose current CPU is 5 points or more
-    above its victim's does not steal: that would undo what balancing by CPU did."""
+    """Below the CPU floor the bytes decide, but where both workers publish CPU, no lease moves
+    that would leave the thief 5 points or more busier by CPU than its victim (that would undo
+    what balancing by CPU did), and none while a figure of the two is not current."""
     owned: dict[str, list[float | None]] = {"a": [10.0, 10.0, 10.0], ME: [1.0]}
     busy = FleetCpu({"a": CpuFigure(4.0), ME: CpuFigure(12.0)})
     assert plan_load_steal(scan(owned), ME, rng=random.Random(1), cpu=busy).steal == ()
-    even = FleetCpu({"a": CpuFigure(8.0), ME: CpuFigure(12.0)})
+    slow = FleetCpu({"a": CpuFigure(12.0), ME: CpuFigure(10.0)})  # 5 per lease of ours, 4 of a's
+    decided = plan_load_steal(scan(owned), ME, rng=random.Random(1), cpu=slow)
+    assert decided.steal == (), decided.reason  # 10 + 55 vs 12 - 4: far busier after
+    even = FleetCpu({"a": CpuFigure(12.0), ME: CpuFigure(0.5)})
     assert plan_load_steal(scan(owned), ME, rng=random.Random(1), cpu=even).steal
+    moving = FleetCpu({"a": CpuFigure(12.0), ME: CpuFigure(0.5, settled=False)})
+    assert plan_load_steal(scan(owned), ME, rng=random.Random(1), cpu=moving).steal == ()
 
 
 def test_a_slower_thief_is_not_given_more_than_the_gap() -> None:
@@ -375,3 +391,22 @@ def test_a_slower_thief_is_not_given_more_than_the_gap() -> None:
     thief_rate = FleetCpu({"a": CpuFigure(48.0), ME: CpuFigure(30.0)})  # 12 per lease, 15 here
     decided = plan_load_steal(scan(owned), ME, rng=random.Random(1), cpu=thief_rate)
     assert decided.steal == (), decided.reason  # 30 + 15 > 48 - 12: it would end up busier
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_fleet_whose_cpu_wanders_across_the_floor_does_not_move_leases_back_and_forth(
+    seed: int,
+) -> None:
+    """Traffic rising and falling by half takes the fleet's average CPU above and below the 20%
+    floor every minute: by CPU above it, by bytes below it. The two disagree (one worker is twice
+    as slow per record), yet moves stop: a steal by bytes waits for current figures and is
+    not made where it would leave the thief busier by CPU than its victim."""
+    rng = random.Random(seed)
+    kbps = [rng.uniform(2.0, 6.0) for _ in range(18)]
+    log: list[tuple[int, str, str, str]] = []
+    moves, _ = simulate_cpu(kbps, {"w0": 1.0, "w1": 2.0, "w2": 1.0}, seed, rounds=600,
+                            swing=0.5, log=log)  # fmt: skip
+    late = [(r, key) for r, key, _, _ in log if r >= 100]
+    assert len(late) <= 3, late  # ten cycles of the traffic: a settled fleet stays settled
+    assert len({key for _, key in late}) == len(late), late  # no lease moves twice
+    assert sum(moves[500:]) == 0
