@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 
 CPU_FLOOR = 20.0  # percent: a fleet using less on average is balanced by throughput
 CPU_MIN_GAP = 5.0  # percentage points: CPU figures closer than this are the same
+CPU_NOISE = 1.0  # percentage points a steal by bytes may leave the thief above its victim
 
 
 @dataclass(frozen=True)

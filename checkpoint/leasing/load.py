@@ -48,6 +48,7 @@ from checkpoint.lease import Lease
 from checkpoint.leasing.cpu_load import (
     CPU_FLOOR,
     CPU_MIN_GAP,
+    CPU_NOISE,
     CpuFigure,
     FleetCpu,
     current,
@@ -98,8 +99,10 @@ class _Measure:
 
     def flips_cpu(self, lease: Lease, giver: str, receiver: str) -> bool:
         """By bytes, where both publish CPU: whether the move would leave the receiver busier by
-        CPU than the giver (balancing by CPU, when the fleet is busy again, would move it back;
-        judged on the order of the two, which does not change as traffic rises and falls)."""
+        CPU than the giver, by more than ``CPU_NOISE`` (balancing by CPU, when the fleet is busy
+        again, would move it back: it needs the two ``CPU_MIN_GAP`` points apart, so traffic
+        would have to grow fivefold first). At 1-2% CPU, where figures are mostly noise and
+        polling, the bytes still decide."""
         a, b = self.figures.get(receiver), self.figures.get(giver)
         if self.by_cpu or a is None or b is None or a.percent is None or b.percent is None:
             return False
@@ -107,7 +110,7 @@ class _Measure:
         cost = b.percent * weight / held if held > 0 else 0.0
         percent = {receiver: a.percent, giver: b.percent}
         gain = receiver_gain(weight, cost, giver, receiver, percent, self.held, self.figures)
-        return a.percent + gain > b.percent - cost
+        return a.percent + gain > b.percent - cost + CPU_NOISE
 
 
 def ema(previous: float | None, sample: float, alpha: float = 0.5) -> float:

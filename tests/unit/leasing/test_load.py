@@ -377,6 +377,12 @@ def test_a_steal_by_bytes_that_cpu_contradicts_is_refused() -> None:
     assert plan_load_steal(scan(owned), ME, rng=random.Random(1), cpu=even).steal
     moving = FleetCpu({"a": CpuFigure(12.0), ME: CpuFigure(0.5, settled=False)})
     assert plan_load_steal(scan(owned), ME, rng=random.Random(1), cpu=moving).steal == ()
+    # An idle fleet (the hot-shard benchmark's: polling, not records): a flip within a point is
+    # noise, and the bytes decide: the hot shard's worker gives its cold lease away.
+    hot: dict[str, list[float | None]] = {"a": [23.0, 2.3], ME: [2.3, 2.3]}
+    idle = FleetCpu({"a": CpuFigure(1.6), ME: CpuFigure(1.3)})
+    decided = plan_load_steal(scan(hot), ME, rng=random.Random(1), cpu=idle)
+    assert [x.lease_key for x in decided.steal] == ["a-01"], decided.reason
 
 
 def test_a_slower_thief_is_not_given_more_than_the_gap() -> None:
