@@ -17,10 +17,12 @@ every worker decides for itself (the KCL 2.x shape of taking; the leader asks th
   a lease costs its owner its share of the owner's CPU by weight and gives the receiver what its
   weight costs there. Below the floor every worker has CPU to spare and the bytes are balanced;
   moving leases hardly changes the fleet's average, so the rule's own moves do not switch it
-  between the two; where both publish CPU, a steal by bytes waits for their figures to be
-  current and takes no lease that would leave the thief busier by CPU than its victim (a fleet
-  whose average wanders across the floor would otherwise move
-  leases one way by CPU and back by bytes, as a first run of bench_cpu_balance.py did). Only current
+  between the two. Between a quarter of the floor and the floor (5-20%), where every worker
+  publishes CPU, a steal by bytes is judged on current figures as by CPU and takes no lease that
+  would leave the thief more than ``CPU_NOISE`` busier by CPU than its victim (a fleet whose
+  average wanders across the floor would otherwise move leases one way by CPU and back by bytes,
+  as a first run of bench_cpu_balance.py did); an idle fleet's figures are polling and noise, and
+  there the bytes alone decide. Only current
   figures count (measured over a window that began after the worker's last lease move, see
   cpu_load.current): the thief waits while its own is not, and steals from the busiest worker
   whose figure is; two workers must differ by ``CPU_MIN_GAP`` points as well as by the
@@ -61,6 +63,7 @@ __all__ = ["CpuFigure", "FleetCpu", "LoadSteal", "ema", "has_load", "plan_load_s
 
 FLOOR_KBPS = 1.0
 THRESHOLD = 0.10  # the KCL 3.x reBalanceThresholdPercentage
+GUARD_FROM = 0.25  # of CPU_FLOOR: a fleet using less is idle, and the bytes alone decide
 DAMPENING = 0.6  # the KCL 3.x dampeningPercentage (in code)
 
 
@@ -85,6 +88,7 @@ class _Measure:
     weights: dict[str, float]  # lease key -> weight
     held: dict[str, float]  # worker -> the weight it holds
     figures: Mapping[str, CpuFigure] = field(default_factory=dict)  # current figures
+    guarded: bool = False  # by bytes, but every worker publishes CPU and the fleet is not idle
 
     def gain(self, lease: Lease, giver: str, receiver: str) -> float:
         """What moving ``lease`` from ``giver`` would add to ``receiver``'s load."""
@@ -95,7 +99,7 @@ class _Measure:
         return receiver_gain(weight, cost, giver, receiver, self.loads, self.held, self.figures)
 
     def current(self, worker: str) -> bool:
-        return not self.by_cpu or self.figures[worker].settled
+        return not (self.by_cpu or self.guarded) or self.figures[worker].settled
 
     def flips_cpu(self, lease: Lease, giver: str, receiver: str) -> bool:
         """By bytes, where both publish CPU: whether the move would leave the receiver busier by
@@ -104,8 +108,10 @@ class _Measure:
         would have to grow fivefold first). At 1-2% CPU, where figures are mostly noise and
         polling, the bytes still decide."""
         a, b = self.figures.get(receiver), self.figures.get(giver)
-        if self.by_cpu or a is None or b is None or a.percent is None or b.percent is None:
+        if not self.guarded or a is None or b is None or a.percent is None or b.percent is None:
             return False
+        if self.held.get(receiver, 0.0) == 0:
+            return False  # a worker holding nothing always gets its first lease
         weight, held = self.weights[lease.lease_key], self.held.get(giver, 0.0)
         cost = b.percent * weight / held if held > 0 else 0.0
         percent = {receiver: a.percent, giver: b.percent}
@@ -151,8 +157,10 @@ def measure(scan: ObservedScan, worker_id: str, fleet: FleetCpu | None) -> _Meas
     if not figures or any(w not in figures for w in held):
         return bytes_
     percent = percents(figures, list(held))
-    if sum(percent.values()) / len(percent) < CPU_FLOOR:
-        return bytes_
+    average = sum(percent.values()) / len(percent)
+    if average < CPU_FLOOR:
+        guarded = average >= CPU_FLOOR * GUARD_FROM
+        return _Measure(dict(held), weight, "KB/s", 0.0, False, weight, held, figures, guarded)
     cost = {}
     for o in live:
         assert o.owner is not None
@@ -178,15 +186,15 @@ def plan_load_steal(
     average = sum(loads.values()) / len(loads)
     mine = loads[worker_id]
     result = LoadSteal(loads=loads, by_cpu=m.by_cpu)
+    if not m.current(worker_id):
+        return _why(result, "our CPU figure was measured before our leases last changed: no "
+                    "move by load until it is current again")  # fmt: skip
     if mine >= average * (1 - threshold):
         return _why(result, f"load {mine:.1f} {unit} is within {threshold:.0%} of the average "
                     f"{average:.1f} or above it")  # fmt: skip
-    if not m.current(worker_id):
-        return _why(result, f"our CPU ({mine:.1f}%) was measured before our leases last changed: "
-                    "no move by load until it is again")  # fmt: skip
     victim = _victim(m, worker_id, rng)
     if victim is None:
-        return _why(result, "nobody to steal load from (or no current CPU figure to judge by)")
+        return _why(result, "nobody to steal load from whose CPU figure is current")
     theirs = loads[victim]
     if theirs <= average * (1 + threshold):
         return _why(result, f"most loaded {victim} ({theirs:.1f} {unit}) is within "
@@ -194,9 +202,6 @@ def plan_load_steal(
     if theirs - mine < m.min_gap:
         return _why(result, f"most loaded {victim} ({theirs:.1f} {unit}) is less than "
                     f"{m.min_gap:g} points above us ({mine:.1f})")  # fmt: skip
-    blocked = _cpu_disagrees(m, worker_id, victim)
-    if blocked:
-        return _why(result, blocked)
     live = _live(scan)
     candidates = [
         o.lease
@@ -222,18 +227,6 @@ def _victim(m: _Measure, worker_id: str, rng: random.Random) -> str | None:
         return None
     most = max(others.values())
     return rng.choice(sorted(w for w, n in others.items() if n == most))
-
-
-def _cpu_disagrees(m: _Measure, thief: str, victim: str) -> str | None:
-    """Why a steal by bytes must wait where both workers publish their CPU: one of the two
-    figures is not current (as by CPU); None if it may go on."""
-    if m.by_cpu:
-        return None
-    a, b = m.figures.get(thief), m.figures.get(victim)
-    if a is None or b is None or (a.settled and b.settled):
-        return None
-    return (f"lighter by bytes than {victim}, but a CPU figure of the two is from before "
-            "its last lease move: not stealing until it is current")  # fmt: skip
 
 
 def _heaviest_fitting(

@@ -85,8 +85,9 @@ class ObservedScan:
     # Worker -> the last scan time at which one of its leases was seen owned by another worker.
     taken_from: Mapping[str, float] = field(default_factory=dict)
     # Worker -> the last time a lease was seen coming to it or leaving it (owner or the worker
-    # processing it changed, by a scan or by our own take; first sights excluded; both sides of a
-    # pending handoff at every scan), kept for LeaseTiming.cpu_move_memory.
+    # processing it changed, by a scan or by our own take; both sides of a pending handoff at
+    # every scan; a lease gone from the scan; every holder at the first scan of an empty
+    # memory), kept for LeaseTiming.cpu_move_memory.
     moved_at: Mapping[str, float] = field(default_factory=dict)
 
     @property
@@ -160,6 +161,7 @@ class LeaseObserver:
             live.append(observed)
             if not observed.available and lease.lease_owner is not None:
                 counts[lease.lease_owner] = counts.get(lease.lease_owner, 0) + 1
+        self._date_unseen_moves(seen, now)
         self._seen = seen
         # Keep only what the steal cooldown can still use, so ids of long-gone workers drop out.
         horizon = self._timing.steal_cooldown
@@ -209,10 +211,21 @@ class LeaseObserver:
             estimate = max(estimate, floor)
         return min(estimate, now)
 
+    def _date_unseen_moves(self, seen: dict[str, _Seen], now: float) -> None:
+        """The moves a scan cannot show as an owner change: after an empty memory (a start, a
+        new leader) every worker holding a lease may just have gained or lost one; a lease gone
+        from the open ones (parked, deleted) left its worker."""
+        gone = [s for key, s in self._seen.items() if key not in seen]
+        if not self._seen:
+            gone = list(seen.values())
+        for s in gone:
+            self._moved_at.update({w: now for w in (s.owner, s.actual) if w is not None})
+
     def _note_moves(self, before: _Seen | None, lease: Lease, now: float) -> None:
         """Date, for both workers, a lease coming or going (owner or actual owner changed since
         ``before``); both sides of a handoff still pending are dated at every sight."""
-        pairs = [(lease.lease_owner, lease.actual_owner)] if lease.handoff_pending else []
+        pending = lease.handoff_pending and not lease.checkpoint.is_shard_end
+        pairs = [(lease.lease_owner, lease.actual_owner)] if pending else []
         if before is not None:
             pairs += [(before.owner, lease.lease_owner), (before.actual, lease.actual_owner)]
         for old, new in pairs:

@@ -138,7 +138,7 @@ class LeaseTiming:
         load rule): a worker's status record counts as running for ``2 * lease_duration +
         max_clock_skew`` and describes a window of one lease duration before it, so an older
         move can no longer fall inside a figure the rule would use."""
-        return 3 * self.lease_duration + self.max_clock_skew + self.renew_interval
+        return 3 * self.lease_duration + 2 * self.max_clock_skew + self.renew_interval
 
     @property
     def steal_cooldown(self) -> float:

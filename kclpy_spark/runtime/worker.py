@@ -86,7 +86,7 @@ class Worker:
         self.caught_up = CaughtUp(self.clock.wall()) if cfg.until_caught_up else None
         self.caught_up_complete = False
         self.metrics = worker_metrics(cfg, self.counters, processor_factory, store, self.events)
-        self.cpu = CpuMeter()
+        self.cpu = CpuMeter(monotonic=self.clock.monotonic, wall=self.clock.wall)
         self.suspended = False
         self.resumed_at = float("-inf")  # monotonic: when the application was last resumed
         # Stopping: the handoffs of our leases have begun and complete when the consumers stop

@@ -155,10 +155,15 @@ def test_load_moves_follow_the_cpu_when_every_target_publishes_it() -> None:
     scan = observer.observe([x.bumped() for x in leases], clock.monotonic())
     by_bytes = plan_assignments(scan, {"a", "b"}, rng=random.Random(2))
     assert [m.to for m in by_bytes.moves] == ["a"]
-    busy = FleetCpu({"a": CpuFigure(85.0), "b": CpuFigure(30.0)})
+    wall = 5_000.0  # the scan's wall time: both windows began after the first scan dated a, b
+    after = wall - 0.5
+    busy = FleetCpu({"a": CpuFigure(85.0, since=after), "b": CpuFigure(30.0, since=after)}, wall)
     plan = plan_assignments(scan, {"a", "b"}, rng=random.Random(2), cpu=busy)
     assert [(m.lease.lease_key[:2], m.to) for m in plan.moves] == [("a-", "b")], plan.reason
-    waiting = FleetCpu({"a": CpuFigure(85.0), "b": CpuFigure(30.0, settled=False)})
+    before = wall - 2.0  # b's window began before the first scan dated it
+    waiting = FleetCpu(
+        {"a": CpuFigure(85.0, since=after), "b": CpuFigure(30.0, since=before)}, wall
+    )
     assert plan_assignments(scan, {"a", "b"}, rng=random.Random(2), cpu=waiting).moves == ()
 
 

@@ -333,12 +333,13 @@ def test_expired_finished_and_unowned_leases_are_not_watched() -> None:
 
 def test_leases_coming_and_going_are_dated_per_worker_for_the_cpu_rule() -> None:
     """moved_at: the workers a lease came to or left (owner, or the worker processing it), at the
-    scan that saw it; not at first sight; both sides of a pending handoff at every scan; our own
-    takes when we write them; kept for cpu_move_memory."""
+    scan that saw it; every holder at the first scan (nothing is known of what just moved); both
+    sides of a pending handoff at every scan; our own takes when we write them; a lease gone
+    from the scan; kept for cpu_move_memory."""
     clock = ManualClock()
     observer = LeaseObserver(TIMING)
     first = observer.observe([lease("s", "a", 1), lease("t", None, 1)], clock.monotonic())
-    assert first.moved_at == {}  # first sight: nothing known to have moved
+    assert first.moved_at == {"a": clock.monotonic()}  # an empty memory: every holder dated
     clock.advance(1.0)
     scan = observer.observe([lease("s", "b", 2), lease("t", "c", 2)], clock.monotonic())
     at = clock.monotonic()
@@ -361,10 +362,16 @@ def test_leases_coming_and_going_are_dated_per_worker_for_the_cpu_rule() -> None
     taken = observer.observe([lease("s", "d", 5), lease("t", "me", 7)], clock.monotonic() + 0.5)
     assert taken.moved_at["me"] == taken.moved_at["c"] == clock.monotonic()
     clock.advance(TIMING.cpu_move_memory + 1.0)
+    parked = observer.observe([lease("s", "d", 5)], clock.monotonic())  # "t" gone: parked
+    assert parked.moved_at == {"me": clock.monotonic()}
+    clock.advance(TIMING.cpu_move_memory + 1.0)
     assert observer.observe([lease("s", "d", 5)], clock.monotonic()).moved_at == {}  # pruned
 
 
-def test_a_pending_handoff_seen_first_dates_both_sides() -> None:
+def test_a_pending_handoff_dates_both_sides_until_it_ends_unless_the_shard_is_done() -> None:
     observer = LeaseObserver(TIMING)
     pending = replace(lease("s", "new", 3), checkpoint_owner="old")
     assert observer.observe([pending], 5.0).moved_at == {"new": 5.0, "old": 5.0}
+    assert observer.observe([pending], 6.0).moved_at == {"new": 6.0, "old": 6.0}
+    stuck = replace(lease("s", "new", 3, done=True), checkpoint_owner="old")
+    assert observer.observe([stuck], 7.0).moved_at == {"new": 6.0, "old": 6.0}  # finished
