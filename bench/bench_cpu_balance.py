@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_failover import ENDPOINT, Fleet, _kinesis, open_store, wait_for
-from bench_hot_shard import cpu_seconds
+from bench_hot_shard import settle_then_measure
 from common import REPO, machine, stamp, write_results
 
 WORKERS = {"w1": ("0", "1"), "w2": ("1", "2")}  # worker -> (core, BURN_FACTOR)
@@ -94,33 +94,22 @@ def run_variant(metric: str, args: argparse.Namespace) -> dict[str, Any]:
             return {x.shard_id: x.actual_owner for x in store.list_leases()}
 
         wait_for("every lease owned", lambda: None not in owners().values(), 120)
-        start = time.monotonic()
-        previous, stable_since, moves_before = owners(), time.monotonic(), 0
-        while time.monotonic() - stable_since < 60 and time.monotonic() - start < 600:
-            time.sleep(5)
-            now = owners()
-            if now != previous:
-                moves_before += sum(1 for k in now if now[k] != previous.get(k))
-                previous, stable_since = now, time.monotonic()
-        settled_after = stable_since - start
         pids = {w: p.pid for w, p in fleet.procs.items()}
-        cpu0 = {w: cpu_seconds(pid) for w, pid in pids.items()}
-        t0, moves, last = time.monotonic(), 0, owners()
-        while time.monotonic() - t0 < args.minutes * 60:
-            time.sleep(5)
-            now = owners()
-            moves += sum(1 for k in now if now[k] != last.get(k))
-            last = now
-        elapsed = time.monotonic() - t0
-        cpu = {w: (cpu_seconds(pid) - cpu0[w]) / elapsed for w, pid in pids.items()}
-        held = {w: sum(1 for o in last.values() if o == w) for w in WORKERS}
+        watched = settle_then_measure(owners, pids, args.minutes)
+        held = {w: sum(1 for o in watched.owners.values() if o == w) for w in WORKERS}
     finally:
         stop.set()
         thread.join()
         fleet.stop_all()
         kinesis.delete_stream(StreamName=app, EnforceConsumerDeletion=True)
-    return {"metric": metric, "cpu": cpu, "held": held, "moves": moves,
-            "moves_before": moves_before, "settled_after": settled_after}  # fmt: skip
+    return {
+        "metric": metric,
+        "cpu": watched.cpu,
+        "held": held,
+        "moves": watched.moves,
+        "moves_before": watched.moves_before,
+        "settled_after": watched.settled_after,
+    }
 
 
 def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
@@ -157,7 +146,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=3.0)
     parser.add_argument("--rate", type=int, default=25, help="records/s into each shard")
-    parser.add_argument("--burn-ms", type=float, default=2.0)
+    parser.add_argument("--burn-ms", type=float, default=3.0)
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--variants", nargs="+", default=["throughput", "auto"])
     parser.add_argument("--no-write", action="store_true")

@@ -20,6 +20,8 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +64,40 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@dataclass
+class Watched:
+    settled_after: float  # seconds from the start until the last move before a quiet minute
+    moves_before: int  # lease moves until then
+    moves: int  # lease moves over the measured minutes
+    cpu: dict[str, float]  # worker -> CPU seconds per second over the measured minutes
+    owners: dict[str, str | None]  # lease -> owner at the end
+
+
+def settle_then_measure(
+    owners: Callable[[], dict[str, str | None]], pids: dict[str, int], minutes: float
+) -> Watched:
+    """Read the owners every 5 s until none has changed for a minute (at most 10 minutes),
+    then count moves and each process's CPU over ``minutes``."""
+    start = time.monotonic()
+    previous, stable_since, moves_before = owners(), start, 0
+    while time.monotonic() - stable_since < 60 and time.monotonic() - start < 600:
+        time.sleep(5)
+        now = owners()
+        if now != previous:
+            moves_before += sum(1 for k in now if now[k] != previous.get(k))
+            previous, stable_since = now, time.monotonic()
+    cpu0 = {w: cpu_seconds(pid) for w, pid in pids.items()}
+    t0, moves, last = time.monotonic(), 0, owners()
+    while time.monotonic() - t0 < minutes * 60:
+        time.sleep(5)
+        now = owners()
+        moves += sum(1 for k in now if now[k] != last.get(k))
+        last = now
+    elapsed = time.monotonic() - t0
+    cpu = {w: (cpu_seconds(pid) - cpu0[w]) / elapsed for w, pid in pids.items()}
+    return Watched(stable_since - start, moves_before, moves, cpu, last)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0)
@@ -89,30 +125,13 @@ def main() -> int:
                  lambda: {x.lease_owner for x in store.list_leases()} == {"w1"}, 120)  # fmt: skip
         time.sleep(20)  # throughput measured and written
         fleet.start("w2")
-        settle_start = time.monotonic()
 
         def owners() -> dict[str, str | None]:
             return {x.shard_id: x.actual_owner for x in store.list_leases()}
 
-        previous, stable_since = owners(), time.monotonic()
-        while time.monotonic() - stable_since < 60:  # settled: a minute without a move
-            time.sleep(5)
-            now = owners()
-            if now != previous:
-                previous, stable_since = now, time.monotonic()
-            if time.monotonic() - settle_start > 600:
-                break
-        settled_after = stable_since - settle_start
         pids = {w: p.pid for w, p in fleet.procs.items()}
-        cpu0 = {w: cpu_seconds(pid) for w, pid in pids.items()}
-        t0, moves, last = time.monotonic(), 0, owners()
-        while time.monotonic() - t0 < args.minutes * 60:
-            time.sleep(5)
-            now = owners()
-            moves += sum(1 for k in now if now[k] != last.get(k))
-            last = now
-        elapsed = time.monotonic() - t0
-        cpu = {w: (cpu_seconds(pid) - cpu0[w]) / elapsed for w, pid in pids.items()}
+        watched = settle_then_measure(owners, pids, args.minutes)
+        settled_after, moves, cpu = watched.settled_after, watched.moves, watched.cpu
         leases = store.list_leases()
     finally:
         stop.set()
