@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from checkpoint.lease import Lease
 from checkpoint.leasing.cpu_load import (
@@ -159,8 +159,7 @@ def measure(scan: ObservedScan, worker_id: str, fleet: FleetCpu | None) -> _Meas
     percent = percents(figures, list(held))
     average = sum(percent.values()) / len(percent)
     if average < CPU_FLOOR:
-        guarded = average >= CPU_FLOOR * GUARD_FROM
-        return _Measure(dict(held), weight, "KB/s", 0.0, False, weight, held, figures, guarded)
+        return replace(bytes_, guarded=average >= CPU_FLOOR * GUARD_FROM)
     cost = {}
     for o in live:
         assert o.owner is not None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -207,21 +207,19 @@ class StatusWriter:
         return other[0] if other else None
 
 
-def _running(
-    records: Iterable[CoordinationRecord], now_wall: float, max_age: float
-) -> dict[str, dict[str, Any]]:
-    running: dict[str, dict[str, Any]] = {}
+def _statuses(records: Iterable[CoordinationRecord]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each worker status record's worker id and data, unless it says the worker is stopping,
+    stopped or suspended."""
     for record in records:
-        if not record.key.startswith(WORKER_PREFIX):
-            continue
-        data = _data(record)
-        updated = data.get("updated_at")
-        if not isinstance(updated, int | float) or now_wall - updated > max_age:
-            continue
-        if _not_running(data):
-            continue
-        running[record.key.removeprefix(WORKER_PREFIX)] = data
-    return running
+        if record.key.startswith(WORKER_PREFIX):
+            data = _data(record)
+            if not (data.get("stopped") or data.get("stopping") or data.get("suspended")):
+                yield record.key.removeprefix(WORKER_PREFIX), data
+
+
+def _fresh(data: dict[str, Any], now_wall: float, max_age: float) -> bool:
+    updated = _number(data.get("updated_at"))
+    return updated is not None and now_wall - updated <= max_age
 
 
 def live_workers(
@@ -231,7 +229,11 @@ def live_workers(
     the writer's clock) and not stopping, stopped or suspended. A worker publishes before its
     first take round, so one that holds no lease yet is seen here before any lease shows it.
     Worker id -> when its status was written."""
-    return {w: float(d["updated_at"]) for w, d in _running(records, now_wall, max_age).items()}
+    return {
+        worker: float(data["updated_at"])
+        for worker, data in _statuses(records)
+        if _fresh(data, now_wall, max_age)
+    }
 
 
 def cpu_figures(
@@ -244,18 +246,13 @@ def cpu_figures(
     failed) gives an unsettled figure: moves to or from that worker wait, and the fleet does not
     fall back to throughput for it."""
     figures = {}
-    for record in records:
-        if not record.key.startswith(WORKER_PREFIX):
-            continue
-        data = _data(record)
+    for worker, data in _statuses(records):
         settled = data.get("cpu_settled")
-        if not isinstance(settled, bool) or _not_running(data):
+        if not isinstance(settled, bool):
             continue
-        updated = _number(data.get("updated_at"))
-        fresh = updated is not None and now_wall - updated <= max_age
         percent = _number(data.get("cpu_percent"))
-        figures[record.key.removeprefix(WORKER_PREFIX)] = CpuFigure(
-            percent, settled and fresh and percent is not None,
+        figures[worker] = CpuFigure(
+            percent, settled and _fresh(data, now_wall, max_age) and percent is not None,
             _number(data.get("cpu_since")), _number(data.get("cpu_limit")),
         )  # fmt: skip
     return figures
@@ -263,10 +260,6 @@ def cpu_figures(
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _not_running(data: dict[str, Any]) -> bool:
-    return bool(data.get("stopped") or data.get("stopping") or data.get("suspended"))
 
 
 def worker_status(store: CoordinationStore, worker_id: str) -> dict[str, Any]:
