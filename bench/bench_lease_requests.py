@@ -12,6 +12,12 @@ LocalStack's DynamoDB, and counts what DynamoDB itself reports for every request
 capacity meter, ReturnConsumedCapacity): requests and read and write capacity units by
 operation. ``--store sqlite`` / ``memory`` count port calls only: every call is one request
 (GetItem, PutItem, UpdateItem, DeleteItem), ``list_leases`` a Scan of one page.
+``--rate N`` puts N records per second per shard on the stream while the workers run (a
+producer thread), so each lease is checkpointed after every batch that carried records:
+steady state with records flowing. The KCL 3.x model then gets the same checkpoints as ours
+(the application's choice, one write unit each for the KCL's item), on top of its renewals.
+``--renewals skip kcl`` runs each value of ``skip_checkpointed_renewals`` (true: a lease
+checkpointed lately skips that round's renewal; false: every lease every round, the KCL's).
 Writes ``bench/results/lease_requests.md``.
 """
 
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import itertools
 import sys
 import tempfile
 import threading
@@ -35,7 +42,7 @@ from kcl_model import Cost, kcl2, kcl3
 
 from checkpoint.leasing.timing import LeaseTiming
 from checkpoint.sequence import InitialPosition
-from checkpoint.stores.capacity import Usage, item_size, split_units
+from checkpoint.stores.capacity import Usage, item_size, split_units, write_units
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.processor import ProcessRecordsInput, RecordProcessor
 from kclpy_spark.runtime.daemon import run_worker
@@ -87,6 +94,17 @@ class Idle(RecordProcessor):
         process_records_input.checkpointer.checkpoint()
 
 
+def _produce(endpoint: str, stream: str, per_second: float, stop: threading.Event) -> None:
+    """Put ``per_second`` records a second, spread over the shards by random partition keys."""
+    from kinesalite import sync_client
+
+    client = sync_client(endpoint)
+    batch = max(1, round(per_second / 10))
+    while not stop.wait(batch / per_second):
+        records = [{"Data": b"x" * 100, "PartitionKey": uuid.uuid4().hex} for _ in range(batch)]
+        client.put_records(StreamName=stream, Records=records)
+
+
 def _dynamo_client(endpoint: str) -> Any:
     """A DynamoDB client for LocalStack (the workers' own store is replaced by a table on it)."""
     import boto3
@@ -122,6 +140,8 @@ def run(
     failover: float = 10.0,
     idle: float = 1.0,
     assignment: str = "worker",
+    rate: float = 0.0,
+    skip: bool = True,
 ) -> dict[str, Any]:
     """``workers`` in-process workers on one stream and one lease store; calls counted over all."""
     from kinesalite import create_stream
@@ -138,6 +158,7 @@ def run(
             failover_time=failover,
             idle_time_between_reads=idle,
             lease_assignment=assignment,
+            skip_checkpointed_renewals=skip,
         )  # fmt: skip
         if store == "memory" and workers > 1:
             raise SystemExit("several workers need a shared store: --store sqlite or dynamodb")
@@ -183,9 +204,16 @@ def run(
                 for i in range(workers)
             ))  # fmt: skip
 
+        stop = threading.Event()
+        producer = threading.Thread(
+            target=_produce, args=(endpoint, stream, rate * shards, stop), daemon=True
+        )
+        if rate > 0:
+            producer.start()
         try:
             asyncio.run(fleet())
         finally:
+            stop.set()
             if client is not None:
                 client.delete_table(TableName=stream)
     counts = collections.Counter(
@@ -199,6 +227,8 @@ def run(
         "held": span["held"],
         "workers": workers,
         "assignment": assignment,
+        "rate": rate,
+        "skip": skip,
         "failover": base.failover_time,
         "lease_bytes": span["lease_bytes"],
     }
@@ -243,14 +273,19 @@ def _ours(r: dict[str, Any]) -> Cost | None:
 def _row(r: dict[str, Any]) -> str:
     n, k, minutes = r["held"], r["workers"], r["minutes"]
     per_min = {name: c / minutes for name, c in sorted(r["counts"].items())}
-    k3 = kcl3(n, k, r["failover"], round(r["lease_bytes"])).per(n)
-    k2 = kcl2(n, k, r["failover"], round(r["lease_bytes"])).per(n)
+    size = round(r["lease_bytes"])
+    # The same checkpoints as ours (the application's choice), each a write of the KCL's item.
+    checkpoints = r["counts"].get("update_checkpoint", 0) / minutes
+    theirs = Cost(checkpoints, 0.0, checkpoints * write_units(size, size))
+    k3 = (kcl3(n, k, r["failover"], size) + theirs).per(n)
+    k2 = (kcl2(n, k, r["failover"], size) + theirs).per(n)
     ours = _ours(r)
     calls = ", ".join(f"{name} {v:.1f}" for name, v in per_min.items())
     requests = ours.requests if ours else sum(per_min.values()) / n
     ratio = f"**{requests / k3.requests:.2f}x**"
-    cells = [f"{n}", f"{k} ({r['assignment']})", f"{minutes * 60:.0f} s", calls, f"{requests:.2f}",
-             f"{k3.requests:.2f}", ratio, f"{k2.requests:.2f}"]  # fmt: skip
+    how = f"{r['assignment']}, {'skip' if r['skip'] else 'every round'}"
+    cells = [f"{n}", f"{k} ({how})", f"{r['rate'] * n:g}", f"{minutes * 60:.0f} s", calls,
+             f"{requests:.2f}", f"{k3.requests:.2f}", ratio, f"{k2.requests:.2f}"]  # fmt: skip
     if ours is None:
         cells += ["-", f"{k3.read_units:.2f} / {k3.write_units:.2f}", "-"]
     else:
@@ -285,22 +320,26 @@ def report(results: list[dict[str, Any]], store: str, argv: Sequence[str] | None
         f"Run {stamp()} with `python bench/bench_lease_requests.py"
         f"{' ' + ' '.join(argv) if argv else ''}` on {machine()}.",
         "",
-        f"Kinesis: kinesalite in memory on 127.0.0.1 (idle stream: no records, no checkpoints); "
+        "Kinesis: kinesalite in memory on 127.0.0.1 (records/s as in the table: 0 is an idle "
+        "stream, no checkpoints; else checkpoints after every batch that carried records); "
         f"lease store {store}; in-process workers sharing the leases (one: it holds every "
         f"lease); failover_time {timing.failover:g} s: renew every {timing.renew_interval:.3f} s, "
         f"scan every {timing.take_interval:.3f} s. Units: read / write capacity units "
         "as DynamoDB reported them (ReturnConsumedCapacity); the KCL's from its model "
         "(bench/kcl_model.py, pricing the KCL's own item for the same leases).",
         "",
-        "| leases | workers (lease_assignment) | counted over | our port calls (per minute) | "
+        "| leases | workers (lease_assignment, renewals) | records/s | counted over | "
+        "our port calls (per minute) | "
         "our requests per lease per min | KCL 3.x | ours / KCL 3.x | KCL 2.x | "
         "our units per lease per min (read / write) | KCL 3.x units | ours / KCL 3.x (units) |",
-        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
         *(_row(r) for r in results),
         "",
         *_by_operation(results),
         "",
-        "Ours renews on the KCL's schedule; on top of it each worker scans every "
+        "Ours renews on the KCL's schedule (a lease checkpointed in the last half renewal "
+        "interval skips that round's renewal, with `skip`: a renewal at least every third "
+        "round); on top of it each worker scans every "
         f"{timing.take_interval:.2f} s (the failover time it buys: BENCHMARKS.md), reads a lease "
         "of another worker once more only when it would expire unless renewed (none while "
         "every worker is alive), reads the leader record every failover time (the leader "
@@ -330,6 +369,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--window", type=float, default=75.0)
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--results", default="lease_requests.md", help="file in bench/results/")
+    parser.add_argument("--rate", type=float, default=0.0, help="records/s per shard")
+    parser.add_argument("--renewals", nargs="+", choices=("skip", "kcl"), default=["skip"],
+                        help="skip_checkpointed_renewals true / false, each a run")  # fmt: skip
     parser.add_argument("--assignment", nargs="+", choices=("worker", "leader"),
                         default=["worker"], help="lease_assignment values, each a run")  # fmt: skip
     args = parser.parse_args(argv)
@@ -341,13 +383,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     with Kinesalite() as emulator:
         for workers in args.workers:
             for shards in args.shards:
-                for assignment in args.assignment:
+                for assignment, renewals in itertools.product(args.assignment, args.renewals):
                     result = run(
                         emulator.endpoint, shards, args.store, args.warmup, args.window, workers,
                         dynamodb=dynamodb, failover=args.failover, idle=args.idle,
-                        assignment=assignment,
+                        assignment=assignment, rate=args.rate, skip=renewals == "skip",
                     )  # fmt: skip
-                    print(f"{shards} leases, {workers} worker(s), {assignment}: "
+                    print(f"{shards} leases, {workers} worker(s), {assignment}, {renewals}: "
                           f"{dict(result['counts'])} in {result['minutes']:.2f} min")  # fmt: skip
                     results.append(result)
     text = report(results, args.store, argv)

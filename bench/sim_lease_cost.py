@@ -4,14 +4,17 @@ Thousands of leases and dozens of workers do not fit this machine as real worker
 a real stream. So this runs the lease management a worker runs in steady state (every worker
 alive, every lease held, no checkpoints) on one in-memory lease store, in virtual time: each
 worker's real ``LeaseHolder.renew_all`` every renewal interval, a ``list_leases`` Scan every take
-interval (the taker's, which reads nothing else while every lease is renewed in time), the real
-``LeaderElection.tick`` every leader interval, and once per failover time the suspend flag read
-and the real ``StatusWriter`` publishing a status record shaped like the worker's
-(ten events; a lease's figures ride on its renewals). Each call is costed by DynamoDB's rules
-(checkpoint.stores.capacity) on the item the DynamoDB store would read or write
-(checkpoint.stores.dynamo_codec): a Scan pays for the whole table, coordination records
-included, per 1 MB page. Not simulated: the leader's shard-sync maintenance (a Scan every few
-minutes; about 0.25 a minute measured by bench_lease_requests) and anything a moving lease costs.
+interval (the taker's, which reads nothing else while every lease is renewed in time, and hands
+the leader record and the suspend flag it returns to the next looks), the real
+``LeaderElection.tick`` every leader interval, and once per failover time the suspend flag (read
+unless a scan returned it within a failover time) and the real ``StatusWriter`` publishing a
+status record shaped like the worker's (its ten events more than ten minutes old, so none
+published; a lease's figures ride on its renewals).
+Each call is costed by DynamoDB's rules (checkpoint.stores.capacity) on the item the DynamoDB
+store would read or write (checkpoint.stores.dynamo_codec): a Scan pays for the whole table,
+coordination records included, per 1 MB page. Not simulated: the leader's shard-sync maintenance
+(a Scan every few minutes; about 0.25 a minute measured by bench_lease_requests) and anything a
+moving lease costs.
 
 With ``lease_assignment = "leader"`` (``--assignment leader``; both modes run by default) only
 the leader scans; every other worker Queries the owner index for its own keys every renewal
@@ -45,6 +48,7 @@ from checkpoint.stores import dynamo_codec as codec
 from checkpoint.stores.capacity import item_size, read_units, write_units
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.ops import control
+from kclpy_spark.runtime.publish import published_events
 from shard_sync.leader import LeaderElection
 
 SEQ = "49590338271490256608559692538361571095921575989136588898"
@@ -136,15 +140,21 @@ class SimWorker:
         self.clock = clock
         self.holder = LeaseHolder(store, worker_id, clock, t.lease_duration, renewal_threads=4)  # type: ignore[arg-type]
         self.leader = LeaderElection(
-            store, worker_id, lease_duration=t.leader_duration, clock=clock
-        )  # type: ignore[arg-type]
+            store, worker_id, lease_duration=t.leader_duration, clock=clock,  # type: ignore[arg-type]
+            observed_max_age=t.leader_renew_interval,
+        )  # fmt: skip
+        self.suspend = control.SuspendFlag(store, clock, t.lease_duration)  # type: ignore[arg-type]
         self.status = control.StatusWriter(store, worker_id, worker_id, 3 * t.lease_duration)  # type: ignore[arg-type]
-        events = [{"at": clock.wall(), "lease_key": f"shardId-{i:012d}", "kind": "taken",
+        # The leases were taken when the fleet started, more than ten minutes ago (steady state).
+        events = [{"at": clock.wall() - 700, "lease_key": f"shardId-{i:012d}", "kind": "taken",
                    "detail": f"lease taken (expired, owner w{i})"} for i in range(10)]  # fmt: skip
         self.events = events
 
     def scan(self) -> None:
-        self.store.scan_table(control.WORKER_PREFIX)
+        """The taker's Scan; the leader record and the suspend flag in it serve the next looks."""
+        table = self.store.scan_table("")
+        self.leader.observe(table.records, self.clock.monotonic())
+        self.suspend.observe(table.records, self.clock.monotonic())
 
     def take_round(self, led: bool) -> None:
         """The taker's round at the take interval: every worker scans, or only the leader."""
@@ -157,12 +167,13 @@ class SimWorker:
             self.store.list_lease_keys_by_owner(self.id)
 
     def control(self) -> None:
-        control.is_suspended(self.store)  # type: ignore[arg-type]
+        self.suspend.read()
         # Per-lease figures ride on the renewals (Lease.renewal_figures): the status record holds
         # none for a RecordProcessor application (only a Spark sink's, within 32 KB).
         status = {"suspended": False, "leader": self.leader.is_leader, "ready": True,
                   "readiness": "ready", "leases": {}, "leases_omitted": 0,
-                  "events": self.events, "cpu_percent": 12.5, "cpu_settled": True,
+                  "events": published_events(self.events, self.clock.wall()),
+                  "cpu_percent": 12.5, "cpu_settled": True,
                   "cpu_since": self.clock.wall() - 10.0, "cpu_limit": 2.0}  # fmt: skip
         self.status.publish(status, self.clock.wall())
 

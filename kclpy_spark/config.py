@@ -23,56 +23,13 @@ from typing import Any
 
 from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import InitialPosition
+from kclpy_spark.stream_spec import StreamSpec
 
 DEFAULT_LEASE_STORE = "sqlite:.kclpy-spark/leases.db"
 _STREAM_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
 # us-east-1, eu-central-2, us-gov-west-1, cn-northwest-1, us-isob-east-1 ...
 _REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d{1,2}$")
 _APP_NAME = re.compile(r"^[a-zA-Z0-9_.-]{3,255}$")
-
-
-@dataclass(frozen=True)
-class StreamSpec:
-    """One stream of a multi-stream application, as configured."""
-
-    stream_name: str | None = None
-    stream_arn: str | None = None
-    initial_position: InitialPosition | None = None  # None: the application's
-
-    def __post_init__(self) -> None:
-        if not self.stream_name and not self.stream_arn:
-            raise ConfigError("each [[streams]] entry needs 'stream_name' or 'stream_arn'")
-
-    @property
-    def label(self) -> str:
-        return self.stream_arn or str(self.stream_name)
-
-    @property
-    def request(self) -> dict[str, str]:
-        """The stream argument of Kinesis calls."""
-        return (
-            {"StreamARN": self.stream_arn}
-            if self.stream_arn
-            else {"StreamName": str(self.stream_name)}
-        )
-
-    @classmethod
-    def parse(cls, value: Any, where: str) -> StreamSpec:
-        if isinstance(value, StreamSpec):
-            return value
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: each [[streams]] entry must be a table")
-        unknown = set(value) - {"stream_name", "stream_arn", "initial_position"}
-        if unknown:
-            raise ConfigError(
-                f"{where}: unknown key(s) in [[streams]]: {', '.join(sorted(unknown))}"
-            )
-        position = value.get("initial_position")
-        try:
-            parsed = InitialPosition.parse(str(position)) if position is not None else None
-        except ValueError as exc:
-            raise ConfigError(f"{where}: [[streams]] initial_position: {exc}") from None
-        return cls(value.get("stream_name"), value.get("stream_arn"), parsed)
 
 
 def _default_worker_id() -> str:
@@ -116,6 +73,9 @@ class WorkerConfig:
     # "auto": balance CPU once the fleet is busy, else throughput (leasing/load.py).
     load_metric: str = "auto"
     handoff_timeout: float = 30.0
+    # A lease checkpointed in the last half renewal interval skips that round's renewal (the
+    # checkpoint moved its counter; a renewal at least every third round). False: the KCL's.
+    skip_checkpointed_renewals: bool = True
     shard_sync_interval: float = 60.0
     parent_shard_poll_interval: float = 10.0
     prefetch_batches: int = 3

@@ -6,6 +6,12 @@ every ``renew_interval``; when a worker has not seen the version move for ``leas
 takes the record with a write conditional on the version it saw. Wall-clock time is stored only for
 people reading ``status``; no decision depends on clocks agreeing across machines.
 
+A worker that scans the table anyway (the taker's Scan returns every coordination record) hands
+the record to ``observe``; a tick within ``observed_max_age`` of that scan judges from it instead
+of reading the record again. The scan is eventually consistent: at worst it shows a version late,
+which only delays a takeover (dated when the scan returned, after the read), and a takeover's
+write is conditional on the version seen.
+
 Leadership also expires on the holder's own monotonic clock, like a lease: ``is_leader`` is true
 only until ``lease_duration`` after the start of the last write that renewed it. Another worker can
 take over only after it has seen that write and waited ``lease_duration`` more, so a leader whose
@@ -17,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from checkpoint.base.clock import Clock, SystemClock
@@ -46,6 +53,7 @@ class LeaderElection:
         clock: Clock | None = None,
         key: str = LEADER_KEY,
         assigns: bool = False,
+        observed_max_age: float = 0.0,
     ) -> None:
         if lease_duration <= 0:
             raise ValueError("lease_duration must be > 0")
@@ -58,7 +66,8 @@ class LeaderElection:
         self._leading = False
         self._leading_until = float("-inf")  # monotonic: our last renewing write's start + duration
         self._later: dict[str, object] = {}  # data for the next renewal (note_later)
-        # Guards only _later, never held across a request: note_later is called on the event loop.
+        # Guards _later and _observed, never held across a request (note_later and observe are
+        # called on the event loop).
         self._later_lock = threading.Lock()
         self._mine: CoordinationRecord | None = None  # the record as we last wrote it
         self._other: str | None = None  # the record's owner at our last read, if not us
@@ -68,6 +77,11 @@ class LeaderElection:
         self._assigns = assigns
         self.other_assigns = False
         self._resigned = False  # for good: this worker is stopping
+        self._observed_max_age = observed_max_age
+        # The record as a scan saw it and when the scan returned (monotonic); guarded by
+        # _later_lock (observe runs on the event loop, tick on a thread).
+        self._observed: tuple[CoordinationRecord | None, float] | None = None
+        self._read_at = float("-inf")  # when our last own read of the record returned
         # tick, note and resign may run in different threads of one worker; serialized here so
         # they never make each other's conditional writes lose.
         self._lock = threading.RLock()
@@ -123,14 +137,14 @@ class LeaderElection:
         mine = self._mine
         if mine is not None and self._renew(mine, now):
             return self._set_leading(True, "renewed", now)  # one write: nobody wrote since
-        current = self._store.get_record(self._key)
+        current, seen_at = self._look(now)
         self._other = None if current is None or current.owner == self._worker_id else current.owner
         self.other_assigns = self._other is not None and _assigns(current)
         if current is None:
             won = self._put(self._record(1), None, now)
             return self._set_leading(won, "no leader yet", now)
         if self._seen is None or self._seen.version != current.version:
-            self._seen = _Seen(current.version, now)
+            self._seen = _Seen(current.version, seen_at)
         if current.owner == self._worker_id:
             won = self._renew(current, now)
             return self._set_leading(won, "renewed" if won else "renewal lost", now)
@@ -139,6 +153,27 @@ class LeaderElection:
             return self._set_leading(False, f"{current.owner} leads")
         won = self._put(self._record(current.version + 1), current.version, now)
         return self._set_leading(won, f"previous leader {current.owner} expired", now)
+
+    def _look(self, now: float) -> tuple[CoordinationRecord | None, float]:
+        """The record and when it was read (monotonic, after the read: a version seen then was
+        written before): from a recent scan if there is one, else read now."""
+        with self._later_lock:
+            observed = self._observed
+        if observed is not None:
+            at = observed[1]
+            if at > self._read_at and now - at <= self._observed_max_age:
+                return observed  # newer than our last read: a scan never takes us back in time
+        current = self._store.get_record(self._key)
+        self._read_at = self._clock.monotonic()
+        return current, self._read_at
+
+    def observe(self, records: Iterable[CoordinationRecord], returned_at: float) -> None:
+        """The coordination records of a scan that returned at ``returned_at`` (monotonic): the
+        next ticks within ``observed_max_age`` judge from them (none: nobody leads)."""
+        if self._observed_max_age > 0:
+            record = next((r for r in records if r.key == self._key), None)
+            with self._later_lock:
+                self._observed = (record, returned_at)
 
     def _renew(self, current: CoordinationRecord, now: float) -> bool:
         """Write our record over ``current`` (ours), with the notes for it; True if won."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import enum
+import threading
 import uuid
 from dataclasses import dataclass, field
 
@@ -25,6 +26,21 @@ class HeldLease:
 
     def is_expired(self, now_monotonic: float, lease_duration: float) -> bool:
         return now_monotonic - self.last_counter_change > lease_duration
+
+
+def renewal_due(now: float, counter_moved: float, renewed: float, interval: float) -> bool:
+    """Whether a renewal round at ``now`` (monotonic) must renew a lease whose counter our hand
+    last moved at ``counter_moved`` (by any write: a checkpoint moves it as a renewal does) and
+    that was last renewed at ``renewed``; rounds come every ``interval``.
+
+    Not due when a write moved the counter within the last half interval, unless the last
+    renewal is two and a half intervals old: then the next counter move comes at most one and a
+    half intervals after the last (half the failover time instead of a third: two tries before
+    the lease could expire instead of three), and a renewal, which writes the lease's throughput
+    and figures, at least every third round. The KCL renews every lease every round, checkpointed
+    or not."""
+    recent_write = now - counter_moved < interval / 2
+    return not recent_write or now - renewed >= 2.5 * interval
 
 
 class LeaseLoss(enum.StrEnum):
@@ -67,3 +83,34 @@ class RenewalReport:
     # Leases another worker asked us to hand over (a graceful handoff seen by their renewal):
     # still held; the processor should checkpoint, then ``release`` completes the handoff.
     handoffs: tuple[HeldLease, ...] = ()
+    # Leases not renewed this round: a checkpoint moved their counter lately (renewal_due).
+    skipped: tuple[str, ...] = ()
+
+
+class Renewal(enum.Enum):
+    """What one lease's renewal came to (LeaseHolder's own)."""
+
+    RENEWED = "renewed"
+    SKIPPED = "skipped"  # a checkpoint moved the counter lately (renewal_due)
+    LOST = "lost"
+    FAILED = "failed"
+    GONE = "gone"  # dropped or replaced meanwhile: nothing to report
+
+
+@dataclass(eq=False)
+class Slot:
+    """LeaseHolder's registry entry for one lease: the tenure and its renewal state."""
+
+    held: HeldLease
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    renewing: bool = False  # a renewal of this slot is in flight (guarded by the registry lock)
+    # What the consumer measured lately (Lease.renewal_figures' names); the next renewal writes it.
+    figures: dict[str, object] = field(default_factory=dict)
+    renewed_at: float = float("-inf")  # monotonic start of our last renewal of this tenure
+
+
+class LeaseBusyError(KclpySparkError):
+    """A renewal could not get its lease's lock before the lease would expire (a write of the
+    same lease is stuck); retriable: the next round tries again."""
+
+    retriable = True

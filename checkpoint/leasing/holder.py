@@ -26,18 +26,26 @@ A renewal's start is when its counter moved by our hand (others see it later, af
 from __future__ import annotations
 
 import concurrent.futures
-import enum
 import logging
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from checkpoint.base.clock import Clock
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.base.threads import RetiringThreadPool
 from checkpoint.lease import Lease
-from checkpoint.leasing.held import HeldLease, LeaseLoss, RenewalReport, UpdateResult
+from checkpoint.leasing.held import (
+    HeldLease,
+    LeaseBusyError,
+    LeaseLoss,
+    Renewal,
+    RenewalReport,
+    Slot,
+    UpdateResult,
+    renewal_due,
+)
 from checkpoint.port import LeaseTable
 
 log = logging.getLogger(__name__)
@@ -55,35 +63,16 @@ __all__ = [
 RENEWAL_THREADS = 20
 
 
-class _Renewal(enum.Enum):
-    RENEWED = "renewed"
-    LOST = "lost"
-    FAILED = "failed"
-    GONE = "gone"  # dropped or replaced meanwhile: nothing to report
-
-
-@dataclass(eq=False)
-class _Slot:
-    held: HeldLease
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    renewing: bool = False  # a renewal of this slot is in flight (guarded by the registry lock)
-    # What the consumer measured lately (Lease.renewal_figures' names); the next renewal writes it.
-    figures: dict[str, object] = field(default_factory=dict)
-
-
-class LeaseBusyError(KclpySparkError):
-    """A renewal could not get its lease's lock before the lease would expire (a write of the
-    same lease is stuck); retriable: the next round tries again."""
-
-    retriable = True
-
-
 class LeaseHolder:
     """Thread-safe registry of the leases held by worker ``worker_id``.
 
     ``lease_duration`` is the failover time in seconds: a lease whose counter has not moved by our
     hand for longer is treated as lost by this worker (others may take it after the same time,
     counted from the write's stamp plus their clock-skew allowance).
+
+    ``skip_checkpointed``: a lease whose counter a checkpoint moved in the last half renewal
+    interval is not renewed that round (``renewal_due``); False renews every lease every round,
+    as the KCL does.
     """
 
     def __init__(
@@ -94,6 +83,7 @@ class LeaseHolder:
         lease_duration: float,
         *,
         renewal_threads: int = RENEWAL_THREADS,
+        skip_checkpointed: bool = False,
     ) -> None:
         if lease_duration <= 0:
             raise ValueError(f"lease_duration must be > 0, got {lease_duration}")
@@ -101,7 +91,8 @@ class LeaseHolder:
         self.worker_id = worker_id
         self.lease_duration = lease_duration
         self._clock = clock
-        self._slots: dict[str, _Slot] = {}
+        self._skip_checkpointed = skip_checkpointed
+        self._slots: dict[str, Slot] = {}
         self._lock = threading.Lock()
         self._pool = RetiringThreadPool(renewal_threads, "kclpy-spark-renewer")
 
@@ -114,7 +105,7 @@ class LeaseHolder:
             lease, uuid.uuid4(), self._clock.monotonic() if started is None else started
         )
 
-    def _current(self, lease_key: str, slot: _Slot) -> bool:
+    def _current(self, lease_key: str, slot: Slot) -> bool:
         """True if ``slot`` is still the registered slot for the key (call with the lock held)."""
         return self._slots.get(lease_key) is slot
 
@@ -136,13 +127,14 @@ class LeaseHolder:
             with self._lock:
                 slot = self._slots.get(lease.lease_key)
                 if slot is None:
-                    slot = _Slot(self._new_held(lease, started))
+                    slot = Slot(self._new_held(lease, started))
                     self._slots[lease.lease_key] = slot
                     return slot.held
             # Already held: replace under the lease's lock so no write of the old tenure is halfway.
             with slot.lock, self._lock:
                 if self._current(lease.lease_key, slot):
                     slot.held = self._new_held(lease, started)
+                    slot.renewed_at = float("-inf")
                     return slot.held
             # Dropped meanwhile: start over and register a fresh slot.
 
@@ -184,7 +176,7 @@ class LeaseHolder:
             del self._slots[lease_key]
         return slot.held
 
-    def _drop_slot(self, lease_key: str, slot: _Slot, held: HeldLease | None = None) -> bool:
+    def _drop_slot(self, lease_key: str, slot: Slot, held: HeldLease | None = None) -> bool:
         """Drop ``slot`` if it is still the registered one (and, with ``held``, still holds that
         tenure); whether it was. add_taken replaces a slot's tenure under this same lock."""
         with self._lock:
@@ -204,7 +196,7 @@ class LeaseHolder:
         Waits at most ``wait`` seconds (default: a third of the lease duration) for the round;
         renewals still running then are reported in ``slow``.
         """
-        submitted: dict[concurrent.futures.Future[tuple[_Renewal, object]], str] = {}
+        submitted: dict[concurrent.futures.Future[tuple[Renewal, object]], str] = {}
         already: list[str] = []
         with self._lock:
             for key, slot in self._slots.items():
@@ -217,19 +209,20 @@ class LeaseHolder:
         done, pending = concurrent.futures.wait(submitted, timeout=limit)
         renewed: list[str] = []
         handoffs: list[HeldLease] = []
+        skipped: list[str] = []
         lost: list[HeldLease] = []
         failed: dict[str, KclpySparkError] = {}
         for future in done:
             outcome, value = future.result()
             key = submitted[future]
-            if outcome is _Renewal.RENEWED:
-                renewed.append(key)
+            if outcome is Renewal.RENEWED or outcome is Renewal.SKIPPED:
+                (renewed if outcome is Renewal.RENEWED else skipped).append(key)
                 if isinstance(value, HeldLease) and value.lease.handoff_pending:
                     handoffs.append(value)
-            elif outcome is _Renewal.LOST:
+            elif outcome is Renewal.LOST:
                 assert isinstance(value, HeldLease)
                 lost.append(value)
-            elif outcome is _Renewal.FAILED:
+            elif outcome is Renewal.FAILED:
                 assert isinstance(value, KclpySparkError)
                 failed[key] = value
         slow = sorted([submitted[f] for f in pending] + already)
@@ -242,41 +235,47 @@ class LeaseHolder:
             tuple(slow),
             {h.lease_key: h.token for h in lost},
             tuple(sorted(handoffs, key=lambda h: h.lease_key)),
+            tuple(sorted(skipped)),
         )
 
-    def _renew_one(self, key: str, slot: _Slot) -> tuple[_Renewal, object]:
+    def _renew_one(self, key: str, slot: Slot) -> tuple[Renewal, object]:
         try:
             return self._renew_slot(key, slot)
         except KclpySparkError as exc:
             log.warning("renewing lease %s failed: %s", key, exc)
-            return _Renewal.FAILED, exc
+            return Renewal.FAILED, exc
         except Exception as exc:  # a bug in a store must not kill the renewal round
             log.exception("renewing lease %s failed unexpectedly", key)
-            return _Renewal.FAILED, KclpySparkError(f"renewing lease {key} failed: {exc!r}")
+            return Renewal.FAILED, KclpySparkError(f"renewing lease {key} failed: {exc!r}")
         finally:
             with self._lock:
                 slot.renewing = False
 
-    def _renew_slot(self, key: str, slot: _Slot) -> tuple[_Renewal, object]:
+    def _renew_slot(self, key: str, slot: Slot) -> tuple[Renewal, object]:
         seen = slot.held  # a retake may replace it in this slot until we hold its lock
         left = seen.last_counter_change + self.lease_duration - self._clock.monotonic()
         if left < 0 or not slot.lock.acquire(timeout=left):
             if self._expired_now(key, slot, seen):
-                return _Renewal.LOST, seen
+                return Renewal.LOST, seen
             with self._lock:
                 if not self._current(key, slot):
-                    return _Renewal.GONE, None  # released or replaced meanwhile
-            return _Renewal.FAILED, LeaseBusyError(
+                    return Renewal.GONE, None  # released or replaced meanwhile
+            return Renewal.FAILED, LeaseBusyError(
                 f"lease {key}: a write of it held its lock for the rest of the lease"
             )
         try:
             with self._lock:
                 if not self._current(key, slot):
-                    return _Renewal.GONE, None
+                    return Renewal.GONE, None
             held = slot.held
             if self._expired_now(key, slot, held):
-                return _Renewal.LOST, held
+                return Renewal.LOST, held
             started = self._clock.monotonic()
+            interval = self.lease_duration / 3
+            if self._skip_checkpointed and not renewal_due(
+                started, held.last_counter_change, slot.renewed_at, interval
+            ):
+                return Renewal.SKIPPED, held  # a handoff asked of it shows in the lease as stored
             lease = held.lease
             if slot.figures:
                 lease = replace(lease, **slot.figures)  # type: ignore[arg-type]
@@ -284,14 +283,15 @@ class LeaseHolder:
             if new is None:
                 log.warning("lost lease %s: its renewal lost the conditional write", key)
                 if not self._drop_slot(key, slot):
-                    return _Renewal.GONE, None
-                return _Renewal.LOST, held
+                    return Renewal.GONE, None
+                return Renewal.LOST, held
             slot.held = HeldLease(new, held.token, started)
-            return _Renewal.RENEWED, slot.held
+            slot.renewed_at = started
+            return Renewal.RENEWED, slot.held
         finally:
             slot.lock.release()
 
-    def _expired_now(self, key: str, slot: _Slot, held: HeldLease) -> bool:
+    def _expired_now(self, key: str, slot: Slot, held: HeldLease) -> bool:
         """True (and the slot dropped) if the tenure ``held`` has expired locally and is still
         the registered one (a tenure released, or replaced by a retake, reports nothing)."""
         if not held.is_expired(self._clock.monotonic(), self.lease_duration):

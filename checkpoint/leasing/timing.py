@@ -3,7 +3,10 @@
 The KCL derives its intervals from ``failoverTimeMillis`` (the lease duration) and a small epsilon:
 
 * renew every ``failover / 3 - epsilon``, so a holder gets three tries at renewing before anyone may
-  judge its lease expired (the epsilon keeps the third try strictly inside the duration);
+  judge its lease expired (the epsilon keeps the third try strictly inside the duration); a lease
+  that a checkpoint wrote in the last half interval is not renewed that round (at most two rounds
+  running: checkpoint.leasing.held.renewal_due), so its counter moves at least every half
+  failover time: two tries;
 * take every ``(failover + epsilon) * 2``: a lease needs a full duration without a counter change to
   expire, so scanning more often than that only costs lease-table reads;
 * kclpy-spark scans every ``(failover + epsilon) * take_interval_multiplier`` with a multiplier of

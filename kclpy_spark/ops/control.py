@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
+from checkpoint.base.clock import Clock
 from checkpoint.base.errors import ConfigError
 from checkpoint.leasing.cpu_load import CpuFigure
 from checkpoint.port import CoordinationRecord, CoordinationStore
@@ -86,6 +87,31 @@ def _update(
 
 def is_suspended(store: CoordinationStore) -> bool:
     return bool(_data(store.get_record(SUSPEND_KEY)).get("suspended"))
+
+
+class SuspendFlag:
+    """The suspend flag as one worker follows it: taken from the last scan of the table if that
+    returned within ``max_age`` seconds (the taker's Scan reads the record anyway; no record
+    there: not suspended), else read. ``observe`` runs on the event loop, ``read`` on a thread."""
+
+    def __init__(self, store: CoordinationStore, clock: Clock, max_age: float) -> None:
+        self._store = store
+        self._clock = clock
+        self._max_age = max_age
+        self._seen: tuple[bool, float] | None = None  # (suspended, when the scan returned)
+        self._lock = threading.Lock()
+
+    def observe(self, records: Iterable[CoordinationRecord], returned_at: float) -> None:
+        record = next((r for r in records if r.key == SUSPEND_KEY), None)
+        with self._lock:
+            self._seen = (bool(_data(record).get("suspended")), returned_at)
+
+    def read(self) -> bool:
+        with self._lock:
+            seen = self._seen
+        if seen is not None and self._clock.monotonic() - seen[1] <= self._max_age:
+            return seen[0]
+        return is_suspended(self._store)
 
 
 def set_suspended(store: CoordinationStore, suspended: bool, *, by: str, now_wall: float) -> bool:

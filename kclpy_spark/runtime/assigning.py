@@ -219,6 +219,7 @@ def leader_election(
         lease_duration=timing.leader_duration,
         clock=clock,
         assigns=cfg.lease_assignment == "leader",
+        observed_max_age=timing.leader_renew_interval,  # a scan since the last tick
     )
 
 

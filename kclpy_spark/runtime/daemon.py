@@ -20,10 +20,11 @@ from typing import Any
 
 from checkpoint.base.errors import ConfigError, KclpySparkError
 from checkpoint.base.threads import RetiringThreadPool
-from kclpy_spark.config import StreamSpec, WorkerConfig, load_toml
+from kclpy_spark.config import WorkerConfig, load_toml
 from kclpy_spark.processor import RecordProcessor
 from kclpy_spark.runtime.lease_store import LeaseStore
 from kclpy_spark.runtime.worker import ProcessorFactory, Worker
+from kclpy_spark.stream_spec import StreamSpec
 from kclpy_spark.user_code import import_user_module
 
 # What the worker calls on a processor (amazon-kclpy v3's methods).

@@ -129,6 +129,8 @@ class WorkerMetrics:
             registry=r,
         )
         self.renewals = Counter("kclpy_spark_lease_renewals", "Successful renewals", registry=r)
+        skipped = "Renewals not made: a checkpoint had moved the lease's counter lately"
+        self.renewals_skipped = Counter("kclpy_spark_lease_renewals_skipped", skipped, registry=r)
         self.renewal_failures = Counter(
             "kclpy_spark_lease_renewal_failures", "Renewals that raised", registry=r
         )

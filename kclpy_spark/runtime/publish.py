@@ -1,7 +1,7 @@
 """What a worker publishes about itself (its ``worker/<id>`` coordination record): for
 ``kclpy-spark status``, the status page and a duplicate worker id to find it. Small and bounded:
-its held leases' figures, readiness, the last few lease events and, with a Spark sink, the sink's
-totals."""
+its held leases' figures, readiness, the last few lease events (of the last ten minutes) and,
+with a Spark sink, the sink's totals."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from kclpy_spark.runtime.worker import Worker
 
 EVENTS_PUBLISHED = 10
+# ... of the last this many seconds: a quiet worker's record stays under 1 KB (one write unit
+# per publish, and less for every Scan to read); a status page running meanwhile keeps them.
+EVENTS_PUBLISHED_FOR = 600.0
 # The per-lease figures of one status record (the Spark sink's) stay under this many bytes of
 # JSON: DynamoDB refuses an item over 400 KB, and each KB costs a write unit at every publish.
 LEASE_FIGURES_BYTES = 32_768
@@ -72,7 +75,7 @@ def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
         "readiness": why,
         "leases": leases,
         "leases_omitted": omitted,
-        "events": worker.events.recent(EVENTS_PUBLISHED),
+        "events": published_events(worker.events.recent(EVENTS_PUBLISHED), now_wall),
         "cpu_percent": worker.cpu.last_percent,
     }
     if worker.cfg.load_metric == "auto":  # else others must not balance CPU with us
@@ -82,6 +85,11 @@ def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
     if sink is not None:
         payload["sink"] = sink
     return payload
+
+
+def published_events(events: list[dict[str, Any]], now_wall: float) -> list[dict[str, Any]]:
+    """The events a status record carries: those of the last EVENTS_PUBLISHED_FOR seconds."""
+    return [e for e in events if now_wall - e["at"] <= EVENTS_PUBLISHED_FOR]
 
 
 def bounded(leases: dict[str, Any], budget: int) -> tuple[dict[str, Any], int]:

@@ -33,11 +33,12 @@ from checkpoint.counters import CoordinationCounters
 from checkpoint.lease import Lease, in_stream, lease_key_of
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import InitialPosition
-from kclpy_spark.config import StreamSpec, WorkerConfig
+from kclpy_spark.config import WorkerConfig
 from kclpy_spark.ops import control
 from kclpy_spark.retrieval.kinesis import KinesisSources, SourceSettings
 from kclpy_spark.retrieval.source import KinesisShardProbe
 from kclpy_spark.runtime.lease_store import LeaseStore
+from kclpy_spark.stream_spec import StreamSpec
 from shard_sync.cleanup import LeaderMaintenance
 from shard_sync.discovery import KinesisShardLister
 from shard_sync.syncer import ShardSyncer

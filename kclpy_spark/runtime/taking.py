@@ -179,9 +179,12 @@ class Taker:
         """Scan the lease table (leases and status records), show it to the status page, take
         what was handed to us, and judge every open lease; None when a job just completed."""
         w = self._w
-        table = await self._io(w.store.scan_table, control.WORKER_PREFIX)
+        table = await self._io(w.store.scan_table, "")  # every record: the Scan reads them all
+        returned = w.clock.monotonic()
         leases = list(table.leases)
         w.health.store_ok()
+        w.leader.observe(table.records, returned)
+        w.suspend_flag.observe(table.records, returned)
         try:  # the status page's view: never at the cost of taking
             w.board.on_scan(leases)
         except Exception:

@@ -28,7 +28,7 @@ from checkpoint.counters import CoordinationCounters
 from checkpoint.lease import Lease
 from checkpoint.leasing.holder import LeaseHolder
 from kclpy_spark.board.feed import WorkerBoard
-from kclpy_spark.config import StreamSpec, WorkerConfig
+from kclpy_spark.config import WorkerConfig
 from kclpy_spark.logs import set_application
 from kclpy_spark.ops import control
 from kclpy_spark.runtime.assigning import leader_election, lease_timing
@@ -45,6 +45,7 @@ from kclpy_spark.runtime.publish import status_payload
 from kclpy_spark.runtime.stopping import announce_stopping, let_new_owners_see, release_all
 from kclpy_spark.runtime.streams import StreamContext, StreamSet
 from kclpy_spark.runtime.taking import Taker
+from kclpy_spark.stream_spec import StreamSpec
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +99,12 @@ class Worker:
         )
         self.exit_reason: str | None = None
         self.status_server: StatusServer | None = None
-        self.holder = LeaseHolder(store, cfg.worker_id, self.clock, self.timing.lease_duration)
+        self.holder = LeaseHolder(
+            store, cfg.worker_id, self.clock, self.timing.lease_duration,
+            skip_checkpointed=cfg.skip_checkpointed_renewals,
+        )  # fmt: skip
         self.leader = leader_election(cfg, store, self.timing, self.clock)
+        self.suspend_flag = control.SuspendFlag(store, self.clock, self.timing.lease_duration)
         self.health = Health(
             self.clock.monotonic,
             store_interval=self.timing.renew_interval,
@@ -304,12 +309,14 @@ class Worker:
         call = functools.partial(contextvars.copy_context().run, self.holder.renew_all)
         report = await asyncio.get_running_loop().run_in_executor(self._renew_io, call)
         self.metrics.renewals.inc(len(report.renewed))
+        self.metrics.renewals_skipped.inc(len(report.skipped))
         self.metrics.renewal_failures.inc(len(report.failed))
         self.metrics.leases_lost.inc(len(report.lost))
         self.metrics.leases_held.set(len(self.holder.held()))
         for exc in report.failed.values():
             self.health.store_failed(exc)
-        if report.renewed and not report.failed:  # nothing held proves nothing about the table
+        # Nothing held proves nothing about the table (a skip: a checkpoint landed lately).
+        if (report.renewed or report.skipped) and not report.failed:
             self.health.store_ok()
         for lease in report.lost:
             log.warning("worker %s lost lease %s", self.cfg.worker_id, lease.lease_key)
@@ -335,7 +342,7 @@ class Worker:
         cpu = self.cpu.sample(self.consumers.changes)
         if cpu is not None:
             self.metrics.cpu_percent.set(cpu)
-        suspended = await self._io(control.is_suspended, self.store)
+        suspended = await self._io(self.suspend_flag.read)
         self.health.store_ok()
         if suspended and not self.suspended:
             log.warning("worker %s: application suspended; releasing leases", self.cfg.worker_id)

@@ -305,3 +305,35 @@ def test_cpu_figures_come_from_running_workers_status_records() -> None:
         "new",
         "old-version",
     }  # fmt: skip (the late one is not running)
+
+
+class _CountedReads(MemoryLeaseTable):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gets = 0
+
+    def get_record(self, key: str) -> Any:
+        self.gets += 1
+        return super().get_record(key)
+
+
+def test_the_suspend_flag_comes_from_a_recent_scan_else_from_a_read() -> None:
+    from checkpoint.base.clock import ManualClock
+
+    store, clock = _CountedReads(), ManualClock()
+    flag = control.SuspendFlag(store, clock, max_age=10.0)
+
+    def read() -> tuple[bool, int]:
+        before = store.gets
+        return flag.read(), store.gets - before
+
+    assert read() == (False, 1)  # no scan yet: read
+    flag.observe(store.scan_table("").records, clock.monotonic())
+    assert read() == (False, 0)  # no record in the scan: not suspended
+    control.set_suspended(store, True, by="op", now_wall=clock.wall())
+    flag.observe(store.scan_table("").records, clock.monotonic())
+    clock.advance(9.0)
+    assert read() == (True, 0)  # from the scan
+    control.set_suspended(store, False, by="op", now_wall=clock.wall())
+    clock.advance(1.5)  # the last scan is too old: read
+    assert read() == (False, 1)

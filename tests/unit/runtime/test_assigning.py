@@ -26,6 +26,9 @@ class Leader:
     def led_by(self) -> str | None:
         return None if self.is_leader else self.other
 
+    def observe(self, records: Any, returned_at: float) -> None:
+        pass
+
 
 class Reads(MemoryLeaseTable):
     def __init__(self, clock: ManualClock) -> None:

@@ -43,6 +43,16 @@ class Consumers(dict[str, Any]):
         self[held.lease_key] = held
 
 
+class Looks:
+    """Stands in for the leader election and the suspend flag: what each scan showed them."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[tuple[str, ...], float]] = []
+
+    def observe(self, records: Any, returned_at: float) -> None:
+        self.seen.append((tuple(sorted(r.key for r in records)), returned_at))
+
+
 def worker(table: MemoryLeaseTable, consumers: Consumers, clock: ManualClock | None = None) -> Any:
     clock = clock or ManualClock()
     return SimpleNamespace(
@@ -61,6 +71,8 @@ def worker(table: MemoryLeaseTable, consumers: Consumers, clock: ManualClock | N
         metrics=WorkerMetrics(CoordinationCounters()),
         events=EventLog(ME, clock.wall),
         rng=random.Random(1),
+        leader=Looks(),
+        suspend_flag=Looks(),
     )
 
 
@@ -330,6 +342,22 @@ def test_a_round_counts_the_workers_whose_status_says_they_run() -> None:
     w.health = SimpleNamespace(store_ok=lambda: None, all_parked=False)
     asyncio.run(Taker(w, io).round())
     assert len(w.consumers) == 4  # a third: "peer", "another" and us
+
+
+def test_a_round_hands_the_scans_coordination_records_to_the_leader_and_suspend_flag() -> None:
+    """The Scan reads every record anyway: the leader election and the suspend flag take theirs
+    from it (dated when it returned) instead of reading them again."""
+    clock = ManualClock()
+    table = MemoryLeaseTable(clock)
+    put(table, "s00")
+    status(table, "peer", clock.wall())
+    control.set_suspended(table, False, by="op", now_wall=clock.wall())
+    w = worker(table, Consumers(), clock)
+    w.board = SimpleNamespace(on_scan=lambda leases: None)
+    w.health = SimpleNamespace(store_ok=lambda: None, all_parked=False)
+    asyncio.run(Taker(w, io).round())
+    keys = (control.SUSPEND_KEY, control.worker_key("peer"))
+    assert w.leader.seen == w.suspend_flag.seen == [(tuple(sorted(keys)), clock.monotonic())]
 
 
 def test_a_stopping_worker_says_so_before_handing_out(monkeypatch: Any) -> None:

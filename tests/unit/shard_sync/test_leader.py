@@ -254,3 +254,78 @@ def test_an_older_leader_carrying_the_data_forward_does_not_look_as_if_it_assign
     assert store.put_record(older, record.version)
     c = LeaderElection(store, "C", lease_duration=10.0, clock=clock, assigns=True)
     assert not c.tick() and c.led_by() == "OLD" and c.other_assigns is False
+
+
+def _scan(store: MemoryLeaseTable) -> tuple[CoordinationRecord, ...]:
+    return store.scan_table("").records
+
+
+def test_a_tick_judges_from_a_recent_scan_instead_of_reading() -> None:
+    store = _Loses()
+    clock = ManualClock()
+    a = LeaderElection(store, "A", lease_duration=30.0, clock=clock)
+    b = LeaderElection(store, "B", lease_duration=30.0, clock=clock, observed_max_age=10.0)
+    assert a.tick()
+    assert not b.tick()  # nothing scanned yet: one read
+    gets = store.gets
+    for _ in range(6):  # A renews every 10 s; B's taker scans 3 s before each of B's ticks
+        clock.advance(7.0)
+        b.observe(_scan(store), clock.monotonic())
+        clock.advance(3.0)
+        assert a.tick()
+        assert not b.tick()
+        assert b.led_by() == "A"
+    assert store.gets == gets  # every look came from a scan
+    clock.advance(11.0)  # the last scan is older than observed_max_age: read
+    assert not b.tick()
+    assert store.gets == gets + 1
+
+
+def test_a_leader_seen_only_in_scans_is_replaced_a_lease_duration_after_the_scan_that_saw_it() -> (
+    None
+):
+    """Dated when the scan returned (after its read: the version was written before), never
+    earlier; so nobody takes over before the dead leader's own leadership has lapsed."""
+    store, clock, a, _ = _pair(duration=30.0)
+    b = LeaderElection(store, "B", lease_duration=30.0, clock=clock, observed_max_age=10.0)
+    assert a.tick()  # A's write starts now: it leads until now + 30
+    clock.advance(2.0)
+    b.observe(_scan(store), clock.monotonic())  # the scan that first shows A's version
+    seen = clock.monotonic()
+    while clock.monotonic() - seen <= 30.0:
+        assert not b.tick()
+        clock.advance(5.0)
+        b.observe(_scan(store), clock.monotonic())
+    assert not a.is_leader
+    assert b.tick()  # A died after its first write: B takes over, by a conditional write
+
+
+def test_a_scan_older_than_our_last_read_is_not_used() -> None:
+    """An eventually consistent scan must not take a follower back to a version it read past."""
+    store = _Loses()
+    clock = ManualClock()
+    a = LeaderElection(store, "A", lease_duration=30.0, clock=clock)
+    b = LeaderElection(store, "B", lease_duration=30.0, clock=clock, observed_max_age=10.0)
+    a.tick()
+    old, scanned = _scan(store), clock.monotonic()  # shows version 1
+    clock.advance(1.0)
+    a.tick()  # version 2
+    assert not b.tick()  # no scan since: reads version 2
+    clock.advance(1.0)
+    b.observe(old, scanned)  # returned before that read
+    gets = store.gets
+    assert not b.tick()
+    assert store.gets == gets + 1  # read again instead
+    assert b._seen is not None and b._seen.version == 2
+
+
+def test_without_observed_max_age_scans_are_ignored() -> None:
+    store = _Loses()
+    clock = ManualClock()
+    a = LeaderElection(store, "A", lease_duration=30.0, clock=clock)
+    b = LeaderElection(store, "B", lease_duration=30.0, clock=clock)
+    a.tick()
+    b.observe(_scan(store), clock.monotonic())
+    gets = store.gets
+    b.tick()
+    assert store.gets == gets + 1
