@@ -6,8 +6,8 @@ alive, every lease held, no checkpoints) on one in-memory lease store, in virtua
 worker's real ``LeaseHolder.renew_all`` every renewal interval, a ``list_leases`` Scan every take
 interval (the taker's, which reads nothing else while every lease is renewed in time, and hands
 the leader record and the suspend flag it returns to the next looks), the real
-``LeaderElection.tick`` every leader interval, and once per failover time the suspend flag (read
-unless a scan returned it within a failover time) and the real ``StatusWriter`` publishing a
+``LeaderElection.tick`` every leader interval (an eventually consistent read unless a scan
+returned the record since the last tick), and once per failover time the suspend flag (the same) and the real ``StatusWriter`` publishing a
 status record shaped like the worker's (its ten events more than ten minutes old, so none
 published; a lease's figures ride on its renewals).
 Each call is costed by DynamoDB's rules (checkpoint.stores.capacity) on the item the DynamoDB
@@ -108,9 +108,10 @@ class CostingStore:
         self._add("list_lease_keys_by_owner", units)
         return keys
 
-    def get_record(self, key: str) -> CoordinationRecord | None:
+    def get_record(self, key: str, *, consistent: bool = True) -> CoordinationRecord | None:
         record = self.inner.get_record(key)
-        self._add("get_record", read_units([self.sizes.get(codec.record_item_key(key), 0)]))
+        size = self.sizes.get(codec.record_item_key(key), 0)
+        self._add("get_record", read_units([size], consistent=consistent))
         return record
 
     def put_record(self, record: CoordinationRecord, expected_version: int | None) -> bool:

@@ -153,7 +153,11 @@ class TableReader(Protocol):
 
 
 class CoordinationStore(Protocol):
-    def get_record(self, key: str) -> CoordinationRecord | None: ...
+    def get_record(self, key: str, *, consistent: bool = True) -> CoordinationRecord | None:
+        """The record, or None. ``consistent=False``: DynamoDB's eventually consistent read (half
+        the read units; may miss a write of the last second or so), for looks whose decisions a
+        conditional write guards anyway."""
+        ...
 
     def put_record(self, record: CoordinationRecord, expected_version: int | None) -> bool:
         """Write ``record`` if the stored version equals ``expected_version`` (None: if absent).

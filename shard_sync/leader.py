@@ -163,7 +163,8 @@ class LeaderElection:
             at = observed[1]
             if at > self._read_at and now - at <= self._observed_max_age:
                 return observed  # newer than our last read: a scan never takes us back in time
-        current = self._store.get_record(self._key)
+        # Eventually consistent: a version seen late only delays a takeover (module docstring).
+        current = self._store.get_record(self._key, consistent=False)
         self._read_at = self._clock.monotonic()
         return current, self._read_at
 

@@ -118,8 +118,8 @@ class DynamoDBLeaseTable(DynamoCalls):
     def get_lease(self, lease_key: str) -> Lease | None:
         return self._retried(f"get lease {lease_key!r}", lambda: self._try_get_lease(lease_key))
 
-    def _get_item(self, lease_key: str) -> dict[str, Any] | None:
-        response = self._call("GetItem", Key=codec.key_of(lease_key), ConsistentRead=True)
+    def _get_item(self, lease_key: str, consistent: bool = True) -> dict[str, Any] | None:
+        response = self._call("GetItem", Key=codec.key_of(lease_key), ConsistentRead=consistent)
         item: dict[str, Any] | None = response.get("Item")
         return item
 
@@ -310,11 +310,11 @@ class DynamoDBLeaseTable(DynamoCalls):
 
     # -- coordination records -------------------------------------------------------------------
 
-    def get_record(self, key: str) -> CoordinationRecord | None:
-        return self._retried(f"get record {key!r}", lambda: self._try_get_record(key))
+    def get_record(self, key: str, *, consistent: bool = True) -> CoordinationRecord | None:
+        return self._retried(f"get record {key!r}", lambda: self._try_get_record(key, consistent))
 
-    def _try_get_record(self, key: str) -> CoordinationRecord | None:
-        item = self._get_item(codec.record_item_key(key))
+    def _try_get_record(self, key: str, consistent: bool) -> CoordinationRecord | None:
+        item = self._get_item(codec.record_item_key(key), consistent)
         return None if item is None else codec.record_from_item(item)
 
     def put_record(self, record: CoordinationRecord, expected_version: int | None) -> bool:

@@ -181,7 +181,7 @@ class MemoryLeaseTable:
             del self._leases[lease.lease_key]
             return True
 
-    def get_record(self, key: str) -> CoordinationRecord | None:
+    def get_record(self, key: str, *, consistent: bool = True) -> CoordinationRecord | None:
         with self._lock:
             return self._records.get(key)
 

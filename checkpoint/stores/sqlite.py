@@ -348,7 +348,7 @@ class SQLiteLeaseTable:
 
     # -- coordination records -------------------------------------------------------------------
 
-    def get_record(self, key: str) -> CoordinationRecord | None:
+    def get_record(self, key: str, *, consistent: bool = True) -> CoordinationRecord | None:
         sql = f"SELECT {_RECORD_FIELDS} FROM {RECORDS} WHERE namespace = ? AND key = ?"
         row = self._run(
             f"get record {key!r}",

@@ -111,7 +111,7 @@ class SuspendFlag:
             seen = self._seen
         if seen is not None and self._clock.monotonic() - seen[1] <= self._max_age:
             return seen[0]
-        return is_suspended(self._store)
+        return bool(_data(self._store.get_record(SUSPEND_KEY, consistent=False)).get("suspended"))
 
 
 def set_suspended(store: CoordinationStore, suspended: bool, *, by: str, now_wall: float) -> bool:

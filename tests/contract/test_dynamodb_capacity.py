@@ -11,6 +11,7 @@ import pytest
 
 from checkpoint.base.retry import RetryPolicy
 from checkpoint.lease import Lease
+from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
 from checkpoint.stores.capacity import Usage, item_size, read_units, write_units
 from checkpoint.stores.dynamodb import DynamoDBLeaseTable
@@ -69,6 +70,13 @@ def test_the_store_counts_units_as_dynamodb_reports_and_the_rules_predict(
     before = dynamo.capacity.snapshot()
     assert dynamo.get_lease(lease.lease_key) == renewed
     assert _delta(dynamo, before, "GetItem") == Usage(1, read_units([item_size(after)]))
+
+    record = CoordinationRecord("shard-sync-leader", "worker-a", 1, 100.0, "{}")
+    assert dynamo.put_record(record, None)
+    size = item_size(_raw(dynamodb_client, dynamo.table_name)["__kclpy_spark__/shard-sync-leader"])
+    before = dynamo.capacity.snapshot()
+    assert dynamo.get_record(record.key, consistent=False) == record
+    assert _delta(dynamo, before, "GetItem") == Usage(1, read_units([size], consistent=False))
 
 
 def test_a_big_item_costs_more_write_units(dynamo: DynamoDBLeaseTable) -> None:

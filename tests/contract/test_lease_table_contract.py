@@ -499,6 +499,16 @@ def test_record_update_by_version_and_lost_race(table: Any) -> None:
     assert table.get_record("absent") is None
 
 
+def test_an_eventually_consistent_record_read_returns_what_was_written(table: Any) -> None:
+    record = CoordinationRecord("leader", "worker-a", 1, 100.0, '{"assigns": "worker-a"}')
+    assert table.put_record(record, None)
+    deadline = time.monotonic() + 5.0  # DynamoDB may answer from a replica a moment behind
+    while table.get_record("leader", consistent=False) != record:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert table.get_record("absent", consistent=False) is None
+
+
 def test_records_are_not_leases(table: Any) -> None:
     table.put_record(CoordinationRecord("shard-sync-leader", "a", 1, 1.0), None)
     assert table.is_empty() is True

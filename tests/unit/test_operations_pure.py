@@ -235,7 +235,7 @@ class _CountingRecords(MemoryLeaseTable):
         self.gets = 0
         self.puts = 0
 
-    def get_record(self, key: str) -> Any:
+    def get_record(self, key: str, *, consistent: bool = True) -> Any:
         self.gets += 1
         return super().get_record(key)
 
@@ -312,7 +312,7 @@ class _CountedReads(MemoryLeaseTable):
         super().__init__()
         self.gets = 0
 
-    def get_record(self, key: str) -> Any:
+    def get_record(self, key: str, *, consistent: bool = True) -> Any:
         self.gets += 1
         return super().get_record(key)
 

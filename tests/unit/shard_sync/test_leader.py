@@ -94,7 +94,7 @@ class _Loses(MemoryLeaseTable):
     gets = 0
     puts = 0
 
-    def get_record(self, key: str) -> CoordinationRecord | None:
+    def get_record(self, key: str, *, consistent: bool = True) -> CoordinationRecord | None:
         self.gets += 1
         return super().get_record(key)
 
