@@ -340,10 +340,13 @@ def report(results: list[dict[str, Any]], store: str, argv: Sequence[str] | None
         "Ours renews on the KCL's schedule (a lease checkpointed in the last half renewal "
         "interval skips that round's renewal, with `skip`: a renewal at least every third "
         "round); on top of it each worker scans every "
-        f"{timing.take_interval:.2f} s (the failover time it buys: BENCHMARKS.md), reads a lease "
-        "of another worker once more only when it would expire unless renewed (none while "
-        "every worker is alive), reads the leader record every failover time (the leader "
-        "writes it), the suspend flag and writes its status once per failover time.",
+        f"{timing.take_interval:.2f} s (the failover time it buys: BENCHMARKS.md; the scan also "
+        "brings the leader record and the suspend flag, read on their own only without a "
+        "recent scan), reads a lease of another worker once more only when it would expire "
+        "unless its counter moved (rare while every worker is alive), and writes its status "
+        "once per failover time (the leader also its record). A status record carries the "
+        "lease events of the last ten minutes: in a run this short, those of the start (two "
+        "write units per publish instead of one after ten quiet minutes).",
         "",
         "By role: " + "; ".join(sorted({f"{k} = {v}" for k, v in ROLES.items()})),
         "",

@@ -7,9 +7,9 @@ worker's real ``LeaseHolder.renew_all`` every renewal interval, a ``list_leases`
 interval (the taker's, which reads nothing else while every lease is renewed in time, and hands
 the leader record and the suspend flag it returns to the next looks), the real
 ``LeaderElection.tick`` every leader interval (an eventually consistent read unless a scan
-returned the record since the last tick), and once per failover time the suspend flag (the same) and the real ``StatusWriter`` publishing a
-status record shaped like the worker's (its ten events more than ten minutes old, so none
-published; a lease's figures ride on its renewals).
+returned the record since the last tick), and once per failover time the suspend flag (the
+same) and the real ``StatusWriter`` publishing a status record shaped like the worker's (its ten
+events more than ten minutes old, so none published; a lease's figures ride on its renewals).
 Each call is costed by DynamoDB's rules (checkpoint.stores.capacity) on the item the DynamoDB
 store would read or write (checkpoint.stores.dynamo_codec): a Scan pays for the whole table,
 coordination records included, per 1 MB page. Not simulated: the leader's shard-sync maintenance

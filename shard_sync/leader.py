@@ -8,9 +8,10 @@ people reading ``status``; no decision depends on clocks agreeing across machine
 
 A worker that scans the table anyway (the taker's Scan returns every coordination record) hands
 the record to ``observe``; a tick within ``observed_max_age`` of that scan judges from it instead
-of reading the record again. The scan is eventually consistent: at worst it shows a version late,
-which only delays a takeover (dated when the scan returned, after the read), and a takeover's
-write is conditional on the version seen.
+of reading the record again (a follower's own reads are eventually consistent too). Either may
+show an older version than one seen before (a scan in flight across a read, a replica behind):
+that only delays a takeover (a version is dated when the read or scan returned, so never before
+it was written), or costs a takeover write that loses, being conditional on the version seen.
 
 Leadership also expires on the holder's own monotonic clock, like a lease: ``is_leader`` is true
 only until ``lease_duration`` after the start of the last write that renewed it. Another worker can
@@ -162,7 +163,7 @@ class LeaderElection:
         if observed is not None:
             at = observed[1]
             if at > self._read_at and now - at <= self._observed_max_age:
-                return observed  # newer than our last read: a scan never takes us back in time
+                return observed  # returned after our last read
         # Eventually consistent: a version seen late only delays a takeover (module docstring).
         current = self._store.get_record(self._key, consistent=False)
         self._read_at = self._clock.monotonic()

@@ -13,9 +13,11 @@ The KCL derives its intervals from ``failoverTimeMillis`` (the lease duration) a
   0.7 by default (7.0 s at failover 10 s), not the KCL's 2 (20.05 s). Between scans, a lease of
   another worker is read once more (one GetItem) at the moment it would expire unless its counter
   moved, dated by the write stamps (checkpoint.leasing.observer), and taken at once if it did not
-  move. A live lease is renewed every third of the lease duration, so a scan 7 s apart sees a
+  move. A live lease's counter moves every third of the lease duration, so a scan 7 s apart sees a
   newer counter before that moment comes and no extra read is made (unless a renewal runs more
-  than ~0.6 s late); a dead worker's leases move
+  than ~0.6 s late; a lease checkpointed every 4-9 s, whose renewals a checkpoint skips, may
+  cost one now and then: its counter moves at least every half duration); a dead worker's
+  leases move
   ``failover + max_clock_skew`` (11 s by default) after its last write, whether records were
   flowing or not. The KCL (and earlier versions here, with 5 s scans and no stamps) take a lease
   one or two scan intervals after the failover time has passed since the scan that first saw its

@@ -92,26 +92,42 @@ def is_suspended(store: CoordinationStore) -> bool:
 class SuspendFlag:
     """The suspend flag as one worker follows it: taken from the last scan of the table if that
     returned within ``max_age`` seconds (the taker's Scan reads the record anyway; no record
-    there: not suspended), else read. ``observe`` runs on the event loop, ``read`` on a thread."""
+    there: not suspended), else read (eventually consistent). Scans and reads may lag (a scan
+    in flight across a read, a replica behind): a record older than one already seen, by its
+    version, never overrides it, so the flag never flips back. ``observe`` runs on the event
+    loop, ``read`` on a thread."""
 
     def __init__(self, store: CoordinationStore, clock: Clock, max_age: float) -> None:
         self._store = store
         self._clock = clock
         self._max_age = max_age
-        self._seen: tuple[bool, float] | None = None  # (suspended, when the scan returned)
+        self._version = 0  # the newest version of the record seen (0: none yet)
+        self._suspended = False
+        self._scanned_at = float("-inf")  # when the last scan returned
         self._lock = threading.Lock()
+
+    def _note(self, record: CoordinationRecord | None) -> bool:
+        """Take ``record`` unless it is older than what we saw; the flag (call with the lock)."""
+        version = 0 if record is None else record.version
+        if version >= self._version:
+            self._version = version
+            self._suspended = bool(_data(record).get("suspended"))
+        return self._suspended
 
     def observe(self, records: Iterable[CoordinationRecord], returned_at: float) -> None:
         record = next((r for r in records if r.key == SUSPEND_KEY), None)
         with self._lock:
-            self._seen = (bool(_data(record).get("suspended")), returned_at)
+            self._note(record)
+            self._scanned_at = returned_at
 
-    def read(self) -> bool:
+    def read(self) -> tuple[bool, bool]:
+        """Whether the application is suspended; whether the store was asked for it."""
         with self._lock:
-            seen = self._seen
-        if seen is not None and self._clock.monotonic() - seen[1] <= self._max_age:
-            return seen[0]
-        return bool(_data(self._store.get_record(SUSPEND_KEY, consistent=False)).get("suspended"))
+            if self._clock.monotonic() - self._scanned_at <= self._max_age:
+                return self._suspended, False
+        record = self._store.get_record(SUSPEND_KEY, consistent=False)
+        with self._lock:
+            return self._note(record), True
 
 
 def set_suspended(store: CoordinationStore, suspended: bool, *, by: str, now_wall: float) -> bool:

@@ -25,6 +25,18 @@ def duplicate_message(worker_id: str) -> str:
     )
 
 
+def note_duplicate(worker: Worker, other: str | None) -> None:
+    """Tell health whether a status publish found another process under our id (logged once)."""
+    health = worker.health
+    if other is None:
+        health.duplicate_worker = None
+        return
+    message = duplicate_message(worker.cfg.worker_id)
+    if health.duplicate_worker is None:
+        log.error("worker %s: %s", worker.cfg.worker_id, message)
+    health.duplicate_worker = message
+
+
 async def unique_worker_id(worker: Worker, io: Io) -> None:
     """Raise DuplicateWorkerError if another live process publishes under ``worker``'s id. A
     record written lately by another instance may be a previous run that crashed: wait one status

@@ -38,7 +38,7 @@ from kclpy_spark.runtime.consumers import ConsumerSet
 from kclpy_spark.runtime.cpu import CpuMeter
 from kclpy_spark.runtime.events import EventLog
 from kclpy_spark.runtime.health import Health
-from kclpy_spark.runtime.identity import duplicate_message, unique_worker_id
+from kclpy_spark.runtime.identity import note_duplicate, unique_worker_id
 from kclpy_spark.runtime.lease_store import LeaseStore
 from kclpy_spark.runtime.metrics import StatusServer, worker_metrics
 from kclpy_spark.runtime.publish import status_payload
@@ -234,7 +234,9 @@ class Worker:
         # Leadership is renewed in its own loop, so a long maintenance round (a throttled
         # ListShards, a big scan) never lets the leadership lapse while this worker still syncs.
         loops = [
-            asyncio.create_task(self._loop(self._renew_round, self.timing.renew_interval)),
+            asyncio.create_task(
+                self._loop(self._renew_round, self.timing.renew_interval, rate=True)
+            ),
             asyncio.create_task(self._take_loop()),
             asyncio.create_task(
                 self._loop(self._leader_tick, self.timing.leader_renew_interval, first=False)
@@ -242,8 +244,8 @@ class Worker:
             asyncio.create_task(
                 self._loop(self._maintenance_round, self.cfg.shard_sync_interval, first=False)
             ),
-            # Once per lease duration: suspend reacts within one failover time and `status` sees
-            # figures that old, for a third of the lease-table requests of a per-renewal round.
+            # Once per lease duration: suspend reacts within two failover times (the flag comes
+            # from a scan up to one old) and `status` sees figures about that old.
             asyncio.create_task(
                 self._loop(self._control_round, self.timing.lease_duration, first=False)
             ),
@@ -270,17 +272,23 @@ class Worker:
 
     # --- loops -----------------------------------------------------------------------------------
 
-    async def _loop(self, step: Callable[[], Any], interval: float, *, first: bool = True) -> None:
+    async def _loop(
+        self, step: Callable[[], Any], interval: float, *, first: bool = True, rate: bool = False
+    ) -> None:
+        """``step`` every ``interval`` s after the last ended; ``rate``: after the last began
+        (renewals: a slow round must not push the next one later)."""
         if not first:
             await self.sleep(interval)
         while True:
+            began = self.clock.monotonic()
             try:
                 await step()
             except KclpySparkError as exc:
                 self._failed(exc)
             except Exception:
                 log.exception("worker %s: unexpected error in %s", self.cfg.worker_id, step)
-            await self.sleep(interval)
+            spent = self.clock.monotonic() - began if rate else 0.0
+            await self.sleep(max(0.0, interval - spent))
 
     def _failed(self, exc: KclpySparkError, what: str = "") -> None:
         """A loop's lease-table call failed: tell health; log it (quietly once the table is
@@ -342,8 +350,9 @@ class Worker:
         cpu = self.cpu.sample(self.consumers.changes)
         if cpu is not None:
             self.metrics.cpu_percent.set(cpu)
-        suspended = await self._io(self.suspend_flag.read)
-        self.health.store_ok()
+        suspended, asked = await self._io(self.suspend_flag.read)
+        if asked:  # else the flag came from a scan, which said so when it returned
+            self.health.store_ok()
         if suspended and not self.suspended:
             log.warning("worker %s: application suspended; releasing leases", self.cfg.worker_id)
             self.suspended = True
@@ -355,16 +364,7 @@ class Worker:
             self.resumed_at = self.clock.monotonic()
             self._take_now.set()
         other = await self._io(self.status_writer.publish, status_payload(self, now), now)
-        self._note_duplicate(other)
-
-    def _note_duplicate(self, other: str | None) -> None:
-        if other is None:
-            self.health.duplicate_worker = None
-            return
-        message = duplicate_message(self.cfg.worker_id)
-        if self.health.duplicate_worker is None:
-            log.error("worker %s: %s", self.cfg.worker_id, message)
-        self.health.duplicate_worker = message
+        note_duplicate(self, other)
 
     async def _leader_tick(self) -> None:
         await self._io(self.leader.tick)

@@ -325,7 +325,9 @@ def test_the_suspend_flag_comes_from_a_recent_scan_else_from_a_read() -> None:
 
     def read() -> tuple[bool, int]:
         before = store.gets
-        return flag.read(), store.gets - before
+        suspended, asked = flag.read()
+        assert asked == (store.gets > before)
+        return suspended, store.gets - before
 
     assert read() == (False, 1)  # no scan yet: read
     flag.observe(store.scan_table("").records, clock.monotonic())
@@ -337,3 +339,22 @@ def test_the_suspend_flag_comes_from_a_recent_scan_else_from_a_read() -> None:
     control.set_suspended(store, False, by="op", now_wall=clock.wall())
     clock.advance(1.5)  # the last scan is too old: read
     assert read() == (False, 1)
+
+
+def test_the_suspend_flag_never_flips_back_to_an_older_record() -> None:
+    """A scan in flight across our read, or a replica behind, shows an older version: ignored."""
+    from checkpoint.base.clock import ManualClock
+
+    store, clock = _CountedReads(), ManualClock()
+    flag = control.SuspendFlag(store, clock, max_age=10.0)
+    control.set_suspended(store, False, by="op", now_wall=clock.wall())
+    before_suspend = store.scan_table("").records  # a scan that read the table now...
+    control.set_suspended(store, True, by="op", now_wall=clock.wall())
+    assert flag.read() == (True, True)  # ...our read sees the suspend...
+    flag.observe(before_suspend, clock.monotonic())  # ...then that scan returns
+    assert flag.read() == (True, False)
+    control.set_suspended(store, False, by="op", now_wall=clock.wall())  # resumed
+    flag.observe(store.scan_table("").records, clock.monotonic())
+    assert flag.read() == (False, False)
+    flag.observe(before_suspend, clock.monotonic())  # a lagging replica's older view
+    assert flag.read() == (False, False)

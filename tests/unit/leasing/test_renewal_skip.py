@@ -175,3 +175,26 @@ def test_a_skipped_round_still_reports_a_handoff_a_checkpoint_saw() -> None:
     (asked,) = report.handoffs
     assert asked.lease.lease_owner == "worker-b" and asked.token == held.token
     holder.close()
+
+
+def test_a_lease_taken_again_is_renewed_at_its_first_round() -> None:
+    """A new tenure starts without a renewal: its first round renews whatever was checkpointed
+    (a renewal of the last tenure says nothing about this one's figures)."""
+    clock = ManualClock()
+    table = CountingTable(clock)
+    holder = LeaseHolder(table, "worker-a", clock, DURATION, skip_checkpointed=True)
+    _taken(table, holder)
+    holder.renew_all(wait=5)  # renewed: renewed_at is now
+    stored = table.get_lease(KEY)
+    assert stored is not None
+    retaken = table.take_lease(stored, "worker-a")
+    assert retaken is not None
+    held = holder.add_taken(retaken)
+    clock.advance(0.5)
+    position = ExtendedSequenceNumber("3")
+    assert holder.update(KEY, held.token, lambda x: table.update_checkpoint(x, position)).won
+    clock.advance(0.5)
+    before = table.renewals
+    assert holder.renew_all(wait=5).renewed == (KEY,)
+    assert table.renewals == before + 1
+    holder.close()

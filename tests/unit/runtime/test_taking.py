@@ -346,9 +346,17 @@ def test_a_round_counts_the_workers_whose_status_says_they_run() -> None:
 
 def test_a_round_hands_the_scans_coordination_records_to_the_leader_and_suspend_flag() -> None:
     """The Scan reads every record anyway: the leader election and the suspend flag take theirs
-    from it (dated when it returned) instead of reading them again."""
+    from it (dated when it returned: a record it shows may have been written at its end)
+    instead of reading them again."""
     clock = ManualClock()
-    table = MemoryLeaseTable(clock)
+
+    class SlowScan(MemoryLeaseTable):
+        def scan_table(self, record_prefix: str) -> Any:
+            scan = super().scan_table(record_prefix)
+            clock.advance(2.0)
+            return scan
+
+    table = SlowScan(clock)
     put(table, "s00")
     status(table, "peer", clock.wall())
     control.set_suspended(table, False, by="op", now_wall=clock.wall())

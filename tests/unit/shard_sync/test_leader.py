@@ -329,3 +329,32 @@ def test_without_observed_max_age_scans_are_ignored() -> None:
     gets = store.gets
     b.tick()
     assert store.gets == gets + 1
+
+
+class _SlowReads(MemoryLeaseTable):
+    """A store whose record reads take ``delay`` seconds of the manual clock."""
+
+    def __init__(self, clock: ManualClock, delay: float) -> None:
+        super().__init__()
+        self._clock, self._delay = clock, delay
+
+    def get_record(self, key: str, *, consistent: bool = True) -> CoordinationRecord | None:
+        record = super().get_record(key)
+        self._clock.advance(self._delay)
+        return record
+
+
+def test_a_version_is_dated_when_the_read_that_showed_it_returned() -> None:
+    """A read that takes 4 s: the version it shows may have been written at its end, so B
+    counts the lease duration from then, not from when its tick began."""
+    clock = ManualClock()
+    store = _SlowReads(clock, 4.0)
+    a = LeaderElection(store, "A", lease_duration=30.0, clock=clock)
+    b = LeaderElection(store, "B", lease_duration=30.0, clock=clock)
+    assert a.tick()  # no record yet: A's first tick reads it (4 s), then writes
+    assert not b.tick()  # B's read ends 4 s after it began: version 1 dated then
+    returned = clock.monotonic()
+    clock.advance(30.0 - 4.0 + 1.0)  # 31 s after B's tick began, 27 after its read returned
+    assert not b.tick()  # not yet (dated from the tick's start, B would take over here)
+    assert clock.monotonic() - returned > 30.0
+    assert b.tick()  # the read of this tick ended past the duration: B takes over
