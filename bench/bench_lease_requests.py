@@ -248,12 +248,17 @@ def _units(before: list[dict[str, Usage]], after: list[dict[str, Usage]]) -> dic
 
 
 async def _settle(started: list[Worker], workers: int, shards: int) -> None:
-    """Until every worker runs and the leases are spread (each worker holds its fair share)."""
-    deadline = time.monotonic() + 120 + shards  # a thousand leases spread in minutes
-    share = shards // workers
+    """Until every worker runs, every lease is held and no lease has moved for 20 s (with
+    records flowing, balancing by load need not end at equal counts)."""
+    deadline = time.monotonic() + 180 + shards  # a thousand leases spread in minutes
+    last: list[int] = []
+    since = time.monotonic()
     while True:
         held = [len(w.holder.held()) for w in started]
-        if len(started) == workers and sum(held) == shards and min(held) >= share:
+        if held != last:
+            last, since = held, time.monotonic()
+        spread = len(started) == workers and sum(held) == shards and min(held) > 0
+        if spread and time.monotonic() - since >= 20.0:
             return
         if time.monotonic() > deadline:
             raise TimeoutError(f"the leases did not settle: {held}")

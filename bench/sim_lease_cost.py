@@ -108,6 +108,11 @@ class CostingStore:
         self._add("list_lease_keys_by_owner", units)
         return keys
 
+    def update_checkpoint(self, lease: Lease, checkpoint: ExtendedSequenceNumber) -> Lease | None:
+        result = self.inner.update_checkpoint(lease, checkpoint)
+        self._lease_written("update_checkpoint", lease.lease_key, result)
+        return result
+
     def get_record(self, key: str, *, consistent: bool = True) -> CoordinationRecord | None:
         record = self.inner.get_record(key)
         size = self.sizes.get(codec.record_item_key(key), 0)
@@ -139,7 +144,11 @@ class SimWorker:
         self.id = worker_id
         self.store = store
         self.clock = clock
-        self.holder = LeaseHolder(store, worker_id, clock, t.lease_duration, renewal_threads=4)  # type: ignore[arg-type]
+        self.holder = LeaseHolder(
+            store, worker_id, clock, t.lease_duration, renewal_threads=4,  # type: ignore[arg-type]
+            skip_checkpointed=True,
+        )  # fmt: skip
+        self.position = int(SEQ)
         self.leader = LeaderElection(
             store, worker_id, lease_duration=t.leader_duration, clock=clock,  # type: ignore[arg-type]
             observed_max_age=t.leader_renew_interval,
@@ -178,6 +187,15 @@ class SimWorker:
                   "cpu_since": self.clock.wall() - 10.0, "cpu_limit": 2.0}  # fmt: skip
         self.status.publish(status, self.clock.wall())
 
+    def checkpoint(self) -> None:
+        """Every held lease's processor checkpoints (records flowing: after every batch)."""
+        for held in self.holder.held():
+            self.position += 1
+            at = ExtendedSequenceNumber(str(self.position))
+            self.holder.update(
+                held.lease_key, held.token, lambda x, at=at: self.store.update_checkpoint(x, at)
+            )
+
     def measure(self) -> None:
         """What the consumers hand the holder before each renewal round (written with it)."""
         for held in self.holder.held():
@@ -202,7 +220,13 @@ def _populate(store: CostingStore, leases: int, workers: list[SimWorker]) -> Non
 
 
 def simulate(
-    leases: int, workers: int, failover: float, warmup: float, minutes: float, led: bool = False
+    leases: int,
+    workers: int,
+    failover: float,
+    warmup: float,
+    minutes: float,
+    led: bool = False,
+    checkpoint_every: float = 0.0,
 ) -> Cost:
     """Per lease per minute, after ``warmup`` virtual seconds; ``led``: lease_assignment =
     "leader" (only the leader scans, the others Query their keys; the leader record lives one
@@ -223,6 +247,8 @@ def simulate(
         ]
     if led:  # after the others, so that both modes run the common steps in the same phases
         steps += [(timing.renew_interval, w.discover) for w in fleet]
+    if checkpoint_every > 0:
+        steps += [(checkpoint_every, w.checkpoint) for w in fleet]
     order = itertools.count()
     queue = [(rng.uniform(0, every), next(order), every, step) for every, step in steps]
     heapq.heapify(queue)
@@ -256,7 +282,17 @@ def _lease_bytes(leases: int) -> int:
     return item_size(codec.lease_to_item(lease))
 
 
-def report(rows: list[tuple[int, int, str, Cost]], failover: float, argv: Sequence[str]) -> str:
+def report(
+    rows: list[tuple[int, int, str, Cost]],
+    failover: float,
+    argv: Sequence[str],
+    checkpoint_every: float = 0.0,
+) -> str:
+    flowing = (
+        f" Every lease is checkpointed every {checkpoint_every:g} s (records flowing); the KCL 3.x "
+        "model gets the same checkpoints, each a write of its item, on top of its renewals."
+        if checkpoint_every > 0 else " No records, no checkpoints."
+    )  # fmt: skip
     lines = [
         "# Lease-table cost at scale, simulated (per lease per minute, steady state)",
         "",
@@ -265,14 +301,17 @@ def report(rows: list[tuple[int, int, str, Cost]], failover: float, argv: Sequen
         f"failover_time {failover:g} s. Ours: the worker's lease-management calls in virtual time "
         "on the in-memory store, costed by DynamoDB's rules (see the script's docstring). KCL 3.x: "
         "bench/kcl_model.py, pricing the KCL's own item for the same leases. Units: read + write "
-        "capacity units.",
+        "capacity units." + flowing,
         "",
         "| leases | workers | lease_assignment | our requests | KCL 3.x | ours / KCL 3.x | "
         "our read / write units | KCL 3.x read / write units | ours / KCL 3.x (units) |",
         "|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for leases, workers, mode, ours in rows:
-        k3 = kcl3(leases, workers, failover, _lease_bytes(leases)).per(leases)
+        size = _lease_bytes(leases)
+        per_minute = leases * 60 / checkpoint_every if checkpoint_every > 0 else 0.0
+        theirs = Cost(per_minute, 0.0, per_minute * write_units(size, size))
+        k3 = (kcl3(leases, workers, failover, size) + theirs).per(leases)
         units, k3_units = ours.read_units + ours.write_units, k3.read_units + k3.write_units
         lines.append(
             f"| {leases} | {workers} | {mode} | {ours.requests:.2f} | {k3.requests:.2f} | "
@@ -292,6 +331,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, default=60.0, help="virtual seconds")
     parser.add_argument("--minutes", type=float, default=2.0, help="virtual minutes counted")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=float,
+        default=0.0,
+        help="seconds between a lease's checkpoints (0: none, an idle stream)",
+    )
+    parser.add_argument("--results", default="sim_lease_cost.md", help="file in bench/results/")
     parser.add_argument("--assignment", nargs="+", choices=["worker", "leader"],
                         default=["worker", "leader"], help="lease_assignment values")  # fmt: skip
     args = parser.parse_args(argv)
@@ -300,13 +346,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         leases, workers = (int(x) for x in size.split("x"))
         for mode in args.assignment:
             led = mode == "leader"
-            ours = simulate(leases, workers, args.failover, args.warmup, args.minutes, led)
+            ours = simulate(leases, workers, args.failover, args.warmup, args.minutes, led,
+                            args.checkpoint_every)  # fmt: skip
             print(f"{leases} leases, {workers} workers, {mode}: {ours}", flush=True)
             rows.append((leases, workers, mode, ours))
-    text = report(rows, args.failover, argv)
+    text = report(rows, args.failover, argv, args.checkpoint_every)
     print(text)
     if not args.no_write:
-        print(f"written to {write_results('sim_lease_cost.md', text)}")
+        print(f"written to {write_results(args.results, text)}")
 
 
 if __name__ == "__main__":
