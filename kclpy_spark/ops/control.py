@@ -86,7 +86,11 @@ def _update(
 
 
 def is_suspended(store: CoordinationStore) -> bool:
-    return bool(_data(store.get_record(SUSPEND_KEY)).get("suspended"))
+    return _says_suspended(store.get_record(SUSPEND_KEY))
+
+
+def _says_suspended(record: CoordinationRecord | None) -> bool:
+    return bool(_data(record).get("suspended"))
 
 
 class SuspendFlag:
@@ -111,7 +115,7 @@ class SuspendFlag:
         version = 0 if record is None else record.version
         if version >= self._version:
             self._version = version
-            self._suspended = bool(_data(record).get("suspended"))
+            self._suspended = _says_suspended(record)
         return self._suspended
 
     def observe(self, records: Iterable[CoordinationRecord], returned_at: float) -> None:
