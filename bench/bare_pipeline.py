@@ -3,7 +3,8 @@ no checkpoints, no batching rules. One thread drains every shard with aiobotocor
 10,000 records a call, the SDK's own parsing) into Arrow record batches; another takes
 ``--batch`` rows at a time and writes them with ``spark.createDataFrame(arrow)`` + Parquet
 append (the SparkSession made as the sink makes it). Spark starts before the clock. Prints one
-JSON line: the seconds from the first GetRecords to the last write.
+JSON line: the seconds from the first GetRecords to the last write, and the wall time and rows
+written at the two ends of ``--window`` (the bench's warm window).
 
     python bench/bare_pipeline.py --endpoint http://127.0.0.1:PORT --stream s --records N --out DIR
 """
@@ -80,7 +81,11 @@ async def drain(endpoint: str, stream: str, total: int, out: queue.Queue[Any]) -
     out.put(None)
 
 
-def write_all(spark: Any, batches: queue.Queue[Any], rows: int, path: str) -> int:
+def write_all(
+    spark: Any, batches: queue.Queue[Any], rows: int, path: str, marks: dict[float, list[Any]]
+) -> int:
+    """Write batches of ``rows`` until the reader's end mark; each of ``marks`` (rows) gets
+    the wall time and the rows written when that many were first written."""
     pending: list[pa.RecordBatch] = []
     size = written = 0
     while True:
@@ -92,6 +97,9 @@ def write_all(spark: Any, batches: queue.Queue[Any], rows: int, path: str) -> in
             spark.createDataFrame(pa.Table.from_batches(pending)).write.mode("append").parquet(path)
             written += size
             pending, size = [], 0
+            for mark, seen in marks.items():
+                if not seen and written >= mark:
+                    seen.extend((time.time(), written))
         if item is None:
             return written
 
@@ -104,6 +112,7 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--batch", type=int, default=100_000)
     parser.add_argument("--target", default="local[2]")
+    parser.add_argument("--window", default="0.3,0.7", help="FROM,TO as shares of --records")
     args = parser.parse_args()
     from kclpy_spark.spark.session import SparkSessionHolder
 
@@ -111,16 +120,19 @@ def main() -> int:
     spark = holder.session()
     spark.range(1).collect()  # the JVM warm before the clock
     batches: queue.Queue[Any] = queue.Queue(maxsize=64)
-    began = time.perf_counter()
+    began, began_at = time.perf_counter(), time.time()
     reader = threading.Thread(
         target=lambda: asyncio.run(drain(args.endpoint, args.stream, args.records, batches))
     )
     reader.start()
-    written = write_all(spark, batches, args.batch, args.out)
+    low, high = (float(x) * args.records for x in args.window.split(","))
+    marks: dict[float, list[Any]] = {low: [], high: []}
+    written = write_all(spark, batches, args.batch, args.out, marks)
     reader.join()
-    steady = time.perf_counter() - began
+    steady, ended_at = time.perf_counter() - began, time.time()
     holder.stop()
-    print(json.dumps({"steady_s": steady, "rows": written}))
+    summary = {"steady_s": steady, "began": began_at, "ended": ended_at, "rows": written}
+    print(json.dumps({**summary, "opened": marks[low], "closed": marks[high]}))
     return 0
 
 

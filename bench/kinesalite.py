@@ -182,6 +182,7 @@ async def _put_all(
     concurrency: int,
     shards: int,
     tips: dict[str, int] | None = None,
+    positions: dict[str, list[int]] | None = None,
 ) -> int:
     from aiobotocore.config import AioConfig
     from aiobotocore.session import get_session
@@ -223,6 +224,11 @@ async def _put_all(
                                 seq = int(result["SequenceNumber"])
                                 shard = result["ShardId"]
                                 tips[shard] = max(tips.get(shard, 0), seq)
+                    if positions is not None:
+                        for result in resp["Records"]:
+                            if "ErrorCode" not in result:
+                                seqs = positions.setdefault(result["ShardId"], [])
+                                seqs.append(int(result["SequenceNumber"]))
                     pending = failed
                     if failed:
                         await asyncio.sleep(0.05)
@@ -241,17 +247,29 @@ def load_stream(
     payload: Callable[[int], bytes] | None = None,
     concurrency: int = PUT_CONCURRENCY,
     tips: dict[str, int] | None = None,
+    positions: dict[str, list[int]] | None = None,
 ) -> float:
     """Create a ``shards``-shard stream and put ``records`` records of ``size`` bytes, spread
     evenly over the shards. Returns the seconds the puts took; ``tips`` (when given) gets each
-    shard's last sequence number."""
+    shard's last sequence number, ``positions`` every record's sequence number by shard
+    (sorted)."""
     create_stream(endpoint, stream, shards)
     began = time.perf_counter()
     done = asyncio.run(
         _put_all(
-            endpoint, stream, records, payload or default_payload(size), concurrency, shards, tips
+            endpoint,
+            stream,
+            records,
+            payload or default_payload(size),
+            concurrency,
+            shards,
+            tips,
+            positions,
         )
     )
+    if positions is not None:
+        for seqs in positions.values():
+            seqs.sort()
     if done != records:
         raise RuntimeError(f"put {done} of {records} records")
     return time.perf_counter() - began

@@ -11,6 +11,13 @@ the four calls a polling consumer makes (JSON 1.1 over HTTP/1.1 keep-alive) with
   NextShardIterator (``<shard>:<n+1>``) spliced in; every call serves the same records, so
   sequence numbers repeat from one page to the next. ``Limit`` is ignored.
 
+With ``--pages P`` the stream is finite and its records distinct, as a sink needs them: page n of
+a shard (its iterator ``<shard>:<n>``) carries the body's records with sequence numbers
+``1<n, 11 digits><index in the page, 8 digits>`` (so they increase within a shard, page after
+page), written into a copy of the body (~0.1 us of server CPU per record); after P pages a shard
+answers with no records, at its tip. ``--synthetic N`` makes the body itself (N records of
+``--size`` bytes, as ``kinesalite.default_payload`` makes them) instead of reading a captured one.
+
 Records served are counted; ``GET /_standin/stats`` answers ``{"records": N, "calls": N}``. Requests
 are not authenticated (signatures are not checked). Loopback only.
 
@@ -23,27 +30,63 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import json
 import re
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 _ITERATOR = re.compile(rb'"NextShardIterator"\s*:\s*"[^"]*"')
 _SHARD_ID = re.compile(r'"ShardIterator"\s*:\s*"([^":]*)')
+_ITERATOR_AT = re.compile(r'"ShardIterator"\s*:\s*"([^":]*):(\d+)"')
+_PAGE_DIGITS = 11  # the page number's digits in a finite stream's sequence numbers
+
+
+def sequence_number(page: int, index: int) -> str:
+    """Record ``index`` of page ``page`` in a finite stream (both from 0)."""
+    return f"1{page:0{_PAGE_DIGITS}d}{index:08d}"
+
+
+def synthetic_body(records: int, size: int) -> bytes:
+    """A GetRecords body of ``records`` records of ``size`` bytes (record i's data: its number,
+    padded with x, as ``kinesalite.default_payload``), arrived now."""
+    arrived = round(time.time(), 3)
+    rows = []
+    for i in range(records):
+        head = f"{i:012d}|".encode()
+        data = head + b"x" * max(0, size - len(head))
+        rows.append(
+            {
+                "SequenceNumber": sequence_number(0, i),
+                "ApproximateArrivalTimestamp": arrived,
+                "Data": base64.b64encode(data).decode(),
+                "PartitionKey": f"pk-{i}",
+            }
+        )
+    body = {"Records": rows, "NextShardIterator": "standin:1", "MillisBehindLatest": 0}
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 class StandIn:
     """The canned answers and the counters."""
 
-    def __init__(self, body: bytes, shards: int, stream: str = "standin") -> None:
+    def __init__(
+        self, body: bytes, shards: int, stream: str = "standin", pages: int | None = None
+    ) -> None:
+        self.pages = pages
+        if pages is not None:
+            body = self._numbered(body)
         match = _ITERATOR.search(body)
         if match is None:
             raise ValueError("the captured body has no NextShardIterator")
         # The body around the iterator's value, so each answer is three writes and no copy.
         self.prefix = body[: match.start()] + b'"NextShardIterator":"'
         self.suffix = b'"' + body[match.end() :]
+        if pages is not None and any(at >= len(self.prefix) for at in self._page_at):
+            raise ValueError("the body's records must come before its NextShardIterator")
         self.per_page = len(json.loads(body)["Records"])
         self.records = 0
         self.calls = 0
@@ -78,9 +121,43 @@ class StandIn:
             ).encode(),
         }
 
+    def _numbered(self, body: bytes) -> bytes:
+        """The body with page 0's sequence numbers; notes where each one's page digits are."""
+        value = json.loads(body)
+        for i, record in enumerate(value["Records"]):
+            record["SequenceNumber"] = sequence_number(0, i)
+        value["MillisBehindLatest"] = 0
+        out = json.dumps(value, separators=(",", ":")).encode()
+        marker = b'"SequenceNumber":"1'
+        self._page_at: list[int] = []
+        at = out.find(marker)
+        while at >= 0:
+            self._page_at.append(at + len(marker))
+            at = out.find(marker, at + 1)
+        return out
+
+    def _page(self, shard: str, page: int) -> list[bytes]:
+        """Page ``page`` of a finite stream's shard, or an empty answer at its tip."""
+        assert self.pages is not None
+        if page >= self.pages:
+            empty = {"Records": [], "NextShardIterator": f"{shard}:{page}", "MillisBehindLatest": 0}
+            return [json.dumps(empty).encode()]
+        self.calls += 1
+        self.records += self.per_page
+        head = bytearray(self.prefix)
+        digits = f"{page:0{_PAGE_DIGITS}d}".encode()
+        for at in self._page_at:
+            head[at : at + _PAGE_DIGITS] = digits
+        return [bytes(head), f"{shard}:{page + 1}".encode(), self.suffix]
+
     def answer(self, target: str, request: bytes) -> list[bytes]:
         """The response body chunks for one call."""
         operation = target.rpartition(".")[2]
+        if operation == "GetRecords" and self.pages is not None:
+            found = _ITERATOR_AT.search(request.decode("utf-8", "replace"))
+            if found is None:
+                raise ValueError("a finite stand-in stream reads only its own iterators")
+            return self._page(found.group(1), int(found.group(2)))
         if operation == "GetRecords":
             self.calls += 1
             self.records += self.per_page
@@ -88,11 +165,24 @@ class StandIn:
             shard = found.group(1) if found else "shard"
             return [self.prefix, f"{shard}:{self.calls}".encode(), self.suffix]
         if operation == "GetShardIterator":
-            shard = json.loads(request).get("ShardId", "shard")
-            return [json.dumps({"ShardIterator": f"{shard}:0"}).encode()]
+            asked = json.loads(request)
+            shard = asked.get("ShardId", "shard")
+            return [json.dumps({"ShardIterator": f"{shard}:{self._start_page(asked)}"}).encode()]
         if operation in self.canned:
             return [self.canned[operation]]
         raise KeyError(operation)
+
+    def _start_page(self, asked: dict[str, str]) -> int:
+        """TRIM_HORIZON: page 0; after a finite stream's last record of a page: the next page."""
+        kind = asked.get("ShardIteratorType", "TRIM_HORIZON")
+        if kind == "TRIM_HORIZON" or self.pages is None:
+            return 0
+        if kind == "AFTER_SEQUENCE_NUMBER":
+            seq = asked["StartingSequenceNumber"]
+            page, index = int(seq[1 : 1 + _PAGE_DIGITS]), int(seq[1 + _PAGE_DIGITS :])
+            if index == self.per_page - 1:
+                return page + 1
+        raise ValueError(f"a finite stand-in stream cannot start at {kind} {asked}")
 
 
 def _head(status: str, length: int, content_type: str = "application/x-amz-json-1.1") -> bytes:
@@ -136,8 +226,14 @@ async def _serve_connection(
         writer.close()
 
 
-async def serve(body: bytes, shards: int, port: int, ready: asyncio.Future[int] | None) -> None:
-    standin = StandIn(body, shards)
+async def serve(
+    body: bytes,
+    shards: int,
+    port: int,
+    ready: asyncio.Future[int] | None,
+    pages: int | None = None,
+) -> None:
+    standin = StandIn(body, shards, pages=pages)
     server = await asyncio.start_server(
         lambda r, w: _serve_connection(standin, r, w), "127.0.0.1", port
     )
@@ -151,12 +247,17 @@ async def serve(body: bytes, shards: int, port: int, ready: asyncio.Future[int] 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--body", type=Path, required=True, help="a captured GetRecords body")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--body", type=Path, help="a captured GetRecords body")
+    source.add_argument("--synthetic", type=int, help="make a body of this many records")
+    parser.add_argument("--size", type=int, default=200, help="payload bytes (--synthetic)")
     parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--pages", type=int, help="a finite stream of distinct records")
     parser.add_argument("--port", type=int, default=0, help="0 = a free port")
     args = parser.parse_args(argv)
+    body = args.body.read_bytes() if args.body else synthetic_body(args.synthetic, args.size)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.body.read_bytes(), args.shards, args.port, None))
+        asyncio.run(serve(body, args.shards, args.port, None, args.pages))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from urllib.parse import urlparse
 
 from checkpoint.base.errors import ConfigError
 from kclpy_spark.logs import configured
+from kclpy_spark.spark.jvm_garbage import JvmGarbage
 from kclpy_spark.spark.jvm_logs import jvm_logging, spark_level
 
 log = logging.getLogger(__name__)
@@ -151,6 +152,9 @@ class SparkSessionHolder:
         self._owned = True
         self._columns_checked = False
         self._lock = threading.Lock()
+        # py4j objects live in reference cycles: bound what dead batches pin in the driver JVM.
+        # (Spark Connect has no JVM here, and its client objects are freed as they die.)
+        self.jvm_garbage = JvmGarbage() if self.target.kind is not TargetKind.CONNECT else None
 
     @classmethod
     def adopt(cls, session: Any, **kwargs: Any) -> SparkSessionHolder:
@@ -263,6 +267,8 @@ class SparkSessionHolder:
     def to_df(self, table: Any) -> Any:
         """A DataFrame of an Arrow table; with a value schema, ``data`` is parsed as JSON into
         the schema's columns (next to the other columns; ``data`` kept if asked)."""
+        if self.jvm_garbage is not None:
+            self.jvm_garbage.before_frame(int(table.nbytes))
         df = self.session().createDataFrame(table)
         if not self._value_schema:
             return df

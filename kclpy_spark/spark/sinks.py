@@ -51,6 +51,19 @@ _INDEX_COLUMN = "kcl_piece_index"
 # folders within write_timeout, 10 minutes by default).
 STALE_STAGING_SECONDS = 3600.0
 _CLEAN_EVERY = 100  # batches between two looks for stale staging folders
+# Parquet's writer builds a dictionary for every column, hashing and comparing every value, and
+# drops it at the end of a page when it did not make the page smaller: wasted on columns whose
+# values seldom repeat. Sequence numbers are unique, payloads nearly always are, and partition
+# keys often are (random keys are the usual advice for spreading records over shards); a plain
+# column of low-cardinality keys costs little next to the payloads. The repeating columns (stream,
+# shard, sub-sequence number, arrival time) keep theirs. Measured on the whole path (JFR): the
+# dictionaries were 19% of the JVM's samples with every column's on, 13% with only unique
+# partition keys' left.
+WRITE_OPTIONS = {
+    "parquet.enable.dictionary#sequence_number": "false",
+    "parquet.enable.dictionary#partition_key": "false",
+    "parquet.enable.dictionary#data": "false",
+}
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:
@@ -140,7 +153,7 @@ class ParquetSink:
             table = batch.subset(todo)
             if len(todo) == 1:  # no partitioning (and no sort) for a single piece
                 target = staging / f"{PIECE_COLUMN}={todo[0].piece_id}"
-                batch.dataframe(table).write.parquet(str(target))
+                batch.dataframe(table).write.options(**WRITE_OPTIONS).parquet(str(target))
                 self._publish(target, self.piece_dir(todo[0]))
             else:
                 # Partitioned by a small int (the piece's index here), not by the id string:
@@ -149,7 +162,7 @@ class ParquetSink:
                     np.repeat(np.arange(len(todo), dtype=np.int32), [p.rows for p in todo])
                 )
                 df = batch.dataframe(table.append_column(_INDEX_COLUMN, index))
-                df.write.partitionBy(_INDEX_COLUMN).parquet(str(staging))
+                df.write.options(**WRITE_OPTIONS).partitionBy(_INDEX_COLUMN).parquet(str(staging))
                 for i, piece in enumerate(todo):
                     self._publish(staging / f"{_INDEX_COLUMN}={i}", self.piece_dir(piece))
         finally:
