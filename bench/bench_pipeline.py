@@ -486,7 +486,8 @@ def report(results: dict[str, list[dict[str, Any]]], args: Any) -> None:
         "",
         f"Machine: {machine()}.",
         "",
-        f"`bench/bench_pipeline.py --records {args.records} --shards {args.shards} --rounds "
+        f"`bench/bench_pipeline.py --source {args.source} --records {args.records} --shards "
+        f"{args.shards} --rounds "
         f"{args.rounds} --window {args.window[0]},{args.window[1]} --target {args.target} "
         f"--variants '{','.join(variants)}'`: {args.source}, {args.size}-byte records, "
         "`kclpy-spark run` per variant (fresh application, SQLite lease table, default "
