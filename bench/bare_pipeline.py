@@ -3,8 +3,8 @@ no checkpoints, no batching rules. One thread drains every shard with aiobotocor
 10,000 records a call, the SDK's own parsing) into Arrow record batches; another takes
 ``--batch`` rows at a time and writes them with ``spark.createDataFrame(arrow)`` + Parquet
 append (the SparkSession made as the sink makes it). Spark starts before the clock. Prints one
-JSON line: the seconds from the first GetRecords to the last write, and the wall time and rows
-written at the two ends of ``--window`` (the bench's warm window).
+JSON line: the seconds from the first GetRecords to the last write, and the wall time, rows
+written and writes made at the two ends of ``--window`` (the bench's warm window).
 
     python bench/bare_pipeline.py --endpoint http://127.0.0.1:PORT --stream s --records N --out DIR
 """
@@ -85,9 +85,9 @@ def write_all(
     spark: Any, batches: queue.Queue[Any], rows: int, path: str, marks: dict[float, list[Any]]
 ) -> int:
     """Write batches of ``rows`` until the reader's end mark; each of ``marks`` (rows) gets
-    the wall time and the rows written when that many were first written."""
+    the wall time, the rows written and the writes made when that many were first written."""
     pending: list[pa.RecordBatch] = []
-    size = written = 0
+    size = written = writes = 0
     while True:
         item = batches.get()
         if item is not None:
@@ -96,10 +96,11 @@ def write_all(
         if pending and (size >= rows or item is None):
             spark.createDataFrame(pa.Table.from_batches(pending)).write.mode("append").parquet(path)
             written += size
+            writes += 1
             pending, size = [], 0
             for mark, seen in marks.items():
                 if not seen and written >= mark:
-                    seen.extend((time.time(), written))
+                    seen.extend((time.time(), written, writes))
         if item is None:
             return written
 

@@ -2,8 +2,9 @@
 against the same stream, one variant after another (alternating, ``--rounds`` times). The
 stream (``--source``) is on kinesalite, which spends ~24 us of its own CPU per record served on
 the same two cores (so every variant shares the machine with its source), or on the stand-in
-server (``standin_server.py --pages``: distinct records at ~0.1 us each, so that each variant's
-own limits show):
+server (``standin_server.py --pages``: distinct records at ~0.1 us each, so the source costs
+next to nothing; readers are then held by their own pacing, as against Kinesis: 5 GetRecords
+calls a second per shard, 200,000 records/s with 4 shards and 10,000-record pages):
 
 * **consumer** (the baseline): ``processor = "pipeline_app:Noop"`` (checkpoints every batch);
 * **parquet**: a ``[sink]`` table writing the built-in Parquet sink (default batching settings
@@ -26,10 +27,12 @@ own limits show):
 
 CPU: each run's process tree is sampled every 0.2 s (psutil), Python and the JVM apart. Rates
 and CPU per record are read in the *warm window* (``--window``, by default from 30% to 70% of the
-records checkpointed): the JVM has compiled its hot paths by then (in a run's first minute
-Spark's JIT compiler alone costs more CPU than the writes), and records are still being read
-until its end (a sink's buffer runs ahead of its checkpoints, so the last stretch is only
-writes). The whole run's figures (start-up included) are printed too.
+records checkpointed, at least three commits apart): the per-row code is compiled by then (in
+a run's first half minute Spark's JIT compiler alone costs more CPU than the writes), and
+records are still being read until its end (a sink's buffer runs ahead of its checkpoints, so
+the last stretch is only writes). The per-write code keeps being compiled for minutes more; a
+later window (``--window 0.5,0.85`` with more records) reads a daemon that has run longer. The
+whole run's figures (start-up included) are printed too.
 
 Each run starts a fresh application (its own SQLite lease table) as ``kclpy-spark run --config``
 and reads every shard from TRIM_HORIZON; once the lease table shows every shard checkpointed at
@@ -38,35 +41,33 @@ kinesalite's MillisBehindLatest is always 0.) Also printed: the rate from the fi
 ``processing from checkpoint`` log line (Spark has started by then) to the last checkpoint. Every
 run's output is checked: the Parquet rows, distinct, equal the records put.
 
-    python bench/bench_pipeline.py                    # 400,000 records, 4 shards, 3 rounds
-    python bench/bench_pipeline.py --records 2000000  # the issue's size (about 25 minutes)
+    python bench/bench_pipeline.py        # 2,000,000 records, 4 shards, 3 rounds, every variant
+    python bench/bench_pipeline.py --variants 'consumer,bare,parquet,two sinks'  # ~25 minutes
     python bench/bench_pipeline.py --source standin --records 4000000
 """
 
 from __future__ import annotations
 
 import argparse
-import bisect
 import contextlib
 import json
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psutil
 from common import CACHE, child_env, machine, median, stamp, write_results
-from kinesalite import Kinesalite, load_stream
-from standin_server import sequence_number
-
-PAGE = 10_000  # records per stand-in GetRecords page
+from pipeline_measure import (
+    Loaded,
+    Progress,
+    TreeCpu,
+    parse_window,
+    stream_source,
+)
 
 VARIANTS = (
     "consumer",
@@ -117,86 +118,8 @@ def config(variant: str, work: Path, endpoint: str, stream: str, target: str) ->
 
 
 def _time(line: dict[str, Any]) -> float:
-    return datetime.strptime(line["time"], "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
-
-
-class TreeCpu:
-    """CPU seconds of a process and its descendants, sampled until it ends: the last figure seen
-    of each process, Python and the JVM (``java``) apart, and the totals over time (so that the
-    steady state's share can be read without the start-up)."""
-
-    def __init__(self, pid: int) -> None:
-        self._root = psutil.Process(pid)
-        self._seen: dict[int, tuple[str, float]] = {}
-        self._series: list[tuple[float, float, float]] = []  # (wall time, python, jvm)
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while self._root.is_running() and self._root.status() != psutil.STATUS_ZOMBIE:
-            with contextlib.suppress(psutil.Error):
-                for proc in [self._root, *self._root.children(recursive=True)]:
-                    with contextlib.suppress(psutil.Error):
-                        times = proc.cpu_times()
-                        self._seen[proc.pid] = (proc.name(), times.user + times.system)
-            used = self._split()
-            self._series.append((time.time(), used["python"], used["jvm"]))
-            time.sleep(0.2)
-
-    def _split(self) -> dict[str, float]:
-        jvm = sum(cpu for name, cpu in self._seen.values() if name == "java")
-        return {"jvm": jvm, "python": sum(c for _, c in self._seen.values()) - jvm}
-
-    def totals(self) -> dict[str, float]:
-        self._thread.join(10.0)
-        return self._split()
-
-    def between(self, began: float, ended: float) -> dict[str, float]:
-        """CPU used from wall time ``began`` to ``ended`` (the samples nearest each end)."""
-
-        def at(when: float) -> tuple[float, float, float]:
-            return min(self._series, key=lambda s: abs(s[0] - when))
-
-        first, last = at(began), at(ended)
-        return {"python": last[1] - first[1], "jvm": last[2] - first[2]}
-
-
-@dataclass(frozen=True)
-class Loaded:
-    """The stream's records (every sequence number by shard, sorted) and the *warm window*: the
-    part of the run between ``window[0]`` and ``window[1]`` of the records checkpointed (the bare
-    pipeline: written). Its start leaves the JVM time to compile its hot paths; its end comes
-    while records are still being read (the sink's buffer runs ahead of its checkpoints), so the
-    window is the steady state of a daemon that has run for a while."""
-
-    positions: dict[str, list[int]]
-    window: tuple[float, float]
-
-    @property
-    def records(self) -> int:
-        return sum(len(s) for s in self.positions.values())
-
-    def done(self, checkpoints: dict[str, int]) -> int:
-        """Records at or before each shard's checkpoint."""
-        return sum(
-            bisect.bisect_right(s, checkpoints.get(k, -1)) for k, s in self.positions.items()
-        )
-
-
-@dataclass
-class Progress:
-    """When a run reached each end of the warm window (wall time, records done then) and when
-    it was done."""
-
-    opened: tuple[float, int] | None = None
-    closed: tuple[float, int] | None = None
-    done_at: float = 0.0
-
-    def note(self, now: float, done: int, loaded: Loaded) -> None:
-        if self.opened is None and done >= loaded.window[0] * loaded.records:
-            self.opened = (now, done)
-        if self.closed is None and done >= loaded.window[1] * loaded.records:
-            self.closed = (now, done)
+    when = datetime.strptime(line["time"], "%Y-%m-%dT%H:%M:%S.%fZ")
+    return when.replace(tzinfo=UTC).timestamp()
 
 
 def run(variant: str, endpoint: str, stream: str, loaded: Loaded, target: str) -> dict[str, Any]:
@@ -235,12 +158,14 @@ def run(variant: str, endpoint: str, stream: str, loaded: Loaded, target: str) -
     if variant == "bare":
         summary = json.loads(stdout.strip().splitlines()[-1])
         began_at, progress.done_at = float(summary["began"]), float(summary["ended"])
-        progress.opened, progress.closed = tuple(summary["opened"]), tuple(summary["closed"])
+        opened, closed = summary["opened"], summary["closed"]
+        progress.opened, progress.closed = (opened[0], opened[1]), (closed[0], closed[1])
+        progress.steps = closed[2] - opened[2]
     else:
         began_at = _first_start(variant, stdout, stderr)
     steady = progress.done_at - began_at
-    if progress.opened is None or progress.closed is None or progress.closed <= progress.opened:
-        raise RuntimeError(f"{variant}: no warm window ({progress})")
+    progress.check(variant)
+    assert progress.opened is not None and progress.closed is not None
     warm_records = progress.closed[1] - progress.opened[1]
     warm_s = progress.closed[0] - progress.opened[0]
     in_warm = cpu.between(progress.opened[0], progress.closed[0])
@@ -334,73 +259,18 @@ def _parquet_rows(out: Path) -> int:
     return len(set(keys))
 
 
-def _window(text: str) -> tuple[float, float]:
-    low, high = (float(x) for x in text.split(","))
-    if not 0 <= low < high <= 1:
-        raise argparse.ArgumentTypeError("FROM,TO with 0 <= FROM < TO <= 1")
-    return low, high
-
-
-@contextlib.contextmanager
-def _source(args: Any) -> Iterator[tuple[str, str, Loaded]]:
-    """The endpoint, the stream and its records: kinesalite loaded with ``--records``, or the
-    stand-in server serving as many (rounded up to whole 10,000-record pages per shard)."""
-    if args.source == "kinesalite":
-        with Kinesalite() as kinesalite:
-            stream = f"pipeline-{int(time.time())}"
-            positions: dict[str, list[int]] = {}
-            put_s = load_stream(
-                kinesalite.endpoint,
-                stream,
-                shards=args.shards,
-                records=args.records,
-                size=args.size,
-                positions=positions,
-            )
-            print(f"put {args.records:,} records in {put_s:.0f}s", flush=True)
-            yield kinesalite.endpoint, stream, Loaded(positions, args.window)
-        return
-    pages = -(-args.records // (args.shards * PAGE))
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            str(Path(__file__).with_name("standin_server.py")),
-            "--synthetic",
-            str(PAGE),
-            "--size",
-            str(args.size),
-            "--shards",
-            str(args.shards),
-            "--pages",
-            str(pages),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        endpoint = server.stdout.readline().strip()
-        every = [int(sequence_number(p, i)) for p in range(pages) for i in range(PAGE)]
-        positions = {f"shardId-{i:012d}": every for i in range(args.shards)}
-        print(f"stand-in server: {args.shards} shards of {pages} pages at {endpoint}", flush=True)
-        yield endpoint, "standin", Loaded(positions, args.window)
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=400_000)
+    parser.add_argument("--records", type=int, default=2_000_000)
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--size", type=int, default=200, help="payload bytes per record")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--window",
-        type=_window,
+        type=parse_window,
         default=(0.3, 0.7),
         help="the warm window, as shares of the records checkpointed: 'FROM,TO' (the JVM has "
-        "compiled its hot paths after the first; records are still read before the second)",
+        "compiled its per-row code after the first; records are still read before the second)",
     )
     parser.add_argument("--target", default="local[2]")
     parser.add_argument(
@@ -408,7 +278,7 @@ def main() -> int:
         choices=("kinesalite", "standin"),
         default="kinesalite",
         help="the endpoint: kinesalite (~24 us of its own CPU per record served, on the same "
-        "cores) or the stand-in server (~0.1 us: the pipeline's own limits show)",
+        "cores) or the stand-in server (~0.1 us; readers then paced at 5 calls/s per shard)",
     )
     parser.add_argument(
         "--variants",
@@ -423,7 +293,7 @@ def main() -> int:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     CACHE.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in chosen}
-    with _source(args) as (endpoint, stream, loaded):
+    with stream_source(args) as (endpoint, stream, loaded):
         for n in range(args.rounds):
             for variant in chosen:
                 r = run(variant, endpoint, stream, loaded, args.target)
@@ -496,9 +366,10 @@ def report(results: dict[str, list[dict[str, Any]]], args: Any) -> None:
         "",
         f"*Warm*: from the commit that took the records checkpointed (the bare pipeline: "
         f"written) past {args.window[0]:.0%} of them to the one that took them past "
-        f"{args.window[1]:.0%}: the JVM has compiled its hot paths by then (a daemon's state "
-        "after its first minutes; in the first minute Spark's JIT compiler alone costs more CPU "
-        "than the writes), and records are still being read until the end. *From the "
+        f"{args.window[1]:.0%}: the JVM has compiled its per-row code by then (in a run's "
+        "first half minute Spark's JIT compiler alone costs more CPU than the writes; per-write "
+        "code is compiled for minutes longer), and records are still being read until the "
+        "window closes. *From the "
         "first lease*: from the first lease started (the bare pipeline: its first read), JIT "
         "warm-up included. Whole run: start-up included.",
         "",

@@ -15,8 +15,11 @@ With ``--pages P`` the stream is finite and its records distinct, as a sink need
 a shard (its iterator ``<shard>:<n>``) carries the body's records with sequence numbers
 ``1<n, 11 digits><index in the page, 8 digits>`` (so they increase within a shard, page after
 page), written into a copy of the body (~0.1 us of server CPU per record); after P pages a shard
-answers with no records, at its tip. ``--synthetic N`` makes the body itself (N records of
-``--size`` bytes, as ``kinesalite.default_payload`` makes them) instead of reading a captured one.
+answers with no records, at its tip. Iterators start at TRIM_HORIZON or AFTER_SEQUENCE_NUMBER of
+a page's last record (a reader resuming from a checkpoint mid-page, or AT_SEQUENCE_NUMBER, gets
+an error: the benchmarks start fresh applications). ``calls`` counts the pages served.
+``--synthetic N`` makes the body itself (N records of ``--size`` bytes, as
+``kinesalite.default_payload`` makes them) instead of reading a captured one.
 
 Records served are counted; ``GET /_standin/stats`` answers ``{"records": N, "calls": N}``. Requests
 are not authenticated (signatures are not checked). Loopback only.

@@ -12,11 +12,12 @@ which every job hangs); with a collection per write it stayed at 140-260 MB, and
 collector had that much less to trace (the writes cost it 7.6 instead of 11.5 us of CPU per
 record in that run).
 
-So the sink counts what it hands to Spark and runs Python's collector when the dead batches
-could hold more than ``max_bytes`` of Arrow data, or after ``max_frames`` DataFrames (a small
-batch still pins its plan and RDD). A full collection took ~55 ms in a process with Spark up
-before ``gc.freeze()``, and next to nothing after it (the daemon freezes what start-up made,
-runtime/daemon.py): at the default limits well under 0.3 us per 300-byte record.
+So the sink counts what it hands to Spark and runs Python's collector before a DataFrame that
+would take the Arrow bytes made since the last collection past ``max_bytes``, or when
+``max_frames`` have been made since (a small batch still pins its plan and RDD). A full
+collection took ~55 ms in a process with Spark up before ``gc.freeze()``, and next to nothing
+after it (the daemon freezes what start-up made, runtime/daemon.py): at the default limits well
+under 0.3 us per 300-byte record.
 """
 
 from __future__ import annotations
@@ -29,14 +30,21 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
-MAX_BYTES = 64 * 1024 * 1024  # Arrow bytes handed to Spark between two collections
-MAX_FRAMES = 100  # DataFrames made between two collections
+# Arrow bytes handed to Spark between two collections: one batch at the default max_bytes, so
+# the dead batches never hold more than about one batch's rows next to the live ones (Spark's
+# default driver heap is 1 GB, and a batch's rows are held there two or three times over while
+# it is written).
+MAX_BYTES = 64 * 1024 * 1024
+# DataFrames made between two collections: small batches pin a plan and an RDD each (tens of
+# KB); at 100 a collection per 100 small batches costs next to nothing after gc.freeze().
+MAX_FRAMES = 100
 
 
 class JvmGarbage:
     """Counts the DataFrames made for Spark and collects Python's cycles before the next one
-    when the ones made since the last collection (dead by now, or about to be) are over either
-    limit. Thread-safe: writer threads make DataFrames concurrently."""
+    when it would take those made since the last collection (dead by now, or about to be) past
+    ``max_bytes``, or when ``max_frames`` have been made since. Thread-safe: writer threads
+    make DataFrames concurrently; the collection runs outside the lock."""
 
     def __init__(
         self,

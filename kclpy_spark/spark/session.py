@@ -141,7 +141,10 @@ class SparkSessionHolder:
         value_schema: str | None = None,
         keep_raw_data: bool = False,
         connect_max_retries: int = 3,
+        jvm_garbage: JvmGarbage | None = None,
     ) -> None:
+        """``jvm_garbage``: when Python's cycles are collected (default: ``JvmGarbage()``;
+        never over Spark Connect, which has no JVM here)."""
         self.target = SparkTarget.parse(target) if isinstance(target, str) else target
         self._app_name = app_name
         self._conf = dict(conf or {})
@@ -154,7 +157,8 @@ class SparkSessionHolder:
         self._lock = threading.Lock()
         # py4j objects live in reference cycles: bound what dead batches pin in the driver JVM.
         # (Spark Connect has no JVM here, and its client objects are freed as they die.)
-        self.jvm_garbage = JvmGarbage() if self.target.kind is not TargetKind.CONNECT else None
+        local_jvm = self.target.kind is not TargetKind.CONNECT
+        self.jvm_garbage = (jvm_garbage or JvmGarbage()) if local_jvm else None
 
     @classmethod
     def adopt(cls, session: Any, **kwargs: Any) -> SparkSessionHolder:

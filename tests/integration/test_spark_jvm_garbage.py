@@ -20,14 +20,15 @@ from kclpy_spark.spark.sinks import WRITE_OPTIONS
 
 
 def _table(rows: int, start: int, *, payloads: int | None = None) -> pa.Table:
-    """Rows ``start``...; ``payloads``: that many distinct payloads, repeated (else unique)."""
+    """Rows ``start``...; ``payloads``: that many distinct payloads and sequence numbers,
+    repeated (else unique; repeated sequence numbers only test how columns are written)."""
     numbers = range(start, start + rows)
     kinds = payloads or rows + start
     return pa.table(
         [
             pa.array(["s"] * rows),
             pa.array(["shardId-000000000000"] * rows),
-            pa.array([str(10**20 + n) for n in numbers]),
+            pa.array([str(10**20 + n % kinds) for n in numbers]),
             pa.array([0] * rows, pa.int64()),
             pa.array([f"pk-{n % 7}" for n in numbers]),
             pa.array([1_700_000_000_000 + n for n in numbers], pa.int64()).cast(
@@ -68,10 +69,10 @@ def _write_batches(holder: SparkSessionHolder, out: Path, batches: int) -> list[
 def test_py4j_objects_stay_bounded_over_many_batches(
     spark: Any, tmp_path: Path, no_automatic_gc: None
 ) -> None:
-    holder = SparkSessionHolder.adopt(spark)
-    holder.jvm_garbage = JvmGarbage(max_frames=8)
+    garbage = JvmGarbage(max_frames=8)
+    holder = SparkSessionHolder.adopt(spark, jvm_garbage=garbage)
     counts = _write_batches(holder, tmp_path, 32)
-    assert holder.jvm_garbage.collections == 3
+    assert garbage.collections == 3
     # After the first cycle of eight frames the count never rises above that cycle's peak.
     assert max(counts[8:]) <= max(counts[:8])
 
@@ -79,10 +80,10 @@ def test_py4j_objects_stay_bounded_over_many_batches(
 def test_without_the_collections_they_grow_with_every_batch(
     spark: Any, tmp_path: Path, no_automatic_gc: None
 ) -> None:
-    holder = SparkSessionHolder.adopt(spark)
-    holder.jvm_garbage = JvmGarbage(max_frames=10**9, max_bytes=10**15)
+    garbage = JvmGarbage(max_frames=10**9, max_bytes=10**15)
+    holder = SparkSessionHolder.adopt(spark, jvm_garbage=garbage)
     counts = _write_batches(holder, tmp_path, 16)
-    assert holder.jvm_garbage.collections == 0
+    assert garbage.collections == 0
     assert counts[-1] - counts[0] >= 15 * 4  # several JavaObjects per batch (8 here), never freed
 
 
@@ -91,7 +92,7 @@ def test_the_parquet_sink_writes_unique_columns_without_a_dictionary(
     spark: Any, tmp_path: Path, pieces: int
 ) -> None:
     """Sequence numbers, partition keys and payloads are written plain (no dictionary to build
-    and drop): here keys and payloads repeat, so Parquet would keep a dictionary for them if it
+    and drop): here their values repeat, so Parquet would keep a dictionary for them if it
     built one; the other columns keep theirs. One piece: unpartitioned; several: partitioned."""
     import pyarrow.parquet as pq
 
@@ -118,7 +119,5 @@ def test_the_parquet_sink_writes_unique_columns_without_a_dictionary(
         meta = pq.ParquetFile(path).metadata
         for i in range(meta.num_columns):
             column = meta.row_group(0).column(i)
-            if column.path_in_schema == "sequence_number":
-                continue  # unique: Parquet drops a dictionary that does not pay either way
-            plain = column.path_in_schema in {"data", "partition_key"}
+            plain = column.path_in_schema in {"sequence_number", "partition_key", "data"}
             assert column.has_dictionary_page is not plain, column.path_in_schema

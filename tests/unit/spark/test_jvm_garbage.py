@@ -38,18 +38,26 @@ def test_a_collection_comes_before_the_frame_that_would_pass_a_limit(
     assert garbage.collections == len(collected_before)
 
 
-def test_frames_made_from_several_writer_threads_are_counted_once_each() -> None:
-    calls: list[int] = []
-    garbage = JvmGarbage(max_bytes=10**12, max_frames=10, collect=lambda: calls.append(1))
+def test_a_collection_under_way_holds_no_other_writer_back() -> None:
+    """The collection runs outside the lock: while one writer collects (held here), another
+    makes its DataFrames, and they count towards the next collection."""
+    collecting, release = threading.Event(), threading.Event()
 
-    def make() -> None:
-        for _ in range(250):
-            garbage.before_frame(1)
+    def slow_collect() -> None:
+        collecting.set()
+        assert release.wait(10)
 
-    threads = [threading.Thread(target=make) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    # 1,000 frames, a collection before every tenth but the first: 99.
-    assert len(calls) == garbage.collections == 99
+    garbage = JvmGarbage(max_bytes=10**12, max_frames=2, collect=slow_collect)
+    garbage.before_frame(1)
+    garbage.before_frame(1)
+    first = threading.Thread(target=garbage.before_frame, args=(1,))  # collects, and waits
+    first.start()
+    assert collecting.wait(10)
+    done = threading.Event()
+    second = threading.Thread(target=lambda: (garbage.before_frame(1), done.set()))
+    second.start()
+    assert done.wait(10), "a writer waited for another writer's collection"
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert garbage.collections == 1

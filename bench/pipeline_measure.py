@@ -1,0 +1,174 @@
+"""What ``bench_pipeline.py`` measures a run with: the stream's records and the warm window
+(``Loaded``, ``Progress``), the CPU of a process tree over time (``TreeCpu``), and the stream
+itself (``stream_source``: kinesalite loaded with the records, or the stand-in server)."""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import contextlib
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+from kinesalite import Kinesalite, load_stream
+from standin_server import sequence_number
+
+PAGE = 10_000  # records per stand-in GetRecords page
+MIN_WINDOW_STEPS = 3  # commits (or bare writes) inside the warm window, at the least
+
+
+class TreeCpu:
+    """CPU seconds of a process and its descendants, sampled until it ends: the last figure seen
+    of each process, Python and the JVM (``java``) apart, and the totals over time (so that the
+    steady state's share can be read without the start-up)."""
+
+    def __init__(self, pid: int) -> None:
+        self._root = psutil.Process(pid)
+        self._seen: dict[int, tuple[str, float]] = {}
+        self._series: list[tuple[float, float, float]] = []  # (wall time, python, jvm)
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while self._root.is_running() and self._root.status() != psutil.STATUS_ZOMBIE:
+            with contextlib.suppress(psutil.Error):
+                for proc in [self._root, *self._root.children(recursive=True)]:
+                    with contextlib.suppress(psutil.Error):
+                        times = proc.cpu_times()
+                        self._seen[proc.pid] = (proc.name(), times.user + times.system)
+            used = self._split()
+            self._series.append((time.time(), used["python"], used["jvm"]))
+            time.sleep(0.2)
+
+    def _split(self) -> dict[str, float]:
+        jvm = sum(cpu for name, cpu in self._seen.values() if name == "java")
+        return {"jvm": jvm, "python": sum(c for _, c in self._seen.values()) - jvm}
+
+    def totals(self) -> dict[str, float]:
+        self._thread.join(10.0)
+        return self._split()
+
+    def between(self, began: float, ended: float) -> dict[str, float]:
+        """CPU used from wall time ``began`` to ``ended`` (the samples nearest each end)."""
+
+        def at(when: float) -> tuple[float, float, float]:
+            return min(self._series, key=lambda s: abs(s[0] - when))
+
+        first, last = at(began), at(ended)
+        return {"python": last[1] - first[1], "jvm": last[2] - first[2]}
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The stream's records (every sequence number by shard, sorted) and the *warm window*: the
+    part of the run between ``window[0]`` and ``window[1]`` of the records checkpointed (the bare
+    pipeline: written). Its start leaves the JVM time to compile its per-row code; its end
+    comes while records are still being read (the sink's buffer runs ahead of its checkpoints),
+    so the window is a steady state, early in a daemon's life."""
+
+    positions: dict[str, list[int]]
+    window: tuple[float, float]
+
+    @property
+    def records(self) -> int:
+        return sum(len(s) for s in self.positions.values())
+
+    def done(self, checkpoints: dict[str, int]) -> int:
+        """Records at or before each shard's checkpoint."""
+        return sum(
+            bisect.bisect_right(s, checkpoints.get(k, -1)) for k, s in self.positions.items()
+        )
+
+
+@dataclass
+class Progress:
+    """When a run reached each end of the warm window (wall time, records done then), how many
+    commits moved it on in between (``steps``), and when it was done."""
+
+    opened: tuple[float, int] | None = None
+    closed: tuple[float, int] | None = None
+    steps: int = 0
+    done_at: float = 0.0
+    _last: int = -1
+
+    def note(self, now: float, done: int, loaded: Loaded) -> None:
+        if self.opened is not None and self.closed is None and done != self._last:
+            self.steps += 1
+        self._last = done
+        if self.opened is None and done >= loaded.window[0] * loaded.records:
+            self.opened = (now, done)
+        if self.closed is None and done >= loaded.window[1] * loaded.records:
+            self.closed = (now, done)
+
+    def check(self, variant: str) -> None:
+        """Raise unless the window opened, closed later, and spans ``MIN_WINDOW_STEPS`` commits
+        (a window of one batch measures that batch, not a rate)."""
+        if self.opened is None or self.closed is None or self.closed <= self.opened:
+            raise RuntimeError(f"{variant}: no warm window ({self})")
+        if self.steps < MIN_WINDOW_STEPS:
+            raise RuntimeError(
+                f"{variant}: the warm window spans {self.steps} commit(s), fewer than "
+                f"{MIN_WINDOW_STEPS}: use more --records or a wider --window"
+            )
+
+
+def parse_window(text: str) -> tuple[float, float]:
+    low, high = (float(x) for x in text.split(","))
+    if not 0 <= low < high <= 1:
+        raise argparse.ArgumentTypeError("FROM,TO with 0 <= FROM < TO <= 1")
+    return low, high
+
+
+@contextlib.contextmanager
+def stream_source(args: Any) -> Iterator[tuple[str, str, Loaded]]:
+    """The endpoint, the stream and its records: kinesalite loaded with ``--records``, or the
+    stand-in server serving as many (rounded up to whole 10,000-record pages per shard)."""
+    if args.source == "kinesalite":
+        with Kinesalite() as kinesalite:
+            stream = f"pipeline-{int(time.time())}"
+            positions: dict[str, list[int]] = {}
+            put_s = load_stream(
+                kinesalite.endpoint,
+                stream,
+                shards=args.shards,
+                records=args.records,
+                size=args.size,
+                positions=positions,
+            )
+            print(f"put {args.records:,} records in {put_s:.0f}s", flush=True)
+            yield kinesalite.endpoint, stream, Loaded(positions, args.window)
+        return
+    pages = -(-args.records // (args.shards * PAGE))
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("standin_server.py")),
+            "--synthetic",
+            str(PAGE),
+            "--size",
+            str(args.size),
+            "--shards",
+            str(args.shards),
+            "--pages",
+            str(pages),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        endpoint = server.stdout.readline().strip()
+        every = [int(sequence_number(p, i)) for p in range(pages) for i in range(PAGE)]
+        positions = {f"shardId-{i:012d}": every for i in range(args.shards)}
+        print(f"stand-in server: {args.shards} shards of {pages} pages at {endpoint}", flush=True)
+        yield endpoint, "standin", Loaded(positions, args.window)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
