@@ -145,5 +145,9 @@ def processor_factory_from_sink_config(
         settings,
     )
     return SparkSinkProcessorFactory(
-        batcher, worker_cfg.stream, shutdown_timeout=shutdown_timeout, on_close=[holder.stop]
+        batcher,
+        worker_cfg.stream,
+        shutdown_timeout=shutdown_timeout,
+        on_close=[holder.stop],
+        session=holder,
     )

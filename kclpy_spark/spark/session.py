@@ -35,6 +35,7 @@ from urllib.parse import urlparse
 from checkpoint.base.errors import ConfigError
 from kclpy_spark.logs import configured
 from kclpy_spark.spark.jvm_garbage import JvmGarbage
+from kclpy_spark.spark.jvm_heap import HeapSampler, read_heap
 from kclpy_spark.spark.jvm_logs import jvm_logging, spark_level
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,8 @@ class SparkSessionHolder:
         # (Spark Connect has no JVM here, and its client objects are freed as they die.)
         local_jvm = self.target.kind is not TargetKind.CONNECT
         self.jvm_garbage = (jvm_garbage or JvmGarbage()) if local_jvm else None
+        # The driver's heap for the metrics, read in the writer threads (never by a scrape).
+        self.heap = HeapSampler(self._read_heap) if local_jvm else None
 
     @classmethod
     def adopt(cls, session: Any, **kwargs: Any) -> SparkSessionHolder:
@@ -227,6 +230,9 @@ class SparkSessionHolder:
         except Exception:  # an internal API: if it moved, keep Spark's default policy
             log.warning("could not shorten the Spark Connect retry policy", exc_info=True)
 
+    def _read_heap(self) -> Any:
+        return read_heap(self.session().sparkContext._jvm)
+
     def stop(self) -> None:
         with self._lock:
             session, self._session = self._session, None
@@ -273,6 +279,8 @@ class SparkSessionHolder:
         the schema's columns (next to the other columns; ``data`` kept if asked)."""
         if self.jvm_garbage is not None:
             self.jvm_garbage.before_frame(int(table.nbytes))
+        if self.heap is not None:
+            self.heap.maybe_read()
         df = self.session().createDataFrame(table)
         if not self._value_schema:
             return df

@@ -16,7 +16,7 @@ worker. The checkpoint follows the last record *written*, never the last record 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from checkpoint.lease import stream_name_of
 from checkpoint.sequence import ExtendedSequenceNumber
@@ -31,6 +31,9 @@ from kclpy_spark.processor import (
 from kclpy_spark.spark.batcher import DrainResult, LaneClosedError, MicroBatcher, SinkParkedError
 from kclpy_spark.spark.lane import Lane, TwoPhaseCheckpointer
 from kclpy_spark.spark.pieces import records_to_chunk
+
+if TYPE_CHECKING:
+    from kclpy_spark.spark.session import SparkSessionHolder
 
 log = logging.getLogger(__name__)
 
@@ -131,11 +134,14 @@ class SparkSinkProcessorFactory:
         *,
         shutdown_timeout: float = 15.0,
         on_close: list[Any] | None = None,
+        session: SparkSessionHolder | None = None,
     ) -> None:
+        """``session``: whose driver JVM figures the metrics show (none without it)."""
         self.batcher = batcher
         self._stream = stream
         self._shutdown_timeout = shutdown_timeout
         self._on_close = on_close or []
+        self._session = session
 
     def __call__(self) -> RecordProcessor:
         return SparkSinkProcessor(self.batcher, self._stream, self._shutdown_timeout)
@@ -154,7 +160,15 @@ class SparkSinkProcessorFactory:
         """A Prometheus collector of the batcher's figures (the worker registers it)."""
         from kclpy_spark.spark.updates import BatcherStatsCollector
 
-        return BatcherStatsCollector(self.batcher.stats, lambda: self.batcher.hung_writes)
+        heap, garbage = (
+            (self._session.heap, self._session.jvm_garbage) if self._session else (None, None)
+        )
+        return BatcherStatsCollector(
+            self.batcher.stats,
+            lambda: self.batcher.hung_writes,
+            heap=(lambda: heap.figures) if heap is not None else None,
+            gc_runs=(lambda: garbage.collections) if garbage is not None else None,
+        )
 
     def close(self) -> None:
         self.batcher.close()

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from checkpoint.base.clock import Clock
 from checkpoint.checkpointer import SHUTDOWN, CheckpointError
 from checkpoint.sequence import ExtendedSequenceNumber
+from kclpy_spark.spark.jvm_heap import HeapFigures
 from kclpy_spark.spark.lane import Cut, Lane, LaneState
 from kclpy_spark.spark.pieces import PendingState, PieceKey
 from kclpy_spark.spark.settings import BatcherSettings
@@ -58,9 +59,20 @@ class BatcherStatsCollector(Collector):
         "commit_seconds": "Seconds spent moving checkpoints after writes",
     }
 
-    def __init__(self, stats: BatcherStats, hung_writes: Callable[[], int] = lambda: 0) -> None:
+    def __init__(
+        self,
+        stats: BatcherStats,
+        hung_writes: Callable[[], int] = lambda: 0,
+        *,
+        heap: Callable[[], HeapFigures | None] | None = None,
+        gc_runs: Callable[[], int] | None = None,
+    ) -> None:
+        """``heap``: the driver JVM's last heap figures (a local JVM only); ``gc_runs``: how
+        often the sink ran Python's collector to free what dead batches pinned there."""
         self._stats = stats
         self._hung_writes = hung_writes
+        self._heap = heap
+        self._gc_runs = gc_runs
 
     def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
         for name, help_text in self._COUNTERS.items():
@@ -72,6 +84,22 @@ class BatcherStatsCollector(Collector):
             "Sink writes given up on for giving no answer within their timeout, still running",
             value=float(self._hung_writes()),
         )
+        if self._gc_runs is not None:
+            yield CounterMetricFamily(
+                "kclpy_spark_sink_python_gc_runs",
+                "Python collections the sink ran to free what dead batches pinned in the JVM",
+                value=float(self._gc_runs()),
+            )
+        figures = self._heap() if self._heap is not None else None
+        if figures is not None:
+            for name, value, help_text in (
+                ("used", figures.used, "Driver JVM heap in use when last read"),
+                ("live", figures.live, "Driver JVM heap in use after its last collection"),
+                ("limit", figures.limit, "The most the driver JVM heap may grow to"),
+            ):
+                yield GaugeMetricFamily(
+                    f"kclpy_spark_sink_jvm_heap_{name}_bytes", help_text, value=float(value)
+                )
 
 
 class LaneUpdates:

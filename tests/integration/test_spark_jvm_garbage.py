@@ -121,3 +121,17 @@ def test_the_parquet_sink_writes_unique_columns_without_a_dictionary(
             column = meta.row_group(0).column(i)
             plain = column.path_in_schema in {"sequence_number", "partition_key", "data"}
             assert column.has_dictionary_page is not plain, column.path_in_schema
+
+
+def test_the_driver_heap_figures_come_from_the_real_jvm(spark: Any, tmp_path: Path) -> None:
+    from kclpy_spark.spark.jvm_heap import read_heap
+
+    jvm = spark.sparkContext._jvm
+    jvm.java.lang.System.gc()  # so that every heap pool has a "after its last collection" figure
+    figures = read_heap(jvm)
+    assert 0 < figures.live <= figures.limit
+    assert 0 < figures.used <= figures.limit
+    holder = SparkSessionHolder.adopt(spark)
+    assert holder.heap is not None and holder.heap.figures is None
+    holder.to_df(_table(10, 0)).count()
+    assert holder.heap.figures is not None and holder.heap.figures.limit == figures.limit
