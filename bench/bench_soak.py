@@ -9,15 +9,15 @@ other (on 2 cores they do not fit side by side):
   second worker started and stopped every minute (lease moves both ways each time).
 
 Sampled from each worker's /metrics every ``--every`` seconds: descriptors, sockets, threads,
-asyncio tasks, RSS, SQLite connections. The verdict: growth after warm-up (the last tenth of the
-run against the tenth after warm-up: the maximum of each count, the median of RSS) under 5%, no
-record lost (every record
-produced is in the output), and each record exactly once in the Parquet output.
+asyncio tasks, RSS, SQLite connections, and (part A) the Spark driver's heap after its last
+collection. The verdict: growth after warm-up (the last tenth of the run against the tenth after
+warm-up: the maximum of each count, the median of RSS and heap) under 5%, no record lost (every
+record produced is in the output), and each record exactly once in the Parquet output.
 
     .venv/bin/python bench/bench_soak.py [--minutes 30] [--every 5] [--no-write]
 
 Needs LocalStack on 127.0.0.1:4566 (``python3 localstack/lsctl.py start``) and Java (Spark).
-Writes bench/results/soak.md, soak.png and soak-samples.csv.
+Writes bench/results/soak.md, soak.png and soak-samples.csv (``--results NAME``: NAME.md, ...).
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ from common import CACHE, REPO, RESULTS, child_env, machine, stamp, write_result
 
 ENDPOINT = "http://127.0.0.1:4566"
 WATCHED = ("open_fds", "open_sockets", "threads", "asyncio_tasks", "rss_bytes",
-           "lease_store_connections")  # fmt: skip
+           "lease_store_connections", "sink_jvm_heap_live_bytes")  # fmt: skip
+# Memory figures: judged by their median in each window (the counts by their maximum).
+MEMORY = ("rss_bytes", "sink_jvm_heap_live_bytes")
 GROWTH_LIMIT = 0.05
 # Part B's batches: one record per batch, and a shard is read at most every 0.2 s while behind
 # (Kinesis' 5 GetRecords per second per shard), so 8 shards at 35 records/s make ~35 batches/s.
@@ -234,7 +236,7 @@ def growth(
         return None
     # Counts (descriptors, threads...) by their maximum in each window: they follow the leases
     # held, which cycle with the second worker; a leak raises the maximum. Memory by its median.
-    pick = statistics.median if metric == "rss_bytes" else max
+    pick = statistics.median if metric in MEMORY else max
     a, b = float(pick(first)), float(pick(last))
     return a, b, (b - a) / a if a else 0.0
 
@@ -245,16 +247,22 @@ def plot(samples: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(14, 7))
-    for ax, metric in zip(axes.flat, WATCHED, strict=True):
+    fig, axes = plt.subplots(2, 4, figsize=(18, 7))
+    for ax in axes.flat[len(WATCHED) :]:
+        ax.set_visible(False)
+    for ax, metric in zip(axes.flat, WATCHED, strict=False):
         for worker, style in (("a", "-"), ("b1", "-"), ("b2", ":")):
             rows = [s for s in samples if s["worker"] == worker and metric in s]
             if not rows:
                 continue
-            scale = 1 / 2**20 if metric == "rss_bytes" else 1
+            scale = 1 / 2**20 if metric in MEMORY else 1
             ax.plot([r["t"] / 60 for r in rows], [r[metric] * scale for r in rows], style,
                     label=worker, linewidth=1)  # fmt: skip
-        ax.set_title(metric.replace("rss_bytes", "RSS (MiB)"))
+        ax.set_title(
+            metric.replace("rss_bytes", "RSS (MiB)").replace(
+                "sink_jvm_heap_live_bytes", "Spark driver heap after GC (MiB)"
+            )
+        )
         ax.set_xlabel("minutes")
         ax.legend(fontsize=7)
     fig.suptitle(
@@ -282,6 +290,9 @@ def main() -> int:
     parser.add_argument("--rate-b", type=float, default=35.0, help="records/s into part B")
     parser.add_argument("--parts", default="ab", help="a, b or ab (one after the other)")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument(
+        "--results", default="soak", help="results file names: NAME.md, NAME.png, NAME-samples.csv"
+    )
     args = parser.parse_args()
     run = time.strftime("%H%M%S")
     work = CACHE / f"soak-{run}"
@@ -453,9 +464,9 @@ def report(
     text = "\n".join(lines)
     print(text)
     if write:
-        write_results("soak.md", text)
-        plot(samples, RESULTS / "soak.png")
-        with (RESULTS / "soak-samples.csv").open("w", newline="") as fh:
+        write_results(f"{args.results}.md", text)
+        plot(samples, RESULTS / f"{args.results}.png")
+        with (RESULTS / f"{args.results}-samples.csv").open("w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=["t", "worker", *WATCHED])
             writer.writeheader()
             writer.writerows(samples)

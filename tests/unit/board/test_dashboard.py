@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from checkpoint.counters import CoordinationCounters
 from kclpy_spark.runtime.metrics import WorkerMetrics
+from kclpy_spark.spark.jvm_heap import HeapFigures
 from kclpy_spark.spark.updates import BatcherStats, BatcherStatsCollector
 
 METRIC = re.compile(r"\bkclpy_spark_[a-z0-9_]+\b")
@@ -29,7 +30,9 @@ def dashboard() -> dict[str, Any]:
 def exported() -> dict[str, set[str]]:
     """Every sample name a worker with a Spark sink exports, with its label names."""
     m = WorkerMetrics(CoordinationCounters(), application="app", worker="w1", stream="s")
-    m.registry.register(BatcherStatsCollector(BatcherStats()))
+    m.registry.register(
+        BatcherStatsCollector(BatcherStats(), heap=lambda: HeapFigures(1, 1, 1), gc_runs=lambda: 0)
+    )
     m.watch_resources(lambda: 1)
     shard = m.shard("shardId-0")
     for metric in (m.records, m.bytes, m.processing_failures, m.kpl_out_of_range):
