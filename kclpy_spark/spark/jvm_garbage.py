@@ -5,12 +5,12 @@ the object: every JavaObject pyspark uses is in a reference cycle. Reference cou
 it; only Python's cyclic collector does, and until then the JVM object it names stays reachable
 from py4j's registry. For a micro-batch that is the whole DataFrame, the RDD under it and the
 batch's rows in Arrow form. Python runs a full collection only when its long-lived objects grow
-by a quarter, which a daemon whose Python heap is stable may not do for a long time: measured with
-100,000-row batches written back to back, the driver's heap after a full JVM collection swung
-between 180 and 660 MB, then ran out (``OutOfMemoryError`` in Spark's scheduler thread, after
-which every job hangs); with a collection per write it stayed at 140-260 MB, and the JVM's own
-collector had that much less to trace (the writes cost it 7.6 instead of 11.5 us of CPU per
-record in that run).
+by a quarter, which a daemon whose Python heap is stable may not do for a long time: measured in a
+process that wrote 100,000-row batches back to back and allocated little else, the driver's heap
+after a full JVM collection swung between 180 and 660 MB, then ran out (``OutOfMemoryError`` in
+Spark's scheduler thread, after which every job hangs); with a collection per write it stayed at
+140-260 MB, and the JVM's own collector had that much less to trace (the writes cost it 7.6
+instead of 11.5 us of CPU per record in that run).
 
 So the sink counts what it hands to Spark and runs Python's collector before a DataFrame that
 would take the Arrow bytes made since the last collection past ``max_bytes``, or when
