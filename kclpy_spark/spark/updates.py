@@ -97,6 +97,8 @@ class BatcherStatsCollector(Collector):
                 ("live", figures.live, "Driver JVM heap in use after its last collection"),
                 ("limit", figures.limit, "The most the driver JVM heap may grow to"),
             ):
+                if value is None:  # the live set before the old generation's first collection
+                    continue
                 yield GaugeMetricFamily(
                     f"kclpy_spark_sink_jvm_heap_{name}_bytes", help_text, value=float(value)
                 )

@@ -129,7 +129,7 @@ def test_the_driver_heap_figures_come_from_the_real_jvm(spark: Any, tmp_path: Pa
     jvm = spark.sparkContext._jvm
     jvm.java.lang.System.gc()  # so that every heap pool has a "after its last collection" figure
     figures = read_heap(jvm)
-    assert 0 < figures.live <= figures.limit
+    assert figures.live is not None and 0 < figures.live <= figures.limit
     assert 0 < figures.used <= figures.limit
     holder = SparkSessionHolder.adopt(spark)
     assert holder.heap is not None and holder.heap.figures is None

@@ -9,8 +9,37 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from checkpoint.base.clock import ManualClock
-from kclpy_spark.spark.jvm_heap import HeapFigures, HeapSampler
+from kclpy_spark.spark.jvm_heap import (
+    HeapFigures,
+    HeapSampler,
+    PoolReading,
+    live_after_collections,
+)
 from kclpy_spark.spark.updates import BatcherStats, BatcherStatsCollector
+
+EDEN, SURVIVOR = (False,) * 2
+OLD = True
+
+
+@pytest.mark.parametrize(
+    ("pools", "live"),
+    [
+        # G1 on Spark's driver after young collections only: the old generation holds 49 MB
+        # promoted but reads 0 after collection: not known yet
+        ([PoolReading(30, 0, EDEN), PoolReading(49, 0, OLD), PoolReading(5, 5, SURVIVOR)], None),
+        # after the first mixed or full collection: survivor + old
+        ([PoolReading(30, 0, EDEN), PoolReading(60, 57, OLD), PoolReading(5, 4, SURVIVOR)], 61),
+        # an empty old generation is not "unknown"
+        ([PoolReading(30, 0, EDEN), PoolReading(0, 0, OLD), PoolReading(5, 5, SURVIVOR)], 5),
+        # a pool no collector manages counts nothing
+        ([PoolReading(10, None, OLD), PoolReading(5, 5, SURVIVOR)], 5),
+        ([], 0),
+    ],
+)
+def test_the_live_set_is_known_once_the_old_generation_was_collected(
+    pools: list[PoolReading], live: int | None
+) -> None:
+    assert live_after_collections(pools) == live
 
 
 def test_the_heap_is_read_at_most_every_period_and_kept_between_reads() -> None:
@@ -81,6 +110,10 @@ def test_the_sink_metrics_carry_the_heap_and_the_collections_when_there_is_a_jvm
     assert after["kclpy_spark_sink_jvm_heap_live_bytes"] == 120
     assert after["kclpy_spark_sink_jvm_heap_limit_bytes"] == 1024
     assert after["kclpy_spark_sink_python_gc_runs_total"] == 4
+    figures[0] = HeapFigures(used=300, live=None, limit=1024)  # old generation not collected yet
+    unknown = _exposition(collector)
+    assert "kclpy_spark_sink_jvm_heap_live_bytes" not in unknown
+    assert unknown["kclpy_spark_sink_jvm_heap_used_bytes"] == 300
 
 
 def test_without_a_local_jvm_there_are_no_heap_metrics() -> None:
