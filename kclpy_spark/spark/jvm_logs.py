@@ -63,20 +63,31 @@ def log4j2_properties(level: str, fmt: str, *, local: bool = False) -> str:
 
 @contextlib.contextmanager
 def jvm_logging(
-    level: str, fmt: str, directory: Path | None = None, *, local: bool = False
+    level: str,
+    fmt: str,
+    directory: Path | None = None,
+    *,
+    local: bool = False,
+    java_options: str = "",
 ) -> Iterator[Path | None]:
     """Around the start of the driver JVM: write the configuration (in a new private folder
     under ``directory``, the system's temporary one by default) and name it for the JVM; gone
     again afterwards (it is read once, at the start). Does nothing (yields None) if the user set
-    ``PYSPARK_SUBMIT_ARGS`` or a JVM runs already."""
+    ``PYSPARK_SUBMIT_ARGS`` or a JVM runs already.
+
+    The configuration is named with ``--driver-java-options``, which takes the place of the
+    ``spark.driver.extraJavaOptions`` setting: pass that setting as ``java_options`` and it is
+    kept (after ours, so a ``-Dlog4j2.configurationFile`` of the user's wins)."""
     if "PYSPARK_SUBMIT_ARGS" in os.environ or _jvm_running():
         yield None
         return
     folder = Path(tempfile.mkdtemp(prefix="kclpy-spark-log4j-", dir=directory))
     path = folder / "log4j2.properties"
     path.write_text(log4j2_properties(level, fmt, local=local), encoding="utf-8")
-    option = shlex.quote(f"-Dlog4j2.configurationFile={path.resolve().as_uri()}")
-    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--driver-java-options {option} pyspark-shell"
+    options = f"-Dlog4j2.configurationFile={path.resolve().as_uri()} {java_options}".strip()
+    os.environ["PYSPARK_SUBMIT_ARGS"] = (
+        f"--driver-java-options {shlex.quote(options)} pyspark-shell"
+    )
     try:
         yield path
     finally:

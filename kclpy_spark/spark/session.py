@@ -209,11 +209,13 @@ class SparkSessionHolder:
             defaults["spark.driver.host"] = "127.0.0.1"
             defaults["spark.driver.bindAddress"] = "127.0.0.1"
         builder = SparkSession.builder.master(t.master).appName(self._app_name)
-        for key, value in {**defaults, **self._conf}.items():
+        conf = {**defaults, **self._conf}
+        for key, value in conf.items():
             builder = builder.config(key, value)
         level, fmt = configured()
         local = t.kind is TargetKind.LOCAL
-        with jvm_logging(level, fmt, local=local):
+        java_options = conf.get("spark.driver.extraJavaOptions", "")
+        with jvm_logging(level, fmt, local=local, java_options=java_options):
             session = builder.getOrCreate()
         session.sparkContext.setLogLevel(self._conf.get("kclpy.logLevel", spark_level(level)))
         log.info("Spark session on %s (Spark %s)", t.master, session.version)

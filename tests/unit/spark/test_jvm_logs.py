@@ -4,6 +4,7 @@ driver JVM starts, and nothing left behind."""
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,20 @@ def test_the_configuration_is_named_for_the_jvm_start_only(
         assert path.resolve().as_uri() in args
     assert "PYSPARK_SUBMIT_ARGS" not in os.environ and not path.exists()
     assert list(tmp_path.iterdir()) == []  # its private folder went with it
+
+
+def test_the_users_driver_java_options_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --driver-java-options takes the place of spark.driver.extraJavaOptions: both must be in it
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
+    monkeypatch.setattr(jvm_logs, "_jvm_running", lambda: False)
+    user = "-XX:+UseParallelGC -Dname='two words'"
+    with jvm_logging("INFO", "text", tmp_path, java_options=user) as path:
+        assert path is not None
+        args = shlex.split(os.environ["PYSPARK_SUBMIT_ARGS"])  # as pyspark's launcher splits it
+        assert args[0] == "--driver-java-options" and args[2:] == ["pyspark-shell"]
+        assert args[1] == f"-Dlog4j2.configurationFile={path.resolve().as_uri()} {user}"
 
 
 def test_a_users_submit_args_are_left_alone(
