@@ -19,6 +19,9 @@ calls a second per shard, 200,000 records/s with 4 shards and 10,000-record page
   writers with ``batches_in_flight = 1`` (with one shard the second writer has nothing to cut
   until the first batch commits; with several it cuts other leases' records). Latency-bound,
   not CPU-bound: what pipelining is for;
+* **parquet parallelgc**, **parquet serialgc**: the Parquet sink with the driver JVM on the
+  Parallel or the Serial collector instead of G1 (``[sink.spark_conf]``
+  ``spark.driver.extraJavaOptions``);
 * **two sinks**: ``[[sinks]]`` with the same Parquet sink and a foreachBatch function
   (``pipeline_app:count_by_shard``: per-shard counts collected to the driver);
 * **bare**: ``bare_pipeline.py``, an aiobotocore drain in one thread and
@@ -78,7 +81,11 @@ VARIANTS = (
     "remote 1 writer",
     "remote 2 writers",
     "remote 2 writers unpipelined",
+    "parquet parallelgc",
+    "parquet serialgc",
 )
+# The driver JVM's collector for the "parquet ...gc" variants (G1 is the JVM's default).
+GC_FLAGS = {"parquet parallelgc": "-XX:+UseParallelGC", "parquet serialgc": "-XX:+UseSerialGC"}
 CLI = [sys.executable, "-m", "kclpy_spark.cli"]
 
 
@@ -104,6 +111,11 @@ def config(variant: str, work: Path, endpoint: str, stream: str, target: str) ->
         )
         if variant.endswith("unpipelined"):
             body += "batches_in_flight = 1\n"
+    elif variant in GC_FLAGS:
+        body = (
+            f'[sink]\nsink = "parquet:{out}"\nspark_target = "{target}"\n'
+            f'[sink.spark_conf]\n"spark.driver.extraJavaOptions" = "{GC_FLAGS[variant]}"\n'
+        )
     elif variant == "parquet 2 writers":
         body = f'[sink]\nsink = "parquet:{out}"\nspark_target = "{target}"\nwriters = 2\n'
     else:
