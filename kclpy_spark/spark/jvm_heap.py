@@ -47,9 +47,9 @@ def live_after_collections(pools: list[PoolReading]) -> int | None:
     """The heap's live set as the pools' after-collection figures sum it, or None while it is not
     known yet. A young collection leaves a tenured pool's after-collection figure untouched (G1
     updates it only on mixed and full collections), so until the old generation is first collected
-    it reads 0 while holding everything promoted: measured on Spark's driver, 7 MB 'live' for ten
-    minutes then 98 MB from the first mixed collection on, a jump a leak check would take for
-    growth."""
+    it reads 0 while holding everything promoted: measured on Spark's driver in the soak, 7 MB
+    'live' for seven minutes, then 98 MB from the first mixed collection on, a jump a leak check
+    would take for growth."""
     live = 0
     for pool in pools:
         if pool.after_collection is None:
