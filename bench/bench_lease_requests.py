@@ -105,6 +105,18 @@ def _produce(endpoint: str, stream: str, per_second: float, stop: threading.Even
         client.put_records(StreamName=stream, Records=records)
 
 
+def _delete_stream(endpoint: str, stream: str) -> None:
+    """Gone before the next run: kinesalite counts every stream's shards against one limit
+    (a second 1,000-shard stream was refused)."""
+    from kinesalite import sync_client
+
+    client = sync_client(endpoint)
+    client.delete_stream(StreamName=stream)
+    client.get_waiter("stream_not_exists").wait(
+        StreamName=stream, WaiterConfig={"Delay": 0.5, "MaxAttempts": 120}
+    )
+
+
 def _dynamo_client(endpoint: str) -> Any:
     """A DynamoDB client for LocalStack (the workers' own store is replaced by a table on it)."""
     import boto3
@@ -216,6 +228,7 @@ def run(
             stop.set()
             if client is not None:
                 client.delete_table(TableName=stream)
+            _delete_stream(endpoint, stream)
     counts = collections.Counter(
         name for store_calls in wrapped for t, name in store_calls.calls
         if span["start"] <= t < span["end"]
