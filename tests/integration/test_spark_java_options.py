@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 
 SCRIPT = """
-import json, logging, sys
+import json, logging
 logging.basicConfig(level=logging.INFO)
 from kclpy_spark.spark.session import SparkSessionHolder
 holder = SparkSessionHolder("local[1]", conf={
-    "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -Dkclpy.test.name=two-words",
+    "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -Dkclpy.test.name=kept",
 })
 jvm = holder.session().sparkContext._jvm
 factory = jvm.java.lang.management.ManagementFactory
@@ -41,6 +41,6 @@ def test_the_users_driver_java_options_reach_the_jvm_with_the_log_configuration(
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen["collectors"] == ["Copy", "MarkSweepCompact"]  # the Serial collector, not G1
-    assert seen["property"] == "two-words"
+    assert seen["property"] == "kept"
     assert seen["log4j"] and seen["log4j"].endswith("/log4j2.properties")  # ours, still named
     assert "NativeCodeLoader" not in out.stderr  # the configuration still quiets Spark's noise
