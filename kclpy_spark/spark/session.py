@@ -35,7 +35,7 @@ from urllib.parse import urlparse
 from checkpoint.base.errors import ConfigError
 from kclpy_spark.logs import configured
 from kclpy_spark.spark.jvm_garbage import JvmGarbage
-from kclpy_spark.spark.jvm_heap import HeapSampler, read_heap
+from kclpy_spark.spark.jvm_heap import HeapFigures, HeapSampler, read_heap
 from kclpy_spark.spark.jvm_logs import jvm_logging, spark_level
 
 log = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ class SparkSessionHolder:
         except Exception:  # an internal API: if it moved, keep Spark's default policy
             log.warning("could not shorten the Spark Connect retry policy", exc_info=True)
 
-    def _read_heap(self) -> Any:
+    def _read_heap(self) -> HeapFigures:
         return read_heap(self.session().sparkContext._jvm)
 
     def stop(self) -> None:
