@@ -23,7 +23,8 @@ calls a second per shard, 200,000 records/s with 4 shards and 10,000-record page
   Parallel or the Serial collector instead of G1 (``[sink.spark_conf]``
   ``spark.driver.extraJavaOptions``);
 * **two sinks**: ``[[sinks]]`` with the same Parquet sink and a foreachBatch function
-  (``pipeline_app:count_by_shard``: per-shard counts collected to the driver);
+  (``pipeline_app:count_by_shard``: per-shard counts collected to the driver); **two sinks 2
+  writers**: the same with ``writers = 2``;
 * **bare**: ``bare_pipeline.py``, an aiobotocore drain in one thread and
   ``createDataFrame(arrow)`` + Parquet append of 100,000 rows in another (no leases, no
   checkpoints), the issue's second baseline; its clock runs from its first GetRecords.
@@ -78,6 +79,7 @@ VARIANTS = (
     "parquet",
     "parquet 2 writers",
     "two sinks",
+    "two sinks 2 writers",
     "remote 1 writer",
     "remote 2 writers",
     "remote 2 writers unpipelined",
@@ -118,9 +120,10 @@ def config(variant: str, work: Path, endpoint: str, stream: str, target: str) ->
         )
     elif variant == "parquet 2 writers":
         body = f'[sink]\nsink = "parquet:{out}"\nspark_target = "{target}"\nwriters = 2\n'
-    else:
+    else:  # two sinks
+        writers = "writers = 2\n" if variant.endswith("2 writers") else ""
         body = (
-            f'[sink]\nspark_target = "{target}"\n'
+            f'[sink]\nspark_target = "{target}"\n{writers}'
             f'[[sinks]]\nsink = "parquet:{out}"\n'
             '[[sinks]]\nsink = "pipeline_app:count_by_shard"\n'
         )
@@ -326,6 +329,7 @@ RATIOS = (  # (label, numerator, denominator, goal)
     ("Parquet sink, 2 writers / 1 writer", "parquet 2 writers", "parquet", "-"),
     ("Parquet sink, 2 writers / consumer alone", "parquet 2 writers", "consumer", ">= 0.9"),
     ("two sinks (Parquet + a function) / Parquet alone", "two sinks", "parquet", ">= 0.8"),
+    ("two sinks, 2 writers / Parquet alone", "two sinks 2 writers", "parquet", ">= 0.8"),
     ("remote store (1 s a write), 2 writers / 1", "remote 2 writers", "remote 1 writer", "-"),
     (
         "remote store, 2 writers, 1 batch in flight / 1 writer",

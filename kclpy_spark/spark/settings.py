@@ -20,6 +20,8 @@ class BatcherSettings:
     retry_base_delay: float = 1.0
     retry_max_delay: float = 30.0
     write_timeout: float = 600.0
+    # A config file's defaults differ (sink_config._defaults_for: 2 writers; 1 batch of a lease
+    # in flight with a function among the sinks); these are the batcher's own.
     writers: int = 1
     batches_in_flight: int = 2  # per lease: written or being written, not yet checkpointed
     buffer_bytes: int = 0  # records buffered before process_records blocks; 0: 2 x max_bytes

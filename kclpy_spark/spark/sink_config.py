@@ -6,7 +6,9 @@ the contained ``BatcherSettings``; the table stays flat.
 Defaults that depend on the sink: ``scope`` is ``"lease"`` for your own foreachBatch function (its
 ``batch_id`` then names one lease's range, stable whoever re-forms it after a crash or a lease
 move) and ``"worker"`` for the built-in sinks (idempotent per piece, so any composition is safe);
-``regroup_wait`` is 0 for the built-in sinks (they never need a re-formed batch whole).
+``regroup_wait`` is 0 for the built-in sinks (they never need a re-formed batch whole);
+``batches_in_flight`` is 1 with a function among the sinks (it gets a lease's batches one after
+another) and 2 for the built-in sinks. ``writers`` is 2 for every sink.
 
 ```toml
 [sink]
@@ -19,8 +21,8 @@ scope = "lease"                     # "worker": one batch over the worker's leas
 max_attempts = 5
 failure_policy = "park"             # or "dead-letter:/data/dead-letters"
 write_timeout = 600.0
-writers = 1                         # batches written at once (threads)
-batches_in_flight = 2               # per lease: a batch is cut while the one before commits
+writers = 2                         # batches written at once (threads)
+batches_in_flight = 1               # per lease (built-in sinks: 2, cut while the one before commits)
 value_schema = "id BIGINT, name STRING"   # optional: parse data as JSON into these columns
 [sink.spark_conf]
 "spark.executor.memory" = "2g"
@@ -52,6 +54,10 @@ from checkpoint.base.errors import ConfigError
 from kclpy_spark.spark.settings import BatcherSettings
 
 _FUNCTION = re.compile(r"^[\w.]+:[\w.]+$")
+# Batches written at once unless the config says: measured 1.4x the records/s of one writer
+# with a source that costs this machine nothing (as Kinesis), the same within the noise with
+# one that competes for its two cores (BENCHMARKS.md).
+DEFAULT_WRITERS = 2
 # The default ``batching``: replaced in __post_init__ by the defaults of the sink's kind.
 _BY_SINK = BatcherSettings()
 
@@ -194,9 +200,16 @@ def _check(cfg: SinkConfig) -> None:
 
 def _defaults_for(sinks: list[str], given: Mapping[str, Any] = {}) -> BatcherSettings:
     """Batching settings with the defaults of the sinks' kinds under the ``given`` ones: those
-    of the built-in sinks only when every sink is one."""
+    of the built-in sinks only when every sink is one. Two writers for every sink (a batch is
+    built and written while another is; BENCHMARKS.md "Two writers by default"); with a
+    function among the sinks one batch of a lease in flight, so the function gets a lease's
+    batches one after another, in order, while other leases' batches use the second writer."""
     builtin = all(sink.startswith(("parquet:", "delta:")) for sink in sinks)
-    defaults = {"scope": "worker", "regroup_wait": 0.0} if builtin else {"scope": "lease"}
+    defaults: dict[str, Any] = {"writers": DEFAULT_WRITERS}
+    if builtin:
+        defaults |= {"scope": "worker", "regroup_wait": 0.0}
+    else:
+        defaults |= {"scope": "lease", "batches_in_flight": 1}
     return BatcherSettings(**{**defaults, **given})
 
 

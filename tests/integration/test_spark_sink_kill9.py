@@ -111,6 +111,7 @@ def test_kill9_during_a_write_then_restart_loses_nothing_and_duplicates_nothing(
             worker_toml(stream, localstack_endpoint, db)
             + '[sink]\nsink = "spark_e2e:StallingSink"\nspark_target = "local[2]"\n'
             "max_records = 150\nmax_wait = 0.5\nmax_attempts = 3\nretry_base_delay = 0.1\n"
+            "writers = 1\n"  # one write at a time: nothing is checkpointed while it stalls
             '[sink.spark_conf]\n"spark.sql.shuffle.partitions" = "2"\n'
         )
         log = tmp_path / "worker.log"
@@ -242,6 +243,7 @@ def test_kill9_between_two_sinks_then_restart_each_sink_gets_every_record(
         config.write_text(
             worker_toml(stream, localstack_endpoint, db) + '[sink]\nspark_target = "local[2]"\n'
             "max_records = 100\nmax_wait = 0.5\nmax_attempts = 3\nretry_base_delay = 0.1\n"
+            "writers = 1\n"  # one batch at a time: nothing is checkpointed while it stalls
             f'[[sinks]]\nsink = "parquet:{out / "parquet"}"\n'
             '[[sinks]]\nsink = "spark_e2e:stall_then_note"\n'
         )

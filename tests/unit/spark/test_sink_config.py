@@ -183,6 +183,34 @@ def test_the_sink_modules_do_not_import_pyspark() -> None:
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.parametrize(
+    ("sinks", "given", "writers", "in_flight"),
+    [
+        # Two writers for every sink (BENCHMARKS.md "Two writers by default").
+        (["parquet:/a"], {}, 2, 2),
+        (["delta:/a"], {}, 2, 2),  # DeltaSink keeps a lease's batches in order itself
+        (["parquet:/a", "delta:/b"], {}, 2, 2),
+        # A function gets a lease's batches one after another (other leases use writer two).
+        (["pkg.mod:fn"], {}, 2, 1),
+        (["parquet:/a", "pkg.mod:fn"], {}, 2, 1),
+        # What the config says wins.
+        (["parquet:/a"], {"writers": 1}, 1, 2),
+        (["pkg.mod:fn"], {"batches_in_flight": 2}, 2, 2),
+        (["pkg.mod:fn"], {"writers": 3, "batches_in_flight": 3}, 3, 3),
+    ],
+)
+def test_writer_defaults_follow_the_sinks(
+    sinks: list[str], given: dict[str, Any], writers: int, in_flight: int
+) -> None:
+    if len(sinks) == 1:
+        cfg = sink_config(sinks[0], **given)
+    else:
+        cfg = sink_config_from_mapping(given, sinks=[{"sink": s} for s in sinks])
+    assert (cfg.batching.writers, cfg.batching.batches_in_flight) == (writers, in_flight)
+    if not given:  # built directly, a SinkConfig gets the same defaults
+        assert SinkConfig(sinks[0]).batching == sink_config(sinks[0]).batching
+
+
 def test_several_sinks_are_read_from_sinks_entries(tmp_path: Path) -> None:
     path = tmp_path / "several.toml"
     path.write_text(
