@@ -7,11 +7,12 @@ next to nothing; readers are then held by their own pacing, as against Kinesis: 
 calls a second per shard, 200,000 records/s with 4 shards and 10,000-record pages):
 
 * **consumer** (the baseline): ``processor = "pipeline_app:Noop"`` (checkpoints every batch);
-* **parquet**: a ``[sink]`` table writing the built-in Parquet sink (default batching settings
-  but ``spark_target``);
-* **parquet 2 writers**: the same with ``writers = 2`` (two batches written at once; with the
+* **parquet**: a ``[sink]`` table writing the built-in Parquet sink (default settings but
+  ``spark_target``: since 2026-11-28 two writers, i.e. two batches written at once; with the
   default ``batches_in_flight = 2`` the next batch of a lease is cut and written while the one
   before it is still being written);
+* **parquet 1 writer**, **parquet 2 writers**: the same with ``writers`` set (1: the default
+  before 2026-11-28; in the results files of earlier runs, **parquet** is one writer);
 * **remote 1 writer**, **remote 2 writers**: a foreachBatch function standing for a store one
   second away (``pipeline_app:remote_store``: it waits 1 s per batch), ``scope = "worker"``,
   ``max_records = 20000``; with 2 writers the next batch is written while the one before it
@@ -23,8 +24,8 @@ calls a second per shard, 200,000 records/s with 4 shards and 10,000-record page
   Parallel or the Serial collector instead of G1 (``[sink.spark_conf]``
   ``spark.driver.extraJavaOptions``);
 * **two sinks**: ``[[sinks]]`` with the same Parquet sink and a foreachBatch function
-  (``pipeline_app:count_by_shard``: per-shard counts collected to the driver); **two sinks 2
-  writers**: the same with ``writers = 2``;
+  (``pipeline_app:count_by_shard``: per-shard counts collected to the driver); **two sinks 1
+  writer**, **two sinks 2 writers**: the same with ``writers`` set;
 * **bare**: ``bare_pipeline.py``, an aiobotocore drain in one thread and
   ``createDataFrame(arrow)`` + Parquet append of 100,000 rows in another (no leases, no
   checkpoints), the issue's second baseline; its clock runs from its first GetRecords.
@@ -77,8 +78,10 @@ VARIANTS = (
     "consumer",
     "bare",
     "parquet",
+    "parquet 1 writer",
     "parquet 2 writers",
     "two sinks",
+    "two sinks 1 writer",
     "two sinks 2 writers",
     "remote 1 writer",
     "remote 2 writers",
@@ -118,10 +121,12 @@ def config(variant: str, work: Path, endpoint: str, stream: str, target: str) ->
             f'[sink]\nsink = "parquet:{out}"\nspark_target = "{target}"\n'
             f'[sink.spark_conf]\n"spark.driver.extraJavaOptions" = "{GC_FLAGS[variant]}"\n'
         )
-    elif variant == "parquet 2 writers":
-        body = f'[sink]\nsink = "parquet:{out}"\nspark_target = "{target}"\nwriters = 2\n'
-    else:  # two sinks
-        writers = "writers = 2\n" if variant.endswith("2 writers") else ""
+    elif variant.startswith("parquet "):  # parquet 1 writer, parquet 2 writers
+        writers = variant.split()[1]
+        body = f'[sink]\nsink = "parquet:{out}"\nspark_target = "{target}"\nwriters = {writers}\n'
+    else:  # two sinks (the defaults), two sinks 1 writer, two sinks 2 writers
+        words = variant.split()
+        writers = f"writers = {words[2]}\n" if len(words) > 2 else ""
         body = (
             f'[sink]\nspark_target = "{target}"\n{writers}'
             f'[[sinks]]\nsink = "parquet:{out}"\n'
@@ -326,10 +331,11 @@ def main() -> int:
 RATIOS = (  # (label, numerator, denominator, goal)
     ("Parquet sink / consumer alone", "parquet", "consumer", ">= 0.9"),
     ("Parquet sink / bare overlapped pipeline", "parquet", "bare", ">= 1.2"),
-    ("Parquet sink, 2 writers / 1 writer", "parquet 2 writers", "parquet", "-"),
-    ("Parquet sink, 2 writers / consumer alone", "parquet 2 writers", "consumer", ">= 0.9"),
+    ("Parquet sink, 2 writers / 1 writer", "parquet 2 writers", "parquet 1 writer", "-"),
+    ("Parquet sink (default: 2 writers) / 1 writer", "parquet", "parquet 1 writer", "-"),
+    ("Parquet sink, 1 writer / consumer alone", "parquet 1 writer", "consumer", ">= 0.9"),
     ("two sinks (Parquet + a function) / Parquet alone", "two sinks", "parquet", ">= 0.8"),
-    ("two sinks, 2 writers / Parquet alone", "two sinks 2 writers", "parquet", ">= 0.8"),
+    ("two sinks / Parquet, both 1 writer", "two sinks 1 writer", "parquet 1 writer", ">= 0.8"),
     ("remote store (1 s a write), 2 writers / 1", "remote 2 writers", "remote 1 writer", "-"),
     (
         "remote store, 2 writers, 1 batch in flight / 1 writer",
