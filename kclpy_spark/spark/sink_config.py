@@ -22,7 +22,7 @@ max_attempts = 5
 failure_policy = "park"             # or "dead-letter:/data/dead-letters"
 write_timeout = 600.0
 writers = 2                         # batches written at once (threads)
-batches_in_flight = 1               # per lease (built-in sinks: 2, cut while the one before commits)
+batches_in_flight = 1               # per lease; default 1 with a function, 2 for built-in sinks
 value_schema = "id BIGINT, name STRING"   # optional: parse data as JSON into these columns
 [sink.spark_conf]
 "spark.executor.memory" = "2g"
@@ -54,9 +54,9 @@ from checkpoint.base.errors import ConfigError
 from kclpy_spark.spark.settings import BatcherSettings
 
 _FUNCTION = re.compile(r"^[\w.]+:[\w.]+$")
-# Batches written at once unless the config says: measured 1.4x the records/s of one writer
-# with a source that costs this machine nothing (as Kinesis), the same within the noise with
-# one that competes for its two cores (BENCHMARKS.md).
+# Batches written at once unless the config says: 1.20x the records/s of one writer (1.14x to
+# 1.47x by round) with a source that costs this machine nothing (as Kinesis), 0.95x-1.07x warm
+# with one that competes for its two cores (BENCHMARKS.md "Two writers by default").
 DEFAULT_WRITERS = 2
 # The default ``batching``: replaced in __post_init__ by the defaults of the sink's kind.
 _BY_SINK = BatcherSettings()

@@ -192,6 +192,43 @@ def test_a_later_batch_written_first_does_not_move_the_checkpoint_past_an_earlie
         assert env.batcher.stats.commits == 1  # one commit over both batches
 
 
+def test_two_writers_one_batch_in_flight_keep_a_lease_in_order_and_let_another_lease_pass() -> None:
+    """The defaults with a function among the sinks (writers 2, batches_in_flight 1, scope
+    lease): while lease A's first batch is held in its write, A's next batch is not cut (the
+    function sees A's batches one after another), yet lease B's batch is written on the second
+    writer; once A's first batch is checkpointed, A's next one is written."""
+    release_first = threading.Event()
+    b_written = threading.Event()
+    written: list[tuple[str, ExtendedSequenceNumber]] = []
+    settings = {"writers": 2, "batches_in_flight": 1, "scope": "lease"}
+    with threaded_env(max_records=3, max_wait=0.0, **settings) as env:
+
+        def on_write(batch: SinkBatch) -> None:
+            [piece] = batch.pieces  # lease scope: one lease's piece per batch
+            written.append((piece.lease_key, piece.key.first))
+            if piece.lease_key == SHARDS[0] and piece.key.first == esn(10):
+                assert release_first.wait(10.0)
+            if piece.lease_key == SHARDS[1]:
+                b_written.set()
+
+        env.sink.on_write = on_write
+        env.take(SHARDS[0])
+        env.take(SHARDS[1])
+        env.deliver(SHARDS[0], records(1, 3))
+        env.deliver(SHARDS[0], records(4, 3))
+        wait_until(lambda: (SHARDS[0], esn(10)) in written)
+        env.deliver(SHARDS[1], records(1, 3))
+        assert b_written.wait(10.0), "lease B waited for lease A's write"
+        assert (SHARDS[0], esn(40)) not in written  # A's second batch waits for its first
+        assert env.batcher.status()["lanes"][SHARDS[0]]["in_flight_batches"] == 1
+        release_first.set()
+        wait_until(lambda: (SHARDS[0], esn(40)) in written)
+        assert env.batcher.drain(env.lanes[SHARDS[0]], 10.0, final=False) is DrainResult.DONE
+        assert env.lease(SHARDS[0]).checkpoint == esn(60)
+        a_writes = [first for key, first in written if key == SHARDS[0]]
+        assert a_writes == [esn(10), esn(40)]
+
+
 def test_a_failed_earlier_batch_keeps_the_checkpoint_and_a_new_owner_reforms_both() -> None:
     """Batch 2 succeeds while batch 1 fails for good: nothing is checkpointed, the lane parks
     with both pieces put back, and the next owner re-forms both exactly (same piece keys)."""
