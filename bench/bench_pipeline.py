@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -173,7 +174,7 @@ def run(variant: str, endpoint: str, stream: str, loaded: Loaded, target: str) -
     stdout, stderr = proc.communicate(timeout=3600)
     wall = time.perf_counter() - began
     if proc.returncode != 0:
-        raise RuntimeError(f"{variant} exited {proc.returncode}:\n{stderr[-3000:]}")
+        raise RuntimeError(f"{variant} exited {proc.returncode} (kept: {work}):\n{stderr[-3000:]}")
     used = cpu.totals()
     if variant == "bare":
         summary = json.loads(stdout.strip().splitlines()[-1])
@@ -192,11 +193,12 @@ def run(variant: str, endpoint: str, stream: str, loaded: Loaded, target: str) -
     if variant.startswith("remote"):
         rows = _noted_rows(work / "pieces.jsonl")
         if rows != records:
-            raise RuntimeError(f"{variant}: {rows} rows in distinct pieces, {records} records put")
+            raise RuntimeError(f"{variant}: {rows} rows in distinct pieces, {records} put ({work})")
     elif variant != "consumer":
         rows = _parquet_rows(work / "out")
         if rows != records:
-            raise RuntimeError(f"{variant}: {rows} distinct Parquet rows, {records} records put")
+            raise RuntimeError(f"{variant}: {rows} distinct Parquet rows, {records} put ({work})")
+    shutil.rmtree(work, ignore_errors=True)  # ~170 MB a run at 2M records; kept when it failed
     return {
         "variant": variant,
         "steady_s": steady,
