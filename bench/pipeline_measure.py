@@ -24,6 +24,22 @@ PAGE = 10_000  # records per stand-in GetRecords page
 MIN_WINDOW_STEPS = 3  # commits (or bare writes) inside the warm window, at the least
 
 
+def note_tree(root: psutil.Process, seen: dict[int, tuple[str, float]]) -> None:
+    """Note in ``seen`` each process of ``root``'s tree by pid: its name and CPU seconds so far
+    (a process that ended keeps its last figure)."""
+    with contextlib.suppress(psutil.Error):
+        for proc in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                times = proc.cpu_times()
+                seen[proc.pid] = (proc.name(), times.user + times.system)
+
+
+def split_cpu(seen: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds of the JVM (processes named ``java``) and of the rest (Python)."""
+    jvm = sum(cpu for name, cpu in seen.values() if name == "java")
+    return {"jvm": jvm, "python": sum(c for _, c in seen.values()) - jvm}
+
+
 class TreeCpu:
     """CPU seconds of a process and its descendants, sampled until it ends: the last figure seen
     of each process, Python and the JVM (``java``) apart, and the totals over time (so that the
@@ -38,22 +54,14 @@ class TreeCpu:
 
     def _loop(self) -> None:
         while self._root.is_running() and self._root.status() != psutil.STATUS_ZOMBIE:
-            with contextlib.suppress(psutil.Error):
-                for proc in [self._root, *self._root.children(recursive=True)]:
-                    with contextlib.suppress(psutil.Error):
-                        times = proc.cpu_times()
-                        self._seen[proc.pid] = (proc.name(), times.user + times.system)
-            used = self._split()
+            note_tree(self._root, self._seen)
+            used = split_cpu(self._seen)
             self._series.append((time.time(), used["python"], used["jvm"]))
             time.sleep(0.2)
 
-    def _split(self) -> dict[str, float]:
-        jvm = sum(cpu for name, cpu in self._seen.values() if name == "java")
-        return {"jvm": jvm, "python": sum(c for _, c in self._seen.values()) - jvm}
-
     def totals(self) -> dict[str, float]:
         self._thread.join(10.0)
-        return self._split()
+        return split_cpu(self._seen)
 
     def between(self, began: float, ended: float) -> dict[str, float]:
         """CPU used from wall time ``began`` to ``ended`` (the samples nearest each end)."""

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import psutil
 import pyarrow as pa
+from pipeline_measure import note_tree, split_cpu
 
 
 def batch(rows: int) -> pa.Table:
@@ -40,16 +41,11 @@ def batch(rows: int) -> pa.Table:
 
 
 def cpu_split(proc: psutil.Process) -> tuple[float, float]:
-    """CPU seconds so far: this Python process, and its children (the driver JVM)."""
-    own = proc.cpu_times()
-    jvm = 0.0
-    for child in proc.children(recursive=True):
-        try:
-            times = child.cpu_times()
-            jvm += times.user + times.system
-        except psutil.NoSuchProcess:
-            pass
-    return own.user + own.system, jvm
+    """CPU seconds so far of this process's tree: Python, and the driver JVM."""
+    seen: dict[int, tuple[str, float]] = {}
+    note_tree(proc, seen)
+    used = split_cpu(seen)
+    return used["python"], used["jvm"]
 
 
 def measure(name: str, step: Callable[[], Any], batches: int, rows: int) -> str:
