@@ -107,6 +107,9 @@ JAVA21_DIR = LIBS / "java" / "21"
 DOCKER_IMAGE = os.environ.get("LOCALSTACK_IMAGE", "localstack/localstack:community-archive")
 CONTAINER = "kclpy-spark-localstack"
 SERVICES = ("kinesis", "dynamodb")
+# Open shards allowed in the account (LocalStack's default is 100): the test suite runs two tests
+# at a time, and a stream being deleted still counts for a while.
+SHARD_LIMIT = 500
 
 
 class Failure(Exception):
@@ -715,6 +718,7 @@ def start_docker(p: int) -> str:
         "EAGER_SERVICE_LOADING=1",
         "DYNAMODB_IN_MEMORY=1",
         "KINESIS_LATENCY=0",
+        f"KINESIS_SHARD_LIMIT={SHARD_LIMIT}",
     ]
     if os.environ.get("LOCALSTACK_AUTH_TOKEN"):
         env.append("LOCALSTACK_AUTH_TOKEN")  # passed through from our environment
@@ -803,6 +807,7 @@ def runtime_env(p: int, shim: bool) -> dict[str, str]:
         DYNAMODB_IN_MEMORY="1",
         KINESIS_PERSISTENCE="0",
         KINESIS_LATENCY="0",
+        KINESIS_SHARD_LIMIT=str(SHARD_LIMIT),
         PERSISTENCE="0",
         PYTHONUNBUFFERED="1",
         **{MARKER: str(CACHE)},

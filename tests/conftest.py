@@ -8,6 +8,7 @@ Tests that use ``localstack_endpoint`` (directly or through a client fixture) ar
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import subprocess
@@ -34,8 +35,38 @@ def _healthy(endpoint: str) -> bool:
     return all(services.get(s) in {"running", "available"} for s in ("kinesis", "dynamodb"))
 
 
+def _start_localstack() -> str:
+    proc = subprocess.run(
+        [sys.executable, str(LSCTL), "start"], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"LocalStack did not start: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def _stop_localstack() -> None:
+    subprocess.run([sys.executable, str(LSCTL), "stop"], check=False, capture_output=True)
+
+
+# Under pytest-xdist (scripts/test.sh runs two test processes) the workers share one LocalStack:
+# the first to need it starts it under a lock and leaves this file in the folder the run's
+# workers share; the controlling process stops it when the whole run ends (pytest_sessionfinish).
+STARTED_MARK = "localstack-started-by-this-run"
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` across the run's processes (released if one dies)."""
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
-def localstack_endpoint() -> Iterator[str]:
+def localstack_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A running LocalStack: ``LOCALSTACK_ENDPOINT`` if set, else one we start and stop."""
     given = os.environ.get("LOCALSTACK_ENDPOINT")
     if given:
@@ -45,21 +76,39 @@ def localstack_endpoint() -> Iterator[str]:
         return
     port = os.environ.get("LOCALSTACK_PORT", "4566")
     endpoint = f"http://127.0.0.1:{port}"
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent
+        with _locked(shared / "localstack.lock"):
+            if not _healthy(endpoint):
+                endpoint = _start_localstack()
+                (shared / STARTED_MARK).write_text(endpoint)
+        yield endpoint
+        return
     if _healthy(endpoint):
         # A LocalStack already answers there (ours from an earlier run, or one started by hand):
         # use it, and leave it running.
         yield endpoint
         return
-    proc = subprocess.run(
-        [sys.executable, str(LSCTL), "start"], capture_output=True, text=True, check=False
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"LocalStack did not start: {proc.stderr.strip() or proc.stdout.strip()}")
-    endpoint = proc.stdout.strip().splitlines()[-1]
+    endpoint = _start_localstack()
     try:
         yield endpoint
     finally:
-        subprocess.run([sys.executable, str(LSCTL), "stop"], check=False, capture_output=True)
+        _stop_localstack()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In the controlling process of an xdist run: stop the LocalStack a worker started."""
+    if hasattr(session.config, "workerinput") or not getattr(
+        session.config.option, "numprocesses", None
+    ):
+        return  # a worker, or a run without xdist (the fixture stops what it started)
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None:
+        return
+    mark = factory.getbasetemp() / STARTED_MARK
+    if mark.exists():
+        _stop_localstack()
+        mark.unlink()
 
 
 @pytest.fixture(scope="session")

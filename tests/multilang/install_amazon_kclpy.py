@@ -20,6 +20,7 @@ fixture. Exits non-zero with the reason when something fails (e.g. no network fo
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import importlib
 import importlib.metadata
@@ -122,9 +123,20 @@ def build_wheel(sdist: Path) -> Path:
 
 
 def install() -> str:
-    """Make amazon_kclpy VERSION importable in this environment; returns what was done."""
+    """Make amazon_kclpy VERSION importable in this environment; returns what was done. Several
+    processes may call it at once (the test suite runs two): one installs, the others wait for it
+    and then find it installed."""
     if installed_version() == VERSION:
         return f"{NAME} {VERSION} already installed"
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with (CACHE / "install.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        if installed_version() == VERSION:
+            return f"{NAME} {VERSION} installed meanwhile by another process"
+        return _install()
+
+
+def _install() -> str:
     wheel = build_wheel(download_sdist())
     _run(
         sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--force-reinstall",
