@@ -1,7 +1,8 @@
 """The worker's CPU use, as KCL 3.x publishes it for load-aware balancing: the CPU seconds of this
 process and its child processes (the Spark driver's JVM, a MultiLang child) over an interval, as a
-percentage of the CPUs the process may use: the cgroup's quota when one is set (a container),
-otherwise the CPUs it may run on.
+percentage of the CPUs the process may use: the quota of its cgroup when one is set (a container,
+a systemd unit with ``CPUQuota=``; kclpy_spark.runtime.cgroups), otherwise the CPUs it may run
+on.
 
 ``CpuMeter.sample()`` gives the utilization since the previous sample (None at the first). The
 worker samples it once per control round and publishes the figure in its status record
@@ -20,6 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from kclpy_spark.runtime.cgroups import cpu_quota
+
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 Read = Callable[[str], str | None]
 
@@ -32,31 +35,14 @@ def _read(path: str) -> str | None:
 
 
 def cpu_limit(read: Read = _read, cpus: int | None = None) -> float:
-    """The CPUs this process may use: the cgroup v2 ``cpu.max`` or v1 CFS quota, capped by the
-    CPUs it may run on (``cpus``, default: its affinity)."""
+    """The CPUs this process may use: the CPU quota of its cgroup or of an ancestor (cgroup v2
+    ``cpu.max`` or v1 CFS quota: kclpy_spark.runtime.cgroups), capped by the CPUs it may run on
+    (``cpus``, default: its affinity)."""
     if cpus is None:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
         cpus = cpus or os.cpu_count() or 1
-    quota = None
-    v2 = read("/sys/fs/cgroup/cpu.max")
-    if v2:
-        parts = v2.split()
-        if len(parts) == 2 and parts[0] != "max":
-            quota = _ratio(parts[0], parts[1])
-    else:
-        q = read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")
-        p = read("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
-        if q and p and q.strip() != "-1":
-            quota = _ratio(q, p)
+    quota = cpu_quota(read)
     return min(float(cpus), quota) if quota else float(cpus)
-
-
-def _ratio(quota: str, period: str) -> float | None:
-    try:
-        q, p = float(quota), float(period)
-    except ValueError:
-        return None
-    return q / p if q > 0 and p > 0 else None
 
 
 def children_cpu_seconds(read: Read = _read, pid: int | None = None) -> float:
