@@ -3,6 +3,13 @@
 bytes (``load_metric = "throughput"``) cannot, and then leave the leases alone?
 
     .venv/bin/python bench/bench_cpu_balance.py [--minutes 3] [--no-write]
+    .venv/bin/python bench/bench_cpu_balance.py --fleet quotas   # three workers, CPU quotas
+
+``--fleet quotas``: three workers of the same cost per record, each in its own cgroup with a CPU
+quota (w1 one CPU, w2 and w3 half a CPU each, as containers of different sizes), unpinned; each
+reads its limit from its cgroup (kclpy_spark.runtime.cgroups). Needs a writable cgroup v1 cpu
+hierarchy (root). CPU is then reported as a share of each worker's quota. Results:
+bench/results/cpu-balance-quotas.md.
 
 As a user runs it (the CLI, a config file, default timing, a DynamoDB lease table on LocalStack):
 an 8-shard stream, a producer putting ``--rate`` records/s of 100 B into every shard, the
@@ -17,6 +24,7 @@ bench/results/cpu-balance.md.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import threading
@@ -30,7 +38,10 @@ from bench_failover import ENDPOINT, Fleet, _kinesis, open_store, wait_for
 from bench_hot_shard import settle_then_measure
 from common import REPO, machine, stamp, write_results
 
-WORKERS = {"w1": ("0", "1"), "w2": ("1", "2")}  # worker -> (core, BURN_FACTOR)
+from kclpy_spark.runtime.cgroups import cgroup_mounts
+
+PINNED = {"w1": ("0", "1"), "w2": ("1", "2")}  # worker -> (core, BURN_FACTOR)
+QUOTAS = {"w1": 1.0, "w2": 0.5, "w3": 0.5}  # worker -> CPU quota (CPUs), same cost per record
 
 
 def config(app: str, metric: str) -> str:
@@ -69,6 +80,44 @@ class PinnedFleet(Fleet):
         )  # fmt: skip
         log.close()
 
+    def start_in_cgroup(self, worker_id: str, group: Path) -> None:
+        log = (self.workdir / f"{worker_id}.log").open("wb")
+        procs = str(group / "cgroup.procs")
+
+        def join() -> None:  # in the child before exec: into the cgroup, with its children
+            Path(procs).write_text(str(os.getpid()))
+
+        self.procs[worker_id] = subprocess.Popen(
+            [sys.executable, "-m", "kclpy_spark.cli", "--log-level", "INFO", "run", "--config",
+             str(self.config), "--worker-id", worker_id],
+            stdout=log, stderr=subprocess.STDOUT, env=dict(self.env, BURN_FACTOR="1"),
+            cwd=self.workdir, preexec_fn=join,
+        )  # fmt: skip
+        log.close()
+
+
+def quota_group(name: str, cpus: float) -> Path:
+    """A cgroup v1 cpu group with a CFS quota of ``cpus``."""
+    mountinfo = Path("/proc/self/mountinfo").read_text()
+    for version, _, mount_point in cgroup_mounts(mountinfo):
+        mount = Path(mount_point)
+        if version == "v1" and os.access(mount, os.W_OK):
+            group = mount / name
+            group.mkdir()
+            (group / "cpu.cfs_period_us").write_text("100000")
+            (group / "cpu.cfs_quota_us").write_text(str(int(cpus * 100000)))
+            return group
+    raise SystemExit("--fleet quotas needs a writable cgroup v1 cpu hierarchy (run as root)")
+
+
+def remove_group(group: Path) -> None:
+    for _ in range(50):  # its processes may take a moment to be gone
+        try:
+            group.rmdir()
+            return
+        except OSError:
+            time.sleep(0.1)
+
 
 def run_variant(metric: str, args: argparse.Namespace) -> dict[str, Any]:
     app = f"bench-cpu-{uuid.uuid4().hex[:8]}"
@@ -84,9 +133,15 @@ def run_variant(metric: str, args: argparse.Namespace) -> dict[str, Any]:
     stop = threading.Event()
     thread = threading.Thread(target=producer, args=(kinesis, app, args.rate, stop))
     thread.start()
+    groups: list[Path] = []
     try:
-        for worker, (core, factor) in WORKERS.items():
-            fleet.start_pinned(worker, core, factor)
+        if args.fleet == "quotas":
+            for worker, cpus in QUOTAS.items():
+                groups.append(quota_group(f"{app}-{worker}", cpus))
+                fleet.start_in_cgroup(worker, groups[-1])
+        else:
+            for worker, (core, factor) in PINNED.items():
+                fleet.start_pinned(worker, core, factor)
         wait_for("the lease table", lambda: open_store("dynamodb", work, app).list_leases(), 120)
         store = open_store("dynamodb", work, app)
 
@@ -96,15 +151,18 @@ def run_variant(metric: str, args: argparse.Namespace) -> dict[str, Any]:
         wait_for("every lease owned", lambda: None not in owners().values(), 120)
         pids = {w: p.pid for w, p in fleet.procs.items()}
         watched = settle_then_measure(owners, pids, args.minutes)
-        held = {w: sum(1 for o in watched.owners.values() if o == w) for w in WORKERS}
+        held = {w: sum(1 for o in watched.owners.values() if o == w) for w in pids}
     finally:
         stop.set()
         thread.join()
         fleet.stop_all()
+        for group in groups:
+            remove_group(group)
         kinesis.delete_stream(StreamName=app, EnforceConsumerDeletion=True)
+    limits = QUOTAS if args.fleet == "quotas" else dict.fromkeys(PINNED, 1.0)
     return {
         "metric": metric,
-        "cpu": watched.cpu,
+        "cpu": {w: used / limits[w] for w, used in watched.cpu.items()},  # share of its limit
         "held": held,
         "moves": watched.moves,
         "moves_before": watched.moves_before,
@@ -113,26 +171,37 @@ def run_variant(metric: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    workers = list(QUOTAS if args.fleet == "quotas" else PINNED)
+    names = " / ".join(workers)
+    if args.fleet == "quotas":
+        title = "Balancing by CPU: three workers with different CPU quotas"
+        fleet = (f"three workers spending {args.burn_ms:g} ms of CPU per record, each in its own "
+                 "cgroup with a CPU quota (w1 1 CPU, w2 and w3 0.5 CPU), unpinned; CPU as a "
+                 "share of each worker's quota")  # fmt: skip
+    else:
+        title = "Balancing by CPU: one worker twice as slow per record"
+        fleet = (f"w1 spends {args.burn_ms:g} ms of CPU per record, w2 {2 * args.burn_ms:g} ms; "
+                 "each worker pinned to one core")  # fmt: skip
     lines = [
-        "# Balancing by CPU: one worker twice as slow per record",
+        f"# {title}",
         "",
-        f"{stamp()} on {machine()}; `python bench/bench_cpu_balance.py "
+        f"{stamp()} on {machine()}; `python bench/bench_cpu_balance.py --fleet {args.fleet} "
         f"--minutes {args.minutes:g} --rate {args.rate} --burn-ms {args.burn_ms:g}`. "
-        f"{args.shards} shards, {args.rate} records/s of 100 B into each; w1 spends "
-        f"{args.burn_ms:g} ms of CPU per record, w2 {2 * args.burn_ms:g} ms; each worker pinned "
-        "to one core; DynamoDB lease table on LocalStack; both workers start together.",
+        f"{args.shards} shards, {args.rate} records/s of 100 B into each; {fleet}; DynamoDB "
+        "lease table on LocalStack; the workers start together.",
         "",
-        "| load_metric | leases w1 / w2 | CPU w1 / w2 (of its core) | CPU max / min | lease moves "
-        "to settle | settled after | lease moves over the measured minutes |",
+        f"| load_metric | leases {names} | CPU {names} (of its limit) | CPU max / min | lease "
+        "moves to settle | settled after | lease moves over the measured minutes |",
         "|---|---|---|---:|---:|---:|---:|",
     ]
     for r in results:
         cpu = r["cpu"]
         ratio = max(cpu.values()) / min(cpu.values()) if min(cpu.values()) > 0 else float("inf")
         r["ratio"] = ratio
+        held = " / ".join(str(r["held"][w]) for w in workers)
+        used = " / ".join(f"{cpu[w]:.1%}" for w in workers)
         lines.append(
-            f"| {r['metric']} | {r['held']['w1']} / {r['held']['w2']} | {cpu['w1']:.1%} / "
-            f"{cpu['w2']:.1%} | **{ratio:.2f}** | {r['moves_before']} | "
+            f"| {r['metric']} | {held} | {used} | **{ratio:.2f}** | {r['moves_before']} | "
             f"{r['settled_after']:.0f} s | **{r['moves']}** |"
         )
     by = {r["metric"]: r for r in results}
@@ -149,13 +218,15 @@ def main() -> int:
     parser.add_argument("--burn-ms", type=float, default=3.0)
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--variants", nargs="+", default=["throughput", "auto"])
+    parser.add_argument("--fleet", choices=["pinned", "quotas"], default="pinned")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     results = [run_variant(metric, args) for metric in args.variants]
     text = report(results, args)
     print(text)
     if not args.no_write:
-        write_results("cpu-balance.md", text)
+        name = "cpu-balance-quotas.md" if args.fleet == "quotas" else "cpu-balance.md"
+        write_results(name, text)
     return 0
 
 

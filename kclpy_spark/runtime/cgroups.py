@@ -32,7 +32,7 @@ def cpu_quota(read: Read) -> float | None:
     own_cgroups = read("/proc/self/cgroup")
     paths = _own_paths(own_cgroups) if own_cgroups is not None else {"v1": "/", "v2": "/"}
     quotas = []
-    for version, root, mount_point in _cgroup_mounts(mountinfo):
+    for version, root, mount_point in cgroup_mounts(mountinfo):
         own = paths.get(version)
         if own is None:
             continue
@@ -59,7 +59,7 @@ def _own_paths(text: str) -> dict[str, str]:
     return paths
 
 
-def _cgroup_mounts(mountinfo: str) -> Iterator[tuple[str, str, str]]:
+def cgroup_mounts(mountinfo: str) -> Iterator[tuple[str, str, str]]:
     """(version, root within the hierarchy, mount point) of each cgroup mount that can hold a CPU
     quota. A mountinfo line: ``id parent dev root mount-point options [tags] - type source
     super-options``."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from kclpy_spark.runtime.cgroups import cgroup_mounts
 from kclpy_spark.runtime.cpu import cpu_limit
 
 V2_MOUNT = "31 23 0:28 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
@@ -89,13 +90,10 @@ def test_the_limit_is_the_smallest_quota_on_the_way_up_from_the_process_cgroup(n
 
 
 def _writable_v1_cpu_hierarchy() -> Path | None:
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        head, _, tail = line.partition(" - ")
-        after = tail.split()
-        if len(after) > 2 and after[0] == "cgroup" and "cpu" in after[2].split(","):
-            mount = Path(head.split()[4])
-            if os.access(mount, os.W_OK) and (mount / "cpu.cfs_quota_us").exists():
-                return mount
+    for version, _, mount_point in cgroup_mounts(Path("/proc/self/mountinfo").read_text()):
+        mount = Path(mount_point)
+        if version == "v1" and os.access(mount, os.W_OK) and (mount / "cpu.cfs_quota_us").exists():
+            return mount
     return None
 
 
