@@ -82,16 +82,15 @@ class PinnedFleet(Fleet):
 
     def start_in_cgroup(self, worker_id: str, group: Path) -> None:
         log = (self.workdir / f"{worker_id}.log").open("wb")
+        # The shell moves itself into the cgroup, then becomes the worker (same pid, same cgroup;
+        # the worker's children inherit it).
         procs = str(group / "cgroup.procs")
-
-        def join() -> None:  # in the child before exec: into the cgroup, with its children
-            Path(procs).write_text(str(os.getpid()))
-
+        join = ["sh", "-c", 'echo $$ > "$1" && shift && exec "$@"', "sh", procs]
         self.procs[worker_id] = subprocess.Popen(
-            [sys.executable, "-m", "kclpy_spark.cli", "--log-level", "INFO", "run", "--config",
-             str(self.config), "--worker-id", worker_id],
+            [*join, sys.executable, "-m", "kclpy_spark.cli", "--log-level", "INFO", "run",
+             "--config", str(self.config), "--worker-id", worker_id],
             stdout=log, stderr=subprocess.STDOUT, env=dict(self.env, BURN_FACTOR="1"),
-            cwd=self.workdir, preexec_fn=join,
+            cwd=self.workdir,
         )  # fmt: skip
         log.close()
 

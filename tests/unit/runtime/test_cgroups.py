@@ -109,14 +109,13 @@ def test_a_process_in_a_cgroup_with_half_a_cpu_reports_half_a_cpu() -> None:
     try:
         (group / "cpu.cfs_period_us").write_text("100000")
         (group / "cpu.cfs_quota_us").write_text("50000")
-        procs = str(group / "cgroup.procs")
         code = "from kclpy_spark.runtime.cpu import cpu_limit; print(cpu_limit())"
-
-        def join() -> None:  # in the child, before exec: move itself into the cgroup
-            Path(procs).write_text(str(os.getpid()))
-
-        inside = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                preexec_fn=join, check=True, timeout=60)  # fmt: skip
+        # The shell moves itself into the cgroup, then becomes Python (exec keeps the cgroup).
+        join = 'echo $$ > "$1" && shift && exec "$@"'
+        inside = subprocess.run(
+            ["sh", "-c", join, "sh", str(group / "cgroup.procs"), sys.executable, "-c", code],
+            capture_output=True, text=True, check=True, timeout=60,
+        )  # fmt: skip
         outside = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                  check=True, timeout=60)  # fmt: skip
     finally:
