@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -69,30 +68,10 @@ def producer(kinesis: Any, stream: str, rate: int, stop: threading.Event) -> Non
             kinesis.put_records(StreamName=stream, Records=records[start : start + 500])
 
 
-class PinnedFleet(Fleet):
-    def start_pinned(self, worker_id: str, core: str, factor: str) -> None:
-        log = (self.workdir / f"{worker_id}.log").open("wb")
-        env = dict(self.env, BURN_FACTOR=factor)
-        self.procs[worker_id] = subprocess.Popen(
-            ["taskset", "-c", core, sys.executable, "-m", "kclpy_spark.cli", "--log-level",
-             "INFO", "run", "--config", str(self.config), "--worker-id", worker_id],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir,
-        )  # fmt: skip
-        log.close()
-
-    def start_in_cgroup(self, worker_id: str, group: Path) -> None:
-        log = (self.workdir / f"{worker_id}.log").open("wb")
-        # The shell moves itself into the cgroup, then becomes the worker (same pid, same cgroup;
-        # the worker's children inherit it).
-        procs = str(group / "cgroup.procs")
-        join = ["sh", "-c", 'echo $$ > "$1" && shift && exec "$@"', "sh", procs]
-        self.procs[worker_id] = subprocess.Popen(
-            [*join, sys.executable, "-m", "kclpy_spark.cli", "--log-level", "INFO", "run",
-             "--config", str(self.config), "--worker-id", worker_id],
-            stdout=log, stderr=subprocess.STDOUT, env=dict(self.env, BURN_FACTOR="1"),
-            cwd=self.workdir,
-        )  # fmt: skip
-        log.close()
+def join_cgroup(group: Path) -> list[str]:
+    """A command prefix: the shell moves itself into the cgroup, then becomes the worker (same
+    pid, same cgroup; the worker's children inherit it)."""
+    return ["sh", "-c", 'echo $$ > "$1" && shift && exec "$@"', "sh", str(group / "cgroup.procs")]
 
 
 def quota_group(name: str, cpus: float) -> Path:
@@ -126,7 +105,7 @@ def run_variant(metric: str, args: argparse.Namespace) -> dict[str, Any]:
     kinesis = _kinesis()
     kinesis.create_stream(StreamName=app, ShardCount=args.shards)
     kinesis.get_waiter("stream_exists").wait(StreamName=app)
-    fleet = PinnedFleet(work, work / "worker.toml")
+    fleet = Fleet(work, work / "worker.toml")
     fleet.env.update(BURN_MS=str(args.burn_ms))
     fleet.env["PYTHONPATH"] += f":{REPO / 'bench'}"
     stop = threading.Event()
@@ -137,10 +116,10 @@ def run_variant(metric: str, args: argparse.Namespace) -> dict[str, Any]:
         if args.fleet == "quotas":
             for worker, cpus in QUOTAS.items():
                 groups.append(quota_group(f"{app}-{worker}", cpus))
-                fleet.start_in_cgroup(worker, groups[-1])
+                fleet.start(worker, join_cgroup(groups[-1]), {"BURN_FACTOR": "1"})
         else:
             for worker, (core, factor) in PINNED.items():
-                fleet.start_pinned(worker, core, factor)
+                fleet.start(worker, ["taskset", "-c", core], {"BURN_FACTOR": factor})
         wait_for("the lease table", lambda: open_store("dynamodb", work, app).list_leases(), 120)
         store = open_store("dynamodb", work, app)
 

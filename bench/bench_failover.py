@@ -69,12 +69,17 @@ class Fleet:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.env = child_env(PYTHONPATH=str(tree))
 
-    def start(self, worker_id: str) -> None:
+    def start(
+        self, worker_id: str, prefix: Sequence[str] = (), env: dict[str, str] | None = None
+    ) -> None:
+        """Start a worker; ``prefix`` goes before the command (``taskset -c 0``), ``env`` over
+        the fleet's environment."""
         log = (self.workdir / f"{worker_id}.log").open("wb")
         self.procs[worker_id] = subprocess.Popen(
-            [sys.executable, "-m", "kclpy_spark.cli", "--log-level", "INFO", "run", "--config",
-             str(self.config), "--worker-id", worker_id],
-            stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.workdir,
+            [*prefix, sys.executable, "-m", "kclpy_spark.cli", "--log-level", "INFO", "run",
+             "--config", str(self.config), "--worker-id", worker_id],
+            stdout=log, stderr=subprocess.STDOUT, env={**self.env, **(env or {})},
+            cwd=self.workdir,
         )  # fmt: skip
         log.close()
 

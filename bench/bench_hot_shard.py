@@ -2,6 +2,7 @@
 workers' CPU close, and move no lease back and forth?
 
     .venv/bin/python bench/bench_hot_shard.py [--minutes 10] [--no-write]
+    .venv/bin/python bench/bench_hot_shard.py --burn-ms 10   # a busy fleet: balancing by CPU
 
 As a user runs it (the CLI and a config file, default timing): a 4-shard stream on LocalStack, a
 DynamoDB lease table, the soak's BatchLines processor; a producer puts ~1 KB records, 10x as many
@@ -10,6 +11,11 @@ four leases; w2 joins. Every 5 s the lease table is read (owners and throughputK
 worker's CPU seconds (/proc/<pid>/stat). Reported after the balancing settles: which leases each
 worker holds, lease moves during the last ``--minutes`` (should be none), and the two workers' CPU
 over that time. Needs LocalStack on 127.0.0.1:4566. Writes bench/results/hot-shard.md.
+
+``--burn-ms N``: a busy fleet instead. The processor is the soak's Burner (N ms of CPU per record,
+then a checkpoint), and each worker is pinned to one core (``taskset``; its limit is then one
+CPU), so the fleet uses more than the 20% of its CPU from which ``load_metric = "auto"`` balances
+by CPU. Writes bench/results/hot-shard-busy.md.
 """
 
 from __future__ import annotations
@@ -33,14 +39,14 @@ COLD_RATE = 4  # records/s into each cold shard; the hot one gets 10x
 PAYLOAD = 1000
 
 
-def config(app: str) -> str:
+def config(app: str, processor: str = "BatchLines") -> str:
     return f"""
 application_name = "{app}"
 stream_name = "{app}"
 endpoint_url = "{ENDPOINT}"
 initial_position = "LATEST"
 lease_store = "dynamodb"
-processor = "soak_processor:BatchLines"
+processor = "soak_processor:{processor}"
 """
 
 
@@ -102,11 +108,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--burn-ms", type=float, default=0.0, help="a busy fleet (see above)")
     args = parser.parse_args()
     app = f"bench-hot-{uuid.uuid4().hex[:8]}"
     work = REPO / ".cache" / "bench" / f"hot-{time.strftime('%H%M%S')}"
     work.mkdir(parents=True)
-    (work / "worker.toml").write_text(config(app))
+    busy = args.burn_ms > 0
+    (work / "worker.toml").write_text(config(app, "Burner" if busy else "BatchLines"))
     kinesis = _kinesis()
     kinesis.create_stream(StreamName=app, ShardCount=4)
     kinesis.get_waiter("stream_exists").wait(StreamName=app)
@@ -114,17 +122,19 @@ def main() -> int:
     fleet = Fleet(work, work / "worker.toml")
     fleet.env.update(KCLPY_SPARK_SAMPLE_OUTPUT=str(work / "out"))
     fleet.env["PYTHONPATH"] += f":{REPO / 'bench'}"
+    fleet.env["BURN_MS"] = str(args.burn_ms)
+    pin = {"w1": ["taskset", "-c", "0"], "w2": ["taskset", "-c", "1"]} if busy else {}
     stop = threading.Event()
     thread = threading.Thread(target=producer, args=(kinesis, app, stop))
     thread.start()
     try:
-        fleet.start("w1")
+        fleet.start("w1", pin.get("w1", []))
         wait_for("the lease table", lambda: open_store("dynamodb", work, app).list_leases(), 120)
         store = open_store("dynamodb", work, app)
         wait_for("w1 holding all leases",
                  lambda: {x.lease_owner for x in store.list_leases()} == {"w1"}, 120)  # fmt: skip
         time.sleep(20)  # throughput measured and written
-        fleet.start("w2")
+        fleet.start("w2", pin.get("w2", []))
 
         def owners() -> dict[str, str | None]:
             return {x.shard_id: x.actual_owner for x in store.list_leases()}
@@ -146,10 +156,14 @@ def main() -> int:
     )
     others = [x.shard_id for x in leases if x.actual_owner == hot_owner and x.shard_id != hot]
     spread = max(cpu.values()) / min(cpu.values()) if min(cpu.values()) > 0 else float("inf")
+    fleet_text = (
+        f"a busy fleet: the Burner processor, {args.burn_ms:g} ms of CPU per record, each worker "
+        "pinned to one core" if busy else "the BatchLines processor"
+    )  # fmt: skip
     text = (
         f"# One hot shard, load-aware balancing\n\n{stamp()} on {machine()}; 4 shards, "
         f"{COLD_RATE} records/s of {PAYLOAD} B into each cold shard, {10 * COLD_RATE} into the "
-        "hot one; DynamoDB on LocalStack; w1 alone, then w2 joins.\n\n"
+        f"hot one; {fleet_text}; DynamoDB on LocalStack; w1 alone, then w2 joins.\n\n"
         f"Settled {settled_after:.0f} s after w2 joined. Then, over {args.minutes:g} minutes: "
         f"**{moves} lease moves**; CPU w1 {cpu.get('w1', 0):.1%}, w2 {cpu.get('w2', 0):.1%} of a "
         f"core (ratio {spread:.2f}); the hot shard's worker ({hot_owner}) holds "
@@ -158,7 +172,7 @@ def main() -> int:
     )
     print(text)
     if not args.no_write:
-        write_results("hot-shard.md", text)
+        write_results("hot-shard-busy.md" if busy else "hot-shard.md", text)
     return 0
 
 
