@@ -98,10 +98,8 @@ def localstack_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """In the controlling process of an xdist run: stop the LocalStack a worker started."""
-    if hasattr(session.config, "workerinput") or not getattr(
-        session.config.option, "numprocesses", None
-    ):
-        return  # a worker, or a run without xdist (the fixture stops what it started)
+    if hasattr(session.config, "workerinput"):
+        return  # a worker; the mark below exists only if a worker of this run wrote it
     factory = getattr(session.config, "_tmp_path_factory", None)
     if factory is None:
         return
@@ -158,8 +156,9 @@ def dynamodb_client(aws_client: Callable[[str], Any]) -> Any:
 def unique_name(request: pytest.FixtureRequest) -> Iterator[str]:
     """A name no other test uses, for streams and tables on the shared LocalStack.
 
-    A stream of that name is deleted afterwards: LocalStack allows only 100 open shards in all,
-    so a suite that left its streams behind would run out halfway.
+    A stream of that name is deleted afterwards: LocalStack limits the open shards of the account
+    (100 by default; 500 in one that localstack/lsctl.py starts), so a suite that left its streams
+    behind would run out halfway.
     """
     base = "".join(c if c.isalnum() else "-" for c in request.node.name)[:40].strip("-")
     name = f"{base}-{uuid.uuid4().hex[:8]}"

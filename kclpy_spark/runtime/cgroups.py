@@ -83,20 +83,20 @@ def _unescape(field: str) -> str:
 
 
 def _folders(own: str, root: str, mount_point: str) -> list[str]:
-    """The folders from the process's cgroup up to the mount point. A path outside what the
-    mount shows (a cgroup namespace's ``/..``) is read at the mount point alone."""
+    """The folders from the process's cgroup up to the mount point; none when the mount does not
+    show the process's cgroup (a path through ``..``, outside its cgroup namespace, or outside
+    the part of the hierarchy the mount shows): a quota read there would be another cgroup's."""
+    if ".." in own.split("/"):
+        return []
     own, root = posixpath.normpath(own), posixpath.normpath(root)
     if root == "/":
         relative = own
     elif own == root or own.startswith(root + "/"):
         relative = own[len(root) :]
     else:
-        relative = "/"
-    folders = []
-    parts = [p for p in relative.split("/") if p and p != ".."]
-    for depth in range(len(parts), -1, -1):
-        folders.append(posixpath.join(mount_point, *parts[:depth]))
-    return folders
+        return []
+    parts = [p for p in relative.split("/") if p]
+    return [posixpath.join(mount_point, *parts[:depth]) for depth in range(len(parts), -1, -1)]
 
 
 def _v2_quota(read: Read, folder: str) -> float | None:

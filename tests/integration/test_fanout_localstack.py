@@ -74,7 +74,7 @@ def put(kinesis: Any, stream: str, start: int, count: int) -> dict[str, list[str
 
 @pytest.fixture
 def stream(kinesis_client: Any, unique_name: str) -> Iterator[str]:
-    """A new 2-shard stream, deleted afterwards (the shared LocalStack has a 100-shard limit)."""
+    """A new 2-shard stream, deleted afterwards (LocalStack limits open shards)."""
     kinesis_client.create_stream(StreamName=unique_name, ShardCount=2)
     kinesis_client.get_waiter("stream_exists").wait(
         StreamName=unique_name, WaiterConfig={"Delay": 0.5, "MaxAttempts": 60}

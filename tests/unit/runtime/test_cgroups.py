@@ -70,8 +70,12 @@ CASES = {
               {f"{CG}/cpu/kclpy/w1": "50000/100000", f"{CG}/cpu": "-1/100000"}), 2, 0.5),
     "v1/v2 hybrid, no quota": (
         files(HYBRID_MOUNTS, HYBRID_CGROUP.format(path="/"), {f"{CG}/cpu": "-1/100000"}), 2, 2.0),
-    "a path outside the namespace's view: the mount point alone": (
-        files(V2_MOUNT, "0::/../sibling\n", {CG: "100000 100000"}), 4, 1.0),
+    "a path outside the namespace's view: nothing read (another cgroup's quota is not ours)": (
+        files(V2_MOUNT, "0::/../sibling\n", {CG: "100000 100000", f"{CG}/sibling": "10000 100000"}),
+        4, 4.0),
+    "a mount showing another part of the hierarchy: nothing read there": (
+        files("50 40 0:29 /docker/other /sys/fs/cgroup/cpu ro - cgroup cgroup rw,cpu\n",
+              "3:cpu:/docker/abc\n", {f"{CG}/cpu": "10000/100000"}), 4, 4.0),
     "an escaped space in the mount point": (
         files("31 23 0:28 / /cg\\040root rw - cgroup2 cgroup2 rw\n", "0::/a\n",
               {"/cg root/a": "50000 100000"}), 4, 0.5),
