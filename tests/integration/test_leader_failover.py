@@ -165,6 +165,9 @@ def _scenario(f: Fleet, table: Any) -> None:
     assert taken_at - last_renewed_after > LEADER_DURATION - 0.05, (
         f"takeover {taken_at - last_renewed_after:.2f}s after the last renewal"
     )
+    # The worker writes the leader record, then logs: the line may come a moment after the table
+    # shows the new owner (seen on a loaded machine).
+    wait_for(f"{other}'s log of it", lambda: TAKES in workers[other].log_text(), 10, step=0.05)
     text = workers[other].log_text()
     assert text.count(TAKES) == 1
     assert f"previous leader {leader} expired" in text
