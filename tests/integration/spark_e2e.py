@@ -42,6 +42,15 @@ LEASES_ENV = "KCLPY_E2E_LEASES"  # "<sqlite path>|<application name>": checked a
 STALL_ENV = "KCLPY_E2E_STALL"  # a marker file: the first write stalls after Parquet, before Delta
 
 
+def _mark(marker: str, content: object) -> None:
+    """Write the stall marker whole (a temporary file, then a rename): the test kills this
+    process as soon as the marker exists, which could otherwise be between its creation and its
+    content."""
+    tmp = Path(f"{marker}.tmp")
+    tmp.write_text(json.dumps(content))
+    tmp.replace(marker)
+
+
 def written(out: Path) -> dict[str, list[str]]:
     """Sequence numbers per shard in the Parquet output (pyarrow: no Spark job)."""
     import pyarrow.dataset as ds
@@ -123,7 +132,7 @@ class StallingSink:
         self.parquet.write(batch)
         marker = os.environ.get(STALL_ENV)
         if marker and not Path(marker).exists():
-            Path(marker).write_text(json.dumps([p.piece_id for p in batch.pieces]))
+            _mark(marker, [p.piece_id for p in batch.pieces])
             while True:
                 time.sleep(60)  # killed here
         self.delta.write(batch)
@@ -157,7 +166,7 @@ class OvertakingSink:
             (self.stalled if stall else self.written).extend(p.piece_id for p in batch.pieces)
             if marker and self.stalled and self.written:
                 seen = {"stalled": self.stalled, "overtook": self.written}
-                Path(marker).write_text(json.dumps(seen))
+                _mark(marker, seen)
         while stall:
             time.sleep(60)  # killed here
 
@@ -171,7 +180,7 @@ def stall_then_note(df: Any, batch_id: int) -> None:
     assert batch is not None
     marker = os.environ.get(STALL_ENV)
     if marker and not Path(marker).exists():
-        Path(marker).write_text(json.dumps([p.piece_id for p in batch.pieces]))
+        _mark(marker, [p.piece_id for p in batch.pieces])
         while True:
             time.sleep(60)  # killed here
     lines = "".join(json.dumps([p.piece_id, p.rows]) + "\n" for p in batch.pieces)

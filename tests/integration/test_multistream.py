@@ -53,8 +53,13 @@ def test_several_streams_one_application(
                 re.match(pattern % "|".join(map(re.escape, names.values())), k) for k in keys
             )
             assert {k.split(":")[1] for k in keys} == {names["a"], names["b"]}
-            # Separate checkpoints: each lease holds a sequence number of its own stream's shard.
-            assert all(not x.checkpoint.is_sentinel for x in table.list_leases())
+            # Separate checkpoints: each lease holds a sequence number of its own stream's shard
+            # (the processor writes its output, then checkpoints: waited for, not assumed).
+            wait_for(
+                "a checkpoint on every lease",
+                lambda: all(not x.checkpoint.is_sentinel for x in table.list_leases()),
+                timeout=30,
+            )
 
             # Add stream c and remove stream b in the config file while the worker runs.
             workers.config.write_text(

