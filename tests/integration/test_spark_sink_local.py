@@ -224,7 +224,8 @@ def test_a_write_over_its_timeout_has_its_spark_job_cancelled_and_is_retried(
     env = LeaseEnv(SHARDS[:1])
     batcher = MicroBatcher(
         FunctionSink(slow_then_fine),
-        BatcherSettings(max_records=5, max_wait=0.0, write_timeout=3.0, max_attempts=2),
+        # The timeout bounds each attempt, the retry's too: room for a write on a loaded machine.
+        BatcherSettings(max_records=5, max_wait=0.0, write_timeout=8.0, max_attempts=2),
         to_df=holder.to_df,
         interrupter=holder,
         threaded=False,
