@@ -21,10 +21,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kclpy_spark.runtime.cgroups import cpu_quota
+from kclpy_spark.runtime.cgroups import Read, cpu_quota
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-Read = Callable[[str], str | None]
 
 
 def _read(path: str) -> str | None:
