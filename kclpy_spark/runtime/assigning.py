@@ -43,6 +43,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Where leader assignment starts to cost fewer capacity units than every worker scanning, on
+# DynamoDB (simulated for both modes: BENCHMARKS.md, "Where leader mode starts to pay"): from
+# about this many open leases with this many running workers, and more so with every worker.
+LEADER_PAYS_LEASES = 64
+LEADER_PAYS_WORKERS = 4
 # A key of ours that we read and did not take (finished, parked, of a stream we do not consume)
 # is read again only after this many seconds.
 DECLINED_FOR = 30.0
@@ -199,6 +204,20 @@ class Led:
     async def _index_answers(self) -> bool:
         """A new leader checks once that the owner index exists (the others depend on it)."""
         return await self._own_keys() is not None
+
+
+def leader_assignment_pays(
+    lease_store: str, lease_assignment: str, leases: int, workers: int
+) -> bool:
+    """Whether a fleet taking leases worker by worker on DynamoDB is large enough that
+    ``lease_assignment = "leader"`` would cost it fewer capacity units (only the leader would
+    scan the table; the others Query the owner index for their own keys)."""
+    return (
+        lease_store == "dynamodb"
+        and lease_assignment == "worker"
+        and leases >= LEADER_PAYS_LEASES
+        and workers >= LEADER_PAYS_WORKERS
+    )
 
 
 def lease_timing(cfg: WorkerConfig) -> LeaseTiming:

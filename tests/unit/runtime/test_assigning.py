@@ -5,14 +5,17 @@ leadership that changes (or lapses) mid-assignment never gives one lease two run
 from __future__ import annotations
 
 import asyncio
+import logging
 from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 from checkpoint.base.clock import ManualClock
 from checkpoint.sequence import SHARD_END
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.runtime.assigning import DECLINED_FOR
+from kclpy_spark.runtime.assigning import DECLINED_FOR, leader_assignment_pays
 from kclpy_spark.runtime.taking import Taker
 from tests.unit.runtime.test_taking import Consumers, io, put, status, worker
 
@@ -281,3 +284,59 @@ def test_what_the_roles_remember_stays_bounded_over_many_rounds() -> None:
         clock.advance(window)
         run(lead)
     assert lead.led._assigned == {}
+
+
+@pytest.mark.parametrize(
+    ("store", "assignment", "leases", "workers", "pays"),
+    [
+        ("dynamodb", "worker", 64, 4, True),  # where the simulation shows it starts to pay
+        ("dynamodb", "worker", 1000, 50, True),
+        ("dynamodb", "worker", 63, 4, False),  # too few leases: every worker's Scan is cheap
+        ("dynamodb", "worker", 1000, 3, False),  # too few workers: the led workers' looks cost
+        ("dynamodb", "worker", 16, 4, False),
+        ("dynamodb", "leader", 1000, 50, False),  # already
+        ("sqlite:leases.db", "worker", 1000, 50, False),  # no capacity units to save
+        ("memory", "worker", 1000, 50, False),
+    ],
+)
+def test_leader_assignment_pays_from_64_leases_and_4_workers_on_dynamodb(
+    store: str, assignment: str, leases: int, workers: int, pays: bool
+) -> None:
+    assert leader_assignment_pays(store, assignment, leases, workers) is pays
+
+
+def _fleet_round(store: str, leases: int, peers: int, rounds: int) -> Taker:
+    clock = ManualClock()
+    table = MemoryLeaseTable(clock)
+    for i in range(leases):
+        put(table, f"s{i:03d}")
+    for i in range(peers):
+        status(table, f"peer{i}", clock.wall())
+    w = worker(table, Consumers(), clock)
+    w.cfg = WorkerConfig(stream_name="s", worker_id="me", lease_store=store)
+    w.board = SimpleNamespace(on_scan=lambda leases: None)
+    w.health = SimpleNamespace(store_ok=lambda: None, all_parked=False)
+    taker = Taker(w, io)
+    for _ in range(rounds):
+        asyncio.run(taker.round())
+    return taker
+
+
+def test_a_large_fleet_scanning_on_dynamodb_is_told_once_that_leader_assignment_pays(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "kclpy_spark.runtime.taking")
+    _fleet_round("dynamodb", leases=64, peers=3, rounds=3)
+    hints = [r.getMessage() for r in caplog.records if "lease_assignment" in r.getMessage()]
+    assert len(hints) == 1
+    assert "64 open leases and 4 running workers" in hints[0]
+
+
+def test_a_small_fleet_or_an_embedded_store_gets_no_leader_assignment_hint(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "kclpy_spark.runtime.taking")
+    _fleet_round("dynamodb", leases=64, peers=2, rounds=2)  # 3 workers
+    _fleet_round("dynamodb", leases=63, peers=3, rounds=2)
+    _fleet_round("sqlite:leases.db", leases=200, peers=5, rounds=2)
+    assert not [r for r in caplog.records if "lease_assignment" in r.getMessage()]
