@@ -289,17 +289,17 @@ def test_what_the_roles_remember_stays_bounded_over_many_rounds() -> None:
 @pytest.mark.parametrize(
     ("store", "assignment", "leases", "workers", "pays"),
     [
-        ("dynamodb", "worker", 64, 4, True),  # where the simulation shows it starts to pay
+        ("dynamodb", "worker", 128, 8, True),  # 11% fewer units, simulated
         ("dynamodb", "worker", 1000, 50, True),
-        ("dynamodb", "worker", 63, 4, False),  # too few leases: every worker's Scan is cheap
-        ("dynamodb", "worker", 1000, 3, False),  # too few workers: the led workers' looks cost
-        ("dynamodb", "worker", 16, 4, False),
+        ("dynamodb", "worker", 127, 8, False),  # too few leases: every worker's Scan is cheap
+        ("dynamodb", "worker", 1000, 7, False),  # too few workers: within a few percent
+        ("dynamodb", "worker", 16, 50, False),
         ("dynamodb", "leader", 1000, 50, False),  # already
         ("sqlite:leases.db", "worker", 1000, 50, False),  # no capacity units to save
         ("memory", "worker", 1000, 50, False),
     ],
 )
-def test_leader_assignment_pays_from_64_leases_and_4_workers_on_dynamodb(
+def test_leader_assignment_pays_from_128_leases_and_8_workers_on_dynamodb(
     store: str, assignment: str, leases: int, workers: int, pays: bool
 ) -> None:
     assert leader_assignment_pays(store, assignment, leases, workers) is pays
@@ -326,17 +326,17 @@ def test_a_large_fleet_scanning_on_dynamodb_is_told_once_that_leader_assignment_
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, "kclpy_spark.runtime.taking")
-    _fleet_round("dynamodb", leases=64, peers=3, rounds=3)
+    _fleet_round("dynamodb", leases=128, peers=7, rounds=3)
     hints = [r.getMessage() for r in caplog.records if "lease_assignment" in r.getMessage()]
     assert len(hints) == 1
-    assert "64 open leases and 4 running workers" in hints[0]
+    assert "128 open leases and 8 running workers" in hints[0]
 
 
 def test_a_small_fleet_or_an_embedded_store_gets_no_leader_assignment_hint(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, "kclpy_spark.runtime.taking")
-    _fleet_round("dynamodb", leases=64, peers=2, rounds=2)  # 3 workers
-    _fleet_round("dynamodb", leases=63, peers=3, rounds=2)
+    _fleet_round("dynamodb", leases=128, peers=6, rounds=2)  # 7 workers
+    _fleet_round("dynamodb", leases=127, peers=7, rounds=2)
     _fleet_round("sqlite:leases.db", leases=200, peers=5, rounds=2)
     assert not [r for r in caplog.records if "lease_assignment" in r.getMessage()]
