@@ -466,9 +466,10 @@ def report(
         worst < GROWTH_LIMIT and lost == 0 and result.get("A duplicates", 0) == 0 and drained
         and not missed
     )  # fmt: skip
+    parquet = f"Parquet duplicates {result.get('A duplicates', 0)}; " if "a" in args.parts else ""
     lines += ["", f"Verdict: {'PASS' if ok else 'FAIL'}: largest growth after warm-up "
-              f"{worst:+.1%} (limit {GROWTH_LIMIT:.0%}); records lost {lost}; Parquet "
-              f"duplicates {result.get('A duplicates', 0)}; drained {drained}; volume targets "
+              f"{worst:+.1%} (limit {GROWTH_LIMIT:.0%}); records lost {lost}; {parquet}"
+              f"drained {drained}; volume targets "
               f"{'met' if not missed else 'missed: ' + ', '.join(missed)}."]  # fmt: skip
     text = "\n".join(lines)
     print(text)

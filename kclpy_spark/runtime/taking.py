@@ -32,7 +32,7 @@ from checkpoint.leasing.observer import LeaseObserver, ObservedScan
 from checkpoint.leasing.taker import plan_takes
 from checkpoint.port import CoordinationRecord
 from kclpy_spark.ops import control
-from kclpy_spark.runtime.assigning import Led, leader_assignment_pays
+from kclpy_spark.runtime.assigning import AssignmentHint, Led
 
 if TYPE_CHECKING:
     from kclpy_spark.runtime.worker import Worker
@@ -58,7 +58,7 @@ class Taker:
         # Every worker whose status record says it runs -> its status time, as of the last scan.
         self.running: dict[str, float] = {}
         self.cpu = FleetCpu({})  # their CPU figures (the load rule's), from the same scan
-        self._hinted = False  # the leader-assignment hint was logged (once per run)
+        self.hint = AssignmentHint()
         self.led: Led | None = Led(self) if worker.cfg.lease_assignment == "leader" else None
 
     async def wait(self, wake: asyncio.Event, interval: float) -> None:
@@ -151,7 +151,7 @@ class Taker:
         if scan is None:
             return
         w = self._w
-        self._hint_leader_assignment(scan.total)
+        self.hint.after_scan(w, self.running, scan.total)
         plan = plan_takes(
             scan,
             w.cfg.worker_id,
@@ -176,22 +176,6 @@ class Taker:
                 await self.ask_handoff(lease, w.cfg.worker_id)
             else:
                 await self.take(lease, how="stole" if lease in plan.steal else "took")
-
-    def _hint_leader_assignment(self, leases: int) -> None:
-        """Once per run: say so when this fleet would read less with leader assignment."""
-        w = self._w
-        workers = len(set(self.running) | {w.cfg.worker_id})
-        if self._hinted or not leader_assignment_pays(
-            w.cfg.lease_store, w.cfg.lease_assignment, leases, workers
-        ):
-            return
-        self._hinted = True
-        log.info(
-            "worker %s: %d open leases and %d running workers, each worker scanning the whole "
-            "lease table every %.1f s: with lease_assignment = \"leader\" only the leader would "
-            "scan, at fewer capacity units for a fleet this size (README, Leader assignment)",
-            w.cfg.worker_id, leases, workers, w.timing.take_interval,
-        )  # fmt: skip
 
     async def scan(self) -> ObservedScan | None:
         """Scan the lease table (leases and status records), show it to the status page, take

@@ -325,7 +325,7 @@ def _fleet_round(store: str, leases: int, peers: int, rounds: int) -> Taker:
 def test_a_large_fleet_scanning_on_dynamodb_is_told_once_that_leader_assignment_pays(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, "kclpy_spark.runtime.taking")
+    caplog.set_level(logging.INFO, "kclpy_spark.runtime.assigning")
     _fleet_round("dynamodb", leases=128, peers=7, rounds=3)
     hints = [r.getMessage() for r in caplog.records if "lease_assignment" in r.getMessage()]
     assert len(hints) == 1
@@ -335,8 +335,26 @@ def test_a_large_fleet_scanning_on_dynamodb_is_told_once_that_leader_assignment_
 def test_a_small_fleet_or_an_embedded_store_gets_no_leader_assignment_hint(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, "kclpy_spark.runtime.taking")
+    caplog.set_level(logging.INFO, "kclpy_spark.runtime.assigning")
     _fleet_round("dynamodb", leases=128, peers=6, rounds=2)  # 7 workers
     _fleet_round("dynamodb", leases=127, peers=7, rounds=2)
-    _fleet_round("sqlite:leases.db", leases=200, peers=5, rounds=2)
+    _fleet_round("sqlite:leases.db", leases=200, peers=7, rounds=2)  # large, but embedded
+    assert not [r for r in caplog.records if "lease_assignment" in r.getMessage()]
+
+
+def test_a_job_gets_no_leader_assignment_hint(caplog: pytest.LogCaptureFixture) -> None:
+    """``--until-caught-up`` takes as every worker does in either mode: nothing to advise."""
+    caplog.set_level(logging.INFO, "kclpy_spark.runtime.assigning")
+    clock = ManualClock()
+    table = MemoryLeaseTable(clock)
+    for i in range(128):
+        put(table, f"s{i:03d}")
+    for i in range(7):
+        status(table, f"peer{i}", clock.wall())
+    w = worker(table, Consumers(), clock)
+    w.cfg = WorkerConfig(stream_name="s", worker_id="me", lease_store="dynamodb")
+    w.caught_up = SimpleNamespace(remaining=lambda leases: ["s000"], is_ended=lambda key: False)
+    w.board = SimpleNamespace(on_scan=lambda leases: None)
+    w.health = SimpleNamespace(store_ok=lambda: None, all_parked=False)
+    asyncio.run(Taker(w, io).round())
     assert not [r for r in caplog.records if "lease_assignment" in r.getMessage()]
