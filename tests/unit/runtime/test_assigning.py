@@ -305,7 +305,9 @@ def test_leader_assignment_pays_from_128_leases_and_8_workers_on_dynamodb(
     assert leader_assignment_pays(store, assignment, leases, workers) is pays
 
 
-def _fleet_round(store: str, leases: int, peers: int, rounds: int) -> Taker:
+def _fleet_round(
+    store: str, leases: int, peers: int, rounds: int, caught_up: object = None
+) -> Taker:
     clock = ManualClock()
     table = MemoryLeaseTable(clock)
     for i in range(leases):
@@ -314,6 +316,7 @@ def _fleet_round(store: str, leases: int, peers: int, rounds: int) -> Taker:
         status(table, f"peer{i}", clock.wall())
     w = worker(table, Consumers(), clock)
     w.cfg = WorkerConfig(stream_name="s", worker_id="me", lease_store=store)
+    w.caught_up = caught_up
     w.board = SimpleNamespace(on_scan=lambda leases: None)
     w.health = SimpleNamespace(store_ok=lambda: None, all_parked=False)
     taker = Taker(w, io)
@@ -345,16 +348,6 @@ def test_a_small_fleet_or_an_embedded_store_gets_no_leader_assignment_hint(
 def test_a_job_gets_no_leader_assignment_hint(caplog: pytest.LogCaptureFixture) -> None:
     """``--until-caught-up`` takes as every worker does in either mode: nothing to advise."""
     caplog.set_level(logging.INFO, "kclpy_spark.runtime.assigning")
-    clock = ManualClock()
-    table = MemoryLeaseTable(clock)
-    for i in range(128):
-        put(table, f"s{i:03d}")
-    for i in range(7):
-        status(table, f"peer{i}", clock.wall())
-    w = worker(table, Consumers(), clock)
-    w.cfg = WorkerConfig(stream_name="s", worker_id="me", lease_store="dynamodb")
-    w.caught_up = SimpleNamespace(remaining=lambda leases: ["s000"], is_ended=lambda key: False)
-    w.board = SimpleNamespace(on_scan=lambda leases: None)
-    w.health = SimpleNamespace(store_ok=lambda: None, all_parked=False)
-    asyncio.run(Taker(w, io).round())
+    job = SimpleNamespace(remaining=lambda leases: ["s000"], is_ended=lambda key: False)
+    _fleet_round("dynamodb", leases=128, peers=7, rounds=1, caught_up=job)
     assert not [r for r in caplog.records if "lease_assignment" in r.getMessage()]
