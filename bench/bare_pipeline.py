@@ -1,6 +1,8 @@
 """The bare overlapped pipeline of ``bench_pipeline.py``, the baseline the issue names: no leases,
 no checkpoints, no batching rules. One thread drains every shard with aiobotocore (GetRecords,
-10,000 records a call, the SDK's own parsing) into Arrow record batches; another takes
+10,000 records a call, the SDK's own parsing; within a shard's read limits as the consumer keeps
+them: a call at most every 0.2 s, and after a page of B bytes none for B / 2 MiB seconds, a
+refused call retried after 0.2 s) into Arrow record batches; another takes
 ``--batch`` rows at a time and writes them with ``spark.createDataFrame(arrow)`` + Parquet
 append (the SparkSession made as the sink makes it). Spark starts before the clock. Prints one
 JSON line: the seconds from the first GetRecords to the last write, and the wall time, rows
@@ -21,6 +23,8 @@ import time
 from typing import Any
 
 import pyarrow as pa
+
+READ_RATE = 2 * 1024 * 1024  # Kinesis's read limit per shard, bytes a second
 
 SCHEMA = pa.schema(
     [
@@ -49,6 +53,7 @@ def to_arrow(shard: str, records: list[dict[str, Any]]) -> pa.RecordBatch:
 
 async def drain(endpoint: str, stream: str, total: int, out: queue.Queue[Any]) -> None:
     from aiobotocore.session import get_session
+    from botocore.exceptions import ClientError
 
     session = get_session()
     async with session.create_client(
@@ -68,12 +73,21 @@ async def drain(endpoint: str, stream: str, total: int, out: queue.Queue[Any]) -
                 )
             )["ShardIterator"]
             while left[0] > 0 and it:
-                response = await client.get_records(ShardIterator=it, Limit=10_000)
+                started = time.monotonic()
+                try:
+                    response = await client.get_records(ShardIterator=it, Limit=10_000)
+                except ClientError as exc:
+                    if exc.response["Error"]["Code"] != "ProvisionedThroughputExceededException":
+                        raise
+                    await asyncio.sleep(0.2)
+                    continue
                 it = response.get("NextShardIterator")
                 records = response["Records"]
                 if records:
                     left[0] -= len(records)
                     out.put(to_arrow(shard, records))
+                    size = sum(len(r["Data"]) + len(r["PartitionKey"]) for r in records)
+                    await asyncio.sleep(max(0.2 - (time.monotonic() - started), size / READ_RATE))
                 else:
                     await asyncio.sleep(0.05)
 

@@ -3,10 +3,14 @@ against the same stream, one variant after another (alternating, ``--rounds`` ti
 stream (``--source``) is on kinesalite, which spends ~24 us of its own CPU per record served on
 the same two cores (so every variant shares the machine with its source), or on the stand-in
 server (``standin_server.py --pages``: distinct records at ~0.1 us each, so the source costs
-next to nothing; readers are then held by their own pacing, as against Kinesis: 5 GetRecords
-calls a second per shard, 200,000 records/s with 4 shards and 10,000-record pages):
+next to nothing), which enforces Kinesis's read limits per shard (``--read-limit``: 5 GetRecords a
+second and 2 MiB a second, refusing calls over them as Kinesis does; about 9,700 records/s of
+200 bytes per shard; ``--read-limit -1``: no limit, the consumer then held only by its own
+pacing at 5 calls a second, 200,000 records/s with 4 shards, as in runs before 2026-11-28):
 
 * **consumer** (the baseline): ``processor = "pipeline_app:Noop"`` (checkpoints every batch);
+* **consumer unpaced**: the same with ``max_read_bytes_per_second = 0`` (no pacing by the
+  shard's 2 MiB/s read limit: what the consumer did before 2026-11-28);
 * **parquet**: a ``[sink]`` table writing the built-in Parquet sink (default settings but
   ``spark_target``: since 2026-11-28 two writers, i.e. two batches written at once; with the
   default ``batches_in_flight = 2`` the next batch of a lease is cut and written while the one
@@ -77,6 +81,7 @@ from pipeline_measure import (
 
 VARIANTS = (
     "consumer",
+    "consumer unpaced",
     "bare",
     "parquet",
     "parquet 1 writer",
@@ -108,6 +113,8 @@ def config(variant: str, work: Path, endpoint: str, stream: str, target: str) ->
     out = work / "out"
     if variant == "consumer":
         body = 'processor = "pipeline_app:Noop"\n'
+    elif variant == "consumer unpaced":
+        body = 'max_read_bytes_per_second = 0\nprocessor = "pipeline_app:Noop"\n'
     elif variant == "parquet":
         body = f'[sink]\nsink = "parquet:{out}"\nspark_target = "{target}"\n'
     elif variant.startswith("remote"):
@@ -154,6 +161,7 @@ def run(variant: str, endpoint: str, stream: str, loaded: Loaded, target: str) -
     else:
         cfg = config(variant, work, endpoint, stream, target)
         args = [*CLI, "--log-format", "json", "run", "--config", str(cfg)]
+    before = _standin_stats(endpoint)
     began = time.perf_counter()
     proc = subprocess.Popen(
         args,
@@ -176,6 +184,8 @@ def run(variant: str, endpoint: str, stream: str, loaded: Loaded, target: str) -
     if proc.returncode != 0:
         raise RuntimeError(f"{variant} exited {proc.returncode} (kept: {work}):\n{stderr[-3000:]}")
     used = cpu.totals()
+    after = _standin_stats(endpoint)
+    refused = None if before is None or after is None else after["throttled"] - before["throttled"]
     if variant == "bare":
         summary = json.loads(stdout.strip().splitlines()[-1])
         began_at, progress.done_at = float(summary["began"]), float(summary["ended"])
@@ -194,7 +204,7 @@ def run(variant: str, endpoint: str, stream: str, loaded: Loaded, target: str) -
         rows = _noted_rows(work / "pieces.jsonl")
         if rows != records:
             raise RuntimeError(f"{variant}: {rows} rows in distinct pieces, {records} put ({work})")
-    elif variant != "consumer":
+    elif not variant.startswith("consumer"):
         rows = _parquet_rows(work / "out")
         if rows != records:
             raise RuntimeError(f"{variant}: {rows} distinct Parquet rows, {records} put ({work})")
@@ -209,7 +219,21 @@ def run(variant: str, endpoint: str, stream: str, loaded: Loaded, target: str) -
         "jvm_us": used["jvm"] / records * 1e6,
         "warm_python_us": in_warm["python"] / warm_records * 1e6,
         "warm_jvm_us": in_warm["jvm"] / warm_records * 1e6,
+        "refused": refused,
     }
+
+
+def _standin_stats(endpoint: str) -> dict[str, int] | None:
+    """The stand-in server's counters (calls served, calls refused over a read limit); None on
+    another endpoint."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{endpoint}/_standin/stats", timeout=5) as answer:
+            stats = json.loads(answer.read())
+    except Exception:
+        return None
+    return stats if isinstance(stats, dict) and "throttled" in stats else None
 
 
 def _wait_for_checkpoints(
@@ -303,6 +327,13 @@ def main() -> int:
         "cores) or the stand-in server (~0.1 us; readers then paced at 5 calls/s per shard)",
     )
     parser.add_argument(
+        "--read-limit",
+        type=float,
+        default=2.0,
+        help="the stand-in's read limit per shard, MiB a second (Kinesis: 2; 0: bytes "
+        "unlimited, still 5 calls a second; -1: no limit at all, as before 2026-11-28)",
+    )
+    parser.add_argument(
         "--variants",
         default=",".join(VARIANTS),
         help="which, comma-separated (the ratios need consumer, bare, parquet and two sinks)",
@@ -332,6 +363,7 @@ def main() -> int:
 
 RATIOS = (  # (label, numerator, denominator, goal)
     ("Parquet sink / consumer alone", "parquet", "consumer", ">= 0.9"),
+    ("consumer alone, paced (default) / unpaced", "consumer", "consumer unpaced", "-"),
     ("Parquet sink / bare overlapped pipeline", "parquet", "bare", ">= 1.2"),
     ("Parquet sink, 2 writers / 1 writer", "parquet 2 writers", "parquet 1 writer", "-"),
     ("Parquet sink (default: 2 writers) / 1 writer", "parquet", "parquet 1 writer", "-"),
@@ -346,6 +378,11 @@ RATIOS = (  # (label, numerator, denominator, goal)
         "-",
     ),
 )
+
+
+def _refused(runs: list[dict[str, Any]]) -> str:
+    counts = [r["refused"] for r in runs if r.get("refused") is not None]
+    return f"{median(counts):,.0f}" if counts else "-"
 
 
 def report(results: dict[str, list[dict[str, Any]]], args: Any) -> None:
@@ -380,7 +417,9 @@ def report(results: dict[str, list[dict[str, Any]]], args: Any) -> None:
         "",
         f"Machine: {machine()}.",
         "",
-        f"`bench/bench_pipeline.py --source {args.source} --records {args.records} --shards "
+        f"`bench/bench_pipeline.py --source {args.source} "
+        + (f"--read-limit {args.read_limit} " if args.source == "standin" else "")
+        + f"--records {args.records} --shards "
         f"{args.shards} --rounds "
         f"{args.rounds} --window {args.window[0]},{args.window[1]} --target {args.target} "
         f"--variants '{','.join(variants)}'`: {args.source}, {args.size}-byte records, "
@@ -398,15 +437,16 @@ def report(results: dict[str, list[dict[str, Any]]], args: Any) -> None:
         "warm-up included. Whole run: start-up included.",
         "",
         "| variant | records/s warm | records/s from the first lease | wall s (whole run) "
-        "| warm CPU us/record: Python | JVM | together | whole run: Python | JVM | together |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| warm CPU us/record: Python | JVM | together | whole run: Python | JVM | together "
+        "| calls refused (read limits) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *(
             f"| {v} | {med(v, 'warm_rate'):,.0f} | {med(v, 'rate'):,.0f} "
             f"| {med(v, 'wall_s'):.1f} | {med(v, 'warm_python_us'):.1f} "
             f"| {med(v, 'warm_jvm_us'):.1f} "
             f"| {med(v, 'warm_python_us') + med(v, 'warm_jvm_us'):.1f} "
             f"| {med(v, 'python_us'):.1f} | {med(v, 'jvm_us'):.1f} "
-            f"| {med(v, 'python_us') + med(v, 'jvm_us'):.1f} |"
+            f"| {med(v, 'python_us') + med(v, 'jvm_us'):.1f} | {_refused(results[v])} |"
             for v in variants
         ),
         "",

@@ -166,6 +166,8 @@ def stream_source(args: Any) -> Iterator[tuple[str, str, Loaded]]:
             str(args.shards),
             "--pages",
             str(pages),
+            "--read-limit",
+            str(args.read_limit),
         ],
         stdout=subprocess.PIPE,
         text=True,

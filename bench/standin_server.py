@@ -21,8 +21,14 @@ an error: the benchmarks start fresh applications). ``calls`` counts the pages s
 ``--synthetic N`` makes the body itself (N records of ``--size`` bytes, as
 ``kinesalite.default_payload`` makes them) instead of reading a captured one.
 
-Records served are counted; ``GET /_standin/stats`` answers ``{"records": N, "calls": N}``. Requests
-are not authenticated (signatures are not checked). Loopback only.
+Each shard enforces Kinesis's two read limits unless ``--read-limit 0``: 5 GetRecords a second (a
+bucket of 5 calls refilled at 5 a second) and 2 MiB of records a second (``--read-limit``, MiB):
+after a page of B bytes (data and partition keys) the shard refuses reads for B / limit seconds,
+as Kinesis documents it ("if a call returns 10 MiB, calls made within the next 5 seconds
+throw"), answering ProvisionedThroughputExceededException (HTTP 400).
+
+Records served are counted; ``GET /_standin/stats`` answers ``{"records": N, "calls": N,
+"throttled": N}``. Requests are not authenticated (signatures are not checked). Loopback only.
 
     python bench/standin_server.py --body .cache/bench/getrecords-10000.json [--port 0]
 
@@ -46,6 +52,45 @@ _ITERATOR = re.compile(rb'"NextShardIterator"\s*:\s*"[^"]*"')
 _SHARD_ID = re.compile(r'"ShardIterator"\s*:\s*"([^":]*)')
 _ITERATOR_AT = re.compile(r'"ShardIterator"\s*:\s*"([^":]*):(\d+)"')
 _PAGE_DIGITS = 11  # the page number's digits in a finite stream's sequence numbers
+
+
+MIB = 1024 * 1024
+CALLS_PER_SECOND = 5.0
+
+
+class Refused(Exception):
+    """A call over one of the shard's read limits."""
+
+
+class ShardLimits:
+    """Kinesis's read limits of one shard on the monotonic clock: 5 calls a second (a bucket of
+    5) and, after a page of B bytes, no read for B / ``rate`` seconds (``rate`` 0: bytes
+    unlimited)."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.blocked_until = 0.0
+        self.tokens = CALLS_PER_SECOND
+        self.tokens_at = time.monotonic()
+
+    def admit(self) -> float:
+        """Count one call (now, returned); raise Refused if a limit refuses it."""
+        now = time.monotonic()
+        self.tokens = min(CALLS_PER_SECOND, self.tokens + CALLS_PER_SECOND * (now - self.tokens_at))
+        self.tokens_at = now
+        if now < self.blocked_until or self.tokens < 1:
+            raise Refused
+        self.tokens -= 1
+        return now
+
+    def served(self, now: float, size: int) -> None:
+        if self.rate > 0:
+            self.blocked_until = now + size / self.rate
+
+
+def records_bytes(records: list[dict[str, str]]) -> int:
+    """What a page's records count against the read limit: data (decoded) and partition keys."""
+    return sum(len(base64.b64decode(r["Data"])) + len(r["PartitionKey"]) for r in records)
 
 
 def sequence_number(page: int, index: int) -> str:
@@ -77,9 +122,19 @@ class StandIn:
     """The canned answers and the counters."""
 
     def __init__(
-        self, body: bytes, shards: int, stream: str = "standin", pages: int | None = None
+        self,
+        body: bytes,
+        shards: int,
+        stream: str = "standin",
+        pages: int | None = None,
+        read_limit: float | None = 2 * MIB,
     ) -> None:
+        """``read_limit``: bytes a second per shard (0: bytes unlimited); None: no limit at all,
+        not even 5 calls a second."""
         self.pages = pages
+        self.read_limit = read_limit
+        self.limits: dict[str, ShardLimits] = {}
+        self.throttled = 0
         if pages is not None:
             body = self._numbered(body)
         match = _ITERATOR.search(body)
@@ -91,6 +146,7 @@ class StandIn:
         if pages is not None and any(at >= len(self.prefix) for at in self._page_at):
             raise ValueError("the body's records must come before its NextShardIterator")
         self.per_page = len(json.loads(body)["Records"])
+        self.page_bytes = records_bytes(json.loads(body)["Records"])
         self.records = 0
         self.calls = 0
         self.shard_ids = [f"shardId-{i:012d}" for i in range(shards)]
@@ -154,19 +210,17 @@ class StandIn:
         return [bytes(head), f"{shard}:{page + 1}".encode(), self.suffix]
 
     def answer(self, target: str, request: bytes) -> list[bytes]:
-        """The response body chunks for one call."""
+        """The response body chunks for one call (Refused: over the shard's read limits)."""
         operation = target.rpartition(".")[2]
-        if operation == "GetRecords" and self.pages is not None:
-            found = _ITERATOR_AT.search(request.decode("utf-8", "replace"))
-            if found is None:
-                raise ValueError("a finite stand-in stream reads only its own iterators")
-            return self._page(found.group(1), int(found.group(2)))
         if operation == "GetRecords":
-            self.calls += 1
-            self.records += self.per_page
             found = _SHARD_ID.search(request.decode("utf-8", "replace"))
             shard = found.group(1) if found else "shard"
-            return [self.prefix, f"{shard}:{self.calls}".encode(), self.suffix]
+            limits = self._limits(shard)
+            now = limits.admit() if limits is not None else 0.0
+            chunks = self._records(shard, request)
+            if limits is not None:
+                limits.served(now, self.page_bytes if len(chunks) > 1 else 0)
+            return chunks
         if operation == "GetShardIterator":
             asked = json.loads(request)
             shard = asked.get("ShardId", "shard")
@@ -174,6 +228,24 @@ class StandIn:
         if operation in self.canned:
             return [self.canned[operation]]
         raise KeyError(operation)
+
+    def _limits(self, shard: str) -> ShardLimits | None:
+        if self.read_limit is None:
+            return None
+        if shard not in self.limits:
+            self.limits[shard] = ShardLimits(self.read_limit)
+        return self.limits[shard]
+
+    def _records(self, shard: str, request: bytes) -> list[bytes]:
+        """A GetRecords answer: three chunks with records, one without."""
+        if self.pages is not None:
+            found = _ITERATOR_AT.search(request.decode("utf-8", "replace"))
+            if found is None:
+                raise ValueError("a finite stand-in stream reads only its own iterators")
+            return self._page(found.group(1), int(found.group(2)))
+        self.calls += 1
+        self.records += self.per_page
+        return [self.prefix, f"{shard}:{self.calls}".encode(), self.suffix]
 
     def _start_page(self, asked: dict[str, str]) -> int:
         """TRIM_HORIZON: page 0; after a finite stream's last record of a page: the next page."""
@@ -212,12 +284,18 @@ async def _serve_connection(
                 headers[name.strip().lower()] = value.strip()
             body = await reader.readexactly(int(headers.get("content-length", "0")))
             if method == "GET" and path.startswith("/_standin/stats"):
-                stats = json.dumps({"records": standin.records, "calls": standin.calls}).encode()
+                stats = json.dumps({"records": standin.records, "calls": standin.calls,
+                                    "throttled": standin.throttled}).encode()  # fmt: skip
                 writer.writelines([_head("200 OK", len(stats), "application/json"), stats])
             else:
                 try:
                     chunks = standin.answer(headers.get("x-amz-target", ""), body)
                     status = "200 OK"
+                except Refused:
+                    standin.throttled += 1
+                    error = {"__type": "ProvisionedThroughputExceededException",
+                             "message": "Rate exceeded for the shard (standin)"}  # fmt: skip
+                    chunks, status = [json.dumps(error).encode()], "400 Bad Request"
                 except (KeyError, ValueError) as exc:
                     error = {"__type": "InvalidArgumentException", "message": f"standin: {exc}"}
                     chunks, status = [json.dumps(error).encode()], "400 Bad Request"
@@ -235,8 +313,9 @@ async def serve(
     port: int,
     ready: asyncio.Future[int] | None,
     pages: int | None = None,
+    read_limit: float | None = 2 * MIB,
 ) -> None:
-    standin = StandIn(body, shards, pages=pages)
+    standin = StandIn(body, shards, pages=pages, read_limit=read_limit)
     server = await asyncio.start_server(
         lambda r, w: _serve_connection(standin, r, w), "127.0.0.1", port
     )
@@ -257,10 +336,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--pages", type=int, help="a finite stream of distinct records")
     parser.add_argument("--port", type=int, default=0, help="0 = a free port")
+    parser.add_argument(
+        "--read-limit", type=float, default=2.0,
+        help="MiB a second per shard (Kinesis: 2); 0: bytes unlimited; -1: no limit at all",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    limit = None if args.read_limit < 0 else args.read_limit * MIB
     body = args.body.read_bytes() if args.body else synthetic_body(args.synthetic, args.size)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(body, args.shards, args.port, None, args.pages))
+        asyncio.run(serve(body, args.shards, args.port, None, args.pages, limit))
 
 
 if __name__ == "__main__":

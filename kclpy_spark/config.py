@@ -62,6 +62,9 @@ class WorkerConfig:
     max_clock_skew: float = 1.0
     max_records: int = 10_000
     idle_time_between_reads: float = 1.0
+    # Per shard, polling: a call that read B bytes waits B / this many seconds before the next
+    # (Kinesis's 2 MiB/s read limit per shard, shared by every application polling it); 0: off.
+    max_read_bytes_per_second: int = 2 * 1024 * 1024
     max_leases_for_worker: int = 2**31 - 1
     max_leases_to_steal: int = 1
     # Balancing moves (and SIGTERM) go by the KCL 3.x graceful handoff, forced after
@@ -249,6 +252,11 @@ def _check_numbers(cfg: WorkerConfig) -> None:
     if not 1 <= cfg.max_records <= 10_000:
         raise ConfigError(
             f"config 'max_records' must be 1..10000 (GetRecords' limit), got {cfg.max_records}"
+        )
+    if not 0 <= cfg.max_read_bytes_per_second <= 2 * 1024 * 1024:
+        raise ConfigError(
+            "config 'max_read_bytes_per_second' must be 0..2097152 (Kinesis reads at most "
+            f"2 MiB a second from a shard; 0: no pacing), got {cfg.max_read_bytes_per_second}"
         )
     for name in (
         "max_leases_for_worker",

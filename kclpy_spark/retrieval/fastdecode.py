@@ -31,6 +31,7 @@ import contextlib
 import json
 import logging
 import math
+import operator
 import os
 import threading
 import weakref
@@ -70,9 +71,14 @@ DECODER, _loads = _json_loads()
 
 
 class _FastRecords(list[Record]):
-    """The Records this module decoded: the type marks a response the fast path handled."""
+    """The Records this module decoded: the type marks a response the fast path handled.
+    ``data_bytes``: their data (decoded size) and partition keys, in bytes (``page_bytes``)."""
 
-    __slots__ = ()
+    __slots__ = ("data_bytes",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.data_bytes = 0
 
 
 def arrival_millis(value: float | None) -> int:
@@ -95,6 +101,9 @@ def record_from_parsed(entry: Mapping[str, Any]) -> Record:
     return Record(entry["Data"], entry["PartitionKey"], entry["SequenceNumber"], 0, millis)
 
 
+_DATA, _KEY = operator.itemgetter("Data"), operator.itemgetter("PartitionKey")
+
+
 def decode_records(raw: list[dict[str, Any]]) -> list[Record]:
     """Records from the JSON body's ``Records`` entries; data stays base64 until first use."""
     make = Record.from_base64
@@ -111,7 +120,19 @@ def decode_records(raw: list[dict[str, Any]]) -> list[Record]:
             last = seconds
             millis = convert(seconds)
         append(make(r["Data"], r["PartitionKey"], r["SequenceNumber"], 0, millis))
+    # For page_bytes, in C loops (a third of the cost of a Python one): base64 characters are
+    # 3/4 of a byte each, a partition key's characters one.
+    b64 = sum(map(len, map(_DATA, raw)))
+    records.data_bytes = b64 * 3 // 4 + sum(map(len, map(_KEY, raw)))
     return records
+
+
+def page_bytes(records: list[Record]) -> int:
+    """The bytes of a GetRecords page's records as a shard's read limit counts them, about: data
+    (decoded; base64 padding ignored) and partition keys (characters)."""
+    if isinstance(records, _FastRecords):
+        return records.data_bytes
+    return sum(len(r.binary_data) + len(r.partition_key) for r in records)
 
 
 def _looks_like_json_object(body: bytes) -> bool:

@@ -24,6 +24,7 @@ class SourceSettings:
     retrieval_mode: str = "polling"
     max_records: int = 10_000
     idle_time_between_reads: float = 1.0
+    max_read_bytes_per_second: int = 2 * 1024 * 1024
     kpl_deaggregation: bool = True
     consumer_name: str = "kclpy-spark"
 
@@ -86,6 +87,7 @@ class KinesisSources:
             queue,
             max_records=s.max_records,
             idle_time=s.idle_time_between_reads,
+            read_rate=s.max_read_bytes_per_second,
             rng=self._rng,
             deaggregator=deaggregator,
             progress=progress,

@@ -3,6 +3,14 @@
 One ``PollingFetcher`` per shard runs as an asyncio task (a ``RecordSource``). The queue it fills
 is bounded, so a slow processor stops the fetcher (``await queue.put`` blocks) instead of letting
 memory grow.
+
+Calls are paced by the shard's two read limits: at most 5 GetRecords a second, and 2 MiB of
+records a second (shared by every polling consumer of the shard). Kinesis enforces the second
+after the fact: a call that returned B bytes makes the shard refuse reads
+(ProvisionedThroughputExceededException) for about B / 2 MiB seconds ("if a call returns 10 MiB,
+calls made within the next 5 seconds throw"). So after a page of B bytes the next call waits
+that long from the response's arrival (``max_read_bytes_per_second``; lower it when several
+applications poll the same shard), instead of being refused and backing off.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from checkpoint.base.retry import Backoff
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.retrieval.fastdecode import (
     install_fast_getrecords,
+    page_bytes,
     record_from_parsed,
     records_from_response,
 )
@@ -31,11 +40,25 @@ log = logging.getLogger(__name__)
 # behind (a full response or MillisBehindLatest > 0) we read again after this short pause instead
 # of the configured idle time, which stays the pause after an empty or caught-up response.
 MIN_INTERVAL_WHILE_BEHIND = 0.2
+# Kinesis's read limit per shard (GetRecords: 2 MiB of records a second, all polling consumers).
+READ_BYTES_PER_SECOND = 2 * 1024 * 1024
 
 # A Record from botocore's parsed GetRecords entry (used when the fast decode is off).
 record_from_api = record_from_parsed
 
-__all__ = ["FetchedBatch", "PollingFetcher", "record_from_api"]
+__all__ = ["FetchedBatch", "PollingFetcher", "pause_before_next_call", "record_from_api"]
+
+
+def pause_before_next_call(
+    interval: float, since_call: float, page: int, since_response: float, read_rate: float
+) -> float:
+    """Seconds to wait before the next GetRecords: ``interval`` from the previous call's start
+    (``since_call`` ago), and at least ``page`` bytes / ``read_rate`` (bytes a second; 0: no
+    limit) from its response's arrival (``since_response`` ago), when the shard reads again."""
+    pause = interval - since_call
+    if read_rate > 0 and page > 0:
+        pause = max(pause, page / read_rate - since_response)
+    return max(0.0, pause)
 
 
 class PollingFetcher:
@@ -58,7 +81,9 @@ class PollingFetcher:
         *,
         max_records: int = 10_000,
         idle_time: float = 1.0,
+        read_rate: float = READ_BYTES_PER_SECOND,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] | None = None,
         rng: random.Random | None = None,
         deaggregator: Deaggregator | None = None,
         progress: FetchProgress | None = None,
@@ -71,7 +96,9 @@ class PollingFetcher:
         self._queue = queue
         self._max_records = max_records
         self._idle = idle_time
+        self._read_rate = read_rate
         self._sleep = sleep
+        self._clock = clock  # monotonic seconds; None: the event loop's
         self._backoff = Backoff(rng)
         self._last_delivered: str | None = None
         self._filter = RecordFilter(checkpoint, deaggregator)
@@ -118,9 +145,9 @@ class PollingFetcher:
 
     async def run(self) -> None:
         iterator = await self._iterator()
-        loop = asyncio.get_running_loop()
+        clock = self._clock or asyncio.get_running_loop().time
         while True:
-            started = loop.time()
+            started = clock()
             try:
                 self.calls += 1
                 resp = await self._client.get_records(
@@ -133,6 +160,7 @@ class PollingFetcher:
                     continue
                 await self._handle(exc, "GetRecords")
                 continue
+            returned = clock()
             self._backoff.reset()
             if self._progress is not None:
                 self._progress.ok()
@@ -159,6 +187,12 @@ class PollingFetcher:
             iterator = str(next_iterator)
             behind = len(raw) >= self._max_records or bool(lag)
             # Calls are spaced from the start of the previous one (as the KCL's idle time is),
-            # so a slow response does not add its own duration to the pause.
+            # so a slow response does not add its own duration to the pause; the read limit
+            # counts from the response.
             interval = MIN_INTERVAL_WHILE_BEHIND if behind else self._idle
-            await self._sleep(max(0.0, interval - (loop.time() - started)))
+            now = clock()
+            size = page_bytes(raw) if self._read_rate > 0 else 0
+            pause = pause_before_next_call(
+                interval, now - started, size, now - returned, self._read_rate
+            )
+            await self._sleep(pause)

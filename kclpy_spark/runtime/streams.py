@@ -81,6 +81,7 @@ def source_settings(cfg: WorkerConfig) -> SourceSettings:
         retrieval_mode=cfg.retrieval_mode,
         max_records=cfg.max_records,
         idle_time_between_reads=cfg.idle_time_between_reads,
+        max_read_bytes_per_second=cfg.max_read_bytes_per_second,
         kpl_deaggregation=cfg.kpl_deaggregation,
         consumer_name=cfg.consumer_name or cfg.application_name,
     )

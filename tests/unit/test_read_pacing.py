@@ -1,0 +1,150 @@
+"""Polling within a shard's read limits: the pause rule, the byte count of a page, and a fetcher
+reading a shard that enforces Kinesis's limits on a virtual clock (tier 1: no network, no
+sleeping)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import random
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
+from kclpy_spark.processor import Record
+from kclpy_spark.retrieval.fastdecode import decode_records, page_bytes
+from kclpy_spark.retrieval.polling import (
+    READ_BYTES_PER_SECOND,
+    FetchedBatch,
+    PollingFetcher,
+    pause_before_next_call,
+)
+
+MIB = 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("interval", "since_call", "page", "since_response", "rate", "pause"),
+    [
+        (0.2, 0.05, 0, 0.0, MIB * 2, 0.15),  # an empty page: only the call interval
+        (0.2, 0.05, 100_000, 0.0, MIB * 2, 0.15),  # a small page: 0.048 s < the interval
+        (0.2, 0.05, 2 * MIB, 0.0, MIB * 2, 1.0),  # a 2 MiB page: one second from the response
+        (0.2, 0.3, 2 * MIB, 0.25, MIB * 2, 0.75),  # time spent since counts for both
+        (0.2, 0.05, 10 * MIB, 0.0, MIB * 2, 5.0),  # the documented case: 10 MiB, 5 s
+        (0.2, 0.05, 10 * MIB, 0.0, MIB * 1, 10.0),  # half the rate (two applications)
+        (0.2, 0.05, 10 * MIB, 0.0, 0, 0.15),  # pacing off
+        (1.0, 2.0, 2 * MIB, 1.5, MIB * 2, 0.0),  # both already over: at once
+    ],
+)
+def test_pause_before_next_call(
+    interval: float, since_call: float, page: int, since_response: float, rate: float,
+    pause: float,
+) -> None:  # fmt: skip
+    assert pause_before_next_call(interval, since_call, page, since_response, rate) == (
+        pytest.approx(pause)
+    )
+
+
+def _entry(i: int, size: int) -> dict[str, Any]:
+    return {
+        "Data": base64.b64encode(bytes([i % 251]) * size).decode(),
+        "PartitionKey": f"pk-{i:04d}",
+        "SequenceNumber": f"{1000 + i}",
+        "ApproximateArrivalTimestamp": 1_700_000_000.5,
+    }
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 3, 200, 1000])
+def test_page_bytes_counts_decoded_data_and_partition_keys(size: int) -> None:
+    entries = [_entry(i, size) for i in range(7)]
+    fast = decode_records(json.loads(json.dumps(entries)))
+    expected = 7 * (size + len("pk-0000"))
+    # The fast path counts base64 characters (its padding is ignored: at most 2 bytes a record).
+    assert expected <= page_bytes(fast) <= expected + 7 * 2
+    parsed = [Record(bytes([i % 251]) * size, f"pk-{i:04d}", str(i)) for i in range(7)]
+    assert page_bytes(parsed) == expected
+
+
+class LimitedShard:
+    """One shard with Kinesis's read limits on a virtual clock: 5 calls a second (a bucket of 5)
+    and, after a page of B bytes, reads refused for B / 2 MiB seconds. Pages of ``per_page``
+    records of ``size`` bytes; the shard ends after ``pages`` pages."""
+
+    def __init__(self, clock: list[float], pages: int, per_page: int, size: int) -> None:
+        self.clock = clock
+        self.pages_left = pages
+        self.page = [
+            {**e, "Data": base64.b64decode(e["Data"]), "ApproximateArrivalTimestamp": None}
+            for e in (_entry(i, size) for i in range(per_page))
+        ]
+        self.page_bytes = sum(len(e["Data"]) + len(e["PartitionKey"]) for e in self.page)
+        self.blocked_until = 0.0
+        self.tokens, self.tokens_at = 5.0, 0.0
+        self.served = self.throttled = 0
+
+    async def get_shard_iterator(self, **_: object) -> dict[str, object]:
+        return {"ShardIterator": "it"}
+
+    async def get_records(self, **_: object) -> dict[str, object]:
+        now = self.clock[0]
+        self.tokens = min(5.0, self.tokens + 5 * (now - self.tokens_at))
+        self.tokens_at = now
+        if now < self.blocked_until or self.tokens < 1:
+            self.throttled += 1
+            error = {"Error": {"Code": "ProvisionedThroughputExceededException", "Message": "x"}}
+            raise ClientError(error, "GetRecords")  # type: ignore[arg-type]
+        self.tokens -= 1
+        self.served += 1
+        self.pages_left -= 1
+        self.blocked_until = now + self.page_bytes / READ_BYTES_PER_SECOND
+        ended = self.pages_left == 0
+        return {
+            "Records": self.page,
+            "NextShardIterator": None if ended else "it",
+            "MillisBehindLatest": 0 if ended else 60_000,
+        }
+
+
+def _read(shard: LimitedShard, clock: list[float], read_rate: float) -> None:
+    async def virtual_sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    fetcher = PollingFetcher(
+        shard, {"StreamName": "s"}, "shardId-000000000000", ExtendedSequenceNumber("0"),
+        InitialPosition.trim_horizon(), asyncio.Queue[FetchedBatch](), read_rate=read_rate,
+        sleep=virtual_sleep, clock=lambda: clock[0], rng=random.Random(7),
+    )  # fmt: skip
+    asyncio.run(fetcher.run())
+
+
+@pytest.mark.parametrize(
+    ("per_page", "size"),
+    [(10_000, 200), (2_000, 1_000), (10, 1_000_000), (10_000, 20)],
+)
+def test_a_paced_fetcher_reads_at_the_shard_limit_without_being_refused(
+    per_page: int, size: int
+) -> None:
+    clock = [0.0]
+    shard = LimitedShard(clock, pages=20, per_page=per_page, size=size)
+    _read(shard, clock, READ_BYTES_PER_SECOND)
+    assert shard.served == 20
+    assert shard.throttled == 0
+    # ... and not slower than the limits allow: the byte budget (or 5 calls a second) of the
+    # 19 pages before the last.
+    ideal = 19 * max(shard.page_bytes / READ_BYTES_PER_SECOND, 0.2)
+    assert ideal <= clock[0] <= ideal * 1.02
+
+
+def test_an_unpaced_fetcher_of_large_pages_is_refused_and_reads_slower() -> None:
+    """What the pacing replaces (``max_read_bytes_per_second = 0``): calls every 0.2 s while
+    behind, most of them refused, then backing off with jitter."""
+    clock = [0.0]
+    shard = LimitedShard(clock, pages=20, per_page=10_000, size=200)
+    _read(shard, clock, 0)
+    assert shard.served == 20
+    assert shard.throttled >= 20
+    paced = 19 * shard.page_bytes / READ_BYTES_PER_SECOND
+    assert clock[0] > paced
