@@ -7,13 +7,15 @@ order rotates every repeat), each run in a fresh child process, median of ``--re
    from TRIM_HORIZON until every record arrived:
    * ``bare``: aiobotocore GetRecords (Limit 10,000) on all shards concurrently, no pause;
    * ``bare-fast``: the same with the fast decode installed (shows the emulator's ceiling);
-   * ``ours-fast``: the real worker (``run_worker``, lease_store "memory", idle time 0.1 s) with a
+   * ``ours-fast``: the real worker (``run_worker``, lease_store "memory", idle time 0.1 s, no
+     pacing by the shard read limit: ``max_read_bytes_per_second = 0``, as the others read) with a
      no-op processor that checkpoints once per batch, fast GetRecords decode on;
    * ``ours-std``: the same with ``KCLPY_SPARK_FAST_DECODE=0`` (botocore parses);
    * ``async-kinesis``: async-kinesis (PyPI) tuned: 5 fetches/s/shard, a 100k-item queue, a
      raw-bytes processor (no JSON), MemoryCheckPointer (checkpoints once per fetched batch);
-2. the stand-in server (``bench/standin_server.py``, its own process) replaying a 10,000-record
-   GetRecords body captured from kinesalite, with 4 and 16 shards: ``bare`` vs ``ours-fast``,
+2. the stand-in server (``bench/standin_server.py``, its own process, its read limits off:
+   ``--read-limit -1``) replaying a 10,000-record GetRecords body captured from kinesalite,
+   with 4 and 16 shards: ``bare`` vs ``ours-fast``,
    ``ours-std``, ``ours-fast-gc`` (the GC tuned: a diagnosis) and ``async-kinesis``;
 3. client CPU per record: botocore's own parse of the captured body, in process, vs the worker's
    process CPU per record (from 2, where the server costs ~nothing).
@@ -283,7 +285,7 @@ def _standin_rounds(
 ) -> dict[str, list[dict[str, Any]]]:
     standin = subprocess.Popen(
         [sys.executable, str(Path(__file__).with_name("standin_server.py")), "--body", str(BODY),
-         "--shards", str(shards)],
+         "--shards", str(shards), "--read-limit", "-1"],
         stdout=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     try:

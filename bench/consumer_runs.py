@@ -128,6 +128,9 @@ async def _ours(endpoint: str, stream: str, target: int) -> dict[str, Any]:
         initial_position=InitialPosition.trim_horizon(),
         lease_store="memory",
         idle_time_between_reads=IDLE_TIME,
+        # The consumer's own ceiling, as the bare drain and async-kinesis read: no pacing by a
+        # shard's 2 MiB/s read limit (neither endpoint here enforces it).
+        max_read_bytes_per_second=0,
     )
     started: dict[str, float] = {}
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
+from checkpoint.sequence import TRIM_HORIZON, InitialPosition
 from kclpy_spark.processor import Record
 from kclpy_spark.retrieval.fastdecode import decode_records, page_bytes
 from kclpy_spark.retrieval.polling import (
@@ -113,7 +113,7 @@ def _read(shard: LimitedShard, clock: list[float], read_rate: float) -> None:
         clock[0] += seconds
 
     fetcher = PollingFetcher(
-        shard, {"StreamName": "s"}, "shardId-000000000000", ExtendedSequenceNumber("0"),
+        shard, {"StreamName": "s"}, "shardId-000000000000", TRIM_HORIZON,
         InitialPosition.trim_horizon(), asyncio.Queue[FetchedBatch](), read_rate=read_rate,
         sleep=virtual_sleep, clock=lambda: clock[0], rng=random.Random(7),
     )  # fmt: skip
