@@ -109,6 +109,11 @@ def error_code(exc: BaseException) -> str | None:
     return None
 
 
+def is_throttling(exc: BaseException) -> bool:
+    """Whether ``exc`` is AWS asking us to slow down (ProvisionedThroughputExceeded, ...)."""
+    return error_code(exc) in _THROTTLE_CODES
+
+
 def map_aws_error(exc: BaseException, what: str) -> KclpySparkError:
     """Translate a botocore/aiobotocore exception into this package's hierarchy.
 

@@ -25,6 +25,7 @@ from typing import Any
 from checkpoint.base.errors import (
     ResourceNotFoundError,
     error_code,
+    is_throttling,
     map_aws_error,
 )
 from checkpoint.base.retry import Backoff
@@ -240,7 +241,7 @@ class FanOutFetcher:
     async def _handle(self, exc: BaseException, operation: str) -> None:
         """Back off after a retriable failure; raise the mapped error otherwise."""
         if self._progress is not None:
-            self._progress.failed()
+            self._progress.failed(is_throttling(exc))
         await wait_or_raise(
             exc,
             f"{operation} on shard {self._shard_id}",

@@ -21,7 +21,7 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from checkpoint.base.errors import error_code
+from checkpoint.base.errors import error_code, is_throttling
 from checkpoint.base.retry import Backoff
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.retrieval.fastdecode import (
@@ -138,7 +138,7 @@ class PollingFetcher:
     async def _handle(self, exc: Exception, operation: str) -> None:
         """Back off after a retriable failure; raise the mapped error otherwise."""
         if self._progress is not None:
-            self._progress.failed()
+            self._progress.failed(is_throttling(exc))
         await wait_or_raise(
             exc, f"{operation} on shard {self._shard_id}", self._backoff, self._sleep
         )

@@ -60,19 +60,27 @@ class FetchProgress:
     """When a source last heard from the service successfully (an empty answer counts): the
     consumer's readiness asks it whether reading is making progress."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, clock: Callable[[], float], on_throttled: Callable[[], None] | None = None
+    ) -> None:
         self._clock = clock
+        self._on_throttled = on_throttled
         self.started = clock()
         self.last_ok: float | None = None
         self.failures = 0  # consecutive failed calls
+        self.throttled = 0  # calls refused for the shard's limits, all told
         self.waiting = False  # blocked on a full queue: the processor is behind, not the source
 
     def ok(self) -> None:
         self.last_ok = self._clock()
         self.failures = 0
 
-    def failed(self) -> None:
+    def failed(self, throttled: bool = False) -> None:
         self.failures += 1
+        if throttled:
+            self.throttled += 1
+            if self._on_throttled is not None:
+                self._on_throttled()
 
     def silent_for(self) -> float:
         """Seconds since the last success (or since the source started, if none yet)."""

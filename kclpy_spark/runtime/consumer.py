@@ -112,7 +112,8 @@ class ShardConsumer:
         self.lease_key = held.lease_key
         self._shard_labels = self._metrics.shard(held.lease_key)  # (stream, shard) of its series
         self.stats = ShardStats(held.lease.shard_id)
-        self.progress = FetchProgress(clock.monotonic)
+        throttled = self._metrics.read_throttled.labels(*self._shard_labels)
+        self.progress = FetchProgress(clock.monotonic, on_throttled=throttled.inc)
         configured = initial_position or cfg.initial_position
         lease = held.lease
         self._start = ReadStart(lease.shard_id, lease.checkpoint, lease.start_timestamp, configured)

@@ -5,10 +5,10 @@ keep separate figures. The server binds 127.0.0.1 unless told otherwise.
 
 Labels: every series carries ``application`` and ``worker`` (added at exposition); per-shard
 series add ``stream`` and ``shard`` (the shard id). What that costs: per shard this worker holds
-now, five series (records, bytes, lag, processing failures, KPL sub-records out of range; all
-dropped when the tenure ends); per worker about fifty more that do not
-grow with shards (leases, renewals, checkpoint latency buckets, the sink's and the coordination
-counters, the process's resources).
+now, six series (records, bytes, lag, processing failures, KPL sub-records out of range, reads
+refused for the shard's limits; all dropped when the tenure ends); per worker about fifty more
+that do not grow with shards (leases, renewals, checkpoint latency buckets, the sink's and the
+coordination counters, the process's resources).
 """
 
 from __future__ import annotations
@@ -145,6 +145,14 @@ class WorkerMetrics:
             "kclpy_spark_processing_failures", "process_records calls that raised", SHARD_LABELS,
             registry=r,
         )  # fmt: skip
+        self.read_throttled = Counter(
+            "kclpy_spark_read_throttled",
+            "GetRecords (or SubscribeToShard) calls the shard refused for its read limits "
+            "(ProvisionedThroughputExceeded): steadily above 0, other readers share the shard "
+            "(lower max_read_bytes_per_second) or it needs enhanced fan-out",
+            SHARD_LABELS,
+            registry=r,
+        )
         self.kpl_out_of_range = Counter(
             "kclpy_spark_kpl_subrecords_out_of_range",
             "KPL sub-records skipped because their hash key lies outside the shard's range",
@@ -163,7 +171,8 @@ class WorkerMetrics:
         that moved away or ended would pile up over weeks of moves and reshards). A lease that
         comes back counts from 0 again, which Prometheus' rate() reads as a counter reset."""
         metrics: list[Counter | Gauge] = [
-            self.behind, self.records, self.bytes, self.processing_failures, self.kpl_out_of_range
+            self.behind, self.records, self.bytes, self.processing_failures,
+            self.kpl_out_of_range, self.read_throttled,
         ]  # fmt: skip
         for metric in metrics:
             with contextlib.suppress(KeyError):

@@ -22,6 +22,7 @@ from kclpy_spark.retrieval.polling import (
     PollingFetcher,
     pause_before_next_call,
 )
+from kclpy_spark.retrieval.source import FetchProgress
 
 MIB = 1024 * 1024
 
@@ -108,14 +109,17 @@ class LimitedShard:
         }
 
 
-def _read(shard: LimitedShard, clock: list[float], read_rate: float) -> None:
+def _read(
+    shard: LimitedShard, clock: list[float], read_rate: float,
+    progress: FetchProgress | None = None,
+) -> None:  # fmt: skip
     async def virtual_sleep(seconds: float) -> None:
         clock[0] += seconds
 
     fetcher = PollingFetcher(
         shard, {"StreamName": "s"}, "shardId-000000000000", TRIM_HORIZON,
         InitialPosition.trim_horizon(), asyncio.Queue[FetchedBatch](), read_rate=read_rate,
-        sleep=virtual_sleep, clock=lambda: clock[0], rng=random.Random(7),
+        sleep=virtual_sleep, clock=lambda: clock[0], rng=random.Random(7), progress=progress,
     )  # fmt: skip
     asyncio.run(fetcher.run())
 
@@ -148,3 +152,16 @@ def test_an_unpaced_fetcher_of_large_pages_is_refused_and_reads_slower() -> None
     assert shard.throttled >= 20
     paced = 19 * shard.page_bytes / READ_BYTES_PER_SECOND
     assert clock[0] > paced
+
+
+@pytest.mark.parametrize(("rate", "refused"), [(0, True), (READ_BYTES_PER_SECOND, False)])
+def test_refused_calls_are_counted_for_the_metric(rate: float, refused: bool) -> None:
+    """Every call the shard refused reaches FetchProgress (and so
+    ``kclpy_spark_read_throttled_total``); a paced read counts none."""
+    clock = [0.0]
+    shard = LimitedShard(clock, pages=5, per_page=10_000, size=200)
+    told: list[int] = []
+    progress = FetchProgress(lambda: clock[0], on_throttled=lambda: told.append(1))
+    _read(shard, clock, rate, progress)
+    assert progress.throttled == len(told) == shard.throttled
+    assert (shard.throttled > 0) is refused

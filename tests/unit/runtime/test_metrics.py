@@ -49,12 +49,15 @@ def test_a_tenure_that_ends_takes_every_series_of_its_shard() -> None:
     for key in ("shardId-0", "shardId-1"):
         m.records.labels(*m.shard(key)).inc()
         m.behind.labels(*m.shard(key)).set(100)
+        m.read_throttled.labels(*m.shard(key)).inc()
     m.forget("shardId-0")
     exported = series(m)
     assert [x["shard"] for x in exported["kclpy_spark_millis_behind_latest"]] == ["shardId-1"]
     assert [x["shard"] for x in exported["kclpy_spark_records_processed_total"]] == ["shardId-1"]
+    assert [x["shard"] for x in exported["kclpy_spark_read_throttled_total"]] == ["shardId-1"]
     m.forget("shardId-1")
     assert "kclpy_spark_records_processed_total" not in series(m)
+    assert not [n for n, labels in series(m).items() if any("shard" in x for x in labels)]
 
 
 def test_a_dynamodb_lease_tables_requests_and_units_are_exported_by_operation() -> None:
