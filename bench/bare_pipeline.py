@@ -1,12 +1,13 @@
 """The bare overlapped pipeline of ``bench_pipeline.py``, the baseline the issue names: no leases,
 no checkpoints, no batching rules. One thread drains every shard with aiobotocore (GetRecords,
 10,000 records a call, the SDK's own parsing; within a shard's read limits as the consumer keeps
-them: a call at most every 0.2 s, and after a page of B bytes none for B / 2 MiB seconds, a
-refused call retried after 0.2 s) into Arrow record batches; another takes
-``--batch`` rows at a time and writes them with ``spark.createDataFrame(arrow)`` + Parquet
-append (the SparkSession made as the sink makes it). Spark starts before the clock. Prints one
-JSON line: the seconds from the first GetRecords to the last write, and the wall time, rows
-written and writes made at the two ends of ``--window`` (the bench's warm window).
+them: a call at most every 0.2 s from the last one's start, and after a page of B bytes none
+for B / 2 MiB seconds from its response, a refused call retried after 0.2 s) into Arrow record
+batches; another takes ``--batch`` rows at a time and writes them with
+``spark.createDataFrame(arrow)`` + Parquet append (the SparkSession made as the sink makes it).
+Spark starts before the clock. Prints one JSON line: the seconds from the first GetRecords to
+the last write, and the wall time, rows written and writes made at the two ends of ``--window``
+(the bench's warm window).
 
     python bench/bare_pipeline.py --endpoint http://127.0.0.1:PORT --stream s --records N --out DIR
 """
@@ -81,13 +82,17 @@ async def drain(endpoint: str, stream: str, total: int, out: queue.Queue[Any]) -
                         raise
                     await asyncio.sleep(0.2)
                     continue
+                returned = time.monotonic()
                 it = response.get("NextShardIterator")
                 records = response["Records"]
                 if records:
                     left[0] -= len(records)
                     out.put(to_arrow(shard, records))
-                    size = sum(len(r["Data"]) + len(r["PartitionKey"]) for r in records)
-                    await asyncio.sleep(max(0.2 - (time.monotonic() - started), size / READ_RATE))
+                    size = sum(len(r["Data"]) + len(r["PartitionKey"].encode()) for r in records)
+                    now = time.monotonic()
+                    await asyncio.sleep(
+                        max(0.2 - (now - started), size / READ_RATE - (now - returned))
+                    )
                 else:
                     await asyncio.sleep(0.05)
 

@@ -21,8 +21,9 @@ an error: the benchmarks start fresh applications). ``calls`` counts the pages s
 ``--synthetic N`` makes the body itself (N records of ``--size`` bytes, as
 ``kinesalite.default_payload`` makes them) instead of reading a captured one.
 
-Each shard enforces Kinesis's two read limits unless ``--read-limit 0``: 5 GetRecords a second (a
-bucket of 5 calls refilled at 5 a second) and 2 MiB of records a second (``--read-limit``, MiB):
+Each shard enforces Kinesis's two read limits (``--read-limit -1``: neither): 5 GetRecords a
+second (a bucket of 5 calls refilled at 5 a second) and 2 MiB of records a second
+(``--read-limit``, MiB; 0: bytes unlimited):
 after a page of B bytes (data and partition keys) the shard refuses reads for B / limit seconds,
 as Kinesis documents it ("if a call returns 10 MiB, calls made within the next 5 seconds
 throw"), answering ProvisionedThroughputExceededException (HTTP 400).
@@ -90,7 +91,7 @@ class ShardLimits:
 
 def records_bytes(records: list[dict[str, str]]) -> int:
     """What a page's records count against the read limit: data (decoded) and partition keys."""
-    return sum(len(base64.b64decode(r["Data"])) + len(r["PartitionKey"]) for r in records)
+    return sum(len(base64.b64decode(r["Data"])) + len(r["PartitionKey"].encode()) for r in records)
 
 
 def sequence_number(page: int, index: int) -> str:

@@ -253,10 +253,11 @@ def _check_numbers(cfg: WorkerConfig) -> None:
         raise ConfigError(
             f"config 'max_records' must be 1..10000 (GetRecords' limit), got {cfg.max_records}"
         )
-    if not 0 <= cfg.max_read_bytes_per_second <= 2 * 1024 * 1024:
+    rate = cfg.max_read_bytes_per_second
+    if rate != 0 and not 65_536 <= rate <= 2 * 1024 * 1024:
         raise ConfigError(
-            "config 'max_read_bytes_per_second' must be 0..2097152 (Kinesis reads at most "
-            f"2 MiB a second from a shard; 0: no pacing), got {cfg.max_read_bytes_per_second}"
+            "config 'max_read_bytes_per_second' must be 0 (no pacing) or 65536..2097152 bytes "
+            f"a second (Kinesis reads at most 2 MiB a second from a shard), got {rate}"
         )
     for name in (
         "max_leases_for_worker",

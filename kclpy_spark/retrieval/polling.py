@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 MIN_INTERVAL_WHILE_BEHIND = 0.2
 # Kinesis's read limit per shard (GetRecords: 2 MiB of records a second, all polling consumers).
 READ_BYTES_PER_SECOND = 2 * 1024 * 1024
+MAX_READ_PAUSE = 10.0
 
 # A Record from botocore's parsed GetRecords entry (used when the fast decode is off).
 record_from_api = record_from_parsed
@@ -54,10 +55,13 @@ def pause_before_next_call(
 ) -> float:
     """Seconds to wait before the next GetRecords: ``interval`` from the previous call's start
     (``since_call`` ago), and at least ``page`` bytes / ``read_rate`` (bytes a second; 0: no
-    limit) from its response's arrival (``since_response`` ago), when the shard reads again."""
+    limit) from its response's arrival (``since_response`` ago), when the shard reads again; that
+    part at most MAX_READ_PAUSE (Kinesis itself blocks a shard at most 5 s, after a 10 MiB page:
+    a longer wait only shares the shard with other readers, and must stay well inside the
+    consumer's stall limit, 30 s, and a shard iterator's 5 minutes)."""
     pause = interval - since_call
     if read_rate > 0 and page > 0:
-        pause = max(pause, page / read_rate - since_response)
+        pause = max(pause, min(page / read_rate, MAX_READ_PAUSE) - since_response)
     return max(0.0, pause)
 
 
@@ -171,6 +175,9 @@ class PollingFetcher:
             ended = next_iterator is None
             if raw:
                 self._last_delivered = raw[-1].sequence_number
+            # Before the records go to the processor (which may change the list).
+            behind = len(raw) >= self._max_records or bool(lag)
+            size = page_bytes(raw) if self._read_rate > 0 else 0
             # An empty answer at the tip goes out too: it says where the shard's lag is (0) and
             # tells a job that runs until caught up that this shard is (caught_up.py).
             if records or ended or lag == 0:
@@ -185,13 +192,11 @@ class PollingFetcher:
             if ended:
                 return
             iterator = str(next_iterator)
-            behind = len(raw) >= self._max_records or bool(lag)
             # Calls are spaced from the start of the previous one (as the KCL's idle time is),
             # so a slow response does not add its own duration to the pause; the read limit
             # counts from the response.
             interval = MIN_INTERVAL_WHILE_BEHIND if behind else self._idle
             now = clock()
-            size = page_bytes(raw) if self._read_rate > 0 else 0
             pause = pause_before_next_call(
                 interval, now - started, size, now - returned, self._read_rate
             )

@@ -147,9 +147,10 @@ class WorkerMetrics:
         )  # fmt: skip
         self.read_throttled = Counter(
             "kclpy_spark_read_throttled",
-            "GetRecords (or SubscribeToShard) calls the shard refused for its read limits "
-            "(ProvisionedThroughputExceeded): steadily above 0, other readers share the shard "
-            "(lower max_read_bytes_per_second) or it needs enhanced fan-out",
+            "Calls for the shard refused as over a limit: GetRecords over its read limits "
+            "(ProvisionedThroughputExceeded), throttled GetShardIterator or SubscribeToShard. "
+            "Steadily above 0 on GetRecords: other readers share the shard (lower "
+            "max_read_bytes_per_second, or use enhanced fan-out)",
             SHARD_LABELS,
             registry=r,
         )

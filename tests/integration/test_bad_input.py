@@ -54,6 +54,8 @@ def run_config(tmp_path: Path, body: str, *extra: str) -> subprocess.CompletedPr
          ["idle_time_between_reads", "299"]),
         (f'stream_name = "s"\n{PROCESSOR}worker_id = ""\n', ["worker_id"]),
         (f'stream_name = "s"\n{PROCESSOR}failover_time = 1e9\n', ["failover_time", "3600"]),
+        (f'stream_name = "s"\n{PROCESSOR}max_read_bytes_per_second = 2\n',  # meant MiB
+         ["max_read_bytes_per_second", "65536..2097152", "got 2"]),
         (f'stream_name = "s"\n{PROCESSOR}missing_dependency_timeout = nan\n',
          ["missing_dependency_timeout"]),
         (f'{PROCESSOR}[[streams]]\nstream_name = "a"\ninitial_position = "TRIM_HORIZON"\n'

@@ -36,6 +36,7 @@ MIB = 1024 * 1024
         (0.2, 0.3, 2 * MIB, 0.25, MIB * 2, 0.75),  # time spent since counts for both
         (0.2, 0.05, 10 * MIB, 0.0, MIB * 2, 5.0),  # the documented case: 10 MiB, 5 s
         (0.2, 0.05, 10 * MIB, 0.0, MIB * 1, 10.0),  # half the rate (two applications)
+        (0.2, 0.05, 10 * MIB, 0.0, MIB / 4, 10.0),  # at most MAX_READ_PAUSE (40 s otherwise)
         (0.2, 0.05, 10 * MIB, 0.0, 0, 0.15),  # pacing off
         (1.0, 2.0, 2 * MIB, 1.5, MIB * 2, 0.0),  # both already over: at once
     ],
@@ -63,19 +64,29 @@ def test_page_bytes_counts_decoded_data_and_partition_keys(size: int) -> None:
     entries = [_entry(i, size) for i in range(7)]
     fast = decode_records(json.loads(json.dumps(entries)))
     expected = 7 * (size + len("pk-0000"))
-    # The fast path counts base64 characters (its padding is ignored: at most 2 bytes a record).
+    # The fast path counts base64 characters (its padding as data: at most 2 bytes a record over).
     assert expected <= page_bytes(fast) <= expected + 7 * 2
     parsed = [Record(bytes([i % 251]) * size, f"pk-{i:04d}", str(i)) for i in range(7)]
     assert page_bytes(parsed) == expected
 
 
+def test_page_bytes_counts_partition_keys_in_utf8() -> None:
+    entries = [{**_entry(0, 9), "PartitionKey": "schlüssel-€"}]  # 11 characters, 14 bytes
+    assert page_bytes(decode_records(entries)) == 9 + 14
+    assert page_bytes([Record(b"x" * 9, "schlüssel-€", "1")]) == 9 + 14
+
+
 class LimitedShard:
     """One shard with Kinesis's read limits on a virtual clock: 5 calls a second (a bucket of 5)
-    and, after a page of B bytes, reads refused for B / 2 MiB seconds. Pages of ``per_page``
-    records of ``size`` bytes; the shard ends after ``pages`` pages."""
+    and, after a page of B bytes, reads refused for B / 2 MiB seconds, counted from the end of
+    the page's ``transfer`` (the latest moment a service could start counting). Pages of
+    ``per_page`` records of ``size`` bytes; the shard ends after ``pages`` pages."""
 
-    def __init__(self, clock: list[float], pages: int, per_page: int, size: int) -> None:
+    def __init__(
+        self, clock: list[float], pages: int, per_page: int, size: int, transfer: float = 0.05
+    ) -> None:
         self.clock = clock
+        self.transfer = transfer
         self.pages_left = pages
         self.page = [
             {**e, "Data": base64.b64decode(e["Data"]), "ApproximateArrivalTimestamp": None}
@@ -100,7 +111,8 @@ class LimitedShard:
         self.tokens -= 1
         self.served += 1
         self.pages_left -= 1
-        self.blocked_until = now + self.page_bytes / READ_BYTES_PER_SECOND
+        self.clock[0] += self.transfer  # the response arrives this much later
+        self.blocked_until = self.clock[0] + self.page_bytes / READ_BYTES_PER_SECOND
         ended = self.pages_left == 0
         return {
             "Records": self.page,
@@ -136,10 +148,11 @@ def test_a_paced_fetcher_reads_at_the_shard_limit_without_being_refused(
     _read(shard, clock, READ_BYTES_PER_SECOND)
     assert shard.served == 20
     assert shard.throttled == 0
-    # ... and not slower than the limits allow: the byte budget (or 5 calls a second) of the
-    # 19 pages before the last.
-    ideal = 19 * max(shard.page_bytes / READ_BYTES_PER_SECOND, 0.2)
-    assert ideal <= clock[0] <= ideal * 1.02
+    # ... and not slower than the limits allow: the byte budget (or 5 calls a second) and the
+    # transfer of the 19 pages before the last.
+    budget = shard.page_bytes / READ_BYTES_PER_SECOND
+    ideal = 19 * max(budget + shard.transfer, 0.2) + shard.transfer
+    assert clock[0] == pytest.approx(ideal)
 
 
 def test_an_unpaced_fetcher_of_large_pages_is_refused_and_reads_slower() -> None:
