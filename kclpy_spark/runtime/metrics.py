@@ -141,6 +141,11 @@ class WorkerMetrics:
             "kclpy_spark_checkpoint_seconds", "Checkpoint write latency", registry=r,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
         )  # fmt: skip
+        self._shard_problems(r)
+        r.register(_CoordinationCollector(counters))
+
+    def _shard_problems(self, r: CollectorRegistry) -> None:
+        """The per-shard series of what went wrong (dropped with the shard's others)."""
         self.processing_failures = Counter(
             "kclpy_spark_processing_failures", "process_records calls that raised", SHARD_LABELS,
             registry=r,
@@ -160,7 +165,6 @@ class WorkerMetrics:
             SHARD_LABELS,
             registry=r,
         )
-        r.register(_CoordinationCollector(counters))
 
     def shard(self, lease_key: str) -> tuple[str, str]:
         """The (stream, shard) label values of a lease key."""
