@@ -27,7 +27,10 @@ endpoint_url = "{endpoint}"
 initial_position = "TRIM_HORIZON"
 lease_store = "dynamodb"
 processor = "slow_processor:SlowProcessor"
-failover_time = 3.0
+# Not shorter: the lease-table deadlines follow it, and a LocalStack that stalls for a second or
+# two on a loaded machine (two test processes) must not cost a lease (a lost lease redelivers:
+# at-least-once, not what this test is about).
+failover_time = 6.0
 idle_time_between_reads = 0.2
 max_records = 5
 shutdown_grace = 20.0
