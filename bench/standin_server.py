@@ -146,8 +146,9 @@ class StandIn:
         self.suffix = b'"' + body[match.end() :]
         if pages is not None and any(at >= len(self.prefix) for at in self._page_at):
             raise ValueError("the body's records must come before its NextShardIterator")
-        self.per_page = len(json.loads(body)["Records"])
-        self.page_bytes = records_bytes(json.loads(body)["Records"])
+        records = json.loads(body)["Records"]
+        self.per_page = len(records)
+        self.page_bytes = records_bytes(records)
         self.records = 0
         self.calls = 0
         self.shard_ids = [f"shardId-{i:012d}" for i in range(shards)]
