@@ -4,12 +4,17 @@
 from __future__ import annotations
 
 import enum
+import logging
 import threading
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.lease import Lease
+from checkpoint.port import LeaseTable
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,20 @@ class Slot:
     # What the consumer measured lately (Lease.renewal_figures' names); the next renewal writes it.
     figures: dict[str, object] = field(default_factory=dict)
     renewed_at: float = float("-inf")  # monotonic start of our last renewal of this tenure
+    # A write of ours raised since the lease as held was stored: it may have landed (a timeout).
+    unsure: bool = False
+
+
+def landed_earlier(table: LeaseTable, held: HeldLease) -> Lease | None:
+    """The lease as stored, if it shows that a write of ours whose answer never came landed: the
+    same actual owner (us) and the counter one past ours. Every write of ours since ``held`` was
+    conditional on its counter, so at most one of them landed, and no other worker writes that
+    counter with us as owner. Else None (a lost race). Reads the lease (consistently)."""
+    stored = table.get_lease(held.lease_key)
+    if stored is None or stored.actual_owner is None:
+        return None
+    mine = stored.actual_owner == held.lease.actual_owner
+    return stored if mine and stored.lease_counter == held.lease.lease_counter + 1 else None
 
 
 class LeaseBusyError(KclpySparkError):
@@ -114,3 +133,31 @@ class LeaseBusyError(KclpySparkError):
     same lease is stuck); retriable: the next round tries again."""
 
     retriable = True
+
+
+def write_settled(
+    table: LeaseTable, slot: Slot, held: HeldLease, write: Callable[[Lease], Lease | None]
+) -> tuple[Lease | None, HeldLease]:
+    """``write(held.lease)`` for ``LeaseHolder``, with the lease's lock held. A write that raises
+    may have landed (a timeout): the slot is marked unsure. If a later write loses its condition,
+    the stored lease is read: when it shows that our unsure write landed (``landed_earlier``), the
+    slot goes on from it and writes once more, instead of losing a lease nobody else touched. The
+    tenure's expiry still counts from before the unsure write. Returns the result and the tenure
+    written on."""
+    try:
+        new = write(held.lease)
+        if new is None and slot.unsure:
+            adopted = landed_earlier(table, held)
+            if adopted is not None:
+                log.warning(
+                    "lease %s: our earlier write whose answer was lost had landed (counter %d); "
+                    "going on from it", held.lease_key, adopted.lease_counter,
+                )  # fmt: skip
+                held = slot.held = replace(held, lease=adopted)
+                new = write(adopted)
+    except Exception:
+        slot.unsure = True
+        raise
+    if new is not None and new.lease_counter > held.lease.lease_counter:
+        slot.unsure = False  # a write conditional on our counter won: nothing else landed
+    return new, held

@@ -45,6 +45,7 @@ from checkpoint.leasing.held import (
     Slot,
     UpdateResult,
     renewal_due,
+    write_settled,
 )
 from checkpoint.port import LeaseTable
 
@@ -276,10 +277,12 @@ class LeaseHolder:
                 started, held.last_counter_change, slot.renewed_at, interval
             ):
                 return Renewal.SKIPPED, held  # a handoff asked of it shows in the lease as stored
-            lease = held.lease
-            if slot.figures:
-                lease = replace(lease, **slot.figures)  # type: ignore[arg-type]
-            new = self.table.renew_lease(lease)
+            figures = dict(slot.figures)
+
+            def renew(lease: Lease) -> Lease | None:
+                return self.table.renew_lease(replace(lease, **figures))  # type: ignore[arg-type]
+
+            new, held = write_settled(self.table, slot, held, renew)
             if new is None:
                 log.warning("lost lease %s: its renewal lost the conditional write", key)
                 if not self._drop_slot(key, slot):
@@ -314,7 +317,8 @@ class LeaseHolder:
         lease belong inside ``write``: it runs under the lease's lock, so nothing else writes the
         lease between the check and the write.
         Nothing is written if the lease is not held, expired locally, or held under another token.
-        A lost write drops the lease. Exceptions from ``write`` propagate; the lease stays held.
+        A lost write drops the lease. Exceptions from ``write`` propagate; the lease stays held,
+        and the next lost write first checks whether that one landed (``write_settled``).
         """
         with self._lock:
             slot = self._slots.get(lease_key)
@@ -330,7 +334,7 @@ class LeaseHolder:
                 return UpdateResult(None, LeaseLoss.EXPIRED)
             if held.token != token:
                 return UpdateResult(None, LeaseLoss.TOKEN_CHANGED)
-            new = write(held.lease)
+            new, held = write_settled(self.table, slot, held, write)
             if new is None:
                 log.warning("lost lease %s: a conditional update lost", lease_key)
                 self._drop_slot(lease_key, slot)

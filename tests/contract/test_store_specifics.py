@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from checkpoint.base.clock import ManualClock
 from checkpoint.base.errors import (
     CorruptLeaseError,
     DependencyError,
@@ -28,6 +29,7 @@ from checkpoint.base.errors import (
 )
 from checkpoint.base.retry import RetryPolicy
 from checkpoint.lease import MAX_HASH_KEY, HashKeyRange, Lease, OwnerFigures
+from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber
 from checkpoint.stores import dynamo_codec
@@ -732,6 +734,60 @@ def test_dynamodb_a_write_botocore_retried_after_it_landed_still_wins(
     else:
         assert table.put_record(CoordinationRecord("leader", "b", 2, 20.0), 1) is True
     assert sum(faulty.calls.values()) == 1  # one call from our side; no extra read
+
+
+class AnswersLost:
+    """Wraps a real client: of the next ``left`` UpdateItems, the first is applied and then
+    answered with a 500, the rest fail before reaching the table, so the store gives up without
+    ever hearing that its write landed (a timeout that outlasts every retry)."""
+
+    def __init__(self, real: Any, left: int) -> None:
+        self._real = real
+        self.left = left
+        self._applied = False
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._real, name)
+        if name != "update_item":
+            return method
+
+        def call(**kwargs: Any) -> Any:
+            if self.left <= 0:
+                return method(**kwargs)
+            self.left -= 1
+            if not self._applied:
+                self._applied = True
+                method(**kwargs)
+            raise ClientError({"Error": {"Code": "InternalServerError", "Message": "x"}}, name)
+
+        return call
+
+
+def test_dynamodb_a_holder_keeps_a_lease_whose_checkpoint_landed_unheard(
+    dynamo: DynamoDBLeaseTable, dynamodb_client: Any
+) -> None:
+    """The store gave up on a checkpoint write that DynamoDB had applied. The next renewal loses
+    its condition on our own write, reads the lease, finds our owner and the next counter, and
+    goes on from it: the lease stays held and the checkpoint stays where it landed."""
+    dynamo.create_lease_if_absent(Lease("shardId-0", TRIM_HORIZON))
+    first = dynamo.get_lease("shardId-0")
+    assert first is not None
+    taken = dynamo.take_lease(first, "worker-a")
+    assert taken is not None
+    lossy = AnswersLost(dynamodb_client, FAST.max_attempts)
+    table = DynamoDBLeaseTable(lossy, dynamo.table_name, retry=FAST, sleep=no_sleep)  # type: ignore[arg-type]
+    holder = LeaseHolder(table, "worker-a", ManualClock(), 10.0)
+    held = holder.add_taken(taken)
+    position = ExtendedSequenceNumber(SEQ)
+    with pytest.raises(DependencyError):
+        holder.update("shardId-0", held.token, lambda x: table.update_checkpoint(x, position))
+    assert lossy.left == 0
+    report = holder.renew_all(wait=10)
+    assert report.renewed == ("shardId-0",) and report.lost == ()
+    after = dynamo.get_lease("shardId-0")
+    assert after is not None and after.lease_owner == "worker-a"
+    assert after.checkpoint == position and after.lease_counter == 3
+    holder.close()
 
 
 def test_dynamodb_owner_index_lists_an_owners_leases(dynamo: DynamoDBLeaseTable) -> None:
