@@ -15,6 +15,7 @@ import pytest
 
 from checkpoint.base.clock import ManualClock
 from checkpoint.base.errors import DependencyError
+from checkpoint.checkpointer import DEPENDENCY, Checkpointer, CheckpointError
 from checkpoint.lease import Lease
 from checkpoint.leasing.holder import LeaseHolder, LeaseLoss
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
@@ -242,3 +243,23 @@ def test_the_expiry_still_counts_from_before_the_unsure_write(
     assert held.last_counter_change == start  # not start + 3: the expiry counts from what we heard
     clock.advance(DURATION - 6 + 0.5)
     assert holder.get_if_held(KEY) is None
+
+
+def test_a_processor_that_checkpoints_again_after_a_lost_answer_keeps_its_lease(
+    table: TimeoutTable, holder: LeaseHolder
+) -> None:
+    """Through the Checkpointer, as a processor sees it: the first call raises the KCL's
+    dependency error (outcome unknown); calling again with the same or a later position
+    succeeds, and the lease is neither lost nor moved backwards."""
+    take(table, holder)
+    largest = ExtendedSequenceNumber("100")
+    checkpointer = Checkpointer(holder, KEY, token(holder), largest, sleep=lambda _: None)
+    table.land = 1
+    with pytest.raises(CheckpointError) as raised:
+        checkpointer.checkpoint("42")
+    assert raised.value.value == DEPENDENCY
+    checkpointer.checkpoint("42")  # the same again: already stored
+    assert stored(table).lease_counter == 2  # nothing written twice
+    checkpointer.checkpoint("50")
+    assert stored(table).checkpoint == ExtendedSequenceNumber("50")
+    assert holder.get_if_held(KEY) is not None
