@@ -14,6 +14,10 @@ class KclpySparkError(Exception):
     """Root of every error kclpy-spark raises on purpose."""
 
     retriable: ClassVar[bool] = False
+    # Set by a lease store on the error of a counter-moving write that may have been applied
+    # before it failed (a timeout): the write's stamp (a checkpoint.lease.WriteStamp), by which
+    # its writer can tell later whether the lease as stored is that write (LeaseHolder).
+    sent_stamp: object | None = None
 
 
 class ConfigError(KclpySparkError):

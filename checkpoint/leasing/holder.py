@@ -18,9 +18,8 @@ renewal pool (the KCL's maxLeaseRenewalThreads, 20), against its own deadline: i
 a lease whose renewal is still in flight is not submitted again, so a hung request costs one pool
 thread, not one per round. A renewal waits for its lease's lock (held by a checkpoint write) only
 until that lease would expire. The lease table's own timeouts (see ``kclpy_spark.aws`` and the
-stores' retry policies) end every call well within the lease duration.
-
-A renewal's start is when its counter moved by our hand (others see it later, after it landed).
+stores' retry policies) end every call well within the lease duration. A write whose answer never
+came is recognised if it landed (``held.write_settled``).
 """
 
 from __future__ import annotations
@@ -72,8 +71,7 @@ class LeaseHolder:
     counted from the write's stamp plus their clock-skew allowance).
 
     ``skip_checkpointed``: a lease whose counter a checkpoint moved in the last half renewal
-    interval is not renewed that round (``renewal_due``); False renews every lease every round,
-    as the KCL does.
+    interval is not renewed that round (``renewal_due``); False renews every round, as the KCL.
     """
 
     def __init__(
@@ -136,6 +134,7 @@ class LeaseHolder:
                 if self._current(lease.lease_key, slot):
                     slot.held = self._new_held(lease, started)
                     slot.renewed_at = float("-inf")
+                    slot.unsure = ()
                     return slot.held
             # Dropped meanwhile: start over and register a fresh slot.
 
@@ -282,7 +281,8 @@ class LeaseHolder:
             def renew(lease: Lease) -> Lease | None:
                 return self.table.renew_lease(replace(lease, **figures))  # type: ignore[arg-type]
 
-            new, held = write_settled(self.table, slot, held, renew)
+            settled = write_settled(self.table, slot, held, renew)
+            new, held = settled.lease, settled.held
             if new is None:
                 log.warning("lost lease %s: its renewal lost the conditional write", key)
                 if not self._drop_slot(key, slot):
@@ -311,14 +311,12 @@ class LeaseHolder:
     ) -> UpdateResult:
         """Make one conditional write for a held lease, serialized with its renewals.
 
-        ``write`` gets the lease as last stored by us and makes exactly one conditional write
-        (e.g. ``table.update_checkpoint``), returning the lease as now stored or None if it lost;
-        it may also return the lease unchanged to write nothing. Checks that depend on the stored
-        lease belong inside ``write``: it runs under the lease's lock, so nothing else writes the
-        lease between the check and the write.
-        Nothing is written if the lease is not held, expired locally, or held under another token.
-        A lost write drops the lease. Exceptions from ``write`` propagate; the lease stays held,
-        and the next lost write first checks whether that one landed (``write_settled``).
+        ``write`` gets the lease as last stored by us and makes one conditional write (e.g.
+        ``table.update_checkpoint``), returning the lease as now stored or None if it lost (or
+        the lease unchanged to write nothing); checks that depend on the stored lease belong in
+        it: it runs under the lease's lock. Nothing is written if the lease is not held, expired
+        locally, or held under another token. A lost write drops the lease (unless an unanswered
+        one landed: ``write_settled``). Exceptions from ``write`` propagate; the lease stays held.
         """
         with self._lock:
             slot = self._slots.get(lease_key)
@@ -334,13 +332,15 @@ class LeaseHolder:
                 return UpdateResult(None, LeaseLoss.EXPIRED)
             if held.token != token:
                 return UpdateResult(None, LeaseLoss.TOKEN_CHANGED)
-            new, held = write_settled(self.table, slot, held, write)
+            settled = write_settled(self.table, slot, held, write)
+            new, held = settled.lease, settled.held
             if new is None:
                 log.warning("lost lease %s: a conditional update lost", lease_key)
                 self._drop_slot(lease_key, slot)
                 return UpdateResult(None, LeaseLoss.WRITE_LOST)
-            if new.lease_counter != held.lease.lease_counter:
-                slot.held = HeldLease(new, held.token, started)
+            if new.lease_counter != held.lease.lease_counter:  # by this write, or an unanswered one
+                moved = started if settled.moved_now else held.last_counter_change
+                slot.held = HeldLease(new, held.token, moved)
             elif new != held.lease:  # changed without a counter move (a handoff initiated)
                 slot.held = HeldLease(new, held.token, held.last_counter_change)
             return UpdateResult(new)

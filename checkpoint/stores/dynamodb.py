@@ -12,7 +12,8 @@ not a throttle, which DynamoDB refuses before writing) may fail its condition on
 write. Conditional writes therefore ask for the item as it stood when the condition failed
 (``ReturnValuesOnConditionCheckFailure=ALL_OLD``); after an unknown outcome, an item that holds
 exactly what this write stores counts as a win, as the KCL's renewLease recovers. Otherwise a
-failed condition is a lost race, with no further read.
+failed condition is a lost race, with no further read. A counter-moving write that gives up with
+an error carries its stamp on it (``sent_stamp``): the holder recognises it if it landed.
 
 Coordination records (``CoordinationStore``) live in the same table, under the lease key
 ``__kclpy_spark__/<key>`` with ``entityType`` = ``KCLPY_SPARK_COORDINATION``, so KCL 3.5 and this
@@ -33,6 +34,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from checkpoint.base.clock import Clock, SystemClock
+from checkpoint.base.errors import KclpySparkError
 from checkpoint.base.retry import DEFAULT_POLICY, RetryPolicy
 from checkpoint.lease import Lease, WriteStamp, refuse_regression
 from checkpoint.port import CoordinationRecord, TableScan
@@ -193,9 +195,9 @@ class DynamoDBLeaseTable(DynamoCalls):
         """UpdateItem SET ``sets`` (plus counter + 1 if ``counted``) REMOVE ``removes``, on
         condition that the stored counter (if ``counted``; and actual owner, if ``check_owner``;
         checkpoint, if ``check_checkpoint``; lease and checkpoint owner, if ``check_handoff``)
-        are ``lease``'s."""
-        if counted:  # stamped: the new counter and this write's wall time (once, for retries)
-            stamp = WriteStamp(lease.lease_counter + 1, self._clock.wall())
+        are ``lease``'s. A counted write is stamped once (the new counter, this write's time)."""
+        stamp = WriteStamp(lease.lease_counter + 1, self._clock.wall()) if counted else None
+        if stamp is not None:
             sets = {**sets, codec.LEASE_COUNTER: codec.n_value(stamp.counter)}
             sets.update(codec.stamp_values(stamp))
         expect = dict(sets)  # what the item holds once this write landed
@@ -227,13 +229,17 @@ class DynamoDBLeaseTable(DynamoCalls):
             ours = not check_owner or owners_removed or found.actual_owner == lease.actual_owner
             return found if done and ours and not any(k in normal for k in removes) else None
 
-        return self._write(
-            f"{what} lease {lease.lease_key!r}",
-            "UpdateItem",
-            build,
-            lambda response: codec.lease_from_item(response["Attributes"]),
-            landed,
-        )
+        try:
+            return self._write(
+                f"{what} lease {lease.lease_key!r}",
+                "UpdateItem",
+                build,
+                lambda response: codec.lease_from_item(response["Attributes"]),
+                landed,
+            )
+        except KclpySparkError as exc:
+            exc.sent_stamp = stamp  # it may have landed: how it would show (None: uncounted)
+            raise
 
     def renew_lease(self, lease: Lease) -> Lease | None:
         if lease.actual_owner is None:

@@ -766,9 +766,10 @@ class AnswersLost:
 def test_dynamodb_a_holder_keeps_a_lease_whose_checkpoint_landed_unheard(
     dynamo: DynamoDBLeaseTable, dynamodb_client: Any
 ) -> None:
-    """The store gave up on a checkpoint write that DynamoDB had applied. The next renewal loses
-    its condition on our own write, reads the lease, finds our owner and the next counter, and
-    goes on from it: the lease stays held and the checkpoint stays where it landed."""
+    """The store gave up on a checkpoint write that DynamoDB had applied, and put the write's stamp
+    on its error. The next renewal loses its condition on our own write, reads the lease, finds
+    our owner, the next counter and that stamp, and goes on from it: the lease stays held and the
+    checkpoint stays where it landed."""
     dynamo.create_lease_if_absent(Lease("shardId-0", TRIM_HORIZON))
     first = dynamo.get_lease("shardId-0")
     assert first is not None
@@ -779,9 +780,12 @@ def test_dynamodb_a_holder_keeps_a_lease_whose_checkpoint_landed_unheard(
     holder = LeaseHolder(table, "worker-a", ManualClock(), 10.0)
     held = holder.add_taken(taken)
     position = ExtendedSequenceNumber(SEQ)
-    with pytest.raises(DependencyError):
+    with pytest.raises(DependencyError) as raised:
         holder.update("shardId-0", held.token, lambda x: table.update_checkpoint(x, position))
     assert lossy.left == 0
+    landed = dynamo.get_lease("shardId-0")
+    assert landed is not None and landed.checkpoint == position
+    assert raised.value.sent_stamp == landed.written  # how the holder knows its own write
     report = holder.renew_all(wait=10)
     assert report.renewed == ("shardId-0",) and report.lost == ()
     after = dynamo.get_lease("shardId-0")

@@ -1,10 +1,11 @@
 """LeaseHolder after a write whose answer never came (a timeout after the store applied it).
 
 Every write of a held lease is conditional on the counter we last saw. If one lands but its
-answer is lost, the next write's condition fails on our own write. The holder then reads the
-lease: when it carries exactly our owner and the counter one past ours, the earlier write landed
-and the holder goes on from it instead of dropping a lease nobody else touched. Anything else
-(another owner, another counter, no write of ours in doubt) stays a lost race.
+answer is lost, the next write's condition fails on our own write. The store puts the failed
+write's stamp on its error; the holder then reads the lease: when it carries our owner, the
+counter one past ours and that stamp, the earlier write landed and the holder goes on from it
+instead of dropping a lease nobody else touched. Anything else (another owner, another counter,
+an operator's reset that kept our owner, no write of ours in doubt) stays a lost race.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from checkpoint.base.clock import ManualClock
 from checkpoint.base.errors import DependencyError
 from checkpoint.checkpointer import DEPENDENCY, Checkpointer, CheckpointError
-from checkpoint.lease import Lease
+from checkpoint.lease import Lease, WriteStamp
 from checkpoint.leasing.holder import LeaseHolder, LeaseLoss
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
 from checkpoint.stores.memory import MemoryLeaseTable
@@ -40,16 +41,20 @@ class TimeoutTable(MemoryLeaseTable):
     def _answer(self, result: Lease | None) -> Lease | None:
         if self.land:
             self.land -= 1
-            raise DependencyError("read timeout (the write was applied)")
+            error = DependencyError("read timeout (the write was applied)")
+            error.sent_stamp = result.written if result is not None else None  # as DynamoDB's
+            raise error
         return result
 
-    def _before(self) -> None:
+    def _before(self, lease: Lease) -> None:
         if self.refuse:
             self.refuse -= 1
-            raise DependencyError("connection refused (nothing written)")
+            error = DependencyError("connection refused (nothing written)")
+            error.sent_stamp = WriteStamp(lease.lease_counter + 1, self._clock.wall())
+            raise error
 
     def renew_lease(self, lease: Lease) -> Lease | None:
-        self._before()
+        self._before(lease)
         return self._answer(super().renew_lease(lease))
 
     def update_checkpoint(
@@ -58,7 +63,7 @@ class TimeoutTable(MemoryLeaseTable):
         checkpoint: ExtendedSequenceNumber,
         pending: ExtendedSequenceNumber | None = None,
     ) -> Lease | None:
-        self._before()
+        self._before(lease)
         return self._answer(super().update_checkpoint(lease, checkpoint, pending))
 
     def get_lease(self, lease_key: str) -> Lease | None:
@@ -263,3 +268,58 @@ def test_a_processor_that_checkpoints_again_after_a_lost_answer_keeps_its_lease(
     checkpointer.checkpoint("50")
     assert stored(table).checkpoint == ExtendedSequenceNumber("50")
     assert holder.get_if_held(KEY) is not None
+
+
+def test_a_reset_that_kept_our_owner_is_not_mistaken_for_our_write(
+    table: TimeoutTable, holder: LeaseHolder
+) -> None:
+    """`kclpy-spark reset` rewrites the lease with its owner (counter + 1) while our last write was
+    in doubt: our owner and the next counter, but not our stamp. The reset must stand."""
+    take(table, holder)
+    table.refuse = 1
+    holder.renew_all(wait=5)
+    reset = table.update_lease(stored(table))  # what reset does, owner kept
+    assert reset is not None and reset.lease_owner == "worker-a"
+    result = holder.update(KEY, token(holder), checkpoint_to(table, "5"))
+    assert result.loss is LeaseLoss.WRITE_LOST
+    assert stored(table).checkpoint == TRIM_HORIZON
+
+
+def test_a_take_by_another_worker_after_a_refused_write_is_a_lost_race(
+    table: TimeoutTable, holder: LeaseHolder
+) -> None:
+    take(table, holder)
+    table.refuse = 1
+    holder.renew_all(wait=5)
+    assert table.take_lease(stored(table), "worker-b") is not None  # counter + 1, not ours
+    assert [lease.lease_key for lease in holder.renew_all(wait=5).lost] == [KEY]
+
+
+def test_a_handoff_asked_after_our_landed_renewal_is_seen_and_the_lease_kept(
+    table: TimeoutTable, holder: LeaseHolder
+) -> None:
+    take(table, holder)
+    table.land = 1
+    holder.renew_all(wait=5)
+    assert table.initiate_handoff(stored(table), "worker-b") is not None  # keeps the counter
+    report = holder.renew_all(wait=5)
+    assert report.renewed == (KEY,) and report.lost == ()
+    (asked,) = report.handoffs
+    assert asked.lease.lease_owner == "worker-b" and asked.lease.checkpoint_owner == "worker-a"
+
+
+def test_a_handoff_begun_on_an_unanswered_renewal_keeps_the_earlier_expiry(
+    table: TimeoutTable, holder: LeaseHolder, clock: ManualClock
+) -> None:
+    """initiate_handoff moves no counter: the counter it returns (one past ours) is the unanswered
+    renewal's, sent before; the tenure's expiry must not count from the handoff's write."""
+    take(table, holder)
+    start = clock.monotonic()
+    clock.advance(3)
+    table.land = 1
+    holder.renew_all(wait=5)
+    clock.advance(3)
+    begun = holder.begin_handoff(KEY, token(holder), "worker-b")
+    assert begun.won and begun.lease is not None and begun.lease.lease_counter == 2
+    held = holder.get_if_held(KEY)
+    assert held is not None and held.last_counter_change == start
