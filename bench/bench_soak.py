@@ -28,6 +28,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -82,6 +83,10 @@ def scrape(port: int) -> dict[str, float] | None:
         if line.startswith("kclpy_spark_") and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
             base = name.split("{", 1)[0].removeprefix("kclpy_spark_")
+            pool = re.search(r'pool="([^"]*)"', name)
+            if base == "threads_by_pool" and pool:  # kept apart: which pool a thread count is
+                values[f"pool:{pool.group(1)}"] = float(value)
+                continue
             values[base] = values.get(base, 0.0) + float(value)
     return values
 
@@ -243,6 +248,21 @@ def growth(
     return a, b, (b - a) / a if a else 0.0
 
 
+def pool_lines(samples: list[dict[str, Any]], warmup: float) -> list[str]:
+    """The threads by pool (``kclpy_spark_threads_by_pool``) whose maximum differs between the
+    tenth after warm-up and the last tenth: where a change in the thread count comes from (not
+    judged; the total is)."""
+    lines = ["", "Threads by pool whose maximum changed (not judged):", "",
+             "| worker | pool | after warm-up | at the end |", "|---|---|---:|---:|"]  # fmt: skip
+    pools = sorted({k for row in samples for k in row if k.startswith("pool:")})
+    for worker in ("a", "b1"):
+        for pool in pools:
+            g = growth(samples, worker, pool, warmup)
+            if g is not None and g[0] != g[1]:
+                lines.append(f"| {worker} | {pool.removeprefix('pool:')} | {g[0]:g} | {g[1]:g} |")
+    return lines if len(lines) > 5 else []
+
+
 def plot(samples: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -323,8 +343,8 @@ def sample(workers: list[Worker], args: Any, samples: list[dict[str, Any]]) -> N
             values = scrape(worker.port) if worker.proc is not None else None
             if values:
                 worker.last = values
-                samples.append({"t": time.monotonic() - started, "worker": worker.name,
-                                **{m: values[m] for m in WATCHED if m in values}})  # fmt: skip
+                row = {k: v for k, v in values.items() if k in WATCHED or k.startswith("pool:")}
+                samples.append({"t": time.monotonic() - started, "worker": worker.name, **row})
         time.sleep(args.every)
 
 
@@ -459,6 +479,7 @@ def report(
             first, last, change = g
             worst = max(worst, change)
             lines.append(f"| {worker} | {metric} | {first:,.0f} | {last:,.0f} | {change:+.1%} |")
+    lines += pool_lines(samples, warmup)
     lost = result.get("A lost", 0) + result.get("B lost", 0)
     drained = result.get("A drained", True) and result.get("B drained", True)
     missed = missed_targets(result, args.minutes)
@@ -477,7 +498,8 @@ def report(
         write_results(f"{args.results}.md", text)
         plot(samples, RESULTS / f"{args.results}.png")
         with (RESULTS / f"{args.results}-samples.csv").open("w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=["t", "worker", *WATCHED])
+            pools = sorted({k for row in samples for k in row if k.startswith("pool:")})
+            writer = csv.DictWriter(fh, fieldnames=["t", "worker", *WATCHED, *pools])
             writer.writeheader()
             writer.writerows(samples)
 

@@ -1,12 +1,14 @@
-"""What this process holds right now: descriptors, sockets, threads, asyncio tasks, memory and
-lease-store connections, as Prometheus gauges (``kclpy_spark_open_fds`` ...). A daemon that runs
-for weeks must hold what is alive, not what ever ran: these are what an operator (and the soak
-benchmark) watches for growth."""
+"""What this process holds right now: descriptors, sockets, threads (also by pool), asyncio tasks,
+memory and lease-store connections, as Prometheus gauges (``kclpy_spark_open_fds`` ...). A daemon
+that runs for weeks must hold what is alive, not what ever ran: these are what an operator (and
+the soak benchmark) watches for growth."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
+import re
 import threading
 from collections.abc import Callable, Iterable
 
@@ -14,6 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_NUMBERED = re.compile(r"[-_]\d+")
 
 
 def process_resources() -> dict[str, float]:
@@ -48,6 +51,13 @@ def process_resources() -> dict[str, float]:
     }
 
 
+def thread_pools() -> dict[str, int]:
+    """Live threads by pool: each thread's name without its numbers (a pool of ours names its
+    threads ``<prefix>_<n>``, Python ``Thread-<n> (<target>)``), so that a count that grows
+    names the pool that grows it."""
+    return dict(collections.Counter(_NUMBERED.sub("", t.name) for t in threading.enumerate()))
+
+
 class ResourceCollector(Collector):
     """``kclpy_spark_<name>`` gauges for ``process_resources()`` and the lease store's
     connections (when the store counts them)."""
@@ -63,3 +73,11 @@ class ResourceCollector(Collector):
             yield GaugeMetricFamily(
                 f"kclpy_spark_{name}", f"This process's {name.replace('_', ' ')} now", value=value
             )
+        pools = GaugeMetricFamily(
+            "kclpy_spark_threads_by_pool",
+            "This process's threads now, by pool (the thread's name without its numbers)",
+            labels=["pool"],
+        )
+        for pool, count in sorted(thread_pools().items()):
+            pools.add_metric([pool], count)
+        yield pools

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 from typing import Any
 
+from checkpoint.base.threads import RetiringThreadPool
 from checkpoint.counters import CoordinationCounters
 from kclpy_spark.runtime.metrics import WorkerMetrics
-from kclpy_spark.runtime.resources import process_resources
+from kclpy_spark.runtime.resources import process_resources, thread_pools
 from kclpy_spark.spark.updates import BatcherStats, BatcherStatsCollector
 
 
@@ -91,3 +93,23 @@ def test_a_worker_publishes_its_sink_totals_and_none_without_a_sink() -> None:
         "batches": 3.0, "rows": 30.0, "failed_attempts": 1.0, "dead_lettered_batches": 1.0,
         "parked_batches": 0.0,
     }  # fmt: skip
+
+
+def test_threads_are_counted_by_pool_and_exported() -> None:
+    release = threading.Event()
+    pool = RetiringThreadPool(4, "kclpy-spark-counted")
+    try:
+        futures = [pool.submit(release.wait) for _ in range(3)]
+        assert thread_pools()["kclpy-spark-counted"] == 3
+        metrics = WorkerMetrics(CoordinationCounters())
+        metrics.watch_resources()
+        text = metrics.exposition().decode()
+        [found] = [x for x in text.splitlines() if x.startswith("kclpy_spark_threads_by_pool{")
+                   and 'pool="kclpy-spark-counted"' in x]  # fmt: skip
+        assert float(found.rsplit(" ", 1)[1]) == 3
+        assert thread_pools()["MainThread"] == 1
+    finally:
+        release.set()
+        for future in futures:
+            future.result()
+        pool.shutdown()
