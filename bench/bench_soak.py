@@ -248,15 +248,19 @@ def growth(
     return a, b, (b - a) / a if a else 0.0
 
 
+def pool_keys(samples: list[dict[str, Any]]) -> list[str]:
+    """The per-pool thread counts the samples hold (``pool:<name>``), sorted."""
+    return sorted({k for row in samples for k in row if k.startswith("pool:")})
+
+
 def pool_lines(samples: list[dict[str, Any]], warmup: float) -> list[str]:
     """The threads by pool (``kclpy_spark_threads_by_pool``) whose maximum differs between the
     tenth after warm-up and the last tenth: where a change in the thread count comes from (not
     judged; the total is)."""
     lines = ["", "Threads by pool whose maximum changed (not judged):", "",
              "| worker | pool | after warm-up | at the end |", "|---|---|---:|---:|"]  # fmt: skip
-    pools = sorted({k for row in samples for k in row if k.startswith("pool:")})
     for worker in ("a", "b1"):
-        for pool in pools:
+        for pool in pool_keys(samples):
             g = growth(samples, worker, pool, warmup)
             if g is not None and g[0] != g[1]:
                 lines.append(f"| {worker} | {pool.removeprefix('pool:')} | {g[0]:g} | {g[1]:g} |")
@@ -498,8 +502,8 @@ def report(
         write_results(f"{args.results}.md", text)
         plot(samples, RESULTS / f"{args.results}.png")
         with (RESULTS / f"{args.results}-samples.csv").open("w", newline="") as fh:
-            pools = sorted({k for row in samples for k in row if k.startswith("pool:")})
-            writer = csv.DictWriter(fh, fieldnames=["t", "worker", *WATCHED, *pools])
+            fields = ["t", "worker", *WATCHED, *pool_keys(samples)]
+            writer = csv.DictWriter(fh, fieldnames=fields)
             writer.writeheader()
             writer.writerows(samples)
 
