@@ -41,6 +41,7 @@ from kcl_model import Cost, kcl3
 from checkpoint.base.clock import ManualClock
 from checkpoint.lease import HashKeyRange, Lease, OwnerFigures
 from checkpoint.leasing.holder import LeaseHolder
+from checkpoint.leasing.observer import LeaseObserver
 from checkpoint.leasing.timing import LeaseTiming
 from checkpoint.port import CoordinationRecord, TableScan
 from checkpoint.sequence import ExtendedSequenceNumber
@@ -49,6 +50,7 @@ from checkpoint.stores.capacity import item_size, read_units, write_units
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.ops import control
 from kclpy_spark.runtime.publish import published_events
+from kclpy_spark.runtime.taking import LOOK_MARGIN, MAX_LOOKS
 from shard_sync.leader import LeaderElection
 
 SEQ = "49590338271490256608559692538361571095921575989136588898"
@@ -86,6 +88,12 @@ class CostingStore:
         result = self.inner.renew_lease(lease)
         self._lease_written("renew_lease", lease.lease_key, result)
         return result
+
+    def get_lease(self, lease_key: str) -> Lease | None:
+        """The taker's strongly consistent read of one lease at its would-be expiry."""
+        lease = self.inner.get_lease(lease_key)
+        self._add("get_lease", read_units([self.sizes.get(lease_key, 0)], consistent=True))
+        return lease
 
     def scan_table(self, record_prefix: str) -> TableScan:
         scan = self.inner.scan_table(record_prefix)
@@ -149,6 +157,9 @@ class SimWorker:
             skip_checkpointed=True,
         )  # fmt: skip
         self.position = int(SEQ)
+        self.observer = LeaseObserver(t)
+        self.timing = t
+        self.next_round = 0.0  # monotonic: the taker's next scheduled round
         self.leader = LeaderElection(
             store, worker_id, lease_duration=t.leader_duration, clock=clock,  # type: ignore[arg-type]
             observed_max_age=t.leader_renew_interval,
@@ -161,15 +172,35 @@ class SimWorker:
         self.events = events
 
     def scan(self) -> None:
-        """The taker's Scan; the leader record and the suspend flag in it serve the next looks."""
+        """The taker's Scan; the leader record and the suspend flag in it serve the next looks,
+        its leases the observer (which dates each counter by its stamp)."""
         table = self.store.scan_table("")
-        self.leader.observe(table.records, self.clock.monotonic())
-        self.suspend.observe(table.records, self.clock.monotonic())
+        now = self.clock.monotonic()
+        self.leader.observe(table.records, now)
+        self.suspend.observe(table.records, now)
+        self.observer.observe(table.leases, now, self.clock.wall())
 
-    def take_round(self, led: bool) -> None:
-        """The taker's round at the take interval: every worker scans, or only the leader."""
-        if not led or self.leader.is_leader:
-            self.scan()
+    def take_loop(self, led: bool) -> float:
+        """The taker's loop (``Taker.wait``): a round every take interval, and between rounds a
+        read of each lease of another worker at the moment it would expire unless its counter
+        moved (more than MAX_LOOKS due at once: a round now). Returns the seconds until it
+        wants to run again."""
+        now = self.clock.monotonic()
+        if now >= self.next_round - 1e-9:
+            if not led or self.leader.is_leader:
+                self.scan()
+            self.next_round = now + self.timing.take_interval
+        else:
+            due = self.observer.due(now, self.id)
+            if len(due) > MAX_LOOKS:
+                self.observer.unwatch(due)
+                self.next_round = now
+                return 0.0
+            for key in due:
+                self.observer.look_again(key, self.store.get_lease(key), now, self.clock.wall())
+        check = self.observer.next_check(self.id)
+        wake = self.next_round if check is None else min(self.next_round, check + LOOK_MARGIN)
+        return max(wake - now, 0.0)
 
     def discover(self) -> None:
         """A led worker's look at its own keys, every renewal interval (none while it leads)."""
@@ -240,8 +271,8 @@ def simulate(
     steps: list[tuple[float, Callable[[], Any]]] = []
     for w in fleet:
         steps += [
-            (timing.renew_interval, lambda w=w: (w.measure(), w.holder.renew_all())),
-            (timing.take_interval, lambda w=w: w.take_round(led)),
+            (w.holder.round_interval, lambda w=w: (w.measure(), w.holder.renew_all())),
+            (timing.take_interval, lambda w=w: w.take_loop(led)),
             (timing.leader_renew_interval, w.leader.tick),
             (timing.lease_duration, w.control),
         ]
@@ -261,8 +292,9 @@ def simulate(
         if at >= warmup + minutes * 60:
             break
         clock.advance(max(0.0, start + at - clock.monotonic()))
-        step()
-        heapq.heappush(queue, (at + every, next(order), every, step))
+        wait = step()  # the take loop says when it runs next; the others are periodic
+        heapq.heappush(queue, (at + (wait if isinstance(wait, float) else every), next(order),
+                               every, step))  # fmt: skip
     for w in fleet:
         w.holder.close()
     after = store.total()

@@ -7,7 +7,7 @@ import enum
 import logging
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from checkpoint.base.errors import KclpySparkError
@@ -33,19 +33,28 @@ class HeldLease:
         return now_monotonic - self.last_counter_change > lease_duration
 
 
-def renewal_due(now: float, counter_moved: float, renewed: float, interval: float) -> bool:
+def renewal_due(
+    now: float, counter_moved: float, renewed: float, period: float, round_interval: float
+) -> bool:
     """Whether a renewal round at ``now`` (monotonic) must renew a lease whose counter our hand
     last moved at ``counter_moved`` (by any write: a checkpoint moves it as a renewal does) and
-    that was last renewed at ``renewed``; rounds come every ``interval``.
+    that was last renewed at ``renewed``; rounds come every ``round_interval``, and ``period``
+    is how often the counter must move (half the failover time).
 
-    Not due when a write moved the counter within the last half interval, unless the last
-    renewal is two and a half intervals old: then the next counter move comes at most one and a
-    half intervals after the last (half the failover time instead of a third: two tries before
-    the lease could expire instead of three), and a renewal, which writes the lease's throughput
-    and figures, at least every third round. The KCL renews every lease every round, checkpointed
-    or not."""
-    recent_write = now - counter_moved < interval / 2
-    return not recent_write or now - renewed >= 2.5 * interval
+    Due once the counter is ``period`` old (to within half a round, so that a round that comes a
+    little early still renews, and the counter moves every ``period`` give or take half a round);
+    and once the last renewal is ``2 * period`` old whatever checkpoints did, so the lease's
+    throughput and figures, which renewals write, are at most a failover time old. A try that
+    fails is tried again at every later round until the lease would expire. The KCL renews
+    every lease every third of the failover time, checkpointed or not."""
+    slack = round_interval / 2
+    return now - counter_moved >= period - slack or now - renewed >= 2 * period - slack
+
+
+def checkpoint_spared(now: float, counter_moved: float, renewed: float, period: float) -> bool:
+    """Whether a lease not due (``renewal_due``) is passed over only because a write other than
+    a renewal moved its counter lately: without it, the renewal would have come by now."""
+    return counter_moved > renewed and now - renewed >= period
 
 
 class LeaseLoss(enum.StrEnum):
@@ -108,7 +117,10 @@ class Slot:
 
     held: HeldLease
     lock: threading.Lock = field(default_factory=threading.Lock)
-    renewing: bool = False  # a renewal of this slot is in flight (guarded by the registry lock)
+    # When the renewal of this slot in flight began (monotonic), None if none is (guarded by the
+    # registry lock), and whether it was logged as slow.
+    renewing_since: float | None = None
+    told_slow: bool = False
     # What the consumer measured lately (Lease.renewal_figures' names); the next renewal writes it.
     figures: dict[str, object] = field(default_factory=dict)
     renewed_at: float = float("-inf")  # monotonic start of our last renewal of this tenure
@@ -119,6 +131,93 @@ class Slot:
 
 
 UNSURE_KEPT = 8
+
+
+def due_now(slot: Slot, now: float, lease_duration: float, lazy: bool) -> bool:
+    """Whether a renewal round at ``now`` renews ``slot``: every round (the KCL's rounds every
+    third of the lease duration), or with ``lazy`` rounds every twelfth, by ``renewal_due``."""
+    if not lazy:
+        return True
+    period, changed = lease_duration / 2, slot.held.last_counter_change
+    return renewal_due(now, changed, slot.renewed_at, period, lease_duration / 12)
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What one renewal round does with each slot it looks at (``plan_round``)."""
+
+    renew: tuple[str, ...] = ()  # due: submit a renewal
+    already: tuple[str, ...] = ()  # a renewal from an earlier round still in flight
+    skipped: tuple[str, ...] = ()  # not due only because a checkpoint moved the counter lately
+    handoffs: tuple[HeldLease, ...] = ()  # not due, but the lease as stored asks for a handoff
+
+
+def plan_round(
+    slots: Mapping[str, Slot], now: float, lease_duration: float, lazy: bool
+) -> RoundPlan:
+    """Sort the slots of one round (call with the registry lock held)."""
+    renew: list[str] = []
+    already: list[str] = []
+    skipped: list[str] = []
+    handoffs: list[HeldLease] = []
+    for key, slot in slots.items():
+        if slot.renewing_since is not None:
+            already.append(key)
+        elif due_now(slot, now, lease_duration, lazy):
+            renew.append(key)
+        else:
+            held, period = slot.held, lease_duration / 2
+            if checkpoint_spared(now, held.last_counter_change, slot.renewed_at, period):
+                skipped.append(key)
+            if held.lease.handoff_pending:  # a checkpoint's answer showed it
+                handoffs.append(held)
+    return RoundPlan(tuple(renew), tuple(already), tuple(skipped), tuple(handoffs))
+
+
+def round_report(
+    plan: RoundPlan, outcomes: list[tuple[str, Renewal, object]], slow: list[str]
+) -> RenewalReport:
+    """One round's report from its plan and the outcomes of the renewals that finished in time
+    (key, outcome, the HeldLease or error it came with)."""
+    renewed: list[str] = []
+    skipped, handoffs = list(plan.skipped), list(plan.handoffs)
+    lost: list[HeldLease] = []
+    failed: dict[str, KclpySparkError] = {}
+    for key, outcome, value in outcomes:
+        if outcome is Renewal.RENEWED or outcome is Renewal.SKIPPED:
+            (renewed if outcome is Renewal.RENEWED else skipped).append(key)
+            if isinstance(value, HeldLease) and value.lease.handoff_pending:
+                handoffs.append(value)
+        elif outcome is Renewal.LOST:
+            assert isinstance(value, HeldLease)
+            lost.append(value)
+        elif outcome is Renewal.FAILED:
+            assert isinstance(value, KclpySparkError)
+            failed[key] = value
+    return RenewalReport(
+        tuple(sorted(renewed)),
+        tuple(sorted((h.lease for h in lost), key=lambda x: x.lease_key)),
+        failed,
+        tuple(slow),
+        {h.lease_key: h.token for h in lost},
+        tuple(sorted(handoffs, key=lambda h: h.lease_key)),
+        tuple(sorted(skipped)),
+    )
+
+
+def tell_slow(
+    slots: Mapping[str, Slot], keys: list[str], now: float, after: float
+) -> list[tuple[str, float]]:
+    """The renewals among ``keys`` in flight for ``after`` seconds or more and not told yet
+    (key, seconds), marked told (call with the registry lock held)."""
+    told = []
+    for key in keys:
+        slot = slots.get(key)
+        since = None if slot is None else slot.renewing_since
+        if slot is not None and since is not None and not slot.told_slow and now - since >= after:
+            slot.told_slow = True
+            told.append((key, now - since))
+    return told
 
 
 class LeaseBusyError(KclpySparkError):

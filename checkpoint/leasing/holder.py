@@ -43,7 +43,10 @@ from checkpoint.leasing.held import (
     RenewalReport,
     Slot,
     UpdateResult,
-    renewal_due,
+    due_now,
+    plan_round,
+    round_report,
+    tell_slow,
     write_settled,
 )
 from checkpoint.port import LeaseTable
@@ -70,8 +73,10 @@ class LeaseHolder:
     hand for longer is treated as lost by this worker (others may take it after the same time,
     counted from the write's stamp plus their clock-skew allowance).
 
-    ``skip_checkpointed``: a lease whose counter a checkpoint moved in the last half renewal
-    interval is not renewed that round (``renewal_due``); False renews every round, as the KCL.
+    ``skip_checkpointed``: call ``renew_all`` every ``lease_duration / 12``; each lease is renewed
+    once its counter is half a lease duration old (a checkpoint moves it as a renewal does), and
+    a failed try again at the next round (``renewal_due``). False: every call renews every
+    lease, as the KCL's rounds every third of the duration do.
     """
 
     def __init__(
@@ -91,6 +96,8 @@ class LeaseHolder:
         self.lease_duration = lease_duration
         self._clock = clock
         self._skip_checkpointed = skip_checkpointed
+        # How often renew_all is meant to be called, and its default wait for a round.
+        self._round_interval = lease_duration / (12 if skip_checkpointed else 3)
         self._slots: dict[str, Slot] = {}
         self._lock = threading.Lock()
         self._pool = RetiringThreadPool(renewal_threads, "kclpy-spark-renewer")
@@ -98,6 +105,12 @@ class LeaseHolder:
     def close(self) -> None:
         """Stop the renewal threads (renewals in flight finish on their own)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def round_interval(self) -> float:
+        """How often ``renew_all`` should be called: every twelfth of the lease duration with
+        ``skip_checkpointed``, else every third (the KCL's renewal interval, less its epsilon)."""
+        return self._round_interval
 
     def _new_held(self, lease: Lease, started: float | None = None) -> HeldLease:
         return HeldLease(
@@ -193,50 +206,30 @@ class LeaseHolder:
         A lease already expired locally is not renewed (another worker may own it by now) and is
         reported lost, like one whose renewal lost its condition; both are dropped. A renewal that
         raises (throttling, a failing store) leaves the lease held and is reported in ``failed``.
-        Waits at most ``wait`` seconds (default: a third of the lease duration) for the round;
-        renewals still running then are reported in ``slow``.
+        Waits at most ``wait`` seconds (default: the round interval, ``round_interval``) for the
+        round; renewals still running then are reported in ``slow`` (and logged once from a
+        sixth of the lease duration on).
         """
         submitted: dict[concurrent.futures.Future[tuple[Renewal, object]], str] = {}
-        already: list[str] = []
+        now = self._clock.monotonic()
         with self._lock:
-            for key, slot in self._slots.items():
-                if slot.renewing:
-                    already.append(key)
-                    continue
-                slot.renewing = True
+            plan = plan_round(self._slots, now, self.lease_duration, self._skip_checkpointed)
+            for key in plan.renew:
+                slot = self._slots[key]
+                slot.renewing_since, slot.told_slow = now, False
                 submitted[self._pool.submit(self._renew_one, key, slot)] = key
-        limit = self.lease_duration / 3 if wait is None else wait
+        limit = self._round_interval if wait is None else wait
         done, pending = concurrent.futures.wait(submitted, timeout=limit)
-        renewed: list[str] = []
-        handoffs: list[HeldLease] = []
-        skipped: list[str] = []
-        lost: list[HeldLease] = []
-        failed: dict[str, KclpySparkError] = {}
-        for future in done:
-            outcome, value = future.result()
-            key = submitted[future]
-            if outcome is Renewal.RENEWED or outcome is Renewal.SKIPPED:
-                (renewed if outcome is Renewal.RENEWED else skipped).append(key)
-                if isinstance(value, HeldLease) and value.lease.handoff_pending:
-                    handoffs.append(value)
-            elif outcome is Renewal.LOST:
-                assert isinstance(value, HeldLease)
-                lost.append(value)
-            elif outcome is Renewal.FAILED:
-                assert isinstance(value, KclpySparkError)
-                failed[key] = value
-        slow = sorted([submitted[f] for f in pending] + already)
-        for key in slow:
-            log.warning("renewing lease %s is taking long (still under way)", key)
-        return RenewalReport(
-            tuple(sorted(renewed)),
-            tuple(sorted((h.lease for h in lost), key=lambda x: x.lease_key)),
-            failed,
-            tuple(slow),
-            {h.lease_key: h.token for h in lost},
-            tuple(sorted(handoffs, key=lambda h: h.lease_key)),
-            tuple(sorted(skipped)),
-        )
+        outcomes = [(submitted[f], *f.result()) for f in done]
+        slow = sorted([submitted[f] for f in pending] + list(plan.already))
+        self._tell_slow(slow)
+        return round_report(plan, outcomes, slow)
+
+    def _tell_slow(self, keys: list[str]) -> None:
+        with self._lock:
+            told = tell_slow(self._slots, keys, self._clock.monotonic(), self.lease_duration / 6)
+        for key, seconds in told:
+            log.warning("renewing lease %s is taking long (%.1f s, still under way)", key, seconds)
 
     def _renew_one(self, key: str, slot: Slot) -> tuple[Renewal, object]:
         try:
@@ -249,7 +242,7 @@ class LeaseHolder:
             return Renewal.FAILED, KclpySparkError(f"renewing lease {key} failed: {exc!r}")
         finally:
             with self._lock:
-                slot.renewing = False
+                slot.renewing_since = None
 
     def _renew_slot(self, key: str, slot: Slot) -> tuple[Renewal, object]:
         seen = slot.held  # a retake may replace it in this slot until we hold its lock
@@ -271,10 +264,8 @@ class LeaseHolder:
             if self._expired_now(key, slot, held):
                 return Renewal.LOST, held
             started = self._clock.monotonic()
-            interval = self.lease_duration / 3
-            if self._skip_checkpointed and not renewal_due(
-                started, held.last_counter_change, slot.renewed_at, interval
-            ):
+            lazy = self._skip_checkpointed  # a checkpoint may have moved the counter meanwhile
+            if not due_now(slot, started, self.lease_duration, lazy):
                 return Renewal.SKIPPED, held  # a handoff asked of it shows in the lease as stored
             figures = dict(slot.figures)
 

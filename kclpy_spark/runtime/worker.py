@@ -235,7 +235,7 @@ class Worker:
         # ListShards, a big scan) never lets the leadership lapse while this worker still syncs.
         loops = [
             asyncio.create_task(
-                self._loop(self._renew_round, self.timing.renew_interval, rate=True)
+                self._loop(self._renew_round, self.holder.round_interval, rate=True)
             ),
             asyncio.create_task(self._take_loop()),
             asyncio.create_task(

@@ -4,35 +4,53 @@ round's renewal (``renewal_due``), with the bounds the rule promises."""
 from __future__ import annotations
 
 import random
+import threading
 
 import pytest
 
 from checkpoint.base.clock import ManualClock
+from checkpoint.base.errors import DependencyError
 from checkpoint.lease import Lease
-from checkpoint.leasing.held import renewal_due
+from checkpoint.leasing.held import checkpoint_spared, renewal_due
 from checkpoint.leasing.holder import LeaseHolder
+from checkpoint.leasing.observer import LeaseObserver
+from checkpoint.leasing.timing import LeaseTiming
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
 from checkpoint.stores.memory import MemoryLeaseTable
 
 DURATION = 10.0
-P = DURATION / 3  # the holder's round interval in renewal_due
+P = DURATION / 2  # how often the counter must move (renewal_due's period)
+G = DURATION / 12  # the holder's round interval
 KEY = "shardId-000000000000"
 
 
 @pytest.mark.parametrize(
     ("now", "counter_moved", "renewed", "due", "why"),
     [
-        (10.0, 10.0 - P, 10.0 - P, True, "renewed a round ago, nothing since"),
+        (10.0, 10.0 - P, 10.0 - P, True, "renewed a period ago, nothing since"),
+        (10.0, 10.0 - P + G / 2, 10.0 - P, True, "a round early: within half a round"),
+        (10.0, 10.0 - P + G / 2 + 0.01, 10.0 - P, False, "more than half a round early"),
+        (10.0, 10.0 - G, 10.0 - G, False, "renewed a round ago"),
         (10.0, 9.0, 10.0 - P, False, "checkpointed a second ago"),
-        (10.0, 10.0 - P / 2 + 0.01, 10.0 - P, False, "checkpointed just inside half a round"),
-        (10.0, 10.0 - P / 2 - 0.01, 10.0 - P, True, "checkpointed just over half a round ago"),
-        (10.0, 9.9, 10.0 - 2 * P, False, "second round without a renewal"),
-        (10.0, 9.9, 10.0 - 2.5 * P, True, "the third round renews, checkpointed or not"),
+        (10.0, 9.9, 10.0 - 2 * P + G / 2 + 0.01, False, "checkpointed; renewed under 2P ago"),
+        (10.0, 9.9, 10.0 - 2 * P + G / 2, True, "renewed 2P ago: due, checkpointed or not"),
         (10.0, 9.9, float("-inf"), True, "never renewed in this tenure (just taken)"),
     ],
 )
 def test_renewal_due(now: float, counter_moved: float, renewed: float, due: bool, why: str) -> None:
-    assert renewal_due(now, counter_moved, renewed, P) is due, why
+    assert renewal_due(now, counter_moved, renewed, P, G) is due, why
+
+
+@pytest.mark.parametrize(
+    ("now", "counter_moved", "renewed", "spared"),
+    [
+        (10.0, 9.0, 10.0 - P, True),  # a checkpoint moved it since a renewal a period ago
+        (10.0, 9.0, 9.0 - 0.5, False),  # renewed lately: not due anyway
+        (10.0, 10.0 - P, 10.0 - P, False),  # the counter last moved by the renewal itself
+    ],
+)
+def test_checkpoint_spared(now: float, counter_moved: float, renewed: float, spared: bool) -> None:
+    assert checkpoint_spared(now, counter_moved, renewed, P) is spared
 
 
 class CountingTable(MemoryLeaseTable):
@@ -58,14 +76,16 @@ START = 1000.0  # ManualClock's monotonic start; the times below count from it
 
 
 def _run(skip: bool, checkpoint_every: float, seconds: float = 300.0) -> tuple[int, int, float]:
-    """Rounds every P and checkpoints every ``checkpoint_every`` s on a manual clock: the renewal
-    writes, the checkpoint writes, and the longest time between two counter moves."""
+    """Rounds every ``round_interval`` and checkpoints every ``checkpoint_every`` s on a manual
+    clock: the renewal writes, the checkpoint writes, and the longest time between two counter
+    moves."""
     clock = ManualClock()
     table = CountingTable(clock)
     holder = LeaseHolder(table, "worker-a", clock, DURATION, skip_checkpointed=skip)
     _taken(table, holder)
+    every = holder.round_interval
     events = sorted(
-        [(k * P + 0.3, "round") for k in range(int(seconds / P))]
+        [(k * every + 0.3, "round") for k in range(int(seconds / every))]
         + [(k * checkpoint_every, "checkpoint") for k in range(1, int(seconds / checkpoint_every))]
     )
     checkpoints, last_move, longest, seq = 0, 0.0, 0.0, 0
@@ -94,30 +114,40 @@ def _run(skip: bool, checkpoint_every: float, seconds: float = 300.0) -> tuple[i
     return table.renewals, checkpoints, longest
 
 
-def test_a_lease_checkpointed_every_second_is_renewed_every_third_round_only() -> None:
-    rounds = int(300 / P)
+def test_the_rounds_come_every_twelfth_of_the_duration_or_the_kcls_third() -> None:
+    clock = ManualClock()
+    lazy = LeaseHolder(MemoryLeaseTable(clock), "a", clock, DURATION, skip_checkpointed=True)
+    kcl = LeaseHolder(MemoryLeaseTable(clock), "a", clock, DURATION, skip_checkpointed=False)
+    assert lazy.round_interval == pytest.approx(G)
+    assert kcl.round_interval == pytest.approx(DURATION / 3)
+    lazy.close()
+    kcl.close()
+
+
+def test_a_lease_checkpointed_every_second_is_renewed_every_failover_time_only() -> None:
     renewals, checkpoints, _ = _run(skip=True, checkpoint_every=1.0)
     assert checkpoints == 299
-    # The first round renews (a fresh tenure), then one round in three.
-    assert rounds // 3 <= renewals <= rounds // 3 + 2
+    # The first round renews (a fresh tenure), then one every 2P (its figures).
+    assert 300 // (2 * P) <= renewals <= 300 // (2 * P) + 2
     kcl, _, _ = _run(skip=False, checkpoint_every=1.0)
-    assert kcl == rounds
+    assert kcl == int(300 / (DURATION / 3))  # every KCL round
 
 
-def test_an_idle_lease_is_renewed_every_round() -> None:
+def test_an_idle_lease_is_renewed_every_half_failover_time() -> None:
     renewals, _, longest = _run(skip=True, checkpoint_every=1000.0)
-    assert renewals == int(300 / P)
-    assert longest <= P + 1e-9
+    assert 300 // P - 1 <= renewals <= 300 // P + 1  # 60, where the KCL's rounds make 90
+    assert P - G / 2 <= longest <= P + G / 2 + 1e-9
+    kcl, _, kcl_longest = _run(skip=False, checkpoint_every=1000.0)
+    assert kcl == int(300 / (DURATION / 3)) and kcl_longest <= DURATION / 3 + 1e-9
 
 
-@pytest.mark.parametrize("every", [0.7, 1.4, 1.7, 2.5, 3.1, 4.9, 7.3])
+@pytest.mark.parametrize("every", [0.7, 1.4, 1.7, 2.5, 3.1, 4.9, 5.3, 7.3])
 def test_the_counter_moves_at_least_every_half_failover_time(every: float) -> None:
-    """Whatever the checkpoint rhythm: the longest time without a counter move is 1.5 rounds
-    (half the failover time: two tries before the lease could expire), and the lease stays
-    held throughout."""
+    """Whatever the checkpoint rhythm: the longest time without a counter move is half the
+    failover time give or take half a round, and the lease stays held throughout."""
     renewals, _, longest = _run(skip=True, checkpoint_every=every)
-    assert longest <= 1.5 * P + 1e-9
-    assert renewals >= int(300 / P) // 3
+    assert longest <= P + G / 2 + 1e-9
+    assert renewals >= 300 // (2 * P)
 
 
 def test_random_checkpoint_gaps_keep_the_same_bounds() -> None:
@@ -135,7 +165,7 @@ def test_random_checkpoint_gaps_keep_the_same_bounds() -> None:
         before = table.renewals
         if at == next_round:
             holder.renew_all(wait=5)
-            next_round += P
+            next_round += G
             if table.renewals > before:
                 renewal_gap, last_renewal = max(renewal_gap, at - last_renewal), at
             else:
@@ -151,8 +181,8 @@ def test_random_checkpoint_gaps_keep_the_same_bounds() -> None:
             next_checkpoint += rng.expovariate(1 / 1.5)
         moves_gap, last_move = max(moves_gap, at - last_move), at
     holder.close()
-    assert moves_gap <= 1.5 * P + 1e-9
-    assert renewal_gap <= 3 * P + 1e-9  # throughput and figures ride on renewals
+    assert moves_gap <= P + G / 2 + 1e-9
+    assert renewal_gap <= 2 * P + G / 2 + 1e-9  # throughput and figures ride on renewals
 
 
 def test_a_skipped_round_still_reports_a_handoff_a_checkpoint_saw() -> None:
@@ -163,12 +193,12 @@ def test_a_skipped_round_still_reports_a_handoff_a_checkpoint_saw() -> None:
     holder.renew_all(wait=5)
     stored = table.get_lease(KEY)
     assert stored is not None and table.initiate_handoff(stored, "worker-b") is not None
-    clock.advance(P - 0.5)
+    clock.advance(P - 0.2)
     held = holder.get_if_held(KEY)
     assert held is not None
     position = ExtendedSequenceNumber("5")
     assert holder.update(KEY, held.token, lambda x, p=position: table.update_checkpoint(x, p)).won
-    clock.advance(0.5)
+    clock.advance(0.2)
     renewals = table.renewals
     report = holder.renew_all(wait=5)
     assert report.skipped == (KEY,) and report.renewed == () and table.renewals == renewals
@@ -197,4 +227,88 @@ def test_a_lease_taken_again_is_renewed_at_its_first_round() -> None:
     before = table.renewals
     assert holder.renew_all(wait=5).renewed == (KEY,)
     assert table.renewals == before + 1
+    holder.close()
+
+
+class FlakyTable(CountingTable):
+    """Renewals fail while ``failing`` is set, or block until ``release`` is set."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(clock)
+        self.failing = False
+        self.release = threading.Event()
+        self.release.set()
+
+    def renew_lease(self, lease: Lease) -> Lease | None:
+        self.release.wait(10)
+        if self.failing:
+            raise DependencyError("the lease table does not answer")
+        return super().renew_lease(lease)
+
+
+def test_a_failed_renewal_is_tried_again_at_the_next_round_not_a_period_later() -> None:
+    clock = ManualClock()
+    table = FlakyTable(clock)
+    holder = LeaseHolder(table, "worker-a", clock, DURATION, skip_checkpointed=True)
+    _taken(table, holder)
+    assert holder.renew_all(wait=5).renewed == (KEY,)  # a fresh tenure: renewed at once
+    clock.advance(P)
+    table.failing = True
+    tries = []
+    for _ in range(4):  # every round until the lease would expire tries again
+        report = holder.renew_all(wait=5)
+        tries.append(KEY in report.failed)
+        clock.advance(G)
+    assert tries == [True, True, True, True]
+    table.failing = False
+    report = holder.renew_all(wait=5)
+    assert report.renewed == (KEY,) and report.lost == ()
+    holder.close()
+
+
+def test_a_hung_renewal_is_not_sent_again_and_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = ManualClock()
+    table = FlakyTable(clock)
+    holder = LeaseHolder(table, "worker-a", clock, DURATION, skip_checkpointed=True)
+    _taken(table, holder)
+    table.release.clear()
+    try:
+        assert holder.renew_all(wait=0.05).slow == (KEY,)
+        assert "taking long" not in caplog.text  # in flight for less than DURATION / 6
+        clock.advance(DURATION / 6 + 0.1)
+        for _ in range(3):
+            assert holder.renew_all(wait=0.05).slow == (KEY,)
+        assert caplog.text.count("renewing lease shardId-000000000000 is taking long") == 1
+    finally:
+        table.release.set()
+        holder.close()
+
+
+@pytest.mark.parametrize("late", [0.0, 0.5])
+@pytest.mark.parametrize("phase", [0.0, 0.9, 1.7, 2.6, 3.3, 4.1, 4.9])
+def test_another_worker_scanning_at_the_take_interval_never_reads_a_live_lease_again(
+    phase: float, late: float
+) -> None:
+    """The taker reads a lease once more (a GetItem) when its stamp plus the lease duration and
+    the clock skew comes before a scan has shown a newer counter. The counter moves every half
+    duration and scans come every take interval, so a live lease never comes due between scans,
+    even with every renewal round running ``late`` seconds behind its time."""
+    timing = LeaseTiming(failover=DURATION)
+    clock = ManualClock()
+    table = MemoryLeaseTable(clock)
+    holder = LeaseHolder(table, "worker-a", clock, DURATION, skip_checkpointed=True)
+    _taken(table, holder)
+    observer = LeaseObserver(timing)
+    rounds = [k * holder.round_interval + late for k in range(1, 200)]
+    scans = [phase + k * timing.take_interval for k in range(30)]
+    for at, what in sorted([(t, "round") for t in rounds] + [(t, "scan") for t in scans]):
+        clock.advance(START + at - clock.monotonic())
+        if what == "round":
+            assert holder.renew_all(wait=5).lost == ()
+            continue
+        due_at = observer.next_check("worker-b")
+        assert due_at is None or due_at > clock.monotonic(), f"a read was due before {at}"
+        observer.observe(table.list_leases(), clock.monotonic(), clock.wall())
     holder.close()
