@@ -16,8 +16,9 @@ operation. ``--store sqlite`` / ``memory`` count port calls only: every call is 
 producer thread), so each lease is checkpointed after every batch that carried records:
 steady state with records flowing. The KCL 3.x model then gets the same checkpoints as ours
 (the application's choice, one write unit each for the KCL's item), on top of its renewals.
-``--renewals skip kcl`` runs each value of ``skip_checkpointed_renewals`` (true: a lease
-checkpointed lately skips that round's renewal; false: every lease every round, the KCL's).
+``--renewals skip kcl`` runs each value of ``skip_checkpointed_renewals`` (true: a lease's
+counter moves every half failover time, by a renewal unless a checkpoint moved it; false: every
+lease every third of it, the KCL's).
 Writes ``bench/results/lease_requests.md``.
 """
 
@@ -341,10 +342,12 @@ def report(results: list[dict[str, Any]], store: str, argv: Sequence[str] | None
         "Kinesis: kinesalite in memory on 127.0.0.1 (records/s as in the table: 0 is an idle "
         "stream, no checkpoints; else checkpoints after every batch that carried records); "
         f"lease store {store}; in-process workers sharing the leases (one: it holds every "
-        f"lease); failover_time {timing.failover:g} s: renew every {timing.renew_interval:.3f} s, "
-        f"scan every {timing.take_interval:.3f} s. Units: read / write capacity units "
-        "as DynamoDB reported them (ReturnConsumedCapacity); the KCL's from its model "
-        "(bench/kcl_model.py, pricing the KCL's own item for the same leases).",
+        f"lease); failover_time {timing.failover:g} s: with `skip` each lease's counter moves "
+        f"every {timing.renewal_period:.3f} s (renewal rounds every "
+        f"{timing.renew_round_interval:.3f} s), with `kcl` every lease is renewed every "
+        f"{timing.renew_interval:.3f} s; scans every {timing.take_interval:.3f} s. Units: read / "
+        "write capacity units as DynamoDB reported them (ReturnConsumedCapacity); the KCL's "
+        "from its model (bench/kcl_model.py, pricing the KCL's own item for the same leases).",
         "",
         "| leases | workers (lease_assignment, renewals) | records/s | counted over | "
         "our port calls (per minute) | "
@@ -355,9 +358,10 @@ def report(results: list[dict[str, Any]], store: str, argv: Sequence[str] | None
         "",
         *_by_operation(results),
         "",
-        "Ours renews on the KCL's schedule (a lease checkpointed in the last half renewal "
-        "interval skips that round's renewal, with `skip`: a renewal at least every third "
-        "round); on top of it each worker scans every "
+        "With `skip` (the default) a lease is renewed when its counter is half a failover time "
+        "old (a checkpoint moves it as a renewal does; then a renewal every failover time, "
+        "for its figures); with `kcl` every third of it, the KCL's schedule. On top of it each "
+        "worker scans every "
         f"{timing.take_interval:.2f} s (the failover time it buys: BENCHMARKS.md; the scan also "
         "brings the leader record and the suspend flag, read on their own only without a "
         "recent scan), reads a lease of another worker once more only when it would expire "

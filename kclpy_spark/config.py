@@ -76,8 +76,9 @@ class WorkerConfig:
     # "auto": balance CPU once the fleet is busy, else throughput (leasing/load.py).
     load_metric: str = "auto"
     handoff_timeout: float = 30.0
-    # A lease checkpointed in the last half renewal interval skips that round's renewal (the
-    # checkpoint moved its counter; a renewal at least every third round). False: the KCL's.
+    # True: a lease's counter moves every failover_time / 2, by a renewal unless a checkpoint
+    # moved it lately (then a renewal every failover time, for its figures), from rounds every
+    # failover_time / 12. False: the KCL's schedule, every lease every failover_time / 3.
     skip_checkpointed_renewals: bool = True
     shard_sync_interval: float = 60.0
     parent_shard_poll_interval: float = 10.0

@@ -8,7 +8,7 @@ The KCL derives its intervals from ``failoverTimeMillis`` (the lease duration) a
   every half failover time (``renewal_period``: by a renewal, unless a checkpoint moved it
   lately), from rounds every twelfth of it (``renew_round_interval``): a try that fails is tried
   again at every later round, up to five more before the lease could expire, where the KCL's
-  rounds leave one (checkpoint.leasing.held.renewal_due). Idle, that is two renewals where the
+  rounds leave two (checkpoint.leasing.held.renewal_due). Idle, that is two renewals where the
   KCL makes three;
 * take every ``(failover + epsilon) * 2``: a lease needs a full duration without a counter change to
   expire, so scanning more often than that only costs lease-table reads;
