@@ -350,8 +350,9 @@ def report(
         "",
         f"Endpoint: LocalStack at {ENDPOINT} (Kinesis, 4-shard stream); lease store "
         f"{args.lease_store}{' on LocalStack' if args.lease_store == 'dynamodb' else ''}; "
-        f"failover_time {FAILOVER:.0f} s: renew every {timing.renew_interval:.3f} s; this "
-        f"checkout scans every {timing.take_interval:.3f} s (the KCL: every {kcl_take:.2f} s) "
+        f"failover_time {FAILOVER:.0f} s: this checkout moves each lease's counter every "
+        f"{timing.renewal_period:.3f} s (by a renewal unless a checkpoint did), scans every "
+        f"{timing.take_interval:.3f} s (the KCL: every {kcl_take:.2f} s) "
         f"and reads a lease once more when it would expire, dated by its write stamp plus "
         f"max_clock_skew {timing.max_clock_skew:g} s. "
         + (
@@ -389,7 +390,7 @@ def report(
         f"{FAILOVER:g} + {timing.max_clock_skew:g} s after that write; finding it unchanged, it "
         "scans and takes it at once. So the take comes about "
         f"{FAILOVER + timing.max_clock_skew:g} s after the victim's last write: up to one renewal "
-        f"interval ({timing.renew_interval:.2f} s) before the kill on idle shards, about at the "
+        f"period ({timing.renewal_period:.2f} s) before the kill on idle shards, about at the "
         "kill while checkpoints flow. Without stamps, a counter change is dated at the scan that "
         "first sees it, up to one scan interval late, and the take waits for a scan after the "
         "expiry. The KCL's taker, scanning every "
