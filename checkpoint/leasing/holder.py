@@ -49,6 +49,7 @@ from checkpoint.leasing.held import (
     tell_slow,
     write_settled,
 )
+from checkpoint.leasing.timing import DEFAULT_EPSILON
 from checkpoint.port import LeaseTable
 
 log = logging.getLogger(__name__)
@@ -96,8 +97,10 @@ class LeaseHolder:
         self.lease_duration = lease_duration
         self._clock = clock
         self._skip_checkpointed = skip_checkpointed
-        # How often renew_all is meant to be called, and its default wait for a round.
-        self._round_interval = lease_duration / (12 if skip_checkpointed else 3)
+        # How often renew_all is meant to be called, and its default wait for a round (the KCL's
+        # epsilon keeps its third round strictly inside the lease duration).
+        kcl = max(lease_duration / 3 - DEFAULT_EPSILON, lease_duration / 4)
+        self._round_interval = lease_duration / 12 if skip_checkpointed else kcl
         self._slots: dict[str, Slot] = {}
         self._lock = threading.Lock()
         self._pool = RetiringThreadPool(renewal_threads, "kclpy-spark-renewer")
@@ -109,7 +112,7 @@ class LeaseHolder:
     @property
     def round_interval(self) -> float:
         """How often ``renew_all`` should be called: every twelfth of the lease duration with
-        ``skip_checkpointed``, else every third (the KCL's renewal interval, less its epsilon)."""
+        ``skip_checkpointed``, else every third less the KCL's epsilon (its renewal interval)."""
         return self._round_interval
 
     def _new_held(self, lease: Lease, started: float | None = None) -> HeldLease:

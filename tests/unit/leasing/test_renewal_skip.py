@@ -119,7 +119,7 @@ def test_the_rounds_come_every_twelfth_of_the_duration_or_the_kcls_third() -> No
     lazy = LeaseHolder(MemoryLeaseTable(clock), "a", clock, DURATION, skip_checkpointed=True)
     kcl = LeaseHolder(MemoryLeaseTable(clock), "a", clock, DURATION, skip_checkpointed=False)
     assert lazy.round_interval == pytest.approx(G)
-    assert kcl.round_interval == pytest.approx(DURATION / 3)
+    assert kcl.round_interval == pytest.approx(LeaseTiming(failover=DURATION).renew_interval)
     lazy.close()
     kcl.close()
 
@@ -130,7 +130,7 @@ def test_a_lease_checkpointed_every_second_is_renewed_every_failover_time_only()
     # The first round renews (a fresh tenure), then one every 2P (its figures).
     assert 300 // (2 * P) <= renewals <= 300 // (2 * P) + 2
     kcl, _, _ = _run(skip=False, checkpoint_every=1.0)
-    assert kcl == int(300 / (DURATION / 3))  # every KCL round
+    assert kcl == int(300 / LeaseTiming(failover=DURATION).renew_interval)  # every KCL round
 
 
 def test_an_idle_lease_is_renewed_every_half_failover_time() -> None:
@@ -138,7 +138,8 @@ def test_an_idle_lease_is_renewed_every_half_failover_time() -> None:
     assert 300 // P - 1 <= renewals <= 300 // P + 1  # 60, where the KCL's rounds make 90
     assert P - G / 2 <= longest <= P + G / 2 + 1e-9
     kcl, _, kcl_longest = _run(skip=False, checkpoint_every=1000.0)
-    assert kcl == int(300 / (DURATION / 3)) and kcl_longest <= DURATION / 3 + 1e-9
+    every = LeaseTiming(failover=DURATION).renew_interval
+    assert kcl == int(300 / every) and kcl_longest <= every + 1e-9
 
 
 @pytest.mark.parametrize("every", [0.7, 1.4, 1.7, 2.5, 3.1, 4.9, 5.3, 7.3])
