@@ -33,28 +33,45 @@ class HeldLease:
         return now_monotonic - self.last_counter_change > lease_duration
 
 
-def renewal_due(
-    now: float, counter_moved: float, renewed: float, period: float, round_interval: float
-) -> bool:
+# kclpy-spark's renewal schedule, in lease durations: rounds every twelfth; a lease is renewed at
+# the first round after its counter is RENEW_AFTER old (so every half duration when renewals alone
+# move it: at the sixth round; 0.44-0.52 of it after a checkpoint moved it), and once a renewal is
+# a duration old whatever checkpoints did (at the twelfth round), for the figures it writes.
+ROUNDS_PER_DURATION = 12
+RENEW_AFTER = 0.44
+
+
+def renewal_due(now: float, counter_moved: float, renewed: float, lease_duration: float) -> bool:
     """Whether a renewal round at ``now`` (monotonic) must renew a lease whose counter our hand
     last moved at ``counter_moved`` (by any write: a checkpoint moves it as a renewal does) and
-    that was last renewed at ``renewed``; rounds come every ``round_interval``, and ``period``
-    is how often the counter must move (half the failover time).
+    that was last renewed at ``renewed``, on the schedule above: due once the counter is
+    ``RENEW_AFTER`` lease durations old, and once the last renewal is a duration old less half a
+    round, so the lease's throughput and figures, which renewals write, are at most a failover
+    time old. A try that fails is tried again at every later round until the lease would expire.
+    The KCL renews every lease every third of the failover time, checkpointed or not.
 
-    Due once the counter is ``period`` old (to within half a round, so that a round that comes a
-    little early still renews, and the counter moves every ``period`` give or take half a round);
-    and once the last renewal is ``2 * period`` old whatever checkpoints did, so the lease's
-    throughput and figures, which renewals write, are at most a failover time old. A try that
-    fails is tried again at every later round until the lease would expire. The KCL renews
-    every lease every third of the failover time, checkpointed or not."""
-    slack = round_interval / 2
-    return now - counter_moved >= period - slack or now - renewed >= 2 * period - slack
+    Why 0.44: another worker scanning every 0.55 failover time must see each counter move before
+    the lease's would-be expiry (its stamp + the duration + the clock skew allowed, or the scan
+    that saw it + the duration when that came sooner), else it reads the lease once more. That
+    holds while the gap between two counter moves stays under the scan interval (at most 0.52
+    duration here: 0.44 + a round) and the gap plus the scan interval under the duration plus the
+    skew."""
+    round_interval = lease_duration / ROUNDS_PER_DURATION
+    return (
+        now - counter_moved >= RENEW_AFTER * lease_duration
+        or now - renewed >= lease_duration - round_interval / 2
+    )
 
 
-def checkpoint_spared(now: float, counter_moved: float, renewed: float, period: float) -> bool:
-    """Whether a lease not due (``renewal_due``) is passed over only because a write other than
-    a renewal moved its counter lately: without it, the renewal would have come by now."""
-    return counter_moved > renewed and now - renewed >= period
+def checkpoint_spared(
+    now: float, counter_moved: float, renewed: float, lease_duration: float
+) -> bool:
+    """Whether the round at ``now`` is the one that would have renewed a lease (not due by
+    ``renewal_due``) had no write other than a renewal moved its counter since: the first round
+    after its last renewal is ``RENEW_AFTER`` old. So, with rounds on time, one per renewal
+    saved."""
+    since = now - renewed - RENEW_AFTER * lease_duration
+    return counter_moved > renewed and 0 <= since < lease_duration / ROUNDS_PER_DURATION
 
 
 class LeaseLoss(enum.StrEnum):
@@ -135,11 +152,11 @@ UNSURE_KEPT = 8
 
 def due_now(slot: Slot, now: float, lease_duration: float, lazy: bool) -> bool:
     """Whether a renewal round at ``now`` renews ``slot``: every round (the KCL's rounds every
-    third of the lease duration), or with ``lazy`` rounds every twelfth, by ``renewal_due``."""
+    third of the lease duration), or with ``lazy`` rounds every ``1 / ROUNDS_PER_DURATION`` of it,
+    by ``renewal_due``."""
     if not lazy:
         return True
-    period, changed = lease_duration / 2, slot.held.last_counter_change
-    return renewal_due(now, changed, slot.renewed_at, period, lease_duration / 12)
+    return renewal_due(now, slot.held.last_counter_change, slot.renewed_at, lease_duration)
 
 
 @dataclass(frozen=True)
@@ -148,7 +165,7 @@ class RoundPlan:
 
     renew: tuple[str, ...] = ()  # due: submit a renewal
     already: tuple[str, ...] = ()  # a renewal from an earlier round still in flight
-    skipped: tuple[str, ...] = ()  # not due only because a checkpoint moved the counter lately
+    skipped: tuple[str, ...] = ()  # not due because a checkpoint moved the counter (one a save)
     handoffs: tuple[HeldLease, ...] = ()  # not due, but the lease as stored asks for a handoff
 
 
@@ -166,8 +183,8 @@ def plan_round(
         elif due_now(slot, now, lease_duration, lazy):
             renew.append(key)
         else:
-            held, period = slot.held, lease_duration / 2
-            if checkpoint_spared(now, held.last_counter_change, slot.renewed_at, period):
+            held, renewed = slot.held, slot.renewed_at
+            if lazy and checkpoint_spared(now, held.last_counter_change, renewed, lease_duration):
                 skipped.append(key)
             if held.lease.handoff_pending:  # a checkpoint's answer showed it
                 handoffs.append(held)

@@ -36,6 +36,7 @@ from checkpoint.base.errors import KclpySparkError
 from checkpoint.base.threads import RetiringThreadPool
 from checkpoint.lease import Lease
 from checkpoint.leasing.held import (
+    ROUNDS_PER_DURATION,
     HeldLease,
     LeaseBusyError,
     LeaseLoss,
@@ -100,7 +101,7 @@ class LeaseHolder:
         # How often renew_all is meant to be called, and its default wait for a round (the KCL's
         # epsilon keeps its third round strictly inside the lease duration).
         kcl = max(lease_duration / 3 - DEFAULT_EPSILON, lease_duration / 4)
-        self._round_interval = lease_duration / 12 if skip_checkpointed else kcl
+        self._round_interval = lease_duration / ROUNDS_PER_DURATION if skip_checkpointed else kcl
         self._slots: dict[str, Slot] = {}
         self._lock = threading.Lock()
         self._pool = RetiringThreadPool(renewal_threads, "kclpy-spark-renewer")
@@ -204,7 +205,8 @@ class LeaseHolder:
     # --- renewals --------------------------------------------------------------------------------
 
     def renew_all(self, wait: float | None = None) -> RenewalReport:
-        """Renew every held lease with one conditional write each, each on its own pool thread.
+        """Renew every held lease that is due, with one conditional write each, each on its own
+        pool thread.
 
         A lease already expired locally is not renewed (another worker may own it by now) and is
         reported lost, like one whose renewal lost its condition; both are dropped. A renewal that

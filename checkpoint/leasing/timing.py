@@ -4,21 +4,23 @@ The KCL derives its intervals from ``failoverTimeMillis`` (the lease duration) a
 
 * renew every ``failover / 3 - epsilon``, so a holder gets three tries at renewing before anyone may
   judge its lease expired (the epsilon keeps the third try strictly inside the duration).
-  kclpy-spark (``skip_checkpointed_renewals``, default true) instead moves each lease's counter
-  every half failover time (``renewal_period``: by a renewal, unless a checkpoint moved it
-  lately), from rounds every twelfth of it (``renew_round_interval``): a try that fails is tried
-  again at every later round, up to five more before the lease could expire, where the KCL's
-  rounds leave two (checkpoint.leasing.held.renewal_due). Idle, that is two renewals where the
-  KCL makes three;
+  kclpy-spark (``skip_checkpointed_renewals``, default true) instead renews a lease at the
+  first round after its counter is 0.44 failover time old, from rounds every twelfth of it
+  (``renew_round_interval``): every half failover time (``renewal_period``) when renewals alone
+  move the counter, 0.44-0.52 of it after a checkpoint moved it; a try that fails is tried again
+  at every later round, five or six more before the lease could expire, where the KCL's rounds
+  leave two (checkpoint.leasing.held.renewal_due). Idle, that is two renewals where the KCL makes
+  three;
 * take every ``(failover + epsilon) * 2``: a lease needs a full duration without a counter change to
   expire, so scanning more often than that only costs lease-table reads;
 * kclpy-spark scans every ``(failover + epsilon) * take_interval_multiplier`` with a multiplier of
-  0.5 by default (5.0 s at failover 10 s), not the KCL's 2 (20.05 s). Between scans, a lease of
-  another worker is read once more (one GetItem) at the moment it would expire unless its counter
-  moved, dated by the write stamps (checkpoint.leasing.observer), and taken at once if it did not
-  move. A live lease's counter moves every half lease duration (5 s), so a scan 5 s after the
-  last sees a newer counter before that moment (the stamp + 11 s) comes and no extra read is made
-  unless a renewal runs about a second late; a dead worker's leases move
+  0.55 by default (5.5 s at failover 10 s), not the KCL's 2 (20.05 s). Between scans, a lease
+  of another worker is read once more (one GetItem) at the moment it would expire unless its
+  counter moved, dated by the write stamps (checkpoint.leasing.observer), and taken at once if it
+  did not move. A live lease's counter moves at least every 0.52 lease duration, so the next
+  scan sees a newer counter before that moment comes (the stamp + 11 s, or the scan that saw it
+  + 10 s when the scan came within the skew allowance of the write), and no extra read is made
+  unless a renewal runs more than about a quarter of a second late; a dead worker's leases move
   ``failover + max_clock_skew`` (11 s by default) after its last write, whether records were
   flowing or not. The KCL (and earlier versions here, with 5 s scans and no stamps) take a lease
   one or two scan intervals after the failover time has passed since the scan that first saw its
@@ -62,7 +64,7 @@ class LeaseTiming:
     epsilon: float = DEFAULT_EPSILON
     very_old_multiplier: float = DEFAULT_VERY_OLD_MULTIPLIER
     steal_cooldown_intervals: float = DEFAULT_STEAL_COOLDOWN_INTERVALS
-    take_interval_multiplier: float = 0.5
+    take_interval_multiplier: float = 0.55
     # The largest difference between two workers' wall clocks that write stamps allow for (see
     # checkpoint.leasing.observer): a dead worker's lease moves this much after the lease duration.
     max_clock_skew: float = 1.0

@@ -62,6 +62,8 @@ class Worker:
     """One worker of an application. ``run()`` returns after ``request_shutdown()`` (or, with
     ``exit_reason`` set, when a dependency has been gone for too long)."""
 
+    _measured_at = float("-inf")  # monotonic: the consumers' last throughput measure
+
     def __init__(
         self,
         cfg: WorkerConfig,
@@ -312,8 +314,11 @@ class Worker:
 
     async def _renew_round(self) -> None:
         # On its own thread: a slow scan or maintenance pass on the lease executor never delays
-        # a renewal round (renew_all itself waits at most a third of the lease duration).
-        self.consumers.measure_throughput()  # written by these renewals
+        # a renewal round (renew_all itself waits at most one round). Throughput is measured
+        # every KCL renewal interval, whatever the rounds: its moving average keeps its window.
+        if self.clock.monotonic() - self._measured_at >= self.timing.renew_interval:
+            self._measured_at = self.clock.monotonic()
+            self.consumers.measure_throughput()  # written by the next renewals
         call = functools.partial(contextvars.copy_context().run, self.holder.renew_all)
         report = await asyncio.get_running_loop().run_in_executor(self._renew_io, call)
         self.metrics.renewals.inc(len(report.renewed))

@@ -180,12 +180,12 @@ def test_lease_timing_follows_the_kcls_formulas() -> None:
     timing = LeaseTiming.from_failover_millis(10_000)
     assert timing.lease_duration == 10.0
     assert timing.renew_interval == pytest.approx(3.30833, abs=1e-5)  # the KCL's 3308 ms
-    assert timing.take_interval == pytest.approx(5.0125)  # a quarter of the KCL's 20 050 ms
+    assert timing.take_interval == pytest.approx(5.51375)  # 0.275x the KCL's 20 050 ms
     assert timing.renewal_period == 5.0 and timing.renew_round_interval == pytest.approx(10 / 12)
     kcl = LeaseTiming(failover=10.0, take_interval_multiplier=2.0)
     assert kcl.take_interval == pytest.approx(20.05)  # the KCL's 20 050 ms
     assert timing.very_old == 30.0
-    assert timing.steal_cooldown == pytest.approx(10.025)
+    assert timing.steal_cooldown == pytest.approx(11.0275)
     assert timing.leader_duration == 30.0  # the shard-sync leader's record (KCL 3.x lock: 120 s)
     assert timing.leader_renew_interval == 10.0  # (KCL 3.x heartbeat: 30 s)
     assert LeaseTiming.from_failover_millis(60_000, epsilon_millis=0).renew_interval == 20.0

@@ -11,7 +11,7 @@ import pytest
 from checkpoint.base.clock import ManualClock
 from checkpoint.base.errors import DependencyError
 from checkpoint.lease import Lease
-from checkpoint.leasing.held import checkpoint_spared, renewal_due
+from checkpoint.leasing.held import RENEW_AFTER, checkpoint_spared, renewal_due
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.leasing.observer import LeaseObserver
 from checkpoint.leasing.timing import LeaseTiming
@@ -19,38 +19,64 @@ from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
 from checkpoint.stores.memory import MemoryLeaseTable
 
 DURATION = 10.0
-P = DURATION / 2  # how often the counter must move (renewal_due's period)
+P = DURATION / 2  # how often renewals alone move the counter
 G = DURATION / 12  # the holder's round interval
+A = RENEW_AFTER * DURATION  # a lease is due once its counter is this old
 KEY = "shardId-000000000000"
 
 
 @pytest.mark.parametrize(
     ("now", "counter_moved", "renewed", "due", "why"),
     [
-        (10.0, 10.0 - P, 10.0 - P, True, "renewed a period ago, nothing since"),
-        (10.0, 10.0 - P + G / 2, 10.0 - P, True, "a round early: within half a round"),
-        (10.0, 10.0 - P + G / 2 + 0.01, 10.0 - P, False, "more than half a round early"),
+        (10.0, 10.0 - A, 10.0 - A, True, "renewed 0.44 duration ago, nothing since"),
+        (10.0, 10.0 - A + 0.01, 10.0 - A + 0.01, False, "just under 0.44 duration ago"),
         (10.0, 10.0 - G, 10.0 - G, False, "renewed a round ago"),
         (10.0, 9.0, 10.0 - P, False, "checkpointed a second ago"),
-        (10.0, 9.9, 10.0 - 2 * P + G / 2 + 0.01, False, "checkpointed; renewed under 2P ago"),
-        (10.0, 9.9, 10.0 - 2 * P + G / 2, True, "renewed 2P ago: due, checkpointed or not"),
+        (10.0, 9.9, 10.0 - DURATION + G / 2 + 0.01, False, "checkpointed; renewed under 10 s ago"),
+        (10.0, 9.9, 10.0 - DURATION + G / 2, True, "renewed a duration ago: due, checkpointed"),
         (10.0, 9.9, float("-inf"), True, "never renewed in this tenure (just taken)"),
     ],
 )
 def test_renewal_due(now: float, counter_moved: float, renewed: float, due: bool, why: str) -> None:
-    assert renewal_due(now, counter_moved, renewed, P, G) is due, why
+    assert renewal_due(now, counter_moved, renewed, DURATION) is due, why
 
 
 @pytest.mark.parametrize(
     ("now", "counter_moved", "renewed", "spared"),
     [
-        (10.0, 9.0, 10.0 - P, True),  # a checkpoint moved it since a renewal a period ago
-        (10.0, 9.0, 9.0 - 0.5, False),  # renewed lately: not due anyway
-        (10.0, 10.0 - P, 10.0 - P, False),  # the counter last moved by the renewal itself
+        (10.0, 9.0, 10.0 - A, True),  # the round a renewal would have come: saved
+        (10.0, 9.0, 10.0 - A - G + 0.01, True),  # still that round (within one round)
+        (10.0, 9.0, 10.0 - A - G - 0.01, False),  # the round after: counted already
+        (10.0, 9.0, 10.0 - A + 0.01, False),  # the round before: not due anyway
+        (10.0, 10.0 - A, 10.0 - A, False),  # the counter last moved by the renewal itself
     ],
 )
 def test_checkpoint_spared(now: float, counter_moved: float, renewed: float, spared: bool) -> None:
-    assert checkpoint_spared(now, counter_moved, renewed, P) is spared
+    assert checkpoint_spared(now, counter_moved, renewed, DURATION) is spared
+
+
+def test_one_skip_is_counted_per_renewal_saved() -> None:
+    """Checkpoints every second: a renewal every 2P where an idle lease gets one every P, so one
+    renewal saved (and one round reported skipped) per 2P."""
+    clock = ManualClock()
+    table = CountingTable(clock)
+    holder = LeaseHolder(table, "worker-a", clock, DURATION, skip_checkpointed=True)
+    _taken(table, holder)
+    skipped = seq = 0
+    for k in range(1, int(300 / G)):
+        clock.advance(G)
+        if k % int(1 / G + 1) == 0:  # about every second
+            held = holder.get_if_held(KEY)
+            assert held is not None
+            seq += 1
+            position = ExtendedSequenceNumber(str(seq))
+            assert holder.update(
+                KEY, held.token, lambda x, p=position: table.update_checkpoint(x, p)
+            ).won
+        skipped += len(holder.renew_all(wait=5).skipped)
+    holder.close()
+    assert 300 // (2 * P) - 1 <= skipped <= 300 // (2 * P) + 1
+    assert 300 // (2 * P) <= table.renewals <= 300 // (2 * P) + 2
 
 
 class CountingTable(MemoryLeaseTable):
@@ -136,7 +162,7 @@ def test_a_lease_checkpointed_every_second_is_renewed_every_failover_time_only()
 def test_an_idle_lease_is_renewed_every_half_failover_time() -> None:
     renewals, _, longest = _run(skip=True, checkpoint_every=1000.0)
     assert 300 // P - 1 <= renewals <= 300 // P + 1  # 60, where the KCL's rounds make 90
-    assert P - G / 2 <= longest <= P + G / 2 + 1e-9
+    assert longest == pytest.approx(P)  # the sixth round
     kcl, _, kcl_longest = _run(skip=False, checkpoint_every=1000.0)
     every = LeaseTiming(failover=DURATION).renew_interval
     assert kcl == int(300 / every) and kcl_longest <= every + 1e-9
@@ -144,10 +170,10 @@ def test_an_idle_lease_is_renewed_every_half_failover_time() -> None:
 
 @pytest.mark.parametrize("every", [0.7, 1.4, 1.7, 2.5, 3.1, 4.9, 5.3, 7.3])
 def test_the_counter_moves_at_least_every_half_failover_time(every: float) -> None:
-    """Whatever the checkpoint rhythm: the longest time without a counter move is half the
-    failover time give or take half a round, and the lease stays held throughout."""
+    """Whatever the checkpoint rhythm: the longest time without a counter move is at most 0.44
+    failover time and a round, and the lease stays held throughout."""
     renewals, _, longest = _run(skip=True, checkpoint_every=every)
-    assert longest <= P + G / 2 + 1e-9
+    assert longest <= A + G + 1e-9
     assert renewals >= 300 // (2 * P)
 
 
@@ -182,8 +208,8 @@ def test_random_checkpoint_gaps_keep_the_same_bounds() -> None:
             next_checkpoint += rng.expovariate(1 / 1.5)
         moves_gap, last_move = max(moves_gap, at - last_move), at
     holder.close()
-    assert moves_gap <= P + G / 2 + 1e-9
-    assert renewal_gap <= 2 * P + G / 2 + 1e-9  # throughput and figures ride on renewals
+    assert moves_gap <= A + G + 1e-9
+    assert renewal_gap <= DURATION + G / 2 + 1e-9  # throughput and figures ride on renewals
 
 
 def test_a_skipped_round_still_reports_a_handoff_a_checkpoint_saw() -> None:
@@ -287,29 +313,42 @@ def test_a_hung_renewal_is_not_sent_again_and_is_logged_once(
         holder.close()
 
 
-@pytest.mark.parametrize("late", [0.0, 0.5])
+@pytest.mark.parametrize("checkpoints", [False, True])
+@pytest.mark.parametrize("late", [0.0, 0.25])
 @pytest.mark.parametrize("phase", [0.0, 0.9, 1.7, 2.6, 3.3, 4.1, 4.9])
 def test_another_worker_scanning_at_the_take_interval_never_reads_a_live_lease_again(
-    phase: float, late: float
+    phase: float, late: float, checkpoints: bool
 ) -> None:
-    """The taker reads a lease once more (a GetItem) when its stamp plus the lease duration and
-    the clock skew comes before a scan has shown a newer counter. The counter moves every half
-    duration and scans come every take interval, so a live lease never comes due between scans,
-    even with every renewal round running ``late`` seconds behind its time."""
+    """The taker reads a lease once more (a GetItem) when its would-be expiry (the stamp plus the
+    lease duration and the clock skew, or the scan that saw it plus the duration when that came
+    sooner) comes before a scan has shown a newer counter. Counter moves come at most 0.52 lease
+    duration apart and scans every 0.55, so a live lease never comes due between scans: with
+    each renewal round up to ``late`` seconds behind its time (at random), and with checkpoints
+    now and then at random moments (a renewal then comes 0.44-0.52 duration after one)."""
     timing = LeaseTiming(failover=DURATION)
     clock = ManualClock()
     table = MemoryLeaseTable(clock)
     holder = LeaseHolder(table, "worker-a", clock, DURATION, skip_checkpointed=True)
     _taken(table, holder)
     observer = LeaseObserver(timing)
-    rounds = [k * holder.round_interval + late for k in range(1, 200)]
-    scans = [phase + k * timing.take_interval for k in range(30)]
-    for at, what in sorted([(t, "round") for t in rounds] + [(t, "scan") for t in scans]):
+    rng = random.Random(int(phase * 10))
+    events = [(k * holder.round_interval + rng.uniform(0, late), "round") for k in range(1, 200)]
+    events += [(phase + k * timing.take_interval, "scan") for k in range(30)]
+    if checkpoints:
+        events += [(rng.uniform(0, 160), "checkpoint") for _ in range(25)]
+    for seq, (at, what) in enumerate(sorted(events)):
         clock.advance(START + at - clock.monotonic())
         if what == "round":
             assert holder.renew_all(wait=5).lost == ()
-            continue
-        due_at = observer.next_check("worker-b")
-        assert due_at is None or due_at > clock.monotonic(), f"a read was due before {at}"
-        observer.observe(table.list_leases(), clock.monotonic(), clock.wall())
+        elif what == "checkpoint":
+            held = holder.get_if_held(KEY)
+            assert held is not None
+            position = ExtendedSequenceNumber(str(seq))
+            assert holder.update(
+                KEY, held.token, lambda x, p=position: table.update_checkpoint(x, p)
+            ).won
+        else:
+            due_at = observer.next_check("worker-b")
+            assert due_at is None or due_at > clock.monotonic(), f"a read was due before {at}"
+            observer.observe(table.list_leases(), clock.monotonic(), clock.wall())
     holder.close()
