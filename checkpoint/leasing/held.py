@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.lease import Lease, WriteStamp
+from checkpoint.leasing.timing import RENEW_AFTER, ROUNDS_PER_DURATION
 from checkpoint.port import LeaseTable
 
 log = logging.getLogger(__name__)
@@ -33,12 +34,10 @@ class HeldLease:
         return now_monotonic - self.last_counter_change > lease_duration
 
 
-# kclpy-spark's renewal schedule, in lease durations: rounds every twelfth; a lease is renewed at
-# the first round after its counter is RENEW_AFTER old (so every half duration when renewals alone
-# move it: at the sixth round; 0.44-0.52 of it after a checkpoint moved it), and once a renewal is
-# a duration old whatever checkpoints did (at the twelfth round), for the figures it writes.
-ROUNDS_PER_DURATION = 12
-RENEW_AFTER = 0.44
+# kclpy-spark's renewal schedule (checkpoint.leasing.timing): a lease is renewed at the first
+# round after its counter is RENEW_AFTER old (so every half duration when renewals alone move it:
+# at the sixth round; 0.44-0.52 of it after a checkpoint moved it), and once a renewal is a
+# duration old whatever checkpoints did (at the twelfth round), for the figures it writes.
 
 
 def renewal_due(now: float, counter_moved: float, renewed: float, lease_duration: float) -> bool:

@@ -36,7 +36,6 @@ from checkpoint.base.errors import KclpySparkError
 from checkpoint.base.threads import RetiringThreadPool
 from checkpoint.lease import Lease
 from checkpoint.leasing.held import (
-    ROUNDS_PER_DURATION,
     HeldLease,
     LeaseBusyError,
     LeaseLoss,
@@ -50,7 +49,7 @@ from checkpoint.leasing.held import (
     tell_slow,
     write_settled,
 )
-from checkpoint.leasing.timing import DEFAULT_EPSILON
+from checkpoint.leasing.timing import renewal_round_interval
 from checkpoint.port import LeaseTable
 
 log = logging.getLogger(__name__)
@@ -76,9 +75,9 @@ class LeaseHolder:
     counted from the write's stamp plus their clock-skew allowance).
 
     ``skip_checkpointed``: call ``renew_all`` every ``lease_duration / 12``; each lease is renewed
-    once its counter is half a lease duration old (a checkpoint moves it as a renewal does), and
-    a failed try again at the next round (``renewal_due``). False: every call renews every
-    lease, as the KCL's rounds every third of the duration do.
+    at the first round after its counter is 0.44 lease duration old (a checkpoint moves it as a
+    renewal does), and a failed try again at the next round (``renewal_due``). False: every
+    call renews every lease, as the KCL's rounds every third of the duration do.
     """
 
     def __init__(
@@ -98,10 +97,8 @@ class LeaseHolder:
         self.lease_duration = lease_duration
         self._clock = clock
         self._skip_checkpointed = skip_checkpointed
-        # How often renew_all is meant to be called, and its default wait for a round (the KCL's
-        # epsilon keeps its third round strictly inside the lease duration).
-        kcl = max(lease_duration / 3 - DEFAULT_EPSILON, lease_duration / 4)
-        self._round_interval = lease_duration / ROUNDS_PER_DURATION if skip_checkpointed else kcl
+        # How often renew_all is meant to be called, and its default wait for a round.
+        self._round_interval = renewal_round_interval(lease_duration, skip_checkpointed)
         self._slots: dict[str, Slot] = {}
         self._lock = threading.Lock()
         self._pool = RetiringThreadPool(renewal_threads, "kclpy-spark-renewer")

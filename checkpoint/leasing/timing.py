@@ -54,6 +54,19 @@ DEFAULT_VERY_OLD_MULTIPLIER = 3.0
 DEFAULT_STEAL_COOLDOWN_INTERVALS = 2.0
 # The shard-sync leader's record lives this many failover times without a renewal.
 LEADER_DURATION_MULTIPLIER = 3.0
+# kclpy-spark's renewal schedule, in failover times: rounds every twelfth; a lease is renewed at
+# the first round after its counter is RENEW_AFTER old (checkpoint.leasing.held.renewal_due).
+ROUNDS_PER_DURATION = 12
+RENEW_AFTER = 0.44
+
+
+def renewal_round_interval(failover: float, lazy: bool, epsilon: float = DEFAULT_EPSILON) -> float:
+    """How often a holder's renewal rounds come: every ``1 / ROUNDS_PER_DURATION`` failover
+    time with ``lazy`` (kclpy-spark's schedule), else the KCL's renewal interval, a third less
+    ``epsilon`` (kept above a quarter for durations too short for the epsilon)."""
+    if lazy:
+        return failover / ROUNDS_PER_DURATION
+    return max(failover / 3 - epsilon, failover / 4)
 
 
 @dataclass(frozen=True)
@@ -122,14 +135,16 @@ class LeaseTiming:
 
     @property
     def renewal_period(self) -> float:
-        """How often kclpy-spark's renewals move a lease's counter (unless a checkpoint did)."""
-        return self.failover / 2
+        """How often kclpy-spark's renewals move a lease's counter when no checkpoint does: at
+        the first round after RENEW_AFTER."""
+        rounds = math.ceil(RENEW_AFTER * ROUNDS_PER_DURATION)
+        return rounds * self.renew_round_interval
 
     @property
     def renew_round_interval(self) -> float:
         """How often kclpy-spark's holder looks for leases due a renewal (and tries failed ones
         again)."""
-        return self.failover / 12
+        return renewal_round_interval(self.failover, True, self.epsilon)
 
     @property
     def take_interval(self) -> float:

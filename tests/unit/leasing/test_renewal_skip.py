@@ -11,10 +11,10 @@ import pytest
 from checkpoint.base.clock import ManualClock
 from checkpoint.base.errors import DependencyError
 from checkpoint.lease import Lease
-from checkpoint.leasing.held import RENEW_AFTER, checkpoint_spared, renewal_due
+from checkpoint.leasing.held import checkpoint_spared, renewal_due
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.leasing.observer import LeaseObserver
-from checkpoint.leasing.timing import LeaseTiming
+from checkpoint.leasing.timing import RENEW_AFTER, LeaseTiming
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
 from checkpoint.stores.memory import MemoryLeaseTable
 
