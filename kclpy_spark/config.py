@@ -72,7 +72,11 @@ class WorkerConfig:
     graceful_handoff: bool = True
     # "worker": every worker scans and takes its share (the KCL 2.x rule, with the handoff).
     # "leader": the shard-sync leader scans and assigns; the others Query the owner index.
-    lease_assignment: str = "worker"
+    # "auto": "worker" until the leader sees at least auto_assignment_leases open leases and
+    # auto_assignment_workers running workers, then "leader" (back below three quarters).
+    lease_assignment: str = "auto"
+    auto_assignment_leases: int = 128
+    auto_assignment_workers: int = 8
     # "auto": balance CPU once the fleet is busy, else throughput (leasing/load.py).
     load_metric: str = "auto"
     handoff_timeout: float = 30.0
@@ -265,6 +269,8 @@ def _check_numbers(cfg: WorkerConfig) -> None:
         "max_leases_to_steal",
         "prefetch_batches",
         "max_processing_attempts",
+        "auto_assignment_leases",
+        "auto_assignment_workers",
     ):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"config {name!r} must be >= 1, got {getattr(cfg, name)}")
@@ -275,7 +281,7 @@ def _check_numbers(cfg: WorkerConfig) -> None:
 _CHOICES: dict[str, tuple[str, ...]] = {
     "aged_checkpoint_policy": ("fail", "earliest", "latest"),
     "retrieval_mode": ("polling", "fanout"),
-    "lease_assignment": ("worker", "leader"),
+    "lease_assignment": ("auto", "worker", "leader"),
     "load_metric": ("auto", "throughput"),
 }
 

@@ -17,6 +17,13 @@ Leadership also expires on the holder's own monotonic clock, like a lease: ``is_
 only until ``lease_duration`` after the start of the last write that renewed it. Another worker can
 take over only after it has seen that write and waited ``lease_duration`` more, so a leader whose
 loop stalls stops acting as leader no later than anyone else may start.
+
+Every record states how long it lives (``lapses_after``, seconds) and whether its leader assigns
+leases. Others judge it by the life it states (a record without one, written by an older
+version, by their own ``lease_duration``), so a leader may change its record's life while it
+leads: with ``lease_assignment = "auto"`` one that starts assigning leases renews every third of
+``assigning_duration`` (a failover time) instead of ``lease_duration`` (three), and a dead
+leader's own leases then move about as fast as any worker's.
 """
 
 from __future__ import annotations
@@ -33,6 +40,10 @@ from checkpoint.port import CoordinationRecord, CoordinationStore
 log = logging.getLogger(__name__)
 
 LEADER_KEY = "shard-sync-leader"
+# The leader record's data: how many seconds it lives without a renewal (older versions do not
+# say); a larger figure is not believed.
+LIFE = "lapses_after"
+MAX_LIFE = 3600.0
 
 
 @dataclass
@@ -54,13 +65,17 @@ class LeaderElection:
         clock: Clock | None = None,
         key: str = LEADER_KEY,
         assigns: bool = False,
+        assigning_duration: float | None = None,
         observed_max_age: float = 0.0,
     ) -> None:
-        if lease_duration <= 0:
-            raise ValueError("lease_duration must be > 0")
+        if lease_duration <= 0 or (assigning_duration is not None and assigning_duration <= 0):
+            raise ValueError("lease_duration and assigning_duration must be > 0")
         self._store = store
         self._worker_id = worker_id
-        self._duration = lease_duration
+        self._duration = lease_duration  # our record's life while we do not assign
+        self._assigning_duration = assigning_duration or lease_duration  # ... while we do
+        self._written_life = lease_duration  # the life our last winning write stated
+        self._other_life = lease_duration  # the life the other leader's record states
         self._clock = clock or SystemClock()
         self._key = key
         self._seen: _Seen | None = None
@@ -73,8 +88,8 @@ class LeaderElection:
         self._mine: CoordinationRecord | None = None  # the record as we last wrote it
         self._other: str | None = None  # the record's owner at our last read, if not us
         # Written into every record of ours: whether this leader assigns leases (lease_assignment
-        # = "leader"); read from another's, so that workers of that mode follow only a leader
-        # that assigns (a fleet in the middle of changing the setting).
+        # = "leader", or "auto" and the fleet is large: set_assigns); read from another's, so
+        # that workers follow only a leader that assigns (a fleet changing the setting).
         self._assigns = assigns
         self.other_assigns = False
         self._resigned = False  # for good: this worker is stopping
@@ -92,31 +107,57 @@ class LeaderElection:
         """True while our leadership is renewed, judged on our own monotonic clock."""
         return self._leading and self._clock.monotonic() < self._leading_until
 
+    @property
+    def assigning(self) -> bool:
+        """We lead and our record, as last written, says we assign leases (the others follow
+        only from then on)."""
+        return self.is_leader and _assigns(self._mine)
+
+    def set_assigns(self, assigns: bool) -> None:
+        """Whether our record says we assign leases (and lives ``assigning_duration``) from our
+        next write on."""
+        self._assigns = assigns
+
+    def tick_interval(self) -> float:
+        """How long until the next tick: a third of our record's life while we lead, else of
+        the life the leader's record states (a worker led by a leader that assigns notices
+        within a third of a failover time that it stopped renewing)."""
+        if self._leading:
+            return self._own_life() / 3
+        return (self._other_life if self._other is not None else self._duration) / 3
+
+    def _own_life(self) -> float:
+        return self._assigning_duration if self._assigns else self._duration
+
     def led_by(self) -> str | None:
         """Another worker that leads, as far as we can tell: the record's owner at our last
-        read, whose version we saw move within the lease duration (on our clock)."""
+        read, whose version we saw move within the life its record states (on our clock)."""
         seen, other = self._seen, self._other
         if self._leading or other is None or seen is None:
             return None
-        return other if self._clock.monotonic() - seen.since <= self._duration else None
+        return other if self._clock.monotonic() - seen.since <= self._other_life else None
 
     def _record(self, version: int, data: dict[str, object] | None = None) -> CoordinationRecord:
         return CoordinationRecord(
             key=self._key,
             owner=self._worker_id,
             version=version,
-            expires_at=self._clock.wall() + self._duration,
+            expires_at=self._clock.wall() + self._own_life(),
             # Our id, not a flag: an older version leading after us carries the data forward
             # unchanged, and must not look as if it assigned.
             data=json.dumps(
-                {**(data or {}), "assigns": self._worker_id if self._assigns else None}
+                {
+                    **(data or {}),
+                    "assigns": self._worker_id if self._assigns else None,
+                    LIFE: self._own_life(),
+                }
             ),
         )
 
     def _set_leading(self, leading: bool, reason: str, since: float | None = None) -> bool:
         """Record the outcome of a tick; ``since``: when the write that won it started."""
         if leading and since is not None:
-            self._leading_until = since + self._duration
+            self._leading_until = since + self._written_life
         if leading != self._leading:
             log.info(
                 "worker %s %s shard-sync leadership (%s)",
@@ -141,6 +182,7 @@ class LeaderElection:
         current, seen_at = self._look(now)
         self._other = None if current is None or current.owner == self._worker_id else current.owner
         self.other_assigns = self._other is not None and _assigns(current)
+        self._other_life = _life(current, self._duration)
         if current is None:
             won = self._put(self._record(1), None, now)
             return self._set_leading(won, "no leader yet", now)
@@ -149,7 +191,7 @@ class LeaderElection:
         if current.owner == self._worker_id:
             won = self._renew(current, now)
             return self._set_leading(won, "renewed" if won else "renewal lost", now)
-        stale = current.owner is None or now - self._seen.since > self._duration
+        stale = current.owner is None or now - self._seen.since > self._other_life
         if not stale:
             return self._set_leading(False, f"{current.owner} leads")
         won = self._put(self._record(current.version + 1), current.version, now)
@@ -197,6 +239,7 @@ class LeaderElection:
         self._mine = record if won else None
         if won:
             self._seen = _Seen(record.version, now)
+            self._written_life = _life(record, self._duration)
         return won
 
     def resign(self) -> None:
@@ -226,6 +269,19 @@ class LeaderElection:
         when we resign. Never waits for a request in flight (safe on the event loop)."""
         with self._later_lock:
             self._later.update(data)
+
+
+def _life(record: CoordinationRecord | None, default: float) -> float:
+    """How long a leader record lives without a renewal, as it states (``default`` if it does
+    not, or states nonsense)."""
+    if record is None:
+        return default
+    try:
+        life = json.loads(record.data or "{}").get(LIFE)
+    except (ValueError, AttributeError):
+        return default
+    ok = isinstance(life, int | float) and not isinstance(life, bool) and 0 < life <= MAX_LIFE
+    return float(life) if ok else default
 
 
 def _assigns(record: CoordinationRecord | None) -> bool:

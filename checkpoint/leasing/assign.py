@@ -24,6 +24,12 @@ running workers from their status records. ``plan_assignments``:
 The caller writes each assignment as a take conditional on the counter seen (naming the target),
 and each move as a graceful handoff to its target; a lost write just means the table changed.
 Pure: randomness from the caller's ``rng``.
+
+With ``lease_assignment = "auto"`` the leader decides from each of its scans whether to assign at
+all (``leader_assigns``): from ``from_leases`` open leases and ``from_workers`` running workers
+on (only the leader then scans the table; every other worker Queries the owner index), and back
+to every worker taking for itself only when either falls below three quarters of its threshold,
+so a fleet that hovers around a threshold does not switch back and forth.
 """
 
 from __future__ import annotations
@@ -213,3 +219,14 @@ def _load_moves(
 
 def _key(lease: Lease) -> str:
     return lease.lease_key
+
+
+def leader_assigns(
+    assigning: bool, open_leases: int, workers: int, *, from_leases: int, from_workers: int
+) -> bool:
+    """Whether a leader in ``lease_assignment = "auto"`` assigns leases after a scan that saw
+    ``open_leases`` and ``workers`` running workers (itself included); ``assigning``: whether
+    it does now."""
+    if assigning:
+        return open_leases >= from_leases * 3 / 4 and workers >= from_workers * 3 / 4
+    return open_leases >= from_leases and workers >= from_workers

@@ -1,4 +1,5 @@
-"""Leader assignment at run time (``lease_assignment = "leader"``, the KCL 3.x shape).
+"""Leader assignment at run time (``lease_assignment = "leader"``, the KCL 3.x shape; or
+``"auto"``, the default: from the fleet size on where it costs fewer capacity units).
 
 Each round a worker plays one of three roles:
 
@@ -22,6 +23,12 @@ Each round a worker plays one of three roles:
 The leader record is renewed every third of the failover time and lapses after one failover
 time in this mode, so a dead leader's own leases move about one failover time later than a
 worker's: a new leader is elected, then it scans and assigns them.
+
+With ``"auto"`` the leader decides after each of its scans (``leader_assigns``: from
+``auto_assignment_leases`` open leases and ``auto_assignment_workers`` running workers on) and
+says so in its record from its next renewal; until the record says it, it takes as a worker and
+nobody follows it. Its record then lives one failover time, as in ``"leader"`` mode; while it
+does not assign, three (leadership then only syncs shards).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from typing import TYPE_CHECKING
 from checkpoint.base.clock import Clock
 from checkpoint.base.errors import InvalidStateError
 from checkpoint.lease import Lease
-from checkpoint.leasing.assign import Suspects, plan_assignments
+from checkpoint.leasing.assign import Suspects, leader_assigns, plan_assignments
 from checkpoint.leasing.timing import LeaseTiming
 from checkpoint.port import CoordinationStore
 from kclpy_spark.config import WorkerConfig
@@ -79,7 +86,7 @@ class Led:
         if w.caught_up is not None or w.clock.monotonic() < self._no_index_until:
             return "worker"
         if w.leader.is_leader:
-            return "leader"
+            return "leader" if w.leader.assigning else "worker"
         led = w.leader.led_by() is not None and w.leader.other_assigns
         return "led" if led else "worker"
 
@@ -101,6 +108,36 @@ class Led:
         elif role == "led":
             await self._discover()
         return role != "worker" and self._role == role
+
+    async def after_scan(self, open_leases: int, running: Iterable[str]) -> None:
+        """``"auto"``: whether we assign from our next renewal on, decided from a scan of ours
+        while we lead (a worker that does not lead says nothing: when it comes to lead, its
+        first scan decides)."""
+        w = self._t.worker
+        if w.cfg.lease_assignment != "auto":
+            return
+        assigning = w.leader.assigning
+        wanted = (
+            w.leader.is_leader
+            and w.caught_up is None
+            and w.clock.monotonic() >= self._no_index_until
+            and leader_assigns(
+                assigning,
+                open_leases,
+                len(set(running) | {w.cfg.worker_id}),
+                from_leases=w.cfg.auto_assignment_leases,
+                from_workers=w.cfg.auto_assignment_workers,
+            )
+        )
+        if wanted and not assigning and not await self._index_answers():
+            wanted = False  # logged there; every worker takes for itself meanwhile
+        if wanted != assigning and w.leader.is_leader:
+            log.info("worker %s (leader): %d open leases, %d running workers: %s "
+                     "(lease_assignment = \"auto\")", w.cfg.worker_id, open_leases,
+                     len(set(running) | {w.cfg.worker_id}),
+                     "assigning leases from the next leader renewal on" if wanted
+                     else "every worker takes its own leases again")  # fmt: skip
+        w.leader.set_assigns(wanted)
 
     def _leading(self) -> bool:
         w = self._t.worker
@@ -201,6 +238,8 @@ class Led:
             keys: list[str] = await t.io(w.store.list_lease_keys_by_owner, w.cfg.worker_id)
             return keys
         except InvalidStateError as exc:
+            if w.cfg.lease_assignment == "auto":
+                w.leader.set_assigns(False)  # nobody is to Query a missing index
             log.error("worker %s: %s; lease_assignment = \"leader\" needs the owner index "
                       "(LeaseOwnerToLeaseKeyIndex): taking leases as every worker does for "
                       "%.0f s", w.cfg.worker_id, exc, NO_INDEX_RETRY)  # fmt: skip
@@ -250,10 +289,12 @@ class AssignmentHint:
 
 
 def lease_timing(cfg: WorkerConfig) -> LeaseTiming:
-    """A leader that assigns leases lapses after one failover time (see above)."""
+    """A leader that assigns leases lapses after one failover time (see above); in ``"auto"``
+    the election switches between the two lives itself."""
     return LeaseTiming(
         failover=cfg.failover_time,
         max_clock_skew=cfg.max_clock_skew,
+        # "auto": three while it does not assign; one when it does (leader_election)
         leader_duration_multiplier=1.0 if cfg.lease_assignment == "leader" else 3.0,
     )
 
@@ -267,6 +308,7 @@ def leader_election(
         lease_duration=timing.leader_duration,
         clock=clock,
         assigns=cfg.lease_assignment == "leader",
+        assigning_duration=timing.failover if cfg.lease_assignment == "auto" else None,
         observed_max_age=timing.leader_renew_interval,  # a scan since the last tick
     )
 

@@ -59,7 +59,8 @@ class Taker:
         self.running: dict[str, float] = {}
         self.cpu = FleetCpu({})  # their CPU figures (the load rule's), from the same scan
         self.hint = AssignmentHint()
-        self.led: Led | None = Led(self) if worker.cfg.lease_assignment == "leader" else None
+        led = worker.cfg.lease_assignment in ("leader", "auto")
+        self.led: Led | None = Led(self) if led else None
 
     async def wait(self, wake: asyncio.Event, interval: float) -> None:
         """Until ``wake`` is set or ``interval`` passed; meanwhile take each lease handed to us
@@ -142,7 +143,8 @@ class Taker:
         return self._w.timing.take_interval
 
     async def round(self) -> None:
-        """One round: led (``lease_assignment = "leader"``), the leader's scan and assignment,
+        """One round: led (``lease_assignment = "leader"``, or ``"auto"`` in a large fleet), the
+        leader's scan and assignment,
         or another worker's look at its own keys; else (or while no leader leads) one scan of
         the lease table and the takes (or steals) the KCL's rule says."""
         if self.led is not None and await self.led.round():
@@ -206,6 +208,8 @@ class Taker:
         )
         await self.adopt(open_leases)
         self._note_running(table.records)
+        if self.led is not None:
+            await self.led.after_scan(len(open_leases), self.running)
         return self._observe(open_leases)
 
     async def adopt(self, leases: list[Lease]) -> None:

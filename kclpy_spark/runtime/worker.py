@@ -231,18 +231,17 @@ class Worker:
         )
         await unique_worker_id(self, self._io)
         await self._control_round()
-        await self._leader_tick()
+        await self._io(self.leader.tick)
         await self._maintenance_round()
         # Leadership is renewed in its own loop, so a long maintenance round (a throttled
         # ListShards, a big scan) never lets the leadership lapse while this worker still syncs.
+        lead = functools.partial(self._io, self.leader.tick)
         loops = [
             asyncio.create_task(
                 self._loop(self._renew_round, self.holder.round_interval, rate=True)
             ),
             asyncio.create_task(self._take_loop()),
-            asyncio.create_task(
-                self._loop(self._leader_tick, self.timing.leader_renew_interval, first=False)
-            ),
+            asyncio.create_task(self._loop(lead, self.leader.tick_interval, first=False)),
             asyncio.create_task(
                 self._loop(self._maintenance_round, self.cfg.shard_sync_interval, first=False)
             ),
@@ -275,12 +274,14 @@ class Worker:
     # --- loops -----------------------------------------------------------------------------------
 
     async def _loop(
-        self, step: Callable[[], Any], interval: float, *, first: bool = True, rate: bool = False
-    ) -> None:
-        """``step`` every ``interval`` s after the last ended; ``rate``: after the last began
-        (renewals: a slow round must not push the next one later)."""
+        self, step: Callable[[], Any], interval: float | Callable[[], float], *, first: bool = True,
+        rate: bool = False,
+    ) -> None:  # fmt: skip
+        """``step`` every ``interval`` s (or what it says) after the last ended; ``rate``:
+        after the last began (renewals: a slow round must not push the next one later)."""
+        every = interval if callable(interval) else (lambda: interval)
         if not first:
-            await self.sleep(interval)
+            await self.sleep(every())
         while True:
             began = self.clock.monotonic()
             try:
@@ -290,7 +291,7 @@ class Worker:
             except Exception:
                 log.exception("worker %s: unexpected error in %s", self.cfg.worker_id, step)
             spent = self.clock.monotonic() - began if rate else 0.0
-            await self.sleep(max(0.0, interval - spent))
+            await self.sleep(max(0.0, every() - spent))
 
     def _failed(self, exc: KclpySparkError, what: str = "") -> None:
         """A loop's lease-table call failed: tell health; log it (quietly once the table is
@@ -370,9 +371,6 @@ class Worker:
             self._take_now.set()
         other = await self._io(self.status_writer.publish, status_payload(self, now), now)
         note_duplicate(self, other)
-
-    async def _leader_tick(self) -> None:
-        await self._io(self.leader.tick)
 
     async def _maintenance_round(self) -> None:
         """Follow the stream list (every worker); shard sync, audit and cleanup (the leader)."""

@@ -67,7 +67,7 @@ def run_config(tmp_path: Path, body: str, *extra: str) -> subprocess.CompletedPr
         (f'stream_name = "s"\n{PROCESSOR}[sink]\nsink = "parquet:out"\n',
          ["both 'processor' and a [sink]"]),
         (f'stream_name = "s"\n{PROCESSOR}lease_assignment = "leaders"\n',
-         ["lease_assignment", "'worker', 'leader'", "'leaders'"]),
+         ["lease_assignment", "'auto', 'worker', 'leader'", "'leaders'"]),
     ],
 )  # fmt: skip
 def test_start_up_checks(body: str, needles: list[str], tmp_path: Path) -> None:

@@ -20,8 +20,12 @@ TAKE_INTERVAL = (FAILOVER + 0.025) * 0.5  # LeaseTiming's default: half a lease 
 
 
 def _config(name: str, endpoint: str, assignment: str = "worker") -> str:
+    # "auto": leader assignment from three running workers (three start; after the kill -9 of
+    # the leader, two are left: every worker takes its own leases again).
     return f"""
 lease_assignment = "{assignment}"
+auto_assignment_leases = 1
+auto_assignment_workers = 3
 application_name = "{name}"
 stream_name = "{name}"
 endpoint_url = "{endpoint}"
@@ -40,7 +44,7 @@ def _processed(output: Path) -> set[str]:
     return {line["data"] for line in read_output(output)}
 
 
-@pytest.mark.parametrize("assignment", ["worker", "leader"])
+@pytest.mark.parametrize("assignment", ["worker", "leader", "auto"])
 def test_three_workers_split_merge_kill_and_handoff(
     assignment: str,
     kinesis_client: Any,
@@ -67,7 +71,7 @@ def test_three_workers_split_merge_kill_and_handoff(
         for wid in ("w1", "w2", "w3"):
             workers.start(wid)
         wait_for("the first 100 records", all_processed, timeout=120)
-        if assignment == "leader":  # one leads and assigns; the others find their leases
+        if assignment != "worker":  # one leads and assigns; the others find their leases
             # A worker logs its role at its first take round: a slow starter may log it after the
             # others have processed every record.
             def roles(text: str) -> int:
@@ -120,7 +124,7 @@ def test_three_workers_split_merge_kill_and_handoff(
             )
 
         victim = owners().most_common(1)[0][0]
-        if assignment == "leader":  # the leader: its own leases wait for a new leader
+        if assignment != "worker":  # the leader: its own leases wait for a new leader
             record = table.get_record(LEADER_KEY)
             assert record is not None and record.owner in workers.procs
             victim = record.owner
@@ -136,6 +140,8 @@ def test_three_workers_split_merge_kill_and_handoff(
               f"{FAILOVER + TAKE_INTERVAL:.1f}s)")  # fmt: skip
         put(range(200, 250))
         wait_for("the records after the kill", all_processed, timeout=120)
+        if assignment == "auto":  # two left, under three quarters of three: nobody is led now
+            wait_for("both survivors taking leases", lambda: roles("led -> worker") >= 2, 60)
         assert time.monotonic() - killed_at < 200
 
         # SIGTERM another worker: it hands its leases to the live workers (graceful handoff: its

@@ -11,7 +11,7 @@ import pytest
 from checkpoint.base.clock import ManualClock
 from checkpoint.lease import Lease
 from checkpoint.leasing import LeaseObserver, LeaseTiming
-from checkpoint.leasing.assign import Suspects, plan_assignments, targets_of
+from checkpoint.leasing.assign import Suspects, leader_assigns, plan_assignments, targets_of
 from checkpoint.leasing.load import CpuFigure, FleetCpu
 from checkpoint.sequence import TRIM_HORIZON
 from tests.unit.leasing.test_taker import scan_of
@@ -260,3 +260,23 @@ def test_a_suspect_is_a_target_again_only_once_its_status_is_written_again() -> 
     moved_on = scan_of({"a": 2})
     assert suspects.targets(moved_on, {"a": 12.0, "b": 10.0}) == ["a"]  # its old status
     assert suspects.targets(moved_on, {"a": 14.0, "b": 15.0}) == ["a", "b"]  # it runs again
+
+
+@pytest.mark.parametrize(
+    ("assigning", "leases", "workers", "assigns"),
+    [
+        (False, 128, 8, True),  # both thresholds reached
+        (False, 127, 50, False),
+        (False, 10_000, 7, False),
+        (True, 127, 7, True),  # once assigning, it keeps on down to three quarters
+        (True, 96, 6, True),
+        (True, 95, 50, False),
+        (True, 10_000, 5, False),
+        (False, 96, 6, False),  # and back only above the thresholds themselves
+    ],
+)
+def test_an_auto_leader_assigns_from_the_thresholds_and_stops_below_three_quarters(
+    assigning: bool, leases: int, workers: int, assigns: bool
+) -> None:
+    got = leader_assigns(assigning, leases, workers, from_leases=128, from_workers=8)
+    assert got is assigns

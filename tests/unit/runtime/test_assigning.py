@@ -5,6 +5,7 @@ leadership that changes (or lapses) mid-assignment never gives one lease two run
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from types import SimpleNamespace
 from typing import Any
@@ -12,10 +13,19 @@ from typing import Any
 import pytest
 
 from checkpoint.base.clock import ManualClock
+from checkpoint.base.errors import InvalidStateError
+from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import SHARD_END
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.runtime.assigning import DECLINED_FOR, leader_assignment_pays
+from kclpy_spark.ops import control
+from kclpy_spark.runtime.assigning import (
+    DECLINED_FOR,
+    Led,
+    leader_assignment_pays,
+    leader_election,
+    lease_timing,
+)
 from kclpy_spark.runtime.taking import Taker
 from tests.unit.runtime.test_taking import Consumers, io, put, status, worker
 
@@ -25,6 +35,10 @@ class Leader:
 
     def __init__(self, leading: bool, other: str | None = None, assigns: bool = True) -> None:
         self.is_leader, self.other, self.other_assigns = leading, other, assigns
+
+    @property
+    def assigning(self) -> bool:  # lease_assignment = "leader": as soon as it leads
+        return self.is_leader
 
     def led_by(self) -> str | None:
         return None if self.is_leader else self.other
@@ -315,7 +329,9 @@ def _fleet_round(
     for i in range(peers):
         status(table, f"peer{i}", clock.wall())
     w = worker(table, Consumers(), clock)
-    w.cfg = WorkerConfig(stream_name="s", worker_id="me", lease_store=store)
+    w.cfg = WorkerConfig(
+        stream_name="s", worker_id="me", lease_store=store, lease_assignment="worker"
+    )
     w.caught_up = caught_up
     w.board = SimpleNamespace(on_scan=lambda leases: None)
     w.health = SimpleNamespace(store_ok=lambda: None, all_parked=False)
@@ -351,3 +367,78 @@ def test_a_job_gets_no_leader_assignment_hint(caplog: pytest.LogCaptureFixture) 
     job = SimpleNamespace(remaining=lambda leases: ["s000"], is_ended=lambda key: False)
     _fleet_round("dynamodb", leases=128, peers=7, rounds=1, caught_up=job)
     assert not [r for r in caplog.records if "lease_assignment" in r.getMessage()]
+
+
+def _auto_fleet(n_leases: int, names: list[str]) -> tuple[ManualClock, Reads, dict[str, Taker]]:
+    """lease_assignment = "auto" with the real election, assigning from 6 leases and 3 workers."""
+    clock, table, takers = fleet(n_leases, names)
+    for name, taker in takers.items():
+        w = taker.worker
+        w.cfg = WorkerConfig(stream_name="s", worker_id=name, auto_assignment_leases=6,
+                             auto_assignment_workers=3)  # fmt: skip
+        w.leader = leader_election(w.cfg, table, lease_timing(w.cfg), clock)
+        taker.led = Led(taker)
+    return clock, table, takers
+
+
+def test_an_auto_fleet_switches_to_leader_assignment_when_large_and_back_when_small(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "kclpy_spark.runtime.assigning")
+    clock, table, takers = _auto_fleet(6, ["a", "b", "c"])
+    a, b, c = (takers[n] for n in "abc")
+    elections = [t.worker.leader for t in (a, b, c)]
+    assert [e.tick() for e in elections] == [True, False, False]
+    run(a)  # its scan: 6 open leases, 3 running workers; it takes its share as a worker
+    assert a.led is not None and a.led.role() == "worker" and not a.worker.leader.assigning
+    assert len(a.worker.consumers) == 2
+    clock.advance(1.0)
+    assert [e.tick() for e in elections] == [True, False, False]  # the record says it now
+    assert a.worker.leader.assigning and b.worker.leader.other_assigns
+    assert b.interval() == b.worker.timing.renew_interval
+    run(a)  # the leader: assigns the four free leases to b and c
+    table.calls.clear()
+    run(b)
+    run(c)
+    assert "scan" not in table.calls and table.calls.count("query") == 2  # led: no scan
+    assert [len(keys) for keys in runners(takers).values()] == [2, 2, 2]
+    # c stops: two running workers are under three quarters of three
+    now = clock.wall()
+    stopped = {"updated_at": now, "stopping": True}
+    record = CoordinationRecord(control.worker_key("c"), "c", 2, now, json.dumps(stopped))
+    assert table.put_record(record, 1)
+    run(a)
+    clock.advance(1.0)
+    assert [e.tick() for e in elections[:2]] == [True, False]
+    assert not a.worker.leader.assigning and not b.worker.leader.other_assigns
+    table.calls.clear()
+    run(b)  # every worker takes for itself again
+    assert table.calls.count("scan") == 1 and "query" not in table.calls
+    said = [r.getMessage() for r in caplog.records if 'lease_assignment = "auto"' in r.getMessage()]
+    assert len(said) == 2
+    assert "6 open leases, 3 running workers: assigning" in said[0]
+    assert "2 running workers: every worker takes its own leases again" in said[1]
+
+
+def test_an_auto_leader_never_assigns_without_the_owner_index() -> None:
+    clock, table, takers = _auto_fleet(6, ["a", "b", "c"])
+    table.list_lease_keys_by_owner = _no_index  # type: ignore[method-assign]
+    a = takers["a"]
+    assert a.worker.leader.tick()
+    run(a)
+    clock.advance(1.0)
+    assert a.worker.leader.tick() and not a.worker.leader.assigning
+
+
+def _no_index(owner: str) -> list[str]:
+    raise InvalidStateError("the lease table has no LeaseOwnerToLeaseKeyIndex")
+
+
+def test_a_job_in_auto_mode_never_assigns() -> None:
+    clock, _, takers = _auto_fleet(6, ["a", "b", "c"])
+    a = takers["a"]
+    a.worker.caught_up = SimpleNamespace(remaining=lambda leases: ["s00"], is_ended=lambda k: False)
+    assert a.worker.leader.tick()
+    run(a)
+    clock.advance(1.0)
+    assert a.worker.leader.tick() and not a.worker.leader.assigning

@@ -46,6 +46,14 @@ class Consumers(dict[str, Any]):
 class Looks:
     """Stands in for the leader election and the suspend flag: what each scan showed them."""
 
+    is_leader = assigning = other_assigns = False  # nobody leads
+
+    def led_by(self) -> str | None:
+        return None
+
+    def set_assigns(self, assigns: bool) -> None:
+        assert not assigns
+
     def __init__(self) -> None:
         self.seen: list[tuple[tuple[str, ...], float]] = []
 
@@ -58,7 +66,7 @@ def worker(table: MemoryLeaseTable, consumers: Consumers, clock: ManualClock | N
     return SimpleNamespace(
         suspended=False,
         resumed_at=float("-inf"),
-        cfg=WorkerConfig(stream_name="s", worker_id=ME),
+        cfg=WorkerConfig(stream_name="s", worker_id=ME, lease_assignment="worker"),
         store=table,
         clock=clock,
         timing=LeaseTiming(failover=10.0, steal_cooldown_intervals=0.0),

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from checkpoint.base.clock import ManualClock
 from checkpoint.port import CoordinationRecord
 from checkpoint.stores.memory import MemoryLeaseTable
-from shard_sync.leader import LEADER_KEY, LeaderElection
+from shard_sync.leader import LEADER_KEY, LIFE, LeaderElection
 
 
 def _pair(
@@ -358,3 +362,71 @@ def test_a_version_is_dated_when_the_read_that_showed_it_returned() -> None:
     assert not b.tick()  # not yet (dated from the tick's start, B would take over here)
     assert clock.monotonic() - returned > 30.0
     assert b.tick()  # the read of this tick ended past the duration: B takes over
+
+
+def _life(store: MemoryLeaseTable) -> tuple[object, object]:
+    record = store.get_record(LEADER_KEY)
+    assert record is not None
+    data = json.loads(record.data or "{}")
+    return data.get("assigns"), data.get(LIFE)
+
+
+def test_an_auto_leader_that_starts_assigning_states_a_shorter_life_from_its_next_write() -> None:
+    """lease_assignment = "auto": three failover times while the leader only syncs shards, one
+    once it assigns; it says it assigns only once its record does, and others judge each
+    record by the life it states."""
+    store, clock = MemoryLeaseTable(), ManualClock()
+    a = LeaderElection(store, "A", lease_duration=30.0, clock=clock, assigning_duration=10.0)
+    b = LeaderElection(store, "B", lease_duration=30.0, clock=clock, assigning_duration=10.0)
+    assert a.tick() and not b.tick()
+    assert _life(store) == (None, 30.0) and a.tick_interval() == 10.0
+    assert b.tick_interval() == 10.0 and b.led_by() == "A" and not b.other_assigns
+    a.set_assigns(True)
+    assert not a.assigning  # not until its record says so
+    clock.advance(10.0)
+    assert a.tick() and a.assigning
+    assert _life(store) == ("A", 10.0) and a.tick_interval() == pytest.approx(10 / 3)
+    assert not b.tick() and b.other_assigns and b.tick_interval() == pytest.approx(10 / 3)
+    # A dies: B takes over after the life the record states (10 s), not its own 30 s.
+    clock.advance(9.9)
+    assert not b.tick() and b.led_by() == "A"
+    clock.advance(0.2)
+    assert b.led_by() is None  # a led worker stops following: it takes for itself
+    assert b.tick() and b.is_leader
+    assert _life(store) == (None, 30.0)  # B does not assign until its own scans say so
+    # and A, paused past its shorter life, no longer thinks it leads
+    assert not a.is_leader and not a.assigning
+
+
+def test_an_auto_leader_that_stops_assigning_goes_back_to_the_longer_life() -> None:
+    store, clock = MemoryLeaseTable(), ManualClock()
+    a = LeaderElection(store, "A", lease_duration=30.0, clock=clock, assigning_duration=10.0)
+    b = LeaderElection(store, "B", lease_duration=30.0, clock=clock, assigning_duration=10.0)
+    a.set_assigns(True)
+    assert a.tick() and a.assigning and not b.tick() and b.other_assigns
+    a.set_assigns(False)
+    clock.advance(3.0)
+    assert a.tick() and not a.assigning and _life(store) == (None, 30.0)
+    assert a.tick_interval() == 10.0
+    assert not b.tick() and not b.other_assigns
+    clock.advance(25.0)  # past the old life, within the new one: A still leads for everyone
+    assert a.is_leader and not b.tick() and b.led_by() == "A"
+    clock.advance(5.1)
+    assert b.tick()  # 30 s without a renewal
+
+
+NONSENSE = ['{"lapses_after": "soon"}', '{"lapses_after": -1}', '{"lapses_after": 1e9}',
+            '{"lapses_after": true}', "[1]"]  # fmt: skip
+
+
+@pytest.mark.parametrize("data", [None, *NONSENSE])
+def test_a_record_that_states_no_sensible_life_is_judged_by_our_own(data: str | None) -> None:
+    """Records of older versions state none: each worker's own lease_duration applies."""
+    store, clock = MemoryLeaseTable(), ManualClock()
+    assert store.put_record(CoordinationRecord(LEADER_KEY, "OLD", 1, 0.0, data), None)
+    b = LeaderElection(store, "B", lease_duration=30.0, clock=clock, assigning_duration=10.0)
+    assert not b.tick() and b.led_by() == "OLD" and b.tick_interval() == 10.0
+    clock.advance(29.9)
+    assert not b.tick()
+    clock.advance(0.2)
+    assert b.tick()
