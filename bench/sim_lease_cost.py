@@ -16,9 +16,13 @@ coordination records included, per 1 MB page. Not simulated: the leader's shard-
 (a Scan every few minutes; about 0.25 a minute measured by bench_lease_requests) and anything a
 moving lease costs.
 
-With ``lease_assignment = "leader"`` (``--assignment leader``; both modes run by default) only
+With ``lease_assignment = "leader"`` (``--assignment``: worker, leader and auto by default) only
 the leader scans; every other worker Queries the owner index for its own keys every renewal
-interval, and the leader record is renewed every third of a failover time.
+interval, and the leader record is renewed every third of a failover time. With ``"auto"`` (the
+default) the leader decides after each of its scans by the product's rule
+(``leader_assigns`` on the status records' running workers and the open leases), with the
+product's election (``leader_election``, its record's life switching), so each size settles
+in one mode or the other during the warm-up; the table says which.
 Writes ``bench/results/sim_lease_cost.md``.
 """
 
@@ -40,18 +44,19 @@ from kcl_model import Cost, kcl3
 
 from checkpoint.base.clock import ManualClock
 from checkpoint.lease import HashKeyRange, Lease, OwnerFigures
+from checkpoint.leasing.assign import leader_assigns
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.leasing.observer import LeaseObserver
-from checkpoint.leasing.timing import LeaseTiming
 from checkpoint.port import CoordinationRecord, TableScan
 from checkpoint.sequence import ExtendedSequenceNumber
 from checkpoint.stores import dynamo_codec as codec
 from checkpoint.stores.capacity import item_size, read_units, write_units
 from checkpoint.stores.memory import MemoryLeaseTable
+from kclpy_spark.config import WorkerConfig
 from kclpy_spark.ops import control
+from kclpy_spark.runtime.assigning import leader_election, lease_timing
 from kclpy_spark.runtime.publish import published_events
 from kclpy_spark.runtime.taking import LOOK_MARGIN, MAX_LOOKS
-from shard_sync.leader import LeaderElection
 
 SEQ = "49590338271490256608559692538361571095921575989136588898"
 PAGE_BYTES = 1 << 20
@@ -148,7 +153,9 @@ class CostingStore:
 class SimWorker:
     """One worker's lease-management calls, with the real classes the worker uses."""
 
-    def __init__(self, worker_id: str, store: CostingStore, clock: ManualClock, t: LeaseTiming):
+    def __init__(self, worker_id: str, store: CostingStore, clock: ManualClock, cfg: WorkerConfig):
+        t = lease_timing(cfg)
+        self.cfg = cfg
         self.id = worker_id
         self.store = store
         self.clock = clock
@@ -160,10 +167,8 @@ class SimWorker:
         self.observer = LeaseObserver(t)
         self.timing = t
         self.next_round = 0.0  # monotonic: the taker's next scheduled round
-        self.leader = LeaderElection(
-            store, worker_id, lease_duration=t.leader_duration, clock=clock,  # type: ignore[arg-type]
-            observed_max_age=t.leader_renew_interval,
-        )  # fmt: skip
+        self.was_led = False
+        self.leader = leader_election(cfg, store, t, clock)  # type: ignore[arg-type]
         self.suspend = control.SuspendFlag(store, clock, t.lease_duration)  # type: ignore[arg-type]
         self.status = control.StatusWriter(store, worker_id, worker_id, 3 * t.lease_duration)  # type: ignore[arg-type]
         # The leases were taken when the fleet started, more than ten minutes ago (steady state).
@@ -179,15 +184,38 @@ class SimWorker:
         self.leader.observe(table.records, now)
         self.suspend.observe(table.records, now)
         self.observer.observe(table.leases, now, self.clock.wall())
+        if self.cfg.lease_assignment == "auto" and self.leader.is_leader:  # Led.after_scan
+            max_age = 2 * self.timing.lease_duration + self.timing.max_clock_skew
+            running = control.live_workers(table.records, self.clock.wall(), max_age)
+            self.leader.set_assigns(leader_assigns(
+                self.leader.assigning, len(table.leases), len(set(running) | {self.id}),
+                from_leases=self.cfg.auto_assignment_leases,
+                from_workers=self.cfg.auto_assignment_workers,
+            ))  # fmt: skip
 
-    def take_loop(self, led: bool) -> float:
+    def led(self) -> bool:
+        """Led by a leader that assigns (Led.role): no scans, a Query every renewal interval."""
+        if self.cfg.lease_assignment == "worker" or self.leader.is_leader:
+            return False
+        return self.leader.led_by() is not None and self.leader.other_assigns
+
+    def tick(self) -> float:
+        """The leader loop: a tick, then as long as the election says."""
+        self.leader.tick()
+        return self.leader.tick_interval()
+
+    def take_loop(self) -> float:
         """The taker's loop (``Taker.wait``): a round every take interval, and between rounds a
         read of each lease of another worker at the moment it would expire unless its counter
         moved (more than MAX_LOOKS due at once: a round now). Returns the seconds until it
         wants to run again."""
         now = self.clock.monotonic()
+        led = self.led()
+        if led and not self.was_led:
+            self.observer.forget()  # a led worker watches no lease (Led.round)
+        self.was_led = led
         if now >= self.next_round - 1e-9:
-            if not led or self.leader.is_leader:
+            if not led:
                 self.scan()
             self.next_round = now + self.timing.take_interval
         else:
@@ -204,7 +232,7 @@ class SimWorker:
 
     def discover(self) -> None:
         """A led worker's look at its own keys, every renewal interval (none while it leads)."""
-        if not self.leader.is_leader:
+        if self.led():
             self.store.list_lease_keys_by_owner(self.id)
 
     def control(self) -> None:
@@ -256,27 +284,28 @@ def simulate(
     failover: float,
     warmup: float,
     minutes: float,
-    led: bool = False,
+    mode: str = "worker",
     checkpoint_every: float = 0.0,
-) -> Cost:
-    """Per lease per minute, after ``warmup`` virtual seconds; ``led``: lease_assignment =
-    "leader" (only the leader scans, the others Query their keys; the leader record lives one
-    failover time)."""
-    timing = LeaseTiming(failover=failover, leader_duration_multiplier=1.0 if led else 3.0)
+) -> tuple[Cost, bool]:
+    """Per lease per minute, after ``warmup`` virtual seconds, and whether a leader assigned at
+    the end; ``mode``: lease_assignment."""
+    cfgs = [WorkerConfig(stream_name="s", worker_id=f"worker-{i:03d}", failover_time=failover,
+                         lease_assignment=mode) for i in range(workers)]  # fmt: skip
+    timing = lease_timing(cfgs[0])
     clock = ManualClock()
     store = CostingStore(MemoryLeaseTable(clock))
-    fleet = [SimWorker(f"worker-{i:03d}", store, clock, timing) for i in range(workers)]
+    fleet = [SimWorker(cfg.worker_id, store, clock, cfg) for cfg in cfgs]
     _populate(store, leases, fleet)
     rng = random.Random(7)
     steps: list[tuple[float, Callable[[], Any]]] = []
     for w in fleet:
         steps += [
             (w.holder.round_interval, lambda w=w: (w.measure(), w.holder.renew_all())),
-            (timing.take_interval, lambda w=w: w.take_loop(led)),
-            (timing.leader_renew_interval, w.leader.tick),
+            (timing.take_interval, w.take_loop),
+            (timing.leader_renew_interval, w.tick),
             (timing.lease_duration, w.control),
         ]
-    if led:  # after the others, so that both modes run the common steps in the same phases
+    if mode != "worker":  # after the others, so that all modes run the common steps in phase
         steps += [(timing.renew_interval, w.discover) for w in fleet]
     if checkpoint_every > 0:
         steps += [(checkpoint_every, w.checkpoint) for w in fleet]
@@ -301,7 +330,7 @@ def simulate(
     assert before is not None
     spent = Cost(after.requests - before.requests, after.read_units - before.read_units,
                  after.write_units - before.write_units)  # fmt: skip
-    return spent.per(minutes * leases)
+    return spent.per(minutes * leases), any(w.leader.assigning for w in fleet)
 
 
 def _lease_bytes(leases: int) -> int:
@@ -370,16 +399,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="seconds between a lease's checkpoints (0: none, an idle stream)",
     )
     parser.add_argument("--results", default="sim_lease_cost.md", help="file in bench/results/")
-    parser.add_argument("--assignment", nargs="+", choices=["worker", "leader"],
-                        default=["worker", "leader"], help="lease_assignment values")  # fmt: skip
+    modes = ["worker", "leader", "auto"]
+    parser.add_argument("--assignment", nargs="+", choices=modes, default=modes,
+                        help="lease_assignment values")  # fmt: skip
     args = parser.parse_args(argv)
     rows = []
     for size in args.sizes:
         leases, workers = (int(x) for x in size.split("x"))
         for mode in args.assignment:
-            led = mode == "leader"
-            ours = simulate(leases, workers, args.failover, args.warmup, args.minutes, led,
-                            args.checkpoint_every)  # fmt: skip
+            ours, assigned = simulate(leases, workers, args.failover, args.warmup, args.minutes,
+                                      mode, args.checkpoint_every)  # fmt: skip
+            if mode == "auto":
+                mode += " (leader assigns)" if assigned else " (every worker takes)"
             print(f"{leases} leases, {workers} workers, {mode}: {ours}", flush=True)
             rows.append((leases, workers, mode, ours))
     text = report(rows, args.failover, argv, args.checkpoint_every)
