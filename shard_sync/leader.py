@@ -90,7 +90,8 @@ class LeaderElection:
         # Written into every record of ours: whether this leader assigns leases (lease_assignment
         # = "leader", or "auto" and the fleet is large: set_assigns); read from another's, so
         # that workers follow only a leader that assigns (a fleet changing the setting).
-        self._assigns = assigns
+        self._assigns = assigns  # guarded by _later_lock: set on the event loop
+        self._configured_assigns = assigns  # what a worker that does not lead goes back to
         self.other_assigns = False
         self._resigned = False  # for good: this worker is stopping
         self._observed_max_age = observed_max_age
@@ -113,21 +114,31 @@ class LeaderElection:
         only from then on)."""
         return self.is_leader and _assigns(self._mine)
 
+    @property
+    def wants_assigns(self) -> bool:
+        """Whether our next write will say we assign leases."""
+        return self._assigns
+
     def set_assigns(self, assigns: bool) -> None:
         """Whether our record says we assign leases (and lives ``assigning_duration``) from our
-        next write on."""
-        self._assigns = assigns
+        next write on; only while we lead (losing leadership resets it to the configured
+        value, so a worker that comes to lead again says what its scans decide, not what
+        they decided before)."""
+        with self._later_lock:
+            if self._leading or not assigns:
+                self._assigns = assigns
 
     def tick_interval(self) -> float:
-        """How long until the next tick: a third of our record's life while we lead, else of
-        the life the leader's record states (a worker led by a leader that assigns notices
-        within a third of a failover time that it stopped renewing)."""
+        """How long until the next tick: a third of our record's life while we lead (the
+        shorter of the life written and the life wanted), else of the life the leader's
+        record states (a worker led by a leader that assigns notices within a third of a
+        failover time that it stopped renewing)."""
         if self._leading:
-            return self._own_life() / 3
+            return min(self._written_life, self._life_for(self._assigns)) / 3
         return (self._other_life if self._other is not None else self._duration) / 3
 
-    def _own_life(self) -> float:
-        return self._assigning_duration if self._assigns else self._duration
+    def _life_for(self, assigns: bool) -> float:
+        return self._assigning_duration if assigns else self._duration
 
     def led_by(self) -> str | None:
         """Another worker that leads, as far as we can tell: the record's owner at our last
@@ -138,18 +149,19 @@ class LeaderElection:
         return other if self._clock.monotonic() - seen.since <= self._other_life else None
 
     def _record(self, version: int, data: dict[str, object] | None = None) -> CoordinationRecord:
+        assigns = self._assigns  # read once: the flag and the life it implies agree
         return CoordinationRecord(
             key=self._key,
             owner=self._worker_id,
             version=version,
-            expires_at=self._clock.wall() + self._own_life(),
+            expires_at=self._clock.wall() + self._life_for(assigns),
             # Our id, not a flag: an older version leading after us carries the data forward
             # unchanged, and must not look as if it assigned.
             data=json.dumps(
                 {
                     **(data or {}),
-                    "assigns": self._worker_id if self._assigns else None,
-                    LIFE: self._own_life(),
+                    "assigns": self._worker_id if assigns else None,
+                    LIFE: self._life_for(assigns),
                 }
             ),
         )
@@ -158,6 +170,9 @@ class LeaderElection:
         """Record the outcome of a tick; ``since``: when the write that won it started."""
         if leading and since is not None:
             self._leading_until = since + self._written_life
+        if not leading:
+            with self._later_lock:
+                self._assigns = self._configured_assigns
         if leading != self._leading:
             log.info(
                 "worker %s %s shard-sync leadership (%s)",
@@ -235,6 +250,8 @@ class LeaderElection:
     def _put(self, record: CoordinationRecord, expected: int | None, now: float) -> bool:
         """A conditional write of the leader record; remembers it when it wins, so the next
         renewal needs no read (it is conditional on this version: it loses if anyone wrote)."""
+        if self._leading:  # a shorter life counts from now, whether or not we learn we won
+            self._leading_until = min(self._leading_until, now + _life(record, self._duration))
         won = self._store.put_record(record, expected_version=expected)
         self._mine = record if won else None
         if won:

@@ -111,30 +111,28 @@ class Led:
 
     async def after_scan(self, open_leases: int, running: Iterable[str]) -> None:
         """``"auto"``: whether we assign from our next renewal on, decided from a scan of ours
-        while we lead (a worker that does not lead says nothing: when it comes to lead, its
-        first scan decides)."""
+        while we lead (a worker that does not lead says nothing: losing leadership resets the
+        wish, and when it comes to lead, its first scan decides)."""
         w = self._t.worker
-        if w.cfg.lease_assignment != "auto":
+        if w.cfg.lease_assignment != "auto" or not w.leader.is_leader:
             return
-        assigning = w.leader.assigning
+        workers = len(set(running) | {w.cfg.worker_id})
         wanted = (
-            w.leader.is_leader
-            and w.caught_up is None
+            w.caught_up is None
             and w.clock.monotonic() >= self._no_index_until
             and leader_assigns(
-                assigning,
+                w.leader.assigning,
                 open_leases,
-                len(set(running) | {w.cfg.worker_id}),
+                workers,
                 from_leases=w.cfg.auto_assignment_leases,
                 from_workers=w.cfg.auto_assignment_workers,
             )
         )
-        if wanted and not assigning and not await self._index_answers():
+        if wanted and not w.leader.wants_assigns and not await self._index_answers():
             wanted = False  # logged there; every worker takes for itself meanwhile
-        if wanted != assigning and w.leader.is_leader:
+        if wanted != w.leader.wants_assigns:
             log.info("worker %s (leader): %d open leases, %d running workers: %s "
-                     "(lease_assignment = \"auto\")", w.cfg.worker_id, open_leases,
-                     len(set(running) | {w.cfg.worker_id}),
+                     "(lease_assignment = \"auto\")", w.cfg.worker_id, open_leases, workers,
                      "assigning leases from the next leader renewal on" if wanted
                      else "every worker takes its own leases again")  # fmt: skip
         w.leader.set_assigns(wanted)
@@ -238,8 +236,6 @@ class Led:
             keys: list[str] = await t.io(w.store.list_lease_keys_by_owner, w.cfg.worker_id)
             return keys
         except InvalidStateError as exc:
-            if w.cfg.lease_assignment == "auto":
-                w.leader.set_assigns(False)  # nobody is to Query a missing index
             log.error("worker %s: %s; lease_assignment = \"leader\" needs the owner index "
                       "(LeaseOwnerToLeaseKeyIndex): taking leases as every worker does for "
                       "%.0f s", w.cfg.worker_id, exc, NO_INDEX_RETRY)  # fmt: skip

@@ -31,7 +31,7 @@ async def announce_stopping(w: Worker, io: Io) -> None:
         await io(w.status_writer.publish, {**status_payload(w, now), "stopping": True}, now)
     except Exception as exc:  # stopping goes on: our status then ages out instead
         log.warning("worker %s: could not publish that it is stopping: %r", w.cfg.worker_id, exc)
-    if w.cfg.lease_assignment == "leader" or w.leader.assigning:  # the next leader assigns now
+    if w.cfg.lease_assignment != "worker":  # the next leader assigns now, not a failover later
         with contextlib.suppress(Exception):
             await io(w.leader.resign)
 

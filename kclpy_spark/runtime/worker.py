@@ -233,24 +233,8 @@ class Worker:
         await self._control_round()
         await self._io(self.leader.tick)
         await self._maintenance_round()
-        # Leadership is renewed in its own loop, so a long maintenance round (a throttled
-        # ListShards, a big scan) never lets the leadership lapse while this worker still syncs.
-        lead = functools.partial(self._io, self.leader.tick)
-        loops = [
-            asyncio.create_task(
-                self._loop(self._renew_round, self.holder.round_interval, rate=True)
-            ),
-            asyncio.create_task(self._take_loop()),
-            asyncio.create_task(self._loop(lead, self.leader.tick_interval, first=False)),
-            asyncio.create_task(
-                self._loop(self._maintenance_round, self.cfg.shard_sync_interval, first=False)
-            ),
-            # Once per lease duration: suspend reacts within two failover times (the flag comes
-            # from a scan up to one old) and `status` sees figures about that old.
-            asyncio.create_task(
-                self._loop(self._control_round, self.timing.lease_duration, first=False)
-            ),
-        ]
+        loops = [asyncio.create_task(self._loop(f, at, **kw)) for f, at, kw in self._periodic()]
+        loops.insert(1, asyncio.create_task(self._take_loop()))
         self.health.started = True
         self.started.set()
         try:
@@ -273,9 +257,22 @@ class Worker:
 
     # --- loops -----------------------------------------------------------------------------------
 
+    def _periodic(self) -> list[tuple[Callable[[], Any], float | Callable[[], float], Any]]:
+        """The periodic loops, renewals first: leadership in its own loop, at the pace its
+        record's life sets, so a long maintenance round (a throttled ListShards, a big scan)
+        never lets it lapse; the control round once per lease duration (suspend reacts within
+        two failover times, the flag coming from a scan up to one old, and ``status`` sees
+        figures about that old)."""
+        return [
+            (self._renew_round, self.holder.round_interval, {"rate": True, "first": True}),
+            (functools.partial(self._io, self.leader.tick), self.leader.tick_interval, {}),
+            (self._maintenance_round, self.cfg.shard_sync_interval, {}),
+            (self._control_round, self.timing.lease_duration, {}),
+        ]
+
     async def _loop(
-        self, step: Callable[[], Any], interval: float | Callable[[], float], *, first: bool = True,
-        rate: bool = False,
+        self, step: Callable[[], Any], interval: float | Callable[[], float], *,
+        first: bool = False, rate: bool = False,
     ) -> None:  # fmt: skip
         """``step`` every ``interval`` s (or what it says) after the last ended; ``rate``:
         after the last began (renewals: a slow round must not push the next one later)."""

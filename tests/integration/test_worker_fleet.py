@@ -76,7 +76,7 @@ def test_three_workers_split_merge_kill_and_handoff(
             # others have processed every record.
             def roles(text: str) -> int:
                 logs = [p.log_text() for p in workers.procs.values()]
-                return sum(text in x for x in logs)
+                return sum(x.count(text) for x in logs)
 
             wait_for("a leader", lambda: roles("lease assignment role worker -> leader") >= 1, 30)
             wait_for("two led workers", lambda: roles("-> led") >= 2, timeout=30)
@@ -124,6 +124,11 @@ def test_three_workers_split_merge_kill_and_handoff(
             )
 
         victim = owners().most_common(1)[0][0]
+        if assignment != "worker":
+            # The leader record was renewed within its life all along (a record of one failover
+            # time renewed at the pace of one of three would change hands at every renewal);
+            # one change is allowed for a request LocalStack was slow to answer.
+            assert roles("takes shard-sync leadership") <= 2
         if assignment != "worker":  # the leader: its own leases wait for a new leader
             record = table.get_record(LEADER_KEY)
             assert record is not None and record.owner in workers.procs

@@ -430,6 +430,19 @@ def test_an_auto_leader_never_assigns_without_the_owner_index() -> None:
     assert a.worker.leader.tick() and not a.worker.leader.assigning
 
 
+def test_an_auto_leader_whose_owner_index_goes_missing_stops_saying_it_assigns() -> None:
+    clock, table, takers = _auto_fleet(6, ["a", "b", "c"])
+    a = takers["a"]
+    assert a.worker.leader.tick()
+    run(a)
+    clock.advance(1.0)
+    assert a.worker.leader.tick() and a.worker.leader.assigning
+    table.list_lease_keys_by_owner = _no_index  # type: ignore[method-assign]
+    run(a)  # its first round as the assigning leader finds no index: it scans and takes instead
+    clock.advance(1.0)
+    assert a.worker.leader.tick() and not a.worker.leader.assigning
+
+
 def _no_index(owner: str) -> list[str]:
     raise InvalidStateError("the lease table has no LeaseOwnerToLeaseKeyIndex")
 

@@ -1,4 +1,5 @@
-"""The worker's periodic loops: renewals keep their rate when a round is slow."""
+"""The worker's periodic loops: renewals keep their rate when a round is slow; leadership is
+renewed at the pace its record's life sets."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from checkpoint.base.clock import ManualClock
+from checkpoint.stores.memory import MemoryLeaseTable
+from kclpy_spark.config import WorkerConfig
+from kclpy_spark.runtime.assigning import leader_election, lease_timing
 from kclpy_spark.runtime.worker import Worker
 
 
@@ -25,7 +29,7 @@ def _sleeps(rate: bool, step_seconds: float, interval: float = 3.3) -> list[floa
 
     fake = SimpleNamespace(clock=clock, sleep=sleep, cfg=SimpleNamespace(worker_id="w"))
     with pytest.raises(asyncio.CancelledError):
-        asyncio.run(Worker._loop(fake, step, interval, rate=rate))  # type: ignore[arg-type]
+        asyncio.run(Worker._loop(fake, step, interval, first=True, rate=rate))  # type: ignore[arg-type]
     return slept
 
 
@@ -36,3 +40,48 @@ def test_a_rate_loop_starts_each_round_one_interval_after_the_last_began() -> No
 
 def test_other_loops_wait_one_interval_after_the_last_ended() -> None:
     assert _sleeps(rate=False, step_seconds=2.0) == [3.3, 3.3, 3.3]
+
+
+def test_a_loop_asks_a_callable_interval_after_every_step() -> None:
+    paces = iter([10.0, 3.0, 2.5])
+    clock = ManualClock()
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 3:
+            raise asyncio.CancelledError
+
+    async def step() -> None:
+        clock.advance(0.5)
+
+    fake = SimpleNamespace(clock=clock, sleep=sleep, cfg=SimpleNamespace(worker_id="w"))
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(Worker._loop(fake, step, lambda: next(paces)))  # type: ignore[arg-type]
+    assert slept == [10.0, 3.0, 2.5]
+
+
+def test_the_leader_loop_runs_at_the_pace_of_its_record_life() -> None:
+    """lease_assignment = "auto": a leader that assigns lives one failover time and renews
+    every third of it; a loop at a fixed pace of the three-failover life would let it lapse."""
+    store, clock = MemoryLeaseTable(), ManualClock()
+    cfg = WorkerConfig(stream_name="s", worker_id="w", failover_time=10.0)
+    leader = leader_election(cfg, store, lease_timing(cfg), clock)
+    fake = SimpleNamespace(
+        leader=leader,
+        holder=SimpleNamespace(round_interval=0.83),
+        cfg=cfg,
+        timing=lease_timing(cfg),
+        _io=lambda *args: None,
+        _renew_round=None,
+        _maintenance_round=None,
+        _control_round=None,
+    )
+    loops = Worker._periodic(fake)  # type: ignore[arg-type]
+    assert loops[0][2] == {"rate": True, "first": True}  # renewals at once, the others later
+    (pace,) = [every for step, every, _ in loops if getattr(step, "args", None) == (leader.tick,)]
+    assert callable(pace)
+    assert leader.tick()
+    assert pace() == 10.0
+    leader.set_assigns(True)
+    assert leader.tick() and pace() == pytest.approx(10 / 3)

@@ -25,9 +25,11 @@ from checkpoint.sequence import SHARD_END, TRIM_HORIZON
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.ops import control
+from kclpy_spark.runtime.assigning import leader_election, lease_timing
 from kclpy_spark.runtime.events import EventLog
 from kclpy_spark.runtime.metrics import WorkerMetrics
 from kclpy_spark.runtime.taking import MAX_LOOKS, Taker
+from shard_sync.leader import LEADER_KEY
 
 ME = "me"
 
@@ -51,8 +53,8 @@ class Looks:
     def led_by(self) -> str | None:
         return None
 
-    def set_assigns(self, assigns: bool) -> None:
-        assert not assigns
+    def set_assigns(self, assigns: bool) -> None:  # only a leader decides: never called
+        raise AssertionError("a worker that does not lead decided whether to assign")
 
     def __init__(self) -> None:
         self.seen: list[tuple[tuple[str, ...], float]] = []
@@ -331,6 +333,10 @@ def status(table: MemoryLeaseTable, worker_id: str, updated_at: float, **data: A
     assert table.put_record(record, None)
 
 
+def lease_election(cfg: WorkerConfig, table: MemoryLeaseTable, clock: ManualClock) -> Any:
+    return leader_election(cfg, table, lease_timing(cfg), clock)
+
+
 def test_a_round_counts_the_workers_whose_status_says_they_run() -> None:
     """A fresh table: the first round takes our share only, not every lease, when the others'
     status records say they run; a stale, stopping or stopped record counts for nothing."""
@@ -388,6 +394,28 @@ def test_a_stopping_worker_says_so_before_handing_out(monkeypatch: Any) -> None:
     w.status_writer.publish({"leases": {}}, w.clock.wall())  # a control round's late publish
     assert control.worker_status(table, ME)["stopping"] is True
     assert control.live_workers(table.scan_table("worker/").records, w.clock.wall(), 60.0) == {}
+
+
+@pytest.mark.parametrize(("assignment", "resigns"), [("worker", False), ("leader", True),
+                                                     ("auto", True)])  # fmt: skip
+def test_a_stopping_leader_that_may_assign_resigns_before_handing_out(
+    monkeypatch: Any, assignment: str, resigns: bool
+) -> None:
+    """So the next leader decides (and assigns) now, not a failover time later; in "auto" also
+    when it had only decided to assign, its record not saying so yet."""
+    from kclpy_spark.runtime import stopping
+
+    table = MemoryLeaseTable()
+    w = worker(table, Consumers())
+    w.cfg = WorkerConfig(stream_name="s", worker_id=ME, lease_assignment=assignment)
+    w.status_writer = control.StatusWriter(table, ME)
+    w.leader = lease_election(w.cfg, table, w.clock)
+    assert w.leader.tick()
+    w.leader.set_assigns(True)
+    monkeypatch.setattr(stopping, "status_payload", lambda worker, now: {"leases": {}})
+    asyncio.run(stopping.announce_stopping(w, io))
+    record = table.get_record(LEADER_KEY)
+    assert record is not None and (record.owner is None) is resigns
 
 
 @pytest.mark.parametrize(

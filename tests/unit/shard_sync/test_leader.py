@@ -402,9 +402,11 @@ def test_an_auto_leader_that_stops_assigning_goes_back_to_the_longer_life() -> N
     store, clock = MemoryLeaseTable(), ManualClock()
     a = LeaderElection(store, "A", lease_duration=30.0, clock=clock, assigning_duration=10.0)
     b = LeaderElection(store, "B", lease_duration=30.0, clock=clock, assigning_duration=10.0)
+    assert a.tick()
     a.set_assigns(True)
     assert a.tick() and a.assigning and not b.tick() and b.other_assigns
     a.set_assigns(False)
+    assert a.tick_interval() == pytest.approx(10 / 3)  # its record still lives 10 s
     clock.advance(3.0)
     assert a.tick() and not a.assigning and _life(store) == (None, 30.0)
     assert a.tick_interval() == 10.0
@@ -430,3 +432,49 @@ def test_a_record_that_states_no_sensible_life_is_judged_by_our_own(data: str | 
     assert not b.tick()
     clock.advance(0.2)
     assert b.tick()
+
+
+def test_a_wish_to_assign_needs_leadership_and_ends_with_it() -> None:
+    store, clock = MemoryLeaseTable(), ManualClock()
+    a = LeaderElection(store, "A", lease_duration=30.0, clock=clock, assigning_duration=10.0)
+    b = LeaderElection(store, "B", lease_duration=30.0, clock=clock, assigning_duration=10.0)
+    b.set_assigns(True)  # not leading: ignored
+    assert a.tick() and not b.tick() and not b.wants_assigns
+    a.set_assigns(True)
+    assert a.tick() and a.assigning
+    a.resign()
+    assert not a.wants_assigns  # lost with the leadership
+    assert b.tick() and not b.assigning and _life(store) == (None, 30.0)
+    clock.advance(1.0)
+    assert not a.tick() and _life(store) == (None, 30.0)
+
+
+class LandsThenFails(MemoryLeaseTable):
+    """A write whose outcome the caller never learns: it lands, then the call raises."""
+
+    fail = False
+
+    def put_record(self, record: CoordinationRecord, expected_version: int | None) -> bool:
+        won = super().put_record(record, expected_version)
+        if self.fail:
+            raise TimeoutError("no answer")
+        return won
+
+
+def test_a_shorter_life_written_with_an_unknown_outcome_ends_our_leadership_in_time() -> None:
+    """A leader that wrote a 30 s life and then a 10 s one it never heard back about stops
+    leading before another worker may take over on the 10 s record."""
+    store, clock = LandsThenFails(), ManualClock()
+    a = LeaderElection(store, "A", lease_duration=30.0, clock=clock, assigning_duration=10.0)
+    b = LeaderElection(store, "B", lease_duration=30.0, clock=clock, assigning_duration=10.0)
+    assert a.tick() and not b.tick()
+    a.set_assigns(True)
+    clock.advance(10.0)
+    store.fail = True
+    with pytest.raises(TimeoutError):
+        a.tick()
+    assert not b.tick() and b.other_assigns  # B saw the 10 s record
+    clock.advance(10.01)
+    assert not a.is_leader  # before B may take over
+    store.fail = False
+    assert b.tick() and b.is_leader
