@@ -66,15 +66,22 @@ class LeaderElection:
         key: str = LEADER_KEY,
         assigns: bool = False,
         assigning_duration: float | None = None,
+        renew_at: float = 1 / 3,
         observed_max_age: float = 0.0,
     ) -> None:
         if lease_duration <= 0 or (assigning_duration is not None and assigning_duration <= 0):
             raise ValueError("lease_duration and assigning_duration must be > 0")
+        if not 0 < renew_at <= 0.5:
+            raise ValueError("renew_at must be within (0, 0.5]")
         self._store = store
         self._worker_id = worker_id
         self._duration = lease_duration  # our record's life while we do not assign
         self._assigning_duration = assigning_duration or lease_duration  # ... while we do
         self._written_life = lease_duration  # the life our last winning write stated
+        self._written_at = float("-inf")  # monotonic: when that write started
+        # How old (a fraction of its life) a record that does not say it assigns gets before we
+        # renew it; one that does: a third.
+        self._renew_at = renew_at
         self._other_life = lease_duration  # the life the other leader's record states
         self._clock = clock or SystemClock()
         self._key = key
@@ -129,12 +136,13 @@ class LeaderElection:
                 self._assigns = assigns
 
     def tick_interval(self) -> float:
-        """How long until the next tick: a third of our record's life while we lead (the
-        shorter of the life written and the life wanted), else of the life the leader's
-        record states (a worker led by a leader that assigns notices within a third of a
-        failover time that it stopped renewing)."""
+        """How long until the next tick: a sixth of our record's life while we lead (the
+        shorter of the life written and the life wanted; a tick writes only when the record
+        is due, so a write that failed is tried again a sixth of its life later), else a third
+        of the life the leader's record states (a worker led by a leader that assigns notices
+        within a third of a failover time that it stopped renewing)."""
         if self._leading:
-            return min(self._written_life, self._life_for(self._assigns)) / 3
+            return min(self._written_life, self._life_for(self._assigns)) / 6
         return (self._other_life if self._other is not None else self._duration) / 3
 
     def _life_for(self, assigns: bool) -> float:
@@ -192,6 +200,8 @@ class LeaderElection:
     def _tick(self) -> bool:
         now = self._clock.monotonic()
         mine = self._mine
+        if mine is not None and self._leading and not self._due(mine, now):
+            return self.is_leader  # written lately, as we want it: nothing to do
         if mine is not None and self._renew(mine, now):
             return self._set_leading(True, "renewed", now)  # one write: nobody wrote since
         current, seen_at = self._look(now)
@@ -211,6 +221,16 @@ class LeaderElection:
             return self._set_leading(False, f"{current.owner} leads")
         won = self._put(self._record(current.version + 1), current.version, now)
         return self._set_leading(won, f"previous leader {current.owner} expired", now)
+
+    def _due(self, mine: CoordinationRecord, now: float) -> bool:
+        """Whether our record is to be written now: it is old enough (a third of its life if it
+        says we assign, else ``renew_at``), or what it says about assigning is not what we
+        want (a switch is written at once)."""
+        says = _assigns(mine)
+        if says != self._assigns:
+            return True
+        at = self._written_life * (1 / 3 if says else self._renew_at)
+        return now - self._written_at >= at - self._written_life / 12  # half a tick early: due
 
     def _look(self, now: float) -> tuple[CoordinationRecord | None, float]:
         """The record and when it was read (monotonic, after the read: a version seen then was
@@ -257,6 +277,7 @@ class LeaderElection:
         if won:
             self._seen = _Seen(record.version, now)
             self._written_life = _life(record, self._duration)
+            self._written_at = now
         return won
 
     def resign(self) -> None:

@@ -60,8 +60,9 @@ log = logging.getLogger(__name__)
 # saves at most 7% of the units (64 leases, 8 workers) and 1% of the bill, and for small
 # tables the default is cheaper. The leases counted are the open ones (a Scan also pays for
 # finished leases and status records), so the hint errs on the quiet side.
-LEADER_PAYS_LEASES = 128
-LEADER_PAYS_WORKERS = 8
+# The same figures are the defaults of "auto" (WorkerConfig.auto_assignment_leases / _workers).
+LEADER_PAYS_LEASES = WorkerConfig.auto_assignment_leases
+LEADER_PAYS_WORKERS = WorkerConfig.auto_assignment_workers
 # A key of ours that we read and did not take (finished, parked, of a stream we do not consume)
 # is read again only after this many seconds.
 DECLINED_FOR = 30.0
@@ -263,7 +264,7 @@ def leader_assignment_pays(
 
 
 class AssignmentHint:
-    """Says once per run, in the log, when a fleet taking leases by the default rule would
+    """Says once per run, in the log, when a fleet set to take leases worker by worker would
     cost fewer capacity units with leader assignment (``leader_assignment_pays``)."""
 
     def __init__(self) -> None:
@@ -278,8 +279,9 @@ class AssignmentHint:
         self.given = True
         log.info(
             "worker %s: %d open leases and %d running workers, each worker scanning the whole "
-            "lease table every %.1f s: with lease_assignment = \"leader\" only the leader would "
-            "scan, at fewer capacity units for a fleet this size (README, Leader assignment)",
+            "lease table every %.1f s: with lease_assignment = \"auto\" (the default) or "
+            "\"leader\" only the leader would scan, at fewer capacity units for a fleet this "
+            "size (README, Leader assignment)",
             w.cfg.worker_id, leases, workers, w.timing.take_interval,
         )  # fmt: skip
 
@@ -305,6 +307,7 @@ def leader_election(
         clock=clock,
         assigns=cfg.lease_assignment == "leader",
         assigning_duration=timing.failover if cfg.lease_assignment == "auto" else None,
+        renew_at=0.5,  # a record of three failover times, at half its life (one: at a third)
         observed_max_age=timing.leader_renew_interval,  # a scan since the last tick
     )
 

@@ -63,7 +63,8 @@ def test_a_loop_asks_a_callable_interval_after_every_step() -> None:
 
 def test_the_leader_loop_runs_at_the_pace_of_its_record_life() -> None:
     """lease_assignment = "auto": a leader that assigns lives one failover time and renews
-    every third of it; a loop at a fixed pace of the three-failover life would let it lapse."""
+    every third of it (ticks every sixth); a loop at a fixed pace set for the three-failover
+    life would let it lapse."""
     store, clock = MemoryLeaseTable(), ManualClock()
     cfg = WorkerConfig(stream_name="s", worker_id="w", failover_time=10.0)
     leader = leader_election(cfg, store, lease_timing(cfg), clock)
@@ -82,6 +83,6 @@ def test_the_leader_loop_runs_at_the_pace_of_its_record_life() -> None:
     (pace,) = [every for step, every, _ in loops if getattr(step, "args", None) == (leader.tick,)]
     assert callable(pace)
     assert leader.tick()
-    assert pace() == 10.0
+    assert pace() == 5.0  # a sixth of its 30 s life
     leader.set_assigns(True)
-    assert leader.tick() and pace() == pytest.approx(10 / 3)
+    assert leader.tick() and pace() == pytest.approx(10 / 6)

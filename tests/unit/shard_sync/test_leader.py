@@ -73,18 +73,20 @@ def test_resign_hands_over_at_once() -> None:
 
 
 def test_a_note_is_written_with_the_next_renewal_and_only_by_the_leader() -> None:
-    store, _, a, b = _pair()
+    store, clock, a, b = _pair()
     a.tick()
     b.tick()
     a.note_later(last_sync=123.0)
     b.note_later(last_sync=999.0)
     record = store.get_record(LEADER_KEY)
     assert record is not None and "last_sync" not in record.data  # no request of its own
+    clock.advance(3.4)
     a.tick()
     b.tick()
     record = store.get_record(LEADER_KEY)
     assert record is not None and '"last_sync": 123.0' in record.data
     a.note_later(other=1)
+    clock.advance(3.4)
     a.tick()  # later renewals keep the data
     record = store.get_record(LEADER_KEY)
     assert record is not None and '"last_sync": 123.0' in record.data
@@ -116,10 +118,12 @@ def test_a_leader_renews_with_one_write_and_reads_only_after_losing_one() -> Non
     a = LeaderElection(store, "A", lease_duration=10.0, clock=clock)
     assert a.tick()
     assert (store.gets, store.puts) == (1, 1)
-    for _ in range(5):
+    for _ in range(10):
+        clock.advance(10 / 6)
         assert a.tick()
-    assert (store.gets, store.puts) == (1, 6)  # renewals conditional on what it wrote last
+    assert (store.gets, store.puts) == (1, 6)  # a write every other tick, on what it wrote last
     store.lose = 1  # a write lost (its outcome unknown, or someone wrote): read, then write
+    clock.advance(3.4)
     assert a.tick()
     assert (store.gets, store.puts) == (2, 8)
     b = LeaderElection(store, "B", lease_duration=10.0, clock=clock)
@@ -142,11 +146,12 @@ def test_a_resigned_leader_never_takes_the_record_back() -> None:
 
 
 def test_a_note_is_kept_while_a_renewal_fails_and_dropped_on_resigning() -> None:
-    store = _Loses()
-    a = LeaderElection(store, "A", lease_duration=10.0, clock=ManualClock())
+    store, clock = _Loses(), ManualClock()
+    a = LeaderElection(store, "A", lease_duration=10.0, clock=clock)
     a.tick()
     a.note_later(last_sync=1.0)
     store.lose = 2
+    clock.advance(3.4)
     assert a.tick() is False  # both writes lost their condition: the note waits
     assert a.tick() is True
     record = store.get_record(LEADER_KEY)
@@ -312,7 +317,7 @@ def test_a_scan_older_than_our_last_read_is_not_used() -> None:
     b = LeaderElection(store, "B", lease_duration=30.0, clock=clock, observed_max_age=10.0)
     a.tick()
     old, scanned = _scan(store), clock.monotonic()  # shows version 1
-    clock.advance(1.0)
+    clock.advance(10.0)
     a.tick()  # version 2
     assert not b.tick()  # no scan since: reads version 2
     clock.advance(1.0)
@@ -379,13 +384,13 @@ def test_an_auto_leader_that_starts_assigning_states_a_shorter_life_from_its_nex
     a = LeaderElection(store, "A", lease_duration=30.0, clock=clock, assigning_duration=10.0)
     b = LeaderElection(store, "B", lease_duration=30.0, clock=clock, assigning_duration=10.0)
     assert a.tick() and not b.tick()
-    assert _life(store) == (None, 30.0) and a.tick_interval() == 10.0
+    assert _life(store) == (None, 30.0) and a.tick_interval() == 5.0  # a sixth of its life
     assert b.tick_interval() == 10.0 and b.led_by() == "A" and not b.other_assigns
     a.set_assigns(True)
     assert not a.assigning  # not until its record says so
     clock.advance(10.0)
     assert a.tick() and a.assigning
-    assert _life(store) == ("A", 10.0) and a.tick_interval() == pytest.approx(10 / 3)
+    assert _life(store) == ("A", 10.0) and a.tick_interval() == pytest.approx(10 / 6)
     assert not b.tick() and b.other_assigns and b.tick_interval() == pytest.approx(10 / 3)
     # A dies: B takes over after the life the record states (10 s), not its own 30 s.
     clock.advance(9.9)
@@ -406,15 +411,40 @@ def test_an_auto_leader_that_stops_assigning_goes_back_to_the_longer_life() -> N
     a.set_assigns(True)
     assert a.tick() and a.assigning and not b.tick() and b.other_assigns
     a.set_assigns(False)
-    assert a.tick_interval() == pytest.approx(10 / 3)  # its record still lives 10 s
-    clock.advance(3.0)
-    assert a.tick() and not a.assigning and _life(store) == (None, 30.0)
-    assert a.tick_interval() == 10.0
+    assert a.tick_interval() == pytest.approx(10 / 6)  # its record still lives 10 s
+    clock.advance(1.0)
+    assert a.tick() and not a.assigning and _life(store) == (None, 30.0)  # a switch: at once
+    assert a.tick_interval() == 5.0
     assert not b.tick() and not b.other_assigns
     clock.advance(25.0)  # past the old life, within the new one: A still leads for everyone
     assert a.is_leader and not b.tick() and b.led_by() == "A"
     clock.advance(5.1)
     assert b.tick()  # 30 s without a renewal
+
+
+def test_a_leader_writes_its_record_when_it_is_due_and_tries_a_failed_write_at_the_next_tick() -> (
+    None
+):
+    """A record that lives three failover times (30 s) is renewed at half its life, from ticks
+    every sixth of it; one that says its leader assigns (10 s), at a third."""
+    store, clock = _Loses(), ManualClock()
+    a = LeaderElection(store, "A", lease_duration=30.0, clock=clock, assigning_duration=10.0,
+                       renew_at=0.5)  # fmt: skip
+    assert a.tick() and store.puts == 1
+    for _ in range(5):  # 25 s at the pace it asks for: one write, at 15 s
+        clock.advance(a.tick_interval())
+        assert a.tick()
+    assert store.puts == 2
+    store.lose = 1
+    clock.advance(a.tick_interval())  # 30 s: due again, and the write fails
+    assert a.tick() is True  # it read the record: still its own, written over at once
+    assert store.puts == 4
+    a.set_assigns(True)
+    assert a.tick() and store.puts == 5  # the switch is written at once
+    for _ in range(6):  # 10 s: a write every second tick (3.3 s)
+        clock.advance(a.tick_interval())
+        assert a.tick()
+    assert store.puts == 8
 
 
 NONSENSE = ['{"lapses_after": "soon"}', '{"lapses_after": -1}', '{"lapses_after": 1e9}',
