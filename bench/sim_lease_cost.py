@@ -18,7 +18,8 @@ moving lease costs.
 
 With ``lease_assignment = "leader"`` (``--assignment``: worker, leader and auto by default) only
 the leader scans; every other worker Queries the owner index for its own keys every renewal
-interval, and the leader record is renewed every third of a failover time. With ``"auto"`` (the
+interval, and the leader record (one failover time long) is renewed every third of it (else
+every 1.5 failover times, at half its life of three). With ``"auto"`` (the
 default) the leader decides after each of its scans by the product's rule
 (``leader_assigns`` on the status records' running workers and the open leases), with the
 product's election (``leader_election``, its record's life switching), so each size settles

@@ -2,7 +2,8 @@
 
 The leader's liveness is judged the way the KCL judges leases: each worker remembers, on its own
 monotonic clock, when it last saw the record's version change. A leader renews (bumps the version)
-every ``renew_interval``; when a worker has not seen the version move for ``lease_duration``, it
+when its record is ``renew_at`` of its life old (a third if it assigns leases), from ticks every
+sixth of the life; when a worker has not seen the version move for ``lease_duration``, it
 takes the record with a write conditional on the version it saw. Wall-clock time is stored only for
 people reading ``status``; no decision depends on clocks agreeing across machines.
 

@@ -28,11 +28,13 @@ The KCL derives its intervals from ``failoverTimeMillis`` (the lease duration) a
   about once per lease per lease duration, and a moment with more than eight leases due starts
   a scan instead);
 * a lease is "very old" after ``3 * failover`` without a counter change, and is then taken first;
-* the shard-sync leader record is renewed every ``failover`` and expires after ``3 * failover``
-  (30 s by default): leadership only decides who syncs shards and cleans up, which a 30 s gap
-  after a leader's crash delays by that much (a stopping leader resigns at once), while a
-  renewal per lease interval cost every worker a read, and the leader a write, every 3.3 s. The
-  KCL 3.x leader lock: 120 s, heartbeat every 30 s.
+* the shard-sync leader record expires after ``3 * failover`` (30 s by default) and is renewed
+  at half that (every 15 s, from the leader's ticks every 5 s, so a failed write is tried again
+  5 s later): leadership only decides who syncs shards and cleans up, which a 30 s gap after a
+  leader's crash delays by that much (a stopping leader resigns at once), while a renewal per
+  lease interval cost every worker a read, and the leader a write, every 3.3 s. A leader that
+  assigns leases (shard_sync.leader, kclpy_spark.runtime.assigning) lives one failover time,
+  renewed every third. The KCL 3.x leader lock: 120 s, heartbeat every 30 s.
 
 Seconds as floats throughout; the KCL's milliseconds are accepted only by ``from_failover_millis``.
 """

@@ -26,7 +26,7 @@ from shard_sync.leader import LEADER_KEY
 
 FAILOVER = 3.0
 LEADER_DURATION = 3 * FAILOVER  # LeaseTiming.leader_duration
-RENEW_INTERVAL = LEADER_DURATION / 3  # LeaseTiming: the leader ticks (and renews) this often
+RENEW_INTERVAL = LEADER_DURATION / 2  # LeaderElection(renew_at=0.5): the leader renews this often
 # Below the tick interval, so the leader's maintenance (audit, sync when due) runs on every tick.
 SHARD_SYNC_INTERVAL = 0.9
 TAKES = "takes shard-sync leadership"
