@@ -397,8 +397,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, default=0.0, help="records/s per shard")
     parser.add_argument("--renewals", nargs="+", choices=("skip", "kcl"), default=["skip"],
                         help="skip_checkpointed_renewals true / false, each a run")  # fmt: skip
-    parser.add_argument("--assignment", nargs="+", choices=("worker", "leader"),
-                        default=["worker"], help="lease_assignment values, each a run")  # fmt: skip
+    parser.add_argument("--assignment", nargs="+", choices=("auto", "worker", "leader"),
+                        default=["auto"], help="lease_assignment values, each a run")  # fmt: skip
     args = parser.parse_args(argv)
 
     from kinesalite import Kinesalite
