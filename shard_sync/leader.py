@@ -240,7 +240,10 @@ class LeaderElection:
             observed = self._observed
         if observed is not None:
             at = observed[1]
-            if at > self._read_at and now - at <= self._observed_max_age:
+            # Not older than a third of the life the leader's record states (a leader that
+            # assigns: one failover time), whatever the setting.
+            max_age = min(self._observed_max_age, self._other_life / 3)
+            if at > self._read_at and now - at <= max_age:
                 return observed  # returned after our last read
         # Eventually consistent: a version seen late only delays a takeover (module docstring).
         current = self._store.get_record(self._key, consistent=False)
@@ -273,7 +276,11 @@ class LeaderElection:
         renewal needs no read (it is conditional on this version: it loses if anyone wrote)."""
         if self._leading:  # a shorter life counts from now, whether or not we learn we won
             self._leading_until = min(self._leading_until, now + _life(record, self._duration))
-        won = self._store.put_record(record, expected_version=expected)
+        try:
+            won = self._store.put_record(record, expected_version=expected)
+        except BaseException:
+            self._written_at = float("-inf")  # it may have landed: due again at the next tick
+            raise
         self._mine = record if won else None
         if won:
             self._seen = _Seen(record.version, now)

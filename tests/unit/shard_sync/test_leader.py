@@ -508,3 +508,41 @@ def test_a_shorter_life_written_with_an_unknown_outcome_ends_our_leadership_in_t
     assert not a.is_leader  # before B may take over
     store.fail = False
     assert b.tick() and b.is_leader
+
+
+def test_after_a_write_with_no_answer_the_next_tick_writes_again() -> None:
+    """A write that timed out may have landed (with a shorter life): the record is due at once,
+    whatever the last write known to have won."""
+    store, clock = LandsThenFails(), ManualClock()
+    a = LeaderElection(store, "A", lease_duration=30.0, clock=clock, assigning_duration=10.0,
+                       renew_at=0.5)  # fmt: skip
+    assert a.tick()
+    a.set_assigns(True)
+    clock.advance(5.0)
+    store.fail = True
+    with pytest.raises(TimeoutError):
+        a.tick()  # the 10 s record landed
+    store.fail = False
+    a.set_assigns(False)
+    clock.advance(a.tick_interval())
+    version = store.get_record(LEADER_KEY).version  # type: ignore[union-attr]
+    assert a.tick()
+    record = store.get_record(LEADER_KEY)
+    assert record is not None and record.version == version + 1 and _life(store) == (None, 30.0)
+
+
+def test_a_scan_older_than_a_third_of_the_leaders_stated_life_is_not_used() -> None:
+    store, clock = _Loses(), ManualClock()
+    a = LeaderElection(store, "A", lease_duration=30.0, clock=clock, assigning_duration=10.0)
+    b = LeaderElection(store, "B", lease_duration=30.0, clock=clock, assigning_duration=10.0,
+                       observed_max_age=10.0)  # fmt: skip
+    assert a.tick()
+    a.set_assigns(True)
+    assert a.tick()
+    assert not b.tick() and b.other_assigns  # a read: the leader assigns, its record lives 10 s
+    clock.advance(0.5)
+    b.observe(_scan(store), clock.monotonic())
+    clock.advance(4.0)  # the scan is 4 s old: more than a third of 10 s
+    gets = store.gets
+    assert not b.tick()
+    assert store.gets == gets + 1
