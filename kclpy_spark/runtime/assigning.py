@@ -26,7 +26,8 @@ worker's: a new leader is elected, then it scans and assigns them.
 
 With ``"auto"`` the leader decides after each of its scans (``leader_assigns``: from
 ``auto_assignment_leases`` open leases and ``auto_assignment_workers`` running workers on) and
-says so in its record from its next renewal; until the record says it, it takes as a worker and
+says so in its record from its next tick (a switch is written at once, within a sixth of the
+record's life); until the record says it, it takes as a worker and
 nobody follows it. Its record then lives one failover time, as in ``"leader"`` mode; while it
 does not assign, three (leadership then only syncs shards).
 """
@@ -134,7 +135,7 @@ class Led:
         if wanted != w.leader.wants_assigns:
             log.info("worker %s (leader): %d open leases, %d running workers: %s "
                      "(lease_assignment = \"auto\")", w.cfg.worker_id, open_leases, workers,
-                     "assigning leases from the next leader renewal on" if wanted
+                     "assigning leases once the leader record says so" if wanted
                      else "every worker takes its own leases again")  # fmt: skip
         w.leader.set_assigns(wanted)
 
