@@ -240,7 +240,8 @@ class SimWorker:
         self.suspend.read()
         # Per-lease figures ride on the renewals (Lease.renewal_figures): the status record holds
         # none for a RecordProcessor application (only a Spark sink's, within 32 KB).
-        status = {"suspended": False, "leader": self.leader.is_leader, "ready": True,
+        status = {"suspended": False, "leader": self.leader.is_leader,
+                  "assigns": self.leader.assigning, "ready": True,
                   "readiness": "ready", "leases": {}, "leases_omitted": 0,
                   "events": published_events(self.events, self.clock.wall()),
                   "cpu_percent": 12.5, "cpu_settled": True,

@@ -195,6 +195,7 @@ class Board:
                 "ready": status.get("ready"),
                 "readiness": status.get("readiness", ""),
                 "leader": bool(status.get("leader")),
+                "assigns": bool(status.get("assigns")),
                 "updated_at": status.get("updated_at"),
                 "sink": {k: sink.get(k, 0) for k in SINK_FIGURES} if isinstance(sink, dict)
                 else None,

@@ -71,6 +71,7 @@ def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
     payload = {
         "suspended": worker.suspended,
         "leader": worker.leader.is_leader,
+        "assigns": worker.leader.assigning,  # the leader that assigns leases (not every one does)
         "ready": ready,
         "readiness": why,
         "leases": leases,

@@ -113,13 +113,14 @@ def test_workers_show_their_leases_liveness_and_sink_figures() -> None:
     sink = {"batches": 4, "rows": 400, "failed_attempts": 1, "dead_lettered_batches": 0,
             "parked_batches": 0}  # fmt: skip
     statuses = {
-        "w1": status(100.0, {"s0": (1, 0)}, leader=True, sink=sink),
+        "w1": status(100.0, {"s0": (1, 0)}, leader=True, assigns=True, sink=sink),
         "w2": status(50.0, {}),  # silent for 60 s: gone
         "w3": {**status(99.0, {}), "stopped": True},
     }
     board.observe([lease("s0", "w1"), lease("s1", "w1"), lease("s2", "w2")], statuses, 110.0)
     workers = {w["worker_id"]: w for w in board.snapshot()["workers"]}
     assert workers["w1"]["leases"] == 2 and workers["w1"]["live"] and workers["w1"]["leader"]
+    assert workers["w1"]["assigns"] and not workers["w2"]["assigns"]
     assert workers["w1"]["sink"] == sink
     assert not workers["w2"]["live"] and workers["w2"]["leases"] == 1
     assert not workers["w3"]["live"] and workers["w3"]["sink"] is None

@@ -60,12 +60,13 @@ def test_the_status_publishes_the_cpu_figure_and_whether_it_is_settled() -> None
     worker = SimpleNamespace(
         cfg=WorkerConfig(stream_name="s"),
         holder=SimpleNamespace(held=list), processor_factory=None, readiness=lambda: (True, "ok"),
-        suspended=False, leader=SimpleNamespace(is_leader=False),
+        suspended=False, leader=SimpleNamespace(is_leader=True, assigning=True),
         events=SimpleNamespace(recent=lambda n: []), cpu=meter,
         metrics=SimpleNamespace(registry=CollectorRegistry()),
     )  # fmt: skip
     meter.sample(3)
     first = status_payload(worker, 0.0)  # type: ignore[arg-type]
+    assert first["leader"] is True and first["assigns"] is True  # shown by the status page
     assert first["cpu_percent"] is None and first["cpu_settled"] is False
     clock[0], used[0] = 10.0, 2.5
     meter.sample(3)
