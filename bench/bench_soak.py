@@ -238,11 +238,8 @@ def growth(
     rows = [s for s in samples if s["worker"] == worker and metric in s]
     if len(rows) < 10:
         return None
-    t_end = rows[-1]["t"]
-    t0 = rows[0]["t"] + warmup * (t_end - rows[0]["t"])
-    span = t_end - t0
-    first = [r[metric] for r in rows if t0 <= r["t"] < t0 + 0.1 * span]
-    last = [r[metric] for r in rows if r["t"] >= t_end - 0.1 * span]
+    early, late = windows(rows, warmup)
+    first, last = [r[metric] for r in early], [r[metric] for r in late]
     if not first or not last:
         return None
     # Counts (descriptors, threads...) by their maximum in each window: they follow the leases
@@ -250,6 +247,17 @@ def growth(
     pick = statistics.median if metric in MEMORY else max
     a, b = float(pick(first)), float(pick(last))
     return a, b, (b - a) / a if a else 0.0
+
+
+def windows(
+    rows: list[dict[str, Any]], warmup: float
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The rows (in time order) of the tenth after warm-up and of the last tenth."""
+    t_end = rows[-1]["t"]
+    t0 = rows[0]["t"] + warmup * (t_end - rows[0]["t"])
+    span = t_end - t0
+    early = [r for r in rows if t0 <= r["t"] < t0 + 0.1 * span]
+    return early, [r for r in rows if r["t"] >= t_end - 0.1 * span]
 
 
 def growth_at_equal_leases(
@@ -261,17 +269,13 @@ def growth_at_equal_leases(
     rows = [s for s in samples if s["worker"] == worker and metric in s and "leases_held" in s]
     if len(rows) < 10 or metric in MEMORY:
         return None
-    t_end = rows[-1]["t"]
-    t0 = rows[0]["t"] + warmup * (t_end - rows[0]["t"])
-    span = t_end - t0
+    early, late = windows(rows, warmup)
     first: dict[int, float] = {}
     last: dict[int, float] = {}
-    for r in rows:
-        n, value = int(r["leases_held"]), float(r[metric])
-        if t0 <= r["t"] < t0 + 0.1 * span:
-            first[n] = max(first.get(n, value), value)
-        elif r["t"] >= t_end - 0.1 * span:
-            last[n] = max(last.get(n, value), value)
+    for window, peaks in ((early, first), (late, last)):
+        for r in window:
+            n, value = int(r["leases_held"]), float(r[metric])
+            peaks[n] = max(peaks.get(n, value), value)
     worst: tuple[float, float, float, int] | None = None
     for n in sorted(set(first) & set(last)):
         a, b = first[n], last[n]

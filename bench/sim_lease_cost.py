@@ -186,7 +186,7 @@ class SimWorker:
         self.suspend.observe(table.records, now)
         self.observer.observe(table.leases, now, self.clock.wall())
         if self.cfg.lease_assignment == "auto" and self.leader.is_leader:  # Led.after_scan
-            max_age = 2 * self.timing.lease_duration + self.timing.max_clock_skew
+            max_age = self.timing.status_max_age
             running = control.live_workers(table.records, self.clock.wall(), max_age)
             self.leader.set_assigns(leader_assigns(
                 self.leader.assigning, len(table.leases), len(set(running) | {self.id}),

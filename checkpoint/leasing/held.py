@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.lease import Lease, WriteStamp
-from checkpoint.leasing.timing import RENEW_AFTER, ROUNDS_PER_DURATION
+from checkpoint.leasing.timing import RENEW_AFTER, renewal_round_interval
 from checkpoint.port import LeaseTable
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def renewal_due(now: float, counter_moved: float, renewed: float, lease_duration
     holds while the gap between two counter moves stays under the scan interval (at most 0.52
     duration here: 0.44 + a round) and the gap plus the scan interval under the duration plus the
     skew."""
-    round_interval = lease_duration / ROUNDS_PER_DURATION
+    round_interval = renewal_round_interval(lease_duration, True)
     return (
         now - counter_moved >= RENEW_AFTER * lease_duration
         or now - renewed >= lease_duration - round_interval / 2
@@ -70,7 +70,7 @@ def checkpoint_spared(
     after its last renewal is ``RENEW_AFTER`` old. So, with rounds on time, one per renewal
     saved."""
     since = now - renewed - RENEW_AFTER * lease_duration
-    return counter_moved > renewed and 0 <= since < lease_duration / ROUNDS_PER_DURATION
+    return counter_moved > renewed and 0 <= since < renewal_round_interval(lease_duration, True)
 
 
 class LeaseLoss(enum.StrEnum):

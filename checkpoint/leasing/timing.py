@@ -169,10 +169,16 @@ class LeaseTiming:
         return self.very_old_multiplier * self.failover
 
     @property
+    def status_max_age(self) -> float:
+        """How long a worker's status record says it runs after it was written (by the writer's
+        clock): two status intervals (one lease duration each) and the clock skew allowed."""
+        return 2 * self.lease_duration + self.max_clock_skew
+
+    @property
     def cpu_move_memory(self) -> float:
         """How long the observer remembers that a lease came to or left a worker (for the CPU
-        load rule): a worker's status record counts as running for ``2 * lease_duration +
-        max_clock_skew`` and describes a window of one lease duration before it, so an older
+        load rule): a worker's status record counts as running for ``status_max_age`` and
+        describes a window of one lease duration before it, so an older
         move can no longer fall inside a figure the rule would use."""
         return 3 * self.lease_duration + 2 * self.max_clock_skew + self.renew_interval
 

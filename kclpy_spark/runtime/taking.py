@@ -310,7 +310,7 @@ class Taker:
     def _note_running(self, records: tuple[CoordinationRecord, ...]) -> None:
         """The workers whose status records say they run (see plan_takes and assigning)."""
         w = self._w
-        max_age = 2 * w.timing.lease_duration + w.timing.max_clock_skew
+        max_age = w.timing.status_max_age
         self.running = control.live_workers(records, w.clock.wall(), max_age)
         figures = control.cpu_figures(records, w.clock.wall(), max_age)
         use = w.cfg.load_metric == "auto"  # else the load rule balances throughput only
