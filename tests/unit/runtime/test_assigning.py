@@ -455,3 +455,14 @@ def test_a_job_in_auto_mode_never_assigns() -> None:
     run(a)
     clock.advance(1.0)
     assert a.worker.leader.tick() and not a.worker.leader.assigning
+
+
+@pytest.mark.parametrize("key", ["auto_assignment_leases", "auto_assignment_workers"])
+def test_the_auto_thresholds_are_checked(key: str) -> None:
+    from checkpoint.base.errors import ConfigError
+    from kclpy_spark.config import from_mapping
+
+    assert getattr(from_mapping({"stream_name": "s", key: 3}), key) == 3
+    with pytest.raises(ConfigError, match=f"'{key}' must be >= 1, got 0"):
+        from_mapping({"stream_name": "s", key: 0})
+    assert from_mapping({"stream_name": "s"}).lease_assignment == "auto"
