@@ -46,12 +46,17 @@ from typing import Any
 
 from common import CACHE, REPO, RESULTS, child_env, machine, stamp, write_results
 
+from checkpoint.base.threads import IDLE_SECONDS
+
 ENDPOINT = "http://127.0.0.1:4566"
 WATCHED = ("open_fds", "open_sockets", "threads", "asyncio_tasks", "rss_bytes",
            "lease_store_connections", "sink_jvm_heap_live_bytes")  # fmt: skip
 # Memory figures: judged by their median in each window (the counts by their maximum).
 MEMORY = ("rss_bytes", "sink_jvm_heap_live_bytes")
 GROWTH_LIMIT = 0.05
+# The loop's default executor: processor calls, checkpoints, releases, a stream's describes.
+PROCESSOR_POOL = "kclpy-spark"
+STREAMS = 1
 # Part B's batches: one record per batch, and a shard is read at most every 0.2 s while behind
 # (Kinesis' 5 GetRecords per second per shard), so 8 shards at 35 records/s make ~35 batches/s.
 # The run of 2026-11-24 06:46 (12 shards polling every 0.05 s, up to 5 records per batch) spent
@@ -90,6 +95,9 @@ def scrape(port: int) -> dict[str, float] | None:
             pool = re.search(r'pool="([^"]*)"', name)
             if base == "threads_by_pool" and pool:  # kept apart: which pool a thread count is
                 values[f"pool:{pool.group(1)}"] = float(value)
+                continue
+            if base == "thread_pool_limit" and pool:  # the most threads that pool may start
+                values[f"limit:{pool.group(1)}"] = float(value)
                 continue
             values[base] = values.get(base, 0.0) + float(value)
     return values
@@ -285,9 +293,56 @@ def growth_at_equal_leases(
     return worst
 
 
-def pool_keys(samples: list[dict[str, Any]]) -> list[str]:
-    """The per-pool thread counts the samples hold (``pool:<name>``), sorted."""
-    return sorted({k for row in samples for k in row if k.startswith("pool:")})
+def pool_keys(samples: list[dict[str, Any]], prefix: str = "pool:") -> list[str]:
+    """The per-pool thread counts (``pool:<name>``) or limits (``limit:<name>``) the samples
+    hold, sorted."""
+    return sorted({k for row in samples for k in row if k.startswith(prefix)})
+
+
+def alive_bound(rows: list[dict[str, Any]], i: int, every: float) -> float | None:
+    """The processor pool's bound at ``rows[i]``: the most leases held in the time an idle
+    thread lives before it ends (``IDLE_SECONDS``, plus two sample intervals, as leases held are
+    seen only at samples), plus one per stream (a stream's describe or a lease's release may
+    run beside its consumers' calls). None without leases held sampled."""
+    t = rows[i]["t"]
+    held = [r["leases_held"] for r in rows[: i + 1]
+            if "leases_held" in r and t - r["t"] <= IDLE_SECONDS + 2 * every]  # fmt: skip
+    return max(held) + STREAMS if held else None
+
+
+def pool_bounds(
+    samples: list[dict[str, Any]], worker: str, every: float
+) -> tuple[int, list[str], list[str]]:
+    """Every sample's threads against what bounds them, whatever the time: each pool within
+    the limit it exports (its size), and the processor pool within the leases held in the
+    time its idle threads live (``alive_bound``). (samples checked, table lines, misses)."""
+    rows = [s for s in samples if s["worker"] == worker]
+    peak: dict[str, tuple[float, float]] = {}  # pool: (most threads, least headroom)
+    misses: list[str] = []
+    for i, row in enumerate(rows):
+        for key in (k for k in row if k.startswith("limit:")):
+            pool = key.removeprefix("limit:")
+            count = row.get(f"pool:{pool}", 0.0)
+            bound = row[key]
+            if pool == PROCESSOR_POOL:
+                bound = min(bound, alive_bound(rows, i, every) or bound)
+            most, room = peak.get(pool, (0.0, float("inf")))
+            peak[pool] = (max(most, count), min(room, bound - count))
+            if count > bound:
+                misses.append(f"{worker} {pool} {count:g} > {bound:g} at {row['t']:.0f} s")
+    lines = [f"| {worker} | {pool} | {most:g} | {room:g} |"
+             for pool, (most, room) in sorted(peak.items())]  # fmt: skip
+    return len(rows), lines, misses
+
+
+def outside_pools(samples: list[dict[str, Any]]) -> None:
+    """Adds ``threads_unpooled`` to each sample: the threads of no pool with a limit (the main
+    thread, Spark's and py4j's threads): judged by growth, as they have no bound of their own."""
+    for row in samples:
+        if "threads" in row and any(k.startswith("limit:") for k in row):
+            pooled = sum(row.get(f"pool:{k.removeprefix('limit:')}", 0.0)
+                         for k in row if k.startswith("limit:"))  # fmt: skip
+            row["threads_unpooled"] = row["threads"] - pooled
 
 
 def pool_lines(samples: list[dict[str, Any]], warmup: float) -> list[str]:
@@ -384,8 +439,8 @@ def sample(workers: list[Worker], args: Any, samples: list[dict[str, Any]]) -> N
             values = scrape(worker.port) if worker.proc is not None else None
             if values:
                 worker.last = values
-                row = {k: v for k, v in values.items()
-                       if k in WATCHED or k.startswith("pool:") or k == "leases_held"}  # fmt: skip
+                row = {k: v for k, v in values.items() if k in WATCHED
+                       or k.startswith(("pool:", "limit:")) or k == "leases_held"}  # fmt: skip
                 samples.append({"t": time.monotonic() - started, "worker": worker.name, **row})
         time.sleep(args.every)
 
@@ -510,8 +565,11 @@ def report(
         "|---|---|---|---|---|---|",
     ]
     worst = 0.0
+    outside_pools(samples)
+    bounded = any("threads_unpooled" in row for row in samples)
+    metrics = [*WATCHED, "threads_unpooled"] if bounded else list(WATCHED)
     for worker in ("a", "b1"):
-        for metric in WATCHED:
+        for metric in metrics:
             g = growth(samples, worker, metric, warmup)
             if g is None:
                 if worker == "a" and metric == "sink_jvm_heap_live_bytes" and "a" in args.parts:
@@ -520,7 +578,9 @@ def report(
                 continue
             first, last, change = g
             equal = growth_at_equal_leases(samples, worker, metric, warmup)
-            if equal is not None:
+            if metric == "threads" and bounded:
+                judged, change = "(not judged: its pools by their bounds, the rest below)", 0.0
+            elif equal is not None:
                 judged = f"{equal[0]:,.0f} -> {equal[1]:,.0f} at {equal[3]} leases: {equal[2]:+.1%}"
                 change = equal[2]
             else:
@@ -529,16 +589,30 @@ def report(
             lines.append(f"| {worker} | {metric} | {first:,.0f} | {last:,.0f} | "
                          f"{g[2]:+.1%} | {judged} |")  # fmt: skip
     lines += pool_lines(samples, warmup)
+    checked, misses = 0, []
+    if bounded:
+        lines += ["", "Threads by pool against their bounds at every sample (judged; the processor "
+                  f"pool's bound: the most leases held in the last {IDLE_SECONDS:g} s + "
+                  f"{2 * args.every:g} s, plus {STREAMS} per stream):", "",
+                  "| worker | pool | most threads | least headroom |",
+                  "|---|---|---:|---:|"]  # fmt: skip
+        for worker in ("a", "b1", "b2"):
+            n, table, missed_bounds = pool_bounds(samples, worker, args.every)
+            checked, misses = checked + n, misses + missed_bounds
+            lines += table
+        lines += ["", f"Samples checked: {checked}; over a bound: {len(misses)}"
+                  + (f" ({'; '.join(misses[:5])})" if misses else "") + "."]  # fmt: skip
     lost = result.get("A lost", 0) + result.get("B lost", 0)
     drained = result.get("A drained", True) and result.get("B drained", True)
     missed = missed_targets(result, args.minutes)
     ok = (
-        worst < GROWTH_LIMIT and lost == 0 and result.get("A duplicates", 0) == 0 and drained
-        and not missed
+        worst < GROWTH_LIMIT and not misses and lost == 0 and result.get("A duplicates", 0) == 0
+        and drained and not missed
     )  # fmt: skip
     parquet = f"Parquet duplicates {result.get('A duplicates', 0)}; " if "a" in args.parts else ""
     lines += ["", f"Verdict: {'PASS' if ok else 'FAIL'}: largest growth after warm-up "
-              f"{worst:+.1%} (limit {GROWTH_LIMIT:.0%}); records lost {lost}; {parquet}"
+              f"{worst:+.1%} (limit {GROWTH_LIMIT:.0%}); threads over a pool's bound "
+              f"{len(misses) if bounded else 'not checked'}; records lost {lost}; {parquet}"
               f"drained {drained}; volume targets "
               f"{'met' if not missed else 'missed: ' + ', '.join(missed)}."]  # fmt: skip
     text = "\n".join(lines)
@@ -547,7 +621,8 @@ def report(
         write_results(f"{args.results}.md", text)
         plot(samples, RESULTS / f"{args.results}.png")
         with (RESULTS / f"{args.results}-samples.csv").open("w", newline="") as fh:
-            fields = ["t", "worker", "leases_held", *WATCHED, *pool_keys(samples)]
+            fields = ["t", "worker", "leases_held", *metrics, *pool_keys(samples),
+                      *pool_keys(samples, "limit:")]  # fmt: skip
             writer = csv.DictWriter(fh, fieldnames=fields)
             writer.writeheader()
             writer.writerows(samples)

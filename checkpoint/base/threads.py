@@ -43,7 +43,19 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-__all__ = ["IDLE_SECONDS", "RetiringThreadPool"]
+__all__ = ["IDLE_SECONDS", "RetiringThreadPool", "pool_limits"]
+
+_POOLS: weakref.WeakSet[RetiringThreadPool] = weakref.WeakSet()  # every pool not collected
+
+
+def pool_limits() -> dict[str, int]:
+    """The most threads each pool prefix may have now: the ``max_workers`` of its pools that
+    are not shut down, summed by prefix (what ``kclpy_spark_thread_pool_limit`` exports)."""
+    limits: collections.Counter[str] = collections.Counter()
+    for pool in list(_POOLS):
+        if not pool._shutdown:
+            limits[pool._thread_name_prefix or "ThreadPoolExecutor"] += pool._max_workers
+    return dict(limits)
 
 
 class RetiringThreadPool(ThreadPoolExecutor):
@@ -61,6 +73,7 @@ class RetiringThreadPool(ThreadPoolExecutor):
         self._backlog: collections.deque[_Call] = collections.deque()
         self._slots: set[queue.SimpleQueue[Any]] = set()  # every live thread's slot
         self._names = itertools.count()
+        _POOLS.add(self)
 
     @property
     def thread_count(self) -> int:

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from checkpoint.base.threads import pool_limits
+
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _NUMBERED = re.compile(r"[-_]\d+")
 
@@ -81,3 +83,11 @@ class ResourceCollector(Collector):
         for pool, count in sorted(thread_pools().items()):
             pools.add_metric([pool], count)
         yield pools
+        limits = GaugeMetricFamily(
+            "kclpy_spark_thread_pool_limit",
+            "The most threads each pool may start (its size; pools that retire idle threads)",
+            labels=["pool"],
+        )
+        for pool, limit in sorted(pool_limits().items()):
+            limits.add_metric([pool], limit)
+        yield limits

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import threading
 from typing import Any
 
-from checkpoint.base.threads import RetiringThreadPool
+from checkpoint.base.threads import RetiringThreadPool, pool_limits
 from checkpoint.counters import CoordinationCounters
 from kclpy_spark.runtime.metrics import WorkerMetrics
 from kclpy_spark.runtime.resources import process_resources, thread_pools
@@ -107,9 +108,23 @@ def test_threads_are_counted_by_pool_and_exported() -> None:
         [found] = [x for x in text.splitlines() if x.startswith("kclpy_spark_threads_by_pool{")
                    and 'pool="kclpy-spark-counted"' in x]  # fmt: skip
         assert float(found.rsplit(" ", 1)[1]) == 3
+        [limit] = [x for x in text.splitlines() if x.startswith("kclpy_spark_thread_pool_limit{")
+                   and 'pool="kclpy-spark-counted"' in x]  # fmt: skip
+        assert float(limit.rsplit(" ", 1)[1]) == 4
         assert thread_pools()["MainThread"] == 1
     finally:
         release.set()
         for future in futures:
             future.result()
         pool.shutdown()
+    assert "kclpy-spark-counted" not in pool_limits()  # shut down: no longer a limit
+
+
+def test_pool_limits_sum_the_pools_of_one_prefix() -> None:
+    pools = [RetiringThreadPool(n, "kclpy-spark-limited") for n in (2, 3)]
+    assert pool_limits()["kclpy-spark-limited"] == 5
+    pools.pop().shutdown()
+    assert pool_limits()["kclpy-spark-limited"] == 2
+    del pools[:]
+    gc.collect()
+    assert "kclpy-spark-limited" not in pool_limits()  # collected: gone

@@ -1,0 +1,49 @@
+"""The soak benchmark's judgement of threads: each pool within the limit it exports, the processor
+pool within the leases held in the time its idle threads live (``bench/bench_soak.py``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import bench_soak
+
+LIMITS = {"limit:kclpy-spark": 128.0, "limit:kclpy-spark-lease": 4.0}
+
+
+def _row(t: float, held: float, processor: float, lease: float = 1.0) -> dict[str, Any]:
+    return {"t": t, "worker": "b1", "leases_held": held, "threads": 1 + processor + lease,
+            "pool:MainThread": 1.0, "pool:kclpy-spark": processor, "pool:kclpy-spark-lease": lease,
+            **LIMITS}  # fmt: skip
+
+
+def test_threads_within_the_leases_held_lately_plus_one_pass() -> None:
+    # 8 leases until 20 s, then 4: the 9 threads of 8 leases may live on for IDLE_SECONDS
+    rows = [_row(t, 8 if t <= 20 else 4, 9 if t <= 40 else 5) for t in range(0, 100, 5)]
+    checked, lines, misses = bench_soak.pool_bounds(rows, "b1", 5.0)
+    assert checked == 20 and misses == []
+    assert "| b1 | kclpy-spark | 9 | 0 |" in lines
+
+
+def test_threads_kept_past_the_idle_time_of_leases_gone_are_a_miss() -> None:
+    rows = [_row(t, 8 if t <= 20 else 4, 9) for t in range(0, 100, 5)]
+    _, _, misses = bench_soak.pool_bounds(rows, "b1", 5.0)
+    # 4 leases + 1 from 65 s on (20 s + IDLE_SECONDS + two samples): 9 threads are over
+    assert misses and misses[0].startswith("b1 kclpy-spark 9 > 5 at 65 s")
+
+
+def test_a_fixed_pool_over_its_limit_is_a_miss_and_unpooled_threads_are_counted() -> None:
+    rows = [_row(0, 2, 1, lease=5)]
+    _, _, misses = bench_soak.pool_bounds(rows, "b1", 5.0)
+    assert misses == ["b1 kclpy-spark-lease 5 > 4 at 0 s"]
+    bench_soak.outside_pools(rows)
+    assert rows[0]["threads_unpooled"] == 1  # the main thread: no pool with a limit
+
+
+def test_without_leases_held_the_processor_pool_has_its_size_for_bound() -> None:
+    row = _row(0, 0, 100)
+    del row["leases_held"]
+    assert bench_soak.pool_bounds([row], "b1", 5.0)[2] == []
