@@ -46,6 +46,20 @@ class Series:
             self.rate.popleft()
 
 
+def event_of(published: Any, worker: str) -> dict[str, Any] | None:
+    """A lease event from a worker's status record as a dict: the record's compact form
+    ``[at, kind, lease key, detail]`` (``runtime.publish.published_events``) with ``worker``'s id,
+    or the dict an older worker published; None for anything else."""
+    if isinstance(published, dict):
+        return published
+    if isinstance(published, list) and len(published) == 4:
+        at, kind, key, detail = published
+        if isinstance(at, int | float) and isinstance(kind, str) and isinstance(key, str):
+            text = detail if isinstance(detail, str) else ""
+            return {"at": at, "lease_key": key, "kind": kind, "worker": worker, "detail": text}
+    return None
+
+
 def _event_key(event: Mapping[str, Any]) -> tuple[Any, ...]:
     """What tells one published lease event from another (the same event is published again
     by its worker at every status round)."""
@@ -157,8 +171,8 @@ class Board:
 
     def _merge_events(self) -> None:
         published = [
-            e for s in self._statuses.values() for e in s.get("events", []) or []
-            if isinstance(e, dict)
+            event for worker, status in self._statuses.items()
+            for e in status.get("events", []) or [] if (event := event_of(e, worker)) is not None
         ]  # fmt: skip
         fresh = []
         for event in published:

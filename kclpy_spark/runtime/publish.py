@@ -88,9 +88,17 @@ def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
     return payload
 
 
-def published_events(events: list[dict[str, Any]], now_wall: float) -> list[dict[str, Any]]:
-    """The events a status record carries: those of the last EVENTS_PUBLISHED_FOR seconds."""
-    return [e for e in events if now_wall - e["at"] <= EVENTS_PUBLISHED_FOR]
+def published_events(events: list[dict[str, Any]], now_wall: float) -> list[list[Any]]:
+    """The events a status record carries: those of the last EVENTS_PUBLISHED_FOR seconds, each
+    as ``[at, kind, lease key, detail]`` (the worker is the record's; the time to a tenth of a
+    second). Half the bytes of the event as a dict: every Scan of the lease table reads them,
+    and a table over 4 KB costs a read unit per Scan instead of half of one. Readers take both
+    forms (``board.model.event_of``); an older reader skips this one."""
+    return [
+        [round(e["at"], 1), e["kind"], e["lease_key"], e["detail"]]
+        for e in events
+        if now_wall - e["at"] <= EVENTS_PUBLISHED_FOR
+    ]
 
 
 def bounded(leases: dict[str, Any], budget: int) -> tuple[dict[str, Any], int]:

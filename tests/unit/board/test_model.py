@@ -173,3 +173,45 @@ def test_a_series_without_new_figures_ages_out() -> None:
     assert board.snapshot()["series"]["s0"]["lag"] == [5]
     board.observe([lease("s0", "w2")], {}, 201.0)
     assert board.snapshot()["series"] == {}
+
+
+def test_compact_published_events_are_read_with_the_records_worker_beside_old_dicts() -> None:
+    from kclpy_spark.runtime.events import EventLog
+    from kclpy_spark.runtime.publish import published_events
+
+    log = EventLog("w2", lambda: 1000.04)
+    log.add("s1", "took", "it had no owner")
+    compact = published_events(log.recent(), now_wall=1001.0)
+    assert compact == [[1000.0, "took", "s1", "it had no owner"]]
+    board = Board("app", "stream")
+    statuses = {
+        "w1": status(1001.0, {}, events=[event(999.0, "s0", "lost")]),  # an older worker's form
+        "w2": status(1001.0, {}, events=[*compact, ["junk"], [1.0, 2, "s", ""], "x"]),
+    }
+    board.observe([], statuses, 1001.0)
+    events = board.snapshot()["events"]
+    assert events == [
+        {
+            "at": 1000.0,
+            "lease_key": "s1",
+            "kind": "took",
+            "worker": "w2",
+            "detail": "it had no owner",
+        },
+        {"at": 999.0, "lease_key": "s0", "kind": "lost", "worker": "w1", "detail": "why"},
+    ]
+    board.observe([], statuses, 1002.0)  # published again: not merged twice
+    assert len(board.snapshot()["events"]) == 2
+
+
+def test_a_published_event_is_under_half_the_bytes_of_its_dict() -> None:
+    import json
+
+    from kclpy_spark.runtime.events import EventLog
+    from kclpy_spark.runtime.publish import published_events
+
+    log = EventLog("worker-ip-10-0-0-17-3f9c2a", lambda: 1764369512.123456)
+    log.add("shardId-000000000003", "took", "it had no owner")
+    [as_dict] = log.recent()
+    [compact] = published_events(log.recent(), now_wall=1764369513.0)
+    assert len(json.dumps(compact)) < len(json.dumps(as_dict)) / 2
