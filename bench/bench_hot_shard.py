@@ -109,6 +109,7 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--burn-ms", type=float, default=0.0, help="a busy fleet (see above)")
+    parser.add_argument("--results", help="results file name (default hot-shard[-busy].md)")
     args = parser.parse_args()
     app = f"bench-hot-{uuid.uuid4().hex[:8]}"
     work = REPO / ".cache" / "bench" / f"hot-{time.strftime('%H%M%S')}"
@@ -172,7 +173,7 @@ def main() -> int:
     )
     print(text)
     if not args.no_write:
-        write_results("hot-shard-busy.md" if busy else "hot-shard.md", text)
+        write_results(args.results or ("hot-shard-busy.md" if busy else "hot-shard.md"), text)
     return 0
 
 

@@ -57,6 +57,7 @@ GROWTH_LIMIT = 0.05
 # The loop's default executor: processor calls, checkpoints, releases, a stream's describes.
 PROCESSOR_POOL = "kclpy-spark"
 STREAMS = 1
+UNTIED = 1
 # Part B's batches: one record per batch, and a shard is read at most every 0.2 s while behind
 # (Kinesis' 5 GetRecords per second per shard), so 8 shards at 35 records/s make ~35 batches/s.
 # The run of 2026-11-24 06:46 (12 shards polling every 0.05 s, up to 5 records per batch) spent
@@ -300,14 +301,17 @@ def pool_keys(samples: list[dict[str, Any]], prefix: str = "pool:") -> list[str]
 
 
 def alive_bound(rows: list[dict[str, Any]], i: int, every: float) -> float | None:
-    """The processor pool's bound at ``rows[i]``: the most leases held in the time an idle
-    thread lives before it ends (``IDLE_SECONDS``, plus two sample intervals, as leases held are
-    seen only at samples), plus one per stream (a stream's describe or a lease's release may
-    run beside its consumers' calls). None without leases held sampled."""
-    t = rows[i]["t"]
-    held = [r["leases_held"] for r in rows[: i + 1]
-            if "leases_held" in r and t - r["t"] <= IDLE_SECONDS + 2 * every]  # fmt: skip
-    return max(held) + STREAMS if held else None
+    """The processor pool's bound at ``rows[i]``: the most leases held by the same process in
+    the time an idle thread lives before it ends (``IDLE_SECONDS``, plus two sample intervals, as
+    leases held are seen only at samples) and at the next sample (the gauge is set at renewal
+    rounds, after a take's first calls), plus one per stream (a stream's describe or a lease's
+    release beside its consumers' calls) and ``UNTIED`` (calls of no lease: the store's opening
+    at start, the SDK's credentials and TLS set-up). None without leases held sampled."""
+    t, pid = rows[i]["t"], rows[i].get("pid")
+    held = [r["leases_held"] for r in rows
+            if "leases_held" in r and r.get("pid") == pid
+            and -1.5 * every <= t - r["t"] <= IDLE_SECONDS + 2 * every]  # fmt: skip
+    return max(held) + STREAMS + UNTIED if held else None
 
 
 def pool_bounds(
@@ -436,12 +440,14 @@ def sample(workers: list[Worker], args: Any, samples: list[dict[str, Any]]) -> N
     started = time.monotonic()
     while time.monotonic() - started < args.minutes * 60:
         for worker in workers:
-            values = scrape(worker.port) if worker.proc is not None else None
-            if values:
+            proc = worker.proc
+            values = scrape(worker.port) if proc is not None else None
+            if values and proc is not None:
                 worker.last = values
                 row = {k: v for k, v in values.items() if k in WATCHED
                        or k.startswith(("pool:", "limit:")) or k == "leases_held"}  # fmt: skip
-                samples.append({"t": time.monotonic() - started, "worker": worker.name, **row})
+                t = time.monotonic() - started
+                samples.append({"t": t, "worker": worker.name, "pid": proc.pid, **row})
         time.sleep(args.every)
 
 
@@ -593,7 +599,8 @@ def report(
     if bounded:
         lines += ["", "Threads by pool against their bounds at every sample (judged; the processor "
                   f"pool's bound: the most leases held in the last {IDLE_SECONDS:g} s + "
-                  f"{2 * args.every:g} s, plus {STREAMS} per stream):", "",
+                  f"{2 * args.every:g} s by the same process and at its next sample, plus "
+                  f"{STREAMS} per stream and {UNTIED} for calls of no lease):", "",
                   "| worker | pool | most threads | least headroom |",
                   "|---|---|---:|---:|"]  # fmt: skip
         for worker in ("a", "b1", "b2"):
@@ -621,7 +628,7 @@ def report(
         write_results(f"{args.results}.md", text)
         plot(samples, RESULTS / f"{args.results}.png")
         with (RESULTS / f"{args.results}-samples.csv").open("w", newline="") as fh:
-            fields = ["t", "worker", "leases_held", *metrics, *pool_keys(samples),
+            fields = ["t", "worker", "pid", "leases_held", *metrics, *pool_keys(samples),
                       *pool_keys(samples, "limit:")]  # fmt: skip
             writer = csv.DictWriter(fh, fieldnames=fields)
             writer.writeheader()

@@ -46,13 +46,18 @@ T = TypeVar("T")
 __all__ = ["IDLE_SECONDS", "RetiringThreadPool", "pool_limits"]
 
 _POOLS: weakref.WeakSet[RetiringThreadPool] = weakref.WeakSet()  # every pool not collected
+_POOLS_LOCK = threading.Lock()  # a WeakSet's iteration must not meet an add from another thread
 
 
 def pool_limits() -> dict[str, int]:
     """The most threads each pool prefix may have now: the ``max_workers`` of its pools that
-    are not shut down, summed by prefix (what ``kclpy_spark_thread_pool_limit`` exports)."""
+    are not shut down, summed by prefix (what ``kclpy_spark_thread_pool_limit`` exports). A
+    thread that retires is forgotten just before it ends, so for that instant a pool's threads
+    may be one over while a new one starts."""
     limits: collections.Counter[str] = collections.Counter()
-    for pool in list(_POOLS):
+    with _POOLS_LOCK:
+        pools = list(_POOLS)
+    for pool in pools:
         if not pool._shutdown:
             limits[pool._thread_name_prefix or "ThreadPoolExecutor"] += pool._max_workers
     return dict(limits)
@@ -73,7 +78,8 @@ class RetiringThreadPool(ThreadPoolExecutor):
         self._backlog: collections.deque[_Call] = collections.deque()
         self._slots: set[queue.SimpleQueue[Any]] = set()  # every live thread's slot
         self._names = itertools.count()
-        _POOLS.add(self)
+        with _POOLS_LOCK:
+            _POOLS.add(self)
 
     @property
     def thread_count(self) -> int:

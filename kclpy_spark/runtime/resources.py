@@ -88,6 +88,9 @@ class ResourceCollector(Collector):
             "The most threads each pool may start (its size; pools that retire idle threads)",
             labels=["pool"],
         )
-        for pool, limit in sorted(pool_limits().items()):
+        by_name: collections.Counter[str] = collections.Counter()
+        for prefix, limit in pool_limits().items():  # named as thread_pools() names its threads
+            by_name[_NUMBERED.sub("", f"{prefix}_0")] += limit
+        for pool, limit in sorted(by_name.items()):
             limits.add_metric([pool], limit)
         yield limits

@@ -14,25 +14,38 @@ import bench_soak
 LIMITS = {"limit:kclpy-spark": 128.0, "limit:kclpy-spark-lease": 4.0}
 
 
-def _row(t: float, held: float, processor: float, lease: float = 1.0) -> dict[str, Any]:
-    return {"t": t, "worker": "b1", "leases_held": held, "threads": 1 + processor + lease,
-            "pool:MainThread": 1.0, "pool:kclpy-spark": processor, "pool:kclpy-spark-lease": lease,
-            **LIMITS}  # fmt: skip
+def _row(
+    t: float, held: float, processor: float, lease: float = 1.0, pid: int = 7
+) -> dict[str, Any]:
+    return {"t": t, "worker": "b1", "pid": pid, "leases_held": held,
+            "threads": 1 + processor + lease, "pool:MainThread": 1.0,
+            "pool:kclpy-spark": processor, "pool:kclpy-spark-lease": lease, **LIMITS}  # fmt: skip
 
 
-def test_threads_within_the_leases_held_lately_plus_one_pass() -> None:
-    # 8 leases until 20 s, then 4: the 9 threads of 8 leases may live on for IDLE_SECONDS
-    rows = [_row(t, 8 if t <= 20 else 4, 9 if t <= 40 else 5) for t in range(0, 100, 5)]
+def test_threads_within_the_leases_held_lately_plus_two_pass() -> None:
+    # 8 leases until 20 s, then 4: the 10 threads of 8 leases may live on for IDLE_SECONDS
+    rows = [_row(t, 8 if t <= 20 else 4, 10 if t <= 40 else 6) for t in range(0, 100, 5)]
     checked, lines, misses = bench_soak.pool_bounds(rows, "b1", 5.0)
     assert checked == 20 and misses == []
-    assert "| b1 | kclpy-spark | 9 | 0 |" in lines
+    assert "| b1 | kclpy-spark | 10 | 0 |" in lines
+
+
+def test_leases_taken_before_the_gauge_counts_them_are_allowed_one_sample() -> None:
+    rows = [_row(0, 0, 2), _row(5, 0, 5), _row(10, 4, 6)]  # 4 leases' calls before the gauge
+    assert bench_soak.pool_bounds(rows, "b1", 5.0)[2] == []
 
 
 def test_threads_kept_past_the_idle_time_of_leases_gone_are_a_miss() -> None:
     rows = [_row(t, 8 if t <= 20 else 4, 9) for t in range(0, 100, 5)]
     _, _, misses = bench_soak.pool_bounds(rows, "b1", 5.0)
-    # 4 leases + 1 from 65 s on (20 s + IDLE_SECONDS + two samples): 9 threads are over
-    assert misses and misses[0].startswith("b1 kclpy-spark 9 > 5 at 65 s")
+    # 4 leases + 2 from 65 s on (20 s + IDLE_SECONDS + two samples): 9 threads are over
+    assert misses and misses[0].startswith("b1 kclpy-spark 9 > 6 at 65 s")
+
+
+def test_a_restarted_process_is_not_allowed_the_leases_of_the_one_before() -> None:
+    rows = [_row(0, 8, 10, pid=1), _row(5, 8, 10, pid=1), _row(10, 0, 10, pid=2)]
+    _, _, misses = bench_soak.pool_bounds(rows, "b1", 5.0)
+    assert misses == ["b1 kclpy-spark 10 > 2 at 10 s"]
 
 
 def test_a_fixed_pool_over_its_limit_is_a_miss_and_unpooled_threads_are_counted() -> None:

@@ -128,3 +128,23 @@ def test_pool_limits_sum_the_pools_of_one_prefix() -> None:
     del pools[:]
     gc.collect()
     assert "kclpy-spark-limited" not in pool_limits()  # collected: gone
+
+
+def test_a_pool_limit_is_named_as_its_threads_are_counted() -> None:
+    release = threading.Event()
+    pool = RetiringThreadPool(3, "kclpy-spark-numbered-2")
+    try:
+        future = pool.submit(release.wait)
+        metrics = WorkerMetrics(CoordinationCounters())
+        metrics.watch_resources()
+        text = metrics.exposition().decode()
+        name = 'pool="kclpy-spark-numbered"'
+        [count] = [x for x in text.splitlines() if x.startswith("kclpy_spark_threads_by_pool{")
+                   and name in x]  # fmt: skip
+        [limit] = [x for x in text.splitlines() if x.startswith("kclpy_spark_thread_pool_limit{")
+                   and name in x]  # fmt: skip
+        assert (float(count.rsplit(" ", 1)[1]), float(limit.rsplit(" ", 1)[1])) == (1, 3)
+    finally:
+        release.set()
+        future.result()
+        pool.shutdown()
