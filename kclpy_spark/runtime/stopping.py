@@ -64,7 +64,6 @@ async def release_all(w: Worker, io: Io, *, resign: bool = True) -> None:
             continue
         w.events.add(held.lease_key, "released", f"worker stopping{outcome}")
         log.info("worker %s released lease %s%s", w.cfg.worker_id, held.lease_key, outcome)
-    w.metrics.leases_held.set(0)
     if not resign:
         return
     with contextlib.suppress(KclpySparkError):

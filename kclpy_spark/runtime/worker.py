@@ -96,15 +96,15 @@ class Worker:
         # (release_all), not at the next renewal, so the new owners can find them first.
         self.handing_out = False
         self.instance = uuid.uuid4().hex  # tells this process from another with the same id
-        self.status_writer = control.StatusWriter(
-            store, cfg.worker_id, self.instance, 3 * self.timing.lease_duration
-        )
+        self.status_writer = control.StatusWriter(store, cfg.worker_id, self.instance,
+                                                  3 * self.timing.lease_duration)  # fmt: skip
         self.exit_reason: str | None = None
         self.status_server: StatusServer | None = None
         self.holder = LeaseHolder(
             store, cfg.worker_id, self.clock, self.timing.lease_duration,
             skip_checkpointed=cfg.skip_checkpointed_renewals,
         )  # fmt: skip
+        self.metrics.leases_held.set_function(lambda: len(self.holder.held()))  # at every scrape
         self.leader = leader_election(cfg, store, self.timing, self.clock)
         self.suspend_flag = control.SuspendFlag(store, self.clock, self.timing.lease_duration)
         self.health = Health(
@@ -323,7 +323,6 @@ class Worker:
         self.metrics.renewals_skipped.inc(len(report.skipped))
         self.metrics.renewal_failures.inc(len(report.failed))
         self.metrics.leases_lost.inc(len(report.lost))
-        self.metrics.leases_held.set(len(self.holder.held()))
         for exc in report.failed.values():
             self.health.store_failed(exc)
         # Nothing held proves nothing about the table (a skip: a checkpoint landed lately).
