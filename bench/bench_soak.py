@@ -8,17 +8,23 @@ other (on 2 cores they do not fit side by side):
 * B: DynamoDB on LocalStack with a RecordProcessor on 8 shards, tens of thousands of batches, and a
   second worker started and stopped every minute (lease moves both ways each time).
 
-Sampled from each worker's /metrics every ``--every`` seconds: descriptors, sockets, threads,
-asyncio tasks, RSS, SQLite connections, and (part A) the Spark driver's heap after its last
-collection (reported from the JVM's first collection of its old generation on, so its warm-up
-counts from its first sample). The verdict: growth after warm-up (the last tenth of the run against
-the tenth after warm-up: the maximum of each count, the median of RSS and heap) under 5%, no
-record lost (every record produced is in the output), and each record exactly once in the Parquet
-output. A count (descriptors, threads, tasks) follows the leases a worker holds, which part B's
-second worker moves back and forth: it is judged at equal leases held (the largest growth of
-the maximum over every number of leases held in both windows), so a worker that holds more
-leases late in the run for its threads than early is not called a leak, and one whose counts
-grow for the same leases is; the growth of the plain maximum is shown beside it.
+Sampled from each worker's /metrics every ``--every`` seconds: descriptors, sockets, threads
+(also by pool, with each pool's limit), asyncio tasks, RSS, leases held, SQLite connections, and
+(part A) the Spark driver's heap after its last collection (reported from the JVM's first
+collection of its old generation on, so its warm-up counts from its first sample). The verdict:
+
+* threads by what bounds them, at every sample of every process: each pool within the limit it
+  exports (``kclpy_spark_thread_pool_limit``), and the processor pool (the loop's default
+  executor) within the most leases the same process held in the time an idle thread lives
+  (30 s, plus two samples) and at the next sample, plus one per stream and one for calls of no
+  lease; the threads of no pool by growth, as below;
+* every other count and memory by growth after warm-up (the last tenth of the run against the
+  tenth after warm-up: the maximum of each count, the median of RSS and heap) under 5%. A count
+  that follows the leases held (descriptors, tasks), which part B's second worker moves back and
+  forth, is judged at equal leases held (the largest growth of the maximum over every number of
+  leases held in both windows); the growth of the plain maximum is shown beside it;
+* no record lost (every record produced is in the output), and each record exactly once in the
+  Parquet output.
 
     .venv/bin/python bench/bench_soak.py [--minutes 30] [--every 5] [--no-write]
 
