@@ -206,6 +206,9 @@ def run(
                 span["end"], span["meters_after"] = time.monotonic(), meters()
                 span["held"] = sum(len(w.holder.held()) for w in started)
                 span["lease_bytes"] = _lease_bytes(wrapped[0])
+                if client is not None:  # what each Scan read at the end (after the window)
+                    items = client.scan(TableName=stream)["Items"]
+                    span["table_bytes"] = sum(item_size(i) for i in items)
             finally:
                 for w in started:
                     w.request_shutdown()
@@ -245,6 +248,7 @@ def run(
         "skip": skip,
         "failover": base.failover_time,
         "lease_bytes": span["lease_bytes"],
+        "table_bytes": span.get("table_bytes"),
     }
 
 
@@ -327,7 +331,9 @@ def _by_operation(results: list[dict[str, Any]]) -> list[str]:
                 for op, u in sorted(r["units"].items())
             )
             who = f"{r['held']} leases, {r['workers']} worker(s), {r['assignment']}"
-            lines.append(f"- {who}, per lease per min: {ops}")
+            table = r.get("table_bytes")
+            size = f"; the table at the end: {table:,} bytes" if table is not None else ""
+            lines.append(f"- {who}, per lease per min: {ops}{size}")
     return lines
 
 
