@@ -171,7 +171,8 @@ class LeaderElection:
                     **(data or {}),
                     "assigns": self._worker_id if assigns else None,
                     LIFE: self._life_for(assigns),
-                }
+                },
+                separators=(",", ":"),  # read by every Scan of the lease table
             ),
         )
 

@@ -38,6 +38,12 @@ class DuplicateWorkerError(ConfigError):
 WORKER_PREFIX = "worker/"
 
 
+def compact_json(data: dict[str, Any]) -> str:
+    """A coordination record's data as JSON without spaces: every Scan of the lease table reads
+    these records, and a table over 4 KB costs a Scan a read unit instead of half of one."""
+    return json.dumps(data, separators=(",", ":"))
+
+
 def worker_key(worker_id: str) -> str:
     return f"{WORKER_PREFIX}{worker_id}"
 
@@ -77,7 +83,7 @@ def _update(
         current = store.get_record(key)
         data = change(_data(current))
         version = 1 if current is None else current.version + 1
-        record = CoordinationRecord(key, owner, version, now_wall, json.dumps(data))
+        record = CoordinationRecord(key, owner, version, now_wall, compact_json(data))
         if current is not None:
             record = replace(record, owner=owner if owner is not None else current.owner)
         if store.put_record(record, None if current is None else current.version):
@@ -217,7 +223,7 @@ class StatusWriter:
 
     def _data(self, status: dict[str, Any], now_wall: float) -> dict[str, Any]:
         ids = {"worker_id": self._worker_id, "instance": self._instance}
-        return {**status, "updated_at": now_wall, **ids}
+        return {**status, "updated_at": round(now_wall, 3), **ids}
 
     def publish(self, status: dict[str, Any], now_wall: float) -> str | None:
         """Write ``status``; the instance id of another process that wrote the record within
@@ -236,7 +242,7 @@ class StatusWriter:
     def _publish(self, status: dict[str, Any], now_wall: float) -> str | None:
         key = worker_key(self._worker_id)
         if self._version is not None:
-            data = json.dumps(self._data(status, now_wall))
+            data = compact_json(self._data(status, now_wall))
             record = CoordinationRecord(key, self._worker_id, self._version + 1, now_wall, data)
             if self._store.put_record(record, expected_version=self._version):
                 self._version += 1

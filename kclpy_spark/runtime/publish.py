@@ -77,15 +77,21 @@ def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
         "leases": leases,
         "leases_omitted": omitted,
         "events": published_events(worker.events.recent(EVENTS_PUBLISHED), now_wall),
-        "cpu_percent": worker.cpu.last_percent,
+        "cpu_percent": _rounded(worker.cpu.last_percent, 2),
     }
     if worker.cfg.load_metric == "auto":  # else others must not balance CPU with us
-        payload |= {"cpu_settled": worker.cpu.settled, "cpu_since": worker.cpu.since,
+        payload |= {"cpu_settled": worker.cpu.settled, "cpu_since": _rounded(worker.cpu.since, 1),
                     "cpu_limit": worker.cpu.limit}  # fmt: skip
     sink = sink_figures(worker.metrics.registry)
     if sink is not None:
         payload["sink"] = sink
     return payload
+
+
+def _rounded(value: Any, digits: int) -> Any:
+    """A published figure to ``digits`` decimals (fewer bytes for every Scan); None and other
+    types as they are."""
+    return round(value, digits) if isinstance(value, float) else value
 
 
 def published_events(events: list[dict[str, Any]], now_wall: float) -> list[list[Any]]:

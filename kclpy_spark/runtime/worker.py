@@ -95,7 +95,7 @@ class Worker:
         # Stopping: the handoffs of our leases have begun and complete when the consumers stop
         # (release_all), not at the next renewal, so the new owners can find them first.
         self.handing_out = False
-        self.instance = uuid.uuid4().hex  # tells this process from another with the same id
+        self.instance = uuid.uuid4().hex[:16]  # tells this process from another with the same id
         self.status_writer = control.StatusWriter(store, cfg.worker_id, self.instance,
                                                   3 * self.timing.lease_duration)  # fmt: skip
         self.exit_reason: str | None = None

@@ -358,3 +358,18 @@ def test_the_suspend_flag_never_flips_back_to_an_older_record() -> None:
     assert flag.read() == (False, False)
     flag.observe(before_suspend, clock.monotonic())  # a lagging replica's older view
     assert flag.read() == (False, False)
+
+
+def test_coordination_records_are_written_without_spaces() -> None:
+    """Every Scan of the lease table reads the worker and leader records: no byte for nothing
+    (a small fleet's table at the start sat just over the 4 KB that halves a Scan's units)."""
+    store = MemoryLeaseTable()
+    status = {"ready": True, "readiness": "ready", "leases": {}, "cpu_percent": 1.25}
+    control.publish_worker_status(store, "w1", status, now_wall=1764369512.123456, instance="i")
+    record = store.get_record(control.worker_key("w1"))
+    assert record is not None and " " not in record.data
+    data = json.loads(record.data)
+    assert data["updated_at"] == 1764369512.123 and data["ready"] is True
+    control.set_suspended(store, True, by="me", now_wall=1.0)
+    record = store.get_record(control.SUSPEND_KEY)
+    assert record is not None and " " not in record.data
