@@ -158,8 +158,8 @@ def main() -> int:
     others = [x.shard_id for x in leases if x.actual_owner == hot_owner and x.shard_id != hot]
     spread = max(cpu.values()) / min(cpu.values()) if min(cpu.values()) > 0 else float("inf")
     fleet_text = (
-        f"a busy fleet: the Burner processor, {args.burn_ms:g} ms of CPU per record, each worker "
-        "pinned to one core" if busy else "the BatchLines processor"
+        f"the Burner processor, {args.burn_ms:g} ms of CPU per record, each worker pinned to "
+        "one core" if busy else "the BatchLines processor"
     )  # fmt: skip
     text = (
         f"# One hot shard, load-aware balancing\n\n{stamp()} on {machine()}; 4 shards, "
