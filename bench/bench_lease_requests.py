@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import collections
 import itertools
+import os
 import sys
 import tempfile
 import threading
@@ -141,6 +142,13 @@ def _lease_bytes(table: Any) -> float:
     return sum(sizes) / len(sizes) if sizes else 0.0
 
 
+def worker_id(i: int, host: str | None) -> str:
+    """``w<i>``; with ``host``, the product's default form on that host (``host:pid:hex6``)."""
+    if host is None:
+        return f"w{i}"
+    return f"{host}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
 def run(
     endpoint: str,
     shards: int,
@@ -155,6 +163,7 @@ def run(
     assignment: str = "worker",
     rate: float = 0.0,
     skip: bool = True,
+    host: str | None = None,
 ) -> dict[str, Any]:
     """``workers`` in-process workers on one stream and one lease store; calls counted over all."""
     from kinesalite import create_stream
@@ -215,7 +224,8 @@ def run(
 
         async def fleet() -> None:
             await asyncio.gather(*(
-                run_worker(base.with_overrides(worker_id=f"w{i}"), Idle, on_started=scenario,
+                run_worker(base.with_overrides(worker_id=worker_id(i, host)), Idle,
+                           on_started=scenario,
                            install_signal_handlers=False, wrap_store=wrap)
                 for i in range(workers)
             ))  # fmt: skip
@@ -405,6 +415,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="skip_checkpointed_renewals true / false, each a run")  # fmt: skip
     parser.add_argument("--assignment", nargs="+", choices=("auto", "worker", "leader"),
                         default=["auto"], help="lease_assignment values, each a run")  # fmt: skip
+    parser.add_argument(
+        "--host",
+        help="worker ids in the default form on this host name "
+        "(host:pid:hex6, e.g. ip-10-0-12-34.ec2.internal) instead of w0, w1...",
+    )
     args = parser.parse_args(argv)
 
     from kinesalite import Kinesalite
@@ -419,6 +434,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         emulator.endpoint, shards, args.store, args.warmup, args.window, workers,
                         dynamodb=dynamodb, failover=args.failover, idle=args.idle,
                         assignment=assignment, rate=args.rate, skip=renewals == "skip",
+                        host=args.host,
                     )  # fmt: skip
                     print(f"{shards} leases, {workers} worker(s), {assignment}, {renewals}: "
                           f"{dict(result['counts'])} in {result['minutes']:.2f} min")  # fmt: skip

@@ -309,8 +309,8 @@ def pool_keys(samples: list[dict[str, Any]], prefix: str = "pool:") -> list[str]
 def alive_bound(rows: list[dict[str, Any]], i: int, every: float) -> float | None:
     """The processor pool's bound at ``rows[i]``: the most leases held by the same process in
     the time an idle thread lives before it ends (``IDLE_SECONDS``, plus two sample intervals, as
-    leases held are seen only at samples) and at the next sample (the gauge is set at renewal
-    rounds, after a take's first calls), plus one per stream (a stream's describe or a lease's
+    leases held are seen only at samples) and at the next sample (slack for a take whose first
+    calls began just before it was counted), plus one per stream (a stream's describe or a lease's
     release beside its consumers' calls) and ``UNTIED`` (calls of no lease: the store's opening
     at start, the SDK's credentials and TLS set-up). None without leases held sampled."""
     t, pid = rows[i]["t"], rows[i].get("pid")

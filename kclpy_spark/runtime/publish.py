@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +81,9 @@ def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
         "cpu_percent": _rounded(worker.cpu.last_percent, 2),
     }
     if worker.cfg.load_metric == "auto":  # else others must not balance CPU with us
-        payload |= {"cpu_settled": worker.cpu.settled, "cpu_since": _rounded(worker.cpu.since, 1),
+        since = worker.cpu.since  # rounded down: a figure may only look older, never newer
+        since = math.floor(since * 10) / 10 if isinstance(since, float) else since
+        payload |= {"cpu_settled": worker.cpu.settled, "cpu_since": since,
                     "cpu_limit": worker.cpu.limit}  # fmt: skip
     sink = sink_figures(worker.metrics.registry)
     if sink is not None:
@@ -110,7 +113,7 @@ def published_events(events: list[dict[str, Any]], now_wall: float) -> list[list
 def bounded(leases: dict[str, Any], budget: int) -> tuple[dict[str, Any], int]:
     """The figures of as many leases as fit in ``budget`` bytes of JSON, those with the most rows
     buffered first (then by key); and how many were left out."""
-    if len(json.dumps(leases)) <= budget:
+    if len(json.dumps(leases)) <= budget:  # with spaces: what is written is smaller
         return leases, 0
 
     def order(key: str) -> tuple[float, str]:

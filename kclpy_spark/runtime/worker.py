@@ -18,7 +18,7 @@ import functools
 import logging
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from typing import Any, TypeVar
 
 from checkpoint.base.clock import AsyncSleep, Clock, SystemClock
@@ -52,6 +52,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 __all__ = ["ProcessorFactory", "Worker"]
+
+
+def _count(items: Callable[[], Sized]) -> int:
+    """``len(items())``: a gauge counted at every scrape, holding no reference to the worker."""
+    return len(items())
 
 
 def _executor(threads: int, name: str) -> concurrent.futures.ThreadPoolExecutor:
@@ -104,7 +109,7 @@ class Worker:
             store, cfg.worker_id, self.clock, self.timing.lease_duration,
             skip_checkpointed=cfg.skip_checkpointed_renewals,
         )  # fmt: skip
-        self.metrics.leases_held.set_function(lambda: len(self.holder.held()))  # at every scrape
+        self.metrics.leases_held.set_function(functools.partial(_count, self.holder.held))
         self.leader = leader_election(cfg, store, self.timing, self.clock)
         self.suspend_flag = control.SuspendFlag(store, self.clock, self.timing.lease_duration)
         self.health = Health(
