@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from checkpoint.base.clock import Clock, SystemClock
-from checkpoint.port import CoordinationRecord, CoordinationStore
+from checkpoint.port import CoordinationRecord, CoordinationStore, record_data
 
 log = logging.getLogger(__name__)
 
@@ -166,13 +166,12 @@ class LeaderElection:
             expires_at=self._clock.wall() + self._life_for(assigns),
             # Our id, not a flag: an older version leading after us carries the data forward
             # unchanged, and must not look as if it assigned.
-            data=json.dumps(
+            data=record_data(
                 {
                     **(data or {}),
                     "assigns": self._worker_id if assigns else None,
                     LIFE: self._life_for(assigns),
-                },
-                separators=(",", ":"),  # read by every Scan of the lease table
+                }
             ),
         )
 

@@ -25,7 +25,7 @@ from typing import Any
 from checkpoint.base.clock import Clock
 from checkpoint.base.errors import ConfigError
 from checkpoint.leasing.cpu_load import CpuFigure
-from checkpoint.port import CoordinationRecord, CoordinationStore
+from checkpoint.port import CoordinationRecord, CoordinationStore, record_data
 
 SUSPEND_KEY = "suspended"
 _ATTEMPTS = 5
@@ -36,12 +36,6 @@ class DuplicateWorkerError(ConfigError):
 
 
 WORKER_PREFIX = "worker/"
-
-
-def compact_json(data: dict[str, Any]) -> str:
-    """A coordination record's data as JSON without spaces: every Scan of the lease table reads
-    these records, and a table over 4 KB costs a Scan a read unit instead of half of one."""
-    return json.dumps(data, separators=(",", ":"))
 
 
 def worker_key(worker_id: str) -> str:
@@ -83,7 +77,7 @@ def _update(
         current = store.get_record(key)
         data = change(_data(current))
         version = 1 if current is None else current.version + 1
-        record = CoordinationRecord(key, owner, version, now_wall, compact_json(data))
+        record = CoordinationRecord(key, owner, version, now_wall, record_data(data))
         if current is not None:
             record = replace(record, owner=owner if owner is not None else current.owner)
         if store.put_record(record, None if current is None else current.version):
@@ -242,7 +236,7 @@ class StatusWriter:
     def _publish(self, status: dict[str, Any], now_wall: float) -> str | None:
         key = worker_key(self._worker_id)
         if self._version is not None:
-            data = compact_json(self._data(status, now_wall))
+            data = record_data(self._data(status, now_wall))
             record = CoordinationRecord(key, self._worker_id, self._version + 1, now_wall, data)
             if self._store.put_record(record, expected_version=self._version):
                 self._version += 1
