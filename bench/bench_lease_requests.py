@@ -149,6 +149,16 @@ def worker_id(i: int, host: str | None) -> str:
     return f"{host}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
+def _dump(directory: Path, name: str, items: list[dict[str, Any]]) -> None:
+    """The table's items, largest first, each with its size as DynamoDB counts it."""
+    import json
+
+    directory.mkdir(parents=True, exist_ok=True)
+    sized = sorted(((item_size(i), i) for i in items), key=lambda pair: -pair[0])
+    rows = [{"bytes": size, "item": item} for size, item in sized]
+    (directory / f"table-{name}.json").write_text(json.dumps(rows, indent=1) + "\n")
+
+
 def run(
     endpoint: str,
     shards: int,
@@ -164,6 +174,7 @@ def run(
     rate: float = 0.0,
     skip: bool = True,
     host: str | None = None,
+    dump: Path | None = None,
 ) -> dict[str, Any]:
     """``workers`` in-process workers on one stream and one lease store; calls counted over all."""
     from kinesalite import create_stream
@@ -218,6 +229,8 @@ def run(
                 if client is not None:  # what each Scan read at the end (after the window)
                     items = client.scan(TableName=stream)["Items"]
                     span["table_bytes"] = sum(item_size(i) for i in items)
+                    if dump is not None:
+                        _dump(dump, f"{shards}x{workers}-{assignment}", items)
             finally:
                 for w in started:
                     w.request_shutdown()
@@ -420,6 +433,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="worker ids in the default form on this host name "
         "(host:pid:hex6, e.g. ip-10-0-12-34.ec2.internal) instead of w0, w1...",
     )
+    parser.add_argument(
+        "--dump",
+        type=Path,
+        metavar="DIR",
+        help="write each run's table at the end (items and their sizes) here",
+    )
     args = parser.parse_args(argv)
 
     from kinesalite import Kinesalite
@@ -434,7 +453,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         emulator.endpoint, shards, args.store, args.warmup, args.window, workers,
                         dynamodb=dynamodb, failover=args.failover, idle=args.idle,
                         assignment=assignment, rate=args.rate, skip=renewals == "skip",
-                        host=args.host,
+                        host=args.host, dump=args.dump,
                     )  # fmt: skip
                     print(f"{shards} leases, {workers} worker(s), {assignment}, {renewals}: "
                           f"{dict(result['counts'])} in {result['minutes']:.2f} min")  # fmt: skip

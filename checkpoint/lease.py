@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 import math
 from dataclasses import dataclass, field, replace
 
@@ -92,12 +93,25 @@ class WriteStamp:
     at: float  # epoch seconds
 
 
+OWNER_TAG_AFTER = 9  # owner ids longer than this many characters are tagged (``owner_tag``)
+
+
+def owner_tag(owner: str) -> str:
+    """A short stand-in for ``owner`` in its figures: the id itself when short, else ``~`` and 8
+    hex digits of its hash. Every lease item carries its figures and every Scan reads them, so
+    a 40-character host-based worker id written there costs the table 31 bytes a lease."""
+    if len(owner) <= OWNER_TAG_AFTER:
+        return owner
+    return "~" + hashlib.blake2b(owner.encode(), digest_size=4).hexdigest()
+
+
 @dataclass(frozen=True)
 class OwnerFigures:
     """What a lease's owner measured, written with its renewals (kclpy-spark's, for ``status``):
-    who measured it and when (wall time), the records it delivered in its tenure, and how far
-    behind the stream's tip it last read. Stored as one short text (``encode``), so it costs a
-    lease item a few dozen bytes; figures of another owner than the lease's are stale."""
+    who measured it (``owner_tag`` of its id; a full id in items older versions wrote) and when
+    (wall time), the records it delivered in its tenure, and how far behind the stream's tip it
+    last read. Stored as one short text (``encode``), so it costs a lease item a few dozen
+    bytes; figures of another owner than the lease's are stale."""
 
     owner: str
     at: float
@@ -163,8 +177,10 @@ class Lease:
     @property
     def owner_figures(self) -> OwnerFigures | None:
         """The figures if its current owner (the one processing it) measured them."""
-        figures = self.figures
-        return figures if figures is not None and figures.owner == self.actual_owner else None
+        figures, owner = self.figures, self.actual_owner
+        if figures is None or owner is None or figures.owner not in (owner, owner_tag(owner)):
+            return None
+        return figures
 
     @property
     def write_time(self) -> float | None:

@@ -216,8 +216,8 @@ class StatusWriter:
         self._lock = threading.Lock()  # the control round's publish may outlive its task
 
     def _data(self, status: dict[str, Any], now_wall: float) -> dict[str, Any]:
-        ids = {"worker_id": self._worker_id, "instance": self._instance}
-        return {**status, "updated_at": round(now_wall, 3), **ids}
+        # The worker id is the record's key and owner: not written a third time in its data.
+        return {**status, "updated_at": round(now_wall, 3), "instance": self._instance}
 
     def publish(self, status: dict[str, Any], now_wall: float) -> str | None:
         """Write ``status``; the instance id of another process that wrote the record within
@@ -237,7 +237,8 @@ class StatusWriter:
         key = worker_key(self._worker_id)
         if self._version is not None:
             data = record_data(self._data(status, now_wall))
-            record = CoordinationRecord(key, self._worker_id, self._version + 1, now_wall, data)
+            # No owner attribute: the worker id is the record's key (and nothing reads it).
+            record = CoordinationRecord(key, None, self._version + 1, now_wall, data)
             if self._store.put_record(record, expected_version=self._version):
                 self._version += 1
                 return None
@@ -249,7 +250,7 @@ class StatusWriter:
                 other.append(str(previous["instance"]))
             return self._data(status, now_wall)
 
-        self._version = _update(self._store, key, change, owner=self._worker_id, now_wall=now_wall)
+        self._version = _update(self._store, key, change, owner=None, now_wall=now_wall)
         return other[0] if other else None
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from checkpoint.base.clock import AsyncSleep, Clock
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.counters import CoordinationCounters, Counter
-from checkpoint.lease import OwnerFigures
+from checkpoint.lease import OwnerFigures, owner_tag
 from checkpoint.leasing.holder import HeldLease, LeaseHolder
 from checkpoint.leasing.load import ema
 from checkpoint.port import LeaseTable
@@ -184,7 +184,7 @@ class ConsumerSet:
                 r.kbps = ema(r.kbps, (total - r.bytes_seen) / 1024 / (now - r.measured_at))
             kbps = None if r.kbps is None else round(r.kbps, 3)
             at = round(self._clock.wall(), 1)
-            owner = self._holder.worker_id
+            owner = owner_tag(self._holder.worker_id)
             figures = OwnerFigures(owner, at, stats.records, stats.millis_behind_latest)
             self._holder.set_figures(key, r.consumer.token, throughput_kbps=kbps, figures=figures)
             r.bytes_seen, r.measured_at = total, now

@@ -70,16 +70,21 @@ def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
     ready, why = worker.readiness()
     leases, omitted = bounded(leases, LEASE_FIGURES_BYTES)
     payload = {
+        "ready": ready,
+        "cpu_percent": _rounded(worker.cpu.last_percent, 2),
+    }
+    # Written only when they say something (every Scan reads them; readers take a missing one as
+    # false, 0, "ready" or none): the readiness reason unless "ready", the roles, the flags.
+    optional = {
+        "readiness": why if why != "ready" else None,
         "suspended": worker.suspended,
         "leader": worker.leader.is_leader,
         "assigns": worker.leader.assigning,  # the leader that assigns leases (not every one does)
-        "ready": ready,
-        "readiness": why,
         "leases": leases,
         "leases_omitted": omitted,
         "events": published_events(worker.events.recent(EVENTS_PUBLISHED), now_wall),
-        "cpu_percent": _rounded(worker.cpu.last_percent, 2),
     }
+    payload |= {k: v for k, v in optional.items() if v}
     if worker.cfg.load_metric == "auto":  # else others must not balance CPU with us
         since = worker.cpu.since  # rounded down: a figure may only look older, never newer
         since = math.floor(since * 10) / 10 if isinstance(since, float) else since

@@ -81,3 +81,56 @@ def test_the_status_publishes_the_cpu_figure_and_whether_it_is_settled() -> None
     # aim at two different balances).
     worker.cfg = WorkerConfig(stream_name="s", load_metric="throughput")
     assert "cpu_settled" not in status_payload(worker, 10.0)  # type: ignore[arg-type]
+
+
+def _quiet_worker(ready: tuple[bool, str] = (True, "ready"), *, leader: bool = False) -> object:
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry
+
+    from kclpy_spark.config import WorkerConfig
+    from kclpy_spark.runtime.cpu import CpuMeter
+
+    meter = CpuMeter(lambda: 0.0, lambda: 0.0, limit=2.0, wall=lambda: 1000.0)
+    return SimpleNamespace(
+        cfg=WorkerConfig(stream_name="s"),
+        holder=SimpleNamespace(held=list), processor_factory=None, readiness=lambda: ready,
+        suspended=False, leader=SimpleNamespace(is_leader=leader, assigning=False),
+        events=SimpleNamespace(recent=lambda n: []), cpu=meter,
+        metrics=SimpleNamespace(registry=CollectorRegistry()),
+    )  # fmt: skip
+
+
+def test_a_quiet_workers_status_writes_no_default_and_no_second_copy_of_its_id() -> None:
+    """Every Scan of the lease table reads every status record: a field at its default (not
+    leader, no leases, no events, "ready") is left out, and the worker id is only the record's
+    key. Readers take what is missing as the default: the status page shows the same row."""
+    from checkpoint.stores.memory import MemoryLeaseTable
+    from kclpy_spark.board.model import Board
+    from kclpy_spark.ops import control
+    from kclpy_spark.runtime.publish import status_payload
+
+    worker_id = "ip-10-0-12-34.ec2.internal:4242:a1b2c3"
+    payload = status_payload(_quiet_worker(), 1010.0)  # type: ignore[arg-type]
+    assert set(payload) == {"ready", "cpu_percent", "cpu_settled", "cpu_since", "cpu_limit"}
+    store = MemoryLeaseTable()
+    control.publish_worker_status(store, worker_id, payload, 1010.0, instance="0123456789abcdef")
+    record = store.get_record(control.worker_key(worker_id))
+    assert record is not None and record.owner is None and worker_id not in record.data
+    board = Board("app", "s", worker_ttl=30.0)
+    board.observe([], {worker_id: json.loads(record.data)}, 1011.0)
+    [row] = board.snapshot()["workers"]
+    assert row["worker_id"] == worker_id and row["live"] and row["ready"] is True
+    assert (row["readiness"], row["leader"], row["assigns"], row["leases"]) == ("", False, False, 0)
+    assert control.live_workers([record], 1011.0, 30.0) == {worker_id: 1010.0}
+
+
+def test_the_readiness_reason_is_written_unless_it_is_plain_ready() -> None:
+    from kclpy_spark.runtime.publish import status_payload
+
+    not_ready = status_payload(_quiet_worker((False, "no shard read yet")), 0.0)  # type: ignore[arg-type]
+    assert (not_ready["ready"], not_ready["readiness"]) == (False, "no shard read yet")
+    suspended = status_payload(_quiet_worker((True, "suspended")), 0.0)  # type: ignore[arg-type]
+    assert (suspended["ready"], suspended["readiness"]) == (True, "suspended")
+    leader = status_payload(_quiet_worker(leader=True), 0.0)  # type: ignore[arg-type]
+    assert leader["leader"] is True and "assigns" not in leader
