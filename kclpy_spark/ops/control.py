@@ -216,7 +216,7 @@ class StatusWriter:
         self._lock = threading.Lock()  # the control round's publish may outlive its task
 
     def _data(self, status: dict[str, Any], now_wall: float) -> dict[str, Any]:
-        # The worker id is the record's key and owner: not written a third time in its data.
+        # The worker id is the record's key: not written again in its data.
         return {**status, "updated_at": round(now_wall, 3), "instance": self._instance}
 
     def publish(self, status: dict[str, Any], now_wall: float) -> str | None:
