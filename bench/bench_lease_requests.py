@@ -230,7 +230,8 @@ def run(
                     items = client.scan(TableName=stream)["Items"]
                     span["table_bytes"] = sum(item_size(i) for i in items)
                     if dump is not None:
-                        _dump(dump, f"{shards}x{workers}-{assignment}", items)
+                        renewals = "skip" if skip else "kcl"
+                        _dump(dump, f"{shards}x{workers}-{assignment}-{renewals}", items)
             finally:
                 for w in started:
                     w.request_shutdown()

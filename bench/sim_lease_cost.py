@@ -44,7 +44,7 @@ from common import machine, stamp, write_results
 from kcl_model import Cost, kcl3
 
 from checkpoint.base.clock import ManualClock
-from checkpoint.lease import HashKeyRange, Lease, OwnerFigures
+from checkpoint.lease import HashKeyRange, Lease, OwnerFigures, owner_tag
 from checkpoint.leasing.assign import leader_assigns
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.leasing.observer import LeaseObserver
@@ -56,7 +56,7 @@ from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.ops import control
 from kclpy_spark.runtime.assigning import leader_election, lease_timing
-from kclpy_spark.runtime.publish import published_events
+from kclpy_spark.runtime.publish import published_events, status_fields
 from kclpy_spark.runtime.taking import LOOK_MARGIN, MAX_LOOKS
 
 SEQ = "49590338271490256608559692538361571095921575989136588898"
@@ -240,12 +240,12 @@ class SimWorker:
         self.suspend.read()
         # Per-lease figures ride on the renewals (Lease.renewal_figures): the status record holds
         # none for a RecordProcessor application (only a Spark sink's, within 32 KB).
-        status = {"suspended": False, "leader": self.leader.is_leader,
-                  "assigns": self.leader.assigning, "ready": True,
-                  "readiness": "ready", "leases": {}, "leases_omitted": 0,
-                  "events": published_events(self.events, self.clock.wall()),
-                  "cpu_percent": 12.5, "cpu_settled": True,
-                  "cpu_since": self.clock.wall() - 10.0, "cpu_limit": 2.0}  # fmt: skip
+        status = status_fields(
+            ready=True, readiness="ready", cpu_percent=12.5, suspended=False,
+            leader=self.leader.is_leader, assigns=self.leader.assigning, leases={},
+            leases_omitted=0, events=published_events(self.events, self.clock.wall()),
+        )  # fmt: skip
+        status |= {"cpu_settled": True, "cpu_since": self.clock.wall() - 10.0, "cpu_limit": 2.0}
         self.status.publish(status, self.clock.wall())
 
     def checkpoint(self) -> None:
@@ -260,7 +260,7 @@ class SimWorker:
     def measure(self) -> None:
         """What the consumers hand the holder before each renewal round (written with it)."""
         for held in self.holder.held():
-            figures = OwnerFigures(self.id, self.clock.wall(), 1_234_567, 0)
+            figures = OwnerFigures(owner_tag(self.id), self.clock.wall(), 1_234_567, 0)
             self.holder.set_figures(
                 held.lease_key, held.token, throughput_kbps=12.345, figures=figures
             )

@@ -6,9 +6,11 @@
 * ``stream/<stream>``: when the stream this application's leases belong to was created: a stream
   deleted and re-created under the same name has new records but the same shard ids, so the old
   checkpoints must not be applied to it (single-stream mode; multi-stream lease keys carry it).
-* ``worker/<id>``: what each worker publishes about itself for ``kclpy-spark status`` (leases, lag,
-  records, last renewal, readiness). Only its own worker writes it; each process marks it with an
-  instance id, so two processes started with the same worker id find each other.
+* ``worker/<id>``: what each worker publishes about itself (readiness, roles, CPU, recent lease
+  events; a lease's lag and records ride on its renewals): for ``kclpy-spark status``, the status
+  page and balancing, which counts the workers whose record is fresh. Only its own worker writes
+  it; each process marks it with an instance id, so two processes started with the same worker
+  id find each other.
 
 Writes are conditional on the record's version like every other write; a lost race is retried a
 few times by re-reading, since these are single-writer records or idempotent flags.
@@ -237,7 +239,8 @@ class StatusWriter:
         key = worker_key(self._worker_id)
         if self._version is not None:
             data = record_data(self._data(status, now_wall))
-            # No owner attribute: the worker id is the record's key (and nothing reads it).
+            # No owner attribute: the worker id is the record's key, and nothing reads it (a
+            # record an older version wrote keeps its owner until this first plain write).
             record = CoordinationRecord(key, None, self._version + 1, now_wall, data)
             if self._store.put_record(record, expected_version=self._version):
                 self._version += 1

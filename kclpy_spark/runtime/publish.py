@@ -69,22 +69,13 @@ def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
             }
     ready, why = worker.readiness()
     leases, omitted = bounded(leases, LEASE_FIGURES_BYTES)
-    payload = {
-        "ready": ready,
-        "cpu_percent": _rounded(worker.cpu.last_percent, 2),
-    }
-    # Written only when they say something (every Scan reads them; readers take a missing one as
-    # false, 0, "ready" or none): the readiness reason unless "ready", the roles, the flags.
-    optional = {
-        "readiness": why if why != "ready" else None,
-        "suspended": worker.suspended,
-        "leader": worker.leader.is_leader,
-        "assigns": worker.leader.assigning,  # the leader that assigns leases (not every one does)
-        "leases": leases,
-        "leases_omitted": omitted,
-        "events": published_events(worker.events.recent(EVENTS_PUBLISHED), now_wall),
-    }
-    payload |= {k: v for k, v in optional.items() if v}
+    payload = status_fields(
+        ready=ready, readiness=why, cpu_percent=_rounded(worker.cpu.last_percent, 2),
+        suspended=worker.suspended, leader=worker.leader.is_leader,
+        assigns=worker.leader.assigning,  # the leader that assigns leases (not every one does)
+        leases=leases, leases_omitted=omitted,
+        events=published_events(worker.events.recent(EVENTS_PUBLISHED), now_wall),
+    )  # fmt: skip
     if worker.cfg.load_metric == "auto":  # else others must not balance CPU with us
         since = worker.cpu.since  # rounded down: a figure may only look older, never newer
         since = math.floor(since * 10) / 10 if isinstance(since, float) else since
@@ -94,6 +85,33 @@ def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
     if sink is not None:
         payload["sink"] = sink
     return payload
+
+
+def status_fields(
+    *,
+    ready: bool,
+    readiness: str,
+    cpu_percent: float | None,
+    suspended: bool,
+    leader: bool,
+    assigns: bool,
+    leases: dict[str, Any],
+    leases_omitted: int,
+    events: list[list[Any]],
+) -> dict[str, Any]:
+    """A status record's fields, those at their default left out: every Scan of the lease table
+    reads every status record. Readers take a missing one as its default (false, 0, none, and
+    no readiness reason: only a reason other than "ready" is written)."""
+    optional = {
+        "readiness": readiness if readiness != "ready" else None,
+        "suspended": suspended,
+        "leader": leader,
+        "assigns": assigns,
+        "leases": leases,
+        "leases_omitted": leases_omitted,
+        "events": events,
+    }
+    return {"ready": ready, "cpu_percent": cpu_percent} | {k: v for k, v in optional.items() if v}
 
 
 def _rounded(value: Any, digits: int) -> Any:

@@ -69,6 +69,6 @@ async def release_all(w: Worker, io: Io, *, resign: bool = True) -> None:
     with contextlib.suppress(KclpySparkError):
         await io(w.leader.resign)
     with contextlib.suppress(KclpySparkError):  # a restart need not wait for us
-        stopped = {"stopped": True, "leases": {}}
+        stopped = {"stopped": True}  # the whole record is replaced: nothing else stays
         now = w.clock.wall()
         await io(w.status_writer.publish, stopped, now)
