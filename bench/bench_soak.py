@@ -632,13 +632,16 @@ def report(
     print(text)
     if write:
         write_results(f"{args.results}.md", text)
-        plot(samples, RESULTS / f"{args.results}.png")
         with (RESULTS / f"{args.results}-samples.csv").open("w", newline="") as fh:
             fields = ["t", "worker", "pid", "leases_held", *metrics, *pool_keys(samples),
                       *pool_keys(samples, "limit:")]  # fmt: skip
             writer = csv.DictWriter(fh, fieldnames=fields)
             writer.writeheader()
             writer.writerows(samples)
+        try:  # the samples are kept whether or not they can be drawn
+            plot(samples, RESULTS / f"{args.results}.png")
+        except ModuleNotFoundError as exc:
+            print(f"no plot ({exc}): pip install -e '.[bench]' draws one", file=sys.stderr)
 
 
 if __name__ == "__main__":
