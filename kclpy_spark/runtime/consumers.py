@@ -69,6 +69,7 @@ class ConsumerSet:
         self._caught_up = caught_up
         self._processors = processors
         self._holder = holder
+        self._owner_tag = owner_tag(holder.worker_id)  # what our figures name us by, once
         self._table = table
         self._clock = clock
         self._sleep = sleep
@@ -184,8 +185,7 @@ class ConsumerSet:
                 r.kbps = ema(r.kbps, (total - r.bytes_seen) / 1024 / (now - r.measured_at))
             kbps = None if r.kbps is None else round(r.kbps, 3)
             at = round(self._clock.wall(), 1)
-            owner = owner_tag(self._holder.worker_id)
-            figures = OwnerFigures(owner, at, stats.records, stats.millis_behind_latest)
+            figures = OwnerFigures(self._owner_tag, at, stats.records, stats.millis_behind_latest)
             self._holder.set_figures(key, r.consumer.token, throughput_kbps=kbps, figures=figures)
             r.bytes_seen, r.measured_at = total, now
 
