@@ -9,7 +9,10 @@ the leader record and the suspend flag it returns to the next looks), the real
 ``LeaderElection.tick`` every leader interval (an eventually consistent read unless a scan
 returned the record since the last tick), and once per failover time the suspend flag (the
 same) and the real ``StatusWriter`` publishing a status record shaped like the worker's (its ten
-events more than ten minutes old, so none published; a lease's figures ride on its renewals).
+events more than ten minutes old, so none published; a lease's figures ride on its renewals)
+when the worker's ``StatusCadence`` says it is due: in this steady state, with nothing changing,
+a worker holding leases every quiet interval (three failover times), one holding none every
+failover time.
 Each call is costed by DynamoDB's rules (checkpoint.stores.capacity) on the item the DynamoDB
 store would read or write (checkpoint.stores.dynamo_codec): a Scan pays for the whole table,
 coordination records included, per 1 MB page. Not simulated: the leader's shard-sync maintenance
@@ -56,7 +59,7 @@ from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.ops import control
 from kclpy_spark.runtime.assigning import leader_election, lease_timing
-from kclpy_spark.runtime.publish import published_events, status_fields
+from kclpy_spark.runtime.publish import StatusCadence, published_events, status_fields
 from kclpy_spark.runtime.taking import LOOK_MARGIN, MAX_LOOKS
 
 SEQ = "49590338271490256608559692538361571095921575989136588898"
@@ -172,6 +175,7 @@ class SimWorker:
         self.leader = leader_election(cfg, store, t, clock)  # type: ignore[arg-type]
         self.suspend = control.SuspendFlag(store, clock, t.lease_duration)  # type: ignore[arg-type]
         self.status = control.StatusWriter(store, worker_id, worker_id, 3 * t.lease_duration)  # type: ignore[arg-type]
+        self.cadence = StatusCadence.of(t)  # quiet: a holder writes every quiet interval
         # The leases were taken when the fleet started, more than ten minutes ago (steady state).
         events = [{"at": clock.wall() - 700, "lease_key": f"shardId-{i:012d}", "kind": "taken",
                    "detail": f"lease taken (expired, owner w{i})"} for i in range(10)]  # fmt: skip
@@ -244,9 +248,12 @@ class SimWorker:
             ready=True, readiness="ready", cpu_percent=12.5, suspended=False,
             leader=self.leader.is_leader, assigns=self.leader.assigning, leases={},
             leases_omitted=0, events=published_events(self.events, self.clock.wall()),
+            live_for=self.timing.status_quiet_max_age if self.holder.held() else None,
         )  # fmt: skip
         status |= {"cpu_settled": True, "cpu_since": self.clock.wall() - 10.0, "cpu_limit": 2.0}
-        self.status.publish(status, self.clock.wall())
+        if self.cadence.due(status, self.clock.monotonic()):  # publish.publish_if_due
+            self.status.publish(status, self.clock.wall())
+            self.cadence.wrote(status, self.clock.monotonic())
 
     def checkpoint(self) -> None:
         """Every held lease's processor checkpoints (records flowing: after every batch)."""

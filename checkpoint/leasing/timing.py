@@ -60,6 +60,8 @@ LEADER_DURATION_MULTIPLIER = 3.0
 # the first round after its counter is RENEW_AFTER old (checkpoint.leasing.held.renewal_due).
 ROUNDS_PER_DURATION = 12
 RENEW_AFTER = 0.44
+# Lease durations between two status writes of a worker whose status did not change.
+STATUS_QUIET_DURATIONS = 3.0
 
 
 def renewal_round_interval(failover: float, lazy: bool, epsilon: float = DEFAULT_EPSILON) -> float:
@@ -175,12 +177,30 @@ class LeaseTiming:
         return 2 * self.lease_duration + self.max_clock_skew
 
     @property
+    def status_quiet_interval(self) -> float:
+        """How often a worker holding leases writes its status record while nothing in it
+        changed that a reader acts on (kclpy_spark.runtime.publish.StatusCadence): three lease
+        durations, the KCL 3.x worker-metrics cadence (30 s) at the default failover time. A
+        change is written at the next control round, one lease duration at most."""
+        return STATUS_QUIET_DURATIONS * self.lease_duration
+
+    @property
+    def status_quiet_max_age(self) -> float:
+        """How long a status record that may be followed by a quiet one says its worker runs
+        (its ``live_for``): the quiet interval, one control round more (a failed write is tried
+        again at the next one) and the clock skew allowed."""
+        return self.status_quiet_interval + self.lease_duration + self.max_clock_skew
+
+    @property
     def cpu_move_memory(self) -> float:
         """How long the observer remembers that a lease came to or left a worker (for the CPU
-        load rule): a worker's status record counts as running for ``status_max_age`` and
-        describes a window of one lease duration before it, so an older
-        move can no longer fall inside a figure the rule would use."""
-        return 3 * self.lease_duration + 2 * self.max_clock_skew + self.renew_interval
+        load rule): a worker's status record counts as running for at most
+        ``status_quiet_max_age`` and describes a window of one lease duration before it, so an
+        older move can no longer fall inside a figure the rule would use."""
+        return (
+            self.status_quiet_max_age + self.lease_duration + self.max_clock_skew
+            + self.renew_interval
+        )  # fmt: skip
 
     @property
     def steal_cooldown(self) -> float:

@@ -28,6 +28,7 @@ from checkpoint.base.clock import Clock
 from checkpoint.base.errors import ConfigError
 from checkpoint.leasing.cpu_load import CpuFigure
 from checkpoint.port import CoordinationRecord, CoordinationStore, record_data
+from kclpy_spark.ops.status import is_live
 
 SUSPEND_KEY = "suspended"
 _ATTEMPTS = 5
@@ -171,15 +172,15 @@ def published_by_another(
     status: dict[str, Any], instance: str, now_wall: float, max_age: float
 ) -> bool:
     """True if ``status`` (a worker record's data) was written by another, running process
-    within ``max_age`` seconds (not by ``instance``, and not marked stopped)."""
-    before, updated = status.get("instance"), status.get("updated_at")
+    within ``max_age`` seconds, or the longer time its record says it holds for (not by
+    ``instance``, and not marked stopped)."""
+    before = status.get("instance")
     return (
         bool(instance)
         and isinstance(before, str)
         and before != instance
         and not status.get("stopped")
-        and isinstance(updated, int | float)
-        and now_wall - updated <= max_age
+        and is_live(status, now_wall, max_age)
     )
 
 
@@ -268,8 +269,7 @@ def _statuses(records: Iterable[CoordinationRecord]) -> Iterator[tuple[str, dict
 
 
 def _fresh(data: dict[str, Any], now_wall: float, max_age: float) -> bool:
-    updated = _number(data.get("updated_at"))
-    return updated is not None and now_wall - updated <= max_age
+    return is_live(data, now_wall, max_age)
 
 
 def live_workers(

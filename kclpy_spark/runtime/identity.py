@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from kclpy_spark.ops import control
+from kclpy_spark.ops.status import live_for
 
 if TYPE_CHECKING:
     from kclpy_spark.runtime.worker import Worker
@@ -39,20 +40,29 @@ def note_duplicate(worker: Worker, other: str | None) -> None:
 
 async def unique_worker_id(worker: Worker, io: Io) -> None:
     """Raise DuplicateWorkerError if another live process publishes under ``worker``'s id. A
-    record written lately by another instance may be a previous run that crashed: wait one status
-    interval and look again; only a record that moved meanwhile is a live duplicate."""
+    record written lately by another instance may be a previous run that crashed: wait until
+    that process would have written again, and look again; only a record that moved meanwhile
+    is a live duplicate."""
     cfg, clock, interval = worker.cfg, worker.clock, worker.timing.lease_duration
     status = await io(control.worker_status, worker.store, cfg.worker_id)
     if not control.published_by_another(status, worker.instance, clock.wall(), 3 * interval):
         return
-    log.info(
-        "worker %s: a process with this worker id published its status %.0fs ago; waiting "
-        "%.0fs to see whether it still runs",
-        cfg.worker_id,
-        clock.wall() - float(status.get("updated_at", 0.0)),
-        interval + 1,
-    )
-    await worker.sleep(interval + 1)
+    age = clock.wall() - float(status.get("updated_at", 0.0))
+    wait = rewrite_wait(age, live_for(status, 0.0), interval)
+    log.info("worker %s: a process with this worker id published its status %.0fs ago; waiting "
+             "%.0fs to see whether it still runs", cfg.worker_id, age, wait)  # fmt: skip
+    await worker.sleep(wait)
     again = await io(control.worker_status, worker.store, cfg.worker_id)
     if again.get("updated_at") != status.get("updated_at"):
         raise control.DuplicateWorkerError(duplicate_message(cfg.worker_id))
+
+
+def rewrite_wait(age: float, declared: float, interval: float) -> float:
+    """How long to wait for a running process to write its status record again, its record
+    ``age`` seconds old: one control round and a second; a record that says it holds for
+    ``declared`` seconds (a worker holding leases writes a quiet status every ``declared -
+    interval - skew``) may be rewritten only that long after it was written."""
+    wait = interval + 1
+    if declared > 0:
+        wait = max(wait, min(declared - interval - age + 1, declared))
+    return wait

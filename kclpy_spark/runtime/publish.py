@@ -13,7 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
+from checkpoint.leasing.cpu_load import CPU_MIN_GAP
+from checkpoint.leasing.timing import LeaseTiming
 from kclpy_spark.board.model import SINK_FIGURES
+from kclpy_spark.runtime.identity import note_duplicate
 
 if TYPE_CHECKING:
     from kclpy_spark.runtime.worker import Worker
@@ -75,6 +78,7 @@ def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
         assigns=worker.leader.assigning,  # the leader that assigns leases (not every one does)
         leases=leases, leases_omitted=omitted,
         events=published_events(worker.events.recent(EVENTS_PUBLISHED), now_wall),
+        live_for=worker.timing.status_quiet_max_age if worker.holder.held() else None,
     )  # fmt: skip
     if worker.cfg.load_metric == "auto":  # else others must not balance CPU with us
         since = worker.cpu.since  # rounded down: a figure may only look older, never newer
@@ -98,10 +102,12 @@ def status_fields(
     leases: dict[str, Any],
     leases_omitted: int,
     events: list[list[Any]],
+    live_for: float | None = None,
 ) -> dict[str, Any]:
     """A status record's fields, those at their default left out: every Scan of the lease table
-    reads every status record. Readers take a missing one as its default (false, 0, none, and
-    no readiness reason: only a reason other than "ready" is written)."""
+    reads every status record. Readers take a missing one as its default (false, 0, none, no
+    readiness reason: only a reason other than "ready" is written; and for how long the record
+    says its worker runs, ``live_for``, the reader's own figure)."""
     optional = {
         "readiness": readiness if readiness != "ready" else None,
         "suspended": suspended,
@@ -110,8 +116,74 @@ def status_fields(
         "leases": leases,
         "leases_omitted": leases_omitted,
         "events": events,
+        "live_for": None if live_for is None else round(live_for, 1),
     }
     return {"ready": ready, "cpu_percent": cpu_percent} | {k: v for k, v in optional.items() if v}
+
+
+class StatusCadence:
+    """When a worker writes its status record (its control round asks every lease duration).
+
+    A worker holding leases (its record says ``live_for``: the readers' time it runs after
+    the write) writes only when something a reader acts on changed since its last write, or
+    after ``quiet_interval``: its readiness, roles, lease figures, events, the Spark sink's
+    totals, whether its CPU figure is settled, or the figure itself by ``cpu_band``
+    percentage points or more (the load rule takes figures closer than CPU_MIN_GAP as the
+    same: half of it stays well inside). A worker holding no lease writes every round: its
+    record is all that shows it runs. Its lease renewals show a holder alive meanwhile; a
+    changed figure goes out at the next round, one lease duration at most. A write that failed
+    is not noted, so the next round tries again. Not thread-safe: the control round's alone."""
+
+    IGNORED = ("cpu_percent", "cpu_since")  # the window's start moves at every round
+
+    def __init__(
+        self, quiet_interval: float, round_interval: float, cpu_band: float = CPU_MIN_GAP / 2
+    ) -> None:
+        self._quiet = quiet_interval
+        self._slack = round_interval / 2  # rounds come late or early by a little
+        self._band = cpu_band
+        self._last: dict[str, Any] | None = None
+        self._at = float("-inf")
+
+    @classmethod
+    def of(cls, timing: LeaseTiming) -> StatusCadence:
+        """A worker's: quiet writes every ``timing.status_quiet_interval``, rounds every lease
+        duration."""
+        return cls(timing.status_quiet_interval, timing.lease_duration)
+
+    def due(self, payload: dict[str, Any], now: float) -> bool:
+        """Whether ``payload`` should be written at ``now`` (monotonic seconds)."""
+        if self._last is None or not payload.get("live_for"):
+            return True
+        if now - self._at >= self._quiet - self._slack:
+            return True
+        return self.changed(self._last, payload)
+
+    def wrote(self, payload: dict[str, Any], now: float) -> None:
+        self._last, self._at = dict(payload), now
+
+    def changed(self, last: dict[str, Any], new: dict[str, Any]) -> bool:
+        """Whether ``new`` tells a reader something ``last`` did not."""
+        strip = self.IGNORED
+        if {k: v for k, v in last.items() if k not in strip} != {
+            k: v for k, v in new.items() if k not in strip
+        }:
+            return True
+        before, now = last.get("cpu_percent"), new.get("cpu_percent")
+        if not isinstance(before, int | float) or not isinstance(now, int | float):
+            return before != now
+        return abs(now - before) >= self._band
+
+
+async def publish_if_due(worker: Worker, io: Any, now_wall: float) -> None:
+    """The control round's status write, when ``worker.status_cadence`` says it is due; a
+    duplicate worker id it reveals goes to health (kclpy_spark.runtime.identity)."""
+    payload = status_payload(worker, now_wall)
+    if not worker.status_cadence.due(payload, worker.clock.monotonic()):
+        return
+    other = await io(worker.status_writer.publish, payload, now_wall)
+    worker.status_cadence.wrote(payload, worker.clock.monotonic())
+    note_duplicate(worker, other)
 
 
 def _rounded(value: Any, digits: int) -> Any:

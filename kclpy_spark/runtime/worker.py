@@ -38,10 +38,10 @@ from kclpy_spark.runtime.consumers import ConsumerSet
 from kclpy_spark.runtime.cpu import CpuMeter
 from kclpy_spark.runtime.events import EventLog
 from kclpy_spark.runtime.health import Health
-from kclpy_spark.runtime.identity import note_duplicate, unique_worker_id
+from kclpy_spark.runtime.identity import unique_worker_id
 from kclpy_spark.runtime.lease_store import LeaseStore
 from kclpy_spark.runtime.metrics import StatusServer, worker_metrics
-from kclpy_spark.runtime.publish import status_payload
+from kclpy_spark.runtime.publish import StatusCadence, publish_if_due
 from kclpy_spark.runtime.stopping import announce_stopping, let_new_owners_see, release_all
 from kclpy_spark.runtime.streams import StreamContext, StreamSet
 from kclpy_spark.runtime.taking import Taker
@@ -103,6 +103,7 @@ class Worker:
         self.instance = uuid.uuid4().hex[:16]  # tells this process from another with the same id
         self.status_writer = control.StatusWriter(store, cfg.worker_id, self.instance,
                                                   3 * self.timing.lease_duration)  # fmt: skip
+        self.status_cadence = StatusCadence.of(self.timing)
         self.exit_reason: str | None = None
         self.status_server: StatusServer | None = None
         self.holder = LeaseHolder(
@@ -112,12 +113,9 @@ class Worker:
         self.metrics.leases_held.set_function(functools.partial(_count, self.holder.held))
         self.leader = leader_election(cfg, store, self.timing, self.clock)
         self.suspend_flag = control.SuspendFlag(store, self.clock, self.timing.lease_duration)
-        self.health = Health(
-            self.clock.monotonic,
-            store_interval=self.timing.renew_interval,
-            missing_timeout=cfg.missing_dependency_timeout,
-            table_name=cfg.application_name,
-        )
+        self.health = Health(self.clock.monotonic, store_interval=self.timing.renew_interval,
+                             missing_timeout=cfg.missing_dependency_timeout,
+                             table_name=cfg.application_name)  # fmt: skip
         self._stop = asyncio.Event()
         self._take_now = asyncio.Event()
         self.started = asyncio.Event()
@@ -370,8 +368,7 @@ class Worker:
             self.suspended = False
             self.resumed_at = self.clock.monotonic()
             self._take_now.set()
-        other = await self._io(self.status_writer.publish, status_payload(self, now), now)
-        note_duplicate(self, other)
+        await publish_if_due(self, self._io, now)
 
     async def _maintenance_round(self) -> None:
         """Follow the stream list (every worker); shard sync, audit and cleanup (the leader)."""

@@ -117,6 +117,77 @@ def test_liveness_by_age_of_published_status() -> None:
     assert is_live({"updated_at": 95.0}, 100.0, max_age=10.0)
     assert not is_live({"updated_at": 80.0}, 100.0, max_age=10.0)
     assert not is_live({}, 100.0, max_age=10.0)
+    assert not is_live({"updated_at": True}, 1.0, max_age=10.0)
+
+
+@pytest.mark.parametrize(
+    ("live_for", "age", "live"),
+    [
+        (41.0, 40.0, True),  # a holder's quiet record: the time it says it holds for
+        (41.0, 42.0, False),
+        (41, 30.0, True),
+        (5.0, 20.0, True),  # shorter than the reader's own figure: the reader's
+        (5.0, 22.0, False),
+        (None, 30.0, False),  # none (older versions, a lease-less worker): the reader's
+        (True, 30.0, False),  # not a number: ignored
+        ("41", 30.0, False),
+        (-1.0, 30.0, False),
+        (0, 30.0, False),
+        (1e9, 30.0, False),  # over an hour: a bad record must not look alive for ever
+        (3600.0, 3000.0, True),
+    ],
+)
+def test_a_status_record_may_say_how_long_it_holds_for(
+    live_for: object, age: float, live: bool
+) -> None:
+    from checkpoint.port import CoordinationRecord
+
+    status = {"updated_at": 1000.0, "instance": "proc-a", "live_for": live_for}
+    assert is_live(status, 1000.0 + age, max_age=21.0) is live
+    record = CoordinationRecord(control.worker_key("w"), None, 1, 0.0, json.dumps(status))
+    assert (control.live_workers([record], 1000.0 + age, 21.0) == {"w": 1000.0}) is live
+    # A second process with the same id finds it by the same rule.
+    assert control.published_by_another(status, "proc-b", 1000.0 + age, 21.0) is live
+
+
+def test_a_quiet_holders_cpu_figure_stays_current_for_its_record_life() -> None:
+    from checkpoint.leasing.cpu_load import CpuFigure
+    from checkpoint.port import CoordinationRecord
+
+    data = {"updated_at": 60.0, "cpu_percent": 40.0, "cpu_settled": True, "cpu_since": 50.0,
+            "cpu_limit": 2.0}  # fmt: skip
+    quiet = CoordinationRecord(control.worker_key("q"), None, 1, 0.0,
+                               json.dumps({**data, "live_for": 41.0}))  # fmt: skip
+    plain = CoordinationRecord(control.worker_key("p"), None, 1, 0.0, json.dumps(data))
+    figures = control.cpu_figures([quiet, plain], 95.0, max_age=21.0)
+    assert figures["q"] == CpuFigure(40.0, True, 50.0, 2.0)  # 35 s old: written quietly
+    assert figures["p"] == CpuFigure(40.0, False, 50.0, 2.0)  # late: its moves wait
+
+
+@pytest.mark.parametrize(
+    ("age", "declared", "wait"),
+    [
+        (3.0, 0.0, 11.0),  # a record without live_for: one control round and a second
+        (3.0, 41.0, 29.0),  # a holder's: until its quiet write is due (30 s + skew), + 1 s
+        (25.0, 41.0, 11.0),  # never less than a round
+        (-100.0, 41.0, 41.0),  # a clock far behind: never more than the record's life
+    ],
+)
+def test_a_restart_waits_for_a_running_twin_to_write_again(
+    age: float, declared: float, wait: float
+) -> None:
+    from kclpy_spark.runtime.identity import rewrite_wait
+
+    assert rewrite_wait(age, declared, 10.0) == pytest.approx(wait)
+
+
+def test_status_timing_follows_the_failover_time() -> None:
+    from checkpoint.leasing.timing import LeaseTiming
+
+    t = LeaseTiming(failover=10.0)
+    assert (t.status_max_age, t.status_quiet_interval, t.status_quiet_max_age) == (21.0, 30.0, 41.0)
+    # A move is remembered past any figure a record could still show from before it.
+    assert t.cpu_move_memory >= t.status_quiet_max_age + t.lease_duration + t.max_clock_skew
 
 
 def test_control_records_round_trip() -> None:

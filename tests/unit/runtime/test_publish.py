@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+from typing import Any
+
+import pytest
 
 from kclpy_spark.runtime.publish import bounded
 
@@ -134,3 +137,120 @@ def test_the_readiness_reason_is_written_unless_it_is_plain_ready() -> None:
     assert (suspended["ready"], suspended["readiness"]) == (True, "suspended")
     leader = status_payload(_quiet_worker(leader=True), 0.0)  # type: ignore[arg-type]
     assert leader["leader"] is True and "assigns" not in leader
+
+
+# A worker holding leases writes its status only when a reader would learn something, or every
+# quiet interval (StatusCadence); the record says how long it holds for (live_for).
+
+QUIET = {"ready": True, "cpu_percent": 12.0, "cpu_settled": True, "cpu_since": 990.0,
+         "cpu_limit": 2.0, "live_for": 41.0}  # fmt: skip
+
+
+def _cadence() -> object:
+    from kclpy_spark.runtime.publish import StatusCadence
+
+    return StatusCadence(30.0, 10.0, 2.5)
+
+
+def test_a_first_status_and_a_lease_less_workers_status_are_always_written() -> None:
+    cadence = _cadence()
+    assert cadence.due(QUIET, 0.0)  # type: ignore[attr-defined]
+    no_lease = {k: v for k, v in QUIET.items() if k != "live_for"}
+    cadence.wrote(no_lease, 0.0)  # type: ignore[attr-defined]
+    assert cadence.due(no_lease, 10.0)  # type: ignore[attr-defined]  # its record is all that shows it runs
+
+
+@pytest.mark.parametrize(
+    ("change", "after", "due"),
+    [
+        ({}, 10.0, False),  # nothing new: quiet
+        ({}, 20.0, False),
+        ({}, 25.0, True),  # the quiet interval, less half a round (rounds come a little early)
+        ({}, 30.0, True),
+        ({"cpu_since": 1000.0}, 10.0, False),  # the window's start moves at every round
+        ({"cpu_percent": 14.4}, 10.0, False),  # within the band
+        ({"cpu_percent": 9.6}, 10.0, False),
+        ({"cpu_percent": 14.5}, 10.0, True),  # at the band: the load rule may see it
+        ({"cpu_percent": 9.5}, 10.0, True),
+        ({"cpu_percent": None}, 10.0, True),
+        ({"cpu_settled": False}, 10.0, True),  # a lease came or went
+        ({"events": [[1005.0, "took", "shardId-1", "it had no owner"]]}, 10.0, True),
+        ({"readiness": "no shard read yet", "ready": False}, 10.0, True),
+        ({"leader": True}, 10.0, True),
+        ({"sink": {"batches": 3}}, 10.0, True),  # records flowing through a Spark sink
+        ({"leases": {"shardId-1": {"sink_in_flight": 1}}}, 10.0, True),
+    ],
+)
+def test_a_holders_status_is_written_when_a_reader_would_learn_something(
+    change: dict[str, object], after: float, due: bool
+) -> None:
+    cadence = _cadence()
+    cadence.wrote(QUIET, 100.0)  # type: ignore[attr-defined]
+    assert cadence.due({**QUIET, **change}, 100.0 + after) is due  # type: ignore[attr-defined]
+
+
+def test_a_cpu_figure_drifting_slowly_is_written_once_it_moved_by_the_band() -> None:
+    """Compared with what was written, not with the last round: a drift adds up."""
+    cadence = _cadence()
+    cadence.wrote(QUIET, 0.0)  # type: ignore[attr-defined]
+    percents = [13.0, 14.0, 14.6]
+    dues = [cadence.due({**QUIET, "cpu_percent": p}, 10.0 * (i + 1))  # type: ignore[attr-defined]
+            for i, p in enumerate(percents)]  # fmt: skip
+    assert dues == [False, False, True]
+
+
+def test_a_write_that_failed_is_tried_again_at_the_next_round() -> None:
+    cadence = _cadence()
+    cadence.wrote(QUIET, 0.0)  # type: ignore[attr-defined]
+    changed = {**QUIET, "cpu_settled": False}
+    assert cadence.due(changed, 10.0)  # type: ignore[attr-defined]  # the write fails: not noted
+    assert cadence.due(changed, 20.0)  # type: ignore[attr-defined]
+    cadence.wrote(changed, 20.0)  # type: ignore[attr-defined]
+    assert not cadence.due(changed, 30.0)  # type: ignore[attr-defined]
+
+
+def _real_worker(holding: bool) -> Any:
+    from checkpoint.base.clock import ManualClock
+    from checkpoint.lease import Lease
+    from checkpoint.sequence import TRIM_HORIZON
+    from checkpoint.stores.memory import MemoryLeaseTable
+    from kclpy_spark.config import WorkerConfig
+    from kclpy_spark.runtime.worker import Worker
+
+    store, clock = MemoryLeaseTable(), ManualClock()
+    cfg = WorkerConfig(stream_name="s", worker_id="w", failover_time=10.0)
+    worker = Worker(cfg, lambda: None, store=store, kinesis_sync=None, kinesis_async=None,
+                    clock=clock)  # type: ignore[arg-type,return-value]  # fmt: skip
+    if holding:
+        store.create_lease_if_absent(Lease(lease_key="a", checkpoint=TRIM_HORIZON, lease_owner="w"))
+        worker.holder.add_taken(store.list_leases()[0])
+    return worker
+
+
+@pytest.mark.parametrize(("holding", "writes"), [(True, 10), (False, 30)])
+def test_control_rounds_count_status_writes(holding: bool, writes: int) -> None:
+    """30 control rounds (one a lease duration, 300 s): a quiet worker holding a lease writes
+    its status at the first round and every third after it, one holding none at every round; each
+    holder's record says how long it holds for, the readers' horizon for it."""
+    import asyncio
+
+    from kclpy_spark.ops import control
+    from kclpy_spark.runtime.publish import publish_if_due
+
+    worker = _real_worker(holding)
+
+    async def io(fn: Any, *args: Any) -> Any:
+        return fn(*args)
+
+    async def rounds() -> None:
+        for _ in range(30):
+            await publish_if_due(worker, io, worker.clock.wall())
+            worker.clock.advance(10.0)
+            if holding:  # its renewals keep the lease (not this test's subject)
+                worker.holder.renew_all()
+
+    asyncio.run(rounds())
+    record = worker.store.get_record(control.worker_key("w"))
+    assert record is not None and record.version == writes
+    data = json.loads(record.data)
+    assert data.get("live_for") == (41.0 if holding else None)
