@@ -396,9 +396,11 @@ def report(results: list[dict[str, Any]], store: str, argv: Sequence[str] | None
         "brings the leader record and the suspend flag, read on their own only without a "
         "recent scan), reads a lease of another worker once more only when it would expire "
         "unless its counter moved (rare while every worker is alive), and writes its status "
-        "once per failover time (the leader its record every 1.5). A status record carries the "
-        "lease events of the last ten minutes: in a run this short, those of the start (two "
-        "write units per publish instead of one after ten quiet minutes).",
+        "when a reader would learn something from it, else every three failover times while it "
+        "holds leases (every failover time while it holds none; the leader its record every "
+        "1.5). A status record carries the lease events of the last ten minutes: in a run this "
+        "short, those of the start (two write units per publish instead of one after ten quiet "
+        "minutes).",
         "",
         "By role: " + "; ".join(sorted({f"{k} = {v}" for k, v in ROLES.items()})),
         "",
