@@ -34,7 +34,12 @@ The KCL derives its intervals from ``failoverTimeMillis`` (the lease duration) a
   leader's crash delays by that much (a stopping leader resigns at once), while a renewal per
   lease interval cost every worker a read, and the leader a write, every 3.3 s. A leader that
   assigns leases (shard_sync.leader, kclpy_spark.runtime.assigning) lives one failover time,
-  renewed every third. The KCL 3.x leader lock: 120 s, heartbeat every 30 s.
+  renewed every third. The KCL 3.x leader lock: 120 s, heartbeat every 30 s;
+* a worker's status record is written at its control round (every failover time) when it
+  changed or the worker holds no lease, else every ``3 * failover`` (the KCL 3.x worker metrics:
+  every 30 s); readers count a worker as running ``2 * failover + max_clock_skew`` after its
+  status, or as long as the record says (``live_for``: ``4 * failover + max_clock_skew``, from a
+  worker that may write quietly next).
 
 Seconds as floats throughout; the KCL's milliseconds are accepted only by ``from_failover_millis``.
 """

@@ -217,6 +217,12 @@ class StatusWriter:
         self._stopped = False  # a stopped status was written: nothing after it
         self._stopping = False  # a stopping status was written: every later one says so too
         self._lock = threading.Lock()  # the control round's publish may outlive its task
+        self._gone: str | None = None  # an earlier process of this id, known to have stopped
+
+    def ignore(self, instance: str) -> None:
+        """``instance`` is known to have stopped (a crashed earlier run whose record did not
+        move): its record, however recent, is no second process."""
+        self._gone = instance
 
     def _data(self, status: dict[str, Any], now_wall: float) -> dict[str, Any]:
         # The worker id is the record's key: not written again in its data.
@@ -250,7 +256,8 @@ class StatusWriter:
 
         def change(previous: dict[str, Any]) -> dict[str, Any]:
             other.clear()
-            if published_by_another(previous, self._instance, now_wall, self._max_age):
+            twin = published_by_another(previous, self._instance, now_wall, self._max_age)
+            if twin and previous["instance"] != self._gone:
                 other.append(str(previous["instance"]))
             return self._data(status, now_wall)
 

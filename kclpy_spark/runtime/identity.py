@@ -55,6 +55,7 @@ async def unique_worker_id(worker: Worker, io: Io) -> None:
     again = await io(control.worker_status, worker.store, cfg.worker_id)
     if again.get("updated_at") != status.get("updated_at"):
         raise control.DuplicateWorkerError(duplicate_message(cfg.worker_id))
+    worker.status_writer.ignore(str(status.get("instance")))  # a crashed run: no twin
 
 
 def rewrite_wait(age: float, declared: float, interval: float) -> float:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
-from checkpoint.leasing.cpu_load import CPU_MIN_GAP
+from checkpoint.leasing.cpu_load import CPU_NOISE
 from checkpoint.leasing.timing import LeaseTiming
 from kclpy_spark.board.model import SINK_FIGURES
 from kclpy_spark.runtime.identity import note_duplicate
@@ -125,25 +125,28 @@ class StatusCadence:
     """When a worker writes its status record (its control round asks every lease duration).
 
     A worker holding leases (its record says ``live_for``: the readers' time it runs after
-    the write) writes only when something a reader acts on changed since its last write, or
-    after ``quiet_interval``: its readiness, roles, lease figures, events, the Spark sink's
-    totals, whether its CPU figure is settled, or the figure itself by ``cpu_band``
-    percentage points or more (the load rule takes figures closer than CPU_MIN_GAP as the
-    same: half of it stays well inside). A worker holding no lease writes every round: its
-    record is all that shows it runs. Its lease renewals show a holder alive meanwhile; a
-    changed figure goes out at the next round, one lease duration at most. A write that failed
-    is not noted, so the next round tries again. Not thread-safe: the control round's alone."""
+    the write) writes when something a reader acts on changed since its last write (its
+    readiness, roles, lease figures, events, the Spark sink's totals, whether its CPU figure
+    is settled, or the figure itself by ``cpu_band`` points: two figures each off by half of
+    CPU_NOISE differ by no more than the noise the load rule allows for), once more at the
+    round after such a change (a reader that saw a lease move after the changed figure's
+    window began gets a figure whose window began after it), and otherwise every
+    ``quiet_interval``. Its lease renewals show it alive meanwhile. A worker holding no lease
+    writes every round: its record is all that shows it runs. A write that failed is not
+    noted, so the next round tries again. Not thread-safe: the control round's alone."""
 
     IGNORED = ("cpu_percent", "cpu_since")  # the window's start moves at every round
 
     def __init__(
-        self, quiet_interval: float, round_interval: float, cpu_band: float = CPU_MIN_GAP / 2
+        self, quiet_interval: float, round_interval: float, cpu_band: float = CPU_NOISE / 2
     ) -> None:
         self._quiet = quiet_interval
         self._slack = round_interval / 2  # rounds come late or early by a little
         self._band = cpu_band
         self._last: dict[str, Any] | None = None
         self._at = float("-inf")
+        self._why: str | None = None  # why the last payload asked about is due
+        self._follow = False  # the last write was for a change: write at the next round too
 
     @classmethod
     def of(cls, timing: LeaseTiming) -> StatusCadence:
@@ -153,13 +156,26 @@ class StatusCadence:
 
     def due(self, payload: dict[str, Any], now: float) -> bool:
         """Whether ``payload`` should be written at ``now`` (monotonic seconds)."""
-        if self._last is None or not payload.get("live_for"):
-            return True
+        self._why = self.reason(payload, now)
+        return self._why is not None
+
+    def reason(self, payload: dict[str, Any], now: float) -> str | None:
+        """Why ``payload`` is due at ``now``, or None: "first", "no lease", "changed",
+        "after a change" or "quiet interval"."""
+        if self._last is None:
+            return "first"
+        if not payload.get("live_for"):
+            return "no lease"
+        if self.changed(self._last, payload):
+            return "changed"
+        if self._follow:
+            return "after a change"
         if now - self._at >= self._quiet - self._slack:
-            return True
-        return self.changed(self._last, payload)
+            return "quiet interval"
+        return None
 
     def wrote(self, payload: dict[str, Any], now: float) -> None:
+        self._follow = self._why == "changed"
         self._last, self._at = dict(payload), now
 
     def changed(self, last: dict[str, Any], new: dict[str, Any]) -> bool:

@@ -263,14 +263,15 @@ class Worker:
     def _periodic(self) -> list[tuple[Callable[[], Any], float | Callable[[], float], Any]]:
         """The periodic loops, renewals first: leadership in its own loop, at the pace its
         record's life sets, so a long maintenance round (a throttled ListShards, a big scan)
-        never lets it lapse; the control round once per lease duration (suspend reacts within
-        two failover times, the flag coming from a scan up to one old, and ``status`` sees
-        figures about that old)."""
+        never lets it lapse; the control round once per lease duration, from the start of the
+        last (suspend reacts within two failover times, the flag coming from a scan up to one
+        old; ``status`` sees figures about that old; a quiet status record's ``live_for``
+        counts on its rounds not drifting later)."""
         return [
             (self._renew_round, self.holder.round_interval, {"rate": True, "first": True}),
             (functools.partial(self._io, self.leader.tick), self.leader.tick_interval, {}),
             (self._maintenance_round, self.cfg.shard_sync_interval, {}),
-            (self._control_round, self.timing.lease_duration, {}),
+            (self._control_round, self.timing.lease_duration, {"rate": True}),
         ]
 
     async def _loop(

@@ -467,3 +467,45 @@ def test_figures_name_a_long_owner_id_by_a_short_tag_and_still_match_it() -> Non
         assert OwnerFigures.decode(figures.encode()) == figures
     other = OwnerFigures(owner_tag(long_id + "x"), 995.0, 42, 5)  # an earlier tenure's
     assert replace(lease, figures=other).owner_figures is None
+
+
+@pytest.mark.parametrize("twin", [False, True])
+def test_a_restart_after_a_crash_is_not_taken_for_a_twin(twin: bool) -> None:
+    """The crashed run held leases (its record says it holds for 41 s): the new process waits
+    until that run would have written its quiet status again. If the record did not move, the
+    run is gone: the new process starts, and its first write does not report the old instance
+    as a second process. If it moved, a twin runs: refused."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from checkpoint.base.clock import ManualClock
+    from checkpoint.leasing.timing import LeaseTiming
+    from kclpy_spark.runtime.identity import unique_worker_id
+
+    store, clock = MemoryLeaseTable(), ManualClock()
+    old = {"updated_at": clock.wall() - 3.0, "live_for": 41.0}
+    control.publish_worker_status(store, "w", old, clock.wall() - 3.0, instance="crashed")
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock.advance(seconds)
+        if twin:  # the other process writes its quiet status meanwhile
+            control.publish_worker_status(store, "w", {"live_for": 41.0}, clock.wall(),
+                                          instance="crashed")  # fmt: skip
+
+    writer = control.StatusWriter(store, "w", "restarted", 30.0)
+    worker = SimpleNamespace(cfg=SimpleNamespace(worker_id="w"), clock=clock, store=store,
+                             timing=LeaseTiming(failover=10.0), instance="restarted",
+                             status_writer=writer, sleep=sleep)  # fmt: skip
+
+    async def io(fn: Any, *args: Any) -> Any:
+        return fn(*args)
+
+    if twin:
+        with pytest.raises(control.DuplicateWorkerError):
+            asyncio.run(unique_worker_id(worker, io))  # type: ignore[arg-type]
+    else:
+        asyncio.run(unique_worker_id(worker, io))  # type: ignore[arg-type]
+        assert writer.publish({"live_for": 41.0}, clock.wall()) is None  # no twin reported
+    assert slept == [pytest.approx(29.0)]  # 30 s after its write, + skew, + 1 s, less its age
