@@ -275,10 +275,6 @@ def _statuses(records: Iterable[CoordinationRecord]) -> Iterator[tuple[str, dict
                 yield record.key.removeprefix(WORKER_PREFIX), data
 
 
-def _fresh(data: dict[str, Any], now_wall: float, max_age: float) -> bool:
-    return is_live(data, now_wall, max_age)
-
-
 def live_workers(
     records: Iterable[CoordinationRecord], now_wall: float, max_age: float
 ) -> dict[str, float]:
@@ -289,7 +285,7 @@ def live_workers(
     return {
         worker: float(data["updated_at"])
         for worker, data in _statuses(records)
-        if _fresh(data, now_wall, max_age)
+        if is_live(data, now_wall, max_age)
     }
 
 
@@ -309,7 +305,7 @@ def cpu_figures(
             continue
         percent = _number(data.get("cpu_percent"))
         figures[worker] = CpuFigure(
-            percent, settled and _fresh(data, now_wall, max_age) and percent is not None,
+            percent, settled and is_live(data, now_wall, max_age) and percent is not None,
             _number(data.get("cpu_since")), _number(data.get("cpu_limit")),
         )  # fmt: skip
     return figures
