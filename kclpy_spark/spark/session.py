@@ -39,7 +39,6 @@ from kclpy_spark.spark.jvm_heap import HeapFigures, HeapSampler, read_heap
 from kclpy_spark.spark.jvm_logs import jvm_logging, spark_level
 
 log = logging.getLogger(__name__)
-_CORRUPT = "_kclpy_spark_corrupt_record"
 
 MIB = 1024 * 1024
 # Spark's default spark.rpc.message.maxSize (MiB). A task holds its share of the batch's rows, plus
@@ -155,6 +154,7 @@ class SparkSessionHolder:
         self._session: Any = None
         self._owned = True
         self._columns_checked = False
+        self._value_fields: list[str] | None = None
         self._lock = threading.Lock()
         # py4j objects live in reference cycles: bound what dead batches pin in the driver JVM.
         # (Spark Connect has no JVM here, and its client objects are freed as they die.)
@@ -286,22 +286,14 @@ class SparkSessionHolder:
         df = self.session().createDataFrame(table)
         if not self._value_schema:
             return df
-        from pyspark.sql import functions as F
+        from kclpy_spark.spark.values import parse_values, value_fields
 
         keep = [c for c in table.column_names if c != "data" or self._keep_raw]
-        # Records that are not JSON of the schema (or not UTF-8 at all) are not lost: their
-        # bytes go to ``unparsed_data`` (null for every record that parsed).
-        parsed = F.from_json(
-            F.col("data").cast("string"),
-            f"{self._value_schema}, {_CORRUPT} STRING",
-            {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT},
-        )
-        out = (
-            df.select(*keep, parsed.alias("__value"), F.col("data").alias("__raw"))
-            .select(*keep, "__value.*", "__raw")
-            .withColumn("unparsed_data", F.when(F.col(_CORRUPT).isNotNull(), F.col("__raw")))
-            .drop(_CORRUPT, "__raw")
-        )
+        if self._value_fields is None:  # once: over Connect, an analysis is a round trip
+            self._value_fields = value_fields(df, self._value_schema)
+        # Records that are not exactly one JSON object naming every field of the schema (or not
+        # UTF-8 at all) are not lost: their bytes go to ``unparsed_data`` (values.py).
+        out = parse_values(df, self._value_schema, self._value_fields, keep)
         if not self._columns_checked:  # once: over Connect, .columns is a round trip
             clash = sorted({c for c in out.columns if out.columns.count(c) > 1})
             if clash:

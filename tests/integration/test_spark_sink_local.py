@@ -4,7 +4,6 @@ batch), replays after a crash skipped by the idempotent sinks, JSON decoding, de
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -147,43 +146,50 @@ def test_a_batch_replayed_after_a_crash_is_not_duplicated(
     assert all(env.checkpoint_number(s) == 150 for s in SHARDS[:2])
 
 
+# (data, (id, name) as parsed, whether the bytes are kept in unparsed_data)
+JSON_CASES = [
+    (b'{"id": 0, "name": "n0"}', (0, "n0"), False),
+    (b' {"name": "n1", "id": 1, "extra": [1]}\n', (1, "n1"), False),
+    (b'{"id": null, "name": null}', (None, None), False),  # explicit nulls fill the schema
+    (b"not json", (None, None), True),
+    (b"\xff\xfe{not utf-8", (None, None), True),
+    # Spark fills nothing (its names are case-sensitive) and marks nothing corrupt: keep the bytes.
+    (b'{"ID": 4, "NAME": "x"}', (None, None), True),
+    (b'{"id": 5}', (5, None), True),  # a field missing
+    (b'{"id": 6, "name": "x"} garbage', (6, "x"), True),  # Spark ignores the trailing text
+    (b'{"id": 7, "name": "x"}{"id": 8}', (7, "x"), True),
+    (b'{"id": 9, "name": "x"} ]', (9, "x"), True),
+    (b'{"id": 10, "name": "x"}\n{"id": 11, "name": "y"}', (10, "x"), True),
+    (b'{"id": "abc", "name": "x"}', (None, "x"), True),  # a wrong type: corrupt, as before
+    (b"[1, 2]", (None, None), True),
+    (b"", (None, None), True),
+]
+
+
 def test_json_values_are_decoded_into_the_user_schema(spark: Any, tmp_path: Path) -> None:
     holder = SparkSessionHolder.adopt(spark, value_schema="id BIGINT, name STRING")
     frames: list[Any] = []
     env = LeaseEnv(SHARDS[:1])
     batcher = MicroBatcher(
         FunctionSink(lambda df, batch_id: frames.append(df.collect())),
-        BatcherSettings(max_records=4, max_wait=0.0),
+        BatcherSettings(max_records=len(JSON_CASES), max_wait=0.0),
         to_df=holder.to_df,
         threaded=False,
     )
     env.take(batcher, SHARDS[0])
-    recs = make_records(1, 4)
     from kclpy_spark.processor import Record
 
     recs = [
-        Record(json.dumps({"id": i, "name": f"n{i}"}).encode(), r.partition_key, r.sequence_number)
-        for i, r in enumerate(recs)
+        Record(data, r.partition_key, r.sequence_number)
+        for (data, _, _), r in zip(JSON_CASES, make_records(1, len(JSON_CASES)), strict=True)
     ]
-    recs[2] = Record(b"not json", "k", recs[2].sequence_number)
-    recs[3] = Record(b"\xff\xfe{not utf-8", "k", recs[3].sequence_number)
     env.deliver(batcher, SHARDS[0], recs)
     batcher.run_until_idle()
     [rows] = frames
-    assert [(r["id"], r["name"]) for r in rows] == [
-        (0, "n0"),
-        (1, "n1"),
-        (None, None),
-        (None, None),
-    ]
     assert "data" not in rows[0].asDict() and rows[0]["shard_id"] == SHARDS[0]
-    # The records that are not JSON (or not even UTF-8) keep their bytes.
-    assert [r["unparsed_data"] for r in rows] == [
-        None,
-        None,
-        bytearray(b"not json"),
-        bytearray(b"\xff\xfe{not utf-8"),
-    ]
+    got = [((r["id"], r["name"]), r["unparsed_data"]) for r in rows]
+    want = [(fields, bytearray(data) if kept else None) for data, fields, kept in JSON_CASES]
+    assert got == want
 
 
 def test_dead_lettered_batches_are_stored_and_acknowledged(

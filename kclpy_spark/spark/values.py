@@ -1,0 +1,80 @@
+"""Records' ``data`` parsed as JSON into the user's ``value_schema``, with nothing lost.
+
+Spark's ``from_json`` is forgiving in two ways that lose a payload without a word: a JSON object
+none (or only some) of whose keys match the schema's field names (compared exactly: ``{"ID": 4}``
+does not fill ``id BIGINT``) parses as a row of nulls, and text after the first complete JSON value
+(``{"id": 4} garbage``, two objects on one line) is ignored. Neither marks the record corrupt. So a
+record keeps its bytes in ``unparsed_data`` unless it is exactly one JSON object that parsed into
+the schema and names every top-level field of it (an explicit ``null`` names a field; a missing key
+does not).
+
+"Exactly one value" is checked by a second parse of the text wrapped as ``[<data>, {END: ""}]``
+into ``ARRAY<MAP<STRING,STRING>>``: trailing text makes the wrapped text invalid or moves the end
+marker out of second place, and the first element's map keys are the object's own keys (duplicate
+keys are kept, never an error). Both parses run in Spark (on the executors on a cluster).
+
+pyspark is imported inside the functions, never at module import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+# Spark's column for records PERMISSIVE mode could not parse (dropped from the output).
+CORRUPT = "_kclpy_spark_corrupt_record"
+# The wrapped parse's end marker: a key no schema field can clash with (a top-level column of
+# ours never contains ':').
+END = "kclpy-spark:end"
+WRAPPED_TYPE = "ARRAY<MAP<STRING,STRING>>"
+
+
+def value_fields(df: Any, value_schema: str) -> list[str]:
+    """The top-level field names of ``value_schema`` (Spark's own DDL parser, via an analysis of
+    ``df``, whose ``data`` column is binary). Raises what Spark raises for a bad schema."""
+    from pyspark.sql import functions as F
+
+    probe = df.select(F.from_json(F.col("data").cast("string"), value_schema).alias("v"))
+    return list(probe.schema["v"].dataType.names)
+
+
+def parse_values(df: Any, value_schema: str, fields: Sequence[str], keep: Sequence[str]) -> Any:
+    """``df`` with ``data`` parsed into ``value_schema``'s columns after the ``keep`` columns, and
+    ``unparsed_data``: the record's bytes when it did not parse exactly (see the module doc),
+    else null."""
+    from pyspark.sql import functions as F
+
+    text = F.col("data").cast("string")
+    parsed = F.from_json(
+        text,
+        f"{value_schema}, {CORRUPT} STRING",
+        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT},
+    )
+    wrapped = F.from_json(F.concat(F.lit("["), text, F.lit(f'\n,{{"{END}":""}}]')), WRAPPED_TYPE)
+    return (
+        df.select(
+            *keep,
+            parsed.alias("__value"),
+            F.col("data").alias("__raw"),
+            exactly_filled(wrapped, fields).alias("__exact"),
+        )
+        .select(*keep, "__value.*", "__raw", "__exact")
+        .withColumn(
+            "unparsed_data",
+            F.when(F.col(CORRUPT).isNotNull() | ~F.col("__exact"), F.col("__raw")),
+        )
+        .drop(CORRUPT, "__raw", "__exact")
+    )
+
+
+def exactly_filled(wrapped: Any, fields: Sequence[str]) -> Any:
+    """A boolean column, never null: the wrapped parse holds exactly the record's object and the
+    end marker, and the object has a key for every one of ``fields``."""
+    from pyspark.sql import functions as F
+
+    first = F.try_element_at(wrapped, F.lit(1))
+    marker = F.try_element_at(wrapped, F.lit(2))
+    exact = (F.size(wrapped) == 2) & (marker.getItem(END) == F.lit(""))
+    for name in fields:
+        exact = exact & F.map_contains_key(first, F.lit(name))
+    return F.coalesce(exact, F.lit(False))
