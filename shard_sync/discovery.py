@@ -13,11 +13,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, Protocol
 
 from checkpoint.base.errors import (
     DependencyError,
     KclpySparkError,
+    MalformedAnswerError,
     ResourceNotFoundError,
     map_aws_error,
 )
@@ -101,9 +103,16 @@ class KinesisShardLister:
 
     def describe(self) -> tuple[str, float | None]:
         """(status, creation time in epoch seconds) from DescribeStreamSummary."""
-        summary = self._call("describe_stream_summary", **self._stream)["StreamDescriptionSummary"]
+        answer = self._call("describe_stream_summary", **self._stream)
+        summary = answer.get("StreamDescriptionSummary")
+        if not isinstance(summary, dict) or not isinstance(summary.get("StreamStatus"), str):
+            raise MalformedAnswerError(
+                f"DescribeStreamSummary on stream {self._label!r}: an answer without the stream's "
+                "status"
+            )
         created = summary.get("StreamCreationTimestamp")
-        return str(summary["StreamStatus"]), None if created is None else created.timestamp()
+        when = created.timestamp() if isinstance(created, datetime) else None
+        return summary["StreamStatus"], when
 
     def _wait_until_active_once(self) -> None:
         status = self.stream_status()
@@ -131,7 +140,12 @@ class KinesisShardLister:
             kwargs["ShardFilter"] = shard_filter
         while True:
             page = self._call("list_shards", **kwargs)
-            shards.extend(Shard.from_api(entry) for entry in page.get("Shards", []))
+            entries = page.get("Shards")
+            if not isinstance(entries, list):  # a stream always has shards: {} is no listing
+                raise MalformedAnswerError(
+                    f"ListShards on stream {self._label!r}: an answer without a Shards list"
+                )
+            shards.extend(Shard.from_api(entry) for entry in entries)
             token = page.get("NextToken")
             if not token:
                 return shards

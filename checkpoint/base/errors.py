@@ -38,6 +38,11 @@ class ThrottledError(DependencyError):
         self.retry_after = retry_after
 
 
+class MalformedAnswerError(DependencyError):
+    """A 200 answer without the fields its call returns (``{}``, an HTML page from a proxy or a
+    captive portal): retried like a dependency that failed, never read as an empty result."""
+
+
 class ResourceNotFoundError(KclpySparkError):
     """A stream or table does not exist (and we were not allowed to create it)."""
 

@@ -5,7 +5,9 @@ ends after the batch with ``shard_ended=True``. A subscription lasts at most fiv
 fetcher renews it a little earlier (``subscription_lifetime``), after the server ends it, and after
 errors (full-jitter backoff), each time from the last position the service confirmed
 (AFTER_SEQUENCE_NUMBER with the continuation sequence number). An event whose
-ContinuationSequenceNumber is null ends the shard; its ChildShards go into the last batch.
+ContinuationSequenceNumber is null and whose ChildShards name the children ends the shard (one
+without children ends it only if ListShards shows the shard closed: ``source.page_end``); its
+ChildShards go into the last batch.
 
 Emulators do not all signal the end of a closed shard over the event stream (LocalStack 2026.3
 breaks the stream instead), so after a broken stream one GetRecords call checks whether the shard
@@ -34,7 +36,18 @@ from kclpy_spark.processor import Record
 from kclpy_spark.retrieval.fastdecode import record_from_parsed, records_from_response
 from kclpy_spark.retrieval.kpl import Deaggregator
 from kclpy_spark.retrieval.positions import iterator_args
-from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress, RecordFilter, wait_or_raise
+from kclpy_spark.retrieval.source import (
+    FetchedBatch,
+    FetchProgress,
+    KinesisShardProbe,
+    PageEnd,
+    RecordFilter,
+    ShardEndWitness,
+    confirmed_end,
+    not_an_end,
+    page_end,
+    wait_or_raise,
+)
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +203,7 @@ class FanOutFetcher:
         deaggregator: Deaggregator | None = None,
         registry: ConsumerRegistry | None = None,
         progress: FetchProgress | None = None,
+        end_witness: ShardEndWitness | None = None,
     ) -> None:
         self._client = client
         self._stream = stream
@@ -197,6 +211,7 @@ class FanOutFetcher:
         self._start = checkpoint
         self._initial = initial_position
         self._queue = queue
+        self._witness = end_witness or KinesisShardProbe(client, stream)
         self._consumer_name = consumer_name
         self._lifetime = subscription_lifetime
         self._sleep = sleep
@@ -330,7 +345,17 @@ class FanOutFetcher:
             if close is not None:
                 close()
 
+    async def _ends_shard(self, verdict: PageEnd) -> bool:
+        """Whether an answer so classified ends the shard; raises MalformedAnswerError for one
+        that claims an end nobody confirms (or is not an answer at all)."""
+        if verdict is PageEnd.UNCONFIRMED and await confirmed_end(self._witness, self._shard_id):
+            return True
+        if verdict in (PageEnd.MALFORMED, PageEnd.UNCONFIRMED):
+            raise not_an_end(verdict)
+        return verdict is PageEnd.ENDED
+
     async def _on_event(self, body: dict[str, Any]) -> bool:
+        ended = await self._ends_shard(page_end(body, "ContinuationSequenceNumber"))
         self._backoff.reset()
         self._not_found = 0
         if self._progress is not None:
@@ -338,7 +363,6 @@ class FanOutFetcher:
         raw = [record_from_parsed(r) for r in body.get("Records", ())]
         records = self._filter(raw)
         continuation = body.get("ContinuationSequenceNumber")
-        ended = continuation is None
         self._advance(raw, continuation)
         if records or ended or body.get("MillisBehindLatest") == 0:  # at the tip: see polling
             await self._put(
@@ -366,12 +390,12 @@ class FanOutFetcher:
                 **self._stream, ShardId=self._shard_id, **args
             )
             resp = await self._client.get_records(ShardIterator=it["ShardIterator"])
+            ended = await self._ends_shard(page_end(resp))
         except Exception as exc:
             log.debug("shard %s: shard-end check failed: %r", self._shard_id, exc)
             return False
         raw = records_from_response(resp)
         records = self._filter(raw)
-        ended = resp.get("NextShardIterator") is None
         self._advance(raw, None)
         if records or ended:
             await self._put(

@@ -32,7 +32,18 @@ from kclpy_spark.retrieval.fastdecode import (
 )
 from kclpy_spark.retrieval.kpl import Deaggregator
 from kclpy_spark.retrieval.positions import iterator_args
-from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress, RecordFilter, wait_or_raise
+from kclpy_spark.retrieval.source import (
+    FetchedBatch,
+    FetchProgress,
+    KinesisShardProbe,
+    PageEnd,
+    RecordFilter,
+    ShardEndWitness,
+    confirmed_end,
+    not_an_end,
+    page_end,
+    wait_or_raise,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +79,13 @@ def pause_before_next_call(
 class PollingFetcher:
     """Reads one shard from ``checkpoint`` onward and puts FetchedBatch items on ``queue``.
 
-    Ends after putting the batch with ``shard_ended=True``. Expired iterators are replaced from the
-    last record delivered; throttling backs off with full jitter; a stream or shard that vanished
-    raises ResourceNotFoundError, a refused iterator request RequestError; other failures are
-    retried with backoff until cancelled. ``progress`` hears of every answered call.
+    Ends after putting the batch with ``shard_ended=True``, when an answer ends the shard
+    unmistakably (``page_end``; ``end_witness``, ListShards by default, confirms an end without
+    child shards); any other answer without a next iterator is malformed and asked again with
+    the same iterator. Expired iterators are replaced from the last record delivered; throttling
+    backs off with full jitter; a stream or shard that vanished raises ResourceNotFoundError, a
+    refused iterator request RequestError; other failures are retried with backoff until
+    cancelled. ``progress`` hears of every answered call.
     """
 
     def __init__(
@@ -91,8 +105,10 @@ class PollingFetcher:
         rng: random.Random | None = None,
         deaggregator: Deaggregator | None = None,
         progress: FetchProgress | None = None,
+        end_witness: ShardEndWitness | None = None,
     ) -> None:
         self._client = client
+        self._witness = end_witness or KinesisShardProbe(client, stream)
         self._stream = stream
         self._shard_id = shard_id
         self._start = checkpoint
@@ -165,6 +181,13 @@ class PollingFetcher:
                 await self._handle(exc, "GetRecords")
                 continue
             returned = clock()
+            verdict = page_end(resp)
+            if verdict is PageEnd.MALFORMED or (
+                verdict is PageEnd.UNCONFIRMED
+                and not await confirmed_end(self._witness, self._shard_id)
+            ):  # not an end: the same iterator reads the same place again
+                await self._handle(not_an_end(verdict), "GetRecords")
+                continue
             self._backoff.reset()
             if self._progress is not None:
                 self._progress.ok()
@@ -172,7 +195,7 @@ class PollingFetcher:
             records = self._filter(raw)
             lag = resp.get("MillisBehindLatest")
             next_iterator = resp.get("NextShardIterator")
-            ended = next_iterator is None
+            ended = verdict is not PageEnd.MORE
             if raw:
                 self._last_delivered = raw[-1].sequence_number
             # Before the records go to the processor (which may change the list).

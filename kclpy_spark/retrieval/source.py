@@ -5,21 +5,26 @@ bounded queue it was given, ending after the batch with ``shard_ended=True``. Po
 and enhanced fan-out (SubscribeToShard) implement it; tests use a fake. What both real sources do
 to raw records is ``RecordFilter`` (KPL deaggregation, and skipping what the start checkpoint
 already covers); when they last succeeded is ``FetchProgress``; what they retry and what they
-raise is ``wait_or_raise``. ``ShardProbe`` answers the two questions a consumer asks of a shard
-outside reading it (its oldest record, and whether it still exists). ``kinesis.KinesisSources``
-builds the configured source for a lease.
+raise is ``wait_or_raise``. ``page_end`` decides whether an answer ends the shard: only one that
+says so unmistakably (no next position, and the shard's children named), or one ListShards
+confirms (``ShardEndWitness``); anything else is a malformed answer, retried, so a proxy's empty
+200 or an HTML page never ends an open shard. ``ShardProbe`` answers the two questions a consumer
+asks of a shard outside reading it (its oldest record, and whether it still exists).
+``kinesis.KinesisSources`` builds the configured source for a lease.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from checkpoint.base.errors import (
     DependencyError,
+    MalformedAnswerError,
     ThrottledError,
     error_code,
     map_aws_error,
@@ -34,6 +39,49 @@ from kclpy_spark.retrieval.kpl import Deaggregator, skip_through
 log = logging.getLogger(__name__)
 
 Sleep = Callable[[float], Awaitable[None]]
+
+# ListShards pages read to find one shard before giving up on confirming its end (1,000 shards a
+# page by default: a stream's shard quota is far below this many pages).
+MAX_LIST_PAGES = 50
+
+
+class PageEnd(enum.Enum):
+    """What one answer (a GetRecords page or a SubscribeToShard event) says about the shard."""
+
+    MORE = "more"  # a next position: the shard goes on
+    ENDED = "ended"  # no next position, and the shard's children named: the shard has ended
+    UNCONFIRMED = "unconfirmed"  # no next position and no children: ended only if ListShards says
+    MALFORMED = "malformed"  # not an answer of this call (no Records list, a bad next position)
+
+
+def page_end(page: Mapping[str, Any], next_key: str = "NextShardIterator") -> PageEnd:
+    """Classify one answer; ``next_key`` names its next position (GetRecords'
+    ``NextShardIterator``, a SubscribeToShard event's ``ContinuationSequenceNumber``). Kinesis
+    ends a shard with no next position and its ``ChildShards`` (the KCL refuses any other shard
+    end); a 200 answer of ``{}`` or an HTML page parses to neither, and must not end a shard."""
+    if not isinstance(page, Mapping) or not isinstance(page.get("Records"), list):
+        return PageEnd.MALFORMED
+    position = page.get(next_key)
+    if position is not None:
+        return PageEnd.MORE if isinstance(position, str) and position else PageEnd.MALFORMED
+    children = page.get("ChildShards")
+    if (
+        isinstance(children, list)
+        and children
+        and all(isinstance(c, Mapping) and c.get("ShardId") for c in children)
+    ):
+        return PageEnd.ENDED
+    return PageEnd.UNCONFIRMED
+
+
+def not_an_end(verdict: PageEnd) -> MalformedAnswerError:
+    """The error for an answer ``page_end`` (and ListShards) did not accept (the caller's log
+    line names the call and the shard)."""
+    if verdict is PageEnd.MALFORMED:
+        why = "an answer that is not a result of the call (no Records list, or a bad next position)"
+    else:
+        why = "no next position and no child shards, and ListShards does not show the shard closed"
+    return MalformedAnswerError(f"{why}: not a shard end")
 
 
 @dataclass(frozen=True)
@@ -151,8 +199,28 @@ class ShardProbe(Protocol):
         ...
 
 
+class ShardEndWitness(Protocol):
+    async def shard_closed(self, shard_id: str) -> bool:
+        """True if ListShards lists the shard as closed (with an EndingSequenceNumber); False if
+        it lists it open or not at all. Raises mapped errors."""
+        ...
+
+
+async def confirmed_end(witness: ShardEndWitness | None, shard_id: str) -> bool:
+    """Whether ``witness`` confirms that ``shard_id`` has ended; False when it cannot tell."""
+    if witness is None:
+        return False
+    try:
+        return await witness.shard_closed(shard_id)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.warning("shard %s: could not confirm its end with ListShards: %s", shard_id, exc)
+        return False
+
+
 class KinesisShardProbe:
-    """ShardProbe over an aiobotocore Kinesis client."""
+    """ShardProbe and ShardEndWitness over an aiobotocore Kinesis client."""
 
     def __init__(self, client: Any, stream: dict[str, str], *, max_calls: int = 5) -> None:
         self._client = client
@@ -184,6 +252,23 @@ class KinesisShardProbe:
         except Exception as exc:
             raise map_aws_error(exc, f"reading the oldest record of shard {shard_id}") from exc
         return None
+
+    async def shard_closed(self, shard_id: str) -> bool:
+        args: dict[str, Any] = dict(self._stream)
+        try:
+            for _ in range(MAX_LIST_PAGES):
+                resp = await self._client.list_shards(**args)
+                for shard in resp.get("Shards") or ():
+                    if shard.get("ShardId") == shard_id:
+                        numbers = shard.get("SequenceNumberRange") or {}
+                        return bool(numbers.get("EndingSequenceNumber"))
+                token = resp.get("NextToken")
+                if not token:
+                    return False
+                args = {"NextToken": token}  # ListShards refuses the stream beside a token
+        except Exception as exc:
+            raise map_aws_error(exc, f"ListShards looking for shard {shard_id}") from exc
+        return False
 
     async def shard_exists(self, shard_id: str) -> bool:
         try:

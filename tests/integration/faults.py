@@ -89,7 +89,14 @@ def throttled() -> ThrottledError:
 
 class Proxy:
     """A TCP proxy on 127.0.0.1 in a background thread. Modes: "up" (forward), "refuse" (the
-    listening socket is closed: connection refused), "silent" (accept, read, never answer)."""
+    listening socket is closed: connection refused), "silent" (accept, read, never answer),
+    "fake200" (answer every HTTP request itself with 200 and the next of ``FAKE_BODIES``: what a
+    broken proxy or captive portal sends; ``fake_answers`` counts them)."""
+
+    FAKE_BODIES = (
+        (b"{}", "application/x-amz-json-1.1"),
+        (b"<html><body>Service Unavailable</body></html>", "text/html"),
+    )
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self._target = (target_host, target_port)
@@ -98,6 +105,7 @@ class Proxy:
         self._conns: set[asyncio.StreamWriter] = set()
         self.mode = "up"
         self.port = 0
+        self.fake_answers = 0
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
         self._call(self._listen())
@@ -125,6 +133,9 @@ class Proxy:
                     while await reader.read(65536):
                         pass
                 return
+            if self.mode == "fake200":
+                await self._answer_fake(reader, writer)
+                return
             up_reader, up_writer = await asyncio.open_connection(*self._target)
             self._conns.add(up_writer)
             await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
@@ -133,6 +144,27 @@ class Proxy:
         finally:
             with contextlib.suppress(Exception):
                 writer.close()
+
+    async def _answer_fake(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Read HTTP requests on a keep-alive connection and answer each with a fake 200."""
+        with contextlib.suppress(Exception):
+            while self.mode == "fake200":
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value.strip())
+                await reader.readexactly(length)
+                body, kind = self.FAKE_BODIES[self.fake_answers % len(self.FAKE_BODIES)]
+                self.fake_answers += 1
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: " + kind.encode()
+                    + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+                )  # fmt: skip
+                await writer.drain()
 
     async def _set(self, mode: str) -> None:
         self.mode = mode

@@ -187,3 +187,42 @@ def test_endpoint_unreachable_for_30_seconds(
     finally:
         proxy.close()
     assert set(collector.seen) == first | during
+
+
+def test_fake_200_answers_to_get_records_never_end_an_open_shard(
+    kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    """For 8 s every Kinesis call is answered 200 with ``{}`` or an HTML page (a broken proxy):
+    no next iterator, no child shards. The shard is open, so none of it is a shard end: the
+    worker asks again, and the records put meanwhile and after are delivered."""
+    kinesis_client.create_stream(StreamName=unique_name, ShardCount=1)
+    wait_active(kinesis_client, unique_name)
+    first = set(produce(kinesis_client, unique_name, range(20)))
+    url = urlparse(localstack_endpoint)
+    proxy = Proxy(url.hostname or "127.0.0.1", url.port or 4566)
+    collector = Collector()
+    later: set[str] = set()
+    checkpoints: list[str] = []
+    try:
+        cfg = _cfg(unique_name, f"http://127.0.0.1:{proxy.port}", tmp_path)
+
+        async def scenario(worker: Worker) -> None:
+            await _until("the first records", lambda: collector.has(first), 60)
+            proxy.set("fake200")
+            later.update(await asyncio.to_thread(produce, kinesis_client, unique_name,
+                                                  range(20, 40)))  # fmt: skip
+            await _until("fake answers", lambda: proxy.fake_answers >= 6, 30)
+            await asyncio.sleep(8.0)
+            proxy.set("up")
+            later.update(await asyncio.to_thread(produce, kinesis_client, unique_name,
+                                                  range(40, 60)))  # fmt: skip
+            await _until("every record after the fake answers",
+                         lambda: collector.has(first | later), 60)  # fmt: skip
+            checkpoints.extend(str(x.checkpoint) for x in worker.store.list_leases())
+
+        _run(cfg, collector, scenario)
+    finally:
+        proxy.close()
+    assert proxy.fake_answers >= 6
+    assert set(collector.seen) == first | later
+    assert checkpoints and "SHARD_END" not in checkpoints

@@ -57,8 +57,15 @@ def record(seq: int, data: bytes = b"d") -> dict[str, Any]:
     }
 
 
+CHILDREN = [{"ShardId": "shardId-000000000001"}]
+
+
 def event(records: list[dict[str, Any]], continuation: str | None, **extra: Any) -> dict[str, Any]:
+    """An event; one that ends the shard (no continuation) names its children unless ``extra``
+    says otherwise, as Kinesis does."""
     body = {"Records": records, "ContinuationSequenceNumber": continuation, "MillisBehindLatest": 0}
+    if continuation is None:
+        body["ChildShards"] = CHILDREN
     return {"SubscribeToShardEvent": {**body, **extra}}
 
 

@@ -366,7 +366,7 @@ def test_polling_fetcher_deaggregates_from_a_sub_sequence_checkpoint() -> None:
                 "NextShardIterator": "next",
                 "MillisBehindLatest": 0,
             },
-            {"Records": [], "NextShardIterator": None, "ChildShards": []},
+            {"Records": [], "NextShardIterator": None, "ChildShards": [{"ShardId": "s-1"}]},
         ]
     )
     queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()

@@ -118,6 +118,8 @@ class LimitedShard:
             "Records": self.page,
             "NextShardIterator": None if ended else "it",
             "MillisBehindLatest": 0 if ended else 60_000,
+            # Kinesis names a closed shard's children in its last page.
+            "ChildShards": [{"ShardId": "shardId-000000000001"}] if ended else None,
         }
 
 

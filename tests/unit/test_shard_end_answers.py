@@ -1,0 +1,270 @@
+"""A shard ends only when the service says so unmistakably (#49 item 1).
+
+A 200 answer of ``{}`` or an HTML page (botocore parses that to ``{"message": ...}``) has no next
+iterator; before, the fetcher took that as SHARD_END and the open shard was never read again. Now
+only an answer naming the children, or one ListShards confirms, ends a shard; anything else is a
+malformed answer, asked again with the same iterator after a backoff. Scripted clients, virtual
+time, no mocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import pytest
+
+from checkpoint.base.errors import MalformedAnswerError
+from checkpoint.sequence import TRIM_HORIZON, InitialPosition
+from kclpy_spark.retrieval.polling import PollingFetcher
+from kclpy_spark.retrieval.source import (
+    FetchedBatch,
+    FetchProgress,
+    KinesisShardProbe,
+    PageEnd,
+    page_end,
+)
+from shard_sync.discovery import KinesisShardLister
+from tests.unit.test_fanout import FakeClock, FakeEventStream, FakeKinesis, event, fetcher, record
+
+CHILD = {"ShardId": "shardId-000000000001", "ParentShards": ["shardId-000000000000"]}
+HTML = {"message": "<html><body>Service Unavailable</body></html>"}
+
+
+@pytest.mark.parametrize(
+    ("answer", "verdict"),
+    [
+        ({"Records": [], "NextShardIterator": "it"}, PageEnd.MORE),
+        ({"Records": [], "NextShardIterator": "it", "ChildShards": []}, PageEnd.MORE),
+        ({"Records": [], "NextShardIterator": None, "ChildShards": [CHILD]}, PageEnd.ENDED),
+        ({"Records": [], "ChildShards": [CHILD, CHILD]}, PageEnd.ENDED),
+        ({"Records": [], "NextShardIterator": None}, PageEnd.UNCONFIRMED),
+        ({"Records": [], "NextShardIterator": None, "ChildShards": []}, PageEnd.UNCONFIRMED),
+        ({"Records": [], "ChildShards": [{"HashKeyRange": {}}]}, PageEnd.UNCONFIRMED),
+        ({"Records": [], "ChildShards": "shardId-1"}, PageEnd.UNCONFIRMED),
+        ({}, PageEnd.MALFORMED),
+        (HTML, PageEnd.MALFORMED),
+        ({"NextShardIterator": "it"}, PageEnd.MALFORMED),
+        ({"Records": None, "ChildShards": [CHILD]}, PageEnd.MALFORMED),
+        ({"Records": [], "NextShardIterator": ""}, PageEnd.MALFORMED),
+        ({"Records": [], "NextShardIterator": 7}, PageEnd.MALFORMED),
+    ],
+)
+def test_page_end_of_get_records_answers(answer: dict[str, Any], verdict: PageEnd) -> None:
+    assert page_end(answer) is verdict
+
+
+def test_page_end_of_subscribe_to_shard_events() -> None:
+    key = "ContinuationSequenceNumber"
+    assert page_end({"Records": [], key: "5"}, key) is PageEnd.MORE
+    assert page_end({"Records": [], key: None, "ChildShards": [CHILD]}, key) is PageEnd.ENDED
+    assert page_end({"Records": [], key: None}, key) is PageEnd.UNCONFIRMED
+
+
+def _page(seqs: list[int], next_iterator: str | None = "it", **extra: Any) -> dict[str, Any]:
+    records = [
+        {"Data": b"d", "PartitionKey": "k", "SequenceNumber": str(s),
+         "ApproximateArrivalTimestamp": None}
+        for s in seqs
+    ]  # fmt: skip
+    return {
+        "Records": records,
+        "NextShardIterator": next_iterator,
+        "MillisBehindLatest": 0,
+        **extra,
+    }
+
+
+class ScriptedShard:
+    """GetRecords answers in order, and ListShards listing the shard open or closed."""
+
+    def __init__(self, answers: list[dict[str, Any]], *, closed: bool = False) -> None:
+        self.answers = answers
+        self.closed = closed
+        self.iterator_calls = 0
+        self.iterators_read: list[str] = []
+        self.list_calls: list[dict[str, Any]] = []
+
+    async def get_shard_iterator(self, **_: Any) -> dict[str, Any]:
+        self.iterator_calls += 1
+        return {"ShardIterator": f"it-{self.iterator_calls}"}
+
+    async def get_records(self, ShardIterator: str, **_: Any) -> dict[str, Any]:
+        self.iterators_read.append(ShardIterator)
+        return self.answers.pop(0)
+
+    async def list_shards(self, **kw: Any) -> dict[str, Any]:
+        self.list_calls.append(kw)
+        numbers = {"StartingSequenceNumber": "1"}
+        if self.closed:
+            numbers["EndingSequenceNumber"] = "99"
+        other = {"ShardId": "shardId-000000000009", "SequenceNumberRange": {}}
+        return {"Shards": [other, {"ShardId": "shardId-000000000000",
+                                   "SequenceNumberRange": numbers}]}  # fmt: skip
+
+
+def _read(shard: ScriptedShard) -> tuple[list[FetchedBatch], FetchProgress, list[float]]:
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()
+    progress = FetchProgress(lambda: 0.0)
+    fetcher = PollingFetcher(
+        shard, {"StreamName": "s"}, "shardId-000000000000", TRIM_HORIZON,
+        InitialPosition.trim_horizon(), queue, sleep=sleep, clock=lambda: 0.0,
+        rng=random.Random(3), progress=progress,
+    )  # fmt: skip
+    asyncio.run(fetcher.run())
+    batches = []
+    while not queue.empty():
+        batches.append(queue.get_nowait())
+    return batches, progress, sleeps
+
+
+def test_empty_and_html_answers_are_asked_again_and_never_end_an_open_shard() -> None:
+    shard = ScriptedShard(
+        [
+            _page([1, 2], "it-a"),
+            {},
+            HTML,
+            _page([], None),  # no iterator, no children, and ListShards lists the shard open
+            _page([], None, ChildShards=[]),
+            _page([3], "it-b"),
+            _page([4], None, ChildShards=[CHILD]),
+        ]
+    )
+    batches, progress, sleeps = _read(shard)
+    assert [[r.sequence_number for r in b.records] for b in batches] == [["1", "2"], ["3"], ["4"]]
+    assert [b.shard_ended for b in batches] == [False, False, True]
+    assert batches[-1].child_shards == [CHILD]
+    # The iterator that got a malformed answer is read again (it reads the same place); no new
+    # iterator is asked for (at LATEST a new one would skip what arrived meanwhile).
+    assert shard.iterators_read == ["it-1", "it-a", "it-a", "it-a", "it-a", "it-a", "it-b"]
+    assert shard.iterator_calls == 1
+    # Each malformed answer was a failed call with a backoff; the answers without children
+    # asked ListShards, which listed the shard open.
+    assert len(sleeps) >= 4 and len(shard.list_calls) == 2
+    assert progress.failures == 0  # reset by the good answers that followed
+
+
+def test_an_end_without_children_counts_once_list_shards_shows_the_shard_closed() -> None:
+    shard = ScriptedShard([_page([1], None)], closed=True)
+    batches, _, sleeps = _read(shard)
+    assert [(len(b.records), b.shard_ended, b.child_shards) for b in batches] == [(1, True, [])]
+    assert shard.list_calls == [{"StreamName": "s"}] and not sleeps
+
+
+def test_failures_are_counted_while_the_answers_stay_malformed() -> None:
+    shard = ScriptedShard([{}, {}, {}, _page([5], None, ChildShards=[CHILD])])
+    seen: list[int] = []
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        seen.append(progress.failures)
+
+    queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()
+    progress = FetchProgress(lambda: 0.0)
+    fetcher = PollingFetcher(
+        shard, {"StreamName": "s"}, "shardId-000000000000", TRIM_HORIZON,
+        InitialPosition.trim_horizon(), queue, sleep=sleep, clock=lambda: 0.0,
+        rng=random.Random(3), progress=progress,
+    )  # fmt: skip
+    asyncio.run(fetcher.run())
+    assert seen[:3] == [1, 2, 3]  # the consumer's readiness sees a source that keeps failing
+
+
+class PagedShards:
+    """ListShards over two pages; the second page holds the shard."""
+
+    def __init__(self, ending: str | None) -> None:
+        self.ending = ending
+        self.calls: list[dict[str, Any]] = []
+
+    async def list_shards(self, **kw: Any) -> dict[str, Any]:
+        self.calls.append(kw)
+        if "NextToken" not in kw:
+            return {"Shards": [{"ShardId": "shardId-000000000000"}], "NextToken": "t"}
+        numbers = {"StartingSequenceNumber": "1"}
+        if self.ending:
+            numbers["EndingSequenceNumber"] = self.ending
+        return {"Shards": [{"ShardId": "shardId-000000000007", "SequenceNumberRange": numbers}]}
+
+
+@pytest.mark.parametrize(("ending", "closed"), [("99", True), (None, False)])
+def test_shard_closed_pages_through_list_shards(ending: str | None, closed: bool) -> None:
+    client = PagedShards(ending)
+    probe = KinesisShardProbe(client, {"StreamARN": "arn:aws:kinesis:us-east-1:1:stream/s"})
+    assert asyncio.run(probe.shard_closed("shardId-000000000007")) is closed
+    # The second page is asked by its token alone (ListShards refuses the stream beside it).
+    assert client.calls == [{"StreamARN": "arn:aws:kinesis:us-east-1:1:stream/s"},
+                            {"NextToken": "t"}]  # fmt: skip
+    assert asyncio.run(probe.shard_closed("shardId-000000000042")) is False
+
+
+class OpenShardFanOut(FakeKinesis):
+    """Fan-out whose ListShards lists the shard open."""
+
+    async def list_shards(self, **kw: Any) -> dict[str, Any]:
+        return {"Shards": [{"ShardId": "shardId-000000000000", "SequenceNumberRange": {}}]}
+
+
+def test_a_fan_out_event_without_continuation_or_children_does_not_end_an_open_shard() -> None:
+    clock = FakeClock()
+    kinesis = OpenShardFanOut(
+        clock,
+        [
+            FakeEventStream(
+                clock, iter([event([record(7)], "7"), event([], None, ChildShards=[])])
+            ),
+            FakeEventStream(clock, iter([event([record(8)], None)])),  # a real end: children
+        ],
+    )
+    queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()
+    asyncio.run(fetcher(kinesis, clock, queue).run())
+    batches = []
+    while not queue.empty():
+        batches.append(queue.get_nowait())
+    assert [([r.sequence_number for r in b.records], b.shard_ended) for b in batches] == [
+        (["7"], False),
+        (["8"], True),
+    ]
+    positions = [p for _, p in kinesis.subscribes]
+    assert positions[1] == {"Type": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": "7"}
+
+
+class Answers:
+    """A boto3-shaped Kinesis client answering ``{}`` a number of times, then properly."""
+
+    def __init__(self, bad: int) -> None:
+        self.bad = bad
+        self.calls = 0
+
+    def _answer(self, good: dict[str, Any]) -> dict[str, Any]:
+        self.calls += 1
+        return {} if self.calls <= self.bad else good
+
+    def describe_stream_summary(self, **_: Any) -> dict[str, Any]:
+        return self._answer({"StreamDescriptionSummary": {"StreamStatus": "ACTIVE"}})
+
+    def list_shards(self, **_: Any) -> dict[str, Any]:
+        shard = {"ShardId": "shardId-000000000000",
+                 "HashKeyRange": {"StartingHashKey": "0", "EndingHashKey": "9"},
+                 "SequenceNumberRange": {"StartingSequenceNumber": "1"}}  # fmt: skip
+        return self._answer({"Shards": [shard]})
+
+
+def test_an_empty_list_shards_or_describe_answer_is_retried_not_read_as_no_shards() -> None:
+    client = Answers(bad=2)
+    lister = KinesisShardLister(client, stream_name="s", sleep=lambda _: None)
+    with pytest.raises(MalformedAnswerError, match="without the stream's status"):
+        lister.describe()
+    with pytest.raises(MalformedAnswerError, match="without a Shards list"):
+        lister._list_once(None)
+    client = Answers(bad=3)
+    lister = KinesisShardLister(client, stream_name="s", sleep=lambda _: None)
+    assert [s.shard_id for s in lister.list_shards()] == ["shardId-000000000000"]
+    assert client.calls == 5  # 3 malformed answers retried, then a describe and a listing
