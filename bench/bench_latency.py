@@ -39,7 +39,7 @@ from checkpoint.sequence import InitialPosition
 from kclpy_spark.aws import aio_client, boto3_client
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.processor import InitializeInput, ProcessRecordsInput, RecordProcessor
-from kclpy_spark.retrieval.fanout import deregister_consumer
+from kclpy_spark.retrieval.stream_consumer import deregister_consumer
 from kclpy_spark.runtime.daemon import run_worker
 from kclpy_spark.runtime.worker import Worker
 

@@ -1,8 +1,10 @@
 """One shard sync: list shards, compare with the lease table, create the missing leases.
 
-The glue between the discovery adapter, the pure rule (hierarchy.leases_to_create) and the lease
-table. Creation is create-if-absent and ordered by starting sequence number, so a crash halfway
-leaves a prefix of the leases and the next sync completes it.
+The glue between the discovery adapter, the pure rules (hierarchy.leases_to_create,
+false_ends.false_shard_ends) and the lease table. Creation is create-if-absent and ordered by
+starting sequence number, so a crash halfway leaves a prefix of the leases and the next sync
+completes it. A lease at SHARD_END whose shard the listing shows open is reopened at TRIM_HORIZON
+(false_ends.py), with a write conditional on the counter seen.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from checkpoint.lease import Lease, in_stream
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import InitialPosition
 from shard_sync.discovery import ShardLister, shard_filter_for
+from shard_sync.false_ends import false_shard_ends, reopened
 from shard_sync.hierarchy import leases_to_create
 from shard_sync.shards import Shard, find_hash_range_holes
 
@@ -35,6 +38,7 @@ class SyncResult:
     shards_listed: int
     created: tuple[str, ...]
     table_was_empty: bool
+    reopened: tuple[str, ...] = ()  # lease keys whose false SHARD_END was replaced
 
 
 class ShardSyncer:
@@ -106,4 +110,24 @@ class ShardSyncer:
             )
         else:
             log.debug("shard sync: %d shard(s), no lease to create", len(shards))
-        return SyncResult(len(shards), tuple(created), empty)
+        return SyncResult(len(shards), tuple(created), empty, self._reopen(current, shards))
+
+    def _reopen(self, leases: list[Lease], shards: list[Shard]) -> tuple[str, ...]:
+        """Reopen the false shard ends among ``leases`` (read before ``shards`` were listed)."""
+        done = []
+        for lease in false_shard_ends(leases, shards):
+            key = lease.lease_key
+            log.error(
+                "lease %s is checkpointed at SHARD_END but ListShards shows shard %s open: that "
+                "end is false and would leave the shard unread for good. Reopening it at "
+                "TRIM_HORIZON (what the shard holds is delivered again; `kclpy-spark reset "
+                "--shard %s --to ...` starts it elsewhere)",
+                key,
+                lease.shard_id,
+                lease.shard_id,
+            )
+            if self._table.update_lease(reopened(lease)) is not None:
+                done.append(key)
+            else:
+                log.warning("lease %s changed meanwhile; the next sync looks again", key)
+        return tuple(done)

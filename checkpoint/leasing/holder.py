@@ -17,9 +17,9 @@ renewal pool (the KCL's maxLeaseRenewalThreads, 20), against its own deadline: i
 ``renew_all`` waits a bounded time for the round and reports renewals still under way as ``slow``;
 a lease whose renewal is still in flight is not submitted again, so a hung request costs one pool
 thread, not one per round. A renewal waits for its lease's lock (held by a checkpoint write) only
-until that lease would expire. The lease table's own timeouts (see ``kclpy_spark.aws`` and the
-stores' retry policies) end every call well within the lease duration. A write whose answer never
-came is recognised if it landed (``held.write_settled``).
+until that lease would expire. The table's own timeouts end every call well within the lease
+duration. A write whose answer never came is recognised if it landed (``held.write_settled``); a
+lost write whose lease item vanished puts it back (``vanished.py``).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from checkpoint.leasing.held import (
     write_settled,
 )
 from checkpoint.leasing.timing import renewal_round_interval
+from checkpoint.leasing.vanished import restore_if_vanished
 from checkpoint.port import LeaseTable
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ class LeaseHolder:
         *,
         renewal_threads: int = RENEWAL_THREADS,
         skip_checkpointed: bool = False,
+        on_restored: Callable[[str], None] = lambda _: None,
     ) -> None:
         if lease_duration <= 0:
             raise ValueError(f"lease_duration must be > 0, got {lease_duration}")
@@ -97,6 +99,7 @@ class LeaseHolder:
         self.lease_duration = lease_duration
         self._clock = clock
         self._skip_checkpointed = skip_checkpointed
+        self._on_restored = on_restored  # told the key of a lease put back (vanished.py)
         # How often renew_all is meant to be called, and its default wait for a round.
         self._round_interval = renewal_round_interval(lease_duration, skip_checkpointed)
         self._slots: dict[str, Slot] = {}
@@ -278,6 +281,8 @@ class LeaseHolder:
             new, held = settled.lease, settled.held
             if new is None:
                 log.warning("lost lease %s: its renewal lost the conditional write", key)
+                if restore_if_vanished(self.table, held.lease):
+                    self._on_restored(key)
                 if not self._drop_slot(key, slot):
                     return Renewal.GONE, None
                 return Renewal.LOST, held
@@ -329,6 +334,8 @@ class LeaseHolder:
             new, held = settled.lease, settled.held
             if new is None:
                 log.warning("lost lease %s: a conditional update lost", lease_key)
+                if restore_if_vanished(self.table, held.lease):
+                    self._on_restored(lease_key)
                 self._drop_slot(lease_key, slot)
                 return UpdateResult(None, LeaseLoss.WRITE_LOST)
             if new.lease_counter != held.lease.lease_counter:  # by this write, or an unanswered one

@@ -25,6 +25,30 @@ class ResetPlan:
     changes: tuple[tuple[Lease, Lease], ...]  # (as read, as it will be written)
     live_owners: tuple[str, ...]
     unknown_shards: tuple[str, ...]
+    # Shard ids that name leases of several streams (a multi-stream table): give the lease key.
+    ambiguous_shards: tuple[str, ...] = ()
+
+
+def chosen_leases(
+    leases: Iterable[Lease], shards: Iterable[str] | None
+) -> tuple[list[Lease], tuple[str, ...], tuple[str, ...]]:
+    """(the leases ``shards`` names, names that match none, shard ids that match leases of more
+    than one stream). A name is a lease key or a shard id; None names every lease. Leases are
+    told apart by key: in a multi-stream table, two streams' ``shardId-000000000000`` are two."""
+    by_key = {lease.lease_key: lease for lease in leases}
+    if shards is None:
+        return [by_key[key] for key in sorted(by_key)], (), ()
+    chosen: dict[str, Lease] = {}
+    unknown, ambiguous = [], []
+    for name in dict.fromkeys(shards):
+        keys = [name] if name in by_key else [k for k, x in by_key.items() if x.shard_id == name]
+        if not keys:
+            unknown.append(name)
+        elif len(keys) > 1:
+            ambiguous.append(name)
+        else:
+            chosen[keys[0]] = by_key[keys[0]]
+    return [chosen[key] for key in sorted(chosen)], tuple(sorted(unknown)), tuple(ambiguous)
 
 
 def plan_reset(
@@ -34,20 +58,18 @@ def plan_reset(
     shards: Iterable[str] | None,
     live_workers: Iterable[str],
 ) -> ResetPlan:
-    """Which leases move to ``target`` (all, or those of ``shards``), and who still holds them.
+    """Which leases move to ``target`` (all, or those ``shards`` names: ``chosen_leases``), and
+    who still holds them.
 
     Finished (SHARD_END) leases are left alone: their records are all delivered and their children
     depend on them being finished. A reset to AT_TIMESTAMP stores its time in each lease it moves
     (``start_timestamp``), so it applies to exactly those leases.
     """
-    by_shard = {lease.shard_id: lease for lease in leases}
-    wanted = set(by_shard) if shards is None else set(shards)
-    unknown = tuple(sorted(wanted - set(by_shard)))
+    chosen, unknown, ambiguous = chosen_leases(leases, shards)
     live = set(live_workers)
     changes = []
     owners = set()
-    for shard_id in sorted(wanted & set(by_shard)):
-        lease = by_shard[shard_id]
+    for lease in chosen:
         if lease.checkpoint.is_shard_end:
             continue
         if lease.lease_owner and lease.lease_owner in live:
@@ -56,7 +78,7 @@ def plan_reset(
         start = None if target.timestamp is None else target.timestamp.timestamp()
         after = replace(lease.checkpointed(checkpoint), start_timestamp=start)
         changes.append((lease, after))
-    return ResetPlan(tuple(changes), tuple(sorted(owners)), unknown)
+    return ResetPlan(tuple(changes), tuple(sorted(owners)), unknown, ambiguous)
 
 
 def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
@@ -72,6 +94,12 @@ def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
     plan = plan_reset(leases, target, shards=args.shard, live_workers=live)
     if plan.unknown_shards:
         raise ConfigError(f"no lease for shard(s): {', '.join(plan.unknown_shards)}")
+    if plan.ambiguous_shards:
+        raise ConfigError(
+            f"shard(s) {', '.join(plan.ambiguous_shards)} name leases of several streams: give "
+            "the lease key instead (account:stream:creationEpoch:shardId, as `status --json` "
+            "shows it)"
+        )
     if plan.live_owners and not args.force:
         raise ConfigError(
             f"live workers hold leases to reset ({', '.join(plan.live_owners)}): stop them, "
@@ -82,7 +110,7 @@ def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
         return 0
     print(f"reset {len(plan.changes)} lease(s) of {cfg.application_name} to {args.to}:")
     for before, _ in plan.changes:
-        print(f"  {before.shard_id}: {before.checkpoint} -> {target.position.value}")
+        print(f"  {before.lease_key}: {before.checkpoint} -> {target.position.value}")
     if not args.yes:
         if not sys.stdin.isatty():
             raise ConfigError("reset needs confirmation: run it in a terminal or pass --yes")
@@ -92,7 +120,7 @@ def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
     failed = []
     for before, after in plan.changes:
         if store.update_lease(after) is None:
-            failed.append(before.shard_id)
+            failed.append(before.lease_key)
     if not cfg.streams and args.shard is None:
         _record_stream(store, cfg)
     if failed:

@@ -20,7 +20,6 @@ import asyncio
 import logging
 import random
 import time
-import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,7 +27,6 @@ from checkpoint.base.errors import (
     ResourceNotFoundError,
     error_code,
     is_throttling,
-    map_aws_error,
 )
 from checkpoint.base.retry import Backoff
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
@@ -48,6 +46,7 @@ from kclpy_spark.retrieval.source import (
     page_end,
     wait_or_raise,
 )
+from kclpy_spark.retrieval.stream_consumer import CONSUMERS, ConsumerRegistry, stream_arn
 
 log = logging.getLogger(__name__)
 
@@ -55,114 +54,7 @@ log = logging.getLogger(__name__)
 SUBSCRIPTION_LIFETIME = 290.0
 # AWS allows one SubscribeToShard call per second per consumer and shard.
 MIN_RESUBSCRIBE_INTERVAL = 1.0
-# A consumer takes seconds (LocalStack) to tens of seconds (AWS) to become ACTIVE.
-CONSUMER_POLL_INTERVAL = 0.5
-
 Sleep = Callable[[float], Awaitable[None]]
-
-
-async def stream_arn(client: Any, stream: dict[str, str]) -> str:
-    """The stream's ARN (RegisterStreamConsumer needs it) from ``{"StreamName"}`` or
-    ``{"StreamARN"}``."""
-    if "StreamARN" in stream:
-        return stream["StreamARN"]
-    try:
-        resp = await client.describe_stream_summary(**stream)
-    except Exception as exc:
-        raise map_aws_error(exc, f"DescribeStreamSummary on {stream}") from exc
-    return str(resp["StreamDescriptionSummary"]["StreamARN"])
-
-
-class ConsumerRegistry:
-    """Registers (or finds) one stream consumer per (stream, name) and remembers its ARN, so the
-    fetchers of one process share one registration instead of each calling the control plane."""
-
-    def __init__(self) -> None:
-        self._arns: dict[tuple[str, str], str] = {}
-        self._locks: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, dict[tuple[str, str], asyncio.Lock]
-        ] = weakref.WeakKeyDictionary()
-
-    def forget(self, arn: str, name: str) -> None:
-        self._arns.pop((arn, name), None)
-
-    async def ensure(
-        self, client: Any, stream: dict[str, str], name: str, *, sleep: Sleep = asyncio.sleep
-    ) -> str:
-        """The ARN of consumer ``name`` on ``stream``, registered if absent, once ACTIVE.
-        Raises ResourceNotFoundError if the stream does not exist, other mapped errors if the
-        control plane refuses; retries throttling and transient failures."""
-        arn = await stream_arn(client, stream)
-        key = (arn, name)
-        known = self._arns.get(key)
-        if known is not None:
-            return known
-        locks = self._locks.setdefault(asyncio.get_running_loop(), {})
-        async with locks.setdefault(key, asyncio.Lock()):
-            known = self._arns.get(key)
-            if known is None:
-                known = self._arns[key] = await _register_and_wait(client, arn, name, sleep)
-            return known
-
-
-# Fetchers share this unless given another (tests give their own).
-CONSUMERS = ConsumerRegistry()
-
-
-async def _register_and_wait(client: Any, arn: str, name: str, sleep: Sleep) -> str:
-    backoff = Backoff()
-    registered = False
-    while True:
-        try:
-            desc = (await client.describe_stream_consumer(StreamARN=arn, ConsumerName=name))[
-                "ConsumerDescription"
-            ]
-            status = desc["ConsumerStatus"]
-            if status == "ACTIVE":
-                log.info("stream consumer %s is ACTIVE (%s)", name, desc["ConsumerARN"])
-                return str(desc["ConsumerARN"])
-            delay = CONSUMER_POLL_INTERVAL  # CREATING, or DELETING before a new registration
-        except Exception as exc:
-            code = error_code(exc)
-            if code == "ResourceNotFoundException" and not registered:
-                try:
-                    await client.register_stream_consumer(StreamARN=arn, ConsumerName=name)
-                    log.info("registered stream consumer %s on %s", name, arn)
-                    registered = True
-                    continue
-                except Exception as reg_exc:
-                    exc, code = reg_exc, error_code(reg_exc)
-            if code == "ResourceNotFoundException" and registered:
-                delay = CONSUMER_POLL_INTERVAL  # registered, not yet visible
-            else:
-                mapped = map_aws_error(exc, f"registering stream consumer {name} on {arn}")
-                if not mapped.retriable:
-                    raise mapped from exc
-                delay = backoff.next_delay()
-                log.info("%s; retrying in %.2fs", mapped, delay)
-        await sleep(delay)
-
-
-async def deregister_consumer(
-    client: Any,
-    stream: dict[str, str],
-    consumer_name: str,
-    *,
-    registry: ConsumerRegistry | None = None,
-) -> bool:
-    """Deregister consumer ``consumer_name`` from ``stream`` (a worker's shutdown option; every
-    worker of the application shares the consumer, so only the last one should call this).
-    True if it was deregistered, False if it did not exist. Raises mapped errors otherwise."""
-    arn = await stream_arn(client, stream)
-    (registry or CONSUMERS).forget(arn, consumer_name)
-    try:
-        await client.deregister_stream_consumer(StreamARN=arn, ConsumerName=consumer_name)
-    except Exception as exc:
-        if error_code(exc) == "ResourceNotFoundException":
-            return False
-        raise map_aws_error(exc, f"deregistering stream consumer {consumer_name}") from exc
-    log.info("deregistered stream consumer %s from %s", consumer_name, arn)
-    return True
 
 
 def starting_position(

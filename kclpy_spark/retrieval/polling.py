@@ -163,6 +163,18 @@ class PollingFetcher:
             exc, f"{operation} on shard {self._shard_id}", self._backoff, self._sleep
         )
 
+    async def _accepted(self, resp: dict[str, Any]) -> PageEnd | None:
+        """What the answer says of the shard (``page_end``); None, after a backoff, for one that
+        must be asked again: malformed, or an end ListShards does not confirm."""
+        verdict = page_end(resp)
+        if verdict is PageEnd.MALFORMED or (
+            verdict is PageEnd.UNCONFIRMED
+            and not await confirmed_end(self._witness, self._shard_id)
+        ):
+            await self._handle(not_an_end(verdict), "GetRecords")
+            return None
+        return verdict
+
     async def run(self) -> None:
         iterator = await self._iterator()
         clock = self._clock or asyncio.get_running_loop().time
@@ -181,12 +193,8 @@ class PollingFetcher:
                 await self._handle(exc, "GetRecords")
                 continue
             returned = clock()
-            verdict = page_end(resp)
-            if verdict is PageEnd.MALFORMED or (
-                verdict is PageEnd.UNCONFIRMED
-                and not await confirmed_end(self._witness, self._shard_id)
-            ):  # not an end: the same iterator reads the same place again
-                await self._handle(not_an_end(verdict), "GetRecords")
+            verdict = await self._accepted(resp)
+            if verdict is None:  # the same iterator reads the same place again
                 continue
             self._backoff.reset()
             if self._progress is not None:

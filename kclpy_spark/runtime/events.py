@@ -25,6 +25,8 @@ KINDS = (
     "finished",
     "assigned",
     "moving",
+    "reopened",  # a false SHARD_END replaced (shard_sync/false_ends.py)
+    "restored",  # a held lease's vanished item put back (checkpoint/leasing/vanished.py)
 )
 MAX_DETAIL = 300  # a reason may carry a whole Java stack trace; the status record must stay small
 

@@ -108,7 +108,7 @@ class Worker:
         self.status_server: StatusServer | None = None
         self.holder = LeaseHolder(
             store, cfg.worker_id, self.clock, self.timing.lease_duration,
-            skip_checkpointed=cfg.skip_checkpointed_renewals,
+            skip_checkpointed=cfg.skip_checkpointed_renewals, on_restored=self.metrics.restored,
         )  # fmt: skip
         self.metrics.leases_held.set_function(functools.partial(_count, self.holder.held))
         self.leader = leader_election(cfg, store, self.timing, self.clock)
@@ -387,8 +387,11 @@ class Worker:
             except KclpySparkError as exc:
                 log.warning("shard sync of stream %s failed: %s", context.label, exc)
                 continue
-            if result.synced is not None and result.synced.created:
+            synced = result.synced
+            if synced is not None and (synced.created or synced.reopened):
                 self._take_now.set()
+            for key in () if synced is None else synced.reopened:
+                self.metrics.reopened(key)
         if self.leader.is_leader:  # shown by `status`; written with the next renewal
             self.leader.note_later(last_sync=self.clock.wall())
 

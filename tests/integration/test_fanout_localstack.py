@@ -22,7 +22,7 @@ from kclpy_spark.processor import (
     RecordProcessor,
     ShardEndedInput,
 )
-from kclpy_spark.retrieval.fanout import deregister_consumer
+from kclpy_spark.retrieval.stream_consumer import deregister_consumer
 from kclpy_spark.runtime.daemon import run_worker
 from kclpy_spark.runtime.worker import Worker
 

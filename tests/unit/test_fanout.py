@@ -15,16 +15,11 @@ from botocore.exceptions import ClientError
 
 from checkpoint.base.errors import AccessError
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber, InitialPosition
-from kclpy_spark.retrieval.fanout import (
-    MIN_RESUBSCRIBE_INTERVAL,
-    ConsumerRegistry,
-    FanOutFetcher,
-    deregister_consumer,
-    starting_position,
-)
+from kclpy_spark.retrieval.fanout import MIN_RESUBSCRIBE_INTERVAL, FanOutFetcher, starting_position
 from kclpy_spark.retrieval.kpl import Deaggregator
 from kclpy_spark.retrieval.kpl_aggregate import UserRecord, aggregate
 from kclpy_spark.retrieval.polling import FetchedBatch
+from kclpy_spark.retrieval.stream_consumer import ConsumerRegistry, deregister_consumer
 
 STREAM_ARN = "arn:aws:kinesis:us-east-1:000000000000:stream/s"
 CONSUMER_ARN = STREAM_ARN + "/consumer/app:1"

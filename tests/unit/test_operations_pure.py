@@ -101,6 +101,23 @@ def test_reset_plan_leaves_finished_leases_and_names_live_owners() -> None:
     assert unknown.unknown_shards == ("nope",)
 
 
+def test_reset_of_a_multi_stream_table_tells_two_streams_shards_apart() -> None:
+    """#49 item 15: leases were keyed by shard id, so two streams' shardId-0 collapsed into one
+    and only one was reset, silently."""
+    a = Lease("1:a:100:shardId-0", ExtendedSequenceNumber("5"))
+    b = Lease("1:b:200:shardId-0", ExtendedSequenceNumber("6"))
+    c = Lease("1:b:200:shardId-1", ExtendedSequenceNumber("7"))
+    everything = plan_reset([a, b, c], InitialPosition.latest(), shards=None, live_workers=[])
+    assert [before.lease_key for before, _ in everything.changes] == [a.lease_key, b.lease_key,
+                                                                      c.lease_key]  # fmt: skip
+    named = plan_reset([a, b, c], InitialPosition.latest(), shards=["shardId-1", a.lease_key],
+                       live_workers=[])  # fmt: skip
+    assert [before.lease_key for before, _ in named.changes] == [a.lease_key, c.lease_key]
+    ambiguous = plan_reset([a, b, c], InitialPosition.latest(), shards=["shardId-0"],
+                           live_workers=[])  # fmt: skip
+    assert ambiguous.ambiguous_shards == ("shardId-0",) and ambiguous.changes == ()
+
+
 def test_reset_applies_with_conditional_updates() -> None:
     store = MemoryLeaseTable()
     for lease in leases():

@@ -15,6 +15,7 @@ from checkpoint.sequence import (
 )
 from checkpoint.stores.memory import MemoryLeaseTable
 from shard_sync.cleanup import LeaderMaintenance, completed_leases_to_delete, garbage_leases
+from shard_sync.false_ends import false_shard_ends
 from shard_sync.shards import Shard
 from shard_sync.syncer import ShardSyncer
 
@@ -215,3 +216,75 @@ def test_lease_keys_name_their_stream_and_siblings(
 ) -> None:
     x = lease(key)
     assert (x.stream_key, x.sibling_key("shardId-2"), x.shard_id) == (stream, sibling, "shardId-1")
+
+
+# --- false shard ends (#49 item 2) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("leases", "listing", "false"),
+    [
+        # An open shard at SHARD_END: false.
+        ([lease("shardId-1", SHARD_END)], [shard("shardId-1", 51, None)], ["shardId-1"]),
+        # A closed shard at SHARD_END: a true end.
+        ([lease("shardId-1", SHARD_END)], [shard("shardId-1", 51, 90)], []),
+        # An open shard still being read: nothing to say.
+        ([lease("shardId-1", STARTED)], [shard("shardId-1", 51, None)], []),
+        # Listed open but a listed child names it as a parent: the listing is doubtful (a
+        # reshard under way); leave the end alone.
+        (
+            [lease("shardId-0", SHARD_END)],
+            [shard("shardId-0", 1, None), shard("shardId-1", 51, None, parent="shardId-0")],
+            [],
+        ),
+        (
+            [lease("shardId-0", SHARD_END)],
+            [shard("shardId-0", 1, None), shard("shardId-1", 51, None, adjacent="shardId-0")],
+            [],
+        ),
+        # Not listed at all (aged out): garbage, not a false end.
+        ([lease("shardId-7", SHARD_END)], [shard("shardId-1", 51, None)], []),
+        # Multi-stream keys: matched by shard id within the syncer's stream.
+        (
+            [lease("1:s:9:shardId-1", SHARD_END)],
+            [shard("shardId-1", 51, None)],
+            ["1:s:9:shardId-1"],
+        ),
+    ],
+)
+def test_false_shard_ends(leases: list[Lease], listing: list[Shard], false: list[str]) -> None:
+    assert [x.lease_key for x in false_shard_ends(leases, listing)] == false
+
+
+def test_a_false_shard_end_is_reopened_at_trim_horizon_once_the_audit_syncs() -> None:
+    """The lease's hole makes the auditor sync after its threshold; the sync sees the shard
+    open and reopens the lease (conditional on its counter), which closes the hole."""
+    table = MemoryLeaseTable()
+    lister = ListedShards(
+        [shard("shardId-1", 51, None, 0, HALF), shard("shardId-2", 52, None, HALF + 1)]
+    )
+    table.create_lease_if_absent(lease("shardId-1", STARTED, lo=0, hi=HALF))
+    table.create_lease_if_absent(lease("shardId-2", SHARD_END, lo=HALF + 1))
+    maintenance = LeaderMaintenance(
+        ShardSyncer(lister, table, InitialPosition.latest()), table, hole_threshold=2
+    )
+    assert maintenance.run_once().synced is None
+    synced = maintenance.run_once().synced
+    assert synced is not None and synced.reopened == ("shardId-2",) and synced.created == ()
+    after = table.get_lease("shardId-2")
+    assert after is not None and after.checkpoint == TRIM_HORIZON and after.lease_owner is None
+    assert after.lease_counter == 1  # one conditional write
+    assert maintenance.run_once().holes == 0
+
+
+def test_a_false_end_that_changed_since_the_scan_is_left_to_the_next_sync() -> None:
+    table = MemoryLeaseTable()
+    table.create_lease_if_absent(lease("shardId-1", SHARD_END))
+    scanned = table.list_leases()
+    stored = table.get_lease("shardId-1")
+    assert stored is not None
+    assert table.update_lease(stored) is not None  # someone wrote it after our scan
+    syncer = ShardSyncer(ListedShards([shard("shardId-1", 51, None)]), table,
+                         InitialPosition.latest())  # fmt: skip
+    assert syncer.sync(scanned).reopened == ()
+    assert syncer.sync().reopened == ("shardId-1",)

@@ -1,0 +1,93 @@
+"""A held lease whose item vanished from the table: put back where its holder left it.
+
+When an operator, a script or a restore deletes the item of a lease a worker holds, the worker's
+next write of it loses its condition. Without more, shard sync re-creates the lease later (a
+minute, or three audit rounds) at the *initial position*: with LATEST, every record written in
+between is skipped for good. The holder knows better: its last write of the lease holds the
+checkpoint (and pending checkpoint) the table lost. So after a lost write it reads the item once;
+if it is gone, it creates it again from that last write, unowned, so any worker takes it and reads
+on from there. If shard sync re-created it first (still unowned and not started), its position is
+moved to ours with a write conditional on its counter.
+
+A lease at SHARD_END is not put back: its deletion is the leader's cleanup of a finished shard.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from checkpoint.base.errors import KclpySparkError
+from checkpoint.lease import Lease
+from checkpoint.port import LeaseTable
+from checkpoint.sequence import Sentinel
+
+log = logging.getLogger(__name__)
+
+_NOT_STARTED = frozenset({Sentinel.TRIM_HORIZON, Sentinel.LATEST, Sentinel.AT_TIMESTAMP})
+
+
+def put_back(last: Lease) -> Lease | None:
+    """The lease to create again from ``last`` (the holder's last write of it): unowned, no
+    handoff, its counter moved on (a write conditional on the old counter can never win); None
+    for a finished lease."""
+    if last.checkpoint.is_shard_end:
+        return None
+    return replace(
+        last,
+        lease_owner=None,
+        checkpoint_owner=None,
+        lease_counter=last.lease_counter + 1,
+        written=None,
+    )
+
+
+def resumed_from(found: Lease, last: Lease) -> Lease | None:
+    """``found`` (re-created by someone else after the item vanished) with ``last``'s position,
+    if it is unowned, not started, and elsewhere than ``last``; else None (leave it alone)."""
+    if (
+        found.lease_owner is not None
+        or found.checkpoint.sentinel not in _NOT_STARTED
+        or last.checkpoint.is_shard_end
+        or (found.checkpoint, found.start_timestamp) == (last.checkpoint, last.start_timestamp)
+    ):
+        return None
+    return replace(
+        found,
+        checkpoint=last.checkpoint,
+        pending_checkpoint=last.pending_checkpoint,
+        pending_checkpoint_state=last.pending_checkpoint_state,
+        start_timestamp=last.start_timestamp,
+    )
+
+
+def restore_if_vanished(table: LeaseTable, last: Lease) -> bool:
+    """After a lost write of ``last``'s lease: if its item is gone (or was re-created behind our
+    position), put it back from ``last``. True if a write restored it. Never raises: a failed
+    read or write is logged, and the lease is lost as before."""
+    key = last.lease_key
+    try:
+        if table.get_lease(key) is not None:
+            return False
+        again = put_back(last)
+        if again is None:
+            return False
+        if table.create_lease_if_absent(again):
+            log.error(
+                "lease %s vanished from the lease table while held; created it again, unowned, "
+                "at its last checkpoint %s (not at the initial position: nothing in between is "
+                "skipped)", key, last.checkpoint,
+            )  # fmt: skip
+            return True
+        found = table.get_lease(key)
+        moved = None if found is None else resumed_from(found, last)
+        if moved is not None and table.update_lease(moved) is not None:
+            log.error(
+                "lease %s vanished from the lease table while held and was re-created at %s; "
+                "moved it to its last checkpoint %s", key, found.checkpoint if found else "?",
+                last.checkpoint,
+            )  # fmt: skip
+            return True
+    except KclpySparkError as exc:
+        log.warning("lease %s: checking whether it vanished failed: %s", key, exc)
+    return False
