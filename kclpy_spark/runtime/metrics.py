@@ -137,6 +137,16 @@ class WorkerMetrics:
         self.leases_lost = Counter("kclpy_spark_leases_lost", "Leases lost", registry=r)
         self.takes = Counter("kclpy_spark_lease_takes", "Leases taken (not stolen)", registry=r)
         self.steals = Counter("kclpy_spark_lease_steals", "Leases stolen", registry=r)
+        self.checkpoint_seconds = Histogram(
+            "kclpy_spark_checkpoint_seconds", "Checkpoint write latency", registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        )  # fmt: skip
+        self._shard_problems(r)
+        self._repairs(r)
+        r.register(_CoordinationCollector(counters))
+
+    def _repairs(self, r: CollectorRegistry) -> None:
+        """What this worker repaired in the lease table (counted, never expected)."""
         self.false_ends_reopened = Counter(
             "kclpy_spark_false_shard_ends_reopened",
             "Leases checkpointed at SHARD_END on a shard ListShards shows open, reopened at "
@@ -148,12 +158,6 @@ class WorkerMetrics:
             "Held leases whose item vanished from the table, put back at their last checkpoint",
             registry=r,
         )
-        self.checkpoint_seconds = Histogram(
-            "kclpy_spark_checkpoint_seconds", "Checkpoint write latency", registry=r,
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
-        )  # fmt: skip
-        self._shard_problems(r)
-        r.register(_CoordinationCollector(counters))
 
     def reopened(self, lease_key: str) -> None:
         """A false SHARD_END this worker's shard sync replaced (shard_sync/false_ends.py)."""
