@@ -55,15 +55,6 @@ from checkpoint.port import LeaseTable
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "HeldLease",
-    "LeaseBusyError",
-    "LeaseHolder",
-    "LeaseLoss",
-    "RenewalReport",
-    "UpdateResult",
-]
-
 # The KCL's default maxLeaseRenewalThreads.
 RENEWAL_THREADS = 20
 
@@ -268,6 +259,8 @@ class LeaseHolder:
             held = slot.held
             if self._expired_now(key, slot, held):
                 return Renewal.LOST, held
+            if held.lease.actual_owner != self.worker_id:  # given up (released) under this lock
+                return Renewal.GONE, None
             started = self._clock.monotonic()
             lazy = self._skip_checkpointed  # a checkpoint may have moved the counter meanwhile
             if not due_now(slot, started, self.lease_duration, lazy):
@@ -330,6 +323,8 @@ class LeaseHolder:
                 return UpdateResult(None, LeaseLoss.EXPIRED)
             if held.token != token:
                 return UpdateResult(None, LeaseLoss.TOKEN_CHANGED)
+            if held.lease.actual_owner != self.worker_id:  # released or handed over meanwhile
+                return UpdateResult(None, LeaseLoss.NOT_HELD)
             settled = write_settled(self.table, slot, held, write)
             new, held = settled.lease, settled.held
             if new is None:

@@ -118,10 +118,9 @@ class Board:
         self._suspended = suspended
         self._at = now_wall
         keys = {x.lease_key for x in self._leases}
-        for gone in [k for k in self._series if k not in keys]:  # deleted by cleanup
-            del self._series[gone]
-            self._counts.pop(gone, None)
-            self._rates.pop(gone, None)
+        for kept in (self._series, self._counts, self._rates):  # leases deleted by cleanup
+            for gone in [k for k in kept if k not in keys]:
+                del kept[gone]
         for lease in self._leases:
             self._sample(lease, now_wall)
         for key, series in list(self._series.items()):  # a series with no new figures ages out

@@ -87,14 +87,20 @@ class CaughtUp:
             "caught up" if key in self.done else "not caught up", level=logging.INFO
         )
 
+    def _blocked_by(self, parent: str) -> str:
+        if parent in self.done:
+            return f"its parent {parent} was caught up before its end"
+        return f"its parent {parent} did not reach its end in this job ({self.failed[parent]})"
+
     def is_ended(self, lease_key: str) -> bool:
         return lease_key in self.done or lease_key in self.failed
 
     def remaining(self, leases: Iterable[Lease]) -> list[str]:
         """The lease keys still to catch up (sorted); empty when the job is complete.
 
-        A lease that existed at the start and whose parent was caught up before its end cannot
-        be read (it waits for that SHARD_END) and is failed here, loudly, rather than skipped."""
+        A lease that existed at the start and whose parent was caught up before its end, or
+        failed here (parked), cannot be read (it waits for that SHARD_END) and is failed here,
+        loudly, rather than skipped or waited for."""
         by_key = {x.lease_key: x for x in leases}
         if self.initial is None and by_key:
             self.initial = frozenset(by_key)
@@ -110,10 +116,10 @@ class CaughtUp:
                 parents = {lease.sibling_key(p) for p in lease.parent_shard_ids}
                 if not parents & (ended | beyond):
                     continue
-                if key in initial:
-                    stuck = sorted(parents & self.done)
+                if key in initial:  # its parents' end will not come in this job
+                    stuck = sorted(parents & ended)
                     if stuck:
-                        self.finished(key, f"its parent {stuck[0]} was caught up before its end")
+                        self.finished(key, self._blocked_by(stuck[0]))
                     continue
                 beyond.add(key)
                 changed = True

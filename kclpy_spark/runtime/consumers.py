@@ -22,7 +22,8 @@ from checkpoint.base.clock import AsyncSleep, Clock
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.counters import CoordinationCounters, Counter
 from checkpoint.lease import OwnerFigures, owner_tag
-from checkpoint.leasing.holder import HeldLease, LeaseHolder
+from checkpoint.leasing.held import HeldLease
+from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.leasing.load import ema
 from checkpoint.port import LeaseTable
 from kclpy_spark.config import WorkerConfig

@@ -21,7 +21,8 @@ from typing import Any, TypeVar
 from checkpoint.base.clock import AsyncSleep
 from checkpoint.checkpointer import Checkpointer
 from checkpoint.lease import Lease
-from checkpoint.leasing.holder import HeldLease, LeaseHolder, UpdateResult
+from checkpoint.leasing.held import HeldLease, UpdateResult
+from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import AT_TIMESTAMP, ExtendedSequenceNumber
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -41,7 +41,6 @@ class BatcherStats:
     write_seconds: float = 0.0
     commit_seconds: float = 0.0
     last_error: str = ""
-    by_lease_rows: dict[str, int] = field(default_factory=dict)
 
 
 class BatcherStatsCollector(Collector):
@@ -170,8 +169,6 @@ class LaneUpdates:
                 stats.batches += 1  # written by a sink (by some, when others dead-lettered it)
                 stats.rows += rows
             for lane, cut in batch.parts:
-                key = lane.lease_key
-                stats.by_lease_rows[key] = stats.by_lease_rows.get(key, 0) + cut.piece.rows
                 lane.acknowledged(cut)
             return [lane for lane, _ in batch.parts if lane.state is not LaneState.CLOSED]
 

@@ -85,6 +85,20 @@ def test_leases_gone_from_the_table_leave_the_board() -> None:
     assert set(snap["series"]) == {"s1"}
 
 
+def test_what_the_board_keeps_per_lease_is_bounded_by_the_live_leases() -> None:
+    """#49 item 12: counts and rates of leases that had no series (beyond ``max_series``) were
+    kept for every lease ever seen: 1,300 entries for 160 live leases after 20 reshards."""
+    board = Board("app", "stream", max_series=10)
+    for round_ in range(20):  # every round a reshard replaces every lease
+        keys = [f"shardId-{round_:03d}-{i:03d}" for i in range(160)]
+        figures = {k: (round_, 0) for k in keys}
+        at = 100.0 + 20 * round_
+        board.observe([lease(k) for k in keys], {"w1": status(at, figures)}, at)
+        assert board.series_limited
+        assert len(board._counts) <= 160 and len(board._rates) <= 160
+        assert len(board.snapshot()["series"]) <= 10
+
+
 def test_states_graph_places_and_parent_keys() -> None:
     parent = lease("p", None, checkpoint=SHARD_END, child_shard_ids=frozenset({"c"}))
     child = lease("c", None, checkpoint=TRIM_HORIZON, parent_shard_ids=frozenset({"p"}),

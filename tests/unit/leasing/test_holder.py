@@ -12,7 +12,8 @@ import pytest
 from checkpoint.base.clock import ManualClock
 from checkpoint.base.errors import DependencyError, ThrottledError
 from checkpoint.lease import Lease
-from checkpoint.leasing.holder import LeaseHolder, LeaseLoss, RenewalReport
+from checkpoint.leasing.held import LeaseLoss, RenewalReport
+from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
 from checkpoint.stores.memory import MemoryLeaseTable
 
@@ -545,3 +546,48 @@ def test_a_release_with_a_view_from_before_a_handoff_completes_it(
     after = stored(table)
     assert after.lease_owner == "worker-b" and after.checkpoint_owner is None
     assert after.lease_counter == held.lease.lease_counter + 1
+
+
+# --- no write after a release (#49 item 11) ---------------------------------------------------
+# ``release`` makes its handoff or evict write under the lease's lock, which leaves the handed-over
+# (or unowned) lease in the slot; the slot is dropped a moment later, outside that lock. A renewal
+# or checkpoint that got the lock in between wrote under the new owner's name (its condition is
+# "actual owner == the lease's", which the handed-over lease satisfies) and won. These tests put a
+# write exactly there: the slot holding the lease as the release's write left it.
+
+
+def _given_up(
+    table: FaultyRenewTable, holder: LeaseHolder, to: str | None
+) -> tuple[uuid.UUID, int]:
+    held = holder.add_taken(take(table, "worker-a"))
+    if to is None:
+        after = holder.update(KEY, held.token, table.evict_lease)
+    else:
+        begun = table.initiate_handoff(stored(table), to)
+        assert begun is not None
+        after = holder.update(KEY, held.token, lambda _: table.complete_handoff(begun))
+    assert after.lease is not None and after.lease.actual_owner == to
+    return held.token, after.lease.lease_counter
+
+
+@pytest.mark.parametrize("to", [None, "worker-b"])
+def test_a_renewal_in_the_slot_a_release_left_writes_nothing(
+    table: FaultyRenewTable, holder: LeaseHolder, to: str | None
+) -> None:
+    _, counter = _given_up(table, holder, to)
+    calls = table.renew_calls
+    report = holder.renew_all()
+    assert report.renewed == () and report.lost == ()
+    assert table.renew_calls == calls and stored(table).lease_counter == counter
+
+
+@pytest.mark.parametrize("to", [None, "worker-b"])
+def test_a_checkpoint_in_the_slot_a_release_left_writes_nothing(
+    table: FaultyRenewTable, holder: LeaseHolder, to: str | None
+) -> None:
+    token, counter = _given_up(table, holder, to)
+    result = holder.update(
+        KEY, token, lambda lease: table.update_checkpoint(lease, ExtendedSequenceNumber("7"))
+    )
+    assert result.loss is LeaseLoss.NOT_HELD
+    assert stored(table).lease_counter == counter and stored(table).checkpoint == TRIM_HORIZON

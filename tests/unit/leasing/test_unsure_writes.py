@@ -18,7 +18,8 @@ from checkpoint.base.clock import ManualClock
 from checkpoint.base.errors import DependencyError
 from checkpoint.checkpointer import DEPENDENCY, Checkpointer, CheckpointError
 from checkpoint.lease import Lease, WriteStamp
-from checkpoint.leasing.holder import LeaseHolder, LeaseLoss
+from checkpoint.leasing.held import LeaseLoss
+from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
 from checkpoint.stores.memory import MemoryLeaseTable
 

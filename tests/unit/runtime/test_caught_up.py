@@ -86,6 +86,19 @@ def test_a_child_at_the_start_whose_parent_was_caught_up_early_fails_loudly() ->
     assert "its parent p was caught up before its end" in job.failed["c1"]
 
 
+def test_a_child_at_the_start_whose_parent_failed_in_the_job_fails_instead_of_hanging() -> None:
+    """#49 item 14: the parent parked (failed here) never reaches SHARD_END in this job, so its
+    child, there at the start, could never be read: it stayed in ``remaining`` for ever."""
+    job = CaughtUp(STARTED)
+    leases = [lease("p"), lease("c1", "p")]
+    assert job.remaining(leases) == ["c1", "p"]
+    job.finished("p", "parked: process_records failed")
+    assert job.remaining(leases) == []
+    assert job.failed["c1"] == (
+        "its parent p did not reach its end in this job (parked: process_records failed)"
+    )
+
+
 def test_multi_stream_parents_are_found_within_their_stream() -> None:
     job = CaughtUp(STARTED)
     job.finished("1:s1:1:shardId-0", None)

@@ -719,3 +719,17 @@ def test_n_batches_leave_resources_bounded_by_a_constant(tmp_path: Path) -> None
         batcher.close(timeout=5.0)
         holder.close()
         store.close()
+
+
+def test_the_batchers_statistics_do_not_grow_with_the_leases_written() -> None:
+    """#49 item 13: a per-lease row count gained a key for every lease ever written (never
+    pruned, never read). Every figure the statistics keep is now a single number or text."""
+    env = manual(max_records=2, max_wait=10.0)
+    for i in range(40):
+        shard = f"shardId-{i + 100:012d}"
+        env.table.create_lease_if_absent(Lease(shard, TRIM_HORIZON))
+        env.take(shard)
+        env.deliver(shard, records(1, 2))
+        assert env.batcher.step() == 1
+    assert env.batcher.stats.batches == 40
+    assert all(isinstance(v, int | float | str) for v in vars(env.batcher.stats).values())
