@@ -7,6 +7,20 @@ from typing import Literal
 
 from checkpoint.base.errors import ConfigError
 
+# Writer threads at most: each runs one Spark job at a time on the driver; past a few dozen they
+# only contend (BENCHMARKS.md "Two writers by default"), and 20,000 exhausted the process.
+MAX_WRITERS = 64
+# The longest each duration may be (seconds): records wait at most ``max_wait`` to be written, so
+# ``inf`` would hold them unwritten (and the lease unacknowledged) for ever.
+MAX_SECONDS = {
+    "max_wait": 3600.0,
+    "retry_base_delay": 3600.0,
+    "retry_max_delay": 3600.0,
+    "write_timeout": 86_400.0,
+    "regroup_wait": 3600.0,
+    "commit_retry_delay": 600.0,
+}
+
 
 @dataclass(frozen=True)
 class BatcherSettings:
@@ -31,17 +45,27 @@ class BatcherSettings:
     def __post_init__(self) -> None:
         if self.scope not in {"worker", "lease"}:
             raise ConfigError(f"config 'scope' must be 'worker' or 'lease', got {self.scope!r}")
-        for name in ("max_records", "max_bytes", "writers", "max_attempts", "batches_in_flight"):
+        for name in ("max_records", "max_bytes", "max_attempts", "batches_in_flight"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"config {name!r} must be >= 1, got {getattr(self, name)}")
+        if not 1 <= self.writers <= MAX_WRITERS:  # each writer is a thread and a Spark job
+            raise ConfigError(
+                f"config 'writers' must be between 1 and {MAX_WRITERS} (threads writing batches "
+                f"at once), got {self.writers}"
+            )
         if self.buffer_bytes < 0:
             raise ConfigError(f"config 'buffer_bytes' must be >= 0, got {self.buffer_bytes}")
-        if not self.write_timeout > 0:
-            raise ConfigError(f"config 'write_timeout' must be > 0, got {self.write_timeout}")
-        for name in ("max_wait", "retry_base_delay", "retry_max_delay", "regroup_wait",
-                     "commit_retry_delay"):  # fmt: skip
-            if getattr(self, name) < 0:
-                raise ConfigError(f"config {name!r} must be >= 0, got {getattr(self, name)}")
+        if not 0 < self.write_timeout <= MAX_SECONDS["write_timeout"]:
+            raise ConfigError(
+                f"config 'write_timeout' must be > 0 and at most {MAX_SECONDS['write_timeout']:g} "
+                f"seconds, got {self.write_timeout}"
+            )
+        for name, most in MAX_SECONDS.items():  # NaN and inf fail too
+            if name != "write_timeout" and not 0 <= getattr(self, name) <= most:
+                raise ConfigError(
+                    f"config {name!r} must be between 0 and {most:g} seconds, got "
+                    f"{getattr(self, name)}"
+                )
         if self.retry_max_delay < self.retry_base_delay:
             raise ConfigError("config 'retry_max_delay' must be >= 'retry_base_delay'")
 

@@ -58,6 +58,16 @@ def test_defaults_and_derived_values() -> None:
         ({"write_timeout": -1.0}, "write_timeout"),
         ({"buffer_bytes": -1}, "buffer_bytes"),
         ({"regroup_wait": -1.0}, "regroup_wait"),
+        # #49 item 9: inf held records unwritten for ever; 20,000 writers exhausted the process.
+        ({"max_wait": float("inf")}, "max_wait"),
+        ({"max_wait": float("nan")}, "max_wait"),
+        ({"max_wait": 3601.0}, "max_wait"),
+        ({"retry_max_delay": float("inf")}, "retry_max_delay"),
+        ({"write_timeout": float("inf")}, "write_timeout"),
+        ({"regroup_wait": float("nan")}, "regroup_wait"),
+        ({"commit_retry_delay": float("inf")}, "commit_retry_delay"),
+        ({"writers": 20_000}, "writers"),
+        ({"writers": 100_000_000}, "writers"),
     ],
 )
 def test_bad_values_name_their_key(changes: dict[str, Any], key: str) -> None:
