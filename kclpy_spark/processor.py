@@ -25,7 +25,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from checkpoint.checkpointer import CheckpointError
 
@@ -317,6 +317,16 @@ class RecordProcessor(abc.ABC):
         """The worker is stopping; checkpoint here to hand over without replays. Default: nothing
         (a default checkpoint could commit records a buffering processor has not written yet)."""
         return None
+
+
+@runtime_checkable
+class IdleAware(Protocol):
+    """A processor that is also called after a read at the shard's tip that returned no records
+    (kclpy-spark's own; the Spark sink's processor is one). It may raise to fail like
+    ``process_records`` does (counted, then the lease parked): a sink that gave up on a batch
+    parks its lease even while no records come."""
+
+    def no_records(self) -> MaybeAwaitable: ...
 
 
 def is_async(method: Callable[..., object]) -> bool:

@@ -35,14 +35,13 @@ from checkpoint.leasing.held import HeldLease
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import (
-    LATEST,
-    TRIM_HORIZON,
     ExtendedSequenceNumber,
     InitialPosition,
 )
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.logs import set_shard
 from kclpy_spark.processor import (
+    IdleAware,
     InitializeInput,
     LeaseLostInput,
     ProcessRecordsInput,
@@ -50,6 +49,7 @@ from kclpy_spark.processor import (
     ShutdownRequestedInput,
 )
 from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress, ShardProbe, SourceFactory
+from kclpy_spark.runtime.before_read import check_retention, parents_ended
 from kclpy_spark.runtime.budget import FailureBudget
 from kclpy_spark.runtime.caught_up import CaughtUp
 from kclpy_spark.runtime.metrics import WorkerMetrics
@@ -174,8 +174,12 @@ class ShardConsumer:
 
     async def _lifecycle(self) -> Outcome:
         self.stats.state = "waiting_on_parents"
-        await self._wait_for_parents()
-        await self.budget.retrying("checking the checkpoint against the retention", self._retention)
+        await parents_ended(self.tenure, self._cfg.parent_shard_poll_interval)
+        aged = functools.partial(
+            check_retention, self.tenure, self._probe, self._cfg.aged_checkpoint_policy,
+            self.budget, self._start,
+        )  # fmt: skip
+        await self.budget.retrying("checking the checkpoint against the retention", aged)
         self.stats.state = "initializing"
         processor = await self.budget.retrying("creating the processor", self._create_processor)
         checkpoint = self.tenure.lease.checkpoint
@@ -230,60 +234,6 @@ class ShardConsumer:
             self._processor = self._processors()
         return self._processor
 
-    async def _wait_for_parents(self) -> None:
-        lease = self.tenure.lease
-        while True:
-            blocking = []
-            try:
-                for parent in sorted(lease.parent_shard_ids):
-                    parent_lease = await asyncio.to_thread(
-                        self.tenure.table.get_lease, lease.sibling_key(parent)
-                    )
-                    if parent_lease is not None and not parent_lease.checkpoint.is_shard_end:
-                        blocking.append(parent)
-            except KclpySparkError as exc:
-                log.warning("shard %s: reading its parents' leases failed: %s", lease.shard_id, exc)
-                blocking.append("(unknown)")
-            if not blocking:
-                return
-            log.info(
-                "shard %s waits for parent shard(s) %s to reach SHARD_END",
-                lease.shard_id,
-                ", ".join(blocking),
-            )
-            await self.tenure.pause(self._cfg.parent_shard_poll_interval)
-
-    async def _retention(self) -> None:
-        """Apply ``aged_checkpoint_policy`` when the stored sequence number is older than anything
-        the stream still holds."""
-        checkpoint = self.tenure.lease.checkpoint
-        if checkpoint.is_sentinel:
-            return
-        first = await self.tenure.wait_or_stop(
-            self._probe.earliest_sequence_number(self.stats.shard_id)
-        )
-        if first is None or int(checkpoint.sequence_number) >= int(first):
-            return
-        policy = self._cfg.aged_checkpoint_policy
-        what = (
-            f"shard {self.stats.shard_id}: checkpoint {checkpoint} is older than the stream's "
-            f"retention (earliest record {first}); records after the checkpoint may have aged out"
-        )
-        if policy == "fail":
-            log.error("%s. Parking the lease; set aged_checkpoint_policy or run reset", what)
-            await self.budget.park("aged-out checkpoint")
-            raise Parked()
-        target = TRIM_HORIZON if policy == "earliest" else LATEST
-        await self.tenure.restart_at(target)
-        self._start.restarted(target)
-        log.warning(
-            "%s. Policy %r: restarting at %s (%s)",
-            what,
-            policy,
-            target,
-            "possible duplicates" if policy == "earliest" else "records in between are lost",
-        )
-
     async def _process(self, processor: RecordProcessor) -> Outcome:
         """Read and deliver until shard end, loss or shutdown; a source that gives up counts as a
         failure and is started again from the last record delivered."""
@@ -316,6 +266,8 @@ class ShardConsumer:
                     await self._deliver(processor, batch)
                 elif batch.millis_behind_latest is not None:  # an empty read at the tip
                     self._lag(batch.millis_behind_latest)
+                    if isinstance(processor, IdleAware):
+                        await self._no_records(processor)
                 if batch.shard_ended:
                     return await self._shard_end(processor, batch)
                 if self._caught_up is not None and self._caught_up.reached(batch):
@@ -368,6 +320,13 @@ class ShardConsumer:
         self.budget.succeeded()
         self._start.delivered(end)
         self._count(batch)
+
+    async def _no_records(self, processor: IdleAware) -> None:
+        """Tell an IdleAware processor of an empty read; what it raises counts as a failure."""
+        try:
+            await self._call(lambda _: processor.no_records(), None)
+        except Exception as exc:
+            await self.budget.failed("no_records", exc, " (after a read with no new records)")
 
     def _count(self, batch: FetchedBatch) -> None:
         label = self._shard_labels

@@ -160,6 +160,12 @@ class MicroBatcher:
             lane.add(chunk, self._clock.monotonic())
             self._cond.notify_all()
 
+    def check(self, lane: Lane) -> None:
+        """Raise what ``add`` would raise for ``lane`` now (SinkParkedError after the sink gave
+        up on its batch), without adding anything."""
+        with self._cond:
+            self._raise_if_unusable(lane)
+
     def drain(self, lane: Lane, timeout: float | None, *, final: bool) -> DrainResult:
         """Flush the lane now and wait until its records are written and checkpointed.
         ``final``: no more records will come (shard end), so a re-formed piece is cut at what

@@ -5,6 +5,8 @@ worker. The checkpoint follows the last record *written*, never the last record 
   the batcher; it returns at once unless the batcher's buffer is full (backpressure). It raises
   ``SinkParkedError`` after the sink gave up on a batch of this lease, so the consumer parks the
   lease (visible in status; the records come again from the checkpoint when it reopens).
+* ``no_records`` (a read at the tip with nothing new) raises ``SinkParkedError`` too: on a quiet
+  stream the lease is parked as soon as the sink gives up, not at the next record.
 * ``lease_lost`` drops the lease's unwritten records: the next owner reads them again.
 * ``shard_ended`` waits until every record of the lease is written and checkpointed, then
   checkpoints SHARD_END (the children may start only then) and forgets the lane.
@@ -84,6 +86,10 @@ class SparkSinkProcessor(RecordProcessor):
             # The lease was lost while writing (the checkpoint commit said so): these records
             # are read again by the next owner from the checkpoint.
             log.info("lease %s: lane closed; dropping %d records", lane.lease_key, len(records))
+
+    def no_records(self) -> None:
+        if self._lane is not None:
+            self._batcher.check(self._lane)
 
     def lease_lost(self, lease_lost_input: LeaseLostInput) -> None:
         if self._lane is not None:

@@ -26,6 +26,14 @@ class WriteHungError(KclpySparkError):
     """A write gave no answer within its timeout and the grace after it: failed, left running."""
 
 
+class SinkExitError(KclpySparkError):
+    """A sink raised SystemExit or KeyboardInterrupt (``sys.exit()`` in a user function): a
+    failed attempt like any other. Let through, it ended the writer thread, and no batch was
+    written or parked again."""
+
+    retriable = True
+
+
 class WriteTimeoutError(KclpySparkError):
     """A write attempt overran its sink's ``write_timeout``: its Spark jobs were interrupted."""
 
@@ -86,4 +94,11 @@ class TimedWrites:
 
     def _tagged(self, sink: BatchSink, view: SinkBatch, tag: str) -> None:
         with self._interrupter.tagged(tag):  # on the thread that runs the Spark jobs
-            sink.write(view)
+            try:
+                sink.write(view)
+            except Exception:
+                raise
+            except BaseException as exc:  # SystemExit, KeyboardInterrupt: only a thread's end
+                raise SinkExitError(
+                    f"the sink raised {exc!r}; a sink fails a batch by raising an Exception"
+                ) from exc

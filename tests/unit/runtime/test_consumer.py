@@ -636,3 +636,34 @@ def test_a_tenure_that_ends_while_waiting_for_records_leaves_no_task_behind() ->
 
     assert asyncio.run(go()) is Outcome.LEASE_LOST
     assert left == [set()]
+
+
+class GivesUpWhileIdle(Recorder):
+    """An IdleAware processor whose sink gave up after the first batch: ``no_records`` raises
+    (the Spark sink's processor raises SinkParkedError there)."""
+
+    def no_records(self) -> None:
+        self.calls.append("no_records")
+        if "process_records" in self.calls:
+            raise RuntimeError("the sink gave up on a batch of this lease")
+
+
+def test_an_idle_aware_processor_parks_its_lease_on_a_quiet_stream() -> None:
+    """#49 item 8: after the sink gave up, the lease was parked only at the next record; on a
+    quiet stream never, and /readyz stayed 200. Empty reads at the tip now ask the processor."""
+    env = Env(processor=GivesUpWhileIdle())
+    env.lease()
+    quiet = [FetchedBatch([], 0)] * (ATTEMPTS + 2)
+    consumer = env.consumer(FakeSources([FetchedBatch([], 0), batch(10), *quiet]))
+    assert env.run(consumer) is Outcome.PARKED
+    assert env.processor.calls.count("no_records") == 1 + ATTEMPTS  # once fine, then failing
+    assert "no_records failed" in consumer.stats.park_reason
+    assert env.stored().state(env.clock.wall()) is LeaseState.CLOSED
+
+
+def test_a_plain_processor_is_not_called_for_empty_reads() -> None:
+    env = Env()
+    env.lease()
+    consumer = env.consumer(FakeSources([FetchedBatch([], 0), batch(10), FetchedBatch([], 0)]))
+    env.run(consumer, until=lambda: env.processor.seen == ["10"])
+    assert env.processor.calls == ["initialize", "process_records", "shutdown_requested"]

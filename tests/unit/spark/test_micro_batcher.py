@@ -733,3 +733,35 @@ def test_the_batchers_statistics_do_not_grow_with_the_leases_written() -> None:
         assert env.batcher.step() == 1
     assert env.batcher.stats.batches == 40
     assert all(isinstance(v, int | float | str) for v in vars(env.batcher.stats).values())
+
+
+@pytest.mark.parametrize("escape", [SystemExit(3), KeyboardInterrupt()])
+def test_a_sink_that_calls_sys_exit_fails_its_attempts_and_parks(escape: BaseException) -> None:
+    """#49 item 7: SystemExit / KeyboardInterrupt from a sink function ended the writer thread
+    after "attempt 1 of 2 failed": the lease was never parked and nothing was written again."""
+    parked = threading.Event()
+    with threaded_env(max_records=3, max_attempts=2, retry_base_delay=0.0, writers=1) as env:
+        lane = env.take(SHARDS[0])
+
+        def fail(batch: SinkBatch) -> bool:
+            raise escape
+
+        env.sink.fail = fail
+        env.deliver(SHARDS[0], records(1, 3))
+        for _ in range(100):
+            if env.batcher.lane_state(lane) is LaneState.PARKED:
+                parked.set()
+                break
+            threading.Event().wait(0.05)
+        assert parked.is_set(), "the lease was never parked"
+        assert len(env.sink.attempts) == 2
+        assert type(escape).__name__ in env.batcher.stats.last_error
+        # The writer thread lives on: a second lease's batch is written.
+        env.sink.fail = lambda batch: False
+        env.take(SHARDS[1])
+        env.deliver(SHARDS[1], records(1, 3))
+        for _ in range(100):
+            if env.lease(SHARDS[1]).checkpoint == esn(30):
+                break
+            threading.Event().wait(0.05)
+        assert env.lease(SHARDS[1]).checkpoint == esn(30)
