@@ -23,7 +23,7 @@ from typing import Any
 
 from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import InitialPosition
-from kclpy_spark.stream_spec import StreamSpec
+from kclpy_spark.stream_spec import StreamSpec, check_stream
 
 DEFAULT_LEASE_STORE = "sqlite:.kclpy-spark/leases.db"
 _STREAM_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
@@ -201,8 +201,6 @@ def _check_streams(cfg: WorkerConfig) -> None:
         raise ConfigError("config 'stream_name' (or 'stream_arn', or [[streams]]) is required")
     seen: dict[str, StreamSpec] = {}
     for spec in cfg.streams:
-        if spec.stream_name and not _STREAM_NAME.match(spec.stream_name):
-            raise ConfigError(f"[[streams]]: not a valid stream name: {spec.stream_name!r}")
         if spec.label in seen:
             raise ConfigError(
                 f"[[streams]]: stream {spec.label!r} is listed twice (one entry per stream; "
@@ -211,10 +209,7 @@ def _check_streams(cfg: WorkerConfig) -> None:
         seen[spec.label] = spec
         if spec.initial_position is not None:
             check_not_in_future(spec.initial_position, "[[streams]] initial_position", time.time())
-    if cfg.stream_name and not _STREAM_NAME.match(cfg.stream_name):
-        raise ConfigError(f"config 'stream_name' is not a valid stream name: {cfg.stream_name!r}")
-    if cfg.stream_arn and not cfg.stream_arn.startswith("arn:"):
-        raise ConfigError(f"config 'stream_arn' is not an ARN: {cfg.stream_arn!r}")
+    check_stream(cfg.stream_name or None, cfg.stream_arn or None, "config")
     check_not_in_future(cfg.initial_position, "config 'initial_position'", time.time())
 
 

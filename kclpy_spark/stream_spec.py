@@ -2,11 +2,36 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import InitialPosition
+
+STREAM_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
+# arn:<partition>:kinesis:<region>:<account>:stream/<name> (the name as STREAM_NAME)
+STREAM_ARN = re.compile(r"^arn:[a-z-]+:kinesis:[a-z0-9-]+:\d{12}:stream/([a-zA-Z0-9_.-]{1,128})$")
+
+
+def check_stream(name: object, arn: object, where: str) -> None:
+    """Raise ConfigError (one line, naming ``where``) unless ``name`` and ``arn`` are each None
+    or a valid stream name / Kinesis stream ARN, and name the same stream when both are given."""
+    if name is not None and (not isinstance(name, str) or not STREAM_NAME.match(name)):
+        raise ConfigError(f"{where} 'stream_name' is not a valid stream name: {name!r}")
+    if arn is None:
+        return
+    match = STREAM_ARN.match(arn) if isinstance(arn, str) else None
+    if match is None:
+        raise ConfigError(
+            f"{where} 'stream_arn' is not a Kinesis stream ARN "
+            f"(arn:aws:kinesis:<region>:<account>:stream/<name>): {arn!r}"
+        )
+    if name is not None and match.group(1) != name:
+        raise ConfigError(
+            f"{where} 'stream_name' {name!r} and 'stream_arn' {arn!r} name different streams: "
+            "give one of them"
+        )
 
 
 @dataclass(frozen=True)
@@ -20,6 +45,7 @@ class StreamSpec:
     def __post_init__(self) -> None:
         if not self.stream_name and not self.stream_arn:
             raise ConfigError("each [[streams]] entry needs 'stream_name' or 'stream_arn'")
+        check_stream(self.stream_name, self.stream_arn, "[[streams]]")
 
     @property
     def label(self) -> str:

@@ -168,6 +168,9 @@ class StreamSet:
         self._rng = rng
         self._on_out_of_range = on_out_of_range
         self.contexts: dict[str, StreamContext] = {}
+        # Configured streams that could not be opened, with when that was first seen (monotonic):
+        # they count as gone for readiness and missing_dependency_timeout.
+        self.unopened: dict[str, float] = {}
 
     def context_of(self, lease: Lease) -> StreamContext | None:
         for context in self.contexts.values():
@@ -182,6 +185,7 @@ class StreamSet:
         multi = bool(self._cfg.streams)
         specs = {spec.label: spec for spec in self._tracker()}
         removed = [self.contexts.pop(label) for label in list(self.contexts) if label not in specs]
+        self.unopened = {k: v for k, v in self.unopened.items() if k in specs}
         for context in removed:
             log.warning("stream %s is no longer configured: handing its leases back", context.label)
         added = False
@@ -194,7 +198,9 @@ class StreamSet:
                 if first and not multi:
                     raise
                 log.error("stream %s cannot be consumed now (will retry): %s", label, exc)
+                self.unopened.setdefault(label, self._monotonic())
                 continue
+            self.unopened.pop(label, None)
             self.contexts[label] = context
             if not first:
                 log.info("now consuming stream %s", label)
@@ -241,6 +247,12 @@ class StreamSet:
         elif abs(known - created) > 1.0:
             raise StreamRecreatedError(recreated_message(label, known, created))
         return created
+
+    def gone(self) -> dict[str, float]:
+        """Each configured stream missing now (deleted, or never opened), with the monotonic
+        time it was first missed."""
+        gone = {c.label: c.gone_since for c in self.contexts.values()}
+        return {**self.unopened, **{k: v for k, v in gone.items() if v is not None}}
 
     async def check_present(self) -> list[StreamContext]:
         """Ask each stream whether it still exists (DescribeStreamSummary); returns the ones

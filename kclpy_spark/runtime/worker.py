@@ -189,7 +189,7 @@ class Worker:
         return self._processor_factory
 
     def readiness(self) -> tuple[bool, str]:
-        missing = [c.label for c in self.streams.contexts.values() if c.gone_since is not None]
+        missing = list(self.streams.gone())
         ready, why = self.health.readiness(
             suspended=self.suspended, consumers=self.consumers.views(), missing_streams=missing
         )
@@ -344,9 +344,7 @@ class Worker:
         this must not depend on the lease table answering); follow the suspend flag; publish
         this worker's status."""
         await self.streams.check_present()
-        contexts = self.streams.contexts.values()
-        gone = {c.label: c.gone_since for c in contexts if c.gone_since is not None}
-        reason = self.health.fatal(gone)
+        reason = self.health.fatal(self.streams.gone())
         if reason is not None:
             self.exit_reason = reason
             log.error("worker %s: giving up: %s", self.cfg.worker_id, reason)

@@ -68,6 +68,14 @@ def run_config(tmp_path: Path, body: str, *extra: str) -> subprocess.CompletedPr
          ["both 'processor' and a [sink]"]),
         (f'stream_name = "s"\n{PROCESSOR}lease_assignment = "leaders"\n',
          ["lease_assignment", "'auto', 'worker', 'leader'", "'leaders'"]),
+        # #49 item 5 and the poor list: [[streams]] entries are checked as the top level is.
+        (f'{PROCESSOR}[[streams]]\nstream_arn = "not-an-arn"\n', ["[[streams]]", "not-an-arn"]),
+        (f'{PROCESSOR}[[streams]]\nstream_name = 42\n', ["[[streams]]", "stream_name", "42"]),
+        (f'stream_name = "a"\nstream_arn = "arn:aws:kinesis:us-east-1:123456789012:stream/b"\n'
+         f'{PROCESSOR}', ["'a'", "different streams"]),
+        (f'{PROCESSOR}[[streams]]\nstream_name = "a"\n'
+         'stream_arn = "arn:aws:kinesis:us-east-1:123456789012:stream/b"\n',
+         ["[[streams]]", "different streams"]),
     ],
 )  # fmt: skip
 def test_start_up_checks(body: str, needles: list[str], tmp_path: Path) -> None:

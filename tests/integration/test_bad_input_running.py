@@ -88,6 +88,25 @@ def test_a_deleted_stream_makes_the_worker_unready_then_exit_3(
         assert f"stream {name}" in _last_error_line(worker.log_text())
 
 
+def test_a_missing_stream_as_the_only_streams_entry_is_not_ready_then_exit_3(
+    localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    """#49 item 5: two "will retry" lines, then silence, /readyz 200 and no exit."""
+    name = unique_name
+    port = free_port()
+    config = _config(name, localstack_endpoint, f"sqlite:{tmp_path / 'l.db'}", metrics_port=port,
+                     shard_sync_interval=1.0)  # fmt: skip
+    config = config.replace(f'stream_name = "{name}"\n', "")
+    config += f'[[streams]]\nstream_name = "{name}-missing"\n'
+    with fleet(tmp_path, config, tmp_path / "out") as workers:
+        worker = workers.start("w1")
+        wait_for("not ready", lambda: "gone" in _readyz(port)[1], timeout=40)
+        assert _readyz(port)[0] == 503 and f"{name}-missing" in _readyz(port)[1]
+        status = workers.wait("w1", timeout=60)
+        assert status == 3, worker.log_text()[-3000:]
+        assert f"stream {name}-missing" in _last_error_line(worker.log_text())
+
+
 def test_every_lease_parked_is_not_ready(
     kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
 ) -> None:
