@@ -11,6 +11,9 @@ from checkpoint.base.errors import CheckpointRegressionError
 from checkpoint.sequence import ExtendedSequenceNumber, Sentinel
 
 MAX_HASH_KEY = 2**128 - 1
+# The largest counter a lease item may hold (the KCL's are Java longs). A larger one is corrupt:
+# DynamoDB keeps 38 digits, so a counter of 38 digits refuses every write that moves it.
+MAX_COUNT = 2**63 - 1
 
 
 @dataclass(frozen=True, order=True)

@@ -21,7 +21,7 @@ from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
 from checkpoint.base.errors import CorruptLeaseError, InvalidStateError
-from checkpoint.lease import HashKeyRange, Lease, OwnerFigures, WriteStamp
+from checkpoint.lease import MAX_COUNT, HashKeyRange, Lease, OwnerFigures, WriteStamp
 from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import ExtendedSequenceNumber
 
@@ -278,6 +278,8 @@ class _Reader:
             return default
         if number != number.to_integral_value():
             raise self.corrupt(f"attribute {name!r} is not an integer: {number}")
+        if not 0 <= number <= MAX_COUNT:  # a counter of 38 digits: every write of it is refused
+            raise self.corrupt(f"attribute {name!r} is out of range 0..2**63-1: {number}")
         return int(number)
 
     def string_set(self, name: str) -> frozenset[str]:

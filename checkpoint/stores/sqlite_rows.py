@@ -11,7 +11,7 @@ import math
 from typing import Any, TypeVar
 
 from checkpoint.base.errors import CorruptLeaseError
-from checkpoint.lease import HashKeyRange, Lease, OwnerFigures, WriteStamp
+from checkpoint.lease import MAX_COUNT, HashKeyRange, Lease, OwnerFigures, WriteStamp
 from checkpoint.sequence import ExtendedSequenceNumber
 
 T = TypeVar("T")
@@ -91,6 +91,12 @@ def lease_from_row(row: tuple[Any, ...]) -> Lease:
             raise CorruptLeaseError(key, f"column {name} is NULL")
         return value
 
+    def count(name: str) -> int:
+        value = get(name, int) or 0
+        if not 0 <= value <= MAX_COUNT:
+            raise CorruptLeaseError(key, f"column {name} is out of range 0..2**63-1: {value}")
+        return value
+
     def ids(name: str) -> frozenset[str]:
         try:
             values = json.loads(get(name, str) or "[]")
@@ -100,6 +106,7 @@ def lease_from_row(row: tuple[Any, ...]) -> Lease:
             raise CorruptLeaseError(key, f"column {name} is not a JSON list of strings")
         return frozenset(values)
 
+    need("lease_counter", int)  # NULL: corrupt
     pending = get("pending_checkpoint", str)
     start, end = get("starting_hash_key", str), get("ending_hash_key", str)
     if (start is None) != (end is None):
@@ -107,22 +114,20 @@ def lease_from_row(row: tuple[Any, ...]) -> Lease:
     try:
         return Lease(
             lease_key=key,
-            checkpoint=ExtendedSequenceNumber(
-                need("checkpoint", str), get("checkpoint_sub", int) or 0
-            ),
+            checkpoint=ExtendedSequenceNumber(need("checkpoint", str), count("checkpoint_sub")),
             lease_owner=get("lease_owner", str),
-            lease_counter=need("lease_counter", int),
+            lease_counter=count("lease_counter"),
             pending_checkpoint=None
             if pending is None
-            else ExtendedSequenceNumber(pending, get("pending_checkpoint_sub", int) or 0),
+            else ExtendedSequenceNumber(pending, count("pending_checkpoint_sub")),
             pending_checkpoint_state=get("pending_checkpoint_state", bytes),
-            owner_switches_since_checkpoint=get("owner_switches", int) or 0,
+            owner_switches_since_checkpoint=count("owner_switches"),
             parent_shard_ids=ids("parent_shard_ids"),
             child_shard_ids=ids("child_shard_ids"),
             hash_key_range=None if start is None else HashKeyRange.from_strings(start, end or ""),
             checkpoint_owner=get("checkpoint_owner", str),
             closed_until=get("closed_until", float),
-            closed_count=get("closed_count", int) or 0,
+            closed_count=count("closed_count"),
             start_timestamp=get("start_timestamp", float),
             throughput_kbps=get("throughput_kbps", float),
             written=_stamp(col["written_counter"], col["written_at"]),

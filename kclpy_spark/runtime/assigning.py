@@ -211,7 +211,7 @@ class Led:
         keys = await self._own_keys()
         if keys is None:
             return
-        w.health.store_ok()
+        w.health.store_ok(scanned=True)
         t.observer.forget()  # nothing to watch while led (and nothing kept from our takes)
         now = w.clock.monotonic()
         self._declined = {k: at for k, at in self._declined.items() if now - at < DECLINED_FOR}

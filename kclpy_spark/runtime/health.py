@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from checkpoint.base.errors import KclpySparkError, ResourceNotFoundError
+from checkpoint.base.errors import CorruptLeaseError, KclpySparkError, ResourceNotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +49,27 @@ class Health:
         self.table_gone_since: float | None = None
         self.all_parked = False
         self.duplicate_worker: str | None = None
+        # A lease item no code can read (CorruptLeaseError): every scan fails on it, so no lease
+        # is taken until an operator mends or deletes it. Cleared by a scan that read every item.
+        self.corrupt_lease: str | None = None
 
     # --- what the worker reports ------------------------------------------------------------------
 
-    def store_ok(self) -> None:
+    def store_ok(self, *, scanned: bool = False) -> None:
+        """The lease table answered; ``scanned``: a read of every lease we look at succeeded."""
+        if scanned and self.corrupt_lease is not None:
+            log.warning("the lease table holds no corrupt lease any more")
+            self.corrupt_lease = None
         self.last_store_ok = self._monotonic()
         if self.table_gone_since is not None:
             log.warning("the lease table %s answers again", self._table_name)
         self.table_gone_since = None
 
     def store_failed(self, exc: KclpySparkError) -> None:
+        if isinstance(exc, CorruptLeaseError):
+            if str(exc) != self.corrupt_lease:
+                log.error("%s: no lease is taken until it is mended or deleted", exc)
+            self.corrupt_lease = str(exc)
         if isinstance(exc, ResourceNotFoundError) and self.table_gone_since is None:
             self.table_gone_since = self._monotonic()
             log.error("the lease table %s is gone: %s", self._table_name, exc)
@@ -90,6 +101,8 @@ class Health:
             return False, f"stream(s) gone: {', '.join(missing)}"
         if self.duplicate_worker:
             return False, self.duplicate_worker
+        if self.corrupt_lease:
+            return False, f"{self.corrupt_lease} (mend or delete the item)"
         if suspended:
             return True, "suspended"
         consumers = list(consumers)

@@ -153,6 +153,11 @@ class WorkerMetrics:
             "TRIM_HORIZON by this worker's shard sync",
             registry=r,
         )
+        self.corrupt_lease_reads = Counter(
+            "kclpy_spark_corrupt_lease_reads",
+            "Lease-table reads that failed on an item no code can read (/readyz names it)",
+            registry=r,
+        )
         self.vanished_leases_restored = Counter(
             "kclpy_spark_vanished_leases_restored",
             "Held leases whose item vanished from the table, put back at their last checkpoint",

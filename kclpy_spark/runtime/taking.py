@@ -186,7 +186,7 @@ class Taker:
         table = await self._io(w.store.scan_table, "")  # every record: the Scan reads them all
         returned = w.clock.monotonic()
         leases = list(table.leases)
-        w.health.store_ok()
+        w.health.store_ok(scanned=True)
         w.leader.observe(table.records, returned)
         w.suspend_flag.observe(table.records, returned)
         try:  # the status page's view: never at the cost of taking

@@ -12,7 +12,6 @@ are asyncio (aiobotocore). Lease expiry is judged only by this process's monoton
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextvars
 import functools
 import logging
@@ -22,7 +21,7 @@ from collections.abc import Callable, Sized
 from typing import Any, TypeVar
 
 from checkpoint.base.clock import AsyncSleep, Clock, SystemClock
-from checkpoint.base.errors import KclpySparkError
+from checkpoint.base.errors import CorruptLeaseError, KclpySparkError
 from checkpoint.base.threads import RetiringThreadPool
 from checkpoint.counters import CoordinationCounters
 from checkpoint.lease import Lease
@@ -57,10 +56,6 @@ __all__ = ["ProcessorFactory", "Worker"]
 def _count(items: Callable[[], Sized]) -> int:
     """``len(items())``: a gauge counted at every scrape, holding no reference to the worker."""
     return len(items())
-
-
-def _executor(threads: int, name: str) -> concurrent.futures.ThreadPoolExecutor:
-    return RetiringThreadPool(threads, name)
 
 
 class Worker:
@@ -123,8 +118,8 @@ class Worker:
         self._processor_factory = processor_factory
         self.consumers = self._consumer_set(processor_factory, sleep)
         # Lease-table calls of the worker's own loops: never queued behind processor threads.
-        self._lease_io = _executor(4, "kclpy-spark-lease")
-        self._renew_io = _executor(1, "kclpy-spark-renew-round")
+        self._lease_io = RetiringThreadPool(4, "kclpy-spark-lease")
+        self._renew_io = RetiringThreadPool(1, "kclpy-spark-renew-round")
         self.taker = Taker(self, self._io)
         self.board = WorkerBoard(self, self._io)  # the status page's view, fed by the taker
 
@@ -299,6 +294,8 @@ class Worker:
         known to be gone: health has said so at ERROR)."""
         already_gone = self.health.table_gone_since is not None
         self.health.store_failed(exc)
+        if isinstance(exc, CorruptLeaseError):
+            self.metrics.corrupt_lease_reads.inc()
         level = logging.DEBUG if already_gone else logging.WARNING
         log.log(level, "worker %s: %s%s", self.cfg.worker_id, what, exc)
 

@@ -288,6 +288,10 @@ def test_sqlite_table_with_wrong_columns(tmp_path: Path) -> None:
         ("checkpoint", "12abc", "not a sequence number"),
         ("parent_shard_ids", "not json", "parent_shard_ids"),
         ("starting_hash_key", str(MAX_HASH_KEY + 1), "hash key range"),
+        # #49 item 6: counters no write can move on (negative, out of a long's range)
+        ("lease_counter", -1, "lease_counter is out of range"),
+        ("owner_switches", -2, "owner_switches is out of range"),
+        ("lease_counter", 1.5, "lease_counter"),
     ],
 )
 def test_sqlite_corrupt_rows_name_the_lease(
@@ -557,6 +561,11 @@ def test_dynamodb_skips_other_kcl_entities(
         ({"pendingCheckpoint": {"S": "next"}}, "pendingCheckpoint"),
         ({"leaseCounter": {"S": "7"}}, "leaseCounter"),
         ({"leaseCounter": {"N": "1.5"}}, "leaseCounter"),
+        # #49 item 6: 38 digits (every write that moves it is refused), negative, -1.5
+        ({"leaseCounter": {"N": "9" * 38}}, "'leaseCounter' is out of range"),
+        ({"ownerSwitchesSinceCheckpoint": {"N": "9" * 38}}, "ownerSwitchesSinceCheckpoint"),
+        ({"leaseCounter": {"N": "-1"}}, "'leaseCounter' is out of range"),
+        ({"leaseCounter": {"N": "-1.5"}}, "leaseCounter"),
         ({"parentShardId": {"S": "shardId-0"}}, "parentShardId"),
         ({"endingHashKey": None}, "endingHashKey"),
     ],

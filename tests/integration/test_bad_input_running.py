@@ -107,6 +107,38 @@ def test_a_missing_stream_as_the_only_streams_entry_is_not_ready_then_exit_3(
         assert f"stream {name}-missing" in _last_error_line(worker.log_text())
 
 
+def test_a_lease_item_with_a_38_digit_counter_makes_the_worker_unready(
+    kinesis_client: Any, dynamodb_client: Any, localstack_endpoint: str, unique_name: str,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """#49 item 6: every later write of such a counter is refused (DynamoDB keeps 38 digits);
+    before, records were delivered three times, then "lease taking failed" every 1.7 s, ready."""
+    name = unique_name
+    kinesis_client.create_stream(StreamName=name, ShardCount=1)
+    wait_active(kinesis_client, name)
+    produce(kinesis_client, name, range(5))
+    port = free_port()
+    config = _config(name, localstack_endpoint, "dynamodb", metrics_port=port)
+    with fleet(tmp_path, config, tmp_path / "out") as workers:
+        worker = workers.start("w1")
+        wait_for("5 records", lambda: len(read_output(tmp_path / "out")) >= 5, timeout=60)
+        assert _readyz(port)[0] == 200
+        item = {"leaseKey": {"S": "shardId-000000000009"}, "leaseCounter": {"N": "9" * 38},
+                "checkpoint": {"S": "TRIM_HORIZON"}}  # fmt: skip
+        dynamodb_client.put_item(TableName=name, Item=item)
+        wait_for("not ready", lambda: "corrupt" in _readyz(port)[1], timeout=30)
+        assert _readyz(port)[0] == 503 and "shardId-000000000009" in _readyz(port)[1]
+        dynamodb_client.delete_item(TableName=name, Key={"leaseKey": item["leaseKey"]})
+        wait_for("ready again", lambda: _readyz(port)[0] == 200, timeout=30)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            metrics = resp.read().decode()
+        assert any(
+            line.startswith("kclpy_spark_corrupt_lease_reads_total")
+            and float(line.rsplit(" ", 1)[1]) >= 1
+            for line in metrics.splitlines()
+        ), worker.log_text()[-2000:]
+
+
 def test_every_lease_parked_is_not_ready(
     kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
 ) -> None:

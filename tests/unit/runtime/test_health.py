@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from checkpoint.base.clock import ManualClock
-from checkpoint.base.errors import DependencyError, ResourceNotFoundError
+from checkpoint.base.errors import CorruptLeaseError, DependencyError, ResourceNotFoundError
 from kclpy_spark.runtime.health import ConsumerView, Health
 
 
@@ -79,3 +79,20 @@ def test_a_processor_call_that_does_not_return_is_not_ready_naming_the_shard() -
         False,
         "a processor call has not returned on shard(s) shardId-1 (901s)",
     )
+
+
+def test_a_corrupt_lease_is_not_ready_until_a_scan_reads_every_item() -> None:
+    """#49 item 6: a lease item no code can read made every scan fail ("lease taking failed"
+    every 1.7 s) while /readyz said 200."""
+    clock = ManualClock()
+    h = health(clock)
+    h.store_failed(CorruptLeaseError("shardId-7", "attribute 'leaseCounter' is out of range"))
+    assert ready(h) == (
+        False,
+        "lease 'shardId-7' is corrupt: attribute 'leaseCounter' is out of range (mend or delete "
+        "the item)",
+    )
+    h.store_ok()  # a renewal answered: the table is there, the item still corrupt
+    assert not ready(h)[0]
+    h.store_ok(scanned=True)
+    assert ready(h) == (True, "ready")
