@@ -72,7 +72,7 @@ def led_worker(table: MemoryLeaseTable, me: str, leader: Leader, clock: ManualCl
     w.events = type(w.events)(me, clock.wall)
     w.leader = leader
     w.board = SimpleNamespace(on_scan=lambda leases: None)
-    w.health = SimpleNamespace(store_ok=lambda: None, all_parked=False)
+    w.health = SimpleNamespace(store_ok=lambda **_: None, all_parked=False)
     return w
 
 
@@ -334,7 +334,7 @@ def _fleet_round(
     )
     w.caught_up = caught_up
     w.board = SimpleNamespace(on_scan=lambda leases: None)
-    w.health = SimpleNamespace(store_ok=lambda: None, all_parked=False)
+    w.health = SimpleNamespace(store_ok=lambda **_: None, all_parked=False)
     taker = Taker(w, io)
     for _ in range(rounds):
         asyncio.run(taker.round())

@@ -353,7 +353,7 @@ def test_a_round_counts_the_workers_whose_status_says_they_run() -> None:
     w = worker(table, Consumers(), clock)
     w.streams = SimpleNamespace(context_of=lambda lease: object())
     w.board = SimpleNamespace(on_scan=lambda leases: None)
-    w.health = SimpleNamespace(store_ok=lambda: None, all_parked=False)
+    w.health = SimpleNamespace(store_ok=lambda **_: None, all_parked=False)
     asyncio.run(Taker(w, io).round())
     assert len(w.consumers) == 4  # a third: "peer", "another" and us
 
@@ -376,7 +376,7 @@ def test_a_round_hands_the_scans_coordination_records_to_the_leader_and_suspend_
     control.set_suspended(table, False, by="op", now_wall=clock.wall())
     w = worker(table, Consumers(), clock)
     w.board = SimpleNamespace(on_scan=lambda leases: None)
-    w.health = SimpleNamespace(store_ok=lambda: None, all_parked=False)
+    w.health = SimpleNamespace(store_ok=lambda **_: None, all_parked=False)
     asyncio.run(Taker(w, io).round())
     keys = (control.SUSPEND_KEY, control.worker_key("peer"))
     assert w.leader.seen == w.suspend_flag.seen == [(tuple(sorted(keys)), clock.monotonic())]
@@ -447,7 +447,7 @@ def test_a_round_balances_by_the_cpu_the_status_records_publish(
     w = worker(table, consumers, clock)
     w.cfg = WorkerConfig(stream_name="s", worker_id=ME, load_metric=metric)
     w.board = SimpleNamespace(on_scan=lambda leases: None)
-    w.health = SimpleNamespace(store_ok=lambda: None, all_parked=False)
+    w.health = SimpleNamespace(store_ok=lambda **_: None, all_parked=False)
     asyncio.run(Taker(w, io).round())
     moved = [
         x.lease_key for x in table.list_leases() if x.lease_owner == ME and x.lease_key != "m0"
