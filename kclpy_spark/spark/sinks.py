@@ -243,13 +243,27 @@ class DeltaSink:
         committed = self.committed_versions(p.lease_key for p in pieces)
         return {p.lease_key: committed[p.lease_key] + 1 for p in pieces}
 
+    def _snapshot(self) -> Any:
+        """A table object of its own for one write (None: no table yet). The write commits from
+        the snapshot it read, so a commit of the same app version by another writer since then
+        (an old owner whose write outlived its lease) makes delta-rs refuse this one as a
+        concurrent transaction; a write from a newer snapshot would commit it twice."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return DeltaTable(self.path, storage_options=self._options)
+        except TableNotFoundError:
+            return None
+
     def write(self, batch: SinkBatch) -> None:
         from deltalake import CommitProperties, Transaction, write_deltalake
 
-        known = self.committed_versions(p.lease_key for p in batch.pieces)
+        snapshot = self._snapshot()
         todo, versions = [], {}
         for piece in batch.pieces:
-            committed = known[piece.lease_key]
+            app_id = self.app_id(piece.lease_key)
+            committed = 0 if snapshot is None else int(snapshot.transaction_version(app_id) or 0)
             token = batch.tokens.get(piece.lease_key)
             version = int(token) if token is not None else committed + 1
             if committed >= version:
@@ -269,7 +283,7 @@ class DeltaSink:
             data = batch.dataframe(data).toArrow()
         txns = [Transaction(self.app_id(key), version) for key, version in versions.items()]
         write_deltalake(
-            self.path,
+            self.path if snapshot is None else snapshot,
             data,
             mode="append",
             partition_by=self._partition_by,

@@ -1,0 +1,100 @@
+"""#49 item 16: after a handoff timeout or local expiry, the old owner's Delta write of a piece
+may still run while the new owner writes the same piece with the same app-transaction version.
+
+delta-rs does not check an app version against the table: a write whose snapshot already holds
+the other owner's commit of that version commits it again (shown below: 4 rows for 2). The sink
+now checks the versions on the snapshot it commits from, so the second commit either sees the
+first (skipped) or is refused by delta-rs as a concurrent transaction (a failed attempt; the retry
+then sees it). Real deltalake, no Spark."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from checkpoint.sequence import ExtendedSequenceNumber
+from kclpy_spark.spark.batch import SinkBatch
+from kclpy_spark.spark.pieces import SCHEMA, Piece, PieceKey
+from kclpy_spark.spark.sinks import DeltaSink
+
+deltalake = pytest.importorskip("deltalake")
+
+
+def piece(lease: str) -> Piece:
+    key = PieceKey(lease, ExtendedSequenceNumber("1"), ExtendedSequenceNumber("2"))
+    return Piece(key, lease, 2)
+
+
+PIECE = piece("shardId-0")
+
+
+def batch(tokens: Any, lease: str = "shardId-0") -> SinkBatch:
+    rows = [
+        {"stream": "s", "shard_id": lease, "sequence_number": str(i),
+         "sub_sequence_number": 0, "partition_key": "k", "approximate_arrival_timestamp": 0,
+         "data": b"x"}
+        for i in (1, 2)
+    ]  # fmt: skip
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    return SinkBatch(7, (piece(lease),), table, tokens=tokens)
+
+
+def rows(path: Path) -> int:
+    return int(deltalake.DeltaTable(str(path)).to_pyarrow_table().num_rows)
+
+
+class OldOwnerWritesAfterOurRead(DeltaSink):
+    """The new owner's sink: once armed, the old owner's write of the same piece lands right
+    after the new owner's write read the table to check what is committed."""
+
+    def __init__(self, path: str, old_owner: DeltaSink) -> None:
+        super().__init__(path)
+        self.old_owner, self.fired = old_owner, False
+        self.old_tokens: dict[str, int] = {}
+        self.armed = False  # set once both owners have prepared
+
+    def _old_owner_writes(self) -> None:
+        if self.armed and not self.fired:
+            self.fired = True
+            self.old_owner.write(batch(self.old_tokens))
+
+    def committed_versions(self, lease_keys: Any) -> dict[str, int]:
+        out = super().committed_versions(lease_keys)
+        self._old_owner_writes()
+        return out
+
+    def _snapshot(self) -> Any:
+        snapshot = super()._snapshot()
+        self._old_owner_writes()
+        return snapshot
+
+
+def test_two_owners_writing_one_piece_commit_it_once(tmp_path: Path) -> None:
+    path = str(tmp_path / "delta")
+    DeltaSink(path).write(batch({}, "shardId-9"))  # the table exists, with another lease's data
+    before = rows(tmp_path / "delta")
+    old_owner = DeltaSink(path)
+    new_owner = OldOwnerWritesAfterOurRead(path, old_owner)
+    tokens = new_owner.prepare([PIECE])  # both prepared version 1 of the lease's app id
+    new_owner.old_tokens = dict(old_owner.prepare([PIECE]))
+    assert tokens == new_owner.old_tokens == {"shardId-0": 1}
+    new_owner.armed = True
+    try:
+        new_owner.write(batch(tokens))
+    except deltalake.exceptions.CommitFailedError as exc:  # refused: a failed attempt
+        assert "Concurrent transaction" in str(exc)
+        new_owner.write(batch(tokens))  # the retry sees the old owner's commit and skips it
+    assert new_owner.fired
+    assert rows(tmp_path / "delta") - before == 2  # once, not twice
+
+
+def test_a_write_after_the_other_owners_commit_skips_the_piece(tmp_path: Path) -> None:
+    path = str(tmp_path / "delta")
+    old_owner, new_owner = DeltaSink(path), DeltaSink(path)
+    tokens = new_owner.prepare([PIECE])
+    old_owner.write(batch(old_owner.prepare([PIECE])))
+    new_owner.write(batch(tokens))
+    assert rows(tmp_path / "delta") == 2
