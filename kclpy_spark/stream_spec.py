@@ -43,6 +43,9 @@ class StreamSpec:
     initial_position: InitialPosition | None = None  # None: the application's
 
     def __post_init__(self) -> None:
+        for name in ("stream_name", "stream_arn"):  # "" is no value, as at the top level
+            if getattr(self, name) == "":
+                object.__setattr__(self, name, None)
         if not self.stream_name and not self.stream_arn:
             raise ConfigError("each [[streams]] entry needs 'stream_name' or 'stream_arn'")
         check_stream(self.stream_name, self.stream_arn, "[[streams]]")

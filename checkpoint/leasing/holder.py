@@ -82,6 +82,7 @@ class LeaseHolder:
         renewal_threads: int = RENEWAL_THREADS,
         skip_checkpointed: bool = False,
         on_restored: Callable[[str], None] = lambda _: None,
+        restorable: Callable[[Lease], bool] = lambda _: True,
     ) -> None:
         if lease_duration <= 0:
             raise ValueError(f"lease_duration must be > 0, got {lease_duration}")
@@ -91,6 +92,7 @@ class LeaseHolder:
         self._clock = clock
         self._skip_checkpointed = skip_checkpointed
         self._on_restored = on_restored  # told the key of a lease put back (vanished.py)
+        self._restorable = restorable  # whether a vanished lease may be put back
         # How often renew_all is meant to be called, and its default wait for a round.
         self._round_interval = renewal_round_interval(lease_duration, skip_checkpointed)
         self._slots: dict[str, Slot] = {}
@@ -274,7 +276,7 @@ class LeaseHolder:
             new, held = settled.lease, settled.held
             if new is None:
                 log.warning("lost lease %s: its renewal lost the conditional write", key)
-                if restore_if_vanished(self.table, held.lease):
+                if restore_if_vanished(self.table, held.lease, self._restorable):
                     self._on_restored(key)
                 if not self._drop_slot(key, slot):
                     return Renewal.GONE, None
@@ -329,7 +331,7 @@ class LeaseHolder:
             new, held = settled.lease, settled.held
             if new is None:
                 log.warning("lost lease %s: a conditional update lost", lease_key)
-                if restore_if_vanished(self.table, held.lease):
+                if restore_if_vanished(self.table, held.lease, self._restorable):
                     self._on_restored(lease_key)
                 self._drop_slot(lease_key, slot)
                 return UpdateResult(None, LeaseLoss.WRITE_LOST)

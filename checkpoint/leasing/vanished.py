@@ -9,12 +9,15 @@ if it is gone, it creates it again from that last write, unowned, so any worker 
 on from there. If shard sync re-created it first (still unowned and not started), its position is
 moved to ours with a write conditional on its counter.
 
-A lease at SHARD_END is not put back: its deletion is the leader's cleanup of a finished shard.
+Not put back: a lease at SHARD_END (its deletion is the leader's cleanup of a finished shard), and
+a lease the holder's ``restorable`` refuses (the worker's: its shard is gone from the stream, so
+the leader's garbage cleanup deleted it).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 
 from checkpoint.base.errors import KclpySparkError
@@ -61,16 +64,21 @@ def resumed_from(found: Lease, last: Lease) -> Lease | None:
     )
 
 
-def restore_if_vanished(table: LeaseTable, last: Lease) -> bool:
+def restore_if_vanished(
+    table: LeaseTable, last: Lease, restorable: Callable[[Lease], bool] = lambda _: True
+) -> bool:
     """After a lost write of ``last``'s lease: if its item is gone (or was re-created behind our
-    position), put it back from ``last``. True if a write restored it. Never raises: a failed
-    read or write is logged, and the lease is lost as before."""
+    position) and ``restorable(last)``, put it back from ``last``. True if a write restored it.
+    Never raises: a failed read or write is logged, and the lease is lost as before."""
     key = last.lease_key
     try:
         if table.get_lease(key) is not None:
             return False
         again = put_back(last)
         if again is None:
+            return False
+        if not restorable(last):
+            log.info("lease %s vanished while held; its shard is gone, so it stays gone", key)
             return False
         if table.create_lease_if_absent(again):
             log.error(

@@ -41,7 +41,7 @@ from kclpy_spark.retrieval.source import (
     PageEnd,
     RecordFilter,
     ShardEndWitness,
-    confirmed_end,
+    confirmed_children,
     not_an_end,
     page_end,
     wait_or_raise,
@@ -237,17 +237,22 @@ class FanOutFetcher:
             if close is not None:
                 close()
 
-    async def _ends_shard(self, verdict: PageEnd) -> bool:
-        """Whether an answer so classified ends the shard; raises MalformedAnswerError for one
-        that claims an end nobody confirms (or is not an answer at all)."""
-        if verdict is PageEnd.UNCONFIRMED and await confirmed_end(self._witness, self._shard_id):
-            return True
+    async def _children_if_ended(self, answer: dict[str, Any], key: str) -> list[Any] | None:
+        """The children ``answer`` ends the shard into (its own ChildShards, or ListShards'),
+        None when it does not end it; raises MalformedAnswerError for one that claims an end
+        nobody confirms (or is not an answer at all)."""
+        verdict = page_end(answer, key)
+        if verdict is PageEnd.UNCONFIRMED:
+            listed = await confirmed_children(self._witness, self._shard_id)
+            if listed is not None:
+                return listed
         if verdict in (PageEnd.MALFORMED, PageEnd.UNCONFIRMED):
             raise not_an_end(verdict)
-        return verdict is PageEnd.ENDED
+        return list(answer.get("ChildShards") or ()) if verdict is PageEnd.ENDED else None
 
     async def _on_event(self, body: dict[str, Any]) -> bool:
-        ended = await self._ends_shard(page_end(body, "ContinuationSequenceNumber"))
+        children = await self._children_if_ended(body, "ContinuationSequenceNumber")
+        ended = children is not None
         self._backoff.reset()
         self._not_found = 0
         if self._progress is not None:
@@ -262,7 +267,7 @@ class FanOutFetcher:
                     records=records,
                     millis_behind_latest=body.get("MillisBehindLatest"),
                     shard_ended=ended,
-                    child_shards=list(body.get("ChildShards") or ()),
+                    child_shards=children or [],
                 )
             )
         return ended
@@ -282,10 +287,11 @@ class FanOutFetcher:
                 **self._stream, ShardId=self._shard_id, **args
             )
             resp = await self._client.get_records(ShardIterator=it["ShardIterator"])
-            ended = await self._ends_shard(page_end(resp))
+            children = await self._children_if_ended(resp, "NextShardIterator")
         except Exception as exc:
             log.debug("shard %s: shard-end check failed: %r", self._shard_id, exc)
             return False
+        ended = children is not None
         raw = records_from_response(resp)
         records = self._filter(raw)
         self._advance(raw, None)
@@ -295,7 +301,7 @@ class FanOutFetcher:
                     records=records,
                     millis_behind_latest=resp.get("MillisBehindLatest"),
                     shard_ended=ended,
-                    child_shards=list(resp.get("ChildShards") or ()),
+                    child_shards=children or [],
                 )
             )
         if ended:

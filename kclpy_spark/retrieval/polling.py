@@ -39,7 +39,7 @@ from kclpy_spark.retrieval.source import (
     PageEnd,
     RecordFilter,
     ShardEndWitness,
-    confirmed_end,
+    confirmed_children,
     not_an_end,
     page_end,
     wait_or_raise,
@@ -163,17 +163,20 @@ class PollingFetcher:
             exc, f"{operation} on shard {self._shard_id}", self._backoff, self._sleep
         )
 
-    async def _accepted(self, resp: dict[str, Any]) -> PageEnd | None:
-        """What the answer says of the shard (``page_end``); None, after a backoff, for one that
-        must be asked again: malformed, or an end ListShards does not confirm."""
+    async def _accepted(self, resp: dict[str, Any]) -> tuple[PageEnd, list[dict[str, Any]]] | None:
+        """What the answer says of the shard (``page_end``) and the children it ended into;
+        None, after a backoff, for one that must be asked again: malformed, or an end ListShards
+        does not confirm with the children."""
         verdict = page_end(resp)
-        if verdict is PageEnd.MALFORMED or (
-            verdict is PageEnd.UNCONFIRMED
-            and not await confirmed_end(self._witness, self._shard_id)
-        ):
+        children = list(resp.get("ChildShards") or ())
+        if verdict is PageEnd.UNCONFIRMED:
+            listed = await confirmed_children(self._witness, self._shard_id)
+            if listed is not None:
+                return PageEnd.ENDED, listed
+        if verdict in (PageEnd.MALFORMED, PageEnd.UNCONFIRMED):
             await self._handle(not_an_end(verdict), "GetRecords")
             return None
-        return verdict
+        return verdict, children
 
     async def run(self) -> None:
         iterator = await self._iterator()
@@ -193,9 +196,10 @@ class PollingFetcher:
                 await self._handle(exc, "GetRecords")
                 continue
             returned = clock()
-            verdict = await self._accepted(resp)
-            if verdict is None:  # the same iterator reads the same place again
+            accepted = await self._accepted(resp)
+            if accepted is None:  # the same iterator reads the same place again
                 continue
+            verdict, children = accepted
             self._backoff.reset()
             if self._progress is not None:
                 self._progress.ok()
@@ -217,7 +221,7 @@ class PollingFetcher:
                         records=records,
                         millis_behind_latest=lag,
                         shard_ended=ended,
-                        child_shards=list(resp.get("ChildShards") or ()),
+                        child_shards=children if ended else [],
                     )
                 )
             if ended:

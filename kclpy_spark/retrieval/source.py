@@ -7,10 +7,10 @@ to raw records is ``RecordFilter`` (KPL deaggregation, and skipping what the sta
 already covers); when they last succeeded is ``FetchProgress``; what they retry and what they
 raise is ``wait_or_raise``. ``page_end`` decides whether an answer ends the shard: only one that
 says so unmistakably (no next position, and the shard's children named), or one ListShards
-confirms (``ShardEndWitness``); anything else is a malformed answer, retried, so a proxy's empty
-200 or an HTML page never ends an open shard. ``ShardProbe`` answers the two questions a consumer
-asks of a shard outside reading it (its oldest record, and whether it still exists).
-``kinesis.KinesisSources`` builds the configured source for a lease.
+confirms with the children (``ShardEndWitness``); anything else is a malformed answer, retried,
+so a proxy's empty 200 or an HTML page never ends an open shard. ``ShardProbe`` answers the two
+questions a consumer asks of a shard outside reading it (its oldest record, and whether it still
+exists). ``kinesis.KinesisSources`` builds the configured source for a lease.
 """
 
 from __future__ import annotations
@@ -200,23 +200,48 @@ class ShardProbe(Protocol):
 
 
 class ShardEndWitness(Protocol):
-    async def shard_closed(self, shard_id: str) -> bool:
-        """True if ListShards lists the shard as closed (with an EndingSequenceNumber); False if
-        it lists it open or not at all. Raises mapped errors."""
+    async def children_if_closed(self, shard_id: str) -> list[dict[str, Any]] | None:
+        """The shard's children in GetRecords' ``ChildShards`` shape if ListShards lists it as
+        closed (with an EndingSequenceNumber) and lists its children; else None (open, unknown,
+        or closed with no child listed yet: not an end to act on). Raises mapped errors."""
         ...
 
 
-async def confirmed_end(witness: ShardEndWitness | None, shard_id: str) -> bool:
-    """Whether ``witness`` confirms that ``shard_id`` has ended; False when it cannot tell."""
+async def confirmed_children(
+    witness: ShardEndWitness | None, shard_id: str
+) -> list[dict[str, Any]] | None:
+    """The children ``witness`` confirms ``shard_id`` ended into; None when it cannot tell."""
     if witness is None:
-        return False
+        return None
     try:
-        return await witness.shard_closed(shard_id)
+        return await witness.children_if_closed(shard_id)
     except asyncio.CancelledError:
         raise
     except Exception as exc:
         log.warning("shard %s: could not confirm its end with ListShards: %s", shard_id, exc)
-        return False
+        return None
+
+
+def children_in_listing(
+    shards: list[Mapping[str, Any]], shard_id: str
+) -> list[dict[str, Any]] | None:
+    """``shard_id``'s children from a complete ListShards listing, as ``ChildShards`` entries;
+    None unless the shard is listed closed and at least one child names it."""
+    own = [s for s in shards if s.get("ShardId") == shard_id]
+    if not own or not (own[0].get("SequenceNumberRange") or {}).get("EndingSequenceNumber"):
+        return None
+    children = []
+    for shard in shards:
+        parents = [shard.get("ParentShardId"), shard.get("AdjacentParentShardId")]
+        if shard_id in parents:
+            children.append(
+                {
+                    "ShardId": shard.get("ShardId"),
+                    "ParentShards": [p for p in parents if p],
+                    "HashKeyRange": shard.get("HashKeyRange"),
+                }
+            )
+    return children or None
 
 
 class KinesisShardProbe:
@@ -253,22 +278,20 @@ class KinesisShardProbe:
             raise map_aws_error(exc, f"reading the oldest record of shard {shard_id}") from exc
         return None
 
-    async def shard_closed(self, shard_id: str) -> bool:
+    async def children_if_closed(self, shard_id: str) -> list[dict[str, Any]] | None:
         args: dict[str, Any] = dict(self._stream)
+        shards: list[Mapping[str, Any]] = []
         try:
             for _ in range(MAX_LIST_PAGES):
                 resp = await self._client.list_shards(**args)
-                for shard in resp.get("Shards") or ():
-                    if shard.get("ShardId") == shard_id:
-                        numbers = shard.get("SequenceNumberRange") or {}
-                        return bool(numbers.get("EndingSequenceNumber"))
+                shards.extend(resp.get("Shards") or ())
                 token = resp.get("NextToken")
                 if not token:
-                    return False
+                    return children_in_listing(shards, shard_id)
                 args = {"NextToken": token}  # ListShards refuses the stream beside a token
         except Exception as exc:
             raise map_aws_error(exc, f"ListShards looking for shard {shard_id}") from exc
-        return False
+        return None
 
     async def shard_exists(self, shard_id: str) -> bool:
         try:

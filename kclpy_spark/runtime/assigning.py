@@ -211,7 +211,7 @@ class Led:
         keys = await self._own_keys()
         if keys is None:
             return
-        w.health.store_ok(scanned=True)
+        w.health.store_ok()
         t.observer.forget()  # nothing to watch while led (and nothing kept from our takes)
         now = w.clock.monotonic()
         self._declined = {k: at for k, at in self._declined.items() if now - at < DECLINED_FOR}
@@ -222,6 +222,7 @@ class Led:
             lease = await t.io(w.store.get_lease, key)
             if lease is not None:
                 leases.append(lease)
+        w.health.store_ok(scanned=True)  # every lease we look at read (none corrupt)
         await t.adopt(leases)
         for lease in leases:  # ours, yet not taken: finished, parked, or not of our streams
             mine = lease.lease_owner == w.cfg.worker_id and not lease.handoff_pending

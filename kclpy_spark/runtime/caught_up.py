@@ -116,8 +116,12 @@ class CaughtUp:
                 parents = {lease.sibling_key(p) for p in lease.parent_shard_ids}
                 if not parents & (ended | beyond):
                     continue
-                if key in initial:  # its parents' end will not come in this job
-                    stuck = sorted(parents & ended)
+                if key in initial:  # its parents' end will not come in this job (unless
+                    # another job worker has read them to it meanwhile)
+                    finished = {
+                        p for p in parents if p in by_key and by_key[p].checkpoint.is_shard_end
+                    }
+                    stuck = sorted((parents & ended) - finished)
                     if stuck:
                         self.finished(key, self._blocked_by(stuck[0]))
                     continue

@@ -27,6 +27,7 @@ from checkpoint.base.errors import (
     ConfigError,
     KclpySparkError,
     ResourceNotFoundError,
+    error_code,
     map_aws_error,
 )
 from checkpoint.counters import CoordinationCounters
@@ -198,7 +199,8 @@ class StreamSet:
                 if first and not multi:
                     raise
                 log.error("stream %s cannot be consumed now (will retry): %s", label, exc)
-                self.unopened.setdefault(label, self._monotonic())
+                if isinstance(exc, ResourceNotFoundError):  # not a passing failure: it is gone
+                    self.unopened.setdefault(label, self._monotonic())
                 continue
             self.unopened.pop(label, None)
             self.contexts[label] = context
@@ -247,6 +249,20 @@ class StreamSet:
         elif abs(known - created) > 1.0:
             raise StreamRecreatedError(recreated_message(label, known, created))
         return created
+
+    def shard_exists(self, lease: Lease) -> bool:
+        """Whether ``lease``'s shard is still in its stream (one GetShardIterator); True when
+        the answer is anything but "not found" (a vanished lease is put back only then)."""
+        context = self.context_of(lease)
+        if context is None:
+            return False  # its stream is no longer consumed here
+        try:
+            self._kinesis_sync.get_shard_iterator(
+                **context.spec.request, ShardId=lease.shard_id, ShardIteratorType="TRIM_HORIZON"
+            )
+        except Exception as exc:
+            return error_code(exc) != "ResourceNotFoundException"
+        return True
 
     def gone(self) -> dict[str, float]:
         """Each configured stream missing now (deleted, or never opened), with the monotonic

@@ -104,6 +104,7 @@ class Worker:
         self.holder = LeaseHolder(
             store, cfg.worker_id, self.clock, self.timing.lease_duration,
             skip_checkpointed=cfg.skip_checkpointed_renewals, on_restored=self.metrics.restored,
+            restorable=lambda lease: self.streams.shard_exists(lease),
         )  # fmt: skip
         self.metrics.leases_held.set_function(functools.partial(_count, self.holder.held))
         self.leader = leader_election(cfg, store, self.timing, self.clock)

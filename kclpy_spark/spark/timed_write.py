@@ -6,7 +6,9 @@ counts as failed (``WriteHungError``, not retried while it may still run)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import wait
+from typing import TypeVar
 
 from checkpoint.base.errors import KclpySparkError
 from kclpy_spark.spark.batch import BatchSink, Interrupter, SinkBatch
@@ -14,6 +16,7 @@ from kclpy_spark.spark.watchdog import Watchdog
 from kclpy_spark.spark.write_threads import WriteThreads
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # A write that overran its timeout gets this long (at most its timeout again) to end after its
 # Spark jobs were interrupted; after that it counts as failed and is abandoned.
@@ -94,11 +97,17 @@ class TimedWrites:
 
     def _tagged(self, sink: BatchSink, view: SinkBatch, tag: str) -> None:
         with self._interrupter.tagged(tag):  # on the thread that runs the Spark jobs
-            try:
-                sink.write(view)
-            except Exception:
-                raise
-            except BaseException as exc:  # SystemExit, KeyboardInterrupt: only a thread's end
-                raise SinkExitError(
-                    f"the sink raised {exc!r}; a sink fails a batch by raising an Exception"
-                ) from exc
+            sink_call(lambda: sink.write(view))
+
+
+def sink_call(call: Callable[[], T]) -> T:
+    """``call()``: a sink's own code. SystemExit or KeyboardInterrupt from it is a SinkExitError
+    (a failed attempt); let through, it would end the thread that runs it, and nothing more."""
+    try:
+        return call()
+    except Exception:
+        raise
+    except BaseException as exc:
+        raise SinkExitError(
+            f"the sink raised {exc!r}; a sink fails a batch by raising an Exception"
+        ) from exc

@@ -31,7 +31,12 @@ from kclpy_spark.spark.events import Batch, LaneEvents
 from kclpy_spark.spark.lane import Cut, Lane
 from kclpy_spark.spark.pieces import SCHEMA, Piece, batch_id_of
 from kclpy_spark.spark.settings import BatcherSettings
-from kclpy_spark.spark.timed_write import TimedWrites, WriteHungError, WriteTimeoutError
+from kclpy_spark.spark.timed_write import (
+    TimedWrites,
+    WriteHungError,
+    WriteTimeoutError,
+    sink_call,
+)
 from kclpy_spark.spark.watchdog import Watchdog
 from kclpy_spark.spark.write_threads import WriteThreadsClosedError
 
@@ -309,7 +314,7 @@ class BatchWriter:
         if not pieces:
             return {}
         try:
-            return route.sink.prepare(pieces)
+            return sink_call(lambda: route.sink.prepare(pieces))
         except Exception as exc:
             if len(self._routes) > 1:
                 raise SinkFailedError(route.name, exc) from exc

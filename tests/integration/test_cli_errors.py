@@ -51,7 +51,7 @@ def _assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: s
         (["--stream-name", "s", "--processor", "kclpy_spark.demo.samples:CountingProcessor",
           "--endpoint-url", "localhost:4566"], ["endpoint_url"]),
         (["--stream-arn", "orders", "--processor", "kclpy_spark.demo.samples:CountingProcessor"],
-         ["stream_arn", "not an ARN"]),
+         ["stream_arn", "not a Kinesis stream ARN"]),
     ],
 )  # fmt: skip
 def test_bad_config_is_one_clear_line(args: list[str], needles: list[str], tmp_path: Path) -> None:

@@ -226,3 +226,33 @@ def test_fake_200_answers_to_get_records_never_end_an_open_shard(
     assert proxy.fake_answers >= 6
     assert set(collector.seen) == first | later
     assert checkpoints and "SHARD_END" not in checkpoints
+
+
+def test_a_fake_200_answer_to_list_shards_at_start_up_is_asked_again(
+    kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    """#49 item 10: ListShards answering ``{}`` at start-up was a stream without shards: the
+    worker was ready with no lease until the next shard sync. Now the answer is malformed and
+    asked again. The next sync is ten minutes away here, so only the first one can lease."""
+    kinesis_client.create_stream(StreamName=unique_name, ShardCount=1)
+    wait_active(kinesis_client, unique_name)
+    produced = set(produce(kinesis_client, unique_name, range(10)))
+    url = urlparse(localstack_endpoint)
+    proxy = Proxy(url.hostname or "127.0.0.1", url.port or 4566)
+    proxy.set("fake200")
+    collector = Collector()
+    timer = threading.Timer(4.0, proxy.set, args=("up",))
+    timer.start()
+    try:
+        cfg = _cfg(unique_name, f"http://127.0.0.1:{proxy.port}", tmp_path,
+                   shard_sync_interval=600.0)  # fmt: skip
+
+        async def scenario(worker: Worker) -> None:
+            await _until("every record", lambda: collector.has(produced), 60)
+
+        _run(cfg, collector, scenario)
+    finally:
+        timer.cancel()
+        proxy.close()
+    assert proxy.fake_answers >= 2
+    assert set(collector.seen) == produced

@@ -281,6 +281,18 @@ def test_log_lines_carry_the_lease_context(monkeypatch: pytest.MonkeyPatch) -> N
     assert out["shard"] == "shardId-7" and out["application"] == "orders"
 
 
+def test_an_empty_stream_name_beside_an_arn_is_no_name() -> None:
+    """``--stream-arn ""`` or ``stream_name = ""`` beside the other: validated as absent at the
+    top level, it must not fail later when the worker builds its stream list."""
+    from kclpy_spark.config import WorkerConfig
+
+    arn = "arn:aws:kinesis:us-east-1:123456789012:stream/x"
+    for cfg in (WorkerConfig(stream_name="", stream_arn=arn),
+                WorkerConfig(stream_name="x", stream_arn="")):  # fmt: skip
+        [spec] = cfg.stream_specs
+        assert spec.label in (arn, "x")
+
+
 def test_multi_stream_config_parses_and_rejects_mixes(tmp_path: Path) -> None:
     from checkpoint.base.errors import ConfigError
     from kclpy_spark.config import load_toml

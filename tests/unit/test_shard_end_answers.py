@@ -79,9 +79,12 @@ def _page(seqs: list[int], next_iterator: str | None = "it", **extra: Any) -> di
 class ScriptedShard:
     """GetRecords answers in order, and ListShards listing the shard open or closed."""
 
-    def __init__(self, answers: list[dict[str, Any]], *, closed: bool = False) -> None:
+    def __init__(
+        self, answers: list[dict[str, Any]], *, closed: bool = False, children: bool = True
+    ) -> None:
         self.answers = answers
         self.closed = closed
+        self.children = children
         self.iterator_calls = 0
         self.iterators_read: list[str] = []
         self.list_calls: list[dict[str, Any]] = []
@@ -100,8 +103,12 @@ class ScriptedShard:
         if self.closed:
             numbers["EndingSequenceNumber"] = "99"
         other = {"ShardId": "shardId-000000000009", "SequenceNumberRange": {}}
-        return {"Shards": [other, {"ShardId": "shardId-000000000000",
-                                   "SequenceNumberRange": numbers}]}  # fmt: skip
+        shards = [other, {"ShardId": "shardId-000000000000", "SequenceNumberRange": numbers}]
+        if self.closed and self.children:
+            child = {"ShardId": "shardId-000000000001", "ParentShardId": "shardId-000000000000",
+                     "HashKeyRange": {"StartingHashKey": "0", "EndingHashKey": "9"}}  # fmt: skip
+            shards.append(child)
+        return {"Shards": shards}
 
 
 def _read(shard: ScriptedShard) -> tuple[list[FetchedBatch], FetchProgress, list[float]]:
@@ -151,10 +158,28 @@ def test_empty_and_html_answers_are_asked_again_and_never_end_an_open_shard() ->
 
 
 def test_an_end_without_children_counts_once_list_shards_shows_the_shard_closed() -> None:
+    """An emulator's shard end without ChildShards: ListShards confirms it, and the children it
+    lists go into the batch, so the shard-end step creates their leases (shard sync would not:
+    the children of a leased parent are left to its shard end)."""
     shard = ScriptedShard([_page([1], None)], closed=True)
     batches, _, sleeps = _read(shard)
-    assert [(len(b.records), b.shard_ended, b.child_shards) for b in batches] == [(1, True, [])]
+    assert [(len(b.records), b.shard_ended) for b in batches] == [(1, True)]
+    assert batches[0].child_shards == [
+        {"ShardId": "shardId-000000000001", "ParentShards": ["shardId-000000000000"],
+         "HashKeyRange": {"StartingHashKey": "0", "EndingHashKey": "9"}}
+    ]  # fmt: skip
     assert shard.list_calls == [{"StreamName": "s"}] and not sleeps
+
+
+def test_a_closed_shard_whose_children_are_not_listed_yet_is_asked_again() -> None:
+    shard = ScriptedShard(
+        [_page([1], None), _page([1], None, ChildShards=[CHILD])], closed=True, children=False
+    )
+    batches, _, sleeps = _read(shard)
+    assert [(len(b.records), b.shard_ended, b.child_shards) for b in batches] == [
+        (1, True, [CHILD])
+    ]
+    assert len(sleeps) == 1 and shard.iterators_read == ["it-1", "it-1"]
 
 
 def test_failures_are_counted_while_the_answers_stay_malformed() -> None:
@@ -178,7 +203,8 @@ def test_failures_are_counted_while_the_answers_stay_malformed() -> None:
 
 
 class PagedShards:
-    """ListShards over two pages; the second page holds the shard."""
+    """ListShards over two pages: the shard on the first (closed or open), its merge child on
+    the second."""
 
     def __init__(self, ending: str | None) -> None:
         self.ending = ending
@@ -187,22 +213,31 @@ class PagedShards:
     async def list_shards(self, **kw: Any) -> dict[str, Any]:
         self.calls.append(kw)
         if "NextToken" not in kw:
-            return {"Shards": [{"ShardId": "shardId-000000000000"}], "NextToken": "t"}
-        numbers = {"StartingSequenceNumber": "1"}
-        if self.ending:
-            numbers["EndingSequenceNumber"] = self.ending
-        return {"Shards": [{"ShardId": "shardId-000000000007", "SequenceNumberRange": numbers}]}
+            numbers = {"StartingSequenceNumber": "1"}
+            if self.ending:
+                numbers["EndingSequenceNumber"] = self.ending
+            shard = {"ShardId": "shardId-000000000007", "SequenceNumberRange": numbers}
+            return {"Shards": [shard], "NextToken": "t"}
+        child = {"ShardId": "shardId-000000000009", "ParentShardId": "shardId-000000000006",
+                 "AdjacentParentShardId": "shardId-000000000007",
+                 "HashKeyRange": {"StartingHashKey": "0", "EndingHashKey": "9"}}  # fmt: skip
+        return {"Shards": [child]}
 
 
-@pytest.mark.parametrize(("ending", "closed"), [("99", True), (None, False)])
-def test_shard_closed_pages_through_list_shards(ending: str | None, closed: bool) -> None:
+MERGE_CHILD = {"ShardId": "shardId-000000000009",
+               "ParentShards": ["shardId-000000000006", "shardId-000000000007"],
+               "HashKeyRange": {"StartingHashKey": "0", "EndingHashKey": "9"}}  # fmt: skip
+
+
+@pytest.mark.parametrize(("ending", "children"), [("99", [MERGE_CHILD]), (None, None)])
+def test_children_if_closed_pages_through_list_shards(ending: str | None, children: Any) -> None:
     client = PagedShards(ending)
     probe = KinesisShardProbe(client, {"StreamARN": "arn:aws:kinesis:us-east-1:1:stream/s"})
-    assert asyncio.run(probe.shard_closed("shardId-000000000007")) is closed
+    assert asyncio.run(probe.children_if_closed("shardId-000000000007")) == children
     # The second page is asked by its token alone (ListShards refuses the stream beside it).
     assert client.calls == [{"StreamARN": "arn:aws:kinesis:us-east-1:1:stream/s"},
                             {"NextToken": "t"}]  # fmt: skip
-    assert asyncio.run(probe.shard_closed("shardId-000000000042")) is False
+    assert asyncio.run(probe.children_if_closed("shardId-000000000042")) is None
 
 
 class OpenShardFanOut(FakeKinesis):

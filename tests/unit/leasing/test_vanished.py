@@ -135,3 +135,22 @@ def test_a_lost_write_to_a_lease_another_worker_took_restores_nothing() -> None:
     assert table.take_lease(stored(table), "worker-b") is not None
     holder.renew_all()
     assert told == [] and stored(table).lease_owner == "worker-b"
+
+
+def test_a_lease_whose_shard_is_gone_is_not_put_back() -> None:
+    """The leader's garbage cleanup deletes leases of shards gone from the stream, held or not:
+    putting one back would only start the cleanup and the repair fighting."""
+    table = MemoryLeaseTable()
+    told: list[str] = []
+    asked: list[str] = []
+
+    def restorable(lease: Lease) -> bool:
+        asked.append(lease.lease_key)
+        return False
+
+    holder = LeaseHolder(table, "worker-a", ManualClock(), DURATION, on_restored=told.append,
+                         restorable=restorable)  # fmt: skip
+    holder.add_taken(take(table, "worker-a"))
+    assert table.delete_lease(stored(table))
+    holder.renew_all()
+    assert asked == [KEY] and told == [] and table.get_lease(KEY) is None

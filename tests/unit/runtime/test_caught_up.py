@@ -99,6 +99,15 @@ def test_a_child_at_the_start_whose_parent_failed_in_the_job_fails_instead_of_ha
     )
 
 
+def test_a_child_whose_failed_parent_another_job_worker_finished_is_still_read() -> None:
+    job = CaughtUp(STARTED)
+    assert job.remaining([lease("p"), lease("c1", "p")]) == ["c1", "p"]
+    job.finished("p", "parked here")
+    # Another job worker took the parked parent later and read it to SHARD_END.
+    assert job.remaining([lease("p", done=True), lease("c1", "p")]) == ["c1"]
+    assert "c1" not in job.failed
+
+
 def test_multi_stream_parents_are_found_within_their_stream() -> None:
     job = CaughtUp(STARTED)
     job.finished("1:s1:1:shardId-0", None)

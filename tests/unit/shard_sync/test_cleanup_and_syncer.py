@@ -244,6 +244,18 @@ def test_lease_keys_name_their_stream_and_siblings(
         ),
         # Not listed at all (aged out): garbage, not a false end.
         ([lease("shardId-7", SHARD_END)], [shard("shardId-1", 51, None)], []),
+        # It recorded children (from the service's ChildShards), or a lease names it as a
+        # parent: it did end, and the listing is the doubtful one.
+        (
+            [lease("shardId-1", SHARD_END, children=("shardId-5",))],
+            [shard("shardId-1", 51, None)],
+            [],
+        ),
+        (
+            [lease("shardId-1", SHARD_END), lease("shardId-5", parents=("shardId-1",))],
+            [shard("shardId-1", 51, None)],
+            [],
+        ),
         # Multi-stream keys: matched by shard id within the syncer's stream.
         (
             [lease("1:s:9:shardId-1", SHARD_END)],

@@ -261,6 +261,8 @@ def test_several_sinks_are_read_from_sinks_entries(tmp_path: Path) -> None:
         ({}, [{"sink": "m:f", "failure_policy": "retry"}], "failure_policy"),
         ({}, [{"sink": "m:f", "max_attempts": 0}], "max_attempts"),
         ({}, [{"sink": "m:f", "write_timeout": "soon"}], "write_timeout"),
+        ({}, [{"sink": "m:f", "write_timeout": float("inf")}], "write_timeout"),  # wait() raised
+        ({}, [{"sink": "m:f", "write_timeout": 1e12}], "at most 86400"),
         ({}, [], "'sink' is required"),
     ],
 )
