@@ -82,6 +82,7 @@ class Health:
         suspended: bool,
         consumers: Iterable[ConsumerView],
         missing_streams: Iterable[str],
+        failing_syncs: Iterable[str] = (),
     ) -> tuple[bool, str]:
         if not self.started:
             return False, "starting"
@@ -99,6 +100,9 @@ class Health:
         missing = sorted(missing_streams)
         if missing:
             return False, f"stream(s) gone: {', '.join(missing)}"
+        failing = sorted(failing_syncs)  # the leader's: new shards go unleased meanwhile
+        if failing:
+            return False, f"shard sync failed for stream(s) {', '.join(failing)}"
         if self.duplicate_worker:
             return False, self.duplicate_worker
         if self.corrupt_lease:

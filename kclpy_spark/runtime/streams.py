@@ -133,6 +133,7 @@ class StreamContext:
         )
         self.probe = KinesisShardProbe(kinesis_async, spec.request)
         self.gone_since: float | None = None  # monotonic: when it was first found missing
+        self.sync_failed: str | None = None  # why this worker's last shard sync of it failed
         self.created: float | None = None  # creation time of the stream the leases belong to
 
     @property
@@ -263,6 +264,10 @@ class StreamSet:
         except Exception as exc:
             return error_code(exc) != "ResourceNotFoundException"
         return True
+
+    def failing_syncs(self) -> list[str]:
+        """Each stream whose last shard sync by this worker (the leader) failed, with why."""
+        return [f"{c.label} ({c.sync_failed})" for c in self.contexts.values() if c.sync_failed]
 
     def gone(self) -> dict[str, float]:
         """Each configured stream missing now (deleted, or never opened), with the monotonic

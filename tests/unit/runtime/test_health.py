@@ -96,3 +96,14 @@ def test_a_corrupt_lease_is_not_ready_until_a_scan_reads_every_item() -> None:
     assert not ready(h)[0]
     h.store_ok(scanned=True)
     assert ready(h) == (True, "ready")
+
+
+def test_a_leader_whose_last_shard_sync_failed_is_not_ready() -> None:
+    """#49 item 10: a failed first sync (ListShards answering {} past its retries) left the
+    leader ready with no lease until the next sync."""
+    h = health(ManualClock())
+    failing = ["orders (ListShards on stream 'orders': an answer without a Shards list)"]
+    assert h.readiness(
+        suspended=False, consumers=[], missing_streams=[], failing_syncs=failing
+    ) == (False, f"shard sync failed for stream(s) {failing[0]}")
+    assert ready(h) == (True, "ready")  # synced again (nothing failing): ready
