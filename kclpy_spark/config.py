@@ -314,12 +314,13 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             if isinstance(value, bool):
                 raise TypeError
             return float(value)
-        if kind in ("int",):
+        if kind in ("int", "int | None"):
+            if value is None and kind != "int":
+                return None
+            # true is not port 1, nor 18080.7 port 18080
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise TypeError
             return int(value)
-        if kind in ("int | None",):
-            return None if value is None else int(value)
         if kind == "bool":
             if isinstance(value, str):
                 if value.lower() in {"true", "1", "yes"}:

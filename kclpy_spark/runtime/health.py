@@ -39,9 +39,13 @@ class Health:
         store_interval: float,
         missing_timeout: float,
         table_name: str,
+        quiet_interval: float = 0.0,
     ) -> None:
         self._monotonic = monotonic
         self._store_interval = store_interval  # the lease table must answer within 3 of these
+        # While suspended nothing is renewed, scanned or taken: only the control round's read of
+        # the flag (this often) proves the table answers; it must answer within 2 of these.
+        self._quiet_interval = quiet_interval
         self.missing_timeout = missing_timeout
         self._table_name = table_name
         self.started = False
@@ -95,7 +99,10 @@ class Health:
         if self.last_store_ok is None:
             return False, "no lease-table round trip yet"
         age = now - self.last_store_ok
-        if age > 3 * self._store_interval:
+        limit = 3 * self._store_interval
+        if suspended:
+            limit = max(limit, 2 * self._quiet_interval)
+        if age > limit:
             return False, f"lease table unreachable for {age:.0f}s"
         missing = sorted(missing_streams)
         if missing:

@@ -111,6 +111,7 @@ class Worker:
         self.suspend_flag = control.SuspendFlag(store, self.clock, self.timing.lease_duration)
         self.health = Health(self.clock.monotonic, store_interval=self.timing.renew_interval,
                              missing_timeout=cfg.missing_dependency_timeout,
+                             quiet_interval=self.timing.lease_duration,
                              table_name=cfg.application_name)  # fmt: skip
         self._stop = asyncio.Event()
         self._take_now = asyncio.Event()

@@ -68,7 +68,10 @@ def run_config(tmp_path: Path, body: str, *extra: str) -> subprocess.CompletedPr
          ["both 'processor' and a [sink]"]),
         (f'stream_name = "s"\n{PROCESSOR}lease_assignment = "leaders"\n',
          ["lease_assignment", "'auto', 'worker', 'leader'", "'leaders'"]),
-        # #49 item 5 and the poor list: [[streams]] entries are checked as the top level is.
+        # #49's poor list: a boolean or a fraction for a port; [[streams]] entries are checked as
+        # the top level is (item 5).
+        (f'stream_name = "s"\n{PROCESSOR}metrics_port = true\n', ["metrics_port", "True"]),
+        (f'stream_name = "s"\n{PROCESSOR}metrics_port = 18080.7\n', ["metrics_port", "18080.7"]),
         (f'{PROCESSOR}[[streams]]\nstream_arn = "not-an-arn"\n', ["[[streams]]", "not-an-arn"]),
         (f'{PROCESSOR}[[streams]]\nstream_name = 42\n', ["[[streams]]", "stream_name", "42"]),
         (f'stream_name = "a"\nstream_arn = "arn:aws:kinesis:us-east-1:123456789012:stream/b"\n'

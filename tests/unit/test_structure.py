@@ -34,3 +34,25 @@ def test_module_and_function_sizes(path: Path) -> None:
         and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
     ]
     assert not long, f"{path.name}: functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def _package_map() -> dict[str, str]:
+    """ARCHITECTURE.md's package map: room (a folder, as ``kclpy_spark/spark/``) -> its row."""
+    rows = {}
+    for line in (ROOT / "ARCHITECTURE.md").read_text().splitlines():
+        cells = line.split("|")
+        if len(cells) >= 5 and cells[1].strip().startswith("`"):
+            rows[cells[1].strip().split("`")[1]] = "|".join(cells[2:])
+    return rows
+
+
+def test_the_package_map_names_every_module() -> None:
+    """A newcomer finds every module in ARCHITECTURE.md, in the row of its folder."""
+    rows = _package_map()
+    missing = [
+        str(path.relative_to(ROOT))
+        for path in _modules()
+        if path.name != "__init__.py"
+        and f"`{path.stem}`" not in rows.get(f"{path.parent.relative_to(ROOT)}/", "")
+    ]
+    assert not missing, f"modules ARCHITECTURE.md's package map does not name: {missing}"

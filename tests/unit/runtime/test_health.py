@@ -107,3 +107,18 @@ def test_a_leader_whose_last_shard_sync_failed_is_not_ready() -> None:
         suspended=False, consumers=[], missing_streams=[], failing_syncs=failing
     ) == (False, f"shard sync failed for stream(s) {failing[0]}")
     assert ready(h) == (True, "ready")  # synced again (nothing failing): ready
+
+
+def test_a_suspended_worker_is_judged_by_its_control_rounds_reads() -> None:
+    """Suspended, only the control round (once a lease duration) reads the table: judged by
+    three renewal intervals, the readiness flapped 503 "unreachable" between two rounds."""
+    clock = ManualClock()
+    h = Health(clock.monotonic, store_interval=1.0, missing_timeout=60.0, table_name="app",
+               quiet_interval=3.0)  # fmt: skip
+    h.started = True
+    h.store_ok()
+    clock.advance(3.5)  # a round a little late: not yet a table that does not answer
+    assert h.readiness(suspended=True, consumers=[], missing_streams=[]) == (True, "suspended")
+    assert not ready(h)[0]  # not suspended: renewals and scans would have answered by now
+    clock.advance(3.0)
+    assert h.readiness(suspended=True, consumers=[], missing_streams=[])[0] is False
