@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, stamp, write_results
 from kcl_model import Cost, kcl3
 
+from checkpoint import coordination
 from checkpoint.base.clock import ManualClock
 from checkpoint.lease import HashKeyRange, Lease, OwnerFigures, owner_tag
 from checkpoint.leasing.assign import leader_assigns
@@ -57,7 +58,6 @@ from checkpoint.stores import dynamo_codec as codec
 from checkpoint.stores.capacity import item_size, read_units, write_units
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.ops import control
 from kclpy_spark.runtime.assigning import leader_election, lease_timing
 from kclpy_spark.runtime.publish import StatusCadence, published_events, status_fields
 from kclpy_spark.runtime.taking import LOOK_MARGIN, MAX_LOOKS
@@ -173,8 +173,8 @@ class SimWorker:
         self.next_round = 0.0  # monotonic: the taker's next scheduled round
         self.was_led = False
         self.leader = leader_election(cfg, store, t, clock)  # type: ignore[arg-type]
-        self.suspend = control.SuspendFlag(store, clock, t.lease_duration)  # type: ignore[arg-type]
-        self.status = control.StatusWriter(store, worker_id, worker_id, 3 * t.lease_duration)  # type: ignore[arg-type]
+        self.suspend = coordination.SuspendFlag(store, clock, t.lease_duration)  # type: ignore[arg-type]
+        self.status = coordination.StatusWriter(store, worker_id, worker_id, 3 * t.lease_duration)  # type: ignore[arg-type]
         self.cadence = StatusCadence.of(t)  # quiet: a holder writes every quiet interval
         # The leases were taken when the fleet started, more than ten minutes ago (steady state).
         events = [{"at": clock.wall() - 700, "lease_key": f"shardId-{i:012d}", "kind": "taken",
@@ -191,7 +191,7 @@ class SimWorker:
         self.observer.observe(table.leases, now, self.clock.wall())
         if self.cfg.lease_assignment == "auto" and self.leader.is_leader:  # Led.after_scan
             max_age = self.timing.status_max_age
-            running = control.live_workers(table.records, self.clock.wall(), max_age)
+            running = coordination.live_workers(table.records, self.clock.wall(), max_age)
             self.leader.set_assigns(leader_assigns(
                 self.leader.assigning, len(table.leases), len(set(running) | {self.id}),
                 from_leases=self.cfg.auto_assignment_leases,

@@ -11,9 +11,9 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from checkpoint import coordination
 from checkpoint.lease import Lease
 from kclpy_spark.board.model import Board
-from kclpy_spark.ops import control
 from kclpy_spark.runtime.publish import status_payload
 
 if TYPE_CHECKING:
@@ -64,7 +64,8 @@ class WorkerBoard:
                 owners = {x.lease_owner for x in self._leases if x.lease_owner}
                 owners.discard(w.cfg.worker_id)
                 self._others = {
-                    o: await self._io(control.worker_status, w.store, o) for o in sorted(owners)
+                    o: await self._io(coordination.worker_status, w.store, o)
+                    for o in sorted(owners)
                 }
                 self._others_read = now
             self._observe()

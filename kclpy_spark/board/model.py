@@ -15,9 +15,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from checkpoint.coordination import is_live
 from checkpoint.lease import Lease
 from kclpy_spark.board.graph import layout
-from kclpy_spark.ops.status import is_live, lease_rows, owner_figures
+from kclpy_spark.ops.status import lease_rows, owner_figures
 
 SINK_FIGURES = ("batches", "rows", "failed_attempts", "dead_lettered_batches", "parked_batches")
 

@@ -14,11 +14,11 @@ import signal
 import time
 from typing import Any
 
+from checkpoint import coordination
 from checkpoint.base.errors import ConfigError, KclpySparkError
 from checkpoint.lease import Lease
 from kclpy_spark.board.model import Board
 from kclpy_spark.board.routes import add_routes
-from kclpy_spark.ops import control
 from kclpy_spark.runtime.lease_store import LeaseStore
 
 log = logging.getLogger(__name__)
@@ -48,13 +48,13 @@ class Look:
     def __call__(self) -> tuple[list[Lease], dict[str, Any], bool]:
         leases = self._store.list_leases()
         self._workers |= {x.lease_owner for x in leases if x.lease_owner}
-        statuses = {w: control.worker_status(self._store, w) for w in sorted(self._workers)}
+        statuses = {w: coordination.worker_status(self._store, w) for w in sorted(self._workers)}
         now = time.time()
         for worker, status in statuses.items():  # bounded by the workers alive this hour
             updated = status.get("updated_at")
             if not isinstance(updated, int | float) or now - updated > FORGET_WORKERS_AFTER:
                 self._workers.discard(worker)
-        return leases, statuses, control.is_suspended(self._store)
+        return leases, statuses, coordination.is_suspended(self._store)
 
 
 async def serve(board: Board, look: Look, host: str, port: int, every: float) -> None:

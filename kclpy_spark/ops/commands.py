@@ -11,10 +11,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from checkpoint import coordination
 from checkpoint.base.errors import ConfigError
+from checkpoint.coordination import is_live
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.ops import control
-from kclpy_spark.ops.status import is_live, lease_rows, render_json, render_table
+from kclpy_spark.ops.status import lease_rows, render_json, render_table
 from kclpy_spark.runtime.lease_store import LeaseStore, open_lease_store
 
 
@@ -54,7 +55,7 @@ def add_subcommands(sub: Any, add_worker_flags: Callable[[argparse.ArgumentParse
 
 
 def live_workers(store: LeaseStore, owners: set[str], cfg: WorkerConfig) -> dict[str, Any]:
-    statuses = {owner: control.worker_status(store, owner) for owner in owners}
+    statuses = {owner: coordination.worker_status(store, owner) for owner in owners}
     # A worker publishes every failover/3; three failover times of silence means it is gone.
     max_age = max(3 * cfg.failover_time, 10.0)
     now = time.time()
@@ -87,14 +88,14 @@ def status_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
     while True:
         leases = store.list_leases()
         owners = {x.lease_owner for x in leases if x.lease_owner}
-        statuses = {o: control.worker_status(store, o) for o in owners}
+        statuses = {o: coordination.worker_status(store, o) for o in owners}
         now = time.time()
         rows = lease_rows(leases, statuses, now)
         live = live_workers(store, owners, cfg)
         extra = {
             "application": cfg.application_name,
             "stream": cfg.stream,
-            "suspended": control.is_suspended(store),
+            "suspended": coordination.is_suspended(store),
             "live_workers": sorted(live),
         }
         if args.json:
@@ -114,7 +115,7 @@ def status_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
 
 def suspend_command(cfg: WorkerConfig, suspended: bool) -> int:
     store = open_store(cfg)
-    if not control.set_suspended(store, suspended, by="kclpy-spark CLI", now_wall=time.time()):
+    if not coordination.set_suspended(store, suspended, by="kclpy-spark CLI", now_wall=time.time()):
         raise ConfigError("could not write the suspend flag (too many concurrent writers)")
     print(f"{cfg.application_name}: {'suspended' if suspended else 'resumed'}")
     return 0

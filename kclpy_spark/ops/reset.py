@@ -11,11 +11,11 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from checkpoint import coordination
 from checkpoint.base.errors import ConfigError, KclpySparkError
 from checkpoint.lease import Lease
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.config import WorkerConfig, check_not_in_future
-from kclpy_spark.ops import control
 from kclpy_spark.ops.commands import live_workers, open_store
 from kclpy_spark.runtime.lease_store import LeaseStore
 
@@ -145,4 +145,4 @@ def _record_stream(store: LeaseStore, cfg: WorkerConfig) -> None:
         print(f"note: the stream's creation time was not recorded ({exc})")
         return
     if created is not None:
-        control.set_stream_created(store, cfg.stream, created, now_wall=time.time())
+        coordination.set_stream_created(store, cfg.stream, created, now_wall=time.time())

@@ -34,30 +34,6 @@ class LeaseRow:
     sink_buffered: int | None = None
 
 
-# The longest ``live_for`` a reader believes (an hour): a bad record must not look alive forever.
-MAX_LIVE_FOR = 3600.0
-
-
-def live_for(status: Mapping[str, Any], default: float) -> float:
-    """How long after its ``updated_at`` a status record says its worker runs: the record's own
-    ``live_for`` (a worker that may write its next status only after a quiet interval says
-    so), never less than the reader's ``default`` (records without it: older versions, or a
-    worker holding no lease, which writes every lease duration)."""
-    declared = status.get("live_for")
-    if isinstance(declared, bool) or not isinstance(declared, int | float):
-        return default
-    return max(float(declared), default) if 0 < declared <= MAX_LIVE_FOR else default
-
-
-def is_live(status: Mapping[str, Any], now_wall: float, max_age: float) -> bool:
-    """Whether ``status`` was written within ``max_age`` seconds, or within the longer time the
-    record itself says it holds for (``live_for``)."""
-    updated = status.get("updated_at")
-    if not isinstance(updated, int | float) or isinstance(updated, bool):
-        return False
-    return now_wall - updated <= live_for(status, max_age)
-
-
 def lease_rows(
     leases: Iterable[Lease], statuses: Mapping[str, Mapping[str, Any]], now_wall: float
 ) -> list[LeaseRow]:

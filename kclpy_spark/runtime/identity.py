@@ -8,8 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from kclpy_spark.ops import control
-from kclpy_spark.ops.status import live_for
+from checkpoint import coordination
 
 if TYPE_CHECKING:
     from kclpy_spark.runtime.worker import Worker
@@ -44,17 +43,17 @@ async def unique_worker_id(worker: Worker, io: Io) -> None:
     that process would have written again, and look again; only a record that moved meanwhile
     is a live duplicate."""
     cfg, clock, interval = worker.cfg, worker.clock, worker.timing.lease_duration
-    status = await io(control.worker_status, worker.store, cfg.worker_id)
-    if not control.published_by_another(status, worker.instance, clock.wall(), 3 * interval):
+    status = await io(coordination.worker_status, worker.store, cfg.worker_id)
+    if not coordination.published_by_another(status, worker.instance, clock.wall(), 3 * interval):
         return
     age = clock.wall() - float(status.get("updated_at", 0.0))
-    wait = rewrite_wait(age, live_for(status, 0.0), interval)
+    wait = rewrite_wait(age, coordination.live_for(status, 0.0), interval)
     log.info("worker %s: a process with this worker id published its status %.0fs ago; waiting "
              "%.0fs to see whether it still runs", cfg.worker_id, age, wait)  # fmt: skip
     await worker.sleep(wait)
-    again = await io(control.worker_status, worker.store, cfg.worker_id)
+    again = await io(coordination.worker_status, worker.store, cfg.worker_id)
     if again.get("updated_at") != status.get("updated_at"):
-        raise control.DuplicateWorkerError(duplicate_message(cfg.worker_id))
+        raise coordination.DuplicateWorkerError(duplicate_message(cfg.worker_id))
     worker.status_writer.ignore(str(status.get("instance")))  # a crashed run: no twin
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from checkpoint import coordination
 from checkpoint.base.errors import (
     ConfigError,
     KclpySparkError,
@@ -35,7 +36,6 @@ from checkpoint.lease import Lease, in_stream, lease_key_of
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import InitialPosition
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.ops import control
 from kclpy_spark.retrieval.kinesis import KinesisSources, SourceSettings
 from kclpy_spark.retrieval.source import KinesisShardProbe
 from kclpy_spark.runtime.lease_store import LeaseStore
@@ -244,9 +244,9 @@ class StreamSet:
         _, created = lister.describe()
         if created is None:
             return None
-        known = control.stream_created(self._table, label)
+        known = coordination.stream_created(self._table, label)
         if known is None:
-            control.set_stream_created(self._table, label, created, now_wall=time.time())
+            coordination.set_stream_created(self._table, label, created, now_wall=time.time())
         elif abs(known - created) > 1.0:
             raise StreamRecreatedError(recreated_message(label, known, created))
         return created

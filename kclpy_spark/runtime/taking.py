@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from checkpoint import coordination
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.counters import Counter
 from checkpoint.lease import Lease, LeaseState
@@ -31,7 +32,6 @@ from checkpoint.leasing.cpu_load import FleetCpu
 from checkpoint.leasing.observer import LeaseObserver, ObservedScan
 from checkpoint.leasing.taker import plan_takes
 from checkpoint.port import CoordinationRecord
-from kclpy_spark.ops import control
 from kclpy_spark.runtime.assigning import AssignmentHint, Led
 
 if TYPE_CHECKING:
@@ -295,7 +295,7 @@ class Taker:
         joined since our last round (up to a scan interval ago) gets its share too."""
         w = self._w
         try:
-            table = await self._io(w.store.scan_table, control.WORKER_PREFIX)
+            table = await self._io(w.store.scan_table, coordination.WORKER_PREFIX)
         except Exception as exc:  # stopping goes on whatever this scan does
             log.warning("worker %s: no fresh scan before handing leases out (%r); using the "
                         "last", w.cfg.worker_id, exc)  # fmt: skip
@@ -311,8 +311,8 @@ class Taker:
         """The workers whose status records say they run (see plan_takes and assigning)."""
         w = self._w
         max_age = w.timing.status_max_age
-        self.running = control.live_workers(records, w.clock.wall(), max_age)
-        figures = control.cpu_figures(records, w.clock.wall(), max_age)
+        self.running = coordination.live_workers(records, w.clock.wall(), max_age)
+        figures = coordination.cpu_figures(records, w.clock.wall(), max_age)
         use = w.cfg.load_metric == "auto"  # else the load rule balances throughput only
         self.cpu = FleetCpu(figures if use else {}, w.clock.wall(), w.timing.max_clock_skew)
 

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable, Sized
 from typing import Any, TypeVar
 
+from checkpoint import coordination
 from checkpoint.base.clock import AsyncSleep, Clock, SystemClock
 from checkpoint.base.errors import CorruptLeaseError, KclpySparkError
 from checkpoint.base.threads import RetiringThreadPool
@@ -29,7 +30,6 @@ from checkpoint.leasing.holder import LeaseHolder
 from kclpy_spark.board.feed import WorkerBoard
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.logs import set_application
-from kclpy_spark.ops import control
 from kclpy_spark.runtime.assigning import leader_election, lease_timing
 from kclpy_spark.runtime.caught_up import CaughtUp
 from kclpy_spark.runtime.consumer import ProcessorFactory, ShardStats
@@ -96,7 +96,7 @@ class Worker:
         # (release_all), not at the next renewal, so the new owners can find them first.
         self.handing_out = False
         self.instance = uuid.uuid4().hex[:16]  # tells this process from another with the same id
-        self.status_writer = control.StatusWriter(store, cfg.worker_id, self.instance,
+        self.status_writer = coordination.StatusWriter(store, cfg.worker_id, self.instance,
                                                   3 * self.timing.lease_duration)  # fmt: skip
         self.status_cadence = StatusCadence.of(self.timing)
         self.exit_reason: str | None = None
@@ -108,7 +108,7 @@ class Worker:
         )  # fmt: skip
         self.metrics.leases_held.set_function(functools.partial(_count, self.holder.held))
         self.leader = leader_election(cfg, store, self.timing, self.clock)
-        self.suspend_flag = control.SuspendFlag(store, self.clock, self.timing.lease_duration)
+        self.suspend_flag = coordination.SuspendFlag(store, self.clock, self.timing.lease_duration)
         self.health = Health(self.clock.monotonic, store_interval=self.timing.renew_interval,
                              missing_timeout=cfg.missing_dependency_timeout,
                              quiet_interval=self.timing.lease_duration,

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from checkpoint import coordination
+from checkpoint.coordination import is_live
 from checkpoint.lease import Lease
 from checkpoint.sequence import (
     AT_TIMESTAMP,
@@ -19,9 +21,8 @@ from checkpoint.sequence import (
 )
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.logs import ContextFilter, JsonFormatter, redact, set_application, shard_context
-from kclpy_spark.ops import control
 from kclpy_spark.ops.reset import plan_reset
-from kclpy_spark.ops.status import is_live, lease_rows, render_json, render_table
+from kclpy_spark.ops.status import lease_rows, render_json, render_table
 
 SEQ = ExtendedSequenceNumber("49600000000000000000000000000000000000000000000000000002")
 
@@ -161,10 +162,10 @@ def test_a_status_record_may_say_how_long_it_holds_for(
 
     status = {"updated_at": 1000.0, "instance": "proc-a", "live_for": live_for}
     assert is_live(status, 1000.0 + age, max_age=21.0) is live
-    record = CoordinationRecord(control.worker_key("w"), None, 1, 0.0, json.dumps(status))
-    assert (control.live_workers([record], 1000.0 + age, 21.0) == {"w": 1000.0}) is live
+    record = CoordinationRecord(coordination.worker_key("w"), None, 1, 0.0, json.dumps(status))
+    assert (coordination.live_workers([record], 1000.0 + age, 21.0) == {"w": 1000.0}) is live
     # A second process with the same id finds it by the same rule.
-    assert control.published_by_another(status, "proc-b", 1000.0 + age, 21.0) is live
+    assert coordination.published_by_another(status, "proc-b", 1000.0 + age, 21.0) is live
 
 
 def test_a_quiet_holders_cpu_figure_stays_current_for_its_record_life() -> None:
@@ -173,10 +174,10 @@ def test_a_quiet_holders_cpu_figure_stays_current_for_its_record_life() -> None:
 
     data = {"updated_at": 60.0, "cpu_percent": 40.0, "cpu_settled": True, "cpu_since": 50.0,
             "cpu_limit": 2.0}  # fmt: skip
-    quiet = CoordinationRecord(control.worker_key("q"), None, 1, 0.0,
+    quiet = CoordinationRecord(coordination.worker_key("q"), None, 1, 0.0,
                                json.dumps({**data, "live_for": 41.0}))  # fmt: skip
-    plain = CoordinationRecord(control.worker_key("p"), None, 1, 0.0, json.dumps(data))
-    figures = control.cpu_figures([quiet, plain], 95.0, max_age=21.0)
+    plain = CoordinationRecord(coordination.worker_key("p"), None, 1, 0.0, json.dumps(data))
+    figures = coordination.cpu_figures([quiet, plain], 95.0, max_age=21.0)
     assert figures["q"] == CpuFigure(40.0, True, 50.0, 2.0)  # 35 s old: written quietly
     assert figures["p"] == CpuFigure(40.0, False, 50.0, 2.0)  # late: its moves wait
 
@@ -209,16 +210,16 @@ def test_status_timing_follows_the_failover_time() -> None:
 
 def test_control_records_round_trip() -> None:
     store = MemoryLeaseTable()
-    assert control.is_suspended(store) is False
-    assert control.set_suspended(store, True, by="test", now_wall=1.0)
-    assert control.is_suspended(store) is True
-    assert control.set_suspended(store, False, by="test", now_wall=2.0)
-    assert control.is_suspended(store) is False
-    control.publish_worker_status(store, "w1", {"leases": {}}, now_wall=4.0)
-    control.publish_worker_status(store, "w1", {"leases": {"a": {}}}, now_wall=5.0)
-    status = control.worker_status(store, "w1")
+    assert coordination.is_suspended(store) is False
+    assert coordination.set_suspended(store, True, by="test", now_wall=1.0)
+    assert coordination.is_suspended(store) is True
+    assert coordination.set_suspended(store, False, by="test", now_wall=2.0)
+    assert coordination.is_suspended(store) is False
+    coordination.publish_worker_status(store, "w1", {"leases": {}}, now_wall=4.0)
+    coordination.publish_worker_status(store, "w1", {"leases": {"a": {}}}, now_wall=5.0)
+    status = coordination.worker_status(store, "w1")
     assert status["updated_at"] == 5.0 and status["leases"] == {"a": {}}
-    record = store.get_record(control.worker_key("w1"))
+    record = store.get_record(coordination.worker_key("w1"))
     # The worker id is the key; no owner attribute repeats it (every Scan reads the record).
     assert record is not None and record.version == 2 and record.owner is None
     assert "worker_id" not in json.loads(record.data)
@@ -227,7 +228,7 @@ def test_control_records_round_trip() -> None:
 
 def test_two_processes_with_one_worker_id_find_each_other() -> None:
     store = MemoryLeaseTable()
-    publish = control.publish_worker_status
+    publish = coordination.publish_worker_status
     assert publish(store, "w1", {}, 100.0, "proc-a", 30.0) is None
     assert publish(store, "w1", {}, 105.0, "proc-a", 30.0) is None  # itself again
     assert publish(store, "w1", {}, 110.0, "proc-b", 30.0) == "proc-a"  # a second process
@@ -348,30 +349,30 @@ class _CountingRecords(MemoryLeaseTable):
 
 def test_a_status_writer_writes_once_per_publish_and_still_finds_a_second_process() -> None:
     store = _CountingRecords()
-    a = control.StatusWriter(store, "w1", "proc-a", 30.0)
+    a = coordination.StatusWriter(store, "w1", "proc-a", 30.0)
     assert a.publish({"n": 1}, 100.0) is None
     assert (store.gets, store.puts) == (1, 1)  # the first write reads what was there
     for i in range(10):
         assert a.publish({"n": i}, 101.0 + i) is None
     assert (store.gets, store.puts) == (1, 11)  # then one conditional write each
-    assert control.worker_status(store, "w1")["n"] == 9
-    b = control.StatusWriter(store, "w1", "proc-b", 30.0)
+    assert coordination.worker_status(store, "w1")["n"] == 9
+    b = coordination.StatusWriter(store, "w1", "proc-b", 30.0)
     assert b.publish({}, 112.0) == "proc-a"  # a second process with the same worker id
     assert a.publish({}, 113.0) == "proc-b"  # a's write loses its condition, reads, finds b
     assert b.publish({}, 114.0) == "proc-a"
     assert a.publish({}, 300.0) is None  # b fell silent: its record is stale
     assert a.publish({}, 301.0) is None
-    status = control.worker_status(store, "w1")
+    status = coordination.worker_status(store, "w1")
     assert status["instance"] == "proc-a" and status["updated_at"] == 301.0
 
 
 def test_nothing_is_published_after_a_stopped_status() -> None:
     store = MemoryLeaseTable()
-    writer = control.StatusWriter(store, "w1", "proc-a", 30.0)
+    writer = coordination.StatusWriter(store, "w1", "proc-a", 30.0)
     writer.publish({"leases": {}}, 1.0)
     writer.publish({"stopped": True, "leases": {}}, 2.0)
     writer.publish({"leases": {"late": {}}}, 3.0)  # a control round that outlived its task
-    status = control.worker_status(store, "w1")
+    status = coordination.worker_status(store, "w1")
     assert status["stopped"] is True and status["updated_at"] == 2.0
 
 
@@ -383,7 +384,7 @@ def test_cpu_figures_come_from_running_workers_status_records() -> None:
     from checkpoint.port import CoordinationRecord
 
     def record(worker: str, **data: Any) -> CoordinationRecord:
-        return CoordinationRecord(control.worker_key(worker), worker, 1, 0.0, json.dumps(data))
+        return CoordinationRecord(coordination.worker_key(worker), worker, 1, 0.0, json.dumps(data))
 
     records = [
         record("busy", updated_at=99.0, cpu_percent=62.5, cpu_settled=True, cpu_since=89.0,
@@ -395,13 +396,13 @@ def test_cpu_figures_come_from_running_workers_status_records() -> None:
         record("stopping", updated_at=99.0, stopping=True, cpu_percent=40.0, cpu_settled=True),
         CoordinationRecord("suspended", "x", 1, 0.0, json.dumps({"suspended": False})),
     ]  # fmt: skip
-    assert control.cpu_figures(records, 100.0, max_age=21.0) == {
+    assert coordination.cpu_figures(records, 100.0, max_age=21.0) == {
         "busy": CpuFigure(62.5, True, 89.0, 2.0),
         "moving": CpuFigure(12.0, False),
         "new": CpuFigure(None, False),
         "late": CpuFigure(40.0, False),  # a status write late: its moves wait, no fallback
     }
-    assert set(control.live_workers(records, 100.0, max_age=21.0)) == {
+    assert set(coordination.live_workers(records, 100.0, max_age=21.0)) == {
         "busy",
         "moving",
         "new",
@@ -423,7 +424,7 @@ def test_the_suspend_flag_comes_from_a_recent_scan_else_from_a_read() -> None:
     from checkpoint.base.clock import ManualClock
 
     store, clock = _CountedReads(), ManualClock()
-    flag = control.SuspendFlag(store, clock, max_age=10.0)
+    flag = coordination.SuspendFlag(store, clock, max_age=10.0)
 
     def read() -> tuple[bool, int]:
         before = store.gets
@@ -434,11 +435,11 @@ def test_the_suspend_flag_comes_from_a_recent_scan_else_from_a_read() -> None:
     assert read() == (False, 1)  # no scan yet: read
     flag.observe(store.scan_table("").records, clock.monotonic())
     assert read() == (False, 0)  # no record in the scan: not suspended
-    control.set_suspended(store, True, by="op", now_wall=clock.wall())
+    coordination.set_suspended(store, True, by="op", now_wall=clock.wall())
     flag.observe(store.scan_table("").records, clock.monotonic())
     clock.advance(9.0)
     assert read() == (True, 0)  # from the scan
-    control.set_suspended(store, False, by="op", now_wall=clock.wall())
+    coordination.set_suspended(store, False, by="op", now_wall=clock.wall())
     clock.advance(1.5)  # the last scan is too old: read
     assert read() == (False, 1)
 
@@ -448,14 +449,14 @@ def test_the_suspend_flag_never_flips_back_to_an_older_record() -> None:
     from checkpoint.base.clock import ManualClock
 
     store, clock = _CountedReads(), ManualClock()
-    flag = control.SuspendFlag(store, clock, max_age=10.0)
-    control.set_suspended(store, False, by="op", now_wall=clock.wall())
+    flag = coordination.SuspendFlag(store, clock, max_age=10.0)
+    coordination.set_suspended(store, False, by="op", now_wall=clock.wall())
     before_suspend = store.scan_table("").records  # a scan that read the table now...
-    control.set_suspended(store, True, by="op", now_wall=clock.wall())
+    coordination.set_suspended(store, True, by="op", now_wall=clock.wall())
     assert flag.read() == (True, True)  # ...our read sees the suspend...
     flag.observe(before_suspend, clock.monotonic())  # ...then that scan returns
     assert flag.read() == (True, False)
-    control.set_suspended(store, False, by="op", now_wall=clock.wall())  # resumed
+    coordination.set_suspended(store, False, by="op", now_wall=clock.wall())  # resumed
     flag.observe(store.scan_table("").records, clock.monotonic())
     assert flag.read() == (False, False)
     flag.observe(before_suspend, clock.monotonic())  # a lagging replica's older view
@@ -467,13 +468,15 @@ def test_coordination_records_are_written_without_spaces() -> None:
     (a small fleet's table at the start sat just over the 4 KB that halves a Scan's units)."""
     store = MemoryLeaseTable()
     status = {"ready": True, "readiness": "ready", "leases": {}, "cpu_percent": 1.25}
-    control.publish_worker_status(store, "w1", status, now_wall=1764369512.123456, instance="i")
-    record = store.get_record(control.worker_key("w1"))
+    coordination.publish_worker_status(
+        store, "w1", status, now_wall=1764369512.123456, instance="i"
+    )
+    record = store.get_record(coordination.worker_key("w1"))
     assert record is not None and " " not in record.data
     data = json.loads(record.data)
     assert data["updated_at"] == 1764369512.123 and data["ready"] is True
-    control.set_suspended(store, True, by="me", now_wall=1.0)
-    record = store.get_record(control.SUSPEND_KEY)
+    coordination.set_suspended(store, True, by="me", now_wall=1.0)
+    record = store.get_record(coordination.SUSPEND_KEY)
     assert record is not None and " " not in record.data
 
 
@@ -513,17 +516,17 @@ def test_a_restart_after_a_crash_is_not_taken_for_a_twin(twin: bool) -> None:
 
     store, clock = MemoryLeaseTable(), ManualClock()
     old = {"updated_at": clock.wall() - 3.0, "live_for": 41.0}
-    control.publish_worker_status(store, "w", old, clock.wall() - 3.0, instance="crashed")
+    coordination.publish_worker_status(store, "w", old, clock.wall() - 3.0, instance="crashed")
     slept: list[float] = []
 
     async def sleep(seconds: float) -> None:
         slept.append(seconds)
         clock.advance(seconds)
         if twin:  # the other process writes its quiet status meanwhile
-            control.publish_worker_status(store, "w", {"live_for": 41.0}, clock.wall(),
+            coordination.publish_worker_status(store, "w", {"live_for": 41.0}, clock.wall(),
                                           instance="crashed")  # fmt: skip
 
-    writer = control.StatusWriter(store, "w", "restarted", 30.0)
+    writer = coordination.StatusWriter(store, "w", "restarted", 30.0)
     worker = SimpleNamespace(cfg=SimpleNamespace(worker_id="w"), clock=clock, store=store,
                              timing=LeaseTiming(failover=10.0), instance="restarted",
                              status_writer=writer, sleep=sleep)  # fmt: skip
@@ -532,7 +535,7 @@ def test_a_restart_after_a_crash_is_not_taken_for_a_twin(twin: bool) -> None:
         return fn(*args)
 
     if twin:
-        with pytest.raises(control.DuplicateWorkerError):
+        with pytest.raises(coordination.DuplicateWorkerError):
             asyncio.run(unique_worker_id(worker, io))  # type: ignore[arg-type]
     else:
         asyncio.run(unique_worker_id(worker, io))  # type: ignore[arg-type]

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
+from checkpoint import coordination
 from checkpoint.base.clock import ManualClock
 from checkpoint.base.errors import InvalidStateError
 from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import SHARD_END
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.ops import control
 from kclpy_spark.runtime.assigning import (
     DECLINED_FOR,
     Led,
@@ -405,7 +405,7 @@ def test_an_auto_fleet_switches_to_leader_assignment_when_large_and_back_when_sm
     # c stops: two running workers are under three quarters of three
     now = clock.wall()
     stopped = {"updated_at": now, "stopping": True}
-    record = CoordinationRecord(control.worker_key("c"), "c", 2, now, json.dumps(stopped))
+    record = CoordinationRecord(coordination.worker_key("c"), "c", 2, now, json.dumps(stopped))
     assert table.put_record(record, 1)
     run(a)
     clock.advance(1.0)

@@ -49,7 +49,8 @@ def test_the_budget_is_met_exactly_or_under_for_any_size() -> None:
 
 
 def test_the_status_publishes_the_cpu_figure_and_whether_it_is_settled() -> None:
-    """The load rule reads ``cpu_percent`` and ``cpu_settled`` from here (control.cpu_figures)."""
+    """The load rule reads ``cpu_percent`` and ``cpu_settled`` from here
+    (coordination.cpu_figures)."""
     from types import SimpleNamespace
 
     from prometheus_client import CollectorRegistry
@@ -108,24 +109,26 @@ def test_a_quiet_workers_status_writes_no_default_and_no_second_copy_of_its_id()
     """Every Scan of the lease table reads every status record: a field at its default (not
     leader, no leases, no events, "ready") is left out, and the worker id is only the record's
     key. Readers take what is missing as the default: the status page shows the same row."""
+    from checkpoint import coordination
     from checkpoint.stores.memory import MemoryLeaseTable
     from kclpy_spark.board.model import Board
-    from kclpy_spark.ops import control
     from kclpy_spark.runtime.publish import status_payload
 
     worker_id = "ip-10-0-12-34.ec2.internal:4242:a1b2c3"
     payload = status_payload(_quiet_worker(), 1010.0)  # type: ignore[arg-type]
     assert set(payload) == {"ready", "cpu_percent", "cpu_settled", "cpu_since", "cpu_limit"}
     store = MemoryLeaseTable()
-    control.publish_worker_status(store, worker_id, payload, 1010.0, instance="0123456789abcdef")
-    record = store.get_record(control.worker_key(worker_id))
+    coordination.publish_worker_status(
+        store, worker_id, payload, 1010.0, instance="0123456789abcdef"
+    )
+    record = store.get_record(coordination.worker_key(worker_id))
     assert record is not None and record.owner is None and worker_id not in record.data
     board = Board("app", "s", worker_ttl=30.0)
     board.observe([], {worker_id: json.loads(record.data)}, 1011.0)
     [row] = board.snapshot()["workers"]
     assert row["worker_id"] == worker_id and row["live"] and row["ready"] is True
     assert (row["readiness"], row["leader"], row["assigns"], row["leases"]) == ("", False, False, 0)
-    assert control.live_workers([record], 1011.0, 30.0) == {worker_id: 1010.0}
+    assert coordination.live_workers([record], 1011.0, 30.0) == {worker_id: 1010.0}
 
 
 def test_the_readiness_reason_is_written_unless_it_is_plain_ready() -> None:
@@ -251,7 +254,7 @@ def test_control_rounds_count_status_writes(holding: bool, writes: int) -> None:
     the manual clock stands still for the meter.)"""
     import asyncio
 
-    from kclpy_spark.ops import control
+    from checkpoint import coordination
     from kclpy_spark.runtime.publish import publish_if_due
 
     worker = _real_worker(holding)
@@ -267,7 +270,7 @@ def test_control_rounds_count_status_writes(holding: bool, writes: int) -> None:
                 worker.holder.renew_all()
 
     asyncio.run(rounds())
-    record = worker.store.get_record(control.worker_key("w"))
+    record = worker.store.get_record(coordination.worker_key("w"))
     assert record is not None and record.version == writes
     data = json.loads(record.data)
     assert data.get("live_for") == (41.0 if holding else None)

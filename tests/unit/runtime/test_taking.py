@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from checkpoint import coordination
 from checkpoint.base.clock import ManualClock
 from checkpoint.base.errors import DependencyError
 from checkpoint.counters import CoordinationCounters
@@ -24,7 +25,6 @@ from checkpoint.port import CoordinationRecord, TableScan
 from checkpoint.sequence import SHARD_END, TRIM_HORIZON
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.ops import control
 from kclpy_spark.runtime.assigning import leader_election, lease_timing
 from kclpy_spark.runtime.events import EventLog
 from kclpy_spark.runtime.metrics import WorkerMetrics
@@ -324,7 +324,7 @@ def test_a_failing_scan_before_handing_out_falls_back_on_the_last_rounds_view() 
 
 def status(table: MemoryLeaseTable, worker_id: str, updated_at: float, **data: Any) -> None:
     record = CoordinationRecord(
-        control.worker_key(worker_id),
+        coordination.worker_key(worker_id),
         worker_id,
         1,
         updated_at,
@@ -373,12 +373,12 @@ def test_a_round_hands_the_scans_coordination_records_to_the_leader_and_suspend_
     table = SlowScan(clock)
     put(table, "s00")
     status(table, "peer", clock.wall())
-    control.set_suspended(table, False, by="op", now_wall=clock.wall())
+    coordination.set_suspended(table, False, by="op", now_wall=clock.wall())
     w = worker(table, Consumers(), clock)
     w.board = SimpleNamespace(on_scan=lambda leases: None)
     w.health = SimpleNamespace(store_ok=lambda **_: None, all_parked=False)
     asyncio.run(Taker(w, io).round())
-    keys = (control.SUSPEND_KEY, control.worker_key("peer"))
+    keys = (coordination.SUSPEND_KEY, coordination.worker_key("peer"))
     assert w.leader.seen == w.suspend_flag.seen == [(tuple(sorted(keys)), clock.monotonic())]
 
 
@@ -387,13 +387,15 @@ def test_a_stopping_worker_says_so_before_handing_out(monkeypatch: Any) -> None:
 
     table = MemoryLeaseTable()
     w = worker(table, Consumers())
-    w.status_writer = control.StatusWriter(table, ME)
+    w.status_writer = coordination.StatusWriter(table, ME)
     monkeypatch.setattr(stopping, "status_payload", lambda worker, now: {"leases": {}})
     asyncio.run(stopping.announce_stopping(w, io))
-    assert control.worker_status(table, ME)["stopping"] is True
+    assert coordination.worker_status(table, ME)["stopping"] is True
     w.status_writer.publish({"leases": {}}, w.clock.wall())  # a control round's late publish
-    assert control.worker_status(table, ME)["stopping"] is True
-    assert control.live_workers(table.scan_table("worker/").records, w.clock.wall(), 60.0) == {}
+    assert coordination.worker_status(table, ME)["stopping"] is True
+    assert (
+        coordination.live_workers(table.scan_table("worker/").records, w.clock.wall(), 60.0) == {}
+    )
 
 
 @pytest.mark.parametrize(("assignment", "resigns"), [("worker", False), ("leader", True),
@@ -408,7 +410,7 @@ def test_a_stopping_leader_that_may_assign_resigns_before_handing_out(
     table = MemoryLeaseTable()
     w = worker(table, Consumers())
     w.cfg = WorkerConfig(stream_name="s", worker_id=ME, lease_assignment=assignment)
-    w.status_writer = control.StatusWriter(table, ME)
+    w.status_writer = coordination.StatusWriter(table, ME)
     w.leader = lease_election(w.cfg, table, w.clock)
     assert w.leader.tick()
     w.leader.set_assigns(True)

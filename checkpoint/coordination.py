@@ -1,4 +1,4 @@
-"""Application-wide control state kept in the lease store's coordination records.
+"""Application-wide coordination records kept in the lease store beside the leases.
 
 * ``suspended``: set by ``kclpy-spark suspend``; every worker stops taking and processing leases
   (keeping its checkpoints, staying alive) until ``resume``. It lives in the store, so it holds
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -28,7 +28,30 @@ from checkpoint.base.clock import Clock
 from checkpoint.base.errors import ConfigError
 from checkpoint.leasing.cpu_load import CpuFigure
 from checkpoint.port import CoordinationRecord, CoordinationStore, record_data
-from kclpy_spark.ops.status import is_live
+
+# The longest ``live_for`` a reader believes (an hour): a bad record must not look alive forever.
+MAX_LIVE_FOR = 3600.0
+
+
+def live_for(status: Mapping[str, Any], default: float) -> float:
+    """How long after its ``updated_at`` a status record says its worker runs: the record's own
+    ``live_for`` (a worker that may write its next status only after a quiet interval says
+    so), never less than the reader's ``default`` (records without it: older versions, or a
+    worker holding no lease, which writes every lease duration)."""
+    declared = status.get("live_for")
+    if isinstance(declared, bool) or not isinstance(declared, int | float):
+        return default
+    return max(float(declared), default) if 0 < declared <= MAX_LIVE_FOR else default
+
+
+def is_live(status: Mapping[str, Any], now_wall: float, max_age: float) -> bool:
+    """Whether ``status`` was written within ``max_age`` seconds, or within the longer time the
+    record itself says it holds for (``live_for``)."""
+    updated = status.get("updated_at")
+    if not isinstance(updated, int | float) or isinstance(updated, bool):
+        return False
+    return now_wall - updated <= live_for(status, max_age)
+
 
 SUSPEND_KEY = "suspended"
 _ATTEMPTS = 5
