@@ -19,6 +19,9 @@ class Sentinel(enum.StrEnum):
 
 # The order the KCL gives sentinels when comparing with real sequence numbers: every starting
 # sentinel sorts before any sequence number, SHARD_END after all of them.
+# The last moment a datetime can hold (9999-12-31T23:59:59Z), as epoch seconds.
+LATEST_EPOCH_SECONDS = 253_402_300_799.0
+
 _SENTINEL_RANK = {
     Sentinel.AT_TIMESTAMP: -3,
     Sentinel.TRIM_HORIZON: -2,
@@ -136,9 +139,13 @@ class InitialPosition:
                     "AT_TIMESTAMP needs a time: AT_TIMESTAMP:<epoch seconds or ISO-8601>"
                 )
             try:
-                return cls.at_timestamp(float(rest))
+                seconds = float(rest)
             except ValueError:
-                pass
+                seconds = None
+            if seconds is not None:  # 1e20, inf, nan: no time a stream can hold
+                if not 0 <= seconds <= LATEST_EPOCH_SECONDS:
+                    raise ValueError(f"AT_TIMESTAMP time out of range: {rest!r}")
+                return cls.at_timestamp(seconds)
             try:
                 when = datetime.fromisoformat(rest)
             except ValueError:

@@ -18,6 +18,9 @@ from kclpy_spark.config import WorkerConfig
 from kclpy_spark.ops.status import lease_rows, render_json, render_table
 from kclpy_spark.runtime.lease_store import LeaseStore, open_lease_store
 
+# How often ``status --watch`` / ``--serve`` may read the table: each read is a whole-table Scan.
+WATCH_SECONDS = (1.0, 86_400.0)
+
 
 def _positive_seconds(text: str) -> float:
     try:
@@ -26,6 +29,10 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    if not WATCH_SECONDS[0] <= value <= WATCH_SECONDS[1]:  # 1e-9: a table read per call
+        raise argparse.ArgumentTypeError(
+            f"must be between {WATCH_SECONDS[0]:g} and {WATCH_SECONDS[1]:g} seconds, got {text!r}"
+        )
     return value
 
 

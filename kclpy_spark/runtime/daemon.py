@@ -78,6 +78,12 @@ def load_processor_factory(path: str) -> ProcessorFactory:
             f"processor {path!r} lacks {', '.join(missing)}: subclass kclpy_spark.RecordProcessor "
             "(it has defaults for every method but process_records)"
         )
+    yielding = [m for m in PROCESSOR_METHODS if inspect.isgeneratorfunction(getattr(target, m))]
+    if yielding:  # calling one only makes a generator: its body would never run
+        raise ConfigError(
+            f"processor {path!r}: {', '.join(yielding)} yield(s); a processor method must not "
+            "be a generator (its body would never run): return instead"
+        )
     cls: type[RecordProcessor] = target  # type: ignore[assignment]
     try:
         cls()  # the worker makes one per lease with no arguments: find out now, not per lease

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from checkpoint.base.clock import AsyncSleep
+from checkpoint.base.errors import KclpySparkError
 from checkpoint.checkpointer import Checkpointer
 from checkpoint.lease import Lease
 from checkpoint.leasing.held import HeldLease, UpdateResult
@@ -247,4 +248,18 @@ def call_processor(method: Callable[[Any], Any], arg: object) -> Awaitable[None]
         if asyncio.iscoroutine(result):
             await result
 
-    return run()
+    async def guarded() -> None:
+        try:
+            await run()
+        except (SystemExit, KeyboardInterrupt) as exc:  # sys.exit() in user code: a failure,
+            raise ProcessorExitError(  # not the daemon's end with exit 0
+                f"{getattr(method, '__name__', 'the processor')} raised {exc!r}; a processor "
+                "fails a call by raising an Exception"
+            ) from exc
+
+    return guarded()
+
+
+class ProcessorExitError(KclpySparkError):
+    """A processor method raised SystemExit or KeyboardInterrupt: counted as a failed call (it
+    ended the whole daemon with the exit status the processor chose, 0 for ``sys.exit()``)."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from kclpy_spark.processor import ProcessRecordsInput, RecordProcessor
+from collections.abc import Iterator
+
+from kclpy_spark.processor import ProcessRecordsInput, Record, RecordProcessor
 
 
 class NeedsArguments(RecordProcessor):
@@ -31,3 +33,10 @@ class FailsToInitialize(RecordProcessor):
 
     def process_records(self, process_records_input: ProcessRecordsInput) -> None:
         return None
+
+
+class Yields(RecordProcessor):
+    """process_records written as a generator: calling it runs none of its body."""
+
+    def process_records(self, process_records_input: ProcessRecordsInput) -> Iterator[Record]:
+        yield from process_records_input.records

@@ -71,6 +71,12 @@ def run_config(tmp_path: Path, body: str, *extra: str) -> subprocess.CompletedPr
         # #49's poor list: a boolean or a fraction for a port; [[streams]] entries are checked as
         # the top level is (item 5).
         (f'stream_name = "s"\n{PROCESSOR}metrics_port = true\n', ["metrics_port", "True"]),
+        (f'stream_name = "s"\n{PROCESSOR}initial_position = "AT_TIMESTAMP:1e20"\n',
+         ["initial_position", "out of range"]),  # an OverflowError traceback before
+        (f'stream_name = "s"\n{PROCESSOR}initial_position = "AT_TIMESTAMP:-inf"\n',
+         ["initial_position", "out of range"]),
+        ('stream_name = "s"\nprocessor = "bad_processors:Yields"\n',
+         ["Yields", "process_records", "generator"]),
         (f'stream_name = "s"\n{PROCESSOR}metrics_port = 18080.7\n', ["metrics_port", "18080.7"]),
         (f'{PROCESSOR}[[streams]]\nstream_arn = "not-an-arn"\n', ["[[streams]]", "not-an-arn"]),
         (f'{PROCESSOR}[[streams]]\nstream_name = 42\n', ["[[streams]]", "stream_name", "42"]),
@@ -102,10 +108,14 @@ def test_an_unresolvable_metrics_host_is_one_line(tmp_path: Path) -> None:
     one_line(run_config(tmp_path, NOWHERE + body), "metrics_host", "no-such-host.invalid")
 
 
-def test_status_watch_must_be_positive(tmp_path: Path) -> None:
-    result = cli("status", "--stream-name", "s", "--watch", "-1", cwd=tmp_path)
+@pytest.mark.parametrize(
+    ("watch", "needle"), [("-1", "positive"), ("1e300", "between"), ("1e-9", "between")]
+)
+def test_status_watch_must_be_positive_and_bounded(tmp_path: Path, watch: str, needle: str) -> None:
+    """1e300 ended in an OverflowError traceback; 1e-9 read the whole table 60 times a second."""
+    result = cli("status", "--stream-name", "s", "--watch", watch, cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "--watch" in result.stderr and "positive" in result.stderr
+    assert "--watch" in result.stderr and needle in result.stderr
 
 
 def test_reset_to_a_future_time_is_refused(tmp_path: Path) -> None:

@@ -667,3 +667,22 @@ def test_a_plain_processor_is_not_called_for_empty_reads() -> None:
     consumer = env.consumer(FakeSources([FetchedBatch([], 0), batch(10), FetchedBatch([], 0)]))
     env.run(consumer, until=lambda: env.processor.seen == ["10"])
     assert env.processor.calls == ["initialize", "process_records", "shutdown_requested"]
+
+
+class Exits(Recorder):
+    """process_records calls sys.exit(0) (a user's way to give up on a batch)."""
+
+    def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+        self.calls.append("process_records")
+        raise SystemExit(0)
+
+
+def test_sys_exit_in_process_records_is_a_failure_not_the_daemons_end() -> None:
+    """#49's poor list: SystemExit(0) from process_records (run in a thread, re-raised on the
+    loop) ended the whole daemon with exit status 0, which a supervisor does not restart."""
+    env = Env(processor=Exits())
+    env.lease()
+    consumer = env.consumer(FakeSources([batch(10)]))
+    assert env.run(consumer) is Outcome.PARKED
+    assert env.processor.calls.count("process_records") == ATTEMPTS
+    assert "SystemExit(0)" in consumer.stats.park_reason
