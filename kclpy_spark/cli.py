@@ -109,6 +109,8 @@ def _config_from_args(args: argparse.Namespace) -> WorkerConfig:
 
     overrides = {name: getattr(args, name) for name in _FLAG_FIELDS}
     overrides["until_caught_up"] = getattr(args, "until_caught_up", None)
+    if args.config is not None and not args.config.strip():  # was read as "no config file"
+        raise ConfigError("--config: an empty path; name a TOML file or leave --config out")
     if args.config:
         return load_toml(args.config).with_overrides(**overrides)
     return from_mapping(

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import InitialPosition
@@ -213,6 +214,21 @@ def _check_streams(cfg: WorkerConfig) -> None:
     check_not_in_future(cfg.initial_position, "config 'initial_position'", time.time())
 
 
+def _check_endpoint(url: str) -> None:
+    """http(s)://host[:port][/...]: "http://" or port 99999 were retried as unreachable."""
+    bad = ConfigError(
+        "config 'endpoint_url' must be http://host[:port] or https://host[:port] with a port "
+        f"of 1..65535, got {url!r}"
+    )
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        raise bad from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
+        raise bad
+
+
 def _check_names(cfg: WorkerConfig) -> None:
     if not _APP_NAME.match(cfg.application_name):
         raise ConfigError(
@@ -238,10 +254,8 @@ def _check_names(cfg: WorkerConfig) -> None:
         )
     if cfg.consumer_name is not None and not _STREAM_NAME.match(cfg.consumer_name):
         raise ConfigError(f"config 'consumer_name' is not a valid name: {cfg.consumer_name!r}")
-    if cfg.endpoint_url is not None and not re.match(r"^https?://", cfg.endpoint_url):
-        raise ConfigError(
-            f"config 'endpoint_url' must start with http:// or https://, got {cfg.endpoint_url!r}"
-        )
+    if cfg.endpoint_url is not None:
+        _check_endpoint(cfg.endpoint_url)
     if not _REGION.match(cfg.region):
         raise ConfigError(f"config 'region' is not an AWS region name: {cfg.region!r}")
 

@@ -21,7 +21,7 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from checkpoint.base.errors import error_code, is_throttling
+from checkpoint.base.errors import MalformedAnswerError, error_code, is_throttling
 from checkpoint.base.retry import Backoff
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.retrieval.fastdecode import (
@@ -144,8 +144,11 @@ class PollingFetcher:
                 resp = await self._client.get_shard_iterator(
                     **self._stream, ShardId=self._shard_id, **args
                 )
+                iterator = resp.get("ShardIterator")
+                if not isinstance(iterator, str) or not iterator:  # a 200 of {} from a proxy
+                    raise MalformedAnswerError("an answer without a ShardIterator")
                 self._backoff.reset()
-                return str(resp["ShardIterator"])
+                return iterator
             except Exception as exc:
                 await self._handle(exc, "GetShardIterator")
 

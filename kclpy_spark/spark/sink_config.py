@@ -196,6 +196,11 @@ def _check(cfg: SinkConfig) -> None:
     from kclpy_spark.spark.session import SparkTarget
 
     SparkTarget.parse(cfg.spark_target)  # raises ConfigError naming spark_target
+    if "spark.master" in cfg.spark_conf:  # it would bypass that check and the target's setup
+        raise ConfigError(
+            "config 'spark_conf' sets spark.master: set 'spark_target' instead (it is checked, "
+            "and the session is set up for it)"
+        )
     if not cfg.batching.max_wait > 0:  # 0 (flush at once) is for tests; a sink batches
         raise ConfigError(f"config 'max_wait' must be > 0, got {cfg.batching.max_wait}")
     if not cfg.shutdown_timeout > 0:

@@ -77,6 +77,8 @@ def run_config(tmp_path: Path, body: str, *extra: str) -> subprocess.CompletedPr
          ["initial_position", "out of range"]),
         ('stream_name = "s"\nprocessor = "bad_processors:Yields"\n',
          ["Yields", "process_records", "generator"]),
+        (f'stream_name = "s"\n{PROCESSOR}[sink]\nsink = "parquet:out"\n'
+         '[sink.spark_conf]\n"spark.master" = "local[4]"\n', ["spark.master", "spark_target"]),
         (f'stream_name = "s"\n{PROCESSOR}metrics_port = 18080.7\n', ["metrics_port", "18080.7"]),
         (f'{PROCESSOR}[[streams]]\nstream_arn = "not-an-arn"\n', ["[[streams]]", "not-an-arn"]),
         (f'{PROCESSOR}[[streams]]\nstream_name = 42\n', ["[[streams]]", "stream_name", "42"]),
@@ -89,6 +91,22 @@ def run_config(tmp_path: Path, body: str, *extra: str) -> subprocess.CompletedPr
 )  # fmt: skip
 def test_start_up_checks(body: str, needles: list[str], tmp_path: Path) -> None:
     one_line(run_config(tmp_path, NOWHERE + body), *needles)
+
+
+@pytest.mark.parametrize(
+    ("url", "needle"), [("http://", "'http://'"), ("http://127.0.0.1:99999", "1..65535")]
+)
+def test_an_endpoint_url_without_a_host_or_with_a_bad_port_is_one_line(
+    tmp_path: Path, url: str, needle: str
+) -> None:
+    """Both were retried as an endpoint that does not answer (15 attempts)."""
+    body = f'endpoint_url = "{url}"\nstream_name = "s"\n{PROCESSOR}'
+    one_line(run_config(tmp_path, body), "endpoint_url", needle)
+
+
+def test_an_empty_config_path_is_one_line(tmp_path: Path) -> None:
+    """``--config ""`` was read as no config file at all, silently."""
+    one_line(cli("run", "--config", "", "--stream-name", "s", cwd=tmp_path), "--config", "empty")
 
 
 def test_a_metrics_port_in_use_is_one_line(tmp_path: Path) -> None:

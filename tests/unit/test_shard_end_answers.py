@@ -303,3 +303,19 @@ def test_an_empty_list_shards_or_describe_answer_is_retried_not_read_as_no_shard
     lister = KinesisShardLister(client, stream_name="s", sleep=lambda _: None)
     assert [s.shard_id for s in lister.list_shards()] == ["shardId-000000000000"]
     assert client.calls == 5  # 3 malformed answers retried, then a describe and a listing
+
+
+class NoIteratorFirst(ScriptedShard):
+    """GetShardIterator answers ``{}`` twice (a proxy), then an iterator."""
+
+    async def get_shard_iterator(self, **kw: Any) -> dict[str, Any]:
+        self.iterator_calls += 1
+        return {} if self.iterator_calls <= 2 else {"ShardIterator": "it-ok"}
+
+
+def test_a_get_shard_iterator_answer_without_an_iterator_is_asked_again() -> None:
+    """It was retried with the bare message 'ShardIterator' (a KeyError's)."""
+    shard = NoIteratorFirst([_page([1], None, ChildShards=[CHILD])])
+    batches, _, sleeps = _read(shard)
+    assert shard.iterator_calls == 3 and shard.iterators_read == ["it-ok"]
+    assert [b.shard_ended for b in batches] == [True] and len(sleeps) == 2

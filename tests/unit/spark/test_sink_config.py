@@ -68,6 +68,7 @@ def test_defaults_and_derived_values() -> None:
         ({"commit_retry_delay": float("inf")}, "commit_retry_delay"),
         ({"writers": 20_000}, "writers"),
         ({"writers": 100_000_000}, "writers"),
+        ({"spark_conf": {"spark.master": "local[4]"}}, "spark_target"),  # bypassed its check
     ],
 )
 def test_bad_values_name_their_key(changes: dict[str, Any], key: str) -> None:
