@@ -1,6 +1,6 @@
 """Importing the user's code named in a config (``processor = "myproc:Counter"``, a sink function):
-the working directory is importable, as with ``python -m``, and a module that cannot be imported
-gets one line that says where it was looked for."""
+the working directory is importable (after the interpreter's own paths), and a module that cannot
+be imported gets one line that says where it was looked for."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from checkpoint.base.errors import ConfigError
 
 
 def working_directory_importable() -> str:
-    """Put the working directory first on ``sys.path`` (once), as ``python -m`` does."""
+    """Make the working directory importable, last on ``sys.path`` (``python -m`` puts it first,
+    as ``""``): a file there named like a standard module, ``sqlite3.py`` say, must not shadow
+    the module the worker imports later. Idempotent."""
     cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
+    sys.path[:] = [p for p in sys.path if p not in ("", cwd)] + [cwd]
     return cwd
 
 

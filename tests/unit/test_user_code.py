@@ -1,0 +1,30 @@
+"""Importing the user's modules from the working directory (#49's poor list: a ``sqlite3.py``
+there shadowed the standard library, because the working directory came first on sys.path)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from kclpy_spark.user_code import import_user_module, working_directory_importable
+
+
+def test_the_working_directory_comes_after_the_interpreters_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "sqlite3.py").write_text("raise ImportError('the shadow')\n")
+    (tmp_path / "my_processor_mod.py").write_text("VALUE = 7\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", ["", str(tmp_path), *sys.path])
+    working_directory_importable()
+    working_directory_importable()  # idempotent
+    assert sys.path.count(str(tmp_path)) == 1 and sys.path[-1] == str(tmp_path)
+    assert "" not in sys.path
+    spec = importlib.util.find_spec("sqlite3")
+    assert spec is not None and spec.origin is not None
+    assert not spec.origin.startswith(str(tmp_path))  # the standard library's
+    assert import_user_module("my_processor_mod", "processor").VALUE == 7
+    sys.modules.pop("my_processor_mod", None)
