@@ -34,5 +34,5 @@ def import_user_module(module_name: str, what: str) -> ModuleType:
                 "that holds it, or add that folder to PYTHONPATH)"
             ) from None
         raise ConfigError(f"cannot import {what} module {module_name!r}: {exc}") from None
-    except Exception as exc:  # whatever the module raised on import
+    except (Exception, SystemExit) as exc:  # whatever the module raised (sys.exit(0) too)
         raise ConfigError(f"cannot import {what} module {module_name!r}: {exc!r}") from None

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from checkpoint.base.errors import ConfigError
 from checkpoint.base.retry import RetryPolicy
 from checkpoint.port import CoordinationStore, LeaseTable, TableReader
 
@@ -71,7 +72,13 @@ def open_lease_store(cfg: WorkerConfig) -> LeaseStore:
         path = cfg.sqlite_path
         assert path is not None  # the config checked the form
         if cfg.create_lease_table:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:  # a file where a folder should be, no permission
+                raise ConfigError(
+                    f"config 'lease_store': cannot make the folder for {path}: {exc.strerror} "
+                    f"({exc.filename})"
+                ) from None
         store = SQLiteLeaseTable(
             path,
             namespace=cfg.application_name,

@@ -104,6 +104,13 @@ def test_an_endpoint_url_without_a_host_or_with_a_bad_port_is_one_line(
     one_line(run_config(tmp_path, body), "endpoint_url", needle)
 
 
+def test_an_sqlite_store_under_a_file_is_one_line(tmp_path: Path) -> None:
+    """A file where the store's folder should be was a NotADirectoryError traceback."""
+    (tmp_path / "blocker").write_text("a file, not a folder")
+    body = f'stream_name = "s"\n{PROCESSOR}lease_store = "sqlite:blocker/leases.db"\n'
+    one_line(run_config(tmp_path, NOWHERE + body), "lease_store", "blocker")
+
+
 def test_an_empty_config_path_is_one_line(tmp_path: Path) -> None:
     """``--config ""`` was read as no config file at all, silently."""
     one_line(cli("run", "--config", "", "--stream-name", "s", cwd=tmp_path), "--config", "empty")

@@ -28,3 +28,16 @@ def test_the_working_directory_comes_after_the_interpreters_paths(
     assert not spec.origin.startswith(str(tmp_path))  # the standard library's
     assert import_user_module("my_processor_mod", "processor").VALUE == 7
     sys.modules.pop("my_processor_mod", None)
+
+
+def test_a_module_that_calls_sys_exit_on_import_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sys.exit(0)`` at a processor module's top level ended the daemon with status 0."""
+    from checkpoint.base.errors import ConfigError
+
+    (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(0)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    with pytest.raises(ConfigError, match=r"exits_on_import.*SystemExit"):
+        import_user_module("exits_on_import", "processor")
