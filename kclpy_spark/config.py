@@ -381,6 +381,12 @@ def load_toml(path: str | Path) -> WorkerConfig:
     table = data.get("kclpy_spark", data)
     if not isinstance(table, dict):
         raise ConfigError(f"config file {str(p)!r}: [kclpy_spark] must be a table")
+    beside = sorted(set(data) & set(_FIELDS)) if table is not data else []
+    if beside:  # worker keys there were ignored, silently (other tools' keys may share the file)
+        raise ConfigError(
+            f"config file {str(p)!r}: key(s) {', '.join(beside)} beside a [kclpy_spark] table: "
+            "put every worker key in that table, or none"
+        )
     # [sink] and [[sinks]] configure the Spark sink (kclpy_spark.spark.sink_config), not the worker.
     table = {k: v for k, v in table.items() if k not in ("sink", "sinks")}
     return from_mapping(table, source=str(p))

@@ -111,6 +111,12 @@ def test_an_sqlite_store_under_a_file_is_one_line(tmp_path: Path) -> None:
     one_line(run_config(tmp_path, NOWHERE + body), "lease_store", "blocker")
 
 
+def test_top_level_keys_beside_a_kclpy_spark_table_are_one_line(tmp_path: Path) -> None:
+    """They were ignored, silently."""
+    body = f'failover_time = 3.0\n[kclpy_spark]\nstream_name = "s"\n{PROCESSOR}'
+    one_line(run_config(tmp_path, body), "failover_time", "[kclpy_spark]")
+
+
 def test_an_empty_config_path_is_one_line(tmp_path: Path) -> None:
     """``--config ""`` was read as no config file at all, silently."""
     one_line(cli("run", "--config", "", "--stream-name", "s", cwd=tmp_path), "--config", "empty")
