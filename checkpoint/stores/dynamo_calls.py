@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from checkpoint.base.errors import DependencyError, ThrottledError, error_code, map_aws_error
+from checkpoint.base.errors import (
+    DependencyError,
+    MalformedAnswerError,
+    ThrottledError,
+    error_code,
+    map_aws_error,
+)
 from checkpoint.base.retry import RetryPolicy, call_with_retry
 from checkpoint.stores.capacity import CapacityMeter, item_size, write_units
 from checkpoint.stores.dynamo_expr import Expr
@@ -102,7 +108,11 @@ class DynamoCalls:
                 unknown = unknown or not isinstance(exc, ThrottledError)
                 raise
             if not isinstance(response, _Lost):
-                return won(response)
+                try:
+                    return won(response)
+                except MalformedAnswerError:  # a 200 without the item (a proxy's {}): the
+                    unknown = True  # write may have landed; the retry judges it as after a
+                    raise  # timeout
             if not (unknown or response.retried):
                 return None
             result = landed(response.item)
@@ -120,6 +130,15 @@ class DynamoCalls:
             kwargs["ExclusiveStartKey"] = page.get("LastEvaluatedKey")
             if not kwargs["ExclusiveStartKey"]:
                 return
+
+
+def written_item(response: dict[str, Any]) -> dict[str, Any]:
+    """The item an UpdateItem with ReturnValues=ALL_NEW returns. Raises MalformedAnswerError for
+    a 200 without it (``{}`` or an HTML page from a proxy): the write's outcome is unknown."""
+    item = response.get("Attributes")
+    if not isinstance(item, dict):
+        raise MalformedAnswerError("UpdateItem answered without the item it wrote")
+    return item
 
 
 class _Lost:

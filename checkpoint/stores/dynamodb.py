@@ -40,7 +40,7 @@ from checkpoint.lease import Lease, WriteStamp, refuse_regression
 from checkpoint.port import CoordinationRecord, TableScan
 from checkpoint.sequence import ExtendedSequenceNumber
 from checkpoint.stores import dynamo_codec as codec
-from checkpoint.stores.dynamo_calls import DynamoCalls
+from checkpoint.stores.dynamo_calls import DynamoCalls, written_item
 from checkpoint.stores.dynamo_expr import Expr
 from checkpoint.stores.dynamo_table import TableSetup
 
@@ -234,7 +234,7 @@ class DynamoDBLeaseTable(DynamoCalls):
                 f"{what} lease {lease.lease_key!r}",
                 "UpdateItem",
                 build,
-                lambda response: codec.lease_from_item(response["Attributes"]),
+                lambda response: codec.lease_from_item(written_item(response)),
                 landed,
             )
         except KclpySparkError as exc:

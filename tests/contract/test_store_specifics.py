@@ -888,3 +888,47 @@ def test_dynamodb_missing_or_malformed_owner_figures_are_ignored_not_corrupt(
     if value is not None:
         item[dynamo_codec.FIGURES] = value
     assert dynamo_codec.lease_from_item(item).figures == expected
+
+
+class EatsUpdates:
+    """A DynamoDB client behind a broken proxy: its next ``eat`` UpdateItem calls are answered
+    200 ``{}`` (``land``: after the real call was made) instead of the real answer."""
+
+    def __init__(self, inner: Any, eat: int, *, land: bool) -> None:
+        self._inner, self.eat, self.land = inner, eat, land
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def update_item(self, **kw: Any) -> Any:
+        if self.eat <= 0:
+            return self._inner.update_item(**kw)
+        self.eat -= 1
+        if self.land:
+            self._inner.update_item(**kw)
+        return {}
+
+
+@pytest.mark.parametrize("land", [False, True])
+def test_dynamodb_a_200_without_the_written_item_is_asked_again(
+    dynamodb_client: Any, unique_name: str, land: bool
+) -> None:
+    """#49's poor list: a fake 200 from UpdateItem (a KeyError on 'Attributes', records
+    redelivered while ready). Now a malformed answer: retried, and judged as after a timeout
+    (an earlier attempt that landed counts, once)."""
+    real = DynamoDBLeaseTable(dynamodb_client, unique_name, retry=FAST, sleep=no_sleep)
+    real.ensure_table()
+    try:
+        real.create_lease_if_absent(Lease("shardId-0", TRIM_HORIZON))
+        taken = real.take_lease(real.list_leases()[0], "w1")
+        assert taken is not None
+        client = EatsUpdates(dynamodb_client, 2, land=land)
+        store = DynamoDBLeaseTable(client, unique_name, retry=FAST, sleep=no_sleep)
+        moved = store.update_checkpoint(taken, ExtendedSequenceNumber(SEQ))
+        assert moved is not None and moved.checkpoint == ExtendedSequenceNumber(SEQ)
+        assert client.eat == 0
+        stored = real.get_lease("shardId-0")
+        assert stored is not None and stored.checkpoint == ExtendedSequenceNumber(SEQ)
+        assert stored.lease_counter == taken.lease_counter + 1  # written once
+    finally:
+        dynamodb_client.delete_table(TableName=unique_name)
