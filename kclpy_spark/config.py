@@ -220,10 +220,10 @@ def _check_endpoint(url: str) -> None:
         "config 'endpoint_url' must be http://host[:port] or https://host[:port] with a port "
         f"of 1..65535, got {url!r}"
     )
-    parts = urlsplit(url)
     try:
+        parts = urlsplit(url)
         port = parts.port
-    except ValueError:
+    except ValueError:  # "http://[::1", a port out of range
         raise bad from None
     if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
         raise bad

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import site
 import sys
 from types import ModuleType
 
@@ -13,11 +14,19 @@ from checkpoint.base.errors import ConfigError
 
 
 def working_directory_importable() -> str:
-    """Make the working directory importable, last on ``sys.path`` (``python -m`` puts it first,
-    as ``""``): a file there named like a standard module, ``sqlite3.py`` say, must not shadow
-    the module the worker imports later. Idempotent."""
+    """Make the working directory importable after the standard library and before the installed
+    packages (``python -m`` puts it first, as ``""``): a file there named like a standard
+    module, ``sqlite3.py`` say, must not shadow the module the worker imports later, and the
+    user's ``six.py`` still wins over an installed ``six``. Other entries keep their order.
+    Idempotent."""
     cwd = os.getcwd()
-    sys.path[:] = [p for p in sys.path if p not in ("", cwd)] + [cwd]
+    rest = [p for p in sys.path if p not in ("", cwd)]
+    packages = {*site.getsitepackages(), site.getusersitepackages()}
+    at = next(
+        (i for i, p in enumerate(rest) if p in packages or "-packages" in os.path.basename(p)),
+        len(rest),
+    )
+    sys.path[:] = [*rest[:at], cwd, *rest[at:]]
     return cwd
 
 

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
+from checkpoint.base.errors import KclpySparkError
 from checkpoint.lease import Lease
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import Sentinel
@@ -100,6 +101,9 @@ class LeaderMaintenance:
         self._lister = lister
         self._garbage_every = garbage_every
         self._rounds = 0
+        # Why the last shard sync failed (None: it succeeded, or none ran yet). A sync has retried
+        # ListShards for about a minute before it fails; other steps of a round do not count.
+        self.sync_failure: str | None = None
 
     def run_once(self) -> AuditResult:
         leases = [lease for lease in self._table.list_leases() if self._syncer.owns(lease)]
@@ -108,7 +112,7 @@ class LeaderMaintenance:
         holes = lease_hash_range_holes(leases)
         unknown_range = any(lease.hash_key_range is None for lease in active)
         if not leases:
-            synced = self._syncer.sync(leases)
+            synced = self._sync(leases)
             self._consecutive = 0
         elif holes or unknown_range:
             self._consecutive += 1
@@ -120,7 +124,7 @@ class LeaderMaintenance:
                 self._threshold,
             )
             if self._consecutive >= self._threshold:
-                synced = self._syncer.sync(leases)
+                synced = self._sync(leases)
                 self._consecutive = 0
         else:
             self._consecutive = 0
@@ -138,6 +142,15 @@ class LeaderMaintenance:
                 )
             )
         return AuditResult(len(holes), self._consecutive, synced, tuple(deleted))
+
+    def _sync(self, leases: list[Lease]) -> SyncResult:
+        try:
+            result = self._syncer.sync(leases)
+        except KclpySparkError as exc:
+            self.sync_failure = str(exc)
+            raise
+        self.sync_failure = None
+        return result
 
     def delete_garbage(self, scanned_before: Iterable[Lease], lister: ShardLister) -> list[str]:
         """Delete the leases of shards that no longer exist; returns the deleted lease keys.

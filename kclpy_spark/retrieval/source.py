@@ -252,12 +252,14 @@ class KinesisShardProbe:
         self._stream = stream
         self._max_calls = max_calls
 
-    async def _trim_horizon_iterator(self, shard_id: str) -> str | None:
+    async def _trim_horizon_iterator(self, shard_id: str) -> str:
         resp = await self._client.get_shard_iterator(
             **self._stream, ShardId=shard_id, ShardIteratorType="TRIM_HORIZON"
         )
         iterator = resp.get("ShardIterator")
-        return None if iterator is None else str(iterator)
+        if not isinstance(iterator, str) or not iterator:  # a 200 of {} is no "empty shard"
+            raise MalformedAnswerError("GetShardIterator answered without a ShardIterator")
+        return iterator
 
     async def earliest_sequence_number(self, shard_id: str) -> str | None:
         # GetRecords at TRIM_HORIZON may answer empty pages before reaching data on a real

@@ -63,6 +63,7 @@ from kclpy_spark.runtime.tenure import (
     ShutdownSignal,
     Tenure,
     call_processor,
+    exited,
 )
 
 __all__ = ["Outcome", "ProcessorFactory", "ShardConsumer", "ShardStats"]
@@ -231,7 +232,10 @@ class ShardConsumer:
 
     async def _create_processor(self) -> RecordProcessor:
         if self._processor is None:
-            self._processor = self._processors()
+            try:
+                self._processor = self._processors()
+            except SystemExit as exc:  # sys.exit() in __init__: a failure, not the daemon's end
+                raise exited(self._processors, exc) from exc
         return self._processor
 
     async def _process(self, processor: RecordProcessor) -> Outcome:

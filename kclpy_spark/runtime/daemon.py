@@ -53,6 +53,11 @@ class NotCaughtUpError(KclpySparkError):
 log = logging.getLogger(__name__)
 
 
+def _yields(method: object) -> bool:
+    """A generator function, plain or async: calling it runs none of its body."""
+    return inspect.isgeneratorfunction(method) or inspect.isasyncgenfunction(method)
+
+
 def load_processor_factory(path: str) -> ProcessorFactory:
     """``"package.module:Class"`` -> a factory of processor instances; ConfigError if unusable."""
     module_name, _, attr = path.partition(":")
@@ -78,7 +83,8 @@ def load_processor_factory(path: str) -> ProcessorFactory:
             f"processor {path!r} lacks {', '.join(missing)}: subclass kclpy_spark.RecordProcessor "
             "(it has defaults for every method but process_records)"
         )
-    yielding = [m for m in PROCESSOR_METHODS if inspect.isgeneratorfunction(getattr(target, m))]
+    methods = [*PROCESSOR_METHODS, *(["no_records"] if hasattr(target, "no_records") else [])]
+    yielding = [m for m in methods if _yields(getattr(target, m))]
     if yielding:  # calling one only makes a generator: its body would never run
         raise ConfigError(
             f"processor {path!r}: {', '.join(yielding)} yield(s); a processor method must not "
@@ -87,7 +93,7 @@ def load_processor_factory(path: str) -> ProcessorFactory:
     cls: type[RecordProcessor] = target  # type: ignore[assignment]
     try:
         cls()  # the worker makes one per lease with no arguments: find out now, not per lease
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit() in __init__ would end the daemon with it
         raise ConfigError(
             f"processor {path!r} cannot be created with no arguments: {exc!r} (the worker makes "
             "one per lease as Class(); read settings from the environment or a file instead)"

@@ -44,7 +44,7 @@ class Health:
         self._monotonic = monotonic
         self._store_interval = store_interval  # the lease table must answer within 3 of these
         # While suspended nothing is renewed, scanned or taken: only the control round's read of
-        # the flag (this often) proves the table answers; it must answer within 2 of these.
+        # the flag (this often) proves the table answers; one read may fail: within 3 of these.
         self._quiet_interval = quiet_interval
         self.missing_timeout = missing_timeout
         self._table_name = table_name
@@ -101,7 +101,7 @@ class Health:
         age = now - self.last_store_ok
         limit = 3 * self._store_interval
         if suspended:
-            limit = max(limit, 2 * self._quiet_interval)
+            limit = max(limit, 3 * self._quiet_interval)
         if age > limit:
             return False, f"lease table unreachable for {age:.0f}s"
         missing = sorted(missing_streams)

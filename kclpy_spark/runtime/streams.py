@@ -133,7 +133,6 @@ class StreamContext:
         )
         self.probe = KinesisShardProbe(kinesis_async, spec.request)
         self.gone_since: float | None = None  # monotonic: when it was first found missing
-        self.sync_failed: str | None = None  # why this worker's last shard sync of it failed
         self.created: float | None = None  # creation time of the stream the leases belong to
 
     @property
@@ -267,7 +266,8 @@ class StreamSet:
 
     def failing_syncs(self) -> list[str]:
         """Each stream whose last shard sync by this worker (the leader) failed, with why."""
-        return [f"{c.label} ({c.sync_failed})" for c in self.contexts.values() if c.sync_failed]
+        failed = [(c.label, c.maintenance.sync_failure) for c in self.contexts.values()]
+        return [f"{label} ({why})" for label, why in failed if why]
 
     def gone(self) -> dict[str, float]:
         """Each configured stream missing now (deleted, or never opened), with the monotonic

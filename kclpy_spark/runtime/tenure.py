@@ -237,27 +237,38 @@ class Tenure:
 
 
 def call_processor(method: Callable[[Any], Any], arg: object) -> Awaitable[None]:
-    """Call a processor method: ``async def`` ones on the loop, plain ones in a thread."""
+    """Call a processor method: ``async def`` ones on the loop, plain ones in a thread.
+    ``sys.exit()`` in it (and KeyboardInterrupt in a thread, where only user code raises it) is a
+    ProcessorExitError: a failed call, not the daemon's end with the status it chose."""
     from kclpy_spark.processor import is_async
 
     async def run() -> None:
-        if is_async(method):
-            await method(arg)
-            return
-        result = await asyncio.to_thread(method, arg)
+        try:
+            if is_async(method):
+                await method(arg)
+                return
+            result = await asyncio.to_thread(in_thread, method, arg)
+        except SystemExit as exc:
+            raise exited(method, exc) from exc
         if asyncio.iscoroutine(result):
             await result
 
-    async def guarded() -> None:
-        try:
-            await run()
-        except (SystemExit, KeyboardInterrupt) as exc:  # sys.exit() in user code: a failure,
-            raise ProcessorExitError(  # not the daemon's end with exit 0
-                f"{getattr(method, '__name__', 'the processor')} raised {exc!r}; a processor "
-                "fails a call by raising an Exception"
-            ) from exc
+    return run()
 
-    return guarded()
+
+def in_thread(method: Callable[[Any], Any], arg: object) -> Any:
+    """``method(arg)`` on a worker thread; KeyboardInterrupt there is the user code's own."""
+    try:
+        return method(arg)
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise exited(method, exc) from exc
+
+
+def exited(what: object, exc: BaseException) -> ProcessorExitError:
+    name = getattr(what, "__name__", "the processor")
+    return ProcessorExitError(
+        f"{name} raised {exc!r}; a processor fails a call by raising an Exception"
+    )
 
 
 class ProcessorExitError(KclpySparkError):

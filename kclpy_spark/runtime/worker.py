@@ -189,7 +189,8 @@ class Worker:
         missing = list(self.streams.gone())
         ready, why = self.health.readiness(
             suspended=self.suspended, consumers=self.consumers.views(), missing_streams=missing,
-            failing_syncs=self.streams.failing_syncs() if self.leader.is_leader else (),
+            failing_syncs=self.streams.failing_syncs() if self.leader.is_leader
+            and not self.suspended else (),
         )  # fmt: skip
         sink = getattr(self._processor_factory, "readiness", None)  # the Spark sink's
         if ready and callable(sink):
@@ -384,9 +385,7 @@ class Worker:
                 result = await self._io(context.maintenance.run_once)
             except KclpySparkError as exc:
                 log.warning("shard sync of stream %s failed: %s", context.label, exc)
-                context.sync_failed = str(exc)
                 continue
-            context.sync_failed = None
             synced = result.synced
             if synced is not None and (synced.created or synced.reopened):
                 self._take_now.set()

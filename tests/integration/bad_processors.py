@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from kclpy_spark.processor import ProcessRecordsInput, Record, RecordProcessor
 
@@ -40,3 +41,21 @@ class Yields(RecordProcessor):
 
     def process_records(self, process_records_input: ProcessRecordsInput) -> Iterator[Record]:
         yield from process_records_input.records
+
+
+class ExitsInInit(RecordProcessor):
+    """``sys.exit(0)`` in ``__init__``: it ended the daemon with status 0."""
+
+    def __init__(self) -> None:
+        raise SystemExit(0)
+
+    def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+        return None
+
+
+class YieldsAsync(RecordProcessor):
+    """An ``async def`` process_records that yields: an async generator, whose body never ran."""
+
+    async def process_records(self, process_records_input: ProcessRecordsInput) -> Any:
+        for record in process_records_input.records:
+            yield record

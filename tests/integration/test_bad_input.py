@@ -77,6 +77,10 @@ def run_config(tmp_path: Path, body: str, *extra: str) -> subprocess.CompletedPr
          ["initial_position", "out of range"]),
         ('stream_name = "s"\nprocessor = "bad_processors:Yields"\n',
          ["Yields", "process_records", "generator"]),
+        ('stream_name = "s"\nprocessor = "bad_processors:YieldsAsync"\n',
+         ["YieldsAsync", "process_records", "generator"]),
+        ('stream_name = "s"\nprocessor = "bad_processors:ExitsInInit"\n',
+         ["ExitsInInit", "no arguments", "SystemExit(0)"]),
         (f'stream_name = "s"\n{PROCESSOR}[sink]\nsink = "parquet:out"\n'
          '[sink.spark_conf]\n"spark.master" = "local[4]"\n', ["spark.master", "spark_target"]),
         (f'stream_name = "s"\n{PROCESSOR}metrics_port = 18080.7\n', ["metrics_port", "18080.7"]),
@@ -94,7 +98,8 @@ def test_start_up_checks(body: str, needles: list[str], tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("url", "needle"), [("http://", "'http://'"), ("http://127.0.0.1:99999", "1..65535")]
+    ("url", "needle"),
+    [("http://", "'http://'"), ("http://127.0.0.1:99999", "1..65535"), ("http://[::1", "[::1")],
 )
 def test_an_endpoint_url_without_a_host_or_with_a_bad_port_is_one_line(
     tmp_path: Path, url: str, needle: str

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from checkpoint.base.errors import MalformedAnswerError
+from checkpoint.base.errors import DependencyError, MalformedAnswerError
 from checkpoint.sequence import TRIM_HORIZON, InitialPosition
 from kclpy_spark.retrieval.polling import PollingFetcher
 from kclpy_spark.retrieval.source import (
@@ -111,14 +112,18 @@ class ScriptedShard:
         return {"Shards": shards}
 
 
-def _read(shard: ScriptedShard) -> tuple[list[FetchedBatch], FetchProgress, list[float]]:
+def _read(
+    shard: ScriptedShard, on_sleep: Callable[[FetchProgress], None] = lambda _: None
+) -> tuple[list[FetchedBatch], FetchProgress, list[float]]:
+    """Run a fetcher over ``shard`` to its end; ``on_sleep`` sees the progress at each wait."""
     sleeps: list[float] = []
+    progress = FetchProgress(lambda: 0.0)
 
     async def sleep(seconds: float) -> None:
         sleeps.append(seconds)
+        on_sleep(progress)
 
     queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()
-    progress = FetchProgress(lambda: 0.0)
     fetcher = PollingFetcher(
         shard, {"StreamName": "s"}, "shardId-000000000000", TRIM_HORIZON,
         InitialPosition.trim_horizon(), queue, sleep=sleep, clock=lambda: 0.0,
@@ -185,20 +190,7 @@ def test_a_closed_shard_whose_children_are_not_listed_yet_is_asked_again() -> No
 def test_failures_are_counted_while_the_answers_stay_malformed() -> None:
     shard = ScriptedShard([{}, {}, {}, _page([5], None, ChildShards=[CHILD])])
     seen: list[int] = []
-    sleeps: list[float] = []
-
-    async def sleep(seconds: float) -> None:
-        sleeps.append(seconds)
-        seen.append(progress.failures)
-
-    queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()
-    progress = FetchProgress(lambda: 0.0)
-    fetcher = PollingFetcher(
-        shard, {"StreamName": "s"}, "shardId-000000000000", TRIM_HORIZON,
-        InitialPosition.trim_horizon(), queue, sleep=sleep, clock=lambda: 0.0,
-        rng=random.Random(3), progress=progress,
-    )  # fmt: skip
-    asyncio.run(fetcher.run())
+    _read(shard, lambda progress: seen.append(progress.failures))
     assert seen[:3] == [1, 2, 3]  # the consumer's readiness sees a source that keeps failing
 
 
@@ -319,3 +311,16 @@ def test_a_get_shard_iterator_answer_without_an_iterator_is_asked_again() -> Non
     batches, _, sleeps = _read(shard)
     assert shard.iterator_calls == 3 and shard.iterators_read == ["it-ok"]
     assert [b.shard_ended for b in batches] == [True] and len(sleeps) == 2
+
+
+def test_the_shard_probe_takes_no_iterator_for_a_malformed_answer_not_an_empty_shard() -> None:
+    """The retention check read GetShardIterator's ``{}`` as a shard holding nothing, and so
+    skipped the aged-checkpoint check."""
+
+    class Empty:
+        async def get_shard_iterator(self, **_: Any) -> dict[str, Any]:
+            return {}
+
+    probe = KinesisShardProbe(Empty(), {"StreamName": "s"})
+    with pytest.raises(DependencyError, match="without a ShardIterator"):
+        asyncio.run(probe.earliest_sequence_number("shardId-000000000000"))

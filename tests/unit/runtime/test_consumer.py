@@ -686,3 +686,22 @@ def test_sys_exit_in_process_records_is_a_failure_not_the_daemons_end() -> None:
     assert env.run(consumer) is Outcome.PARKED
     assert env.processor.calls.count("process_records") == ATTEMPTS
     assert "SystemExit(0)" in consumer.stats.park_reason
+
+
+def test_keyboard_interrupt_on_the_loop_is_not_taken_for_the_processors() -> None:
+    """In a thread only user code can raise KeyboardInterrupt (a failed call); on the event loop
+    it may be the user's Ctrl-C in an embedding program, and must go on stopping it."""
+    import asyncio as aio
+
+    from kclpy_spark.runtime.tenure import ProcessorExitError, call_processor
+
+    def in_thread(_: object) -> None:
+        raise KeyboardInterrupt
+
+    async def on_loop(_: object) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(ProcessorExitError, match="KeyboardInterrupt"):
+        aio.run(call_processor(in_thread, None))
+    with pytest.raises(KeyboardInterrupt):
+        aio.run(call_processor(on_loop, None))

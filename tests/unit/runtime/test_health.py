@@ -117,7 +117,7 @@ def test_a_suspended_worker_is_judged_by_its_control_rounds_reads() -> None:
                quiet_interval=3.0)  # fmt: skip
     h.started = True
     h.store_ok()
-    clock.advance(3.5)  # a round a little late: not yet a table that does not answer
+    clock.advance(6.5)  # a round late, one read failed: not yet a table that does not answer
     assert h.readiness(suspended=True, consumers=[], missing_streams=[]) == (True, "suspended")
     assert not ready(h)[0]  # not suspended: renewals and scans would have answered by now
     clock.advance(3.0)

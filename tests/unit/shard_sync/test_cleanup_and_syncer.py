@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from checkpoint.base.errors import DependencyError
 from checkpoint.lease import MAX_HASH_KEY, HashKeyRange, Lease
 from checkpoint.sequence import (
     SHARD_END,
@@ -300,3 +301,38 @@ def test_a_false_end_that_changed_since_the_scan_is_left_to_the_next_sync() -> N
                          InitialPosition.latest())  # fmt: skip
     assert syncer.sync(scanned).reopened == ()
     assert syncer.sync().reopened == ("shardId-1",)
+
+
+class FailingLister(ListedShards):
+    """ListShards fails while ``failing``."""
+
+    failing = True
+
+    def list_shards(self, shard_filter: dict[str, Any] | None = None) -> list[Shard]:
+        if self.failing:
+            raise DependencyError("ListShards throttled for a minute")
+        return super().list_shards(shard_filter)
+
+
+class DeletesRefused(MemoryLeaseTable):
+    def delete_lease(self, lease: Lease) -> bool:
+        raise DependencyError("DeleteItem refused")
+
+
+def test_only_a_failed_sync_is_a_sync_failure() -> None:
+    """The leader is not ready while its sync fails (#49 item 10); a round's other steps (a
+    refused delete of a finished lease) are not a sync failure."""
+    table = DeletesRefused()
+    lister = FailingLister(split_listing())
+    maintenance = LeaderMaintenance(ShardSyncer(lister, table, InitialPosition.latest()), table)
+    with pytest.raises(DependencyError):
+        maintenance.run_once()  # an empty table: a sync, which fails
+    assert maintenance.sync_failure == "ListShards throttled for a minute"
+    lister.failing = False
+    maintenance.run_once()
+    assert maintenance.sync_failure is None
+    table.create_lease_if_absent(lease("p", SHARD_END, children=("a",)))
+    table.create_lease_if_absent(lease("a", STARTED, parents=("p",)))
+    with pytest.raises(DependencyError, match="DeleteItem"):
+        maintenance.run_once()
+    assert maintenance.sync_failure is None
