@@ -205,6 +205,7 @@ class DeltaSink:
         self._via_spark = via_spark
         self._table: Any = None
         self._lock = threading.Lock()  # one DeltaTable object, refreshed by concurrent writers
+        self._per_thread = threading.local()  # each writer thread's own, to commit from
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.path!r})"
@@ -244,17 +245,25 @@ class DeltaSink:
         return {p.lease_key: committed[p.lease_key] + 1 for p in pieces}
 
     def _snapshot(self) -> Any:
-        """A table object of its own for one write (None: no table yet). The write commits from
-        the snapshot it read, so a commit of the same app version by another writer since then
-        (an old owner whose write outlived its lease) makes delta-rs refuse this one as a
-        concurrent transaction; a write from a newer snapshot would commit it twice."""
+        """This writer thread's table object, brought up to date (None: no table yet). The write
+        commits from the snapshot it read, so a commit of the same app version by another writer
+        since then (an old owner whose write outlived its lease) makes delta-rs refuse this one
+        as a concurrent transaction; a write from a newer snapshot would commit it twice. One
+        object per writer thread (they are few and long-lived): an update reads only the commits
+        since its last write, where a fresh load reads the log from its last checkpoint."""
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
+        table = getattr(self._per_thread, "table", None)
+        if table is not None:
+            table.update_incremental()
+            return table
         try:
-            return DeltaTable(self.path, storage_options=self._options)
+            table = DeltaTable(self.path, storage_options=self._options)
         except TableNotFoundError:
             return None
+        self._per_thread.table = table
+        return table
 
     def write(self, batch: SinkBatch) -> None:
         from deltalake import CommitProperties, Transaction, write_deltalake
