@@ -15,7 +15,8 @@ from checkpoint import coordination
 from checkpoint.base.errors import ConfigError, KclpySparkError
 from checkpoint.lease import Lease
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
-from kclpy_spark.config import WorkerConfig, check_not_in_future
+from kclpy_spark.config import WorkerConfig
+from kclpy_spark.config_rules import check_not_in_future
 from kclpy_spark.ops.commands import live_workers, open_store
 from kclpy_spark.runtime.lease_store import LeaseStore
 

@@ -71,6 +71,10 @@ def run_config(tmp_path: Path, body: str, *extra: str) -> subprocess.CompletedPr
         # #49's poor list: a boolean or a fraction for a port; [[streams]] entries are checked as
         # the top level is (item 5).
         (f'stream_name = "s"\n{PROCESSOR}metrics_port = true\n', ["metrics_port", "True"]),
+        # fan-out names its consumer after the application: RegisterStreamConsumer refused a
+        # 129-character name ten times over
+        (f'stream_name = "s"\n{PROCESSOR}retrieval_mode = "fanout"\n'
+         f'application_name = "{"a" * 129}"\n', ["application_name", "consumer_name", "128"]),
         (f'stream_name = "s"\n{PROCESSOR}initial_position = "AT_TIMESTAMP:1e20"\n',
          ["initial_position", "out of range"]),  # an OverflowError traceback before
         (f'stream_name = "s"\n{PROCESSOR}initial_position = "AT_TIMESTAMP:-inf"\n',
