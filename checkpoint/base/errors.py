@@ -123,6 +123,19 @@ def is_throttling(exc: BaseException) -> bool:
     return error_code(exc) in _THROTTLE_CODES
 
 
+def _plain_http_behind_https(exc: BaseException) -> bool:
+    """A TLS handshake answered by a plain-HTTP server (OpenSSL's "wrong version number"): no
+    retry changes that, where other TLS failures may pass."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # botocore and aiohttp wrap the ssl error a few levels deep
+        if seen is None:
+            return False
+        if "WRONG_VERSION_NUMBER" in str(seen) or "wrong version number" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def map_aws_error(exc: BaseException, what: str) -> KclpySparkError:
     """Translate a botocore/aiobotocore exception into this package's hierarchy.
 
@@ -137,6 +150,11 @@ def map_aws_error(exc: BaseException, what: str) -> KclpySparkError:
         return ResourceNotFoundError(message)
     if code in _TRANSIENT_CODES:
         return DependencyError(message)
+    if code is None and _plain_http_behind_https(exc):
+        return RequestError(
+            f"{what}: the endpoint answered in plain HTTP where TLS was expected: use an http:// "
+            "endpoint_url for it (or the port that serves HTTPS)"
+        )
     if code is None:
         # EndpointConnectionError, ReadTimeoutError, ConnectionClosedError...: no answer at all.
         return DependencyError(message)

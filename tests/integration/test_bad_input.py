@@ -126,6 +126,26 @@ def test_top_level_keys_beside_a_kclpy_spark_table_are_one_line(tmp_path: Path) 
     one_line(run_config(tmp_path, body), "failover_time", "[kclpy_spark]")
 
 
+def test_https_to_a_plain_http_port_is_one_line(tmp_path: Path) -> None:
+    """It was retried as an endpoint that does not answer (still retrying after 60 s)."""
+    import http.server
+    import threading
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        body = (f'endpoint_url = "https://127.0.0.1:{port}"\nstream_name = "s"\n{PROCESSOR}'
+                f'lease_store = "sqlite:{tmp_path / "l.db"}"\n')  # fmt: skip
+        one_line(run_config(tmp_path, body), "plain HTTP", "http://")
+    finally:
+        server.shutdown()
+
+
 def test_an_empty_config_path_is_one_line(tmp_path: Path) -> None:
     """``--config ""`` was read as no config file at all, silently."""
     one_line(cli("run", "--config", "", "--stream-name", "s", cwd=tmp_path), "--config", "empty")
