@@ -38,12 +38,10 @@ from kclpy_spark.retrieval.source import (
     FetchedBatch,
     FetchProgress,
     KinesisShardProbe,
-    PageEnd,
     RecordFilter,
     ShardEndWitness,
-    confirmed_children,
-    not_an_end,
-    page_end,
+    end_children,
+    shard_iterator_of,
     wait_or_raise,
 )
 from kclpy_spark.retrieval.stream_consumer import CONSUMERS, ConsumerRegistry, stream_arn
@@ -237,21 +235,9 @@ class FanOutFetcher:
             if close is not None:
                 close()
 
-    async def _children_if_ended(self, answer: dict[str, Any], key: str) -> list[Any] | None:
-        """The children ``answer`` ends the shard into (its own ChildShards, or ListShards'),
-        None when it does not end it; raises MalformedAnswerError for one that claims an end
-        nobody confirms (or is not an answer at all)."""
-        verdict = page_end(answer, key)
-        if verdict is PageEnd.UNCONFIRMED:
-            listed = await confirmed_children(self._witness, self._shard_id)
-            if listed is not None:
-                return listed
-        if verdict in (PageEnd.MALFORMED, PageEnd.UNCONFIRMED):
-            raise not_an_end(verdict)
-        return list(answer.get("ChildShards") or ()) if verdict is PageEnd.ENDED else None
-
     async def _on_event(self, body: dict[str, Any]) -> bool:
-        children = await self._children_if_ended(body, "ContinuationSequenceNumber")
+        key = "ContinuationSequenceNumber"
+        children = await end_children(body, key, self._witness, self._shard_id)
         ended = children is not None
         self._backoff.reset()
         self._not_found = 0
@@ -286,8 +272,8 @@ class FanOutFetcher:
             it = await self._client.get_shard_iterator(
                 **self._stream, ShardId=self._shard_id, **args
             )
-            resp = await self._client.get_records(ShardIterator=it["ShardIterator"])
-            children = await self._children_if_ended(resp, "NextShardIterator")
+            resp = await self._client.get_records(ShardIterator=shard_iterator_of(it))
+            children = await end_children(resp, "NextShardIterator", self._witness, self._shard_id)
         except Exception as exc:
             log.debug("shard %s: shard-end check failed: %r", self._shard_id, exc)
             return False

@@ -36,12 +36,10 @@ from kclpy_spark.retrieval.source import (
     FetchedBatch,
     FetchProgress,
     KinesisShardProbe,
-    PageEnd,
     RecordFilter,
     ShardEndWitness,
-    confirmed_children,
-    not_an_end,
-    page_end,
+    end_children,
+    shard_iterator_of,
     wait_or_raise,
 )
 
@@ -54,6 +52,7 @@ MIN_INTERVAL_WHILE_BEHIND = 0.2
 # Kinesis's read limit per shard (GetRecords: 2 MiB of records a second, all polling consumers).
 READ_BYTES_PER_SECOND = 2 * 1024 * 1024
 MAX_READ_PAUSE = 10.0
+_NEXT = "NextShardIterator"  # where a GetRecords answer names its next position
 
 # A Record from botocore's parsed GetRecords entry (used when the fast decode is off).
 record_from_api = record_from_parsed
@@ -144,9 +143,7 @@ class PollingFetcher:
                 resp = await self._client.get_shard_iterator(
                     **self._stream, ShardId=self._shard_id, **args
                 )
-                iterator = resp.get("ShardIterator")
-                if not isinstance(iterator, str) or not iterator:  # a 200 of {} from a proxy
-                    raise MalformedAnswerError("an answer without a ShardIterator")
+                iterator = shard_iterator_of(resp)
                 self._backoff.reset()
                 return iterator
             except Exception as exc:
@@ -166,21 +163,6 @@ class PollingFetcher:
             exc, f"{operation} on shard {self._shard_id}", self._backoff, self._sleep
         )
 
-    async def _accepted(self, resp: dict[str, Any]) -> tuple[PageEnd, list[dict[str, Any]]] | None:
-        """What the answer says of the shard (``page_end``) and the children it ended into;
-        None, after a backoff, for one that must be asked again: malformed, or an end ListShards
-        does not confirm with the children."""
-        verdict = page_end(resp)
-        children = list(resp.get("ChildShards") or ())
-        if verdict is PageEnd.UNCONFIRMED:
-            listed = await confirmed_children(self._witness, self._shard_id)
-            if listed is not None:
-                return PageEnd.ENDED, listed
-        if verdict in (PageEnd.MALFORMED, PageEnd.UNCONFIRMED):
-            await self._handle(not_an_end(verdict), "GetRecords")
-            return None
-        return verdict, children
-
     async def run(self) -> None:
         iterator = await self._iterator()
         clock = self._clock or asyncio.get_running_loop().time
@@ -199,10 +181,11 @@ class PollingFetcher:
                 await self._handle(exc, "GetRecords")
                 continue
             returned = clock()
-            accepted = await self._accepted(resp)
-            if accepted is None:  # the same iterator reads the same place again
+            try:
+                children = await end_children(resp, _NEXT, self._witness, self._shard_id)
+            except MalformedAnswerError as exc:  # the same iterator reads the same place again
+                await self._handle(exc, "GetRecords")
                 continue
-            verdict, children = accepted
             self._backoff.reset()
             if self._progress is not None:
                 self._progress.ok()
@@ -210,7 +193,7 @@ class PollingFetcher:
             records = self._filter(raw)
             lag = resp.get("MillisBehindLatest")
             next_iterator = resp.get("NextShardIterator")
-            ended = verdict is not PageEnd.MORE
+            ended = children is not None
             if raw:
                 self._last_delivered = raw[-1].sequence_number
             # Before the records go to the processor (which may change the list).
@@ -224,7 +207,7 @@ class PollingFetcher:
                         records=records,
                         millis_behind_latest=lag,
                         shard_ended=ended,
-                        child_shards=children if ended else [],
+                        child_shards=children or [],
                     )
                 )
             if ended:

@@ -207,19 +207,38 @@ class ShardEndWitness(Protocol):
         ...
 
 
-async def confirmed_children(
-    witness: ShardEndWitness | None, shard_id: str
+async def end_children(
+    answer: Mapping[str, Any], next_key: str, witness: ShardEndWitness, shard_id: str
 ) -> list[dict[str, Any]] | None:
-    """The children ``witness`` confirms ``shard_id`` ended into; None when it cannot tell."""
-    if witness is None:
+    """The children ``answer`` ends the shard into (its own ``ChildShards``, or the ones
+    ``witness`` lists for an end without them); None if the shard goes on. Raises
+    MalformedAnswerError for any other answer (``page_end``; an end ListShards does not confirm
+    with its children): the caller asks again, as after a failed call."""
+    verdict = page_end(answer, next_key)
+    if verdict is PageEnd.MORE:
         return None
-    try:
-        return await witness.children_if_closed(shard_id)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        log.warning("shard %s: could not confirm its end with ListShards: %s", shard_id, exc)
-        return None
+    if verdict is PageEnd.ENDED:
+        return list(answer["ChildShards"])
+    if verdict is PageEnd.UNCONFIRMED:
+        try:
+            listed = await witness.children_if_closed(shard_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("shard %s: could not confirm its end with ListShards: %s", shard_id, exc)
+            listed = None
+        if listed is not None:
+            return listed
+    raise not_an_end(verdict)
+
+
+def shard_iterator_of(answer: Mapping[str, Any]) -> str:
+    """GetShardIterator's iterator; MalformedAnswerError for an answer without one (a 200 of
+    ``{}`` from a proxy is no iterator, nor an empty shard)."""
+    iterator = answer.get("ShardIterator")
+    if not isinstance(iterator, str) or not iterator:
+        raise MalformedAnswerError("GetShardIterator answered without a ShardIterator")
+    return iterator
 
 
 def children_in_listing(
@@ -256,10 +275,7 @@ class KinesisShardProbe:
         resp = await self._client.get_shard_iterator(
             **self._stream, ShardId=shard_id, ShardIteratorType="TRIM_HORIZON"
         )
-        iterator = resp.get("ShardIterator")
-        if not isinstance(iterator, str) or not iterator:  # a 200 of {} is no "empty shard"
-            raise MalformedAnswerError("GetShardIterator answered without a ShardIterator")
-        return iterator
+        return shard_iterator_of(resp)
 
     async def earliest_sequence_number(self, shard_id: str) -> str | None:
         # GetRecords at TRIM_HORIZON may answer empty pages before reaching data on a real

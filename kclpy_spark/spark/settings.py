@@ -22,6 +22,14 @@ MAX_SECONDS = {
 }
 
 
+def check_write_timeout(value: float, what: str) -> None:
+    """Raise ConfigError naming ``what`` unless ``value`` is above 0 and at most a day (NaN and
+    inf fail: a write waited on for ever)."""
+    most = MAX_SECONDS["write_timeout"]
+    if not 0 < value <= most:
+        raise ConfigError(f"{what} must be > 0 and at most {most:g} seconds, got {value}")
+
+
 @dataclass(frozen=True)
 class BatcherSettings:
     """Seconds as floats, sizes in bytes of Arrow data."""
@@ -55,11 +63,7 @@ class BatcherSettings:
             )
         if self.buffer_bytes < 0:
             raise ConfigError(f"config 'buffer_bytes' must be >= 0, got {self.buffer_bytes}")
-        if not 0 < self.write_timeout <= MAX_SECONDS["write_timeout"]:
-            raise ConfigError(
-                f"config 'write_timeout' must be > 0 and at most {MAX_SECONDS['write_timeout']:g} "
-                f"seconds, got {self.write_timeout}"
-            )
+        check_write_timeout(self.write_timeout, "config 'write_timeout'")
         for name, most in MAX_SECONDS.items():  # NaN and inf fail too
             if name != "write_timeout" and not 0 <= getattr(self, name) <= most:
                 raise ConfigError(

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from checkpoint.base.errors import ConfigError
-from kclpy_spark.spark.settings import MAX_SECONDS, BatcherSettings
+from kclpy_spark.spark.settings import BatcherSettings, check_write_timeout
 
 _FUNCTION = re.compile(r"^[\w.]+:[\w.]+$")
 # Batches written at once unless the config says: 1.20x the records/s of one writer (1.14x to
@@ -80,12 +80,8 @@ class SinkSpec:
         _check_policy(self.failure_policy)
         if self.max_attempts is not None and self.max_attempts < 1:
             raise ConfigError(f"config 'max_attempts' of sink {self.name!r} must be >= 1")
-        most = MAX_SECONDS["write_timeout"]
-        if self.write_timeout is not None and not 0 < self.write_timeout <= most:
-            raise ConfigError(
-                f"config 'write_timeout' of sink {self.name!r} must be > 0 and at most {most:g} "
-                f"seconds, got {self.write_timeout}"
-            )
+        if self.write_timeout is not None:
+            check_write_timeout(self.write_timeout, f"config 'write_timeout' of sink {self.name!r}")
 
     @property
     def kind(self) -> str:
