@@ -42,6 +42,7 @@ from kclpy_spark.spark.batch import (
     SinkRoute,
     ToDataFrame,
 )
+from kclpy_spark.spark.batch_life import Batch
 from kclpy_spark.spark.lane import (
     BatcherClosedError,
     Cut,
@@ -57,7 +58,7 @@ from kclpy_spark.spark.planner import Plan, next_wakeup, plan_due
 from kclpy_spark.spark.replays import replays_from_pending
 from kclpy_spark.spark.settings import BatcherSettings
 from kclpy_spark.spark.updates import BatcherStats, LaneUpdates
-from kclpy_spark.spark.writer import Batch, BatchWriter, single_route
+from kclpy_spark.spark.writer import BatchWriter, single_route
 
 __all__ = [
     "BatcherClosedError",
@@ -313,7 +314,7 @@ class MicroBatcher:
             self._writer.run(batch)
         except Exception as exc:  # a bug here must not kill the writer thread or lose records
             log.exception("%r failed unexpectedly", batch)
-            if batch.outcome == "pending":  # written batches keep their commits (retried)
+            if not batch.state.settled:  # written batches keep their commits (retried)
                 self._updates.gave_up(batch, exc)
         finally:
             with self._cond:

@@ -19,11 +19,11 @@ from prometheus_client.registry import Collector
 from checkpoint.base.clock import Clock
 from checkpoint.checkpointer import SHUTDOWN, CheckpointError
 from checkpoint.sequence import ExtendedSequenceNumber
+from kclpy_spark.spark.batch_life import Batch, BatchState
 from kclpy_spark.spark.jvm_heap import HeapFigures
 from kclpy_spark.spark.lane import Cut, Lane, LaneState
 from kclpy_spark.spark.pieces import PendingState, PieceKey
 from kclpy_spark.spark.settings import BatcherSettings
-from kclpy_spark.spark.writer import Batch
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,14 @@ class LaneUpdates:
                 lane.park(f"cannot prepare the checkpoint: {error}")
             self._cond.notify_all()
 
+    def batch_prepared(self, batch: Batch) -> None:
+        with self._cond:
+            batch.move(BatchState.PREPARED)
+
+    def abandoned(self, batch: Batch) -> None:
+        with self._cond:
+            batch.move(BatchState.ABANDONED)
+
     def all_closed(self, batch: Batch) -> bool:
         with self._cond:
             return all(lane.state is LaneState.CLOSED for lane, _ in batch.parts)
@@ -162,6 +170,7 @@ class LaneUpdates:
         still open (each commits its written prefix)."""
         rows = batch.sink_batch.rows if batch.sink_batch is not None else 0
         with self._cond:
+            batch.move(BatchState.DEAD_LETTERED if dead_lettered else BatchState.WRITTEN)
             stats = self.stats
             if dead_lettered:
                 stats.dead_lettered_batches += 1
@@ -209,6 +218,7 @@ class LaneUpdates:
             error,
         )
         with self._cond:
+            batch.move(BatchState.PARKED)
             self.stats.parked_batches += 1
             now = self._clock.monotonic()
             for lane, cut in batch.parts:

@@ -27,7 +27,7 @@ from kclpy_spark.spark.batch import (
     SinkRoute,
     ToDataFrame,
 )
-from kclpy_spark.spark.events import Batch, LaneEvents
+from kclpy_spark.spark.batch_life import Batch, LaneEvents
 from kclpy_spark.spark.lane import Cut, Lane
 from kclpy_spark.spark.pieces import SCHEMA, Piece, batch_id_of
 from kclpy_spark.spark.settings import BatcherSettings
@@ -131,26 +131,24 @@ class BatchWriter:
 
     def run(self, batch: Batch) -> None:
         acks = batch.acks = AckSet(self.sink_names)
-        if self._prepared_with_retries(batch):
-            for route in self._routes:
-                if not self._run_route(batch, route, acks):
-                    break
-        if batch.outcome == "abandoned":
+        try:
+            if self._prepared_with_retries(batch):
+                for route in self._routes:
+                    if not self._run_route(batch, route, acks):
+                        break
+        except WriteThreadsClosedError:
             log.warning("%r: not written, the sink is closing; its next owner writes it", batch)
+            self._events.abandoned(batch)
             return
-        if acks.done:
-            if batch.parts:
-                self._commit_all(batch, dead_lettered=acks.dead_lettered)
-            else:
-                batch.outcome = "abandoned"  # every lease was lost before its write
+        if acks.done and batch.parts:
+            self._commit_all(batch, dead_lettered=acks.dead_lettered)
             return
         batch.error = acks.error() or batch.error
-        if self._events.all_closed(batch) or batch.outcome == "abandoned":
-            batch.outcome = "abandoned"
+        if not batch.parts or self._events.all_closed(batch):
             log.warning("%r: every lease was lost; their next owners write it", batch)
+            self._events.abandoned(batch)
             return
         assert batch.error is not None
-        batch.outcome = "parked"
         self._events.gave_up(batch, batch.error)
 
     def _retrying(self, batch: Batch, attempts: int, route: SinkRoute | None) -> Retrying:
@@ -175,6 +173,7 @@ class BatchWriter:
             self._events.attempt(exc, time.perf_counter() - started, 0.0)
             batch.error = exc
             return False
+        self._events.batch_prepared(batch)
         return True
 
     def _run_route(self, batch: Batch, route: SinkRoute, acks: AckSet) -> bool:
@@ -183,8 +182,7 @@ class BatchWriter:
         try:
             self._retrying(batch, route.max_attempts, route)(self._attempt, batch, route)
         except WriteThreadsClosedError:
-            batch.outcome = "abandoned"
-            return False
+            raise
         except Exception as exc:
             batch.error = exc
             if self._dead_letter(batch, route, exc):
@@ -327,7 +325,6 @@ class BatchWriter:
     # --- commits ---------------------------------------------------------------------------------
 
     def _commit_all(self, batch: Batch, *, dead_lettered: bool) -> None:
-        batch.outcome = "dead-lettered" if dead_lettered else "written"
         for lane in self._events.written(batch, dead_lettered=dead_lettered):
             self.commit(lane)
 

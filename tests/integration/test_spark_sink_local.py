@@ -14,11 +14,11 @@ import pytest
 from spark_harness import LeaseEnv, make_records, written_numbers
 
 from kclpy_spark.spark.batch import FunctionSink, SinkBatch, SinkRoute, current_batch
+from kclpy_spark.spark.batch_life import Batch
 from kclpy_spark.spark.batcher import BatcherSettings, MicroBatcher
 from kclpy_spark.spark.pieces import Piece
 from kclpy_spark.spark.session import SparkSessionHolder
 from kclpy_spark.spark.sinks import DeadLetterDirectory, DeltaSink, ParquetSink
-from kclpy_spark.spark.writer import Batch
 
 SHARDS = ("shardId-000000000000", "shardId-000000000001", "shardId-000000000002")
 
@@ -37,7 +37,7 @@ def check_after_each_batch(env: LeaseEnv, out: Path, log: list[str]) -> Any:
             got = set(written_numbers(out, shard))
             upto = env.checkpoint_number(shard)
             assert set(range(1, upto + 1)) <= got, f"{shard}: checkpoint {upto} passed a gap"
-        log.append(batch.outcome)
+        log.append(batch.state.value)
 
     return check
 

@@ -23,11 +23,11 @@ from checkpoint.lease import Lease
 from checkpoint.sequence import TRIM_HORIZON
 from kclpy_spark.spark.acks import DEAD_LETTERED, FAILED, WRITTEN, SinkFailedError
 from kclpy_spark.spark.batch import SinkBatch, SinkRoute
+from kclpy_spark.spark.batch_life import Batch
 from kclpy_spark.spark.batcher import BatcherSettings, DrainResult, MicroBatcher, SinkParkedError
 from kclpy_spark.spark.lane import LaneState
 from kclpy_spark.spark.pieces import PendingState, Piece
 from kclpy_spark.spark.sink_processor import SparkSinkProcessorFactory
-from kclpy_spark.spark.writer import Batch
 
 
 class NamedSink(FakeSink):
@@ -109,7 +109,7 @@ def test_one_failing_sink_among_two_moves_no_checkpoint_and_parks_the_lease() ->
     assert stored.checkpoint == TRIM_HORIZON and stored.pending_checkpoint == esn(30)
     assert env.batcher.lane_state(lane) is LaneState.PARKED
     [batch] = env.done
-    assert batch.outcome == "parked" and batch.acks is not None
+    assert batch.state.value == "parked" and batch.acks is not None
     assert batch.acks.answers == {"a": WRITTEN, "b": FAILED}
     assert isinstance(batch.error, SinkFailedError) and batch.error.sink == "b"
     with pytest.raises(SinkParkedError, match="'b'"):
@@ -303,7 +303,7 @@ def test_hung_writes_are_capped_and_a_closing_sink_abandons_instead_of_failing()
         assert not ready and "2 Spark sink write(s) hang" in why
         assert [type(error).__name__ for _, error in dead.stored] == ["WriteHungError"] * 2
         # every write is refused now, sink a's too (it parks: no dead-letter location)
-        assert env.done[-1].outcome == "parked" and "hang already" in repr(env.done[-1].error)
+        assert env.done[-1].state.value == "parked" and "hang already" in repr(env.done[-1].error)
     finally:
         release.set()
     assert wait_for_zero(lambda: env.batcher.hung_writes)
@@ -316,7 +316,7 @@ def test_hung_writes_are_capped_and_a_closing_sink_abandons_instead_of_failing()
     env.take("shardId-000000000010")
     env.deliver("shardId-000000000010", records(1, 3))
     env.batcher.step()
-    assert env.done[-1].outcome == "abandoned" and len(dead.stored) == before
+    assert env.done[-1].state.value == "abandoned" and len(dead.stored) == before
     assert env.lease("shardId-000000000010").checkpoint == TRIM_HORIZON
 
 
