@@ -20,9 +20,15 @@ _READ_TIMEOUT = 30.0
 
 def client_kwargs(cfg: WorkerConfig) -> dict[str, Any]:
     """Keyword arguments for ``create_client`` / ``boto3.client`` (without the botocore Config)."""
-    kwargs: dict[str, Any] = {"region_name": cfg.region}
-    if cfg.endpoint_url:
-        kwargs["endpoint_url"] = cfg.endpoint_url
+    return endpoint_kwargs(cfg.region, cfg.endpoint_url)
+
+
+def endpoint_kwargs(region: str | None, endpoint_url: str | None) -> dict[str, Any]:
+    """The same from a region and an endpoint alone (what a Spark executor is told: credentials
+    come from its own chain, never from the driver)."""
+    kwargs: dict[str, Any] = {"region_name": region}
+    if endpoint_url:
+        kwargs["endpoint_url"] = endpoint_url
         if not _have_credentials():
             kwargs["aws_access_key_id"] = "test"
             kwargs["aws_secret_access_key"] = "test"

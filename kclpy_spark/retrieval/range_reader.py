@@ -1,0 +1,273 @@
+"""Reading one planned range of a shard (``spark/ranges.py``) with GetShardIterator and GetRecords:
+what a Spark task runs on an executor, on an aiobotocore Kinesis client.
+
+It reads as the polling source does (``polling.py``): calls spaced at most five a second and paced
+by the bytes of each page (``read_rate``), throttling and transient failures retried with jittered
+backoff, an expired iterator replaced from the last record seen, an answer that is not a clear
+shard end asked again (``end_children``), KPL aggregates split with the child's hash range applied.
+It stops where the range says (``ReadRange``): a budget spent, the tip, the shard's end, or, for a
+pinned range, its last record. Every kept record goes to ``on_records`` page by page; the result
+is the ``RangeEnd``, checked against the pin when there is one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from checkpoint.base.errors import (
+    DependencyError,
+    MalformedAnswerError,
+    error_code,
+    is_throttling,
+)
+from checkpoint.base.retry import Backoff
+from checkpoint.lease import HashKeyRange
+from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
+from kclpy_spark.processor import Record
+from kclpy_spark.retrieval.fastdecode import (
+    install_fast_getrecords,
+    page_bytes,
+    records_from_response,
+)
+from kclpy_spark.retrieval.kpl import Deaggregator
+from kclpy_spark.retrieval.polling import MIN_INTERVAL_WHILE_BEHIND, pause_before_next_call
+from kclpy_spark.retrieval.positions import iterator_args
+from kclpy_spark.retrieval.source import (
+    KinesisShardProbe,
+    ShardEndWitness,
+    end_children,
+    shard_iterator_of,
+    wait_or_raise,
+)
+from kclpy_spark.spark.ranges import RangeEnd, ReadRange, check_pinned
+
+log = logging.getLogger(__name__)
+
+ESN = ExtendedSequenceNumber
+PAGE_LIMIT = 10_000  # GetRecords' own limit on records a call
+
+
+class RangeReadTimeoutError(DependencyError):
+    """A pinned range was not read to its last record within its time budget (retried)."""
+
+
+class RangeReader:
+    """Reads one range on ``client`` (an aiobotocore Kinesis client)."""
+
+    def __init__(
+        self,
+        client: Any,
+        rng: ReadRange,
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        witness: ShardEndWitness | None = None,
+        random_source: random.Random | None = None,
+    ) -> None:
+        self._client = client
+        self._rng = rng
+        self._stream = dict(rng.stream_arg)
+        self._sleep = sleep
+        self._clock = clock
+        self._witness = witness or KinesisShardProbe(client, self._stream)
+        self._backoff = Backoff(random_source)
+        self._fast = install_fast_getrecords(client)
+        deaggregator = None
+        if rng.kpl:
+            hash_range = HashKeyRange(*rng.hash_range) if rng.hash_range else None
+            deaggregator = Deaggregator(hash_range, shard_id=rng.shard_id)
+        self._deaggregator = deaggregator
+        self.calls = 0
+        self.throttled = 0
+        self._called: float | None = None  # when the previous call started
+        self._answered: float | None = None  # and when its answer came
+        self._page_size = 0  # its records' bytes, for the read rate
+        self._replacement: str | None = None  # an iterator that replaced an expired one
+
+    async def _iterator(self, resume: ESN | None) -> str:
+        """An iterator at the range's start, or at ``resume`` (the last record a page held)."""
+        rng = self._rng
+        if resume is not None:
+            args: dict[str, Any] = {
+                "ShardIteratorType": "AT_SEQUENCE_NUMBER",
+                "StartingSequenceNumber": resume.sequence_number,
+            }
+        elif rng.pinned is not None and rng.pinned.first is not None:
+            args = {
+                "ShardIteratorType": "AT_SEQUENCE_NUMBER",
+                "StartingSequenceNumber": rng.pinned.first.sequence_number,
+            }
+        else:
+            args = iterator_args(rng.after, _initial_position(rng))
+        while True:
+            try:
+                answer = await self._client.get_shard_iterator(
+                    **self._stream, ShardId=rng.shard_id, **args
+                )
+                return shard_iterator_of(answer)
+            except Exception as exc:
+                await self._failed(exc, "GetShardIterator")
+
+    async def _failed(self, exc: Exception, operation: str) -> None:
+        if is_throttling(exc):
+            self.throttled += 1
+        await wait_or_raise(
+            exc, f"{operation} on shard {self._rng.shard_id}", self._backoff, self._sleep
+        )
+
+    async def read(self, on_records: Callable[[list[Record]], None]) -> RangeEnd:
+        rng, pin = self._rng, self._rng.pinned
+        if pin is not None and not pin.needs_read:
+            return RangeEnd(rng.lease_key, None, None, 0, 0, shard_ended=pin.shard_ended)
+        use_given = pin is None and rng.iterator is not None
+        iterator = str(rng.iterator) if use_given else await self._iterator(None)
+        found = _Found()
+        started = self._clock()
+        while True:
+            now = self._clock()
+            if now - started >= rng.max_seconds:
+                if pin is not None:
+                    raise RangeReadTimeoutError(
+                        f"lease {rng.lease_key}: the pinned range was not read again within "
+                        f"{rng.max_seconds:g} s"
+                    )
+                found.next_iterator = iterator
+                break
+            await self._pace(now)
+            limit = PAGE_LIMIT if pin is not None else min(PAGE_LIMIT, rng.max_records - found.rows)
+            answer = await self._page(iterator, limit, found)
+            if answer is None:  # failed, backed off; or the iterator was replaced
+                iterator = self._replacement or iterator
+                continue
+            over = self._take(answer, found, on_records)
+            if found.children is not None:
+                break
+            iterator = str(answer["NextShardIterator"])
+            if pin is not None:
+                if over or found.last == pin.last:
+                    break
+            elif found.rows >= rng.max_records or found.nbytes >= rng.max_bytes or found.lag == 0:
+                found.next_iterator = iterator
+                break
+        end = found.end(rng, self.calls, self.throttled)
+        check_pinned(rng, end)
+        return end
+
+    async def _pace(self, now: float) -> None:
+        """At most five calls a second, and a page's bytes at ``read_rate`` (polling.py)."""
+        if self._called is None or self._answered is None:
+            return
+        pause = pause_before_next_call(
+            MIN_INTERVAL_WHILE_BEHIND,
+            now - self._called,
+            self._page_size,
+            now - self._answered,
+            self._rng.read_rate,
+        )
+        await self._sleep(pause)
+
+    async def _page(self, iterator: str, limit: int, found: _Found) -> Mapping[str, Any] | None:
+        """One GetRecords answer with its shard end settled (``found.children``); None after a
+        failure (backed off) or an expired iterator (``_replacement`` holds the new one)."""
+        self._replacement = None
+        self._called = self._clock()
+        try:
+            self.calls += 1
+            answer: Mapping[str, Any] = await self._client.get_records(
+                ShardIterator=iterator, Limit=limit
+            )
+            found.children = await end_children(
+                answer, "NextShardIterator", self._witness, self._rng.shard_id
+            )
+        except MalformedAnswerError as exc:  # the same iterator reads the same place again
+            await self._failed(exc, "GetRecords")
+            return None
+        except Exception as exc:
+            if error_code(exc) == "ExpiredIteratorException":
+                self._replacement = await self._iterator(found.seen or _start_of(self._rng))
+            else:
+                await self._failed(exc, "GetRecords")
+            return None
+        self._answered = self._clock()
+        self._backoff.reset()
+        return answer
+
+    def _take(
+        self,
+        answer: Mapping[str, Any],
+        found: _Found,
+        on_records: Callable[[list[Record]], None],
+    ) -> bool:
+        """Keep the page's records that belong to the range; True once past a pin's end."""
+        rng = self._rng
+        raw = records_from_response(answer, self._fast)
+        self._page_size = page_bytes(raw) if rng.read_rate > 0 else 0
+        if raw:
+            found.seen = ESN(raw[-1].sequence_number, 0)
+        records = self._deaggregator(raw, None) if self._deaggregator else raw
+        kept, over = [], False
+        for record in records:
+            position = ESN(record.sequence_number, record.sub_sequence_number)
+            if rng.past_pin(position):
+                over = True
+                break
+            if rng.keeps(position, found.last):
+                kept.append(record)
+                found.last = position
+                found.first = found.first or position
+        if kept:
+            found.rows += len(kept)
+            found.nbytes += page_bytes(kept)
+            on_records(kept)
+        found.lag = answer.get("MillisBehindLatest")
+        return over
+
+
+@dataclass
+class _Found:
+    """What a read has found so far."""
+
+    first: ESN | None = None
+    last: ESN | None = None
+    seen: ESN | None = None  # the last record a page held (where an expired iterator resumes)
+    rows: int = 0
+    nbytes: int = 0
+    lag: int | None = None
+    children: list[dict[str, Any]] | None = None
+    next_iterator: str | None = None
+
+    def end(self, rng: ReadRange, calls: int, throttled: int) -> RangeEnd:
+        pin_ended = rng.pinned is not None and rng.pinned.shard_ended
+        return RangeEnd(
+            rng.lease_key,
+            self.first,
+            self.last,
+            self.rows,
+            self.nbytes,
+            millis_behind_latest=self.lag,
+            shard_ended=self.children is not None or pin_ended,
+            child_shards=tuple(self.children or ()),
+            next_iterator=self.next_iterator,
+            calls=calls,
+            throttled=throttled,
+        )
+
+
+def _initial_position(rng: ReadRange) -> InitialPosition:
+    """What ``iterator_args`` needs beside the checkpoint: the time of an AT_TIMESTAMP start."""
+    if rng.timestamp is not None:
+        return InitialPosition.at_timestamp(rng.timestamp)
+    return InitialPosition.trim_horizon()
+
+
+def _start_of(rng: ReadRange) -> ESN | None:
+    """Where a read that has seen no record yet resumes after its iterator expired."""
+    if rng.pinned is not None and rng.pinned.first is not None:
+        return rng.pinned.first
+    return None if rng.after.is_sentinel else rng.after

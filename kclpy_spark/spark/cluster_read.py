@@ -1,0 +1,190 @@
+"""The Spark job that reads planned ranges on the executors (``read_on = "executors"``).
+
+The driver sends only range metadata (``ReadRange`` as JSON, one Spark partition per range);
+each task reads its range with ``retrieval/range_reader.py`` and yields Arrow record batches of
+the record columns (``pieces.SCHEMA``), then one row that holds the ``RangeEnd``. The result is
+materialised on the executors with ``localCheckpoint``: the sinks' DataFrame is the stored rows,
+never a second read, and a lost block fails the job instead of being re-read without the pin
+(the retried attempt reads the pinned ranges, which give the same records or fail loudly). The
+driver collects only the end rows.
+
+On an executor, one ``_ExecutorReads`` per Python worker process keeps an event loop thread and
+up to ``MAX_CLIENTS`` Kinesis clients (by region and endpoint) across tasks. Credentials come
+from the executor's own AWS chain: the driver sends a region and an endpoint, never a secret.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+
+from kclpy_spark.spark.pieces import SCHEMA, records_to_chunk
+from kclpy_spark.spark.ranges import RangeEnd, ReadRange
+
+END_COLUMN = "kclpy_spark_range_end"
+MAX_CLIENTS = 4  # Kinesis clients one Python worker keeps (one per region and endpoint in use)
+GRACE_SECONDS = 60.0  # beyond a range's own time budget, before its task gives up on the read
+
+# What a task yields: the record columns as Spark holds them (microsecond timestamps), every
+# column nullable (an end row has only the end), and the end.
+OUTPUT_SCHEMA = pa.schema(
+    [
+        pa.field(f.name, pa.timestamp("us", tz="UTC") if f.name == "approximate_arrival_timestamp"
+                 else f.type, nullable=True)
+        for f in SCHEMA
+    ]
+    + [pa.field(END_COLUMN, pa.string(), nullable=True)]
+)  # fmt: skip
+OUTPUT_DDL = (
+    "stream string, shard_id string, sequence_number string, sub_sequence_number bigint, "
+    "partition_key string, approximate_arrival_timestamp timestamp, data binary, "
+    f"{END_COLUMN} string"
+)
+
+
+@dataclass(frozen=True)
+class AwsTarget:
+    """Where executors reach Kinesis: a region and an optional endpoint (LocalStack)."""
+
+    region: str
+    endpoint_url: str | None = None
+
+
+@dataclass(frozen=True)
+class RangeRead:
+    """One read of some ranges: the records (a DataFrame stored on the executors, the record
+    columns only) and each range's end, by lease key."""
+
+    records: Any
+    ends: dict[str, RangeEnd]
+
+
+def read_ranges(
+    session: Any, ranges: Sequence[ReadRange], aws: AwsTarget, *, description: str = ""
+) -> RangeRead:
+    """Run the Spark job that reads ``ranges`` (distinct leases) on the executors."""
+    from pyspark.sql import functions as F
+
+    keys = [r.lease_key for r in ranges]
+    if not ranges or len(set(keys)) != len(keys):
+        raise ValueError(f"one range per lease, at least one: {keys!r}")
+    payload = tuple(r.to_json() for r in ranges)
+    n = len(payload)
+    reads = functools.partial(read_partition, payload, aws)
+    if description:
+        session.sparkContext.setJobDescription(description)
+    try:
+        planned = session.range(0, n, 1, n).mapInArrow(reads, OUTPUT_DDL)
+        stored = planned.localCheckpoint(eager=True)
+        rows = stored.where(F.col(END_COLUMN).isNotNull()).select(END_COLUMN).collect()
+    finally:
+        if description:
+            session.sparkContext.setJobDescription(None)
+    ends = {e.lease_key: e for e in (RangeEnd.from_json(row[0]) for row in rows)}
+    if set(ends) != set(keys):
+        raise RuntimeError(f"the read job returned ends for {sorted(ends)}, not {sorted(keys)}")
+    return RangeRead(stored.where(F.col(END_COLUMN).isNull()).drop(END_COLUMN), ends)
+
+
+# --- on the executors ----------------------------------------------------------------------------
+
+
+def read_partition(
+    payload: tuple[str, ...], aws: AwsTarget, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """mapInArrow's function: the ranges whose indexes the partition holds, read in turn."""
+    reads = _executor_reads()
+    for batch in batches:
+        for index in batch.column(0).to_pylist():
+            rng = ReadRange.from_json(payload[int(index)])
+            chunks, end = reads.read(rng, aws)
+            for chunk in chunks:
+                yield _as_output(chunk)
+            yield _end_row(end)
+
+
+def _as_output(batch: pa.RecordBatch) -> pa.RecordBatch:
+    columns = [
+        col.cast(OUTPUT_SCHEMA.field(i).type) if i == 5 else col
+        for i, col in enumerate(batch.columns)
+    ]
+    columns.append(pa.nulls(batch.num_rows, pa.string()))
+    return pa.RecordBatch.from_arrays(columns, schema=OUTPUT_SCHEMA)
+
+
+def _end_row(end: RangeEnd) -> pa.RecordBatch:
+    columns = [pa.nulls(1, f.type) for f in OUTPUT_SCHEMA][:-1]
+    columns.append(pa.array([end.to_json()], pa.string()))
+    return pa.RecordBatch.from_arrays(columns, schema=OUTPUT_SCHEMA)
+
+
+class _ExecutorReads:
+    """One Python worker's reading: an event loop thread and its Kinesis clients."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="kclpy-spark-range-reads", daemon=True
+        )
+        self._thread.start()
+        self._clients: OrderedDict[AwsTarget, tuple[Any, Any]] = OrderedDict()
+
+    def read(self, rng: ReadRange, aws: AwsTarget) -> tuple[list[pa.RecordBatch], RangeEnd]:
+        from kclpy_spark.retrieval.range_reader import RangeReader
+
+        chunks: list[pa.RecordBatch] = []
+
+        async def run() -> RangeEnd:
+            client = await self._client(aws)
+
+            def keep(records: list[Any]) -> None:
+                chunks.append(records_to_chunk(records, rng.stream, rng.shard_id).batch)
+
+            return await RangeReader(client, rng).read(keep)
+
+        future = asyncio.run_coroutine_threadsafe(run(), self._loop)
+        try:
+            end = future.result(timeout=rng.max_seconds + GRACE_SECONDS)
+        except BaseException:
+            future.cancel()
+            raise
+        return chunks, end
+
+    async def _client(self, aws: AwsTarget) -> Any:
+        if aws in self._clients:
+            self._clients.move_to_end(aws)
+            return self._clients[aws][1]
+        from aiobotocore.session import get_session
+
+        from kclpy_spark.aws import botocore_config, endpoint_kwargs
+
+        context = get_session().create_client(
+            "kinesis",
+            config=botocore_config(max_pool_connections=16),
+            **endpoint_kwargs(aws.region, aws.endpoint_url),
+        )
+        client = await context.__aenter__()
+        self._clients[aws] = (context, client)
+        while len(self._clients) > MAX_CLIENTS:
+            _, (old, _) = self._clients.popitem(last=False)
+            await old.__aexit__(None, None, None)
+        return client
+
+
+_READS: _ExecutorReads | None = None
+_READS_LOCK = threading.Lock()
+
+
+def _executor_reads() -> _ExecutorReads:
+    global _READS
+    with _READS_LOCK:
+        if _READS is None:
+            _READS = _ExecutorReads()
+        return _READS

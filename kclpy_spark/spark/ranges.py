@@ -1,0 +1,271 @@
+"""What an executor reads for one lease in one micro-batch (``ReadRange``), and what it found
+(``RangeEnd``): small JSON-able values the driver plans and collects, never records (pure).
+
+A range starts after ``after`` (the lease's checkpoint, or the last record of the range before
+it; a starting sentinel reads from TRIM_HORIZON, LATEST or the configured timestamp) and, read the
+first time, runs until a budget is spent: ``max_records``, ``max_bytes`` (whole pages: a page
+that crosses the byte budget is kept, so a task holds at most the budget plus one page),
+``max_seconds``, the shard's tip (an answer with ``MillisBehindLatest`` 0) or the shard's end.
+
+What the first read found is *pinned* (``Pinned``: first and last record, how many, whether the
+shard ended) and stored in the lease's pending checkpoint before any sink writes. A range read
+again with its pin (a second sink, a retried attempt, a lost executor, a new owner after a crash)
+reads from the first record to the last and must find exactly as many records; anything else is
+a ``RangeMismatchError`` (the records are not the ones acknowledged: never written).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from checkpoint.base.errors import KclpySparkError
+from checkpoint.sequence import ExtendedSequenceNumber
+
+ESN = ExtendedSequenceNumber
+
+
+class RangeMismatchError(KclpySparkError):
+    """A pinned range read again gave other records than its first read (trimmed by retention,
+    or a different stream): not retriable, the batch must not be written."""
+
+    retriable = False
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """A range's records as its first read found them: both ends included (None: no record)."""
+
+    first: ESN | None
+    last: ESN | None
+    rows: int
+    shard_ended: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.first is None) != (self.last is None) or (self.first is None) != (self.rows == 0):
+            raise ValueError(f"a pin names both ends of its records or none: {self!r}")
+        if self.first is not None and self.last is not None and self.last < self.first:
+            raise ValueError(f"a pin's last record comes before its first: {self!r}")
+
+    @property
+    def needs_read(self) -> bool:
+        return self.rows > 0
+
+
+@dataclass(frozen=True)
+class ReadRange:
+    """One lease's records to read in one batch (``stream_arg``: the StreamName or StreamARN
+    argument of the Kinesis calls; ``hash_range``: a child shard's hash keys, for KPL sub-records
+    routed before a reshard; ``timestamp``: epoch seconds when ``after`` is AT_TIMESTAMP;
+    ``iterator``: the previous range's next iterator, valid for 5 minutes)."""
+
+    lease_key: str
+    stream: str
+    stream_arg: Mapping[str, str]
+    shard_id: str
+    after: ESN
+    max_records: int = 10_000
+    max_bytes: int = 2 * 1024 * 1024
+    max_seconds: float = 10.0
+    read_rate: float = 2 * 1024 * 1024
+    kpl: bool = True
+    hash_range: tuple[int, int] | None = None
+    timestamp: float | None = None
+    iterator: str | None = None
+    pinned: Pinned | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_records < 1 or self.max_bytes < 1 or self.max_seconds <= 0:
+            raise ValueError(f"a range needs positive budgets: {self!r}")
+        if self.after.is_shard_end:
+            raise ValueError(f"lease {self.lease_key} ended: nothing to read after SHARD_END")
+
+    def keeps(self, position: ESN, last_kept: ESN | None) -> bool:
+        """Whether a record (or KPL sub-record) at ``position`` belongs to this range's read, in
+        order after ``last_kept`` (a page read twice after an expired iterator keeps nothing
+        twice)."""
+        if last_kept is not None and position <= last_kept:
+            return False
+        pin = self.pinned
+        if pin is not None and pin.first is not None and pin.last is not None:
+            return pin.first <= position <= pin.last
+        return self.after.is_sentinel or self.after < position
+
+    def past_pin(self, position: ESN) -> bool:
+        """A record beyond the pinned last one: a pinned read is over."""
+        pin = self.pinned
+        return pin is not None and pin.last is not None and pin.last < position
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "lease_key": self.lease_key,
+                "stream": self.stream,
+                "stream_arg": dict(self.stream_arg),
+                "shard_id": self.shard_id,
+                "after": _esn_json(self.after),
+                "max_records": self.max_records,
+                "max_bytes": self.max_bytes,
+                "max_seconds": self.max_seconds,
+                "read_rate": self.read_rate,
+                "kpl": self.kpl,
+                "hash_range": [str(x) for x in self.hash_range] if self.hash_range else None,
+                "timestamp": self.timestamp,
+                "iterator": self.iterator,
+                "pinned": _pin_json(self.pinned),
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> ReadRange:
+        v = json.loads(text)
+        hash_range = v.get("hash_range")
+        return cls(
+            lease_key=v["lease_key"],
+            stream=v["stream"],
+            stream_arg=dict(v["stream_arg"]),
+            shard_id=v["shard_id"],
+            after=ESN(str(v["after"][0]), int(v["after"][1])),
+            max_records=int(v["max_records"]),
+            max_bytes=int(v["max_bytes"]),
+            max_seconds=float(v["max_seconds"]),
+            read_rate=float(v["read_rate"]),
+            kpl=bool(v["kpl"]),
+            hash_range=(int(hash_range[0]), int(hash_range[1])) if hash_range else None,
+            timestamp=v.get("timestamp"),
+            iterator=v.get("iterator"),
+            pinned=_pin_of(v.get("pinned")),
+        )
+
+
+@dataclass(frozen=True)
+class RangeEnd:
+    """What reading one range found: its records' ends and size, the shard's lag and whether it
+    ended (with the children the answer named), the next iterator, and the calls it made."""
+
+    lease_key: str
+    first: ESN | None
+    last: ESN | None
+    rows: int
+    nbytes: int
+    millis_behind_latest: int | None = None
+    shard_ended: bool = False
+    child_shards: tuple[Mapping[str, Any], ...] = field(default_factory=tuple)
+    next_iterator: str | None = None
+    calls: int = 0
+    throttled: int = 0
+
+    @property
+    def pin(self) -> Pinned:
+        return Pinned(self.first, self.last, self.rows, self.shard_ended)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "lease_key": self.lease_key,
+                "first": _esn_json(self.first),
+                "last": _esn_json(self.last),
+                "rows": self.rows,
+                "nbytes": self.nbytes,
+                "millis_behind_latest": self.millis_behind_latest,
+                "shard_ended": self.shard_ended,
+                "child_shards": [dict(c) for c in self.child_shards],
+                "next_iterator": self.next_iterator,
+                "calls": self.calls,
+                "throttled": self.throttled,
+            },
+            separators=(",", ":"),
+            default=str,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> RangeEnd:
+        v = json.loads(text)
+        return cls(
+            lease_key=v["lease_key"],
+            first=_esn_of(v["first"]),
+            last=_esn_of(v["last"]),
+            rows=int(v["rows"]),
+            nbytes=int(v["nbytes"]),
+            millis_behind_latest=v.get("millis_behind_latest"),
+            shard_ended=bool(v["shard_ended"]),
+            child_shards=tuple(v.get("child_shards") or ()),
+            next_iterator=v.get("next_iterator"),
+            calls=int(v.get("calls", 0)),
+            throttled=int(v.get("throttled", 0)),
+        )
+
+
+def check_pinned(rng: ReadRange, end: RangeEnd) -> None:
+    """Raise ``RangeMismatchError`` unless a pinned range's read found exactly its pin."""
+    pin = rng.pinned
+    if pin is None:
+        return
+    found = (end.first, end.last, end.rows)
+    if found != (pin.first, pin.last, pin.rows):
+        raise RangeMismatchError(
+            f"lease {rng.lease_key}: the pinned range {_ends(pin.first, pin.last)} "
+            f"({pin.rows} records) read again gave {_ends(end.first, end.last)} "
+            f"({end.rows} records): not the records its first read found"
+        )
+
+
+def next_range(previous: ReadRange, end: RangeEnd) -> ReadRange:
+    """The lease's range after ``previous`` once its read ``end`` is known: after its last
+    record (or where it started, when it found none), from the iterator it ended with, unpinned."""
+    after = end.last if end.last is not None else previous.after
+    return ReadRange(
+        **{
+            **_fields(previous),
+            "after": after,
+            "iterator": end.next_iterator,
+            "pinned": None,
+        }
+    )
+
+
+def _fields(rng: ReadRange) -> dict[str, Any]:
+    return {name: getattr(rng, name) for name in rng.__dataclass_fields__}
+
+
+def _ends(first: ESN | None, last: ESN | None) -> str:
+    if first is None or last is None:
+        return "[]"
+    return f"[{_at(first)}..{_at(last)}]"
+
+
+def _at(position: ESN) -> str:
+    return f"{position.sequence_number}/{position.sub_sequence_number}"
+
+
+def _esn_json(value: ESN | None) -> list[Any] | None:
+    return None if value is None else [value.sequence_number, value.sub_sequence_number]
+
+
+def _esn_of(value: Any) -> ESN | None:
+    return None if value is None else ESN(str(value[0]), int(value[1]))
+
+
+def _pin_json(pin: Pinned | None) -> dict[str, Any] | None:
+    if pin is None:
+        return None
+    return {
+        "first": _esn_json(pin.first),
+        "last": _esn_json(pin.last),
+        "rows": pin.rows,
+        "shard_ended": pin.shard_ended,
+    }
+
+
+def _pin_of(value: Any) -> Pinned | None:
+    if value is None:
+        return None
+    return Pinned(
+        _esn_of(value["first"]),
+        _esn_of(value["last"]),
+        int(value["rows"]),
+        bool(value["shard_ended"]),
+    )

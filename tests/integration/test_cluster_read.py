@@ -1,0 +1,140 @@
+"""Ranges read on Spark executors (``spark/cluster_read.py``) from a real LocalStack stream with a
+real local SparkSession: budgets, the next range, a pinned range read again by a new job giving
+exactly the same records while the shard grew, a pin that no longer matches refused, a shard end
+with its children."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from checkpoint.sequence import ExtendedSequenceNumber
+from kclpy_spark.spark.cluster_read import AwsTarget, RangeRead, read_ranges
+from kclpy_spark.spark.ranges import RangeEnd, ReadRange, next_range
+
+REGION = "us-east-1"
+SHARD0 = "shardId-000000000000"
+TRIM = ExtendedSequenceNumber("TRIM_HORIZON")
+
+
+def make_stream(kinesis: Any, name: str, shards: int = 1) -> None:
+    kinesis.create_stream(StreamName=name, ShardCount=shards)
+    kinesis.get_waiter("stream_exists").wait(
+        StreamName=name, WaiterConfig={"Delay": 0.5, "MaxAttempts": 120}
+    )
+
+
+def put(kinesis: Any, name: str, first: int, count: int) -> list[str]:
+    seqs = []
+    for i in range(first, first + count):
+        answer = kinesis.put_record(StreamName=name, Data=f"r{i}".encode(), PartitionKey=f"k{i}")
+        seqs.append(answer["SequenceNumber"])
+    return seqs
+
+
+def rng(name: str, shard: str = SHARD0, **kw: Any) -> ReadRange:
+    return ReadRange(
+        lease_key=shard,
+        stream=name,
+        stream_arg={"StreamName": name},
+        shard_id=shard,
+        after=kw.pop("after", TRIM),
+        max_seconds=kw.pop("max_seconds", 20.0),
+        **kw,
+    )
+
+
+def rows_of(read: RangeRead) -> list[tuple[str, str, int, bytes]]:
+    got = read.records.collect()
+    return sorted(
+        (r["shard_id"], r["sequence_number"], r["sub_sequence_number"], bytes(r["data"]))
+        for r in got
+    )
+
+
+@pytest.fixture
+def aws(localstack_endpoint: str) -> AwsTarget:
+    return AwsTarget(REGION, localstack_endpoint)
+
+
+def test_a_range_stops_at_its_budget_and_the_next_one_goes_on_from_its_end(
+    spark: Any, kinesis_client: Any, unique_name: str, aws: AwsTarget
+) -> None:
+    make_stream(kinesis_client, unique_name)
+    seqs = put(kinesis_client, unique_name, 0, 50)
+    first = rng(unique_name, max_records=30)
+    read = read_ranges(spark, [first], aws, description="test: first range")
+    end = read.ends[SHARD0]
+    assert sorted(r[3] for r in rows_of(read)) == sorted(f"r{i}".encode() for i in range(30))
+    assert (end.rows, end.first, end.last) == (
+        30,
+        ExtendedSequenceNumber(seqs[0]),
+        ExtendedSequenceNumber(seqs[29]),
+    )
+    assert end.next_iterator and not end.shard_ended
+
+    second = next_range(first, end)
+    read = read_ranges(spark, [second], aws)
+    end = read.ends[SHARD0]
+    assert sorted(r[3] for r in rows_of(read)) == sorted(f"r{i}".encode() for i in range(30, 50))
+    assert end.rows == 20 and end.millis_behind_latest == 0  # at the tip: the read stopped
+
+
+def test_a_pinned_range_read_again_gives_the_same_records_though_the_shard_grew(
+    spark: Any, kinesis_client: Any, unique_name: str, aws: AwsTarget
+) -> None:
+    make_stream(kinesis_client, unique_name, shards=2)
+    put(kinesis_client, unique_name, 0, 40)
+    ranges = [rng(unique_name, f"shardId-00000000000{i}") for i in (0, 1)]
+    read = read_ranges(spark, ranges, aws)
+    before = rows_of(read)
+    assert len(before) == 40
+    put(kinesis_client, unique_name, 40, 40)  # more arrives before the re-read
+
+    pinned = [dataclasses.replace(r, pinned=read.ends[r.lease_key].pin) for r in ranges]
+    again = read_ranges(spark, pinned, aws)  # a new job: every task reads Kinesis again
+    assert rows_of(again) == before
+    assert {k: e.pin for k, e in again.ends.items()} == {k: e.pin for k, e in read.ends.items()}
+
+    unpinned = read_ranges(spark, ranges, aws)  # what the pin kept out
+    assert len(rows_of(unpinned)) == 80
+
+
+def test_a_pin_the_shard_no_longer_matches_fails_the_read(
+    spark: Any, kinesis_client: Any, unique_name: str, aws: AwsTarget
+) -> None:
+    make_stream(kinesis_client, unique_name)
+    put(kinesis_client, unique_name, 0, 10)
+    first = rng(unique_name)
+    end = read_ranges(spark, [first], aws).ends[SHARD0]
+    wrong = dataclasses.replace(end.pin, rows=end.rows + 1)
+    with pytest.raises(Exception, match="read again gave"):
+        read_ranges(spark, [dataclasses.replace(first, pinned=wrong)], aws)
+
+
+def test_a_range_that_reaches_the_shard_end_says_so_with_its_children(
+    spark: Any, kinesis_client: Any, unique_name: str, aws: AwsTarget
+) -> None:
+    make_stream(kinesis_client, unique_name)
+    put(kinesis_client, unique_name, 0, 5)
+    kinesis_client.update_shard_count(
+        StreamName=unique_name, TargetShardCount=2, ScalingType="UNIFORM_SCALING"
+    )
+    kinesis_client.get_waiter("stream_exists").wait(
+        StreamName=unique_name, WaiterConfig={"Delay": 0.5, "MaxAttempts": 120}
+    )
+    end: RangeEnd | None = None
+    current = rng(unique_name)
+    got = 0
+    for _ in range(10):  # LocalStack may answer a few pages before the end
+        read = read_ranges(spark, [current], aws)
+        end = read.ends[SHARD0]
+        got += len(rows_of(read))
+        if end.shard_ended:
+            break
+        current = next_range(current, end)
+    assert end is not None and end.shard_ended and end.next_iterator is None
+    assert got == 5 and len(end.child_shards) == 2
+    assert all(SHARD0 in c["ParentShards"] for c in end.child_shards)
