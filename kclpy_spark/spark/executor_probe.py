@@ -1,0 +1,108 @@
+"""Before executors read: one small Spark job that asks each of them whether it can import this
+project and reach the stream, so a missing install or a wrong endpoint is one line at start-up
+instead of a stream of failed tasks every batch.
+
+Each probe task answers with its process id and host (what tests use to see separate executor
+processes) and, when the call failed, the error; the driver turns the first failure into one
+``ExecutorProbeError`` line naming the cure.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+
+from checkpoint.base.errors import KclpySparkError
+from kclpy_spark.spark.cluster_read import AwsTarget
+
+PROBE_DDL = "pid bigint, host string, error string"
+PROBE_TIMEOUT = 5.0  # seconds for the executor's one DescribeStreamSummary call
+_NO_MODULE = "No module named 'kclpy_spark'"
+_INSTALL = (
+    "install kclpy-spark (and its dependencies) in the executors' Python, or ship it with "
+    "spark.archives / --py-files (README, the Spark section)"
+)
+
+
+class ExecutorProbeError(KclpySparkError):
+    """The executors cannot read: not importable there, or the stream out of their reach."""
+
+    retriable = False
+
+
+@dataclass(frozen=True)
+class ProbeAnswer:
+    pid: int
+    host: str
+    error: str | None
+
+
+def probe_executors(
+    session: Any, aws: AwsTarget, stream_arg: Mapping[str, str], *, tasks: int | None = None
+) -> list[ProbeAnswer]:
+    """Run ``tasks`` probe tasks (default: the session's default parallelism); raise
+    ``ExecutorProbeError`` with one line if any could not import this project or reach the
+    stream, else return every answer."""
+    n = tasks or max(1, int(session.sparkContext.defaultParallelism))
+    probe = functools.partial(probe_partition, aws, dict(stream_arg))
+    try:
+        rows = session.range(0, n, 1, n).mapInArrow(probe, PROBE_DDL).collect()
+    except Exception as exc:
+        text = str(exc)
+        if _NO_MODULE in text:
+            raise ExecutorProbeError(
+                f"the Spark executors cannot import kclpy_spark: {_INSTALL}"
+            ) from exc
+        first = next((line for line in text.splitlines() if "Error" in line), text[:300])
+        raise ExecutorProbeError(
+            f"the Spark executors could not run the probe job: {first.strip()}"
+        ) from exc
+    answers = [ProbeAnswer(int(r["pid"]), str(r["host"]), r["error"]) for r in rows]
+    failed = next((a for a in answers if a.error), None)
+    if failed is not None:
+        where = aws.endpoint_url or f"the {aws.region} endpoint"
+        raise ExecutorProbeError(
+            f"a Spark executor on {failed.host} cannot reach Kinesis stream "
+            f"{_stream_name(stream_arg)} at {where}: {failed.error}"
+        )
+    return answers
+
+
+def _stream_name(stream_arg: Mapping[str, str]) -> str:
+    return next(iter(stream_arg.values()), "?")
+
+
+def probe_partition(
+    aws: AwsTarget, stream_arg: dict[str, str], batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """On an executor: one DescribeStreamSummary with a short deadline and no retries."""
+    import boto3
+
+    from kclpy_spark.aws import botocore_config, endpoint_kwargs
+
+    for batch in batches:
+        error = None
+        try:
+            client = boto3.session.Session().client(
+                "kinesis",
+                config=botocore_config(timeout=PROBE_TIMEOUT, sdk_retries=False),
+                **endpoint_kwargs(aws.region, aws.endpoint_url),
+            )
+            client.describe_stream_summary(**stream_arg)
+        except Exception as exc:  # told to the driver, which makes it one line
+            error = f"{type(exc).__name__}: {exc}"
+        n = batch.num_rows
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array([os.getpid()] * n, pa.int64()),
+                pa.array([socket.gethostname()] * n, pa.string()),
+                pa.array([error] * n, pa.string()),
+            ],
+            names=["pid", "host", "error"],
+        )
