@@ -88,6 +88,7 @@ class RangeReader:
         self._called: float | None = None  # when the previous call started
         self._answered: float | None = None  # and when its answer came
         self._page_size = 0  # its records' bytes, for the read rate
+        self._page_records = 0  # and how many records it held
         self._replacement: str | None = None  # an iterator that replaced an expired one
 
     async def _iterator(self, resume: ESN | None) -> str:
@@ -152,7 +153,14 @@ class RangeReader:
             if pin is not None:
                 if over or found.last == pin.last:
                     break
-            elif found.rows >= rng.max_records or found.nbytes >= rng.max_bytes or found.lag == 0:
+            elif (
+                found.rows >= rng.max_records
+                or found.nbytes >= rng.max_bytes
+                or (
+                    found.lag == 0
+                    and self._page_records < limit  # at the tip (a full page: maybe not)
+                )
+            ):
                 found.next_iterator = iterator
                 break
         end = found.end(rng, self.calls, self.throttled)
@@ -208,6 +216,7 @@ class RangeReader:
         rng = self._rng
         raw = records_from_response(answer, self._fast)
         self._page_size = page_bytes(raw) if rng.read_rate > 0 else 0
+        self._page_records = len(raw)
         if raw:
             found.seen = ESN(raw[-1].sequence_number, 0)
         records = self._deaggregator(raw, None) if self._deaggregator else raw
