@@ -29,6 +29,7 @@ from kclpy_spark.spark.pieces import SCHEMA, records_to_chunk
 from kclpy_spark.spark.ranges import RangeEnd, ReadRange
 
 END_COLUMN = "kclpy_spark_range_end"
+LEASE_COLUMN = "kclpy_spark_lease"  # which lease a record row belongs to (dropped before sinks)
 MAX_CLIENTS = 4  # Kinesis clients one Python worker keeps (one per region and endpoint in use)
 GRACE_SECONDS = 60.0  # beyond a range's own time budget, before its task gives up on the read
 
@@ -40,12 +41,13 @@ OUTPUT_SCHEMA = pa.schema(
                  else f.type, nullable=True)
         for f in SCHEMA
     ]
-    + [pa.field(END_COLUMN, pa.string(), nullable=True)]
+    + [pa.field(LEASE_COLUMN, pa.string(), nullable=True),
+       pa.field(END_COLUMN, pa.string(), nullable=True)]
 )  # fmt: skip
 OUTPUT_DDL = (
     "stream string, shard_id string, sequence_number string, sub_sequence_number bigint, "
     "partition_key string, approximate_arrival_timestamp timestamp, data binary, "
-    f"{END_COLUMN} string"
+    f"{LEASE_COLUMN} string, {END_COLUMN} string"
 )
 
 
@@ -59,11 +61,25 @@ class AwsTarget:
 
 @dataclass(frozen=True)
 class RangeRead:
-    """One read of some ranges: the records (a DataFrame stored on the executors, the record
-    columns only) and each range's end, by lease key."""
+    """One read of some ranges: the records (a DataFrame stored on the executors: the record
+    columns and ``LEASE_COLUMN``) and each range's end, by lease key."""
 
-    records: Any
+    stored: Any
     ends: dict[str, RangeEnd]
+
+    @property
+    def records(self) -> Any:
+        """The record columns of every range."""
+        return self.stored.drop(LEASE_COLUMN)
+
+    def of(self, lease_keys: Sequence[str]) -> Any:
+        """The record columns of some ranges (all of them: no filter)."""
+        from pyspark.sql import functions as F
+
+        keys = set(lease_keys)
+        if keys >= set(self.ends):
+            return self.records
+        return self.stored.where(F.col(LEASE_COLUMN).isin(sorted(keys))).drop(LEASE_COLUMN)
 
 
 def read_ranges(
@@ -104,17 +120,26 @@ def read_partition(
     for batch in batches:
         for index in batch.column(0).to_pylist():
             rng = ReadRange.from_json(payload[int(index)])
-            chunks, end = reads.read(rng, aws)
+            try:
+                chunks, end = reads.read(rng, aws)
+            except Exception as exc:  # this range's failure, told to the driver: not the job's
+                yield _end_row(RangeEnd(rng.lease_key, None, None, 0, 0, error=_one_line(exc)))
+                continue
             for chunk in chunks:
-                yield _as_output(chunk)
+                yield _as_output(chunk, rng.lease_key)
             yield _end_row(end)
 
 
-def _as_output(batch: pa.RecordBatch) -> pa.RecordBatch:
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:1000]
+
+
+def _as_output(batch: pa.RecordBatch, lease_key: str) -> pa.RecordBatch:
     columns = [
         col.cast(OUTPUT_SCHEMA.field(i).type) if i == 5 else col
         for i, col in enumerate(batch.columns)
     ]
+    columns.append(pa.repeat(pa.scalar(lease_key, pa.string()), batch.num_rows))
     columns.append(pa.nulls(batch.num_rows, pa.string()))
     return pa.RecordBatch.from_arrays(columns, schema=OUTPUT_SCHEMA)
 

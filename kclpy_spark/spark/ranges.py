@@ -36,22 +36,29 @@ class RangeMismatchError(KclpySparkError):
 
 @dataclass(frozen=True)
 class Pinned:
-    """A range's records as its first read found them: both ends included (None: no record)."""
+    """A range's records as its first read found them: both ends included (None: no record).
+    A range re-formed from a lease's pending checkpoint after a crash knows its last record (and
+    its first when the pending state names the piece) but not how many: ``rows`` None."""
 
     first: ESN | None
     last: ESN | None
-    rows: int
+    rows: int | None
     shard_ended: bool = False
 
     def __post_init__(self) -> None:
-        if (self.first is None) != (self.last is None) or (self.first is None) != (self.rows == 0):
+        if self.rows is None:
+            if self.last is None:
+                raise ValueError(f"a pin without a count names its last record: {self!r}")
+        elif (self.first is None) != (self.last is None) or (self.first is None) != (
+            self.rows == 0
+        ):
             raise ValueError(f"a pin names both ends of its records or none: {self!r}")
         if self.first is not None and self.last is not None and self.last < self.first:
             raise ValueError(f"a pin's last record comes before its first: {self!r}")
 
     @property
     def needs_read(self) -> bool:
-        return self.rows > 0
+        return self.last is not None
 
 
 @dataclass(frozen=True)
@@ -91,7 +98,10 @@ class ReadRange:
         pin = self.pinned
         if pin is not None and pin.first is not None and pin.last is not None:
             return pin.first <= position <= pin.last
-        return self.after.is_sentinel or self.after < position
+        after = self.after.is_sentinel or self.after < position
+        if pin is not None and pin.last is not None:
+            return after and position <= pin.last
+        return after
 
     def past_pin(self, position: ESN) -> bool:
         """A record beyond the pinned last one: a pinned read is over."""
@@ -157,6 +167,7 @@ class RangeEnd:
     next_iterator: str | None = None
     calls: int = 0
     throttled: int = 0
+    error: str | None = None  # the read failed for good (its records are left out)
 
     @property
     def pin(self) -> Pinned:
@@ -176,6 +187,7 @@ class RangeEnd:
                 "next_iterator": self.next_iterator,
                 "calls": self.calls,
                 "throttled": self.throttled,
+                "error": self.error,
             },
             separators=(",", ":"),
             default=str,
@@ -196,6 +208,7 @@ class RangeEnd:
             next_iterator=v.get("next_iterator"),
             calls=int(v.get("calls", 0)),
             throttled=int(v.get("throttled", 0)),
+            error=v.get("error"),
         )
 
 
@@ -204,13 +217,17 @@ def check_pinned(rng: ReadRange, end: RangeEnd) -> None:
     pin = rng.pinned
     if pin is None:
         return
-    found = (end.first, end.last, end.rows)
-    if found != (pin.first, pin.last, pin.rows):
-        raise RangeMismatchError(
-            f"lease {rng.lease_key}: the pinned range {_ends(pin.first, pin.last)} "
-            f"({pin.rows} records) read again gave {_ends(end.first, end.last)} "
-            f"({end.rows} records): not the records its first read found"
-        )
+    if pin.rows is None:  # re-formed after a crash: its last record must be found
+        if end.last == pin.last and (pin.first is None or end.first == pin.first):
+            return
+    elif (end.first, end.last, end.rows) == (pin.first, pin.last, pin.rows):
+        return
+    count = "?" if pin.rows is None else str(pin.rows)
+    raise RangeMismatchError(
+        f"lease {rng.lease_key}: the pinned range {_ends(pin.first, pin.last)} ({count} "
+        f"records) read again gave {_ends(end.first, end.last)} ({end.rows} records): not the "
+        "records its first read found"
+    )
 
 
 def next_range(previous: ReadRange, end: RangeEnd) -> ReadRange:
@@ -266,6 +283,6 @@ def _pin_of(value: Any) -> Pinned | None:
     return Pinned(
         _esn_of(value["first"]),
         _esn_of(value["last"]),
-        int(value["rows"]),
+        None if value["rows"] is None else int(value["rows"]),
         bool(value["shard_ended"]),
     )

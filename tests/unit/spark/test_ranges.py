@@ -31,6 +31,7 @@ def rng(after: ExtendedSequenceNumber = TRIM, pinned: Pinned | None = None) -> R
 
 
 PIN = Pinned(at(20, 1), at(30, 0), 7)
+LAST_ONLY = Pinned(None, at(9), None)  # a piece re-formed from a pending checkpoint
 
 
 @pytest.mark.parametrize(
@@ -49,6 +50,9 @@ PIN = Pinned(at(20, 1), at(30, 0), 7)
         (rng(TRIM, PIN), at(30, 0), None, True),
         (rng(TRIM, PIN), at(30, 1), None, False),  # after the pin's last
         (rng(at(25), PIN), at(21), None, True),  # the pin's ends rule, not the start
+        (rng(at(5), LAST_ONLY), at(5), None, False),  # re-formed after a crash: the start
+        (rng(at(5), LAST_ONLY), at(9), None, True),
+        (rng(at(5), LAST_ONLY), at(9, 1), None, False),  # and its last record bound it
     ],
 )
 def test_which_records_a_read_keeps(
@@ -94,6 +98,24 @@ def test_a_pinned_read_must_find_exactly_its_pin(found: RangeEnd, ok: bool) -> N
         assert not raised.value.retriable
 
 
+@pytest.mark.parametrize(
+    ("found", "ok"),
+    [
+        (end(at(6), at(9), 3), True),  # how many is not known: the last record must match
+        (end(at(6), at(8), 2), False),
+        (end(None, None, 0), False),  # gone (trimmed)
+    ],
+)
+def test_a_range_re_formed_after_a_crash_must_reach_its_last_record(
+    found: RangeEnd, ok: bool
+) -> None:
+    if ok:
+        check_pinned(rng(at(5), LAST_ONLY), found)
+    else:
+        with pytest.raises(RangeMismatchError):
+            check_pinned(rng(at(5), LAST_ONLY), found)
+
+
 def test_an_unpinned_read_is_not_checked() -> None:
     check_pinned(rng(), end(at(1), at(2), 2))
 
@@ -115,10 +137,17 @@ def test_the_next_range_starts_after_what_was_found(
 
 @pytest.mark.parametrize(
     ("first", "last", "rows"),
-    [(at(1), None, 1), (None, at(1), 1), (None, None, 2), (at(1), at(2), 0), (at(3), at(2), 2)],
+    [
+        (at(1), None, 1),
+        (None, at(1), 1),
+        (None, None, 2),
+        (at(1), at(2), 0),
+        (at(3), at(2), 2),
+        (None, None, None),  # without a count, the last record is named
+    ],
 )
 def test_a_pin_names_both_ends_or_none_in_order(
-    first: ExtendedSequenceNumber | None, last: ExtendedSequenceNumber | None, rows: int
+    first: ExtendedSequenceNumber | None, last: ExtendedSequenceNumber | None, rows: int | None
 ) -> None:
     with pytest.raises(ValueError, match="pin"):
         Pinned(first, last, rows)
@@ -137,6 +166,7 @@ def test_a_range_needs_budgets_and_a_start_before_the_end() -> None:
         rng(),
         rng(at(7, 3), PIN),
         rng(TRIM, Pinned(None, None, 0, shard_ended=True)),
+        rng(at(2), LAST_ONLY),
         dataclasses.replace(
             rng(ExtendedSequenceNumber("AT_TIMESTAMP")),
             timestamp=1_700_000_000.5,
@@ -162,6 +192,7 @@ def test_an_end_survives_its_json() -> None:
         next_iterator=None,
         calls=3,
         throttled=1,
+        error="RangeMismatchError: x",
     )
     assert RangeEnd.from_json(found.to_json()) == found
     assert found.pin == Pinned(at(1, 2), at(3), 4, shard_ended=True)
