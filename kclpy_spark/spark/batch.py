@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
+from kclpy_spark.spark.frames import ExecutorFrames
 from kclpy_spark.spark.pieces import SCHEMA, Piece
 
 ToDataFrame = Callable[[pa.Table], Any]
@@ -24,15 +25,41 @@ ToDataFrame = Callable[[pa.Table], Any]
 
 @dataclass
 class SinkBatch:
-    """One micro-batch. ``table`` holds the pieces' rows in ``pieces`` order (``offsets[i]`` is
-    where piece i starts); ``tokens`` maps a lease key to its sink token."""
+    """One micro-batch. Read on the driver, ``table`` holds the pieces' rows in ``pieces`` order
+    (``offsets[i]`` is where piece i starts); read on the executors, ``table`` is None and
+    ``frames`` gives their DataFrame (``frame``, ``arrow``). ``tokens`` maps a lease key to its
+    sink token."""
 
     batch_id: int
     pieces: tuple[Piece, ...]
-    table: pa.Table
+    table: pa.Table | None
     tokens: Mapping[str, Any] = field(default_factory=dict)
     attempt: int = 0
     to_df: ToDataFrame | None = None
+    frames: ExecutorFrames | None = None
+
+    @property
+    def on_executors(self) -> bool:
+        return self.table is None
+
+    def frame(self, pieces: Sequence[Piece] | None = None, index_column: str | None = None) -> Any:
+        """The DataFrame of some pieces (default: all), decoded as configured; with
+        ``index_column``, each row carries its piece's index in ``pieces``."""
+        chosen = tuple(pieces) if pieces is not None else self.pieces
+        if self.frames is not None:
+            return self.frames.frame(chosen, index_column=index_column)
+        table = self.subset(chosen)
+        if index_column is not None:
+            index = pa.array([i for i, p in enumerate(chosen) for _ in range(p.rows)], pa.int32())
+            table = table.append_column(index_column, index)
+        return self.dataframe(table)
+
+    def arrow(self, pieces: Sequence[Piece] | None = None) -> pa.Table:
+        """The raw record columns of some pieces (default: all) as Arrow, on the driver."""
+        chosen = tuple(pieces) if pieces is not None else self.pieces
+        if self.frames is not None:
+            return self.frames.arrow(chosen)
+        return self.subset(chosen)
 
     @property
     def offsets(self) -> list[int]:
@@ -44,25 +71,34 @@ class SinkBatch:
 
     @property
     def rows(self) -> int:
+        if self.table is None:
+            return sum(p.rows for p in self.pieces)
         return int(self.table.num_rows)
 
+    def _driver_table(self) -> pa.Table:
+        if self.table is None:
+            raise RuntimeError("this batch was read on the executors: use frame() or arrow()")
+        return self.table
+
     def piece_table(self, piece: Piece) -> pa.Table:
-        """The rows of one piece (zero-copy)."""
+        """The rows of one piece (zero-copy; read on the driver)."""
         index = self.pieces.index(piece)
-        return self.table.slice(self.offsets[index], piece.rows)
+        return self._driver_table().slice(self.offsets[index], piece.rows)
 
     def subset(self, pieces: Sequence[Piece]) -> pa.Table:
-        """The rows of some pieces, in the given order (zero-copy slices)."""
+        """The rows of some pieces, in the given order (zero-copy slices; read on the driver)."""
         if len(pieces) == len(self.pieces):
-            return self.table
+            return self._driver_table()
         parts = [self.piece_table(p) for p in pieces]
         return pa.concat_tables(parts) if parts else SCHEMA.empty_table()
 
     def dataframe(self, table: pa.Table | None = None) -> Any:
         """A Spark DataFrame of ``table`` (default: the whole batch), decoded as configured."""
+        if table is None and self.frames is not None:
+            return self.frames.frame(self.pieces)
         if self.to_df is None:
             raise RuntimeError("this batch has no Spark session to build a DataFrame with")
-        return self.to_df(self.table if table is None else table)
+        return self.to_df(self._driver_table() if table is None else table)
 
 
 class BatchSink(Protocol):

@@ -283,12 +283,16 @@ class SparkSessionHolder:
             self.jvm_garbage.before_frame(int(table.nbytes))
         if self.heap is not None:
             self.heap.maybe_read()
-        df = self.session().createDataFrame(table)
+        return self.parse(self.session().createDataFrame(table), table.column_names)
+
+    def parse(self, df: Any, columns: list[str] | None = None) -> Any:
+        """``df`` (the record columns, maybe more: ``columns``, or asked of ``df``) with ``data``
+        parsed into the value schema; unchanged without one."""
         if not self._value_schema:
             return df
         from kclpy_spark.spark.values import parse_values, value_fields
 
-        keep = [c for c in table.column_names if c != "data" or self._keep_raw]
+        keep = [c for c in (columns or df.columns) if c != "data" or self._keep_raw]
         if self._value_fields is None:  # once: over Connect, an analysis is a round trip
             self._value_fields = value_fields(df, self._value_schema)
         # Records that are not exactly one JSON object naming every field of the schema (or not

@@ -1,0 +1,91 @@
+"""Records read on the executors, as the micro-batcher carries them: a ``RangeChunk`` is a lane's
+chunk whose rows stay on the executors (what the driver holds is its ends, its size and the read
+it came from), and ``ExecutorFrames`` turns a batch's chunks into the DataFrame its sinks write.
+
+A lane takes a ``RangeChunk`` as it takes an Arrow ``Chunk`` (lane.py, replays.py): the read of
+the lane's range fills it whole, so it is never split (a pinned range ends exactly at a re-formed
+piece's last record; a batch cuts every chunk of a lane whole).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kclpy_spark.spark.pieces import Chunk, Piece
+
+
+@dataclass(frozen=True)
+class RangeChunk(Chunk):
+    """One lease's records of one executor read (``read``: a ``cluster_read.RangeRead``)."""
+
+    read: Any = None
+    lease_key: str = ""
+    row_count: int = 0
+    byte_count: int = 0
+
+    @property
+    def rows(self) -> int:
+        return self.row_count
+
+    @property
+    def nbytes(self) -> int:
+        return self.byte_count
+
+    def split(self, rows: int) -> tuple[Chunk, Chunk]:
+        raise AssertionError("a chunk read on the executors is cut whole, never split")
+
+
+class ExecutorFrames:
+    """A batch's records read on the executors: its chunks' reads, filtered to its pieces."""
+
+    def __init__(self, chunks: Sequence[RangeChunk], parse: Callable[[Any], Any]) -> None:
+        self._chunks = tuple(chunks)
+        self._parse = parse  # the value schema's parse (identity without one)
+
+    def frame(
+        self,
+        pieces: Sequence[Piece],
+        *,
+        parsed: bool = True,
+        index_column: str | None = None,
+    ) -> Any:
+        """The records of ``pieces`` (one read's leases, or a union over reads); with
+        ``index_column``, each row also carries its piece's index in ``pieces``."""
+        from pyspark.sql import functions as F
+
+        from kclpy_spark.spark.cluster_read import LEASE_COLUMN
+
+        wanted = {p.lease_key for p in pieces}
+        by_read: dict[int, tuple[Any, list[str]]] = {}
+        for chunk in self._chunks:
+            if chunk.lease_key in wanted:
+                by_read.setdefault(id(chunk.read), (chunk.read, []))[1].append(chunk.lease_key)
+        frames = []
+        for read, keys in by_read.values():
+            df = read.stored if set(keys) >= set(read.ends) else read.stored.where(
+                F.col(LEASE_COLUMN).isin(sorted(keys))
+            )  # fmt: skip
+            if index_column is not None:
+                index = F.lit(None).cast("int")
+                for i, piece in enumerate(pieces):
+                    index = F.when(F.col(LEASE_COLUMN) == piece.lease_key, F.lit(i)).otherwise(
+                        index
+                    )
+                df = df.withColumn(index_column, index)
+            frames.append(df.drop(LEASE_COLUMN))
+        if not frames:
+            raise ValueError("no records of these pieces in this batch")
+        out = frames[0]
+        for more in frames[1:]:
+            out = out.unionByName(more)
+        return self._parse(out) if parsed else out
+
+    def arrow(self, pieces: Sequence[Piece]) -> Any:
+        """The raw record columns of ``pieces`` as an Arrow table, on the driver (for sinks that
+        write from the driver: Delta, the dead-letter location)."""
+        from kclpy_spark.spark.pieces import SCHEMA
+
+        table = self.frame(pieces, parsed=False).toArrow()
+        return table.cast(SCHEMA) if table.num_rows else SCHEMA.empty_table()
