@@ -141,7 +141,10 @@ def _run(args: argparse.Namespace) -> int:
 
         sink_factory = processor_factory_from_sink_config(sink_cfg, cfg)
         try:
-            asyncio.run(run_worker(cfg, sink_factory, stream_tracker=tracker))
+            sources = sink_factory.record_sources
+            asyncio.run(
+                run_worker(cfg, sink_factory, stream_tracker=tracker, record_sources=sources)
+            )
         finally:
             sink_factory.close()
         return 0

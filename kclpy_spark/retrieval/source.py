@@ -93,6 +93,9 @@ class FetchedBatch:
     millis_behind_latest: int | None
     shard_ended: bool = False
     child_shards: list[dict[str, Any]] = field(default_factory=list)
+    # Delivered even without records: a source whose records go elsewhere (read on Spark's
+    # executors) lets the processor see the lease's checkpointer before its first read.
+    announce: bool = False
 
 
 class RecordSource(Protocol):

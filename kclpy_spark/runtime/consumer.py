@@ -266,7 +266,7 @@ class ShardConsumer:
         try:
             while True:
                 batch = await self.tenure.wait_or_stop(self._next(queue, fetch))
-                if batch.records:
+                if batch.records or batch.announce:
                     await self._deliver(processor, batch)
                 elif batch.millis_behind_latest is not None:  # an empty read at the tip
                     self._lag(batch.millis_behind_latest)
@@ -300,9 +300,15 @@ class ShardConsumer:
 
     async def _deliver(self, processor: RecordProcessor, batch: FetchedBatch) -> None:
         """Offer the batch until the processor takes it (each failure counts; parks at last)."""
+        checkpointer = self.tenure.checkpointer
+        if not batch.records:  # an announcement: the processor meets the checkpointer
+            arg = ProcessRecordsInput([], 0, checkpointer)
+            await self.budget.retrying(
+                "process_records", lambda: self._call(processor.process_records, arg)
+            )
+            return
         last = batch.records[-1]
         end = ExtendedSequenceNumber(last.sequence_number, last.sub_sequence_number)
-        checkpointer = self.tenure.checkpointer
         # A batch whose process_records raised was not processed: until it succeeds, "the last
         # record delivered" (what checkpoint() with no argument records, e.g. in
         # shutdown_requested) stays at the end of the previous batch.

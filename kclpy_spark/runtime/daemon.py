@@ -23,6 +23,7 @@ from checkpoint.base.threads import RetiringThreadPool
 from kclpy_spark.config import WorkerConfig, load_toml
 from kclpy_spark.processor import RecordProcessor
 from kclpy_spark.runtime.lease_store import LeaseStore
+from kclpy_spark.runtime.streams import RecordSourcesFor
 from kclpy_spark.runtime.worker import ProcessorFactory, Worker
 from kclpy_spark.stream_spec import StreamSpec
 from kclpy_spark.user_code import import_user_module
@@ -114,11 +115,14 @@ async def run_worker(
     wrap_store: Callable[[LeaseStore], LeaseStore] | None = None,
     wrap_kinesis: Callable[[Any], Any] | None = None,
     stream_tracker: Callable[[], tuple[StreamSpec, ...]] | None = None,
+    record_sources: RecordSourcesFor | None = None,
 ) -> None:
     """Run one worker until SIGTERM/SIGINT/SIGHUP (or ``worker.request_shutdown()``).
 
     ``wrap_store`` / ``wrap_kinesis`` wrap the real lease store and asyncio Kinesis client (tests
-    inject faults through them). Raises DependencyGoneError when the worker gave up."""
+    inject faults through them); ``record_sources``: where records come from instead of the
+    worker's own reads (the Spark sink reading on the executors). Raises DependencyGoneError
+    when the worker gave up."""
     from kclpy_spark.aws import aio_client, boto3_client
     from kclpy_spark.runtime.lease_store import open_lease_store
 
@@ -141,6 +145,7 @@ async def run_worker(
                 kinesis_sync=kinesis_sync,
                 kinesis_async=kinesis,
                 stream_tracker=stream_tracker,
+                record_sources=record_sources,
             )
             if signals is not None:
                 signals.worker = worker

@@ -37,7 +37,7 @@ from checkpoint.port import LeaseTable
 from checkpoint.sequence import InitialPosition
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.retrieval.kinesis import KinesisSources, SourceSettings
-from kclpy_spark.retrieval.source import KinesisShardProbe
+from kclpy_spark.retrieval.source import KinesisShardProbe, SourceFactory
 from kclpy_spark.runtime.lease_store import LeaseStore
 from kclpy_spark.stream_spec import StreamSpec
 from shard_sync.cleanup import LeaderMaintenance
@@ -59,6 +59,11 @@ def stream_identity(kinesis_sync: Any, spec: StreamSpec) -> str:
     name = str(summary["StreamName"])
     epoch = int(summary["StreamCreationTimestamp"].timestamp())
     return f"{account}:{name}:{epoch}"
+
+
+# Where a stream's records come from instead of this worker's own Kinesis reads (given the stream
+# and its key in multi-stream mode): the Spark sink reading on the executors relays them.
+RecordSourcesFor = Callable[[StreamSpec, str | None], SourceFactory]
 
 
 class StreamRecreatedError(ConfigError):
@@ -106,6 +111,7 @@ class StreamContext:
         settings: SourceSettings | None = None,
         rng: random.Random | None = None,
         on_out_of_range: Callable[[str, int], None] | None = None,
+        record_sources: RecordSourcesFor | None = None,
     ) -> None:
         self.spec = spec
         self.stream_key = stream_key
@@ -123,13 +129,19 @@ class StreamContext:
         )
         self.maintenance = LeaderMaintenance(syncer, table, lister=self.lister)
         report = on_out_of_range
-        self.sources = KinesisSources(
-            kinesis_async,
-            spec.request,
-            settings or SourceSettings(),
-            rng,
-            # Metrics name the lease (stream-qualified in multi-stream mode), not the bare shard.
-            None if report is None else lambda shard, n: report(lease_key_of(stream_key, shard), n),
+        self.sources: SourceFactory = (
+            record_sources(spec, stream_key)
+            if record_sources is not None
+            else KinesisSources(
+                kinesis_async,
+                spec.request,
+                settings or SourceSettings(),
+                rng,
+                # Metrics name the lease (stream-qualified in multi-stream mode), not the shard.
+                None
+                if report is None
+                else lambda shard, n: report(lease_key_of(stream_key, shard), n),
+            )
         )
         self.probe = KinesisShardProbe(kinesis_async, spec.request)
         self.gone_since: float | None = None  # monotonic: when it was first found missing
@@ -158,6 +170,7 @@ class StreamSet:
         monotonic: Callable[[], float],
         rng: random.Random,
         on_out_of_range: Callable[[str, int], None] | None = None,
+        record_sources: RecordSourcesFor | None = None,
     ) -> None:
         self._cfg = cfg
         self._tracker = tracker
@@ -168,6 +181,7 @@ class StreamSet:
         self._monotonic = monotonic
         self._rng = rng
         self._on_out_of_range = on_out_of_range
+        self._record_sources = record_sources  # where records come from instead of Kinesis reads
         self.contexts: dict[str, StreamContext] = {}
         # Configured streams that could not be opened, with when that was first seen (monotonic):
         # they count as gone for readiness and missing_dependency_timeout.
@@ -233,6 +247,7 @@ class StreamSet:
             settings=source_settings(cfg),
             rng=self._rng,
             on_out_of_range=self._on_out_of_range,
+            record_sources=self._record_sources,
         )
         context.created = created
         return context

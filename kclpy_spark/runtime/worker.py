@@ -42,7 +42,7 @@ from kclpy_spark.runtime.lease_store import LeaseStore
 from kclpy_spark.runtime.metrics import StatusServer, worker_metrics
 from kclpy_spark.runtime.publish import StatusCadence, publish_if_due
 from kclpy_spark.runtime.stopping import announce_stopping, let_new_owners_see, release_all
-from kclpy_spark.runtime.streams import StreamContext, StreamSet
+from kclpy_spark.runtime.streams import RecordSourcesFor, StreamContext, StreamSet
 from kclpy_spark.runtime.taking import Taker
 from kclpy_spark.stream_spec import StreamSpec
 
@@ -76,6 +76,7 @@ class Worker:
         sleep: AsyncSleep = asyncio.sleep,
         rng: random.Random | None = None,
         stream_tracker: Callable[[], tuple[StreamSpec, ...]] | None = None,
+        record_sources: RecordSourcesFor | None = None,
     ) -> None:
         self.cfg = cfg
         self.sleep = sleep  # every wait of the worker's loops (the injected sleep)
@@ -113,10 +114,8 @@ class Worker:
                              missing_timeout=cfg.missing_dependency_timeout,
                              quiet_interval=self.timing.lease_duration,
                              table_name=cfg.application_name)  # fmt: skip
-        self._stop = asyncio.Event()
-        self._take_now = asyncio.Event()
-        self.started = asyncio.Event()
-        self.streams = self._stream_set(stream_tracker, kinesis_sync, kinesis_async)
+        self._stop, self._take_now, self.started = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        self.streams = self._stream_set(stream_tracker, kinesis_sync, kinesis_async, record_sources)
         self._processor_factory = processor_factory
         self.consumers = self._consumer_set(processor_factory, sleep)
         # Lease-table calls of the worker's own loops: never queued behind processor threads.
@@ -141,23 +140,16 @@ class Worker:
         )
 
     def _stream_set(
-        self,
-        tracker: Callable[[], tuple[StreamSpec, ...]] | None,
-        kinesis_sync: Any,
-        kinesis_async: Any,
-    ) -> StreamSet:
+        self, tracker: Callable[[], tuple[StreamSpec, ...]] | None, kinesis_sync: Any,
+        kinesis_async: Any, record_sources: RecordSourcesFor | None,
+    ) -> StreamSet:  # fmt: skip
         cfg = self.cfg
         return StreamSet(
-            cfg,
-            tracker or (lambda: cfg.stream_specs),
-            table=self.store,
-            kinesis_sync=kinesis_sync,
-            kinesis_async=kinesis_async,
-            counters=self.counters,
-            monotonic=self.clock.monotonic,
-            rng=self.rng,
-            on_out_of_range=self._out_of_range,
-        )
+            cfg, tracker or (lambda: cfg.stream_specs), table=self.store,
+            kinesis_sync=kinesis_sync, kinesis_async=kinesis_async, counters=self.counters,
+            monotonic=self.clock.monotonic, rng=self.rng, on_out_of_range=self._out_of_range,
+            record_sources=record_sources,
+        )  # fmt: skip
 
     def _out_of_range(self, lease_key: str, count: int) -> None:
         self.metrics.kpl_out_of_range.labels(*self.metrics.shard(lease_key)).inc(count)

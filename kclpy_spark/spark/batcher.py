@@ -4,14 +4,12 @@ Records wait in per-lease lanes (lane.py, the one owner of a lane's state). A ba
 its records reach ``max_records`` or ``max_bytes``, when its oldest record has waited ``max_wait``,
 when a lane must be drained (shard end, shutdown), or when the buffer is full (planner.py). In
 ``worker`` scope one batch takes a cut of every lease that has records; in ``lease`` scope each
-batch is one lease's.
-
-One batch, in one of ``writers`` writer threads (writer.py does the I/O):
+batch is one lease's. Records read on the executors (``reads``) fill a lane whole and are cut at
+once. One batch, in one of ``writers`` writer threads (writer.py does the I/O):
 
 1. ``sink.prepare`` gives each new cut its token; each cut's end and the batch's composition are
    written as the lease's *pending* checkpoint, so a worker that takes the lease after a crash
-   re-forms the identical piece (and, when it holds every lease of the batch, the identical
-   batch: same ``batch_id``).
+   re-forms the identical piece (and the identical batch when it holds all its leases).
 2. ``sink.write`` is attempted up to ``max_attempts`` times with backoff; an attempt that overruns
    ``write_timeout`` has its Spark jobs interrupted.
 3. On success each lease's checkpoint moves to its cut's end. On failure nothing is committed: the
@@ -19,17 +17,19 @@ One batch, in one of ``writers`` writer threads (writer.py does the I/O):
    from the next ``process_records``: the consumer parks the lease).
 
 The batcher owns the threads, the timing and the lock; every lane change it makes is a ``Lane``
-method called under that lock. Its threads are fixed at start (``writers`` daemon threads, no
-thread per batch; the sink writes run on as many more, plus at most two per writer that hang:
-write_threads.py), so resources do not grow with the number of batches written.
+method called under that lock. Its threads are fixed at start (``writers`` threads, the sink
+writes on as many more, at most two per writer that hang: write_threads.py; one thread of reads
+on the executors), so resources do not grow with the number of batches written.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from checkpoint.base.clock import Clock, SystemClock
@@ -43,6 +43,7 @@ from kclpy_spark.spark.batch import (
     ToDataFrame,
 )
 from kclpy_spark.spark.batch_life import Batch
+from kclpy_spark.spark.executor_reads import ExecutorReads
 from kclpy_spark.spark.lane import (
     BatcherClosedError,
     Cut,
@@ -53,6 +54,7 @@ from kclpy_spark.spark.lane import (
     SinkParkedError,
     TwoPhaseCheckpointer,
 )
+from kclpy_spark.spark.lane_feed import LanesFeed
 from kclpy_spark.spark.pieces import Chunk
 from kclpy_spark.spark.planner import Plan, next_wakeup, plan_due
 from kclpy_spark.spark.replays import replays_from_pending
@@ -90,7 +92,11 @@ class MicroBatcher:
         sleep: Callable[[float], None] = time.sleep,
         threaded: bool = True,
         on_batch_done: Callable[[Batch], None] | None = None,
+        reads: ExecutorReads | None = None,
+        parse: Callable[[Any], Any] = lambda df: df,
     ) -> None:
+        """``reads``: the records are read on the executors (executor_reads.py), each lane
+        filled by a read as soon as it can take records, and cut whole at once."""
         self.settings = settings or BatcherSettings()
         self.stats = BatcherStats()
         self._clock = clock or SystemClock()
@@ -101,24 +107,19 @@ class MicroBatcher:
         self._updates = LaneUpdates(
             self._cond, self.stats, self._clock, self.settings, self._close_locked
         )
-        routes = (
-            list(sink)
-            if isinstance(sink, Sequence)
-            else [single_route(sink, self.settings, dead_letter)]
-        )
+        one = not isinstance(sink, Sequence)
+        routes = [single_route(sink, self.settings, dead_letter)] if one else list(sink)  # type: ignore[arg-type]
         self._writer = BatchWriter(
-            routes,
-            self.settings,
-            self._updates,
-            to_df=to_df,
-            interrupter=interrupter or NoInterrupter(),
-            sleep=sleep,
-        )
+            routes, self.settings, self._updates, to_df=to_df, parse=parse,
+            interrupter=interrupter or NoInterrupter(), sleep=sleep,
+        )  # fmt: skip
         # Sinks that need one lease's batches in order (Delta's versions) get one at a time.
         ordered = any(getattr(r.sink, "ordered_per_lease", False) for r in routes)
         self._depth = 1 if ordered else self.settings.batches_in_flight
         self._on_batch_done = on_batch_done
         self._threaded = threaded
+        self._reads = reads
+        self._plan_settings = replace(self.settings, max_wait=0.0) if reads else self.settings
         self._threads = [
             threading.Thread(
                 target=self._writer_loop, name=f"kclpy-spark-sink-writer-{i}", daemon=True
@@ -128,6 +129,9 @@ class MicroBatcher:
         # Daemon threads: a write stuck in user code must not keep the process from exiting.
         for thread in self._threads:
             thread.start()
+        if reads is not None:
+            feed = LanesFeed(self._cond, self._lanes, self._clock, lambda: self._closed)
+            reads.start(feed, threaded=threaded)
 
     # --- lanes (called by the processors) --------------------------------------------------------
 
@@ -209,6 +213,8 @@ class MicroBatcher:
     # --- lifecycle -------------------------------------------------------------------------------
 
     def close(self, timeout: float = 30.0) -> None:
+        if self._reads is not None:
+            self._reads.close(timeout)
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -371,8 +377,9 @@ class MicroBatcher:
     def _form_due(self, limit: int | None) -> list[Batch]:
         """Cut the batches due now (at most ``limit``)."""
         plans = plan_due(
-            self._lanes.values(), self.settings, self._clock.monotonic(), limit, self._expected
-        )
+            self._lanes.values(), self._plan_settings, self._clock.monotonic(), limit,
+            self._expected,
+        )  # fmt: skip
         return [self._cut(plan) for plan in plans]
 
     def _cut(self, plan: Plan) -> Batch:
@@ -382,7 +389,8 @@ class MicroBatcher:
         for lane in plan.lanes:
             if plan.budgeted and (rows_left <= 0 or bytes_left <= 0):
                 break
-            cut = lane.cut(rows_left, bytes_left)
+            # Records read on the executors are cut whole (their read kept to the budget).
+            cut = lane.cut(*((sys.maxsize,) * 2 if self._reads else (rows_left, bytes_left)))
             rows_left -= cut.piece.rows
             bytes_left -= cut.nbytes
             parts.append((lane, cut))

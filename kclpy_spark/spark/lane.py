@@ -82,6 +82,8 @@ class TwoPhaseCheckpointer(Protocol):
         self, sequence_number: str | None = None, sub_sequence_number: int | None = None
     ) -> None: ...
 
+    def set_largest_permitted(self, position: ExtendedSequenceNumber) -> None: ...
+
     @property
     def pending_checkpoint(self) -> tuple[ExtendedSequenceNumber, bytes | None] | None: ...
 
@@ -138,6 +140,7 @@ class Lane:
         self.rows = 0
         self.nbytes = 0
         self.oldest: float | None = None  # monotonic time the oldest buffered record arrived
+        self.read_to: ExtendedSequenceNumber | None = None  # the last record it was given
         self.forced = False  # flush without waiting (shard end, shutdown)
         self._outs: deque[Cut] = deque()  # cut and not yet committed, in lease order
         self._committing = False  # a commit of this lane is under way
@@ -183,6 +186,9 @@ class Lane:
         first = self._replays.first
         return None if first is None else first.key(self.lease_key)
 
+    def unfilled(self) -> tuple[ExtendedSequenceNumber, ExtendedSequenceNumber | None] | None:
+        return self._replays.next_unfilled(self.lease_key)
+
     def can_cut(self) -> bool:
         """May a cut of this lane join a new batch now? (Room for one more out, the last one's
         pending checkpoint written, and records to cut. Ranges to re-form go only once every
@@ -210,6 +216,7 @@ class Lane:
     def add(self, chunk: Chunk, now: float) -> None:
         """Buffer ``chunk`` (the next records of the lease, in order). Counts are kept as the
         records come (no pass over the buffer: this runs for every delivery)."""
+        self.read_to = chunk.last
         rest, kept = self._replays.add(chunk) if self._replays else (chunk, 0)
         if rest is not None:
             self._chunks.append(rest)

@@ -103,6 +103,17 @@ class Replays:
         self._drop_empty()
         return rest, kept
 
+    def next_unfilled(
+        self, lease_key: str
+    ) -> tuple[ExtendedSequenceNumber, ExtendedSequenceNumber | None] | None:
+        """The next range no records have filled yet: its last record, and its first when its
+        batch names the piece (what a read on the executors pins to re-form it)."""
+        for rep in self._queue:
+            if not rep.ready:
+                piece = next((k for k in rep.group if k.lease_key == lease_key), None)
+                return rep.target, None if piece is None else piece.first
+        return None
+
     def reach_all(self) -> None:
         """No more records will come (shard end): each replay is re-formed from what arrived."""
         for rep in self._queue:

@@ -17,8 +17,10 @@ from typing import Any
 
 from checkpoint.base.errors import ConfigError
 from kclpy_spark.config import WorkerConfig
+from kclpy_spark.runtime.streams import RecordSourcesFor
 from kclpy_spark.spark.batch import BatchSink, FunctionSink, SinkRoute
 from kclpy_spark.spark.batcher import MicroBatcher
+from kclpy_spark.spark.executor_reads import ExecutorReads
 from kclpy_spark.spark.paths import check_sink_path, check_writable, local_path
 from kclpy_spark.spark.session import SparkSessionHolder
 from kclpy_spark.spark.settings import BatcherSettings
@@ -134,7 +136,10 @@ def processor_factory_from_sink_config(
             settings.max_bytes,
             holder.target.master,
         )
-    batcher = MicroBatcher(routes, settings, to_df=holder.to_df, interrupter=holder)
+    reads = _executor_reads(sink_cfg, worker_cfg, holder, settings, probe=start_session)
+    batcher = MicroBatcher(
+        routes, settings, to_df=holder.to_df, interrupter=holder, reads=reads, parse=holder.parse
+    )
     # Leave the worker time to release its leases after the processors' last flush.
     shutdown_timeout = min(sink_cfg.shutdown_timeout, 0.75 * worker_cfg.shutdown_grace)
     log.info(
@@ -150,4 +155,43 @@ def processor_factory_from_sink_config(
         shutdown_timeout=shutdown_timeout,
         on_close=[holder.stop],
         session=holder,
+        record_sources=None if reads is None else _relays(reads),
     )
+
+
+def _executor_reads(
+    sink_cfg: SinkConfig,
+    worker_cfg: WorkerConfig,
+    holder: SparkSessionHolder,
+    settings: BatcherSettings,
+    *,
+    probe: bool,
+) -> ExecutorReads | None:
+    """With ``read_on = "executors"``: the reads, after a probe job asked the executors whether
+    they can import this project and reach the stream (one line at start-up if not)."""
+    if sink_cfg.read_on != "executors":
+        return None
+    from kclpy_spark.spark.cluster_read import AwsTarget
+    from kclpy_spark.spark.executor_probe import probe_executors
+    from kclpy_spark.spark.executor_reads import ExecutorReads, ReadSettings
+
+    aws = AwsTarget(worker_cfg.region, worker_cfg.endpoint_url)
+    if probe:
+        probe_executors(holder.session(), aws, worker_cfg.stream_specs[0].request)
+    if any(spec.kind == "delta" for spec in sink_cfg.specs):
+        log.warning("read_on = executors with a Delta sink: Delta is written from the driver, "
+                    "so its batches are collected there (read_on = driver costs less)")  # fmt: skip
+    read = ReadSettings(
+        max_records=settings.max_records,
+        max_bytes=settings.max_bytes,
+        read_rate=float(worker_cfg.max_read_bytes_per_second),
+        idle_seconds=worker_cfg.idle_time_between_reads,
+        kpl=worker_cfg.kpl_deaggregation,
+    )
+    return ExecutorReads(holder.session, aws, read)
+
+
+def _relays(reads: ExecutorReads) -> RecordSourcesFor:
+    from kclpy_spark.spark.relay import ExecutorSources
+
+    return lambda spec, stream_key: ExecutorSources(reads, spec, stream_key)

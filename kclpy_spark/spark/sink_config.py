@@ -24,6 +24,7 @@ write_timeout = 600.0
 writers = 2                         # batches written at once (threads)
 batches_in_flight = 1               # per lease; default 1 with a function, 2 for built-in sinks
 value_schema = "id BIGINT, name STRING"   # optional: parse data as JSON into these columns
+read_on = "driver"                  # or "executors": Spark tasks read the leased ranges
 [sink.spark_conf]
 "spark.executor.memory" = "2g"
 ```
@@ -58,6 +59,7 @@ _FUNCTION = re.compile(r"^[\w.]+:[\w.]+$")
 # 1.47x by round) with a source that costs this machine nothing (as Kinesis), 0.95x-1.07x warm
 # with one that competes for its two cores (BENCHMARKS.md "Two writers by default").
 DEFAULT_WRITERS = 2
+READ_ON = ("driver", "executors")
 # The default ``batching``: replaced in __post_init__ by the defaults of the sink's kind.
 _BY_SINK = BatcherSettings()
 
@@ -109,6 +111,8 @@ class SinkConfig:
     value_schema: str | None = None
     keep_raw_data: bool = False
     delta_app_id_prefix: str = "kclpy-spark"
+    # Where records are read: "driver" (the worker's own process) or "executors" (Spark tasks).
+    read_on: str = "driver"
     # Several sinks ([[sinks]]): each batch goes to all of them; then ``sink`` is left empty.
     sinks: tuple[SinkSpec, ...] = ()
 
@@ -201,6 +205,10 @@ def _check(cfg: SinkConfig) -> None:
         raise ConfigError(f"config 'max_wait' must be > 0, got {cfg.batching.max_wait}")
     if not cfg.shutdown_timeout > 0:
         raise ConfigError(f"config 'shutdown_timeout' must be > 0, got {cfg.shutdown_timeout}")
+    if cfg.read_on not in READ_ON:
+        raise ConfigError(
+            f"config 'read_on' must be one of {', '.join(READ_ON)}, got {cfg.read_on!r}"
+        )
 
 
 def _defaults_for(sinks: list[str], given: Mapping[str, Any] = {}) -> BatcherSettings:

@@ -35,6 +35,7 @@ from kclpy_spark.spark.lane import Lane, TwoPhaseCheckpointer
 from kclpy_spark.spark.pieces import records_to_chunk
 
 if TYPE_CHECKING:
+    from kclpy_spark.runtime.streams import RecordSourcesFor
     from kclpy_spark.spark.session import SparkSessionHolder
 
 log = logging.getLogger(__name__)
@@ -141,13 +142,16 @@ class SparkSinkProcessorFactory:
         shutdown_timeout: float = 15.0,
         on_close: list[Any] | None = None,
         session: SparkSessionHolder | None = None,
+        record_sources: RecordSourcesFor | None = None,
     ) -> None:
-        """``session``: whose driver JVM figures the metrics show (none without it)."""
+        """``session``: whose driver JVM figures the metrics show (none without it);
+        ``record_sources``: given to ``run_worker`` when the records are read on the executors."""
         self.batcher = batcher
         self._stream = stream
         self._shutdown_timeout = shutdown_timeout
         self._on_close = on_close or []
         self._session = session
+        self.record_sources = record_sources
 
     def __call__(self) -> RecordProcessor:
         return SparkSinkProcessor(self.batcher, self._stream, self._shutdown_timeout)

@@ -28,6 +28,7 @@ from kclpy_spark.spark.batch import (
     ToDataFrame,
 )
 from kclpy_spark.spark.batch_life import Batch, LaneEvents
+from kclpy_spark.spark.frames import ExecutorFrames, RangeChunk
 from kclpy_spark.spark.lane import Cut, Lane
 from kclpy_spark.spark.pieces import SCHEMA, Piece, batch_id_of
 from kclpy_spark.spark.settings import BatcherSettings
@@ -86,6 +87,7 @@ class BatchWriter:
         events: LaneEvents,
         *,
         to_df: ToDataFrame | None,
+        parse: Callable[[Any], Any] = lambda df: df,
         interrupter: Interrupter,
         sleep: Callable[[float], None],
         watchdog: Watchdog | None = None,
@@ -96,6 +98,7 @@ class BatchWriter:
         self._s = settings
         self._events = events
         self._to_df = to_df
+        self._parse = parse  # a DataFrame read on the executors into the value schema
         self._sleep = sleep
         self._timed = TimedWrites(settings.writers, interrupter, watchdog)
         self._backoff = Backoff(base=settings.retry_base_delay, cap=settings.retry_max_delay)
@@ -270,14 +273,16 @@ class BatchWriter:
             batch.prepared.clear()
             batch.sink_batch = None
         if batch.sink_batch is None and batch.parts:
-            chunks = [c.batch for _, cut in batch.parts for c in cut.chunks]
+            chunks = [c for _, cut in batch.parts for c in cut.chunks]
             pieces = tuple(cut.piece for _, cut in batch.parts)
+            ranges = [c for c in chunks if isinstance(c, RangeChunk)]
             batch.sink_batch = SinkBatch(
                 batch_id_of([p.key for p in pieces]),
                 pieces,
-                pa.Table.from_batches(chunks, schema=SCHEMA),
+                None if ranges else pa.Table.from_batches([c.batch for c in chunks], SCHEMA),
                 {lane.lease_key: cut.token for lane, cut in batch.parts},
                 to_df=self._to_df,
+                frames=ExecutorFrames(ranges, self._parse) if ranges else None,
             )
 
     def _prepare_pending(self, batch: Batch) -> bool:

@@ -1,0 +1,289 @@
+"""Reading on the executors (``[sink] read_on = "executors"``): the driver plans, Spark reads.
+
+One thread (``ExecutorReads``) runs rounds. In each, every lease whose lane can take records
+(``LaneFeed.readable``: active, nothing waiting to be cut, room for one more batch of it in
+flight) gets one range: the next piece to re-form after a crash, pinned to its recorded last
+record, or the records after the last ones its lane was given, within a budget that splits the
+batch's ``max_records`` / ``max_bytes`` over the leases read. One Spark job reads them all on the
+executors (cluster_read.py); each lane gets its records as one ``RangeChunk`` (their ends and
+size; the rows stay on the executors) and the batcher writes and acknowledges them exactly as it
+does records read on the driver. A lease read to its tip waits ``idle_seconds`` before its next
+read; one that is behind is read again in the next round.
+
+The lease's consumer still runs the lease's life (parents first, shard end, loss, hand-over,
+parking); its record source is a ``relay.LeaseRelay`` that registers the lease here and hands it
+what each read found (lag, shard end with its children, or the read's failure).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from checkpoint.base.clock import Clock, SystemClock
+from checkpoint.base.errors import KclpySparkError
+from checkpoint.base.retry import Backoff
+from checkpoint.sequence import ExtendedSequenceNumber
+from kclpy_spark.retrieval.source import FetchedBatch
+from kclpy_spark.spark.cluster_read import AwsTarget, RangeRead, read_ranges
+from kclpy_spark.spark.frames import RangeChunk
+from kclpy_spark.spark.lane import Lane
+from kclpy_spark.spark.ranges import Pinned, RangeEnd, ReadRange
+
+log = logging.getLogger(__name__)
+
+ESN = ExtendedSequenceNumber
+Post = Callable[[FetchedBatch | BaseException], None]
+
+
+class RangeReadError(KclpySparkError):
+    """A lease's range could not be read on the executors (its consumer counts a failure)."""
+
+
+@dataclass(frozen=True)
+class LeaseSource:
+    """What reading a lease needs, as its consumer started its source."""
+
+    lease_key: str
+    stream: str  # the records' ``stream`` column
+    stream_arg: Mapping[str, str]
+    shard_id: str
+    start: ESN  # where its consumer starts: the lease's checkpoint
+    timestamp: float | None = None  # an AT_TIMESTAMP start's time
+    hash_range: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class ReadSettings:
+    max_records: int = 100_000  # a round's budget, split over its leases
+    max_bytes: int = 64 * 1024 * 1024
+    min_records: int = 1_000  # the least one range is given
+    max_seconds: float = 10.0  # one range's read
+    read_rate: float = 2 * 1024 * 1024  # bytes a second per shard (0: no limit)
+    idle_seconds: float = 1.0  # before reading again a lease read to its tip
+    kpl: bool = True
+
+
+@dataclass(frozen=True)
+class ReadSlot:
+    """A lane that can take records now: where its records end (None: none yet) and, when it
+    re-forms a piece, that piece's last record and maybe its first."""
+
+    lane: Lane
+    read_to: ESN | None
+    unfilled: tuple[ESN, ESN | None] | None
+
+
+class LaneFeed(Protocol):
+    """The batcher's side (MicroBatcher): its lanes, under its lock."""
+
+    def readable(self, lease_keys: Collection[str]) -> tuple[dict[str, ReadSlot], set[str]]:
+        """The slots of lanes that can take records now, and the keys of parked lanes."""
+        ...
+
+    def fill(self, lane: Lane, chunk: RangeChunk) -> bool:
+        """Give the lane its records (False: the lane is closed or replaced)."""
+        ...
+
+
+@dataclass
+class _Entry:
+    """One lease as the reader knows it (owned by ExecutorReads, under its lock)."""
+
+    source: LeaseSource
+    post: Post
+    iterator: str | None = None  # continues exactly after ``iterator_at``
+    iterator_at: ESN | None = None
+    next_read_at: float = 0.0
+    lag: int | None = None
+    failures: int = 0
+    ended: bool = False
+
+
+class ExecutorReads:
+    """The read rounds (one thread) and the leases registered by their relays."""
+
+    def __init__(
+        self,
+        session: Callable[[], Any],
+        aws: AwsTarget,
+        settings: ReadSettings,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        self._session = session
+        self._aws = aws
+        self._s = settings
+        self._clock = clock or SystemClock()
+        self._lock = threading.Condition()
+        self._entries: dict[str, _Entry] = {}
+        self._feed: LaneFeed | None = None
+        self._backoff = Backoff(base=1.0, cap=30.0)
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self.rounds = 0
+
+    # --- registry (relays) ----------------------------------------------------------------------
+
+    def register(self, source: LeaseSource, post: Post) -> _Entry:
+        with self._lock:
+            entry = _Entry(source, post)
+            self._entries[source.lease_key] = entry
+            self._lock.notify_all()
+            return entry
+
+    def unregister(self, entry: _Entry) -> None:
+        with self._lock:
+            if self._entries.get(entry.source.lease_key) is entry:
+                del self._entries[entry.source.lease_key]
+
+    @property
+    def registered(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    # --- the thread -----------------------------------------------------------------------------
+
+    def start(self, feed: LaneFeed, *, threaded: bool = True) -> None:
+        self._feed = feed
+        if threaded:
+            self._thread = threading.Thread(
+                target=self._loop, name="kclpy-spark-range-reads", daemon=True
+            )
+            self._thread.start()
+
+    def close(self, timeout: float = 30.0) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def nudge(self) -> None:
+        """A lane may take records again (its batch was cut or committed)."""
+        with self._lock:
+            self._lock.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+            try:
+                if self.read_round() == 0:
+                    with self._lock:
+                        if not self._closed:
+                            self._lock.wait(self._wait())
+            except Exception:  # a bug must not stop every lease's reading
+                log.exception("a round of reads on the executors failed; going on")
+                with self._lock:
+                    self._lock.wait(1.0)
+
+    def _wait(self) -> float:
+        now = self._clock.monotonic()
+        times = [e.next_read_at - now for e in self._entries.values() if not e.ended]
+        return max(0.05, min([0.5, *times]))
+
+    # --- one round ------------------------------------------------------------------------------
+
+    def read_round(self) -> int:
+        """Read one range of every lease that can take records now; returns how many."""
+        assert self._feed is not None, "start() first"
+        now = self._clock.monotonic()
+        with self._lock:
+            due = {k: e for k, e in self._entries.items() if not e.ended and e.next_read_at <= now}
+        if not due:
+            return 0
+        slots, parked = self._feed.readable(due.keys())
+        for key in parked:  # its consumer hears of the parking at its next idle check
+            due[key].next_read_at = now + self._s.idle_seconds
+            due[key].post(FetchedBatch([], due[key].lag))
+        if not slots:
+            return 0
+        ranges = [self._range(due[key], slot, len(slots)) for key, slot in slots.items()]
+        self.rounds += 1
+        try:
+            read = read_ranges(
+                self._session(), ranges, self._aws, description=self._describe(ranges)
+            )
+        except Exception as exc:
+            log.warning("the read job of %d lease(s) failed: %r", len(ranges), exc)
+            for rng in ranges:
+                self._failed(due[rng.lease_key], f"the read job failed: {exc!r}"[:1000], now)
+            return len(ranges)
+        for rng in ranges:
+            self._found(due[rng.lease_key], slots[rng.lease_key], rng, read, now)
+        return len(ranges)
+
+    def _range(self, entry: _Entry, slot: ReadSlot, leases: int) -> ReadRange:
+        s, src = self._s, entry.source
+        after = slot.read_to or src.start
+        pinned = None
+        if slot.unfilled is not None:
+            last, first = slot.unfilled
+            pinned = Pinned(first, last, None)
+        continues = pinned is None and entry.iterator is not None and entry.iterator_at == after
+        return ReadRange(
+            src.lease_key,
+            src.stream,
+            src.stream_arg,
+            src.shard_id,
+            after,
+            max_records=max(s.min_records, s.max_records // leases),
+            max_bytes=max(1 << 20, s.max_bytes // leases),
+            max_seconds=s.max_seconds,
+            read_rate=s.read_rate,
+            kpl=s.kpl,
+            hash_range=src.hash_range,
+            timestamp=src.timestamp,
+            iterator=entry.iterator if continues else None,
+            pinned=pinned,
+        )
+
+    @staticmethod
+    def _describe(ranges: list[ReadRange]) -> str:
+        keys = ", ".join(r.lease_key for r in ranges[:8])
+        more = f" and {len(ranges) - 8} more" if len(ranges) > 8 else ""
+        return f"kclpy-spark: read {len(ranges)} range(s): {keys}{more}"
+
+    def _found(
+        self, entry: _Entry, slot: ReadSlot, rng: ReadRange, read: RangeRead, now: float
+    ) -> None:
+        end = read.ends[rng.lease_key]
+        if end.error is not None:
+            self._failed(entry, end.error, now)
+            return
+        if end.rows and end.first is not None and end.last is not None:
+            chunk = RangeChunk(
+                None, end.first, end.last,
+                read=read, lease_key=rng.lease_key, row_count=end.rows, byte_count=end.nbytes,
+            )  # fmt: skip
+            assert self._feed is not None
+            self._feed.fill(slot.lane, chunk)
+        with self._lock:
+            entry.failures = 0
+            entry.lag = end.millis_behind_latest
+            entry.ended = end.shard_ended
+            at = end.last if end.last is not None else rng.after
+            entry.iterator, entry.iterator_at = end.next_iterator, at
+            entry.next_read_at = now if _behind(rng, end) else now + self._s.idle_seconds
+        children = [dict(c) for c in end.child_shards]
+        entry.post(FetchedBatch([], end.millis_behind_latest, end.shard_ended, children))
+
+    def _failed(self, entry: _Entry, why: str, now: float) -> None:
+        with self._lock:
+            entry.failures += 1
+            entry.iterator = entry.iterator_at = None
+            entry.next_read_at = now + self._backoff.delay(entry.failures)
+        entry.post(RangeReadError(f"shard {entry.source.shard_id}: {why}"))
+
+
+def _behind(rng: ReadRange, end: RangeEnd) -> bool:
+    """More records are waiting: the range stopped at its budget, or the shard is behind."""
+    if rng.pinned is not None:
+        return True  # a re-formed piece: what follows it is read next
+    full = end.rows >= rng.max_records or end.nbytes >= rng.max_bytes
+    return full or bool(end.millis_behind_latest)

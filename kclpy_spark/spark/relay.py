@@ -1,0 +1,120 @@
+"""A lease's record source when its records are read on the executors (executor_reads.py).
+
+The consumer of a lease runs as always; its ``RecordSource`` is a ``LeaseRelay``, which reads
+nothing itself: it registers the lease with ``ExecutorReads`` and puts on the consumer's queue
+first an announcement (so the Spark sink's processor opens the lease's lane with its
+checkpointer), then, for each read of the lease, a batch without records that carries the lag and
+the shard's end with its children, or raises the read's failure. ``ExecutorSources`` makes the
+relays of one stream (a ``SourceFactory``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+
+from checkpoint.lease import HashKeyRange, lease_key_of, stream_name_of
+from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
+from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress
+from kclpy_spark.spark.executor_reads import ExecutorReads, LeaseSource
+from kclpy_spark.stream_spec import StreamSpec
+
+
+class _Inbox:
+    """What the read thread hands a relay, in order; consecutive lag reports collapse into the
+    newest, so it holds a few items however long the consumer is busy."""
+
+    def __init__(self) -> None:
+        self._items: deque[FetchedBatch | BaseException] = deque()
+        self._ready = asyncio.Event()
+
+    def put(self, item: FetchedBatch | BaseException) -> None:
+        last = self._items[-1] if self._items else None
+        if _lag_only(item) and last is not None and _lag_only(last):
+            self._items[-1] = item
+        else:
+            self._items.append(item)
+        self._ready.set()
+
+    async def get(self) -> FetchedBatch | BaseException:
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._items.popleft()
+
+
+def _lag_only(item: FetchedBatch | BaseException) -> bool:
+    return isinstance(item, FetchedBatch) and not item.shard_ended and not item.announce
+
+
+class LeaseRelay:
+    def __init__(
+        self,
+        reads: ExecutorReads,
+        source: LeaseSource,
+        queue: asyncio.Queue[FetchedBatch],
+        progress: FetchProgress,
+    ) -> None:
+        self._reads = reads
+        self._source = source
+        self._queue = queue
+        self._progress = progress
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        inbox = _Inbox()
+
+        def post(item: FetchedBatch | BaseException) -> None:  # from the read thread
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody listens
+                loop.call_soon_threadsafe(inbox.put, item)
+
+        entry = self._reads.register(self._source, post)
+        try:
+            await self._progress.put(self._queue, FetchedBatch([], None, announce=True))
+            while True:
+                # Waiting on the reads is not a stalled source: the batcher decides when.
+                self._progress.waiting = True
+                item = await inbox.get()
+                self._progress.waiting = False
+                if isinstance(item, BaseException):
+                    self._progress.failed(False)
+                    raise item
+                await self._progress.put(self._queue, item)
+                if item.shard_ended:
+                    return
+        finally:
+            self._reads.unregister(entry)
+
+
+class ExecutorSources:
+    """The relays of one stream's leases (a ``SourceFactory``)."""
+
+    def __init__(self, reads: ExecutorReads, spec: StreamSpec, stream_key: str | None) -> None:
+        self._reads = reads
+        self._spec = spec
+        self._stream_key = stream_key
+
+    def __call__(
+        self,
+        shard_id: str,
+        start: ExtendedSequenceNumber,
+        position: InitialPosition,
+        hash_range: HashKeyRange | None,
+        queue: asyncio.Queue[FetchedBatch],
+        progress: FetchProgress,
+    ) -> LeaseRelay:
+        lease_key = lease_key_of(self._stream_key, shard_id)
+        spec = self._spec
+        stream = stream_name_of(lease_key) or spec.stream_name or spec.label
+        when = position.timestamp
+        source = LeaseSource(
+            lease_key,
+            stream,
+            spec.request,
+            shard_id,
+            start,
+            timestamp=when.timestamp() if when is not None else None,
+            hash_range=(hash_range.start, hash_range.end) if hash_range is not None else None,
+        )
+        return LeaseRelay(self._reads, source, queue, progress)
