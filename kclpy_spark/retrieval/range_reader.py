@@ -147,6 +147,7 @@ class RangeReader:
                 iterator = self._replacement or iterator
                 continue
             over = self._take(answer, found, on_records)
+            found.left_behind = over  # its page went on past the range: not at the tip
             if found.children is not None:
                 break
             iterator = str(answer["NextShardIterator"])
@@ -250,6 +251,7 @@ class _Found:
     lag: int | None = None
     children: list[dict[str, Any]] | None = None
     next_iterator: str | None = None
+    left_behind: bool = False  # the last page held records after the range's end
 
     def end(self, rng: ReadRange, calls: int, throttled: int) -> RangeEnd:
         pin_ended = rng.pinned is not None and rng.pinned.shard_ended
@@ -259,7 +261,8 @@ class _Found:
             self.last,
             self.rows,
             self.nbytes,
-            millis_behind_latest=self.lag,
+            # A page that went on past a pinned range says nothing of this range's lag.
+            millis_behind_latest=None if self.left_behind else self.lag,
             shard_ended=self.children is not None or pin_ended,
             child_shards=tuple(self.children or ()),
             next_iterator=self.next_iterator,

@@ -60,7 +60,6 @@ class LeaseSource:
 class ReadSettings:
     max_records: int = 100_000  # a round's budget, split over its leases
     max_bytes: int = 64 * 1024 * 1024
-    min_records: int = 1_000  # the least one range is given
     max_seconds: float = 10.0  # one range's read
     read_rate: float = 2 * 1024 * 1024  # bytes a second per shard (0: no limit)
     idle_seconds: float = 1.0  # before reading again a lease read to its tip
@@ -232,8 +231,8 @@ class ExecutorReads:
             src.stream_arg,
             src.shard_id,
             after,
-            max_records=max(s.min_records, s.max_records // leases),
-            max_bytes=max(1 << 20, s.max_bytes // leases),
+            max_records=max(1, s.max_records // leases),
+            max_bytes=max(1, s.max_bytes // leases),  # whole pages: one may go beyond
             max_seconds=s.max_seconds,
             read_rate=s.read_rate,
             kpl=s.kpl,

@@ -6,6 +6,7 @@ executors)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
@@ -99,3 +100,87 @@ def test_a_resharded_stream_read_on_the_executors_parents_first(
     result = _job(config, tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     assert _written(parquet) == list(range(400)), "every record once"
+
+
+_FUNCTION = '''
+"""A foreachBatch function: stores each batch's numbers under its batch id (idempotent: a batch
+id seen again must hold the same numbers, else a mismatch file); with FN_CRASH set, the process
+dies (os._exit, as kill -9) right after its first write, before any checkpoint moved."""
+import json
+import os
+import pathlib
+
+OUT = pathlib.Path(os.environ["FN_OUT"])
+
+
+def write(df, batch_id):
+    rows = sorted(int(bytes(r["data"]).decode()) for r in df.select("data").collect())
+    target = OUT / f"{batch_id}.json"
+    if target.exists():
+        if json.loads(target.read_text()) != rows:
+            (OUT / f"mismatch-{batch_id}").write_text(json.dumps(rows))
+        return
+    target.write_text(json.dumps(rows))
+    if os.environ.get("FN_CRASH") and not (OUT / "crashed").exists():
+        (OUT / "crashed").write_text(str(batch_id))
+        os._exit(9)
+'''
+
+
+def test_a_batch_in_flight_at_a_crash_is_read_again_exactly_by_the_next_owner(
+    kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    """The first run dies right after its sink wrote the first batch: its pending checkpoint
+    names the pieces, not their records. The next run (a bigger record budget, more records on
+    the stream) reads those pieces again on the executors, pinned to their last records: the
+    function sees the same batch ids with the same records, and every record is written once."""
+    import os
+
+    kinesis_client.create_stream(StreamName=unique_name, ShardCount=1)
+    wait_active(kinesis_client, unique_name)
+    produce(kinesis_client, unique_name, range(150))
+    (tmp_path / "crashfn.py").write_text(_FUNCTION)
+    out = tmp_path / "batches"
+    out.mkdir()
+    config = tmp_path / "fn.toml"
+
+    def run(max_records: int, crash: bool) -> subprocess.CompletedProcess[str]:
+        config.write_text(f"""
+application_name = "{unique_name}"
+stream_name = "{unique_name}"
+endpoint_url = "{localstack_endpoint}"
+initial_position = "TRIM_HORIZON"
+lease_store = "sqlite:{tmp_path / "fn.db"}"
+idle_time_between_reads = 0.2
+failover_time = 3.0
+[sink]
+sink = "crashfn:write"
+spark_target = "local[2]"
+max_wait = 1.0
+max_records = {max_records}
+read_on = "executors"
+""")
+        env = worker_env(tmp_path / "out") | {"FN_OUT": str(out)}
+        env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+        if crash:
+            env["FN_CRASH"] = "1"
+        return subprocess.run(
+            [sys.executable, "-m", "kclpy_spark.cli", "run", "--config", str(config),
+             "--until-caught-up"],
+            capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path, check=False,
+        )  # fmt: skip
+
+    first = run(40, crash=True)
+    assert first.returncode == 9, first.stderr[-3000:]
+    crashed = (out / "crashed").read_text()
+    before = json.loads((out / f"{crashed}.json").read_text())
+    assert len(before) == 40
+    produce(kinesis_client, unique_name, range(150, 300))
+
+    second = run(1000, crash=False)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert not list(out.glob("mismatch-*")), "a batch id came back with other records"
+    assert json.loads((out / f"{crashed}.json").read_text()) == before
+    written = sorted(n for f in out.glob("*.json") for n in json.loads(f.read_text()))
+    assert written == list(range(300)), "every record once"
+    assert "re-forming" in second.stderr
