@@ -147,7 +147,8 @@ class RangeReader:
                 iterator = self._replacement or iterator
                 continue
             over = self._take(answer, found, on_records)
-            found.left_behind = over  # its page went on past the range: not at the tip
+            # A page that went on past the range, or a full one, says nothing of the tip.
+            found.left_behind = over or self._page_records >= limit
             if found.children is not None:
                 break
             iterator = str(answer["NextShardIterator"])
@@ -251,7 +252,9 @@ class _Found:
     lag: int | None = None
     children: list[dict[str, Any]] | None = None
     next_iterator: str | None = None
-    left_behind: bool = False  # the last page held records after the range's end
+    # The last page held records after the range's end, or was full: its lag (0 on a full page
+    # from an emulator, or at the same millisecond) does not say the range reached the tip.
+    left_behind: bool = False
 
     def end(self, rng: ReadRange, calls: int, throttled: int) -> RangeEnd:
         pin_ended = rng.pinned is not None and rng.pinned.shard_ended
@@ -261,7 +264,6 @@ class _Found:
             self.last,
             self.rows,
             self.nbytes,
-            # A page that went on past a pinned range says nothing of this range's lag.
             millis_behind_latest=None if self.left_behind else self.lag,
             shard_ended=self.children is not None or pin_ended,
             child_shards=tuple(self.children or ()),
