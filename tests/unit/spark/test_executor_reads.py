@@ -1,0 +1,183 @@
+"""Reading on the executors, the pure parts: which lanes may take records (LanesFeed), the range
+each gets (ExecutorReads._range), when a lease is read again at once, and the relay's inbox.
+Lanes are real, their checkpointer a recorder; no Spark."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+from test_lane import KEY, esn
+
+from checkpoint.base.clock import ManualClock
+from checkpoint.sequence import ExtendedSequenceNumber
+from kclpy_spark.retrieval.source import FetchedBatch
+from kclpy_spark.spark.cluster_read import AwsTarget
+from kclpy_spark.spark.executor_reads import (
+    ExecutorReads,
+    LeaseSource,
+    ReadSettings,
+    ReadSlot,
+    _behind,
+    _Entry,
+)
+from kclpy_spark.spark.frames import RangeChunk
+from kclpy_spark.spark.lane import Lane
+from kclpy_spark.spark.lane_feed import LanesFeed
+from kclpy_spark.spark.pieces import PieceKey
+from kclpy_spark.spark.ranges import Pinned, RangeEnd, ReadRange
+from kclpy_spark.spark.relay import _Inbox
+
+TRIM = ExtendedSequenceNumber("TRIM_HORIZON")
+
+
+class Recorder:
+    lease_key = KEY
+    pending_checkpoint = None
+
+    def __init__(self) -> None:
+        self.largest: list[ExtendedSequenceNumber] = []
+
+    def set_largest_permitted(self, position: ExtendedSequenceNumber) -> None:
+        self.largest.append(position)
+
+
+def feed_with(*lanes: Lane) -> tuple[LanesFeed, dict[str, Lane]]:
+    by_key = {x.lease_key: x for x in lanes}
+    return LanesFeed(threading.Condition(), by_key, ManualClock(), lambda: False), by_key
+
+
+def make_lane(key: str = KEY, depth: int = 2, replays: Any = ()) -> Lane:
+    return Lane(key, key, Recorder(), replays=list(replays), depth=depth)  # type: ignore[arg-type]
+
+
+def range_chunk(first: int, last: int, rows: int) -> RangeChunk:
+    return RangeChunk(None, esn(first), esn(last), read=object(), lease_key=KEY,
+                      row_count=rows, byte_count=rows * 10)  # fmt: skip
+
+
+def test_an_empty_lane_takes_a_read_from_its_start_and_remembers_where_records_end() -> None:
+    lane = make_lane()
+    feed, _ = feed_with(lane)
+    slots, parked = feed.readable([KEY, "other"])
+    assert set(slots) == {KEY} and not parked
+    assert slots[KEY] == ReadSlot(lane, None, None)
+    assert feed.fill(lane, range_chunk(10, 50, 5))
+    assert lane.read_to == esn(50) and lane.checkpointer.largest == [esn(50)]  # type: ignore[attr-defined]
+    assert feed.readable([KEY])[0] == {}  # its records wait to be cut
+
+
+def test_a_lane_takes_no_read_until_its_batch_out_is_prepared_and_only_depth_batches() -> None:
+    lane = make_lane(depth=2)
+    feed, _ = feed_with(lane)
+    feed.fill(lane, range_chunk(10, 50, 5))
+    first = lane.cut(10**9, 10**9)
+    assert feed.readable([KEY])[0] == {}  # its pending checkpoint is not written yet
+    lane.prepared(first)
+    assert feed.readable([KEY])[0][KEY].read_to == esn(50)  # pipelined: a second batch
+    feed.fill(lane, range_chunk(60, 90, 4))
+    lane.prepared(lane.cut(10**9, 10**9))
+    assert feed.readable([KEY])[0] == {}  # two batches out: the depth
+
+
+def test_parked_and_closed_lanes_take_nothing_and_parked_ones_are_named() -> None:
+    parked, closed = make_lane("a"), make_lane("b")
+    parked.park("the sink gave up")
+    closed.close()
+    feed, _ = feed_with(parked, closed)
+    assert feed.readable(["a", "b"]) == ({}, {"a"})
+    assert not feed.fill(closed, range_chunk(1, 2, 2))
+    assert not feed.fill(make_lane("a"), range_chunk(1, 2, 2))  # not the lane the batcher has
+
+
+def test_a_lane_re_forming_pieces_asks_for_each_one_pinned_in_turn() -> None:
+    a_piece = PieceKey(KEY, esn(10), esn(30))
+    lane = make_lane(replays=[(esn(30), (a_piece,), None), (esn(70), (), None)])
+    feed, _ = feed_with(lane)
+    assert feed.readable([KEY])[0][KEY].unfilled == (esn(30), esn(10))
+    feed.fill(lane, range_chunk(10, 30, 3))
+    slot = feed.readable([KEY])[0][KEY]  # the first is whole; the second waits, first named
+    assert (slot.read_to, slot.unfilled) == (esn(30), (esn(70), None))
+
+
+SOURCE = LeaseSource(KEY, "s", {"StreamName": "s"}, KEY, TRIM, hash_range=(0, 5))
+
+
+def reads(**settings: Any) -> ExecutorReads:
+    return ExecutorReads(lambda: None, AwsTarget("us-east-1"), ReadSettings(**settings))
+
+
+@pytest.mark.parametrize(
+    ("slot_read_to", "unfilled", "entry_iterator", "want_after", "want_iterator", "want_pin"),
+    [
+        (None, None, None, TRIM, None, None),  # a first read: from the lease's start
+        (esn(50), None, ("it", esn(50)), esn(50), "it", None),  # continues its last read
+        (esn(50), None, ("it", esn(40)), esn(50), None, None),  # an iterator from elsewhere
+        (esn(5), (esn(30), esn(10)), ("it", esn(5)), esn(5), None, Pinned(esn(10), esn(30), None)),
+    ],
+)
+def test_the_range_a_slot_gets(
+    slot_read_to: ExtendedSequenceNumber | None,
+    unfilled: tuple[ExtendedSequenceNumber, ExtendedSequenceNumber | None] | None,
+    entry_iterator: tuple[str, ExtendedSequenceNumber] | None,
+    want_after: ExtendedSequenceNumber,
+    want_iterator: str | None,
+    want_pin: Pinned | None,
+) -> None:
+    entry = _Entry(SOURCE, lambda item: None)
+    if entry_iterator is not None:
+        entry.iterator, entry.iterator_at = entry_iterator
+    rng = reads(max_records=1000, max_bytes=4000)._range(
+        entry, ReadSlot(make_lane(), slot_read_to, unfilled), leases=4
+    )
+    assert (rng.after, rng.iterator, rng.pinned) == (want_after, want_iterator, want_pin)
+    assert (rng.max_records, rng.max_bytes, rng.hash_range) == (250, 1000, (0, 5))
+
+
+def ended(rows: int, nbytes: int, lag: int | None) -> RangeEnd:
+    return RangeEnd(KEY, esn(1) if rows else None, esn(rows) if rows else None, rows, nbytes,
+                    millis_behind_latest=lag)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("end", "pinned", "behind"),
+    [
+        (ended(100, 10, None), False, True),  # the record budget spent
+        (ended(3, 500, None), False, True),  # the byte budget spent
+        (ended(3, 10, 2_000), False, True),  # the shard is behind
+        (ended(3, 10, 0), False, False),  # at the tip: wait before the next read
+        (ended(0, 0, None), False, False),
+        (ended(3, 10, None), True, True),  # a re-formed piece: what follows is read next
+    ],
+)
+def test_a_lease_is_read_again_at_once_only_while_records_wait(
+    end: RangeEnd, pinned: bool, behind: bool
+) -> None:
+    pin = Pinned(None, esn(3), None) if pinned else None
+    rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, TRIM, max_records=100, max_bytes=500,
+                    pinned=pin)  # fmt: skip
+    assert _behind(rng, end) is behind
+
+
+def test_the_relay_inbox_keeps_order_and_only_the_newest_lag() -> None:
+    async def scenario() -> list[Any]:
+        inbox = _Inbox()
+        boom = RuntimeError("read failed")
+        for item in (
+            FetchedBatch([], None, announce=True),
+            FetchedBatch([], 100),
+            FetchedBatch([], 50),
+            boom,
+            FetchedBatch([], 20),
+            FetchedBatch([], 0, shard_ended=True),
+            FetchedBatch([], 5),
+        ):
+            inbox.put(item)
+        return [await inbox.get() for _ in range(6)]
+
+    got = asyncio.run(scenario())
+    lags = [g.millis_behind_latest if isinstance(g, FetchedBatch) else "error" for g in got]
+    assert lags == [None, 50, "error", 20, 0, 5]
+    assert got[0].announce and got[4].shard_ended
