@@ -15,6 +15,8 @@ pacing at 5 calls a second, 200,000 records/s with 4 shards, as in runs before 2
   ``spark_target``: since 2026-11-28 two writers, i.e. two batches written at once; with the
   default ``batches_in_flight = 2`` the next batch of a lease is cut and written while the one
   before it is still being written);
+* **parquet executors**: the same with ``read_on = "executors"`` (Spark tasks read the leased
+  ranges; the daemon plans and acknowledges: its own process's CPU is the last column);
 * **parquet 1 writer**, **parquet 2 writers**: the same with ``writers`` set (1: the default
   before 2026-11-28; in the results files of earlier runs, **parquet** is one writer);
 * **remote 1 writer**, **remote 2 writers**: a foreachBatch function standing for a store one
@@ -84,6 +86,7 @@ VARIANTS = (
     "consumer unpaced",
     "bare",
     "parquet",
+    "parquet executors",
     "parquet 1 writer",
     "parquet 2 writers",
     "two sinks",
@@ -117,6 +120,8 @@ def config(variant: str, work: Path, endpoint: str, stream: str, target: str) ->
         body = 'max_read_bytes_per_second = 0\nprocessor = "pipeline_app:Noop"\n'
     elif variant == "parquet":
         body = f'[sink]\nsink = "parquet:{out}"\nspark_target = "{target}"\n'
+    elif variant == "parquet executors":
+        body = f'[sink]\nsink = "parquet:{out}"\nspark_target = "{target}"\nread_on = "executors"\n'
     elif variant.startswith("remote"):
         body = (
             f'[sink]\nsink = "pipeline_app:remote_store"\nspark_target = "{target}"\n'
@@ -219,6 +224,7 @@ def run(variant: str, endpoint: str, stream: str, loaded: Loaded, target: str) -
         "jvm_us": used["jvm"] / records * 1e6,
         "warm_python_us": in_warm["python"] / warm_records * 1e6,
         "warm_jvm_us": in_warm["jvm"] / warm_records * 1e6,
+        "warm_driver_us": in_warm["driver"] / warm_records * 1e6,
         "refused": refused,
     }
 
@@ -363,6 +369,7 @@ def main() -> int:
 
 RATIOS = (  # (label, numerator, denominator, goal)
     ("Parquet sink / consumer alone", "parquet", "consumer", ">= 0.9"),
+    ("Parquet sink, read on the executors / on the driver", "parquet executors", "parquet", "-"),
     ("consumer alone, paced (default) / unpaced", "consumer", "consumer unpaced", "-"),
     ("Parquet sink / bare overlapped pipeline", "parquet", "bare", ">= 1.2"),
     ("Parquet sink, 2 writers / 1 writer", "parquet 2 writers", "parquet 1 writer", "-"),
@@ -438,15 +445,16 @@ def report(results: dict[str, list[dict[str, Any]]], args: Any) -> None:
         "",
         "| variant | records/s warm | records/s from the first lease | wall s (whole run) "
         "| warm CPU us/record: Python | JVM | together | whole run: Python | JVM | together "
-        "| calls refused (read limits) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| calls refused (read limits) | warm CPU us/record of the daemon's own process |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *(
             f"| {v} | {med(v, 'warm_rate'):,.0f} | {med(v, 'rate'):,.0f} "
             f"| {med(v, 'wall_s'):.1f} | {med(v, 'warm_python_us'):.1f} "
             f"| {med(v, 'warm_jvm_us'):.1f} "
             f"| {med(v, 'warm_python_us') + med(v, 'warm_jvm_us'):.1f} "
             f"| {med(v, 'python_us'):.1f} | {med(v, 'jvm_us'):.1f} "
-            f"| {med(v, 'python_us') + med(v, 'jvm_us'):.1f} | {_refused(results[v])} |"
+            f"| {med(v, 'python_us') + med(v, 'jvm_us'):.1f} | {_refused(results[v])} "
+            f"| {med(v, 'warm_driver_us'):.2f} |"
             for v in variants
         ),
         "",

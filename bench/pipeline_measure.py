@@ -48,7 +48,8 @@ class TreeCpu:
     def __init__(self, pid: int) -> None:
         self._root = psutil.Process(pid)
         self._seen: dict[int, tuple[str, float]] = {}
-        self._series: list[tuple[float, float, float]] = []  # (wall time, python, jvm)
+        # (wall time, python, jvm, the root process alone: the daemon's own Python)
+        self._series: list[tuple[float, float, float, float]] = []
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
@@ -56,21 +57,26 @@ class TreeCpu:
         while self._root.is_running() and self._root.status() != psutil.STATUS_ZOMBIE:
             note_tree(self._root, self._seen)
             used = split_cpu(self._seen)
-            self._series.append((time.time(), used["python"], used["jvm"]))
+            own = self._seen.get(self._root.pid, ("", 0.0))[1]
+            self._series.append((time.time(), used["python"], used["jvm"], own))
             time.sleep(0.2)
 
     def totals(self) -> dict[str, float]:
         self._thread.join(10.0)
-        return split_cpu(self._seen)
+        return split_cpu(self._seen) | {"driver": self._seen.get(self._root.pid, ("", 0.0))[1]}
 
     def between(self, began: float, ended: float) -> dict[str, float]:
         """CPU used from wall time ``began`` to ``ended`` (the samples nearest each end)."""
 
-        def at(when: float) -> tuple[float, float, float]:
+        def at(when: float) -> tuple[float, float, float, float]:
             return min(self._series, key=lambda s: abs(s[0] - when))
 
         first, last = at(began), at(ended)
-        return {"python": last[1] - first[1], "jvm": last[2] - first[2]}
+        return {
+            "python": last[1] - first[1],
+            "jvm": last[2] - first[2],
+            "driver": last[3] - first[3],
+        }
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from kclpy_spark.retrieval.source import (
     shard_iterator_of,
     wait_or_raise,
 )
-from kclpy_spark.spark.ranges import RangeEnd, ReadRange, check_pinned
+from kclpy_spark.spark.ranges import Key, RangeEnd, ReadRange, check_pinned
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,7 @@ class RangeReader:
             hash_range = HashKeyRange(*rng.hash_range) if rng.hash_range else None
             deaggregator = Deaggregator(hash_range, shard_id=rng.shard_id)
         self._deaggregator = deaggregator
+        self._window = rng.window()
         self.calls = 0
         self.throttled = 0
         self._called: float | None = None  # when the previous call started
@@ -215,29 +216,42 @@ class RangeReader:
         on_records: Callable[[list[Record]], None],
     ) -> bool:
         """Keep the page's records that belong to the range; True once past a pin's end."""
-        rng = self._rng
         raw = records_from_response(answer, self._fast)
-        self._page_size = page_bytes(raw) if rng.read_rate > 0 else 0
+        self._page_size = page_bytes(raw)
         self._page_records = len(raw)
         if raw:
             found.seen = ESN(raw[-1].sequence_number, 0)
         records = self._deaggregator(raw, None) if self._deaggregator else raw
-        kept, over = [], False
-        for record in records:
-            position = ESN(record.sequence_number, record.sub_sequence_number)
-            if rng.past_pin(position):
-                over = True
-                break
-            if rng.keeps(position, found.last):
-                kept.append(record)
-                found.last = position
-                found.first = found.first or position
+        kept, over = self._kept(records, found)
         if kept:
             found.rows += len(kept)
-            found.nbytes += page_bytes(kept)
+            # The page's size (known without a pass) when it kept all: near enough for a budget.
+            found.nbytes += self._page_size if kept is records else page_bytes(kept)
             on_records(kept)
         found.lag = answer.get("MillisBehindLatest")
         return over
+
+    def _kept(self, records: list[Record], found: _Found) -> tuple[list[Record], bool]:
+        """The records the range keeps (the page itself when it keeps all: a page inside the
+        range is not looked at record by record), and whether the page went past a pin."""
+        if not records:
+            return records, False
+        window = self._window
+        first, last = records[0], records[-1]
+        low = (int(first.sequence_number), first.sub_sequence_number)
+        high = (int(last.sequence_number), last.sub_sequence_number)
+        if window.keeps_all(low, high, found.last_key):
+            found.note(low, first, high, last)
+            return records, False
+        kept: list[Record] = []
+        for record in records:
+            key = (int(record.sequence_number), record.sub_sequence_number)
+            if window.past(key):
+                return kept, True
+            if window.keeps(key, found.last_key):
+                kept.append(record)
+                found.note(key, record, key, record)
+        return kept, False
 
 
 @dataclass
@@ -246,6 +260,7 @@ class _Found:
 
     first: ESN | None = None
     last: ESN | None = None
+    last_key: Key | None = None
     seen: ESN | None = None  # the last record a page held (where an expired iterator resumes)
     rows: int = 0
     nbytes: int = 0
@@ -255,6 +270,12 @@ class _Found:
     # The last page held records after the range's end, or was full: its lag (0 on a full page
     # from an emulator, or at the same millisecond) does not say the range reached the tip.
     left_behind: bool = False
+
+    def note(self, first_key: Key, first: Record, last_key: Key, last: Record) -> None:
+        """Records from ``first`` to ``last`` were kept."""
+        if self.first is None:
+            self.first = ESN(first.sequence_number, first_key[1])
+        self.last, self.last_key = ESN(last.sequence_number, last_key[1]), last_key
 
     def end(self, rng: ReadRange, calls: int, throttled: int) -> RangeEnd:
         pin_ended = rng.pinned is not None and rng.pinned.shard_ended

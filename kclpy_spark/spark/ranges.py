@@ -61,6 +61,38 @@ class Pinned:
         return self.last is not None
 
 
+Key = tuple[int, int]  # (sequence number, sub-sequence number) of a record
+
+
+def key_of(position: ESN) -> Key:
+    """A record position as integers (not a sentinel): compared far faster than positions."""
+    return (int(position.sequence_number), position.sub_sequence_number)
+
+
+@dataclass(frozen=True)
+class KeyWindow:
+    """Which record keys a read keeps: after ``low`` (from it, if ``inclusive``), up to ``high``
+    (None: no bound), and after the last one kept."""
+
+    low: Key | None
+    inclusive: bool
+    high: Key | None
+
+    def keeps(self, key: Key, last_kept: Key | None) -> bool:
+        if last_kept is not None and key <= last_kept:
+            return False
+        if self.low is not None and (key < self.low if self.inclusive else key <= self.low):
+            return False
+        return self.high is None or key <= self.high
+
+    def past(self, key: Key) -> bool:
+        return self.high is not None and key > self.high
+
+    def keeps_all(self, first: Key, last: Key, last_kept: Key | None) -> bool:
+        """Whether every record of a page from ``first`` to ``last`` (in order) is kept."""
+        return self.keeps(first, last_kept) and (self.high is None or last <= self.high)
+
+
 @dataclass(frozen=True)
 class ReadRange:
     """One lease's records to read in one batch (``stream_arg``: the StreamName or StreamARN
@@ -93,20 +125,22 @@ class ReadRange:
         """Whether a record (or KPL sub-record) at ``position`` belongs to this range's read, in
         order after ``last_kept`` (a page read twice after an expired iterator keeps nothing
         twice)."""
-        if last_kept is not None and position <= last_kept:
-            return False
-        pin = self.pinned
-        if pin is not None and pin.first is not None and pin.last is not None:
-            return pin.first <= position <= pin.last
-        after = self.after.is_sentinel or self.after < position
-        if pin is not None and pin.last is not None:
-            return after and position <= pin.last
-        return after
+        return self.window().keeps(
+            key_of(position), None if last_kept is None else key_of(last_kept)
+        )
 
     def past_pin(self, position: ESN) -> bool:
         """A record beyond the pinned last one: a pinned read is over."""
+        return self.window().past(key_of(position))
+
+    def window(self) -> KeyWindow:
+        """The range's bounds as integer keys (what a read compares each record with)."""
         pin = self.pinned
-        return pin is not None and pin.last is not None and pin.last < position
+        high = key_of(pin.last) if pin is not None and pin.last is not None else None
+        if pin is not None and pin.first is not None:
+            return KeyWindow(key_of(pin.first), True, high)
+        low = None if self.after.is_sentinel else key_of(self.after)
+        return KeyWindow(low, False, high)
 
     def to_json(self) -> str:
         return json.dumps(
