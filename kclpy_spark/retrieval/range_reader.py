@@ -147,6 +147,7 @@ class RangeReader:
             if answer is None:  # failed, backed off; or the iterator was replaced
                 iterator = self._replacement or iterator
                 continue
+            found.pages += 1
             over = self._take(answer, found, on_records)
             # A page that went on past the range, or a full one, says nothing of the tip.
             found.left_behind = over or self._page_records >= limit
@@ -159,6 +160,7 @@ class RangeReader:
             elif (
                 found.rows >= rng.max_records
                 or found.nbytes >= rng.max_bytes
+                or 0 < rng.max_pages <= found.pages
                 or (
                     found.lag == 0
                     and self._page_records < limit  # at the tip (a full page: maybe not)
@@ -270,6 +272,7 @@ class _Found:
     # The last page held records after the range's end, or was full: its lag (0 on a full page
     # from an emulator, or at the same millisecond) does not say the range reached the tip.
     left_behind: bool = False
+    pages: int = 0  # GetRecords answers taken
 
     def note(self, first_key: Key, first: Record, last_key: Key, last: Record) -> None:
         """Records from ``first`` to ``last`` were kept."""

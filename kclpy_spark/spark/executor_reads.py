@@ -27,6 +27,7 @@ from checkpoint.base.clock import Clock, SystemClock
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.base.retry import Backoff
 from checkpoint.sequence import ExtendedSequenceNumber
+from kclpy_spark.retrieval.polling import MAX_READ_PAUSE
 from kclpy_spark.retrieval.source import FetchedBatch
 from kclpy_spark.spark.cluster_read import AwsTarget, RangeRead, read_ranges
 from kclpy_spark.spark.frames import RangeChunk
@@ -61,6 +62,10 @@ class ReadSettings:
     max_records: int = 100_000  # a round's budget, split over its leases
     max_bytes: int = 64 * 1024 * 1024
     max_seconds: float = 10.0  # one range's read
+    # A range is one GetRecords answer: a task never sleeps between calls (its core would idle);
+    # the driver spaces a shard's reads instead (min_interval, read_rate).
+    max_pages: int = 1
+    min_interval: float = 0.2  # Kinesis: 5 GetRecords a second per shard
     read_rate: float = 2 * 1024 * 1024  # bytes a second per shard (0: no limit)
     idle_seconds: float = 1.0  # before reading again a lease read to its tip
     kpl: bool = True
@@ -215,6 +220,9 @@ class ExecutorReads:
             return len(ranges)
         for rng in ranges:
             self._found(due[rng.lease_key], slots[rng.lease_key], rng, read, now)
+        if log.isEnabledFor(logging.DEBUG):
+            rows = sum(e.rows for e in read.ends.values())
+            log.debug("read round %d: %d range(s), %d record(s)", self.rounds, len(ranges), rows)
         return len(ranges)
 
     def _range(self, entry: _Entry, slot: ReadSlot, leases: int) -> ReadRange:
@@ -234,6 +242,7 @@ class ExecutorReads:
             max_records=max(1, s.max_records // leases),
             max_bytes=max(1, s.max_bytes // leases),  # whole pages: one may go beyond
             max_seconds=s.max_seconds,
+            max_pages=s.max_pages,
             read_rate=s.read_rate,
             kpl=s.kpl,
             hash_range=src.hash_range,
@@ -268,9 +277,19 @@ class ExecutorReads:
             entry.ended = end.shard_ended
             at = end.last if end.last is not None else rng.after
             entry.iterator, entry.iterator_at = end.next_iterator, at
-            entry.next_read_at = now if _behind(rng, end) else now + self._s.idle_seconds
+            entry.next_read_at = self._next_read(rng, end)
         children = [dict(c) for c in end.child_shards]
         entry.post(FetchedBatch([], end.millis_behind_latest, end.shard_ended, children))
+
+    def _next_read(self, rng: ReadRange, end: RangeEnd) -> float:
+        """When the lease is read next: after ``idle_seconds`` at the tip; while behind, once the
+        shard's limits allow another read (5 calls a second, ``read_rate`` bytes a second)."""
+        done = self._clock.monotonic()
+        s = self._s
+        if not _behind(rng, end):
+            return done + s.idle_seconds
+        by_bytes = end.nbytes / s.read_rate if s.read_rate > 0 else 0.0
+        return done + max(s.min_interval, min(by_bytes, MAX_READ_PAUSE))
 
     def _failed(self, entry: _Entry, why: str, now: float) -> None:
         with self._lock:
@@ -285,4 +304,5 @@ def _behind(rng: ReadRange, end: RangeEnd) -> bool:
     if rng.pinned is not None:
         return True  # a re-formed piece: what follows it is read next
     full = end.rows >= rng.max_records or end.nbytes >= rng.max_bytes
-    return full or bool(end.millis_behind_latest)
+    unknown = end.rows > 0 and end.millis_behind_latest is None  # a full page: maybe more
+    return full or unknown or bool(end.millis_behind_latest)

@@ -108,6 +108,7 @@ class ReadRange:
     max_records: int = 10_000
     max_bytes: int = 2 * 1024 * 1024
     max_seconds: float = 10.0
+    max_pages: int = 0  # GetRecords answers a first read stops after (0: no limit)
     read_rate: float = 2 * 1024 * 1024
     kpl: bool = True
     hash_range: tuple[int, int] | None = None
@@ -116,7 +117,12 @@ class ReadRange:
     pinned: Pinned | None = None
 
     def __post_init__(self) -> None:
-        if self.max_records < 1 or self.max_bytes < 1 or self.max_seconds <= 0:
+        if (
+            self.max_records < 1
+            or self.max_bytes < 1
+            or self.max_seconds <= 0
+            or self.max_pages < 0
+        ):
             raise ValueError(f"a range needs positive budgets: {self!r}")
         if self.after.is_shard_end:
             raise ValueError(f"lease {self.lease_key} ended: nothing to read after SHARD_END")
@@ -153,6 +159,7 @@ class ReadRange:
                 "max_records": self.max_records,
                 "max_bytes": self.max_bytes,
                 "max_seconds": self.max_seconds,
+                "max_pages": self.max_pages,
                 "read_rate": self.read_rate,
                 "kpl": self.kpl,
                 "hash_range": [str(x) for x in self.hash_range] if self.hash_range else None,
@@ -176,6 +183,7 @@ class ReadRange:
             max_records=int(v["max_records"]),
             max_bytes=int(v["max_bytes"]),
             max_seconds=float(v["max_seconds"]),
+            max_pages=int(v.get("max_pages", 0)),
             read_rate=float(v["read_rate"]),
             kpl=bool(v["kpl"]),
             hash_range=(int(hash_range[0]), int(hash_range[1])) if hash_range else None,

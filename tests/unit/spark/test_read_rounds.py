@@ -148,6 +148,7 @@ def ended(rows: int, nbytes: int, lag: int | None) -> RangeEnd:
         (ended(3, 500, None), False, True),  # the byte budget spent
         (ended(3, 10, 2_000), False, True),  # the shard is behind
         (ended(3, 10, 0), False, False),  # at the tip: wait before the next read
+        (ended(3, 10, None), False, True),  # a full page, its lag unknown: maybe more
         (ended(0, 0, None), False, False),
         (ended(3, 10, None), True, True),  # a re-formed piece: what follows is read next
     ],
@@ -181,3 +182,21 @@ def test_the_relay_inbox_keeps_order_and_only_the_newest_lag() -> None:
     lags = [g.millis_behind_latest if isinstance(g, FetchedBatch) else "error" for g in got]
     assert lags == [None, 50, "error", 20, 0, 5]
     assert got[0].announce and got[4].shard_ended
+
+
+@pytest.mark.parametrize(
+    ("end", "wait"),
+    [
+        (ended(100, 4 * 1024 * 1024, 5_000), 2.0),  # 4 MiB read: the shard's 2 MiB/s
+        (ended(100, 1_000, 5_000), 0.2),  # a small page: 5 calls a second
+        (ended(100, 64 * 1024 * 1024, 5_000), 10.0),  # never longer than MAX_READ_PAUSE
+        (ended(3, 1_000, 0), 1.5),  # at the tip: idle_seconds
+    ],
+)
+def test_a_shard_is_read_again_only_as_kinesis_allows(end: RangeEnd, wait: float) -> None:
+    clock = ManualClock()
+    clock.advance(100.0)
+    paced = ExecutorReads(lambda: None, AwsTarget("us-east-1"), ReadSettings(idle_seconds=1.5),
+                          clock=clock)  # fmt: skip
+    rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, TRIM, max_records=100)
+    assert paced._next_read(rng, end) == pytest.approx(clock.monotonic() + wait)
