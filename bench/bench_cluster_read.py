@@ -4,7 +4,8 @@ A stand-in Kinesis endpoint (``standin_server.py``, no read limits, costs the ma
 nothing) serves ``--shards`` shards of ``--pages`` pages of 10,000 records of ``--size`` bytes. A
 child process starts a SparkSession on ``local-cluster[E,1,1024]`` (E separate executor JVMs of one
 core each), then reads every shard from TRIM_HORIZON to its tip in rounds: one Spark job per round
-with one range per shard (``--range-records`` each), the next round from where each range ended;
+with one range per shard (one GetRecords answer of at most ``--range-records``, as the worker
+plans them), the next round from where each range ended;
 every round's records are written to Spark's ``noop`` sink (every row produced, nothing stored).
 It reports records/s from the first round to the last and the driver's CPU (its Python process,
 and its JVM) per record. Variants alternate; medians of ``--repeat`` runs.
@@ -68,6 +69,7 @@ def child(master: str, endpoint: str, shards: int, range_records: int) -> dict[s
             ExtendedSequenceNumber("TRIM_HORIZON"),
             max_records=range_records,
             max_bytes=1 << 30,
+            max_pages=1,  # as the worker plans them: one GetRecords answer a task
             read_rate=0,
         )
         for i in range(shards)
@@ -100,7 +102,7 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--pages", type=int, default=5)
     parser.add_argument("--size", type=int, default=200)
-    parser.add_argument("--range-records", type=int, default=50_000)
+    parser.add_argument("--range-records", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--child", nargs=2, metavar=("MASTER", "ENDPOINT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
