@@ -97,9 +97,12 @@ def delta_sequences(path: Path) -> dict[str, list[str]]:
     return out
 
 
+@pytest.mark.parametrize("read_on", ["driver", "executors"])
 def test_kill9_during_a_write_then_restart_loses_nothing_and_duplicates_nothing(
-    localstack_endpoint: str, unique_name: str, tmp_path: Path
+    localstack_endpoint: str, unique_name: str, tmp_path: Path, read_on: str
 ) -> None:
+    """Read on the driver or on Spark's executors (then the restart reads the stalled batch's
+    pieces again on the executors, pinned to their recorded last records)."""
     stream = unique_name
     kinesis = kinesis_client(localstack_endpoint)
     create_stream(kinesis, stream, 2)
@@ -111,6 +114,7 @@ def test_kill9_during_a_write_then_restart_loses_nothing_and_duplicates_nothing(
             worker_toml(stream, localstack_endpoint, db)
             + '[sink]\nsink = "spark_e2e:StallingSink"\nspark_target = "local[2]"\n'
             "max_records = 150\nmax_wait = 0.5\nmax_attempts = 3\nretry_base_delay = 0.1\n"
+            f'read_on = "{read_on}"\n'
             "writers = 1\n"  # one write at a time: nothing is checkpointed while it stalls
             '[sink.spark_conf]\n"spark.sql.shuffle.partitions" = "2"\n'
         )
@@ -159,8 +163,13 @@ def test_kill9_during_a_write_then_restart_loses_nothing_and_duplicates_nothing(
         kinesis.delete_stream(StreamName=stream, EnforceConsumerDeletion=True)
 
 
+@pytest.mark.parametrize("read_on", ["driver", "executors"])
 def test_kill9_with_a_later_batch_written_before_an_earlier_one_reforms_both_exactly(
-    localstack_endpoint: str, unique_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    localstack_endpoint: str,
+    unique_name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    read_on: str,
 ) -> None:
     """Pipelined batches (2 writers, 2 batches of a lease in flight): the first batch stalls
     before its write while the next batch of the same lease is written; kill -9 then. The
@@ -181,6 +190,7 @@ def test_kill9_with_a_later_batch_written_before_an_earlier_one_reforms_both_exa
             + '[sink]\nsink = "spark_e2e:OvertakingSink"\nspark_target = "local[2]"\n'
             'scope = "lease"\nwriters = 2\nbatches_in_flight = 2\n'
             "max_records = 100\nmax_wait = 0.5\nmax_attempts = 3\nretry_base_delay = 0.1\n"
+            f'read_on = "{read_on}"\n'
         )
         log = tmp_path / "worker.log"
         marker = tmp_path / "overtaken.json"
