@@ -79,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seconds", type=float, default=75.0, help="seconds of producing")
     demo.add_argument("--rate", type=float, default=40.0, help="records per second produced")
     demo.add_argument("--timeout", type=float, default=240.0, help="seconds before giving up")
+    demo.add_argument(
+        "--read-on",
+        choices=("driver", "executors"),
+        default="driver",
+        help="where the workers read records: their own process, or Spark's executors",
+    )
     from kclpy_spark.multilang.command import add_subcommand as add_multilang
 
     add_multilang(sub)

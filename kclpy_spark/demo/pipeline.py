@@ -115,7 +115,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_config(work: Path, stream: str, endpoint: str) -> Path:
+def write_config(work: Path, stream: str, endpoint: str, read_on: str = "driver") -> Path:
     config = work / "app.toml"
     config.write_text(
         f"""# The demo's application: what `kclpy-spark run --config {config}` runs.
@@ -134,6 +134,7 @@ parent_shard_poll_interval = 1.0
 sink = "parquet:{work / "table"}"
 spark_target = "local[1]"
 max_wait = 2.0
+read_on = "{read_on}"
 
 [sink.spark_conf]
 "spark.sql.shuffle.partitions" = "1"
@@ -196,7 +197,7 @@ def run_pipeline_demo(args: argparse.Namespace) -> int:
     kinesis.get_waiter("stream_exists").wait(
         StreamName=stream, WaiterConfig={"Delay": 1, "MaxAttempts": 60}
     )
-    config = write_config(work, stream, args.endpoint)
+    config = write_config(work, stream, args.endpoint, args.read_on)
     print(f"kclpy-spark demo: stream {stream} ({args.shards} shards) on {args.endpoint}")
     print(f"  two workers run `kclpy-spark run --config {config}`; output in {work}")
     workers = [WorkerProcess(w, config, free_port(), work / f"{w}.log") for w in WORKERS]
