@@ -200,8 +200,13 @@ class _Signals:
         loop.add_signal_handler(signal.SIGUSR1, self._report)
 
     def remove(self) -> None:
+        """The worker has stopped; what is left is closing (the Spark sink, logging). A late
+        signal (a supervisor's storm of SIGTERM and SIGHUP) must not turn that graceful stop
+        into death by signal: they are ignored from now on (a process that lives on restores
+        its own handlers)."""
         for sig in (*self.STOP, signal.SIGUSR1):
             self._loop.remove_signal_handler(sig)
+            signal.signal(sig, signal.SIG_IGN)
 
     def _stop(self, sig: signal.Signals) -> None:
         worker = self.worker

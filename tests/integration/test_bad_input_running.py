@@ -240,3 +240,31 @@ def test_sighup_stops_gracefully_and_sigusr1_reports(
         log = worker.log_text()
         assert "received SIGHUP: shutting down gracefully" in log
         assert "released lease" in log
+
+
+def test_a_signal_storm_during_a_graceful_stop_still_exits_0(
+    kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    """SIGTERM, then SIGTERM, SIGHUP and SIGUSR1 every few milliseconds until the process is
+    gone: the graceful stop runs to its end and the exit status is 0, not death by a signal
+    that came after the handlers were removed."""
+    import time
+
+    name = unique_name
+    kinesis_client.create_stream(StreamName=name, ShardCount=1)
+    wait_active(kinesis_client, name)
+    config = _config(name, localstack_endpoint, f"sqlite:{tmp_path / 'l.db'}")
+    with fleet(tmp_path, config, tmp_path / "out") as workers:
+        worker = workers.start("w1")
+        wait_for("a lease", lambda: "took lease" in worker.log_text(), timeout=60)
+        storm = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+        sent = 0
+        while worker.alive():
+            try:
+                worker.proc.send_signal(storm[sent % len(storm)])
+            except ProcessLookupError:
+                break
+            sent += 1
+            time.sleep(0.002)
+        assert workers.wait("w1", timeout=60) == 0, worker.log_text()[-3000:]
+        assert sent > 10 and "released lease" in worker.log_text()
