@@ -29,6 +29,7 @@ from kclpy_spark.config_rules import (
     check_duration,
     check_endpoint,
     check_not_in_future,
+    shown,
 )
 from kclpy_spark.stream_spec import STREAM_NAME, StreamSpec, check_stream
 
@@ -178,7 +179,7 @@ def _check_names(cfg: WorkerConfig) -> None:
     if not APP_NAME.match(cfg.application_name):
         raise ConfigError(
             "config 'application_name' must be 3-255 characters of letters, digits, '_', '-', '.'"
-            f" (it names the lease table), got {cfg.application_name!r}"
+            f" (it names the lease table), got {shown(cfg.application_name)}"
         )
     if not (
         cfg.lease_store in {"dynamodb", "memory"}
@@ -195,12 +196,12 @@ def _check_names(cfg: WorkerConfig) -> None:
     if not WORKER_ID.match(cfg.worker_id) or cfg.worker_id != cfg.worker_id.strip():
         raise ConfigError(
             "config 'worker_id' must be 1-255 printable characters, not starting or ending with "
-            f"a space (it names the lease owner), got {cfg.worker_id!r}"
+            f"a space (it names the lease owner), got {shown(cfg.worker_id)}"
         )
     if cfg.consumer_name is not None and not STREAM_NAME.match(cfg.consumer_name):
         raise ConfigError(
             f"config 'consumer_name' is not a valid name (1-128 of A-Z a-z 0-9 _ . -): "
-            f"{cfg.consumer_name!r}"
+            f"{shown(cfg.consumer_name)}"
         )
     if (
         cfg.retrieval_mode == "fanout"

@@ -30,6 +30,15 @@ DURATIONS: dict[str, tuple[float, float, str]] = {
 }
 
 
+def shown(value: str, most: int = 32) -> str:
+    """A value for an error line: quoted, and cut to ``most`` characters with its length after
+    when longer (a long name would also read as a secret to the log's redactor, which hides runs
+    of 40 or more letters and digits)."""
+    if len(value) <= most:
+        return repr(value)
+    return f"{value[:most]!r}... ({len(value)} characters)"
+
+
 def check_duration(name: str, value: float) -> None:
     low, high, why = DURATIONS[name]
     if not (math.isfinite(value) and low <= value <= high):

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from checkpoint.base.errors import AccessError
+from checkpoint.base.errors import AccessError, ConfigError
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.retrieval.fanout import MIN_RESUBSCRIBE_INTERVAL, FanOutFetcher, starting_position
 from kclpy_spark.retrieval.kpl import Deaggregator
@@ -320,3 +320,19 @@ def test_starting_positions_follow_the_polling_rules() -> None:
     when = datetime(2026, 1, 1, tzinfo=UTC)
     at = InitialPosition.at_timestamp(when)
     assert starting_position(at.checkpoint, at) == {"Type": "AT_TIMESTAMP", "Timestamp": when}
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("consumer_name", "c" * 200), ("application_name", "a" * 300), ("worker_id", "w" * 300)],
+)
+def test_a_long_name_in_an_error_line_is_cut_not_redacted(key: str, value: str) -> None:
+    """The log's redactor hides runs of 40+ letters and digits (secrets): a long name in an
+    error line is cut to 32 characters with its length, so the line still says what is wrong."""
+    from kclpy_spark.config import WorkerConfig, check
+    from kclpy_spark.logs import redact
+
+    with pytest.raises(ConfigError) as raised:
+        check(WorkerConfig(stream_name="s", **{key: value}))
+    line = redact(str(raised.value))
+    assert "[redacted]" not in line and f"({len(value)} characters)" in line, line
