@@ -131,10 +131,15 @@ async def run_worker(
     loop.set_default_executor(RetiringThreadPool(PROCESSOR_THREADS, "kclpy-spark"))
     signals = _Signals(loop) if install_signal_handlers else None
     try:
+        kinesis_sync = boto3_client("kinesis", cfg)
+        if cfg.lease_store == "dynamodb" and not cfg.streams and stream_tracker is None:
+            # One stream: it must exist before a DynamoDB table is made for it (a missing stream
+            # left a new table behind). Local stores open first: their checks cost nothing.
+            # Several streams come and go while running.
+            await asyncio.to_thread(_stream_lister(kinesis_sync, cfg).wait_until_active)
         store = await asyncio.to_thread(open_lease_store, cfg)
         if wrap_store is not None:
             store = wrap_store(store)
-        kinesis_sync = boto3_client("kinesis", cfg)
         async with aio_client("kinesis", cfg) as kinesis:
             if wrap_kinesis is not None:
                 kinesis = wrap_kinesis(kinesis)
@@ -234,6 +239,15 @@ class _Signals:
             len(worker.holder.held()),
             shards or "none",
         )
+
+
+def _stream_lister(kinesis_sync: Any, cfg: WorkerConfig) -> Any:
+    from shard_sync.discovery import KinesisShardLister
+
+    spec = cfg.stream_specs[0]
+    return KinesisShardLister(
+        kinesis_sync, stream_name=spec.stream_name, stream_arn=spec.stream_arn
+    )
 
 
 def _tune_gc() -> None:

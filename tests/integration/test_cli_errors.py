@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,10 +72,30 @@ def test_missing_stream_is_one_clear_line(localstack_endpoint: str, tmp_path: Pa
     _assert_one_line_error(result, "no-such-stream-anywhere", "does not exist")
 
 
-def test_missing_lease_table_with_creation_disabled(localstack_endpoint: str, tmp_path: Path,
-                                                    kinesis_client: object) -> None:  # fmt: skip
+def test_a_missing_stream_leaves_no_lease_table_behind(
+    localstack_endpoint: str, tmp_path: Path, dynamodb_client: Any, unique_name: str
+) -> None:
+    """With a DynamoDB lease store the table was created before the stream was found missing,
+    and stayed (an empty table per typo)."""
     (tmp_path / "w.toml").write_text(
-        f'stream_name = "s"\nendpoint_url = "{localstack_endpoint}"\nlease_store = "dynamodb"\n'
+        f'stream_name = "{unique_name}"\nendpoint_url = "{localstack_endpoint}"\n'
+        f'lease_store = "dynamodb"\napplication_name = "{unique_name}"\n'
+        'processor = "kclpy_spark.demo.samples:CountingProcessor"\n'
+    )
+    result = _run("--config", "w.toml", cwd=tmp_path)
+    _assert_one_line_error(result, unique_name, "does not exist")
+    assert unique_name not in dynamodb_client.list_tables()["TableNames"]
+
+
+def test_missing_lease_table_with_creation_disabled(
+    localstack_endpoint: str, tmp_path: Path, kinesis_client: Any, unique_name: str
+) -> None:
+    """The stream exists (a missing one is reported first, before any table is made)."""
+    kinesis_client.create_stream(StreamName=unique_name, ShardCount=1)
+    kinesis_client.get_waiter("stream_exists").wait(StreamName=unique_name)
+    (tmp_path / "w.toml").write_text(
+        f'stream_name = "{unique_name}"\nendpoint_url = "{localstack_endpoint}"\n'
+        'lease_store = "dynamodb"\n'
         'application_name = "no-such-table-here"\ncreate_lease_table = false\n'
         'processor = "kclpy_spark.demo.samples:CountingProcessor"\n'
     )
