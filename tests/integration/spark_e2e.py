@@ -93,8 +93,12 @@ class FlakyParquetSink:
         if not spec:
             return
         path, app = spec.split("|")
+        # Checkpoints first, then the output: a record is on disk before its checkpoint moves,
+        # so whatever was checkpointed when the leases were read is in the listing made after.
+        # (The other order saw a second writer publish and commit in between: a false alarm.)
+        leases = SQLiteLeaseTable(Path(path), namespace=app).list_leases()
         have = written(self.out)
-        for lease in SQLiteLeaseTable(Path(path), namespace=app).list_leases():
+        for lease in leases:
             cp = lease.checkpoint
             if cp.is_sentinel:
                 continue
