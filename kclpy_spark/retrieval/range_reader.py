@@ -281,7 +281,10 @@ class _Found:
         self.last, self.last_key = ESN(last.sequence_number, last_key[1]), last_key
 
     def end(self, rng: ReadRange, calls: int, throttled: int) -> RangeEnd:
-        pin_ended = rng.pinned is not None and rng.pinned.shard_ended
+        if rng.pinned is not None:  # a pinned read says only what its pin says: records past
+            ended, children = rng.pinned.shard_ended, None  # it are the next range's
+        else:
+            ended, children = self.children is not None, self.children
         return RangeEnd(
             rng.lease_key,
             self.first,
@@ -289,8 +292,8 @@ class _Found:
             self.rows,
             self.nbytes,
             millis_behind_latest=None if self.left_behind else self.lag,
-            shard_ended=self.children is not None or pin_ended,
-            child_shards=tuple(self.children or ()),
+            shard_ended=ended,
+            child_shards=tuple(children or ()),
             next_iterator=self.next_iterator,
             calls=calls,
             throttled=throttled,

@@ -94,19 +94,28 @@ def read_ranges(
     payload = tuple(r.to_json() for r in ranges)
     n = len(payload)
     reads = functools.partial(read_partition, payload, aws)
-    if description:
-        session.sparkContext.setJobDescription(description)
+    described = bool(description) and _describe(session, description)
     try:
         planned = session.range(0, n, 1, n).mapInArrow(reads, OUTPUT_DDL)
         stored = planned.localCheckpoint(eager=True)
         rows = stored.where(F.col(END_COLUMN).isNotNull()).select(END_COLUMN).collect()
     finally:
-        if description:
-            session.sparkContext.setJobDescription(None)
+        if described:
+            _describe(session, None)
     ends = {e.lease_key: e for e in (RangeEnd.from_json(row[0]) for row in rows)}
     if set(ends) != set(keys):
         raise RuntimeError(f"the read job returned ends for {sorted(ends)}, not {sorted(keys)}")
     return RangeRead(stored.where(F.col(END_COLUMN).isNull()).drop(END_COLUMN), ends)
+
+
+def _describe(session: Any, text: str | None) -> bool:
+    """Name the Spark jobs this thread starts in the Spark UI (False over Spark Connect, which
+    has no SparkContext)."""
+    try:
+        session.sparkContext.setJobDescription(text)
+    except Exception:
+        return False
+    return True
 
 
 # --- on the executors ----------------------------------------------------------------------------

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 ESN = ExtendedSequenceNumber
 Post = Callable[[FetchedBatch | BaseException], None]
+PINNED_TIME_FACTOR = 10  # a pinned read's time budget, in plain reads' ``max_seconds``
 
 
 class RangeReadError(KclpySparkError):
@@ -202,9 +203,9 @@ class ExecutorReads:
         if not due:
             return 0
         slots, parked = self._feed.readable(due.keys())
-        for key in parked:  # its consumer hears of the parking at its next idle check
+        for key in parked:  # its consumer's processor hears of the parking (SinkParkedError)
             due[key].next_read_at = now + self._s.idle_seconds
-            due[key].post(FetchedBatch([], due[key].lag))
+            due[key].post(FetchedBatch([], None, announce=True))
         if not slots:
             return 0
         ranges = [self._range(due[key], slot, len(slots)) for key, slot in slots.items()]
@@ -241,7 +242,9 @@ class ExecutorReads:
             after,
             max_records=max(1, s.max_records // leases),
             max_bytes=max(1, s.max_bytes // leases),  # whole pages: one may go beyond
-            max_seconds=s.max_seconds,
+            # A piece re-formed after a crash may be a whole batch read on the driver (64 MiB
+            # at 2 MiB a second): its read gets the time that takes.
+            max_seconds=s.max_seconds if pinned is None else s.max_seconds * PINNED_TIME_FACTOR,
             max_pages=s.max_pages,
             read_rate=s.read_rate,
             kpl=s.kpl,
@@ -270,7 +273,11 @@ class ExecutorReads:
                 read=read, lease_key=rng.lease_key, row_count=end.rows, byte_count=end.nbytes,
             )  # fmt: skip
             assert self._feed is not None
-            self._feed.fill(slot.lane, chunk)
+            if not self._feed.fill(slot.lane, chunk):  # closed or parked meanwhile: not taken,
+                with self._lock:  # so read again from where the lane's records end
+                    entry.iterator = entry.iterator_at = None
+                    entry.next_read_at = self._clock.monotonic() + self._s.min_interval
+                return
         with self._lock:
             entry.failures = 0
             entry.lag = end.millis_behind_latest

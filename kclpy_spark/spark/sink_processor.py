@@ -78,7 +78,8 @@ class SparkSinkProcessor(RecordProcessor):
     def process_records(self, process_records_input: ProcessRecordsInput) -> None:
         records = process_records_input.records
         lane = self._open(process_records_input.checkpointer)
-        if not records:
+        if not records:  # read on the executors: an announcement, or the lane was parked
+            self._batcher.check(lane)
             return
         chunk = records_to_chunk(records, self._stream, self._shard_id)
         try:

@@ -200,3 +200,99 @@ def test_a_shard_is_read_again_only_as_kinesis_allows(end: RangeEnd, wait: float
                           clock=clock)  # fmt: skip
     rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, TRIM, max_records=100)
     assert paced._next_read(rng, end) == pytest.approx(clock.monotonic() + wait)
+
+
+# --- what the review of the first version found ------------------------------------------------
+
+CHILD = {"ShardId": "shardId-000000000001", "ParentShardIds": [KEY]}
+
+
+def _answer(seqs: list[int], next_iterator: str | None, **extra: Any) -> dict[str, Any]:
+    records = [{"Data": b"d", "PartitionKey": "k", "SequenceNumber": str(s),
+                "ApproximateArrivalTimestamp": None} for s in seqs]  # fmt: skip
+    return {"Records": records, "NextShardIterator": next_iterator, "MillisBehindLatest": 0,
+            **extra}  # fmt: skip
+
+
+class Scripted:
+    """GetShardIterator and GetRecords answers in order (what a case needs Kinesis to say)."""
+
+    def __init__(self, answers: list[dict[str, Any]]) -> None:
+        self.answers = answers
+
+    async def get_shard_iterator(self, **_: Any) -> dict[str, Any]:
+        return {"ShardIterator": "it-0"}
+
+    async def get_records(self, **_: Any) -> dict[str, Any]:
+        return self.answers.pop(0)
+
+
+def _read_range(answers: list[dict[str, Any]], rng: ReadRange) -> tuple[RangeEnd, list[int]]:
+    from kclpy_spark.retrieval.range_reader import RangeReader
+
+    kept: list[int] = []
+
+    async def nap(seconds: float) -> None:
+        return None
+
+    async def run() -> RangeEnd:
+        reader = RangeReader(Scripted(answers), rng, sleep=nap)
+        return await reader.read(
+            lambda records: kept.extend(int(r.sequence_number) for r in records)
+        )
+
+    return asyncio.run(run()), kept
+
+
+def test_a_re_formed_piece_whose_page_ends_the_shard_does_not_end_it() -> None:
+    """The page holds the piece, records after it, and the shard's end: the piece is read, the
+    shard is not reported ended (the records after the piece are the next range's)."""
+    rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, esn(10), pinned=Pinned(None, esn(30), None))
+    end, kept = _read_range([_answer([20, 30, 40, 50], None, ChildShards=[CHILD])], rng)
+    assert kept == [20, 30] and not end.shard_ended and end.child_shards == ()
+
+
+def test_an_unpinned_read_that_reaches_the_end_reports_it_with_its_children() -> None:
+    rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, esn(10))
+    end, kept = _read_range([_answer([20, 30], None, ChildShards=[CHILD])], rng)
+    assert kept == [20, 30] and end.shard_ended and end.child_shards == (CHILD,)
+
+
+class RefusingFeed:
+    def readable(self, lease_keys: Any) -> tuple[dict[str, ReadSlot], set[str]]:
+        return {}, set()
+
+    def fill(self, lane: Lane, chunk: RangeChunk) -> bool:
+        return False  # parked or closed while the read ran
+
+
+def test_records_a_lane_did_not_take_are_read_again_and_no_end_is_passed_on() -> None:
+    posted: list[Any] = []
+    reads_ = reads()
+    reads_.start(RefusingFeed(), threaded=False)
+    entry = reads_.register(SOURCE, posted.append)
+    rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, esn(5))
+    ended_here = RangeEnd(KEY, esn(6), esn(9), 3, 30, shard_ended=True, child_shards=(CHILD,),
+                          next_iterator=None)  # fmt: skip
+    from kclpy_spark.spark.cluster_read import RangeRead
+
+    read = RangeRead(stored=None, ends={KEY: ended_here})
+    reads_._found(entry, ReadSlot(make_lane(), esn(5), None), rng, read, now=0.0)
+    assert not entry.ended and posted == [] and entry.iterator is None
+
+
+def test_a_parked_lane_is_told_to_its_processor_whatever_its_last_lag() -> None:
+    """A parked lane's notice was a lag report with the last lag, None after a full page: the
+    consumer ignored it, and the lease stayed held and unread."""
+    posted: list[Any] = []
+
+    class ParkedFeed(RefusingFeed):
+        def readable(self, lease_keys: Any) -> tuple[dict[str, ReadSlot], set[str]]:
+            return {}, {KEY}
+
+    reads_ = reads()
+    reads_.start(ParkedFeed(), threaded=False)
+    entry = reads_.register(SOURCE, posted.append)
+    entry.lag = None
+    assert reads_.read_round() == 0
+    assert len(posted) == 1 and posted[0].announce and not posted[0].records
