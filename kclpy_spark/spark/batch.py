@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from kclpy_spark.spark.frames import ExecutorFrames
@@ -50,7 +51,8 @@ class SinkBatch:
             return self.frames.frame(chosen, index_column=index_column)
         table = self.subset(chosen)
         if index_column is not None:
-            index = pa.array([i for i, p in enumerate(chosen) for _ in range(p.rows)], pa.int32())
+            rows = [p.rows for p in chosen]  # numpy: no Python object per row
+            index = pa.array(np.repeat(np.arange(len(chosen), dtype=np.int32), rows))
             table = table.append_column(index_column, index)
         return self.dataframe(table)
 
