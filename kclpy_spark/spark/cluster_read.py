@@ -19,7 +19,7 @@ import asyncio
 import functools
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,14 +72,13 @@ class RangeRead:
         """The record columns of every range."""
         return self.stored.drop(LEASE_COLUMN)
 
-    def of(self, lease_keys: Sequence[str]) -> Any:
-        """The record columns of some ranges (all of them: no filter)."""
+    def stored_of(self, lease_keys: Collection[str]) -> Any:
+        """The stored rows of some ranges, ``LEASE_COLUMN`` included (all of them: no filter)."""
         from pyspark.sql import functions as F
 
-        keys = set(lease_keys)
-        if keys >= set(self.ends):
-            return self.records
-        return self.stored.where(F.col(LEASE_COLUMN).isin(sorted(keys))).drop(LEASE_COLUMN)
+        if set(lease_keys) >= set(self.ends):
+            return self.stored
+        return self.stored.where(F.col(LEASE_COLUMN).isin(sorted(lease_keys)))
 
 
 def read_ranges(

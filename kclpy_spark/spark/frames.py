@@ -64,9 +64,7 @@ class ExecutorFrames:
                 by_read.setdefault(id(chunk.read), (chunk.read, []))[1].append(chunk.lease_key)
         frames = []
         for read, keys in by_read.values():
-            df = read.stored if set(keys) >= set(read.ends) else read.stored.where(
-                F.col(LEASE_COLUMN).isin(sorted(keys))
-            )  # fmt: skip
+            df = read.stored_of(keys)
             if index_column is not None:
                 index = F.lit(None).cast("int")
                 for i, piece in enumerate(pieces):
