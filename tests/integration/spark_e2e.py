@@ -192,6 +192,35 @@ def stall_then_note(df: Any, batch_id: int) -> None:
         fh.write(lines)
 
 
+def keep_by_batch_id(df: Any, batch_id: int) -> None:
+    """A function sink keyed by ``batch_id``: the batch's records replace the file
+    ``by_batch/<batch_id>.json`` whole (a batch given again overwrites itself), and every call is
+    noted with its time in ``by_batch-<pid>.jsonl``, so a test sees whether a batch given again
+    held the same records. With STALL_ENV set, the third call stalls after its write (the test
+    kills the process there)."""
+    out = Path(os.environ[OUT_ENV])
+    rows = sorted(
+        (r[0], r[1], bytes(r[2]).decode())
+        for r in df.select("shard_id", "sequence_number", "data").collect()
+    )
+    folder = out / "by_batch"
+    folder.mkdir(exist_ok=True)
+    tmp = folder / f".{batch_id}.{uuid.uuid4().hex}.tmp"
+    tmp.write_text(json.dumps(rows))
+    tmp.replace(folder / f"{batch_id}.json")
+    with open(out / f"by_batch-{os.getpid()}.jsonl", "a") as fh:
+        fh.write(json.dumps({"id": batch_id, "t": time.time(), "rows": rows}) + "\n")
+    _kept.append(batch_id)
+    marker = os.environ.get(STALL_ENV)
+    if marker and len(_kept) >= 3 and not Path(marker).exists():
+        _mark(marker, batch_id)
+        while True:
+            time.sleep(60)  # written, not acknowledged: killed here
+
+
+_kept: list[int] = []  # the batch ids keep_by_batch_id was given in this process
+
+
 def put(kinesis: Any, stream: str, start: int, count: int) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for at in range(start, start + count, 250):
