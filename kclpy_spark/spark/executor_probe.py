@@ -49,7 +49,7 @@ def probe_executors(
     """Run ``tasks`` probe tasks (default: the session's default parallelism); raise
     ``ExecutorProbeError`` with one line if any could not import this project or reach the
     stream, else return every answer."""
-    n = tasks or max(1, int(session.sparkContext.defaultParallelism))
+    n = tasks or _parallelism(session)
     probe = functools.partial(probe_partition, aws, dict(stream_arg))
     try:
         rows = session.range(0, n, 1, n).mapInArrow(probe, PROBE_DDL).collect()
@@ -72,6 +72,16 @@ def probe_executors(
             f"{_stream_name(stream_arg)} at {where}: {failed.error}"
         )
     return answers
+
+
+def _parallelism(session: Any) -> int:
+    """The session's default parallelism; over Spark Connect (no SparkContext) the
+    ``spark.default.parallelism`` setting, else two tasks."""
+    try:
+        return max(1, int(session.sparkContext.defaultParallelism))
+    except Exception:
+        value = session.conf.get("spark.default.parallelism", None)
+        return max(1, int(value)) if value and str(value).isdigit() else 2
 
 
 def _stream_name(stream_arg: Mapping[str, str]) -> str:

@@ -279,6 +279,7 @@ def run_scenario(
     session: SparkSessionHolder | None = None,
     per_phase: int = 300,
     timeout: float = 150.0,
+    read_on: str = "driver",
 ) -> dict[str, Any]:
     """Two phases of records around a shard split; returns what the checks need."""
     work.mkdir(parents=True, exist_ok=True)
@@ -299,6 +300,7 @@ def run_scenario(
         retry_base_delay=0.1,
         retry_max_delay=0.5,
         write_timeout=120.0,
+        read_on=read_on,
     )
     factory = processor_factory_from_sink_config(sink_cfg, cfg, session=session)
     result: dict[str, Any] = {"stream": stream}
@@ -405,8 +407,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sc.add_argument("--endpoint", required=True)
     sc.add_argument("--target", required=True)
     sc.add_argument("--work", required=True)
+    sc.add_argument("--read-on", default="driver", choices=("driver", "executors"))
     args = parser.parse_args(argv)
-    result = run_scenario(args.endpoint, args.target, Path(args.work))
+    result = run_scenario(args.endpoint, args.target, Path(args.work), read_on=args.read_on)
     print("RESULT " + json.dumps(result), flush=True)
     return 0
 

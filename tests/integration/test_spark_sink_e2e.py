@@ -1,7 +1,8 @@
-"""One end-to-end sink test, three Spark targets: a real worker reads LocalStack (with a shard
-split in the middle) and writes through the Spark sink, whose function fails first attempts
-(some after writing). Every record lands exactly once, the checkpoints end at the last record
-(SHARD_END for the parent), and at every write no checkpoint was ahead of the output.
+"""One end-to-end sink test, three Spark targets, each with ``read_on`` "driver" and
+"executors": a real worker reads LocalStack (with a shard split in the middle) and writes through
+the Spark sink, whose function fails first attempts (some after writing). Every record lands
+exactly once, the checkpoints end at the last record (SHARD_END for the parent), and at every
+write no checkpoint was ahead of the output.
 
 * local[2]: in this process, on the session fixture;
 * a standalone master + worker started on loopback by a fixture, the worker as the driver;
@@ -73,7 +74,7 @@ def connect_server(servers: dict[str, Future[Server]]) -> Server:
     return servers["connect_server"].result(timeout=180)
 
 
-def run_in_subprocess(endpoint: str, target: str, work: Path) -> dict[str, Any]:
+def run_in_subprocess(endpoint: str, target: str, work: Path, read_on: str) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO), env.get("PYTHONPATH", "")])
     env["SPARK_LOCAL_IP"] = "127.0.0.1"
@@ -88,6 +89,8 @@ def run_in_subprocess(endpoint: str, target: str, work: Path) -> dict[str, Any]:
             target,
             "--work",
             str(work),
+            "--read-on",
+            read_on,
         ],
         env=env,
         capture_output=True,
@@ -104,23 +107,32 @@ def run_in_subprocess(endpoint: str, target: str, work: Path) -> dict[str, Any]:
     return result
 
 
-def test_end_to_end_on_local_spark(spark: Any, localstack_endpoint: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("read_on", ["driver", "executors"])
+def test_end_to_end_on_local_spark(
+    spark: Any, localstack_endpoint: str, tmp_path: Path, read_on: str
+) -> None:
     result = run_scenario(
-        localstack_endpoint, "local[2]", tmp_path, session=SparkSessionHolder.adopt(spark)
+        localstack_endpoint,
+        "local[2]",
+        tmp_path,
+        session=SparkSessionHolder.adopt(spark),
+        read_on=read_on,
     )
     check_scenario(result)
 
 
+@pytest.mark.parametrize("read_on", ["driver", "executors"])
 def test_end_to_end_on_a_standalone_cluster(
-    standalone_cluster: Server, localstack_endpoint: str, tmp_path: Path
+    standalone_cluster: Server, localstack_endpoint: str, tmp_path: Path, read_on: str
 ) -> None:
-    result = run_in_subprocess(localstack_endpoint, standalone_cluster.url, tmp_path)
+    result = run_in_subprocess(localstack_endpoint, standalone_cluster.url, tmp_path, read_on)
     check_scenario(result)
 
 
+@pytest.mark.parametrize("read_on", ["driver", "executors"])
 def test_end_to_end_over_spark_connect(
-    connect_server: Server, localstack_endpoint: str, tmp_path: Path
+    connect_server: Server, localstack_endpoint: str, tmp_path: Path, read_on: str
 ) -> None:
-    result = run_in_subprocess(localstack_endpoint, connect_server.url, tmp_path)
+    result = run_in_subprocess(localstack_endpoint, connect_server.url, tmp_path, read_on)
     check_scenario(result)
     assert result["local_jvm"] is False
