@@ -3,10 +3,11 @@
 The driver sends only range metadata (``ReadRange`` as JSON, one Spark partition per range);
 each task reads its range with ``retrieval/range_reader.py`` and yields Arrow record batches of
 the record columns (``pieces.SCHEMA``), then one row that holds the ``RangeEnd``. The result is
-materialised on the executors with ``localCheckpoint``: the sinks' DataFrame is the stored rows,
-never a second read, and a lost block fails the job instead of being re-read without the pin
-(the retried attempt reads the pinned ranges, which give the same records or fail loudly). The
-driver collects only the end rows.
+materialised on the executors with ``localCheckpoint`` by the one job that collects the end rows
+(all the driver receives): the sinks' DataFrame is the stored rows, never a second read, and a
+lost block fails the job instead of being re-read without the pin (the retried attempt reads the
+pinned ranges, which give the same records or fail loudly). ``StoredReads`` frees a read's stored
+rows once no batch holds it.
 
 On an executor, one ``_ExecutorReads`` per Python worker process keeps an event loop thread and
 up to ``MAX_CLIENTS`` Kinesis clients (by region and endpoint) across tasks. Credentials come
@@ -16,9 +17,11 @@ from the executor's own AWS chain: the driver sends a region and an endpoint, ne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import threading
-from collections import OrderedDict
+import weakref
+from collections import OrderedDict, deque
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,10 +84,52 @@ class RangeRead:
         return self.stored.where(F.col(LEASE_COLUMN).isin(sorted(lease_keys)))
 
 
+class StoredReads:
+    """Frees the executors' copy of each read no batch holds any more. Spark keeps a local
+    checkpoint's blocks until the driver's JVM collects its RDD (a periodic GC, every 30 minutes
+    by default), which at full speed would be gigabytes; here, once a ``RangeRead`` is garbage
+    (its last ``RangeChunk`` went with its batch), its RDD is queued, and ``release`` (each read
+    round) unpersists the queued ones. Over Spark Connect there is no RDD to reach: the client
+    releases a local checkpoint when its DataFrame is garbage."""
+
+    def __init__(self) -> None:
+        self._gone: deque[Any] = deque()  # appended by finalizers (any thread), popped by release
+        self.kept = 0  # reads whose stored rows are not released yet
+
+    def track(self, read: RangeRead, jrdd: Any) -> None:
+        self.kept += 1
+        weakref.finalize(read, self._gone.append, jrdd)
+
+    def release(self) -> int:
+        """Unpersist the stored rows of the reads that are gone; returns how many."""
+        released = 0
+        while self._gone:
+            jrdd = self._gone.popleft()
+            released += 1
+            with contextlib.suppress(Exception):  # the JVM may be gone at exit
+                jrdd.unpersist(False)
+        self.kept -= released
+        return released
+
+
+def _stored_rdd(stored: Any) -> Any:
+    """The JVM RDD holding a local checkpoint's blocks (None over Spark Connect)."""
+    try:
+        return stored._jdf.queryExecution().logical().rdd()
+    except Exception:
+        return None
+
+
 def read_ranges(
-    session: Any, ranges: Sequence[ReadRange], aws: AwsTarget, *, description: str = ""
+    session: Any,
+    ranges: Sequence[ReadRange],
+    aws: AwsTarget,
+    *,
+    description: str = "",
+    stored_reads: StoredReads | None = None,
 ) -> RangeRead:
-    """Run the Spark job that reads ``ranges`` (distinct leases) on the executors."""
+    """Run the Spark job that reads ``ranges`` (distinct leases) on the executors; with
+    ``stored_reads``, the read's stored rows are freed once the returned read is garbage."""
     from pyspark.sql import functions as F
 
     keys = [r.lease_key for r in ranges]
@@ -94,17 +139,27 @@ def read_ranges(
     n = len(payload)
     reads = functools.partial(read_partition, payload, aws)
     described = bool(description) and _describe(session, description)
+    jrdd = None
     try:
         planned = session.range(0, n, 1, n).mapInArrow(reads, OUTPUT_DDL)
-        stored = planned.localCheckpoint(eager=True)
+        stored = planned.localCheckpoint(eager=False)  # stored by the job that collects the ends
+        jrdd = _stored_rdd(stored)
         rows = stored.where(F.col(END_COLUMN).isNotNull()).select(END_COLUMN).collect()
+        ends = {e.lease_key: e for e in (RangeEnd.from_json(row[0]) for row in rows)}
+        if set(ends) != set(keys):
+            raise RuntimeError(f"the read job returned ends for {sorted(ends)}, not {sorted(keys)}")
+    except BaseException:
+        if jrdd is not None:
+            with contextlib.suppress(Exception):
+                jrdd.unpersist(False)
+        raise
     finally:
         if described:
             _describe(session, None)
-    ends = {e.lease_key: e for e in (RangeEnd.from_json(row[0]) for row in rows)}
-    if set(ends) != set(keys):
-        raise RuntimeError(f"the read job returned ends for {sorted(ends)}, not {sorted(keys)}")
-    return RangeRead(stored.where(F.col(END_COLUMN).isNull()).drop(END_COLUMN), ends)
+    read = RangeRead(stored.where(F.col(END_COLUMN).isNull()).drop(END_COLUMN), ends)
+    if stored_reads is not None and jrdd is not None:
+        stored_reads.track(read, jrdd)
+    return read
 
 
 def _describe(session: Any, text: str | None) -> bool:

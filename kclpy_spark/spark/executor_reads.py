@@ -29,7 +29,7 @@ from checkpoint.base.retry import Backoff
 from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.retrieval.polling import MAX_READ_PAUSE
 from kclpy_spark.retrieval.source import FetchedBatch
-from kclpy_spark.spark.cluster_read import AwsTarget, RangeRead, read_ranges
+from kclpy_spark.spark.cluster_read import AwsTarget, RangeRead, StoredReads, read_ranges
 from kclpy_spark.spark.frames import RangeChunk
 from kclpy_spark.spark.lane import Lane
 from kclpy_spark.spark.ranges import Pinned, RangeEnd, ReadRange
@@ -130,6 +130,7 @@ class ExecutorReads:
         self._closed = False
         self._thread: threading.Thread | None = None
         self.rounds = 0
+        self.stored = StoredReads()  # the executors' copies of reads some batch still holds
 
     # --- registry (relays) ----------------------------------------------------------------------
 
@@ -197,6 +198,7 @@ class ExecutorReads:
     def read_round(self) -> int:
         """Read one range of every lease that can take records now; returns how many."""
         assert self._feed is not None, "start() first"
+        self.stored.release()
         now = self._clock.monotonic()
         with self._lock:
             due = {k: e for k, e in self._entries.items() if not e.ended and e.next_read_at <= now}
@@ -212,7 +214,11 @@ class ExecutorReads:
         self.rounds += 1
         try:
             read = read_ranges(
-                self._session(), ranges, self._aws, description=self._describe(ranges)
+                self._session(),
+                ranges,
+                self._aws,
+                description=self._describe(ranges),
+                stored_reads=self.stored,
             )
         except Exception as exc:
             log.warning("the read job of %d lease(s) failed: %r", len(ranges), exc)

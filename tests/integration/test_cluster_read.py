@@ -1,17 +1,19 @@
 """Ranges read on Spark executors (``spark/cluster_read.py``) from a real LocalStack stream with a
 real local SparkSession: budgets, the next range, a pinned range read again by a new job giving
 exactly the same records while the shard grew, a pin that no longer matches refused, a shard end
-with its children."""
+with its children, the stored rows of reads no one holds freed."""
 
 from __future__ import annotations
 
 import dataclasses
+import gc
+import time
 from typing import Any
 
 import pytest
 
 from checkpoint.sequence import ExtendedSequenceNumber
-from kclpy_spark.spark.cluster_read import AwsTarget, RangeRead, read_ranges
+from kclpy_spark.spark.cluster_read import AwsTarget, RangeRead, StoredReads, read_ranges
 from kclpy_spark.spark.ranges import RangeEnd, ReadRange, next_range
 
 REGION = "us-east-1"
@@ -140,3 +142,35 @@ def test_a_range_that_reaches_the_shard_end_says_so_with_its_children(
     assert end is not None and end.shard_ended and end.next_iterator is None
     assert got == 5 and len(end.child_shards) == 2
     assert all(SHARD0 in c["ParentShards"] for c in end.child_shards)
+
+
+def test_the_stored_rows_of_a_read_are_freed_once_no_one_holds_it(
+    spark: Any, kinesis_client: Any, unique_name: str, aws: AwsTarget
+) -> None:
+    make_stream(kinesis_client, unique_name)
+    put(kinesis_client, unique_name, 0, 20)
+    stored = StoredReads()
+
+    def cached() -> set[int]:
+        return {i.id() for i in spark.sparkContext._jsc.sc().getRDDStorageInfo()}
+
+    def settles(expected: set[int], since: set[int]) -> bool:  # unpersist is asynchronous
+        deadline = time.monotonic() + 20
+        while cached() - since != expected and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return cached() - since == expected
+
+    before = cached()
+    keep = read_ranges(spark, [rng(unique_name)], aws, stored_reads=stored)
+    kept = cached() - before
+    assert len(kept) == 1  # the one job that collected the ends stored the rows
+    for _ in range(3):
+        read_ranges(spark, [rng(unique_name)], aws, stored_reads=stored)  # dropped at once
+    gc.collect()
+    assert stored.release() == 3 and stored.kept == 1
+    assert settles(kept, before)
+    assert len(rows_of(keep)) == 20  # the held read's rows are still there
+    del keep
+    gc.collect()
+    assert stored.release() == 1 and stored.kept == 0
+    assert settles(set(), before)
