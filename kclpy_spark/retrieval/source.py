@@ -85,6 +85,27 @@ def not_an_end(verdict: PageEnd) -> MalformedAnswerError:
 
 
 @dataclass(frozen=True)
+class ReadElsewhere:
+    """Records of a lease read on Spark's executors and handed to its sink there: counted
+    for the lease's figures, never delivered through this process (``throttled``: calls the
+    reads had refused for the shard's limits)."""
+
+    rows: int
+    nbytes: int
+    last_sequence: str | None = None
+    throttled: int = 0
+
+    def plus(self, later: ReadElsewhere | None) -> ReadElsewhere:
+        if later is None:
+            return self
+        last = later.last_sequence or self.last_sequence
+        return ReadElsewhere(
+            self.rows + later.rows, self.nbytes + later.nbytes, last,
+            self.throttled + later.throttled,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
 class FetchedBatch:
     """What one read gave: the records, the lag, and whether the shard ended (with its
     children as GetRecords / SubscribeToShard list them)."""
@@ -96,6 +117,7 @@ class FetchedBatch:
     # Delivered even without records: a source whose records go elsewhere (read on Spark's
     # executors) lets the processor see the lease's checkpointer before its first read.
     announce: bool = False
+    elsewhere: ReadElsewhere | None = None  # what that source read for the lease
 
 
 class RecordSource(Protocol):

@@ -48,7 +48,13 @@ from kclpy_spark.processor import (
     RecordProcessor,
     ShutdownRequestedInput,
 )
-from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress, ShardProbe, SourceFactory
+from kclpy_spark.retrieval.source import (
+    FetchedBatch,
+    FetchProgress,
+    ReadElsewhere,
+    ShardProbe,
+    SourceFactory,
+)
 from kclpy_spark.runtime.before_read import check_retention, parents_ended
 from kclpy_spark.runtime.budget import FailureBudget
 from kclpy_spark.runtime.caught_up import CaughtUp
@@ -266,6 +272,8 @@ class ShardConsumer:
         try:
             while True:
                 batch = await self.tenure.wait_or_stop(self._next(queue, fetch))
+                if batch.elsewhere is not None:
+                    self._count_elsewhere(batch.elsewhere)
                 if batch.records or batch.announce:
                     await self._deliver(processor, batch)
                 elif batch.millis_behind_latest is not None:  # an empty read at the tip
@@ -349,6 +357,16 @@ class ShardConsumer:
         self._metrics.bytes.labels(*label).inc(size)
         if batch.millis_behind_latest is not None:
             self._lag(batch.millis_behind_latest)
+
+    def _count_elsewhere(self, read: ReadElsewhere) -> None:
+        """Records read on Spark's executors for this lease (given to its sink there)."""
+        if read.rows:
+            self.stats.records += read.rows
+            self.stats.bytes += read.nbytes
+            self.stats.batches += 1
+            self.stats.last_delivered = read.last_sequence or self.stats.last_delivered
+            self._metrics.records.labels(*self._shard_labels).inc(read.rows)
+            self._metrics.bytes.labels(*self._shard_labels).inc(read.nbytes)
 
     def _lag(self, millis_behind_latest: int) -> None:
         self.stats.millis_behind_latest = millis_behind_latest

@@ -28,7 +28,7 @@ from checkpoint.base.errors import KclpySparkError
 from checkpoint.base.retry import Backoff
 from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.retrieval.polling import MAX_READ_PAUSE
-from kclpy_spark.retrieval.source import FetchedBatch
+from kclpy_spark.retrieval.source import FetchedBatch, ReadElsewhere
 from kclpy_spark.spark.cluster_read import AwsTarget, RangeRead, StoredReads, read_ranges
 from kclpy_spark.spark.frames import RangeChunk
 from kclpy_spark.spark.lane import Lane
@@ -292,7 +292,11 @@ class ExecutorReads:
             entry.iterator, entry.iterator_at = end.next_iterator, at
             entry.next_read_at = self._next_read(rng, end)
         children = [dict(c) for c in end.child_shards]
-        entry.post(FetchedBatch([], end.millis_behind_latest, end.shard_ended, children))
+        last = end.last.sequence_number if end.last is not None else None
+        counted = ReadElsewhere(end.rows, end.nbytes, last, end.throttled)
+        entry.post(
+            FetchedBatch([], end.millis_behind_latest, end.shard_ended, children, elsewhere=counted)
+        )
 
     def _next_read(self, rng: ReadRange, end: RangeEnd) -> float:
         """When the lease is read next: after ``idle_seconds`` at the tip; while behind, once the

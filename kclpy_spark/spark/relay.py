@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections import deque
 
 from checkpoint.lease import HashKeyRange, lease_key_of, stream_name_of
@@ -23,7 +24,8 @@ from kclpy_spark.stream_spec import StreamSpec
 
 class _Inbox:
     """What the read thread hands a relay, in order; consecutive lag reports collapse into the
-    newest, so it holds a few items however long the consumer is busy."""
+    newest (their counts of records read added up), so it holds a few items however long the
+    consumer is busy."""
 
     def __init__(self) -> None:
         self._items: deque[FetchedBatch | BaseException] = deque()
@@ -32,6 +34,9 @@ class _Inbox:
     def put(self, item: FetchedBatch | BaseException) -> None:
         last = self._items[-1] if self._items else None
         if _lag_only(item) and last is not None and _lag_only(last):
+            assert isinstance(item, FetchedBatch) and isinstance(last, FetchedBatch)
+            if last.elsewhere is not None:
+                item = dataclasses.replace(item, elsewhere=last.elsewhere.plus(item.elsewhere))
             self._items[-1] = item
         else:
             self._items.append(item)
@@ -80,6 +85,8 @@ class LeaseRelay:
                 if isinstance(item, BaseException):
                     self._progress.failed(False)
                     raise item
+                for _ in range(item.elsewhere.throttled if item.elsewhere else 0):
+                    self._progress.failed(True)  # counted in the shard's read_throttled
                 await self._progress.put(self._queue, item)
                 if item.shard_ended:
                     return

@@ -41,7 +41,7 @@ from kclpy_spark.processor import (
     ShardEndedInput,
     ShutdownRequestedInput,
 )
-from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress
+from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress, ReadElsewhere
 from kclpy_spark.runtime.consumer import Outcome, ShardConsumer
 from kclpy_spark.runtime.events import EventLog
 from kclpy_spark.runtime.metrics import WorkerMetrics
@@ -667,6 +667,24 @@ def test_a_plain_processor_is_not_called_for_empty_reads() -> None:
     consumer = env.consumer(FakeSources([FetchedBatch([], 0), batch(10), FetchedBatch([], 0)]))
     env.run(consumer, until=lambda: env.processor.seen == ["10"])
     assert env.processor.calls == ["initialize", "process_records", "shutdown_requested"]
+
+
+def test_records_read_elsewhere_are_counted_for_the_lease_not_delivered() -> None:
+    """read_on = executors: the records go to the sink on the executors; the lease's figures
+    (status, /metrics) still count them."""
+    env = Env()
+    env.lease()
+    read = FetchedBatch([], 500, elsewhere=ReadElsewhere(3, 600, "30"))
+    more = FetchedBatch([], 0, elsewhere=ReadElsewhere(2, 400, "50"))
+    consumer = env.consumer(FakeSources([FetchedBatch([], None, announce=True), read, more]))
+    env.run(consumer, until=lambda: consumer.stats.records == 5)
+    stats = consumer.stats
+    assert (stats.records, stats.bytes, stats.last_delivered) == (5, 1000, "50")
+    labels = dict(zip(("stream", "shard"), env.metrics.shard(SHARD), strict=True))
+    sample = env.metrics.registry.get_sample_value
+    assert sample("kclpy_spark_records_processed_total", labels) == 5
+    assert sample("kclpy_spark_bytes_processed_total", labels) == 1000
+    assert env.processor.seen == []  # nothing delivered through this process
 
 
 class Exits(Recorder):

@@ -13,7 +13,7 @@ from test_lane import KEY, esn
 
 from checkpoint.base.clock import ManualClock
 from checkpoint.sequence import ExtendedSequenceNumber
-from kclpy_spark.retrieval.source import FetchedBatch
+from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress, ReadElsewhere
 from kclpy_spark.spark.cluster_read import AwsTarget
 from kclpy_spark.spark.executor_reads import (
     ExecutorReads,
@@ -28,7 +28,7 @@ from kclpy_spark.spark.lane import Lane
 from kclpy_spark.spark.lane_feed import LanesFeed
 from kclpy_spark.spark.pieces import PieceKey
 from kclpy_spark.spark.ranges import Pinned, RangeEnd, ReadRange
-from kclpy_spark.spark.relay import _Inbox
+from kclpy_spark.spark.relay import LeaseRelay, _Inbox
 
 TRIM = ExtendedSequenceNumber("TRIM_HORIZON")
 
@@ -296,3 +296,56 @@ def test_a_parked_lane_is_told_to_its_processor_whatever_its_last_lag() -> None:
     entry.lag = None
     assert reads_.read_round() == 0
     assert len(posted) == 1 and posted[0].announce and not posted[0].records
+
+
+def test_collapsed_lag_reports_add_up_the_records_they_counted() -> None:
+    async def scenario() -> list[Any]:
+        inbox = _Inbox()
+        inbox.put(FetchedBatch([], 90, elsewhere=ReadElsewhere(10, 100, "7", 1)))
+        inbox.put(FetchedBatch([], 40))  # an empty read at the tip: nothing counted
+        inbox.put(FetchedBatch([], 0, elsewhere=ReadElsewhere(5, 50, "9", 2)))
+        return [await inbox.get()]
+
+    [only] = asyncio.run(scenario())
+    assert only.millis_behind_latest == 0
+    assert only.elsewhere == ReadElsewhere(15, 150, "9", 3)
+
+
+class TakingFeed(RefusingFeed):
+    def fill(self, lane: Lane, chunk: RangeChunk) -> bool:
+        return True
+
+
+def test_a_read_its_lane_took_is_counted_for_the_lease() -> None:
+    posted: list[Any] = []
+    reads_ = reads()
+    reads_.start(TakingFeed(), threaded=False)
+    entry = reads_.register(SOURCE, posted.append)
+    rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, esn(5))
+    end = RangeEnd(KEY, esn(6), esn(9), 3, 30, millis_behind_latest=70, throttled=2)
+    from kclpy_spark.spark.cluster_read import RangeRead
+
+    reads_._found(entry, ReadSlot(make_lane(), esn(5), None), rng, RangeRead(None, {KEY: end}), 0)
+    [batch] = posted
+    assert batch.records == [] and batch.millis_behind_latest == 70
+    assert batch.elsewhere == ReadElsewhere(3, 30, esn(9).sequence_number, 2)
+
+
+def test_the_relay_counts_a_reads_throttled_calls_for_the_shard() -> None:
+    throttled: list[int] = []
+
+    async def scenario() -> tuple[FetchedBatch, FetchedBatch, FetchProgress]:
+        reads_ = reads()
+        progress = FetchProgress(lambda: 0.0, on_throttled=lambda: throttled.append(1))
+        queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()
+        task = asyncio.create_task(LeaseRelay(reads_, SOURCE, queue, progress).run())
+        first = await queue.get()
+        reads_._entries[KEY].post(FetchedBatch([], 0, elsewhere=ReadElsewhere(1, 10, "5", 3)))
+        second = await queue.get()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return first, second, progress
+
+    first, second, progress = asyncio.run(scenario())
+    assert first.announce and second.elsewhere is not None and second.elsewhere.rows == 1
+    assert len(throttled) == 3 and progress.throttled == 3
