@@ -29,10 +29,12 @@ from checkpoint.base.retry import Backoff
 from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.retrieval.polling import MAX_READ_PAUSE
 from kclpy_spark.retrieval.source import FetchedBatch, ReadElsewhere
+from kclpy_spark.spark.batch import Interrupter, NoInterrupter
 from kclpy_spark.spark.cluster_read import AwsTarget, RangeRead, StoredReads, read_ranges
 from kclpy_spark.spark.frames import RangeChunk
 from kclpy_spark.spark.lane import Lane
 from kclpy_spark.spark.ranges import Pinned, RangeEnd, ReadRange
+from kclpy_spark.spark.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,26 @@ PINNED_TIME_FACTOR = 10  # a pinned read's time budget, in plain reads' ``max_se
 
 class RangeReadError(KclpySparkError):
     """A lease's range could not be read on the executors (its consumer counts a failure)."""
+
+
+class ReadJobTimeoutError(KclpySparkError):
+    """A read job ran past its deadline; its Spark jobs were interrupted."""
+
+    retriable = True
+
+
+class ReadJob(Protocol):
+    """``cluster_read.read_ranges``: one Spark job reading some ranges."""
+
+    def __call__(
+        self,
+        session: Any,
+        ranges: list[ReadRange],
+        aws: AwsTarget,
+        *,
+        description: str,
+        stored_reads: StoredReads,
+    ) -> RangeRead: ...
 
 
 @dataclass(frozen=True)
@@ -70,6 +92,9 @@ class ReadSettings:
     read_rate: float = 2 * 1024 * 1024  # bytes a second per shard (0: no limit)
     idle_seconds: float = 1.0  # before reading again a lease read to its tip
     kpl: bool = True
+    # A read job still running this long after its longest range's ``max_seconds`` is cancelled
+    # (a task gives up on its Kinesis read 60 s after its budget; this bounds a Spark-level hang).
+    job_grace: float = 90.0
 
 
 @dataclass(frozen=True)
@@ -118,11 +143,16 @@ class ExecutorReads:
         settings: ReadSettings,
         *,
         clock: Clock | None = None,
+        jobs: Interrupter | None = None,
+        read: ReadJob = read_ranges,
     ) -> None:
         self._session = session
         self._aws = aws
         self._s = settings
         self._clock = clock or SystemClock()
+        self._jobs = jobs or NoInterrupter()  # tags a read job's Spark jobs, cancels them
+        self._read = read
+        self._watchdog = Watchdog("kclpy-spark-read-deadlines", callback_threads=1)
         self._lock = threading.Condition()
         self._entries: dict[str, _Entry] = {}
         self._feed: LaneFeed | None = None
@@ -167,6 +197,7 @@ class ExecutorReads:
             self._lock.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
+        self._watchdog.close()
 
     def nudge(self) -> None:
         """A lane may take records again (its batch was cut or committed)."""
@@ -213,13 +244,7 @@ class ExecutorReads:
         ranges = [self._range(due[key], slot, len(slots)) for key, slot in slots.items()]
         self.rounds += 1
         try:
-            read = read_ranges(
-                self._session(),
-                ranges,
-                self._aws,
-                description=self._describe(ranges),
-                stored_reads=self.stored,
-            )
+            read = self._read_job(ranges)
         except Exception as exc:
             log.warning("the read job of %d lease(s) failed: %r", len(ranges), exc)
             for rng in ranges:
@@ -231,6 +256,36 @@ class ExecutorReads:
             rows = sum(e.rows for e in read.ends.values())
             log.debug("read round %d: %d range(s), %d record(s)", self.rounds, len(ranges), rows)
         return len(ranges)
+
+    def _read_job(self, ranges: list[ReadRange]) -> RangeRead:
+        """One read job; its Spark jobs are interrupted if it runs ``job_grace`` past its longest
+        range's time budget (ReadJobTimeoutError)."""
+        tag = f"kclpy-spark-read-{self.rounds}"
+        limit = max(r.max_seconds for r in ranges) + self._s.job_grace
+        overran = threading.Event()
+
+        def cancel() -> None:
+            overran.set()
+            log.warning("the read job of %d lease(s) ran over %.0f s: cancelling it", len(ranges),
+                        limit)  # fmt: skip
+            self._jobs.interrupt(tag)
+
+        deadline = self._watchdog.after(limit, cancel)
+        try:
+            with self._jobs.tagged(tag):
+                return self._read(
+                    self._session(),
+                    ranges,
+                    self._aws,
+                    description=self._describe(ranges),
+                    stored_reads=self.stored,
+                )
+        except Exception as exc:
+            if overran.is_set():
+                raise ReadJobTimeoutError(f"ran over {limit:.0f} s and was cancelled") from exc
+            raise
+        finally:
+            deadline.cancel()
 
     def _range(self, entry: _Entry, slot: ReadSlot, leases: int) -> ReadRange:
         s, src = self._s, entry.source

@@ -1,7 +1,8 @@
 """Ranges read on Spark executors (``spark/cluster_read.py``) from a real LocalStack stream with a
 real local SparkSession: budgets, the next range, a pinned range read again by a new job giving
 exactly the same records while the shard grew, a pin that no longer matches refused, a shard end
-with its children, the stored rows of reads no one holds freed."""
+with its children, the stored rows of reads no one holds freed, a read job hung on a silent
+endpoint cancelled at its deadline."""
 
 from __future__ import annotations
 
@@ -174,3 +175,51 @@ def test_the_stored_rows_of_a_read_are_freed_once_no_one_holds_it(
     gc.collect()
     assert stored.release() == 1 and stored.kept == 0
     assert settles(set(), before)
+
+
+def test_a_read_job_hung_on_a_silent_endpoint_is_cancelled_at_its_deadline(spark: Any) -> None:
+    """An endpoint that accepts connections and never answers: each task would wait its read's
+    budget plus a minute; the read job is cancelled at its own deadline instead, and its range
+    fails (the lease's consumer counts the failure)."""
+    import socket
+    import threading
+
+    from checkpoint.base.clock import ManualClock
+    from kclpy_spark.spark.executor_reads import ExecutorReads, LeaseSource, ReadSettings
+    from kclpy_spark.spark.lane import Lane
+    from kclpy_spark.spark.lane_feed import LanesFeed
+    from kclpy_spark.spark.session import SparkSessionHolder
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.extend(silent.accept() for _ in range(8)),
+                     daemon=True).start()  # fmt: skip
+    endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+
+    class Checkpointer:
+        lease_key = SHARD0
+        pending_checkpoint = None
+
+        def set_largest_permitted(self, position: Any) -> None:
+            return None
+
+    lane = Lane(SHARD0, SHARD0, Checkpointer())  # type: ignore[arg-type]
+    feed = LanesFeed(threading.Condition(), {SHARD0: lane}, ManualClock(), lambda: False)
+    reads = ExecutorReads(
+        lambda: spark,
+        AwsTarget(REGION, endpoint),
+        ReadSettings(max_seconds=1.0, job_grace=4.0),
+        jobs=SparkSessionHolder.adopt(spark),
+    )
+    reads.start(feed, threaded=False)
+    posted: list[Any] = []
+    reads.register(LeaseSource(SHARD0, "s", {"StreamName": "s"}, SHARD0, TRIM), posted.append)
+    try:
+        assert reads.read_round() == 1
+    finally:
+        reads.close()
+        silent.close()
+    # A task that gave up on its own would end its range with an error and the job would
+    # succeed; only a cancelled job raises after the deadline.
+    assert len(posted) == 1 and "ran over 5 s and was cancelled" in str(posted[0])
+    assert spark.range(3).count() == 3  # the session goes on

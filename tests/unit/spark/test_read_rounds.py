@@ -5,7 +5,10 @@ Lanes are real, their checkpointer a recorder; no Spark."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +21,7 @@ from kclpy_spark.spark.cluster_read import AwsTarget
 from kclpy_spark.spark.executor_reads import (
     ExecutorReads,
     LeaseSource,
+    RangeReadError,
     ReadSettings,
     ReadSlot,
     _behind,
@@ -349,3 +353,72 @@ def test_the_relay_counts_a_reads_throttled_calls_for_the_shard() -> None:
     first, second, progress = asyncio.run(scenario())
     assert first.announce and second.elsewhere is not None and second.elsewhere.rows == 1
     assert len(throttled) == 3 and progress.throttled == 3
+
+
+class Jobs:
+    """An Interrupter that records tags and releases the hung read it interrupts."""
+
+    def __init__(self) -> None:
+        self.tags: list[str] = []
+        self.interrupted: list[str] = []
+        self.release = threading.Event()
+
+    @contextlib.contextmanager
+    def tagged(self, tag: str) -> Iterator[None]:
+        self.tags.append(tag)
+        yield
+
+    def interrupt(self, tag: str) -> None:
+        self.interrupted.append(tag)
+        self.release.set()
+
+
+class OneSlotFeed(RefusingFeed):
+    def readable(self, lease_keys: Any) -> tuple[dict[str, ReadSlot], set[str]]:
+        return {KEY: ReadSlot(make_lane(), None, None)}, set()
+
+
+def test_a_read_job_that_hangs_is_cancelled_and_fails_its_ranges() -> None:
+    jobs = Jobs()
+
+    def hung_read(session: Any, ranges: Any, aws: Any, **kw: Any) -> Any:
+        assert jobs.release.wait(10), "never interrupted"
+        raise RuntimeError("Job cancelled")  # what Spark raises in the interrupted thread
+
+    posted: list[Any] = []
+    reads_ = ExecutorReads(lambda: None, AwsTarget("us-east-1"),
+                           ReadSettings(max_seconds=0.05, job_grace=0.05), jobs=jobs,
+                           read=hung_read)  # fmt: skip
+    reads_.start(OneSlotFeed(), threaded=False)
+    reads_.register(SOURCE, posted.append)
+    try:
+        assert reads_.read_round() == 1
+    finally:
+        reads_.close()
+    assert jobs.interrupted == jobs.tags == ["kclpy-spark-read-1"]
+    [failure] = posted
+    assert isinstance(failure, RangeReadError) and "ran over 0 s and was cancelled" in str(failure)
+
+
+def test_a_read_job_in_time_is_not_cancelled() -> None:
+    jobs = Jobs()
+    end = RangeEnd(KEY, None, None, 0, 0, millis_behind_latest=0)
+    from kclpy_spark.spark.cluster_read import RangeRead
+
+    reads_ = ExecutorReads(
+        lambda: None,
+        AwsTarget("us-east-1"),
+        ReadSettings(job_grace=0.05),
+        jobs=jobs,
+        read=lambda *a, **kw: RangeRead(None, {KEY: end}),
+    )
+    reads_.start(OneSlotFeed(), threaded=False)
+    posted: list[Any] = []
+    reads_.register(SOURCE, posted.append)
+    try:
+        assert reads_.read_round() == 1
+        time.sleep(0.2)  # past the deadline it would have had
+    finally:
+        reads_.close()
+    assert jobs.tags == ["kclpy-spark-read-1"] and jobs.interrupted == []
+    assert [p.millis_behind_latest for p in posted] == [0]
