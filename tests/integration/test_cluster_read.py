@@ -223,3 +223,24 @@ def test_a_read_job_hung_on_a_silent_endpoint_is_cancelled_at_its_deadline(spark
     # succeed; only a cancelled job raises after the deadline.
     assert len(posted) == 1 and "ran over 5 s and was cancelled" in str(posted[0])
     assert spark.range(3).count() == 3  # the session goes on
+
+
+def test_a_python_worker_that_read_keeps_its_heap_out_of_the_per_task_collection(
+    spark: Any, kinesis_client: Any, unique_name: str, aws: AwsTarget
+) -> None:
+    """PySpark runs gc.collect() after every task in a reused worker; with the SDK loaded that
+    cost more than the read, unless the worker froze its heap after its first read."""
+
+    def freeze_counts(batches: Any) -> Any:  # pickled by value (this module is not on workers)
+        import gc
+
+        import pyarrow as pa
+
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({"frozen": [gc.get_freeze_count()] * batch.num_rows})
+
+    make_stream(kinesis_client, unique_name)
+    put(kinesis_client, unique_name, 0, 3)
+    read_ranges(spark, [rng(unique_name)], aws)
+    counts = spark.range(0, 4, 1, 4).mapInArrow(freeze_counts, "frozen long").collect()
+    assert max(r["frozen"] for r in counts) > 10_000  # the SDK's objects, among others
