@@ -128,9 +128,12 @@ def read_ranges(
     *,
     description: str = "",
     stored_reads: StoredReads | None = None,
+    partitions: int | None = None,
 ) -> RangeRead:
-    """Run the Spark job that reads ``ranges`` (distinct leases) on the executors; with
-    ``stored_reads``, the read's stored rows are freed once the returned read is garbage."""
+    """Run the Spark job that reads ``ranges`` (distinct leases) on the executors, in
+    ``partitions`` tasks (default: one per core of the cluster, at most one per range; a task
+    reads its ranges side by side); with ``stored_reads``, the read's stored rows are freed once
+    the returned read is garbage."""
     from pyspark.sql import functions as F
 
     keys = [r.lease_key for r in ranges]
@@ -142,7 +145,8 @@ def read_ranges(
     described = bool(description) and _describe(session, description)
     jrdd = None
     try:
-        planned = session.range(0, n, 1, n).mapInArrow(reads, OUTPUT_DDL)
+        parts = max(1, min(n, partitions or default_parallelism(session)))
+        planned = session.range(0, n, 1, parts).mapInArrow(reads, OUTPUT_DDL)
         stored = planned.localCheckpoint(eager=False)  # stored by the job that collects the ends
         jrdd = _stored_rdd(stored)
         rows = stored.where(F.col(END_COLUMN).isNotNull()).select(END_COLUMN).collect()
@@ -163,6 +167,16 @@ def read_ranges(
     return read
 
 
+def default_parallelism(session: Any) -> int:
+    """The session's default parallelism (the cluster's cores); over Spark Connect (no
+    SparkContext) the ``spark.default.parallelism`` setting, else two."""
+    try:
+        return max(1, int(session.sparkContext.defaultParallelism))
+    except Exception:
+        value = session.conf.get("spark.default.parallelism", None)
+        return max(1, int(value)) if value and str(value).isdigit() else 2
+
+
 def _describe(session: Any, text: str | None) -> bool:
     """Name the Spark jobs this thread starts in the Spark UI (False over Spark Connect, which
     has no SparkContext)."""
@@ -179,19 +193,22 @@ def _describe(session: Any, text: str | None) -> bool:
 def read_partition(
     payload: tuple[str, ...], aws: AwsTarget, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
-    """mapInArrow's function: the ranges whose indexes the partition holds, read in turn."""
-    reads = _executor_reads()
-    for batch in batches:
-        for index in batch.column(0).to_pylist():
-            rng = ReadRange.from_json(payload[int(index)])
-            try:
-                chunks, end = reads.read(rng, aws)
-            except Exception as exc:  # this range's failure, told to the driver: not the job's
-                yield _end_row(RangeEnd(rng.lease_key, None, None, 0, 0, error=_one_line(exc)))
-                continue
-            for chunk in chunks:
-                yield _as_output(chunk, rng.lease_key)
-            yield _end_row(end)
+    """mapInArrow's function: the ranges whose indexes the partition holds, read at once."""
+    ranges = [
+        ReadRange.from_json(payload[int(index)])
+        for batch in batches
+        for index in batch.column(0).to_pylist()
+    ]
+    if not ranges:
+        return
+    for rng, outcome in zip(ranges, _executor_reads().read_all(ranges, aws), strict=True):
+        if isinstance(outcome, BaseException):  # this range's failure, told to the driver
+            yield _end_row(RangeEnd(rng.lease_key, None, None, 0, 0, error=_one_line(outcome)))
+            continue
+        chunks, end = outcome
+        for chunk in chunks:
+            yield _as_output(chunk, rng.lease_key)
+        yield _end_row(end)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -214,6 +231,9 @@ def _end_row(end: RangeEnd) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=OUTPUT_SCHEMA)
 
 
+Read = tuple[list[pa.RecordBatch], RangeEnd]  # one range's record batches and its end
+
+
 class _ExecutorReads:
     """One Python worker's reading: an event loop thread and its Kinesis clients."""
 
@@ -224,33 +244,43 @@ class _ExecutorReads:
         )
         self._thread.start()
         self._clients: OrderedDict[AwsTarget, tuple[Any, Any]] = OrderedDict()
+        self._making = asyncio.Lock()  # one client per target, however many reads ask at once
         self._frozen = False
 
-    def read(self, rng: ReadRange, aws: AwsTarget) -> tuple[list[pa.RecordBatch], RangeEnd]:
+    def read_all(self, ranges: Sequence[ReadRange], aws: AwsTarget) -> list[Read | BaseException]:
+        """Read ``ranges`` side by side on the event loop (each within its own time budget and
+        the grace); a range's failure is its own."""
         from kclpy_spark.retrieval.range_reader import RangeReader
 
-        chunks: list[pa.RecordBatch] = []
-
-        async def run() -> RangeEnd:
+        async def one(rng: ReadRange) -> Read:
+            chunks: list[pa.RecordBatch] = []
             client = await self._client(aws)
 
             def keep(records: list[Any]) -> None:
                 chunks.append(records_to_chunk(records, rng.stream, rng.shard_id).batch)
 
-            return await RangeReader(client, rng).read(keep)
+            limit = rng.max_seconds + GRACE_SECONDS
+            return chunks, await asyncio.wait_for(RangeReader(client, rng).read(keep), limit)
+
+        async def run() -> list[Read | BaseException]:
+            return await asyncio.gather(*(one(r) for r in ranges), return_exceptions=True)
 
         future = asyncio.run_coroutine_threadsafe(run(), self._loop)
         try:
-            end = future.result(timeout=rng.max_seconds + GRACE_SECONDS)
+            outcomes = future.result(timeout=max(r.max_seconds for r in ranges) + 2 * GRACE_SECONDS)
         except BaseException:
             future.cancel()
             raise
         if not self._frozen:
             self._frozen = True
             _freeze_heap()
-        return chunks, end
+        return outcomes
 
     async def _client(self, aws: AwsTarget) -> Any:
+        async with self._making:
+            return await self._client_for(aws)
+
+    async def _client_for(self, aws: AwsTarget) -> Any:
         if aws in self._clients:
             self._clients.move_to_end(aws)
             return self._clients[aws][1]

@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from checkpoint.base.errors import KclpySparkError
-from kclpy_spark.spark.cluster_read import AwsTarget
+from kclpy_spark.spark.cluster_read import AwsTarget, default_parallelism
 
 PROBE_DDL = "pid bigint, host string, error string"
 PROBE_TIMEOUT = 5.0  # seconds for the executor's one DescribeStreamSummary call
@@ -49,7 +49,7 @@ def probe_executors(
     """Run ``tasks`` probe tasks (default: the session's default parallelism); raise
     ``ExecutorProbeError`` with one line if any could not import this project or reach the
     stream, else return every answer."""
-    n = tasks or _parallelism(session)
+    n = tasks or default_parallelism(session)
     probe = functools.partial(probe_partition, aws, dict(stream_arg))
     try:
         rows = session.range(0, n, 1, n).mapInArrow(probe, PROBE_DDL).collect()
@@ -72,16 +72,6 @@ def probe_executors(
             f"{_stream_name(stream_arg)} at {where}: {failed.error}"
         )
     return answers
-
-
-def _parallelism(session: Any) -> int:
-    """The session's default parallelism; over Spark Connect (no SparkContext) the
-    ``spark.default.parallelism`` setting, else two tasks."""
-    try:
-        return max(1, int(session.sparkContext.defaultParallelism))
-    except Exception:
-        value = session.conf.get("spark.default.parallelism", None)
-        return max(1, int(value)) if value and str(value).isdigit() else 2
 
 
 def _stream_name(stream_arg: Mapping[str, str]) -> str:

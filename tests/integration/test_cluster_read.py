@@ -244,3 +244,22 @@ def test_a_python_worker_that_read_keeps_its_heap_out_of_the_per_task_collection
     read_ranges(spark, [rng(unique_name)], aws)
     counts = spark.range(0, 4, 1, 4).mapInArrow(freeze_counts, "frozen long").collect()
     assert max(r["frozen"] for r in counts) > 10_000  # the SDK's objects, among others
+
+
+def test_one_task_reads_several_ranges_side_by_side_each_failing_alone(
+    spark: Any, kinesis_client: Any, unique_name: str, aws: AwsTarget
+) -> None:
+    make_stream(kinesis_client, unique_name, shards=3)
+    put(kinesis_client, unique_name, 0, 30)
+    shards = [f"shardId-00000000000{i}" for i in range(3)]
+    apart = read_ranges(spark, [rng(unique_name, s) for s in shards], aws, partitions=3)
+    third = apart.ends[shards[2]]
+    bad = dataclasses.replace(third.pin, rows=third.rows + 1)  # a pin its records do not match
+    ranges = [rng(unique_name, s) for s in shards[:2]]
+    ranges.append(dataclasses.replace(rng(unique_name, shards[2]), pinned=bad))
+    together = read_ranges(spark, ranges, aws, partitions=1)  # one task, three ranges
+    assert sum(e.rows for e in apart.ends.values()) == 30
+    assert [together.ends[s].rows for s in shards[:2]] == [apart.ends[s].rows for s in shards[:2]]
+    by_shard = {s: [r for r in rows_of(together) if r[0] == s] for s in shards}
+    assert by_shard[shards[0]] == [r for r in rows_of(apart) if r[0] == shards[0]]
+    assert together.ends[shards[2]].error is not None and by_shard[shards[2]] == []
