@@ -5,21 +5,26 @@ processes and names a wrong endpoint in one line; every record of every shard co
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster_read_job import PY_FILES_ENV
 from worker_procs import free_port
 
 JOB = Path(__file__).with_name("cluster_read_job.py")
+REPO = Path(__file__).resolve().parents[2]
 
 
-def run_job(*args: str) -> dict[str, Any]:
+def run_job(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, str(JOB), *args], capture_output=True, text=True, timeout=300, check=False
-    )
+        [sys.executable, str(JOB), *args],
+        capture_output=True, text=True, timeout=300, check=False, env=env,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return out
@@ -73,3 +78,40 @@ def test_executors_that_cannot_import_the_project_are_one_line_at_the_probe(
     out = run_job(localstack_endpoint, stream, "2", localstack_endpoint, str(python))
     error = out["probe_error"]
     assert "\n" not in error and "cannot import kclpy_spark" in error and "--py-files" in error
+
+
+def test_executors_without_the_project_installed_read_it_shipped_with_py_files(
+    kinesis_client: Any, localstack_endpoint: str, stream: str, tmp_path: Path
+) -> None:
+    """README's --py-files way: the executors' Python has no kclpy_spark (the editable install's
+    finder and this checkout taken off its path); the packages, zipped, reach them through
+    ``spark.submit.pyFiles``, and they import and read from the zip."""
+    for i in range(20):
+        kinesis_client.put_record(StreamName=stream, Data=f"r{i}".encode(), PartitionKey=f"k{i}")
+    shipped = tmp_path / "kclpy_spark_packages.zip"
+    with zipfile.ZipFile(shipped, "w") as zf:
+        for package in ("kclpy_spark", "checkpoint", "shard_sync"):
+            for path in (REPO / package).rglob("*"):
+                if path.is_file() and "__pycache__" not in path.parts:
+                    zf.write(path, path.relative_to(REPO))
+    hider = tmp_path / "hider"
+    hider.mkdir()
+    (hider / "sitecustomize.py").write_text(
+        "import sys\n"
+        f"REPO = {str(REPO)!r}\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
+        "sys.path[:] = [p for p in sys.path if p.rstrip('/') != REPO]\n"
+    )
+    python = tmp_path / "executor-python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{hider}" exec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    bare = subprocess.run(
+        [str(python), "-c", "import kclpy_spark; print(kclpy_spark.__file__)"],
+        capture_output=True, text=True, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert bare.returncode != 0, f"the executors' Python still finds kclpy_spark: {bare.stdout}"
+    env = dict(os.environ, **{PY_FILES_ENV: str(shipped)})
+    out = run_job(localstack_endpoint, stream, "2", localstack_endpoint, str(python), env=env)
+    assert "probe_error" not in out, out
+    assert out["imported_from"] and all(str(shipped.name) in p for p in out["imported_from"])
+    assert sorted(out["rows"]) == sorted(f"r{i}" for i in range(20))
