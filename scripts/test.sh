@@ -3,9 +3,8 @@
 # The session fixture starts LocalStack (or uses LOCALSTACK_ENDPOINT) and stops it at the end.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not integration and not spark"`.
 # Two test processes (pytest-xdist, one test file each at a time): most tests wait on leases and
-# timers, not on the CPU. KCLPY_SPARK_TEST_WORKERS=0 runs everything in one process. Files are
-# handed out in the order tests/conftest.py sorts them (the slowest first).
+# timers, not on the CPU. KCLPY_SPARK_TEST_WORKERS=0 runs everything in one process.
 source "$(dirname "$0")/_venv.sh"
 python localstack/lsctl.py install
 source "$ROOT/scripts/_browser.sh"
-exec python -m pytest -n "${KCLPY_SPARK_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
+exec python -m pytest -n "${KCLPY_SPARK_TEST_WORKERS:-2}" --dist loadfile "$@"

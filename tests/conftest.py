@@ -209,37 +209,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
         if "spark" in names:
             item.add_marker(pytest.mark.spark)
-    items.sort(key=_run_order(items))
-
-
-# The slowest test files, slowest first (seconds of one run in the comment). With
-# ``--dist loadfile --no-loadscope-reorder`` (scripts/test.sh) pytest-xdist hands out files in
-# this order: the long ones start first and the many short unit files fill in at the end, instead
-# of a long integration file starting last on one worker while the other waits idle.
-SLOWEST_FILES = (
-    "test_spark_sink_kill9.py",  # 170
-    "test_chaos.py",  # 105
-    "test_executor_reads.py",  # 90
-    "test_faults.py",  # 75
-    "test_leader_failover.py",  # 73
-    "test_executor_chaos.py",  # 70
-    "test_spark_sink_e2e.py",  # 70
-    "test_cluster_read_executors.py",  # 70
-    "test_worker_fleet.py",  # 63
-    "test_until_caught_up.py",  # 60
-    "test_demo.py",  # 44
-)
-
-
-def _run_order(items: list[pytest.Item]) -> Any:
-    """A sort key: the slowest files first, then the other files with integration tests, then
-    the rest; a file's tests stay together and in their order (the sort is stable)."""
-    integration = {i.path for i in items if i.get_closest_marker("integration") is not None}
-
-    def key(item: pytest.Item) -> tuple[int, int]:
-        name = item.path.name
-        if name in SLOWEST_FILES:
-            return (0, SLOWEST_FILES.index(name))
-        return (1 if item.path in integration else 2, 0)
-
-    return key
