@@ -17,10 +17,12 @@ from the executor's own AWS chain: the driver sends a region and an endpoint, ne
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import gc
 import threading
+import uuid
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Collection, Iterator, Sequence
@@ -36,6 +38,7 @@ END_COLUMN = "kclpy_spark_range_end"
 LEASE_COLUMN = "kclpy_spark_lease"  # which lease a record row belongs to (dropped before sinks)
 MAX_CLIENTS = 4  # Kinesis clients one Python worker keeps (one per region and endpoint in use)
 GRACE_SECONDS = 60.0  # beyond a range's own time budget, before its task gives up on the read
+READS_AT_ONCE = 8  # ranges one task reads side by side (what it holds: that many ranges' records)
 
 # What a task yields: the record columns as Spark holds them (microsecond timestamps), every
 # column nullable (an end row has only the end), and the end.
@@ -91,7 +94,8 @@ class StoredReads:
     by default), which at full speed would be gigabytes; here, once a ``RangeRead`` is garbage
     (its last ``RangeChunk`` went with its batch), its RDD is queued, and ``release`` (each read
     round) unpersists the queued ones. Over Spark Connect there is no RDD to reach: the client
-    releases a local checkpoint when its DataFrame is garbage."""
+    drops a local checkpoint when its DataFrame is garbage, but the server frees its blocks only
+    at its JVM's next periodic GC (lower ``spark.cleaner.periodicGC.interval`` there)."""
 
     def __init__(self) -> None:
         self._gone: deque[Any] = deque()  # appended by finalizers (any thread), popped by release
@@ -143,13 +147,21 @@ def read_ranges(
     n = len(payload)
     reads = functools.partial(read_partition, payload, aws)
     described = bool(description) and _describe(session, description)
+    sc = _spark_context(session)  # None over Spark Connect
     jrdd = None
     try:
-        parts = max(1, min(n, partitions or default_parallelism(session)))
+        parts = max(1, min(n, partitions or _cores(session) or n))
         planned = session.range(0, n, 1, parts).mapInArrow(reads, OUTPUT_DDL)
-        stored = planned.localCheckpoint(eager=False)  # stored by the job that collects the ends
+        # Classic: stored by the job that collects the ends (one job), which must then be the only
+        # one: Spark computes again a partition whose block went missing before the job ended
+        # (an executor lost), reading Kinesis again, and those rows could go past the ends.
+        # Over Connect (no job count to ask): stored first, the ends read from what was stored.
+        stored = planned.localCheckpoint(eager=sc is None)
         jrdd = _stored_rdd(stored)
-        rows = stored.where(F.col(END_COLUMN).isNotNull()).select(END_COLUMN).collect()
+        with _job_tag(sc) as tag:
+            rows = stored.where(F.col(END_COLUMN).isNotNull()).select(END_COLUMN).collect()
+        if sc is not None and len(sc._jsc.sc().statusTracker().getJobIdsForTag(tag)) > 1:
+            raise RuntimeError("a partition of the read was computed again (an executor lost?)")
         ends = {e.lease_key: e for e in (RangeEnd.from_json(row[0]) for row in rows)}
         if set(ends) != set(keys):
             raise RuntimeError(f"the read job returned ends for {sorted(ends)}, not {sorted(keys)}")
@@ -168,13 +180,39 @@ def read_ranges(
 
 
 def default_parallelism(session: Any) -> int:
+    """The cluster's cores (``_cores``), else two."""
+    return _cores(session) or 2
+
+
+def _cores(session: Any) -> int | None:
     """The session's default parallelism (the cluster's cores); over Spark Connect (no
-    SparkContext) the ``spark.default.parallelism`` setting, else two."""
+    SparkContext) the ``spark.default.parallelism`` setting, or None."""
+    sc = _spark_context(session)
+    if sc is not None:
+        return max(1, int(sc.defaultParallelism))
+    value = session.conf.get("spark.default.parallelism", None)
+    return max(1, int(value)) if value and str(value).isdigit() else None
+
+
+def _spark_context(session: Any) -> Any:
     try:
-        return max(1, int(session.sparkContext.defaultParallelism))
-    except Exception:
-        value = session.conf.get("spark.default.parallelism", None)
-        return max(1, int(value)) if value and str(value).isdigit() else 2
+        return session.sparkContext
+    except Exception:  # Spark Connect
+        return None
+
+
+@contextlib.contextmanager
+def _job_tag(sc: Any) -> Iterator[str]:
+    """A tag of its own on the jobs this thread starts inside the block (classic Spark)."""
+    tag = f"kclpy-spark-range-read-{uuid.uuid4().hex}"
+    if sc is None:
+        yield tag
+        return
+    sc.addJobTag(tag)
+    try:
+        yield tag
+    finally:
+        sc.removeJobTag(tag)
 
 
 def _describe(session: Any, text: str | None) -> bool:
@@ -201,7 +239,7 @@ def read_partition(
     ]
     if not ranges:
         return
-    for rng, outcome in zip(ranges, _executor_reads().read_all(ranges, aws), strict=True):
+    for rng, outcome in _executor_reads().reads(ranges, aws):
         if isinstance(outcome, BaseException):  # this range's failure, told to the driver
             yield _end_row(RangeEnd(rng.lease_key, None, None, 0, 0, error=_one_line(outcome)))
             continue
@@ -247,34 +285,50 @@ class _ExecutorReads:
         self._making = asyncio.Lock()  # one client per target, however many reads ask at once
         self._frozen = False
 
-    def read_all(self, ranges: Sequence[ReadRange], aws: AwsTarget) -> list[Read | BaseException]:
-        """Read ``ranges`` side by side on the event loop (each within its own time budget and
-        the grace); a range's failure is its own."""
+    def reads(
+        self, ranges: Sequence[ReadRange], aws: AwsTarget
+    ) -> Iterator[tuple[ReadRange, Read | BaseException]]:
+        """Read ``ranges`` side by side on the event loop, at most ``READS_AT_ONCE`` at a time,
+        each within its own time budget and the grace; each comes back as soon as it ends, with
+        its records or its own failure (a task holds the records of the reads it has not given
+        back yet, no more)."""
         from kclpy_spark.retrieval.range_reader import RangeReader
 
+        gate = asyncio.Semaphore(READS_AT_ONCE)
+
         async def one(rng: ReadRange) -> Read:
-            chunks: list[pa.RecordBatch] = []
-            client = await self._client(aws)
+            async with gate:
+                chunks: list[pa.RecordBatch] = []
+                client = await self._client(aws)
 
-            def keep(records: list[Any]) -> None:
-                chunks.append(records_to_chunk(records, rng.stream, rng.shard_id).batch)
+                def keep(records: list[Any]) -> None:
+                    chunks.append(records_to_chunk(records, rng.stream, rng.shard_id).batch)
 
-            limit = rng.max_seconds + GRACE_SECONDS
-            return chunks, await asyncio.wait_for(RangeReader(client, rng).read(keep), limit)
+                limit = rng.max_seconds + GRACE_SECONDS
+                return chunks, await asyncio.wait_for(RangeReader(client, rng).read(keep), limit)
 
-        async def run() -> list[Read | BaseException]:
-            return await asyncio.gather(*(one(r) for r in ranges), return_exceptions=True)
-
-        future = asyncio.run_coroutine_threadsafe(run(), self._loop)
+        started = {asyncio.run_coroutine_threadsafe(one(r), self._loop): r for r in ranges}
+        waves = -(-len(ranges) // READS_AT_ONCE)
+        limit = waves * (max(r.max_seconds for r in ranges) + GRACE_SECONDS) + GRACE_SECONDS
+        given: set[concurrent.futures.Future[Read]] = set()
         try:
-            outcomes = future.result(timeout=max(r.max_seconds for r in ranges) + 2 * GRACE_SECONDS)
-        except BaseException:
-            future.cancel()
-            raise
+            for future in concurrent.futures.as_completed(started, timeout=limit):
+                given.add(future)
+                try:
+                    outcome: Read | BaseException = future.result()
+                except BaseException as exc:  # this range's failure, whatever it is
+                    outcome = exc
+                yield started[future], outcome
+        except concurrent.futures.TimeoutError as exc:
+            for future, rng in started.items():
+                if future not in given:
+                    yield rng, exc
+        finally:
+            for future in started:
+                future.cancel()
         if not self._frozen:
             self._frozen = True
             _freeze_heap()
-        return outcomes
 
     async def _client(self, aws: AwsTarget) -> Any:
         async with self._making:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -161,6 +162,7 @@ class ExecutorReads:
         self._thread: threading.Thread | None = None
         self.rounds = 0
         self.stored = StoredReads()  # the executors' copies of reads some batch still holds
+        self._id = uuid.uuid4().hex[:8]
 
     # --- registry (relays) ----------------------------------------------------------------------
 
@@ -260,7 +262,7 @@ class ExecutorReads:
     def _read_job(self, ranges: list[ReadRange]) -> RangeRead:
         """One read job; its Spark jobs are interrupted if it runs ``job_grace`` past its longest
         range's time budget (ReadJobTimeoutError)."""
-        tag = f"kclpy-spark-read-{self.rounds}"
+        tag = f"kclpy-spark-read-{self._id}-{self.rounds}"  # no other reader's jobs
         limit = max(r.max_seconds for r in ranges) + self._s.job_grace
         overran = threading.Event()
 

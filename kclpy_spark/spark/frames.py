@@ -63,15 +63,14 @@ class ExecutorFrames:
             if chunk.lease_key in wanted:
                 by_read.setdefault(id(chunk.read), (chunk.read, []))[1].append(chunk.lease_key)
         frames = []
+        # A row's piece by its lease: one map lookup a row (a CASE WHEN per piece grew with the
+        # leases of a batch). A lease has one piece in a batch; were there two, the last wins.
+        indexes = {p.lease_key: i for i, p in enumerate(pieces)}
         for read, keys in by_read.values():
             df = read.stored_of(keys)
             if index_column is not None:
-                index = F.lit(None).cast("int")
-                for i, piece in enumerate(pieces):
-                    index = F.when(F.col(LEASE_COLUMN) == piece.lease_key, F.lit(i)).otherwise(
-                        index
-                    )
-                df = df.withColumn(index_column, index)
+                lookup = F.create_map(*(F.lit(x) for kv in indexes.items() for x in kv))
+                df = df.withColumn(index_column, lookup[F.col(LEASE_COLUMN)].cast("int"))
             frames.append(df.drop(LEASE_COLUMN))
         if not frames:
             raise ValueError("no records of these pieces in this batch")
