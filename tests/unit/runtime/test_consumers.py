@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -62,12 +63,14 @@ class Env:
         return held
 
 
-async def settle(until: Any, rounds: int = 5000) -> None:
-    for _ in range(rounds):
-        if until():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("the condition never held")
+async def settle(until: Any, seconds: float = 30.0) -> None:
+    """Wait for ``until()``: processor calls run on threads, so a count of loop turns was not
+    enough on a loaded machine (seen in CI beside Spark-heavy tests); a generous deadline is."""
+    deadline = time.monotonic() + seconds
+    while not until():
+        if time.monotonic() > deadline:
+            raise AssertionError("the condition never held")
+        await asyncio.sleep(0.001)
 
 
 def test_a_loss_reported_for_an_earlier_tenure_does_not_stop_the_current_one() -> None:
