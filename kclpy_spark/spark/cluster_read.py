@@ -146,8 +146,10 @@ def read_ranges(
     payload = tuple(r.to_json() for r in ranges)
     n = len(payload)
     reads = functools.partial(read_partition, payload, aws)
-    described = bool(description) and _describe(session, description)
-    sc = _spark_context(session)  # None over Spark Connect
+    sc = _spark_context(session)  # None over Spark Connect (no job descriptions, no job count)
+    described = bool(description) and sc is not None
+    if described:
+        sc.setJobDescription(description)
     jrdd = None
     try:
         parts = max(1, min(n, partitions or _cores(session) or n))
@@ -172,7 +174,7 @@ def read_ranges(
         raise
     finally:
         if described:
-            _describe(session, None)
+            sc.setJobDescription(None)
     read = RangeRead(stored.where(F.col(END_COLUMN).isNull()).drop(END_COLUMN), ends)
     if stored_reads is not None and jrdd is not None:
         stored_reads.track(read, jrdd)
@@ -213,16 +215,6 @@ def _job_tag(sc: Any) -> Iterator[str]:
         yield tag
     finally:
         sc.removeJobTag(tag)
-
-
-def _describe(session: Any, text: str | None) -> bool:
-    """Name the Spark jobs this thread starts in the Spark UI (False over Spark Connect, which
-    has no SparkContext)."""
-    try:
-        session.sparkContext.setJobDescription(text)
-    except Exception:
-        return False
-    return True
 
 
 # --- on the executors ----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from test_lane import KEY, esn
 from checkpoint.base.clock import ManualClock
 from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress, ReadElsewhere
-from kclpy_spark.spark.cluster_read import AwsTarget
+from kclpy_spark.spark.cluster_read import AwsTarget, RangeRead
 from kclpy_spark.spark.executor_reads import (
     ExecutorReads,
     LeaseSource,
@@ -111,6 +111,16 @@ SOURCE = LeaseSource(KEY, "s", {"StreamName": "s"}, KEY, TRIM, hash_range=(0, 5)
 
 def reads(**settings: Any) -> ExecutorReads:
     return ExecutorReads(lambda: None, AwsTarget("us-east-1"), ReadSettings(**settings))
+
+
+def started(
+    feed: Any, reader: ExecutorReads | None = None
+) -> tuple[ExecutorReads, _Entry, list[Any]]:
+    """A reader on ``feed`` (no thread) with SOURCE registered: its entry and what it posts."""
+    reader = reader or reads()
+    posted: list[Any] = []
+    reader.start(feed, threaded=False)
+    return reader, reader.register(SOURCE, posted.append), posted
 
 
 @pytest.mark.parametrize(
@@ -271,15 +281,10 @@ class RefusingFeed:
 
 
 def test_records_a_lane_did_not_take_are_read_again_and_no_end_is_passed_on() -> None:
-    posted: list[Any] = []
-    reads_ = reads()
-    reads_.start(RefusingFeed(), threaded=False)
-    entry = reads_.register(SOURCE, posted.append)
+    reads_, entry, posted = started(RefusingFeed())
     rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, esn(5))
     ended_here = RangeEnd(KEY, esn(6), esn(9), 3, 30, shard_ended=True, child_shards=(CHILD,),
                           next_iterator=None)  # fmt: skip
-    from kclpy_spark.spark.cluster_read import RangeRead
-
     read = RangeRead(stored=None, ends={KEY: ended_here})
     reads_._found(entry, ReadSlot(make_lane(), esn(5), None), rng, read, now=0.0)
     assert not entry.ended and posted == [] and entry.iterator is None
@@ -288,15 +293,12 @@ def test_records_a_lane_did_not_take_are_read_again_and_no_end_is_passed_on() ->
 def test_a_parked_lane_is_told_to_its_processor_whatever_its_last_lag() -> None:
     """A parked lane's notice was a lag report with the last lag, None after a full page: the
     consumer ignored it, and the lease stayed held and unread."""
-    posted: list[Any] = []
 
     class ParkedFeed(RefusingFeed):
         def readable(self, lease_keys: Any) -> tuple[dict[str, ReadSlot], set[str]]:
             return {}, {KEY}
 
-    reads_ = reads()
-    reads_.start(ParkedFeed(), threaded=False)
-    entry = reads_.register(SOURCE, posted.append)
+    reads_, entry, posted = started(ParkedFeed())
     entry.lag = None
     assert reads_.read_round() == 0
     assert len(posted) == 1 and posted[0].announce and not posted[0].records
@@ -321,14 +323,9 @@ class TakingFeed(RefusingFeed):
 
 
 def test_a_read_its_lane_took_is_counted_for_the_lease() -> None:
-    posted: list[Any] = []
-    reads_ = reads()
-    reads_.start(TakingFeed(), threaded=False)
-    entry = reads_.register(SOURCE, posted.append)
+    reads_, entry, posted = started(TakingFeed())
     rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, esn(5))
     end = RangeEnd(KEY, esn(6), esn(9), 3, 30, millis_behind_latest=70, throttled=2)
-    from kclpy_spark.spark.cluster_read import RangeRead
-
     reads_._found(entry, ReadSlot(make_lane(), esn(5), None), rng, RangeRead(None, {KEY: end}), 0)
     [batch] = posted
     assert batch.records == [] and batch.millis_behind_latest == 70
@@ -385,12 +382,10 @@ def test_a_read_job_that_hangs_is_cancelled_and_fails_its_ranges() -> None:
         assert jobs.release.wait(10), "never interrupted"
         raise RuntimeError("Job cancelled")  # what Spark raises in the interrupted thread
 
-    posted: list[Any] = []
-    reads_ = ExecutorReads(lambda: None, AwsTarget("us-east-1"),
-                           ReadSettings(max_seconds=0.05, job_grace=0.05), jobs=jobs,
-                           read=hung_read)  # fmt: skip
-    reads_.start(OneSlotFeed(), threaded=False)
-    reads_.register(SOURCE, posted.append)
+    reads_, _, posted = started(OneSlotFeed(), ExecutorReads(
+        lambda: None, AwsTarget("us-east-1"), ReadSettings(max_seconds=0.05, job_grace=0.05),
+        jobs=jobs, read=hung_read,
+    ))  # fmt: skip
     try:
         assert reads_.read_round() == 1
     finally:
@@ -404,18 +399,10 @@ def test_a_read_job_that_hangs_is_cancelled_and_fails_its_ranges() -> None:
 def test_a_read_job_in_time_is_not_cancelled() -> None:
     jobs = Jobs()
     end = RangeEnd(KEY, None, None, 0, 0, millis_behind_latest=0)
-    from kclpy_spark.spark.cluster_read import RangeRead
-
-    reads_ = ExecutorReads(
-        lambda: None,
-        AwsTarget("us-east-1"),
-        ReadSettings(job_grace=0.05),
-        jobs=jobs,
+    reads_, _, posted = started(OneSlotFeed(), ExecutorReads(
+        lambda: None, AwsTarget("us-east-1"), ReadSettings(job_grace=0.05), jobs=jobs,
         read=lambda *a, **kw: RangeRead(None, {KEY: end}),
-    )
-    reads_.start(OneSlotFeed(), threaded=False)
-    posted: list[Any] = []
-    reads_.register(SOURCE, posted.append)
+    ))  # fmt: skip
     try:
         assert reads_.read_round() == 1
         time.sleep(0.2)  # past the deadline it would have had
