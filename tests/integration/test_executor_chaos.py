@@ -19,12 +19,13 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 from spark_e2e import OUT_ENV, STALL_ENV
-from worker_procs import produce, wait_active, wait_for, worker_env
+from worker_procs import free_port, produce, wait_active, wait_for, worker_env
 
 from checkpoint.stores.sqlite import SQLiteLeaseTable
 
@@ -39,6 +40,7 @@ class Daemon:
         self.worker_id, self.config, self.out, self.work = worker_id, config, out, work
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.port = free_port()
 
     def start(self, stall: Path | None = None) -> None:
         env = worker_env()
@@ -50,10 +52,19 @@ class Daemon:
         with open(self.work / f"{self.worker_id}-{self.starts}.log", "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "kclpy_spark.cli", "--log-level", "INFO", "run",
-                 "--config", str(self.config), "--worker-id", self.worker_id],
+                 "--config", str(self.config), "--worker-id", self.worker_id,
+                 "--metrics-port", str(self.port)],
                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.work,
                 start_new_session=True,
             )  # fmt: skip
+
+    def ready(self) -> bool:
+        """Its /readyz answers 200: started (a SIGTERM before that ends it at once, 143)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
 
     def kill9(self) -> None:
         assert self.proc is not None and self.proc.poll() is None, f"{self.worker_id} died"
@@ -207,6 +218,8 @@ def test_split_merge_and_kill9_of_each_worker_reading_on_the_executors(
             ),
             180,
         )
+        for w in workers:  # a graceful stop of each, not of one still starting
+            wait_for(f"{w.worker_id} to be ready", w.ready, 120)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n" + "\n".join(w.logs() for w in workers)) from None
     finally:
