@@ -5,6 +5,7 @@ may import pyspark, boto3, botocore or aiobotocore. Import the Spark sink and th
 their own modules.
 """
 
+from kclpy_spark._version import __version__
 from kclpy_spark.processor import (
     Checkpointer,
     CheckpointError,
@@ -28,5 +29,6 @@ __all__ = [
     "RecordProcessor",
     "ShardEndedInput",
     "ShutdownRequestedInput",
+    "__version__",
     "is_async",
 ]

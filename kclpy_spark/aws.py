@@ -1,16 +1,24 @@
 """Client construction for Kinesis and DynamoDB (boto3 and aiobotocore) from a WorkerConfig.
 
-The only place that decides endpoints, retries and credentials. With a local endpoint configured
-and no credentials in the environment, LocalStack's dummy credentials are used; against AWS the
-SDK's own credential chain and TLS endpoints apply.
+The only place that decides regions, endpoints, retries and credentials. The region is the
+config's ``region``, else the stream ARN's, else the environment's and the SDK's (``AWS_REGION``,
+``AWS_DEFAULT_REGION``, the profile's ``region``), else us-east-1 when a local endpoint is set
+(emulators accept any); with none of them it is one line naming the ways to set it. Credentials
+come from the SDK's chain with the config's ``profile`` (or ``AWS_PROFILE``); with a local
+endpoint and no credentials at all, LocalStack's dummy ones are used.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
+
+from checkpoint.base.errors import ConfigError
 
 if TYPE_CHECKING:
     from kclpy_spark.config import WorkerConfig
+
+LOCAL_REGION = "us-east-1"  # a local endpoint's region when nothing names one
 
 # SDK-level retries stay small: our own loops back off with jitter and know what is retriable.
 _RETRIES = {"mode": "standard", "max_attempts": 3}
@@ -20,25 +28,72 @@ _READ_TIMEOUT = 30.0
 
 def client_kwargs(cfg: WorkerConfig) -> dict[str, Any]:
     """Keyword arguments for ``create_client`` / ``boto3.client`` (without the botocore Config)."""
-    return endpoint_kwargs(cfg.region, cfg.endpoint_url)
+    if cfg.profile is not None:
+        _botocore_session(cfg.profile)  # a profile that is not there: one line, here
+    return endpoint_kwargs(region_of(cfg), cfg.endpoint_url, cfg.profile)
 
 
-def endpoint_kwargs(region: str | None, endpoint_url: str | None) -> dict[str, Any]:
+def region_of(cfg: WorkerConfig) -> str:
+    """The region every client of ``cfg`` uses (the module docstring has the order)."""
+    arns = [s.stream_arn for s in cfg.stream_specs if s.stream_arn]
+    return resolve_region(
+        cfg.region, arns[0].split(":")[3] if arns else None, cfg.profile, cfg.endpoint_url
+    )
+
+
+def resolve_region(
+    configured: str | None, arn_region: str | None, profile: str | None, endpoint_url: str | None
+) -> str:
+    from kclpy_spark.config_rules import REGION
+
+    if configured:
+        return configured
+    if arn_region:
+        return arn_region
+    # AWS_REGION is what the other SDKs (and Lambda, ECS) set; botocore reads only the rest.
+    found = os.environ.get("AWS_REGION") or _botocore_session(profile).get_config_variable("region")
+    if found:
+        if not REGION.match(found):
+            raise ConfigError(f"the AWS SDK's region (AWS_REGION or a profile) is not a region: "
+                              f"{found!r}")  # fmt: skip
+        return str(found)
+    if endpoint_url:
+        return LOCAL_REGION
+    raise ConfigError(
+        "no AWS region: set 'region' in the config (or --region, or KCLPY_SPARK_REGION), "
+        "AWS_REGION, or a profile with a region"
+    )
+
+
+def endpoint_kwargs(
+    region: str | None, endpoint_url: str | None, profile: str | None = None
+) -> dict[str, Any]:
     """The same from a region and an endpoint alone (what a Spark executor is told: credentials
     come from its own chain, never from the driver)."""
     kwargs: dict[str, Any] = {"region_name": region}
     if endpoint_url:
         kwargs["endpoint_url"] = endpoint_url
-        if not _have_credentials():
+        if _botocore_session(profile).get_credentials() is None:
             kwargs["aws_access_key_id"] = "test"
             kwargs["aws_secret_access_key"] = "test"
     return kwargs
 
 
-def _have_credentials() -> bool:
+def _botocore_session(profile: str | None) -> Any:
+    """A botocore session of ``profile`` (None: ``AWS_PROFILE`` or the default); a profile that
+    is not there is one line."""
+    import botocore.exceptions
     import botocore.session
 
-    return botocore.session.get_session().get_credentials() is not None
+    session = botocore.session.Session(profile=profile)
+    try:
+        session.get_config_variable("region")  # reads the profile: fails here if it is missing
+    except botocore.exceptions.ProfileNotFound as exc:
+        raise ConfigError(
+            f"AWS profile not found: {exc.kwargs.get('profile')!r} (config 'profile' or "
+            "AWS_PROFILE; profiles live in ~/.aws/config and ~/.aws/credentials)"
+        ) from None
+    return session
 
 
 def botocore_config(
@@ -63,7 +118,7 @@ def boto3_client(service: str, cfg: WorkerConfig) -> Any:
     """A synchronous boto3 client (lease table, shard listing: called from worker threads)."""
     import boto3
 
-    session: Any = boto3.session.Session()
+    session: Any = boto3.session.Session(profile_name=cfg.profile)
     return session.client(service, config=botocore_config(), **client_kwargs(cfg))
 
 
@@ -73,16 +128,16 @@ def lease_table_client(cfg: WorkerConfig, timeout: float) -> Any:
     the renewal threads (20) plus the worker's other lease-table calls."""
     import boto3
 
-    session: Any = boto3.session.Session()
+    session: Any = boto3.session.Session(profile_name=cfg.profile)
     config = botocore_config(max_pool_connections=32, timeout=timeout, sdk_retries=False)
     return session.client("dynamodb", config=config, **client_kwargs(cfg))
 
 
 def aio_client(service: str, cfg: WorkerConfig, *, max_pool_connections: int = 50) -> Any:
     """An aiobotocore client context manager: ``async with aio_client("kinesis", cfg) as c``."""
-    from aiobotocore.session import get_session
+    from aiobotocore.session import AioSession
 
-    return get_session().create_client(
+    return AioSession(profile=cfg.profile).create_client(
         service,
         config=botocore_config(max_pool_connections=max_pool_connections),
         **client_kwargs(cfg),

@@ -15,25 +15,47 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from checkpoint.base.errors import ConfigError, KclpySparkError
+from kclpy_spark._version import __version__
 
 if TYPE_CHECKING:
     from kclpy_spark.config import WorkerConfig
 
 
-def _add_worker_flags(p: argparse.ArgumentParser) -> None:
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _log_level(text: str) -> str:
+    if text.upper() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"must be one of {', '.join(LOG_LEVELS)} (any case), got {text!r}"
+        )
+    return text.upper()
+
+
+def _add_table_flags(p: argparse.ArgumentParser) -> None:
+    """What every subcommand that reads the lease table takes: where the application is."""
     p.add_argument("--config", help="TOML config file (flags override it)")
     p.add_argument("--stream-name")
     p.add_argument("--stream-arn")
     p.add_argument("--application-name")
-    p.add_argument("--region")
+    p.add_argument("--region", help="default: the stream ARN's, AWS_REGION, the profile's")
+    p.add_argument("--profile", help="a profile of ~/.aws/config (default: AWS_PROFILE)")
     p.add_argument("--endpoint-url", help="a local endpoint (LocalStack); default: AWS")
+    p.add_argument("--lease-store", help="sqlite:<path> (default), dynamodb, or memory")
+    p.add_argument("--failover-time", type=float, help="seconds")
+    # Also accepted after the subcommand (`kclpy-spark run --log-level DEBUG`).
+    p.add_argument("--log-level", type=_log_level, default=argparse.SUPPRESS)
+    p.add_argument("--log-format", choices=("text", "json"), default=argparse.SUPPRESS)
+
+
+def _add_worker_flags(p: argparse.ArgumentParser) -> None:
+    """``run``'s flags: the table's, and how this worker reads and processes."""
+    _add_table_flags(p)
     p.add_argument(
         "--initial-position", help="LATEST, TRIM_HORIZON or AT_TIMESTAMP:<epoch|ISO time>"
     )
-    p.add_argument("--lease-store", help="sqlite:<path> (default), dynamodb, or memory")
     p.add_argument("--processor", help="package.module:Class")
     p.add_argument("--worker-id")
-    p.add_argument("--failover-time", type=float, help="seconds")
     p.add_argument("--max-records", type=int)
     p.add_argument("--idle-time-between-reads", type=float, help="seconds")
     p.add_argument("--shard-sync-interval", type=float, help="seconds")
@@ -41,16 +63,14 @@ def _add_worker_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--metrics-port", type=int, help="serve /metrics, /healthz, /readyz and the status page /"
     )
-    # Also accepted after the subcommand (`kclpy-spark run --log-level DEBUG`).
-    p.add_argument("--log-level", default=argparse.SUPPRESS)
-    p.add_argument("--log-format", choices=("text", "json"), default=argparse.SUPPRESS)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kclpy-spark", description="A pure-Python, KCL-style Kinesis consumer."
     )
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--version", action="version", version=f"kclpy-spark {__version__}")
+    parser.add_argument("--log-level", type=_log_level, default="INFO")
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the consumer daemon")
@@ -64,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     from kclpy_spark.ops.commands import add_subcommands
 
-    add_subcommands(sub, _add_worker_flags)
+    add_subcommands(sub, _add_table_flags)
     demo = sub.add_parser(
         "demo", help="the whole path live: two workers writing Spark Parquet, a reshard, a kill -9"
     )
@@ -96,6 +116,7 @@ _FLAG_FIELDS = (
     "stream_arn",
     "application_name",
     "region",
+    "profile",
     "endpoint_url",
     "initial_position",
     "lease_store",
@@ -111,17 +132,16 @@ _FLAG_FIELDS = (
 
 
 def _config_from_args(args: argparse.Namespace) -> WorkerConfig:
-    from kclpy_spark.config import from_mapping, load_toml
+    """Flags over ``KCLPY_SPARK_<KEY>`` variables over the file over defaults."""
+    import os
 
-    overrides = {name: getattr(args, name) for name in _FLAG_FIELDS}
+    from kclpy_spark.config import layered
+
+    overrides = {name: getattr(args, name, None) for name in _FLAG_FIELDS}
     overrides["until_caught_up"] = getattr(args, "until_caught_up", None)
     if args.config is not None and not args.config.strip():  # was read as "no config file"
         raise ConfigError("--config: an empty path; name a TOML file or leave --config out")
-    if args.config:
-        return load_toml(args.config).with_overrides(**overrides)
-    return from_mapping(
-        {k: v for k, v in overrides.items() if v is not None}, source="command line"
-    )
+    return layered(args.config or None, os.environ, overrides)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -198,12 +218,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KclpySparkError as exc:
         from kclpy_spark.runtime.daemon import DependencyGoneError, NotCaughtUpError
 
-        print(f"kclpy-spark: error: {exc}", file=sys.stderr)
+        _say_error(str(exc), args.log_format)
         if isinstance(exc, NotCaughtUpError):
             return 1
         return 3 if isinstance(exc, DependencyGoneError) else 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `kclpy-spark status --json | head`: the reader has gone
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 141  # 128 + SIGPIPE, as a shell reports a command a closed pipe ended
+
+
+def _say_error(message: str, log_format: str) -> None:
+    """One line on stderr: plain text, or with ``--log-format json`` a JSON log line."""
+    if log_format != "json":
+        print(f"kclpy-spark: error: {message}", file=sys.stderr)
+        return
+    import logging
+
+    logging.getLogger("kclpy_spark.cli").error(message)
 
 
 if __name__ == "__main__":

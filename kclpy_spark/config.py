@@ -51,7 +51,11 @@ class WorkerConfig:
     # Multi-stream mode: several streams, each a [[streams]] table (stream_name or stream_arn,
     # optional initial_position); lease keys then carry the stream (the KCL's format).
     streams: tuple[StreamSpec, ...] = ()
-    region: str = "us-east-1"
+    # None: the stream ARN's region, else the SDK's (AWS_REGION, AWS_DEFAULT_REGION, the profile's
+    # ``region``), else us-east-1 with a local endpoint_url; kclpy_spark/aws.py decides.
+    region: str | None = None
+    # A named profile of ~/.aws/config for credentials and region (None: AWS_PROFILE or default).
+    profile: str | None = None
     # A local endpoint (LocalStack, kinesalite) for Kinesis and DynamoDB; None = AWS's TLS defaults.
     endpoint_url: str | None = None
     initial_position: InitialPosition = field(default_factory=InitialPosition.latest)
@@ -101,6 +105,9 @@ class WorkerConfig:
     # Prometheus /metrics plus /healthz and /readyz; None = no HTTP server.
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    # Host names the HTTP port answers to besides any address, localhost and this machine's
+    # names, comma-separated (a Host header naming anything else gets 421: board/routes.py).
+    metrics_host_names: str = ""
     # A stored sequence number older than the stream's retention: "fail" (park the lease and log
     # an error), "earliest" (restart at TRIM_HORIZON: duplicates possible) or "latest" (restart at
     # LATEST: records lost). Druid's resetOffsetAutomatically, made explicit.
@@ -214,8 +221,10 @@ def _check_names(cfg: WorkerConfig) -> None:
         )
     if cfg.endpoint_url is not None:
         check_endpoint(cfg.endpoint_url)
-    if not REGION.match(cfg.region):
+    if cfg.region is not None and not REGION.match(cfg.region):
         raise ConfigError(f"config 'region' is not an AWS region name: {cfg.region!r}")
+    if cfg.profile is not None and not re.match(r"^[\w.@+-]{1,128}$", cfg.profile):
+        raise ConfigError(f"config 'profile' is not a profile name: {shown(cfg.profile)}")
 
 
 def _check_numbers(cfg: WorkerConfig) -> None:
@@ -315,18 +324,45 @@ def _coerce(name: str, value: Any, source: str) -> Any:
 
 
 def from_mapping(values: Mapping[str, Any], *, source: str = "configuration") -> WorkerConfig:
+    _check_known(values, source)
+    coerced = {k: _coerce(k, v, source) for k, v in values.items()}
+    return WorkerConfig(**coerced)
+
+
+def _check_known(values: Mapping[str, Any], source: str) -> None:
     unknown = sorted(set(values) - set(_FIELDS))
     if unknown:
         raise ConfigError(
             f"unknown config key(s) in {source}: {', '.join(unknown)} "
             f"(known: {', '.join(sorted(_FIELDS))})"
         )
-    coerced = {k: _coerce(k, v, source) for k, v in values.items()}
-    return WorkerConfig(**coerced)
+
+
+ENV_PREFIX = "KCLPY_SPARK_"  # KCLPY_SPARK_<KEY> (upper case) overrides a key of the file
+
+
+def layered(
+    path: str | Path | None, environ: Mapping[str, str], flags: Mapping[str, Any]
+) -> WorkerConfig:
+    """The configuration users get: each key from its flag, else ``KCLPY_SPARK_<KEY>`` in the
+    environment (set and not empty), else the file, else its default (``streams`` only from the
+    file)."""
+    values = toml_table(path) if path is not None else {}
+    for name in _FIELDS:
+        text = environ.get(ENV_PREFIX + name.upper())
+        if text and name != "streams":  # an empty variable is as good as unset
+            values[name] = _coerce(name, text, f"environment {ENV_PREFIX}{name.upper()}")
+    values.update({k: _coerce(k, v, "command line") for k, v in flags.items() if v is not None})
+    return WorkerConfig(**values)
 
 
 def load_toml(path: str | Path) -> WorkerConfig:
     """Read a TOML config file: top-level keys, or a ``[kclpy_spark]`` table."""
+    return WorkerConfig(**toml_table(path))
+
+
+def toml_table(path: str | Path) -> dict[str, Any]:
+    """A TOML config file's worker keys, each of its type (one line naming a bad one)."""
     p = Path(path)
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
@@ -347,4 +383,5 @@ def load_toml(path: str | Path) -> WorkerConfig:
         )
     # [sink] and [[sinks]] configure the Spark sink (kclpy_spark.spark.sink_config), not the worker.
     table = {k: v for k, v in table.items() if k not in ("sink", "sinks")}
-    return from_mapping(table, source=str(p))
+    _check_known(table, str(p))
+    return {k: _coerce(k, v, str(p)) for k, v in table.items()}

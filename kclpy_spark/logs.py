@@ -20,6 +20,7 @@ from contextlib import contextmanager
 _app: contextvars.ContextVar[str | None] = contextvars.ContextVar("kclpy_app", default=None)
 _stream: contextvars.ContextVar[str | None] = contextvars.ContextVar("kclpy_stream", default=None)
 _shard: contextvars.ContextVar[str | None] = contextvars.ContextVar("kclpy_shard", default=None)
+_worker: contextvars.ContextVar[str | None] = contextvars.ContextVar("kclpy_worker", default=None)
 
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(context)s%(message)s"
 
@@ -32,9 +33,10 @@ _SECRET_PATTERNS = [
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
 
 
-def set_application(application: str, stream: str) -> None:
+def set_application(application: str, stream: str, worker: str | None = None) -> None:
     _app.set(application)
     _stream.set(stream)
+    _worker.set(worker)
 
 
 def set_shard(shard_id: str | None) -> None:
@@ -61,12 +63,13 @@ def redact(text: str) -> str:
 
 
 class ContextFilter(logging.Filter):
-    """Adds application/stream/shard attributes and redacts secrets from the message."""
+    """Adds application/stream/shard/worker attributes and redacts secrets from the message."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         context = {"application": _app.get(), "stream": _stream.get(), "shard": _shard.get()}
         for key, value in context.items():
             setattr(record, key, value)
+        record.worker = _worker.get()  # a field of JSON lines (text lines stay short)
         parts = [f"{k}={v}" for k, v in context.items() if v]
         record.context = f"[{' '.join(parts)}] " if parts else ""
         message = redact(record.getMessage())
@@ -85,7 +88,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        for key in ("application", "stream", "shard"):
+        for key in ("application", "stream", "shard", "worker"):
             value = getattr(record, key, None)
             if value:
                 out[key] = value

@@ -30,12 +30,18 @@ class Series:
     t: deque[float] = field(default_factory=deque)
     lag: deque[int | None] = field(default_factory=deque)
     rate: deque[float | None] = field(default_factory=deque)
+    opened: float = float("-inf")  # when the newest point's step began
 
     def add(self, at: float, lag: int | None, rate: float | None, *, step: float) -> None:
-        if self.t and at - self.t[-1] < step:  # within a step: the newer figures replace
+        """A reading: within the step the newest point began, it replaces that point's figures
+        (measured from the step's start, not from the last reading: readings more often than a
+        step still make one point a step)."""
+        if self.t and at - self.opened < step:
             self.t.pop()
             self.lag.pop()
             self.rate.pop()
+        else:
+            self.opened = at
         self.t.append(at)
         self.lag.append(lag)
         self.rate.append(rate)

@@ -1,11 +1,20 @@
 """The status page's HTTP routes: ``/`` and ``/status`` (the page, one self-contained HTML file
 with its script: no CDN, no library) and ``/status.json`` (what it draws). GET only: nothing
-served here changes any state."""
+served here changes any state.
+
+``host_guard`` answers 421 to a request whose ``Host`` is not this machine: a page on another
+site whose name was re-pointed at 127.0.0.1 (DNS rebinding) would otherwise read the status and
+the metrics as if it were served here. Accepted: any IP address, ``localhost``, this machine's
+host name and fully qualified name, and the names configured (``metrics_host_names``,
+``status --serve --allow-host``); a request without ``Host`` (no browser sends one) too.
+"""
 
 from __future__ import annotations
 
+import ipaddress
 import json
-from collections.abc import Awaitable, Callable
+import socket
+from collections.abc import Awaitable, Callable, Iterable
 from importlib import resources
 from typing import Any
 
@@ -33,3 +42,39 @@ def add_routes(app: Any, snapshot: Snapshot) -> None:
     app.router.add_get("/", page)
     app.router.add_get("/status", page)
     app.router.add_get("/status.json", status_json)
+
+
+def host_allowed(host: str, names: frozenset[str]) -> bool:
+    """Whether a request's ``Host`` header (``name[:port]``, ``[v6]:port``) names this server."""
+    name = host.strip().lower()
+    if name.startswith("["):  # [::1]:8080
+        name = name[1 : name.find("]")] if "]" in name else name
+    elif name.count(":") == 1:
+        name = name.split(":", 1)[0]
+    try:
+        ipaddress.ip_address(name)
+        return True  # an address cannot be re-pointed: the browser went to it by number
+    except ValueError:
+        return name.rstrip(".") in names
+
+
+def own_names(configured: Iterable[str] = ()) -> frozenset[str]:
+    names = {"localhost", socket.gethostname(), socket.getfqdn(), *configured}
+    return frozenset(n.strip().lower().rstrip(".") for n in names if n.strip())
+
+
+def host_guard(configured: Iterable[str] = ()) -> Any:
+    """An aiohttp middleware that refuses requests for other host names (421)."""
+    from aiohttp import web
+
+    names = own_names(configured)
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+        host = request.headers.get("Host")
+        if host is not None and not host_allowed(host, names):
+            return web.Response(status=421, text="this server does not answer for that Host\n")
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    return guard

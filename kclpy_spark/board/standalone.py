@@ -18,7 +18,7 @@ from checkpoint import coordination
 from checkpoint.base.errors import ConfigError, KclpySparkError
 from checkpoint.lease import Lease
 from kclpy_spark.board.model import Board
-from kclpy_spark.board.routes import add_routes
+from kclpy_spark.board.routes import add_routes, host_guard
 from kclpy_spark.runtime.lease_store import LeaseStore
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,9 @@ class Look:
         return leases, statuses, coordination.is_suspended(self._store)
 
 
-async def serve(board: Board, look: Look, host: str, port: int, every: float) -> None:
+async def serve(
+    board: Board, look: Look, host: str, port: int, every: float, names: tuple[str, ...] = ()
+) -> None:
     from aiohttp import web
 
     error: list[str] = []
@@ -65,7 +67,7 @@ async def serve(board: Board, look: Look, host: str, port: int, every: float) ->
     async def snapshot() -> dict[str, Any]:
         return {**board.snapshot(), "error": error[0] if error else None}
 
-    app = web.Application()
+    app = web.Application(middlewares=[host_guard(names)])
     add_routes(app, snapshot)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

@@ -36,9 +36,9 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def add_subcommands(sub: Any, add_worker_flags: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_subcommands(sub: Any, add_table_flags: Callable[[argparse.ArgumentParser], None]) -> None:
     status = sub.add_parser("status", help="the application's leases: owner, state, lag, ...")
-    add_worker_flags(status)
+    add_table_flags(status)
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument(
         "--watch", type=_positive_seconds, metavar="SECONDS", help="refresh every SECONDS"
@@ -49,8 +49,15 @@ def add_subcommands(sub: Any, add_worker_flags: Callable[[argparse.ArgumentParse
         help="serve the read-only status page on HOST:PORT (127.0.0.1 unless a host is given); "
         "the table is read every --watch seconds (default 10)",
     )
+    status.add_argument(
+        "--allow-host",
+        action="append",
+        metavar="NAME",
+        help="with --serve: a host name the page answers to besides addresses, localhost and "
+        "this machine's names (repeatable)",
+    )
     reset = sub.add_parser("reset", help="move checkpoints to TRIM_HORIZON, LATEST or a time")
-    add_worker_flags(reset)
+    add_table_flags(reset)
     reset.add_argument("--to", required=True, help="TRIM_HORIZON, LATEST or AT_TIMESTAMP:<time>")
     reset.add_argument("--shard", action="append", help="only this shard (repeatable)")
     reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
@@ -58,7 +65,7 @@ def add_subcommands(sub: Any, add_worker_flags: Callable[[argparse.ArgumentParse
     for name, what in (("suspend", "stop every worker taking and processing leases"),
                        ("resume", "let the workers take and process leases again")):  # fmt: skip
         p = sub.add_parser(name, help=what)
-        add_worker_flags(p)
+        add_table_flags(p)
 
 
 def live_workers(store: LeaseStore, owners: set[str], cfg: WorkerConfig) -> dict[str, Any]:
@@ -84,7 +91,8 @@ def serve_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
     host, port = parse_address(args.serve)
     store = open_store(cfg)
     board = Board(cfg.application_name, cfg.stream, worker_ttl=max(3 * cfg.failover_time, 10.0))
-    asyncio.run(serve(board, Look(store), host, port, args.watch or 10.0))
+    names = tuple(args.allow_host or ())
+    asyncio.run(serve(board, Look(store), host, port, args.watch or 10.0, names))
     return 0
 
 

@@ -28,7 +28,7 @@ from checkpoint.base.errors import ConfigError
 from checkpoint.counters import CoordinationCounters
 from checkpoint.lease import split_lease_key, stream_name_of
 from checkpoint.stores.capacity import CapacityMeter
-from kclpy_spark.board.routes import Snapshot, add_routes
+from kclpy_spark.board.routes import Snapshot, add_routes, host_guard
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.runtime.events import EventLog
 
@@ -265,8 +265,10 @@ class StatusServer:
         port: int = 0,
         *,
         board: Snapshot | None = None,
+        host_names: tuple[str, ...] = (),
     ) -> None:
         self._metrics = metrics
+        self._host_names = host_names  # names besides addresses and this host's (routes.py)
         self._board = board  # the status page's snapshot (the page is served when given)
         self._ready = ready
         self._host = host
@@ -288,7 +290,7 @@ class StatusServer:
             ok, why = self._ready()
             return web.Response(text=why + "\n", status=200 if ok else 503)
 
-        app = web.Application()
+        app = web.Application(middlewares=[host_guard(self._host_names)])
         app.router.add_get("/metrics", metrics)
         app.router.add_get("/healthz", healthz)
         app.router.add_get("/readyz", readyz)

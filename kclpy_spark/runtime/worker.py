@@ -190,7 +190,7 @@ class Worker:
         return ready, why
 
     async def run(self) -> None:
-        set_application(self.cfg.application_name, self.cfg.stream)
+        set_application(self.cfg.application_name, self.cfg.stream, self.cfg.worker_id)
         if self.cfg.metrics_port is not None:
             self.status_server = StatusServer(
                 self.metrics,
@@ -198,6 +198,7 @@ class Worker:
                 self.cfg.metrics_host,
                 self.cfg.metrics_port,
                 board=self.board.snapshot,
+                host_names=tuple(self.cfg.metrics_host_names.split(",")),
             )
             await self.status_server.start()
         try:

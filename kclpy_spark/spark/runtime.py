@@ -171,11 +171,12 @@ def _executor_reads(
     they can import this project and reach the stream (one line at start-up if not)."""
     if sink_cfg.read_on != "executors":
         return None
+    from kclpy_spark.aws import region_of
     from kclpy_spark.spark.cluster_read import AwsTarget
     from kclpy_spark.spark.executor_probe import probe_executors
     from kclpy_spark.spark.executor_reads import ExecutorReads, ReadSettings
 
-    aws = AwsTarget(worker_cfg.region, worker_cfg.endpoint_url)
+    aws = AwsTarget(region_of(worker_cfg), worker_cfg.endpoint_url)
     if probe:
         probe_executors(holder.session(), aws, worker_cfg.stream_specs[0].request)
     if any(spec.kind == "delta" for spec in sink_cfg.specs):

@@ -3,6 +3,7 @@ and that everything it keeps is bounded by what is alive. Pure: times are given.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from checkpoint.lease import Lease
@@ -70,9 +71,22 @@ def test_series_keep_one_point_per_step_and_only_the_window() -> None:
         at = 1000.0 + 2 * i
         board.observe([lease("s0")], {"w1": status(at, {"s0": (i, i)})}, at)
     series = board.snapshot()["series"]["s0"]
-    assert len(series["t"]) <= 11
+    assert 10 <= len(series["t"]) <= 11
     assert min(series["t"]) >= 2998.0 - 100.0
     assert series["lag"][-1] == 999
+
+
+def test_readings_every_3_s_for_two_minutes_make_a_point_a_step() -> None:
+    """#45: a point replaced by each reading within 10 s of the last *reading* left one point
+    for as long as readings came every 3 s (a running worker's page never grew)."""
+    board = Board("app", "stream", step=10.0)
+    for i in range(41):  # 0, 3, ..., 120 s
+        at = 1000.0 + 3 * i
+        board.observe([lease("s0")], {"w1": status(at, {"s0": (i, i)})}, at)
+    times = board.snapshot()["series"]["s0"]["t"]
+    assert 11 <= len(times) <= 13, times
+    assert all(b - a >= 3.0 for a, b in itertools.pairwise(times))
+    assert times[-1] == 1120.0  # the newest reading is always drawn
 
 
 def test_leases_gone_from_the_table_leave_the_board() -> None:

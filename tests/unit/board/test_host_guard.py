@@ -1,0 +1,78 @@
+"""#45: the worker's HTTP port and ``status --serve`` answer only for this machine's names, so a
+page whose domain was re-pointed at 127.0.0.1 (DNS rebinding) cannot read the status or the
+metrics. The rule table first, then a real server on a real socket."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import socket
+
+import pytest
+
+from checkpoint.counters import CoordinationCounters
+from kclpy_spark.board.routes import host_allowed, own_names
+from kclpy_spark.runtime.metrics import StatusServer, WorkerMetrics
+
+NAMES = own_names(["status.example.com"])
+
+
+@pytest.mark.parametrize(
+    ("host", "allowed"),
+    [
+        ("127.0.0.1:9000", True),
+        ("127.0.0.1", True),
+        ("10.1.2.3:9100", True),  # Prometheus scraping by address
+        ("[::1]:9000", True),
+        ("::1", True),
+        ("localhost:9000", True),
+        ("LOCALHOST", True),
+        (f"{socket.gethostname()}:9000", True),
+        ("status.example.com:443", True),  # configured
+        ("status.example.com.", True),
+        ("evil.example:9000", False),
+        ("127.0.0.1.evil.example", False),
+        ("localhost.evil.example:9000", False),
+        ("", False),
+    ],
+)
+def test_which_hosts_are_this_server(host: str, allowed: bool) -> None:
+    assert host_allowed(host, NAMES) is allowed
+
+
+def _get(port: int, path: str, host: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.putrequest("GET", path, skip_host=True)
+        conn.putheader("Host", host)
+        conn.endheaders()
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def test_a_rebound_name_is_refused_on_every_route() -> None:
+    async def main() -> None:
+        metrics = WorkerMetrics(CoordinationCounters(), application="app", worker="w1", stream="s")
+
+        async def snapshot() -> dict[str, object]:
+            return {"leases": []}
+
+        server = StatusServer(metrics, lambda: (True, "ready"), "127.0.0.1", 0, board=snapshot,
+                              host_names=("status.example.com",))  # fmt: skip
+        await server.start()
+        try:
+            assert server.port is not None
+            for path in ("/metrics", "/status.json", "/", "/readyz", "/healthz"):
+                refused = await asyncio.to_thread(_get, server.port, path, "evil.example")
+                assert refused[0] == 421, path
+                for host in (f"127.0.0.1:{server.port}", "localhost", "status.example.com"):
+                    status, _ = await asyncio.to_thread(_get, server.port, path, host)
+                    assert status == 200, (path, host)
+            _, body = await asyncio.to_thread(_get, server.port, "/status.json", "localhost")
+            assert b"leases" in body
+        finally:
+            await server.stop()
+
+    asyncio.run(main())

@@ -1,0 +1,80 @@
+"""The command's surface as a user meets it: ``--version`` from the one version, ``python -m
+kclpy_spark``, a bad flag or a closed pipe never a traceback, each subcommand only its own
+flags, and start-up errors in the chosen log format. Real processes, no AWS needed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import kclpy_spark
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kclpy_spark", *args],
+        capture_output=True, text=True, timeout=60, cwd=cwd, check=False,
+    )  # fmt: skip
+
+
+def test_version_is_the_packages_one(tmp_path: Path) -> None:
+    result = _cli("--version", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"kclpy-spark {kclpy_spark.__version__}"
+    major, minor, patch = kclpy_spark.__version__.split(".")  # semver
+    assert all(part.isdigit() for part in (major, minor, patch))
+    text = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    assert 'dynamic = ["version"]' in text and "kclpy_spark._version.__version__" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--log-level", "foo", "status", "--stream-name", "s"], "--log-level"),
+        (["status", "--stream-name", "s", "--log-level", "loud"], "--log-level"),
+        (["status", "--stream-name", "s", "--processor", "m:C"], "unrecognized arguments"),
+        (["reset", "--stream-name", "s", "--to", "LATEST", "--max-records", "5"],
+         "unrecognized arguments"),
+        (["suspend", "--stream-name", "s", "--metrics-port", "9000"], "unrecognized arguments"),
+        (["run", "--stream-name", "s", "--watch", "5"], "unrecognized arguments"),
+    ],
+)  # fmt: skip
+def test_a_bad_flag_is_a_usage_line(args: list[str], needle: str, tmp_path: Path) -> None:
+    result = _cli(*args, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and needle in errors[0], result.stderr
+
+
+def test_a_lower_case_log_level_is_accepted(tmp_path: Path) -> None:
+    result = _cli("--log-level", "debug", "status", "--stream-name", "s", "--lease-store",
+                  "memory", "--json", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["stream"] == "s"
+
+
+def test_start_up_errors_follow_the_json_log_format(tmp_path: Path) -> None:
+    result = _cli("--log-format", "json", "run", "--config", "missing.toml", cwd=tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    line = json.loads(lines[0])
+    assert line["level"] == "ERROR" and "missing.toml" in line["message"]
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kclpy_spark", "status", "--stream-name", "s",
+         "--lease-store", "memory", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the command writes (`| head` that ended)
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, stderr
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr

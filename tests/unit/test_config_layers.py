@@ -1,0 +1,135 @@
+"""Where a worker's settings come from: flag over ``KCLPY_SPARK_<KEY>`` over the file over the
+default; and which region its clients use (config, stream ARN, AWS_REGION, the SDK's chain with
+a profile, a local endpoint) with one line when nothing names one. Pure apart from the
+environment and a temporary ~/.aws/config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from checkpoint.base.errors import ConfigError
+from kclpy_spark.aws import client_kwargs, region_of
+from kclpy_spark.cli import _config_from_args, build_parser
+from kclpy_spark.config import WorkerConfig, layered
+
+ARN = "arn:aws:kinesis:ap-south-1:123456789012:stream/orders"
+
+
+@pytest.fixture
+def aws_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An SDK environment that names no region and no profile, with its own config file."""
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    config = tmp_path / "aws-config"
+    config.write_text("[default]\n\n[profile ops]\nregion = eu-north-1\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    return config
+
+
+def _toml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "worker.toml"
+    path.write_text(text)
+    return path
+
+
+def test_a_flag_beats_the_environment_which_beats_the_file(tmp_path: Path) -> None:
+    path = _toml(tmp_path, 'stream_name = "s"\nmax_records = 100\nfailover_time = 20.0\n'
+                           'application_name = "from-file"\n')  # fmt: skip
+    env = {"KCLPY_SPARK_MAX_RECORDS": "200", "KCLPY_SPARK_FAILOVER_TIME": "30",
+           "KCLPY_SPARK_GRACEFUL_HANDOFF": "false"}  # fmt: skip
+    cfg = layered(path, env, {"max_records": 300, "failover_time": None})
+    assert cfg.max_records == 300  # the flag
+    assert cfg.failover_time == 30.0  # the environment (the flag was not given)
+    assert cfg.graceful_handoff is False  # the environment over the default
+    assert cfg.application_name == "from-file"  # the file
+    assert cfg.max_leases_to_steal == WorkerConfig.max_leases_to_steal  # the default
+
+
+def test_the_environment_alone_can_name_the_stream(tmp_path: Path) -> None:
+    cfg = layered(None, {"KCLPY_SPARK_STREAM_NAME": "s", "KCLPY_SPARK_LEASE_STORE": "memory",
+                         "KCLPY_SPARK_INITIAL_POSITION": "TRIM_HORIZON"}, {})  # fmt: skip
+    assert (cfg.stream_name, cfg.lease_store, cfg.initial_position.position.value) == (
+        "s", "memory", "TRIM_HORIZON")  # fmt: skip
+
+
+def test_an_empty_variable_is_as_good_as_unset(tmp_path: Path) -> None:
+    path = _toml(tmp_path, 'stream_name = "s"\nendpoint_url = "http://127.0.0.1:4566"\n')
+    cfg = layered(path, {"KCLPY_SPARK_ENDPOINT_URL": ""}, {})
+    assert cfg.endpoint_url == "http://127.0.0.1:4566"
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [
+        ({"KCLPY_SPARK_MAX_RECORDS": "many"}, ["KCLPY_SPARK_MAX_RECORDS", "max_records"]),
+        ({"KCLPY_SPARK_GRACEFUL_HANDOFF": "perhaps"}, ["KCLPY_SPARK_GRACEFUL_HANDOFF"]),
+        ({"KCLPY_SPARK_MAX_RECORDS": "0"}, ["max_records", "1..10000"]),
+        ({"KCLPY_SPARK_REGION": "mars-1"}, ["region", "mars-1"]),
+    ],
+)
+def test_a_bad_variable_is_one_line_naming_it(env: dict[str, str], words: list[str]) -> None:
+    with pytest.raises(ConfigError) as err:
+        layered(None, {"KCLPY_SPARK_STREAM_NAME": "s", **env}, {})
+    message = str(err.value)
+    assert "\n" not in message
+    assert all(w in message for w in words), message
+
+
+def test_the_command_line_reads_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _toml(tmp_path, 'stream_name = "s"\nmax_records = 100\n')
+    monkeypatch.setenv("KCLPY_SPARK_MAX_RECORDS", "250")
+    monkeypatch.setenv("KCLPY_SPARK_WORKER_ID", "from-env")
+    args = build_parser().parse_args(["run", "--config", str(path), "--worker-id", "flag"])
+    cfg = _config_from_args(args)
+    assert (cfg.max_records, cfg.worker_id) == (250, "flag")
+
+
+@pytest.mark.parametrize(
+    ("cfg", "env", "region"),
+    [
+        (dict(region="eu-west-3", stream_arn=ARN), {"AWS_REGION": "eu-west-1"}, "eu-west-3"),
+        (dict(stream_arn=ARN), {"AWS_REGION": "eu-west-1"}, "ap-south-1"),
+        (dict(), {"AWS_REGION": "eu-west-1", "AWS_DEFAULT_REGION": "us-west-2"}, "eu-west-1"),
+        (dict(), {"AWS_DEFAULT_REGION": "us-west-2"}, "us-west-2"),
+        (dict(profile="ops"), {}, "eu-north-1"),
+        (dict(), {"AWS_PROFILE": "ops"}, "eu-north-1"),
+        (dict(endpoint_url="http://127.0.0.1:4566"), {}, "us-east-1"),
+        (dict(endpoint_url="http://127.0.0.1:4566"), {"AWS_REGION": "eu-west-1"}, "eu-west-1"),
+    ],
+)
+def test_the_region_comes_from_the_first_place_that_names_one(
+    aws_home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    cfg: dict[str, str],
+    env: dict[str, str],
+    region: str,
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    worker = WorkerConfig(**({"stream_name": "s"} if "stream_arn" not in cfg else {}), **cfg)
+    assert region_of(worker) == region
+    assert client_kwargs(worker)["region_name"] == region
+
+
+def test_no_region_anywhere_is_one_line_naming_the_ways(aws_home: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        region_of(WorkerConfig(stream_name="s"))
+    assert "no AWS region" in str(err.value) and "AWS_REGION" in str(err.value)
+
+
+def test_a_missing_profile_is_one_line(aws_home: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        client_kwargs(WorkerConfig(stream_name="s", region="us-east-1", profile="nope"))
+    assert "'nope'" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_bad_sdk_region_is_one_line(aws_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_REGION", "not a region")
+    with pytest.raises(ConfigError) as err:
+        region_of(WorkerConfig(stream_name="s"))
+    assert "'not a region'" in str(err.value)
