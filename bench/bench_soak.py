@@ -60,6 +60,8 @@ WATCHED = ("open_fds", "open_sockets", "threads", "asyncio_tasks", "rss_bytes",
 # Memory figures: judged by their median in each window (the counts by their maximum).
 MEMORY = ("rss_bytes", "sink_jvm_heap_live_bytes")
 GROWTH_LIMIT = 0.05
+# The process figures the standard collector exports, by the names this benchmark reports.
+_STANDARD = {"process_open_fds": "open_fds", "process_resident_memory_bytes": "rss_bytes"}
 # The loop's default executor: processor calls, checkpoints, releases, a stream's describes.
 PROCESSOR_POOL = "kclpy-spark"
 STREAMS = 1
@@ -96,6 +98,9 @@ def scrape(port: int) -> dict[str, float] | None:
         return None
     values: dict[str, float] = {}
     for line in text.splitlines():
+        for standard, ours in _STANDARD.items():  # prometheus_client's process collector
+            if line.startswith(standard + "{"):
+                values[ours] = float(line.rpartition(" ")[2])
         if line.startswith("kclpy_spark_") and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
             base = name.split("{", 1)[0].removeprefix("kclpy_spark_")

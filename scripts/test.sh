@@ -7,4 +7,5 @@
 source "$(dirname "$0")/_venv.sh"
 python localstack/lsctl.py install
 source "$ROOT/scripts/_browser.sh"
+source "$ROOT/scripts/_promtool.sh"
 exec python -m pytest -n "${KCLPY_SPARK_TEST_WORKERS:-2}" --dist loadfile "$@"

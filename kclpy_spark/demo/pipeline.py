@@ -100,10 +100,10 @@ class WorkerProcess:
             return {}
         out = {}
         for line in text.splitlines():
-            if line.startswith("kclpy_spark_millis_behind_latest{"):
+            if line.startswith("kclpy_spark_behind_latest_seconds{"):
                 labels, _, value = line.rpartition(" ")
                 shard = labels.split('shard="', 1)[1].split('"', 1)[0]
-                out[shard] = float(value)
+                out[shard] = float(value) * 1000
         return out
 
 

@@ -328,8 +328,10 @@ class ShardConsumer:
             # lost its conditional write drops the lease at once.
             self.tenure.current()
             checkpointer.set_largest_permitted(end, sequence_numbers)
+            started = self._clock.monotonic()
             try:
                 await self._call(processor.process_records, arg)
+                self._metrics.process_seconds.observe(self._clock.monotonic() - started)
                 break
             except Exception as exc:
                 checkpointer.set_largest_permitted(before)
@@ -370,7 +372,7 @@ class ShardConsumer:
 
     def _lag(self, millis_behind_latest: int) -> None:
         self.stats.millis_behind_latest = millis_behind_latest
-        self._metrics.behind.labels(*self._shard_labels).set(millis_behind_latest)
+        self._metrics.behind.labels(*self._shard_labels).set(millis_behind_latest / 1000)
 
     async def _shard_end(self, processor: RecordProcessor, batch: FetchedBatch) -> Outcome:
         self.stats.state = "shard_end"

@@ -15,12 +15,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import platform
+import re
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
@@ -28,6 +38,7 @@ from checkpoint.base.errors import ConfigError
 from checkpoint.counters import CoordinationCounters
 from checkpoint.lease import split_lease_key, stream_name_of
 from checkpoint.stores.capacity import CapacityMeter
+from kclpy_spark._version import __version__
 from kclpy_spark.board.routes import Snapshot, add_routes, host_guard
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.runtime.events import EventLog
@@ -42,10 +53,29 @@ class _CoordinationCollector(Collector):
     def collect(self) -> Iterable[CounterMetricFamily]:
         for name, value in self._counters.snapshot().items():
             yield CounterMetricFamily(
-                f"kclpy_spark_coordination_{name}",
+                f"kclpy_spark_coordination_{_snake(name)}",
                 f"Source-coordination counter {name} (Data Prepper's name)",
                 value=value,
             )
+
+
+def _snake(name: str) -> str:
+    """``partitionsCreated`` -> ``partitions_created`` (Prometheus names are snake case)."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+
+
+class _ReadinessCollector(Collector):
+    """``kclpy_spark_ready``: 1 while /readyz answers 200 (its reason is free text: /readyz and
+    the log have it; as a label it would make one series per wording)."""
+
+    def __init__(self, ready: Callable[[], tuple[bool, str]]) -> None:
+        self._ready = ready
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        ok, _ = self._ready()
+        yield GaugeMetricFamily(
+            "kclpy_spark_ready", "1 while the worker is ready (/readyz answers 200)", value=ok
+        )
 
 
 class _CapacityCollector(Collector):
@@ -116,18 +146,19 @@ class WorkerMetrics:
             "kclpy_spark_bytes_processed", "Record data bytes delivered", SHARD_LABELS, registry=r
         )
         self.behind = Gauge(
-            "kclpy_spark_millis_behind_latest",
-            "MillisBehindLatest of the last batch",
+            "kclpy_spark_behind_latest_seconds",
+            "How far the last batch was behind the shard's tip (MillisBehindLatest / 1000)",
             SHARD_LABELS,
             registry=r,
         )
         self.leases_held = Gauge("kclpy_spark_leases_held", "Leases held now", registry=r)
-        self.cpu_percent = Gauge(
-            "kclpy_spark_cpu_percent",
-            "CPU used by this process and its children over the last status interval, in percent "
-            "of the CPUs it may use (cgroup quota or affinity)",
+        self.cpu_ratio = Gauge(
+            "kclpy_spark_cpu_utilization_ratio",
+            "CPU used by this process and its children over the last status interval, as a "
+            "share of the CPUs it may use (cgroup quota or affinity; 1 = all of them)",
             registry=r,
         )
+        self._about(r)
         self.renewals = Counter("kclpy_spark_lease_renewals", "Successful renewals", registry=r)
         skipped = "Renewals not made: a checkpoint had moved the lease's counter lately"
         self.renewals_skipped = Counter("kclpy_spark_lease_renewals_skipped", skipped, registry=r)
@@ -144,6 +175,19 @@ class WorkerMetrics:
         self._shard_problems(r)
         self._repairs(r)
         r.register(_CoordinationCollector(counters))
+
+    def _about(self, r: CollectorRegistry) -> None:
+        """The version, and how long processor calls take."""
+        self.process_seconds = Histogram(
+            "kclpy_spark_process_records_seconds",
+            "How long each process_records call that returned took (the Spark sink's: until its "
+            "batch was taken, not written)",
+            registry=r,
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60),
+        )
+        build = Gauge("kclpy_spark_build_info", "1, labelled with this worker's version",
+                      ["version", "python"], registry=r)  # fmt: skip
+        build.labels(__version__, platform.python_version()).set(1)
 
     def _repairs(self, r: CollectorRegistry) -> None:
         """What this worker repaired in the lease table (counted, never expected)."""
@@ -214,10 +258,18 @@ class WorkerMetrics:
                 metric.remove(*self.shard(lease_key))
 
     def watch_resources(self, store_connections: Callable[[], int] | None = None) -> None:
-        """Export this process's resources (kclpy_spark_open_fds, ...: see resources.py)."""
+        """Export this process's resources: prometheus_client's process and platform collectors
+        (``process_open_fds``, ``process_resident_memory_bytes``, ``process_cpu_seconds_total``,
+        ``python_info``, ...) and ours (``kclpy_spark_open_sockets``, ...: resources.py)."""
         from kclpy_spark.runtime.resources import ResourceCollector
 
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
         self.registry.register(ResourceCollector(store_connections))
+
+    def watch_readiness(self, ready: Callable[[], tuple[bool, str]]) -> None:
+        """Export ``kclpy_spark_ready`` from the worker's readiness check."""
+        self.registry.register(_ReadinessCollector(ready))
 
     def exposition(self) -> bytes:
         return generate_latest(_WithLabels(self.registry, self._constant))

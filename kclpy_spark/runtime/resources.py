@@ -1,7 +1,8 @@
 """What this process holds right now: descriptors, sockets, threads (also by pool), asyncio tasks,
-memory and lease-store connections, as Prometheus gauges (``kclpy_spark_open_fds`` ...). A daemon
-that runs for weeks must hold what is alive, not what ever ran: these are what an operator (and
-the soak benchmark) watches for growth."""
+memory and lease-store connections. Exported as Prometheus gauges (``kclpy_spark_open_sockets``
+...; descriptors and memory by prometheus_client's process collector instead). A daemon that
+runs for weeks must hold what is alive, not what ever ran: these are what an operator (and the
+soak benchmark) watches for growth."""
 
 from __future__ import annotations
 
@@ -60,6 +61,11 @@ def thread_pools() -> dict[str, int]:
     return dict(collections.Counter(_NUMBERED.sub("", t.name) for t in threading.enumerate()))
 
 
+# What prometheus_client's ProcessCollector already exports (process_open_fds,
+# process_resident_memory_bytes): not exported twice.
+_STANDARD = frozenset({"open_fds", "rss_bytes"})
+
+
 class ResourceCollector(Collector):
     """``kclpy_spark_<name>`` gauges for ``process_resources()`` and the lease store's
     connections (when the store counts them)."""
@@ -72,6 +78,8 @@ class ResourceCollector(Collector):
         if self._store_connections is not None:
             values["lease_store_connections"] = self._store_connections()
         for name, value in values.items():
+            if name in _STANDARD:  # the process collector exports these in base form
+                continue
             yield GaugeMetricFamily(
                 f"kclpy_spark_{name}", f"This process's {name.replace('_', ' ')} now", value=value
             )

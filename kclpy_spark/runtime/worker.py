@@ -192,6 +192,7 @@ class Worker:
     async def run(self) -> None:
         set_application(self.cfg.application_name, self.cfg.stream, self.cfg.worker_id)
         if self.cfg.metrics_port is not None:
+            self.metrics.watch_readiness(self.readiness)
             self.status_server = StatusServer(
                 self.metrics,
                 self.readiness,
@@ -347,7 +348,7 @@ class Worker:
         now = self.clock.wall()
         cpu = self.cpu.sample(self.consumers.changes)
         if cpu is not None:
-            self.metrics.cpu_percent.set(cpu)
+            self.metrics.cpu_ratio.set(cpu / 100)
         suspended, asked = await self._io(self.suspend_flag.read)
         if asked:  # else the flag came from a scan, which said so when it returned
             self.health.store_ok()

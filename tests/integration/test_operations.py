@@ -96,7 +96,7 @@ metrics_port = {port}
         assert code == 200
         assert _metric(text, "kclpy_spark_records_processed_total") >= 40
         assert _metric(text, "kclpy_spark_lease_renewals_total") > 0
-        assert _metric(text, "kclpy_spark_coordination_partitionsAcquired_total") >= 2
+        assert _metric(text, "kclpy_spark_coordination_partitions_acquired_total") >= 2
         assert _metric(text, "kclpy_spark_leases_held") == 2
         assert _get(f"http://127.0.0.1:{port}/healthz")[0] == 200
         assert _get(f"http://127.0.0.1:{port}/readyz") == (200, "ready\n")

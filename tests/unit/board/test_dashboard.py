@@ -12,11 +12,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from checkpoint.counters import CoordinationCounters
-from kclpy_spark.runtime.metrics import WorkerMetrics
+from checkpoint.stores.capacity import CapacityMeter
+from kclpy_spark.runtime.metrics import WorkerMetrics, _CapacityCollector
 from kclpy_spark.spark.jvm_heap import HeapFigures
 from kclpy_spark.spark.updates import BatcherStats, BatcherStatsCollector
 
-METRIC = re.compile(r"\bkclpy_spark_[a-z0-9_]+\b")
+METRIC = re.compile(r"\b(?:kclpy_spark|process)_[a-z0-9_]+\b")
 GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
 MATCHERS = re.compile(r"\{([^}]*)\}")
 
@@ -34,8 +35,13 @@ def exported() -> dict[str, set[str]]:
         BatcherStatsCollector(BatcherStats(), heap=lambda: HeapFigures(1, 1, 1), gc_runs=lambda: 0)
     )
     m.watch_resources(lambda: 1)
+    m.watch_readiness(lambda: (True, "ready"))
+    meter = CapacityMeter()
+    meter.add("Scan", 1.0)
+    m.registry.register(_CapacityCollector(meter))
     shard = m.shard("shardId-0")
-    for metric in (m.records, m.bytes, m.processing_failures, m.kpl_out_of_range):
+    for metric in (m.records, m.bytes, m.processing_failures, m.kpl_out_of_range,
+                   m.read_throttled):  # fmt: skip
         metric.labels(*shard).inc()
     m.behind.labels(*shard).set(1)
     m.checkpoint_seconds.observe(0.01)
@@ -65,15 +71,19 @@ def test_the_dashboard_is_a_dashboard_grafana_imports() -> None:
     for panel in board["panels"]:
         assert {"x", "y", "w", "h"} <= set(panel["gridPos"]) and panel["targets"]
         assert panel["datasource"]["uid"] == "${datasource}"  # chosen at import, no fixed uid
-    names = {v["name"] for v in board["templating"]["list"]}
-    assert {"datasource", "application", "worker"} <= names
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert {"datasource", "application", "worker"} <= set(variables)
+    # the worker list shows the chosen applications' workers only
+    assert 'application=~"$application"' in variables["worker"]["query"]["query"]
 
 
 def test_the_panels_an_on_call_person_opens_first_are_there() -> None:
     text = " ".join(expr for _, expr in queries())
-    for metric in ("millis_behind_latest", "records_processed_total", "leases_held",
+    for metric in ("behind_latest_seconds", "records_processed_total", "leases_held",
                    "lease_steals_total", "leases_lost_total", "checkpoint_seconds_bucket",
-                   "processing_failures_total", "sink_failed_attempts_total"):  # fmt: skip
+                   "processing_failures_total", "sink_failed_attempts_total",
+                   "read_throttled_total", "bytes_processed_total", "ready",
+                   "lease_table_requests_total"):  # fmt: skip
         assert f"kclpy_spark_{metric}" in text
 
 

@@ -142,7 +142,7 @@ def test_ended_tenures_are_bounded_and_a_finished_shards_metrics_forgotten(
     for key in keys:  # each was counted while it ran, and forgotten at SHARD_END
         labels = dict(zip(("stream", "shard"), env.metrics.shard(key), strict=True))
         assert exported("kclpy_spark_records_processed_total", labels) is None
-        assert exported("kclpy_spark_millis_behind_latest", labels) is None
+        assert exported("kclpy_spark_behind_latest_seconds", labels) is None
     assert exported("kclpy_spark_records_processed_total", {"stream": "", "shard": "x"}) is None
 
 

@@ -52,7 +52,7 @@ def test_a_tenure_that_ends_takes_every_series_of_its_shard() -> None:
         m.read_throttled.labels(*m.shard(key)).inc()
     m.forget("shardId-0")
     exported = series(m)
-    assert [x["shard"] for x in exported["kclpy_spark_millis_behind_latest"]] == ["shardId-1"]
+    assert [x["shard"] for x in exported["kclpy_spark_behind_latest_seconds"]] == ["shardId-1"]
     assert [x["shard"] for x in exported["kclpy_spark_records_processed_total"]] == ["shardId-1"]
     assert [x["shard"] for x in exported["kclpy_spark_read_throttled_total"]] == ["shardId-1"]
     m.forget("shardId-1")

@@ -41,8 +41,9 @@ def test_the_worker_exports_resources_and_store_connections() -> None:
     text = asyncio.run(scrape())
     assert _value(text, "kclpy_spark_lease_store_connections") == 3
     assert _value(text, "kclpy_spark_asyncio_tasks") >= 1
-    for name in ("open_fds", "open_sockets", "threads", "rss_bytes"):
-        assert _value(text, f"kclpy_spark_{name}") >= 0
+    for name in ("kclpy_spark_open_sockets", "kclpy_spark_threads", "process_open_fds",
+                 "process_resident_memory_bytes"):  # fmt: skip
+        assert _value(text, name) > 0
 
 
 def test_the_sink_counters_follow_the_batcher_stats() -> None:
