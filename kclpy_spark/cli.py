@@ -154,9 +154,11 @@ def _run(args: argparse.Namespace) -> int:
 
         tracker = config_file_stream_tracker(args.config, cfg.streams)
     # A [sink] table (or [[sinks]]) runs the Spark sink; pyspark is imported only then.
-    from kclpy_spark.spark.sink_config import load_sink_config
+    from kclpy_spark.spark.sink_config import check_installed, load_sink_config
 
     sink_cfg = load_sink_config(args.config) if args.config else None
+    if sink_cfg is not None:
+        check_installed(sink_cfg)
     if sink_cfg is not None and cfg.processor is not None:
         raise ConfigError(
             "config has both 'processor' and a [sink] table: a worker runs one of them "

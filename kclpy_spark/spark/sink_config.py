@@ -354,3 +354,21 @@ def load_sink_config(path: str | Path) -> SinkConfig | None:
     if table is None and not entries:
         return None
     return sink_config_from_mapping(table or {}, source=f"{p} [sink]", sinks=entries)
+
+
+def check_installed(cfg: SinkConfig, found: Any = None) -> None:
+    """One line naming the extra to install when a module the sinks need is missing (the core
+    install runs RecordProcessors without Spark: ``pip install 'kclpy-spark[spark]'``)."""
+    import importlib.util
+
+    find = found or importlib.util.find_spec
+    needs = {"pyspark": "spark", "pyarrow": "spark", "pandas": "spark"}
+    if any(spec.kind == "delta" for spec in cfg.specs):
+        needs["deltalake"] = "delta"
+    missing = sorted(m for m in needs if find(m) is None)
+    if missing:
+        extras = ",".join(sorted({needs[m] for m in missing}))
+        raise ConfigError(
+            f"the [sink] table needs {', '.join(missing)}, which this install lacks: "
+            f"pip install 'kclpy-spark[{extras}]'"
+        )

@@ -17,6 +17,7 @@ from kclpy_spark.spark.runtime import load_sink, processor_factory_from_sink_con
 from kclpy_spark.spark.session import MIB, SparkSessionHolder, SparkTarget, TargetKind, find_java
 from kclpy_spark.spark.sink_config import (
     SinkConfig,
+    check_installed,
     load_sink_config,
     sink_config,
     sink_config_from_mapping,
@@ -291,3 +292,27 @@ def test_the_factory_routes_each_batch_to_every_sink(tmp_path: Path) -> None:
         processor_factory_from_sink_config(
             sink_config_from_mapping({}, sinks=bad), worker, start_session=False
         )
+
+
+@pytest.mark.parametrize(
+    ("sink", "absent", "words"),
+    [
+        ("parquet:/tmp/out", {"pyspark"}, ["pyspark", "kclpy-spark[spark]"]),
+        ("parquet:/tmp/out", {"pyarrow", "pandas"}, ["pandas, pyarrow", "kclpy-spark[spark]"]),
+        ("delta:/tmp/t", {"deltalake"}, ["deltalake", "kclpy-spark[delta]"]),
+        ("delta:/tmp/t", {"pyspark", "deltalake"}, ["kclpy-spark[delta,spark]"]),
+    ],
+)
+def test_a_sink_without_its_extra_is_one_line_naming_it(
+    sink: str, absent: set[str], words: list[str]
+) -> None:
+    cfg = sink_config_from_mapping({"sink": sink})
+    with pytest.raises(ConfigError) as err:
+        check_installed(cfg, lambda name: None if name in absent else object())
+    assert all(w in str(err.value) for w in words), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_an_installed_sink_passes_the_check() -> None:
+    check_installed(sink_config_from_mapping({"sink": "delta:/tmp/t"}))  # this venv has them all
+    check_installed(sink_config_from_mapping({"sink": "parquet:/x"}), lambda name: object())
