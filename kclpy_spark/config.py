@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import socket
-import time
 import tomllib
 import uuid
 from collections.abc import Mapping
@@ -21,17 +19,8 @@ from typing import Any
 
 from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import InitialPosition
-from kclpy_spark.config_rules import (
-    APP_NAME,
-    DURATIONS,
-    REGION,
-    WORKER_ID,
-    check_duration,
-    check_endpoint,
-    check_not_in_future,
-    shown,
-)
-from kclpy_spark.stream_spec import STREAM_NAME, StreamSpec, check_stream
+from kclpy_spark.config_checks import check
+from kclpy_spark.stream_spec import StreamSpec
 
 DEFAULT_LEASE_STORE = "sqlite:.kclpy-spark/leases.db"
 # us-east-1, eu-central-2, us-gov-west-1, cn-northwest-1, us-isob-east-1 ...
@@ -45,8 +34,11 @@ def _default_worker_id() -> str:
 class WorkerConfig:
     """What one worker process needs. Field names double as the TOML keys."""
 
+    # The application: names the lease table (DynamoDB) and, by default, the fan-out consumer.
     application_name: str = "kclpy-spark-app"
+    # The stream to read (or stream_arn, or [[streams]]).
     stream_name: str | None = None
+    # The stream to read by ARN (its region is the clients' when region is not set).
     stream_arn: str | None = None
     # Multi-stream mode: several streams, each a [[streams]] table (stream_name or stream_arn,
     # optional initial_position); lease keys then carry the stream (the KCL's format).
@@ -58,23 +50,34 @@ class WorkerConfig:
     profile: str | None = None
     # A local endpoint (LocalStack, kinesalite) for Kinesis and DynamoDB; None = AWS's TLS defaults.
     endpoint_url: str | None = None
+    # Where a shard without a checkpoint starts: LATEST, TRIM_HORIZON or AT_TIMESTAMP:<epoch or ISO
+    # time>.
     initial_position: InitialPosition = field(default_factory=InitialPosition.latest)
     # "sqlite:<path>" (embedded, one machine), "dynamodb" (table = application name), "memory".
     lease_store: str = DEFAULT_LEASE_STORE
+    # Create the DynamoDB lease table (on-demand billing, the KCL's schema and owner index) when it
+    # is missing.
     create_lease_table: bool = True
-    processor: str | None = None  # "module:Class"
+    # Your RecordProcessor as "package.module:Class" (or a [sink] table instead).
+    processor: str | None = None
+    # This worker's lease owner name: unique per running worker.
     worker_id: str = field(default_factory=_default_worker_id)
+    # A lease not renewed for this long is taken by another worker (the KCL's failoverTimeMillis).
     failover_time: float = 10.0
     # The largest wall-clock difference between two workers' machines that lease expiry allows
     # for (leases are stamped with their writer's time): a dead worker's leases move
     # failover_time + max_clock_skew after its last write.
     max_clock_skew: float = 1.0
+    # Records asked for per GetRecords call.
     max_records: int = 10_000
+    # Seconds between GetRecords calls on a shard that is at its tip.
     idle_time_between_reads: float = 1.0
     # Per shard, polling: a call that read B bytes waits B / this many seconds before the next
     # (Kinesis's 2 MiB/s read limit per shard, shared by every application polling it); 0: off.
     max_read_bytes_per_second: int = 2 * 1024 * 1024
+    # The most leases this worker holds.
     max_leases_for_worker: int = 2**31 - 1
+    # The most leases this worker takes from others in one balancing round.
     max_leases_to_steal: int = 1
     # Balancing moves (and SIGTERM) go by the KCL 3.x graceful handoff, forced after
     # handoff_timeout s. False: the KCL 2.x steal (records since the checkpoint come again).
@@ -84,26 +87,38 @@ class WorkerConfig:
     # "auto": "worker" until the leader sees at least auto_assignment_leases open leases and
     # auto_assignment_workers running workers, then "leader" (back below three quarters).
     lease_assignment: str = "auto"
+    # With lease_assignment = auto: open leases from which the leader assigns.
     auto_assignment_leases: int = 128
+    # With lease_assignment = auto: running workers from which the leader assigns.
     auto_assignment_workers: int = 8
     # "auto": balance CPU once the fleet is busy, else throughput (leasing/load.py).
     load_metric: str = "auto"
+    # A graceful handoff waits this long for the holder's last checkpoint, then the lease moves
+    # anyway.
     handoff_timeout: float = 30.0
     # True: a lease's counter moves every failover_time / 2, by a renewal unless a checkpoint
     # moved it lately (then a renewal every failover time, for its figures), from rounds every
     # failover_time / 12. False: the KCL's schedule, every lease every failover_time / 3.
     skip_checkpointed_renewals: bool = True
+    # How often the shard-sync leader lists shards to find new ones.
     shard_sync_interval: float = 60.0
+    # How often a child shard's lease checks whether its parents have ended.
     parent_shard_poll_interval: float = 10.0
+    # GetRecords answers read ahead per shard while the processor works.
     prefetch_batches: int = 3
+    # On SIGTERM: how long leases are handed over and processors finish before the worker exits.
     shutdown_grace: float = 20.0
     # A batch whose process_records keeps raising is offered again with backoff this many times,
     # then its lease is parked for park_duration and redelivered from the last checkpoint.
     max_processing_attempts: int = 10
+    # How long a parked lease waits before it is redelivered from its last checkpoint.
     park_duration: float = 60.0
+    # Skip lease creation for child shards whose parents have no lease (the KCL's flag of the same
+    # name).
     ignore_unexpected_child_shards: bool = False
     # Prometheus /metrics plus /healthz and /readyz; None = no HTTP server.
     metrics_port: int | None = None
+    # The address metrics_port binds (127.0.0.1: this machine only).
     metrics_host: str = "127.0.0.1"
     # Host names the HTTP port answers to besides any address, localhost and this machine's
     # names, comma-separated (a Host header naming anything else gets 421: board/routes.py).
@@ -117,6 +132,7 @@ class WorkerConfig:
     # "polling" (GetRecords) or "fanout" (enhanced fan-out: SubscribeToShard through a registered
     # stream consumer named consumer_name, by default the application name).
     retrieval_mode: str = "polling"
+    # Enhanced fan-out's registered consumer (default: the application name).
     consumer_name: str | None = None
     # Seconds the lease table or a stream may be gone (deleted) before the daemon gives up and
     # exits non-zero; until then it says "not ready" and retries.
@@ -153,121 +169,6 @@ class WorkerConfig:
     def with_overrides(self, **overrides: Any) -> WorkerConfig:
         given = {k: v for k, v in overrides.items() if v is not None}
         return from_mapping({**_as_mapping(self), **given}, source="command line")
-
-
-def check(cfg: WorkerConfig) -> None:
-    """Raise ConfigError (one line, naming the key) unless ``cfg`` is a valid configuration."""
-    _check_streams(cfg)
-    _check_names(cfg)
-    _check_numbers(cfg)
-    _check_choices(cfg)
-
-
-def _check_streams(cfg: WorkerConfig) -> None:
-    if cfg.streams and (cfg.stream_name or cfg.stream_arn):
-        raise ConfigError("config: give either 'stream_name'/'stream_arn' or [[streams]], not both")
-    if not cfg.stream_name and not cfg.stream_arn and not cfg.streams:
-        raise ConfigError("config 'stream_name' (or 'stream_arn', or [[streams]]) is required")
-    seen: dict[str, StreamSpec] = {}
-    for spec in cfg.streams:
-        if spec.label in seen:
-            raise ConfigError(
-                f"[[streams]]: stream {spec.label!r} is listed twice (one entry per stream; "
-                "its initial_position would be ambiguous)"
-            )
-        seen[spec.label] = spec
-        if spec.initial_position is not None:
-            check_not_in_future(spec.initial_position, "[[streams]] initial_position", time.time())
-    check_stream(cfg.stream_name or None, cfg.stream_arn or None, "config")
-    check_not_in_future(cfg.initial_position, "config 'initial_position'", time.time())
-
-
-def _check_names(cfg: WorkerConfig) -> None:
-    if not APP_NAME.match(cfg.application_name):
-        raise ConfigError(
-            "config 'application_name' must be 3-255 characters of letters, digits, '_', '-', '.'"
-            f" (it names the lease table), got {shown(cfg.application_name)}"
-        )
-    if not (
-        cfg.lease_store in {"dynamodb", "memory"}
-        or (cfg.lease_store.startswith("sqlite:") and len(cfg.lease_store) > len("sqlite:"))
-    ):
-        raise ConfigError(
-            f"config 'lease_store' must be 'sqlite:<path>', 'dynamodb' or 'memory', "
-            f"got {cfg.lease_store!r}"
-        )
-    if cfg.processor is not None and not re.match(r"^[\w.]+:[\w.]+$", cfg.processor):
-        raise ConfigError(
-            f"config 'processor' must look like 'package.module:Class', got {cfg.processor!r}"
-        )
-    if not WORKER_ID.match(cfg.worker_id) or cfg.worker_id != cfg.worker_id.strip():
-        raise ConfigError(
-            "config 'worker_id' must be 1-255 printable characters, not starting or ending with "
-            f"a space (it names the lease owner), got {shown(cfg.worker_id)}"
-        )
-    if cfg.consumer_name is not None and not STREAM_NAME.match(cfg.consumer_name):
-        raise ConfigError(
-            f"config 'consumer_name' is not a valid name (1-128 of A-Z a-z 0-9 _ . -): "
-            f"{shown(cfg.consumer_name)}"
-        )
-    if (
-        cfg.retrieval_mode == "fanout"
-        and cfg.consumer_name is None
-        and len(cfg.application_name) > 128
-    ):
-        raise ConfigError(  # the stream consumer is named after the application by default
-            f"config 'application_name' is {len(cfg.application_name)} characters, and enhanced "
-            "fan-out names its stream consumer after it (128 at most): set 'consumer_name'"
-        )
-    if cfg.endpoint_url is not None:
-        check_endpoint(cfg.endpoint_url)
-    if cfg.region is not None and not REGION.match(cfg.region):
-        raise ConfigError(f"config 'region' is not an AWS region name: {cfg.region!r}")
-    if cfg.profile is not None and not re.match(r"^[\w.@+-]{1,128}$", cfg.profile):
-        raise ConfigError(f"config 'profile' is not a profile name: {shown(cfg.profile)}")
-
-
-def _check_numbers(cfg: WorkerConfig) -> None:
-    for name in DURATIONS:
-        check_duration(name, getattr(cfg, name))
-    if not 1 <= cfg.max_records <= 10_000:
-        raise ConfigError(
-            f"config 'max_records' must be 1..10000 (GetRecords' limit), got {cfg.max_records}"
-        )
-    rate = cfg.max_read_bytes_per_second
-    if rate != 0 and not 65_536 <= rate <= 2 * 1024 * 1024:
-        raise ConfigError(
-            "config 'max_read_bytes_per_second' must be 0 (no pacing) or 65536..2097152 bytes "
-            f"a second (Kinesis reads at most 2 MiB a second from a shard), got {rate}"
-        )
-    for name in (
-        "max_leases_for_worker",
-        "max_leases_to_steal",
-        "prefetch_batches",
-        "max_processing_attempts",
-        "auto_assignment_leases",
-        "auto_assignment_workers",
-    ):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"config {name!r} must be >= 1, got {getattr(cfg, name)}")
-    if cfg.metrics_port is not None and not 0 <= cfg.metrics_port <= 65535:
-        raise ConfigError(f"config 'metrics_port' must be 0..65535, got {cfg.metrics_port}")
-
-
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "aged_checkpoint_policy": ("fail", "earliest", "latest"),
-    "retrieval_mode": ("polling", "fanout"),
-    "lease_assignment": ("auto", "worker", "leader"),
-    "load_metric": ("auto", "throughput"),
-}
-
-
-def _check_choices(cfg: WorkerConfig) -> None:
-    for name, allowed in _CHOICES.items():
-        value = getattr(cfg, name)
-        if value not in allowed:
-            choices = ", ".join(repr(a) for a in allowed)
-            raise ConfigError(f"config {name!r} must be one of {choices}, got {value!r}")
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(WorkerConfig)}

@@ -34,20 +34,30 @@ def check_write_timeout(value: float, what: str) -> None:
 class BatcherSettings:
     """Seconds as floats, sizes in bytes of Arrow data."""
 
+    # A batch closes at this many records...
     max_records: int = 100_000
+    # ...or this many bytes of Arrow data...
     max_bytes: int = 64 * 1024 * 1024
+    # ...or when its first record has waited this long.
     max_wait: float = 5.0
+    # worker: one batch across the worker's leases; lease: one lease per batch.
     scope: Literal["worker", "lease"] = "worker"
+    # Write attempts of a batch before the failure policy applies.
     max_attempts: int = 5
+    # The first retry's delay; doubled each time (with jitter).
     retry_base_delay: float = 1.0
+    # The longest delay between retries.
     retry_max_delay: float = 30.0
+    # A write that has not returned by then counts as failed (its thread is left to finish).
     write_timeout: float = 600.0
-    # A config file's defaults differ (sink_config._defaults_for: 2 writers; 1 batch of a lease
-    # in flight with a function among the sinks); these are the batcher's own.
+    # Batches written at once (threads, each running one Spark job). A config file's defaults
+    # differ (sink_config._defaults_for: 2 writers; 1 batch of a lease in flight with a function
+    # among the sinks); these are the batcher's own.
     writers: int = 1
     batches_in_flight: int = 2  # per lease: written or being written, not yet checkpointed
     buffer_bytes: int = 0  # records buffered before process_records blocks; 0: 2 x max_bytes
     regroup_wait: float = 30.0  # how long a re-formed piece waits for the rest of its batch
+    # Delay between attempts to move a checkpoint after a write.
     commit_retry_delay: float = 1.0
 
     def __post_init__(self) -> None:

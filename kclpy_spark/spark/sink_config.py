@@ -69,10 +69,15 @@ class SinkSpec:
     """One sink of several (a ``[[sinks]]`` entry): where it writes and its own failure policy.
     ``max_attempts`` and ``write_timeout`` left unset take the ``[sink]`` table's values."""
 
+    # Where this sink writes: parquet:<path>, delta:<path> or module:function.
     sink: str
+    # The sink's name in logs and metrics (default: from its kind).
     name: str = ""
+    # park or dead-letter:<path>, for this sink's failures.
     failure_policy: str = "park"
+    # This sink's write attempts (default: the [sink] table's).
     max_attempts: int | None = None
+    # This sink's write timeout (default: the [sink] table's).
     write_timeout: float | None = None
 
     def __post_init__(self) -> None:
@@ -101,15 +106,28 @@ class SinkSpec:
 
 @dataclass(frozen=True)
 class SinkConfig:
+    # Where batches go: parquet:<path>, delta:<path> or module:function (foreachBatch's signature).
     sink: str
+    # The Spark master: local[N], spark://host:7077, yarn, k8s://..., or sc://host:15002 (Spark
+    # Connect).
     spark_target: str = "local[2]"
+    # Spark settings for the session ([sink.spark_conf] table).
     spark_conf: Mapping[str, str] = field(default_factory=dict)
+    # The Spark application's name.
     app_name: str = "kclpy-spark"
+    # The batching keys below, in the same [sink] table.
     batching: BatcherSettings = _BY_SINK
+    # A batch that keeps failing: park (its leases parked, redelivered later) or dead-letter:<path>
+    # (written there, then acknowledged).
     failure_policy: str = "park"
+    # On stop: how long batches in flight may finish.
     shutdown_timeout: float = 15.0
+    # A Spark DDL schema: each record's data parsed as JSON into these columns (unparsed ones kept
+    # in unparsed_data).
     value_schema: str | None = None
+    # With value_schema: keep the raw bytes in data as well.
     keep_raw_data: bool = False
+    # The Delta sink's txn appId prefix (idempotent writes per lease).
     delta_app_id_prefix: str = "kclpy-spark"
     # Where records are read: "driver" (the worker's own process) or "executors" (Spark tasks).
     read_on: str = "driver"
