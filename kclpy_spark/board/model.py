@@ -17,6 +17,7 @@ from typing import Any
 
 from checkpoint.coordination import is_live
 from checkpoint.lease import Lease
+from kclpy_spark._version import __version__
 from kclpy_spark.board.graph import layout
 from kclpy_spark.ops.status import lease_rows, owner_figures
 
@@ -102,6 +103,11 @@ class Board:
         self.series_limited = False  # some leases with figures have no series (max_series)
         self._counts: dict[str, _Count] = {}
         self._rates: dict[str, float | None] = {}
+        # Each lease's checkpoint as last seen, and when a look first saw it move (None: not
+        # seen moving since the board began); each worker's published bytes and their rate.
+        self._checkpoints: dict[str, tuple[str, float | None]] = {}
+        self._bytes: dict[str, _Count] = {}
+        self._byte_rates: dict[str, float | None] = {}
         self._leases: list[Lease] = []
         self._statuses: dict[str, Mapping[str, Any]] = {}
         self._events: deque[dict[str, Any]] = deque(maxlen=max_events)
@@ -125,11 +131,21 @@ class Board:
         self._suspended = suspended
         self._at = now_wall
         keys = {x.lease_key for x in self._leases}
-        for kept in (self._series, self._counts, self._rates):  # leases deleted by cleanup
+        kept_by_lease: list[dict[str, Any]] = [self._series, self._counts, self._rates,
+                                               self._checkpoints]  # fmt: skip
+        for kept in kept_by_lease:  # leases deleted by cleanup
             for gone in [k for k in kept if k not in keys]:
                 del kept[gone]
         for lease in self._leases:
             self._sample(lease, now_wall)
+            checkpoint = str(lease.checkpoint)
+            before = self._checkpoints.get(lease.lease_key)
+            if before is None or before[0] != checkpoint:
+                self._checkpoints[lease.lease_key] = (
+                    checkpoint,
+                    None if before is None else now_wall,
+                )
+        self._sample_bytes()
         for key, series in list(self._series.items()):  # a series with no new figures ages out
             series.trim(now_wall - self._window)
             if not series.t:
@@ -175,6 +191,23 @@ class Board:
             series = self._series[key] = Series()
         series.add(now_wall, lag, rate, step=self._step)
 
+    def _sample_bytes(self) -> None:
+        """Each worker's bytes/s from the totals it publishes (kept for live records only)."""
+        for kept in (self._bytes, self._byte_rates):
+            for gone in [w for w in kept if w not in self._statuses]:
+                del kept[gone]
+        for worker, status in self._statuses.items():
+            total, at = status.get("bytes", 0), status.get("updated_at")
+            if not isinstance(total, int) or not isinstance(at, int | float):
+                continue
+            before = self._bytes.get(worker)
+            if before is None or total < before.records:  # first seen, or a restart
+                self._bytes[worker] = _Count(worker, total, float(at))
+                self._byte_rates[worker] = None
+            elif at - before.at >= self._step:
+                self._byte_rates[worker] = (total - before.records) / (at - before.at)
+                self._bytes[worker] = _Count(worker, total, float(at))
+
     def _merge_events(self) -> None:
         published = [
             event for worker, status in self._statuses.items()
@@ -211,6 +244,9 @@ class Board:
                 and not status.get("stopped"),
                 "leases": held.get(worker, 0),
                 "records_per_s": round(load.get(worker, 0.0), 2),
+                "bytes_per_s": self._byte_rates.get(worker),
+                "failures": status.get("failures", 0),
+                "throttled": status.get("throttled", 0),
                 "cpu_percent": status.get("cpu_percent"),
                 "ready": status.get("ready"),
                 "readiness": status.get("readiness", ""),
@@ -234,6 +270,7 @@ class Board:
             lease = by_key[row.lease_key]
             item["parent_keys"] = sorted(lease.sibling_key(p) for p in lease.parent_shard_ids)
             item["records_per_s"] = self._rates.get(row.lease_key)
+            item["checkpoint_moved_at"] = self._checkpoints.get(row.lease_key, ("", None))[1]
             item["column"], item["row"] = places.get(row.lease_key, (0, 0))
             leases.append(item)
         series = {  # rounded: the page polls this every few seconds
@@ -247,6 +284,7 @@ class Board:
         return {
             "application": self.application,
             "stream": self.stream,
+            "version": __version__,  # of the process serving the page
             "generated_at": self._at,
             "suspended": self._suspended,
             "leases": leases,

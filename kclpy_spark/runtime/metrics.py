@@ -136,6 +136,7 @@ class WorkerMetrics:
         self.events = events or EventLog(worker, time.time)
         self._stream = stream  # the stream of a plain shard-id lease key
         self._constant = {"application": application, "worker": worker}
+        self._retired: dict[str, float] = {}  # totals of the shards whose series were dropped
         self.registry = CollectorRegistry()
         r = self.registry
         self.records = Counter(
@@ -253,9 +254,24 @@ class WorkerMetrics:
             self.behind, self.records, self.bytes, self.processing_failures,
             self.kpl_out_of_range, self.read_throttled,
         ]  # fmt: skip
+        shard = self.shard(lease_key)
+        for name, counter in self._summed().items():  # the worker's totals keep what it counted
+            self._retired[name] = self._retired.get(name, 0.0) + _sum(counter, shard)
         for metric in metrics:
             with contextlib.suppress(KeyError):
-                metric.remove(*self.shard(lease_key))
+                metric.remove(*shard)
+
+    def _summed(self) -> dict[str, Counter]:
+        return {"bytes": self.bytes, "failures": self.processing_failures,
+                "throttled": self.read_throttled}  # fmt: skip
+
+    def totals(self) -> dict[str, int]:
+        """Bytes delivered, failed process_records calls and refused reads since the worker
+        started, over every shard it ever held (the status page's figures)."""
+        return {
+            name: int(self._retired.get(name, 0.0) + _sum(counter, None))
+            for name, counter in self._summed().items()
+        }
 
     def watch_resources(self, store_connections: Callable[[], int] | None = None) -> None:
         """Export this process's resources: prometheus_client's process and platform collectors
@@ -273,6 +289,18 @@ class WorkerMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(_WithLabels(self.registry, self._constant))
+
+
+def _sum(counter: Counter, shard: tuple[str, str] | None) -> float:
+    """A labelled counter's total, over every shard or one (stream, shard)."""
+    total = 0.0
+    for family in counter.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total") and (
+                shard is None or (sample.labels.get("stream"), sample.labels.get("shard")) == shard
+            ):
+                total += sample.value
+    return total
 
 
 def worker_metrics(

@@ -79,6 +79,7 @@ def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
         leases=leases, leases_omitted=omitted,
         events=published_events(worker.events.recent(EVENTS_PUBLISHED), now_wall),
         live_for=worker.timing.status_quiet_max_age if worker.holder.held() else None,
+        totals=worker.metrics.totals(),
     )  # fmt: skip
     if worker.cfg.load_metric == "auto":  # else others must not balance CPU with us
         since = worker.cpu.since  # rounded down: a figure may only look older, never newer
@@ -103,6 +104,7 @@ def status_fields(
     leases_omitted: int,
     events: list[list[Any]],
     live_for: float | None = None,
+    totals: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """A status record's fields, those at their default left out: every Scan of the lease table
     reads every status record. Readers take a missing one as its default (false, 0, none, no
@@ -117,6 +119,7 @@ def status_fields(
         "leases_omitted": leases_omitted,
         "events": events,
         "live_for": None if live_for is None else round(live_for, 1),
+        **(totals or {}),  # bytes, failures, throttled: for the status page (not a write cause)
     }
     return {"ready": ready, "cpu_percent": cpu_percent} | {k: v for k, v in optional.items() if v}
 
@@ -135,7 +138,9 @@ class StatusCadence:
     writes every round: its record is all that shows it runs. A write that failed is not
     noted, so the next round tries again. Not thread-safe: the control round's alone."""
 
-    IGNORED = ("cpu_percent", "cpu_since")  # the window's start moves at every round
+    # The window's start moves at every round; the totals move with every record (they ride
+    # along on the writes other changes or the quiet interval make).
+    IGNORED = ("cpu_percent", "cpu_since", "bytes", "failures", "throttled")
 
     def __init__(
         self, quiet_interval: float, round_interval: float, cpu_band: float = CPU_NOISE / 2

@@ -243,3 +243,37 @@ def test_a_published_event_is_under_half_the_bytes_of_its_dict() -> None:
     [as_dict] = log.recent()
     [compact] = published_events(log.recent(), now_wall=1764369513.0)
     assert len(json.dumps(compact)) < len(json.dumps(as_dict)) / 2
+
+
+def test_the_page_says_when_each_checkpoint_last_moved() -> None:
+    """#45: time since the last checkpoint, as the page's looks saw it move (no extra field in
+    the table or the status records)."""
+    board = Board("app", "stream")
+    later = ExtendedSequenceNumber("49600000000000000000000000000000000000000000000000000009")
+    board.observe([lease("s0"), lease("s1")], {"w1": status(100.0, {})}, 100.0)
+    board.observe([lease("s0"), lease("s1", checkpoint=later)], {"w1": status(110.0, {})}, 110.0)
+    board.observe([lease("s0"), lease("s1", checkpoint=later)], {"w1": status(120.0, {})}, 120.0)
+    moved = {x["lease_key"]: x["checkpoint_moved_at"] for x in board.snapshot()["leases"]}
+    assert moved == {"s0": None, "s1": 110.0}  # s0 not seen moving; s1 seen at the 110 s look
+    board.observe([lease("s1", checkpoint=SHARD_END)], {"w1": status(130.0, {})}, 130.0)
+    assert [x["checkpoint_moved_at"] for x in board.snapshot()["leases"]] == [130.0]
+    assert set(board._checkpoints) == {"s1"}  # bounded by the leases in the table
+
+
+def test_workers_show_bytes_per_second_errors_throttles_and_the_pages_version() -> None:
+    import kclpy_spark
+
+    board = Board("app", "stream")
+    board.observe([lease("s0")], {"w1": status(100.0, {}, bytes=1_000)}, 100.0)
+    board.observe([lease("s0")], {"w1": status(105.0, {}, bytes=2_000)}, 105.0)  # < a step
+    assert board.snapshot()["workers"][0]["bytes_per_s"] is None
+    board.observe([lease("s0")], {"w1": status(110.0, {}, bytes=21_000, failures=2,
+                                               throttled=3)}, 110.0)  # fmt: skip
+    snap = board.snapshot()
+    worker = snap["workers"][0]
+    assert (worker["bytes_per_s"], worker["failures"], worker["throttled"]) == (2_000.0, 2, 3)
+    assert snap["version"] == kclpy_spark.__version__
+    board.observe([lease("s0")], {"w1": status(120.0, {}, bytes=10)}, 120.0)  # restarted
+    assert board.snapshot()["workers"][0]["bytes_per_s"] is None
+    board.observe([lease("s0")], {}, 130.0)  # its record gone: nothing kept for it
+    assert board._bytes == {} and board._byte_rates == {}

@@ -92,3 +92,20 @@ def test_a_dynamodb_lease_tables_requests_and_units_are_exported_by_operation() 
     }
     meter.add("Scan", 1.5)  # read at every scrape, not copied once
     assert values()[("kclpy_spark_lease_table_capacity_units_total", "Scan")] == 3.0
+
+
+def test_the_workers_totals_keep_what_shards_that_left_counted() -> None:
+    """The status page's bytes, failures and refused reads: per worker since it started, though
+    each shard's series go when its tenure ends."""
+    m = metrics()
+    one, two = m.shard("shardId-1"), m.shard("shardId-2")
+    m.bytes.labels(*one).inc(100)
+    m.bytes.labels(*two).inc(50)
+    m.processing_failures.labels(*one).inc()
+    m.read_throttled.labels(*two).inc(3)
+    assert m.totals() == {"bytes": 150, "failures": 1, "throttled": 3}
+    m.forget("shardId-1")
+    assert "shardId-1" not in m.exposition().decode()
+    assert m.totals() == {"bytes": 150, "failures": 1, "throttled": 3}
+    m.bytes.labels(*one).inc(10)  # the shard came back: its series counts from 0 again
+    assert m.totals()["bytes"] == 160

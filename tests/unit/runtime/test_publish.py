@@ -66,7 +66,8 @@ def test_the_status_publishes_the_cpu_figure_and_whether_it_is_settled() -> None
         holder=SimpleNamespace(held=list), processor_factory=None, readiness=lambda: (True, "ok"),
         suspended=False, leader=SimpleNamespace(is_leader=True, assigning=True),
         events=SimpleNamespace(recent=lambda n: []), cpu=meter,
-        metrics=SimpleNamespace(registry=CollectorRegistry()),
+        metrics=SimpleNamespace(registry=CollectorRegistry(), totals=lambda: dict.fromkeys(
+            ("bytes", "failures", "throttled"), 0)),
     )  # fmt: skip
     meter.sample(3)
     first = status_payload(worker, 0.0)  # type: ignore[arg-type]
@@ -101,7 +102,8 @@ def _quiet_worker(ready: tuple[bool, str] = (True, "ready"), *, leader: bool = F
         holder=SimpleNamespace(held=list), processor_factory=None, readiness=lambda: ready,
         suspended=False, leader=SimpleNamespace(is_leader=leader, assigning=False),
         events=SimpleNamespace(recent=lambda n: []), cpu=meter,
-        metrics=SimpleNamespace(registry=CollectorRegistry()),
+        metrics=SimpleNamespace(registry=CollectorRegistry(), totals=lambda: dict.fromkeys(
+            ("bytes", "failures", "throttled"), 0)),
     )  # fmt: skip
 
 
@@ -182,6 +184,9 @@ def test_a_first_status_and_a_lease_less_workers_status_are_always_written() -> 
         ({"leader": True}, 10.0, True),
         ({"sink": {"batches": 3}}, 10.0, True),  # records flowing through a Spark sink
         ({"leases": {"shardId-1": {"sink_in_flight": 1}}}, 10.0, True),
+        # the status page's totals ride along on other writes: records flowing cost no write
+        ({"bytes": 5_000, "failures": 1, "throttled": 2}, 10.0, False),
+        ({"bytes": 5_000}, 25.0, True),
     ],
 )
 def test_a_holders_status_is_written_when_a_reader_would_learn_something(
