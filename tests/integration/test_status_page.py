@@ -171,6 +171,14 @@ idle_time_between_reads = 0.3
                         and _count(browser, "#events tr[data-kind='asked']") >= 1,
                         timeout=60)  # fmt: skip
             browser.save_screenshot(str(ARTIFACTS / "status-page.png"))
+            # #45: it fits a 1400 px screen: a checkpoint shows its ends, the whole on hover.
+            assert browser.execute_script("return document.documentElement.scrollWidth") <= 1400
+            cell = browser.find_element("css selector", "#leases tbody td.checkpoint")
+            assert len(cell.get_attribute("title")) >= 50 and "\u2026" in cell.text
+            import kclpy_spark
+
+            summary = browser.find_element("css selector", "#summary").text
+            assert f"kclpy-spark {kclpy_spark.__version__}" in summary
 
             # The same page for a machine that runs no worker: status --serve.
             serve_port = free_port()
