@@ -57,7 +57,7 @@ from kclpy_spark.spark.settings import BatcherSettings, check_write_timeout
 _FUNCTION = re.compile(r"^[\w.]+:[\w.]+$")
 # Batches written at once unless the config says: 1.20x the records/s of one writer (1.14x to
 # 1.47x by round) with a source that costs this machine nothing (as Kinesis), 0.95x-1.07x warm
-# with one that competes for its two cores (BENCHMARKS.md "Two writers by default").
+# with one that competes for its two cores (bench/results/history.md "Two writers by default").
 DEFAULT_WRITERS = 2
 READ_ON = ("driver", "executors")
 # The default ``batching``: replaced in __post_init__ by the defaults of the sink's kind.
@@ -232,7 +232,7 @@ def _check(cfg: SinkConfig) -> None:
 def _defaults_for(sinks: list[str], given: Mapping[str, Any] = {}) -> BatcherSettings:
     """Batching settings with the defaults of the sinks' kinds under the ``given`` ones: those
     of the built-in sinks only when every sink is one. Two writers for every sink (a batch is
-    built and written while another is; BENCHMARKS.md "Two writers by default"); with a
+    built and written while another is; bench/results/history.md "Two writers by default"); with a
     function among the sinks one batch of a lease in flight, so the function gets a lease's
     batches one after another, in order, while other leases' batches use the second writer."""
     builtin = all(sink.startswith(("parquet:", "delta:")) for sink in sinks)

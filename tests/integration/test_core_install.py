@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +42,15 @@ def _sh(*args: str | Path, cwd: Path, timeout: float = 300) -> subprocess.Comple
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("wheel")
-    _sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", work, REPO, cwd=work)
+    source = work / "source"  # a copy: a build in the checkout would leave build/ there
+    for name in ("pyproject.toml", "README.md", "LICENSE", "kclpy_spark", "checkpoint",
+                 "shard_sync", "pyspark_kinesis_kcl.py"):  # fmt: skip
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, source / name,
+                            ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+        elif (REPO / name).exists():
+            shutil.copy2(REPO / name, source / name)
+    _sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", work, source, cwd=work)
     return next(work.glob("kclpy_spark-*.whl"))
 
 

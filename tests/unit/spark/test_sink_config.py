@@ -198,7 +198,7 @@ def test_the_sink_modules_do_not_import_pyspark() -> None:
 @pytest.mark.parametrize(
     ("sinks", "given", "writers", "in_flight"),
     [
-        # Two writers for every sink (BENCHMARKS.md "Two writers by default").
+        # Two writers for every sink (bench/results/history.md "Two writers by default").
         (["parquet:/a"], {}, 2, 2),
         (["delta:/a"], {}, 2, 2),  # DeltaSink keeps a lease's batches in order itself
         (["parquet:/a", "delta:/b"], {}, 2, 2),
