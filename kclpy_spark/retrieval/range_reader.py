@@ -153,6 +153,8 @@ class RangeReader:
             found.left_behind = over or self._page_records >= limit
             if found.children is not None:
                 break
+            if found.bounded:  # the next record arrived after the bound: nothing more is ours
+                break
             iterator = str(answer["NextShardIterator"])
             if pin is not None:
                 if over or found.last == pin.last:
@@ -238,6 +240,11 @@ class RangeReader:
         range is not looked at record by record), and whether the page went past a pin."""
         if not records:
             return records, False
+        until = self._rng.until_millis if self._rng.pinned is None else None
+        if until is not None and any(r.timestamp_millis > until for r in records):
+            records = self._before(records, until, found)
+            if not records:
+                return records, False
         window = self._window
         first, last = records[0], records[-1]
         low = (int(first.sequence_number), first.sub_sequence_number)
@@ -254,6 +261,15 @@ class RangeReader:
                 kept.append(record)
                 found.note(key, record, key, record)
         return kept, False
+
+    @staticmethod
+    def _before(records: list[Record], until: int, found: _Found) -> list[Record]:
+        """The records before the first one that arrived after ``until`` (which ends the read)."""
+        for index, record in enumerate(records):
+            if record.timestamp_millis > until:
+                found.bounded = True
+                return records[:index]
+        return records
 
 
 @dataclass
@@ -273,6 +289,7 @@ class _Found:
     # from an emulator, or at the same millisecond) does not say the range reached the tip.
     left_behind: bool = False
     pages: int = 0  # GetRecords answers taken
+    bounded: bool = False  # a record after the range's ``until_millis`` was met
 
     def note(self, first_key: Key, first: Record, last_key: Key, last: Record) -> None:
         """Records from ``first`` to ``last`` were kept."""
@@ -297,6 +314,7 @@ class _Found:
             next_iterator=self.next_iterator,
             calls=calls,
             throttled=throttled,
+            bounded=self.bounded,
         )
 
 

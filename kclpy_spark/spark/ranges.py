@@ -115,6 +115,9 @@ class ReadRange:
     timestamp: float | None = None
     iterator: str | None = None
     pinned: Pinned | None = None
+    # A first read stops before the first record that arrived after this (epoch milliseconds):
+    # a readStream query's Trigger.AvailableNow bound (readstream/offsets.py).
+    until_millis: int | None = None
 
     def __post_init__(self) -> None:
         if (
@@ -166,6 +169,7 @@ class ReadRange:
                 "timestamp": self.timestamp,
                 "iterator": self.iterator,
                 "pinned": _pin_json(self.pinned),
+                "until_millis": self.until_millis,
             },
             separators=(",", ":"),
         )
@@ -190,6 +194,7 @@ class ReadRange:
             timestamp=v.get("timestamp"),
             iterator=v.get("iterator"),
             pinned=_pin_of(v.get("pinned")),
+            until_millis=v.get("until_millis"),
         )
 
 
@@ -210,6 +215,7 @@ class RangeEnd:
     calls: int = 0
     throttled: int = 0
     error: str | None = None  # the read failed for good (its records are left out)
+    bounded: bool = False  # it stopped at a record that arrived after ``until_millis``
 
     @property
     def pin(self) -> Pinned:
@@ -230,6 +236,7 @@ class RangeEnd:
                 "calls": self.calls,
                 "throttled": self.throttled,
                 "error": self.error,
+                "bounded": self.bounded,
             },
             separators=(",", ":"),
             default=str,
@@ -251,6 +258,7 @@ class RangeEnd:
             calls=int(v.get("calls", 0)),
             throttled=int(v.get("throttled", 0)),
             error=v.get("error"),
+            bounded=bool(v.get("bounded", False)),
         )
 
 

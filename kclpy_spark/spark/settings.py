@@ -8,7 +8,8 @@ from typing import Literal
 from checkpoint.base.errors import ConfigError
 
 # Writer threads at most: each runs one Spark job at a time on the driver; past a few dozen they
-# only contend (bench/results/history.md "Two writers by default"), and 20,000 exhausted the process.
+# only contend (bench/results/history.md "Two writers by default"), and 20,000 exhausted the
+# process.
 MAX_WRITERS = 64
 # The longest each duration may be (seconds): records wait at most ``max_wait`` to be written, so
 # ``inf`` would hold them unwritten (and the lease unacknowledged) for ever.

@@ -1,7 +1,8 @@
 """#45: the wheel as users install it. Built from this checkout, it goes into a fresh virtualenv
 without extras (no pyspark, pyarrow, pandas or deltalake), and README's processor, copied from
 README.md as it stands, reads a LocalStack stream from it; a ``[sink]`` there is one line naming
-the extra. A second fresh virtualenv gets ``kclpy-spark[spark]`` and runs a Parquet sink.
+the extra. A second fresh virtualenv gets ``kclpy-spark[spark]``, runs a Parquet sink, and
+finds the ``kinesis-kcl`` readStream source registered by its module's name alone.
 
 pip resolves ``[spark]`` for real in the second one, but the Spark packages themselves (pyspark,
 pyarrow, pandas and what they need, ~700 MB) are linked from the test's own virtualenv rather
@@ -43,6 +44,7 @@ def _sh(*args: str | Path, cwd: Path, timeout: float = 300) -> subprocess.Comple
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("wheel")
     source = work / "source"  # a copy: a build in the checkout would leave build/ there
+    source.mkdir()
     for name in ("pyproject.toml", "README.md", "LICENSE", "kclpy_spark", "checkpoint",
                  "shard_sync", "pyspark_kinesis_kcl.py"):  # fmt: skip
         if (REPO / name).is_dir():
@@ -162,3 +164,16 @@ def test_the_spark_extra_runs_a_parquet_sink(
     assert run.returncode == 0, run.stderr[-3000:]
     rows = pq.read_table(tmp_path / "out").column("data").to_pylist()
     assert sorted(int(x) for x in rows) == list(range(30))
+
+    # The readStream source is there without a registration line (pyspark_kinesis_kcl).
+    probe = (
+        "from pyspark.sql import SparkSession\n"
+        "s = SparkSession.builder.master('local[1]').config('spark.ui.enabled', 'false')"
+        ".getOrCreate()\n"
+        "df = s.readStream.format('kinesis-kcl').option('streamName', 'x').load()\n"
+        "print(df.schema.simpleString())\n"
+    )
+    found = subprocess.run([str(spark_venv / "bin/python"), "-c", probe], capture_output=True,
+                           text=True, cwd=tmp_path, timeout=180, env=env, check=False)  # fmt: skip
+    assert found.returncode == 0, found.stderr[-3000:]
+    assert "sequence_number:string" in found.stdout and "data:binary" in found.stdout

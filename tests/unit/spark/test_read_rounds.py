@@ -410,3 +410,24 @@ def test_a_read_job_in_time_is_not_cancelled() -> None:
         reads_.close()
     assert len(jobs.tags) == 1 and jobs.interrupted == []
     assert [p.millis_behind_latest for p in posted] == [0]
+
+
+def test_a_range_with_an_arrival_bound_stops_before_the_first_later_record() -> None:
+    """#44's Trigger.AvailableNow: records that arrived after ``until_millis`` are not read, and
+    the read says it met the bound; a pinned re-read ignores the bound (its pin decides)."""
+    from datetime import UTC, datetime
+
+    def page(arrivals: dict[int, int]) -> dict[str, Any]:
+        records = [{"Data": b"d", "PartitionKey": "k", "SequenceNumber": str(s),
+                    "ApproximateArrivalTimestamp": datetime.fromtimestamp(ms / 1000, tz=UTC)}
+                   for s, ms in arrivals.items()]  # fmt: skip
+        return {"Records": records, "NextShardIterator": "it-1", "MillisBehindLatest": 5000}
+
+    rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, esn(10), until_millis=2_000)
+    end, kept = _read_range([page({20: 1_000, 30: 2_000, 40: 2_001, 50: 1_500})], rng)
+    assert kept == [20, 30] and end.bounded and end.last == esn(30)
+    end, kept = _read_range([page({20: 1_000}), page({30: 3_000})], rng)
+    assert kept == [20] and end.bounded
+    unbounded = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, esn(10), max_pages=1)
+    end, kept = _read_range([page({20: 1_000, 30: 9_000})], unbounded)
+    assert kept == [20, 30] and not end.bounded

@@ -1,0 +1,1 @@
+"""A Structured Streaming source, ``spark.readStream.format("kinesis-kcl")`` (issue 44)."""

@@ -1,0 +1,121 @@
+"""The ``kinesis-kcl`` source's options, checked once at ``load()`` (each bad one is one line).
+
+Names follow the awslabs / Databricks Kinesis connectors where they have one (``streamName``,
+``streamARN``, ``region``, ``endpointUrl``, ``initialPosition``); Spark hands options over with
+their case folded, so any case is accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from checkpoint.base.errors import ConfigError
+from checkpoint.sequence import InitialPosition
+from kclpy_spark.config_rules import APP_NAME, check_endpoint
+from kclpy_spark.stream_spec import check_stream
+
+# option (as documented) -> what it sets; every value is a string, as Spark passes them
+KNOWN = {
+    "streamName": "the stream to read",
+    "streamARN": "the stream to read, by ARN",
+    "region": "the stream's region (default: the ARN's, AWS_REGION, the SDK's)",
+    "endpointUrl": "a local endpoint (LocalStack); default: AWS",
+    "initialPosition": "TRIM_HORIZON, LATEST (default) or AT_TIMESTAMP:<epoch or ISO time>",
+    "applicationName": "the application (names the pin folder by default)",
+    "maxRecordsPerShard": "the most records a shard gives one batch (default 10000)",
+    "maxBytesPerShard": "the most bytes a shard gives one batch (default 10 MiB)",
+    "maxReadBytesPerSecond": "per shard, the pace of reads (default 2 MiB/s; 0: no pacing)",
+    "kplDeaggregation": "split KPL aggregates into their records (default true)",
+    "pinLocation": "a folder the driver and every executor see, for the ranges' pins",
+}
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    stream_name: str | None
+    stream_arn: str | None
+    region: str | None
+    endpoint_url: str | None
+    initial_position: InitialPosition
+    application_name: str
+    max_records: int
+    max_bytes: int
+    read_rate: int
+    kpl: bool
+    pin_location: Path
+
+    @property
+    def stream_arg(self) -> dict[str, str]:
+        if self.stream_arn:
+            return {"StreamARN": self.stream_arn}
+        return {"StreamName": str(self.stream_name)}
+
+    @property
+    def stream(self) -> str:
+        return self.stream_arn or str(self.stream_name)
+
+    @classmethod
+    def parse(cls, given: Mapping[str, str]) -> SourceOptions:
+        by_lower = {name.lower(): name for name in KNOWN}
+        unknown = sorted(k for k in given if k.lower() not in by_lower)
+        if unknown:
+            raise ConfigError(
+                f"kinesis-kcl: unknown option(s) {', '.join(unknown)} (known: {', '.join(KNOWN)})"
+            )
+        values = {by_lower[k.lower()]: str(v) for k, v in given.items()}
+        name, arn = values.get("streamName"), values.get("streamARN")
+        if not name and not arn:
+            raise ConfigError("kinesis-kcl: option streamName (or streamARN) is required")
+        check_stream(name or None, arn or None, "kinesis-kcl option")
+        endpoint = values.get("endpointUrl") or None
+        if endpoint is not None:
+            check_endpoint(endpoint)
+        app = values.get("applicationName", "kclpy-spark-stream")
+        if not APP_NAME.match(app):
+            raise ConfigError(
+                "kinesis-kcl: option applicationName must be 3-255 letters, digits, '_', '-', "
+                f"'.', got {app!r}"
+            )
+        try:
+            position = InitialPosition.parse(values.get("initialPosition", "LATEST"))
+        except ValueError as exc:
+            raise ConfigError(f"kinesis-kcl: option initialPosition: {exc}") from None
+        return cls(
+            stream_name=name or None,
+            stream_arn=arn or None,
+            region=values.get("region") or None,
+            endpoint_url=endpoint,
+            initial_position=position,
+            application_name=app,
+            max_records=_int(values, "maxRecordsPerShard", 10_000, 1, 10_000_000),
+            max_bytes=_int(values, "maxBytesPerShard", 10 * 1024 * 1024, 1, 2**40),
+            read_rate=_int(values, "maxReadBytesPerSecond", 2 * 1024 * 1024, 0, 2 * 1024 * 1024),
+            kpl=_bool(values, "kplDeaggregation", True),
+            pin_location=Path(values.get("pinLocation") or f".kclpy-spark/pins/{app}"),
+        )
+
+
+def _int(values: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    text = values.get(name)
+    if text is None:
+        return default
+    try:
+        number = int(text)
+    except ValueError:
+        raise ConfigError(
+            f"kinesis-kcl: option {name} must be a whole number, got {text!r}"
+        ) from None
+    if not low <= number <= high:
+        raise ConfigError(f"kinesis-kcl: option {name} must be {low}..{high}, got {number}")
+    return number
+
+
+def _bool(values: Mapping[str, str], name: str, default: bool) -> bool:
+    text = values.get(name)
+    if text is None:
+        return default
+    if text.lower() in {"true", "false"}:
+        return text.lower() == "true"
+    raise ConfigError(f"kinesis-kcl: option {name} must be true or false, got {text!r}")

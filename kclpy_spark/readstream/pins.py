@@ -1,0 +1,84 @@
+"""Where the ``kinesis-kcl`` source keeps each range's pin (what its first read found), so a
+replayed batch reads exactly the same records (offsets.py says why).
+
+``PinStore`` is the port; ``DirectoryPins`` keeps one small JSON file per (run, batch, shard)
+in a folder every executor and the driver see (one machine, or a shared mount). The first pin of
+a range wins: it is written to a file of its own and linked into place, which fails if a pin is
+already there (two attempts of one task, a speculative copy), and the loser reads the winner's.
+Pins older than the batch before the last planned one are never read again: ``forget_before``
+deletes them, so the folder holds a bounded number of files whatever the query's age.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Protocol
+
+from kclpy_spark.readstream.offsets import Pin
+
+
+class PinStore(Protocol):
+    def get(self, run: str, batch: int, shard_id: str) -> Pin | None:
+        """The pin of a range, if its first read stored one."""
+        ...
+
+    def put_first(self, run: str, batch: int, shard_id: str, pin: Pin) -> Pin:
+        """Store ``pin`` unless the range has one: returns the pin that is stored (the winner)."""
+        ...
+
+    def forget_before(self, run: str, batch: int) -> int:
+        """Delete the pins of the run's batches before ``batch``; how many batches went."""
+        ...
+
+
+class DirectoryPins:
+    def __init__(self, root: str | Path) -> None:
+        self._root = Path(root)
+
+    def _batch_dir(self, run: str, batch: int) -> Path:
+        return self._root / run / f"batch-{batch:012d}"
+
+    def get(self, run: str, batch: int, shard_id: str) -> Pin | None:
+        path = self._batch_dir(run, batch) / f"{shard_id}.json"
+        try:
+            return Pin.from_json(json.loads(path.read_text()))
+        except FileNotFoundError:
+            return None
+
+    def put_first(self, run: str, batch: int, shard_id: str, pin: Pin) -> Pin:
+        folder = self._batch_dir(run, batch)
+        folder.mkdir(parents=True, exist_ok=True)
+        final = folder / f"{shard_id}.json"
+        draft = folder / f".{shard_id}.{uuid.uuid4().hex}.tmp"
+        with open(draft, "w") as fh:
+            json.dump(pin.to_json(), fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(draft, final)  # atomic, and fails when a pin is there
+            return pin
+        except FileExistsError:
+            stored = self.get(run, batch, shard_id)
+            if stored is None:  # pragma: no cover - a pin is never deleted while its batch runs
+                raise
+            return stored
+        finally:
+            draft.unlink(missing_ok=True)
+
+    def forget_before(self, run: str, batch: int) -> int:
+        gone = 0
+        folder = self._root / run
+        if not folder.is_dir():
+            return 0
+        for child in folder.iterdir():
+            number = child.name.removeprefix("batch-")
+            if child.name.startswith("batch-") and number.isdigit() and int(number) < batch:
+                with contextlib.suppress(FileNotFoundError):
+                    shutil.rmtree(child)
+                    gone += 1
+        return gone

@@ -1,0 +1,200 @@
+"""``spark.readStream.format("kinesis-kcl")``: a Structured Streaming source on PySpark's Python
+Data Source API, reading on the executors with the daemon's range reader.
+
+The driver side (Spark runs it in a Python process of its own) plans: it lists the shards, keeps
+the parent/child order and names, per batch, each shard's start (``offsets.py``). Each shard of
+a batch is one Spark partition; its task reads the range on an executor exactly as
+``read_on = "executors"`` does (``cluster_read``: paced GetRecords, KPL aggregates split, the
+child's hash keys applied), and the first read of a range pins what it found (``pins.py``), so a
+batch Spark replays after a failure or a restart reads the same records. Spark's own checkpoint
+(``checkpointLocation``) keeps the offsets; this source acknowledges nothing on its own.
+
+Not yet (issue 44): KCL leases (the query does not take leases, so two queries of one
+application would both read every shard), ``value_schema``, per-trigger read limits from
+Spark's ``ReadLimit`` (the options' budgets apply).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+from kclpy_spark.readstream.offsets import (
+    Pin,
+    SourceOffset,
+    first_offset,
+    next_offset,
+)
+from kclpy_spark.readstream.options import SourceOptions
+from kclpy_spark.readstream.pins import DirectoryPins
+from kclpy_spark.spark.ranges import Pinned, RangeEnd, ReadRange
+
+SCHEMA = (
+    "stream string, shard_id string, sequence_number string, sub_sequence_number bigint, "
+    "partition_key string, approximate_arrival_timestamp timestamp, data binary"
+)
+READ_SECONDS = 30.0  # a range's time budget on the executor (it stops early at the tip)
+
+
+class KinesisKclDataSource(DataSource):
+    """The ``kinesis-kcl`` data source (streaming reads only)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "kinesis-kcl"
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.source_options = SourceOptions.parse(options)  # a bad option fails load()
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema: Any) -> KinesisKclStreamReader:
+        return KinesisKclStreamReader(self.source_options)
+
+
+class RangePartition(InputPartition):
+    """One shard's range in one batch: the range and where its pin lives, as JSON."""
+
+    def __init__(self, value: str) -> None:
+        super().__init__(value)
+
+
+class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: SourceOptions) -> None:
+        self._options = options
+        self._until_ms: int | None = None
+        self._lister: Any = None  # the driver side's, made on first use (never pickled)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_lister": None}
+
+    # --- the driver side ---------------------------------------------------------------------
+
+    def initialOffset(self) -> dict[str, Any]:
+        return first_offset(uuid.uuid4().hex, int(time.time() * 1000)).to_json()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Trigger.AvailableNow: read what arrived until now, then stop (offsets.py)."""
+        self._until_ms = int(time.time() * 1000)
+
+    def latestOffset(self, start: dict[str, Any], limit: Any = None) -> dict[str, Any]:
+        previous = SourceOffset.from_json(start)
+        pins = self._pins()
+        found = {}
+        for sid in previous.read_shards() if previous.batch >= 0 else []:
+            pin = pins.get(previous.run, previous.batch, sid)
+            if pin is not None:
+                found[sid] = pin
+        listed = self._list(previous)
+        following = next_offset(previous, found, listed, self._options.initial_position,
+                                self._until_ms)  # fmt: skip
+        if following.batch > previous.batch >= 1:  # a replay needs this batch's and the last's
+            pins.forget_before(previous.run, previous.batch)
+        return following.to_json()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[RangePartition]:
+        offset = SourceOffset.from_json(end)
+        o = self._options
+        parts = []
+        for sid in offset.read_shards():
+            plan = offset.shards[sid]
+            rng = ReadRange(
+                lease_key=sid, stream=o.stream, stream_arg=o.stream_arg, shard_id=sid,
+                after=plan.start.after, max_records=o.max_records, max_bytes=o.max_bytes,
+                max_seconds=READ_SECONDS, read_rate=o.read_rate or 1e12, kpl=o.kpl,
+                hash_range=plan.hash_range,
+                timestamp=None if plan.start.at_ms is None else plan.start.at_ms / 1000,
+                until_millis=offset.until_ms, iterator=plan.iterator,
+            )  # fmt: skip
+            value = {"range": rng.to_json(), "run": offset.run, "batch": offset.batch}
+            parts.append(RangePartition(json.dumps(value)))
+        return parts
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to do: Spark's checkpoint holds the offsets (and it calls this one batch
+        late, never for the last batch: no place to acknowledge anything)."""
+
+    def _pins(self) -> DirectoryPins:
+        return DirectoryPins(self._options.pin_location)
+
+    def _list(self, previous: SourceOffset) -> list[Any]:
+        from shard_sync.discovery import KinesisShardLister, shard_filter_for
+
+        if self._lister is None:
+            self._lister = KinesisShardLister(
+                _kinesis_client(self._options), stream_name=self._options.stream_name,
+                stream_arn=self._options.stream_arn,
+            )  # fmt: skip
+        if previous.shards or previous.ended:
+            return list(self._lister.list_shards())
+        # the first listing: the empty-table rule wants the shards open at the initial position
+        return list(self._lister.list_shards(shard_filter_for(self._options.initial_position)))
+
+    # --- on the executors --------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        value = json.loads(partition.value)
+        rng = ReadRange.from_json(value["range"])
+        run, batch = str(value["run"]), int(value["batch"])
+        pins = self._pins()
+        stored = pins.get(run, batch, rng.shard_id)
+        if stored is not None:
+            chunks, _ = self._read(_pinned(rng, stored))
+        else:
+            chunks, end = self._read(rng)
+            pin = Pin(end.first, end.last, end.rows, end.shard_ended,
+                      caught_up=end.bounded or end.millis_behind_latest == 0,
+                      next_iterator=end.next_iterator)  # fmt: skip
+            winner = pins.put_first(run, batch, rng.shard_id, pin)
+            if winner != pin:  # another attempt of this task pinned first: its records
+                chunks, _ = self._read(_pinned(rng, winner))
+        for chunk in chunks:
+            yield _as_output(chunk)
+
+    def _read(self, rng: ReadRange) -> tuple[list[pa.RecordBatch], RangeEnd]:
+        from kclpy_spark.aws import resolve_region
+        from kclpy_spark.spark.cluster_read import AwsTarget, _executor_reads
+
+        o = self._options
+        arn_region = o.stream_arn.split(":")[3] if o.stream_arn else None
+        aws = AwsTarget(resolve_region(o.region, arn_region, None, o.endpoint_url), o.endpoint_url)
+        for _, outcome in _executor_reads().reads([rng], aws):
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome
+        raise RuntimeError(f"shard {rng.shard_id}: the read gave no answer")
+
+
+def _pinned(rng: ReadRange, pin: Pin) -> ReadRange:
+    pinned = Pinned(pin.first, pin.last, pin.rows, pin.ended)
+    return replace(rng, pinned=pinned, until_millis=None, iterator=None)
+
+
+def _as_output(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A chunk of the record columns with the arrival time as Spark's timestamp (microseconds)."""
+    columns = list(batch.columns)
+    columns[5] = columns[5].cast(pa.timestamp("us", tz="UTC"))
+    names = [f.name for f in batch.schema]
+    return pa.RecordBatch.from_arrays(columns, names=names)
+
+
+def _kinesis_client(options: SourceOptions) -> Any:
+    import boto3
+
+    from kclpy_spark.aws import botocore_config, endpoint_kwargs, resolve_region
+
+    arn_region = options.stream_arn.split(":")[3] if options.stream_arn else None
+    region = resolve_region(options.region, arn_region, None, options.endpoint_url)
+    return boto3.session.Session().client(
+        "kinesis", config=botocore_config(), **endpoint_kwargs(region, options.endpoint_url)
+    )

@@ -1,0 +1,148 @@
+"""#44: the kinesis-kcl source's offsets and pins, pure: how one batch follows another (starts
+from pins, parents first, children of ended shards, LATEST as the query's first moment, the
+AvailableNow bound), offsets that survive Spark's journal, and first-pin-wins storage."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from checkpoint.lease import HashKeyRange
+from checkpoint.sequence import AT_TIMESTAMP, ExtendedSequenceNumber, InitialPosition
+from kclpy_spark.readstream.offsets import (
+    Pin,
+    ShardPlan,
+    SourceOffset,
+    Start,
+    first_offset,
+    next_offset,
+)
+from kclpy_spark.readstream.pins import DirectoryPins
+from shard_sync.shards import Shard
+
+ESN = ExtendedSequenceNumber
+TOP = 2**128 - 1
+TH = InitialPosition.trim_horizon()
+PARENT = Shard("s0", None, None, HashKeyRange(0, TOP), "100", "200")
+LEFT = Shard("s1", "s0", None, HashKeyRange(0, TOP // 2), "300")
+RIGHT = Shard("s2", "s0", None, HashKeyRange(TOP // 2 + 1, TOP), "300")
+MERGED = Shard("s3", "s1", "s2", HashKeyRange(0, TOP), "400")
+CLOSED = [Shard(s.shard_id, s.parent_shard_id, None, s.hash_key_range, "300", "390")
+          for s in (LEFT, RIGHT)]  # fmt: skip
+
+
+def test_the_first_batch_reads_the_open_shards_from_the_initial_position() -> None:
+    start = first_offset("run", 1_000)
+    one = next_offset(
+        start, {}, [PARENT.__class__("s0", None, None, HashKeyRange(0, TOP), "100")], TH
+    )
+    assert one.batch == 0 and one.read_shards() == ["s0"]
+    assert one.shards["s0"].start == Start()  # TRIM_HORIZON
+
+
+@pytest.mark.parametrize(
+    ("initial", "start"),
+    [
+        (InitialPosition.latest(), Start(AT_TIMESTAMP, 1_000)),  # the query's first moment
+        (InitialPosition.at_timestamp(datetime(2026, 1, 1, tzinfo=UTC)),
+         Start(AT_TIMESTAMP, 1_767_225_600_000)),
+        (TH, Start()),
+    ],
+)  # fmt: skip
+def test_latest_is_the_moment_the_query_first_started(
+    initial: InitialPosition, start: Start
+) -> None:
+    open_shard = Shard("s0", None, None, HashKeyRange(0, TOP), "100")
+    assert (
+        next_offset(first_offset("run", 1_000), {}, [open_shard], initial).shards["s0"].start
+        == start
+    )
+
+
+def _at(batch: int, **plans: ShardPlan) -> SourceOffset:
+    return SourceOffset("run", batch, 1_000, None, plans)
+
+
+def test_a_shard_moves_to_its_pins_last_record_and_keeps_the_next_iterator() -> None:
+    prev = _at(3, s0=ShardPlan(Start(ESN("150")), True, (), (0, TOP)))
+    pin = Pin(ESN("160"), ESN("190", 2), 7, next_iterator="it-1")
+    following = next_offset(prev, {"s0": pin}, [PARENT], TH)
+    assert following.batch == 4
+    assert following.shards["s0"].start == Start(ESN("190", 2))
+    assert following.shards["s0"].iterator == "it-1"
+    empty = next_offset(prev, {"s0": Pin(None, None, 0, next_iterator="it-2")}, [PARENT], TH)
+    assert empty.shards["s0"].start == Start(ESN("150"))  # nothing read: where it was
+
+
+def test_children_come_after_their_parents_end_and_a_merge_after_both() -> None:
+    prev = _at(3, s0=ShardPlan(Start(ESN("150")), True, (), (0, TOP)))
+    ended = next_offset(prev, {"s0": Pin(None, None, 0, ended=True)}, [PARENT, LEFT, RIGHT], TH)
+    assert ended.ended == {"s0"} and "s0" not in ended.shards
+    assert ended.read_shards() == ["s1", "s2"]
+    assert ended.shards["s1"].start == Start() and ended.shards["s1"].parents == ("s0",)
+    listed = [PARENT, *CLOSED, MERGED]
+    one_side = next_offset(ended, {"s1": Pin(None, None, 0, ended=True),
+                                   "s2": Pin(ESN("350"), ESN("350"), 1)}, listed, TH)  # fmt: skip
+    assert one_side.read_shards() == ["s2"], "the merge waits for its other parent"
+    assert one_side.shards["s3"].parents == ("s1", "s2") and not one_side.shards["s3"].read
+    both = next_offset(one_side, {"s2": Pin(None, None, 0, ended=True)}, listed, TH)
+    assert both.read_shards() == ["s3"] and both.ended == {"s0", "s1", "s2"}
+
+
+def test_a_listing_that_raced_a_reshard_adds_nothing_this_time() -> None:
+    prev = _at(3, s0=ShardPlan(Start(ESN("150")), True, (), (0, TOP)))
+    raced = [Shard("s0", None, None, HashKeyRange(0, TOP), "100"), LEFT, RIGHT]  # s0 still open
+    following = next_offset(prev, {"s0": Pin(None, None, 0)}, raced, TH)
+    assert following.read_shards() == ["s0"] and set(following.shards) == {"s0"}
+
+
+def test_a_read_shard_without_a_pin_is_an_error() -> None:
+    prev = _at(3, s0=ShardPlan(Start(ESN("150")), True))
+    with pytest.raises(LookupError, match="no pin for s0"):
+        next_offset(prev, {}, [PARENT], TH)
+
+
+def test_available_now_stops_once_every_shard_is_done_under_the_same_bound() -> None:
+    prev = SourceOffset("run", 3, 1_000, 5_000, {"s0": ShardPlan(Start(ESN("150")), True)})
+    caught_up = {"s0": Pin(ESN("160"), ESN("170"), 2, caught_up=True)}
+    assert next_offset(prev, caught_up, [PARENT], TH, until_ms=5_000) is prev  # nothing left
+    again = next_offset(prev, caught_up, [PARENT], TH, until_ms=9_000)  # a new run: read again
+    assert again.read_shards() == ["s0"] and again.until_ms == 9_000
+    behind = next_offset(prev, {"s0": Pin(ESN("160"), ESN("170"), 2)}, [PARENT], TH, 5_000)
+    assert behind.read_shards() == ["s0"]
+
+
+def test_an_offset_survives_sparks_journal() -> None:
+    offset = SourceOffset(
+        "run", 7, 1_000, 5_000,
+        {"s1": ShardPlan(Start(ESN("12345", 3)), True, ("s0",), (0, TOP // 2), False, "it"),
+         "s2": ShardPlan(Start(AT_TIMESTAMP, 999), False, ("s0",), None, True)},
+        frozenset({"s0"}),
+    )  # fmt: skip
+    text = json.dumps(offset.to_json())
+    assert SourceOffset.from_json(json.loads(text)) == offset
+    with pytest.raises(ValueError, match="another version"):
+        SourceOffset.from_json({**offset.to_json(), "v": 99})
+
+
+def test_the_first_pin_of_a_range_wins_and_old_batches_go(tmp_path: Path) -> None:
+    pins = DirectoryPins(tmp_path)
+    mine, theirs = Pin(ESN("1"), ESN("5"), 5), Pin(ESN("1"), ESN("9"), 9)
+    results: list[Pin] = []
+    threads = [threading.Thread(target=lambda p=p: results.append(pins.put_first("r", 3, "s0", p)))
+               for p in (mine, theirs) * 4]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(results)) == 1 and pins.get("r", 3, "s0") == results[0]
+    assert not list(tmp_path.rglob("*.tmp"))
+    pins.put_first("r", 1, "s0", mine)
+    pins.put_first("r", 2, "s0", mine)
+    assert pins.forget_before("r", 2) == 1
+    assert pins.get("r", 1, "s0") is None and pins.get("r", 2, "s0") == mine
+    assert pins.get("other", 3, "s0") is None
