@@ -67,20 +67,21 @@ class Pin:
     rows: int
     ended: bool = False  # the shard's end was reached
     caught_up: bool = False  # the read reached the tip, or the AvailableNow bound
+    bounded: bool = False  # it stopped at a record that arrived after the AvailableNow bound
     # Where the next read goes on (GetRecords' NextShardIterator, valid 5 minutes): a shard's
     # end shows only to a read that goes on past its last record.
     next_iterator: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"first": _esn_text(self.first), "last": _esn_text(self.last), "rows": self.rows,
-                "ended": self.ended, "caught_up": self.caught_up,
+                "ended": self.ended, "caught_up": self.caught_up, "bounded": self.bounded,
                 "next_iterator": self.next_iterator}  # fmt: skip
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> Pin:
         return cls(_esn_of(value.get("first")), _esn_of(value.get("last")), int(value["rows"]),
                    bool(value.get("ended")), bool(value.get("caught_up")),
-                   value.get("next_iterator"))  # fmt: skip
+                   bool(value.get("bounded")), value.get("next_iterator"))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,10 @@ class ShardPlan:
     hash_range: tuple[int, int] | None = None
     done: bool = False
     iterator: str | None = None  # the last read's next iterator (an expired one is replaced)
+    # The listing showed the shard closed when this batch was planned: a read of it that then
+    # finds nothing more at the tip has read it to its end (Kinesis shows the end itself only to
+    # a read that goes on past the last record, which an expired iterator's replacement loses).
+    closed: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,7 @@ class ShardState:
     ended: bool
     caught_up: bool
     iterator: str | None = None
+    bounded: bool = False
 
 
 def resolve(offset: SourceOffset, pins: Mapping[str, Pin]) -> dict[str, ShardState]:
@@ -152,13 +158,16 @@ def resolve(offset: SourceOffset, pins: Mapping[str, Pin]) -> dict[str, ShardSta
     states = {}
     for sid, plan in offset.shards.items():
         if not plan.read:
-            states[sid] = ShardState(plan.start, False, plan.done, plan.iterator)
+            states[sid] = ShardState(plan.start, False, plan.done, plan.iterator, plan.done)
             continue
         pin = pins.get(sid)
         if pin is None:
             raise LookupError(f"batch {offset.batch} of run {offset.run}: no pin for {sid}")
         start = Start(pin.last) if pin.last is not None else plan.start
-        states[sid] = ShardState(start, pin.ended, pin.caught_up, pin.next_iterator)
+        # read to the end of a shard the listing showed closed before the read: ended
+        drained = plan.closed and pin.rows == 0 and pin.caught_up and not pin.bounded
+        states[sid] = ShardState(start, pin.ended or drained, pin.caught_up, pin.next_iterator,
+                                 pin.bounded)  # fmt: skip
     return states
 
 
@@ -172,8 +181,41 @@ def next_offset(
     """The batch after ``previous`` (whose reads left ``pins``), given the stream's shards as
     listed now; unchanged (``previous`` itself) when an AvailableNow run has nothing left."""
     states = resolve(previous, pins) if previous.batch >= 0 else {}
-    ended = previous.ended | {sid for sid, s in states.items() if s.ended}
+    ended = frozenset(previous.ended | {sid for sid, s in states.items() if s.ended})
     open_states = {sid: s for sid, s in states.items() if not s.ended}
+    plans = _plans(previous, open_states, ended, listed, initial)
+    listed_ids = {s.shard_id for s in listed}
+    closed = {s.shard_id for s in listed if s.ending_sequence_number is not None}
+    same_bound = until_ms is not None and previous.until_ms == until_ms
+    for sid, plan in plans.items():
+        waiting = any(p in plans for p in plan.parents)  # a parent still open: parents first
+        was = open_states.get(sid)
+        is_closed = plan.closed or sid in closed
+        # Done under the bound: caught up, and for a closed shard read to its end or its bound
+        # (its children's records came after those).
+        finished = (same_bound and was is not None and was.caught_up
+                    and (not is_closed or was.bounded))  # fmt: skip
+        plans[sid] = replace(plan, read=not waiting and not finished, done=finished,
+                             closed=is_closed)  # fmt: skip
+    named = {p for plan in plans.values() for p in plan.parents}
+    kept = frozenset(e for e in ended if e in listed_ids or e in named)  # the rest aged out
+    following = SourceOffset(previous.run, previous.batch + 1, previous.started_ms, until_ms,
+                             plans, kept)  # fmt: skip
+    if until_ms is not None and not following.read_shards() and previous.batch >= 0:
+        return previous
+    return following
+
+
+def _plans(
+    previous: SourceOffset,
+    open_states: Mapping[str, ShardState],
+    ended: frozenset[str],
+    listed: Sequence[Shard],
+    initial: InitialPosition,
+) -> dict[str, ShardPlan]:
+    """Every shard the next batch knows: the open ones where their reads left them, new ones
+    by the shard-sync rule, and the children of ended ones (from TRIM_HORIZON, as the KCL's
+    shard end makes them); none decided read yet."""
     plans: dict[str, ShardPlan] = {}
     for sid, state in open_states.items():
         plans[sid] = replace(previous.shards[sid], start=state.start, iterator=state.iterator)
@@ -186,23 +228,14 @@ def next_offset(
         if lease.shard_id not in known:
             start = _start_of(lease.checkpoint, initial, previous.started_ms)
             hash_range = (lease.hash_key_range.start, lease.hash_key_range.end)
-            parents = tuple(sorted(lease.parent_shard_ids))
-            plans[lease.shard_id] = ShardPlan(start, False, parents, hash_range)
-    for shard in listed:  # the children of ended shards, from TRIM_HORIZON (the KCL's shard end)
+            plans[lease.shard_id] = ShardPlan(start, False, tuple(sorted(lease.parent_shard_ids)),
+                                              hash_range)  # fmt: skip
+    for shard in listed:
         parents = tuple(p for p in (shard.parent_shard_id, shard.adjacent_parent_shard_id) if p)
         if shard.shard_id not in plans and shard.shard_id not in ended and set(parents) & ended:
             hash_range = (shard.hash_key_range.start, shard.hash_key_range.end)
             plans[shard.shard_id] = ShardPlan(Start(), False, tuple(sorted(parents)), hash_range)
-    same_bound = until_ms is not None and previous.until_ms == until_ms
-    for sid, plan in plans.items():
-        waiting = any(p in plans for p in plan.parents)  # a parent still open: parents first
-        finished = same_bound and sid in open_states and open_states[sid].caught_up
-        plans[sid] = replace(plan, read=not waiting and not finished, done=finished)
-    following = SourceOffset(previous.run, previous.batch + 1, previous.started_ms, until_ms,
-                             plans, frozenset(ended))  # fmt: skip
-    if until_ms is not None and not following.read_shards() and previous.batch >= 0:
-        return previous
-    return following
+    return plans
 
 
 def first_offset(run: str, now_ms: int) -> SourceOffset:
@@ -228,6 +261,8 @@ def _plan_json(plan: ShardPlan) -> dict[str, Any]:
                              "parents": ",".join(plan.parents), "done": plan.done}  # fmt: skip
     if plan.iterator is not None:
         value["iterator"] = plan.iterator
+    if plan.closed:
+        value["closed"] = True
     if plan.hash_range is not None:
         value["hash"] = f"{plan.hash_range[0]}-{plan.hash_range[1]}"
     return value
@@ -241,7 +276,8 @@ def _plan_of(value: Mapping[str, Any]) -> ShardPlan:
         low, high = str(hash_text).split("-")
         hash_range = (int(low), int(high))
     return ShardPlan(Start.parse(str(value["start"])), bool(value["read"]), parents, hash_range,
-                     bool(value.get("done")), value.get("iterator"))  # fmt: skip
+                     bool(value.get("done")), value.get("iterator"),
+                     bool(value.get("closed")))  # fmt: skip
 
 
 def _esn_text(value: ESN | None) -> str | None:

@@ -24,7 +24,7 @@ KNOWN = {
     "endpointUrl": "a local endpoint (LocalStack); default: AWS",
     "initialPosition": "TRIM_HORIZON, LATEST (default) or AT_TIMESTAMP:<epoch or ISO time>",
     "applicationName": "the application (names the pin folder by default)",
-    "maxRecordsPerShard": "the most records a shard gives one batch (default 10000)",
+    "maxRecordsPerShard": "the most records (a KPL aggregate counts once) a shard gives one batch",
     "maxBytesPerShard": "the most bytes a shard gives one batch (default 10 MiB)",
     "maxReadBytesPerSecond": "per shard, the pace of reads (default 2 MiB/s; 0: no pacing)",
     "kplDeaggregation": "split KPL aggregates into their records (default true)",
@@ -93,7 +93,8 @@ class SourceOptions:
             max_bytes=_int(values, "maxBytesPerShard", 10 * 1024 * 1024, 1, 2**40),
             read_rate=_int(values, "maxReadBytesPerSecond", 2 * 1024 * 1024, 0, 2 * 1024 * 1024),
             kpl=_bool(values, "kplDeaggregation", True),
-            pin_location=Path(values.get("pinLocation") or f".kclpy-spark/pins/{app}"),
+            # absolute at load(): the executors' working folders differ from the driver's
+            pin_location=Path(values.get("pinLocation") or f".kclpy-spark/pins/{app}").absolute(),
         )
 
 

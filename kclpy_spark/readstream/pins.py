@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Protocol
 
+from checkpoint.base.errors import ConfigError
 from kclpy_spark.readstream.offsets import Pin
 
 
@@ -33,6 +34,14 @@ class PinStore(Protocol):
 
     def forget_before(self, run: str, batch: int) -> int:
         """Delete the pins of the run's batches before ``batch``; how many batches went."""
+        ...
+
+    def mark_planned(self, run: str, batch: int) -> None:
+        """Note that the batch's partitions were planned (its tasks may pin)."""
+        ...
+
+    def planned(self, run: str, batch: int) -> bool:
+        """Whether the batch was planned with this store (its missing pins: tasks not run)."""
         ...
 
 
@@ -69,6 +78,33 @@ class DirectoryPins:
             return stored
         finally:
             draft.unlink(missing_ok=True)
+
+    def mark_planned(self, run: str, batch: int) -> None:
+        folder = self._batch_dir(run, batch)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / ".planned").touch()
+
+    def planned(self, run: str, batch: int) -> bool:
+        return (self._batch_dir(run, batch) / ".planned").exists()
+
+    def check(self) -> None:
+        """One line unless the folder takes pins: writable, and with hard links (the first pin
+        wins by a link; object-store mounts often have none)."""
+        probe = self._root / f".probe-{uuid.uuid4().hex}"
+        try:
+            self._root.mkdir(parents=True, exist_ok=True)
+            probe.write_text("{}")
+            os.link(probe, probe.with_suffix(".link"))
+        except OSError as exc:
+            raise ConfigError(
+                f"kinesis-kcl: option pinLocation {str(self._root)!r} cannot hold pins "
+                f"({exc.strerror or exc}): a folder on a file system with hard links that the "
+                "driver and every executor see"
+            ) from None
+        finally:
+            for path in (probe, probe.with_suffix(".link")):
+                with contextlib.suppress(OSError):
+                    path.unlink()
 
     def forget_before(self, run: str, batch: int) -> int:
         gone = 0

@@ -27,6 +27,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
+from checkpoint.base.errors import KclpySparkError
 from kclpy_spark.readstream.offsets import (
     Pin,
     SourceOffset,
@@ -42,6 +43,7 @@ SCHEMA = (
     "partition_key string, approximate_arrival_timestamp timestamp, data binary"
 )
 READ_SECONDS = 30.0  # a range's time budget on the executor (it stops early at the tip)
+IDLE_SECONDS = 1.0  # after a batch that found nothing, the next is planned no sooner
 
 
 class KinesisKclDataSource(DataSource):
@@ -74,6 +76,8 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._options = options
         self._until_ms: int | None = None
         self._lister: Any = None  # the driver side's, made on first use (never pickled)
+        self._checked = False  # the pin folder was checked
+        self._planned_at = float("-inf")  # monotonic: when the last batch was planned
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_lister": None}
@@ -90,21 +94,44 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def latestOffset(self, start: dict[str, Any], limit: Any = None) -> dict[str, Any]:
         previous = SourceOffset.from_json(start)
         pins = self._pins()
-        found = {}
-        for sid in previous.read_shards() if previous.batch >= 0 else []:
-            pin = pins.get(previous.run, previous.batch, sid)
-            if pin is not None:
-                found[sid] = pin
+        if not self._checked:
+            pins.check()  # one line if the folder cannot hold pins (not writable, no links)
+            self._checked = True
+        found = self._pins_of(previous, pins)
+        idle = bool(found) and all(p.rows == 0 and p.caught_up for p in found.values())
+        if (idle and self._until_ms is None
+                and time.monotonic() - self._planned_at < IDLE_SECONDS):  # fmt: skip
+            return start  # every shard was dry: no new batch (nor a listing) more than 1/s
         listed = self._list(previous)
         following = next_offset(previous, found, listed, self._options.initial_position,
                                 self._until_ms)  # fmt: skip
         if following.batch > previous.batch >= 1:  # a replay needs this batch's and the last's
             pins.forget_before(previous.run, previous.batch)
+        self._planned_at = time.monotonic()
         return following.to_json()
+
+    def _pins_of(self, offset: SourceOffset, pins: DirectoryPins) -> dict[str, Pin]:
+        """The pins of a batch that ran. A shard whose task never ran (a foreachBatch that read
+        only some partitions) gets an empty pin: read again from the same start next time."""
+        found: dict[str, Pin] = {}
+        for sid in offset.read_shards() if offset.batch >= 0 else []:
+            pin = pins.get(offset.run, offset.batch, sid)
+            if pin is None:
+                if not pins.planned(offset.run, offset.batch):
+                    raise KclpySparkError(
+                        f"kinesis-kcl: the pins of batch {offset.batch} are not in "
+                        f"{self._options.pin_location} (pinLocation changed, or not a folder "
+                        "the driver and the executors share)"
+                    )
+                empty = Pin(None, None, 0, next_iterator=offset.shards[sid].iterator)
+                pin = pins.put_first(offset.run, offset.batch, sid, empty)
+            found[sid] = pin
+        return found
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[RangePartition]:
         offset = SourceOffset.from_json(end)
         o = self._options
+        self._pins().mark_planned(offset.run, offset.batch)
         parts = []
         for sid in offset.read_shards():
             plan = offset.shards[sid]
@@ -168,11 +195,14 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         o = self._options
         arn_region = o.stream_arn.split(":")[3] if o.stream_arn else None
         aws = AwsTarget(resolve_region(o.region, arn_region, None, o.endpoint_url), o.endpoint_url)
-        for _, outcome in _executor_reads().reads([rng], aws):
-            if isinstance(outcome, BaseException):
-                raise outcome
-            return outcome
-        raise RuntimeError(f"shard {rng.shard_id}: the read gave no answer")
+        outcomes = [outcome for _, outcome in _executor_reads().reads([rng], aws)]
+        if not outcomes:
+            raise KclpySparkError(f"kinesis-kcl: shard {rng.shard_id}: the read gave no answer")
+        outcome = outcomes[0]
+        if isinstance(outcome, BaseException):  # one line per failed task, not its stack
+            message = f"{type(outcome).__name__}: {outcome}".splitlines()[0][:1000]
+            raise KclpySparkError(f"kinesis-kcl: shard {rng.shard_id}: {message}") from None
+        return outcome
 
 
 def _pinned(rng: ReadRange, pin: Pin) -> ReadRange:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -48,10 +49,17 @@ def _batches_to(folder: Path) -> Any:
         rows = [
             {"n": int(r.data), "shard": r.shard_id} for r in df.select("data", "shard_id").collect()
         ]
-        (folder / f"{batch_id:06d}.json").write_text(json.dumps(rows))
+        _write(folder / f"{batch_id:06d}.json", rows)
 
     folder.mkdir(parents=True, exist_ok=True)
     return write
+
+
+def _write(path: Path, rows: Any) -> None:
+    """Whole or not at all: the test reads these files while batches are written."""
+    draft = path.with_suffix(".tmp")
+    draft.write_text(json.dumps(rows))
+    os.replace(draft, path)
 
 
 def _read_batches(folder: Path) -> dict[int, list[dict[str, Any]]]:
@@ -134,7 +142,7 @@ def test_a_replayed_batch_reads_what_its_first_attempt_read(
     def fail_once(df: Any, batch_id: int) -> None:
         rows = sorted(int(r.data) for r in df.select("data").collect())
         attempt = len(list(seen.glob(f"{batch_id:06d}-*.json")))
-        (seen / f"{batch_id:06d}-{attempt}.json").write_text(json.dumps(rows))
+        _write(seen / f"{batch_id:06d}-{attempt}.json", rows)
         if batch_id == 0 and attempt == 0:
             raise RuntimeError("the sink failed (on purpose)")
 

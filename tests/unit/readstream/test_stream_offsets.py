@@ -8,6 +8,7 @@ import json
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,7 @@ ESN = ExtendedSequenceNumber
 TOP = 2**128 - 1
 TH = InitialPosition.trim_horizon()
 PARENT = Shard("s0", None, None, HashKeyRange(0, TOP), "100", "200")
+OPEN = Shard("s0", None, None, HashKeyRange(0, TOP), "100")
 LEFT = Shard("s1", "s0", None, HashKeyRange(0, TOP // 2), "300")
 RIGHT = Shard("s2", "s0", None, HashKeyRange(TOP // 2 + 1, TOP), "300")
 MERGED = Shard("s3", "s1", "s2", HashKeyRange(0, TOP), "400")
@@ -109,11 +111,28 @@ def test_a_read_shard_without_a_pin_is_an_error() -> None:
 def test_available_now_stops_once_every_shard_is_done_under_the_same_bound() -> None:
     prev = SourceOffset("run", 3, 1_000, 5_000, {"s0": ShardPlan(Start(ESN("150")), True)})
     caught_up = {"s0": Pin(ESN("160"), ESN("170"), 2, caught_up=True)}
-    assert next_offset(prev, caught_up, [PARENT], TH, until_ms=5_000) is prev  # nothing left
-    again = next_offset(prev, caught_up, [PARENT], TH, until_ms=9_000)  # a new run: read again
+    assert next_offset(prev, caught_up, [OPEN], TH, until_ms=5_000) is prev  # nothing left
+    again = next_offset(prev, caught_up, [OPEN], TH, until_ms=9_000)  # a new run: read again
     assert again.read_shards() == ["s0"] and again.until_ms == 9_000
-    behind = next_offset(prev, {"s0": Pin(ESN("160"), ESN("170"), 2)}, [PARENT], TH, 5_000)
+    behind = next_offset(prev, {"s0": Pin(ESN("160"), ESN("170"), 2)}, [OPEN], TH, 5_000)
     assert behind.read_shards() == ["s0"]
+
+
+def test_a_closed_shard_read_dry_at_its_tip_has_ended() -> None:
+    """Kinesis shows a shard's end only to a read past its last record; a shard the listing
+    showed closed before a read that then finds nothing more at the tip has ended too."""
+    prev = SourceOffset("run", 3, 1_000, 5_000, {"s0": ShardPlan(Start(ESN("150")), True)})
+    listed = [PARENT, LEFT, RIGHT]
+    seen_closed = next_offset(prev, {"s0": Pin(None, None, 0, caught_up=True)}, listed, TH, 5_000)
+    assert seen_closed.read_shards() == ["s0"] and seen_closed.shards["s0"].closed
+    dry = next_offset(seen_closed, {"s0": Pin(None, None, 0, caught_up=True)}, listed, TH, 5_000)
+    assert dry.ended == {"s0"} and dry.read_shards() == ["s1", "s2"]
+    more = next_offset(seen_closed, {"s0": Pin(ESN("160"), ESN("170"), 2, caught_up=True)},
+                       listed, TH, 5_000)  # fmt: skip
+    assert more.read_shards() == ["s0"], "records came: read again until it reads dry"
+    past_bound = next_offset(seen_closed, {"s0": Pin(None, None, 0, caught_up=True, bounded=True)},
+                             listed, TH, 5_000)  # fmt: skip
+    assert past_bound is seen_closed, "what is left came after the bound: the run is over"
 
 
 def test_an_offset_survives_sparks_journal() -> None:
@@ -146,3 +165,67 @@ def test_the_first_pin_of_a_range_wins_and_old_batches_go(tmp_path: Path) -> Non
     assert pins.forget_before("r", 2) == 1
     assert pins.get("r", 1, "s0") is None and pins.get("r", 2, "s0") == mine
     assert pins.get("other", 3, "s0") is None
+
+
+def _reader(tmp_path: Path) -> object:
+    from kclpy_spark.readstream.options import SourceOptions
+    from kclpy_spark.readstream.source import KinesisKclStreamReader
+
+    options = SourceOptions.parse({"streamName": "s", "endpointUrl": "http://127.0.0.1:1",
+                                   "pinLocation": str(tmp_path / "pins")})  # fmt: skip
+    return KinesisKclStreamReader(options)
+
+
+class CountingLister:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def list_shards(self, shard_filter: object = None) -> list[Shard]:
+        self.calls += 1
+        return [OPEN]
+
+
+def test_a_task_that_never_ran_leaves_its_shard_where_it_was(tmp_path: Path) -> None:
+    """A foreachBatch that reads only some partitions: the others' shards get an empty pin and
+    are read again from the same start; pins missing from a batch never planned here are one
+    line (pinLocation changed, or not shared)."""
+    from checkpoint.base.errors import KclpySparkError
+
+    reader: Any = _reader(tmp_path)
+    pins = reader._pins()
+    offset = SourceOffset("run", 3, 1_000, None, {
+        "s0": ShardPlan(Start(ESN("150")), True, iterator="it-0"),
+        "s1": ShardPlan(Start(ESN("250")), True, iterator="it-1")})  # fmt: skip
+    with pytest.raises(KclpySparkError, match="pins of batch 3 are not in"):
+        reader._pins_of(offset, pins)
+    pins.mark_planned("run", 3)
+    pins.put_first("run", 3, "s0", Pin(ESN("160"), ESN("170"), 2))
+    found = reader._pins_of(offset, pins)
+    assert found["s0"].rows == 2
+    assert found["s1"] == Pin(None, None, 0, next_iterator="it-1")
+    assert pins.get("run", 3, "s1") == found["s1"]  # a late task of batch 3 reads nothing
+
+
+def test_after_a_dry_batch_the_next_waits_a_second_without_listing(tmp_path: Path) -> None:
+    reader: Any = _reader(tmp_path)
+    reader._lister = lister = CountingLister()
+    pins = reader._pins()
+    offset = SourceOffset("run", 3, 1_000, None, {"s0": ShardPlan(Start(ESN("150")), True)})
+    pins.mark_planned("run", 3)
+    pins.put_first("run", 3, "s0", Pin(None, None, 0, caught_up=True))
+    start = offset.to_json()
+    first = reader.latestOffset(start, None)  # the first look after a dry batch: planned
+    assert first["batch"] == 4 and lister.calls == 1
+    assert reader.latestOffset(start, None) == start and lister.calls == 1  # within the second
+    reader._planned_at -= 1.0
+    assert reader.latestOffset(start, None)["batch"] == 4 and lister.calls == 2
+
+
+def test_a_folder_that_cannot_hold_pins_is_one_line(tmp_path: Path) -> None:
+    from checkpoint.base.errors import ConfigError
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="cannot hold pins"):
+        DirectoryPins(tmp_path / "file" / "pins").check()
+    DirectoryPins(tmp_path / "ok").check()
+    assert list((tmp_path / "ok").iterdir()) == []
