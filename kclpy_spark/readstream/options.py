@@ -24,11 +24,12 @@ KNOWN = {
     "endpointUrl": "a local endpoint (LocalStack); default: AWS",
     "initialPosition": "TRIM_HORIZON, LATEST (default) or AT_TIMESTAMP:<epoch or ISO time>",
     "applicationName": "the application (names the pin folder by default)",
-    "maxRecordsPerShard": "the most records (a KPL aggregate counts once) a shard gives one batch",
-    "maxBytesPerShard": "the most bytes a shard gives one batch (default 10 MiB)",
+    "maxRecordsPerShard": "the most records a shard gives a batch (default 100000; KPL: aggregate)",
+    "maxBytesPerShard": "the most bytes a shard gives a batch (default 10 MiB: ~5 s of its limit)",
     "maxReadBytesPerSecond": "per shard, the pace of reads (default 2 MiB/s; 0: no pacing)",
     "kplDeaggregation": "split KPL aggregates into their records (default true)",
     "pinLocation": "a folder the driver and every executor see, for the ranges' pins",
+    "shardsPerTask": "shards one Spark task reads side by side (default 4)",
 }
 
 
@@ -45,6 +46,7 @@ class SourceOptions:
     read_rate: int
     kpl: bool
     pin_location: Path
+    shards_per_task: int = 4
 
     @property
     def stream_arg(self) -> dict[str, str]:
@@ -89,10 +91,11 @@ class SourceOptions:
             endpoint_url=endpoint,
             initial_position=position,
             application_name=app,
-            max_records=_int(values, "maxRecordsPerShard", 10_000, 1, 10_000_000),
+            max_records=_int(values, "maxRecordsPerShard", 100_000, 1, 10_000_000),
             max_bytes=_int(values, "maxBytesPerShard", 10 * 1024 * 1024, 1, 2**40),
             read_rate=_int(values, "maxReadBytesPerSecond", 2 * 1024 * 1024, 0, 2 * 1024 * 1024),
             kpl=_bool(values, "kplDeaggregation", True),
+            shards_per_task=_int(values, "shardsPerTask", 4, 1, 64),
             # absolute at load(): the executors' working folders differ from the driver's
             pin_location=Path(values.get("pinLocation") or f".kclpy-spark/pins/{app}").absolute(),
         )

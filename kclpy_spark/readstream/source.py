@@ -129,21 +129,26 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return found
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[RangePartition]:
+        """The batch's ranges, ``shardsPerTask`` to a partition: a task reads its ranges side by
+        side (each paced by its shard's limits, so one shard alone leaves a core waiting)."""
         offset = SourceOffset.from_json(end)
         o = self._options
         self._pins().mark_planned(offset.run, offset.batch)
-        parts = []
+        ranges = []
         for sid in offset.read_shards():
             plan = offset.shards[sid]
-            rng = ReadRange(
+            ranges.append(ReadRange(
                 lease_key=sid, stream=o.stream, stream_arg=o.stream_arg, shard_id=sid,
                 after=plan.start.after, max_records=o.max_records, max_bytes=o.max_bytes,
                 max_seconds=READ_SECONDS, read_rate=o.read_rate or 1e12, kpl=o.kpl,
                 hash_range=plan.hash_range,
                 timestamp=None if plan.start.at_ms is None else plan.start.at_ms / 1000,
                 until_millis=offset.until_ms, iterator=plan.iterator,
-            )  # fmt: skip
-            value = {"range": rng.to_json(), "run": offset.run, "batch": offset.batch}
+            ).to_json())  # fmt: skip
+        step = o.shards_per_task
+        parts = []
+        for i in range(0, len(ranges), step):
+            value = {"ranges": ranges[i : i + step], "run": offset.run, "batch": offset.batch}
             parts.append(RangePartition(json.dumps(value)))
         return parts
 
@@ -170,39 +175,43 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     # --- on the executors --------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """A partition's ranges read side by side; a range read the first time is pinned, and
+        one another attempt pinned first is read again to that pin (its records, no others)."""
         value = json.loads(partition.value)
-        rng = ReadRange.from_json(value["range"])
         run, batch = str(value["run"]), int(value["batch"])
         pins = self._pins()
-        stored = pins.get(run, batch, rng.shard_id)
-        if stored is not None:
-            chunks, _ = self._read(_pinned(rng, stored))
-        else:
-            chunks, end = self._read(rng)
-            pin = Pin(end.first, end.last, end.rows, end.shard_ended,
-                      caught_up=end.bounded or end.millis_behind_latest == 0,
-                      next_iterator=end.next_iterator)  # fmt: skip
-            winner = pins.put_first(run, batch, rng.shard_id, pin)
-            if winner != pin:  # another attempt of this task pinned first: its records
-                chunks, _ = self._read(_pinned(rng, winner))
-        for chunk in chunks:
-            yield _as_output(chunk)
+        ranges = []
+        for text in value["ranges"]:
+            rng = ReadRange.from_json(text)
+            stored = pins.get(run, batch, rng.shard_id)
+            ranges.append(rng if stored is None else _pinned(rng, stored))
+        for rng, (chunks, end) in self._reads(ranges):
+            if rng.pinned is None:
+                pin = Pin(end.first, end.last, end.rows, end.shard_ended,
+                          caught_up=end.bounded or end.millis_behind_latest == 0,
+                          bounded=end.bounded, next_iterator=end.next_iterator)  # fmt: skip
+                winner = pins.put_first(run, batch, rng.shard_id, pin)
+                if winner != pin:  # another attempt of this task pinned first: its records
+                    ((_, (chunks, _)),) = self._reads([_pinned(rng, winner)])
+            for chunk in chunks:
+                yield _as_output(chunk)
 
-    def _read(self, rng: ReadRange) -> tuple[list[pa.RecordBatch], RangeEnd]:
+    def _reads(
+        self, ranges: list[ReadRange]
+    ) -> list[tuple[ReadRange, tuple[list[pa.RecordBatch], RangeEnd]]]:
         from kclpy_spark.aws import resolve_region
         from kclpy_spark.spark.cluster_read import AwsTarget, _executor_reads
 
         o = self._options
         arn_region = o.stream_arn.split(":")[3] if o.stream_arn else None
         aws = AwsTarget(resolve_region(o.region, arn_region, None, o.endpoint_url), o.endpoint_url)
-        outcomes = [outcome for _, outcome in _executor_reads().reads([rng], aws)]
-        if not outcomes:
-            raise KclpySparkError(f"kinesis-kcl: shard {rng.shard_id}: the read gave no answer")
-        outcome = outcomes[0]
-        if isinstance(outcome, BaseException):  # one line per failed task, not its stack
-            message = f"{type(outcome).__name__}: {outcome}".splitlines()[0][:1000]
-            raise KclpySparkError(f"kinesis-kcl: shard {rng.shard_id}: {message}") from None
-        return outcome
+        done = []
+        for rng, outcome in _executor_reads().reads(ranges, aws):
+            if isinstance(outcome, BaseException):  # one line per failed task, not its stack
+                message = f"{type(outcome).__name__}: {outcome}".splitlines()[0][:1000]
+                raise KclpySparkError(f"kinesis-kcl: shard {rng.shard_id}: {message}") from None
+            done.append((rng, outcome))
+        return done
 
 
 def _pinned(rng: ReadRange, pin: Pin) -> ReadRange:

@@ -229,3 +229,17 @@ def test_a_folder_that_cannot_hold_pins_is_one_line(tmp_path: Path) -> None:
         DirectoryPins(tmp_path / "file" / "pins").check()
     DirectoryPins(tmp_path / "ok").check()
     assert list((tmp_path / "ok").iterdir()) == []
+
+
+def test_a_batch_puts_shards_per_task_ranges_in_each_partition(tmp_path: Path) -> None:
+    """Each shard's reads are paced by its own limits: a task reads several side by side."""
+    reader: Any = _reader(tmp_path)
+    plans = {f"s{i}": ShardPlan(Start(ESN(str(100 + i))), i != 5, iterator=f"it-{i}")
+             for i in range(7)}  # fmt: skip
+    end = SourceOffset("run", 4, 1_000, None, plans).to_json()
+    parts = reader.partitions(end, end)
+    groups = [[json.loads(r)["shard_id"] for r in json.loads(p.value)["ranges"]] for p in parts]
+    assert groups == [["s0", "s1", "s2", "s3"], ["s4", "s6"]]  # s5 not read in this batch
+    first = json.loads(json.loads(parts[0].value)["ranges"][1])
+    assert (first["after"], first["iterator"]) == (["101", 0], "it-1")
+    assert reader._pins().planned("run", 4)
