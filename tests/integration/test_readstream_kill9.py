@@ -1,0 +1,78 @@
+"""#44 item 5: exactly once into Spark's file sink across a kill -9 of the driver mid-run and a
+restart, through a split and a merge. The query runs in a process of its own (Trigger.AvailableNow,
+small batches); it is killed (Python and JVM) once its first batch committed and while others
+run; the stream is split and merged; two more runs read on from the checkpoint. Spark's file sink
+keeps its own commit log, so the rows as Spark reads the folder are the batches that committed:
+each record exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from worker_procs import produce, wait_active, worker_env
+
+pytestmark = [pytest.mark.spark]
+JOB = Path(__file__).with_name("readstream_job.py")
+
+
+def _start(endpoint: str, stream: str, tmp_path: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(JOB), endpoint, stream, str(tmp_path / "out"), str(tmp_path / "pins")],
+        cwd=tmp_path, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+def _committed(tmp_path: Path) -> int:
+    commits = tmp_path / "out-checkpoint" / "commits"
+    return len([p for p in commits.glob("*") if p.name.isdigit()]) if commits.is_dir() else 0
+
+
+def _run_to_end(endpoint: str, stream: str, tmp_path: Path) -> None:
+    job = _start(endpoint, stream, tmp_path)
+    _, err = job.communicate(timeout=300)
+    assert job.returncode == 0, err[-3000:]
+
+
+def test_kill9_of_the_driver_mid_run_loses_and_doubles_nothing(
+    spark: Any, kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    kinesis_client.create_stream(StreamName=unique_name, ShardCount=1)
+    wait_active(kinesis_client, unique_name)
+    produce(kinesis_client, unique_name, range(0, 400))  # 10 batches of 40
+
+    job = _start(localstack_endpoint, unique_name, tmp_path)
+    deadline = time.monotonic() + 180
+    while _committed(tmp_path) < 2 and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert job.poll() is None, "the run ended before it could be killed"
+    os.killpg(job.pid, signal.SIGKILL)  # the driver's Python and its JVM
+    job.wait(timeout=30)
+    assert 2 <= _committed(tmp_path) < 10, "killed mid-run"
+
+    shard = kinesis_client.list_shards(StreamName=unique_name)["Shards"][0]
+    kinesis_client.split_shard(StreamName=unique_name, ShardToSplit=shard["ShardId"],
+                               NewStartingHashKey=str(2**127))  # fmt: skip
+    wait_active(kinesis_client, unique_name)
+    produce(kinesis_client, unique_name, range(400, 480))  # into the children
+    _run_to_end(localstack_endpoint, unique_name, tmp_path)  # restart: from the checkpoint
+
+    children = [s["ShardId"] for s in kinesis_client.list_shards(StreamName=unique_name)["Shards"]
+                if s.get("ParentShardId") == shard["ShardId"]]  # fmt: skip
+    kinesis_client.merge_shards(StreamName=unique_name, ShardToMerge=children[0],
+                                AdjacentShardToMerge=children[1])  # fmt: skip
+    wait_active(kinesis_client, unique_name)
+    produce(kinesis_client, unique_name, range(480, 520))  # into the merged child
+    _run_to_end(localstack_endpoint, unique_name, tmp_path)
+
+    rows = spark.read.parquet(str(tmp_path / "out")).select("data", "shard_id").collect()
+    numbers = sorted(int(r.data) for r in rows)
+    assert numbers == list(range(520)), (len(numbers), len(set(numbers)))
+    assert len({r.shard_id for r in rows}) == 4  # the parent, two children, the merge
