@@ -1,7 +1,9 @@
-"""A Spark user's job for ``bench_readstream.py``: ``spark.readStream.format("kinesis-kcl")``
-with Trigger.AvailableNow into Spark's Parquet file sink, as the docs show it.
+"""A Spark user's job: ``spark.readStream.format("kinesis-kcl")`` with Trigger.AvailableNow
+into Spark's Parquet file sink, as the docs show it (``bench_readstream.py`` times it;
+``tests/integration/test_readstream_kill9.py`` kills it). Further source options as
+``name=value`` after the four arguments.
 
-    python bench/readstream_app.py ENDPOINT STREAM OUT_FOLDER TARGET
+    python bench/readstream_app.py ENDPOINT STREAM OUT_FOLDER TARGET [option=value ...]
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pyspark.sql import SparkSession
 
 def main() -> None:
     endpoint, stream, out, target = sys.argv[1:5]
+    extra = dict(arg.split("=", 1) for arg in sys.argv[5:])
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the executors' Python: this one
     spark = (SparkSession.builder.master(target).appName("kclpy-spark-readstream-bench")
              .config("spark.ui.enabled", "false").getOrCreate())  # fmt: skip
@@ -23,9 +26,9 @@ def main() -> None:
     from kclpy_spark.readstream.source import KinesisKclDataSource
 
     spark.dataSource.register(KinesisKclDataSource)
-    df = (spark.readStream.format("kinesis-kcl").option("streamName", stream)
-          .option("endpointUrl", endpoint).option("initialPosition", "TRIM_HORIZON")
-          .option("pinLocation", f"{out}-pins").load())  # fmt: skip
+    options = {"streamName": stream, "endpointUrl": endpoint, "initialPosition": "TRIM_HORIZON",
+               "pinLocation": f"{out}-pins", **extra}  # fmt: skip
+    df = spark.readStream.format("kinesis-kcl").options(**options).load()
     query = (df.writeStream.format("parquet").option("path", out)
              .option("checkpointLocation", f"{out}-checkpoint")
              .trigger(availableNow=True).start())  # fmt: skip

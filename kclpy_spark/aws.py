@@ -36,9 +36,13 @@ def client_kwargs(cfg: WorkerConfig) -> dict[str, Any]:
 def region_of(cfg: WorkerConfig) -> str:
     """The region every client of ``cfg`` uses (the module docstring has the order)."""
     arns = [s.stream_arn for s in cfg.stream_specs if s.stream_arn]
-    return resolve_region(
-        cfg.region, arns[0].split(":")[3] if arns else None, cfg.profile, cfg.endpoint_url
-    )
+    return resolve_region(cfg.region, arn_region(arns[0] if arns else None), cfg.profile,
+                          cfg.endpoint_url)  # fmt: skip
+
+
+def arn_region(arn: str | None) -> str | None:
+    """The region a stream ARN names (``arn:<partition>:kinesis:<region>:...``)."""
+    return arn.split(":")[3] if arn else None
 
 
 def resolve_region(

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import InitialPosition
+from kclpy_spark.aws import arn_region, resolve_region
 from kclpy_spark.config_rules import APP_NAME, check_endpoint
 from kclpy_spark.stream_spec import check_stream
 
@@ -37,7 +38,7 @@ KNOWN = {
 class SourceOptions:
     stream_name: str | None
     stream_arn: str | None
-    region: str | None
+    region: str
     endpoint_url: str | None
     initial_position: InitialPosition
     application_name: str
@@ -87,7 +88,6 @@ class SourceOptions:
         return cls(
             stream_name=name or None,
             stream_arn=arn or None,
-            region=values.get("region") or None,
             endpoint_url=endpoint,
             initial_position=position,
             application_name=app,
@@ -98,6 +98,11 @@ class SourceOptions:
             shards_per_task=_int(values, "shardsPerTask", 4, 1, 64),
             # absolute at load(): the executors' working folders differ from the driver's
             pin_location=Path(values.get("pinLocation") or f".kclpy-spark/pins/{app}").absolute(),
+            # last (every other option checked first), on the driver, once: the executors are told
+            # it, as the daemon's are
+            region=resolve_region(
+                values.get("region") or None, arn_region(arn or None), None, endpoint
+            ),
         )
 
 

@@ -78,6 +78,8 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._lister: Any = None  # the driver side's, made on first use (never pickled)
         self._checked = False  # the pin folder was checked
         self._planned_at = float("-inf")  # monotonic: when the last batch was planned
+        # the pins of the last batch asked about (they do not change once it ran)
+        self._found: tuple[tuple[str, int] | None, dict[str, Pin]] = (None, {})
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_lister": None}
@@ -97,7 +99,10 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if not self._checked:
             pins.check()  # one line if the folder cannot hold pins (not writable, no links)
             self._checked = True
-        found = self._pins_of(previous, pins)
+        key = (previous.run, previous.batch)
+        if self._found[0] != key:  # Spark asks again and again while a query is idle
+            self._found = (key, self._pins_of(previous, pins))
+        found = self._found[1]
         idle = bool(found) and all(p.rows == 0 and p.caught_up for p in found.values())
         if (idle and self._until_ms is None
                 and time.monotonic() - self._planned_at < IDLE_SECONDS):  # fmt: skip
@@ -199,17 +204,15 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def _reads(
         self, ranges: list[ReadRange]
     ) -> list[tuple[ReadRange, tuple[list[pa.RecordBatch], RangeEnd]]]:
-        from kclpy_spark.aws import resolve_region
-        from kclpy_spark.spark.cluster_read import AwsTarget, _executor_reads
+        from kclpy_spark.spark.cluster_read import AwsTarget, _executor_reads, one_line
 
-        o = self._options
-        arn_region = o.stream_arn.split(":")[3] if o.stream_arn else None
-        aws = AwsTarget(resolve_region(o.region, arn_region, None, o.endpoint_url), o.endpoint_url)
+        aws = AwsTarget(self._options.region, self._options.endpoint_url)
         done = []
         for rng, outcome in _executor_reads().reads(ranges, aws):
             if isinstance(outcome, BaseException):  # one line per failed task, not its stack
-                message = f"{type(outcome).__name__}: {outcome}".splitlines()[0][:1000]
-                raise KclpySparkError(f"kinesis-kcl: shard {rng.shard_id}: {message}") from None
+                raise KclpySparkError(
+                    f"kinesis-kcl: shard {rng.shard_id}: {one_line(outcome)}"
+                ) from None
             done.append((rng, outcome))
         return done
 
@@ -220,20 +223,18 @@ def _pinned(rng: ReadRange, pin: Pin) -> ReadRange:
 
 
 def _as_output(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """A chunk of the record columns with the arrival time as Spark's timestamp (microseconds)."""
-    columns = list(batch.columns)
-    columns[5] = columns[5].cast(pa.timestamp("us", tz="UTC"))
-    names = [f.name for f in batch.schema]
-    return pa.RecordBatch.from_arrays(columns, names=names)
+    """A chunk of the record columns as Spark holds them."""
+    from kclpy_spark.spark.cluster_read import spark_columns
+
+    return pa.RecordBatch.from_arrays(spark_columns(batch), names=batch.schema.names)
 
 
 def _kinesis_client(options: SourceOptions) -> Any:
     import boto3
 
-    from kclpy_spark.aws import botocore_config, endpoint_kwargs, resolve_region
+    from kclpy_spark.aws import botocore_config, endpoint_kwargs
 
-    arn_region = options.stream_arn.split(":")[3] if options.stream_arn else None
-    region = resolve_region(options.region, arn_region, None, options.endpoint_url)
     return boto3.session.Session().client(
-        "kinesis", config=botocore_config(), **endpoint_kwargs(region, options.endpoint_url)
-    )
+        "kinesis", config=botocore_config(),
+        **endpoint_kwargs(options.region, options.endpoint_url),
+    )  # fmt: skip

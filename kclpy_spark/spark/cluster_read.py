@@ -233,7 +233,7 @@ def read_partition(
         return
     for rng, outcome in _executor_reads().reads(ranges, aws):
         if isinstance(outcome, BaseException):  # this range's failure, told to the driver
-            yield _end_row(RangeEnd(rng.lease_key, None, None, 0, 0, error=_one_line(outcome)))
+            yield _end_row(RangeEnd(rng.lease_key, None, None, 0, 0, error=one_line(outcome)))
             continue
         chunks, end = outcome
         for chunk in chunks:
@@ -241,15 +241,21 @@ def read_partition(
         yield _end_row(end)
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """A failure as one line (its type and the first line of its message)."""
     return f"{type(exc).__name__}: {exc}".splitlines()[0][:1000]
 
 
-def _as_output(batch: pa.RecordBatch, lease_key: str) -> pa.RecordBatch:
-    columns = [
+def spark_columns(batch: pa.RecordBatch) -> list[pa.Array]:
+    """A chunk's record columns with the arrival time as Spark holds it (microseconds)."""
+    return [
         col.cast(OUTPUT_SCHEMA.field(i).type) if i == 5 else col
         for i, col in enumerate(batch.columns)
     ]
+
+
+def _as_output(batch: pa.RecordBatch, lease_key: str) -> pa.RecordBatch:
+    columns = spark_columns(batch)
     columns.append(pa.repeat(pa.scalar(lease_key, pa.string()), batch.num_rows))
     columns.append(pa.nulls(batch.num_rows, pa.string()))
     return pa.RecordBatch.from_arrays(columns, schema=OUTPUT_SCHEMA)

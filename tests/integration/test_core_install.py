@@ -170,7 +170,8 @@ def test_the_spark_extra_runs_a_parquet_sink(
         "from pyspark.sql import SparkSession\n"
         "s = SparkSession.builder.master('local[1]').config('spark.ui.enabled', 'false')"
         ".getOrCreate()\n"
-        "df = s.readStream.format('kinesis-kcl').option('streamName', 'x').load()\n"
+        "df = s.readStream.format('kinesis-kcl').option('streamName', 'x')"
+        ".option('region', 'us-east-1').load()\n"
         "print(df.schema.simpleString())\n"
     )
     found = subprocess.run([str(spark_venv / "bin/python"), "-c", probe], capture_output=True,

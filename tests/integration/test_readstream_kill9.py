@@ -20,12 +20,13 @@ import pytest
 from worker_procs import produce, wait_active, worker_env
 
 pytestmark = [pytest.mark.spark]
-JOB = Path(__file__).with_name("readstream_job.py")
+JOB = Path(__file__).resolve().parents[2] / "bench" / "readstream_app.py"  # a user's job
 
 
 def _start(endpoint: str, stream: str, tmp_path: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(JOB), endpoint, stream, str(tmp_path / "out"), str(tmp_path / "pins")],
+        [sys.executable, str(JOB), endpoint, stream, str(tmp_path / "out"), "local[2]",
+         "maxRecordsPerShard=40", f"pinLocation={tmp_path / 'pins'}"],
         cwd=tmp_path, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         text=True, start_new_session=True,
     )  # fmt: skip

@@ -243,3 +243,21 @@ def test_a_batch_puts_shards_per_task_ranges_in_each_partition(tmp_path: Path) -
     first = json.loads(json.loads(parts[0].value)["ranges"][1])
     assert (first["after"], first["iterator"]) == (["101", 0], "it-1")
     assert reader._pins().planned("run", 4)
+
+
+def test_the_region_is_resolved_once_at_load_and_none_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from checkpoint.base.errors import ConfigError
+    from kclpy_spark.readstream.options import SourceOptions
+
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    with pytest.raises(ConfigError, match="no AWS region"):
+        SourceOptions.parse({"streamName": "s"})
+    arn = "arn:aws:kinesis:ap-south-1:123456789012:stream/orders"
+    assert SourceOptions.parse({"streamARN": arn}).region == "ap-south-1"
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    assert SourceOptions.parse({"streamName": "s"}).region == "eu-west-1"
+    assert SourceOptions.parse({"streamName": "s", "region": "us-west-2"}).region == "us-west-2"
