@@ -20,7 +20,7 @@ Offsets are JSON dicts of strings, numbers and booleans (what Spark journals).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -71,17 +71,22 @@ class Pin:
     # Where the next read goes on (GetRecords' NextShardIterator, valid 5 minutes): a shard's
     # end shows only to a read that goes on past its last record.
     next_iterator: str | None = None
+    # The children an ended shard's last answer named (ShardId, ParentShards, HashKeyRange): a
+    # query holding leases creates their leases at the shard's end, as the KCL does.
+    children: tuple[Mapping[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"first": _esn_text(self.first), "last": _esn_text(self.last), "rows": self.rows,
                 "ended": self.ended, "caught_up": self.caught_up, "bounded": self.bounded,
-                "next_iterator": self.next_iterator}  # fmt: skip
+                "next_iterator": self.next_iterator,
+                "children": [dict(c) for c in self.children]}  # fmt: skip
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> Pin:
         return cls(_esn_of(value.get("first")), _esn_of(value.get("last")), int(value["rows"]),
                    bool(value.get("ended")), bool(value.get("caught_up")),
-                   bool(value.get("bounded")), value.get("next_iterator"))  # fmt: skip
+                   bool(value.get("bounded")), value.get("next_iterator"),
+                   tuple(value.get("children") or ()))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,8 @@ class ShardPlan:
     # finds nothing more at the tip has read it to its end (Kinesis shows the end itself only to
     # a read that goes on past the last record, which an expired iterator's replacement loses).
     closed: bool = False
+    # With a lease store: the tenure (``<worker id>#<id>``) under which the shard was planned.
+    tenure: str | None = None
 
 
 @dataclass(frozen=True)
@@ -152,12 +159,15 @@ class ShardState:
     bounded: bool = False
 
 
-def resolve(offset: SourceOffset, pins: Mapping[str, Pin]) -> dict[str, ShardState]:
+def resolve(
+    offset: SourceOffset, pins: Mapping[str, Pin], skipped: Collection[str] = ()
+) -> dict[str, ShardState]:
     """Each open shard's state after the batch ``offset`` ends: a shard read in it moves to its
-    pin's last record (every read shard must have a pin: the batch ran)."""
+    pin's last record (every read shard must have a pin: the batch ran); one ``skipped`` (a
+    replay left it out: its lease had moved) stays where it was."""
     states = {}
     for sid, plan in offset.shards.items():
-        if not plan.read:
+        if not plan.read or sid in skipped:
             states[sid] = ShardState(plan.start, False, plan.done, plan.iterator, plan.done)
             continue
         pin = pins.get(sid)
@@ -263,6 +273,8 @@ def _plan_json(plan: ShardPlan) -> dict[str, Any]:
         value["iterator"] = plan.iterator
     if plan.closed:
         value["closed"] = True
+    if plan.tenure is not None:
+        value["tenure"] = plan.tenure
     if plan.hash_range is not None:
         value["hash"] = f"{plan.hash_range[0]}-{plan.hash_range[1]}"
     return value
@@ -277,7 +289,7 @@ def _plan_of(value: Mapping[str, Any]) -> ShardPlan:
         hash_range = (int(low), int(high))
     return ShardPlan(Start.parse(str(value["start"])), bool(value["read"]), parents, hash_range,
                      bool(value.get("done")), value.get("iterator"),
-                     bool(value.get("closed")))  # fmt: skip
+                     bool(value.get("closed")), value.get("tenure"))  # fmt: skip
 
 
 def _esn_text(value: ESN | None) -> str | None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import InitialPosition
 from kclpy_spark.aws import arn_region, resolve_region
+from kclpy_spark.config import WorkerConfig
 from kclpy_spark.config_rules import APP_NAME, check_endpoint
 from kclpy_spark.stream_spec import check_stream
 
@@ -31,6 +32,9 @@ KNOWN = {
     "kplDeaggregation": "split KPL aggregates into their records (default true)",
     "pinLocation": "a folder the driver and every executor see, for the ranges' pins",
     "shardsPerTask": "shards one Spark task reads side by side (default 4)",
+    "leaseStore": "none (default), dynamodb (the KCL's table, named applicationName) or "
+    "sqlite:<path> (one machine): the query holds KCL leases and checkpoints them",
+    "failoverTime": "with a lease store: seconds until a lease not renewed moves (default 10)",
 }
 
 
@@ -48,6 +52,8 @@ class SourceOptions:
     kpl: bool
     pin_location: Path
     shards_per_task: int = 4
+    lease_store: str | None = None  # None: no leases (Spark's checkpoint alone)
+    failover_time: float = 10.0
 
     @property
     def stream_arg(self) -> dict[str, str]:
@@ -85,7 +91,8 @@ class SourceOptions:
             position = InitialPosition.parse(values.get("initialPosition", "LATEST"))
         except ValueError as exc:
             raise ConfigError(f"kinesis-kcl: option initialPosition: {exc}") from None
-        return cls(
+        store = values.get("leaseStore", "none")
+        made = cls(
             stream_name=name or None,
             stream_arn=arn or None,
             endpoint_url=endpoint,
@@ -103,7 +110,30 @@ class SourceOptions:
             region=resolve_region(
                 values.get("region") or None, arn_region(arn or None), None, endpoint
             ),
+            lease_store=None if store.lower() == "none" else store,
+            failover_time=float(_int(values, "failoverTime", 10, 1, 3600)),
         )
+        if made.lease_store is not None:
+            made.worker_config()  # a bad lease store is one line at load()
+        return made
+
+    def worker_config(self) -> WorkerConfig:
+        """The configuration of the query's lease worker (a fresh worker id each call)."""
+        from kclpy_spark.config import _default_worker_id, from_mapping
+
+        values = {
+            "application_name": self.application_name, "stream_name": self.stream_name,
+            "stream_arn": self.stream_arn, "region": self.region,
+            "endpoint_url": self.endpoint_url, "initial_position": self.initial_position,
+            "lease_store": self.lease_store, "failover_time": self.failover_time,
+            "worker_id": f"query:{_default_worker_id()}",
+        }  # fmt: skip
+        try:
+            return from_mapping(values, source="kinesis-kcl options")
+        except ConfigError as exc:
+            raise ConfigError(
+                f"kinesis-kcl: option leaseStore {self.lease_store!r}: {exc}"
+            ) from None
 
 
 def _int(values: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:

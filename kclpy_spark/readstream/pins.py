@@ -44,6 +44,15 @@ class PinStore(Protocol):
         """Whether the batch was planned with this store (its missing pins: tasks not run)."""
         ...
 
+    def mark_skipped(self, run: str, batch: int, shard_id: str) -> None:
+        """Note that the batch leaves the shard out (a replay whose lease had moved): for good,
+        whatever a later replay finds."""
+        ...
+
+    def skipped(self, run: str, batch: int) -> set[str]:
+        """The shards the batch leaves out."""
+        ...
+
 
 class DirectoryPins:
     def __init__(self, root: str | Path) -> None:
@@ -86,6 +95,17 @@ class DirectoryPins:
 
     def planned(self, run: str, batch: int) -> bool:
         return (self._batch_dir(run, batch) / ".planned").exists()
+
+    def mark_skipped(self, run: str, batch: int, shard_id: str) -> None:
+        folder = self._batch_dir(run, batch)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f".skip-{shard_id}").touch()
+
+    def skipped(self, run: str, batch: int) -> set[str]:
+        folder = self._batch_dir(run, batch)
+        if not folder.is_dir():
+            return set()
+        return {p.name.removeprefix(".skip-") for p in folder.glob(".skip-*")}
 
     def check(self) -> None:
         """One line unless the folder takes pins: writable, and with hard links (the first pin

@@ -9,9 +9,10 @@ child's hash keys applied), and the first read of a range pins what it found (``
 batch Spark replays after a failure or a restart reads the same records. Spark's own checkpoint
 (``checkpointLocation``) keeps the offsets; this source acknowledges nothing on its own.
 
-Not yet (issue 44): KCL leases (the query does not take leases, so two queries of one
-application would both read every shard), ``value_schema``, per-trigger read limits from
-Spark's ``ReadLimit`` (the options' budgets apply).
+With ``leaseStore`` the query is also a KCL worker of its application (``lease_driver.py``): it
+reads only the shards whose leases it holds and checkpoints each completed batch in the lease
+table. Not yet (issue 44): ``value_schema``, per-trigger read limits from Spark's ``ReadLimit``
+(the options' budgets apply).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from checkpoint.base.errors import KclpySparkError
+from kclpy_spark.readstream.lease_driver import LeaseDriver
 from kclpy_spark.readstream.offsets import (
     Pin,
     SourceOffset,
@@ -76,13 +78,15 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._options = options
         self._until_ms: int | None = None
         self._lister: Any = None  # the driver side's, made on first use (never pickled)
+        self._leases: LeaseDriver | None = None  # with a lease store: the driver side's worker
         self._checked = False  # the pin folder was checked
         self._planned_at = float("-inf")  # monotonic: when the last batch was planned
+        self._nothing = False  # the last planning found nothing to read (no batch)
         # the pins of the last batch asked about (they do not change once it ran)
         self._found: tuple[tuple[str, int] | None, dict[str, Pin]] = (None, {})
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_lister": None}
+        return {**self.__dict__, "_lister": None, "_leases": None}
 
     # --- the driver side ---------------------------------------------------------------------
 
@@ -103,16 +107,26 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if self._found[0] != key:  # Spark asks again and again while a query is idle
             self._found = (key, self._pins_of(previous, pins))
         found = self._found[1]
-        idle = bool(found) and all(p.rows == 0 and p.caught_up for p in found.values())
+        leases = self._lease_driver()
+        if leases is not None:  # the batch ending at ``start`` is complete: acknowledge it
+            leases.acknowledge(previous, found, pins)
+        idle = self._nothing or (
+            bool(found) and all(p.rows == 0 and p.caught_up for p in found.values())
+        )
         if (idle and self._until_ms is None
                 and time.monotonic() - self._planned_at < IDLE_SECONDS):  # fmt: skip
             return start  # every shard was dry: no new batch (nor a listing) more than 1/s
         listed = self._list(previous)
-        following = next_offset(previous, found, listed, self._options.initial_position,
-                                self._until_ms)  # fmt: skip
+        if leases is not None:
+            skipped = pins.skipped(previous.run, previous.batch)
+            following = leases.plan(previous, found, listed, self._until_ms, skipped)
+        else:
+            following = next_offset(previous, found, listed, self._options.initial_position,
+                                    self._until_ms)  # fmt: skip
         if following.batch > previous.batch >= 1:  # a replay needs this batch's and the last's
             pins.forget_before(previous.run, previous.batch)
         self._planned_at = time.monotonic()
+        self._nothing = following is previous  # leases: nothing held to read
         return following.to_json()
 
     def _pins_of(self, offset: SourceOffset, pins: DirectoryPins) -> dict[str, Pin]:
@@ -138,9 +152,12 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         side (each paced by its shard's limits, so one shard alone leaves a core waiting)."""
         offset = SourceOffset.from_json(end)
         o = self._options
-        self._pins().mark_planned(offset.run, offset.batch)
+        pins = self._pins()
+        pins.mark_planned(offset.run, offset.batch)
+        leases = self._lease_driver()
+        shards = offset.read_shards() if leases is None else leases.replay_reads(offset, pins)
         ranges = []
-        for sid in offset.read_shards():
+        for sid in shards:
             plan = offset.shards[sid]
             ranges.append(ReadRange(
                 lease_key=sid, stream=o.stream, stream_arg=o.stream_arg, shard_id=sid,
@@ -159,7 +176,22 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: Spark's checkpoint holds the offsets (and it calls this one batch
-        late, never for the last batch: no place to acknowledge anything)."""
+        late, never for the last batch: no place to acknowledge anything; with leases, the
+        next ``latestOffset`` acknowledges)."""
+
+    def stop(self) -> None:
+        """Hand the leases over when the reader is stopped. PySpark 4.3 kills the source's Python
+        process when a query stops (pyspark's daemon: SIGKILL), so this rarely runs: the leases
+        of a stopped query move after ``failoverTime``, as a crashed worker's do."""
+        if self._leases is not None:
+            self._leases.stop()
+
+    def _lease_driver(self) -> LeaseDriver | None:
+        if self._options.lease_store is None:
+            return None
+        if self._leases is None:
+            self._leases = LeaseDriver(self._options)
+        return self._leases
 
     def _pins(self) -> DirectoryPins:
         return DirectoryPins(self._options.pin_location)
@@ -194,7 +226,8 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             if rng.pinned is None:
                 pin = Pin(end.first, end.last, end.rows, end.shard_ended,
                           caught_up=end.bounded or end.millis_behind_latest == 0,
-                          bounded=end.bounded, next_iterator=end.next_iterator)  # fmt: skip
+                          bounded=end.bounded, next_iterator=end.next_iterator,
+                          children=tuple(end.child_shards))  # fmt: skip
                 winner = pins.put_first(run, batch, rng.shard_id, pin)
                 if winner != pin:  # another attempt of this task pinned first: its records
                     ((_, (chunks, _)),) = self._reads([_pinned(rng, winner)])

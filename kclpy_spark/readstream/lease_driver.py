@@ -1,0 +1,172 @@
+"""The driver side of a ``kinesis-kcl`` query that holds KCL leases (``leaseStore`` set).
+
+``LeaseDriver`` owns the query's worker (``query_worker.py``) and answers three questions for
+the source:
+
+* **What does a completed batch acknowledge?** Spark asks for batch N+1's end only after batch N
+  was written by the sink and noted in Spark's commit log (micro-batches run one after another),
+  so the batch ending at ``latestOffset``'s ``start`` is complete: its shards' pins become the
+  leases' checkpoints there, once per batch (``acknowledge``). The lease checkpoint therefore
+  trails Spark's own checkpoint by the batch in flight, and after a stop by the last batch
+  (Spark never says that one completed): a new owner of the lease reads those records again,
+  never fewer.
+* **What does the next batch read?** The shards whose leases the worker holds
+  (``leased.next_leased_offset``); Trigger.AvailableNow ends only once no lease of the
+  application is left waiting for this worker (``settle``).
+* **What does a replayed batch read?** A batch planned by an earlier run of the query (Spark
+  replays the last one after a restart) reads a shard only once this worker holds its lease
+  again with the checkpoint where the batch starts (``replay_reads``); a lease that moved to
+  another worker, or went on without this query, leaves the shard out of the replay, for good.
+  Waiting for the leases of the earlier run costs a restart up to ``replay_wait`` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kclpy_spark.readstream.leased import (
+    acknowledgments,
+    next_leased_offset,
+    owner_of,
+    resume_start,
+)
+from kclpy_spark.readstream.offsets import Pin, SourceOffset
+from kclpy_spark.readstream.options import SourceOptions
+from kclpy_spark.readstream.pins import DirectoryPins
+from kclpy_spark.readstream.query_worker import QueryWorker, acknowledge
+
+log = logging.getLogger(__name__)
+
+
+class LeaseDriver:
+    def __init__(self, options: SourceOptions) -> None:
+        self._options = options
+        self._worker: QueryWorker | None = None
+        self._acked: tuple[str, int] | None = None  # the last batch acknowledged
+        self._read_under: dict[tuple[str, int], dict[str, str]] = {}  # replays re-checked
+
+    @property
+    def replay_wait(self) -> float:
+        """How long a replay waits for an earlier run's leases: they expire after the
+        failover time (and the clock skew allowed), then a take round finds them."""
+        return 2 * self._options.failover_time + 10
+
+    def worker(self) -> QueryWorker:
+        if self._worker is None or not self._worker.running():
+            if self._worker is not None:
+                log.warning("kinesis-kcl: the lease worker stopped (%s); starting another",
+                            self._worker.error)  # fmt: skip
+            self._worker = QueryWorker(self._options.worker_config())
+            self._worker.start()
+        return self._worker
+
+    def acknowledge(
+        self, offset: SourceOffset, pins: Mapping[str, Pin], store: DirectoryPins
+    ) -> None:
+        """Acknowledge the completed batch ``offset`` (once)."""
+        key = (offset.run, offset.batch)
+        if offset.batch < 0 or self._acked == key:
+            return
+        leases = self.worker().leases
+        skipped = store.skipped(*key)
+        for ack in acknowledgments(offset, pins, skipped, self._read_under.get(key)):
+            acknowledge(leases, ack)
+        self._acked = key
+
+    def plan(
+        self,
+        previous: SourceOffset,
+        pins: Mapping[str, Pin],
+        listed: Sequence[Any],
+        until_ms: int | None,
+        skipped: set[str],
+    ) -> SourceOffset:
+        closed = {s.shard_id for s in listed if s.ending_sequence_number is not None}
+        names = {s.shard_id for s in listed} if listed else None
+        under = self._read_under.get((previous.run, previous.batch))
+
+        def following() -> SourceOffset:
+            return next_leased_offset(
+                previous, pins, self.worker().leases.readable(), closed=closed, listed=names,
+                until_ms=until_ms, skipped=skipped, read_under=under,
+            )  # fmt: skip
+
+        def nothing(offset: SourceOffset) -> bool:
+            return offset is previous or not offset.read_shards()
+
+        planned = following()
+        if until_ms is not None and nothing(planned):
+            if self.settle():
+                planned = following()
+            else:
+                log.warning("kinesis-kcl: leases still wait for this worker; the run ends "
+                            "without them")  # fmt: skip
+        # Nothing to read: no batch (Spark asks again; the source paces the asking).
+        return previous if nothing(planned) else planned
+
+    def settle(self) -> bool:
+        """AvailableNow: wait (up to ``replay_wait``) until no lease of the application waits
+        for this worker: none unowned, none of ours not yet read (a consumer starting, or
+        finishing a shard's end and so creating its children), none of ours readable."""
+        worker = self.worker()
+
+        def quiet() -> bool:
+            mine = worker.worker_id
+            if worker.leases.readable() or worker.leases.ending():
+                return bool(worker.leases.readable())  # readable: plan again now
+            for lease in worker.store.list_leases():
+                if lease.checkpoint.is_shard_end:
+                    continue
+                if lease.lease_owner is None or lease.lease_owner == mine:
+                    return False
+            return True
+
+        return worker.leases.wait(quiet, self.replay_wait)
+
+    def replay_reads(self, offset: SourceOffset, store: DirectoryPins) -> list[str]:
+        """The shards the batch ``offset`` reads: all it planned when this run planned it; for a
+        batch an earlier run planned, each once this worker holds its lease again at the
+        batch's start, the others left out for good (``store.mark_skipped``)."""
+        worker = self.worker()
+        key = (offset.run, offset.batch)
+        skipped = store.skipped(*key)
+        reads, under = [], {}
+        for sid in offset.read_shards():
+            plan = offset.shards[sid]
+            if sid in skipped or plan.tenure is None:
+                continue
+            held = worker.leases.readable().get(sid)
+            if held is None or held.tenure != plan.tenure:
+                ours = owner_of(plan.tenure) == worker.worker_id  # this run's: lost just now
+                held = None if ours else self._wait(sid, plan.tenure)
+            if held is None or resume_start(plan.start, held.start) != plan.start:
+                log.warning("kinesis-kcl: batch %d leaves shard %s out: its lease moved",
+                            offset.batch, sid)  # fmt: skip
+                store.mark_skipped(*key, sid)
+                continue
+            reads.append(sid)
+            under[sid] = held.tenure
+        self._read_under = {key: under}
+        return reads
+
+    def _wait(self, shard_id: str, tenure: str) -> Any:
+        """A lease an earlier run held: wait until this worker holds it, or another worker (not
+        the earlier run) does, or the shard ended."""
+        worker = self.worker()
+        earlier = owner_of(tenure)
+
+        def settled() -> bool:
+            if shard_id in worker.leases.readable():
+                return True
+            lease = worker.store.get_lease(shard_id)
+            return (lease is None or lease.checkpoint.is_shard_end
+                    or lease.lease_owner not in (None, earlier, worker.worker_id))  # fmt: skip
+
+        worker.leases.wait(settled, self.replay_wait)
+        return worker.leases.readable().get(shard_id)
+
+    def stop(self) -> None:
+        if self._worker is not None:
+            self._worker.stop()

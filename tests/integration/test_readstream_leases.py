@@ -1,0 +1,155 @@
+"""#44 item 4: a ``kinesis-kcl`` query with ``leaseStore`` is a KCL worker of its application,
+on LocalStack (DynamoDB lease table) with a real local SparkSession.
+
+- Trigger.AvailableNow through a split: every record exactly once, parents first; afterwards the
+  lease table holds each completed batch's end as the checkpoint (SHARD_END for the parent, the
+  children's last records), under the query's worker.
+- Two queries of one application split the shards by lease: each holds some, and records
+  written once the split settled reach exactly one of the two sinks, from a shard its query
+  holds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_readstream import _batches_to, _parents_first, _read_batches, _split
+from worker_procs import produce, wait_active
+
+from checkpoint.base.errors import ResourceNotFoundError
+from checkpoint.stores.dynamodb import DynamoDBLeaseTable
+from kclpy_spark.readstream.source import KinesisKclDataSource
+
+pytestmark = [pytest.mark.spark]
+
+
+@pytest.fixture
+def leased(spark: Any, localstack_endpoint: str, tmp_path: Path, unique_name: str) -> Any:
+    spark.dataSource.register(KinesisKclDataSource)
+
+    def reader(**options: str) -> Any:
+        r = (spark.readStream.format("kinesis-kcl").option("streamName", unique_name)
+             .option("endpointUrl", localstack_endpoint).option("initialPosition", "TRIM_HORIZON")
+             .option("pinLocation", str(tmp_path / "pins")).option("leaseStore", "dynamodb")
+             .option("applicationName", unique_name))  # fmt: skip
+        for key, value in options.items():
+            r = r.option(key, value)
+        return r.load()
+
+    return reader
+
+
+def _rows(batches: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    return [r for rows in batches.values() for r in rows]
+
+
+def test_available_now_checkpoints_each_batch_in_the_lease_table(
+    leased: Any, kinesis_client: Any, dynamodb_client: Any, unique_name: str, tmp_path: Path
+) -> None:
+    kinesis_client.create_stream(StreamName=unique_name, ShardCount=1)
+    wait_active(kinesis_client, unique_name)
+    produce(kinesis_client, unique_name, range(0, 60))
+    parent = kinesis_client.list_shards(StreamName=unique_name)["Shards"][0]["ShardId"]
+    children = _split(kinesis_client, unique_name)
+    produce(kinesis_client, unique_name, range(60, 120))  # into the two children
+
+    out = tmp_path / "out"
+    query = (leased(maxRecordsPerShard="25").writeStream.foreachBatch(_batches_to(out))
+             .option("checkpointLocation", str(tmp_path / "checkpoint"))
+             .trigger(availableNow=True).start())  # fmt: skip
+    assert query.awaitTermination(240), "the AvailableNow run did not end"
+    assert query.exception() is None, query.exception()
+
+    batches = _read_batches(out)
+    assert sorted(r["n"] for r in _rows(batches)) == list(range(120))
+    _parents_first(batches, parent, children)
+
+    table = DynamoDBLeaseTable(dynamodb_client, unique_name, create_if_missing=False)
+    leases = {lease.lease_key: lease for lease in table.list_leases()}
+    assert leases[parent].checkpoint.is_shard_end
+    for child in children:
+        records = kinesis_client.get_records(
+            ShardIterator=kinesis_client.get_shard_iterator(
+                StreamName=unique_name, ShardId=child, ShardIteratorType="TRIM_HORIZON"
+            )["ShardIterator"]
+        )["Records"]
+        # the last batch is acknowledged when AvailableNow asks for the next and finds none
+        assert leases[child].checkpoint.sequence_number == records[-1]["SequenceNumber"]
+    # held by the query's worker until they expire (PySpark kills the source's process at stop)
+    assert {lease.lease_owner for lease in leases.values()} - {None} == {
+        leases[children[0]].lease_owner
+    }
+    assert str(leases[children[0]].lease_owner).startswith("query:")
+
+
+def _owners(table: DynamoDBLeaseTable) -> dict[str, str | None]:
+    try:
+        return {lease.lease_key: lease.lease_owner for lease in table.list_leases()}
+    except ResourceNotFoundError:  # the queries' workers have not made it yet
+        return {}
+
+
+def _wait(condition: Any, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def test_two_queries_of_one_application_split_the_shards(
+    leased: Any, kinesis_client: Any, dynamodb_client: Any, unique_name: str, tmp_path: Path
+) -> None:
+    kinesis_client.create_stream(StreamName=unique_name, ShardCount=4)
+    wait_active(kinesis_client, unique_name)
+    produce(kinesis_client, unique_name, range(0, 100))
+    queries, outs = [], []
+    for name in ("a", "b"):
+        out = tmp_path / f"out-{name}"
+        outs.append(out)
+        queries.append(
+            leased(failoverTime="4").writeStream.foreachBatch(_batches_to(out))
+            .option("checkpointLocation", str(tmp_path / f"checkpoint-{name}"))
+            .trigger(processingTime="1 second").start()
+        )  # fmt: skip
+    try:
+        table = DynamoDBLeaseTable(dynamodb_client, unique_name, create_if_missing=False)
+
+        def split_settled() -> bool:
+            owners = _owners(table)
+            counts: dict[str | None, int] = {}
+            for owner in owners.values():
+                counts[owner] = counts.get(owner, 0) + 1
+            return len(owners) == 4 and None not in counts and sorted(counts.values()) == [2, 2]
+
+        def all_read(upto: int) -> bool:
+            seen = {r["n"] for out in outs for r in _rows(_read_batches(out))}
+            return seen >= set(range(upto))
+
+        _wait(split_settled, 120, "the two queries to hold two leases each")
+        _wait(lambda: all_read(100), 60, "the first records")
+        owners = _owners(table)
+        marks = [max(_read_batches(out), default=-1) for out in outs]
+        produce(kinesis_client, unique_name, range(100, 200))
+        _wait(lambda: all_read(200), 60, "the records written after the split")
+        assert _owners(table) == owners, "a lease moved after the split settled"
+        workers = sorted(set(owners.values()), key=str)
+        by_query: list[list[dict[str, Any]]] = []
+        for out, mark in zip(outs, marks, strict=True):
+            later = {b: rows for b, rows in _read_batches(out).items() if b > mark}
+            by_query.append([r for r in _rows(later) if r["n"] >= 100])
+        late = sorted(r["n"] for rows in by_query for r in rows)
+        assert late == list(range(100, 200)), "a record after the split was read twice or never"
+        shards = [{r["shard"] for r in rows} for rows in by_query]
+        assert not shards[0] & shards[1], f"both queries read shards {shards[0] & shards[1]}"
+        assert all(len(s) == 2 for s in shards), shards
+        for held in shards:  # each query read the shards of one worker
+            assert len({owners[s] for s in held}) == 1
+        assert len(workers) == 2
+    finally:
+        for query in queries:
+            query.stop()
+    print(json.dumps({"owners": _owners(table)}))

@@ -1,0 +1,225 @@
+"""#44 item 4: a kinesis-kcl query holding KCL leases plans its batches (pure): only the shards
+it holds, going on under one tenure, resuming a new tenure where the query or the lease got
+furthest, never re-reading an ended shard; what a completed batch acknowledges; the registry of
+held leases and what an acknowledgment does to a lease's checkpointer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from checkpoint.sequence import (
+    AT_TIMESTAMP,
+    LATEST,
+    TRIM_HORIZON,
+    ExtendedSequenceNumber,
+    InitialPosition,
+)
+from kclpy_spark.readstream.leased import (
+    Ack,
+    HeldShard,
+    acknowledgments,
+    next_leased_offset,
+    owner_of,
+    resume_start,
+)
+from kclpy_spark.readstream.offsets import Pin, SourceOffset, Start, first_offset
+from kclpy_spark.readstream.query_worker import HeldLeases, _Entry, acknowledge, start_of
+
+ESN = ExtendedSequenceNumber
+A = "query:host:1:abc#t1"
+B = "query:host:1:abc#t2"
+
+
+def held(sid: str, tenure: str = A, start: Start | None = None) -> HeldShard:
+    return HeldShard(sid, tenure, start or Start(), None)
+
+
+def batch0(*shards: str) -> SourceOffset:
+    return next_leased_offset(first_offset("run", 1_000), {}, {s: held(s) for s in shards})
+
+
+def test_only_the_held_shards_are_read_from_their_lease_checkpoints() -> None:
+    one = next_leased_offset(
+        first_offset("run", 1_000), {},
+        {"s0": held("s0"), "s1": held("s1", start=Start(ESN("500")))},
+    )  # fmt: skip
+    assert one.batch == 0 and one.read_shards() == ["s0", "s1"]
+    assert one.shards["s1"].start == Start(ESN("500")) and one.shards["s1"].tenure == A
+
+
+def test_one_tenure_goes_on_after_its_pin() -> None:
+    one = batch0("s0")
+    pins = {"s0": Pin(ESN("10"), ESN("20"), 2, next_iterator="it")}
+    two = next_leased_offset(one, pins, {"s0": held("s0")})
+    assert two.shards["s0"].start == Start(ESN("20")) and two.shards["s0"].iterator == "it"
+
+
+def test_a_shard_no_longer_held_is_not_read_but_its_position_is_kept() -> None:
+    one = batch0("s0", "s1")
+    pins = {"s0": Pin(ESN("10"), ESN("20"), 2), "s1": Pin(ESN("11"), ESN("21"), 2)}
+    two = next_leased_offset(one, pins, {"s0": held("s0")})
+    assert two.read_shards() == ["s0"]
+    assert two.shards["s1"].start == Start(ESN("21")) and two.shards["s1"].tenure is None
+
+
+@pytest.mark.parametrize(
+    ("ours", "lease", "expected"),
+    [
+        (None, Start(ESN("30")), Start(ESN("30"))),  # never read here: the lease's
+        (Start(ESN("20")), Start(ESN("30")), Start(ESN("30"))),  # another went further
+        (Start(ESN("20")), Start(ESN("10")), Start(ESN("20"))),  # our last batch: ahead
+        (Start(ESN("20")), Start(), Start(ESN("20"))),  # TRIM_HORIZON: never checkpointed
+        (Start(ESN("20")), Start(AT_TIMESTAMP, 5), Start(ESN("20"))),
+        (Start(), Start(ESN("30")), Start(ESN("30"))),
+        (Start(AT_TIMESTAMP, 5), Start(ESN("30")), Start(ESN("30"))),
+    ],
+)
+def test_a_new_tenure_resumes_where_the_query_or_the_lease_got_furthest(
+    ours: Start | None, lease: Start, expected: Start
+) -> None:
+    assert resume_start(ours, lease) == expected
+
+
+def test_a_shard_taken_again_under_a_new_tenure_resumes_by_the_rule() -> None:
+    one = batch0("s0")
+    pins = {"s0": Pin(ESN("10"), ESN("20"), 2, caught_up=True, next_iterator="it")}
+    ahead = next_leased_offset(one, pins, {"s0": held("s0", B, Start(ESN("90")))})
+    assert ahead.shards["s0"].start == Start(ESN("90")) and ahead.shards["s0"].iterator is None
+    behind = next_leased_offset(one, pins, {"s0": held("s0", B, Start(ESN("5")))})
+    assert behind.shards["s0"].start == Start(ESN("20")) and behind.shards["s0"].tenure == B
+
+
+def test_an_ended_shard_is_never_read_again_even_while_still_held() -> None:
+    one = batch0("s0")
+    two = next_leased_offset(one, {"s0": Pin(ESN("1"), ESN("2"), 2, ended=True)},
+                             {"s0": held("s0"), "s1": held("s1")})  # fmt: skip
+    assert two.read_shards() == ["s1"] and "s0" in two.ended
+
+
+def test_a_skipped_shard_stays_where_the_batch_began() -> None:
+    seven = {"s0": held("s0", start=Start(ESN("7")))}
+    one = next_leased_offset(first_offset("run", 1_000), {}, seven)
+    two = next_leased_offset(one, {"s0": Pin(ESN("8"), ESN("9"), 2)}, {}, skipped={"s0"})
+    assert two.shards["s0"].start == Start(ESN("7"))
+
+
+def test_available_now_ends_when_every_held_shard_is_caught_up_under_the_bound() -> None:
+    start = first_offset("run", 1_000)
+    one = next_leased_offset(start, {}, {"s0": held("s0")}, until_ms=50)
+    pins = {"s0": Pin(ESN("1"), ESN("2"), 2, caught_up=True)}
+    assert next_leased_offset(one, pins, {"s0": held("s0")}, until_ms=50) is one
+    # a new tenure has not read under the bound yet
+    again = next_leased_offset(one, pins, {"s0": held("s0", B)}, until_ms=50)
+    assert again.read_shards() == ["s0"]
+
+
+def test_shards_that_aged_out_of_the_listing_are_forgotten() -> None:
+    one = batch0("s0", "s1")
+    pins = {"s0": Pin(None, None, 0), "s1": Pin(None, None, 0)}
+    two = next_leased_offset(one, pins, {}, listed={"s0"})
+    assert set(two.shards) == {"s0"}
+
+
+def test_offsets_with_tenures_survive_the_journal() -> None:
+    one = batch0("s0")
+    assert SourceOffset.from_json(one.to_json()) == one
+
+
+def test_a_completed_batch_acknowledges_what_its_shards_found() -> None:
+    one = batch0("s0", "s1", "s2")
+    pins = {
+        "s0": Pin(ESN("1"), ESN("2"), 2),
+        "s1": Pin(None, None, 0),  # nothing read: nothing to acknowledge
+        "s2": Pin(ESN("3"), ESN("4"), 2, ended=True, children=({"ShardId": "s9"},)),
+    }
+    acks = acknowledgments(one, pins)
+    assert [(a.shard_id, a.tenure, a.ended) for a in acks] == [("s0", A, False), ("s2", A, True)]
+    assert acknowledgments(one, pins, skipped={"s0"}, read_under={"s2": B})[0].tenure == B
+
+
+def test_a_tenure_names_its_worker() -> None:
+    assert owner_of(A) == "query:host:1:abc"
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "position", "expected"),
+    [
+        (ESN("42"), InitialPosition.latest(), Start(ESN("42"))),
+        (TRIM_HORIZON, InitialPosition.latest(), Start()),
+        (LATEST, InitialPosition.latest(), Start(AT_TIMESTAMP, 95_000)),  # the moment, less 5 s
+    ],
+)
+def test_a_consumers_start_becomes_a_planned_start(
+    checkpoint: ESN, position: InitialPosition, expected: Start
+) -> None:
+    assert start_of(checkpoint, position, 100.0) == expected
+
+
+class _Checkpointer:
+    def __init__(self, fail: Exception | None = None) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self._fail = fail
+
+    def set_largest_permitted(self, position: ESN, sequence_numbers: Any) -> None:
+        self.calls.append(("permit", position))
+
+    def checkpoint(self, sequence_number: str, sub_sequence_number: int) -> None:
+        if self._fail is not None:
+            raise self._fail
+        self.calls.append(("checkpoint", (sequence_number, sub_sequence_number)))
+
+
+def _registered(tenure: str = A) -> tuple[HeldLeases, _Checkpointer, list[Any]]:
+    leases, posted, cp = HeldLeases(), [], _Checkpointer()
+    leases.register(_Entry(held("s0", tenure), posted.append))
+    assert leases.readable() == {}  # not announced yet: its consumer has not started reading
+    leases.announce("s0", cp)
+    assert set(leases.readable()) == {"s0"}
+    return leases, cp, posted
+
+
+def test_an_acknowledgment_checkpoints_the_pins_last_record() -> None:
+    leases, cp, posted = _registered()
+    assert acknowledge(leases, Ack("s0", A, Pin(ESN("1"), ESN("2", 3), 2)))
+    assert cp.calls == [("permit", ESN("2", 3)), ("checkpoint", ("2", 3))] and posted == []
+
+
+def test_an_ended_shard_is_handed_to_its_consumer_with_its_children() -> None:
+    leases, cp, posted = _registered()
+    children = ({"ShardId": "s9", "ParentShards": ["s0"]},)
+    assert acknowledge(leases, Ack("s0", A, Pin(ESN("1"), ESN("2"), 2, children=children), True))
+    assert cp.calls == [("permit", ESN("2"))]  # SHARD_END: the consumer's shard end writes it
+    assert posted[0].shard_ended and posted[0].child_shards == [dict(children[0])]
+    assert leases.readable() == {} and leases.ending() == {"s0"}
+
+
+def test_an_acknowledgment_of_another_tenure_moves_nothing() -> None:
+    leases, cp, posted = _registered(tenure=B)
+    assert not acknowledge(leases, Ack("s0", A, Pin(ESN("1"), ESN("2"), 2)))
+    assert not acknowledge(leases, Ack("s1", A, Pin(ESN("1"), ESN("2"), 2)))
+    assert cp.calls == [] and posted == []
+
+
+def test_a_lost_lease_is_not_acknowledged() -> None:
+    from checkpoint.checkpointer import CheckpointError
+
+    leases, posted = HeldLeases(), []
+    leases.register(_Entry(held("s0"), posted.append))
+    leases.announce("s0", _Checkpointer(CheckpointError("ShutdownException", "lost")))
+    assert not acknowledge(leases, Ack("s0", A, Pin(ESN("1"), ESN("2"), 2)))
+
+
+def test_waiting_on_the_registry_returns_at_the_change_or_the_deadline() -> None:
+    import threading
+
+    leases = HeldLeases()
+    assert not leases.wait(lambda: bool(leases.readable()), 0.05)
+    entry = _Entry(held("s0"), lambda item: None)
+    leases.register(entry)
+    timer = threading.Timer(0.05, leases.announce, ("s0", _Checkpointer()))
+    timer.start()
+    assert leases.wait(lambda: bool(leases.readable()), 5.0)
+    leases.unregister(entry)
+    assert leases.readable() == {}
