@@ -23,9 +23,11 @@ the source:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from checkpoint.lease import Lease
 from kclpy_spark.readstream.leased import (
     acknowledgments,
     next_leased_offset,
@@ -38,6 +40,34 @@ from kclpy_spark.readstream.pins import DirectoryPins
 from kclpy_spark.readstream.query_worker import QueryWorker, acknowledge
 
 log = logging.getLogger(__name__)
+
+
+class LeaseLiveness:
+    """Which leases of other workers are live: their counters seen to move (pure but for the
+    times given)."""
+
+    def __init__(self, failover_time: float) -> None:
+        self._failover = failover_time
+        self._seen: dict[str, tuple[int, float, bool]] = {}  # counter, since, moved
+
+    def quiet(self, leases: Sequence[Lease], mine: str, now: float) -> bool:
+        """Whether no lease waits for worker ``mine``: every unfinished lease is another
+        worker's and live (unowned, ours or expired ones wait)."""
+        quiet = True
+        for lease in leases:
+            if lease.checkpoint.is_shard_end:
+                continue
+            if lease.lease_owner is None or lease.lease_owner == mine:
+                quiet = False
+                continue
+            first = (lease.lease_counter, now, False)
+            counter, since, moved = self._seen.get(lease.lease_key, first)
+            if counter != lease.lease_counter:
+                counter, since, moved = lease.lease_counter, now, True
+            self._seen[lease.lease_key] = (counter, since, moved)
+            if not moved or now - since > self._failover:
+                quiet = False  # not yet seen renewed, or expired: ours to take
+        return quiet
 
 
 class LeaseDriver:
@@ -109,19 +139,17 @@ class LeaseDriver:
     def settle(self) -> bool:
         """AvailableNow: wait (up to ``replay_wait``) until no lease of the application waits
         for this worker: none unowned, none of ours not yet read (a consumer starting, or
-        finishing a shard's end and so creating its children), none of ours readable."""
+        finishing a shard's end and so creating its children), none held by a worker that
+        stopped renewing it (ours to take once it expires). Another worker's lease counts as
+        live once its counter was seen to move, so with other workers a run ends no sooner
+        than one of their renewals after its last read."""
         worker = self.worker()
+        seen = LeaseLiveness(self._options.failover_time)
 
         def quiet() -> bool:
-            mine = worker.worker_id
             if worker.leases.readable() or worker.leases.ending():
                 return bool(worker.leases.readable())  # readable: plan again now
-            for lease in worker.store.list_leases():
-                if lease.checkpoint.is_shard_end:
-                    continue
-                if lease.lease_owner is None or lease.lease_owner == mine:
-                    return False
-            return True
+            return seen.quiet(worker.store.list_leases(), worker.worker_id, time.monotonic())
 
         return worker.leases.wait(quiet, self.replay_wait)
 

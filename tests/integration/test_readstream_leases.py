@@ -7,6 +7,10 @@ on LocalStack (DynamoDB lease table) with a real local SparkSession.
 - Two queries of one application split the shards by lease: each holds some, and records
   written once the split settled reach exactly one of the two sinks, from a shard its query
   holds.
+- A batch Spark replays after a restart leaves out the shards whose leases moved meanwhile:
+  query A fails in batch 1 (batch 0 acknowledged), query B of the same application takes the
+  expired leases and reads on from A's checkpoints, A restarts: its replay of batch 1 reads
+  nothing, and the two sinks together hold every record exactly once.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_readstream import _batches_to, _parents_first, _read_batches, _split
+from test_readstream import _batches_to, _parents_first, _read_batches, _split, _write
 from worker_procs import produce, wait_active
 
 from checkpoint.base.errors import ResourceNotFoundError
@@ -153,3 +157,54 @@ def test_two_queries_of_one_application_split_the_shards(
         for query in queries:
             query.stop()
     print(json.dumps({"owners": _owners(table)}))
+
+
+@pytest.mark.parametrize("moved", [True, False], ids=["moved", "back"])
+def test_a_replay_leaves_out_the_shards_whose_leases_moved(
+    leased: Any, kinesis_client: Any, unique_name: str, tmp_path: Path, moved: bool
+) -> None:
+    kinesis_client.create_stream(StreamName=unique_name, ShardCount=2)
+    wait_active(kinesis_client, unique_name)
+    produce(kinesis_client, unique_name, range(0, 60))
+    seen = tmp_path / "seen-a"
+    seen.mkdir()
+
+    def fail_batch_1_once(df: Any, batch_id: int) -> None:
+        rows = sorted(int(r.data) for r in df.select("data").collect())
+        attempt = len(list(seen.glob(f"{batch_id:06d}-*.json")))
+        _write(seen / f"{batch_id:06d}-{attempt}.json", rows)
+        if batch_id == 1 and attempt == 0:
+            raise RuntimeError("the sink failed (on purpose)")
+
+    def run_a() -> Any:
+        return (leased(maxRecordsPerShard="10", failoverTime="3").writeStream
+                .foreachBatch(fail_batch_1_once)
+                .option("checkpointLocation", str(tmp_path / "checkpoint-a"))
+                .trigger(availableNow=True).start())  # fmt: skip
+
+    with pytest.raises(Exception, match="on purpose"):  # batch 1 planned, never committed
+        run_a().awaitTermination(240)
+    first_try = json.loads((seen / "000001-0.json").read_text())
+    assert first_try, "batch 1 read records before it failed"
+
+    out_b = tmp_path / "out-b"  # another query of the application, while A is down
+    if moved:
+        query = (leased(failoverTime="3").writeStream.foreachBatch(_batches_to(out_b))
+                 .option("checkpointLocation", str(tmp_path / "checkpoint-b"))
+                 .trigger(availableNow=True).start())  # fmt: skip
+        assert query.awaitTermination(240), "B did not end"
+        assert query.exception() is None, query.exception()
+
+    query = run_a()  # A again: Spark replays batch 1 first (its leases expire, then come back)
+    assert query.awaitTermination(240), "A's second run did not end"
+    assert query.exception() is None, query.exception()
+    replayed = json.loads((seen / "000001-1.json").read_text())
+    by_a = [n for p in seen.glob("*.json") if p.name != "000001-0.json"
+            for n in json.loads(p.read_text())]  # fmt: skip
+    by_b = [r["n"] for r in _rows(_read_batches(out_b))] if moved else []
+    assert sorted(by_a + by_b) == list(range(60)), (sorted(by_a), sorted(by_b))
+    if moved:
+        assert replayed == [], "the replay read shards whose leases had moved"
+        assert not set(first_try) - set(by_b), "B read what A's failed batch had read"
+    else:
+        assert replayed == first_try, "the replay read what the first attempt read"

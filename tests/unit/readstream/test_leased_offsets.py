@@ -223,3 +223,24 @@ def test_waiting_on_the_registry_returns_at_the_change_or_the_deadline() -> None
     assert leases.wait(lambda: bool(leases.readable()), 5.0)
     leases.unregister(entry)
     assert leases.readable() == {}
+
+
+def _lease(key: str, owner: str | None, counter: int, ended: bool = False) -> Any:
+    from checkpoint.lease import Lease
+    from checkpoint.sequence import SHARD_END
+
+    return Lease(key, SHARD_END if ended else ESN("5"), owner, counter)
+
+
+def test_available_now_waits_for_leases_unowned_ours_or_not_seen_renewed() -> None:
+    from kclpy_spark.readstream.lease_driver import LeaseLiveness
+
+    live = LeaseLiveness(failover_time=10)
+    assert not live.quiet([_lease("s0", None, 1)], "me", 0.0)  # unowned: ours to take
+    assert not live.quiet([_lease("s0", "me", 1)], "me", 0.0)  # ours, not read yet
+    assert live.quiet([_lease("s0", "me", 1, ended=True)], "me", 0.0)  # finished
+    other = LeaseLiveness(failover_time=10)
+    assert not other.quiet([_lease("s1", "b", 1)], "me", 0.0)  # not yet seen renewed
+    assert other.quiet([_lease("s1", "b", 2)], "me", 3.0)  # renewed: live, not ours
+    assert other.quiet([_lease("s1", "b", 2)], "me", 12.0)
+    assert not other.quiet([_lease("s1", "b", 2)], "me", 13.5)  # silent past failover
