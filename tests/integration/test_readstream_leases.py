@@ -16,13 +16,15 @@ on LocalStack (DynamoDB lease table) with a real local SparkSession.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_readstream import _batches_to, _parents_first, _read_batches, _split, _write
-from worker_procs import produce, wait_active
+from worker_procs import produce, wait_active, worker_env
 
 from checkpoint.base.errors import ResourceNotFoundError
 from checkpoint.stores.dynamodb import DynamoDBLeaseTable
@@ -52,7 +54,12 @@ def _rows(batches: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 
 def test_available_now_checkpoints_each_batch_in_the_lease_table(
-    leased: Any, kinesis_client: Any, dynamodb_client: Any, unique_name: str, tmp_path: Path
+    leased: Any,
+    kinesis_client: Any,
+    dynamodb_client: Any,
+    unique_name: str,
+    tmp_path: Path,
+    localstack_endpoint: str,
 ) -> None:
     kinesis_client.create_stream(StreamName=unique_name, ShardCount=1)
     wait_active(kinesis_client, unique_name)
@@ -84,10 +91,21 @@ def test_available_now_checkpoints_each_batch_in_the_lease_table(
         # the last batch is acknowledged when AvailableNow asks for the next and finds none
         assert leases[child].checkpoint.sequence_number == records[-1]["SequenceNumber"]
     # held by the query's worker until they expire (PySpark kills the source's process at stop)
-    assert {lease.lease_owner for lease in leases.values()} - {None} == {
-        leases[children[0]].lease_owner
-    }
-    assert str(leases[children[0]].lease_owner).startswith("query:")
+    owner = str(leases[children[0]].lease_owner)
+    assert {lease.lease_owner for lease in leases.values()} - {None} == {owner}
+    assert owner.startswith("query:")
+    # `kclpy-spark status` shows the query's progress as any worker's
+    shown = subprocess.run(
+        [sys.executable, "-m", "kclpy_spark.cli", "status", "--json", "--stream-name",
+         unique_name, "--application-name", unique_name, "--lease-store", "dynamodb",
+         "--endpoint-url", localstack_endpoint],
+        capture_output=True, text=True, timeout=60, env=worker_env(), check=True,
+    )  # fmt: skip
+    report = json.loads(shown.stdout)
+    by_key = {row["lease_key"]: row for row in report["leases"]}
+    assert by_key[children[0]]["owner"] == owner
+    assert by_key[parent]["checkpoint"] == "SHARD_END"
+    assert report["live_workers"] == [owner]  # its status records, published as a worker's
 
 
 def _owners(table: DynamoDBLeaseTable) -> dict[str, str | None]:
