@@ -11,8 +11,8 @@ batch Spark replays after a failure or a restart reads the same records. Spark's
 
 With ``leaseStore`` the query is also a KCL worker of its application (``lease_driver.py``): it
 reads only the shards whose leases it holds and checkpoints each completed batch in the lease
-table. Not yet (issue 44): ``value_schema``, per-trigger read limits from Spark's ``ReadLimit``
-(the options' budgets apply).
+table. The daemon's ``value_schema`` is ``spark.values.with_values`` on the stream. Not yet
+(issue 44): per-trigger read limits from Spark's ``ReadLimit`` (the options' budgets apply).
 """
 
 from __future__ import annotations

@@ -290,19 +290,14 @@ class SparkSessionHolder:
         parsed into the value schema; unchanged without one."""
         if not self._value_schema:
             return df
-        from kclpy_spark.spark.values import parse_values, value_fields
+        from kclpy_spark.spark.values import value_fields, with_values
 
-        keep = [c for c in (columns or df.columns) if c != "data" or self._keep_raw]
         if self._value_fields is None:  # once: over Connect, an analysis is a round trip
             self._value_fields = value_fields(df, self._value_schema)
-        # Records that are not exactly one JSON object naming every field of the schema (or not
-        # UTF-8 at all) are not lost: their bytes go to ``unparsed_data`` (values.py).
-        out = parse_values(df, self._value_schema, self._value_fields, keep)
-        if not self._columns_checked:  # once: over Connect, .columns is a round trip
-            clash = sorted({c for c in out.columns if out.columns.count(c) > 1})
-            if clash:
-                raise ConfigError(f"value_schema fields clash with the record columns: {clash}")
-            self._columns_checked = True
+        out = with_values(df, self._value_schema, keep_raw_data=self._keep_raw, columns=columns,
+                          fields=self._value_fields,
+                          check_clash=not self._columns_checked)  # fmt: skip
+        self._columns_checked = True
         return out
 
     @contextlib.contextmanager

@@ -21,12 +21,48 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from checkpoint.base.errors import ConfigError
+
 # Spark's column for records PERMISSIVE mode could not parse (dropped from the output).
 CORRUPT = "_kclpy_spark_corrupt_record"
 # The wrapped parse's end marker: a key no schema field can clash with (a top-level column of
 # ours never contains ':').
 END = "kclpy-spark:end"
 WRAPPED_TYPE = "ARRAY<MAP<STRING,STRING>>"
+
+
+def with_values(
+    df: Any,
+    value_schema: str,
+    *,
+    keep_raw_data: bool = False,
+    columns: Sequence[str] | None = None,
+    fields: Sequence[str] | None = None,
+    check_clash: bool = True,
+) -> Any:
+    """``df`` (the record columns, maybe more: ``columns``, else asked of ``df``) with ``data``
+    parsed into ``value_schema``'s columns after the others and ``unparsed_data`` (``data``
+    itself kept with ``keep_raw_data``): the daemon's sinks' DataFrame, and what a
+    ``kinesis-kcl`` stream gives with ``with_values(df, "id BIGINT, name STRING")``. A schema
+    Spark cannot parse, or a field named as a record column, is one line (ConfigError)."""
+    keep = [c for c in (columns or df.columns) if c != "data" or keep_raw_data]
+    if fields is None:
+        try:
+            fields = value_fields(df, value_schema)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            raise ConfigError(
+                f"value_schema {value_schema!r} is not a Spark DDL schema "
+                f"(e.g. 'id BIGINT, name STRING'): {first}"
+            ) from None
+    # Records that are not exactly one JSON object naming every field of the schema (or not
+    # UTF-8 at all) are not lost: their bytes go to ``unparsed_data``.
+    out = parse_values(df, value_schema, fields, keep)
+    if check_clash:  # over Connect, .columns is a round trip
+        clash = sorted({c for c in out.columns if out.columns.count(c) > 1})
+        if clash:
+            raise ConfigError(f"value_schema fields clash with the record columns: {clash}")
+    return out
 
 
 def value_fields(df: Any, value_schema: str) -> list[str]:

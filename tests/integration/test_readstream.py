@@ -230,3 +230,31 @@ def test_a_bad_option_is_one_line_at_load(
     text = str(err.value)
     line = next((x for x in text.splitlines() if "ConfigError: kinesis-kcl" in x), "")
     assert all(w in line for w in words), text[:2000]
+
+
+def test_with_values_parses_json_as_the_daemons_sinks_do(
+    source: Any, kinesis_client: Any, unique_name: str, tmp_path: Path
+) -> None:
+    from checkpoint.base.errors import ConfigError
+    from kclpy_spark.spark.values import with_values
+
+    kinesis_client.create_stream(StreamName=unique_name, ShardCount=1)
+    wait_active(kinesis_client, unique_name)
+    payloads = [b'{"id": 1, "name": "a"}', b'{"id": 2}', b"not json", b'{"id": 3, "name": "c"}']
+    for data in payloads:
+        kinesis_client.put_record(StreamName=unique_name, Data=data, PartitionKey="k")
+    df = with_values(source(unique_name), "id BIGINT, name STRING")
+    assert df.columns == ["stream", "shard_id", "sequence_number", "sub_sequence_number",
+                          "partition_key", "approximate_arrival_timestamp", "id", "name",
+                          "unparsed_data"]  # fmt: skip
+    rows: list[Any] = []
+    query = (df.writeStream.foreachBatch(lambda batch, _: rows.extend(batch.collect()))
+             .option("checkpointLocation", str(tmp_path / "checkpoint"))
+             .trigger(availableNow=True).start())  # fmt: skip
+    assert query.awaitTermination(240) and query.exception() is None
+    got = sorted((r.id, r.name, r.unparsed_data) for r in rows if r.unparsed_data is None)
+    assert got == [(1, "a", None), (3, "c", None)]
+    kept = sorted(bytes(r.unparsed_data) for r in rows if r.unparsed_data is not None)
+    assert kept == [b"not json", b'{"id": 2}']  # not JSON, a missing field: bytes kept
+    with pytest.raises(ConfigError, match="not a Spark DDL schema"):
+        with_values(source(unique_name), "id BIGINTEGER,,")
