@@ -106,6 +106,9 @@ class ShardPlan:
     closed: bool = False
     # With a lease store: the tenure (``<worker id>#<id>``) under which the shard was planned.
     tenure: str | None = None
+    # The shard's share of a per-trigger limit (Spark's ReadMaxRows / ReadMaxBytes), if any.
+    max_records: int | None = None
+    max_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -228,7 +231,8 @@ def _plans(
     shard end makes them); none decided read yet."""
     plans: dict[str, ShardPlan] = {}
     for sid, state in open_states.items():
-        plans[sid] = replace(previous.shards[sid], start=state.start, iterator=state.iterator)
+        plans[sid] = replace(previous.shards[sid], start=state.start, iterator=state.iterator,
+                             max_records=None, max_bytes=None)  # fmt: skip
     known = set(open_states) | ended
     try:
         created = leases_to_create(listed, known, initial) if listed else []
@@ -246,6 +250,31 @@ def _plans(
             hash_range = (shard.hash_key_range.start, shard.hash_key_range.end)
             plans[shard.shard_id] = ShardPlan(Start(), False, tuple(sorted(parents)), hash_range)
     return plans
+
+
+def within_limit(offset: SourceOffset, max_rows: int | None, max_bytes: int | None) -> SourceOffset:
+    """``offset`` with a per-trigger limit (Spark's ReadMaxRows / ReadMaxBytes) shared over the
+    shards it reads: each gets an equal share (the remainder to the first ones, in an order
+    that turns with the batch); with fewer records than shards, the shards left without a share
+    wait for a later batch. Each shard's own budget (the options) still applies."""
+    shards = offset.read_shards()
+    if not shards or (max_rows is None and max_bytes is None):
+        return offset
+    turn = offset.batch % len(shards)
+    order = shards[turn:] + shards[:turn]
+    plans = dict(offset.shards)
+    for i, sid in enumerate(order):
+        rows = None if max_rows is None else _share(max_rows, len(order), i)
+        size = None if max_bytes is None else _share(max_bytes, len(order), i)
+        if rows == 0 or size == 0:
+            plans[sid] = replace(plans[sid], read=False)
+        else:
+            plans[sid] = replace(plans[sid], max_records=rows, max_bytes=size)
+    return replace(offset, shards=plans)
+
+
+def _share(total: int, parts: int, index: int) -> int:
+    return total // parts + (1 if index < total % parts else 0)
 
 
 def first_offset(run: str, now_ms: int) -> SourceOffset:
@@ -275,6 +304,10 @@ def _plan_json(plan: ShardPlan) -> dict[str, Any]:
         value["closed"] = True
     if plan.tenure is not None:
         value["tenure"] = plan.tenure
+    if plan.max_records is not None:
+        value["max_records"] = plan.max_records
+    if plan.max_bytes is not None:
+        value["max_bytes"] = plan.max_bytes
     if plan.hash_range is not None:
         value["hash"] = f"{plan.hash_range[0]}-{plan.hash_range[1]}"
     return value
@@ -289,7 +322,13 @@ def _plan_of(value: Mapping[str, Any]) -> ShardPlan:
         hash_range = (int(low), int(high))
     return ShardPlan(Start.parse(str(value["start"])), bool(value["read"]), parents, hash_range,
                      bool(value.get("done")), value.get("iterator"),
-                     bool(value.get("closed")), value.get("tenure"))  # fmt: skip
+                     bool(value.get("closed")), value.get("tenure"),
+                     _int_or_none(value.get("max_records")),
+                     _int_or_none(value.get("max_bytes")))  # fmt: skip
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _esn_text(value: ESN | None) -> str | None:

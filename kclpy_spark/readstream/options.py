@@ -32,6 +32,8 @@ KNOWN = {
     "kplDeaggregation": "split KPL aggregates into their records (default true)",
     "pinLocation": "a folder the driver and every executor see, for the ranges' pins",
     "shardsPerTask": "shards one Spark task reads side by side (default 4)",
+    "maxRecordsPerTrigger": "the most records a batch reads over all shards (Spark's ReadMaxRows)",
+    "maxBytesPerTrigger": "the most bytes a batch reads over all shards (Spark's ReadMaxBytes)",
     "leaseStore": "none (default), dynamodb (the KCL's table, named applicationName) or "
     "sqlite:<path> (one machine): the query holds KCL leases and checkpoints them",
     "failoverTime": "with a lease store: seconds until a lease not renewed moves (default 10)",
@@ -52,6 +54,8 @@ class SourceOptions:
     kpl: bool
     pin_location: Path
     shards_per_task: int = 4
+    max_records_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
     lease_store: str | None = None  # None: no leases (Spark's checkpoint alone)
     failover_time: float = 10.0
 
@@ -110,9 +114,16 @@ class SourceOptions:
             region=resolve_region(
                 values.get("region") or None, arn_region(arn or None), None, endpoint
             ),
+            max_records_per_trigger=_optional(values, "maxRecordsPerTrigger", 2**40),
+            max_bytes_per_trigger=_optional(values, "maxBytesPerTrigger", 2**50),
             lease_store=None if store.lower() == "none" else store,
             failover_time=float(_int(values, "failoverTime", 10, 1, 3600)),
         )
+        if made.max_records_per_trigger is not None and made.max_bytes_per_trigger is not None:
+            raise ConfigError(
+                "kinesis-kcl: give maxRecordsPerTrigger or maxBytesPerTrigger, not both (Spark "
+                "hands a Python source one limit)"
+            )
         if made.lease_store is not None:
             made.worker_config()  # a bad lease store is one line at load()
         return made
@@ -149,6 +160,10 @@ def _int(values: Mapping[str, str], name: str, default: int, low: int, high: int
     if not low <= number <= high:
         raise ConfigError(f"kinesis-kcl: option {name} must be {low}..{high}, got {number}")
     return number
+
+
+def _optional(values: Mapping[str, str], name: str, high: int) -> int | None:
+    return None if values.get(name) is None else _int(values, name, 0, 1, high)
 
 
 def _bool(values: Mapping[str, str], name: str, default: bool) -> bool:

@@ -11,8 +11,8 @@ batch Spark replays after a failure or a restart reads the same records. Spark's
 
 With ``leaseStore`` the query is also a KCL worker of its application (``lease_driver.py``): it
 reads only the shards whose leases it holds and checkpoints each completed batch in the lease
-table. The daemon's ``value_schema`` is ``spark.values.with_values`` on the stream. Not yet
-(issue 44): per-trigger read limits from Spark's ``ReadLimit`` (the options' budgets apply).
+table. The daemon's ``value_schema`` is ``spark.values.with_values`` on the stream. A per-trigger
+limit is Spark's read limit (``getDefaultReadLimit``), shared over a batch's shards.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from kclpy_spark.readstream.offsets import (
     SourceOffset,
     first_offset,
     next_offset,
+    within_limit,
 )
 from kclpy_spark.readstream.options import SourceOptions
 from kclpy_spark.readstream.pins import DirectoryPins
@@ -93,6 +94,21 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def initialOffset(self) -> dict[str, Any]:
         return first_offset(uuid.uuid4().hex, int(time.time() * 1000)).to_json()
 
+    def getDefaultReadLimit(self) -> Any:
+        """``maxRecordsPerTrigger`` / ``maxBytesPerTrigger`` as Spark's read limit (Spark passes
+        it back to ``latestOffset``, or ReadAllAvailable when a trigger wants everything)."""
+        from pyspark.sql.streaming.datasource import (
+            ReadAllAvailable,
+            ReadMaxBytes,
+            ReadMaxRows,
+        )
+
+        if self._options.max_records_per_trigger is not None:
+            return ReadMaxRows(self._options.max_records_per_trigger)
+        if self._options.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(self._options.max_bytes_per_trigger)
+        return ReadAllAvailable()
+
     def prepareForTriggerAvailableNow(self) -> None:
         """Trigger.AvailableNow: read what arrived until now, then stop (offsets.py)."""
         self._until_ms = int(time.time() * 1000)
@@ -123,6 +139,8 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         else:
             following = next_offset(previous, found, listed, self._options.initial_position,
                                     self._until_ms)  # fmt: skip
+        if following is not previous:
+            following = within_limit(following, *_limits(limit))
         if following.batch > previous.batch >= 1:  # a replay needs this batch's and the last's
             pins.forget_before(previous.run, previous.batch)
         self._planned_at = time.monotonic()
@@ -161,7 +179,9 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             plan = offset.shards[sid]
             ranges.append(ReadRange(
                 lease_key=sid, stream=o.stream, stream_arg=o.stream_arg, shard_id=sid,
-                after=plan.start.after, max_records=o.max_records, max_bytes=o.max_bytes,
+                after=plan.start.after,
+                max_records=min(o.max_records, plan.max_records or o.max_records),
+                max_bytes=min(o.max_bytes, plan.max_bytes or o.max_bytes),
                 max_seconds=READ_SECONDS, read_rate=o.read_rate or 1e12, kpl=o.kpl,
                 hash_range=plan.hash_range,
                 timestamp=None if plan.start.at_ms is None else plan.start.at_ms / 1000,
@@ -248,6 +268,13 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 ) from None
             done.append((rng, outcome))
         return done
+
+
+def _limits(limit: Any) -> tuple[int | None, int | None]:
+    """The rows and bytes a Spark read limit allows a batch (None: no limit of that kind);
+    the limits a Python source cannot honour (minimum rows, files) read all available."""
+    rows, size = getattr(limit, "max_rows", None), getattr(limit, "max_bytes", None)
+    return (None if rows is None else int(rows)), (None if size is None else int(size))
 
 
 def _pinned(rng: ReadRange, pin: Pin) -> ReadRange:

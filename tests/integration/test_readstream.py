@@ -258,3 +258,18 @@ def test_with_values_parses_json_as_the_daemons_sinks_do(
     assert kept == [b"not json", b'{"id": 2}']  # not JSON, a missing field: bytes kept
     with pytest.raises(ConfigError, match="not a Spark DDL schema"):
         with_values(source(unique_name), "id BIGINTEGER,,")
+
+
+def test_max_records_per_trigger_bounds_every_batch(
+    source: Any, kinesis_client: Any, unique_name: str, tmp_path: Path
+) -> None:
+    kinesis_client.create_stream(StreamName=unique_name, ShardCount=2)
+    wait_active(kinesis_client, unique_name)
+    produce(kinesis_client, unique_name, range(0, 100))
+    out = tmp_path / "out"
+    _run_available_now(source(unique_name, maxRecordsPerTrigger="30"), out,
+                       tmp_path / "checkpoint")  # fmt: skip
+    batches = _read_batches(out)
+    assert sorted(r["n"] for rows in batches.values() for r in rows) == list(range(100))
+    assert max(len(rows) for rows in batches.values()) <= 30
+    assert len(batches) >= 4  # 100 records, at most 30 a batch

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from checkpoint.base.errors import ConfigError
 from checkpoint.lease import HashKeyRange
 from checkpoint.sequence import AT_TIMESTAMP, ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.readstream.offsets import (
@@ -222,8 +223,6 @@ def test_after_a_dry_batch_the_next_waits_a_second_without_listing(tmp_path: Pat
 
 
 def test_a_folder_that_cannot_hold_pins_is_one_line(tmp_path: Path) -> None:
-    from checkpoint.base.errors import ConfigError
-
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match="cannot hold pins"):
         DirectoryPins(tmp_path / "file" / "pins").check()
@@ -248,7 +247,6 @@ def test_a_batch_puts_shards_per_task_ranges_in_each_partition(tmp_path: Path) -
 def test_the_region_is_resolved_once_at_load_and_none_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from checkpoint.base.errors import ConfigError
     from kclpy_spark.readstream.options import SourceOptions
 
     for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
@@ -261,3 +259,65 @@ def test_the_region_is_resolved_once_at_load_and_none_is_one_line(
     monkeypatch.setenv("AWS_REGION", "eu-west-1")
     assert SourceOptions.parse({"streamName": "s"}).region == "eu-west-1"
     assert SourceOptions.parse({"streamName": "s", "region": "us-west-2"}).region == "us-west-2"
+
+
+@pytest.mark.parametrize(
+    ("rows", "size", "batch", "expected"),
+    [
+        (None, None, 0, {"a": (None, None), "b": (None, None), "c": (None, None)}),
+        (7, None, 0, {"a": (3, None), "b": (2, None), "c": (2, None)}),
+        (7, None, 1, {"b": (3, None), "c": (2, None), "a": (2, None)}),  # the remainder turns
+        (2, None, 0, {"a": (1, None), "b": (1, None)}),  # c waits for a later batch
+        (2, None, 2, {"c": (1, None), "a": (1, None)}),
+        (None, 3_000, 0, {"a": (None, 1_000), "b": (None, 1_000), "c": (None, 1_000)}),
+    ],
+)
+def test_a_per_trigger_limit_is_shared_over_the_shards_read(
+    rows: int | None, size: int | None, batch: int, expected: dict[str, Any]
+) -> None:
+    from kclpy_spark.readstream.offsets import within_limit
+
+    plans = {sid: ShardPlan(Start(), True) for sid in "abc"}
+    limited = within_limit(SourceOffset("run", batch, 0, shards=plans), rows, size)
+    got = {sid: (p.max_records, p.max_bytes) for sid, p in limited.shards.items() if p.read}
+    assert got == expected
+    assert SourceOffset.from_json(limited.to_json()) == limited
+
+
+def test_a_shards_share_of_one_batchs_limit_does_not_carry_into_the_next() -> None:
+    from kclpy_spark.readstream.offsets import within_limit
+
+    one = within_limit(next_offset(first_offset("run", 1_000), {}, [OPEN], TH), 5, None)
+    assert one.shards["s0"].max_records == 5
+    two = next_offset(one, {"s0": Pin(ESN("1"), ESN("5"), 5)}, [OPEN], TH)
+    assert two.shards["s0"].max_records is None
+
+
+@pytest.mark.parametrize(
+    ("given", "words"),
+    [
+        ({"maxRecordsPerTrigger": "10", "maxBytesPerTrigger": "10"}, ["not both"]),
+        ({"maxRecordsPerTrigger": "0"}, ["maxRecordsPerTrigger", "1.."]),
+        ({"leaseStore": "postgres"}, ["leaseStore", "'postgres'", "dynamodb"]),
+        ({"failoverTime": "soon"}, ["failoverTime", "whole number"]),
+    ],
+)
+def test_bad_limit_and_lease_options_are_one_line(given: dict[str, str], words: list[str]) -> None:
+    from kclpy_spark.readstream.options import SourceOptions
+
+    with pytest.raises(ConfigError) as caught:
+        SourceOptions.parse({"streamName": "s", "region": "us-east-1", **given})
+    message = str(caught.value)
+    assert "\n" not in message and all(w in message for w in words), message
+
+
+def test_lease_options_make_a_worker_configuration(tmp_path: Path) -> None:
+    from kclpy_spark.readstream.options import SourceOptions
+
+    options = SourceOptions.parse({"streamName": "s", "region": "us-east-1",
+                                   "applicationName": "app", "failoverTime": "4",
+                                   "leaseStore": f"sqlite:{tmp_path / 'l.db'}"})  # fmt: skip
+    first, second = options.worker_config(), options.worker_config()
+    assert first.application_name == "app" and first.failover_time == 4.0
+    assert first.worker_id.startswith("query:") and first.worker_id != second.worker_id
+    assert SourceOptions.parse({"streamName": "s", "region": "us-east-1"}).lease_store is None
