@@ -273,3 +273,21 @@ def test_max_records_per_trigger_bounds_every_batch(
     assert sorted(r["n"] for rows in batches.values() for r in rows) == list(range(100))
     assert max(len(rows) for rows in batches.values()) <= 30
     assert len(batches) >= 4  # 100 records, at most 30 a batch
+
+
+def test_trigger_once_reads_one_batch_per_run(
+    source: Any, kinesis_client: Any, unique_name: str, tmp_path: Path
+) -> None:
+    kinesis_client.create_stream(StreamName=unique_name, ShardCount=1)
+    wait_active(kinesis_client, unique_name)
+    produce(kinesis_client, unique_name, range(0, 50))
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    df = source(unique_name, maxRecordsPerShard="20")
+    for _ in range(2):
+        query = (df.writeStream.foreachBatch(_batches_to(out))
+                 .option("checkpointLocation", str(checkpoint)).trigger(once=True).start())  # fmt: skip
+        assert query.awaitTermination(240) and query.exception() is None
+    batches = _read_batches(out)
+    assert [sorted(r["n"] for r in rows) for rows in batches.values()] == [
+        list(range(0, 20)), list(range(20, 40))
+    ]  # fmt: skip
