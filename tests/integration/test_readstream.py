@@ -285,7 +285,8 @@ def test_trigger_once_reads_one_batch_per_run(
     df = source(unique_name, maxRecordsPerShard="20")
     for _ in range(2):
         query = (df.writeStream.foreachBatch(_batches_to(out))
-                 .option("checkpointLocation", str(checkpoint)).trigger(once=True).start())  # fmt: skip
+                 .option("checkpointLocation", str(checkpoint))
+                 .trigger(once=True).start())  # fmt: skip
         assert query.awaitTermination(240) and query.exception() is None
     batches = _read_batches(out)
     assert [sorted(r["n"] for r in rows) for rows in batches.values()] == [
