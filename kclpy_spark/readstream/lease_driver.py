@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from checkpoint.lease import Lease
 from kclpy_spark.readstream.leased import (
     acknowledgments,
+    children_in,
+    ends_to_hand,
     next_leased_offset,
     owner_of,
     resume_start,
@@ -37,7 +39,7 @@ from kclpy_spark.readstream.leased import (
 from kclpy_spark.readstream.offsets import Pin, SourceOffset
 from kclpy_spark.readstream.options import SourceOptions
 from kclpy_spark.readstream.pins import DirectoryPins
-from kclpy_spark.readstream.query_worker import QueryWorker, acknowledge
+from kclpy_spark.readstream.query_worker import QueryWorker, acknowledge, hand_end
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +52,17 @@ class LeaseLiveness:
         self._failover = failover_time
         self._seen: dict[str, tuple[int, float, bool]] = {}  # counter, since, moved
 
-    def quiet(self, leases: Sequence[Lease], mine: str, now: float) -> bool:
-        """Whether no lease waits for worker ``mine``: every unfinished lease is another
-        worker's and live (unowned, ours or expired ones wait)."""
+    def quiet(
+        self, leases: Sequence[Lease], mine: str, now: float, reading: Collection[str] = ()
+    ) -> bool:
+        """Whether no lease waits for worker ``mine``: every unfinished lease is one ``mine``
+        reads (``reading``: the planner decides about those), or another worker's and live
+        (unowned ones, ours not read yet and expired ones wait)."""
         quiet = True
         for lease in leases:
-            if lease.checkpoint.is_shard_end:
+            if lease.checkpoint.is_shard_end or (
+                lease.lease_owner == mine and lease.lease_key in reading
+            ):
                 continue
             if lease.lease_owner is None or lease.lease_owner == mine:
                 quiet = False
@@ -93,16 +100,25 @@ class LeaseDriver:
         return self._worker
 
     def acknowledge(
-        self, offset: SourceOffset, pins: Mapping[str, Pin], store: DirectoryPins
+        self,
+        offset: SourceOffset,
+        pins: Mapping[str, Pin],
+        store: DirectoryPins,
+        children: Callable[[str], list[dict[str, Any]]],
     ) -> None:
-        """Acknowledge the completed batch ``offset`` (once)."""
+        """Acknowledge the completed batch ``offset`` (once), and hand the end of every shard
+        it knows ended to a consumer that reads it still (``leased.ends_to_hand``);
+        ``children(shard_id)``: a shard's children from a listing, for ends found without."""
         key = (offset.run, offset.batch)
         if offset.batch < 0 or self._acked == key:
             return
         leases = self.worker().leases
         skipped = store.skipped(*key)
         for ack in acknowledgments(offset, pins, skipped, self._read_under.get(key)):
-            acknowledge(leases, ack)
+            acknowledge(leases, ack, children)
+        for sid in ends_to_hand(offset, pins, leases.readable(), skipped):
+            log.info("kinesis-kcl: shard %s ended in an earlier batch; handing its end", sid)
+            hand_end(leases, sid, children(sid))
         self._acked = key
 
     def plan(
@@ -116,10 +132,13 @@ class LeaseDriver:
         closed = {s.shard_id for s in listed if s.ending_sequence_number is not None}
         names = {s.shard_id for s in listed} if listed else None
         under = self._read_under.get((previous.run, previous.batch))
+        leases = self.worker().leases
 
         def following() -> SourceOffset:
+            for sid in ends_to_hand(previous, pins, leases.readable(), skipped):
+                hand_end(leases, sid, children_in(listed, sid))  # taken again since acknowledged
             return next_leased_offset(
-                previous, pins, self.worker().leases.readable(), closed=closed, listed=names,
+                previous, pins, leases.readable(), closed=closed, listed=names,
                 until_ms=until_ms, skipped=skipped, read_under=under,
             )  # fmt: skip
 
@@ -128,7 +147,7 @@ class LeaseDriver:
 
         planned = following()
         if until_ms is not None and nothing(planned):
-            if self.settle():
+            if self.settle(lambda: not nothing(following())):
                 planned = following()
             else:
                 log.warning("kinesis-kcl: leases still wait for this worker; the run ends "
@@ -136,39 +155,45 @@ class LeaseDriver:
         # Nothing to read: no batch (Spark asks again; the source paces the asking).
         return previous if nothing(planned) else planned
 
-    def settle(self) -> bool:
-        """AvailableNow: wait (up to ``replay_wait``) until no lease of the application waits
-        for this worker: none unowned, none of ours not yet read (a consumer starting, or
-        finishing a shard's end and so creating its children), none held by a worker that
-        stopped renewing it (ours to take once it expires). Another worker's lease counts as
-        live once its counter was seen to move, so with other workers a run ends no sooner
-        than one of their renewals after its last read."""
+    def settle(self, readable: Callable[[], bool], seconds: float | None = None) -> bool:
+        """AvailableNow: wait (up to ``replay_wait``) until ``readable()`` (a plan would read
+        something now) or no lease of the application waits for this worker: none unowned,
+        none of ours (a consumer starting, waiting on its parents, or finishing a shard's end
+        and so creating its children), none of a worker that stopped renewing it (ours to take
+        once it expires). Another worker's lease counts as live once its counter was seen to
+        move, so with other workers a run ends no sooner than one of their renewals after its
+        last read."""
         worker = self.worker()
         seen = LeaseLiveness(self._options.failover_time)
 
-        def quiet() -> bool:
-            if worker.leases.readable() or worker.leases.ending():
-                return bool(worker.leases.readable())  # readable: plan again now
-            return seen.quiet(worker.store.list_leases(), worker.worker_id, time.monotonic())
+        def settled() -> bool:
+            if readable():
+                return True
+            return seen.quiet(worker.store.list_leases(), worker.worker_id, time.monotonic(),
+                              worker.leases.readable())  # fmt: skip
 
-        return worker.leases.wait(quiet, self.replay_wait)
+        return worker.leases.wait(settled, self.replay_wait if seconds is None else seconds)
 
     def replay_reads(self, offset: SourceOffset, store: DirectoryPins) -> list[str]:
         """The shards the batch ``offset`` reads: all it planned when this run planned it; for a
         batch an earlier run planned, each once this worker holds its lease again at the
-        batch's start, the others left out for good (``store.mark_skipped``)."""
+        batch's start (all waited for at once), the others left out for good
+        (``store.mark_skipped``)."""
         worker = self.worker()
         key = (offset.run, offset.batch)
         skipped = store.skipped(*key)
+        planned = {sid: offset.shards[sid] for sid in offset.read_shards()
+                   if sid not in skipped and offset.shards[sid].tenure is not None}  # fmt: skip
+        earlier = {sid: owner_of(str(p.tenure)) for sid, p in planned.items()
+                   if owner_of(str(p.tenure)) != worker.worker_id}  # fmt: skip
+        if earlier:  # a batch an earlier run planned: wait for its leases
+            self._wait(earlier)
+        readable = worker.leases.readable()
         reads, under = [], {}
-        for sid in offset.read_shards():
-            plan = offset.shards[sid]
-            if sid in skipped or plan.tenure is None:
-                continue
-            held = worker.leases.readable().get(sid)
-            if held is None or held.tenure != plan.tenure:
-                ours = owner_of(plan.tenure) == worker.worker_id  # this run's: lost just now
-                held = None if ours else self._wait(sid, plan.tenure)
+        for sid, plan in planned.items():
+            held = readable.get(sid)
+            if sid not in earlier and held is not None and held.tenure != plan.tenure:
+                held = None  # this run's tenure ended since it planned the batch
             if held is None or resume_start(plan.start, held.start) != plan.start:
                 log.warning("kinesis-kcl: batch %d leaves shard %s out: its lease moved",
                             offset.batch, sid)  # fmt: skip
@@ -179,21 +204,26 @@ class LeaseDriver:
         self._read_under = {key: under}
         return reads
 
-    def _wait(self, shard_id: str, tenure: str) -> Any:
-        """A lease an earlier run held: wait until this worker holds it, or another worker (not
-        the earlier run) does, or the shard ended."""
+    def _wait(self, earlier: Mapping[str, str]) -> None:
+        """Leases an earlier run held (shard -> its worker id): wait until each is this
+        worker's, or another worker's (not the earlier run's), or its shard ended."""
         worker = self.worker()
-        earlier = owner_of(tenure)
 
         def settled() -> bool:
-            if shard_id in worker.leases.readable():
+            readable = worker.leases.readable()
+            waiting = [sid for sid in earlier if sid not in readable]
+            if not waiting:
                 return True
-            lease = worker.store.get_lease(shard_id)
-            return (lease is None or lease.checkpoint.is_shard_end
-                    or lease.lease_owner not in (None, earlier, worker.worker_id))  # fmt: skip
+            leases = {lease.lease_key: lease for lease in worker.store.list_leases()}
+            for sid in waiting:
+                lease = leases.get(sid)
+                if lease is None or lease.checkpoint.is_shard_end:
+                    continue
+                if lease.lease_owner in (None, earlier[sid], worker.worker_id):
+                    return False
+            return True
 
         worker.leases.wait(settled, self.replay_wait)
-        return worker.leases.readable().get(shard_id)
 
     def stop(self) -> None:
         if self._worker is not None:

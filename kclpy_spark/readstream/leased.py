@@ -21,10 +21,12 @@ start (``acknowledgments``).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from kclpy_spark.readstream.offsets import Pin, ShardPlan, SourceOffset, Start, resolve
+from shard_sync.shards import Shard
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,37 @@ class Ack:
     tenure: str
     pin: Pin
     ended: bool = False  # read to its end (or drained at the tip of a closed shard)
+
+
+def children_in(listed: Sequence[Shard], shard_id: str) -> list[dict[str, Any]]:
+    """``shard_id``'s children as GetRecords' ``ChildShards`` names them, from a listing (for
+    an end found without them: a closed shard drained at its tip, an end handed again)."""
+    children = []
+    for shard in listed:
+        parents = [p for p in (shard.parent_shard_id, shard.adjacent_parent_shard_id) if p]
+        if shard_id in parents:
+            hashes = shard.hash_key_range
+            children.append({
+                "ShardId": shard.shard_id, "ParentShards": parents,
+                "HashKeyRange": {"StartingHashKey": str(hashes.start),
+                                 "EndingHashKey": str(hashes.end)},
+            })  # fmt: skip
+    return children
+
+
+def ends_to_hand(
+    previous: SourceOffset, pins: Mapping[str, Pin], readable: Collection[str],
+    skipped: Collection[str] = (),
+) -> list[str]:  # fmt: skip
+    """Shards this query read to their end that a consumer of this worker holds and reads
+    now: their end was never handed to it (the batch that ended them was not acknowledged, or
+    the lease moved and came back): it must be, or SHARD_END never comes and the children wait
+    for good. Called after the batch's acknowledgments, which hand the ends they found (a
+    handed end is no longer readable)."""
+    ended = set(previous.ended)
+    if previous.batch >= 0:
+        ended |= {sid for sid, s in resolve(previous, pins, skipped).items() if s.ended}
+    return sorted(ended & set(readable))
 
 
 def owner_of(tenure: str) -> str:

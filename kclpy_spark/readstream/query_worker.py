@@ -83,18 +83,14 @@ class HeldLeases:
             self.changed.notify_all()
 
     def readable(self) -> dict[str, HeldShard]:
-        """The shards announced (their consumers read), without those handed their end."""
+        """The shards announced (their consumers read), without those handed their end (their
+        relays end at once; their consumers go on with the shard's end)."""
         with self._lock:
             return {
                 sid: e.shard
                 for sid, e in self._by_shard.items()
                 if e.checkpointer is not None and not e.ending
             }
-
-    def ending(self) -> set[str]:
-        """Shards handed their end whose consumers have not finished it yet."""
-        with self._lock:
-            return {sid for sid, e in self._by_shard.items() if e.ending}
 
     def entry(self, shard_id: str) -> _Entry | None:
         with self._lock:
@@ -127,7 +123,9 @@ def start_of(checkpoint: ESN, position: InitialPosition, wall: float) -> Start:
     if checkpoint == AT_TIMESTAMP and position.timestamp is not None:
         return Start(AT_TIMESTAMP, int(position.timestamp.timestamp() * 1000))
     assert checkpoint in (LATEST, AT_TIMESTAMP)
-    return Start(AT_TIMESTAMP, int((wall - LATEST_RESTART_MARGIN) * 1000))
+    # The consumer pinned ``wall - margin`` (a moment earlier) in the lease: twice the margin is
+    # before that, so records between the two may come twice, never be skipped.
+    return Start(AT_TIMESTAMP, int((wall - 2 * LATEST_RESTART_MARGIN) * 1000))
 
 
 class QueryRelay:
@@ -185,8 +183,8 @@ class QuerySources:
 
 class QueryProcessor(RecordProcessor):
     """A held lease's processor: meets the checkpointer, and checkpoints SHARD_END at the end
-    (the planner moved the checkpoint to the shard's last record before handing over its end).
-    It never checkpoints at shutdown: the last batch may not have completed."""
+    (the planner acknowledged the shard's last records before handing over its end). It never
+    checkpoints at shutdown: the last batch may not have completed."""
 
     def __init__(self, leases: HeldLeases) -> None:
         self._leases = leases
@@ -203,27 +201,38 @@ class QueryProcessor(RecordProcessor):
         shard_ended_input.checkpointer.checkpoint()
 
 
-def acknowledge(leases: HeldLeases, ack: Ack) -> bool:
-    """Move the lease's checkpoint to the pin's last record (an ended shard: hand the consumer
-    its end, which checkpoints SHARD_END). False when the lease's tenure is over (lost, handed
-    off): the checkpoint stays where it was; the next owner reads those records again."""
+def acknowledge(
+    leases: HeldLeases, ack: Ack, children: Callable[[str], list[dict[str, Any]]] = lambda _: []
+) -> bool:
+    """Move the lease's checkpoint to the pin's last record, and for an ended shard hand the
+    consumer its end (children: the pin's, else ``children(shard_id)``), which checkpoints
+    SHARD_END. False when the lease's tenure is over (lost, handed off): the checkpoint stays
+    where it was; the next owner reads those records again."""
     entry = leases.entry(ack.shard_id)
     if entry is None or entry.shard.tenure != ack.tenure or entry.checkpointer is None:
         return False
     checkpointer, pin = entry.checkpointer, ack.pin
     try:
-        if pin.last is not None:
+        if pin.last is not None:  # the batch completed: its records are acknowledged first
             checkpointer.set_largest_permitted(pin.last, [pin.last.sequence_number])
-            if not ack.ended:
-                checkpointer.checkpoint(pin.last.sequence_number, pin.last.sub_sequence_number)
+            checkpointer.checkpoint(pin.last.sequence_number, pin.last.sub_sequence_number)
     except KclpySparkError as exc:  # the lease moved meanwhile: its next owner reads on
         log.info("shard %s: not acknowledged (%s)", ack.shard_id, exc)
         return False
     if ack.ended:
-        with leases.changed:
-            entry.ending = True
-        children = [dict(c) for c in pin.children]
-        entry.post(FetchedBatch([], 0, shard_ended=True, child_shards=children))
+        hand_end(leases, ack.shard_id, [dict(c) for c in pin.children] or children(ack.shard_id))
+    return True
+
+
+def hand_end(leases: HeldLeases, shard_id: str, children: list[dict[str, Any]]) -> bool:
+    """Tell the consumer of ``shard_id`` that its shard ended (every record acknowledged), with
+    its children: it creates their leases and checkpoints SHARD_END."""
+    entry = leases.entry(shard_id)
+    if entry is None or entry.checkpointer is None or entry.ending:
+        return False
+    with leases.changed:
+        entry.ending = True
+    entry.post(FetchedBatch([], 0, shard_ended=True, child_shards=children))
     return True
 
 

@@ -30,6 +30,7 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from checkpoint.base.errors import KclpySparkError
 from kclpy_spark.readstream.lease_driver import LeaseDriver
+from kclpy_spark.readstream.leased import children_in
 from kclpy_spark.readstream.offsets import (
     Pin,
     SourceOffset,
@@ -124,20 +125,26 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             self._found = (key, self._pins_of(previous, pins))
         found = self._found[1]
         leases = self._lease_driver()
+        listing: list[Any] = []
+
+        def listed() -> list[Any]:  # at most one listing per call
+            if not listing:
+                listing.append(self._list(previous))
+            return list(listing[0])
+
         if leases is not None:  # the batch ending at ``start`` is complete: acknowledge it
-            leases.acknowledge(previous, found, pins)
+            leases.acknowledge(previous, found, pins, lambda sid: children_in(listed(), sid))
         idle = self._nothing or (
             bool(found) and all(p.rows == 0 and p.caught_up for p in found.values())
         )
         if (idle and self._until_ms is None
                 and time.monotonic() - self._planned_at < IDLE_SECONDS):  # fmt: skip
             return start  # every shard was dry: no new batch (nor a listing) more than 1/s
-        listed = self._list(previous)
         if leases is not None:
             skipped = pins.skipped(previous.run, previous.batch)
-            following = leases.plan(previous, found, listed, self._until_ms, skipped)
+            following = leases.plan(previous, found, listed(), self._until_ms, skipped)
         else:
-            following = next_offset(previous, found, listed, self._options.initial_position,
+            following = next_offset(previous, found, listed(), self._options.initial_position,
                                     self._until_ms)  # fmt: skip
         if following is not previous:
             following = within_limit(following, *_limits(limit))

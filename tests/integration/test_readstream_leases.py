@@ -62,13 +62,14 @@ def test_available_now_checkpoints_each_batch_in_the_lease_table(
     tmp_path: Path,
     localstack_endpoint: str,
 ) -> None:
-    kinesis_client.create_stream(StreamName=unique_name, ShardCount=1)
+    # two shards, one split: the other is read to its bound while the parent's children wait
+    # for their leases (AvailableNow must not end before them)
+    kinesis_client.create_stream(StreamName=unique_name, ShardCount=2)
     wait_active(kinesis_client, unique_name)
     produce(kinesis_client, unique_name, range(0, 60))
     parent = kinesis_client.list_shards(StreamName=unique_name)["Shards"][0]["ShardId"]
     children = _split(kinesis_client, unique_name)
-    produce(kinesis_client, unique_name, range(60, 120))  # into the two children
-
+    produce(kinesis_client, unique_name, range(60, 120))  # into the children and the other
     out = tmp_path / "out"
     query = (leased(maxRecordsPerShard="25").writeStream.foreachBatch(_batches_to(out))
              .option("checkpointLocation", str(tmp_path / "checkpoint"))
@@ -83,14 +84,15 @@ def test_available_now_checkpoints_each_batch_in_the_lease_table(
     table = DynamoDBLeaseTable(dynamodb_client, unique_name, create_if_missing=False)
     leases = {lease.lease_key: lease for lease in table.list_leases()}
     assert leases[parent].checkpoint.is_shard_end
-    for child in children:
+    assert len(leases) == 4
+    for key in set(leases) - {parent}:
         records = kinesis_client.get_records(
             ShardIterator=kinesis_client.get_shard_iterator(
-                StreamName=unique_name, ShardId=child, ShardIteratorType="TRIM_HORIZON"
+                StreamName=unique_name, ShardId=key, ShardIteratorType="TRIM_HORIZON"
             )["ShardIterator"]
         )["Records"]
         # the last batch is acknowledged when AvailableNow asks for the next and finds none
-        assert leases[child].checkpoint.sequence_number == records[-1]["SequenceNumber"]
+        assert leases[key].checkpoint.sequence_number == records[-1]["SequenceNumber"], key
     # held by the query's worker until they expire (PySpark kills the source's process at stop)
     owner = str(leases[children[0]].lease_owner)
     assert {lease.lease_owner for lease in leases.values()} - {None} == {owner}

@@ -25,7 +25,13 @@ from kclpy_spark.readstream.leased import (
     resume_start,
 )
 from kclpy_spark.readstream.offsets import Pin, SourceOffset, Start, first_offset
-from kclpy_spark.readstream.query_worker import HeldLeases, _Entry, acknowledge, start_of
+from kclpy_spark.readstream.query_worker import (
+    HeldLeases,
+    _Entry,
+    acknowledge,
+    hand_end,
+    start_of,
+)
 
 ESN = ExtendedSequenceNumber
 A = "query:host:1:abc#t1"
@@ -148,7 +154,8 @@ def test_a_tenure_names_its_worker() -> None:
     [
         (ESN("42"), InitialPosition.latest(), Start(ESN("42"))),
         (TRIM_HORIZON, InitialPosition.latest(), Start()),
-        (LATEST, InitialPosition.latest(), Start(AT_TIMESTAMP, 95_000)),  # the moment, less 5 s
+        # the moment, less twice the margin the consumer pins: duplicates possible, no gap
+        (LATEST, InitialPosition.latest(), Start(AT_TIMESTAMP, 90_000)),
     ],
 )
 def test_a_consumers_start_becomes_a_planned_start(
@@ -190,9 +197,18 @@ def test_an_ended_shard_is_handed_to_its_consumer_with_its_children() -> None:
     leases, cp, posted = _registered()
     children = ({"ShardId": "s9", "ParentShards": ["s0"]},)
     assert acknowledge(leases, Ack("s0", A, Pin(ESN("1"), ESN("2"), 2, children=children), True))
-    assert cp.calls == [("permit", ESN("2"))]  # SHARD_END: the consumer's shard end writes it
+    # the last records first; SHARD_END: the consumer's shard end writes it
+    assert cp.calls == [("permit", ESN("2")), ("checkpoint", ("2", 0))]
     assert posted[0].shard_ended and posted[0].child_shards == [dict(children[0])]
-    assert leases.readable() == {} and leases.ending() == {"s0"}
+    assert leases.readable() == {}  # handed its end: no longer read
+    assert not hand_end(leases, "s0", [])  # once
+
+
+def test_an_end_found_without_children_takes_them_from_the_listing() -> None:
+    leases, _, posted = _registered()
+    listing = [{"ShardId": "s9", "ParentShards": ["s0"]}]
+    assert acknowledge(leases, Ack("s0", A, Pin(None, None, 0), True), lambda sid: listing)
+    assert posted[0].child_shards == listing
 
 
 def test_an_acknowledgment_of_another_tenure_moves_nothing() -> None:
@@ -238,9 +254,80 @@ def test_available_now_waits_for_leases_unowned_ours_or_not_seen_renewed() -> No
     live = LeaseLiveness(failover_time=10)
     assert not live.quiet([_lease("s0", None, 1)], "me", 0.0)  # unowned: ours to take
     assert not live.quiet([_lease("s0", "me", 1)], "me", 0.0)  # ours, not read yet
+    assert live.quiet([_lease("s0", "me", 1)], "me", 0.0, reading={"s0"})  # the planner's
     assert live.quiet([_lease("s0", "me", 1, ended=True)], "me", 0.0)  # finished
     other = LeaseLiveness(failover_time=10)
     assert not other.quiet([_lease("s1", "b", 1)], "me", 0.0)  # not yet seen renewed
     assert other.quiet([_lease("s1", "b", 2)], "me", 3.0)  # renewed: live, not ours
     assert other.quiet([_lease("s1", "b", 2)], "me", 12.0)
     assert not other.quiet([_lease("s1", "b", 2)], "me", 13.5)  # silent past failover
+
+
+def test_children_come_from_a_listing_as_get_records_names_them() -> None:
+    from checkpoint.lease import HashKeyRange
+    from kclpy_spark.readstream.leased import children_in
+    from shard_sync.shards import Shard
+
+    listed = [
+        Shard("s0", None, None, HashKeyRange(0, 9), "1", "5"),
+        Shard("s1", "s0", None, HashKeyRange(0, 4), "6"),
+        Shard("s2", "s0", None, HashKeyRange(5, 9), "6"),
+        Shard("s3", "s1", "s2", HashKeyRange(0, 9), "8"),
+    ]
+    assert children_in(listed, "s0") == [
+        {"ShardId": "s1", "ParentShards": ["s0"],
+         "HashKeyRange": {"StartingHashKey": "0", "EndingHashKey": "4"}},
+        {"ShardId": "s2", "ParentShards": ["s0"],
+         "HashKeyRange": {"StartingHashKey": "5", "EndingHashKey": "9"}},
+    ]  # fmt: skip
+    assert [c["ParentShards"] for c in children_in(listed, "s2")] == [["s1", "s2"]]
+    assert children_in(listed, "s3") == []
+
+
+def test_an_end_never_handed_is_handed_to_the_tenure_that_reads_the_shard_now() -> None:
+    from kclpy_spark.readstream.leased import ends_to_hand
+
+    one = batch0("s0", "s1")
+    pins = {"s0": Pin(ESN("1"), ESN("2"), 2, ended=True), "s1": Pin(ESN("3"), ESN("4"), 2)}
+    # the batch that ended s0 was never acknowledged; s0 is held again under a new tenure
+    assert ends_to_hand(one, pins, {"s0", "s1"}) == ["s0"]
+    two = next_leased_offset(one, pins, {"s0": held("s0", B), "s1": held("s1")})
+    assert "s0" in two.ended and two.read_shards() == ["s1"]
+    assert ends_to_hand(two, {"s1": Pin(None, None, 0)}, {"s0", "s1"}) == ["s0"]  # later too
+    assert ends_to_hand(two, {"s1": Pin(None, None, 0)}, {"s1"}) == []  # not held: nothing
+
+
+class _FakeWorker:
+    def __init__(self, leases: list[Any]) -> None:
+        self.leases = HeldLeases()
+        self.store = self
+        self.worker_id = "me"
+        self._table = leases
+
+    def list_leases(self) -> list[Any]:
+        return self._table
+
+    def running(self) -> bool:
+        return True
+
+
+def _driver(worker: _FakeWorker) -> Any:
+    from kclpy_spark.readstream.lease_driver import LeaseDriver
+    from kclpy_spark.readstream.options import SourceOptions
+
+    driver = LeaseDriver(SourceOptions.parse({"streamName": "s", "region": "us-east-1",
+                                              "leaseStore": "dynamodb"}))  # fmt: skip
+    driver._worker = worker  # type: ignore[assignment]
+    return driver
+
+
+def test_available_now_keeps_waiting_while_a_lease_waits_though_another_is_readable() -> None:
+    worker = _FakeWorker([_lease("s0", "me", 1), _lease("s9", None, 1)])
+    worker.leases.register(_Entry(held("s0"), lambda item: None))
+    worker.leases.announce("s0", _Checkpointer())  # read to its bound: readable, nothing to plan
+    assert not _driver(worker).settle(lambda: False, seconds=0.2)  # s9 waits for a taker
+    worker._table = [_lease("s0", "me", 1)]
+    assert _driver(worker).settle(lambda: False, seconds=0.2)  # s0 read to its bound: done
+    worker._table = [_lease("s0", "me", 1, ended=True), _lease("s9", "other", 1)]
+    assert not _driver(worker).settle(lambda: False, seconds=0.2)  # not yet seen renewed
+    assert _driver(worker).settle(lambda: True, seconds=0.2)  # a plan would read: go on
