@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 from checkpoint.base.errors import ConfigError
+from checkpoint.stores.dynamo_records import COORDINATION_SUFFIX
 from kclpy_spark.config_rules import (
     APP_NAME,
     DURATIONS,
@@ -64,6 +65,13 @@ def _check_names(cfg: WorkerConfig) -> None:
         raise ConfigError(
             f"config 'lease_store' must be 'sqlite:<path>', 'dynamodb' or 'memory', "
             f"got {cfg.lease_store!r}"
+        )
+    if cfg.lease_store == "dynamodb" and len(cfg.application_name) > 255 - len(COORDINATION_SUFFIX):
+        raise ConfigError(
+            f"config 'application_name' with lease_store 'dynamodb' must be at most "
+            f"{255 - len(COORDINATION_SUFFIX)} characters (the coordination table "
+            f"'<application_name>{COORDINATION_SUFFIX}' has a 255-character name too), got "
+            f"{len(cfg.application_name)}"
         )
     if cfg.processor is not None and not re.match(r"^[\w.]+:[\w.]+$", cfg.processor):
         raise ConfigError(

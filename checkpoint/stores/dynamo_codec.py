@@ -90,7 +90,8 @@ def key_schema_problem(table: Mapping[str, Any]) -> str | None:
     return f"its key schema is {keys}, not a HASH key {LEASE_KEY!r} of type S"
 
 
-# Coordination records share the table with leases (see checkpoint/stores/dynamodb.py).
+# Coordination records live in a table of their own (dynamo_records.py), keyed as they were
+# in the lease table before.
 RECORD_KEY_PREFIX = "__kclpy_spark__/"
 RECORD_ENTITY = "KCLPY_SPARK_COORDINATION"
 RECORD_KEY = "kclpySparkKey"

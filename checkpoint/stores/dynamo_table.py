@@ -32,8 +32,12 @@ class TableSetup:
         clock: Clock,
         sleep: Callable[[float], None],
         create_timeout: float,
+        definition: dict[str, Any] | None = None,
+        what: str = "lease table",
     ) -> None:
         self.name = name
+        self._definition = codec.TABLE_DEFINITION if definition is None else definition
+        self._what = what
         self._call = call
         self._create = create
         self._ttl_attribute = ttl_attribute
@@ -50,13 +54,13 @@ class TableSetup:
         if table is None:
             if not self._create:
                 raise ResourceNotFoundError(
-                    f"lease table {self.name!r} does not exist and creating it is disabled"
+                    f"{self._what} {self.name!r} does not exist and creating it is disabled"
                 )
             self._create_table()
             table = self._wait_active()
         problem = codec.key_schema_problem(table)
         if problem is not None:
-            raise InvalidStateError(f"table {self.name!r} is not a KCL lease table: {problem}")
+            raise InvalidStateError(f"table {self.name!r} is not a {self._what}: {problem}")
         if table.get("TableStatus") != "ACTIVE":
             self._wait_active()
         if self._ttl_attribute is not None:
@@ -66,10 +70,10 @@ class TableSetup:
         created = self._call(
             "CreateTable",
             tolerate=frozenset({"ResourceInUseException"}),  # another worker is creating it
-            **codec.TABLE_DEFINITION,
+            **self._definition,
         )
         if created is not None:
-            log.info("created lease table %r", self.name)
+            log.info("created %s %r", self._what, self.name)
 
     def _wait_active(self) -> dict[str, Any]:
         deadline = self._clock.monotonic() + self._create_timeout
@@ -81,7 +85,7 @@ class TableSetup:
                     return table
             if self._clock.monotonic() >= deadline:
                 raise DependencyError(
-                    f"lease table {self.name!r} is not ACTIVE after {self._create_timeout:.0f}s"
+                    f"{self._what} {self.name!r} is not ACTIVE after {self._create_timeout:.0f}s"
                 )
             self._sleep(_POLL_SECONDS)
 

@@ -15,12 +15,12 @@ exactly what this write stores counts as a win, as the KCL's renewLease recovers
 failed condition is a lost race, with no further read. A counter-moving write that gives up with
 an error carries its stamp on it (``sent_stamp``): the holder recognises it if it landed.
 
-Coordination records (``CoordinationStore``) live in the same table, under the lease key
-``__kclpy_spark__/<key>`` with ``entityType`` = ``KCLPY_SPARK_COORDINATION``, so KCL 3.5 and this
-module skip them when listing leases. A KCL 2.x reader does not know ``entityType`` and would see
-them as corrupt leases: do not point a KCL 2.x application at a table kclpy-spark coordinates in.
-Different applications use different tables (the KCL names the table after the application), so
-there is no key prefix.
+Coordination records (``CoordinationStore``) live in a table of their own,
+``<lease table>-KclpySparkState`` (``dynamo_records.py``): the lease table holds only what a KCL
+worker of any version reads as leases (and, in a table a KCL 3.5 worker shares, its entities,
+which this module skips: anything whose ``entityType`` is not LEASE). Items a kclpy-spark before
+0.4 left in the lease table (``__kclpy_spark__/<key>``, ``entityType`` =
+``KCLPY_SPARK_COORDINATION``) are skipped the same way.
 
 The client is boto3's low-level client, which is thread-safe: one table object may serve the
 renewer, taker and checkpointer threads.
@@ -42,6 +42,7 @@ from checkpoint.sequence import ExtendedSequenceNumber
 from checkpoint.stores import dynamo_codec as codec
 from checkpoint.stores.dynamo_calls import DynamoCalls, written_item
 from checkpoint.stores.dynamo_expr import Expr
+from checkpoint.stores.dynamo_records import DynamoRecords, coordination_table_of
 from checkpoint.stores.dynamo_table import TableSetup
 
 if TYPE_CHECKING:
@@ -49,8 +50,6 @@ if TYPE_CHECKING:
     from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef
 
 OWNER_INDEX = codec.OWNER_INDEX
-# A coordination record's TTL is its expiry plus this, so only records abandoned for a day go.
-_TTL_GRACE_SECONDS = 86_400.0
 
 
 class DynamoDBLeaseTable(DynamoCalls):
@@ -67,12 +66,17 @@ class DynamoDBLeaseTable(DynamoCalls):
         retry: RetryPolicy = DEFAULT_POLICY,
         sleep: Callable[[float], None] = time.sleep,
         create_timeout: float = 300.0,
+        coordination_table: str | None = None,
     ) -> None:
         super().__init__(client, table_name, retry, sleep)
         self._create = create_if_missing
-        self._ttl_attribute = ttl_attribute
         self._clock = clock or SystemClock()
         self._create_timeout = create_timeout
+        self.records = DynamoRecords(
+            client, coordination_table or coordination_table_of(table_name), retry, sleep,
+            ttl_attribute=ttl_attribute,
+        )  # fmt: skip
+        self.records.capacity = self.capacity  # one meter for the application's requests
 
     # -- table ----------------------------------------------------------------------------------
 
@@ -81,12 +85,14 @@ class DynamoDBLeaseTable(DynamoCalls):
             self._table,
             self._call,
             create=self._create,
-            ttl_attribute=self._ttl_attribute,
+            ttl_attribute=None,
             clock=self._clock,
             sleep=self._sleep,
             create_timeout=self._create_timeout,
         )
         self._retried(f"ensure_table {self._table!r}", setup.ensure)
+        self.records.ensure(create=self._create, clock=self._clock,
+                            create_timeout=self._create_timeout)  # fmt: skip
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -103,19 +109,9 @@ class DynamoDBLeaseTable(DynamoCalls):
         return [codec.lease_from_item(i) for i in items if codec.is_lease_item(i)]
 
     def scan_table(self, record_prefix: str) -> TableScan:
-        """``list_leases``'s one Scan, which reads the coordination records anyway."""
-        return self._retried(f"scan {self._table!r}", lambda: self._try_scan_table(record_prefix))
-
-    def _try_scan_table(self, record_prefix: str) -> TableScan:
-        items = list(self._pages("Scan", ConsistentRead=False))
-        prefix = codec.record_item_key(record_prefix)
-        records = (
-            codec.record_from_item(i)
-            for i in items
-            if codec.is_record_item(i) and i[codec.LEASE_KEY]["S"].startswith(prefix)
-        )
-        leases = (codec.lease_from_item(i) for i in items if codec.is_lease_item(i))
-        return TableScan(tuple(leases), tuple(records))
+        """``list_leases``'s Scan, and one of the (small) coordination table."""
+        leases = self.list_leases()
+        return TableScan(tuple(leases), self.records.records(record_prefix))
 
     def get_lease(self, lease_key: str) -> Lease | None:
         return self._retried(f"get lease {lease_key!r}", lambda: self._try_get_lease(lease_key))
@@ -314,30 +310,10 @@ class DynamoDBLeaseTable(DynamoCalls):
             )
         )
 
-    # -- coordination records -------------------------------------------------------------------
+    # -- coordination records (in their own table: dynamo_records.py) ---------------------------
 
     def get_record(self, key: str, *, consistent: bool = True) -> CoordinationRecord | None:
-        return self._retried(f"get record {key!r}", lambda: self._try_get_record(key, consistent))
-
-    def _try_get_record(self, key: str, consistent: bool) -> CoordinationRecord | None:
-        item = self._get_item(codec.record_item_key(key), consistent)
-        return None if item is None else codec.record_from_item(item)
+        return self.records.get_record(key, consistent=consistent)
 
     def put_record(self, record: CoordinationRecord, expected_version: int | None) -> bool:
-        def build(e: Expr) -> dict[str, Any]:
-            if expected_version is None:
-                condition = e.absent(codec.LEASE_KEY)
-            else:
-                condition = (
-                    f"{e.equals(codec.RECORD_VERSION, codec.n_value(expected_version))} AND "
-                    f"{e.equals(codec.ENTITY_TYPE, codec.s_value(codec.RECORD_ENTITY))}"
-                )
-            item = codec.record_to_item(record, self._ttl_attribute, _TTL_GRACE_SECONDS)
-            return {"Item": item, "ConditionExpression": condition}
-
-        def landed(item: dict[str, Any] | None) -> bool | None:
-            return True if item is not None and codec.record_from_item(item) == record else None
-
-        return bool(
-            self._write(f"put record {record.key!r}", "PutItem", build, lambda _: True, landed)
-        )
+        return self.records.put_record(record, expected_version)

@@ -26,6 +26,7 @@ def dynamo(dynamodb_client: Any, unique_name: str) -> Iterator[DynamoDBLeaseTabl
     table.ensure_table()
     yield table
     dynamodb_client.delete_table(TableName=unique_name)
+    dynamodb_client.delete_table(TableName=table.records.table_name)
 
 
 def _raw(client: Any, table: str) -> dict[str, dict[str, Any]]:
@@ -73,7 +74,8 @@ def test_the_store_counts_units_as_dynamodb_reports_and_the_rules_predict(
 
     record = CoordinationRecord("shard-sync-leader", "worker-a", 1, 100.0, "{}")
     assert dynamo.put_record(record, None)
-    size = item_size(_raw(dynamodb_client, dynamo.table_name)["__kclpy_spark__/shard-sync-leader"])
+    stored = _raw(dynamodb_client, dynamo.records.table_name)  # the coordination table's
+    size = item_size(stored["__kclpy_spark__/shard-sync-leader"])
     before = dynamo.capacity.snapshot()
     assert dynamo.get_record(record.key, consistent=False) == record
     assert _delta(dynamo, before, "GetItem") == Usage(1, read_units([size], consistent=False))

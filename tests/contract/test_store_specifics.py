@@ -630,16 +630,23 @@ def test_dynamodb_ttl_attribute(dynamodb_client: Any, unique_name: str) -> None:
     table = DynamoDBLeaseTable(dynamodb_client, unique_name, ttl_attribute="expiresAt")
     table.ensure_table()
     try:
-        ttl = dynamodb_client.describe_time_to_live(TableName=unique_name)["TimeToLiveDescription"]
-        assert ttl["AttributeName"] == "expiresAt"
+        records = f"{unique_name}-KclpySparkState"
+        ttl = dynamodb_client.describe_time_to_live(TableName=records)["TimeToLiveDescription"]
         assert ttl["TimeToLiveStatus"] in {"ENABLED", "ENABLING"}
         table.ensure_table()  # already enabled: nothing to do
         table.put_record(CoordinationRecord("leader", "a", 1, 1_700_000_000.2), None)
-        item = raw_item(dynamodb_client, unique_name, "__kclpy_spark__/leader")
+        records = table.records.table_name  # TTL is the coordination table's: records expire
+        assert records == f"{unique_name}-KclpySparkState"
+        ttl = dynamodb_client.describe_time_to_live(TableName=records)["TimeToLiveDescription"]
+        assert ttl["AttributeName"] == "expiresAt"
+        item = raw_item(dynamodb_client, records, "__kclpy_spark__/leader")
         assert item["expiresAt"] == {"N": str(1_700_000_001 + 86_400)}
         assert item["entityType"] == {"S": "KCLPY_SPARK_COORDINATION"}
+        leases_table = dynamodb_client.scan(TableName=unique_name)["Items"]
+        assert leases_table == []  # the lease table holds leases only
     finally:
         dynamodb_client.delete_table(TableName=unique_name)
+        dynamodb_client.delete_table(TableName=f"{unique_name}-KclpySparkState")
 
 
 def test_dynamodb_throttling_is_retried(
@@ -932,3 +939,30 @@ def test_dynamodb_a_200_without_the_written_item_is_asked_again(
         assert stored.lease_counter == taken.lease_counter + 1  # written once
     finally:
         dynamodb_client.delete_table(TableName=unique_name)
+
+
+def test_dynamodb_coordination_table_missing_with_creation_disabled_is_named(
+    dynamodb_client: Any, unique_name: str
+) -> None:
+    """An upgrade from a version that kept its records in the lease table, with the tables
+    made by hand (create_lease_table = false): one line naming the table to create; the
+    records that version left in the lease table are no leases to this one."""
+    DynamoDBLeaseTable(dynamodb_client, unique_name).ensure_table()
+    records = f"{unique_name}-KclpySparkState"
+    try:
+        dynamodb_client.delete_table(TableName=records)
+        dynamodb_client.put_item(TableName=unique_name, Item={
+            "leaseKey": {"S": "__kclpy_spark__/shard-sync-leader"},
+            "entityType": {"S": "KCLPY_SPARK_COORDINATION"},
+            "kclpySparkKey": {"S": "shard-sync-leader"}, "kclpySparkVersion": {"N": "3"},
+            "kclpySparkExpiresAt": {"N": "1"}, "kclpySparkData": {"S": "{}"},
+        })  # fmt: skip
+        table = DynamoDBLeaseTable(dynamodb_client, unique_name, create_if_missing=False)
+        with pytest.raises(ResourceNotFoundError, match=f"coordination table '{records}'"):
+            table.ensure_table()
+        assert table.list_leases() == []
+        DynamoDBLeaseTable(dynamodb_client, unique_name).ensure_table()  # creation allowed
+        assert table.get_record("shard-sync-leader") is None  # not the lease table's item
+    finally:
+        dynamodb_client.delete_table(TableName=unique_name)
+        dynamodb_client.delete_table(TableName=records)

@@ -133,3 +133,12 @@ def test_a_bad_sdk_region_is_one_line(aws_home: Path, monkeypatch: pytest.Monkey
     with pytest.raises(ConfigError) as err:
         region_of(WorkerConfig(stream_name="s"))
     assert "'not a region'" in str(err.value)
+
+
+def test_a_dynamodb_application_name_leaves_room_for_the_coordination_table() -> None:
+    WorkerConfig(stream_name="s", application_name="a" * 239, lease_store="dynamodb")
+    WorkerConfig(stream_name="s", application_name="a" * 255)  # SQLite: no second table
+    with pytest.raises(ConfigError) as err:
+        WorkerConfig(stream_name="s", application_name="a" * 240, lease_store="dynamodb")
+    assert "239" in str(err.value) and "KclpySparkState" in str(err.value)
+    assert "\n" not in str(err.value)
