@@ -349,9 +349,9 @@ class Worker:
         cpu = self.cpu.sample(self.consumers.changes)
         if cpu is not None:
             self.metrics.cpu_ratio.set(cpu / 100)
-        suspended, asked = await self._io(self.suspend_flag.read)
-        if asked:  # else the flag came from a scan, which said so when it returned
-            self.health.store_ok()
+        # Read from the coordination records, which on DynamoDB are a table of their own: its
+        # answer says nothing about the lease table (scans and renewals tell health that).
+        suspended, _ = await self._io(self.suspend_flag.read)
         if suspended and not self.suspended:
             log.warning("worker %s: application suspended; releasing leases", self.cfg.worker_id)
             self.suspended = True

@@ -1,10 +1,13 @@
 """#47: kclpy-spark workers share an application's DynamoDB lease table with a KCL v3 worker
 that no one here wrote (kcl-rs, in a child process), on LocalStack.
 
-- One kcl-rs worker and one kclpy-spark worker split a 2-shard stream's leases; every record
-  produced while both run is processed, each by the worker that holds its shard; kcl-rs logs no
-  warning about items it cannot read as leases (kclpy-spark's coordination records live in a
-  table of their own, which no KCL reads).
+One kcl-rs worker and one kclpy-spark worker split a 2-shard stream's leases and each processes
+the records of its shard; kcl-rs logs no warning about items it cannot read as leases
+(kclpy-spark's coordination records live in a table of their own, which no KCL reads). Then a
+SIGTERM of the kclpy-spark worker while records flow: it hands its lease to the kcl-rs worker
+(the KCL 3 graceful hand-off: leaseOwner the new owner, checkpointOwner the old one until its
+last checkpoint); every record is processed, none twice. How soon kcl-rs reads the lease it was
+handed is printed, not asserted (about 40 s: kcl-rs's own cadence; issue 47 wants 2 s).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -63,31 +68,67 @@ failover_time = 6
 """
 
 
-def test_a_kcl_rs_worker_and_a_kclpy_spark_worker_share_the_leases(
+def test_a_kcl_rs_worker_shares_the_leases_and_takes_one_handed_over_at_sigterm(
     kcl_rs: Any, kinesis_client: Any, dynamodb_client: Any, localstack_endpoint: str,
     unique_name: str, tmp_path: Path,
 ) -> None:  # fmt: skip
     kinesis_client.create_stream(StreamName=unique_name, ShardCount=2)
     wait_active(kinesis_client, unique_name)
     table = DynamoDBLeaseTable(dynamodb_client, unique_name, create_if_missing=False)
+    stop = threading.Event()
+    produced: list[int] = []
+
+    def producing() -> None:
+        n = 0
+        while not stop.is_set():
+            produce(kinesis_client, unique_name, range(n, n + 10))
+            produced.extend(range(n, n + 10))
+            n += 10
+            stop.wait(0.1)
+
+    def processed() -> list[dict[str, Any]]:
+        return read_output(tmp_path / "out-ours") + read_output(tmp_path / "out-kcl-rs")
+
     with fleet(tmp_path, _config(unique_name, localstack_endpoint), tmp_path / "out-ours") as f:
-        ours = f.start("kclpy-a")
+        f.start("kclpy-a")
         wait_for("kclpy-spark's leases", lambda: _owners(table) == {"kclpy-a"}, 60)
         rust = kcl_rs("kcl-rs-1")
-        wait_for("the leases split one each", lambda: _owners(table) == {"kclpy-a", "kcl-rs-1"},
-                 120)  # fmt: skip
-        produce(kinesis_client, unique_name, range(200))
-
-        def processed() -> list[dict[str, Any]]:
-            return read_output(tmp_path / "out-ours") + read_output(tmp_path / "out-kcl-rs")
-
-        wait_for("every record processed", lambda: len({r["data"] for r in processed()}) == 200,
-                 60)  # fmt: skip
-        by_shard = {r["shard"]: r["pid"] for r in processed()}
-        assert set(by_shard.values()) == {ours.proc.pid, rust.pid}, "each worker read a shard"
+        wait_for("one lease each", lambda: _owners(table) == {"kclpy-a", "kcl-rs-1"}, 120)
+        rust_shards = {lease.lease_key for lease in table.list_leases()
+                       if lease.lease_owner == "kcl-rs-1"}  # fmt: skip
+        producer = threading.Thread(target=producing)
+        producer.start()
+        try:
+            time.sleep(2)
+            sigterm = time.time()
+            f.kill("kclpy-a", signal.SIGTERM)
+            assert f.wait("kclpy-a", timeout=40) == 0
+            wait_for("kcl-rs to hold both leases", lambda: _owners(table) == {"kcl-rs-1"}, 90)
+            took = time.time() - sigterm
+            time.sleep(2)
+        finally:
+            stop.set()
+            producer.join()
+        wait_for("every record processed",
+                 lambda: {int(r["data"]) for r in processed()} >= set(produced), 60)  # fmt: skip
+        # kcl-rs's own shard only by kcl-rs; the other by kclpy-spark until the hand-over
+        assert {r["pid"] for r in processed() if r["shard"] in rust_shards} == {rust.pid}
+        assert {r["pid"] for r in read_output(tmp_path / "out-ours")} == {
+            f.procs["kclpy-a"].proc.pid
+        }
+        assert not rust_shards & {r["shard"] for r in read_output(tmp_path / "out-ours")}
         log = (tmp_path / "kcl-rs-1.log").read_text()
         assert "failed to deserialize" not in log, log[-3000:]
-        assert "kcl-rs: processing" in log
+        ours = {r["shard"] for r in read_output(tmp_path / "out-ours")}
+        later = [r for r in read_output(tmp_path / "out-kcl-rs") if r["t"] > sigterm]
+        gap = min((r["t"] for r in later if r["shard"] in ours), default=float("nan")) - sigterm
+        numbers = sorted(int(r["data"]) for r in processed())
+        twice = sorted({n for n in numbers if numbers.count(n) > 1})
+        print(
+            f"kcl-rs held the lease {took:.1f}s after the SIGTERM, processed its first record "
+            f"{gap:.1f}s after; {len(twice)} records twice"
+        )
+        assert twice == [], f"{len(twice)} records processed twice: {twice[:20]}"
 
 
 def _owners(table: DynamoDBLeaseTable) -> set[str | None]:
