@@ -174,7 +174,7 @@ class Taker:
                 return
             if lease.lease_key in w.consumers:
                 continue
-            if lease in plan.steal and w.cfg.graceful_handoff:
+            if lease in plan.steal and w.cfg.graceful_handoff and lease.lease_owner in self.running:
                 await self.ask_handoff(lease, w.cfg.worker_id)
             else:
                 await self.take(lease, how="stole" if lease in plan.steal else "took")
@@ -261,19 +261,19 @@ class Taker:
         return not self.running_here(lease.lease_key)
 
     async def hand_out(self) -> int:
-        """Stopping: begin a graceful handoff of every lease we hold to the live workers of a
-        fresh scan (the last round's if it fails), fewest leases first, so they take each one
+        """Stopping: begin a graceful handoff of every lease we hold to the live kclpy-spark
+        workers of a fresh scan (the last round's if it fails), fewest first, so they take each one
         as soon as its processor has checkpointed in ``shutdown_requested`` and the release
         completed the handoff. Without another live worker (or with handoffs off, or in a job)
         leases are just released. Returns how many handoffs were begun."""
         w = self._w
         if not w.cfg.graceful_handoff or w.caught_up is not None or not w.holder.held():
             return 0
-        await self._refresh_live()
-        if not self._live:
+        await self._refresh_live()  # a KCL worker (no status record) takes a released lease
+        load = {o: n for o, n in self._live.items() if o in self.running}  # sooner
+        if not load:
             return 0
         begun = 0
-        load = dict(self._live)
         for held in w.holder.held():
             if held.lease.handoff_pending:
                 continue
@@ -301,11 +301,9 @@ class Taker:
                         "last", w.cfg.worker_id, exc)  # fmt: skip
             return
         now_wall = w.clock.wall()
-        open_leases = [
-            x for x in table.leases
-            if w.streams.context_of(x) is not None and x.state(now_wall) is not LeaseState.CLOSED
-        ]  # fmt: skip
-        self._observe(open_leases)
+        self._note_running(table.records)
+        self._observe([x for x in table.leases if w.streams.context_of(x) is not None
+                       and x.state(now_wall) is not LeaseState.CLOSED])  # fmt: skip
 
     def _note_running(self, records: tuple[CoordinationRecord, ...]) -> None:
         """The workers whose status records say they run (see plan_takes and assigning)."""

@@ -293,6 +293,7 @@ def test_a_stopping_worker_hands_its_leases_to_a_worker_that_joined_since_its_la
     table = CountingTable(clock)
     mine = table.take_lease(put(table, "mine"), ME)
     assert table.take_lease(put(table, "theirs"), "newcomer") is not None
+    status(table, "newcomer", clock.wall())  # a kclpy-spark worker: it publishes its status
     w = worker(table, Consumers(), clock)
     assert mine is not None
     w.holder.add_taken(mine)
@@ -302,6 +303,22 @@ def test_a_stopping_worker_hands_its_leases_to_a_worker_that_joined_since_its_la
     handed = table.get_lease("mine")
     assert handed is not None and handed.lease_owner == "newcomer"
     assert handed.checkpoint_owner == ME
+
+
+def test_a_stopping_worker_hands_nothing_to_a_kcl_worker_it_releases_for_it() -> None:
+    """A live owner without a status record is a KCL worker (kcl-rs took a handed lease only
+    after it expired on its own taker's clock, ~40 s): the lease is left to the release."""
+    clock = ManualClock()
+    table = CountingTable(clock)
+    mine = table.take_lease(put(table, "mine"), ME)
+    assert table.take_lease(put(table, "theirs"), "kcl-worker") is not None
+    w = worker(table, Consumers(), clock)
+    assert mine is not None
+    w.holder.add_taken(mine)
+    w.cfg = WorkerConfig(stream_name="s", worker_id=ME, graceful_handoff=True)
+    assert asyncio.run(Taker(w, io).hand_out()) == 0
+    kept = table.get_lease("mine")
+    assert kept is not None and kept.lease_owner == ME and kept.checkpoint_owner is None
 
 
 def test_a_failing_scan_before_handing_out_falls_back_on_the_last_rounds_view() -> None:
@@ -317,6 +334,7 @@ def test_a_failing_scan_before_handing_out_falls_back_on_the_last_rounds_view() 
     w.holder.add_taken(mine)
     taker = Taker(w, io)
     taker._live = {"peer": 1}  # what the last round saw
+    taker.running = {"peer": clock.wall()}
     assert asyncio.run(taker.hand_out()) == 1
     handed = table.get_lease("mine")
     assert handed is not None and handed.lease_owner == "peer"
@@ -465,3 +483,26 @@ def test_load_metric_is_checked() -> None:
     assert cfg.load_metric == "throughput"
     with pytest.raises(ConfigError, match="'load_metric' must be one of 'auto', 'throughput'"):
         from_mapping({"stream_name": "s", "load_metric": "cpu"})
+
+
+@pytest.mark.parametrize(("publishes", "checkpoint_owner"), [(True, "peer"), (False, None)])
+def test_a_steal_asks_a_graceful_handoff_only_of_a_kclpy_spark_worker(
+    publishes: bool, checkpoint_owner: str | None
+) -> None:
+    """A KCL worker (no status record) treats a hand-off request as a lost lease (kcl-rs:
+    records it read meanwhile come twice): its leases are stolen the KCL 2.x way instead."""
+    clock = ManualClock()
+    table = MemoryLeaseTable(clock)
+    for i in range(4):
+        put(table, f"p{i}", lease_owner="peer")
+    if publishes:
+        status(table, "peer", clock.wall() - 1.0)
+    w = worker(table, Consumers(), clock)
+    w.cfg = WorkerConfig(stream_name="s", worker_id=ME, graceful_handoff=True)
+    w.board = SimpleNamespace(on_scan=lambda leases: None)
+    w.health = SimpleNamespace(store_ok=lambda **_: None, all_parked=False)
+    for lease in table.list_leases():  # the peer renews: its leases are live
+        table.renew_lease(lease)
+    asyncio.run(Taker(w, io).round())
+    moved = [x for x in table.list_leases() if x.lease_owner == ME]
+    assert moved and all(x.checkpoint_owner == checkpoint_owner for x in moved), moved
