@@ -18,9 +18,10 @@ an error carries its stamp on it (``sent_stamp``): the holder recognises it if i
 Coordination records (``CoordinationStore``) live in a table of their own,
 ``<lease table>-KclpySparkState`` (``dynamo_records.py``): the lease table holds only what a KCL
 worker of any version reads as leases (and, in a table a KCL 3.5 worker shares, its entities,
-which this module skips: anything whose ``entityType`` is not LEASE). Items a kclpy-spark before
-0.4 left in the lease table (``__kclpy_spark__/<key>``, ``entityType`` =
-``KCLPY_SPARK_COORDINATION``) are skipped the same way.
+which this module skips: anything whose ``entityType`` is not LEASE). Records an earlier version
+left in the lease table (``__kclpy_spark__/<key>``, ``entityType`` = ``KCLPY_SPARK_COORDINATION``)
+are skipped the same way, except that a stream's identity is still read from there when the
+coordination table has none (so the recreated-stream check survives the upgrade).
 
 The client is boto3's low-level client, which is thread-safe: one table object may serve the
 renewer, taker and checkpointer threads.
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
     from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef
 
 OWNER_INDEX = codec.OWNER_INDEX
+# Records still read from the lease table when the coordination table has none (an upgrade).
+LEGACY_READ_PREFIX = "stream/"
 
 
 class DynamoDBLeaseTable(DynamoCalls):
@@ -313,7 +316,16 @@ class DynamoDBLeaseTable(DynamoCalls):
     # -- coordination records (in their own table: dynamo_records.py) ---------------------------
 
     def get_record(self, key: str, *, consistent: bool = True) -> CoordinationRecord | None:
-        return self.records.get_record(key, consistent=consistent)
+        record = self.records.get_record(key, consistent=consistent)
+        if record is None and key.startswith(LEGACY_READ_PREFIX):
+            record = self._retried(f"get legacy record {key!r}", lambda: self._legacy(key))
+        return record
+
+    def _legacy(self, key: str) -> CoordinationRecord | None:
+        """A record an earlier version kept in the lease table (read only: a stream's identity,
+        so the recreated-stream check survives the upgrade)."""
+        item = self._get_item(codec.record_item_key(key))
+        return codec.record_from_item(item) if item and codec.is_record_item(item) else None
 
     def put_record(self, record: CoordinationRecord, expected_version: int | None) -> bool:
         return self.records.put_record(record, expected_version)

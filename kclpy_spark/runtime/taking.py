@@ -2,13 +2,11 @@
 what this worker has seen of each lease's counter (``LeaseObserver``), and a conditional take of
 each lease it names; a lease taken gets its shard consumer.
 
-A steal is a graceful handoff (``graceful_handoff``, the default): the lease table names us as the
-new owner and the old one as checkpoint owner; the old owner's processor checkpoints in
-``shutdown_requested`` and completes the handoff, and we take the lease then. While handoffs to us
-are pending, the wait between rounds looks at those leases every ``HANDOFF_POLL`` seconds (one
-read each), so the shard's processing moves within about that time of the old owner's checkpoint.
-Any lease the table says is ours with no handoff pending and that we do not hold (handed to us by
-a stopping worker) is taken in the next round.
+A steal from a kclpy-spark worker is a graceful handoff (``graceful_handoff``, the default): the
+table names us as the new owner and the old one as checkpoint owner, whose processor checkpoints in
+``shutdown_requested`` and completes the handoff; we take the lease then, looking at it every
+``HANDOFF_POLL`` seconds meanwhile. A lease the table says is ours with no handoff pending and that
+we do not hold (handed to us by a stopping worker) is taken in the next round.
 
 Between rounds, a lease of another worker is read once more at the moment it would expire unless
 its counter moved (``LeaseObserver.next_check``, dated by write stamps); if it did not move, the
@@ -55,8 +53,8 @@ class Taker:
         self._observer = LeaseObserver(worker.timing)
         self._incoming: dict[str, float] = {}  # handoffs to us -> monotonic time to stop waiting
         self._live: dict[str, int] = {}  # other live workers -> leases, as of the last scan
-        # Every worker whose status record says it runs -> its status time, as of the last scan.
-        self.running: dict[str, float] = {}
+        self._ours: set[str] = set()  # owners whose leases a kclpy-spark store stamped last
+        self.running: dict[str, float] = {}  # workers whose status record says they run -> when
         self.cpu = FleetCpu({})  # their CPU figures (the load rule's), from the same scan
         self.hint = AssignmentHint()
         led = worker.cfg.lease_assignment in ("leader", "auto")
@@ -174,7 +172,7 @@ class Taker:
                 return
             if lease.lease_key in w.consumers:
                 continue
-            if lease in plan.steal and w.cfg.graceful_handoff and lease.lease_owner in self.running:
+            if lease in plan.steal and w.cfg.graceful_handoff and self.kclpy(lease.lease_owner):
                 await self.ask_handoff(lease, w.cfg.worker_id)
             else:
                 await self.take(lease, how="stole" if lease in plan.steal else "took")
@@ -261,16 +259,15 @@ class Taker:
         return not self.running_here(lease.lease_key)
 
     async def hand_out(self) -> int:
-        """Stopping: begin a graceful handoff of every lease we hold to the live kclpy-spark
-        workers of a fresh scan (the last round's if it fails), fewest first, so they take each one
-        as soon as its processor has checkpointed in ``shutdown_requested`` and the release
-        completed the handoff. Without another live worker (or with handoffs off, or in a job)
-        leases are just released. Returns how many handoffs were begun."""
+        """Stopping: hand every lease we hold to the live kclpy-spark workers of a fresh scan (the
+        last round's if it fails), fewest first; each takes it once the processor checkpointed
+        in ``shutdown_requested``. Else (or with handoffs off, or in a job) leases are released.
+        Returns how many handoffs were begun."""
         w = self._w
         if not w.cfg.graceful_handoff or w.caught_up is not None or not w.holder.held():
             return 0
-        await self._refresh_live()  # a KCL worker (no status record) takes a released lease
-        load = {o: n for o, n in self._live.items() if o in self.running}  # sooner
+        await self._refresh_live()  # a KCL worker takes a released lease sooner than a handed one
+        load = {o: n for o, n in self._live.items() if self.kclpy(o)}
         if not load:
             return 0
         begun = 0
@@ -297,9 +294,8 @@ class Taker:
         try:
             table = await self._io(w.store.scan_table, coordination.WORKER_PREFIX)
         except Exception as exc:  # stopping goes on whatever this scan does
-            log.warning("worker %s: no fresh scan before handing leases out (%r); using the "
-                        "last", w.cfg.worker_id, exc)  # fmt: skip
-            return
+            return log.warning("worker %s: no fresh scan before handing leases out (%r); using "
+                               "the last", w.cfg.worker_id, exc)  # fmt: skip
         now_wall = w.clock.wall()
         self._note_running(table.records)
         self._observe([x for x in table.leases if w.streams.context_of(x) is not None
@@ -321,7 +317,13 @@ class Taker:
         w = self._w
         scan = self._observer.observe(open_leases, w.clock.monotonic(), w.clock.wall())
         self._live = {o: n for o, n in scan.owner_counts.items() if o != w.cfg.worker_id}
+        self._ours = {str(x.lease_owner) for x in open_leases if x.write_time is not None}
         return scan
+
+    def kclpy(self, owner: str | None) -> bool:
+        """A kclpy-spark worker (a status record, or our stores' stamp on its leases): it
+        follows hand-offs, which a KCL worker (kcl-rs) takes for a lost lease."""
+        return owner is not None and (owner in self.running or owner in self._ours)
 
     async def ask_handoff(self, lease: Lease, to: str) -> bool:
         """Ask ``lease``'s owner to hand it over to ``to`` (us, or a worker the leader names);

@@ -350,8 +350,12 @@ class Worker:
         if cpu is not None:
             self.metrics.cpu_ratio.set(cpu / 100)
         # Read from the coordination records, which on DynamoDB are a table of their own: its
-        # answer says nothing about the lease table (scans and renewals tell health that).
+        # answer says nothing about the lease table (scans and renewals tell health that; while
+        # suspended there are neither, so one small read of the lease table does).
         suspended, _ = await self._io(self.suspend_flag.read)
+        if self.suspended:
+            await self._io(self.store.is_empty)
+            self.health.store_ok()
         if suspended and not self.suspended:
             log.warning("worker %s: application suspended; releasing leases", self.cfg.worker_id)
             self.suspended = True

@@ -946,23 +946,29 @@ def test_dynamodb_coordination_table_missing_with_creation_disabled_is_named(
 ) -> None:
     """An upgrade from a version that kept its records in the lease table, with the tables
     made by hand (create_lease_table = false): one line naming the table to create; the
-    records that version left in the lease table are no leases to this one."""
+    records that version left in the lease table are no leases to this one, and only a stream's
+    identity is still read from there (the recreated-stream check)."""
     DynamoDBLeaseTable(dynamodb_client, unique_name).ensure_table()
     records = f"{unique_name}-KclpySparkState"
     try:
         dynamodb_client.delete_table(TableName=records)
-        dynamodb_client.put_item(TableName=unique_name, Item={
-            "leaseKey": {"S": "__kclpy_spark__/shard-sync-leader"},
-            "entityType": {"S": "KCLPY_SPARK_COORDINATION"},
-            "kclpySparkKey": {"S": "shard-sync-leader"}, "kclpySparkVersion": {"N": "3"},
-            "kclpySparkExpiresAt": {"N": "1"}, "kclpySparkData": {"S": "{}"},
-        })  # fmt: skip
+        for key, data in (("shard-sync-leader", "{}"), ("stream/s", '{"created": 5.0}')):
+            dynamodb_client.put_item(TableName=unique_name, Item={
+                "leaseKey": {"S": f"__kclpy_spark__/{key}"},
+                "entityType": {"S": "KCLPY_SPARK_COORDINATION"},
+                "kclpySparkKey": {"S": key}, "kclpySparkVersion": {"N": "3"},
+                "kclpySparkExpiresAt": {"N": "1"}, "kclpySparkData": {"S": data},
+            })  # fmt: skip
         table = DynamoDBLeaseTable(dynamodb_client, unique_name, create_if_missing=False)
         with pytest.raises(ResourceNotFoundError, match=f"coordination table '{records}'"):
             table.ensure_table()
         assert table.list_leases() == []
         DynamoDBLeaseTable(dynamodb_client, unique_name).ensure_table()  # creation allowed
         assert table.get_record("shard-sync-leader") is None  # not the lease table's item
+        legacy = table.get_record("stream/s")
+        assert legacy is not None and legacy.data == '{"created": 5.0}'
+        assert table.put_record(legacy, None)  # written anew: the coordination table's wins
+        assert table.records.get_record("stream/s") == legacy
     finally:
         dynamodb_client.delete_table(TableName=unique_name)
         dynamodb_client.delete_table(TableName=records)

@@ -311,7 +311,7 @@ def test_a_stopping_worker_hands_nothing_to_a_kcl_worker_it_releases_for_it() ->
     clock = ManualClock()
     table = CountingTable(clock)
     mine = table.take_lease(put(table, "mine"), ME)
-    assert table.take_lease(put(table, "theirs"), "kcl-worker") is not None
+    put(table, "theirs", lease_owner="kcl-worker")  # written as a KCL worker writes: no stamp
     w = worker(table, Consumers(), clock)
     assert mine is not None
     w.holder.add_taken(mine)
@@ -485,24 +485,29 @@ def test_load_metric_is_checked() -> None:
         from_mapping({"stream_name": "s", "load_metric": "cpu"})
 
 
-@pytest.mark.parametrize(("publishes", "checkpoint_owner"), [(True, "peer"), (False, None)])
+@pytest.mark.parametrize(
+    ("publishes", "stamped", "checkpoint_owner"),
+    [(True, False, "peer"), (False, True, "peer"), (False, False, None)],
+)
 def test_a_steal_asks_a_graceful_handoff_only_of_a_kclpy_spark_worker(
-    publishes: bool, checkpoint_owner: str | None
+    publishes: bool, stamped: bool, checkpoint_owner: str | None
 ) -> None:
-    """A KCL worker (no status record) treats a hand-off request as a lost lease (kcl-rs:
-    records it read meanwhile come twice): its leases are stolen the KCL 2.x way instead."""
+    """A KCL worker (no status record, no stamp of ours on its leases) treats a hand-off request
+    as a lost lease (kcl-rs: records it read meanwhile come twice): its leases are stolen the KCL
+    2.x way instead; a kclpy-spark worker is asked, known by either sign."""
     clock = ManualClock()
     table = MemoryLeaseTable(clock)
     for i in range(4):
         put(table, f"p{i}", lease_owner="peer")
-    if publishes:
+    if publishes:  # a status record
         status(table, "peer", clock.wall() - 1.0)
+    if stamped:  # an older kclpy-spark (records elsewhere) or a stale status: our stamp shows
+        for lease in table.list_leases():
+            table.renew_lease(lease)
     w = worker(table, Consumers(), clock)
     w.cfg = WorkerConfig(stream_name="s", worker_id=ME, graceful_handoff=True)
     w.board = SimpleNamespace(on_scan=lambda leases: None)
     w.health = SimpleNamespace(store_ok=lambda **_: None, all_parked=False)
-    for lease in table.list_leases():  # the peer renews: its leases are live
-        table.renew_lease(lease)
-    asyncio.run(Taker(w, io).round())
+    asyncio.run(Taker(w, io).round())  # first seen: live (the peer's writes are unstamped)
     moved = [x for x in table.list_leases() if x.lease_owner == ME]
     assert moved and all(x.checkpoint_owner == checkpoint_owner for x in moved), moved
