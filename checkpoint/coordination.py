@@ -121,7 +121,7 @@ def _says_suspended(record: CoordinationRecord | None) -> bool:
 
 class SuspendFlag:
     """The suspend flag as one worker follows it: taken from the last scan of the table if that
-    returned within ``max_age`` seconds (the taker's Scan reads the record anyway; no record
+    returned within ``max_age`` seconds (the taker's scan reads the record anyway; no record
     there: not suspended), else read (eventually consistent). Scans and reads may lag (a scan
     in flight across a read, a replica behind): a record older than one already seen, by its
     version, never overrides it, so the flag never flips back. ``observe`` runs on the event

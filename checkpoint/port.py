@@ -152,7 +152,8 @@ class TableReader(Protocol):
 
     def scan_table(self, record_prefix: str) -> TableScan:
         """Every lease and every coordination record whose key starts with ``record_prefix``,
-        in one read of the table (DynamoDB: one eventually consistent Scan, as list_leases)."""
+        in one read (DynamoDB: list_leases' eventually consistent Scan of the lease table, and one
+        of the small coordination table beside it)."""
         ...
 
     def list_lease_keys_by_owner(self, owner: str) -> list[str]:

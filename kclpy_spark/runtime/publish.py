@@ -106,10 +106,11 @@ def status_fields(
     live_for: float | None = None,
     totals: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """A status record's fields, those at their default left out: every Scan of the lease table
-    reads every status record. Readers take a missing one as its default (false, 0, none, no
-    readiness reason: only a reason other than "ready" is written; and for how long the record
-    says its worker runs, ``live_for``, the reader's own figure)."""
+    """A status record's fields, those at their default left out: every take round's scan reads
+    every status record (DynamoDB: the coordination table's Scan). Readers take a missing one
+    as its default (false, 0, none, no readiness reason: only a reason other than "ready" is
+    written; and for how long the record says its worker runs, ``live_for``, the reader's own
+    figure)."""
     optional = {
         "readiness": readiness if readiness != "ready" else None,
         "suspended": suspended,
@@ -216,8 +217,8 @@ def _rounded(value: Any, digits: int) -> Any:
 def published_events(events: list[dict[str, Any]], now_wall: float) -> list[list[Any]]:
     """The events a status record carries: those of the last EVENTS_PUBLISHED_FOR seconds, each
     as ``[at, kind, lease key, detail]`` (the worker is the record's; the time to a tenth of a
-    second). Half the bytes of the event as a dict: every Scan of the lease table reads them,
-    and a table over 4 KB costs a read unit per Scan instead of half of one. Readers take both
+    second). Half the bytes of the event as a dict: every take round's scan reads them, and a
+    table over 4 KB costs a read unit per Scan instead of half of one. Readers take both
     forms (``board.model.event_of``); an older reader skips this one."""
     return [
         [round(e["at"], 1), e["kind"], e["lease_key"], e["detail"]]

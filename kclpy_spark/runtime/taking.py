@@ -181,7 +181,7 @@ class Taker:
         """Scan the lease table (leases and status records), show it to the status page, take
         what was handed to us, and judge every open lease; None when a job just completed."""
         w = self._w
-        table = await self._io(w.store.scan_table, "")  # every record: the Scan reads them all
+        table = await self._io(w.store.scan_table, "")  # every record: its Scan reads them all
         returned = w.clock.monotonic()
         leases = list(table.leases)
         w.health.store_ok(scanned=True)
