@@ -268,11 +268,9 @@ class SparkSessionHolder:
         except ConfigError:
             raise
         except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-            raise ConfigError(
-                f"config 'value_schema' {self._value_schema!r} is not a Spark DDL schema "
-                f"(e.g. 'id BIGINT, name STRING'): {first}"
-            ) from None
+            from kclpy_spark.spark.values import schema_error
+
+            raise schema_error("config 'value_schema'", self._value_schema, exc) from None
 
     # --- DataFrames and cancellation -------------------------------------------------------------
 

@@ -50,11 +50,7 @@ def with_values(
         try:
             fields = value_fields(df, value_schema)
         except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-            raise ConfigError(
-                f"value_schema {value_schema!r} is not a Spark DDL schema "
-                f"(e.g. 'id BIGINT, name STRING'): {first}"
-            ) from None
+            raise schema_error("value_schema", value_schema, exc) from None
     # Records that are not exactly one JSON object naming every field of the schema (or not
     # UTF-8 at all) are not lost: their bytes go to ``unparsed_data``.
     out = parse_values(df, value_schema, fields, keep)
@@ -63,6 +59,15 @@ def with_values(
         if clash:
             raise ConfigError(f"value_schema fields clash with the record columns: {clash}")
     return out
+
+
+def schema_error(name: str, value_schema: str, exc: BaseException) -> ConfigError:
+    """One line: ``value_schema`` (named ``name``) is not a schema Spark parses JSON into."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+    return ConfigError(
+        f"{name} {value_schema!r} is not a Spark DDL schema (e.g. 'id BIGINT, name STRING'): "
+        f"{first}"
+    )
 
 
 def value_fields(df: Any, value_schema: str) -> list[str]:
