@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 from checkpoint.base.errors import ConfigError
-from checkpoint.stores.dynamo_records import COORDINATION_SUFFIX
+from checkpoint.stores.dynamo_table import COORDINATION_SUFFIX
 from kclpy_spark.config_rules import (
     APP_NAME,
     DURATIONS,

@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from checkpoint.stores.dynamo_table import coordination_table_of
+
 REPO = Path(__file__).resolve().parents[1]
 LSCTL = REPO / "localstack" / "lsctl.py"
 REGION = "us-east-1"
@@ -158,7 +160,9 @@ def unique_name(request: pytest.FixtureRequest) -> Iterator[str]:
 
     A stream of that name is deleted afterwards: LocalStack limits the open shards of the account
     (100 by default; 500 in one that localstack/lsctl.py starts), so a suite that left its streams
-    behind would run out halfway.
+    behind would run out halfway. So is the coordination table a lease store made beside a lease
+    table of that name (a test deletes the lease table it made itself), so a long-lived
+    LOCALSTACK_ENDPOINT does not collect them.
     """
     base = "".join(c if c.isalnum() else "-" for c in request.node.name)[:40].strip("-")
     name = f"{base}-{uuid.uuid4().hex[:8]}"
@@ -167,6 +171,10 @@ def unique_name(request: pytest.FixtureRequest) -> Iterator[str]:
         kinesis = request.getfixturevalue("kinesis_client")
         with contextlib.suppress(Exception):  # never created, or already gone
             kinesis.delete_stream(StreamName=name, EnforceConsumerDeletion=True)
+    if "dynamodb_client" in request.fixturenames:
+        dynamodb = request.getfixturevalue("dynamodb_client")
+        with contextlib.suppress(Exception):
+            dynamodb.delete_table(TableName=coordination_table_of(name))
 
 
 @pytest.fixture(scope="session")

@@ -46,6 +46,10 @@ class MalformedAnswerError(DependencyError):
 class ResourceNotFoundError(KclpySparkError):
     """A stream or table does not exist (and we were not allowed to create it)."""
 
+    # The missing table's name, where a lease store knows it (the lease table or the
+    # coordination table beside it), so a report names the right one.
+    resource: str | None = None
+
 
 class InvalidStateError(KclpySparkError):
     """Stored state is not what the code can work with: a corrupt lease item, a wrong key schema."""

@@ -12,6 +12,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from checkpoint.base.errors import (
     DependencyError,
     MalformedAnswerError,
+    ResourceNotFoundError,
     ThrottledError,
     error_code,
     map_aws_error,
@@ -75,7 +76,10 @@ class DynamoCalls:
                 size = item_size(found) if found else 0  # charged, but not reported
                 self.capacity.add(operation, write_units(size, size))
                 return _Lost(found, bool(retried))
-            raise map_aws_error(exc, f"{operation} on table {self._table!r}") from exc
+            error = map_aws_error(exc, f"{operation} on table {self._table!r}")
+            if isinstance(error, ResourceNotFoundError):
+                error.resource = self._table
+            raise error from exc
         except BotoCoreError as exc:
             raise map_aws_error(exc, f"{operation} on table {self._table!r}") from exc
         if metered:

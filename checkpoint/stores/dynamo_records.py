@@ -30,17 +30,11 @@ if TYPE_CHECKING:
 
 # A record's TTL is its expiry plus this, so only records abandoned for a day go.
 TTL_GRACE_SECONDS = 86_400.0
-COORDINATION_SUFFIX = "-KclpySparkState"
 COORDINATION_DEFINITION: dict[str, Any] = {
     "KeySchema": [{"AttributeName": codec.LEASE_KEY, "KeyType": "HASH"}],
     "AttributeDefinitions": [{"AttributeName": codec.LEASE_KEY, "AttributeType": "S"}],
     "BillingMode": "PAY_PER_REQUEST",
 }
-
-
-def coordination_table_of(lease_table: str) -> str:
-    """The coordination table beside ``lease_table``."""
-    return lease_table + COORDINATION_SUFFIX
 
 
 class DynamoRecords(DynamoCalls):

@@ -1,5 +1,6 @@
 """The DynamoDB lease table's own setup: create it if allowed (the KCL's schema, on-demand, with
-the owner index), wait until it and its index are ACTIVE, check its key schema, set its TTL."""
+the owner index), wait until it and its index are ACTIVE, check its key schema, set its TTL; and
+the name of the coordination table beside it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,14 @@ log = logging.getLogger(__name__)
 _POLL_SECONDS = 0.5
 
 Call = Callable[..., Any]
+
+# kclpy-spark's coordination records live in a table of their own beside the lease table.
+COORDINATION_SUFFIX = "-KclpySparkState"
+
+
+def coordination_table_of(lease_table: str) -> str:
+    """The coordination table beside ``lease_table``."""
+    return lease_table + COORDINATION_SUFFIX
 
 
 class TableSetup:

@@ -43,8 +43,8 @@ from checkpoint.sequence import ExtendedSequenceNumber
 from checkpoint.stores import dynamo_codec as codec
 from checkpoint.stores.dynamo_calls import DynamoCalls, written_item
 from checkpoint.stores.dynamo_expr import Expr
-from checkpoint.stores.dynamo_records import DynamoRecords, coordination_table_of
-from checkpoint.stores.dynamo_table import TableSetup
+from checkpoint.stores.dynamo_records import DynamoRecords
+from checkpoint.stores.dynamo_table import TableSetup, coordination_table_of
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient

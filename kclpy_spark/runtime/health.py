@@ -51,6 +51,7 @@ class Health:
         self.started = False
         self.last_store_ok: float | None = None
         self.table_gone_since: float | None = None
+        self.gone_table = table_name  # which table: the lease table or the coordination table
         self.all_parked = False
         self.duplicate_worker: str | None = None
         # A lease item no code can read (CorruptLeaseError): every scan fails on it, so no lease
@@ -66,7 +67,7 @@ class Health:
             self.corrupt_lease = None
         self.last_store_ok = self._monotonic()
         if self.table_gone_since is not None:
-            log.warning("the lease table %s answers again", self._table_name)
+            log.warning("the %s answers again", self._gone_label())
         self.table_gone_since = None
 
     def store_failed(self, exc: KclpySparkError) -> None:
@@ -76,7 +77,13 @@ class Health:
             self.corrupt_lease = str(exc)
         if isinstance(exc, ResourceNotFoundError) and self.table_gone_since is None:
             self.table_gone_since = self._monotonic()
-            log.error("the lease table %s is gone: %s", self._table_name, exc)
+            self.gone_table = exc.resource or self._table_name
+            log.error("the %s is gone: %s", self._gone_label(), exc)
+
+    def _gone_label(self) -> str:
+        if self.gone_table == self._table_name:
+            return f"lease table {self.gone_table}"
+        return f"coordination table {self.gone_table}"
 
     # --- what it concludes -----------------------------------------------------------------------
 
@@ -94,7 +101,7 @@ class Health:
         if self.table_gone_since is not None:
             return (
                 False,
-                f"lease table {self._table_name} gone for {now - self.table_gone_since:.0f}s",
+                f"{self._gone_label()} gone for {now - self.table_gone_since:.0f}s",
             )
         if self.last_store_ok is None:
             return False, "no lease-table round trip yet"
@@ -134,10 +141,16 @@ class Health:
         if self.table_gone_since is not None:
             gone = now - self.table_gone_since
             if gone >= self.missing_timeout:
+                lost = (
+                    "its checkpoints are lost with it, so nothing is recreated: restore it or "
+                    "start over"
+                    if self.gone_table == self._table_name
+                    else "it holds the leader, worker status, stream identities and the suspend "
+                    "flag; a worker start creates it again (create_lease_table), or restore it"
+                )
                 return (
-                    f"the lease table {self._table_name} has been gone for {gone:.0f}s "
-                    f"(missing_dependency_timeout {self.missing_timeout:.0f}s); its checkpoints "
-                    "are lost with it, so nothing is recreated: restore it or start over"
+                    f"the {self._gone_label()} has been gone for {gone:.0f}s "
+                    f"(missing_dependency_timeout {self.missing_timeout:.0f}s); {lost}"
                 )
         for stream, since in sorted(gone_streams.items()):
             if now - since >= self.missing_timeout:

@@ -53,6 +53,7 @@ def table(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
         dynamo.ensure_table()
         yield dynamo
         client.delete_table(TableName=name)
+        client.delete_table(TableName=dynamo.records.table_name)
 
 
 def lease(key: str = KEY, **fields: Any) -> Lease:

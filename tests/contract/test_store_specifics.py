@@ -400,6 +400,7 @@ def dynamo(dynamodb_client: Any, unique_name: str) -> Iterator[DynamoDBLeaseTabl
     table.ensure_table()
     yield table
     dynamodb_client.delete_table(TableName=unique_name)
+    dynamodb_client.delete_table(TableName=table.records.table_name)
 
 
 def raw_item(client: Any, table: str, key: str) -> dict[str, Any]:
@@ -972,3 +973,22 @@ def test_dynamodb_coordination_table_missing_with_creation_disabled_is_named(
     finally:
         dynamodb_client.delete_table(TableName=unique_name)
         dynamodb_client.delete_table(TableName=records)
+
+
+def test_dynamodb_a_missing_table_error_names_which_table(
+    dynamo: DynamoDBLeaseTable, dynamodb_client: Any, unique_name: str
+) -> None:
+    """Health reports the table that is gone: the coordination table's loss is not reported as
+    the lease table's (whose checkpoints would be lost with it)."""
+    records = dynamo.records.table_name
+    dynamodb_client.delete_table(TableName=records)
+    with pytest.raises(ResourceNotFoundError) as gone:
+        dynamo.get_record("shard-sync-leader")
+    assert gone.value.resource == records
+    assert dynamo.list_leases() == []  # the lease table still answers
+    DynamoDBLeaseTable(dynamodb_client, unique_name).ensure_table()  # both again
+    dynamodb_client.delete_table(TableName=unique_name)
+    with pytest.raises(ResourceNotFoundError) as gone:
+        dynamo.list_leases()
+    assert gone.value.resource == unique_name
+    DynamoDBLeaseTable(dynamodb_client, unique_name).ensure_table()  # for the fixture's teardown

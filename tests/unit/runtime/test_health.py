@@ -122,3 +122,18 @@ def test_a_suspended_worker_is_judged_by_its_control_rounds_reads() -> None:
     assert not ready(h)[0]  # not suspended: renewals and scans would have answered by now
     clock.advance(3.0)
     assert h.readiness(suspended=True, consumers=[], missing_streams=[])[0] is False
+
+
+def test_a_gone_coordination_table_is_named_as_such_not_as_the_lease_table() -> None:
+    clock = ManualClock()
+    h = health(clock)
+    gone = ResourceNotFoundError("GetItem on table 'app-KclpySparkState': not found")
+    gone.resource = "app-KclpySparkState"
+    h.store_failed(gone)
+    clock.advance(5.0)
+    assert ready(h) == (False, "coordination table app-KclpySparkState gone for 5s")
+    clock.advance(55.0)
+    reason = h.fatal({})
+    assert reason is not None
+    assert reason.startswith("the coordination table app-KclpySparkState has been gone for 60s")
+    assert "checkpoints are lost" not in reason
