@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -215,10 +216,53 @@ LONGEST_FIRST = (
 )  # fmt: skip
 
 
+# The files whose tests keep the CPU busy (Spark JVMs, executors, pip building venvs).
+# scripts/test.sh runs three test processes, but at most CPU_HEAVY_SLOTS of these files run at
+# once: the third process meanwhile runs tests that mostly wait on leases and timers. (Four
+# processes with no limit made Spark write deadlines expire on two cores.) They carry the
+# ``cpu_heavy`` marker, so ``-m cpu_heavy`` selects them.
+CPU_HEAVY = frozenset({
+    "test_bad_input.py", "test_cluster_read.py", "test_cluster_read_executors.py",
+    "test_core_install.py", "test_executor_chaos.py", "test_executor_reads.py",
+    "test_readstream.py", "test_readstream_kill9.py", "test_readstream_leases.py",
+    "test_sink_gives_up.py", "test_smoke_spark.py", "test_spark_java_options.py",
+    "test_spark_jvm_garbage.py", "test_spark_sink_e2e.py", "test_spark_sink_kill9.py",
+    "test_spark_sink_local.py", "test_until_caught_up.py",
+})  # fmt: skip
+CPU_HEAVY_SLOTS = 2
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cpu_heavy_slot(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Under pytest-xdist, one of CPU_HEAVY_SLOTS run-wide slots for a CPU_HEAVY file, held from
+    before its module fixtures (a Spark cluster) start until they stop."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") or request.path.name not in CPU_HEAVY:
+        yield
+        return
+    shared = tmp_path_factory.getbasetemp().parent
+    while True:
+        for slot in range(CPU_HEAVY_SLOTS):
+            with (shared / f"cpu-heavy-{slot}.lock").open("a") as handle:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                try:
+                    yield
+                finally:
+                    fcntl.flock(handle, fcntl.LOCK_UN)
+                return
+        time.sleep(0.2)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
     for item in items:
+        if item.path.name in CPU_HEAVY:
+            item.add_marker(pytest.mark.cpu_heavy)
         names = set(getattr(item, "fixturenames", ()))
         if names & {
             "localstack_endpoint",
