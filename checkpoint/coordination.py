@@ -27,7 +27,7 @@ from typing import Any
 from checkpoint.base.clock import Clock
 from checkpoint.base.errors import ConfigError
 from checkpoint.leasing.cpu_load import CpuFigure
-from checkpoint.port import CoordinationRecord, CoordinationStore, record_data
+from checkpoint.port import CoordinationRecord, CoordinationStore, KclWorkerSighting, record_data
 
 # The longest ``live_for`` a reader believes (an hour): a bad record must not look alive forever.
 MAX_LIVE_FOR = 3600.0
@@ -310,6 +310,19 @@ def live_workers(
         for worker, data in _statuses(records)
         if is_live(data, now_wall, max_age)
     }
+
+
+# A KCL 3.x worker writes its metrics entity every 30 s; its leader counts it as gone after two
+# missed writes (WorkerMetricStats: 2 x workerMetricsReporterFreqInMillis). So do we.
+KCL_METRICS_MAX_AGE = 60.0
+
+
+def live_kcl_workers(
+    sightings: Iterable[KclWorkerSighting], now_wall: float, max_age: float = KCL_METRICS_MAX_AGE
+) -> dict[str, float]:
+    """The KCL 3.x workers whose metrics entity was written within ``max_age`` seconds (a
+    stopped worker's stays until its leader deletes it a day later). Worker id -> when."""
+    return {s.worker_id: s.updated_at for s in sightings if now_wall - s.updated_at <= max_age}
 
 
 def cpu_figures(

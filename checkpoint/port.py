@@ -139,12 +139,24 @@ class LeaseTable(Protocol):
 
 
 @dataclass(frozen=True)
+class KclWorkerSighting:
+    """A KCL 3.x worker's metrics entity found in the lease table (``entityType`` =
+    ``WORKER_METRIC_STATS``, KCL 3.5's single-table format): its id and ``lut``, when it last
+    wrote it (epoch seconds, by its clock). A Java KCL 3.x worker writes it every 30 s."""
+
+    worker_id: str
+    updated_at: float
+
+
+@dataclass(frozen=True)
 class TableScan:
-    """The whole lease table as one read saw it: every lease, and the coordination records whose
-    key starts with the prefix asked for."""
+    """The whole lease table as one read saw it: every lease, the coordination records whose key
+    starts with the prefix asked for, and the KCL 3.x workers' metrics entities (DynamoDB only:
+    the other stores hold no KCL worker)."""
 
     leases: tuple[Lease, ...]
     records: tuple[CoordinationRecord, ...]
+    kcl_workers: tuple[KclWorkerSighting, ...] = ()
 
 
 class TableReader(Protocol):

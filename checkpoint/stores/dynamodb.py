@@ -38,7 +38,7 @@ from checkpoint.base.clock import Clock, SystemClock
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.base.retry import DEFAULT_POLICY, RetryPolicy
 from checkpoint.lease import Lease, WriteStamp, refuse_regression
-from checkpoint.port import CoordinationRecord, TableScan
+from checkpoint.port import CoordinationRecord, KclWorkerSighting, TableScan
 from checkpoint.sequence import ExtendedSequenceNumber
 from checkpoint.stores import dynamo_codec as codec
 from checkpoint.stores.dynamo_calls import DynamoCalls, written_item
@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 OWNER_INDEX = codec.OWNER_INDEX
 # Records still read from the lease table when the coordination table has none (an upgrade).
 LEGACY_READ_PREFIX = "stream/"
+# KCL 3.5's entityType of a worker's metrics entity in the lease table.
+KCL_WORKER_METRICS_ENTITY = "WORKER_METRIC_STATS"
 
 
 class DynamoDBLeaseTable(DynamoCalls):
@@ -112,9 +114,16 @@ class DynamoDBLeaseTable(DynamoCalls):
         return [codec.lease_from_item(i) for i in items if codec.is_lease_item(i)]
 
     def scan_table(self, record_prefix: str) -> TableScan:
-        """``list_leases``'s Scan, and one of the (small) coordination table."""
-        leases = self.list_leases()
-        return TableScan(tuple(leases), self.records.records(record_prefix))
+        """``list_leases``'s Scan (which also yields the KCL 3.x workers' metrics entities), and
+        one of the (small) coordination table."""
+
+        def attempt() -> tuple[list[Lease], list[KclWorkerSighting]]:
+            items = list(self._pages("Scan", ConsistentRead=False))  # as list_leases
+            leases = [codec.lease_from_item(i) for i in items if codec.is_lease_item(i)]
+            return leases, [s for s in map(kcl_worker_of, items) if s is not None]
+
+        leases, workers = self._retried(f"list leases in {self._table!r}", attempt)
+        return TableScan(tuple(leases), self.records.records(record_prefix), tuple(workers))
 
     def get_lease(self, lease_key: str) -> Lease | None:
         return self._retried(f"get lease {lease_key!r}", lambda: self._try_get_lease(lease_key))
@@ -329,3 +338,15 @@ class DynamoDBLeaseTable(DynamoCalls):
 
     def put_record(self, record: CoordinationRecord, expected_version: int | None) -> bool:
         return self.records.put_record(record, expected_version)
+
+
+def kcl_worker_of(item: dict[str, Any]) -> KclWorkerSighting | None:
+    """A KCL 3.x worker's metrics entity (its id and ``lut``), or None for any other item or one
+    without a readable ``lut`` (the KCL's leader counts such a worker as expired too)."""
+    if item.get(codec.ENTITY_TYPE) != {"S": KCL_WORKER_METRICS_ENTITY}:
+        return None
+    key, lut = item.get(codec.LEASE_KEY, {}).get("S"), item.get("lut", {}).get("N")
+    try:
+        return None if key is None or lut is None else KclWorkerSighting(key, float(lut))
+    except ValueError:
+        return None

@@ -29,7 +29,7 @@ from checkpoint.lease import Lease, LeaseState
 from checkpoint.leasing.cpu_load import FleetCpu
 from checkpoint.leasing.observer import LeaseObserver, ObservedScan
 from checkpoint.leasing.taker import plan_takes
-from checkpoint.port import CoordinationRecord
+from checkpoint.port import TableScan
 from kclpy_spark.runtime.assigning import AssignmentHint, Led
 
 if TYPE_CHECKING:
@@ -103,11 +103,8 @@ class Taker:
                     return True
         except Exception as exc:  # the next round scans anyway
             self._observer.unwatch(due)
-            if not isinstance(exc, KclpySparkError):
-                log.exception("worker %s: reading leases due to expire failed", w.cfg.worker_id)
-            else:
-                log.warning("worker %s: reading leases due to expire failed: %s",
-                            w.cfg.worker_id, exc)  # fmt: skip
+            report = log.warning if isinstance(exc, KclpySparkError) else log.exception  # a bug
+            report("worker %s: reading leases due to expire failed: %s", w.cfg.worker_id, exc)
         return False
 
     async def _look_at_incoming(self) -> None:
@@ -205,7 +202,7 @@ class Taker:
             x.state(now_wall) is LeaseState.CLOSED for x in unfinished
         )
         await self.adopt(open_leases)
-        self._note_running(table.records)
+        self._note_running(table)
         if self.led is not None:
             await self.led.after_scan(len(open_leases), self.running)
         return self._observe(open_leases)
@@ -259,15 +256,16 @@ class Taker:
         return not self.running_here(lease.lease_key)
 
     async def hand_out(self) -> int:
-        """Stopping: hand every lease we hold to the live kclpy-spark workers of a fresh scan (the
-        last round's if it fails), fewest first; each takes it once the processor checkpointed
-        in ``shutdown_requested``. Else (or with handoffs off, or in a job) leases are released.
-        Returns how many handoffs were begun."""
+        """Stopping: hand every lease we hold to the workers that follow hand-offs (``kclpy``) of a
+        fresh scan (else the last round's), fewest leases first; each gets it once the processor
+        checkpointed in ``shutdown_requested``. Else (or with handoffs off, or in a job) leases
+        are released. Returns how many handoffs were begun."""
         w = self._w
         if not w.cfg.graceful_handoff or w.caught_up is not None or not w.holder.held():
             return 0
         await self._refresh_live()  # a KCL worker takes a released lease sooner than a handed one
         load = {o: n for o, n in self._live.items() if self.kclpy(o)}
+        load |= {o: 0 for o in self.running if o != w.cfg.worker_id and o not in load}
         if not load:
             return 0
         begun = 0
@@ -288,8 +286,7 @@ class Taker:
         return begun
 
     async def _refresh_live(self) -> None:
-        """The other live workers and their lease counts, from a fresh scan: a worker that
-        joined since our last round (up to a scan interval ago) gets its share too."""
+        """The other live workers and their lease counts, from a fresh scan (a new one's too)."""
         w = self._w
         try:
             table = await self._io(w.store.scan_table, coordination.WORKER_PREFIX)
@@ -297,15 +294,17 @@ class Taker:
             return log.warning("worker %s: no fresh scan before handing leases out (%r); using "
                                "the last", w.cfg.worker_id, exc)  # fmt: skip
         now_wall = w.clock.wall()
-        self._note_running(table.records)
+        self._note_running(table)
         self._observe([x for x in table.leases if w.streams.context_of(x) is not None
                        and x.state(now_wall) is not LeaseState.CLOSED])  # fmt: skip
 
-    def _note_running(self, records: tuple[CoordinationRecord, ...]) -> None:
-        """The workers whose status records say they run (see plan_takes and assigning)."""
-        w = self._w
+    def _note_running(self, table: TableScan) -> None:
+        """The workers known to run (see plan_takes and assigning): ours by their status records,
+        KCL 3.x workers by their metrics entities (they follow hand-offs as ours do)."""
+        w, records = self._w, table.records
         max_age = w.timing.status_max_age
-        self.running = coordination.live_workers(records, w.clock.wall(), max_age)
+        self.running = coordination.live_kcl_workers(table.kcl_workers, w.clock.wall())
+        self.running |= coordination.live_workers(records, w.clock.wall(), max_age)
         figures = coordination.cpu_figures(records, w.clock.wall(), max_age)
         use = w.cfg.load_metric == "auto"  # else the load rule balances throughput only
         self.cpu = FleetCpu(figures if use else {}, w.clock.wall(), w.timing.max_clock_skew)
@@ -321,8 +320,8 @@ class Taker:
         return scan
 
     def kclpy(self, owner: str | None) -> bool:
-        """A kclpy-spark worker (a status record, or our stores' stamp on its leases): it
-        follows hand-offs, which a KCL worker (kcl-rs) takes for a lost lease."""
+        """A worker that follows hand-offs: ours (a status record, or our stores' stamp on its
+        leases) or a KCL 3.x one (a metrics entity); kcl-rs (neither) takes one for a lost lease."""
         return owner is not None and (owner in self.running or owner in self._ours)
 
     async def ask_handoff(self, lease: Lease, to: str) -> bool:

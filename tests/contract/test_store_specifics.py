@@ -30,7 +30,7 @@ from checkpoint.base.errors import (
 from checkpoint.base.retry import RetryPolicy
 from checkpoint.lease import MAX_HASH_KEY, HashKeyRange, Lease, OwnerFigures
 from checkpoint.leasing.holder import LeaseHolder
-from checkpoint.port import CoordinationRecord
+from checkpoint.port import CoordinationRecord, KclWorkerSighting
 from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber
 from checkpoint.stores import dynamo_codec
 from checkpoint.stores.dynamodb import OWNER_INDEX, DynamoDBLeaseTable
@@ -550,6 +550,27 @@ def test_dynamodb_skips_other_kcl_entities(
     assert dynamo.list_leases() == [
         Lease("shardId-0", ExtendedSequenceNumber("LATEST"), lease_counter=1)
     ]
+
+
+def test_dynamodb_a_scan_shows_the_kcl3_workers_metrics_entities(
+    dynamo: DynamoDBLeaseTable, dynamodb_client: Any
+) -> None:
+    """KCL 3.5's single-table format: a worker's metrics entity, as the Java KCL writes it, is no
+    lease but tells a live KCL 3.x worker (``lut``); an entity without ``lut`` tells nothing."""
+    java = {
+        "leaseKey": {"S": "kcl-java-1"}, "entityType": {"S": "WORKER_METRIC_STATS"},
+        "lut": {"N": "1764000000"}, "sts": {"M": {"C": {"L": [{"N": "41.5"}]}}},
+        "opr": {"M": {"C": {"L": [{"N": "100"}]}}}, "sup": {"N": "1"},
+        "slu": {"N": "1764000000"}, "properties": {"M": {}},
+    }  # fmt: skip
+    no_lut = {"leaseKey": {"S": "kcl-java-2"}, "entityType": {"S": "WORKER_METRIC_STATS"}}
+    leader = {"leaseKey": {"S": "Leader"}, "entityType": {"S": "LEADER"}, "lut": {"N": "5"}}
+    for item in (java, no_lut, leader):
+        dynamodb_client.put_item(TableName=dynamo.table_name, Item=item)
+    dynamo.create_lease_if_absent(Lease("shardId-0", ExtendedSequenceNumber("LATEST")))
+    scan = dynamo.scan_table("")
+    assert [x.lease_key for x in scan.leases] == ["shardId-0"]
+    assert scan.kcl_workers == (KclWorkerSighting("kcl-java-1", 1764000000.0),)
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from checkpoint.counters import CoordinationCounters
 from checkpoint.lease import Lease
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.leasing.timing import LeaseTiming
-from checkpoint.port import CoordinationRecord, TableScan
+from checkpoint.port import CoordinationRecord, KclWorkerSighting, TableScan
 from checkpoint.sequence import SHARD_END, TRIM_HORIZON
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.config import WorkerConfig
@@ -511,3 +511,70 @@ def test_a_steal_asks_a_graceful_handoff_only_of_a_kclpy_spark_worker(
     asyncio.run(Taker(w, io).round())  # first seen: live (the peer's writes are unstamped)
     moved = [x for x in table.list_leases() if x.lease_owner == ME]
     assert moved and all(x.checkpoint_owner == checkpoint_owner for x in moved), moved
+
+
+class WithKclWorkers(CountingTable):
+    """A lease table whose scans also show KCL 3.x workers' metrics entities (as DynamoDB's do)."""
+
+    def __init__(self, clock: ManualClock, sightings: dict[str, float]) -> None:
+        super().__init__(clock)
+        self.sightings = sightings  # worker id -> lut
+
+    def scan_table(self, record_prefix: str) -> TableScan:
+        scan = super().scan_table(record_prefix)
+        seen = tuple(KclWorkerSighting(k, v) for k, v in self.sightings.items())
+        return replace(scan, kcl_workers=seen)
+
+
+def round_worker(table: MemoryLeaseTable, clock: ManualClock) -> Any:
+    w = worker(table, Consumers(), clock)
+    w.cfg = WorkerConfig(stream_name="s", worker_id=ME, graceful_handoff=True)
+    w.board = SimpleNamespace(on_scan=lambda leases: None)
+    w.health = SimpleNamespace(store_ok=lambda **_: None, all_parked=False)
+    return w
+
+
+@pytest.mark.parametrize(("age", "handed"), [(1.0, 1), (59.0, 1), (61.0, 0)])
+def test_a_stopping_worker_hands_its_leases_to_a_kcl3_worker_its_metrics_entity_shows(
+    age: float, handed: int
+) -> None:
+    """A KCL 3.x worker follows hand-offs (it leaves a lease whose checkpointOwner is set and
+    discovers it once the old owner completed the hand-off): known by a metrics entity written
+    within 60 s (its leader's rule), it gets our leases though it holds none; a stale entity (a
+    stopped worker's stays a day) counts for nothing, and the lease is left to the release."""
+    clock = ManualClock()
+    table = WithKclWorkers(clock, {"kcl3-worker": clock.wall() - age})
+    mine = table.take_lease(put(table, "mine"), ME)
+    assert mine is not None
+    w = round_worker(table, clock)
+    w.holder.add_taken(mine)
+    assert asyncio.run(Taker(w, io).hand_out()) == handed
+    stored = table.get_lease("mine")
+    assert stored is not None
+    if handed:
+        assert (stored.lease_owner, stored.checkpoint_owner) == ("kcl3-worker", ME)
+    else:
+        assert (stored.lease_owner, stored.checkpoint_owner) == (ME, None)
+
+
+def test_a_round_counts_kcl3_workers_and_asks_them_for_hand_offs() -> None:
+    """KCL 3.x workers known by their metrics entities count in our share like workers with a
+    status record (fresh ones only), and a steal from one is a graceful hand-off request."""
+    clock = ManualClock()
+    now = clock.wall()
+    sightings = {"kcl3-a": now - 5.0, "kcl3-idle": now - 5.0, "kcl3-gone": now - 61.0}
+    table = WithKclWorkers(clock, sightings)
+    for i in range(9):
+        put(table, f"s{i}")
+    w = round_worker(table, clock)
+    asyncio.run(Taker(w, io).round())
+    assert len(w.consumers) == 3  # a third: kcl3-a, kcl3-idle and us
+
+    table = WithKclWorkers(clock, sightings)
+    for i in range(4):
+        put(table, f"s{i}", lease_owner="kcl3-a")
+    w = round_worker(table, clock)
+    asyncio.run(Taker(w, io).round())  # first seen: live
+    asked = [x for x in table.list_leases() if x.lease_owner == ME]
+    assert len(asked) == 1 and asked[0].checkpoint_owner == "kcl3-a"  # asked, not taken
+    assert not w.consumers

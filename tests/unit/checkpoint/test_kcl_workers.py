@@ -1,0 +1,47 @@
+"""KCL 3.x workers known by their metrics entities (KCL 3.5's single-table format): which lease
+table items are one (``kcl_worker_of``), and which are live (``live_kcl_workers``, the KCL
+leader's 60 s rule)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from checkpoint.coordination import KCL_METRICS_MAX_AGE, live_kcl_workers
+from checkpoint.port import KclWorkerSighting
+from checkpoint.stores.dynamodb import kcl_worker_of
+
+METRICS = {"S": "WORKER_METRIC_STATS"}
+
+
+@pytest.mark.parametrize(
+    ("item", "seen"),
+    [
+        ({"leaseKey": {"S": "w1"}, "entityType": METRICS, "lut": {"N": "17"}}, ("w1", 17.0)),
+        ({"leaseKey": {"S": "w1"}, "entityType": METRICS, "lut": {"N": "1.5e9"}}, ("w1", 1.5e9)),
+        ({"leaseKey": {"S": "w1"}, "entityType": METRICS}, None),  # no lut: counted as expired
+        ({"leaseKey": {"S": "w1"}, "entityType": METRICS, "lut": {"S": "17"}}, None),
+        ({"leaseKey": {"S": "w1"}, "entityType": METRICS, "lut": {"N": "soon"}}, None),
+        ({"entityType": METRICS, "lut": {"N": "17"}}, None),
+        ({"leaseKey": {"S": "w1"}, "entityType": {"S": "LEASE"}, "lut": {"N": "17"}}, None),
+        ({"leaseKey": {"S": "Leader"}, "entityType": {"S": "LEADER"}, "lut": {"N": "1"}}, None),
+        ({"leaseKey": {"S": "shardId-0"}, "lut": {"N": "17"}}, None),  # a lease (no entityType)
+    ],
+)
+def test_which_items_are_kcl3_workers(item: dict[str, Any], seen: tuple[str, float] | None) -> None:
+    assert kcl_worker_of(item) == (None if seen is None else KclWorkerSighting(*seen))
+
+
+def test_a_kcl3_worker_is_live_while_its_entity_is_at_most_60_seconds_old() -> None:
+    now = 1_000.0
+    sightings = [
+        KclWorkerSighting("fresh", now - 1.0),
+        KclWorkerSighting("edge", now - KCL_METRICS_MAX_AGE),
+        KclWorkerSighting("stale", now - KCL_METRICS_MAX_AGE - 0.5),
+        KclWorkerSighting("ahead", now + 3.0),  # its clock runs ahead of ours
+    ]
+    assert live_kcl_workers(sightings, now) == {
+        "fresh": now - 1.0, "edge": now - KCL_METRICS_MAX_AGE, "ahead": now + 3.0
+    }  # fmt: skip
+    assert KCL_METRICS_MAX_AGE == 60.0
