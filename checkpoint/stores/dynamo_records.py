@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from checkpoint.base.clock import Clock
+from checkpoint.base.errors import ResourceNotFoundError
 from checkpoint.base.retry import RetryPolicy
 from checkpoint.port import CoordinationRecord
 from checkpoint.stores import dynamo_codec as codec
@@ -51,16 +52,29 @@ class DynamoRecords(DynamoCalls):
     ) -> None:
         super().__init__(client, table_name, retry, sleep)
         self._ttl_attribute = ttl_attribute
+        # Found missing by an ``optional`` ensure (a look at a table no kclpy-spark worker has
+        # run on: a KCL application's): reads find nothing, writes fail naming the table.
+        self.absent = False
 
-    def ensure(self, *, create: bool, clock: Clock, create_timeout: float) -> None:
+    def ensure(
+        self, *, create: bool, clock: Clock, create_timeout: float, optional: bool = False
+    ) -> None:
         setup = TableSetup(
             self._table, self._call, create=create, ttl_attribute=self._ttl_attribute,
             clock=clock, sleep=self._sleep, create_timeout=create_timeout,
             definition=COORDINATION_DEFINITION, what="coordination table",
         )  # fmt: skip
-        self._retried(f"ensure_table {self._table!r}", setup.ensure)
+        try:
+            self._retried(f"ensure_table {self._table!r}", setup.ensure)
+        except ResourceNotFoundError:
+            if create or not optional:
+                raise
+            self.absent = True
 
     def get_record(self, key: str, *, consistent: bool = True) -> CoordinationRecord | None:
+        if self.absent:
+            return None
+
         def attempt() -> CoordinationRecord | None:
             response = self._call(
                 "GetItem", Key=codec.key_of(codec.record_item_key(key)), ConsistentRead=consistent
@@ -71,6 +85,14 @@ class DynamoRecords(DynamoCalls):
         return self._retried(f"get record {key!r}", attempt)
 
     def put_record(self, record: CoordinationRecord, expected_version: int | None) -> bool:
+        if self.absent:
+            gone = ResourceNotFoundError(
+                f"coordination table {self._table!r} does not exist (a worker creates it at "
+                "start; or create it with a 'leaseKey' string hash key)"
+            )
+            gone.resource = self._table
+            raise gone
+
         def build(e: Expr) -> dict[str, Any]:
             if expected_version is None:
                 condition = e.absent(codec.LEASE_KEY)
@@ -91,6 +113,8 @@ class DynamoRecords(DynamoCalls):
 
     def records(self, prefix: str) -> tuple[CoordinationRecord, ...]:
         """Every record whose key starts with ``prefix`` (one eventually consistent Scan)."""
+        if self.absent:
+            return ()
 
         def attempt() -> tuple[CoordinationRecord, ...]:
             start = codec.record_item_key(prefix)

@@ -72,9 +72,16 @@ class DynamoDBLeaseTable(DynamoCalls):
         sleep: Callable[[float], None] = time.sleep,
         create_timeout: float = 300.0,
         coordination_table: str | None = None,
+        create_records: bool | None = None,
+        records_optional: bool = False,
     ) -> None:
+        """``create_records``: create the coordination table when missing (None: as
+        ``create_if_missing``); ``records_optional``: if it is missing and not created, read no
+        records instead of failing (``status`` on a KCL application's table)."""
         super().__init__(client, table_name, retry, sleep)
         self._create = create_if_missing
+        self._create_records = create_if_missing if create_records is None else create_records
+        self._records_optional = records_optional
         self._clock = clock or SystemClock()
         self._create_timeout = create_timeout
         self.records = DynamoRecords(
@@ -96,8 +103,9 @@ class DynamoDBLeaseTable(DynamoCalls):
             create_timeout=self._create_timeout,
         )
         self._retried(f"ensure_table {self._table!r}", setup.ensure)
-        self.records.ensure(create=self._create, clock=self._clock,
-                            create_timeout=self._create_timeout)  # fmt: skip
+        self.records.ensure(create=self._create_records, clock=self._clock,
+                            create_timeout=self._create_timeout,
+                            optional=self._records_optional)  # fmt: skip
 
     # -- reads ----------------------------------------------------------------------------------
 

@@ -76,9 +76,14 @@ def live_workers(store: LeaseStore, owners: set[str], cfg: WorkerConfig) -> dict
     return {w: s for w, s in statuses.items() if is_live(s, now, max_age)}
 
 
-def open_store(cfg: WorkerConfig) -> LeaseStore:
+def open_store(cfg: WorkerConfig, *, writes_records: bool = False) -> LeaseStore:
+    """The lease store of an operator command, never creating the lease table (a typo must not
+    make one). DynamoDB's coordination table: created when missing by a command that writes
+    records and may create tables; else a missing one reads as no records."""
     return open_lease_store(
-        cfg if not cfg.create_lease_table else cfg.with_overrides(create_lease_table=False)
+        cfg if not cfg.create_lease_table else cfg.with_overrides(create_lease_table=False),
+        create_records=writes_records and cfg.create_lease_table,
+        records_optional=not writes_records,
     )
 
 
@@ -129,7 +134,7 @@ def status_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
 
 
 def suspend_command(cfg: WorkerConfig, suspended: bool) -> int:
-    store = open_store(cfg)
+    store = open_store(cfg, writes_records=True)
     if not coordination.set_suspended(store, suspended, by="kclpy-spark CLI", now_wall=time.time()):
         raise ConfigError("could not write the suspend flag (too many concurrent writers)")
     print(f"{cfg.application_name}: {'suspended' if suspended else 'resumed'}")

@@ -88,7 +88,7 @@ def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
     except ValueError as exc:
         raise ConfigError(f"--to: {exc}") from None
     check_not_in_future(target, "--to", time.time())
-    store = open_store(cfg)
+    store = open_store(cfg, writes_records=True)
     leases = store.list_leases()
     owners = {x.lease_owner for x in leases if x.lease_owner}
     live = live_workers(store, owners, cfg)

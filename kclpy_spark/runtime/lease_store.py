@@ -47,9 +47,13 @@ class CallBudget:
         )
 
 
-def open_lease_store(cfg: WorkerConfig) -> LeaseStore:
+def open_lease_store(
+    cfg: WorkerConfig, *, create_records: bool | None = None, records_optional: bool = False
+) -> LeaseStore:
     """The store, with its table ensured (created if allowed). Raises ResourceNotFoundError or
-    InvalidStateError naming the table when it is missing (and creation is off) or malformed."""
+    InvalidStateError naming the table when it is missing (and creation is off) or malformed.
+    DynamoDB's coordination table: ``create_records`` and ``records_optional`` as in
+    DynamoDBLeaseTable (the operator commands')."""
     budget = CallBudget.for_failover(cfg.failover_time)
     store: LeaseStore
     if cfg.lease_store == "memory":
@@ -65,6 +69,8 @@ def open_lease_store(cfg: WorkerConfig) -> LeaseStore:
             cfg.application_name,
             create_if_missing=cfg.create_lease_table,
             retry=budget.retry_policy(),
+            create_records=create_records,
+            records_optional=records_optional,
         )
     else:
         from checkpoint.stores.sqlite import SQLiteLeaseTable

@@ -1013,3 +1013,30 @@ def test_dynamodb_a_missing_table_error_names_which_table(
         dynamo.list_leases()
     assert gone.value.resource == unique_name
     DynamoDBLeaseTable(dynamodb_client, unique_name).ensure_table()  # for the fixture's teardown
+
+
+def test_dynamodb_a_look_without_the_coordination_table_reads_no_records(
+    dynamodb_client: Any, unique_name: str
+) -> None:
+    """``status`` on a KCL application's table that no kclpy-spark worker has run on: no
+    coordination table, none created; leases read, records read as none, a record write fails
+    naming the table. ``suspend``/``reset`` (create_records) create it."""
+    DynamoDBLeaseTable(dynamodb_client, unique_name).ensure_table()
+    records = f"{unique_name}-KclpySparkState"
+    dynamodb_client.delete_table(TableName=records)
+    look = DynamoDBLeaseTable(
+        dynamodb_client, unique_name, create_if_missing=False, records_optional=True
+    )
+    look.ensure_table()
+    assert records not in dynamodb_client.list_tables()["TableNames"]
+    assert look.get_record("suspended") is None and look.scan_table("").records == ()
+    record = CoordinationRecord("suspended", "cli", 1, 0.0, "{}")
+    with pytest.raises(ResourceNotFoundError, match=f"coordination table '{records}'") as gone:
+        look.put_record(record, None)
+    assert gone.value.resource == records
+    writer = DynamoDBLeaseTable(dynamodb_client, unique_name, create_if_missing=False,
+                                create_records=True)  # fmt: skip
+    writer.ensure_table()
+    assert writer.put_record(record, None)
+    assert records in dynamodb_client.list_tables()["TableNames"]
+    dynamodb_client.delete_table(TableName=unique_name)

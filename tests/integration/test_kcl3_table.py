@@ -7,6 +7,9 @@ its stored checkpoint, writes ``throughputKBps`` at renewal, and leaves the othe
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +112,20 @@ idle_time_between_reads = 0.2
 """
     with fleet(tmp_path, config, output) as workers:
         workers.env["PYTHONPATH"] += f":{Path(__file__).parent}"
+        # A look before any kclpy-spark worker ran (no coordination table yet): every lease,
+        # owners and checkpoints, and nothing created.
+        dynamodb_client.delete_table(TableName=table.records.table_name)
+        look = subprocess.run(
+            [sys.executable, "-m", "kclpy_spark.cli", "status", "--json",
+             "--config", str(workers.config)],
+            capture_output=True, text=True, timeout=60, env=workers.env, check=False,
+        )  # fmt: skip
+        assert look.returncode == 0, look.stderr
+        seen = {row["lease_key"]: row for row in json.loads(look.stdout)["leases"]}
+        assert set(seen) == set(ids), seen
+        assert seen[ids[0]]["owner"] == "kcl-java-worker-1", seen[ids[0]]
+        tables = dynamodb_client.list_tables()["TableNames"]
+        assert table.records.table_name not in tables
         w = workers.start("py-worker")
         expected = {d for s in ids for _, d in records[s]} - {
             d for s in ids[:2] for _, d in records[s][:3]
