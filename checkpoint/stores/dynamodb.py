@@ -43,6 +43,7 @@ from checkpoint.sequence import ExtendedSequenceNumber
 from checkpoint.stores import dynamo_codec as codec
 from checkpoint.stores.dynamo_calls import DynamoCalls, written_item
 from checkpoint.stores.dynamo_expr import Expr
+from checkpoint.stores.dynamo_kcl_workers import KclMetricsTable, kcl_worker_of
 from checkpoint.stores.dynamo_records import DynamoRecords
 from checkpoint.stores.dynamo_table import TableSetup, coordination_table_of
 
@@ -53,8 +54,6 @@ if TYPE_CHECKING:
 OWNER_INDEX = codec.OWNER_INDEX
 # Records still read from the lease table when the coordination table has none (an upgrade).
 LEGACY_READ_PREFIX = "stream/"
-# KCL 3.5's entityType of a worker's metrics entity in the lease table.
-KCL_WORKER_METRICS_ENTITY = "WORKER_METRIC_STATS"
 
 
 class DynamoDBLeaseTable(DynamoCalls):
@@ -89,6 +88,8 @@ class DynamoDBLeaseTable(DynamoCalls):
             ttl_attribute=ttl_attribute,
         )  # fmt: skip
         self.records.capacity = self.capacity  # one meter for the application's requests
+        self.kcl_metrics = KclMetricsTable(client, table_name, retry, sleep)
+        self.kcl_metrics.capacity = self.capacity
 
     # -- table ----------------------------------------------------------------------------------
 
@@ -106,6 +107,7 @@ class DynamoDBLeaseTable(DynamoCalls):
         self.records.ensure(create=self._create_records, clock=self._clock,
                             create_timeout=self._create_timeout,
                             optional=self._records_optional)  # fmt: skip
+        self.kcl_metrics.probe()
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -122,8 +124,8 @@ class DynamoDBLeaseTable(DynamoCalls):
         return [codec.lease_from_item(i) for i in items if codec.is_lease_item(i)]
 
     def scan_table(self, record_prefix: str) -> TableScan:
-        """``list_leases``'s Scan (which also yields the KCL 3.x workers' metrics entities), and
-        one of the (small) coordination table."""
+        """``list_leases``'s Scan (which also yields the KCL 3.x workers' metrics entities), one
+        of the (small) coordination table, and one of the KCL's metrics table if it exists."""
 
         def attempt() -> tuple[list[Lease], list[KclWorkerSighting]]:
             items = list(self._pages("Scan", ConsistentRead=False))  # as list_leases
@@ -131,6 +133,7 @@ class DynamoDBLeaseTable(DynamoCalls):
             return leases, [s for s in map(kcl_worker_of, items) if s is not None]
 
         leases, workers = self._retried(f"list leases in {self._table!r}", attempt)
+        workers += self.kcl_metrics.sightings()  # KCL 3.0-3.4's table, if there is one
         return TableScan(tuple(leases), self.records.records(record_prefix), tuple(workers))
 
     def get_lease(self, lease_key: str) -> Lease | None:
@@ -346,15 +349,3 @@ class DynamoDBLeaseTable(DynamoCalls):
 
     def put_record(self, record: CoordinationRecord, expected_version: int | None) -> bool:
         return self.records.put_record(record, expected_version)
-
-
-def kcl_worker_of(item: dict[str, Any]) -> KclWorkerSighting | None:
-    """A KCL 3.x worker's metrics entity (its id and ``lut``), or None for any other item or one
-    without a readable ``lut`` (the KCL's leader counts such a worker as expired too)."""
-    if item.get(codec.ENTITY_TYPE) != {"S": KCL_WORKER_METRICS_ENTITY}:
-        return None
-    key, lut = item.get(codec.LEASE_KEY, {}).get("S"), item.get("lut", {}).get("N")
-    try:
-        return None if key is None or lut is None else KclWorkerSighting(key, float(lut))
-    except ValueError:
-        return None

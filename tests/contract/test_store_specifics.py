@@ -1040,3 +1040,33 @@ def test_dynamodb_a_look_without_the_coordination_table_reads_no_records(
     assert writer.put_record(record, None)
     assert records in dynamodb_client.list_tables()["TableNames"]
     dynamodb_client.delete_table(TableName=unique_name)
+
+
+def test_dynamodb_a_scan_shows_the_workers_of_a_kcl_3_0_to_3_4_metrics_table(
+    dynamo: DynamoDBLeaseTable, dynamodb_client: Any, unique_name: str
+) -> None:
+    """KCL 3.0-3.4 keep their workers' metrics in ``<application>-WorkerMetricStats`` (key
+    ``wid``): looked for when the store opens, scanned with the lease table while it exists."""
+    metrics = f"{unique_name}-WorkerMetricStats"
+    assert not dynamo.kcl_metrics.present  # none when the fixture opened the store
+    dynamodb_client.create_table(
+        TableName=metrics, BillingMode="PAY_PER_REQUEST",
+        KeySchema=[{"AttributeName": "wid", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "wid", "AttributeType": "S"}],
+    )  # fmt: skip
+    try:
+        dynamodb_client.get_waiter("table_exists").wait(TableName=metrics)
+        for wid, lut in (("kcl-3-4-a", "1764000000"), ("kcl-3-4-b", "1764000007")):
+            dynamodb_client.put_item(TableName=metrics, Item={
+                "wid": {"S": wid}, "lut": {"N": lut}, "sts": {"M": {}}, "opr": {"M": {}},
+            })  # fmt: skip
+        store = DynamoDBLeaseTable(dynamodb_client, unique_name, create_if_missing=False)
+        store.ensure_table()
+        assert sorted(store.scan_table("").kcl_workers, key=lambda s: s.worker_id) == [
+            KclWorkerSighting("kcl-3-4-a", 1764000000.0),
+            KclWorkerSighting("kcl-3-4-b", 1764000007.0),
+        ]
+    finally:
+        dynamodb_client.delete_table(TableName=metrics)
+    assert store.scan_table("").kcl_workers == ()  # deleted: looked for no more
+    assert not store.kcl_metrics.present

@@ -10,7 +10,7 @@ import pytest
 
 from checkpoint.coordination import KCL_METRICS_MAX_AGE, live_kcl_workers
 from checkpoint.port import KclWorkerSighting
-from checkpoint.stores.dynamodb import kcl_worker_of
+from checkpoint.stores.dynamo_kcl_workers import kcl_worker_of
 
 METRICS = {"S": "WORKER_METRIC_STATS"}
 
@@ -31,6 +31,13 @@ METRICS = {"S": "WORKER_METRIC_STATS"}
 )
 def test_which_items_are_kcl3_workers(item: dict[str, Any], seen: tuple[str, float] | None) -> None:
     assert kcl_worker_of(item) == (None if seen is None else KclWorkerSighting(*seen))
+
+
+def test_the_separate_tables_items_are_keyed_by_wid_without_an_entity_type() -> None:
+    item = {"wid": {"S": "w1"}, "lut": {"N": "17"}, "sts": {"M": {}}}
+    assert kcl_worker_of(item, "wid") == KclWorkerSighting("w1", 17.0)
+    assert kcl_worker_of({"wid": {"S": "w1"}}, "wid") is None
+    assert kcl_worker_of(item) is None  # in the lease table: no entityType, a lease
 
 
 def test_a_kcl3_worker_is_live_while_its_entity_is_at_most_60_seconds_old() -> None:

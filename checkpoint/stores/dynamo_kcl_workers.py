@@ -1,0 +1,89 @@
+"""KCL 3.x workers as their metrics entities show them (read only; kclpy-spark writes none).
+
+A Java KCL 3.x worker writes its metrics every 30 s: in the lease table since KCL 3.5 (the
+single-table format: ``leaseKey`` = worker id, ``entityType`` = ``WORKER_METRIC_STATS``), else in
+``<application>-WorkerMetricStats`` (key ``wid``; KCL 3.0-3.4, or 3.5 before its table migration
+completed). Both carry ``lut``, the last update in epoch seconds. The lease-table form comes with
+the lease Scan; the separate table, when it exists, is one more Scan of a table of one small item
+per worker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from checkpoint.base.errors import KclpySparkError, ResourceNotFoundError
+from checkpoint.base.retry import RetryPolicy
+from checkpoint.port import KclWorkerSighting
+from checkpoint.stores import dynamo_codec as codec
+from checkpoint.stores.dynamo_calls import DynamoCalls
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb.client import DynamoDBClient
+
+log = logging.getLogger(__name__)
+
+_MISSING = "ResourceNotFoundException"
+KCL_WORKER_METRICS_ENTITY = "WORKER_METRIC_STATS"  # KCL 3.5's entityType in the lease table
+METRICS_TABLE_SUFFIX = "-WorkerMetricStats"  # the separate table's, after the application name
+METRICS_TABLE_KEY = "wid"
+
+
+def kcl_worker_of(item: dict[str, Any], key: str = codec.LEASE_KEY) -> KclWorkerSighting | None:
+    """A KCL 3.x worker's metrics entity (its id and ``lut``), or None for any other item or one
+    without a readable ``lut`` (the KCL's leader counts such a worker as expired too). ``key``:
+    the id's attribute (``wid`` in the separate table, whose items carry no ``entityType``)."""
+    if key == codec.LEASE_KEY and item.get(codec.ENTITY_TYPE) != {"S": KCL_WORKER_METRICS_ENTITY}:
+        return None
+    worker, lut = item.get(key, {}).get("S"), item.get("lut", {}).get("N")
+    try:
+        return None if worker is None or lut is None else KclWorkerSighting(worker, float(lut))
+    except ValueError:
+        return None
+
+
+class KclMetricsTable(DynamoCalls):
+    """``<application>-WorkerMetricStats``, if it exists (looked for once, at ``probe``)."""
+
+    def __init__(
+        self,
+        client: DynamoDBClient,
+        application: str,
+        retry: RetryPolicy,
+        sleep: Callable[[float], None],
+    ) -> None:
+        super().__init__(client, application + METRICS_TABLE_SUFFIX, retry, sleep)
+        self.present = False
+
+    def probe(self) -> None:
+        """Look whether the table exists (a KCL 3.0-3.4 application's does). A failed look (no
+        IAM permission on it, say) only leaves such workers unseen: it is logged, never fatal."""
+        try:
+            response = self._retried(
+                f"describe {self._table!r}",
+                lambda: self._call("DescribeTable", tolerate=frozenset({_MISSING})),
+            )
+        except KclpySparkError as exc:
+            log.warning("KCL 3.0-3.4 workers go unseen: %s", exc)
+            response = None
+        self.present = response is not None
+
+    def sightings(self) -> list[KclWorkerSighting]:
+        """Every worker in the table (none if it is absent, or was deleted since the probe)."""
+        if not self.present:
+            return []
+
+        def attempt() -> list[KclWorkerSighting]:
+            items = self._pages("Scan", ConsistentRead=False)
+            found = (kcl_worker_of(i, METRICS_TABLE_KEY) for i in items)
+            return [s for s in found if s is not None]
+
+        try:
+            return self._retried(f"scan {self._table!r}", attempt)
+        except ResourceNotFoundError:  # the KCL fleet is gone and its table with it
+            self.present = False
+        except KclpySparkError as exc:  # a round without them: a steal is then a KCL 2.x take
+            log.warning("KCL 3.0-3.4 workers unseen this round: %s", exc)
+        return []
