@@ -2,7 +2,7 @@
 table, under a steady producer: how long a lease is unread when a worker of one kind stops or
 dies and one of the other kind takes over, and how many records are delivered twice.
 
-    .venv/bin/python bench/bench_kcl_rs_fleet.py [--rate 20] [--no-write]
+    .venv/bin/python bench/bench_kcl_rs_fleet.py [--rate 20] [--no-write] [--no-steal-from-kcl]
 
 As users run them: kclpy-spark by its CLI and a config file (default timing, failover_time 10 s,
 the sample JSON-lines processor, a checkpoint after every batch and in ``shutdown_requested``),
@@ -41,8 +41,8 @@ KCL_RS = REPO / "tests" / "integration" / "kcl_rs_worker.py"
 SETTLE = 8.0  # after the leases settle: a worker that lost one stops reading it
 
 
-def config(app: str) -> str:
-    return f"""
+def config(app: str, extra: str = "") -> str:
+    return f"""{extra}
 application_name = "{app}"
 stream_name = "{app}"
 endpoint_url = "{ENDPOINT}"
@@ -56,10 +56,10 @@ processor = "kclpy_spark.demo.samples:JsonLinesProcessor"
 class Run:
     """One application's workers of both kinds, their outputs and the events between them."""
 
-    def __init__(self, work: Path, app: str) -> None:
+    def __init__(self, work: Path, app: str, extra: str = "") -> None:
         self.work, self.app = work, app
         cfg = work / "worker.toml"
-        cfg.write_text(config(app))
+        cfg.write_text(config(app, extra))
         self.ours = Fleet(work, cfg)
         self.ours.env["KCLPY_SPARK_SAMPLE_OUTPUT"] = str(work / "out-ours")
         self.rust: dict[str, subprocess.Popen[bytes]] = {}
@@ -155,7 +155,7 @@ def step(
     print(f"{name}: done", flush=True)
 
 
-def scenario(run: Run, rate: float) -> dict[str, Any]:
+def scenario(run: Run, rate: float, migration_only: bool = False) -> dict[str, Any]:
     kinesis = _kinesis()
     kinesis.create_stream(StreamName=run.app, ShardCount=2)
     kinesis.get_waiter("stream_exists").wait(StreamName=run.app)
@@ -175,38 +175,39 @@ def scenario(run: Run, rate: float) -> dict[str, Any]:
         return {k for k, o in run.owners().items() if o == worker}
 
     try:
-        run.start_ours("ours-a")
-        wait_for("ours-a's leases", lambda: run.settled({"ours-a"}), 120)
-        run.start_rust("rust-a")
-        wait_for("one lease each", lambda: run.settled({"ours-a", "rust-a"}), 180)
-        time.sleep(SETTLE)
+        if not migration_only:  # without steals from kcl-rs, a joining worker waits
+            run.start_ours("ours-a")
+            wait_for("ours-a's leases", lambda: run.settled({"ours-a"}), 120)
+            run.start_rust("rust-a")
+            wait_for("one lease each", lambda: run.settled({"ours-a", "rust-a"}), 180)
+            time.sleep(SETTLE)
 
-        def sigterm_ours() -> set[str]:
-            moved = held_by("ours-a")
-            run.ours.procs.pop("ours-a").send_signal(signal.SIGTERM)
-            return moved
+            def sigterm_ours() -> set[str]:
+                moved = held_by("ours-a")
+                run.ours.procs.pop("ours-a").send_signal(signal.SIGTERM)
+                return moved
 
-        step(run, "SIGTERM kclpy-spark -> kcl-rs", sigterm_ours, {"rust-a"}, rust_pids, results)
-        run.start_ours("ours-b")
-        wait_for("one lease each again", lambda: run.settled({"ours-b", "rust-a"}), 180)
-        time.sleep(SETTLE)
+            step(run, "SIGTERM kclpy-spark -> kcl-rs", sigterm_ours, {"rust-a"}, rust_pids, results)
+            run.start_ours("ours-b")
+            wait_for("one lease each again", lambda: run.settled({"ours-b", "rust-a"}), 180)
+            time.sleep(SETTLE)
 
-        def kill_ours() -> set[str]:
-            moved = held_by("ours-b")
-            run.ours.kill9("ours-b")
-            return moved
+            def kill_ours() -> set[str]:
+                moved = held_by("ours-b")
+                run.ours.kill9("ours-b")
+                return moved
 
-        step(run, "kill -9 kclpy-spark -> kcl-rs", kill_ours, {"rust-a"}, rust_pids, results)
-        run.start_ours("ours-c")
-        wait_for("one lease each, a third time", lambda: run.settled({"ours-c", "rust-a"}), 180)
-        time.sleep(SETTLE)
+            step(run, "kill -9 kclpy-spark -> kcl-rs", kill_ours, {"rust-a"}, rust_pids, results)
+            run.start_ours("ours-c")
+            wait_for("one lease each, a third time", lambda: run.settled({"ours-c", "rust-a"}), 180)
+            time.sleep(SETTLE)
 
-        def kill_rust() -> set[str]:
-            moved = held_by("rust-a")
-            run.stop_rust("rust-a", signal.SIGKILL)
-            return moved
+            def kill_rust() -> set[str]:
+                moved = held_by("rust-a")
+                run.stop_rust("rust-a", signal.SIGKILL)
+                return moved
 
-        step(run, "kill -9 kcl-rs -> kclpy-spark", kill_rust, {"ours-c"}, ours_pids, results)
+            step(run, "kill -9 kcl-rs -> kclpy-spark", kill_rust, {"ours-c"}, ours_pids, results)
         # the rolling migration: three kcl-rs workers, replaced one by one
         run.ours.stop_all()
         for i in range(3):
@@ -259,10 +260,11 @@ def timeline(run: Run) -> list[str]:
     return lines
 
 
-def report(results: dict[str, Any], rate: float) -> str:
+def report(results: dict[str, Any], rate: float, extra: str) -> str:
     rows = [(k, v) for k, v in results.items() if isinstance(v, list) and k != "timeline"]
     lines = [
         f"# kclpy-spark and kcl-rs on one lease table ({stamp()})", "", machine(), "",
+        f"kclpy-spark settings beyond the defaults: `{extra or 'none'}`.", "",
         f"Producer {rate:g} records/s on 2 shards; {results['sent']} records sent, "
         f"{results['twice']} delivered twice, {results['lost']} never delivered.", "",
         "| step | per lease it moved: the longest time (s) no record of it was processed, "
@@ -279,15 +281,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=20.0)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument(
+        "--no-steal-from-kcl",
+        action="store_true",
+        help="steal_from_kcl_workers = false (as docs/migration.md advises)",
+    )
     args = parser.parse_args()
+    extra = "steal_from_kcl_workers = false" if args.no_steal_from_kcl else ""
     work = Path("/tmp") / f"bench-kcl-rs-{uuid.uuid4().hex[:8]}"
     work.mkdir()
-    run = Run(work, f"bench-kcl-rs-{uuid.uuid4().hex[:8]}")
+    run = Run(work, f"bench-kcl-rs-{uuid.uuid4().hex[:8]}", extra)
     try:
-        results = scenario(run, args.rate)
+        results = scenario(run, args.rate, migration_only=bool(extra))
     finally:
         run.stop()
-    text = report(results, args.rate)
+    text = report(results, args.rate, extra)
     print(text)
     if not args.no_write:
         print(f"wrote {write_results('kcl_rs_fleet.md', text)}")

@@ -82,6 +82,10 @@ class WorkerConfig:
     # Balancing moves (and SIGTERM) go by the KCL 3.x graceful handoff, forced after
     # handoff_timeout s. False: the KCL 2.x steal (records since the checkpoint come again).
     graceful_handoff: bool = True
+    # False: never steal from a worker that does not follow hand-offs (a KCL 2.x worker, kcl-rs;
+    # KCL 3.x workers with a metrics entity and ours do): its leases come only when released or
+    # expired, so moving a fleet over delivers nothing twice; balance then rests on its steals.
+    steal_from_kcl_workers: bool = True
     # "worker": every worker scans and takes its share (the KCL 2.x rule, with the handoff).
     # "leader": the shard-sync leader scans and assigns; the others Query the owner index.
     # "auto": "worker" until the leader sees at least auto_assignment_leases open leases and

@@ -2,11 +2,10 @@
 what this worker has seen of each lease's counter (``LeaseObserver``), and a conditional take of
 each lease it names; a lease taken gets its shard consumer.
 
-A steal from a kclpy-spark worker is a graceful handoff (``graceful_handoff``, the default): the
-table names us as the new owner and the old one as checkpoint owner, whose processor checkpoints in
-``shutdown_requested`` and completes the handoff; we take the lease then, looking at it every
-``HANDOFF_POLL`` seconds meanwhile. A lease the table says is ours with no handoff pending and that
-we do not hold (handed to us by a stopping worker) is taken in the next round.
+A steal from a worker that follows hand-offs (``kclpy``) is a graceful handoff: the table names
+us as owner and the old one as checkpoint owner, whose processor checkpoints in
+``shutdown_requested`` and completes it; we take the lease then (looking every ``HANDOFF_POLL``
+s). A lease handed to us by a stopping worker (ours, not held) is taken in the next round.
 
 Between rounds, a lease of another worker is read once more at the moment it would expire unless
 its counter moved (``LeaseObserver.next_check``, dated by write stamps); if it did not move, the
@@ -20,7 +19,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from checkpoint import coordination
 from checkpoint.base.errors import KclpySparkError
@@ -37,7 +36,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 Io = Callable[..., Awaitable[Any]]
 
 HANDOFF_POLL = 0.5
@@ -169,7 +167,10 @@ class Taker:
                 return
             if lease.lease_key in w.consumers:
                 continue
-            if lease in plan.steal and w.cfg.graceful_handoff and self.kclpy(lease.lease_owner):
+            follows = self.kclpy(lease.lease_owner)  # hand-offs; else a steal is the 2.x take
+            if lease in plan.steal and not (follows or w.cfg.steal_from_kcl_workers):
+                continue
+            if lease in plan.steal and w.cfg.graceful_handoff and follows:
                 await self.ask_handoff(lease, w.cfg.worker_id)
             else:
                 await self.take(lease, how="stole" if lease in plan.steal else "took")

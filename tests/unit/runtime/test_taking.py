@@ -578,3 +578,27 @@ def test_a_round_counts_kcl3_workers_and_asks_them_for_hand_offs() -> None:
     asked = [x for x in table.list_leases() if x.lease_owner == ME]
     assert len(asked) == 1 and asked[0].checkpoint_owner == "kcl3-a"  # asked, not taken
     assert not w.consumers
+
+
+@pytest.mark.parametrize("follows", [False, True])
+def test_steal_from_kcl_workers_off_leaves_only_the_workers_that_do_not_follow_hand_offs(
+    follows: bool,
+) -> None:
+    """``steal_from_kcl_workers = false`` (moving a fleet over with nothing twice): no steal from
+    a KCL 2.x worker or kcl-rs; a worker that follows hand-offs is still asked, and a free lease
+    is still taken."""
+    clock = ManualClock()
+    table = MemoryLeaseTable(clock)
+    for i in range(4):
+        put(table, f"p{i}", lease_owner="peer")
+    put(table, "free")
+    if follows:
+        status(table, "peer", clock.wall() - 1.0)
+    w = round_worker(table, clock)
+    w.cfg = WorkerConfig(stream_name="s", worker_id=ME, steal_from_kcl_workers=False)
+    taker = Taker(w, io)
+    asyncio.run(taker.round())  # a free lease first (the KCL steals only when none is free)
+    asyncio.run(taker.round())  # then a steal, or none
+    assert set(w.consumers) == {"free"}
+    asked = [x for x in table.list_leases() if x.lease_owner == ME and x.lease_key != "free"]
+    assert [x.checkpoint_owner for x in asked] == (["peer"] if follows else [])
