@@ -129,11 +129,11 @@ class Taker:
         return self._observer
 
     def interval(self) -> float:
-        """How long to wait between rounds: a led worker looks for what it was assigned every
-        renewal interval (its share of a dead worker's leases starts within it)."""
-        if self.led is not None and self.led.role() == "led":
-            return self._w.timing.renew_interval
-        return self._w.timing.take_interval
+        """Between rounds: a renewal interval when led (assigned leases start within it) or beside
+        a KCL worker (its unstamped renewals are dated by the scan that sees them), else more."""
+        t, foreign = self._w.timing, any(o not in self._ours for o in self._live)
+        led = self.led is not None and self.led.role() == "led"
+        return min(t.take_interval, t.renew_interval) if led or foreign else t.take_interval
 
     async def round(self) -> None:
         """One round: led (``lease_assignment = "leader"``, or ``"auto"`` in a large fleet), the

@@ -602,3 +602,26 @@ def test_steal_from_kcl_workers_off_leaves_only_the_workers_that_do_not_follow_h
     assert set(w.consumers) == {"free"}
     asked = [x for x in table.list_leases() if x.lease_owner == ME and x.lease_key != "free"]
     assert [x.checkpoint_owner for x in asked] == (["peer"] if follows else [])
+
+
+@pytest.mark.parametrize(("stamped", "renew_cadence"), [(True, False), (False, True)])
+def test_rounds_come_every_renewal_interval_beside_a_worker_whose_writes_carry_no_stamp(
+    stamped: bool, renew_cadence: bool
+) -> None:
+    """A KCL worker's renewals carry no write stamp: the observer dates them by the scan that
+    sees them, so scans come as often as renewals while one holds leases (a dead one's leases
+    then move about a failover time after its last renewal, not up to a take interval more)."""
+    clock = ManualClock()
+    table = MemoryLeaseTable(clock)
+    for i in range(2):
+        put(table, f"p{i}", lease_owner="peer")
+    if stamped:  # a kclpy-spark peer: our stores stamp its writes
+        for lease in table.list_leases():
+            table.renew_lease(lease)
+    w = round_worker(table, clock)
+    taker = Taker(w, io)
+    assert taker.interval() == w.timing.take_interval  # nobody seen yet
+    asyncio.run(taker.round())
+    expected = w.timing.renew_interval if renew_cadence else w.timing.take_interval
+    assert taker.interval() == expected
+    assert w.timing.renew_interval < w.timing.take_interval
