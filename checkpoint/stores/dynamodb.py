@@ -120,8 +120,7 @@ class DynamoDBLeaseTable(DynamoCalls):
         # ago; every decision taken from one is a write conditional on the counter it saw (a stale
         # one loses), and the observer dates an older counter no earlier than it saw the newer one,
         # so staleness can delay a take but never make a live lease look expired.
-        items = self._pages("Scan", ConsistentRead=False)
-        return [codec.lease_from_item(i) for i in items if codec.is_lease_item(i)]
+        return _leases_in(list(self._pages("Scan", ConsistentRead=False)))
 
     def scan_table(self, record_prefix: str) -> TableScan:
         """``list_leases``'s Scan (which also yields the KCL 3.x workers' metrics entities), one
@@ -129,8 +128,7 @@ class DynamoDBLeaseTable(DynamoCalls):
 
         def attempt() -> tuple[list[Lease], list[KclWorkerSighting]]:
             items = list(self._pages("Scan", ConsistentRead=False))  # as list_leases
-            leases = [codec.lease_from_item(i) for i in items if codec.is_lease_item(i)]
-            return leases, [s for s in map(kcl_worker_of, items) if s is not None]
+            return _leases_in(items), [s for s in map(kcl_worker_of, items) if s is not None]
 
         leases, workers = self._retried(f"list leases in {self._table!r}", attempt)
         workers += self.kcl_metrics.sightings()  # KCL 3.0-3.4's table, if there is one
@@ -349,3 +347,8 @@ class DynamoDBLeaseTable(DynamoCalls):
 
     def put_record(self, record: CoordinationRecord, expected_version: int | None) -> bool:
         return self.records.put_record(record, expected_version)
+
+
+def _leases_in(items: list[dict[str, Any]]) -> list[Lease]:
+    """The leases among a Scan's items (the KCL's other entities skipped)."""
+    return [codec.lease_from_item(i) for i in items if codec.is_lease_item(i)]

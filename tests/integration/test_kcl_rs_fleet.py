@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,9 @@ def test_a_kcl_rs_worker_beside_ours_through_sigterm_a_split_and_kill9(
     def processed() -> list[dict[str, Any]]:
         return read_output(tmp_path / "out-ours") + read_output(tmp_path / "out-kcl-rs")
 
+    def every_record_processed() -> bool:
+        return {int(r["data"]) for r in processed()} >= set(produced)
+
     with fleet(tmp_path, _config(unique_name, localstack_endpoint), tmp_path / "out-ours") as f:
         f.start("kclpy-a")
         wait_for("kclpy-spark's leases", lambda: _owners(table) == {"kclpy-a"}, 60)
@@ -120,8 +124,7 @@ def test_a_kcl_rs_worker_beside_ours_through_sigterm_a_split_and_kill9(
         finally:
             stop.set()
             producer.join()
-        wait_for("every record processed",
-                 lambda: {int(r["data"]) for r in processed()} >= set(produced), 60)  # fmt: skip
+        wait_for("every record processed", every_record_processed, 60)
         # kcl-rs's own shard only by kcl-rs; the other by kclpy-spark until the hand-over
         assert {r["pid"] for r in processed() if r["shard"] in rust_shards} == {rust.pid}
         assert {r["pid"] for r in read_output(tmp_path / "out-ours")} == {
@@ -133,8 +136,7 @@ def test_a_kcl_rs_worker_beside_ours_through_sigterm_a_split_and_kill9(
         ours = {r["shard"] for r in read_output(tmp_path / "out-ours")}
         later = [r for r in read_output(tmp_path / "out-kcl-rs") if r["t"] > sigterm]
         gap = min((r["t"] for r in later if r["shard"] in ours), default=float("nan")) - sigterm
-        numbers = sorted(int(r["data"]) for r in processed())
-        twice = sorted({n for n in numbers if numbers.count(n) > 1})
+        twice = _twice(processed())
         print(
             f"kcl-rs held the lease {took:.1f}s after the SIGTERM, processed its first record "
             f"{gap:.1f}s after; {len(twice)} records twice"
@@ -160,15 +162,19 @@ def test_a_kcl_rs_worker_beside_ours_through_sigterm_a_split_and_kill9(
         finally:
             stop.set()
             producer.join()
-        wait_for("every record processed",
-                 lambda: {int(r["data"]) for r in processed()} >= set(produced), 60)  # fmt: skip
+        wait_for("every record processed", every_record_processed, 60)
         last_of_parent = max(r["t"] for r in processed() if r["shard"] == parent)
         for child in children:
             first = min((r["t"] for r in processed() if r["shard"] == child), default=None)
             assert first is None or first > last_of_parent, (child, first, last_of_parent)
-        numbers = sorted(int(r["data"]) for r in processed())
-        twice = {n for n in numbers if numbers.count(n) > 1}
+        twice = _twice(processed())
         print(f"after the join, split and kill -9: {len(produced)} records, {len(twice)} twice")
+
+
+def _twice(records: list[dict[str, Any]]) -> list[int]:
+    """The record numbers processed more than once, sorted."""
+    counts = Counter(int(r["data"]) for r in records)
+    return sorted(n for n, times in counts.items() if times > 1)
 
 
 def _owners(table: DynamoDBLeaseTable, *, open_only: bool = False) -> set[str | None]:
