@@ -116,5 +116,53 @@ class CpuMeter:
         return self._now() - self._began
 
 
+class CpuTrace:
+    """Another process's CPU seconds sampled every ``every`` s in a thread (with ``time.time()``),
+    so the CPU it used between two wall-clock instants another process reported can be read."""
+
+    def __init__(self, pid: int, every: float = 0.05) -> None:
+        import threading
+
+        self._meter = CpuMeter(pid)
+        self._every = every
+        self._samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._samples.append((time.time(), self._meter._now()))
+            self._stop.wait(self._every)
+
+    def __enter__(self) -> CpuTrace:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def samples(self) -> list[tuple[float, float]]:
+        return list(self._samples)
+
+    def between(self, start: float, end: float) -> float:
+        """CPU seconds from ``start`` to ``end`` (epoch seconds)."""
+        return cpu_between(self.samples, start, end)
+
+
+def cpu_between(samples: Sequence[tuple[float, float]], start: float, end: float) -> float:
+    """CPU seconds used from ``start`` to ``end``, from ``(time, cumulative CPU)`` samples in time
+    order, each end interpolated linearly between the samples around it (held flat outside)."""
+
+    def at(when: float) -> float:
+        before = [s for s in samples if s[0] <= when] or list(samples[:1])
+        after = [s for s in samples if s[0] >= when] or list(samples[-1:])
+        (t0, c0), (t1, c1) = before[-1], after[0]
+        return c0 if t1 <= t0 else c0 + (c1 - c0) * (when - t0) / (t1 - t0)
+
+    return at(end) - at(start)
+
+
 def wall() -> float:
     return time.perf_counter()

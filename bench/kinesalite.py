@@ -44,15 +44,24 @@ _LAUNCHER = """
 const kinesalite = require(process.argv[1]);
 const server = kinesalite({createStreamMs: 0, deleteStreamMs: 0, updateStreamMs: 0,
                            shardLimit: 1000});
+if (process.argv[3] === 'log-reads') {
+  server.on('request', (req) => {
+    if (req.headers['x-amz-target'] === 'Kinesis_20131202.GetRecords') {
+      console.log('GetRecords at ' + Date.now());
+    }
+  });
+}
 server.listen(Number(process.argv[2]), '127.0.0.1', () => {
   console.log('kinesalite listening on port ' + server.address().port);
 });
 """
 
 
-def _drain(stream: IO[str]) -> None:
-    for _ in stream:
-        pass
+def _drain(stream: IO[str], reads: list[float]) -> None:
+    for line in stream:
+        found = re.match(r"GetRecords at (\d+)", line)
+        if found:
+            reads.append(int(found.group(1)) / 1000)
 
 
 def module_dir() -> Path:
@@ -81,8 +90,13 @@ def ensure_installed() -> Path:
 class Kinesalite:
     """A kinesalite process on 127.0.0.1 (in memory); a context manager that stops it on exit."""
 
-    def __init__(self, port: int = 0, *, max_old_space_mb: int = 4096) -> None:
+    def __init__(
+        self, port: int = 0, *, max_old_space_mb: int = 4096, log_reads: bool = False
+    ) -> None:
         self._port = port
+        self._log_reads = log_reads
+        # With ``log_reads``: the epoch time each GetRecords request arrived (appended by a thread).
+        self.read_times: list[float] = []
         self._heap = max_old_space_mb
         self.proc: subprocess.Popen[str] | None = None
         self.endpoint = ""
@@ -94,7 +108,7 @@ class Kinesalite:
             raise RuntimeError("node is needed to run kinesalite")
         self.proc = subprocess.Popen(
             [node, f"--max-old-space-size={self._heap}", "-e", _LAUNCHER, str(module),
-             str(self._port)],
+             str(self._port), "log-reads" if self._log_reads else ""],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         assert self.proc.stdout is not None
@@ -107,7 +121,9 @@ class Kinesalite:
             if found:
                 self.endpoint = f"http://127.0.0.1:{found.group(1)}"
                 # Keep reading what it prints so a full pipe never blocks it.
-                threading.Thread(target=_drain, args=(self.proc.stdout,), daemon=True).start()
+                threading.Thread(
+                    target=_drain, args=(self.proc.stdout, self.read_times), daemon=True
+                ).start()
                 return self.endpoint
         self.stop()
         raise RuntimeError("kinesalite did not start")

@@ -31,10 +31,17 @@ class Tally:
         self._result = Path(os.environ["RACE_RESULT"])
         self.read_data = os.environ.get("RACE_READ_DATA") == "1"
         self._done = False
+        # $RACE_TRACE = a path: one line per batch (time, thread, records) for gap analysis.
+        trace = os.environ.get("RACE_TRACE")
+        self._trace = Path(trace).open("a") if trace else None  # noqa: SIM115 (open for life)
 
     def add(self, records: Sequence[Any]) -> None:
         size = sum(len(r.binary_data) for r in records) if self.read_data else 0
         with self._lock:
+            if self._trace is not None:
+                now = time.time()
+                self._trace.write(f"{now:.4f} {threading.current_thread().name} {len(records)}\n")
+                self._trace.flush()
             if self._first is None:
                 self._first = (time.time(), _cpu())
             self._count += len(records)

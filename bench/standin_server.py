@@ -29,7 +29,8 @@ as Kinesis documents it ("if a call returns 10 MiB, calls made within the next 5
 throw"), answering ProvisionedThroughputExceededException (HTTP 400).
 
 Records served are counted; ``GET /_standin/stats`` answers ``{"records": N, "calls": N,
-"throttled": N}``. Requests are not authenticated (signatures are not checked). Loopback only.
+"throttled": N, "first_read": epoch seconds of the first GetRecords or null}``.
+Requests are not authenticated (signatures are not checked). Loopback only.
 
     python bench/standin_server.py --body .cache/bench/getrecords-10000.json [--port 0]
 
@@ -151,6 +152,7 @@ class StandIn:
         self.page_bytes = records_bytes(records)
         self.records = 0
         self.calls = 0
+        self.first_read: float | None = None  # epoch seconds of the first GetRecords
         self.shard_ids = [f"shardId-{i:012d}" for i in range(shards)]
         step = 2**128 // shards
         listing = [
@@ -215,6 +217,8 @@ class StandIn:
         """The response body chunks for one call (Refused: over the shard's read limits)."""
         operation = target.rpartition(".")[2]
         if operation == "GetRecords":
+            if self.first_read is None:
+                self.first_read = time.time()
             found = _SHARD_ID.search(request.decode("utf-8", "replace"))
             shard = found.group(1) if found else "shard"
             limits = self._limits(shard)
@@ -287,7 +291,8 @@ async def _serve_connection(
             body = await reader.readexactly(int(headers.get("content-length", "0")))
             if method == "GET" and path.startswith("/_standin/stats"):
                 stats = json.dumps({"records": standin.records, "calls": standin.calls,
-                                    "throttled": standin.throttled}).encode()  # fmt: skip
+                                    "throttled": standin.throttled,
+                                    "first_read": standin.first_read}).encode()  # fmt: skip
                 writer.writelines([_head("200 OK", len(stats), "application/json"), stats])
             else:
                 try:
