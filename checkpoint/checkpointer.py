@@ -114,6 +114,7 @@ class Checkpointer:
         retry_policy: RetryPolicy = CHECKPOINT_RETRY,
         sleep: Callable[[float], None] = time.sleep,
         on_write: Callable[[float], None] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._on_write = on_write  # told the seconds each successful checkpoint write took
         self._holder = holder
@@ -125,6 +126,7 @@ class Checkpointer:
         self._written: ExtendedSequenceNumber | None = None  # the last checkpoint this one wrote
         self._retry_policy = retry_policy
         self._sleep = sleep
+        self._monotonic = monotonic  # times each write for ``on_write``
         self._lock = threading.Lock()
 
     # --- what the worker tells the checkpointer ---------------------------------------------------
@@ -285,7 +287,7 @@ class Checkpointer:
 
     def _run(self, attempt: Callable[[], None]) -> None:
         """The retry loop outside; maps what is left to kclpy's CheckpointError values."""
-        started = time.monotonic()
+        started = self._monotonic()
         try:
             call_with_retry(
                 attempt,
@@ -302,7 +304,7 @@ class Checkpointer:
         except KclpySparkError as exc:
             raise CheckpointError(DEPENDENCY, str(exc)) from exc
         if self._on_write is not None:
-            self._on_write(time.monotonic() - started)
+            self._on_write(self._monotonic() - started)
 
     def _write(self, write: Callable[[Lease], Lease | None]) -> None:
         """One conditional write through the holder; a refusal or a lost write is a lost lease.

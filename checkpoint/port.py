@@ -27,10 +27,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from checkpoint.lease import Lease
 from checkpoint.sequence import ExtendedSequenceNumber
+
+if TYPE_CHECKING:
+    from checkpoint.stores.capacity import CapacityMeter
 
 
 @dataclass(frozen=True)
@@ -185,3 +188,19 @@ class CoordinationStore(Protocol):
         """Write ``record`` if the stored version equals ``expected_version`` (None: if absent).
         The stored version becomes ``record.version``. True if it won."""
         ...
+
+
+@runtime_checkable
+class MetersCapacity(Protocol):
+    """A store that counts the read and write units its calls consumed (the DynamoDB store)."""
+
+    @property
+    def capacity(self) -> CapacityMeter: ...
+
+
+@runtime_checkable
+class CountsConnections(Protocol):
+    """A store that holds a pool of open connections (the SQLite store)."""
+
+    @property
+    def open_connections(self) -> int: ...

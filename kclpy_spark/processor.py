@@ -329,6 +329,22 @@ class IdleAware(Protocol):
     def no_records(self) -> MaybeAwaitable: ...
 
 
+@runtime_checkable
+class ReportsReadiness(Protocol):
+    """A processor factory that can make its worker not ready (the Spark sink's, while its
+    writes hang); the worker asks it after its own checks passed."""
+
+    def readiness(self) -> tuple[bool, str]: ...
+
+
+@runtime_checkable
+class ExportsMetrics(Protocol):
+    """A processor factory with figures of its own (the Spark sink's): a Prometheus collector
+    the worker registers beside its metrics."""
+
+    def metrics_collector(self) -> Any: ...
+
+
 def is_async(method: Callable[..., object]) -> bool:
     """True if calling ``method`` returns a coroutine to await (an ``async def`` function or bound
     method, a ``functools.partial`` of one, or an object with an ``async def __call__``).

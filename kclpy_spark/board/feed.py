@@ -12,26 +12,40 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from checkpoint import coordination
+from checkpoint.base.clock import Clock
 from checkpoint.lease import Lease
+from checkpoint.leasing.timing import LeaseTiming
 from kclpy_spark.board.model import Board
-from kclpy_spark.runtime.publish import status_payload
 
 if TYPE_CHECKING:
-    from kclpy_spark.runtime.worker import Worker
+    from kclpy_spark.config import WorkerConfig
+    from kclpy_spark.runtime.lease_store import LeaseStore
 
 Io = Callable[..., Awaitable[Any]]
 
 
 class WorkerBoard:
-    def __init__(self, worker: Worker, io: Io, *, refresh: float = 10.0) -> None:
-        self._w = worker
+    """The status page's model for one worker. ``own_status(now_wall)`` is the worker's status
+    payload as it would publish it now; ``suspended()`` whether it is suspended."""
+
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        store: LeaseStore,
+        clock: Clock,
+        timing: LeaseTiming,
+        io: Io,
+        own_status: Callable[[float], dict[str, Any]],
+        suspended: Callable[[], bool],
+        *,
+        refresh: float = 10.0,
+    ) -> None:
+        self._cfg, self._store, self._clock, self._timing = cfg, store, clock, timing
         self._io = io  # runs a lease-table call on the worker's lease executor
+        self._own_status = own_status
+        self._suspended = suspended
         self._refresh = refresh
-        self.board = Board(
-            worker.cfg.application_name,
-            worker.cfg.stream,
-            worker_ttl=3 * worker.timing.lease_duration,
-        )
+        self.board = Board(cfg.application_name, cfg.stream, worker_ttl=3 * timing.lease_duration)
         self._leases: Sequence[Lease] = ()
         self._scanned = -math.inf
         self._others: dict[str, dict[str, Any]] = {}
@@ -41,30 +55,27 @@ class WorkerBoard:
     def on_scan(self, leases: Sequence[Lease]) -> None:
         """The taker scanned the table: a new look, with no request of its own."""
         self._leases = leases
-        self._scanned = self._w.clock.monotonic()
+        self._scanned = self._clock.monotonic()
         self._observe()
 
     def _observe(self) -> None:
-        w = self._w
-        now_wall = w.clock.wall()
-        fresh = w.clock.monotonic() - self._others_read <= 3 * self._refresh
+        now_wall, me = self._clock.wall(), self._cfg.worker_id
+        fresh = self._clock.monotonic() - self._others_read <= 3 * self._refresh
         statuses: dict[str, Any] = dict(self._others) if fresh else {}
-        own = status_payload(w, now_wall)
-        statuses[w.cfg.worker_id] = {**own, "updated_at": now_wall, "worker_id": w.cfg.worker_id}
-        self.board.observe(self._leases, statuses, now_wall, suspended=w.suspended)
+        statuses[me] = {**self._own_status(now_wall), "updated_at": now_wall, "worker_id": me}
+        self.board.observe(self._leases, statuses, now_wall, suspended=self._suspended())
 
     async def snapshot(self) -> dict[str, Any]:
         async with self._lock:
-            w = self._w
-            now = w.clock.monotonic()
-            if now - self._scanned > 2 * w.timing.take_interval:
-                self._leases = await self._io(w.store.list_leases)
+            now = self._clock.monotonic()
+            if now - self._scanned > 2 * self._timing.take_interval:
+                self._leases = await self._io(self._store.list_leases)
                 self._scanned = now
             if now - self._others_read > self._refresh:
                 owners = {x.lease_owner for x in self._leases if x.lease_owner}
-                owners.discard(w.cfg.worker_id)
+                owners.discard(self._cfg.worker_id)
                 self._others = {
-                    o: await self._io(coordination.worker_status, w.store, o)
+                    o: await self._io(coordination.worker_status, self._store, o)
                     for o in sorted(owners)
                 }
                 self._others_read = now

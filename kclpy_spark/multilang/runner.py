@@ -34,7 +34,7 @@ from kclpy_spark.multilang.inprocess import processor_factory
 from kclpy_spark.multilang.properties import PropertiesConfig, load_properties
 from kclpy_spark.multilang.subprocess_processor import SubprocessProcessor
 from kclpy_spark.processor import RecordProcessor
-from kclpy_spark.runtime.worker import ProcessorFactory
+from kclpy_spark.runtime.consumer import ProcessorFactory
 
 log = logging.getLogger(__name__)
 

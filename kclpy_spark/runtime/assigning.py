@@ -35,8 +35,8 @@ does not assign, three (leadership then only syncs shards).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from checkpoint.base.clock import Clock
 from checkpoint.base.errors import InvalidStateError
@@ -48,8 +48,9 @@ from kclpy_spark.config import WorkerConfig
 from shard_sync.leader import LeaderElection
 
 if TYPE_CHECKING:
-    from kclpy_spark.runtime.taking import Taker
-    from kclpy_spark.runtime.worker import Worker
+    from checkpoint.leasing.cpu_load import FleetCpu
+    from checkpoint.leasing.observer import LeaseObserver, ObservedScan
+    from kclpy_spark.runtime.lease_worker import LeaseWorker
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +72,30 @@ DECLINED_FOR = 30.0
 NO_INDEX_RETRY = 300.0
 
 
+class LedTaker(Protocol):
+    """What the leader-assignment roles use of their worker's taker (``taking.Taker``)."""
+
+    @property
+    def worker(self) -> LeaseWorker: ...
+    @property
+    def observer(self) -> LeaseObserver: ...
+    @property
+    def running(self) -> dict[str, float]: ...
+    @property
+    def cpu(self) -> FleetCpu: ...
+    @property
+    def io(self) -> Callable[..., Awaitable[Any]]: ...
+    async def scan(self) -> ObservedScan | None: ...
+    async def adopt(self, leases: list[Lease]) -> None: ...
+    def running_here(self, key: str) -> bool: ...
+    async def ask_handoff(self, lease: Lease, to: str) -> bool: ...
+    async def take(self, lease: Lease, *, how: str) -> None: ...
+
+
 class Led:
     """The leader-assignment roles of one worker's taker."""
 
-    def __init__(self, taker: Taker) -> None:
+    def __init__(self, taker: LedTaker) -> None:
         self._t = taker
         self._suspects = Suspects()
         self._role = "worker"
@@ -272,7 +293,7 @@ class AssignmentHint:
     def __init__(self) -> None:
         self.given = False
 
-    def after_scan(self, w: Worker, running: Iterable[str], leases: int) -> None:
+    def after_scan(self, w: LeaseWorker, running: Iterable[str], leases: int) -> None:
         if self.given or w.caught_up is not None:  # a job takes as every worker does anyway
             return
         workers = len(set(running) | {w.cfg.worker_id})

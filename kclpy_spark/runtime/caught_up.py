@@ -42,6 +42,7 @@ class CaughtUp:
     done: set[str] = field(default_factory=set)
     failed: dict[str, str] = field(default_factory=dict)  # lease key -> why
     initial: frozenset[str] | None = None  # the lease keys of the first scan
+    complete: bool = False  # every lease done or failed: the worker stops (the taker sets it)
 
     def reached(self, batch: FetchedBatch) -> bool:
         """Whether ``batch`` (delivered, not a shard end) shows its shard caught up."""

@@ -172,7 +172,7 @@ def _job_result(worker: Worker) -> None:
         first, why = sorted(job.failed.items())[0]
         more = f" (and {len(job.failed) - 1} more)" if len(job.failed) > 1 else ""
         raise NotCaughtUpError(f"not caught up: lease {first}: {why}{more}")
-    if not worker.caught_up_complete:
+    if not job.complete:
         raise NotCaughtUpError("stopped before every shard was caught up; run it again")
 
 

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from checkpoint import coordination
 
 if TYPE_CHECKING:
-    from kclpy_spark.runtime.worker import Worker
+    from checkpoint.base.clock import AsyncSleep, Clock
+    from checkpoint.leasing.timing import LeaseTiming
+    from kclpy_spark.config import WorkerConfig
+    from kclpy_spark.runtime.health import Health
+    from kclpy_spark.runtime.lease_store import LeaseStore
 
 log = logging.getLogger(__name__)
 
@@ -25,19 +29,37 @@ def duplicate_message(worker_id: str) -> str:
     )
 
 
-def note_duplicate(worker: Worker, other: str | None) -> None:
+def note_duplicate(health: Health, worker_id: str, other: str | None) -> None:
     """Tell health whether a status publish found another process under our id (logged once)."""
-    health = worker.health
     if other is None:
         health.duplicate_worker = None
         return
-    message = duplicate_message(worker.cfg.worker_id)
+    message = duplicate_message(worker_id)
     if health.duplicate_worker is None:
-        log.error("worker %s: %s", worker.cfg.worker_id, message)
+        log.error("worker %s: %s", worker_id, message)
     health.duplicate_worker = message
 
 
-async def unique_worker_id(worker: Worker, io: Io) -> None:
+class StartingWorker(Protocol):
+    """What the duplicate-id check reads of the starting worker (the worker is one)."""
+
+    @property
+    def cfg(self) -> WorkerConfig: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def timing(self) -> LeaseTiming: ...
+    @property
+    def store(self) -> LeaseStore: ...
+    @property
+    def instance(self) -> str: ...
+    @property
+    def sleep(self) -> AsyncSleep: ...
+    @property
+    def status_writer(self) -> coordination.StatusWriter: ...
+
+
+async def unique_worker_id(worker: StartingWorker, io: Io) -> None:
     """Raise DuplicateWorkerError if another live process publishes under ``worker``'s id. A
     record written lately by another instance may be a previous run that crashed: wait until
     that process would have written again, and look again; only a record that moved meanwhile

@@ -37,10 +37,12 @@ from prometheus_client.samples import Sample
 from checkpoint.base.errors import ConfigError
 from checkpoint.counters import CoordinationCounters
 from checkpoint.lease import split_lease_key, stream_name_of
+from checkpoint.port import CountsConnections, MetersCapacity
 from checkpoint.stores.capacity import CapacityMeter
 from kclpy_spark._version import __version__
 from kclpy_spark.board.routes import Snapshot, add_routes, host_guard
 from kclpy_spark.config import WorkerConfig
+from kclpy_spark.processor import ExportsMetrics
 from kclpy_spark.runtime.events import EventLog
 
 log = logging.getLogger(__name__)
@@ -306,8 +308,8 @@ def _sum(counter: Counter, shard: tuple[str, str] | None) -> float:
 def worker_metrics(
     cfg: WorkerConfig,
     counters: CoordinationCounters,
-    processor_factory: Any,
-    store: Any,
+    processor_factory: object,
+    store: object,
     events: EventLog,
 ) -> WorkerMetrics:
     """A worker's metrics: its own, the Spark sink's (when the processor factory has them) and
@@ -319,16 +321,12 @@ def worker_metrics(
         worker=cfg.worker_id,
         stream=cfg.stream_name or cfg.stream.rsplit("/", 1)[-1],
     )
-    extra = getattr(processor_factory, "metrics_collector", None)  # the Spark sink's figures
-    if callable(extra):
-        metrics.registry.register(extra())
-    meter = getattr(store, "capacity", None)  # the DynamoDB store's
-    if isinstance(meter, CapacityMeter):
-        metrics.registry.register(_CapacityCollector(meter))
-    counts_connections = hasattr(store, "open_connections")  # the SQLite store's pool
-    metrics.watch_resources(
-        (lambda: int(getattr(store, "open_connections", 0))) if counts_connections else None
-    )
+    if isinstance(processor_factory, ExportsMetrics):
+        metrics.registry.register(processor_factory.metrics_collector())
+    if isinstance(store, MetersCapacity):
+        metrics.registry.register(_CapacityCollector(store.capacity))
+    pool = store if isinstance(store, CountsConnections) else None
+    metrics.watch_resources((lambda: pool.open_connections) if pool is not None else None)
     return metrics
 
 

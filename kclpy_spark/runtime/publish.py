@@ -9,7 +9,8 @@ import json
 import logging
 import math
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -19,7 +20,15 @@ from kclpy_spark.board.model import SINK_FIGURES
 from kclpy_spark.runtime.identity import note_duplicate
 
 if TYPE_CHECKING:
-    from kclpy_spark.runtime.worker import Worker
+    from checkpoint.base.clock import Clock
+    from checkpoint.coordination import StatusWriter
+    from checkpoint.leasing.holder import LeaseHolder
+    from kclpy_spark.config import WorkerConfig
+    from kclpy_spark.runtime.cpu import CpuMeter
+    from kclpy_spark.runtime.events import EventLog
+    from kclpy_spark.runtime.health import Health
+    from kclpy_spark.runtime.metrics import WorkerMetrics
+    from shard_sync.leader import LeaderElection
 
 EVENTS_PUBLISHED = 10
 # ... of the last this many seconds: a quiet worker's record stays under 1 KB (one write unit
@@ -58,7 +67,44 @@ def sink_lanes(factory: object) -> dict[str, dict[str, Any]]:
     return lanes if isinstance(lanes, dict) else {}
 
 
-def status_payload(worker: Worker, now_wall: float) -> dict[str, Any]:
+class StatusSource(Protocol):
+    """What a worker's status payload is made of (the worker is one)."""
+
+    @property
+    def cfg(self) -> WorkerConfig: ...
+    @property
+    def processor_factory(self) -> object: ...
+    @property
+    def holder(self) -> LeaseHolder: ...
+    @property
+    def cpu(self) -> CpuMeter: ...
+    @property
+    def suspended(self) -> bool: ...
+    @property
+    def leader(self) -> LeaderElection: ...
+    @property
+    def events(self) -> EventLog: ...
+    @property
+    def timing(self) -> LeaseTiming: ...
+    @property
+    def metrics(self) -> WorkerMetrics: ...
+    def readiness(self) -> tuple[bool, str]: ...
+
+
+class StatusPublisher(StatusSource, Protocol):
+    """A worker that writes its status record at the cadence's rounds (the worker is one)."""
+
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def status_writer(self) -> StatusWriter: ...
+    @property
+    def status_cadence(self) -> StatusCadence: ...
+    @property
+    def health(self) -> Health: ...
+
+
+def status_payload(worker: StatusSource, now_wall: float) -> dict[str, Any]:
     # Per lease only what renewals do not write into the lease itself (records, lag and the
     # renewal time ride on them): the Spark sink's batches in flight and rows buffered.
     leases: dict[str, Any] = {}
@@ -197,7 +243,9 @@ class StatusCadence:
         return abs(now - before) >= self._band
 
 
-async def publish_if_due(worker: Worker, io: Any, now_wall: float) -> None:
+async def publish_if_due(
+    worker: StatusPublisher, io: Callable[..., Awaitable[Any]], now_wall: float
+) -> None:
     """The control round's status write, when ``worker.status_cadence`` says it is due; a
     duplicate worker id it reveals goes to health (kclpy_spark.runtime.identity)."""
     payload = status_payload(worker, now_wall)
@@ -205,7 +253,7 @@ async def publish_if_due(worker: Worker, io: Any, now_wall: float) -> None:
         return
     other = await io(worker.status_writer.publish, payload, now_wall)
     worker.status_cadence.wrote(payload, worker.clock.monotonic())
-    note_duplicate(worker, other)
+    note_duplicate(worker.health, worker.cfg.worker_id, other)
 
 
 def _rounded(value: Any, digits: int) -> Any:

@@ -9,21 +9,33 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from checkpoint.base.errors import KclpySparkError
-from kclpy_spark.runtime.publish import status_payload
+from kclpy_spark.runtime.publish import StatusSource, status_payload
 from kclpy_spark.runtime.taking import HANDOFF_POLL
 
 if TYPE_CHECKING:
-    from kclpy_spark.runtime.worker import Worker
+    from checkpoint.base.clock import AsyncSleep, Clock
+    from checkpoint.coordination import StatusWriter
 
 log = logging.getLogger(__name__)
 
 Io = Callable[..., Awaitable[Any]]
 
 
-async def announce_stopping(w: Worker, io: Io) -> None:
+class StoppingWorker(StatusSource, Protocol):
+    """What the stopping steps use of the worker (the worker is one)."""
+
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def sleep(self) -> AsyncSleep: ...
+    @property
+    def status_writer(self) -> StatusWriter: ...
+
+
+async def announce_stopping(w: StoppingWorker, io: Io) -> None:
     """Publish that we are stopping (before handing leases out): the other workers count us
     as running no more, so none of them waits for us to take a share (or, led, assigns us one)."""
     now = w.clock.wall()
@@ -36,7 +48,7 @@ async def announce_stopping(w: Worker, io: Io) -> None:
             await io(w.leader.resign)
 
 
-async def let_new_owners_see(w: Worker) -> float:
+async def let_new_owners_see(w: StoppingWorker) -> float:
     """After handoffs were begun on stopping: keep processing for one of the new owners' scan
     intervals and a second (at most half the shutdown grace), so that each has found the lease
     being handed to it and watches it when our processor checkpoints; it then starts within
@@ -50,7 +62,7 @@ async def let_new_owners_see(w: Worker) -> float:
     return wait
 
 
-async def release_all(w: Worker, io: Io, *, resign: bool = True) -> None:
+async def release_all(w: StoppingWorker, io: Io, *, resign: bool = True) -> None:
     for held in w.holder.held():
         try:
             result = await io(w.holder.release, held.lease_key, held.token)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +31,7 @@ from checkpoint.port import TableScan
 from kclpy_spark.runtime.assigning import AssignmentHint, Led
 
 if TYPE_CHECKING:
-    from kclpy_spark.runtime.worker import Worker
+    from kclpy_spark.runtime.lease_worker import LeaseWorker
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +44,7 @@ LOOK_MARGIN = 0.02
 
 
 class Taker:
-    def __init__(self, worker: Worker, io: Io) -> None:
+    def __init__(self, worker: LeaseWorker, io: Io) -> None:
         self._w = worker
         self._io = io  # runs a lease-table call on the worker's lease executor
         self._observer = LeaseObserver(worker.timing)
@@ -60,9 +59,10 @@ class Taker:
 
     async def wait(self, wake: asyncio.Event, interval: float) -> None:
         """Until ``wake`` is set or ``interval`` passed; meanwhile take each lease handed to us
-        as soon as its handoff completes."""
-        end = time.monotonic() + interval
-        while (left := end - time.monotonic()) > 0:
+        as soon as its handoff completes. Timed on the event loop's clock, as its waits are."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + interval
+        while (left := end - loop.time()) > 0:
             poll = min(left, HANDOFF_POLL) if self._incoming else left
             check = None if self._w.suspended else self._observer.next_check(self._w.cfg.worker_id)
             if check is not None:
@@ -109,7 +109,7 @@ class Taker:
         w = self._w
         for key, until in list(self._incoming.items()):
             lease = await self._io(w.store.get_lease, key)
-            if lease is None or lease.lease_owner != w.cfg.worker_id or time.monotonic() > until:
+            if lease is None or lease.lease_owner != w.cfg.worker_id or w.clock.monotonic() > until:
                 del self._incoming[key]  # gone, taken by another, or left to the rounds
             elif not lease.handoff_pending:
                 del self._incoming[key]
@@ -117,7 +117,7 @@ class Taker:
                     await self.take(lease, how="handed")
 
     @property
-    def worker(self) -> Worker:
+    def worker(self) -> LeaseWorker:
         return self._w
 
     @property
@@ -232,7 +232,7 @@ class Taker:
         """Look at a lease being handed to us every HANDOFF_POLL seconds, for at most the
         handoff timeout and a lease duration (then the rounds take over)."""
         wait = self._w.cfg.handoff_timeout + self._w.timing.lease_duration
-        self._incoming[key] = time.monotonic() + wait
+        self._incoming[key] = self._w.clock.monotonic() + wait
 
     def _handed_to_us(self, lease: Lease) -> bool:
         """A handoff to us has begun (by a stopping worker) and we do not run the lease."""
@@ -352,7 +352,7 @@ class Taker:
         done, failed = len(w.caught_up.done), len(w.caught_up.failed)
         log.info("worker %s: caught up (%d lease(s) done, %d failed); stopping",
                  w.cfg.worker_id, done, failed)  # fmt: skip
-        w.caught_up_complete = True
+        w.caught_up.complete = True
         w.request_shutdown()
         return True
 

@@ -30,6 +30,7 @@ from checkpoint.leasing.holder import LeaseHolder
 from kclpy_spark.board.feed import WorkerBoard
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.logs import set_application
+from kclpy_spark.processor import ReportsReadiness
 from kclpy_spark.runtime.assigning import leader_election, lease_timing
 from kclpy_spark.runtime.caught_up import CaughtUp
 from kclpy_spark.runtime.consumer import ProcessorFactory, ShardStats
@@ -40,7 +41,7 @@ from kclpy_spark.runtime.health import Health
 from kclpy_spark.runtime.identity import unique_worker_id
 from kclpy_spark.runtime.lease_store import LeaseStore
 from kclpy_spark.runtime.metrics import StatusServer, worker_metrics
-from kclpy_spark.runtime.publish import StatusCadence, publish_if_due
+from kclpy_spark.runtime.publish import StatusCadence, publish_if_due, status_payload
 from kclpy_spark.runtime.stopping import announce_stopping, let_new_owners_see, release_all
 from kclpy_spark.runtime.streams import RecordSourcesFor, StreamContext, StreamSet
 from kclpy_spark.runtime.taking import Taker
@@ -88,7 +89,6 @@ class Worker:
         self.events = EventLog(cfg.worker_id, self.clock.wall)
         # until_caught_up: the job's progress; complete once every shard is caught up.
         self.caught_up = CaughtUp(self.clock.wall()) if cfg.until_caught_up else None
-        self.caught_up_complete = False
         self.metrics = worker_metrics(cfg, self.counters, processor_factory, store, self.events)
         self.cpu = CpuMeter(monotonic=self.clock.monotonic, wall=self.clock.wall)
         self.suspended = False
@@ -122,7 +122,12 @@ class Worker:
         self._lease_io = RetiringThreadPool(4, "kclpy-spark-lease")
         self._renew_io = RetiringThreadPool(1, "kclpy-spark-renew-round")
         self.taker = Taker(self, self._io)
-        self.board = WorkerBoard(self, self._io)  # the status page's view, fed by the taker
+        self.board = WorkerBoard(  # the status page's view, fed by the taker
+            cfg, store, self.clock, self.timing, self._io, self._status, lambda: self.suspended
+        )  # fmt: skip
+
+    def _status(self, now_wall: float) -> dict[str, Any]:
+        return status_payload(self, now_wall)
 
     def _consumer_set(self, processors: ProcessorFactory, sleep: AsyncSleep) -> ConsumerSet:
         return ConsumerSet(
@@ -184,9 +189,8 @@ class Worker:
             failing_syncs=self.streams.failing_syncs() if self.leader.is_leader
             and not self.suspended else (),
         )  # fmt: skip
-        sink = getattr(self._processor_factory, "readiness", None)  # the Spark sink's
-        if ready and callable(sink):
-            ready, why = sink()
+        if ready and isinstance(self._processor_factory, ReportsReadiness):
+            ready, why = self._processor_factory.readiness()
         return ready, why
 
     async def run(self) -> None:

@@ -13,7 +13,7 @@ import contextlib
 import contextvars
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
@@ -117,6 +117,19 @@ class BatchSink(Protocol):
     def write(self, batch: SinkBatch) -> None:
         """Write the batch once; raise on failure. Idempotent sinks skip pieces already written."""
         ...
+
+
+@runtime_checkable
+class InOrderPerLease(Protocol):
+    """A sink that says whether it needs one lease's batches one after another (Delta's versions
+    commit in order): ``ordered_per_lease = True`` on its class."""
+
+    ordered_per_lease: bool
+
+
+def needs_order(sink: object) -> bool:
+    """True if ``sink`` needs one lease's batches written one after another."""
+    return isinstance(sink, InOrderPerLease) and sink.ordered_per_lease
 
 
 class DeadLetterWriter(Protocol):

@@ -41,6 +41,7 @@ from kclpy_spark.spark.batch import (
     NoInterrupter,
     SinkRoute,
     ToDataFrame,
+    needs_order,
 )
 from kclpy_spark.spark.batch_life import Batch
 from kclpy_spark.spark.executor_reads import ExecutorReads
@@ -114,7 +115,7 @@ class MicroBatcher:
             interrupter=interrupter or NoInterrupter(), sleep=sleep,
         )  # fmt: skip
         # Sinks that need one lease's batches in order (Delta's versions) get one at a time.
-        ordered = any(getattr(r.sink, "ordered_per_lease", False) for r in routes)
+        ordered = any(needs_order(r.sink) for r in routes)
         self._depth = 1 if ordered else self.settings.batches_in_flight
         self._on_batch_done = on_batch_done
         self._threaded = threaded
@@ -218,9 +219,9 @@ class MicroBatcher:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        deadline = time.monotonic() + timeout
+        deadline = self._clock.monotonic() + timeout
         for thread in self._threads:  # writes in flight finish (or time out) on their own
-            thread.join(max(0.0, deadline - time.monotonic()))
+            thread.join(max(0.0, deadline - self._clock.monotonic()))
         with self._cond:
             if self._active:
                 log.warning("closing the sink with %d batch(es) still being written", self._active)

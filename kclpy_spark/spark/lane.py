@@ -25,7 +25,7 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.checkpointer import PreparedCheckpoint
@@ -62,6 +62,7 @@ class LaneState(enum.Enum):
     CLOSED = "closed"
 
 
+@runtime_checkable
 class TwoPhaseCheckpointer(Protocol):
     """What the sink needs of a lease's checkpointer (``checkpoint.checkpointer.Checkpointer``)."""
 

@@ -64,13 +64,12 @@ class SparkSinkProcessor(RecordProcessor):
 
     def _open(self, checkpointer: Any) -> Lane:
         if self._lane is None:
-            needed = ("prepare_checkpoint", "pending_checkpoint", "lease_key")
-            if not all(hasattr(checkpointer, name) for name in needed):
+            if not isinstance(checkpointer, TwoPhaseCheckpointer):
                 raise TypeError(
                     "the Spark sink needs kclpy-spark's two-phase Checkpointer "
                     f"(prepare_checkpoint, pending_checkpoint), got {type(checkpointer)!r}"
                 )
-            cp: TwoPhaseCheckpointer = checkpointer
+            cp = checkpointer
             self._stream = stream_of(cp.lease_key, self._stream)
             self._lane = self._batcher.open_lane(cp.lease_key, self._shard_id, cp, self._checkpoint)
         return self._lane
