@@ -1,21 +1,21 @@
 """A self-checking fast decode of Kinesis GetRecords responses, inside the AWS SDK.
 
 botocore spends ~15 us per record parsing a GetRecords response, two thirds of it turning each
-``ApproximateArrivalTimestamp`` into a datetime; decoding the same JSON ourselves, with the record
-data left base64 until first use, costs ~1-2 us. botocore emits ``before-parse.kinesis.GetRecords``
-after the HTTP response arrives and before it parses it, and merges ``customized_response_dict``
-into what it parsed. The handler installed here takes ``Records`` out of the JSON body, builds
-``Record`` objects from them lazily, hands them over in ``customized_response_dict``, and leaves
-the small rest of the body (NextShardIterator, MillisBehindLatest, ChildShards, any future field)
-to botocore. Signing, credentials, endpoints, retries and error mapping all stay in the SDK; error
-responses (HTTP status >= 300) are never touched.
+``ApproximateArrivalTimestamp`` into a datetime; decoding the same JSON ourselves
+(``page_decode.py``: msgspec, data decoded in C) costs ~1 us. botocore emits
+``before-parse.kinesis.GetRecords`` after the HTTP response arrives and before it parses it, and
+merges ``customized_response_dict`` into what it parsed. The handler installed here takes
+``Records`` out of the JSON body, builds ``Record`` objects from them, hands them over in
+``customized_response_dict``, and leaves the small rest of the body (NextShardIterator,
+MillisBehindLatest, ChildShards) to botocore. Signing, credentials, endpoints, retries and error
+mapping all stay in the SDK; error responses (HTTP status >= 300) are never touched.
 
 The event and its arguments are not documented (botocore's own S3 and sso-oidc handlers use them,
 since botocore 1.35.16 / aiobotocore 2.15.0), so the decode checks itself:
 
-* at install: the client is Kinesis with the JSON protocol, the model's Record shape has no member
-  we do not know, and a synthetic body built from the model parses to the same values through
-  botocore's own parser and through the fast path;
+* at install: the client is Kinesis with the JSON protocol, the model's Record shape and
+  GetRecords' output have no member we do not know, and a synthetic body built from the model
+  parses to the same values through botocore's own parser and through the fast path;
 * on the first response: the event fired (``records_from_response`` notices it did not);
 * on every response: a body that cannot be decoded is left to botocore.
 
@@ -30,16 +30,20 @@ import base64
 import contextlib
 import json
 import logging
-import math
-import operator
 import os
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from kclpy_spark.processor import Record
+from kclpy_spark.retrieval.page_decode import (
+    DECODER,
+    OTHER_MEMBERS,
+    FastRecords,
+    decode_page,
+)
 
 log = logging.getLogger(__name__)
 
@@ -59,40 +63,6 @@ KNOWN_RECORD_MEMBERS: Mapping[str, str] = {
 }
 
 
-def _json_loads() -> tuple[str, Callable[[bytes], Any]]:
-    try:
-        import orjson
-    except ImportError:
-        return "json", json.loads
-    return "orjson", orjson.loads
-
-
-DECODER, _loads = _json_loads()
-
-
-class _FastRecords(list[Record]):
-    """The Records this module decoded: the type marks a response the fast path handled.
-    ``data_bytes``: their data (decoded size) and partition keys, in bytes (``page_bytes``)."""
-
-    __slots__ = ("data_bytes",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.data_bytes = 0
-
-
-def arrival_millis(value: float | None) -> int:
-    """Epoch seconds (as in the JSON body) -> integer milliseconds, exactly as
-    ``int(datetime.fromtimestamp(value, tz).timestamp() * 1000)`` computes them from botocore's
-    datetime: fromtimestamp rounds the fraction half-even to whole microseconds, timestamp()
-    divides the microseconds by 10**6 (correctly rounded), and the float product is truncated."""
-    if value is None:
-        return 0
-    fraction, whole = math.modf(value)
-    micros = int(whole) * 1_000_000 + round(fraction * 1e6)
-    return int(micros / 1_000_000 * 1000)
-
-
 def record_from_parsed(entry: Mapping[str, Any]) -> Record:
     """A Record from botocore's parsed GetRecords entry (the semantics of
     ``polling.record_from_api``)."""
@@ -101,37 +71,11 @@ def record_from_parsed(entry: Mapping[str, Any]) -> Record:
     return Record(entry["Data"], entry["PartitionKey"], entry["SequenceNumber"], 0, millis)
 
 
-_DATA, _KEY = operator.itemgetter("Data"), operator.itemgetter("PartitionKey")
-
-
-def decode_records(raw: list[dict[str, Any]]) -> list[Record]:
-    """Records from the JSON body's ``Records`` entries; data stays base64 until first use."""
-    make = Record.from_base64
-    convert = arrival_millis
-    records = _FastRecords()
-    append = records.append
-    # Records put together arrive together: neighbours often share a timestamp, and converting
-    # one is the dearest step here (~0.6 us), so a run of equal values is converted once.
-    last: float | None = None
-    millis = 0
-    for r in raw:
-        seconds = r.get("ApproximateArrivalTimestamp")
-        if seconds != last or seconds is None:
-            last = seconds
-            millis = convert(seconds)
-        append(make(r["Data"], r["PartitionKey"], r["SequenceNumber"], 0, millis))
-    # For page_bytes, in C loops (a third of the cost of a Python one): base64 characters are
-    # 3/4 of a byte each; partition keys in UTF-8.
-    b64 = sum(map(len, map(_DATA, raw)))
-    records.data_bytes = b64 * 3 // 4 + len("".join(map(_KEY, raw)).encode())
-    return records
-
-
 def page_bytes(records: list[Record]) -> int:
     """The bytes of a GetRecords page's records as a shard's read limit counts them, about: data
     (decoded; the fast path counts base64 padding as data, at most 2 bytes a record over) and
     partition keys (UTF-8)."""
-    if isinstance(records, _FastRecords):
+    if isinstance(records, FastRecords):
         return records.data_bytes
     return sum(len(r.binary_data) + len(r.partition_key.encode()) for r in records)
 
@@ -151,11 +95,10 @@ def decode_response(response_dict: dict[str, Any], customized: dict[str, Any]) -
         return False
     if not isinstance(body, bytes | bytearray) or not _looks_like_json_object(bytes(body[:64])):
         return False
-    parsed = _loads(bytes(body))
-    if not isinstance(parsed, dict) or not isinstance(parsed.get("Records"), list):
+    page = decode_page(bytes(body))
+    if page is None:
         return False
-    records = decode_records(parsed.pop("Records"))
-    rest = json.dumps(parsed, separators=(",", ":")).encode("utf-8")
+    records, rest = page
     response_dict["body"] = rest
     customized["Records"] = records
     return True
@@ -252,7 +195,7 @@ def records_from_response(
     from botocore's parsed entries. With ``status``, a response that the installed handler never
     saw (the event did not fire) turns the fast path off and is counted as a fallback."""
     records = resp.get("Records")
-    if isinstance(records, _FastRecords):
+    if isinstance(records, FastRecords):
         return records
     if status is not None and status.active and status.events == 0:
         status.fall_back(f"botocore did not emit {_EVENT}")
@@ -321,7 +264,7 @@ def compare_parses(standard: Mapping[str, Any], fast: Mapping[str, Any]) -> str 
     give the same records and the same other fields; else the first difference."""
     expected = [record_from_parsed(r) for r in standard.get("Records") or ()]
     got = fast.get("Records")
-    if not isinstance(got, _FastRecords):
+    if not isinstance(got, FastRecords):
         return "the fast path did not decode the records"
     if len(got) != len(expected):
         return f"{len(got)} records decoded, botocore parsed {len(expected)}"
@@ -358,6 +301,9 @@ def self_check(service_model: Any) -> str | None:
     unknown = {n: t for n, t in members.items() if KNOWN_RECORD_MEMBERS.get(n) != t}
     if unknown:
         return f"the Record shape has members this decode does not know: {unknown}"
+    others = set(operation.output_shape.members) - {"Records", *OTHER_MEMBERS}
+    if others:
+        return f"GetRecords answers members this decode does not know: {sorted(others)}"
     body = synthetic_body(members)
     parser = create_parser(protocol)
     standard = parser.parse(_response(body), operation.output_shape)

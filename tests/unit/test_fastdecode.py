@@ -22,10 +22,9 @@ from botocore.parsers import create_parser
 from dateutil.tz import tzlocal
 
 from kclpy_spark.processor import Record
-from kclpy_spark.retrieval import fastdecode
+from kclpy_spark.retrieval import fastdecode, page_decode
 from kclpy_spark.retrieval.fastdecode import (
     FastDecodeStatus,
-    arrival_millis,
     compare_parses,
     decode_response,
     install_fast_getrecords,
@@ -129,11 +128,33 @@ def test_fast_parse_equals_botocore_parse(body: bytes) -> None:
     }
 
 
-def test_record_data_stays_base64_until_first_use() -> None:
+def test_msgspec_decodes_the_data_as_it_parses() -> None:
+    assert page_decode.DECODER == "msgspec"
     _, fast = _both(BODIES["binary, not UTF-8"])
+    record = fast["Records"][0]
+    assert record._binary == bytes(range(256)) and record._b64 is None
+
+
+def test_without_msgspec_record_data_stays_base64_until_first_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(page_decode, "_entries", None)  # msgspec not importable
+    standard, fast = _both(BODIES["binary, not UTF-8"])
     record = fast["Records"][0]
     assert record._binary is None  # not decoded yet
     assert record.binary_data == bytes(range(256))
+    assert compare_parses(standard, fast) is None
+
+
+def test_a_body_with_invalid_base64_is_refused_whole() -> None:
+    entry = {"Data": "not base64!", "PartitionKey": "k", "SequenceNumber": SEQ}
+    body = json.dumps({"Records": [entry], "NextShardIterator": "it"})
+    with pytest.raises(Exception, match="base64"):
+        page_decode.decode_page(body.encode())
+
+
+def test_a_success_without_records_is_left_to_botocore() -> None:
+    assert page_decode.decode_page(b'{"NextShardIterator":"it","MillisBehindLatest":0}') is None
 
 
 def test_arrival_millis_matches_botocores_datetimes() -> None:
@@ -152,8 +173,8 @@ def test_arrival_millis_matches_botocores_datetimes() -> None:
     for value in values:
         for tz in (UTC, tzlocal()):
             expected = int(datetime.fromtimestamp(value, tz).timestamp() * 1000)
-            assert arrival_millis(value) == expected, value
-    assert arrival_millis(None) == 0
+            assert page_decode.arrival_millis(value) == expected, value
+    assert page_decode.arrival_millis(None) == 0
 
 
 def test_record_from_parsed_is_polling_record_from_api() -> None:
@@ -241,7 +262,7 @@ def test_client_error_response_is_botocores() -> None:
 def test_forced_mismatch_falls_back_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(fastdecode, "arrival_millis", lambda value: 0)
+    monkeypatch.setattr(page_decode, "arrival_millis", lambda value: 0)
     client = _client()
     _answer(client, BODIES["many records"])
     with caplog.at_level(logging.WARNING, logger=fastdecode.__name__):
@@ -260,6 +281,13 @@ def test_unknown_record_member_keeps_it_off(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(fastdecode, "KNOWN_RECORD_MEMBERS", known)
     status = install_fast_getrecords(_client())
     assert not status.active and "EncryptionType" in status.reason
+
+
+def test_unknown_getrecords_member_keeps_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    # msgspec keeps only the members it knows: one more in the model would be dropped.
+    monkeypatch.setattr(fastdecode, "OTHER_MEMBERS", ("NextShardIterator", "MillisBehindLatest"))
+    status = install_fast_getrecords(_client())
+    assert not status.active and "ChildShards" in status.reason
 
 
 def test_undecodable_body_falls_back_to_botocore(caplog: pytest.LogCaptureFixture) -> None:

@@ -15,7 +15,8 @@ from botocore.exceptions import ClientError
 
 from checkpoint.sequence import TRIM_HORIZON, InitialPosition
 from kclpy_spark.processor import Record
-from kclpy_spark.retrieval.fastdecode import decode_records, page_bytes
+from kclpy_spark.retrieval.fastdecode import page_bytes
+from kclpy_spark.retrieval.page_decode import decode_page, decode_records
 from kclpy_spark.retrieval.polling import (
     READ_BYTES_PER_SECOND,
     FetchedBatch,
@@ -68,6 +69,9 @@ def test_page_bytes_counts_decoded_data_and_partition_keys(size: int) -> None:
     assert expected <= page_bytes(fast) <= expected + 7 * 2
     parsed = [Record(bytes([i % 251]) * size, f"pk-{i:04d}", str(i)) for i in range(7)]
     assert page_bytes(parsed) == expected
+    # msgspec decodes the data as it parses: then the count is exact.
+    page = decode_page(json.dumps({"Records": entries, "NextShardIterator": "it"}).encode())
+    assert page is not None and page_bytes(page[0]) == expected
 
 
 def test_page_bytes_counts_partition_keys_in_utf8() -> None:
