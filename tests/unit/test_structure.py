@@ -1,16 +1,20 @@
 """The shape the restructuring promised (issue 16): small modules and small functions, so each
-stays readable in one sitting. Counted over the three packages, not the tests."""
+stays readable in one sitting. Counted over the three packages, not the tests. A module past
+MODULE_LINES_WARN lines is a warning that asks for a split by role (issue 46: a hard cap at that
+size made files that were cut to fit, not by what they do); past MAX_MODULE_LINES it fails."""
 
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("kclpy_spark", "shard_sync", "checkpoint")
-MAX_MODULE_LINES = 400
+MODULE_LINES_WARN = 400
+MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 60
 
 
@@ -25,7 +29,14 @@ def test_the_packages_are_found() -> None:
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_module_and_function_sizes(path: Path) -> None:
     text = path.read_text()
-    assert len(text.splitlines()) <= MAX_MODULE_LINES, f"{path.name} is over {MAX_MODULE_LINES}"
+    lines = len(text.splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{path.name} is over {MAX_MODULE_LINES} lines"
+    if lines > MODULE_LINES_WARN:
+        warnings.warn(
+            f"{path.relative_to(ROOT)} has {lines} lines: split it by role (one room's question "
+            "per module, ARCHITECTURE.md), not by moving code to where it fits",
+            stacklevel=1,
+        )
     long = [
         f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
         for node in ast.walk(ast.parse(text))
