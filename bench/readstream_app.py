@@ -23,7 +23,7 @@ def main() -> None:
     spark.sparkContext.setLogLevel("WARN")
     # The explicit line (an installed wheel needs none; the checkout's editable install hides
     # the top-level module from Spark's lookup when the job runs outside the checkout).
-    from kclpy_spark.readstream.source import KinesisKclDataSource
+    from kclpy_spark.readstream.data_source import KinesisKclDataSource
 
     spark.dataSource.register(KinesisKclDataSource)
     options = {"streamName": stream, "endpointUrl": endpoint, "initialPosition": "TRIM_HORIZON",

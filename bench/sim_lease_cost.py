@@ -49,7 +49,7 @@ from kcl_model import Cost, kcl3
 from checkpoint import coordination
 from checkpoint.base.clock import ManualClock
 from checkpoint.lease import HashKeyRange, Lease, OwnerFigures, owner_tag
-from checkpoint.leasing.assign import leader_assigns
+from checkpoint.leasing.assign_rule import leader_assigns
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.leasing.observer import LeaseObserver
 from checkpoint.port import CoordinationRecord, TableScan

@@ -165,7 +165,7 @@ def _run(args: argparse.Namespace) -> int:
             "(the [sink] writes to Spark; a processor is your own code); remove one"
         )
     if sink_cfg is not None:
-        from kclpy_spark.spark.runtime import processor_factory_from_sink_config
+        from kclpy_spark.spark.sink_setup import processor_factory_from_sink_config
 
         sink_factory = processor_factory_from_sink_config(sink_cfg, cfg)
         try:

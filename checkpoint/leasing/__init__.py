@@ -4,7 +4,7 @@ Import-light: only the standard library and the lease value types.
 """
 
 from checkpoint.leasing.observer import LeaseObserver, ObservedLease, ObservedScan
-from checkpoint.leasing.taker import UNLIMITED, TakePlan, plan_takes
+from checkpoint.leasing.take_rule import UNLIMITED, TakePlan, plan_takes
 from checkpoint.leasing.timing import LeaseTiming
 
 __all__ = [

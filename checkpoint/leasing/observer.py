@@ -31,7 +31,7 @@ the scan, as the KCL does. ``next_check`` and ``look_again`` let the taker read 
 moment it would expire instead of waiting for its next scan.
 
 Beyond the KCL, the observer notes when it saw a lease pass from one owner directly to another (a
-steal, or a take after expiry); the taker uses that to damp stealing back (see taker.py).
+steal, or a take after expiry); the taker uses that to damp stealing back (see take_rule.py).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class ObservedScan:
     """The result of one scan: every lease with its expiry, and the live workers' loads.
 
     ``leases`` holds the leases that still have work to do. Leases checkpointed at SHARD_END are in
-    ``finished`` only: they are counted nowhere and never taken (see taker.py for why).
+    ``finished`` only: they are counted nowhere and never taken (see take_rule.py for why).
     """
 
     now: float

@@ -56,8 +56,9 @@ DEFAULT_EPSILON = 0.025
 # The KCL's veryOldLeaseDurationNanosMultiplier.
 DEFAULT_VERY_OLD_MULTIPLIER = 3.0
 # Not in the KCL: how many take intervals a worker waits before it steals again after one of its
-# leases was taken by another worker (see checkpoint.leasing.taker). Two intervals let every other
-# worker's taker run at least once whatever its phase, so the counts we steal on have settled.
+# leases was taken by another worker (see checkpoint.leasing.take_rule). Two intervals let every
+# other worker's taker run at least once whatever its phase, so the counts we steal on have
+# settled.
 DEFAULT_STEAL_COOLDOWN_INTERVALS = 2.0
 # The shard-sync leader's record lives this many failover times without a renewal.
 LEADER_DURATION_MULTIPLIER = 3.0

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from checkpoint.base.clock import Clock
 from checkpoint.base.errors import InvalidStateError
 from checkpoint.lease import Lease
-from checkpoint.leasing.assign import Suspects, leader_assigns, plan_assignments
+from checkpoint.leasing.assign_rule import Suspects, leader_assigns, plan_assignments
 from checkpoint.leasing.timing import LeaseTiming
 from checkpoint.port import CoordinationStore
 from kclpy_spark.config import WorkerConfig

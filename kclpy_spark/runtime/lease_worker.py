@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from kclpy_spark.board.feed import WorkerBoard
     from kclpy_spark.config import WorkerConfig
     from kclpy_spark.runtime.caught_up import CaughtUp
-    from kclpy_spark.runtime.consumers import ConsumerSet
+    from kclpy_spark.runtime.consumer_set import ConsumerSet
     from kclpy_spark.runtime.events import EventLog
     from kclpy_spark.runtime.health import Health
     from kclpy_spark.runtime.lease_store import LeaseStore

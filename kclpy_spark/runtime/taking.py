@@ -26,7 +26,7 @@ from checkpoint.counters import Counter
 from checkpoint.lease import Lease, LeaseState
 from checkpoint.leasing.cpu_load import FleetCpu
 from checkpoint.leasing.observer import LeaseObserver, ObservedScan
-from checkpoint.leasing.taker import plan_takes
+from checkpoint.leasing.take_rule import plan_takes
 from checkpoint.port import TableScan
 from kclpy_spark.runtime.assigning import AssignmentHint, Led
 

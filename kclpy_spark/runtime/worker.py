@@ -34,7 +34,7 @@ from kclpy_spark.processor import ReportsReadiness
 from kclpy_spark.runtime.assigning import leader_election, lease_timing
 from kclpy_spark.runtime.caught_up import CaughtUp
 from kclpy_spark.runtime.consumer import ProcessorFactory, ShardStats
-from kclpy_spark.runtime.consumers import ConsumerSet
+from kclpy_spark.runtime.consumer_set import ConsumerSet
 from kclpy_spark.runtime.cpu import CpuMeter
 from kclpy_spark.runtime.events import EventLog
 from kclpy_spark.runtime.health import Health

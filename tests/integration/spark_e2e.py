@@ -31,9 +31,9 @@ from kclpy_spark.runtime.daemon import run_worker
 from kclpy_spark.runtime.worker import Worker
 from kclpy_spark.spark.batch import SinkBatch
 from kclpy_spark.spark.pieces import Piece
-from kclpy_spark.spark.runtime import processor_factory_from_sink_config
 from kclpy_spark.spark.session import SparkSessionHolder
 from kclpy_spark.spark.sink_config import sink_config
+from kclpy_spark.spark.sink_setup import processor_factory_from_sink_config
 from kclpy_spark.spark.sinks import DeltaSink, ParquetSink
 
 HERE = Path(__file__).resolve().parent

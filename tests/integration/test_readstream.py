@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from worker_procs import produce, wait_active
 
-from kclpy_spark.readstream.source import KinesisKclDataSource
+from kclpy_spark.readstream.data_source import KinesisKclDataSource
 
 pytestmark = [pytest.mark.spark]
 

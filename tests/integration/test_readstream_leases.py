@@ -29,7 +29,7 @@ from worker_procs import produce, wait_active, worker_env
 
 from checkpoint.base.errors import ResourceNotFoundError
 from checkpoint.stores.dynamodb import DynamoDBLeaseTable
-from kclpy_spark.readstream.source import KinesisKclDataSource
+from kclpy_spark.readstream.data_source import KinesisKclDataSource
 
 pytestmark = [pytest.mark.spark]
 

@@ -169,8 +169,8 @@ def test_the_first_pin_of_a_range_wins_and_old_batches_go(tmp_path: Path) -> Non
 
 
 def _reader(tmp_path: Path) -> object:
+    from kclpy_spark.readstream.data_source import KinesisKclStreamReader
     from kclpy_spark.readstream.options import SourceOptions
-    from kclpy_spark.readstream.source import KinesisKclStreamReader
 
     options = SourceOptions.parse({"streamName": "s", "endpointUrl": "http://127.0.0.1:1",
                                    "pinLocation": str(tmp_path / "pins")})  # fmt: skip

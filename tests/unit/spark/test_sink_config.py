@@ -13,7 +13,6 @@ import pytest
 from checkpoint.base.errors import ConfigError
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.spark.batch import FunctionSink
-from kclpy_spark.spark.runtime import load_sink, processor_factory_from_sink_config
 from kclpy_spark.spark.session import MIB, SparkSessionHolder, SparkTarget, TargetKind, find_java
 from kclpy_spark.spark.sink_config import (
     SinkConfig,
@@ -22,6 +21,7 @@ from kclpy_spark.spark.sink_config import (
     sink_config,
     sink_config_from_mapping,
 )
+from kclpy_spark.spark.sink_setup import load_sink, processor_factory_from_sink_config
 from kclpy_spark.spark.sinks import DeltaSink, ParquetSink
 
 
@@ -187,7 +187,7 @@ def test_sinks_are_loaded_by_name(tmp_path: Path) -> None:
 
 def test_the_sink_modules_do_not_import_pyspark() -> None:
     code = (
-        "import sys, kclpy_spark.spark.runtime, kclpy_spark.spark.sink_processor;"
+        "import sys, kclpy_spark.spark.sink_setup, kclpy_spark.spark.sink_processor;"
         "assert 'pyspark' not in sys.modules, 'pyspark imported'"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}

@@ -1,5 +1,6 @@
-"""The leader's assignment rule (checkpoint.leasing.assign): table-driven over scans made by a real
-observer, then a fleet in virtual time where one leader assigns and moves leases for everyone."""
+"""The leader's assignment rule (checkpoint.leasing.assign_rule): table-driven over scans made by a
+real observer, then a fleet in virtual time where one leader assigns and moves leases for
+everyone."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import pytest
 from checkpoint.base.clock import ManualClock
 from checkpoint.lease import Lease
 from checkpoint.leasing import LeaseObserver, LeaseTiming
-from checkpoint.leasing.assign import Suspects, leader_assigns, plan_assignments, targets_of
+from checkpoint.leasing.assign_rule import Suspects, leader_assigns, plan_assignments, targets_of
 from checkpoint.leasing.load import CpuFigure, FleetCpu
 from checkpoint.sequence import TRIM_HORIZON
-from tests.unit.leasing.test_taker import scan_of
+from tests.unit.leasing.test_take_rule import scan_of
 
 TIMING = LeaseTiming(failover=10.0)
 

@@ -21,8 +21,8 @@ from checkpoint.sequence import TRIM_HORIZON, InitialPosition
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.processor import ProcessRecordsInput, RecordProcessor
-from kclpy_spark.runtime import consumers as consumers_module
-from kclpy_spark.runtime.consumers import ConsumerSet
+from kclpy_spark.runtime import consumer_set as consumers_module
+from kclpy_spark.runtime.consumer_set import ConsumerSet
 from kclpy_spark.runtime.metrics import WorkerMetrics
 
 

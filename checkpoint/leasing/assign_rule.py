@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from checkpoint.lease import Lease
 from checkpoint.leasing.load import FleetCpu, has_load, plan_load_steal
 from checkpoint.leasing.observer import ObservedLease, ObservedScan
-from checkpoint.leasing.taker import UNLIMITED, preferred, stalled
+from checkpoint.leasing.take_rule import UNLIMITED, preferred, stalled
 
 
 @dataclass(frozen=True)
