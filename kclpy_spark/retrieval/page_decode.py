@@ -2,12 +2,11 @@
 fast decode (``fastdecode.py`` installs it inside botocore and checks it against botocore's parse).
 
 With msgspec (a dependency), one pass in C parses the body, checks each record's types and turns
-its base64 data into bytes: ~0.4 us a record of 200 B, where orjson's parse alone takes ~0.7 us
-and the data then stays base64 until first use (~0.6 us more to decode it in Python). The other
+its base64 data into bytes: ~0.4 us a record of 200 B, where orjson's parse alone took ~0.7 us
+(its data then base64 until first use, ~0.6 us more to decode it in Python). The other
 top-level members (``OTHER_MEMBERS``: botocore's model has no more; the self-check refuses a
 model with more) are kept as raw JSON and put together as the rest for botocore to parse. Without
-msgspec importable, orjson if installed (or the standard json module) parses and the data stays
-base64 until first use.
+msgspec importable, the standard json module parses and the data stays base64 until first use.
 """
 
 from __future__ import annotations
@@ -121,17 +120,8 @@ def _records_of_entries(entries: Iterable[Any]) -> FastRecords:
     return records
 
 
-def _json_loads() -> tuple[str, Callable[[bytes], Any]]:
-    try:
-        import orjson
-    except ImportError:
-        return "json", json.loads
-    return "orjson", orjson.loads
-
-
 _entries = _entries_decoder()
-_loads_name, _loads = _json_loads()
-DECODER = "msgspec" if _entries is not None else _loads_name
+DECODER = "msgspec" if _entries is not None else "json"
 
 
 def decode_page(body: bytes) -> tuple[FastRecords, bytes] | None:
@@ -140,7 +130,7 @@ def decode_page(body: bytes) -> tuple[FastRecords, bytes] | None:
     if _entries is not None:
         entries, rest = _entries(body)
         return None if entries is None else (_records_of_entries(entries), rest)
-    parsed = _loads(body)
+    parsed = json.loads(body)
     if not isinstance(parsed, dict) or not isinstance(parsed.get("Records"), list):
         return None
     records = decode_records(parsed.pop("Records"))
