@@ -64,7 +64,18 @@ from kclpy_spark.runtime.taking import LOOK_MARGIN, MAX_LOOKS
 
 SEQ = "49590338271490256608559692538361571095921575989136588898"
 PAGE_BYTES = 1 << 20
-READS = ("scan_table", "get_lease", "get_record", "list_lease_keys_by_owner")
+READS = ("scan_table", "scan_records", "get_lease", "get_record", "list_lease_keys_by_owner")
+
+
+def _scan_units(sizes: list[int]) -> float:
+    """Read units of one eventually consistent Scan over items of ``sizes`` bytes (1 MB pages)."""
+    units, page = 0.0, 0
+    for size in sizes:
+        if page + size > PAGE_BYTES:
+            units += read_units([page], consistent=False)
+            page = 0
+        page += size
+    return units + read_units([page], consistent=False)
 
 
 class CostingStore:
@@ -73,10 +84,11 @@ class CostingStore:
     def __init__(self, inner: MemoryLeaseTable) -> None:
         self.inner = inner
         self.sizes: dict[str, int] = {}  # item bytes by leaseKey (leases and records)
+        self.record_keys: set[str] = set()  # those of coordination records (their own table)
         self.usage: dict[str, list[float]] = {}  # by call: [requests, units]
         self._lock = threading.Lock()
 
-    def _add(self, call: str, units: float) -> None:
+    def _add(self, call: str, units: float) -> None:  # one request of ``units``
         with self._lock:
             entry = self.usage.setdefault(call, [0, 0.0])
             entry[0] += 1
@@ -105,14 +117,14 @@ class CostingStore:
         return lease
 
     def scan_table(self, record_prefix: str) -> TableScan:
+        """Two Scans (the DynamoDB store's): the lease table, and the coordination table beside
+        it (``<application>-KclpySparkState``), each paying for its whole table in 1 MB pages."""
         scan = self.inner.scan_table(record_prefix)
-        units, page = 0.0, 0
-        for size in list(self.sizes.values()):
-            if page + size > PAGE_BYTES:
-                units += read_units([page], consistent=False)
-                page = 0
-            page += size
-        self._add("scan_table", units + read_units([page], consistent=False))
+        sizes = list(self.sizes.items())
+        leases = [size for key, size in sizes if key not in self.record_keys]
+        records = [size for key, size in sizes if key in self.record_keys]
+        self._add("scan_table", _scan_units(leases))
+        self._add("scan_records", _scan_units(records))
         return scan
 
     def list_lease_keys_by_owner(self, owner: str) -> list[str]:
@@ -139,6 +151,7 @@ class CostingStore:
     def put_record(self, record: CoordinationRecord, expected_version: int | None) -> bool:
         won = self.inner.put_record(record, expected_version)
         key = codec.record_item_key(record.key)
+        self.record_keys.add(key)
         before = self.sizes.get(key, 0)
         after = item_size(codec.record_to_item(record, None, 0.0)) if won else before
         self._add("put_record", write_units(before, after))

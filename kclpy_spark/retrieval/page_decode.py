@@ -92,7 +92,10 @@ def _entries_decoder() -> Callable[[bytes], tuple[list[Any] | None, bytes]] | No
     labels = [(name, f'"{name}":'.encode()) for name in OTHER_MEMBERS]
 
     def decode(body: bytes) -> tuple[list[Any] | None, bytes]:
-        parsed = decoder.decode(body)
+        try:
+            parsed = decoder.decode(body)
+        except msgspec.ValidationError:  # valid JSON of another shape (whitespace in base64, ...)
+            return None, b""  # this response alone goes to botocore
         rest = [label + bytes(raw) for name, label in labels if len(raw := getattr(parsed, name))]
         entries: list[Any] | None = getattr(parsed, "Records")  # noqa: B009 (a made class)
         return entries, b"{" + b",".join(rest) + b"}"
@@ -126,7 +129,8 @@ DECODER = "msgspec" if _entries is not None else "json"
 
 def decode_page(body: bytes) -> tuple[FastRecords, bytes] | None:
     """A GetRecords body's records and the rest of the body (JSON); None if it has no
-    ``Records`` list (botocore then parses it). Raises for a body it cannot decode."""
+    ``Records`` list or msgspec refuses its shape (botocore then parses that body). Raises for a
+    body that is no JSON at all."""
     if _entries is not None:
         entries, rest = _entries(body)
         return None if entries is None else (_records_of_entries(entries), rest)

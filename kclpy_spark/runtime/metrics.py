@@ -323,7 +323,7 @@ def worker_metrics(
     )
     if isinstance(processor_factory, ExportsMetrics):
         metrics.registry.register(processor_factory.metrics_collector())
-    if isinstance(store, MetersCapacity):
+    if isinstance(store, MetersCapacity) and isinstance(store.capacity, CapacityMeter):
         metrics.registry.register(_CapacityCollector(store.capacity))
     pool = store if isinstance(store, CountsConnections) else None
     metrics.watch_resources((lambda: pool.open_connections) if pool is not None else None)

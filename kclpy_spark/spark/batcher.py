@@ -219,9 +219,9 @@ class MicroBatcher:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        deadline = self._clock.monotonic() + timeout
+        deadline = time.monotonic() + timeout  # real time: these are threads joined
         for thread in self._threads:  # writes in flight finish (or time out) on their own
-            thread.join(max(0.0, deadline - self._clock.monotonic()))
+            thread.join(max(0.0, deadline - time.monotonic()))
         with self._cond:
             if self._active:
                 log.warning("closing the sink with %d batch(es) still being written", self._active)

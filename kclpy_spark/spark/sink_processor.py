@@ -67,7 +67,8 @@ class SparkSinkProcessor(RecordProcessor):
             if not isinstance(checkpointer, TwoPhaseCheckpointer):
                 raise TypeError(
                     "the Spark sink needs kclpy-spark's two-phase Checkpointer "
-                    f"(prepare_checkpoint, pending_checkpoint), got {type(checkpointer)!r}"
+                    "(lease_key, prepare_checkpoint, pending_checkpoint, ...: spark/lane.py "
+                    f"TwoPhaseCheckpointer), got {type(checkpointer)!r}"
                 )
             cp = checkpointer
             self._stream = stream_of(cp.lease_key, self._stream)

@@ -146,11 +146,21 @@ def test_without_msgspec_record_data_stays_base64_until_first_use(
     assert compare_parses(standard, fast) is None
 
 
-def test_a_body_with_invalid_base64_is_refused_whole() -> None:
-    entry = {"Data": "not base64!", "PartitionKey": "k", "SequenceNumber": SEQ}
-    body = json.dumps({"Records": [entry], "NextShardIterator": "it"})
-    with pytest.raises(Exception, match="base64"):
-        page_decode.decode_page(body.encode())
+def test_a_body_msgspec_refuses_goes_to_botocore_alone() -> None:
+    # Base64 with a line break (botocore accepts it) or not base64 at all: that body is
+    # botocore's to parse, and the fast path stays on for the next one.
+    for data in ("aGVs\nbG8=", "not base64!"):
+        entry = {"Data": data, "PartitionKey": "k", "SequenceNumber": SEQ}
+        body = json.dumps({"Records": [entry], "NextShardIterator": "it"}).encode()
+        assert page_decode.decode_page(body) is None
+    client = _client()
+    entry = {"Data": "aGVs\nbG8=", "PartitionKey": "k", "SequenceNumber": SEQ,
+             "ApproximateArrivalTimestamp": 1.7e9}  # fmt: skip
+    _answer(client, json.dumps({"Records": [entry], "NextShardIterator": "it"}).encode())
+    status = install_fast_getrecords(client)
+    resp = client.get_records(ShardIterator="it")
+    assert records_from_response(resp, status)[0].binary_data == b"hello"
+    assert status.active and status.fallbacks == 0 and status.fast_calls == 0
 
 
 def test_a_success_without_records_is_left_to_botocore() -> None:
@@ -290,8 +300,9 @@ def test_unknown_getrecords_member_keeps_it_off(monkeypatch: pytest.MonkeyPatch)
     assert not status.active and "ChildShards" in status.reason
 
 
-def test_undecodable_body_falls_back_to_botocore(caplog: pytest.LogCaptureFixture) -> None:
-    # botocore accepts a timestamp given as a string; the fast path does not, and steps aside.
+def test_a_body_of_another_shape_is_botocores_alone(caplog: pytest.LogCaptureFixture) -> None:
+    # botocore accepts a timestamp given as a string; the fast path does not, and steps aside
+    # for that body only.
     body = _body([_entry(b"x", 1.7e9, 1), {**_entry(b"y", 1.7e9, 2), "ApproximateArrivalTimestamp":
                                            "1700000000.5"}])  # fmt: skip
     plain, client = _client(), _client()
@@ -301,12 +312,29 @@ def test_undecodable_body_falls_back_to_botocore(caplog: pytest.LogCaptureFixtur
     with caplog.at_level(logging.WARNING, logger=fastdecode.__name__):
         resp = client.get_records(ShardIterator="it")
         again = client.get_records(ShardIterator="it")
-    assert not status.active and status.fallbacks == 1 and status.events == 1
-    assert "could not be decoded" in status.reason
-    assert len(caplog.records) == 1
+    assert status.active and status.fallbacks == 0 and status.events == 2
+    assert status.fast_calls == 0 and not caplog.records
     expected = [record_from_api(r) for r in plain.get_records(ShardIterator="it")["Records"]]
     assert records_from_response(resp, status) == expected
     assert records_from_response(again, status) == expected
+
+
+def test_a_decode_that_raises_turns_the_fast_path_off(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = _client()
+    _answer(client, BODIES["many records"])
+    status = install_fast_getrecords(client)
+
+    def broken(body: bytes) -> None:
+        raise ValueError("broken decode")
+
+    monkeypatch.setattr(fastdecode, "decode_page", broken)
+    with caplog.at_level(logging.WARNING, logger=fastdecode.__name__):
+        resp = client.get_records(ShardIterator="it")
+    assert not status.active and status.fallbacks == 1 and "broken decode" in status.reason
+    assert len(caplog.records) == 1
+    assert records_from_response(resp, status) == [record_from_api(r) for r in resp["Records"]]
 
 
 def test_event_that_never_fires_is_noticed(caplog: pytest.LogCaptureFixture) -> None:
