@@ -105,15 +105,16 @@ class CpuMeter:
         self._proc = psutil.Process(pid)
         self._began = 0.0
 
-    def _now(self) -> float:
+    def total(self) -> float:
+        """The process's CPU seconds so far (user and system)."""
         times = self._proc.cpu_times()
         return float(times.user + times.system)
 
     def start(self) -> None:
-        self._began = self._now()
+        self._began = self.total()
 
     def stop(self) -> float:
-        return self._now() - self._began
+        return self.total() - self._began
 
 
 class CpuTrace:
@@ -131,7 +132,7 @@ class CpuTrace:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._samples.append((time.time(), self._meter._now()))
+            self._samples.append((time.time(), self._meter.total()))
             self._stop.wait(self._every)
 
     def __enter__(self) -> CpuTrace:
