@@ -49,18 +49,18 @@ from kcl_model import Cost, kcl3
 from checkpoint import coordination
 from checkpoint.base.clock import ManualClock
 from checkpoint.lease import HashKeyRange, Lease, OwnerFigures, owner_tag
-from checkpoint.leasing.assign_rule import leader_assigns
 from checkpoint.leasing.holder import LeaseHolder
-from checkpoint.leasing.observer import LeaseObserver
 from checkpoint.port import CoordinationRecord, TableScan
 from checkpoint.sequence import ExtendedSequenceNumber
 from checkpoint.stores import dynamo_codec as codec
 from checkpoint.stores.capacity import item_size, read_units, write_units
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.runtime.assigning import leader_election, lease_timing
+from kclpy_spark.moves.assigning import leader_election, lease_timing
+from kclpy_spark.moves.rules.assign_rule import leader_assigns
+from kclpy_spark.moves.rules.observer import LeaseObserver
+from kclpy_spark.moves.taking import LOOK_MARGIN, MAX_LOOKS
 from kclpy_spark.runtime.publish import StatusCadence, published_events, status_fields
-from kclpy_spark.runtime.taking import LOOK_MARGIN, MAX_LOOKS
 
 SEQ = "49590338271490256608559692538361571095921575989136588898"
 PAGE_BYTES = 1 << 20

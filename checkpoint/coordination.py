@@ -21,13 +21,25 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from checkpoint.base.clock import Clock
 from checkpoint.base.errors import ConfigError
-from checkpoint.leasing.cpu_load import CpuFigure
 from checkpoint.port import CoordinationRecord, CoordinationStore, KclWorkerSighting, record_data
+
+
+@dataclass(frozen=True)
+class CpuFigure:
+    """A worker's CPU as its status record publishes it: percent of its limit over the last
+    window (None before its first window ends), whether its set of consumers stayed the same over
+    that window, when the window began (its wall clock) and its limit in CPUs."""
+
+    percent: float | None
+    settled: bool = True
+    since: float | None = None
+    limit: float | None = None
+
 
 # The longest ``live_for`` a reader believes (an hour): a bad record must not look alive forever.
 MAX_LIVE_FOR = 3600.0

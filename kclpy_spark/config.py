@@ -95,7 +95,7 @@ class WorkerConfig:
     auto_assignment_leases: int = 128
     # With lease_assignment = auto: running workers from which the leader assigns.
     auto_assignment_workers: int = 8
-    # "auto": balance CPU once the fleet is busy, else throughput (leasing/load.py).
+    # "auto": balance CPU once the fleet is busy, else throughput (moves/rules/load.py).
     load_metric: str = "auto"
     # A graceful handoff waits this long for the holder's last checkpoint, then the lease moves
     # anyway.

@@ -1,18 +1,8 @@
-"""Lease taking and expiry: pure rules (the KCL 2.x taker), fed by scans of the lease table.
+"""How a lease is held: renewed on time, written under fencing, released or handed over, and put
+back when its item vanished (``holder``, ``held_lease``, ``renewal_rules``, ``unsure_writes``,
+``vanished``), with the timing every lease rule shares (``timing``). Which worker should hold
+which lease is decided above, in ``kclpy_spark.moves``."""
 
-Import-light: only the standard library and the lease value types.
-"""
-
-from checkpoint.leasing.observer import LeaseObserver, ObservedLease, ObservedScan
-from checkpoint.leasing.take_rule import UNLIMITED, TakePlan, plan_takes
 from checkpoint.leasing.timing import LeaseTiming
 
-__all__ = [
-    "UNLIMITED",
-    "LeaseObserver",
-    "LeaseTiming",
-    "ObservedLease",
-    "ObservedScan",
-    "TakePlan",
-    "plan_takes",
-]
+__all__ = ["LeaseTiming"]

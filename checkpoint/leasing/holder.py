@@ -35,21 +35,18 @@ from checkpoint.base.clock import Clock
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.base.threads import RetiringThreadPool
 from checkpoint.lease import Lease
-from checkpoint.leasing.held import (
-    HeldLease,
-    LeaseBusyError,
-    LeaseLoss,
+from checkpoint.leasing.held_lease import HeldLease, LeaseBusyError, LeaseLoss, UpdateResult
+from checkpoint.leasing.renewal_rules import (
     Renewal,
     RenewalReport,
     Slot,
-    UpdateResult,
     due_now,
     plan_round,
     round_report,
     tell_slow,
-    write_settled,
 )
 from checkpoint.leasing.timing import renewal_round_interval
+from checkpoint.leasing.unsure_writes import write_settled
 from checkpoint.leasing.vanished import restore_if_vanished
 from checkpoint.port import LeaseTable
 

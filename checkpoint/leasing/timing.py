@@ -4,36 +4,35 @@ The KCL derives its intervals from ``failoverTimeMillis`` (the lease duration) a
 
 * renew every ``failover / 3 - epsilon``, so a holder gets three tries at renewing before anyone may
   judge its lease expired (the epsilon keeps the third try strictly inside the duration).
-  kclpy-spark (``skip_checkpointed_renewals``, default true) instead renews a lease at the
-  first round after its counter is 0.44 failover time old, from rounds every twelfth of it
-  (``renew_round_interval``): every half failover time (``renewal_period``) when renewals alone
-  move the counter, 0.44-0.52 of it after a checkpoint moved it; a try that fails is tried again
-  at every later round, five or six more before the lease could expire, where the KCL's rounds
-  leave two (checkpoint.leasing.held.renewal_due). Idle, that is two renewals where the KCL makes
+  kclpy-spark (``skip_checkpointed_renewals``, default true) instead renews a lease at the first
+  round after its counter is 0.44 failover time old, from rounds every twelfth of it
+  (``renew_round_interval``): every half failover time (``renewal_period``) when renewals alone move
+  the counter, 0.44-0.52 of it after a checkpoint moved it; a try that fails is tried again at every
+  later round, five or six more before the lease could expire, where the KCL's rounds leave two
+  (checkpoint.leasing.renewal_rules.renewal_due). Idle, that is two renewals where the KCL makes
   three;
 * take every ``(failover + epsilon) * 2``: a lease needs a full duration without a counter change to
   expire, so scanning more often than that only costs lease-table reads;
 * kclpy-spark scans every ``(failover + epsilon) * take_interval_multiplier`` with a multiplier of
-  0.55 by default (5.5 s at failover 10 s), not the KCL's 2 (20.05 s). Between scans, a lease
-  of another worker is read once more (one GetItem) at the moment it would expire unless its
-  counter moved, dated by the write stamps (checkpoint.leasing.observer), and taken at once if it
-  did not move. A live lease's counter moves at least every 0.52 lease duration, so the next
-  scan sees a newer counter before that moment comes (the stamp + 11 s, or the scan that saw it
-  + 10 s when the scan came within the skew allowance of the write), and no extra read is made
-  unless a renewal runs more than about a quarter of a second late; a dead worker's leases move
-  ``failover + max_clock_skew`` (11 s by default) after its last write, whether records were
-  flowing or not. The KCL (and earlier versions here, with 5 s scans and no stamps) take a lease
-  one or two scan intervals after the failover time has passed since the scan that first saw its
-  last counter. Set the multiplier to 2 for the KCL's scan rate (the extra reads then come
-  about once per lease per lease duration, and a moment with more than eight leases due starts
-  a scan instead);
+  0.55 by default (5.5 s at failover 10 s), not the KCL's 2 (20.05 s). Between scans, a lease of
+  another worker is read once more (one GetItem) at the moment it would expire unless its counter
+  moved, dated by the write stamps (kclpy_spark.moves.rules.observer), and taken at once if it did
+  not move. A live lease's counter moves at least every 0.52 lease duration, so the next scan sees a
+  newer counter before that moment comes (the stamp + 11 s, or the scan that saw it + 10 s when the
+  scan came within the skew allowance of the write), and no extra read is made unless a renewal runs
+  more than about a quarter of a second late; a dead worker's leases move ``failover +
+  max_clock_skew`` (11 s by default) after its last write, whether records were flowing or not. The
+  KCL (and earlier versions here, with 5 s scans and no stamps) take a lease one or two scan
+  intervals after the failover time has passed since the scan that first saw its last counter. Set
+  the multiplier to 2 for the KCL's scan rate (the extra reads then come about once per lease per
+  lease duration, and a moment with more than eight leases due starts a scan instead);
 * a lease is "very old" after ``3 * failover`` without a counter change, and is then taken first;
 * the shard-sync leader record expires after ``3 * failover`` (30 s by default) and is renewed
   at half that (every 15 s, from the leader's ticks every 5 s, so a failed write is tried again
   5 s later): leadership only decides who syncs shards and cleans up, which a 30 s gap after a
   leader's crash delays by that much (a stopping leader resigns at once), while a renewal per
   lease interval cost every worker a read, and the leader a write, every 3.3 s. A leader that
-  assigns leases (shard_sync.leader, kclpy_spark.runtime.assigning) lives one failover time,
+  assigns leases (shard_sync.leader, kclpy_spark.moves.assigning) lives one failover time,
   renewed every third. The KCL 3.x leader lock: 120 s, heartbeat every 30 s;
 * a worker's status record is written at its control round (every failover time) when it
   changed or the worker holds no lease, else every ``3 * failover`` (the KCL 3.x worker metrics:
@@ -56,14 +55,15 @@ DEFAULT_EPSILON = 0.025
 # The KCL's veryOldLeaseDurationNanosMultiplier.
 DEFAULT_VERY_OLD_MULTIPLIER = 3.0
 # Not in the KCL: how many take intervals a worker waits before it steals again after one of its
-# leases was taken by another worker (see checkpoint.leasing.take_rule). Two intervals let every
-# other worker's taker run at least once whatever its phase, so the counts we steal on have
+# leases was taken by another worker (see kclpy_spark.moves.rules.take_rule). Two intervals let
+# every other worker's taker run at least once whatever its phase, so the counts we steal on have
 # settled.
 DEFAULT_STEAL_COOLDOWN_INTERVALS = 2.0
 # The shard-sync leader's record lives this many failover times without a renewal.
 LEADER_DURATION_MULTIPLIER = 3.0
 # kclpy-spark's renewal schedule, in failover times: rounds every twelfth; a lease is renewed at
-# the first round after its counter is RENEW_AFTER old (checkpoint.leasing.held.renewal_due).
+# the first round after its counter is RENEW_AFTER old
+# (checkpoint.leasing.renewal_rules.renewal_due).
 ROUNDS_PER_DURATION = 12
 RENEW_AFTER = 0.44
 # Lease durations between two status writes of a worker whose status did not change.
@@ -89,7 +89,8 @@ class LeaseTiming:
     steal_cooldown_intervals: float = DEFAULT_STEAL_COOLDOWN_INTERVALS
     take_interval_multiplier: float = 0.55
     # The largest difference between two workers' wall clocks that write stamps allow for (see
-    # checkpoint.leasing.observer): a dead worker's lease moves this much after the lease duration.
+    # kclpy_spark.moves.rules.observer): a dead worker's lease moves this much after the lease
+    # duration.
     max_clock_skew: float = 1.0
     # Failover times a leader record lives without a renewal (renewed three times as often):
     # 3 when leadership only syncs shards; 1 when the leader also assigns leases, so a dead

@@ -31,7 +31,7 @@ from checkpoint.base.clock import AsyncSleep, Clock
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.base.retry import Backoff
 from checkpoint.counters import CoordinationCounters
-from checkpoint.leasing.held import HeldLease
+from checkpoint.leasing.held_lease import HeldLease
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import (

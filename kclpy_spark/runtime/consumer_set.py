@@ -22,12 +22,12 @@ from checkpoint.base.clock import AsyncSleep, Clock
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.counters import CoordinationCounters, Counter
 from checkpoint.lease import OwnerFigures, owner_tag
-from checkpoint.leasing.held import HeldLease
+from checkpoint.leasing.held_lease import HeldLease
 from checkpoint.leasing.holder import LeaseHolder
-from checkpoint.leasing.load import ema
 from checkpoint.port import LeaseTable
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.logs import shard_context
+from kclpy_spark.moves.rules.load import ema
 from kclpy_spark.runtime.caught_up import CaughtUp
 from kclpy_spark.runtime.consumer import Outcome, ProcessorFactory, ShardConsumer, ShardStats
 from kclpy_spark.runtime.health import ConsumerView

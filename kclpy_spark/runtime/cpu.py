@@ -10,8 +10,8 @@ worker samples it once per control round and publishes the figure in its status 
 ``kclpy_spark_cpu_utilization_ratio`` (a share). With it go ``cpu_settled`` (whether the worker
 started or ended no consumer during the window the figure covers: ``sample(marker)``, the marker
 being the consumer set's change count, the same at both ends), ``cpu_since`` (the wall time the
-window began) and ``cpu_limit``. The load rule (checkpoint/leasing/cpu_load.py) balances CPU only
-on settled figures whose window began after the worker's last lease move, so a move is never
+window began) and ``cpu_limit``. The load rule (kclpy_spark/moves/rules/cpu_load.py) balances CPU
+only on settled figures whose window began after the worker's last lease move, so a move is never
 judged on CPU measured before it."""
 
 from __future__ import annotations

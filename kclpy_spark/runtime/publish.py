@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
-from checkpoint.leasing.cpu_load import CPU_NOISE
 from checkpoint.leasing.timing import LeaseTiming
 from kclpy_spark.board.model import SINK_FIGURES
+from kclpy_spark.moves.rules.cpu_load import CPU_NOISE
 from kclpy_spark.runtime.identity import note_duplicate
 
 if TYPE_CHECKING:

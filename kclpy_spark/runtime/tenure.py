@@ -22,7 +22,7 @@ from checkpoint.base.clock import AsyncSleep
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.checkpointer import Checkpointer
 from checkpoint.lease import Lease
-from checkpoint.leasing.held import HeldLease, UpdateResult
+from checkpoint.leasing.held_lease import HeldLease, UpdateResult
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import AT_TIMESTAMP, ExtendedSequenceNumber

@@ -30,8 +30,10 @@ from checkpoint.leasing.holder import LeaseHolder
 from kclpy_spark.board.feed import WorkerBoard
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.logs import set_application
+from kclpy_spark.moves.assigning import leader_election, lease_timing
+from kclpy_spark.moves.stopping import announce_stopping, let_new_owners_see, release_all
+from kclpy_spark.moves.taking import Taker
 from kclpy_spark.processor import ReportsReadiness
-from kclpy_spark.runtime.assigning import leader_election, lease_timing
 from kclpy_spark.runtime.caught_up import CaughtUp
 from kclpy_spark.runtime.consumer import ProcessorFactory, ShardStats
 from kclpy_spark.runtime.consumer_set import ConsumerSet
@@ -42,9 +44,7 @@ from kclpy_spark.runtime.identity import unique_worker_id
 from kclpy_spark.runtime.lease_store import LeaseStore
 from kclpy_spark.runtime.metrics import StatusServer, worker_metrics
 from kclpy_spark.runtime.publish import StatusCadence, publish_if_due, status_payload
-from kclpy_spark.runtime.stopping import announce_stopping, let_new_owners_see, release_all
 from kclpy_spark.runtime.streams import RecordSourcesFor, StreamContext, StreamSet
-from kclpy_spark.runtime.taking import Taker
 from kclpy_spark.stream_spec import StreamSpec
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,7 @@
 """The rooms' import graph (issue 46): no file-level import cycle in the three packages, type-only
 imports counted (they are what a reader follows too), and the worker imported only by what
-composes it. Imports inside functions are left out: they run late and form no load cycle."""
+composes it. Imports inside functions are left out of the cycles (they run late and form no load
+cycle) but not out of the layers: a package imports only those below it, anywhere in a file."""
 
 from __future__ import annotations
 
@@ -26,14 +27,18 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The modules of ``known`` that ``name`` imports outside functions."""
+def _imports(
+    name: str, path: Path, known: dict[str, Path], *, in_functions: bool = False
+) -> set[str]:
+    """The modules of ``known`` that ``name`` imports outside functions (and inside them too
+    with ``in_functions``)."""
     out: set[str] = set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            functions = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+            if isinstance(child, functions) and not in_functions:
                 continue
             if isinstance(child, ast.Import):
                 out.update(a.name for a in child.names if a.name in known)
@@ -55,9 +60,11 @@ def _imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     return out
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(*, in_functions: bool = False) -> dict[str, set[str]]:
     known = _modules()
-    return {name: _imports(name, path, known) for name, path in known.items()}
+    return {
+        name: _imports(name, path, known, in_functions=in_functions) for name, path in known.items()
+    }
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
@@ -109,9 +116,7 @@ def test_the_cycle_finder_finds_a_cycle_and_leaves_a_chain() -> None:
 
 def test_the_graph_sees_type_only_imports() -> None:
     graph = _graph()
-    assert (
-        "kclpy_spark.runtime.lease_worker" in graph["kclpy_spark.runtime.taking"]
-    )  # TYPE_CHECKING
+    assert "kclpy_spark.moves.lease_worker" in graph["kclpy_spark.moves.taking"]  # TYPE_CHECKING
     assert "kclpy_spark.config" in graph["kclpy_spark.config_checks"]
 
 
@@ -123,3 +128,26 @@ def test_no_import_cycle_in_the_packages() -> None:
 def test_only_the_composers_import_the_worker() -> None:
     importers = {name for name, deps in _graph().items() if WORKER in deps}
     assert importers <= COMPOSERS, f"modules that import the Worker: {sorted(importers)}"
+
+
+def _layer_breaches(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of a package above the importer's (PACKAGES lists them from the top down)."""
+    rank = {pkg: i for i, pkg in enumerate(PACKAGES)}
+    return sorted(
+        f"{name} -> {dep}"
+        for name, deps in graph.items()
+        for dep in deps
+        if rank[dep.partition(".")[0]] < rank[name.partition(".")[0]]
+    )
+
+
+def test_the_layer_check_finds_an_import_upwards() -> None:
+    graph = {"checkpoint.lease": {"kclpy_spark.config"}, "kclpy_spark.cli": {"checkpoint.lease"}}
+    assert _layer_breaches(graph) == ["checkpoint.lease -> kclpy_spark.config"]
+
+
+def test_each_package_imports_only_the_ones_below_it() -> None:
+    graph = _graph(in_functions=True)
+    assert "checkpoint.coordination" in graph["kclpy_spark.moves.rules.cpu_load"]
+    breaches = _layer_breaches(graph)
+    assert not breaches, f"imports of a package above: {breaches}"

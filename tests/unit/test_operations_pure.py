@@ -169,7 +169,7 @@ def test_a_status_record_may_say_how_long_it_holds_for(
 
 
 def test_a_quiet_holders_cpu_figure_stays_current_for_its_record_life() -> None:
-    from checkpoint.leasing.cpu_load import CpuFigure
+    from checkpoint.coordination import CpuFigure
     from checkpoint.port import CoordinationRecord
 
     data = {"updated_at": 60.0, "cpu_percent": 40.0, "cpu_settled": True, "cpu_since": 50.0,
@@ -380,7 +380,7 @@ def test_cpu_figures_come_from_running_workers_status_records() -> None:
     """What the load rule reads of each running worker's CPU: a worker of a version without
     ``cpu_settled`` is left out (the fleet then balances throughput), one without a figure yet
     is unsettled, so is one whose record is late, and stopping workers are not running."""
-    from checkpoint.leasing.cpu_load import CpuFigure
+    from checkpoint.coordination import CpuFigure
     from checkpoint.port import CoordinationRecord
 
     def record(worker: str, **data: Any) -> CoordinationRecord:

@@ -12,8 +12,9 @@ import pytest
 from checkpoint.base.clock import ManualClock
 from checkpoint.base.errors import DependencyError, ThrottledError
 from checkpoint.lease import Lease
-from checkpoint.leasing.held import LeaseLoss, RenewalReport
+from checkpoint.leasing.held_lease import LeaseLoss
 from checkpoint.leasing.holder import LeaseHolder
+from checkpoint.leasing.renewal_rules import RenewalReport
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
 from checkpoint.stores.memory import MemoryLeaseTable
 

@@ -11,12 +11,12 @@ import pytest
 from checkpoint.base.clock import ManualClock
 from checkpoint.base.errors import DependencyError
 from checkpoint.lease import Lease
-from checkpoint.leasing.held import checkpoint_spared, renewal_due
 from checkpoint.leasing.holder import LeaseHolder
-from checkpoint.leasing.observer import LeaseObserver
+from checkpoint.leasing.renewal_rules import checkpoint_spared, renewal_due
 from checkpoint.leasing.timing import RENEW_AFTER, LeaseTiming
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
 from checkpoint.stores.memory import MemoryLeaseTable
+from kclpy_spark.moves.rules.observer import LeaseObserver
 
 DURATION = 10.0
 P = DURATION / 2  # how often renewals alone move the counter

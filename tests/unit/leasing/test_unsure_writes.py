@@ -18,7 +18,7 @@ from checkpoint.base.clock import ManualClock
 from checkpoint.base.errors import DependencyError
 from checkpoint.checkpointer import DEPENDENCY, Checkpointer, CheckpointError
 from checkpoint.lease import Lease, WriteStamp
-from checkpoint.leasing.held import LeaseLoss
+from checkpoint.leasing.held_lease import LeaseLoss
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
 from checkpoint.stores.memory import MemoryLeaseTable
@@ -121,7 +121,7 @@ def test_a_renewal_after_a_landed_renewal_goes_on_from_it(
     first = holder.renew_all(wait=5)
     assert list(first.failed) == [KEY]
     assert stored(table).lease_counter == 2  # applied, though we never heard
-    with caplog.at_level(logging.WARNING, logger="checkpoint.leasing.held"):
+    with caplog.at_level(logging.WARNING, logger="checkpoint.leasing.unsure_writes"):
         second = holder.renew_all(wait=5)
     assert second.renewed == (KEY,) and second.lost == ()
     assert stored(table).lease_counter == 3

@@ -11,7 +11,7 @@ import pytest
 from checkpoint.base.clock import ManualClock
 from checkpoint.base.errors import DependencyError
 from checkpoint.lease import Lease
-from checkpoint.leasing.held import LeaseLoss
+from checkpoint.leasing.held_lease import LeaseLoss
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.leasing.vanished import put_back, restore_if_vanished, resumed_from
 from checkpoint.sequence import LATEST, SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber

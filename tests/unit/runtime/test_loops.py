@@ -11,7 +11,7 @@ import pytest
 from checkpoint.base.clock import ManualClock
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.runtime.assigning import leader_election, lease_timing
+from kclpy_spark.moves.assigning import leader_election, lease_timing
 from kclpy_spark.runtime.worker import Worker
 
 

@@ -24,14 +24,14 @@ from checkpoint import coordination
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.counters import Counter
 from checkpoint.lease import Lease, LeaseState
-from checkpoint.leasing.cpu_load import FleetCpu
-from checkpoint.leasing.observer import LeaseObserver, ObservedScan
-from checkpoint.leasing.take_rule import plan_takes
 from checkpoint.port import TableScan
-from kclpy_spark.runtime.assigning import AssignmentHint, Led
+from kclpy_spark.moves.assigning import AssignmentHint, Led
+from kclpy_spark.moves.rules.cpu_load import FleetCpu
+from kclpy_spark.moves.rules.observer import LeaseObserver, ObservedScan
+from kclpy_spark.moves.rules.take_rule import plan_takes
 
 if TYPE_CHECKING:
-    from kclpy_spark.runtime.lease_worker import LeaseWorker
+    from kclpy_spark.moves.lease_worker import LeaseWorker
 
 log = logging.getLogger(__name__)
 

@@ -23,21 +23,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from checkpoint.coordination import CpuFigure
+
 CPU_FLOOR = 20.0  # percent: a fleet using less on average is balanced by throughput
 CPU_MIN_GAP = 5.0  # percentage points: CPU figures closer than this are the same
 CPU_NOISE = 1.0  # percentage points a steal by bytes may leave the thief above its victim
-
-
-@dataclass(frozen=True)
-class CpuFigure:
-    """A worker's CPU as its status record publishes it: percent of its limit over the last
-    window (None before its first window ends), whether its set of consumers stayed the same over
-    that window, when the window began (its wall clock) and its limit in CPUs."""
-
-    percent: float | None
-    settled: bool = True
-    since: float | None = None
-    limit: float | None = None
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from checkpoint.lease import Lease
-from checkpoint.leasing.load import FleetCpu, has_load, plan_load_steal
-from checkpoint.leasing.observer import ObservedLease, ObservedScan
-from checkpoint.leasing.take_rule import UNLIMITED, preferred, stalled
+from kclpy_spark.moves.rules.load import FleetCpu, has_load, plan_load_steal
+from kclpy_spark.moves.rules.observer import ObservedLease, ObservedScan
+from kclpy_spark.moves.rules.take_rule import UNLIMITED, preferred, stalled
 
 
 @dataclass(frozen=True)

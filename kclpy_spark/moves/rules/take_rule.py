@@ -54,8 +54,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from checkpoint.lease import Lease
-from checkpoint.leasing.load import FleetCpu, has_load, plan_load_steal
-from checkpoint.leasing.observer import ObservedLease, ObservedScan
+from kclpy_spark.moves.rules.load import FleetCpu, has_load, plan_load_steal
+from kclpy_spark.moves.rules.observer import ObservedLease, ObservedScan
 
 # The KCL's default maxLeasesForWorker (Integer.MAX_VALUE): no cap.
 UNLIMITED = 2**31 - 1

@@ -10,8 +10,9 @@ import pytest
 from checkpoint.base.clock import ManualClock
 from checkpoint.base.errors import ConfigError
 from checkpoint.lease import Lease, WriteStamp
-from checkpoint.leasing import LeaseObserver, LeaseTiming, ObservedScan
+from checkpoint.leasing import LeaseTiming
 from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber
+from kclpy_spark.moves.rules import LeaseObserver, ObservedScan
 
 TIMING = LeaseTiming(failover=10.0)
 DURATION = TIMING.lease_duration

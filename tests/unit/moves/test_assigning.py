@@ -1,4 +1,4 @@
-"""Leader assignment at run time (kclpy_spark.runtime.assigning), on the memory store with
+"""Leader assignment at run time (kclpy_spark.moves.assigning), on the memory store with
 stand-in workers: the leader assigns, led workers find and take what they were given, and a
 leadership that changes (or lapses) mid-assignment never gives one lease two runners."""
 
@@ -19,15 +19,15 @@ from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import SHARD_END
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.runtime.assigning import (
+from kclpy_spark.moves.assigning import (
     DECLINED_FOR,
     Led,
     leader_assignment_pays,
     leader_election,
     lease_timing,
 )
-from kclpy_spark.runtime.taking import Taker
-from tests.unit.runtime.test_taking import Consumers, io, put, status, worker
+from kclpy_spark.moves.taking import Taker
+from tests.unit.moves.test_taking import Consumers, io, put, status, worker
 
 
 class Leader:
@@ -344,7 +344,7 @@ def _fleet_round(
 def test_a_large_fleet_scanning_on_dynamodb_is_told_once_that_leader_assignment_pays(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, "kclpy_spark.runtime.assigning")
+    caplog.set_level(logging.INFO, "kclpy_spark.moves.assigning")
     _fleet_round("dynamodb", leases=128, peers=7, rounds=3)
     hints = [r.getMessage() for r in caplog.records if "lease_assignment" in r.getMessage()]
     assert len(hints) == 1
@@ -354,7 +354,7 @@ def test_a_large_fleet_scanning_on_dynamodb_is_told_once_that_leader_assignment_
 def test_a_small_fleet_or_an_embedded_store_gets_no_leader_assignment_hint(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, "kclpy_spark.runtime.assigning")
+    caplog.set_level(logging.INFO, "kclpy_spark.moves.assigning")
     _fleet_round("dynamodb", leases=128, peers=6, rounds=2)  # 7 workers
     _fleet_round("dynamodb", leases=127, peers=7, rounds=2)
     _fleet_round("sqlite:leases.db", leases=200, peers=7, rounds=2)  # large, but embedded
@@ -363,7 +363,7 @@ def test_a_small_fleet_or_an_embedded_store_gets_no_leader_assignment_hint(
 
 def test_a_job_gets_no_leader_assignment_hint(caplog: pytest.LogCaptureFixture) -> None:
     """``--until-caught-up`` takes as every worker does in either mode: nothing to advise."""
-    caplog.set_level(logging.INFO, "kclpy_spark.runtime.assigning")
+    caplog.set_level(logging.INFO, "kclpy_spark.moves.assigning")
     job = SimpleNamespace(remaining=lambda leases: ["s000"], is_ended=lambda key: False)
     _fleet_round("dynamodb", leases=128, peers=7, rounds=1, caught_up=job)
     assert not [r for r in caplog.records if "lease_assignment" in r.getMessage()]
@@ -384,7 +384,7 @@ def _auto_fleet(n_leases: int, names: list[str]) -> tuple[ManualClock, Reads, di
 def test_an_auto_fleet_switches_to_leader_assignment_when_large_and_back_when_small(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, "kclpy_spark.runtime.assigning")
+    caplog.set_level(logging.INFO, "kclpy_spark.moves.assigning")
     clock, table, takers = _auto_fleet(6, ["a", "b", "c"])
     a, b, c = (takers[n] for n in "abc")
     elections = [t.worker.leader for t in (a, b, c)]

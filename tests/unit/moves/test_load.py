@@ -1,4 +1,4 @@
-"""Load-aware balancing (checkpoint/leasing/load.py): weights, the steal rule table-driven, and
+"""Load-aware balancing (kclpy_spark/moves/rules/load.py): weights, the steal rule table-driven, and
 fleets of simulated workers that must converge without moving a lease back and forth."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from collections import Counter
 import pytest
 
 from checkpoint.lease import Lease
-from checkpoint.leasing import ObservedLease, ObservedScan, plan_takes
-from checkpoint.leasing.load import (
+from checkpoint.sequence import TRIM_HORIZON
+from kclpy_spark.moves.rules import ObservedLease, ObservedScan, plan_takes
+from kclpy_spark.moves.rules.load import (
     FLOOR_KBPS,
     CpuFigure,
     FleetCpu,
@@ -20,7 +21,6 @@ from checkpoint.leasing.load import (
     plan_load_steal,
     weights,
 )
-from checkpoint.sequence import TRIM_HORIZON
 
 ME = "me"
 

@@ -41,16 +41,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 from checkpoint.base.clock import Clock
 from checkpoint.base.errors import InvalidStateError
 from checkpoint.lease import Lease
-from checkpoint.leasing.assign_rule import Suspects, leader_assigns, plan_assignments
 from checkpoint.leasing.timing import LeaseTiming
 from checkpoint.port import CoordinationStore
 from kclpy_spark.config import WorkerConfig
+from kclpy_spark.moves.rules.assign_rule import Suspects, leader_assigns, plan_assignments
 from shard_sync.leader import LeaderElection
 
 if TYPE_CHECKING:
-    from checkpoint.leasing.cpu_load import FleetCpu
-    from checkpoint.leasing.observer import LeaseObserver, ObservedScan
-    from kclpy_spark.runtime.lease_worker import LeaseWorker
+    from kclpy_spark.moves.lease_worker import LeaseWorker
+    from kclpy_spark.moves.rules.cpu_load import FleetCpu
+    from kclpy_spark.moves.rules.observer import LeaseObserver, ObservedScan
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""The leader's assignment rule (checkpoint.leasing.assign_rule): table-driven over scans made by a
-real observer, then a fleet in virtual time where one leader assigns and moves leases for
+"""The leader's assignment rule (kclpy_spark.moves.rules.assign_rule): table-driven over scans
+made by a real observer, then a fleet in virtual time where one leader assigns and moves leases for
 everyone."""
 
 from __future__ import annotations
@@ -10,12 +10,19 @@ from dataclasses import replace
 import pytest
 
 from checkpoint.base.clock import ManualClock
+from checkpoint.coordination import CpuFigure
 from checkpoint.lease import Lease
-from checkpoint.leasing import LeaseObserver, LeaseTiming
-from checkpoint.leasing.assign_rule import Suspects, leader_assigns, plan_assignments, targets_of
-from checkpoint.leasing.load import CpuFigure, FleetCpu
+from checkpoint.leasing import LeaseTiming
 from checkpoint.sequence import TRIM_HORIZON
-from tests.unit.leasing.test_take_rule import scan_of
+from kclpy_spark.moves.rules import LeaseObserver
+from kclpy_spark.moves.rules.assign_rule import (
+    Suspects,
+    leader_assigns,
+    plan_assignments,
+    targets_of,
+)
+from kclpy_spark.moves.rules.load import FleetCpu
+from tests.unit.moves.test_take_rule import scan_of
 
 TIMING = LeaseTiming(failover=10.0)
 

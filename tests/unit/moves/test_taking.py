@@ -25,10 +25,10 @@ from checkpoint.port import CoordinationRecord, KclWorkerSighting, TableScan
 from checkpoint.sequence import SHARD_END, TRIM_HORIZON
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.runtime.assigning import leader_election, lease_timing
+from kclpy_spark.moves.assigning import leader_election, lease_timing
+from kclpy_spark.moves.taking import MAX_LOOKS, Taker
 from kclpy_spark.runtime.events import EventLog
 from kclpy_spark.runtime.metrics import WorkerMetrics
-from kclpy_spark.runtime.taking import MAX_LOOKS, Taker
 from shard_sync.leader import LEADER_KEY
 
 ME = "me"
@@ -401,7 +401,7 @@ def test_a_round_hands_the_scans_coordination_records_to_the_leader_and_suspend_
 
 
 def test_a_stopping_worker_says_so_before_handing_out(monkeypatch: Any) -> None:
-    from kclpy_spark.runtime import stopping
+    from kclpy_spark.moves import stopping
 
     table = MemoryLeaseTable()
     w = worker(table, Consumers())
@@ -423,7 +423,7 @@ def test_a_stopping_leader_that_may_assign_resigns_before_handing_out(
 ) -> None:
     """So the next leader decides (and assigns) now, not a failover time later; in "auto" also
     when it had only decided to assign, its record not saying so yet."""
-    from kclpy_spark.runtime import stopping
+    from kclpy_spark.moves import stopping
 
     table = MemoryLeaseTable()
     w = worker(table, Consumers())

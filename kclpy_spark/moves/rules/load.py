@@ -46,18 +46,18 @@ import random
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from checkpoint.coordination import CpuFigure
 from checkpoint.lease import Lease
-from checkpoint.leasing.cpu_load import (
+from kclpy_spark.moves.rules.cpu_load import (
     CPU_FLOOR,
     CPU_MIN_GAP,
     CPU_NOISE,
-    CpuFigure,
     FleetCpu,
     current,
     percents,
     receiver_gain,
 )
-from checkpoint.leasing.observer import ObservedLease, ObservedScan
+from kclpy_spark.moves.rules.observer import ObservedLease, ObservedScan
 
 __all__ = ["CpuFigure", "FleetCpu", "LoadSteal", "ema", "has_load", "plan_load_steal", "weights"]
 

@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from checkpoint.base.errors import KclpySparkError
+from kclpy_spark.moves.taking import HANDOFF_POLL
 from kclpy_spark.runtime.publish import StatusSource, status_payload
-from kclpy_spark.runtime.taking import HANDOFF_POLL
 
 if TYPE_CHECKING:
     from checkpoint.base.clock import AsyncSleep, Clock

@@ -10,15 +10,9 @@ import pytest
 
 from checkpoint.base.clock import ManualClock
 from checkpoint.lease import Lease
-from checkpoint.leasing import (
-    UNLIMITED,
-    LeaseObserver,
-    LeaseTiming,
-    ObservedScan,
-    TakePlan,
-    plan_takes,
-)
+from checkpoint.leasing import LeaseTiming
 from checkpoint.sequence import SHARD_END, TRIM_HORIZON
+from kclpy_spark.moves.rules import UNLIMITED, LeaseObserver, ObservedScan, TakePlan, plan_takes
 
 TIMING = LeaseTiming(failover=10.0)
 ME = "me"
