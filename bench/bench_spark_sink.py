@@ -39,7 +39,7 @@ from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
 from checkpoint.stores.sqlite import SQLiteLeaseTable
 from kclpy_spark.processor import InitializeInput, ProcessRecordsInput, Record
-from kclpy_spark.spark.batcher import BatcherSettings, DrainResult, MicroBatcher
+from kclpy_spark.spark.micro_batcher import BatcherSettings, DrainResult, MicroBatcher
 from kclpy_spark.spark.pieces import records_to_chunk
 from kclpy_spark.spark.session import SparkSessionHolder
 from kclpy_spark.spark.sink_processor import SparkSinkProcessor

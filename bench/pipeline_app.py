@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kclpy_spark.processor import ProcessRecordsInput, RecordProcessor, ShutdownRequestedInput
-from kclpy_spark.spark.batch import current_batch
+from kclpy_spark.spark.sink_batch import current_batch
 
 COUNTS: dict[str, int] = {}
 

@@ -20,13 +20,16 @@ batch is acknowledged and its checkpoint moves; when it raises, nothing moves an
 retried with backoff, then dead-lettered or its leases parked. ``batch_id`` is a stable hash of
 the batch's (lease, first, last) ranges, so a batch replayed after a crash has the same id; the
 built-in ``ParquetSink`` and ``DeltaSink`` are idempotent per lease range. ``current_batch()``
-(batch.py) tells a function the batch's pieces.
+(``sink_batch``) tells a function the batch's pieces.
 
 Import-light on purpose: nothing here imports pyspark (a worker that only runs RecordProcessors
 never loads it); the modules import it inside the functions that need a session. Entry point:
-``runtime.processor_factory_from_sink_config``. Parts: ``config`` (SinkConfig), ``session``
-(SparkSessionHolder, Spark targets), ``pieces`` (ids, Arrow), ``lanes``/``planner``/``batcher``/
-``writer`` (the MicroBatcher), ``acks`` (every sink of a batch must answer before its checkpoint
-moves), ``timed_write``/``write_threads`` (a write with a deadline, on threads that a hung write
-cannot exhaust), ``processor`` (SparkSinkProcessor), ``sinks`` (Parquet, Delta, dead letters).
+``sink_setup.processor_factory_from_sink_config``. Parts (ARCHITECTURE.md lists every module):
+``sink_config``/``settings`` (what a ``[sink]`` table says), ``session`` (SparkSessionHolder,
+Spark targets), ``pieces`` (ids, Arrow), ``lane``/``planner``/``micro_batcher``/``writer`` (the
+MicroBatcher and its writer threads), ``batch_life`` (one batch's states), ``acks`` (every sink of
+a batch must answer before its checkpoint moves), ``timed_write``/``write_threads`` (a write with
+a deadline, on threads that a hung write cannot exhaust), ``sink_processor``
+(SparkSinkProcessor), ``sink_batch`` (what a sink is given), ``sinks`` (Parquet, Delta, dead
+letters), and the executor reads (``executor_reads``, ``cluster_read``, ``ranges``, ``frames``).
 """

@@ -20,9 +20,9 @@ from checkpoint.base.errors import KclpySparkError
 from checkpoint.checkpointer import CheckpointError
 from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.spark.acks import AckSet
-from kclpy_spark.spark.batch import SinkBatch
 from kclpy_spark.spark.lane import Cut, Lane
 from kclpy_spark.spark.pieces import PendingState, PieceKey
+from kclpy_spark.spark.sink_batch import SinkBatch
 
 
 class BatchState(enum.Enum):

@@ -30,11 +30,11 @@ from checkpoint.base.retry import Backoff
 from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.retrieval.polling import MAX_READ_PAUSE
 from kclpy_spark.retrieval.source import FetchedBatch, ReadElsewhere
-from kclpy_spark.spark.batch import Interrupter, NoInterrupter
 from kclpy_spark.spark.cluster_read import AwsTarget, RangeRead, StoredReads, read_ranges
 from kclpy_spark.spark.frames import RangeChunk
 from kclpy_spark.spark.lane import Lane
 from kclpy_spark.spark.ranges import Pinned, RangeEnd, ReadRange
+from kclpy_spark.spark.sink_batch import Interrupter, NoInterrupter
 from kclpy_spark.spark.watchdog import Watchdog
 
 log = logging.getLogger(__name__)

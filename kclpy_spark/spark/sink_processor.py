@@ -30,8 +30,13 @@ from kclpy_spark.processor import (
     ShardEndedInput,
     ShutdownRequestedInput,
 )
-from kclpy_spark.spark.batcher import DrainResult, LaneClosedError, MicroBatcher, SinkParkedError
 from kclpy_spark.spark.lane import Lane, TwoPhaseCheckpointer
+from kclpy_spark.spark.micro_batcher import (
+    DrainResult,
+    LaneClosedError,
+    MicroBatcher,
+    SinkParkedError,
+)
 from kclpy_spark.spark.pieces import records_to_chunk
 
 if TYPE_CHECKING:

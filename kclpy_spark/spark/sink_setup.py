@@ -18,12 +18,12 @@ from typing import Any
 from checkpoint.base.errors import ConfigError
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.runtime.streams import RecordSourcesFor
-from kclpy_spark.spark.batch import BatchSink, FunctionSink, SinkRoute
-from kclpy_spark.spark.batcher import MicroBatcher
 from kclpy_spark.spark.executor_reads import ExecutorReads
+from kclpy_spark.spark.micro_batcher import MicroBatcher
 from kclpy_spark.spark.paths import check_sink_path, check_writable, local_path
 from kclpy_spark.spark.session import SparkSessionHolder
 from kclpy_spark.spark.settings import BatcherSettings
+from kclpy_spark.spark.sink_batch import BatchSink, FunctionSink, SinkRoute
 from kclpy_spark.spark.sink_config import SinkConfig, SinkSpec
 from kclpy_spark.spark.sink_processor import SparkSinkProcessorFactory
 from kclpy_spark.spark.sinks import DeadLetterDirectory, DeltaSink, ParquetSink

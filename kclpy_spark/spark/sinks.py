@@ -37,8 +37,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kclpy_spark.spark.batch import SinkBatch
 from kclpy_spark.spark.pieces import Piece
+from kclpy_spark.spark.sink_batch import SinkBatch
 
 log = logging.getLogger(__name__)
 

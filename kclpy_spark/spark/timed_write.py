@@ -11,7 +11,7 @@ from concurrent.futures import wait
 from typing import TypeVar
 
 from checkpoint.base.errors import KclpySparkError
-from kclpy_spark.spark.batch import BatchSink, Interrupter, SinkBatch
+from kclpy_spark.spark.sink_batch import BatchSink, Interrupter, SinkBatch
 from kclpy_spark.spark.watchdog import Watchdog
 from kclpy_spark.spark.write_threads import WriteThreads
 

@@ -19,7 +19,12 @@ from tenacity.stop import stop_base
 from checkpoint.base.retry import Backoff
 from checkpoint.checkpointer import CheckpointError
 from kclpy_spark.spark.acks import DEAD_LETTERED, FAILED, WRITTEN, AckSet, SinkFailedError
-from kclpy_spark.spark.batch import (
+from kclpy_spark.spark.batch_life import Batch, LaneEvents
+from kclpy_spark.spark.frames import ExecutorFrames, RangeChunk
+from kclpy_spark.spark.lane import Cut, Lane
+from kclpy_spark.spark.pieces import SCHEMA, Piece, batch_id_of
+from kclpy_spark.spark.settings import BatcherSettings
+from kclpy_spark.spark.sink_batch import (
     BatchSink,
     DeadLetterWriter,
     Interrupter,
@@ -27,11 +32,6 @@ from kclpy_spark.spark.batch import (
     SinkRoute,
     ToDataFrame,
 )
-from kclpy_spark.spark.batch_life import Batch, LaneEvents
-from kclpy_spark.spark.frames import ExecutorFrames, RangeChunk
-from kclpy_spark.spark.lane import Cut, Lane
-from kclpy_spark.spark.pieces import SCHEMA, Piece, batch_id_of
-from kclpy_spark.spark.settings import BatcherSettings
 from kclpy_spark.spark.timed_write import (
     TimedWrites,
     WriteHungError,

@@ -29,9 +29,9 @@ from checkpoint.stores.sqlite import SQLiteLeaseTable
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.runtime.daemon import run_worker
 from kclpy_spark.runtime.worker import Worker
-from kclpy_spark.spark.batch import SinkBatch
 from kclpy_spark.spark.pieces import Piece
 from kclpy_spark.spark.session import SparkSessionHolder
+from kclpy_spark.spark.sink_batch import SinkBatch
 from kclpy_spark.spark.sink_config import sink_config
 from kclpy_spark.spark.sink_setup import processor_factory_from_sink_config
 from kclpy_spark.spark.sinks import DeltaSink, ParquetSink
@@ -178,7 +178,7 @@ class OvertakingSink:
 def stall_then_note(df: Any, batch_id: int) -> None:
     """The second of two sinks (after Parquet): notes each piece it got (id, rows) in
     ``function.jsonl``; with STALL_ENV set, the first call stalls instead (killed there)."""
-    from kclpy_spark.spark.batch import current_batch
+    from kclpy_spark.spark.sink_batch import current_batch
 
     batch = current_batch()
     assert batch is not None

@@ -14,8 +14,8 @@ from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.processor import Record
-from kclpy_spark.spark.batcher import MicroBatcher
 from kclpy_spark.spark.lane import Lane
+from kclpy_spark.spark.micro_batcher import MicroBatcher
 from kclpy_spark.spark.pieces import records_to_chunk
 
 NO_RETRY = RetryPolicy(base_delay=0.0, max_delay=0.0, max_attempts=1)

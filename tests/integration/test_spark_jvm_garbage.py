@@ -97,8 +97,8 @@ def test_the_parquet_sink_writes_unique_columns_without_a_dictionary(
     import pyarrow.parquet as pq
 
     from checkpoint.sequence import ExtendedSequenceNumber
-    from kclpy_spark.spark.batch import SinkBatch
     from kclpy_spark.spark.pieces import Piece, PieceKey, batch_id_of
+    from kclpy_spark.spark.sink_batch import SinkBatch
     from kclpy_spark.spark.sinks import ParquetSink
 
     holder = SparkSessionHolder.adopt(spark)

@@ -13,11 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 from spark_harness import LeaseEnv, make_records, written_numbers
 
-from kclpy_spark.spark.batch import FunctionSink, SinkBatch, SinkRoute, current_batch
 from kclpy_spark.spark.batch_life import Batch
-from kclpy_spark.spark.batcher import BatcherSettings, MicroBatcher
+from kclpy_spark.spark.micro_batcher import BatcherSettings, MicroBatcher
 from kclpy_spark.spark.pieces import Piece
 from kclpy_spark.spark.session import SparkSessionHolder
+from kclpy_spark.spark.sink_batch import FunctionSink, SinkBatch, SinkRoute, current_batch
 from kclpy_spark.spark.sinks import DeadLetterDirectory, DeltaSink, ParquetSink
 
 SHARDS = ("shardId-000000000000", "shardId-000000000001", "shardId-000000000002")

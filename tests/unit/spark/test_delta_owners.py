@@ -16,8 +16,8 @@ import pyarrow as pa
 import pytest
 
 from checkpoint.sequence import ExtendedSequenceNumber
-from kclpy_spark.spark.batch import SinkBatch
 from kclpy_spark.spark.pieces import SCHEMA, Piece, PieceKey
+from kclpy_spark.spark.sink_batch import SinkBatch
 from kclpy_spark.spark.sinks import DeltaSink
 
 deltalake = pytest.importorskip("deltalake")

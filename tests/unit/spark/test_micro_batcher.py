@@ -28,15 +28,14 @@ from checkpoint.stores.memory import MemoryLeaseTable
 from checkpoint.stores.sqlite import SQLiteLeaseTable
 from checkpoint.stores.sqlite_pool import POOL_SIZE
 from kclpy_spark.processor import Record
-from kclpy_spark.spark.batch import SinkBatch
-from kclpy_spark.spark.batcher import (
+from kclpy_spark.spark.lane import Lane, LaneState
+from kclpy_spark.spark.micro_batcher import (
     BatcherClosedError,
     BatcherSettings,
     DrainResult,
     MicroBatcher,
     SinkParkedError,
 )
-from kclpy_spark.spark.lane import Lane, LaneState
 from kclpy_spark.spark.pieces import (
     InFlight,
     PendingState,
@@ -45,6 +44,7 @@ from kclpy_spark.spark.pieces import (
     batch_id_of,
     records_to_chunk,
 )
+from kclpy_spark.spark.sink_batch import SinkBatch
 from kclpy_spark.spark.writer import WriteTimeoutError
 
 SHARDS = ("shardId-000000000000", "shardId-000000000001")

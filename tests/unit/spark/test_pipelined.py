@@ -19,11 +19,11 @@ from test_micro_batcher import SHARDS, Env, esn, records, threaded_env
 from checkpoint.base.errors import ThrottledError
 from checkpoint.lease import Lease
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
-from kclpy_spark.spark.batch import SinkBatch
 from kclpy_spark.spark.batch_life import Batch
-from kclpy_spark.spark.batcher import BatcherSettings, DrainResult
 from kclpy_spark.spark.lane import Cut, Lane, LaneState
+from kclpy_spark.spark.micro_batcher import BatcherSettings, DrainResult
 from kclpy_spark.spark.pieces import PendingState, PieceKey
+from kclpy_spark.spark.sink_batch import SinkBatch
 
 # --- the lane, pure ------------------------------------------------------------------------------
 

@@ -22,11 +22,16 @@ from test_micro_batcher import SHARDS, Env, FakeSink, esn, records
 from checkpoint.lease import Lease
 from checkpoint.sequence import TRIM_HORIZON
 from kclpy_spark.spark.acks import DEAD_LETTERED, FAILED, WRITTEN, SinkFailedError
-from kclpy_spark.spark.batch import SinkBatch, SinkRoute
 from kclpy_spark.spark.batch_life import Batch
-from kclpy_spark.spark.batcher import BatcherSettings, DrainResult, MicroBatcher, SinkParkedError
 from kclpy_spark.spark.lane import LaneState
+from kclpy_spark.spark.micro_batcher import (
+    BatcherSettings,
+    DrainResult,
+    MicroBatcher,
+    SinkParkedError,
+)
 from kclpy_spark.spark.pieces import PendingState, Piece
+from kclpy_spark.spark.sink_batch import SinkBatch, SinkRoute
 from kclpy_spark.spark.sink_processor import SparkSinkProcessorFactory
 
 

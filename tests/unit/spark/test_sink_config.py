@@ -12,8 +12,8 @@ import pytest
 
 from checkpoint.base.errors import ConfigError
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.spark.batch import FunctionSink
 from kclpy_spark.spark.session import MIB, SparkSessionHolder, SparkTarget, TargetKind, find_java
+from kclpy_spark.spark.sink_batch import FunctionSink
 from kclpy_spark.spark.sink_config import (
     SinkConfig,
     check_installed,

@@ -23,8 +23,7 @@ from kclpy_spark.processor import (
     ShardEndedInput,
     ShutdownRequestedInput,
 )
-from kclpy_spark.spark.batch import SinkBatch
-from kclpy_spark.spark.batcher import (
+from kclpy_spark.spark.micro_batcher import (
     BatcherClosedError,
     BatcherSettings,
     DrainResult,
@@ -32,6 +31,7 @@ from kclpy_spark.spark.batcher import (
     SinkParkedError,
 )
 from kclpy_spark.spark.pieces import Piece
+from kclpy_spark.spark.sink_batch import SinkBatch
 from kclpy_spark.spark.sink_processor import SparkSinkProcessor, SparkSinkProcessorFactory
 
 SHARD = "shardId-000000000000"

@@ -34,15 +34,6 @@ from typing import Any
 
 from checkpoint.base.clock import Clock, SystemClock
 from checkpoint.sequence import ExtendedSequenceNumber
-from kclpy_spark.spark.batch import (
-    BatchSink,
-    DeadLetterWriter,
-    Interrupter,
-    NoInterrupter,
-    SinkRoute,
-    ToDataFrame,
-    needs_order,
-)
 from kclpy_spark.spark.batch_life import Batch
 from kclpy_spark.spark.executor_reads import ExecutorReads
 from kclpy_spark.spark.lane import (
@@ -60,6 +51,15 @@ from kclpy_spark.spark.pieces import Chunk
 from kclpy_spark.spark.planner import Plan, next_wakeup, plan_due
 from kclpy_spark.spark.replays import replays_from_pending
 from kclpy_spark.spark.settings import BatcherSettings
+from kclpy_spark.spark.sink_batch import (
+    BatchSink,
+    DeadLetterWriter,
+    Interrupter,
+    NoInterrupter,
+    SinkRoute,
+    ToDataFrame,
+    needs_order,
+)
 from kclpy_spark.spark.updates import BatcherStats, LaneUpdates
 from kclpy_spark.spark.writer import BatchWriter, single_route
 
