@@ -105,7 +105,7 @@ def _check_names(cfg: WorkerConfig) -> None:
 
 
 # Whole numbers with the bounds they must meet (None: no upper bound), and why, for the checks
-# and the configuration reference (kclpy_spark/ops/reference.py).
+# and the configuration reference (kclpy_spark/config_reference.py).
 INT_BOUNDS: dict[str, tuple[int, int | None, str]] = {
     "max_records": (1, 10_000, " (GetRecords' limit)"),
     "max_leases_for_worker": (1, None, ""),

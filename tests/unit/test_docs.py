@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_configuration_reference_is_the_generated_one() -> None:
     page = (REPO / "docs/configuration.md").read_text()
     assert page == reference.render(), (
-        "docs/configuration.md is stale: python -m kclpy_spark.ops.reference > "
+        "docs/configuration.md is stale: python -m kclpy_spark.config_reference > "
         "docs/configuration.md"
     )
 

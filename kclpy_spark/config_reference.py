@@ -7,7 +7,7 @@ amazon-kclpy ``.properties`` name. A key's description is the comment written ab
 its field in the class: a key without one is an error here, so a new key cannot go undocumented
 (tests/unit/test_config_reference.py regenerates the page and compares).
 
-``python -m kclpy_spark.ops.reference > docs/configuration.md`` writes it.
+``python -m kclpy_spark.config_reference > docs/configuration.md`` writes it.
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def render() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Generated from the config classes by `python -m kclpy_spark.ops.reference` (a test "
+        "Generated from the config classes by `python -m kclpy_spark.config_reference` (a test "
         "fails when this page and the code differ). Durations are seconds; sizes are bytes.",
         "",
         "## The worker",
