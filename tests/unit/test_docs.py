@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from checkpoint.base.errors import ConfigError
+from kclpy_spark import config_reference as reference
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.multilang.kcl_keys import SPECIAL
-from kclpy_spark.ops import reference
 from kclpy_spark.spark.settings import BatcherSettings
 from kclpy_spark.spark.sink_config import SinkConfig, SinkSpec
 
