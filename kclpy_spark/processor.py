@@ -338,6 +338,14 @@ class ReportsReadiness(Protocol):
 
 
 @runtime_checkable
+class ReportsSinkLanes(Protocol):
+    """A processor factory with a lane per lease (the Spark sink's): each lane's figures by lease
+    key, which the worker's status record carries for ``status`` and the status page."""
+
+    def sink_lanes(self) -> dict[str, dict[str, Any]]: ...
+
+
+@runtime_checkable
 class ExportsMetrics(Protocol):
     """A processor factory with figures of its own (the Spark sink's): a Prometheus collector
     the worker registers beside its metrics."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -17,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from checkpoint.leasing.timing import LeaseTiming
 from kclpy_spark.board.model import SINK_FIGURES
 from kclpy_spark.moves.rules.cpu_load import CPU_NOISE
+from kclpy_spark.processor import ReportsSinkLanes
 from kclpy_spark.runtime.identity import note_duplicate
 
 if TYPE_CHECKING:
@@ -56,11 +56,10 @@ def sink_figures(registry: CollectorRegistry) -> dict[str, float] | None:
 def sink_lanes(factory: object) -> dict[str, dict[str, Any]]:
     """The Spark sink's lanes by lease key (``{}`` for RecordProcessors, or when the sink cannot
     say: publishing the rest of the status must not depend on it)."""
-    module = sys.modules.get("kclpy_spark.spark.sink_processor")  # loaded with a Spark sink only
-    if module is None or not isinstance(factory, module.SparkSinkProcessorFactory):
+    if not isinstance(factory, ReportsSinkLanes):
         return {}
     try:
-        lanes = factory.status().get("lanes", {})
+        lanes = factory.sink_lanes()
     except Exception:
         log.exception("could not read the Spark sink's lanes for the status record")
         return {}

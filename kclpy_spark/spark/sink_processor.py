@@ -165,6 +165,11 @@ class SparkSinkProcessorFactory:
     def status(self) -> dict[str, Any]:
         return self.batcher.status()
 
+    def sink_lanes(self) -> dict[str, dict[str, Any]]:
+        """Each lane's figures by lease key (the worker's status record carries them)."""
+        lanes = self.status().get("lanes", {})
+        return lanes if isinstance(lanes, dict) else {}
+
     def readiness(self) -> tuple[bool, str]:
         """Not ready while the sink refuses writes: as many writes hang as it allows."""
         hung, limit = self.batcher.hung_writes, self.batcher.writes.max_hung_writes
