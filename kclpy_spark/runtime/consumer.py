@@ -107,7 +107,7 @@ class ShardConsumer:
             holder,
             table,
             sleep=sleep,
-            wall=clock.wall,
+            clock=clock,
             on_checkpoint=self._metrics.checkpoint_seconds.observe,
             on_event=self._metrics.events.add,
         )

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from checkpoint.base.clock import AsyncSleep
+from checkpoint.base.clock import AsyncSleep, Clock
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.checkpointer import Checkpointer
 from checkpoint.lease import Lease
@@ -77,7 +77,7 @@ class Tenure:
         table: LeaseTable,
         *,
         sleep: AsyncSleep,
-        wall: Callable[[], float],
+        clock: Clock,
         on_checkpoint: Callable[[float], None] | None = None,
         on_event: Callable[[str, str, str], None] | None = None,
     ) -> None:
@@ -85,7 +85,7 @@ class Tenure:
         self._holder = holder
         self.table = table
         self._sleep = sleep
-        self._wall = wall
+        self._clock = clock  # reopen times (wall) and the checkpointer's write timing
         self._on_checkpoint = on_checkpoint
         self._on_event = on_event  # (lease key, kind, detail): the worker's EventLog.add
         self.lost = asyncio.Event()
@@ -96,7 +96,12 @@ class Tenure:
 
     def _checkpointer(self, largest: ExtendedSequenceNumber) -> Checkpointer:
         return Checkpointer(
-            self._holder, self.lease_key, self.held.token, largest, on_write=self._on_checkpoint
+            self._holder,
+            self.lease_key,
+            self.held.token,
+            largest,
+            on_write=self._on_checkpoint,
+            monotonic=self._clock.monotonic,
         )
 
     @property
@@ -164,7 +169,7 @@ class Tenure:
     async def park(self, reason: str, duration: float) -> None:
         """Release the lease with a reopen time ``duration`` seconds from now (CLOSED in status,
         visible to every worker); its records come again from the last checkpoint then."""
-        reopen_at = self._wall() + duration
+        reopen_at = self._clock.wall() + duration
 
         def parked(lease: Lease) -> Lease:
             return lease.parked(reopen_at)
