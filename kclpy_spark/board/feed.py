@@ -1,8 +1,9 @@
 """Feeding the status page's model from a running worker, at no steady cost to the lease table:
 each taker scan is observed as it happens (the scan the worker makes anyway), the worker's own
-figures are read in memory, and the other workers' published records are read only when the page
-asks (at most every ``refresh`` seconds). A worker that is suspended does not scan: then the page's
-request makes the scan."""
+figures are the snapshot its last control round published (``runtime.publish.LatestStatus``: at
+most one lease duration old, never the worker's live state), and the other workers' published
+records are read only when the page asks (at most every ``refresh`` seconds). A worker that is
+suspended does not scan: then the page's request makes the scan."""
 
 from __future__ import annotations
 
@@ -20,13 +21,14 @@ from kclpy_spark.board.model import Board
 if TYPE_CHECKING:
     from kclpy_spark.config import WorkerConfig
     from kclpy_spark.runtime.lease_store import LeaseStore
+    from kclpy_spark.runtime.publish import StatusSnapshot
 
 Io = Callable[..., Awaitable[Any]]
 
 
 class WorkerBoard:
-    """The status page's model for one worker. ``own_status(now_wall)`` is the worker's status
-    payload as it would publish it now; ``suspended()`` whether it is suspended."""
+    """The status page's model for one worker. ``published()`` is the worker's last published
+    status snapshot (None before its first control round)."""
 
     def __init__(
         self,
@@ -35,15 +37,13 @@ class WorkerBoard:
         clock: Clock,
         timing: LeaseTiming,
         io: Io,
-        own_status: Callable[[float], dict[str, Any]],
-        suspended: Callable[[], bool],
+        published: Callable[[], StatusSnapshot | None],
         *,
         refresh: float = 10.0,
     ) -> None:
         self._cfg, self._store, self._clock, self._timing = cfg, store, clock, timing
         self._io = io  # runs a lease-table call on the worker's lease executor
-        self._own_status = own_status
-        self._suspended = suspended
+        self._published = published
         self._refresh = refresh
         self.board = Board(cfg.application_name, cfg.stream, worker_ttl=3 * timing.lease_duration)
         self._leases: Sequence[Lease] = ()
@@ -62,8 +62,12 @@ class WorkerBoard:
         now_wall, me = self._clock.wall(), self._cfg.worker_id
         fresh = self._clock.monotonic() - self._others_read <= 3 * self._refresh
         statuses: dict[str, Any] = dict(self._others) if fresh else {}
-        statuses[me] = {**self._own_status(now_wall), "updated_at": now_wall, "worker_id": me}
-        self.board.observe(self._leases, statuses, now_wall, suspended=self._suspended())
+        own = self._published()
+        mine = {} if own is None else own.payload()
+        if own is not None:
+            statuses[me] = {**mine, "updated_at": own.at, "worker_id": me}
+        suspended = bool(mine.get("suspended", False))
+        self.board.observe(self._leases, statuses, now_wall, suspended=suspended)
 
     async def snapshot(self) -> dict[str, Any]:
         async with self._lock:

@@ -9,6 +9,7 @@ import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry
@@ -90,6 +91,33 @@ class StatusSource(Protocol):
     def readiness(self) -> tuple[bool, str]: ...
 
 
+@dataclass(frozen=True)
+class StatusSnapshot:
+    """A worker's status payload as of one control round, kept as the JSON text it publishes, so
+    no reader can change what another reads (``payload()`` gives each reader its own copy)."""
+
+    text: str
+    at: float  # wall time of the round that made it
+
+    def payload(self) -> dict[str, Any]:
+        parsed = json.loads(self.text)
+        return parsed if isinstance(parsed, dict) else {}
+
+
+class LatestStatus:
+    """The last ``StatusSnapshot`` the worker published: replaced whole at each control round,
+    read by the status page (``board.feed.WorkerBoard``) without touching the worker."""
+
+    def __init__(self) -> None:
+        self._last: StatusSnapshot | None = None
+
+    def put(self, payload: dict[str, Any], at: float) -> None:
+        self._last = StatusSnapshot(json.dumps(payload, separators=(",", ":")), at)
+
+    def get(self) -> StatusSnapshot | None:
+        return self._last
+
+
 class StatusPublisher(StatusSource, Protocol):
     """A worker that writes its status record at the cadence's rounds (the worker is one)."""
 
@@ -101,6 +129,8 @@ class StatusPublisher(StatusSource, Protocol):
     def status_cadence(self) -> StatusCadence: ...
     @property
     def health(self) -> Health: ...
+    @property
+    def latest_status(self) -> LatestStatus: ...
 
 
 def status_payload(worker: StatusSource, now_wall: float) -> dict[str, Any]:
@@ -245,9 +275,11 @@ class StatusCadence:
 async def publish_if_due(
     worker: StatusPublisher, io: Callable[..., Awaitable[Any]], now_wall: float
 ) -> None:
-    """The control round's status write, when ``worker.status_cadence`` says it is due; a
-    duplicate worker id it reveals goes to health (kclpy_spark.runtime.identity)."""
+    """The control round's status: a snapshot for the status page every round, and the status
+    write when ``worker.status_cadence`` says it is due; a duplicate worker id it reveals goes to
+    health (kclpy_spark.runtime.identity)."""
     payload = status_payload(worker, now_wall)
+    worker.latest_status.put(payload, now_wall)  # the status page's view, written or not
     if not worker.status_cadence.due(payload, worker.clock.monotonic()):
         return
     other = await io(worker.status_writer.publish, payload, now_wall)

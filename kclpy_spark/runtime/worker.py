@@ -43,7 +43,7 @@ from kclpy_spark.runtime.health import Health
 from kclpy_spark.runtime.identity import unique_worker_id
 from kclpy_spark.runtime.lease_store import LeaseStore
 from kclpy_spark.runtime.metrics import StatusServer, worker_metrics
-from kclpy_spark.runtime.publish import StatusCadence, publish_if_due, status_payload
+from kclpy_spark.runtime.publish import LatestStatus, StatusCadence, publish_if_due
 from kclpy_spark.runtime.streams import RecordSourcesFor, StreamContext, StreamSet
 from kclpy_spark.stream_spec import StreamSpec
 
@@ -122,12 +122,9 @@ class Worker:
         self._lease_io = RetiringThreadPool(4, "kclpy-spark-lease")
         self._renew_io = RetiringThreadPool(1, "kclpy-spark-renew-round")
         self.taker = Taker(self, self._io)
-        self.board = WorkerBoard(  # the status page's view, fed by the taker
-            cfg, store, self.clock, self.timing, self._io, self._status, lambda: self.suspended
-        )  # fmt: skip
-
-    def _status(self, now_wall: float) -> dict[str, Any]:
-        return status_payload(self, now_wall)
+        self.latest_status = LatestStatus()  # published by each control round; the page reads it
+        self.board = WorkerBoard(cfg, store, self.clock, self.timing, self._io,
+                                 self.latest_status.get)  # fmt: skip
 
     def _consumer_set(self, processors: ProcessorFactory, sleep: AsyncSleep) -> ConsumerSet:
         return ConsumerSet(
