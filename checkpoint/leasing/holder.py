@@ -35,7 +35,13 @@ from checkpoint.base.clock import Clock
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.base.threads import RetiringThreadPool
 from checkpoint.lease import Lease
-from checkpoint.leasing.held_lease import HeldLease, LeaseBusyError, LeaseLoss, UpdateResult
+from checkpoint.leasing.held_lease import (
+    HeldLease,
+    LeaseBusyError,
+    LeaseLoss,
+    UpdateResult,
+    write_settled,
+)
 from checkpoint.leasing.renewal_rules import (
     Renewal,
     RenewalReport,
@@ -46,7 +52,6 @@ from checkpoint.leasing.renewal_rules import (
     tell_slow,
 )
 from checkpoint.leasing.timing import renewal_round_interval
-from checkpoint.leasing.unsure_writes import write_settled
 from checkpoint.leasing.vanished import restore_if_vanished
 from checkpoint.port import LeaseTable
 

@@ -104,12 +104,9 @@ class Slot:
     figures: dict[str, object] = field(default_factory=dict)
     renewed_at: float = float("-inf")  # monotonic start of our last renewal of this tenure
     # Writes of ours that failed after they may have been applied (a timeout), since the lease
-    # as held was stored: their stamps (at most UNSURE_KEPT; every one was conditional on the
-    # held counter, so at most one of them landed).
+    # as held was stored: their stamps (at most held_lease.UNSURE_KEPT; every one was
+    # conditional on the held counter, so at most one of them landed).
     unsure: tuple[WriteStamp, ...] = ()
-
-
-UNSURE_KEPT = 8
 
 
 def due_now(slot: Slot, now: float, lease_duration: float, lazy: bool) -> bool:

@@ -25,11 +25,11 @@ built-in ``ParquetSink`` and ``DeltaSink`` are idempotent per lease range. ``cur
 Import-light on purpose: nothing here imports pyspark (a worker that only runs RecordProcessors
 never loads it); the modules import it inside the functions that need a session. Entry point:
 ``sink_setup.processor_factory_from_sink_config``. Parts (ARCHITECTURE.md lists every module):
-``sink_config``/``settings`` (what a ``[sink]`` table says), ``session`` (SparkSessionHolder,
-Spark targets), ``pieces`` (ids, Arrow), ``lane``/``planner``/``micro_batcher``/``writer`` (the
-MicroBatcher and its writer threads), ``batch_life`` (one batch's states), ``acks`` (every sink of
-a batch must answer before its checkpoint moves), ``timed_write``/``write_threads`` (a write with
-a deadline, on threads that a hung write cannot exhaust), ``sink_processor``
-(SparkSinkProcessor), ``sink_batch`` (what a sink is given), ``sinks`` (Parquet, Delta, dead
-letters), and the executor reads (``executor_reads``, ``cluster_read``, ``ranges``, ``frames``).
+``sink_config``/``settings`` (what a ``[sink]`` table says), ``session`` (SparkSessionHolder, Spark
+targets), ``pieces`` (ids, Arrow), ``lane``/``planner``/``micro_batcher``/``writer`` (the
+MicroBatcher and its writer threads), ``batch_life`` (one batch's states), ``acks`` (every sink of a
+batch must answer before its checkpoint moves), ``timed_write`` (a write with a deadline, on threads
+that a hung write cannot exhaust), ``sink_processor`` (SparkSinkProcessor), ``sink_batch`` (what a
+sink is given), ``sinks`` (Parquet, Delta, dead letters), and the executor reads
+(``executor_reads``, ``cluster_read``, ``ranges``, ``frames``).
 """

@@ -18,7 +18,7 @@ once. One batch, in one of ``writers`` writer threads (writer.py does the I/O):
 
 The batcher owns the threads, the timing and the lock; every lane change it makes is a ``Lane``
 method called under that lock. Its threads are fixed at start (``writers`` threads, the sink
-writes on as many more, at most two per writer that hang: write_threads.py; one thread of reads
+writes on as many more, at most two per writer that hang: timed_write.py; one thread of reads
 on the executors), so resources do not grow with the number of batches written.
 """
 

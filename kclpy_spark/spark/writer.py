@@ -35,11 +35,11 @@ from kclpy_spark.spark.sink_batch import (
 from kclpy_spark.spark.timed_write import (
     TimedWrites,
     WriteHungError,
+    WriteThreadsClosedError,
     WriteTimeoutError,
     sink_call,
 )
 from kclpy_spark.spark.watchdog import Watchdog
-from kclpy_spark.spark.write_threads import WriteThreadsClosedError
 
 __all__ = [
     "Batch",

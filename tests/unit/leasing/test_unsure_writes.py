@@ -121,7 +121,7 @@ def test_a_renewal_after_a_landed_renewal_goes_on_from_it(
     first = holder.renew_all(wait=5)
     assert list(first.failed) == [KEY]
     assert stored(table).lease_counter == 2  # applied, though we never heard
-    with caplog.at_level(logging.WARNING, logger="checkpoint.leasing.unsure_writes"):
+    with caplog.at_level(logging.WARNING, logger="checkpoint.leasing.held_lease"):
         second = holder.renew_all(wait=5)
     assert second.renewed == (KEY,) and second.lost == ()
     assert stored(table).lease_counter == 3
