@@ -13,6 +13,7 @@ writer (writer.py) does the I/O and reports through ``LaneEvents``; the batcher'
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -87,9 +88,13 @@ class LaneEvents(Protocol):
 
     def tokened(self, lane: Lane, cut: Cut, token: Any) -> None: ...
 
-    def pending_state(
-        self, lane: Lane, cut: Cut, group: tuple[PieceKey, ...]
-    ) -> tuple[ExtendedSequenceNumber, PendingState] | None: ...
+    def write_pending(
+        self,
+        lane: Lane,
+        cut: Cut,
+        group: tuple[PieceKey, ...],
+        write: Callable[[ExtendedSequenceNumber, PendingState], None],
+    ) -> bool: ...
 
     def prepared(self, lane: Lane, cut: Cut) -> None: ...
 

@@ -131,8 +131,8 @@ class Lane:
         self.shard_id = shard_id
         self.checkpointer = checkpointer
         self.depth = depth  # the most cuts out at once
-        # Held by the writer around each pending-checkpoint write of this lease (never by the
-        # lane): the last write to land then lists every cut whose write started.
+        # Held around each pending-checkpoint write of this lease (``LaneUpdates.write_pending``;
+        # never by the lane): the last write to land then lists every cut whose write started.
         self.pending_lock = threading.Lock()
         self._state = LaneState.ACTIVE
         self.park_reason = ""

@@ -125,11 +125,24 @@ class LaneUpdates:
         with self._cond:
             lane.tokened(cut, token)
 
-    def pending_state(
-        self, lane: Lane, cut: Cut, group: tuple[PieceKey, ...]
-    ) -> tuple[ExtendedSequenceNumber, PendingState] | None:
-        with self._cond:
-            return lane.pending_state(cut, group)
+    def write_pending(
+        self,
+        lane: Lane,
+        cut: Cut,
+        group: tuple[PieceKey, ...],
+        write: Callable[[ExtendedSequenceNumber, PendingState], None],
+    ) -> bool:
+        """``write(target, state)``: the cut's pending checkpoint, listing every cut of its lane
+        out, under the lane's pending-write lock (not the batcher's: the write is I/O), so the
+        last write to land lists every cut whose write started. False when the cut has none (it
+        was put back meanwhile); the write's own error goes to the caller."""
+        with lane.pending_lock:
+            with self._cond:
+                pending = lane.pending_state(cut, group)
+            if pending is None:
+                return False
+            write(*pending)
+            return True
 
     def prepared(self, lane: Lane, cut: Cut) -> None:
         with self._cond:

@@ -7,6 +7,7 @@ the lanes).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,11 +19,12 @@ from tenacity.stop import stop_base
 
 from checkpoint.base.retry import Backoff
 from checkpoint.checkpointer import CheckpointError
+from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.spark.acks import DEAD_LETTERED, FAILED, WRITTEN, AckSet, SinkFailedError
 from kclpy_spark.spark.batch_life import Batch, LaneEvents
 from kclpy_spark.spark.frames import ExecutorFrames, RangeChunk
-from kclpy_spark.spark.lane import Cut, Lane
-from kclpy_spark.spark.pieces import SCHEMA, Piece, batch_id_of
+from kclpy_spark.spark.lane import Cut, Lane, TwoPhaseCheckpointer
+from kclpy_spark.spark.pieces import SCHEMA, PendingState, Piece, batch_id_of
 from kclpy_spark.spark.settings import BatcherSettings
 from kclpy_spark.spark.sink_batch import (
     BatchSink,
@@ -292,23 +294,18 @@ class BatchWriter:
         for lane, cut in list(batch.parts):
             if id(cut) in batch.prepared:
                 continue
-            with lane.pending_lock:  # the last pending write of a lane lists all its cuts out
-                pending = self._events.pending_state(lane, cut, batch.group)
-                if pending is None:
-                    batch.parts.remove((lane, cut))
+            write = functools.partial(_write_pending, lane.checkpointer)
+            try:
+                if not self._events.write_pending(lane, cut, batch.group, write):
+                    batch.parts.remove((lane, cut))  # put back meanwhile
                     return False
-                target, state = pending
-                try:
-                    lane.checkpointer.prepare_checkpoint(
-                        target.sequence_number, target.sub_sequence_number, state.encode()
-                    )
-                except CheckpointError as exc:
-                    if exc.retry_may_help:
-                        raise
-                    log.warning("lease %s: cannot prepare its checkpoint (%s)", lane.lease_key, exc)
-                    self._events.not_prepared(lane, cut, exc)
-                    batch.parts.remove((lane, cut))
-                    return False
+            except CheckpointError as exc:
+                if exc.retry_may_help:
+                    raise
+                log.warning("lease %s: cannot prepare its checkpoint (%s)", lane.lease_key, exc)
+                self._events.not_prepared(lane, cut, exc)
+                batch.parts.remove((lane, cut))
+                return False
             batch.prepared.add(id(cut))
             self._events.prepared(lane, cut)
         return True
@@ -351,6 +348,14 @@ class BatchWriter:
                 return
             self._events.committed(lane, cut, time.perf_counter() - started)
             cut = self._events.claim_commit(lane)
+
+
+def _write_pending(
+    checkpointer: TwoPhaseCheckpointer, target: ExtendedSequenceNumber, state: PendingState
+) -> None:
+    checkpointer.prepare_checkpoint(
+        target.sequence_number, target.sub_sequence_number, state.encode()
+    )
 
 
 def _token_of(route: SinkRoute, token: Any, *, several: bool) -> Any:
