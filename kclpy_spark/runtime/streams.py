@@ -18,12 +18,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from checkpoint import coordination
+from checkpoint.base.clock import Clock
 from checkpoint.base.errors import (
     ConfigError,
     KclpySparkError,
@@ -167,7 +167,7 @@ class StreamSet:
         kinesis_sync: Any,
         kinesis_async: Any,
         counters: CoordinationCounters,
-        monotonic: Callable[[], float],
+        clock: Clock,
         rng: random.Random,
         on_out_of_range: Callable[[str, int], None] | None = None,
         record_sources: RecordSourcesFor | None = None,
@@ -178,7 +178,7 @@ class StreamSet:
         self._kinesis_sync = kinesis_sync
         self._kinesis_async = kinesis_async
         self._counters = counters
-        self._monotonic = monotonic
+        self._clock = clock
         self._rng = rng
         self._on_out_of_range = on_out_of_range
         self._record_sources = record_sources  # where records come from instead of Kinesis reads
@@ -214,7 +214,7 @@ class StreamSet:
                     raise
                 log.error("stream %s cannot be consumed now (will retry): %s", label, exc)
                 if isinstance(exc, ResourceNotFoundError):  # not a passing failure: it is gone
-                    self.unopened.setdefault(label, self._monotonic())
+                    self.unopened.setdefault(label, self._clock.monotonic())
                 continue
             self.unopened.pop(label, None)
             self.contexts[label] = context
@@ -260,7 +260,9 @@ class StreamSet:
             return None
         known = coordination.stream_created(self._table, label)
         if known is None:
-            coordination.set_stream_created(self._table, label, created, now_wall=time.time())
+            coordination.set_stream_created(
+                self._table, label, created, now_wall=self._clock.wall()
+            )
         elif abs(known - created) > 1.0:
             raise StreamRecreatedError(recreated_message(label, known, created))
         return created
@@ -310,7 +312,7 @@ class StreamSet:
                 continue
             if gone:
                 if context.gone_since is None:
-                    context.gone_since = self._monotonic()
+                    context.gone_since = self._clock.monotonic()
                     log.error("stream %s no longer exists", context.label)
                 missing.append(context)
             elif context.gone_since is not None:

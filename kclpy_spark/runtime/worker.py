@@ -149,7 +149,7 @@ class Worker:
         return StreamSet(
             cfg, tracker or (lambda: cfg.stream_specs), table=self.store,
             kinesis_sync=kinesis_sync, kinesis_async=kinesis_async, counters=self.counters,
-            monotonic=self.clock.monotonic, rng=self.rng, on_out_of_range=self._out_of_range,
+            clock=self.clock, rng=self.rng, on_out_of_range=self._out_of_range,
             record_sources=record_sources,
         )  # fmt: skip
 
