@@ -5,7 +5,7 @@ some as flags), ``SinkConfig`` and ``BatcherSettings`` (the ``[sink]`` table) an
 (a ``[[sinks]]`` entry), with its type, its default as a config file gets it, its bounds and its
 amazon-kclpy ``.properties`` name. A key's description is the comment written above (or beside)
 its field in the class: a key without one is an error here, so a new key cannot go undocumented
-(tests/unit/test_config_reference.py regenerates the page and compares).
+(tests/unit/test_docs.py regenerates the page and compares).
 
 ``python -m kclpy_spark.config_reference > docs/configuration.md`` writes it.
 """

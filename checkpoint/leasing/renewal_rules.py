@@ -5,7 +5,6 @@ report."""
 from __future__ import annotations
 
 import enum
-import logging
 import threading
 import uuid
 from collections.abc import Mapping
@@ -15,9 +14,6 @@ from checkpoint.base.errors import KclpySparkError
 from checkpoint.lease import Lease, WriteStamp
 from checkpoint.leasing.held_lease import HeldLease
 from checkpoint.leasing.timing import RENEW_AFTER, renewal_round_interval
-
-log = logging.getLogger(__name__)
-
 
 # kclpy-spark's renewal schedule (checkpoint.leasing.timing): a lease is renewed at the first
 # round after its counter is RENEW_AFTER old (so every half duration when renewals alone move it:

@@ -1,9 +1,9 @@
-"""Feeding the status page's model from a running worker, at no steady cost to the lease table:
-each taker scan is observed as it happens (the scan the worker makes anyway), the worker's own
-figures are the snapshot its last control round published (``runtime.publish.LatestStatus``: at
-most one lease duration old, never the worker's live state), and the other workers' published
-records are read only when the page asks (at most every ``refresh`` seconds). A worker that is
-suspended does not scan: then the page's request makes the scan."""
+"""Feeding the status page's model from a running worker, at no steady cost to the lease table: each
+taker scan is observed as it happens (the scan the worker makes anyway), the worker's own figures
+are the last snapshot it published (``runtime.publish.LatestStatus``: at start, after every
+control round whatever the round came to, and when it is suspended; never its live state), and
+the other workers' published records are read only when the page asks (at most every ``refresh``
+seconds). A worker that is suspended does not scan: then the page's request makes the scan."""
 
 from __future__ import annotations
 

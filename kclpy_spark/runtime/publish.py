@@ -118,6 +118,12 @@ class LatestStatus:
         return self._last
 
 
+def publish_snapshot(worker: StatusSource, latest: LatestStatus, now_wall: float) -> None:
+    """The status page's view of ``worker`` now: put after every control round whatever it came
+    to (a failed read included), at start and when the worker is suspended."""
+    latest.put(status_payload(worker, now_wall), now_wall)
+
+
 class StatusPublisher(StatusSource, Protocol):
     """A worker that writes its status record at the cadence's rounds (the worker is one)."""
 
@@ -129,8 +135,6 @@ class StatusPublisher(StatusSource, Protocol):
     def status_cadence(self) -> StatusCadence: ...
     @property
     def health(self) -> Health: ...
-    @property
-    def latest_status(self) -> LatestStatus: ...
 
 
 def status_payload(worker: StatusSource, now_wall: float) -> dict[str, Any]:
@@ -275,11 +279,9 @@ class StatusCadence:
 async def publish_if_due(
     worker: StatusPublisher, io: Callable[..., Awaitable[Any]], now_wall: float
 ) -> None:
-    """The control round's status: a snapshot for the status page every round, and the status
-    write when ``worker.status_cadence`` says it is due; a duplicate worker id it reveals goes to
-    health (kclpy_spark.runtime.identity)."""
+    """The control round's status write, when ``worker.status_cadence`` says it is due; a
+    duplicate worker id it reveals goes to health (kclpy_spark.runtime.identity)."""
     payload = status_payload(worker, now_wall)
-    worker.latest_status.put(payload, now_wall)  # the status page's view, written or not
     if not worker.status_cadence.due(payload, worker.clock.monotonic()):
         return
     other = await io(worker.status_writer.publish, payload, now_wall)

@@ -34,6 +34,7 @@ from kclpy_spark.moves.assigning import leader_election, lease_timing
 from kclpy_spark.moves.stopping import announce_stopping, let_new_owners_see, release_all
 from kclpy_spark.moves.taking import Taker
 from kclpy_spark.processor import ReportsReadiness
+from kclpy_spark.runtime import publish
 from kclpy_spark.runtime.caught_up import CaughtUp
 from kclpy_spark.runtime.consumer import ProcessorFactory, ShardStats
 from kclpy_spark.runtime.consumer_set import ConsumerSet
@@ -43,7 +44,6 @@ from kclpy_spark.runtime.health import Health
 from kclpy_spark.runtime.identity import unique_worker_id
 from kclpy_spark.runtime.lease_store import LeaseStore
 from kclpy_spark.runtime.metrics import StatusServer, worker_metrics
-from kclpy_spark.runtime.publish import LatestStatus, StatusCadence, publish_if_due
 from kclpy_spark.runtime.streams import RecordSourcesFor, StreamContext, StreamSet
 from kclpy_spark.stream_spec import StreamSpec
 
@@ -99,7 +99,7 @@ class Worker:
         self.instance = uuid.uuid4().hex[:16]  # tells this process from another with the same id
         self.status_writer = coordination.StatusWriter(store, cfg.worker_id, self.instance,
                                                   3 * self.timing.lease_duration)  # fmt: skip
-        self.status_cadence = StatusCadence.of(self.timing)
+        self.status_cadence = publish.StatusCadence.of(self.timing)
         self.exit_reason: str | None = None
         self.status_server: StatusServer | None = None
         self.holder = LeaseHolder(
@@ -122,24 +122,16 @@ class Worker:
         self._lease_io = RetiringThreadPool(4, "kclpy-spark-lease")
         self._renew_io = RetiringThreadPool(1, "kclpy-spark-renew-round")
         self.taker = Taker(self, self._io)
-        self.latest_status = LatestStatus()  # published by each control round; the page reads it
+        self.latest_status = publish.LatestStatus()  # each control round's; the page's
         self.board = WorkerBoard(cfg, store, self.clock, self.timing, self._io,
                                  self.latest_status.get)  # fmt: skip
 
     def _consumer_set(self, processors: ProcessorFactory, sleep: AsyncSleep) -> ConsumerSet:
         return ConsumerSet(
-            self.cfg,
-            processors,
-            holder=self.holder,
-            table=self.store,
-            clock=self.clock,
-            sleep=sleep,
-            rng=self.rng,
-            metrics=self.metrics,
-            counters=self.counters,
-            on_shard_end=self._take_now.set,
-            caught_up=self.caught_up,
-        )
+            self.cfg, processors, holder=self.holder, table=self.store, clock=self.clock,
+            sleep=sleep, rng=self.rng, metrics=self.metrics, counters=self.counters,
+            on_shard_end=self._take_now.set, caught_up=self.caught_up,
+        )  # fmt: skip
 
     def _stream_set(
         self, tracker: Callable[[], tuple[StreamSpec, ...]] | None, kinesis_sync: Any,
@@ -192,16 +184,13 @@ class Worker:
 
     async def run(self) -> None:
         set_application(self.cfg.application_name, self.cfg.stream, self.cfg.worker_id)
+        self._snapshot()  # the status page's first view, before the first control round
         if self.cfg.metrics_port is not None:
             self.metrics.watch_readiness(self.readiness)
             self.status_server = StatusServer(
-                self.metrics,
-                self.readiness,
-                self.cfg.metrics_host,
-                self.cfg.metrics_port,
-                board=self.board.snapshot,
-                host_names=tuple(self.cfg.metrics_host_names.split(",")),
-            )
+                self.metrics, self.readiness, self.cfg.metrics_host, self.cfg.metrics_port,
+                board=self.board.snapshot, host_names=tuple(self.cfg.metrics_host_names.split(",")),
+            )  # fmt: skip
             await self.status_server.start()
         try:
             await self._run()
@@ -217,15 +206,15 @@ class Worker:
         call = functools.partial(contextvars.copy_context().run, fn, *args)
         return await asyncio.get_running_loop().run_in_executor(self._lease_io, call)
 
+    def _snapshot(self) -> None:
+        """The status page's view of this worker now (``publish.LatestStatus``)."""
+        publish.publish_snapshot(self, self.latest_status, self.clock.wall())
+
     async def _run(self) -> None:
         await self.streams.refresh(first=True)
-        log.info(
-            "worker %s starts on stream %s (application %s, lease store %s)",
-            self.cfg.worker_id,
-            self.cfg.stream,
-            self.cfg.application_name,
-            self.cfg.lease_store,
-        )
+        log.info("worker %s starts on stream %s (application %s, lease store %s)",
+                 self.cfg.worker_id, self.cfg.stream, self.cfg.application_name,
+                 self.cfg.lease_store)  # fmt: skip
         await unique_worker_id(self, self._io)
         await self._control_round()
         await self._io(self.leader.tick)
@@ -336,6 +325,12 @@ class Worker:
         self.consumers.lost_unless_held(self.holder.held_keys())
 
     async def _control_round(self) -> None:
+        try:
+            await self._control_steps()
+        finally:  # the status page's view, whatever the round came to
+            self._snapshot()
+
+    async def _control_steps(self) -> None:
         """Watch the streams' presence and whether a dependency has been gone too long (first:
         this must not depend on the lease table answering); follow the suspend flag; publish
         this worker's status."""
@@ -360,6 +355,7 @@ class Worker:
         if suspended and not self.suspended:
             log.warning("worker %s: application suspended; releasing leases", self.cfg.worker_id)
             self.suspended = True
+            self._snapshot()
             await self.consumers.shutdown_all(self.cfg.shutdown_grace)
             await release_all(self, self._io, resign=False)
         elif not suspended and self.suspended:
@@ -367,7 +363,7 @@ class Worker:
             self.suspended = False
             self.resumed_at = self.clock.monotonic()
             self._take_now.set()
-        await publish_if_due(self, self._io, now)
+        await publish.publish_if_due(self, self._io, now)
 
     async def _maintenance_round(self) -> None:
         """Follow the stream list (every worker); shard sync, audit and cleanup (the leader)."""

@@ -16,6 +16,7 @@ a ``RangeMismatchError`` (the records are not the ones acknowledged: never writt
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,10 +125,12 @@ class ReadRange:
         if (
             self.max_records < 1
             or self.max_bytes < 1
-            or self.max_seconds <= 0
+            or not self.max_seconds > 0
             or self.max_pages < 0
+            or not math.isfinite(self.max_seconds)
+            or not math.isfinite(self.read_rate)
         ):
-            raise ValueError(f"a range needs positive budgets: {self!r}")
+            raise ValueError(f"a range needs positive, finite budgets: {self!r}")
         if self.after.is_shard_end:
             raise ValueError(f"lease {self.lease_key} ended: nothing to read after SHARD_END")
 
@@ -307,8 +310,9 @@ def _at(position: ESN) -> str:
 
 
 # Each range's JSON crosses to the executors and each end's back (msgspec: a fifth of the json
-# module's CPU, which at a thousand leases is the driver's largest share of a read round); an
-# unknown type (none is expected) is written as its str, as before.
+# module's CPU, which at a thousand leases is the driver's largest share of a read round). Every
+# field is a str, an int, a finite float (ReadRange checks its budgets), a bool, None or a list
+# or dict of them; a value of another type (none is expected) is written as its str.
 _ENCODER = msgspec.json.Encoder(enc_hook=str)
 _DECODER = msgspec.json.Decoder()
 

@@ -135,13 +135,20 @@ class LaneUpdates:
         """``write(target, state)``: the cut's pending checkpoint, listing every cut of its lane
         out, under the lane's pending-write lock (not the batcher's: the write is I/O), so the
         last write to land lists every cut whose write started. False when the cut has none (it
-        was put back meanwhile); the write's own error goes to the caller."""
+        was put back meanwhile). The write's error goes to the caller; one that no retry can
+        mend first puts the cut back (``not_prepared``) with the lock still held, so no other
+        writer prepares a later cut of the lane in between and writes what is put back."""
         with lane.pending_lock:
             with self._cond:
                 pending = lane.pending_state(cut, group)
             if pending is None:
                 return False
-            write(*pending)
+            try:
+                write(*pending)
+            except CheckpointError as exc:
+                if not exc.retry_may_help:
+                    self.not_prepared(lane, cut, exc)
+                raise
             return True
 
     def prepared(self, lane: Lane, cut: Cut) -> None:

@@ -303,8 +303,7 @@ class BatchWriter:
                 if exc.retry_may_help:
                     raise
                 log.warning("lease %s: cannot prepare its checkpoint (%s)", lane.lease_key, exc)
-                self._events.not_prepared(lane, cut, exc)
-                batch.parts.remove((lane, cut))
+                batch.parts.remove((lane, cut))  # put back by write_pending (not_prepared)
                 return False
             batch.prepared.add(id(cut))
             self._events.prepared(lane, cut)

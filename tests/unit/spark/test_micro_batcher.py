@@ -20,7 +20,7 @@ import pytest
 from checkpoint.base.clock import ManualClock
 from checkpoint.base.errors import ThrottledError
 from checkpoint.base.retry import RetryPolicy
-from checkpoint.checkpointer import Checkpointer
+from checkpoint.checkpointer import INVALID_STATE, Checkpointer, CheckpointError
 from checkpoint.lease import Lease
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
@@ -447,6 +447,29 @@ def test_a_piece_that_leaves_its_batch_has_the_other_pending_checkpoints_rewritt
     assert state is not None and [k.lease_key for k in state.pieces[-1].group] == [SHARDS[0]]
     assert [p.lease_key for p in env.sink.attempts_pieces] == [SHARDS[0]]
     assert env.batcher.lane_state(env.lanes[SHARDS[1]]) is LaneState.CLOSED
+
+
+class RefusesPending(Checkpointer):
+    """A lease whose pending checkpoint can never be written (the table refuses its state)."""
+
+    def prepare_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        raise CheckpointError(INVALID_STATE, "the table refused the pending state")
+
+
+def test_a_pending_checkpoint_no_retry_can_write_puts_the_cut_back_and_parks_the_lane() -> None:
+    env = manual(max_records=3)
+    env.take_lease_only(SHARDS[0])
+    held = env.holder.get_if_held(SHARDS[0])
+    assert held is not None
+    env.cps[SHARDS[0]] = RefusesPending(env.holder, SHARDS[0], held.token, TRIM_HORIZON)
+    lane = env.open(SHARDS[0])
+    env.deliver(SHARDS[0], records(1, 3))
+    env.batcher.run_until_idle()
+    assert env.sink.attempts == []  # nothing goes to the sink without its pending checkpoint
+    assert env.batcher.lane_state(lane) is LaneState.PARKED
+    assert "cannot prepare the checkpoint" in lane.park_reason
+    assert lane.rows == 3  # the cut is back in its lane, to be re-formed whole
+    assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON
 
 
 def test_a_commit_that_raises_something_unexpected_is_retried_not_written_again() -> None:
