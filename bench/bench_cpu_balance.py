@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_failover import ENDPOINT, Fleet, _kinesis, open_store, wait_for
 from bench_hot_shard import settle_then_measure
-from common import REPO, machine, stamp, write_results
+from common import REPO, machine, require_endpoint, stamp, write_results
 
 from kclpy_spark.runtime.cgroups import cgroup_mounts
 
@@ -199,6 +199,7 @@ def main() -> int:
     parser.add_argument("--fleet", choices=["pinned", "quotas"], default="pinned")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    require_endpoint(ENDPOINT)
     results = [run_variant(metric, args) for metric in args.variants]
     text = report(results, args)
     print(text)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, child_env, machine, median, stamp, write_results
+from common import REPO, child_env, machine, median, require_endpoint, stamp, write_results
 
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.leasing.timing import LeaseTiming
@@ -317,6 +317,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="lease_assignment values, each a run of this checkout (same kill moments)",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    require_endpoint(ENDPOINT)
     runs: list[tuple[str, list[dict[str, Any]]]] = []
     if args.against:
         from bench_versions import worktree

@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_failover import ENDPOINT, Fleet, _kinesis, open_store, wait_for
-from common import REPO, machine, stamp, write_results
+from common import REPO, machine, require_endpoint, stamp, write_results
 
 SHARDS = 4
 DELAY = 0.2
@@ -188,6 +188,7 @@ def main() -> int:
         ".cache/bench/versions/) as a baseline",
     )  # fmt: skip
     args = parser.parse_args()
+    require_endpoint(ENDPOINT)
     base = REPO / ".cache" / "bench" / f"handoff-{time.strftime('%H%M%S')}"
     results = []
     if args.against:

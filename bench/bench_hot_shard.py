@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_failover import ENDPOINT, Fleet, _kinesis, open_store, wait_for
-from common import REPO, machine, stamp, write_results
+from common import REPO, machine, require_endpoint, stamp, write_results
 
 COLD_RATE = 4  # records/s into each cold shard; the hot one gets 10x
 PAYLOAD = 1000
@@ -111,6 +111,7 @@ def main() -> int:
     parser.add_argument("--burn-ms", type=float, default=0.0, help="a busy fleet (see above)")
     parser.add_argument("--results", help="results file name (default hot-shard[-busy].md)")
     args = parser.parse_args()
+    require_endpoint(ENDPOINT)
     app = f"bench-hot-{uuid.uuid4().hex[:8]}"
     work = REPO / ".cache" / "bench" / f"hot-{time.strftime('%H%M%S')}"
     work.mkdir(parents=True)

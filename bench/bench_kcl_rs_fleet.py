@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_failover import ENDPOINT, Fleet, _kinesis, open_store, wait_for
 from bench_handoff import producer
-from common import REPO, child_env, machine, stamp, write_results
+from common import REPO, child_env, machine, require_endpoint, stamp, write_results
 
 KCL_RS = REPO / "tests" / "integration" / "kcl_rs_worker.py"
 SETTLE = 8.0  # after the leases settle: a worker that lost one stops reading it
@@ -287,6 +287,7 @@ def main() -> None:
         help="steal_from_kcl_workers = false (as docs/migration.md advises)",
     )
     args = parser.parse_args()
+    require_endpoint(ENDPOINT)
     extra = "steal_from_kcl_workers = false" if args.no_steal_from_kcl else ""
     work = Path("/tmp") / f"bench-kcl-rs-{uuid.uuid4().hex[:8]}"
     work.mkdir()

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common import CACHE, REPO, RESULTS, child_env, machine, stamp, write_results
+from common import CACHE, REPO, RESULTS, child_env, machine, require_endpoint, stamp, write_results
 
 from checkpoint.base.threads import IDLE_SECONDS
 
@@ -427,6 +427,8 @@ def main() -> int:
         "--results", default="soak", help="results file names: NAME.md, NAME.png, NAME-samples.csv"
     )
     args = parser.parse_args()
+    if "b" in args.parts:  # part B runs on LocalStack
+        require_endpoint(ENDPOINT)
     run = time.strftime("%H%M%S")
     work = CACHE / f"soak-{run}"
     work.mkdir(parents=True)

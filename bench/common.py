@@ -167,3 +167,23 @@ def cpu_between(samples: Sequence[tuple[float, float]], start: float, end: float
 
 def wall() -> float:
     return time.perf_counter()
+
+
+def require_endpoint(url: str, what: str = "LocalStack", start: str = "") -> None:
+    """Exit with one line unless something listens at ``url`` (host and port): a benchmark that
+    needs a local endpoint says so before it starts, instead of a stack of connection errors."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host, port = (
+        parts.hostname or "127.0.0.1",
+        parts.port or (443 if parts.scheme == "https" else 80),
+    )
+    try:
+        socket.create_connection((host, port), timeout=3.0).close()
+    except OSError as exc:
+        how = start or "start it with: python3 localstack/lsctl.py start"
+        raise SystemExit(
+            f"{what} is not reachable at {url} ({exc.strerror or exc}); {how}"
+        ) from None
