@@ -123,7 +123,7 @@ class Led:
             self._role = role
             self._suspects, self._assigned = Suspects(), {}
             self._t.observer.forget()  # a led worker watches no lease; a new leader starts fresh
-            w.health.all_parked = False  # judged from scans, which a led worker does not make
+            w.reports.all_parked(False)  # judged from scans, which a led worker does not make
             if role == "leader" and not await self._index_answers():
                 return False
         if role == "leader":
@@ -222,7 +222,7 @@ class Led:
         t.observer.record_write(taken, w.clock.monotonic())
         self._assigned[key] = w.clock.monotonic()
         why = f"by leader {w.cfg.worker_id}: " + why_free(lease)
-        w.events.add(key, "assigned", f"to {to} {why}")
+        w.reports.assigned(key, to, why)
         log.info("lease %s: assigned to %s %s", key, to, why)
 
     async def _discover(self) -> None:
@@ -232,7 +232,7 @@ class Led:
         keys = await self._own_keys()
         if keys is None:
             return
-        w.health.store_ok()
+        w.reports.table_answered()
         t.observer.forget()  # nothing to watch while led (and nothing kept from our takes)
         now = w.clock.monotonic()
         self._declined = {k: at for k, at in self._declined.items() if now - at < DECLINED_FOR}
@@ -243,7 +243,7 @@ class Led:
             lease = await t.io(w.store.get_lease, key)
             if lease is not None:
                 leases.append(lease)
-        w.health.store_ok(scanned=True)  # every lease we look at read (none corrupt)
+        w.reports.table_answered(every_lease_read=True)  # none of those we looked at corrupt
         await t.adopt(leases)
         for lease in leases:  # ours, yet not taken: finished, parked, or not of our streams
             mine = lease.lease_owner == w.cfg.worker_id and not lease.handoff_pending

@@ -1,7 +1,8 @@
 """What the lease loops (``taking.Taker`` and its leader-assignment part ``assigning.Led``) read
 of the worker they serve: its parts, by role. The worker (``worker.Worker``, the composition
 root) is one; the loops never import it, and change none of its fields (what they learn goes to
-the part that owns it: ``health``, ``caught_up``, ``events``, the metrics and counters)."""
+``reports``, which the worker routes to health, the events, the metrics and counters and the
+status page, or to the part that owns it: ``caught_up``)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,14 @@ import random
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from checkpoint import coordination
     from checkpoint.base.clock import Clock
-    from checkpoint.counters import CoordinationCounters
     from checkpoint.leasing.holder import LeaseHolder
     from checkpoint.leasing.timing import LeaseTiming
-    from kclpy_spark.board.feed import WorkerBoard
     from kclpy_spark.config import WorkerConfig
+    from kclpy_spark.moves.reports import TakeReports
     from kclpy_spark.runtime.caught_up import CaughtUp
     from kclpy_spark.runtime.consumer_set import ConsumerSet
-    from kclpy_spark.runtime.events import EventLog
-    from kclpy_spark.runtime.health import Health
     from kclpy_spark.runtime.lease_store import LeaseStore
-    from kclpy_spark.runtime.metrics import WorkerMetrics
     from kclpy_spark.runtime.streams import StreamSet
     from shard_sync.leader import LeaderElection
 
@@ -46,8 +42,6 @@ class LeaseWorker(Protocol):
     def holder(self) -> LeaseHolder: ...
     @property
     def leader(self) -> LeaderElection: ...
-    @property
-    def suspend_flag(self) -> coordination.SuspendFlag: ...
 
     # Where a lease taken goes: its stream's context and a consumer.
     @property
@@ -55,17 +49,9 @@ class LeaseWorker(Protocol):
     @property
     def consumers(self) -> ConsumerSet: ...
 
-    # What the loops report to.
+    # What the loops report to: what happened, and a job's progress.
     @property
-    def health(self) -> Health: ...
-    @property
-    def events(self) -> EventLog: ...
-    @property
-    def metrics(self) -> WorkerMetrics: ...
-    @property
-    def counters(self) -> CoordinationCounters: ...
-    @property
-    def board(self) -> WorkerBoard: ...
+    def reports(self) -> TakeReports: ...
     @property
     def caught_up(self) -> CaughtUp | None: ...
 

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 from checkpoint import coordination
 from checkpoint.base.errors import KclpySparkError
-from checkpoint.counters import Counter
 from checkpoint.lease import Lease, LeaseState
 from checkpoint.port import TableScan
 from kclpy_spark.moves.assigning import AssignmentHint, Led
@@ -159,7 +158,7 @@ class Taker:
         )
         if not plan.leases:
             if plan.mine < plan.target:
-                w.counters.increment(Counter.NO_PARTITIONS_ACQUIRED)
+                w.reports.none_acquired()
             return
         log.info("worker %s: %s", w.cfg.worker_id, plan.reason)
         for lease in plan.leases:
@@ -182,13 +181,8 @@ class Taker:
         table = await self._io(w.store.scan_table, "")  # every record: its Scan reads them all
         returned = w.clock.monotonic()
         leases = list(table.leases)
-        w.health.store_ok(scanned=True)
         w.leader.observe(table.records, returned)
-        w.suspend_flag.observe(table.records, returned)
-        try:  # the status page's view: never at the cost of taking
-            w.board.on_scan(leases)
-        except Exception:
-            log.exception("worker %s: the status page could not follow the scan", w.cfg.worker_id)
+        w.reports.scanned(table, returned)
         now_wall = w.clock.wall()
         mine = [x for x in leases if w.streams.context_of(x) is not None]
         if w.caught_up is not None:  # a job: stop when every shard is caught up
@@ -199,8 +193,8 @@ class Taker:
         # Parked leases are invisible to the taker until their reopen time; leases of streams
         # this worker does not consume (removed from the config) are never taken.
         open_leases = [x for x in mine if x.state(now_wall) is not LeaseState.CLOSED]
-        w.health.all_parked = bool(unfinished) and all(
-            x.state(now_wall) is LeaseState.CLOSED for x in unfinished
+        w.reports.all_parked(
+            bool(unfinished) and all(x.state(now_wall) is LeaseState.CLOSED for x in unfinished)
         )
         await self.adopt(open_leases)
         self._note_running(table)
@@ -335,13 +329,9 @@ class Taker:
             return False
         log.info("lease %s: asked %s to hand it over to %s (graceful handoff)",
                  lease.lease_key, lease.lease_owner, to)  # fmt: skip
-        w.metrics.steals.inc()
+        w.reports.asked(lease, to, w.cfg.worker_id)
         if to == w.cfg.worker_id:
-            w.events.add(lease.lease_key, "asked", _why_taken(lease, "stole")[1])
             self._watch_incoming(lease.lease_key)
-        else:
-            w.events.add(lease.lease_key, "moving", f"from {lease.lease_owner} to {to}, to "
-                         "balance the load (assigned by this leader)")  # fmt: skip
         return True
 
     def _job_complete(self, leases: list[Lease]) -> bool:
@@ -374,10 +364,8 @@ class Taker:
             log.info("lease %s: another worker took it first", lease.lease_key)
             return
         self._observer.record_write(taken, w.clock.monotonic())
-        w.counters.increment(Counter.PARTITIONS_ACQUIRED)
-        (w.metrics.steals if how == "stole" else w.metrics.takes).inc()
         held = w.holder.add_taken(taken, started)
-        w.events.add(lease.lease_key, *_why_taken(lease, how))
+        w.reports.took(lease, how)
         context = w.streams.context_of(taken)
         if context is None or not w.may_take:  # its stream removed, or suspended, meanwhile
             await self._io(w.holder.release, held.lease_key, held.token)
@@ -387,14 +375,3 @@ class Taker:
         except Exception:  # a bug: never hold (and renew) a lease nothing processes
             log.exception("lease %s: its consumer could not start; releasing it", held.lease_key)
             await self._io(w.holder.release, held.lease_key, held.token)
-
-
-def _why_taken(lease: Lease, how: str) -> tuple[str, str]:
-    """The event of a take: its kind and why the lease was free to take."""
-    if how == "stole":
-        return "stole", f"from {lease.lease_owner}, to balance the leases between workers"
-    if how == "handed":
-        return "took", "handed over to us (graceful handoff)"
-    if lease.lease_owner:
-        return "took", f"from {lease.lease_owner}, which stopped renewing it"
-    return "took", "it had no owner"

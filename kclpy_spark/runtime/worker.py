@@ -31,6 +31,7 @@ from kclpy_spark.board.feed import WorkerBoard
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.logs import set_application
 from kclpy_spark.moves.assigning import leader_election, lease_timing
+from kclpy_spark.moves.reports import TakeReports
 from kclpy_spark.moves.stopping import announce_stopping, let_new_owners_see, release_all
 from kclpy_spark.moves.taking import Taker
 from kclpy_spark.processor import ReportsReadiness
@@ -87,8 +88,7 @@ class Worker:
         self.timing = lease_timing(cfg)
         self.counters = CoordinationCounters()
         self.events = EventLog(cfg.worker_id, self.clock.wall)
-        # until_caught_up: the job's progress; complete once every shard is caught up.
-        self.caught_up = CaughtUp(self.clock.wall()) if cfg.until_caught_up else None
+        self.caught_up = CaughtUp(self.clock.wall()) if cfg.until_caught_up else None  # a job's
         self.metrics = worker_metrics(cfg, self.counters, processor_factory, store, self.events)
         self.cpu = CpuMeter(monotonic=self.clock.monotonic, wall=self.clock.wall)
         self.suspended = False
@@ -122,9 +122,16 @@ class Worker:
         self._lease_io = RetiringThreadPool(4, "kclpy-spark-lease")
         self._renew_io = RetiringThreadPool(1, "kclpy-spark-renew-round")
         self.taker = Taker(self, self._io)
-        self.latest_status = publish.LatestStatus()  # each control round's; the page's
-        self.board = WorkerBoard(cfg, store, self.clock, self.timing, self._io,
+        self._reporting()
+
+    def _reporting(self) -> None:
+        """The status page's snapshot (put by each control round) and feed, and what the lease
+        loops report into (health, the events, the metrics and counters, the page)."""
+        self.latest_status = publish.LatestStatus()
+        self.board = WorkerBoard(self.cfg, self.store, self.clock, self.timing, self._io,
                                  self.latest_status.get)  # fmt: skip
+        self.reports = TakeReports(self.health, self.events, self.metrics, self.counters,
+                                   self.suspend_flag, self.board)  # fmt: skip
 
     def _consumer_set(self, processors: ProcessorFactory, sleep: AsyncSleep) -> ConsumerSet:
         return ConsumerSet(

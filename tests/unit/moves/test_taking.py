@@ -26,6 +26,7 @@ from checkpoint.sequence import SHARD_END, TRIM_HORIZON
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.moves.assigning import leader_election, lease_timing
+from kclpy_spark.moves.reports import TakeReports
 from kclpy_spark.moves.taking import MAX_LOOKS, Taker
 from kclpy_spark.runtime.events import EventLog
 from kclpy_spark.runtime.metrics import WorkerMetrics
@@ -63,9 +64,19 @@ class Looks:
         self.seen.append((tuple(sorted(r.key for r in records)), returned_at))
 
 
+class FakeWorker(SimpleNamespace):
+    """The worker as the lease loops see it, its parts set by each test; ``reports`` routes to
+    whichever parts are set when a loop reports (tests replace some after building it)."""
+
+    @property
+    def reports(self) -> TakeReports:
+        parts = (self.health, self.events, self.metrics, self.counters, self.suspend_flag)
+        return TakeReports(*parts, self.board)
+
+
 def worker(table: MemoryLeaseTable, consumers: Consumers, clock: ManualClock | None = None) -> Any:
     clock = clock or ManualClock()
-    return SimpleNamespace(
+    return FakeWorker(
         suspended=False,
         resumed_at=float("-inf"),
         cfg=WorkerConfig(stream_name="s", worker_id=ME, lease_assignment="worker"),
@@ -83,6 +94,8 @@ def worker(table: MemoryLeaseTable, consumers: Consumers, clock: ManualClock | N
         rng=random.Random(1),
         leader=Looks(),
         suspend_flag=Looks(),
+        health=SimpleNamespace(store_ok=lambda **_: None, all_parked=False),
+        board=None,
     )
 
 

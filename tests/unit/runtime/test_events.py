@@ -39,6 +39,6 @@ def test_a_take_says_why_the_lease_was_free(
 ) -> None:
     from checkpoint.lease import Lease
     from checkpoint.sequence import TRIM_HORIZON
-    from kclpy_spark.moves.taking import _why_taken
+    from kclpy_spark.moves.reports import why_taken
 
-    assert _why_taken(Lease("s0", TRIM_HORIZON, lease_owner=owner), how) == (kind, why)
+    assert why_taken(Lease("s0", TRIM_HORIZON, lease_owner=owner), how) == (kind, why)
