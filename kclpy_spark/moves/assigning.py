@@ -197,7 +197,7 @@ class Led:
             if not self._leading():
                 return
             if a.to == me:
-                if a.lease.lease_key not in w.consumers:
+                if not w.placement.running(a.lease.lease_key):
                     await t.take(a.lease, how="took")
             else:
                 await self._assign(a.lease, a.to)

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from checkpoint.base.clock import Clock
+    from checkpoint.lease import Lease
+    from checkpoint.leasing.held_lease import HeldLease
     from checkpoint.leasing.holder import LeaseHolder
     from checkpoint.leasing.timing import LeaseTiming
     from kclpy_spark.config import WorkerConfig
@@ -18,8 +20,28 @@ if TYPE_CHECKING:
     from kclpy_spark.runtime.caught_up import CaughtUp
     from kclpy_spark.runtime.consumer_set import ConsumerSet
     from kclpy_spark.runtime.lease_store import LeaseStore
-    from kclpy_spark.runtime.streams import StreamSet
+    from kclpy_spark.runtime.streams import StreamContext, StreamSet
     from shard_sync.leader import LeaderElection
+
+
+class Placement:
+    """Where a lease taken goes (its stream's context, then a consumer) and which leases run
+    here: all the lease loops use of the worker's ``StreamSet`` and ``ConsumerSet``."""
+
+    def __init__(self, streams: StreamSet, consumers: ConsumerSet) -> None:
+        self._streams = streams
+        self._consumers = consumers
+
+    def context_of(self, lease: Lease) -> StreamContext | None:
+        """The context of the lease's stream; None for a stream this worker does not consume."""
+        return self._streams.context_of(lease)
+
+    def running(self, key: str) -> bool:
+        """Whether a consumer runs the lease here."""
+        return key in self._consumers
+
+    def start(self, held: HeldLease, context: StreamContext) -> None:
+        self._consumers.start(held, context)
 
 
 class LeaseWorker(Protocol):
@@ -45,9 +67,7 @@ class LeaseWorker(Protocol):
 
     # Where a lease taken goes: its stream's context and a consumer.
     @property
-    def streams(self) -> StreamSet: ...
-    @property
-    def consumers(self) -> ConsumerSet: ...
+    def placement(self) -> Placement: ...
 
     # What the loops report to: what happened, and a job's progress.
     @property

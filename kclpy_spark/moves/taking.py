@@ -164,7 +164,7 @@ class Taker:
         for lease in plan.leases:
             if not w.may_take:  # suspended or stopping meanwhile: take (or steal) no more
                 return
-            if lease.lease_key in w.consumers:
+            if w.placement.running(lease.lease_key):
                 continue
             follows = self.kclpy(lease.lease_owner)  # hand-offs; else a steal is the 2.x take
             if lease in plan.steal and not (follows or w.cfg.steal_from_kcl_workers):
@@ -184,7 +184,7 @@ class Taker:
         w.leader.observe(table.records, returned)
         w.reports.scanned(table, returned)
         now_wall = w.clock.wall()
-        mine = [x for x in leases if w.streams.context_of(x) is not None]
+        mine = [x for x in leases if w.placement.context_of(x) is not None]
         if w.caught_up is not None:  # a job: stop when every shard is caught up
             if self._job_complete(mine):
                 return None
@@ -234,7 +234,7 @@ class Taker:
         return mine and not self.running_here(lease.lease_key)
 
     def running_here(self, key: str) -> bool:
-        return key in self._w.consumers or self._w.holder.get_if_held(key) is not None
+        return self._w.placement.running(key) or self._w.holder.get_if_held(key) is not None
 
     def _ours_to_take(self, lease: Lease) -> bool:
         """Ours by the table and ours to take now: no handoff pending, work left, not parked,
@@ -244,7 +244,7 @@ class Taker:
             return False
         if lease.checkpoint.is_shard_end or lease.state(w.clock.wall()) is LeaseState.CLOSED:
             return False
-        if w.streams.context_of(lease) is None:
+        if w.placement.context_of(lease) is None:
             return False
         if w.caught_up is not None and w.caught_up.is_ended(lease.lease_key):
             return False
@@ -290,7 +290,7 @@ class Taker:
                                "the last", w.cfg.worker_id, exc)  # fmt: skip
         now_wall = w.clock.wall()
         self._note_running(table)
-        self._observe([x for x in table.leases if w.streams.context_of(x) is not None
+        self._observe([x for x in table.leases if w.placement.context_of(x) is not None
                        and x.state(now_wall) is not LeaseState.CLOSED])  # fmt: skip
 
     def _note_running(self, table: TableScan) -> None:
@@ -366,12 +366,12 @@ class Taker:
         self._observer.record_write(taken, w.clock.monotonic())
         held = w.holder.add_taken(taken, started)
         w.reports.took(lease, how)
-        context = w.streams.context_of(taken)
+        context = w.placement.context_of(taken)
         if context is None or not w.may_take:  # its stream removed, or suspended, meanwhile
             await self._io(w.holder.release, held.lease_key, held.token)
             return
         try:
-            w.consumers.start(held, context)
+            w.placement.start(held, context)
         except Exception:  # a bug: never hold (and renew) a lease nothing processes
             log.exception("lease %s: its consumer could not start; releasing it", held.lease_key)
             await self._io(w.holder.release, held.lease_key, held.token)

@@ -31,6 +31,7 @@ from kclpy_spark.board.feed import WorkerBoard
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.logs import set_application
 from kclpy_spark.moves.assigning import leader_election, lease_timing
+from kclpy_spark.moves.lease_worker import Placement
 from kclpy_spark.moves.reports import TakeReports
 from kclpy_spark.moves.stopping import announce_stopping, let_new_owners_see, release_all
 from kclpy_spark.moves.taking import Taker
@@ -91,8 +92,7 @@ class Worker:
         self.caught_up = CaughtUp(self.clock.wall()) if cfg.until_caught_up else None  # a job's
         self.metrics = worker_metrics(cfg, self.counters, processor_factory, store, self.events)
         self.cpu = CpuMeter(monotonic=self.clock.monotonic, wall=self.clock.wall)
-        self.suspended = False
-        self.resumed_at = float("-inf")  # monotonic: when the application was last resumed
+        self.suspended, self.resumed_at = False, float("-inf")  # resumed_at: monotonic
         # Stopping: the handoffs of our leases have begun and complete when the consumers stop
         # (release_all), not at the next renewal, so the new owners can find them first.
         self.handing_out = False
@@ -125,13 +125,13 @@ class Worker:
         self._reporting()
 
     def _reporting(self) -> None:
-        """The status page's snapshot (put by each control round) and feed, and what the lease
-        loops report into (health, the events, the metrics and counters, the page)."""
+        """The status page's snapshot and feed; what the lease loops report into and start."""
         self.latest_status = publish.LatestStatus()
         self.board = WorkerBoard(self.cfg, self.store, self.clock, self.timing, self._io,
                                  self.latest_status.get)  # fmt: skip
         self.reports = TakeReports(self.health, self.events, self.metrics, self.counters,
                                    self.suspend_flag, self.board)  # fmt: skip
+        self.placement = Placement(self.streams, self.consumers)  # where a lease taken goes
 
     def _consumer_set(self, processors: ProcessorFactory, sleep: AsyncSleep) -> ConsumerSet:
         return ConsumerSet(

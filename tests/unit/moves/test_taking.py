@@ -26,6 +26,7 @@ from checkpoint.sequence import SHARD_END, TRIM_HORIZON
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.moves.assigning import leader_election, lease_timing
+from kclpy_spark.moves.lease_worker import Placement
 from kclpy_spark.moves.reports import TakeReports
 from kclpy_spark.moves.taking import MAX_LOOKS, Taker
 from kclpy_spark.runtime.events import EventLog
@@ -72,6 +73,10 @@ class FakeWorker(SimpleNamespace):
     def reports(self) -> TakeReports:
         parts = (self.health, self.events, self.metrics, self.counters, self.suspend_flag)
         return TakeReports(*parts, self.board)
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(self.streams, self.consumers)
 
 
 def worker(table: MemoryLeaseTable, consumers: Consumers, clock: ManualClock | None = None) -> Any:
