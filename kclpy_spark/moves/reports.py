@@ -33,6 +33,7 @@ class ScanView(Protocol):
 class TakeReports:
     def __init__(
         self,
+        worker_id: str,
         health: Health,
         events: EventLog,
         metrics: WorkerMetrics,
@@ -40,23 +41,24 @@ class TakeReports:
         suspend_flag: coordination.SuspendFlag,
         board: ScanView | None = None,
     ) -> None:
+        self._worker_id = worker_id
         self._health = health
         self._events = events
         self._metrics = metrics
         self._counters = counters
         self._suspend_flag = suspend_flag
-        self.board = board  # set once the status page's feed exists
+        self._board = board  # the status page's feed (none in tests that have no page)
 
     def scanned(self, table: TableScan, returned: float) -> None:
         """A scan of the whole table came back (at monotonic ``returned``)."""
         self._health.store_ok(scanned=True)
         self._suspend_flag.observe(table.records, returned)
-        if self.board is None:
+        if self._board is None:
             return
         try:  # the status page's view: never at the cost of taking
-            self.board.on_scan(list(table.leases))
+            self._board.on_scan(list(table.leases))
         except Exception:
-            log.exception("the status page could not follow the scan")
+            log.exception("worker %s: the status page could not follow the scan", self._worker_id)
 
     def table_answered(self, *, every_lease_read: bool = False) -> None:
         """The lease table answered (``every_lease_read``: each lease looked at was read whole)."""

@@ -129,8 +129,8 @@ class Worker:
         self.latest_status = publish.LatestStatus()
         self.board = WorkerBoard(self.cfg, self.store, self.clock, self.timing, self._io,
                                  self.latest_status.get)  # fmt: skip
-        self.reports = TakeReports(self.health, self.events, self.metrics, self.counters,
-                                   self.suspend_flag, self.board)  # fmt: skip
+        self.reports = TakeReports(self.cfg.worker_id, self.health, self.events, self.metrics,
+                                   self.counters, self.suspend_flag, self.board)  # fmt: skip
         self.placement = Placement(self.streams, self.consumers)  # where a lease taken goes
 
     def _consumer_set(self, processors: ProcessorFactory, sleep: AsyncSleep) -> ConsumerSet:

@@ -72,7 +72,7 @@ class FakeWorker(SimpleNamespace):
     @property
     def reports(self) -> TakeReports:
         parts = (self.health, self.events, self.metrics, self.counters, self.suspend_flag)
-        return TakeReports(*parts, self.board)
+        return TakeReports(self.cfg.worker_id, *parts, self.board)
 
     @property
     def placement(self) -> Placement:
