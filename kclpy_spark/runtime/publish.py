@@ -118,10 +118,13 @@ class LatestStatus:
         return self._last
 
 
-def publish_snapshot(worker: StatusSource, latest: LatestStatus, now_wall: float) -> None:
+def publish_snapshot(worker: StatusSource, latest: LatestStatus, now_wall: float) -> dict[str, Any]:
     """The status page's view of ``worker`` now: put after every control round whatever it came
-    to (a failed read included), at start and when the worker is suspended."""
-    latest.put(status_payload(worker, now_wall), now_wall)
+    to (a failed read included), at start and when the worker is suspended. Returns the payload
+    (the round's status record, when due, is written from it)."""
+    payload = status_payload(worker, now_wall)
+    latest.put(payload, now_wall)
+    return payload
 
 
 class StatusPublisher(StatusSource, Protocol):
@@ -277,11 +280,15 @@ class StatusCadence:
 
 
 async def publish_if_due(
-    worker: StatusPublisher, io: Callable[..., Awaitable[Any]], now_wall: float
+    worker: StatusPublisher,
+    io: Callable[..., Awaitable[Any]],
+    now_wall: float,
+    payload: dict[str, Any] | None = None,
 ) -> None:
-    """The control round's status write, when ``worker.status_cadence`` says it is due; a
-    duplicate worker id it reveals goes to health (kclpy_spark.runtime.identity)."""
-    payload = status_payload(worker, now_wall)
+    """The control round's status write of ``payload`` (made now if not given), when
+    ``worker.status_cadence`` says it is due; a duplicate worker id it reveals goes to health
+    (kclpy_spark.runtime.identity)."""
+    payload = status_payload(worker, now_wall) if payload is None else payload
     if not worker.status_cadence.due(payload, worker.clock.monotonic()):
         return
     other = await io(worker.status_writer.publish, payload, now_wall)

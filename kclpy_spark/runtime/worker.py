@@ -191,7 +191,8 @@ class Worker:
 
     async def run(self) -> None:
         set_application(self.cfg.application_name, self.cfg.stream, self.cfg.worker_id)
-        self._snapshot()  # the status page's first view, before the first control round
+        # The status page's first view, before the first control round.
+        publish.publish_snapshot(self, self.latest_status, self.clock.wall())
         if self.cfg.metrics_port is not None:
             self.metrics.watch_readiness(self.readiness)
             self.status_server = StatusServer(
@@ -212,10 +213,6 @@ class Worker:
         """``fn(*args)`` on the lease executor, with this task's logging context."""
         call = functools.partial(contextvars.copy_context().run, fn, *args)
         return await asyncio.get_running_loop().run_in_executor(self._lease_io, call)
-
-    def _snapshot(self) -> None:
-        """The status page's view of this worker now (``publish.LatestStatus``)."""
-        publish.publish_snapshot(self, self.latest_status, self.clock.wall())
 
     async def _run(self) -> None:
         await self.streams.refresh(first=True)
@@ -332,23 +329,26 @@ class Worker:
         self.consumers.lost_unless_held(self.holder.held_keys())
 
     async def _control_round(self) -> None:
+        """The steps; then the page's view, whatever they came to; then the status record."""
+        go_on = False
         try:
-            await self._control_steps()
-        finally:  # the status page's view, whatever the round came to
-            self._snapshot()
+            go_on = await self._control_steps()
+        finally:
+            now = self.clock.wall()
+            payload = publish.publish_snapshot(self, self.latest_status, now)
+        if go_on:  # the same payload, written when due
+            await publish.publish_if_due(self, self._io, now, payload)
 
-    async def _control_steps(self) -> None:
-        """Watch the streams' presence and whether a dependency has been gone too long (first:
-        this must not depend on the lease table answering); follow the suspend flag; publish
-        this worker's status."""
+    async def _control_steps(self) -> bool:
+        """Watch the streams and whether a dependency is gone too long (first: this must not depend
+        on the lease table answering); follow the suspend flag. False: the worker gives up."""
         await self.streams.check_present()
         reason = self.health.fatal(self.streams.gone())
         if reason is not None:
             self.exit_reason = reason
             log.error("worker %s: giving up: %s", self.cfg.worker_id, reason)
             self._stop.set()
-            return
-        now = self.clock.wall()
+            return False
         cpu = self.cpu.sample(self.consumers.changes)
         if cpu is not None:
             self.metrics.cpu_ratio.set(cpu / 100)
@@ -362,7 +362,7 @@ class Worker:
         if suspended and not self.suspended:
             log.warning("worker %s: application suspended; releasing leases", self.cfg.worker_id)
             self.suspended = True
-            self._snapshot()
+            publish.publish_snapshot(self, self.latest_status, self.clock.wall())
             await self.consumers.shutdown_all(self.cfg.shutdown_grace)
             await release_all(self, self._io, resign=False)
         elif not suspended and self.suspended:
@@ -370,7 +370,7 @@ class Worker:
             self.suspended = False
             self.resumed_at = self.clock.monotonic()
             self._take_now.set()
-        await publish.publish_if_due(self, self._io, now)
+        return True
 
     async def _maintenance_round(self) -> None:
         """Follow the stream list (every worker); shard sync, audit and cleanup (the leader)."""

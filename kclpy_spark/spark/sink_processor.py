@@ -167,8 +167,8 @@ class SparkSinkProcessorFactory:
 
     def sink_lanes(self) -> dict[str, dict[str, Any]]:
         """Each lane's figures by lease key (the worker's status record carries them)."""
-        lanes = self.status().get("lanes", {})
-        return lanes if isinstance(lanes, dict) else {}
+        lanes: dict[str, dict[str, Any]] = self.status().get("lanes", {})
+        return lanes
 
     def readiness(self) -> tuple[bool, str]:
         """Not ready while the sink refuses writes: as many writes hang as it allows."""

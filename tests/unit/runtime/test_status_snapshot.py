@@ -5,6 +5,7 @@ page never shows a state older than the last round even while the lease table fa
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -54,3 +55,8 @@ def test_the_page_sees_a_suspension_while_the_consumers_stop() -> None:
     assert seen == [True]
     snapshot = worker.latest_status.get()
     assert snapshot is not None and snapshot.payload()["suspended"] is True
+    # The round's status record is written from the same payload the page was given.
+    record = store.get_record(coordination.worker_key("w"))
+    assert record is not None
+    written = json.loads(record.data)
+    assert {k: written[k] for k in snapshot.payload()} == snapshot.payload()
