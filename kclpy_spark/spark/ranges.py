@@ -125,9 +125,8 @@ class ReadRange:
         if (
             self.max_records < 1
             or self.max_bytes < 1
-            or not self.max_seconds > 0
+            or not 0 < self.max_seconds < math.inf  # NaN too: msgspec would write it as null
             or self.max_pages < 0
-            or not math.isfinite(self.max_seconds)
             or not math.isfinite(self.read_rate)
         ):
             raise ValueError(f"a range needs positive, finite budgets: {self!r}")
@@ -179,7 +178,7 @@ class ReadRange:
 
     @classmethod
     def from_json(cls, text: str) -> ReadRange:
-        v = _decode(text)
+        v = _DECODER.decode(text)
         hash_range = v.get("hash_range")
         return cls(
             lease_key=v["lease_key"],
@@ -245,7 +244,7 @@ class RangeEnd:
 
     @classmethod
     def from_json(cls, text: str) -> RangeEnd:
-        v = _decode(text)
+        v = _DECODER.decode(text)
         return cls(
             lease_key=v["lease_key"],
             first=_esn_of(v["first"]),
@@ -319,10 +318,6 @@ _DECODER = msgspec.json.Decoder()
 
 def _encode(value: dict[str, Any]) -> str:
     return _ENCODER.encode(value).decode()
-
-
-def _decode(text: str) -> Any:
-    return _DECODER.decode(text)
 
 
 def _esn_json(value: ESN | None) -> list[Any] | None:

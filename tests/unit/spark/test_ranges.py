@@ -156,6 +156,10 @@ def test_a_pin_names_both_ends_or_none_in_order(
 def test_a_range_needs_budgets_and_a_start_before_the_end() -> None:
     with pytest.raises(ValueError, match="budgets"):
         dataclasses.replace(rng(), max_records=0)
+    for bad in ({"max_seconds": 0.0}, {"max_seconds": float("nan")}, {"max_seconds": float("inf")},
+                {"read_rate": float("inf")}, {"read_rate": float("nan")}):  # fmt: skip
+        with pytest.raises(ValueError, match="finite budgets"):  # its JSON would carry null
+            dataclasses.replace(rng(), **bad)
     with pytest.raises(ValueError, match="SHARD_END"):
         rng(ExtendedSequenceNumber("SHARD_END"))
 
