@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, child_env, machine, median, require_endpoint, stamp, write_results
+from common import REPO, child_env, machine, median, reap, require_endpoint, stamp, write_results
 
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.leasing.timing import LeaseTiming
@@ -92,11 +92,7 @@ class Fleet:
         for proc in self.procs.values():
             proc.send_signal(signal.SIGTERM)
         for proc in self.procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            reap(proc, 30)
         self.procs.clear()
 
 

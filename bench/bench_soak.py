@@ -50,7 +50,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common import CACHE, REPO, RESULTS, child_env, machine, require_endpoint, stamp, write_results
+from common import (
+    CACHE,
+    REPO,
+    RESULTS,
+    child_env,
+    machine,
+    reap,
+    require_endpoint,
+    stamp,
+    write_results,
+)
 
 from checkpoint.base.threads import IDLE_SECONDS
 
@@ -177,11 +187,7 @@ class Worker:
         if final:
             self.last = final
         self.proc.send_signal(signal.SIGTERM)
-        try:
-            status = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            status = self.proc.wait()
+        status = reap(self.proc, timeout)
         for key in ("lease_takes_total", "lease_steals_total", "records_processed_total"):
             self.totals[key] = self.totals.get(key, 0.0) + self.last.get(key, 0.0)
         self.last = {}

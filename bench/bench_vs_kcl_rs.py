@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import CpuTrace, child_env, machine, median, stamp, write_results
+from common import CpuTrace, child_env, machine, median, reap, stamp, write_results
 from kinesalite import Kinesalite, load_stream
 
 PAGE = 10_000  # records in one stand-in page
@@ -189,11 +189,7 @@ def run_one(variant: str, source: RunSource, args: argparse.Namespace) -> dict[s
                 time.sleep(0.2)
         finally:
             proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    reap(proc, 30)
     got = json.loads(result.read_text())
     records, last = got["records"], got["last_wall"]
     first_read = source.first_read(launched)

@@ -187,3 +187,13 @@ def require_endpoint(url: str, what: str = "LocalStack", start: str = "") -> Non
         raise SystemExit(
             f"{what} is not reachable at {url} ({exc.strerror or exc}); {how}"
         ) from None
+
+
+def reap(proc: subprocess.Popen[Any], timeout: float) -> int:
+    """``proc``'s exit status, waiting at most ``timeout`` seconds after it was asked to stop;
+    then it is killed (and waited for)."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()

@@ -28,6 +28,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from common import reap
+
 REPO = Path(__file__).resolve().parents[1]
 INSTALL_DIR = REPO / ".cache" / "kinesalite"
 VERSION = "3.3.3"
@@ -136,11 +138,7 @@ class Kinesalite:
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            reap(self.proc, 10)
         self.proc = None
 
     def __enter__(self) -> Kinesalite:
