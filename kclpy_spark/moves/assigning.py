@@ -162,7 +162,7 @@ class Led:
 
     def _leading(self) -> bool:
         w = self._t.worker
-        return w.leader.is_leader and w.may_take
+        return w.leader.is_leader and w.run_state.may_take
 
     async def _lead(self) -> None:
         t = self._t
@@ -172,12 +172,12 @@ class Led:
         if scan is None:
             return
         now = w.clock.monotonic()
-        if now - w.resumed_at < w.timing.lease_duration + w.timing.max_clock_skew:
+        if now - w.run_state.resumed_at < w.timing.lease_duration + w.timing.max_clock_skew:
             return  # the others' status still says suspended: they would get nothing
         window = w.timing.lease_duration
         self._assigned = {k: at for k, at in self._assigned.items() if now - at < window}
         running = dict(t.running)
-        if w.may_take:  # we run, whether or not our last status write landed
+        if w.run_state.may_take:  # we run, whether or not our last status write landed
             running.setdefault(me, w.clock.wall())
         targets = self._suspects.targets(scan, running)
         plan = plan_assignments(

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from kclpy_spark.runtime.caught_up import CaughtUp
     from kclpy_spark.runtime.consumer_set import ConsumerSet
     from kclpy_spark.runtime.lease_store import LeaseStore
+    from kclpy_spark.runtime.run_state import RunState
     from kclpy_spark.runtime.streams import StreamContext, StreamSet
     from shard_sync.leader import LeaderElection
 
@@ -75,11 +76,6 @@ class LeaseWorker(Protocol):
     @property
     def caught_up(self) -> CaughtUp | None: ...
 
-    # The worker's state the loops act on.
+    # Whether the worker runs on: suspended, stopping (a job's end asks it to stop).
     @property
-    def suspended(self) -> bool: ...
-    @property
-    def resumed_at(self) -> float: ...
-    @property
-    def may_take(self) -> bool: ...
-    def request_shutdown(self) -> None: ...
+    def run_state(self) -> RunState: ...

@@ -63,7 +63,11 @@ class Taker:
         end = loop.time() + interval
         while (left := end - loop.time()) > 0:
             poll = min(left, HANDOFF_POLL) if self._incoming else left
-            check = None if self._w.suspended else self._observer.next_check(self._w.cfg.worker_id)
+            check = (
+                None
+                if self._w.run_state.suspended
+                else self._observer.next_check(self._w.cfg.worker_id)
+            )
             if check is not None:
                 poll = min(poll, max(check - self._w.clock.monotonic(), 0.0) + LOOK_MARGIN)
             with contextlib.suppress(TimeoutError):
@@ -112,7 +116,7 @@ class Taker:
                 del self._incoming[key]  # gone, taken by another, or left to the rounds
             elif not lease.handoff_pending:
                 del self._incoming[key]
-                if w.may_take and self._ours_to_take(lease):
+                if w.run_state.may_take and self._ours_to_take(lease):
                     await self.take(lease, how="handed")
 
     @property
@@ -162,7 +166,7 @@ class Taker:
             return
         log.info("worker %s: %s", w.cfg.worker_id, plan.reason)
         for lease in plan.leases:
-            if not w.may_take:  # suspended or stopping meanwhile: take (or steal) no more
+            if not w.run_state.may_take:  # suspended or stopping meanwhile: take (or steal) no more
                 return
             if w.placement.running(lease.lease_key):
                 continue
@@ -210,7 +214,7 @@ class Taker:
         w = self._w
         for lease in leases:
             key = lease.lease_key
-            if key in self._incoming or not w.may_take:
+            if key in self._incoming or not w.run_state.may_take:
                 continue
             if lease.checkpoint_owner == w.cfg.worker_id and not self.running_here(key):
                 log.info("lease %s: ending a handoff from us to %s", key, lease.lease_owner)
@@ -343,7 +347,7 @@ class Taker:
         log.info("worker %s: caught up (%d lease(s) done, %d failed); stopping",
                  w.cfg.worker_id, done, failed)  # fmt: skip
         w.caught_up.complete = True
-        w.request_shutdown()
+        w.run_state.stop("every lease caught up")
         return True
 
     async def take(self, lease: Lease, *, how: str) -> None:
@@ -367,7 +371,9 @@ class Taker:
         held = w.holder.add_taken(taken, started)
         w.reports.took(lease, how)
         context = w.placement.context_of(taken)
-        if context is None or not w.may_take:  # its stream removed, or suspended, meanwhile
+        if (
+            context is None or not w.run_state.may_take
+        ):  # its stream removed, or suspended, meanwhile
             await self._io(w.holder.release, held.lease_key, held.token)
             return
         try:

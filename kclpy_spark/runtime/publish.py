@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from kclpy_spark.runtime.events import EventLog
     from kclpy_spark.runtime.health import Health
     from kclpy_spark.runtime.metrics import WorkerMetrics
+    from kclpy_spark.runtime.run_state import RunState
     from shard_sync.leader import LeaderElection
 
 EVENTS_PUBLISHED = 10
@@ -79,7 +80,7 @@ class StatusSource(Protocol):
     @property
     def cpu(self) -> CpuMeter: ...
     @property
-    def suspended(self) -> bool: ...
+    def run_state(self) -> RunState: ...
     @property
     def leader(self) -> LeaderElection: ...
     @property
@@ -156,7 +157,7 @@ def status_payload(worker: StatusSource, now_wall: float) -> dict[str, Any]:
     leases, omitted = bounded(leases, LEASE_FIGURES_BYTES)
     payload = status_fields(
         ready=ready, readiness=why, cpu_percent=_rounded(worker.cpu.last_percent, 2),
-        suspended=worker.suspended, leader=worker.leader.is_leader,
+        suspended=worker.run_state.suspended, leader=worker.leader.is_leader,
         assigns=worker.leader.assigning,  # the leader that assigns leases (not every one does)
         leases=leases, leases_omitted=omitted,
         events=published_events(worker.events.recent(EVENTS_PUBLISHED), now_wall),

@@ -46,6 +46,7 @@ from kclpy_spark.runtime.health import Health
 from kclpy_spark.runtime.identity import unique_worker_id
 from kclpy_spark.runtime.lease_store import LeaseStore
 from kclpy_spark.runtime.metrics import StatusServer, worker_metrics
+from kclpy_spark.runtime.run_state import RunState
 from kclpy_spark.runtime.streams import RecordSourcesFor, StreamContext, StreamSet
 from kclpy_spark.stream_spec import StreamSpec
 
@@ -92,7 +93,7 @@ class Worker:
         self.caught_up = CaughtUp(self.clock.wall()) if cfg.until_caught_up else None  # a job's
         self.metrics = worker_metrics(cfg, self.counters, processor_factory, store, self.events)
         self.cpu = CpuMeter(monotonic=self.clock.monotonic, wall=self.clock.wall)
-        self.suspended, self.resumed_at = False, float("-inf")  # resumed_at: monotonic
+        self.run_state = RunState(cfg.worker_id, self.clock.monotonic)  # suspended, stopping
         # Stopping: the handoffs of our leases have begun and complete when the consumers stop
         # (release_all), not at the next renewal, so the new owners can find them first.
         self.handing_out = False
@@ -114,7 +115,7 @@ class Worker:
                              missing_timeout=cfg.missing_dependency_timeout,
                              quiet_interval=self.timing.lease_duration,
                              table_name=cfg.application_name)  # fmt: skip
-        self._stop, self._take_now, self.started = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        self._take_now, self.started = asyncio.Event(), asyncio.Event()
         self.streams = self._stream_set(stream_tracker, kinesis_sync, kinesis_async, record_sources)
         self._processor_factory = processor_factory
         self.consumers = self._consumer_set(processor_factory, sleep)
@@ -157,14 +158,8 @@ class Worker:
 
     # --- public ----------------------------------------------------------------------------------
 
-    @property
-    def may_take(self) -> bool:
-        """Whether a lease just taken may get a consumer (not suspended, not stopping)."""
-        return not self.suspended and not self._stop.is_set()
-
     def request_shutdown(self) -> None:
-        log.info("worker %s: shutdown requested", self.cfg.worker_id)
-        self._stop.set()
+        self.run_state.stop("asked")
 
     def shard_stats(self) -> list[ShardStats]:
         return self.consumers.stats()
@@ -181,9 +176,9 @@ class Worker:
     def readiness(self) -> tuple[bool, str]:
         missing = list(self.streams.gone())
         ready, why = self.health.readiness(
-            suspended=self.suspended, consumers=self.consumers.views(), missing_streams=missing,
-            failing_syncs=self.streams.failing_syncs() if self.leader.is_leader
-            and not self.suspended else (),
+            suspended=self.run_state.suspended, consumers=self.consumers.views(),
+            missing_streams=missing, failing_syncs=self.streams.failing_syncs()
+            if self.leader.is_leader and not self.run_state.suspended else (),
         )  # fmt: skip
         if ready and isinstance(self._processor_factory, ReportsReadiness):
             ready, why = self._processor_factory.readiness()
@@ -228,7 +223,7 @@ class Worker:
         self.health.started = True
         self.started.set()
         try:
-            await self._stop.wait()
+            await self.run_state.stopped()
         finally:
             renewer = loops[0]
             for task in loops[1:]:
@@ -294,7 +289,7 @@ class Worker:
     async def _take_loop(self) -> None:
         while True:
             try:
-                if not self.suspended:
+                if not self.run_state.suspended:
                     await self.taker.round()
             except KclpySparkError as exc:
                 self._failed(exc, "lease taking failed: ")
@@ -347,7 +342,7 @@ class Worker:
         if reason is not None:
             self.exit_reason = reason
             log.error("worker %s: giving up: %s", self.cfg.worker_id, reason)
-            self._stop.set()
+            self.run_state.stop("giving up")
             return False
         cpu = self.cpu.sample(self.consumers.changes)
         if cpu is not None:
@@ -356,19 +351,16 @@ class Worker:
         # answer says nothing about the lease table (scans and renewals tell health that; while
         # suspended there are neither, so one small read of the lease table does).
         suspended, _ = await self._io(self.suspend_flag.read)
-        if self.suspended:
+        if self.run_state.suspended:
             await self._io(self.store.is_empty)
             self.health.store_ok()
-        if suspended and not self.suspended:
+        if suspended and self.run_state.suspend():
             log.warning("worker %s: application suspended; releasing leases", self.cfg.worker_id)
-            self.suspended = True
             publish.publish_snapshot(self, self.latest_status, self.clock.wall())
             await self.consumers.shutdown_all(self.cfg.shutdown_grace)
             await release_all(self, self._io, resign=False)
-        elif not suspended and self.suspended:
+        elif not suspended and self.run_state.resume():
             log.warning("worker %s: application resumed", self.cfg.worker_id)
-            self.suspended = False
-            self.resumed_at = self.clock.monotonic()
             self._take_now.set()
         return True
 
@@ -381,7 +373,7 @@ class Worker:
             if added:
                 self._take_now.set()
         for context in list(self.streams.contexts.values()):
-            if not self.leader.is_leader or self.suspended:
+            if not self.leader.is_leader or self.run_state.suspended:
                 return  # leadership is re-checked per stream: it may lapse during a long round
             try:
                 result = await self._io(context.maintenance.run_once)

@@ -31,6 +31,7 @@ from kclpy_spark.moves.reports import TakeReports
 from kclpy_spark.moves.taking import MAX_LOOKS, Taker
 from kclpy_spark.runtime.events import EventLog
 from kclpy_spark.runtime.metrics import WorkerMetrics
+from kclpy_spark.runtime.run_state import RunState
 from shard_sync.leader import LEADER_KEY
 
 ME = "me"
@@ -82,8 +83,6 @@ class FakeWorker(SimpleNamespace):
 def worker(table: MemoryLeaseTable, consumers: Consumers, clock: ManualClock | None = None) -> Any:
     clock = clock or ManualClock()
     return FakeWorker(
-        suspended=False,
-        resumed_at=float("-inf"),
         cfg=WorkerConfig(stream_name="s", worker_id=ME, lease_assignment="worker"),
         store=table,
         clock=clock,
@@ -92,7 +91,7 @@ def worker(table: MemoryLeaseTable, consumers: Consumers, clock: ManualClock | N
         consumers=consumers,
         streams=SimpleNamespace(context_of=lambda lease: object()),
         caught_up=None,
-        may_take=True,
+        run_state=RunState(ME, clock.monotonic),
         counters=CoordinationCounters(),
         metrics=WorkerMetrics(CoordinationCounters()),
         events=EventLog(ME, clock.wall),
@@ -176,7 +175,7 @@ def test_nothing_is_taken_while_the_worker_stops() -> None:
     table = MemoryLeaseTable()
     handed = put(table, "s", lease_owner=ME)
     w = worker(table, Consumers())
-    w.may_take = False
+    w.run_state.stop("the test")
     asyncio.run(Taker(w, io).adopt([replace(handed)]))
     assert not w.consumers and table.get_lease("s") == handed
 
@@ -260,7 +259,7 @@ def test_a_failing_read_does_not_end_every_wait() -> None:
 def test_a_suspended_worker_reads_nothing_while_it_waits() -> None:
     table, w, taker = watching(["s"])
     w.clock.advance(w.timing.lease_duration + w.timing.max_clock_skew + 0.01)
-    w.suspended = True
+    w.run_state.suspend()
     wait(taker, 0.3)
     assert table.gets == []
 

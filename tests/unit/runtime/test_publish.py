@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
 
 from kclpy_spark.runtime.publish import bounded
+from kclpy_spark.runtime.run_state import RunState
 
 
 def _figures(n: int) -> dict[str, dict[str, object]]:
@@ -64,7 +66,8 @@ def test_the_status_publishes_the_cpu_figure_and_whether_it_is_settled() -> None
     worker = SimpleNamespace(
         cfg=WorkerConfig(stream_name="s"),
         holder=SimpleNamespace(held=list), processor_factory=None, readiness=lambda: (True, "ok"),
-        suspended=False, leader=SimpleNamespace(is_leader=True, assigning=True),
+        run_state=RunState("w", time.monotonic),
+        leader=SimpleNamespace(is_leader=True, assigning=True),
         events=SimpleNamespace(recent=lambda n: []), cpu=meter,
         metrics=SimpleNamespace(registry=CollectorRegistry(), totals=lambda: dict.fromkeys(
             ("bytes", "failures", "throttled"), 0)),
@@ -100,7 +103,8 @@ def _quiet_worker(ready: tuple[bool, str] = (True, "ready"), *, leader: bool = F
     return SimpleNamespace(
         cfg=WorkerConfig(stream_name="s"),
         holder=SimpleNamespace(held=list), processor_factory=None, readiness=lambda: ready,
-        suspended=False, leader=SimpleNamespace(is_leader=leader, assigning=False),
+        run_state=RunState("w", time.monotonic),
+        leader=SimpleNamespace(is_leader=leader, assigning=False),
         events=SimpleNamespace(recent=lambda n: []), cpu=meter,
         metrics=SimpleNamespace(registry=CollectorRegistry(), totals=lambda: dict.fromkeys(
             ("bytes", "failures", "throttled"), 0)),
