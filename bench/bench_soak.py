@@ -430,6 +430,9 @@ def main() -> int:
     parser.add_argument("--parts", default="ab", help="a, b or ab (one after the other)")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument(
+        "--trace-memory", action="store_true", help="part B's workers trace their allocations"
+    )
+    parser.add_argument(
         "--results", default="soak", help="results file names: NAME.md, NAME.png, NAME-samples.csv"
     )
     args = parser.parse_args()
@@ -439,6 +442,8 @@ def main() -> int:
     work = CACHE / f"soak-{run}"
     work.mkdir(parents=True)
     env = child_env(KCLPY_SPARK_SAMPLE_OUTPUT=str(work / "b"))
+    if args.trace_memory:
+        env["SOAK_TRACE_MEMORY"] = "1"
     env["PYTHONPATH"] += os.pathsep + str(REPO / "bench")
     print(f"soak: {args.minutes:g} min per part, work dir {work}", flush=True)
     result: dict[str, Any] = {"minutes per part": args.minutes}

@@ -1,7 +1,14 @@
 """The soak benchmark's RecordProcessor: one JSON line per batch (wall time, shard, the records'
 data), appended to ``$KCLPY_SPARK_SAMPLE_OUTPUT/batches-<pid>.jsonl``, then a checkpoint. The
 benchmark counts batches and checks that no record was lost from these lines. ``$BATCH_DELAY``
-seconds of work per batch (default 0) stand for a real processor's writes."""
+seconds of work per batch (default 0) stand for a real processor's writes.
+
+With ``$SOAK_TRACE_MEMORY`` set (``bench_soak.py --trace-memory``), the process traces its Python
+allocations (tracemalloc) from its first lease on: after ``$SOAK_TRACE_WARMUP`` seconds (default
+120) it takes a first snapshot, then every ``$SOAK_TRACE_EVERY`` seconds (default 120) writes the
+allocation sites that grew most since that snapshot to
+``$KCLPY_SPARK_SAMPLE_OUTPUT/memory-<pid>.txt`` (replaced each time), so a growth the soak sees
+in RSS can be put down to the code that holds it."""
 
 from __future__ import annotations
 
@@ -21,6 +28,38 @@ from kclpy_spark.processor import (
 )
 
 _lock = threading.Lock()
+_tracing: list[threading.Thread] = []  # the memory tracer, once per process
+
+
+def _trace_memory(out: Path) -> None:
+    """Snapshot after the warm-up; then, every period, the top growth since it, to a file."""
+    import tracemalloc
+
+    warmup = float(os.environ.get("SOAK_TRACE_WARMUP", "120"))
+    every = float(os.environ.get("SOAK_TRACE_EVERY", "120"))
+    tracemalloc.start(12)
+    time.sleep(warmup)
+    first = tracemalloc.take_snapshot()
+    began = time.time()
+    while True:
+        time.sleep(every)
+        stats = tracemalloc.take_snapshot().compare_to(first, "traceback")
+        grown = [s for s in stats if s.size_diff > 0][:15]
+        lines = [f"{time.time() - began:.0f} s after the first snapshot; traced "
+                 f"{tracemalloc.get_traced_memory()[0]:,} bytes"]  # fmt: skip
+        for stat in grown:
+            lines.append(f"\n+{stat.size_diff:,} B in +{stat.count_diff} blocks "
+                         f"(now {stat.size:,} B in {stat.count})")  # fmt: skip
+            lines += [f"    {frame.filename}:{frame.lineno}" for frame in stat.traceback]
+        (out / f"memory-{os.getpid()}.txt").write_text("\n".join(lines) + "\n")
+
+
+def _start_tracing(out: Path) -> None:
+    with _lock:
+        if os.environ.get("SOAK_TRACE_MEMORY") and not _tracing:
+            thread = threading.Thread(target=_trace_memory, args=(out,), daemon=True)
+            _tracing.append(thread)
+            thread.start()
 
 
 class BatchLines(RecordProcessor):
@@ -29,6 +68,7 @@ class BatchLines(RecordProcessor):
         out = Path(os.environ["KCLPY_SPARK_SAMPLE_OUTPUT"])
         out.mkdir(parents=True, exist_ok=True)
         self.path = out / f"batches-{os.getpid()}.jsonl"
+        _start_tracing(out)
 
     def process_records(self, process_records_input: ProcessRecordsInput) -> None:
         time.sleep(float(os.environ.get("BATCH_DELAY", "0")))
