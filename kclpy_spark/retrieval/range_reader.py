@@ -67,6 +67,7 @@ class RangeReader:
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
         witness: ShardEndWitness | None = None,
         random_source: random.Random | None = None,
     ) -> None:
@@ -75,6 +76,7 @@ class RangeReader:
         self._stream = dict(rng.stream_arg)
         self._sleep = sleep
         self._clock = clock
+        self._wall = wall
         self._witness = witness or KinesisShardProbe(client, self._stream)
         self._backoff = Backoff(random_source)
         self._fast = install_fast_getrecords(client)
@@ -170,22 +172,30 @@ class RangeReader:
             ):
                 found.next_iterator = iterator
                 break
-        end = found.end(rng, self.calls, self.throttled)
+        end = found.end(rng, self.calls, self.throttled, self._next_call_at())
         check_pinned(rng, end)
         return end
 
     async def _pace(self, now: float) -> None:
         """At most five calls a second, and a page's bytes at ``read_rate`` (polling.py)."""
+        await self._sleep(self._pause(now))
+
+    def _pause(self, now: float) -> float:
         if self._called is None or self._answered is None:
-            return
-        pause = pause_before_next_call(
+            return 0.0
+        return pause_before_next_call(
             MIN_INTERVAL_WHILE_BEHIND,
             now - self._called,
             self._page_size,
             now - self._answered,
             self._rng.read_rate,
         )
-        await self._sleep(pause)
+
+    def _next_call_at(self) -> float | None:
+        """When (wall clock) the shard may be called again after this read; None: no call."""
+        if self._called is None or self._answered is None:
+            return None
+        return self._wall() + self._pause(self._clock())
 
     async def _page(self, iterator: str, limit: int, found: _Found) -> Mapping[str, Any] | None:
         """One GetRecords answer with its shard end settled (``found.children``); None after a
@@ -297,7 +307,9 @@ class _Found:
             self.first = ESN(first.sequence_number, first_key[1])
         self.last, self.last_key = ESN(last.sequence_number, last_key[1]), last_key
 
-    def end(self, rng: ReadRange, calls: int, throttled: int) -> RangeEnd:
+    def end(
+        self, rng: ReadRange, calls: int, throttled: int, next_call_at: float | None
+    ) -> RangeEnd:
         if rng.pinned is not None:  # a pinned read says only what its pin says: records past
             ended, children = rng.pinned.shard_ended, None  # it are the next range's
         else:
@@ -315,6 +327,7 @@ class _Found:
             calls=calls,
             throttled=throttled,
             bounded=self.bounded,
+            next_call_at=next_call_at,
         )
 
 

@@ -347,7 +347,7 @@ class ExecutorReads:
             entry.ended = end.shard_ended
             at = end.last if end.last is not None else rng.after
             entry.iterator, entry.iterator_at = end.next_iterator, at
-            entry.next_read_at = self._next_read(rng, end)
+            entry.next_read_at = self._next_read(rng, end, now)
         children = [dict(c) for c in end.child_shards]
         last = end.last.sequence_number if end.last is not None else None
         counted = ReadElsewhere(end.rows, end.nbytes, last, end.throttled)
@@ -355,15 +355,22 @@ class ExecutorReads:
             FetchedBatch([], end.millis_behind_latest, end.shard_ended, children, elsewhere=counted)
         )
 
-    def _next_read(self, rng: ReadRange, end: RangeEnd) -> float:
+    def _next_read(self, rng: ReadRange, end: RangeEnd, began: float) -> float:
         """When the lease is read next: after ``idle_seconds`` at the tip; while behind, once the
-        shard's limits allow another read (5 calls a second, ``read_rate`` bytes a second)."""
+        shard's limits allow another call (5 a second, ``read_rate`` bytes a second), counted from
+        the read's last call as the task paced it (``end.next_call_at``), not from the end of the
+        job (which would add its length to every page's pause). A read job began at ``began``,
+        before any of its calls: the pause counted from there is the earliest, whatever the
+        executor's clock says; without the task's figure, it is counted from now."""
         done = self._clock.monotonic()
         s = self._s
         if not _behind(rng, end):
             return done + s.idle_seconds
         by_bytes = end.nbytes / s.read_rate if s.read_rate > 0 else 0.0
-        return done + max(s.min_interval, min(by_bytes, MAX_READ_PAUSE))
+        pause = max(s.min_interval, min(by_bytes, MAX_READ_PAUSE))
+        if end.next_call_at is None:
+            return done + pause
+        return max(began + pause, done + end.next_call_at - self._clock.wall())
 
     def _failed(self, entry: _Entry, why: str, now: float) -> None:
         with self._lock:

@@ -218,6 +218,9 @@ class RangeEnd:
     throttled: int = 0
     error: str | None = None  # the read failed for good (its records are left out)
     bounded: bool = False  # it stopped at a record that arrived after ``until_millis``
+    # When the shard may be called again, by the reader's pacing (five calls a second, the last
+    # page's bytes at ``read_rate``), in the executor's wall-clock seconds; None: no call made.
+    next_call_at: float | None = None
 
     @property
     def pin(self) -> Pinned:
@@ -239,6 +242,7 @@ class RangeEnd:
                 "throttled": self.throttled,
                 "error": self.error,
                 "bounded": self.bounded,
+                "next_call_at": self.next_call_at,
             }
         )
 
@@ -259,6 +263,7 @@ class RangeEnd:
             throttled=int(v.get("throttled", 0)),
             error=v.get("error"),
             bounded=bool(v.get("bounded", False)),
+            next_call_at=v.get("next_call_at"),
         )
 
 

@@ -9,6 +9,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from test_lane import KEY, esn
 
 from checkpoint.base.clock import ManualClock
 from checkpoint.sequence import ExtendedSequenceNumber
+from kclpy_spark.retrieval.polling import MAX_READ_PAUSE, MIN_INTERVAL_WHILE_BEHIND
 from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress, ReadElsewhere
 from kclpy_spark.spark.cluster_read import AwsTarget, RangeRead
 from kclpy_spark.spark.executor_reads import (
@@ -213,7 +215,31 @@ def test_a_shard_is_read_again_only_as_kinesis_allows(end: RangeEnd, wait: float
     paced = ExecutorReads(lambda: None, AwsTarget("us-east-1"), ReadSettings(idle_seconds=1.5),
                           clock=clock)  # fmt: skip
     rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, TRIM, max_records=100)
-    assert paced._next_read(rng, end) == pytest.approx(clock.monotonic() + wait)
+    began = clock.monotonic()
+    assert paced._next_read(rng, end, began) == pytest.approx(clock.monotonic() + wait)
+
+
+@pytest.mark.parametrize(
+    ("skew", "due_after_begin"),
+    [
+        (0.0, 2.1),  # the task's own pacing: 2 s from its answer, 0.1 s into the job
+        (-1.0, 2.0),  # an executor clock 1 s behind: never before 2 s from the job's start
+        (+1.0, 3.1),  # 1 s ahead: later (the shard is read less often, never too often)
+        (None, 2.5),  # no figure from the task: 2 s from the job's end
+    ],
+)
+def test_a_shards_pause_counts_from_the_tasks_last_call_not_the_jobs_end(
+    skew: float | None, due_after_begin: float
+) -> None:
+    clock = ManualClock()
+    paced = ExecutorReads(lambda: None, AwsTarget("us-east-1"), ReadSettings(), clock=clock)
+    rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, TRIM, max_records=100)
+    began = clock.monotonic()
+    answered = clock.wall() + 0.1  # the task's GetRecords answer: 4 MiB, 2 s at 2 MiB/s
+    clock.advance(0.5)  # the job ends
+    at = None if skew is None else answered + 2.0 + skew
+    end = replace(ended(100, 4 * 1024 * 1024, 5_000), next_call_at=at)
+    assert paced._next_read(rng, end, began) == pytest.approx(began + due_after_begin)
 
 
 # --- what the review of the first version found ------------------------------------------------
@@ -256,6 +282,26 @@ def _read_range(answers: list[dict[str, Any]], rng: ReadRange) -> tuple[RangeEnd
         )
 
     return asyncio.run(run()), kept
+
+
+@pytest.mark.parametrize(
+    ("read_rate", "pause"),
+    [(0.0, MIN_INTERVAL_WHILE_BEHIND), (1.0, MAX_READ_PAUSE)],  # 5 calls a second; the bytes
+)
+def test_a_read_says_when_its_shard_may_be_called_again(read_rate: float, pause: float) -> None:
+    from kclpy_spark.retrieval.range_reader import RangeReader
+
+    clock = ManualClock()
+    rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, esn(10), read_rate=read_rate)
+
+    async def run() -> RangeEnd:
+        reader = RangeReader(Scripted([_answer([20, 30], "it-1")]), rng, sleep=clock.sleep,
+                             clock=clock.monotonic, wall=clock.wall)  # fmt: skip
+        return await reader.read(lambda records: None)
+
+    end = asyncio.run(run())
+    assert end.rows == 2 and end.next_call_at == pytest.approx(clock.wall() + pause)
+    assert RangeEnd.from_json(end.to_json()) == end
 
 
 def test_a_re_formed_piece_whose_page_ends_the_shard_does_not_end_it() -> None:
