@@ -26,7 +26,7 @@ collection of its old generation on, so its warm-up counts from its first sample
 * no record lost (every record produced is in the output), and each record exactly once in the
   Parquet output.
 
-    .venv/bin/python bench/bench_soak.py [--minutes 30] [--every 5] [--no-write]
+    .venv/bin/python bench/bench_soak.py [--minutes 30] [--every 5] [--no-write] [--trace-memory]
 
 Needs LocalStack on 127.0.0.1:4566 (``python3 localstack/lsctl.py start``) and Java (Spark).
 Writes bench/results/soak.md, soak.png and soak-samples.csv (``--results NAME``: NAME.md, ...).

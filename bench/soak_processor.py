@@ -3,7 +3,7 @@ data), appended to ``$KCLPY_SPARK_SAMPLE_OUTPUT/batches-<pid>.jsonl``, then a ch
 benchmark counts batches and checks that no record was lost from these lines. ``$BATCH_DELAY``
 seconds of work per batch (default 0) stand for a real processor's writes.
 
-With ``$SOAK_TRACE_MEMORY`` set (``bench_soak.py --trace-memory``), the process traces its Python
+With ``$SOAK_TRACE_MEMORY=1`` (``bench_soak.py --trace-memory``), the process traces its Python
 allocations (tracemalloc) from its first lease on: after ``$SOAK_TRACE_WARMUP`` seconds (default
 120) it takes a first snapshot, then every ``$SOAK_TRACE_EVERY`` seconds (default 120) writes the
 allocation sites that grew most since that snapshot to
@@ -64,7 +64,7 @@ def _trace_memory(out: Path) -> None:
 
 def _start_tracing(out: Path) -> None:
     with _lock:
-        if os.environ.get("SOAK_TRACE_MEMORY") and not _tracing:
+        if os.environ.get("SOAK_TRACE_MEMORY", "0") != "0" and not _tracing:
             thread = threading.Thread(target=_trace_memory, args=(out,), daemon=True)
             _tracing.append(thread)
             thread.start()

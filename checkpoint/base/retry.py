@@ -20,6 +20,7 @@ the lease it protects expires.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
 from collections.abc import Callable
@@ -36,6 +37,7 @@ T = TypeVar("T")
 # The jitter of every backoff given no generator of its own: a new ``random.Random`` costs
 # ~13 us (seeded from the OS) and 2.5 KB, and a lease-table call or checkpoint makes a backoff.
 _JITTER = random.Random()
+os.register_at_fork(after_in_child=_JITTER.seed)  # a forked child draws jitter of its own
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from kclpy_spark.runtime.caught_up import CaughtUp
     from kclpy_spark.runtime.consumer_set import ConsumerSet
     from kclpy_spark.runtime.lease_store import LeaseStore
-    from kclpy_spark.runtime.run_state import RunState
+    from kclpy_spark.runtime.run_state import RunView
     from kclpy_spark.runtime.streams import StreamContext, StreamSet
     from shard_sync.leader import LeaderElection
 
@@ -78,4 +78,4 @@ class LeaseWorker(Protocol):
 
     # Whether the worker runs on: suspended, stopping (a job's end asks it to stop).
     @property
-    def run_state(self) -> RunState: ...
+    def run_state(self) -> RunView: ...

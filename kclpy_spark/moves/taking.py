@@ -371,9 +371,8 @@ class Taker:
         held = w.holder.add_taken(taken, started)
         w.reports.took(lease, how)
         context = w.placement.context_of(taken)
-        if (
-            context is None or not w.run_state.may_take
-        ):  # its stream removed, or suspended, meanwhile
+        # Its stream removed, or the worker suspended, meanwhile.
+        if context is None or not w.run_state.may_take:
             await self._io(w.holder.release, held.lease_key, held.token)
             return
         try:

@@ -181,19 +181,22 @@ class RangeReader:
         await self._sleep(self._pause(now))
 
     def _pause(self, now: float) -> float:
-        if self._called is None or self._answered is None:
+        """How long from ``now`` until the next call: one call's interval from the last (even
+        one that failed), and the last page's bytes at ``read_rate`` from its answer."""
+        if self._called is None:
             return 0.0
+        answered = self._answered if self._answered is not None else self._called
         return pause_before_next_call(
             MIN_INTERVAL_WHILE_BEHIND,
             now - self._called,
             self._page_size,
-            now - self._answered,
+            now - answered,
             self._rng.read_rate,
         )
 
     def _next_call_at(self) -> float | None:
         """When (wall clock) the shard may be called again after this read; None: no call."""
-        if self._called is None or self._answered is None:
+        if self._called is None:
             return None
         return self._wall() + self._pause(self._clock())
 

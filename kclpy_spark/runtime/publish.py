@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from kclpy_spark.runtime.events import EventLog
     from kclpy_spark.runtime.health import Health
     from kclpy_spark.runtime.metrics import WorkerMetrics
-    from kclpy_spark.runtime.run_state import RunState
+    from kclpy_spark.runtime.run_state import RunView
     from shard_sync.leader import LeaderElection
 
 EVENTS_PUBLISHED = 10
@@ -80,7 +80,7 @@ class StatusSource(Protocol):
     @property
     def cpu(self) -> CpuMeter: ...
     @property
-    def run_state(self) -> RunState: ...
+    def run_state(self) -> RunView: ...
     @property
     def leader(self) -> LeaderElection: ...
     @property

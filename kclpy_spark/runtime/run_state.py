@@ -8,8 +8,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 log = logging.getLogger(__name__)
+
+
+class RunView(Protocol):
+    """The run state as the lease loops and the status see it: read, and a stop asked for."""
+
+    @property
+    def suspended(self) -> bool: ...
+    @property
+    def resumed_at(self) -> float: ...
+    @property
+    def may_take(self) -> bool: ...
+    def stop(self, why: str) -> None: ...
 
 
 class RunState:

@@ -339,7 +339,7 @@ class ExecutorReads:
             if not self._feed.fill(slot.lane, chunk):  # closed or parked meanwhile: not taken,
                 with self._lock:  # so read again from where the lane's records end
                     entry.iterator = entry.iterator_at = None
-                    entry.next_read_at = self._clock.monotonic() + self._s.min_interval
+                    entry.next_read_at = self._paced(end, now)
                 return
         with self._lock:
             entry.failures = 0
@@ -356,27 +356,37 @@ class ExecutorReads:
         )
 
     def _next_read(self, rng: ReadRange, end: RangeEnd, began: float) -> float:
-        """When the lease is read next: after ``idle_seconds`` at the tip; while behind, once the
-        shard's limits allow another call (5 a second, ``read_rate`` bytes a second), counted from
-        the read's last call as the task paced it (``end.next_call_at``), not from the end of the
-        job (which would add its length to every page's pause). A read job began at ``began``,
-        before any of its calls: the pause counted from there is the earliest, whatever the
-        executor's clock says; without the task's figure, it is counted from now."""
+        """When the lease is read next: after ``idle_seconds`` at the tip; while behind, as soon as
+        the shard may be called again (``_paced``)."""
+        if not _behind(rng, end):
+            return self._clock.monotonic() + self._s.idle_seconds
+        return self._paced(end, began)
+
+    def _paced(self, end: RangeEnd, began: float) -> float:
+        """When the shard may be called again after the read that found ``end`` (5 calls a
+        second, ``read_rate`` bytes a second): counted from the read's last call as its task paced
+        it (``end.next_call_at``), not from the end of the job (which would add the job's length
+        to every page's pause). The task's figure is on the executor's clock, which may be off:
+        the result is never before the pause counted from the job's start (``began``, before any
+        of its calls) nor later than the longest pause a reader waits from now. Without the
+        task's figure, the pause counts from now."""
         done = self._clock.monotonic()
         s = self._s
-        if not _behind(rng, end):
-            return done + s.idle_seconds
         by_bytes = end.nbytes / s.read_rate if s.read_rate > 0 else 0.0
         pause = max(s.min_interval, min(by_bytes, MAX_READ_PAUSE))
         if end.next_call_at is None:
             return done + pause
-        return max(began + pause, done + end.next_call_at - self._clock.wall())
+        longest = max(s.min_interval, MAX_READ_PAUSE)
+        remaining = min(max(end.next_call_at - self._clock.wall(), 0.0), longest)
+        return max(began + pause, done + remaining)
 
     def _failed(self, entry: _Entry, why: str, now: float) -> None:
         with self._lock:
             entry.failures += 1
             entry.iterator = entry.iterator_at = None
-            entry.next_read_at = now + self._backoff.delay(entry.failures)
+            # Backed off from the round's start; at least one call's interval from now.
+            soonest = self._clock.monotonic() + self._s.min_interval
+            entry.next_read_at = max(now + self._backoff.delay(entry.failures), soonest)
         entry.post(RangeReadError(f"shard {entry.source.shard_id}: {why}"))
 
 

@@ -206,7 +206,8 @@ def test_the_leader_moves_a_lease_to_a_joiner_by_a_graceful_handoff() -> None:
 def test_a_leader_just_resumed_waits_for_the_others_to_say_they_run_again() -> None:
     clock, table, takers = fleet(6, ["lead", "b"])
     lead = takers["lead"]
-    assert lead.worker.run_state.suspend() and lead.worker.run_state.resume()
+    lead.worker.run_state.suspend()
+    lead.worker.run_state.resume()
     run(lead)
     assert all(x.lease_owner is None for x in table.list_leases())
     clock.advance(lead.worker.timing.lease_duration + lead.worker.timing.max_clock_skew)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
 
+from checkpoint.base.clock import ManualClock
 from kclpy_spark.runtime.publish import bounded
 from kclpy_spark.runtime.run_state import RunState
 
@@ -66,7 +66,7 @@ def test_the_status_publishes_the_cpu_figure_and_whether_it_is_settled() -> None
     worker = SimpleNamespace(
         cfg=WorkerConfig(stream_name="s"),
         holder=SimpleNamespace(held=list), processor_factory=None, readiness=lambda: (True, "ok"),
-        run_state=RunState("w", time.monotonic),
+        run_state=RunState("w", ManualClock().monotonic),
         leader=SimpleNamespace(is_leader=True, assigning=True),
         events=SimpleNamespace(recent=lambda n: []), cpu=meter,
         metrics=SimpleNamespace(registry=CollectorRegistry(), totals=lambda: dict.fromkeys(
@@ -103,7 +103,7 @@ def _quiet_worker(ready: tuple[bool, str] = (True, "ready"), *, leader: bool = F
     return SimpleNamespace(
         cfg=WorkerConfig(stream_name="s"),
         holder=SimpleNamespace(held=list), processor_factory=None, readiness=lambda: ready,
-        run_state=RunState("w", time.monotonic),
+        run_state=RunState("w", ManualClock().monotonic),
         leader=SimpleNamespace(is_leader=leader, assigning=False),
         events=SimpleNamespace(recent=lambda n: []), cpu=meter,
         metrics=SimpleNamespace(registry=CollectorRegistry(), totals=lambda: dict.fromkeys(

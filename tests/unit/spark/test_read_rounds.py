@@ -225,6 +225,7 @@ def test_a_shard_is_read_again_only_as_kinesis_allows(end: RangeEnd, wait: float
         (0.0, 2.1),  # the task's own pacing: 2 s from its answer, 0.1 s into the job
         (-1.0, 2.0),  # an executor clock 1 s behind: never before 2 s from the job's start
         (+1.0, 3.1),  # 1 s ahead: later (the shard is read less often, never too often)
+        (+600.0, 10.5),  # far ahead: no longer than a reader's longest pause, from now
         (None, 2.5),  # no figure from the task: 2 s from the job's end
     ],
 )
@@ -282,6 +283,28 @@ def _read_range(answers: list[dict[str, Any]], rng: ReadRange) -> tuple[RangeEnd
         )
 
     return asyncio.run(run()), kept
+
+
+def test_a_failed_read_is_tried_again_no_sooner_than_one_calls_interval_after_it() -> None:
+    clock = ManualClock()
+    reads = ExecutorReads(lambda: None, AwsTarget("us-east-1"), ReadSettings(), clock=clock)
+    entry = _Entry(SOURCE, lambda item: None)
+    began = clock.monotonic()
+    clock.advance(5.0)  # the job failed late: its backoff from the round's start has passed
+    reads._failed(entry, "a read failed", began)
+    assert entry.next_read_at >= clock.monotonic() + ReadSettings().min_interval
+
+
+def test_a_throttled_first_call_is_paced_from_that_call() -> None:
+    from kclpy_spark.retrieval.range_reader import RangeReader
+
+    clock = ManualClock()
+    rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, esn(10))
+    reader = RangeReader(Scripted([]), rng, clock=clock.monotonic, wall=clock.wall)
+    reader._called = clock.monotonic()  # its call was refused: no answer
+    clock.advance(0.05)
+    assert reader._pause(clock.monotonic()) == pytest.approx(MIN_INTERVAL_WHILE_BEHIND - 0.05)
+    assert reader._next_call_at() == pytest.approx(clock.wall() + MIN_INTERVAL_WHILE_BEHIND - 0.05)
 
 
 @pytest.mark.parametrize(
