@@ -80,11 +80,21 @@ def browser(tmp_path: Path) -> Iterator[Any]:
 
 
 def _rows(driver: Any) -> dict[str, str]:
-    """lease key -> owner, as the page's lease table shows them."""
-    from selenium.webdriver.common.by import By
+    """lease key -> owner, as the page's lease table shows them: read in one script, so a
+    re-render of the table between finding a row and reading it cannot leave a stale row."""
+    pairs = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#leases tbody tr[data-lease]'),"
+        " r => [r.dataset.lease, r.dataset.owner]);"
+    )
+    return {lease: owner for lease, owner in pairs}
 
-    rows = driver.find_elements(By.CSS_SELECTOR, "#leases tbody tr[data-lease]")
-    return {r.get_attribute("data-lease"): r.get_attribute("data-owner") for r in rows}
+
+def _text(driver: Any, selector: str, attribute: str = "innerText") -> str:
+    """The first match's text (or another property), read in one script (no stale element)."""
+    script = "const e = document.querySelector(arguments[0]); return e ? e[arguments[1]] : null;"
+    value = driver.execute_script(script, selector, attribute)
+    assert value is not None, f"nothing on the page matches {selector!r}"
+    return str(value)
 
 
 def _count(driver: Any, selector: str) -> int:
@@ -97,11 +107,9 @@ def _page_shows(driver: Any, what: str, check: Callable[[], bool], timeout: floa
     try:
         wait_for(f"the page to show {what}", check, timeout=timeout, step=1.0)
     except AssertionError as exc:
-        from selenium.webdriver.common.by import By
-
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(ARTIFACTS / "status-page-failed.png"))
-        shown = driver.find_element(By.TAG_NAME, "body").text
+        shown = _text(driver, "body")
         console = [e.get("message") for e in driver.get_log("browser")]
         raise AssertionError(f"{exc}\npage text:\n{shown}\nconsole: {console}") from None
 
@@ -157,7 +165,7 @@ idle_time_between_reads = 0.3
             _page_shows(browser, "the lag chart and the shard graph",
                         lambda: _count(browser, "#lag-chart [data-lease]") >= 2
                         and _count(browser, "#graph g.node") == 2, timeout=30)  # fmt: skip
-            assert "page-a" in browser.find_element("css selector", "#workers tbody").text
+            assert "page-a" in _text(browser, "#workers tbody")
             _read_only(browser, port)
             browser.save_screenshot(str(ARTIFACTS / "status-page-one-worker.png"))
 
@@ -173,11 +181,11 @@ idle_time_between_reads = 0.3
             browser.save_screenshot(str(ARTIFACTS / "status-page.png"))
             # #45: it fits a 1400 px screen: a checkpoint shows its ends, the whole on hover.
             assert browser.execute_script("return document.documentElement.scrollWidth") <= 1400
-            cell = browser.find_element("css selector", "#leases tbody td.checkpoint")
-            assert len(cell.get_attribute("title")) >= 50 and "\u2026" in cell.text
+            cell = "#leases tbody td.checkpoint"
+            assert len(_text(browser, cell, "title")) >= 50 and "\u2026" in _text(browser, cell)
             import kclpy_spark
 
-            summary = browser.find_element("css selector", "#summary").text
+            summary = _text(browser, "#summary")
             assert f"kclpy-spark {kclpy_spark.__version__}" in summary
 
             # The same page for a machine that runs no worker: status --serve.
