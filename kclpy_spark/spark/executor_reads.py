@@ -28,7 +28,7 @@ from checkpoint.base.clock import Clock, SystemClock
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.base.retry import Backoff
 from checkpoint.sequence import ExtendedSequenceNumber
-from kclpy_spark.retrieval.polling import MAX_READ_PAUSE
+from kclpy_spark.retrieval.polling import MAX_READ_PAUSE, pause_before_next_call
 from kclpy_spark.retrieval.source import FetchedBatch, ReadElsewhere
 from kclpy_spark.spark.cluster_read import AwsTarget, RangeRead, StoredReads, read_ranges
 from kclpy_spark.spark.frames import RangeChunk
@@ -372,8 +372,7 @@ class ExecutorReads:
         task's figure, the pause counts from now."""
         done = self._clock.monotonic()
         s = self._s
-        by_bytes = end.nbytes / s.read_rate if s.read_rate > 0 else 0.0
-        pause = max(s.min_interval, min(by_bytes, MAX_READ_PAUSE))
+        pause = pause_before_next_call(s.min_interval, 0.0, end.nbytes, 0.0, s.read_rate)
         if end.next_call_at is None:
             return done + pause
         longest = max(s.min_interval, MAX_READ_PAUSE)
