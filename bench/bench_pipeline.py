@@ -168,23 +168,28 @@ def run(variant: str, endpoint: str, stream: str, loaded: Loaded, target: str) -
         args = [*CLI, "--log-format", "json", "run", "--config", str(cfg)]
     before = _standin_stats(endpoint)
     began = time.perf_counter()
-    proc = subprocess.Popen(
-        args,
-        env=child_env(
-            PYTHONPATH=f"{Path(__file__).parent}:{child_env()['PYTHONPATH']}",
-            BENCH_PIPELINE_OUT=str(work),
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # Output goes to files, read once the run ended: a pipe nobody drains while the run goes
+    # fills up (64 KiB of log lines) and then blocks the daemon and its JVM on their next line.
+    out_path, err_path = work / "stdout.log", work / "stderr.log"
+    with out_path.open("w") as out, err_path.open("w") as err:
+        proc = subprocess.Popen(
+            args,
+            env=child_env(
+                PYTHONPATH=f"{Path(__file__).parent}:{child_env()['PYTHONPATH']}",
+                BENCH_PIPELINE_OUT=str(work),
+            ),
+            stdout=out,
+            stderr=err,
+            text=True,
+        )
     cpu = TreeCpu(proc.pid)
     progress = Progress()
     if variant != "bare":
         app = _app(variant, stream, work)
         _wait_for_checkpoints(proc, work / "leases.db", app, loaded, progress)
         proc.send_signal(signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=3600)
+    proc.wait(timeout=3600)
+    stdout, stderr = out_path.read_text(), err_path.read_text()
     wall = time.perf_counter() - began
     if proc.returncode != 0:
         raise RuntimeError(f"{variant} exited {proc.returncode} (kept: {work}):\n{stderr[-3000:]}")

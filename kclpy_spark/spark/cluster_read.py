@@ -112,9 +112,20 @@ class StoredReads:
             jrdd = self._gone.popleft()
             released += 1
             with contextlib.suppress(Exception):  # the JVM may be gone at exit
-                jrdd.unpersist(False)
+                _unpersist(jrdd)
         self.kept -= released
         return released
+
+
+def _unpersist(jrdd: Any) -> None:
+    """Free a local checkpoint's blocks, asynchronously. ``RDD.unpersist`` logs a warning for
+    every locally checkpointed RDD (its lineage is gone), which was a line per read job, several a
+    second for as long as a daemon runs; the context's own call frees the same blocks silently.
+    It is Spark-internal, so a Spark without it falls back to ``unpersist``."""
+    try:
+        jrdd.context().unpersistRDD(jrdd.id(), False)
+    except Exception:
+        jrdd.unpersist(False)
 
 
 def _stored_rdd(stored: Any) -> Any:
@@ -170,7 +181,7 @@ def read_ranges(
     except BaseException:
         if jrdd is not None:
             with contextlib.suppress(Exception):
-                jrdd.unpersist(False)
+                _unpersist(jrdd)
         raise
     finally:
         if described:
