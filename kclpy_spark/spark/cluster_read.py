@@ -128,6 +128,16 @@ def _unpersist(jrdd: Any) -> None:
         jrdd.unpersist(False)
 
 
+def _stored_level() -> Any:
+    """How a read's rows are stored: serialized, in memory and spilled to disk. Spark's default
+    for a local checkpoint keeps every row as a Java object; a worker holds the reads of the
+    batches in flight, so the JVM's collector kept tracing millions of them (a third of the JVM's
+    CPU at 16 shards). Serialized, the same rows are a few large buffers (BENCHMARKS.md)."""
+    from pyspark import StorageLevel
+
+    return StorageLevel.MEMORY_AND_DISK  # PySpark's MEMORY_AND_DISK is the serialized one
+
+
 def _stored_rdd(stored: Any) -> Any:
     """The JVM RDD holding a local checkpoint's blocks (None over Spark Connect)."""
     try:
@@ -169,7 +179,7 @@ def read_ranges(
         # one: Spark computes again a partition whose block went missing before the job ended
         # (an executor lost), reading Kinesis again, and those rows could go past the ends.
         # Over Connect (no job count to ask): stored first, the ends read from what was stored.
-        stored = planned.localCheckpoint(eager=sc is None)
+        stored = planned.localCheckpoint(eager=sc is None, storageLevel=_stored_level())
         jrdd = _stored_rdd(stored)
         with _job_tag(sc) as tag:
             rows = stored.where(F.col(END_COLUMN).isNotNull()).select(END_COLUMN).collect()

@@ -165,6 +165,9 @@ def test_the_stored_rows_of_a_read_are_freed_once_no_one_holds_it(
     keep = read_ranges(spark, [rng(unique_name)], aws, stored_reads=stored)
     kept = cached() - before
     assert len(kept) == 1  # the one job that collected the ends stored the rows
+    (info,) = [i for i in spark.sparkContext._jsc.sc().getRDDStorageInfo() if i.id() in kept]
+    level = info.storageLevel()  # serialized buffers, not a Java object a row (GC, BENCHMARKS.md)
+    assert not level.deserialized() and level.useMemory() and level.useDisk()
     for _ in range(3):
         read_ranges(spark, [rng(unique_name)], aws, stored_reads=stored)  # dropped at once
     gc.collect()
