@@ -316,6 +316,8 @@ class _ExecutorReads:
         gate = asyncio.Semaphore(READS_AT_ONCE)
 
         async def one(rng: ReadRange) -> Read:
+            if rng.delay > 0:  # the shard's pacing (a lease planned just before it may be read)
+                await asyncio.sleep(rng.delay)
             async with gate:
                 chunks: list[pa.RecordBatch] = []
                 client = await self._client(aws)
@@ -328,7 +330,8 @@ class _ExecutorReads:
 
         started = {asyncio.run_coroutine_threadsafe(one(r), self._loop): r for r in ranges}
         waves = -(-len(ranges) // READS_AT_ONCE)
-        limit = waves * (max(r.max_seconds for r in ranges) + GRACE_SECONDS) + GRACE_SECONDS
+        longest = max(r.max_seconds for r in ranges) + GRACE_SECONDS
+        limit = max(r.delay for r in ranges) + waves * longest + GRACE_SECONDS
         given: set[concurrent.futures.Future[Read]] = set()
         try:
             for future in concurrent.futures.as_completed(started, timeout=limit):

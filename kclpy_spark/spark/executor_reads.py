@@ -8,7 +8,10 @@ batch's ``max_records`` / ``max_bytes`` over the leases read. One Spark job read
 executors (cluster_read.py); each lane gets its records as one ``RangeChunk`` (their ends and
 size; the rows stay on the executors) and the batcher writes and acknowledges them exactly as it
 does records read on the driver. A lease read to its tip waits ``idle_seconds`` before its next
-read; one that is behind is read again in the next round.
+read; one that is behind is read again as soon as Kinesis allows its shard another call. A round
+that starts also takes the leases whose call comes due within the last job's length (they would
+wait for this job to end otherwise); their tasks wait out the rest, so leases fall into the same
+jobs instead of alternating between half-full ones.
 
 The lease's consumer still runs the lease's life (parents first, shard end, loss, hand-over,
 parking); its record source is a ``relay.LeaseRelay`` that registers the lease here and hands it
@@ -92,6 +95,10 @@ class ReadSettings:
     min_interval: float = 0.2  # Kinesis: 5 GetRecords a second per shard
     read_rate: float = 2 * 1024 * 1024  # bytes a second per shard (0: no limit)
     idle_seconds: float = 1.0  # before reading again a lease read to its tip
+    # A round also takes the leases due before its job would end (they would wait for it
+    # anyway): their tasks wait out the rest of their pause. Fewer, fuller jobs; the look-ahead
+    # is the last job's length, at most this.
+    max_gather: float = 0.5
     kpl: bool = True
     # A read job still running this long after its longest range's ``max_seconds`` is cancelled
     # (a task gives up on its Kinesis read 60 s after its budget; this bounds a Spark-level hang).
@@ -161,6 +168,7 @@ class ExecutorReads:
         self._closed = False
         self._thread: threading.Thread | None = None
         self.rounds = 0
+        self._gather = 0.0  # how far ahead a round takes leases (the last job's own length)
         self.stored = StoredReads()  # the executors' copies of reads some batch still holds
         self._id = uuid.uuid4().hex[:8]
 
@@ -234,7 +242,7 @@ class ExecutorReads:
         self.stored.release()
         now = self._clock.monotonic()
         with self._lock:
-            due = {k: e for k, e in self._entries.items() if not e.ended and e.next_read_at <= now}
+            due = _due(self._entries, now, self._gather)
         if not due:
             return 0
         slots, parked = self._feed.readable(due.keys())
@@ -243,10 +251,13 @@ class ExecutorReads:
             due[key].post(FetchedBatch([], None, announce=True))
         if not slots:
             return 0
-        ranges = [self._range(due[key], slot, len(slots)) for key, slot in slots.items()]
+        ranges = [self._range(due[key], slot, len(slots), now) for key, slot in slots.items()]
         self.rounds += 1
         try:
             read = self._read_job(ranges)
+            waited = max(r.delay for r in ranges)
+            took = self._clock.monotonic() - now - waited
+            self._gather = min(self._s.max_gather, max(0.0, took))
         except Exception as exc:
             log.warning("the read job of %d lease(s) failed: %r", len(ranges), exc)
             for rng in ranges:
@@ -263,7 +274,7 @@ class ExecutorReads:
         """One read job; its Spark jobs are interrupted if it runs ``job_grace`` past its longest
         range's time budget (ReadJobTimeoutError)."""
         tag = f"kclpy-spark-read-{self._id}-{self.rounds}"  # no other reader's jobs
-        limit = max(r.max_seconds for r in ranges) + self._s.job_grace
+        limit = max(r.delay + r.max_seconds for r in ranges) + self._s.job_grace
         overran = threading.Event()
 
         def cancel() -> None:
@@ -289,7 +300,7 @@ class ExecutorReads:
         finally:
             deadline.cancel()
 
-    def _range(self, entry: _Entry, slot: ReadSlot, leases: int) -> ReadRange:
+    def _range(self, entry: _Entry, slot: ReadSlot, leases: int, now: float) -> ReadRange:
         s, src = self._s, entry.source
         after = slot.read_to or src.start
         pinned = None
@@ -315,6 +326,7 @@ class ExecutorReads:
             timestamp=src.timestamp,
             iterator=entry.iterator if continues else None,
             pinned=pinned,
+            delay=max(0.0, entry.next_read_at - now),
         )
 
     @staticmethod
@@ -339,7 +351,7 @@ class ExecutorReads:
             if not self._feed.fill(slot.lane, chunk):  # closed or parked meanwhile: not taken,
                 with self._lock:  # so read again from where the lane's records end
                     entry.iterator = entry.iterator_at = None
-                    entry.next_read_at = self._paced(end, now)
+                    entry.next_read_at = self._paced(end, now + rng.delay)
                 return
         with self._lock:
             entry.failures = 0
@@ -360,7 +372,7 @@ class ExecutorReads:
         the shard may be called again (``_paced``)."""
         if not _behind(rng, end):
             return self._clock.monotonic() + self._s.idle_seconds
-        return self._paced(end, began)
+        return self._paced(end, began + rng.delay)  # its task called no sooner
 
     def _paced(self, end: RangeEnd, began: float) -> float:
         """When the shard may be called again after the read that found ``end`` (5 calls a
@@ -387,6 +399,15 @@ class ExecutorReads:
             soonest = self._clock.monotonic() + self._s.min_interval
             entry.next_read_at = max(now + self._backoff.delay(entry.failures), soonest)
         entry.post(RangeReadError(f"shard {entry.source.shard_id}: {why}"))
+
+
+def _due(entries: Mapping[str, _Entry], now: float, ahead: float) -> dict[str, _Entry]:
+    """The leases a round reads: none unless one is due now; then also those due within
+    ``ahead`` (their ranges wait the difference)."""
+    live = {k: e for k, e in entries.items() if not e.ended}
+    if not any(e.next_read_at <= now for e in live.values()):
+        return {}
+    return {k: e for k, e in live.items() if e.next_read_at <= now + ahead}
 
 
 def _behind(rng: ReadRange, end: RangeEnd) -> bool:

@@ -120,6 +120,10 @@ class ReadRange:
     # A first read stops before the first record that arrived after this (epoch milliseconds):
     # a readStream query's Trigger.AvailableNow bound (readstream/offsets.py).
     until_millis: int | None = None
+    # Seconds the task waits before the range's first call: the shard's pacing, for a lease
+    # planned into a read job shortly before Kinesis allows its next call (counted from the
+    # task's start, which comes after the plan: never early, whatever the executor's clock).
+    delay: float = 0.0
 
     def __post_init__(self) -> None:
         if (
@@ -128,6 +132,7 @@ class ReadRange:
             or not 0 < self.max_seconds < math.inf  # NaN too: msgspec would write it as null
             or self.max_pages < 0
             or not math.isfinite(self.read_rate)
+            or not 0 <= self.delay < math.inf
         ):
             raise ValueError(f"a range needs positive, finite budgets: {self!r}")
         if self.after.is_shard_end:
@@ -173,6 +178,7 @@ class ReadRange:
                 "iterator": self.iterator,
                 "pinned": _pin_json(self.pinned),
                 "until_millis": self.until_millis,
+                "delay": self.delay,
             }
         )
 
@@ -197,6 +203,7 @@ class ReadRange:
             iterator=v.get("iterator"),
             pinned=_pin_of(v.get("pinned")),
             until_millis=v.get("until_millis"),
+            delay=float(v.get("delay", 0.0)),
         )
 
 

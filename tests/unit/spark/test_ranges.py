@@ -178,6 +178,7 @@ def test_a_range_needs_budgets_and_a_start_before_the_end() -> None:
             iterator="abc",
             kpl=False,
             stream_arg={"StreamARN": "arn:aws:kinesis:us-east-1:000000000000:stream/s"},
+            delay=0.25,
         ),
     ],
 )

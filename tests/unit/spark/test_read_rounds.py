@@ -146,7 +146,7 @@ def test_the_range_a_slot_gets(
     if entry_iterator is not None:
         entry.iterator, entry.iterator_at = entry_iterator
     rng = reads(max_records=1000, max_bytes=4000)._range(
-        entry, ReadSlot(make_lane(), slot_read_to, unfilled), leases=4
+        entry, ReadSlot(make_lane(), slot_read_to, unfilled), leases=4, now=0.0
     )
     assert (rng.after, rng.iterator, rng.pinned) == (want_after, want_iterator, want_pin)
     assert (rng.max_records, rng.max_bytes, rng.hash_range) == (250, 1000, (0, 5))
@@ -500,3 +500,99 @@ def test_a_range_with_an_arrival_bound_stops_before_the_first_later_record() -> 
     unbounded = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, esn(10), max_pages=1)
     end, kept = _read_range([page({20: 1_000, 30: 9_000})], unbounded)
     assert kept == [20, 30] and not end.bounded
+
+
+# --- leases gathered into fewer read jobs ---------------------------------------------------------
+
+
+def _entry_due(at: float, ended: bool = False) -> _Entry:
+    entry = _Entry(SOURCE, lambda item: None)
+    entry.next_read_at, entry.ended = at, ended
+    return entry
+
+
+@pytest.mark.parametrize(
+    ("due_at", "ahead", "want"),
+    [
+        ({"a": 10.0, "b": 10.2, "c": 11.0}, 0.3, {"a", "b"}),  # b comes due within the job
+        ({"a": 10.0, "b": 10.2}, 0.0, {"a"}),  # no look-ahead: only what is due
+        ({"a": 10.1, "b": 10.2}, 0.5, set()),  # nothing due now: no round, however close
+        ({"a": 9.0, "b": 10.0, "c": 10.5}, 0.5, {"a", "b", "c"}),  # the horizon included
+        ({"a": 10.0, "ended": 10.0}, 0.5, {"a"}),  # an ended lease is never read
+    ],
+)
+def test_a_round_takes_the_leases_due_now_and_those_due_before_its_job_would_end(
+    due_at: dict[str, float], ahead: float, want: set[str]
+) -> None:
+    from kclpy_spark.spark.executor_reads import _due
+
+    entries = {k: _entry_due(at, ended=k == "ended") for k, at in due_at.items()}
+    assert set(_due(entries, 10.0, ahead)) == want
+
+
+class AllSlotsFeed(RefusingFeed):
+    def readable(self, lease_keys: Any) -> tuple[dict[str, ReadSlot], set[str]]:
+        return {k: ReadSlot(make_lane(k), None, None) for k in lease_keys}, set()
+
+
+def test_a_lease_taken_early_waits_on_its_task_and_its_pause_counts_from_then() -> None:
+    """A lease due 0.2 s after the round starts is read in it, its task told to wait 0.2 s; the
+    look-ahead is the last job's length less that wait, at most ``max_gather``; and the lease's
+    next read is never before a call's interval from its own call (an executor clock behind)."""
+    clock = ManualClock()
+    planned: list[list[ReadRange]] = []
+    job_seconds = [0.05]
+
+    def job(session: Any, ranges: list[ReadRange], aws: Any, **kw: Any) -> RangeRead:
+        planned.append(ranges)
+        clock.advance(max(r.delay for r in ranges) + job_seconds[0])  # the wait, then the job
+        return RangeRead(None, {r.lease_key: RangeEnd(r.lease_key, None, None, 0, 0,
+                                                       millis_behind_latest=0)
+                                for r in ranges})  # fmt: skip
+
+    reader = ExecutorReads(lambda: None, AwsTarget("us-east-1"), ReadSettings(max_gather=0.4),
+                           clock=clock, read=job)  # fmt: skip
+    reader.start(AllSlotsFeed(), threaded=False)
+    now = clock.monotonic()
+    for key, at in (("a", now), ("b", now + 0.2), ("c", now + 5.0)):
+        reader.register(replace(SOURCE, lease_key=key), lambda item: None).next_read_at = at
+    reader._gather = 0.3  # as if the last job took 0.3 s
+    assert reader.read_round() == 2
+    assert {r.lease_key: r.delay for r in planned[0]} == pytest.approx({"a": 0.0, "b": 0.2})
+    assert reader._gather == pytest.approx(0.05)  # 0.25 s in all, 0.2 of them waiting
+    job_seconds[0] = 2.0
+    reader._gather = 0.0
+    reader._entries["a"].next_read_at = clock.monotonic()
+    assert reader.read_round() == 1
+    assert reader._gather == pytest.approx(0.4)  # a long job: the look-ahead is capped
+    rng = replace(planned[0][1], max_records=100)
+    behind = RangeEnd(rng.lease_key, esn(1), esn(100), 100, 1_000, millis_behind_latest=5_000,
+                      next_call_at=clock.wall() - 1.0)  # fmt: skip
+    began = clock.monotonic() - 0.25
+    assert reader._next_read(rng, behind, began) == pytest.approx(began + 0.2 + 0.2)
+
+
+def test_a_delayed_range_is_not_called_before_its_delay_on_the_executor() -> None:
+    """On the executor the task waits the range's delay before its first call (and outside the
+    gate that bounds how many ranges a task reads at once)."""
+    from kclpy_spark.spark import cluster_read
+
+    calls: list[float] = []
+
+    class Client(Scripted):
+        async def get_shard_iterator(self, **_: Any) -> dict[str, Any]:
+            calls.append(time.monotonic())
+            return {"ShardIterator": "it-0"}
+
+    reads_ = cluster_read._ExecutorReads()
+
+    async def client(aws: Any) -> Any:
+        return Client([_answer([1], "it-1")])
+
+    reads_._client = client  # type: ignore[method-assign]
+    reads_._frozen = True  # not this test process's heap
+    rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, TRIM, max_pages=1, delay=0.3)
+    began = time.monotonic()
+    [(got, outcome)] = list(reads_.reads([rng], AwsTarget("us-east-1")))
+    assert got == rng and not isinstance(outcome, BaseException)
+    assert len(calls) == 1 and calls[0] - began >= 0.3
