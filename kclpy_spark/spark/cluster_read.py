@@ -131,8 +131,8 @@ def _unpersist(jrdd: Any) -> None:
 def _stored_level() -> Any:
     """How a read's rows are stored: serialized, in memory and spilled to disk. Spark's default
     for a local checkpoint keeps every row as a Java object; a worker holds the reads of the
-    batches in flight, so the JVM's collector kept tracing millions of them (a third of the JVM's
-    CPU at 16 shards). Serialized, the same rows are a few large buffers (BENCHMARKS.md)."""
+    batches in flight, so the JVM's collector kept tracing hundreds of thousands of them (29% of
+    the JVM's CPU at 16 shards). Serialized, they are a few large buffers (BENCHMARKS.md)."""
     from pyspark import StorageLevel
 
     return StorageLevel.MEMORY_AND_DISK  # PySpark's MEMORY_AND_DISK is the serialized one
