@@ -66,10 +66,16 @@ from checkpoint.base.threads import IDLE_SECONDS
 
 ENDPOINT = "http://127.0.0.1:4566"
 WATCHED = ("open_fds", "open_sockets", "threads", "asyncio_tasks", "rss_bytes",
-           "lease_store_connections", "sink_jvm_heap_live_bytes")  # fmt: skip
+           "lease_store_connections", "sink_jvm_heap_live_bytes",
+           # --read-on executors: Spark's Python workers (the reads stored: by their bound)
+           "spark_python_workers", "spark_python_workers_rss_bytes")  # fmt: skip
 # Memory figures: judged by their median in each window (the counts by their maximum).
-MEMORY = ("rss_bytes", "sink_jvm_heap_live_bytes")
+MEMORY = ("rss_bytes", "sink_jvm_heap_live_bytes", "spark_python_workers_rss_bytes")
 GROWTH_LIMIT = 0.05
+# The reads the executors store, at most: each lane holds a chunk waiting to be cut and one per
+# batch in flight (the default ``batches_in_flight``, 2), each of one read; reads that went
+# garbage are freed at the next read round, so as many again may wait for it.
+STORED_READS_PER_LEASE = 2 * (2 + 1)
 # The process figures the standard collector exports, by the names this benchmark reports.
 _STANDARD = {"process_open_fds": "open_fds", "process_resident_memory_bytes": "rss_bytes"}
 # The loop's default executor: processor calls, checkpoints, releases, a stream's describes.
@@ -195,7 +201,7 @@ class Worker:
         return status
 
 
-def config_a(work: Path, stream: str, endpoint: str) -> Path:
+def config_a(work: Path, stream: str, endpoint: str, read_on: str = "driver") -> Path:
     path = work / "a.toml"
     path.write_text(
         f'application_name = "{stream}"\nstream_name = "{stream}"\nendpoint_url = "{endpoint}"\n'
@@ -203,8 +209,29 @@ def config_a(work: Path, stream: str, endpoint: str) -> Path:
         "idle_time_between_reads = 0.2\n"
         f'[sink]\nsink = "parquet:{work / "a" / "out"}"\nspark_target = "local[2]"\n'
         'max_wait = 0.1\nmax_records = 1000\nwriters = 2\nscope = "lease"\n'
+        f'read_on = "{read_on}"\n'
     )
     return path
+
+
+def spark_python_workers(pid: int) -> dict[str, float]:
+    """Spark's Python worker processes under a worker (its JVM's ``pyspark.daemon`` and the
+    workers it forks, which read on the executors): how many, and their resident memory."""
+    import psutil
+
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return {}
+    count, rss = 0, 0
+    for child in children:  # one at a time: the JVM's short-lived children come and go
+        try:
+            if "pyspark.daemon" in " ".join(child.cmdline()):
+                rss += child.memory_info().rss
+                count += 1
+        except psutil.Error:
+            continue
+    return {"spark_python_workers": float(count), "spark_python_workers_rss_bytes": float(rss)}
 
 
 def config_b(work: Path, stream: str) -> Path:
@@ -380,6 +407,21 @@ def pool_lines(samples: list[dict[str, Any]], warmup: float) -> list[str]:
     return lines if len(lines) > 5 else []
 
 
+def stored_reads_lines(samples: list[dict[str, Any]], lines: list[str]) -> int:
+    """The reads the executors store (``--read-on executors``), judged at every sample against
+    ``STORED_READS_PER_LEASE`` for each lease held; returns the samples over it."""
+    rows = [r for r in samples if "sink_executor_reads_stored" in r and "leases_held" in r]
+    if not rows:
+        return 0
+    bound = {id(r): STORED_READS_PER_LEASE * max(1, r["leases_held"]) for r in rows}
+    over = [r for r in rows if r["sink_executor_reads_stored"] > bound[id(r)]]
+    most = max(r["sink_executor_reads_stored"] for r in rows)
+    lines += ["", f"Reads stored on the executors (judged at every sample: at most "
+              f"{STORED_READS_PER_LEASE} per lease held): most {most:g}; samples {len(rows)}, over "
+              f"the bound {len(over)}."]  # fmt: skip
+    return len(over)
+
+
 def plot(samples: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -430,6 +472,10 @@ def main() -> int:
     parser.add_argument("--parts", default="ab", help="a, b or ab (one after the other)")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument(
+        "--read-on", choices=("driver", "executors"), default="driver",
+        help="part A's [sink] read_on (executors: also samples Spark's Python workers)",
+    )  # fmt: skip
+    parser.add_argument(
         "--trace-memory", action="store_true", help="part B's workers trace their allocations"
     )
     parser.add_argument(
@@ -469,7 +515,10 @@ def sample(workers: list[Worker], args: Any, samples: list[dict[str, Any]]) -> N
             if values and proc is not None:
                 worker.last = values
                 row = {k: v for k, v in values.items() if k in WATCHED
-                       or k.startswith(("pool:", "limit:")) or k == "leases_held"}  # fmt: skip
+                       or k.startswith(("pool:", "limit:"))
+                       or k in ("leases_held", "sink_executor_reads_stored")}  # fmt: skip
+                if args.read_on == "executors":
+                    row |= spark_python_workers(proc.pid)
                 t = time.monotonic() - started
                 samples.append({"t": t, "worker": worker.name, "pid": proc.pid, **row})
         time.sleep(args.every)
@@ -484,8 +533,8 @@ def soak_a(
     samples: list[dict[str, Any]] = []
     with Kinesalite() as kinesalite:
         make_stream(kinesis(kinesalite.endpoint), stream, 2)
-        a = Worker("a", config_a(work, stream, kinesalite.endpoint), free_port(), env,
-                   work / "a.log")  # fmt: skip
+        a = Worker("a", config_a(work, stream, kinesalite.endpoint, args.read_on), free_port(),
+                   env, work / "a.log")  # fmt: skip
         producer = Producer(stream, "a", args.rate_a, kinesalite.endpoint)
         a.start()
         try:
@@ -581,7 +630,8 @@ def report(
     ran = ", then ".join(parts[p] for p in args.parts if p in parts)
     lines = [
         f"# Soak ({stamp()})", "", f"Machine: {machine()}.", "",
-        f"`bench/bench_soak.py --minutes {args.minutes:g} --parts {args.parts}`: {ran}, sampled "
+        f"`bench/bench_soak.py --minutes {args.minutes:g} --parts {args.parts} --read-on "
+        f"{args.read_on}`: {ran}, sampled "
         f"every {args.every:g} s; warm-up {warmup:.0%} of each part.", "",
         "| what | value |", "|---|---|",
     ]  # fmt: skip
@@ -619,6 +669,7 @@ def report(
             lines.append(f"| {worker} | {metric} | {first:,.0f} | {last:,.0f} | "
                          f"{g[2]:+.1%} | {judged} |")  # fmt: skip
     lines += pool_lines(samples, warmup)
+    stored_misses = stored_reads_lines(samples, lines)
     checked, misses = 0, []
     if bounded:
         lines += ["", "Threads by pool against their bounds at every sample (judged; the processor "
@@ -638,12 +689,13 @@ def report(
     missed = missed_targets(result, args.minutes)
     ok = (
         worst < GROWTH_LIMIT and not misses and lost == 0 and result.get("A duplicates", 0) == 0
-        and drained and not missed
+        and drained and not missed and not stored_misses
     )  # fmt: skip
     parquet = f"Parquet duplicates {result.get('A duplicates', 0)}; " if "a" in args.parts else ""
     lines += ["", f"Verdict: {'PASS' if ok else 'FAIL'}: largest growth after warm-up "
               f"{worst:+.1%} (limit {GROWTH_LIMIT:.0%}); threads over a pool's bound "
-              f"{len(misses) if bounded else 'not checked'}; records lost {lost}; {parquet}"
+              f"{len(misses) if bounded else 'not checked'}; reads stored over their bound "
+              f"{stored_misses}; records lost {lost}; {parquet}"
               f"drained {drained}; volume targets "
               f"{'met' if not missed else 'missed: ' + ', '.join(missed)}."]  # fmt: skip
     text = "\n".join(lines)

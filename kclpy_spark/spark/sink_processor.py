@@ -41,6 +41,7 @@ from kclpy_spark.spark.pieces import records_to_chunk
 
 if TYPE_CHECKING:
     from kclpy_spark.runtime.streams import RecordSourcesFor
+    from kclpy_spark.spark.executor_reads import ExecutorReads
     from kclpy_spark.spark.session import SparkSessionHolder
 
 log = logging.getLogger(__name__)
@@ -149,15 +150,18 @@ class SparkSinkProcessorFactory:
         on_close: list[Any] | None = None,
         session: SparkSessionHolder | None = None,
         record_sources: RecordSourcesFor | None = None,
+        reads: ExecutorReads | None = None,
     ) -> None:
         """``session``: whose driver JVM figures the metrics show (none without it);
-        ``record_sources``: given to ``run_worker`` when the records are read on the executors."""
+        ``record_sources``: given to ``run_worker`` when the records are read on the executors;
+        ``reads``: those reads, whose figures the metrics show."""
         self.batcher = batcher
         self._stream = stream
         self._shutdown_timeout = shutdown_timeout
         self._on_close = on_close or []
         self._session = session
         self.record_sources = record_sources
+        self._reads = reads
 
     def __call__(self) -> RecordProcessor:
         return SparkSinkProcessor(self.batcher, self._stream, self._shutdown_timeout)
@@ -189,6 +193,7 @@ class SparkSinkProcessorFactory:
             lambda: self.batcher.hung_writes,
             heap=(lambda: heap.figures) if heap is not None else None,
             gc_runs=(lambda: garbage.collections) if garbage is not None else None,
+            executor_reads=_read_figures(self._reads) if self._reads is not None else None,
         )
 
     def close(self) -> None:
@@ -198,3 +203,8 @@ class SparkSinkProcessorFactory:
                 closer()
             except Exception:
                 log.exception("closing the Spark sink: %r failed", closer)
+
+
+def _read_figures(reads: ExecutorReads) -> Any:
+    """The metrics' view of the executor reads: read jobs run, reads still stored."""
+    return lambda: (reads.rounds, reads.stored.kept)

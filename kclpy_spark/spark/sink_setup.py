@@ -156,6 +156,7 @@ def processor_factory_from_sink_config(
         on_close=[holder.stop],
         session=holder,
         record_sources=None if reads is None else _relays(reads),
+        reads=reads,
     )
 
 

@@ -65,13 +65,17 @@ class BatcherStatsCollector(Collector):
         *,
         heap: Callable[[], HeapFigures | None] | None = None,
         gc_runs: Callable[[], int] | None = None,
+        executor_reads: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
         """``heap``: the driver JVM's last heap figures (a local JVM only); ``gc_runs``: how
-        often the sink ran Python's collector to free what dead batches pinned there."""
+        often the sink ran Python's collector to free what dead batches pinned there;
+        ``executor_reads``: with ``read_on = "executors"``, the read jobs run so far and the reads
+        whose rows the executors still store."""
         self._stats = stats
         self._hung_writes = hung_writes
         self._heap = heap
         self._gc_runs = gc_runs
+        self._executor_reads = executor_reads
 
     def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
         for name, help_text in self._COUNTERS.items():
@@ -88,6 +92,18 @@ class BatcherStatsCollector(Collector):
                 "kclpy_spark_sink_python_gc_runs",
                 "Python collections the sink ran to free what dead batches pinned in the JVM",
                 value=float(self._gc_runs()),
+            )
+        if self._executor_reads is not None:
+            jobs, stored = self._executor_reads()
+            yield CounterMetricFamily(
+                "kclpy_spark_sink_executor_read_jobs",
+                "Spark jobs that read leases' ranges on the executors",
+                value=float(jobs),
+            )
+            yield GaugeMetricFamily(
+                "kclpy_spark_sink_executor_reads_stored",
+                "Reads whose rows the executors store (freed once no batch holds them)",
+                value=float(stored),
             )
         figures = self._heap() if self._heap is not None else None
         if figures is not None:

@@ -119,3 +119,14 @@ def test_the_sink_metrics_carry_the_heap_and_the_collections_when_there_is_a_jvm
 def test_without_a_local_jvm_there_are_no_heap_metrics() -> None:
     names = _exposition(BatcherStatsCollector(BatcherStats()))
     assert not any("jvm_heap" in n or "python_gc" in n for n in names)
+
+
+def test_the_sink_metrics_count_executor_read_jobs_and_the_reads_still_stored() -> None:
+    figures = [(0, 0)]
+    collector = BatcherStatsCollector(BatcherStats(), executor_reads=lambda: figures[0])
+    figures[0] = (12, 3)
+    got = _exposition(collector)
+    assert got["kclpy_spark_sink_executor_read_jobs_total"] == 12
+    assert got["kclpy_spark_sink_executor_reads_stored"] == 3
+    names = _exposition(BatcherStatsCollector(BatcherStats()))  # read on the driver: none
+    assert not any("executor_read" in name for name in names)

@@ -220,3 +220,24 @@ def test_the_stream_column_names_the_lease_stream_in_multi_stream_mode() -> None
 
     assert stream_of("123456789012:orders:1700000000:shardId-000000000001", "a,b") == "orders"
     assert stream_of("shardId-000000000001", "orders") == "orders"
+
+
+def test_the_factory_shows_the_executor_reads_figures_in_its_metrics(sink: Sink) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from kclpy_spark.spark.cluster_read import AwsTarget
+    from kclpy_spark.spark.executor_reads import ExecutorReads, ReadSettings
+
+    reads = ExecutorReads(lambda: None, AwsTarget("us-east-1"), ReadSettings())
+    reads.rounds, reads.stored.kept = 7, 2
+    batcher = MicroBatcher(sink, BatcherSettings(max_records=1000, max_wait=3600.0))
+    made = SparkSinkProcessorFactory(batcher, "stream", reads=reads)
+    try:
+        registry = CollectorRegistry()
+        registry.register(made.metrics_collector())
+        text = generate_latest(registry).decode()
+    finally:
+        made.close()
+        reads.close()
+    assert "kclpy_spark_sink_executor_read_jobs_total 7.0" in text
+    assert "kclpy_spark_sink_executor_reads_stored 2.0" in text
