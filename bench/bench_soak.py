@@ -705,6 +705,8 @@ def report(
         with (RESULTS / f"{args.results}-samples.csv").open("w", newline="") as fh:
             fields = ["t", "worker", "pid", "leases_held", *metrics, *pool_keys(samples),
                       *pool_keys(samples, "limit:")]  # fmt: skip
+            if any("sink_executor_reads_stored" in row for row in samples):
+                fields.append("sink_executor_reads_stored")
             writer = csv.DictWriter(fh, fieldnames=fields)
             writer.writeheader()
             writer.writerows(samples)

@@ -9,9 +9,9 @@ executors (cluster_read.py); each lane gets its records as one ``RangeChunk`` (t
 size; the rows stay on the executors) and the batcher writes and acknowledges them exactly as it
 does records read on the driver. A lease read to its tip waits ``idle_seconds`` before its next
 read; one that is behind is read again as soon as Kinesis allows its shard another call. A round
-that starts also takes the leases whose call comes due within the last job's length (they would
-wait for this job to end otherwise); their tasks wait out the rest, so leases fall into the same
-jobs instead of alternating between half-full ones.
+that starts also takes the leases behind whose call comes due within the last job's length (they
+would wait for this job to end otherwise); their tasks wait out the rest, so leases fall into the
+same jobs instead of alternating between half-full ones.
 
 The lease's consumer still runs the lease's life (parents first, shard end, loss, hand-over,
 parking); its record source is a ``relay.LeaseRelay`` that registers the lease here and hands it
@@ -95,9 +95,9 @@ class ReadSettings:
     min_interval: float = 0.2  # Kinesis: 5 GetRecords a second per shard
     read_rate: float = 2 * 1024 * 1024  # bytes a second per shard (0: no limit)
     idle_seconds: float = 1.0  # before reading again a lease read to its tip
-    # A round also takes the leases due before its job would end (they would wait for it
-    # anyway): their tasks wait out the rest of their pause. Fewer, fuller jobs; the look-ahead
-    # is the last job's length, at most this.
+    # A round also takes the leases behind that come due before its job would end (they would
+    # wait for it anyway): their tasks wait out the rest of their pause. Fewer, fuller jobs; the
+    # look-ahead is the last job's length, at most this.
     max_gather: float = 0.5
     kpl: bool = True
     # A read job still running this long after its longest range's ``max_seconds`` is cancelled
@@ -139,6 +139,7 @@ class _Entry:
     lag: int | None = None
     failures: int = 0
     ended: bool = False
+    behind: bool = False  # its last read left records waiting: it may join a round early
 
 
 class ExecutorReads:
@@ -360,6 +361,7 @@ class ExecutorReads:
             at = end.last if end.last is not None else rng.after
             entry.iterator, entry.iterator_at = end.next_iterator, at
             entry.next_read_at = self._next_read(rng, end, now)
+            entry.behind = _behind(rng, end)
         children = [dict(c) for c in end.child_shards]
         last = end.last.sequence_number if end.last is not None else None
         counted = ReadElsewhere(end.rows, end.nbytes, last, end.throttled)
@@ -394,6 +396,7 @@ class ExecutorReads:
     def _failed(self, entry: _Entry, why: str, now: float) -> None:
         with self._lock:
             entry.failures += 1
+            entry.behind = False
             entry.iterator = entry.iterator_at = None
             # Backed off from the round's start; at least one call's interval from now.
             soonest = self._clock.monotonic() + self._s.min_interval
@@ -402,12 +405,14 @@ class ExecutorReads:
 
 
 def _due(entries: Mapping[str, _Entry], now: float, ahead: float) -> dict[str, _Entry]:
-    """The leases a round reads: none unless one is due now; then also those due within
-    ``ahead`` (their ranges wait the difference)."""
+    """The leases a round reads: none unless one is due now; then also those behind that are
+    due within ``ahead`` (their ranges wait the difference). A lease at its tip is not taken
+    early: it has little to read, and its wait would lengthen the job for the others."""
     live = {k: e for k, e in entries.items() if not e.ended}
     if not any(e.next_read_at <= now for e in live.values()):
         return {}
-    return {k: e for k, e in live.items() if e.next_read_at <= now + ahead}
+    return {k: e for k, e in live.items()
+            if e.next_read_at <= now or (e.behind and e.next_read_at <= now + ahead)}  # fmt: skip
 
 
 def _behind(rng: ReadRange, end: RangeEnd) -> bool:

@@ -302,6 +302,7 @@ def next_range(previous: ReadRange, end: RangeEnd) -> ReadRange:
             "after": after,
             "iterator": end.next_iterator,
             "pinned": None,
+            "delay": 0.0,  # the previous range's wait was its own
         }
     )
 

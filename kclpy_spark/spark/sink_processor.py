@@ -40,6 +40,8 @@ from kclpy_spark.spark.micro_batcher import (
 from kclpy_spark.spark.pieces import records_to_chunk
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from kclpy_spark.runtime.streams import RecordSourcesFor
     from kclpy_spark.spark.executor_reads import ExecutorReads
     from kclpy_spark.spark.session import SparkSessionHolder
@@ -205,6 +207,6 @@ class SparkSinkProcessorFactory:
                 log.exception("closing the Spark sink: %r failed", closer)
 
 
-def _read_figures(reads: ExecutorReads) -> Any:
+def _read_figures(reads: ExecutorReads) -> Callable[[], tuple[int, int]]:
     """The metrics' view of the executor reads: read jobs run, reads still stored."""
     return lambda: (reads.rounds, reads.stored.kept)

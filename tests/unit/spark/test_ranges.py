@@ -130,9 +130,10 @@ def test_an_unpinned_read_is_not_checked() -> None:
 def test_the_next_range_starts_after_what_was_found(
     found: RangeEnd, after: ExtendedSequenceNumber, iterator: str
 ) -> None:
-    first = dataclasses.replace(rng(LATEST, PIN), max_records=123)
+    first = dataclasses.replace(rng(LATEST, PIN), max_records=123, delay=0.2)
     nxt = next_range(first, found)
     assert (nxt.after, nxt.iterator, nxt.pinned, nxt.max_records) == (after, iterator, None, 123)
+    assert nxt.delay == 0.0  # the first range's wait was its own
 
 
 @pytest.mark.parametrize(
@@ -157,7 +158,8 @@ def test_a_range_needs_budgets_and_a_start_before_the_end() -> None:
     with pytest.raises(ValueError, match="budgets"):
         dataclasses.replace(rng(), max_records=0)
     for bad in ({"max_seconds": 0.0}, {"max_seconds": float("nan")}, {"max_seconds": float("inf")},
-                {"read_rate": float("inf")}, {"read_rate": float("nan")}):  # fmt: skip
+                {"read_rate": float("inf")}, {"read_rate": float("nan")}, {"delay": -0.1},
+                {"delay": float("nan")}, {"delay": float("inf")}):  # fmt: skip
         with pytest.raises(ValueError, match="finite budgets"):  # its JSON would carry null
             dataclasses.replace(rng(), **bad)
     with pytest.raises(ValueError, match="SHARD_END"):

@@ -505,9 +505,9 @@ def test_a_range_with_an_arrival_bound_stops_before_the_first_later_record() -> 
 # --- leases gathered into fewer read jobs ---------------------------------------------------------
 
 
-def _entry_due(at: float, ended: bool = False) -> _Entry:
+def _entry_due(at: float, ended: bool = False, behind: bool = True) -> _Entry:
     entry = _Entry(SOURCE, lambda item: None)
-    entry.next_read_at, entry.ended = at, ended
+    entry.next_read_at, entry.ended, entry.behind = at, ended, behind
     return entry
 
 
@@ -519,14 +519,17 @@ def _entry_due(at: float, ended: bool = False) -> _Entry:
         ({"a": 10.1, "b": 10.2}, 0.5, set()),  # nothing due now: no round, however close
         ({"a": 9.0, "b": 10.0, "c": 10.5}, 0.5, {"a", "b", "c"}),  # the horizon included
         ({"a": 10.0, "ended": 10.0}, 0.5, {"a"}),  # an ended lease is never read
+        ({"a": 10.0, "tip": 10.2}, 0.5, {"a"}),  # one at its tip is not taken early
+        ({"tip": 10.0, "b": 10.2}, 0.5, {"tip", "b"}),  # but read when due, with those behind
     ],
 )
-def test_a_round_takes_the_leases_due_now_and_those_due_before_its_job_would_end(
+def test_a_round_takes_the_leases_due_now_and_those_behind_due_before_its_job_would_end(
     due_at: dict[str, float], ahead: float, want: set[str]
 ) -> None:
     from kclpy_spark.spark.executor_reads import _due
 
-    entries = {k: _entry_due(at, ended=k == "ended") for k, at in due_at.items()}
+    entries = {k: _entry_due(at, ended=k == "ended", behind=k != "tip")
+               for k, at in due_at.items()}  # fmt: skip
     assert set(_due(entries, 10.0, ahead)) == want
 
 
@@ -555,11 +558,13 @@ def test_a_lease_taken_early_waits_on_its_task_and_its_pause_counts_from_then() 
     reader.start(AllSlotsFeed(), threaded=False)
     now = clock.monotonic()
     for key, at in (("a", now), ("b", now + 0.2), ("c", now + 5.0)):
-        reader.register(replace(SOURCE, lease_key=key), lambda item: None).next_read_at = at
+        entry = reader.register(replace(SOURCE, lease_key=key), lambda item: None)
+        entry.next_read_at, entry.behind = at, True
     reader._gather = 0.3  # as if the last job took 0.3 s
     assert reader.read_round() == 2
     assert {r.lease_key: r.delay for r in planned[0]} == pytest.approx({"a": 0.0, "b": 0.2})
     assert reader._gather == pytest.approx(0.05)  # 0.25 s in all, 0.2 of them waiting
+    assert not reader._entries["b"].behind  # read to its tip: not taken early next time
     job_seconds[0] = 2.0
     reader._gather = 0.0
     reader._entries["a"].next_read_at = clock.monotonic()
@@ -572,27 +577,41 @@ def test_a_lease_taken_early_waits_on_its_task_and_its_pause_counts_from_then() 
     assert reader._next_read(rng, behind, began) == pytest.approx(began + 0.2 + 0.2)
 
 
-def test_a_delayed_range_is_not_called_before_its_delay_on_the_executor() -> None:
-    """On the executor the task waits the range's delay before its first call (and outside the
-    gate that bounds how many ranges a task reads at once)."""
+def test_a_delayed_range_is_not_called_before_its_delay_on_the_executor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On the executor the task waits the range's delay before its first call, outside the gate
+    that bounds how many ranges a task reads at once: with room for one read at a time, a range
+    without delay is read while the other one waits."""
     from kclpy_spark.spark import cluster_read
 
-    calls: list[float] = []
+    monkeypatch.setattr(cluster_read, "READS_AT_ONCE", 1)
+    calls: dict[str, float] = {}
 
     class Client(Scripted):
-        async def get_shard_iterator(self, **_: Any) -> dict[str, Any]:
-            calls.append(time.monotonic())
+        async def get_shard_iterator(self, **kw: Any) -> dict[str, Any]:
+            calls[kw["ShardId"]] = time.monotonic()
             return {"ShardIterator": "it-0"}
 
+        async def get_records(self, **_: Any) -> dict[str, Any]:
+            return _answer([1], "it-1")
+
     reads_ = cluster_read._ExecutorReads()
+    reads_._frozen = True  # not this test process's heap
 
     async def client(aws: Any) -> Any:
-        return Client([_answer([1], "it-1")])
+        return Client([])
 
     reads_._client = client  # type: ignore[method-assign]
-    reads_._frozen = True  # not this test process's heap
-    rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, TRIM, max_pages=1, delay=0.3)
+    waits = ReadRange("w", "s", {"StreamName": "s"}, "shard-w", TRIM, max_pages=1, delay=0.3)
+    now = ReadRange("n", "s", {"StreamName": "s"}, "shard-n", TRIM, max_pages=1)
     began = time.monotonic()
-    [(got, outcome)] = list(reads_.reads([rng], AwsTarget("us-east-1")))
-    assert got == rng and not isinstance(outcome, BaseException)
-    assert len(calls) == 1 and calls[0] - began >= 0.3
+    try:
+        done = [(got.lease_key, outcome) for got, outcome in
+                reads_.reads([waits, now], AwsTarget("us-east-1"))]  # fmt: skip
+    finally:
+        reads_._loop.call_soon_threadsafe(reads_._loop.stop)
+        reads_._thread.join(5)
+    assert [key for key, _ in done] == ["n", "w"]  # the one without delay came back first
+    assert not any(isinstance(outcome, BaseException) for _, outcome in done)
+    assert calls["shard-w"] - began >= 0.3 and calls["shard-n"] < calls["shard-w"]
