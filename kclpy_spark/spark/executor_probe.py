@@ -3,8 +3,9 @@ project and reach the stream, so a missing install or a wrong endpoint is one li
 instead of a stream of failed tasks every batch.
 
 Each probe task answers with its process id and host (what tests use to see separate executor
-processes) and, when the call failed, the error; the driver turns the first failure into one
-``ExecutorProbeError`` line naming the cure.
+processes), the kclpy-spark version it imported and, when the call failed, the error; the
+driver turns the first failure, or an executor on another version than its own (the ranges it
+plans would be read by other rules there), into one ``ExecutorProbeError`` line naming the cure.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from checkpoint.base.errors import KclpySparkError
 from kclpy_spark.spark.cluster_read import AwsTarget, default_parallelism
 
-PROBE_DDL = "pid bigint, host string, error string"
+PROBE_DDL = "pid bigint, host string, error string, version string"
 PROBE_TIMEOUT = 5.0  # seconds for the executor's one DescribeStreamSummary call
 _NO_MODULE = "No module named 'kclpy_spark'"
 _INSTALL = (
@@ -41,6 +42,12 @@ class ProbeAnswer:
     pid: int
     host: str
     error: str | None
+    version: str | None = None
+
+
+def other_version(answers: list[ProbeAnswer], ours: str) -> ProbeAnswer | None:
+    """The first executor that imported another kclpy-spark version than the driver's."""
+    return next((a for a in answers if a.version != ours), None)
 
 
 def probe_executors(
@@ -63,13 +70,22 @@ def probe_executors(
         raise ExecutorProbeError(
             f"the Spark executors could not run the probe job: {first.strip()}"
         ) from exc
-    answers = [ProbeAnswer(int(r["pid"]), str(r["host"]), r["error"]) for r in rows]
+    answers = [ProbeAnswer(int(r["pid"]), str(r["host"]), r["error"], r["version"]) for r in rows]
     failed = next((a for a in answers if a.error), None)
     if failed is not None:
         where = aws.endpoint_url or f"the {aws.region} endpoint"
         raise ExecutorProbeError(
             f"a Spark executor on {failed.host} cannot reach Kinesis stream "
             f"{_stream_name(stream_arg)} at {where}: {failed.error}"
+        )
+    from kclpy_spark import __version__
+
+    other = other_version(answers, __version__)
+    if other is not None:
+        raise ExecutorProbeError(
+            f"a Spark executor on {other.host} runs kclpy-spark {other.version}, this worker "
+            f"{__version__}: install the same version on both (or ship this one with "
+            "spark.archives / --py-files)"
         )
     return answers
 
@@ -84,6 +100,7 @@ def probe_partition(
     """On an executor: one DescribeStreamSummary with a short deadline and no retries."""
     import boto3
 
+    from kclpy_spark import __version__
     from kclpy_spark.aws import botocore_config, endpoint_kwargs
 
     for batch in batches:
@@ -103,6 +120,7 @@ def probe_partition(
                 pa.array([os.getpid()] * n, pa.int64()),
                 pa.array([socket.gethostname()] * n, pa.string()),
                 pa.array([error] * n, pa.string()),
+                pa.array([__version__] * n, pa.string()),
             ],
-            names=["pid", "host", "error"],
+            names=["pid", "host", "error", "version"],
         )
