@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from checkpoint.stores.dynamo_table import coordination_table_of
+from kclpy_spark.spark import local_fs
 
 REPO = Path(__file__).resolve().parents[1]
 LSCTL = REPO / "localstack" / "lsctl.py"
@@ -196,6 +197,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.warehouse.dir", str(warehouse))
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.jars", str(local_fs.JAR))  # as the sink's own local sessions have it
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("WARN")

@@ -34,6 +34,7 @@ from urllib.parse import urlparse
 
 from checkpoint.base.errors import ConfigError
 from kclpy_spark.logs import configured
+from kclpy_spark.spark import local_fs
 from kclpy_spark.spark.jvm_garbage import JvmGarbage
 from kclpy_spark.spark.jvm_heap import HeapFigures, HeapSampler, read_heap
 from kclpy_spark.spark.jvm_logs import jvm_logging, spark_level
@@ -210,6 +211,8 @@ class SparkSessionHolder:
             defaults["spark.driver.bindAddress"] = "127.0.0.1"
         builder = SparkSession.builder.master(t.master).appName(self._app_name)
         conf = {**defaults, **self._conf}
+        if t.kind is TargetKind.LOCAL:  # the Parquet sink's writes then fork no chmod (local_fs)
+            conf = local_fs.with_jar(conf)
         for key, value in conf.items():
             builder = builder.config(key, value)
         level, fmt = configured()

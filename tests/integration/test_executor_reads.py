@@ -77,6 +77,7 @@ def test_a_job_reading_on_the_executors_writes_every_record_once(
     result = _job(config, tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     assert _written(parquet) == list(range(2000)), "every record once"
+    assert not list(parquet.rglob("*.crc")), "written without the no-chmod filesystem"
     assert "read 2 range(s)" in result.stderr or "executors" in result.stderr
     # Freeing a read's stored rows logs nothing: Spark's RDD.unpersist warns of every local
     # checkpoint, which was a line per read job, several a second for as long as the daemon ran.

@@ -143,6 +143,9 @@ max_wait = 1.0
     table = ds.dataset(str(parquet), format="parquet", partitioning="hive").to_table()
     data = sorted(int(bytes(x).decode()) for x in table.column("data").to_pylist())
     assert data == list(range(300)), "every record once"
+    # The sink wrote through the no-chmod filesystem its local[N] session loads (local_fs.py):
+    # Hadoop's default one leaves a .crc file next to every file.
+    assert not list(parquet.rglob("*.crc"))
     # Spark's own log lines come in the daemon's format, without its start-up noise (issue 18).
     assert "Using Spark's default log4j profile" not in result.stderr
     assert "NativeCodeLoader" not in result.stderr
