@@ -24,14 +24,41 @@ PAGE = 10_000  # records per stand-in GetRecords page
 MIN_WINDOW_STEPS = 3  # commits (or bare writes) inside the warm window, at the least
 
 
-def note_tree(root: psutil.Process, seen: dict[int, tuple[str, float]]) -> None:
+def note_tree(
+    root: psutil.Process,
+    seen: dict[int, tuple[str, float]],
+    jvm_kids: dict[int, set[int]] | None = None,
+) -> None:
     """Note in ``seen`` each process of ``root``'s tree by pid: its name and CPU seconds so far
-    (a process that ended keeps its last figure)."""
+    (a process that ended keeps its last figure). With ``jvm_kids``, also the CPU of each JVM's
+    children that ended (``_note_reaped``), under the JVM's pid negated."""
     with contextlib.suppress(psutil.Error):
         for proc in [root, *root.children(recursive=True)]:
             with contextlib.suppress(psutil.Error):
                 times = proc.cpu_times()
-                seen[proc.pid] = (proc.name(), times.user + times.system)
+                name = proc.name()
+                seen[proc.pid] = (name, times.user + times.system)
+                if name == "java" and jvm_kids is not None:
+                    _note_reaped(proc, times, seen, jvm_kids)
+
+
+def _note_reaped(
+    jvm: psutil.Process,
+    times: Any,
+    seen: dict[int, tuple[str, float]],
+    jvm_kids: dict[int, set[int]],
+) -> None:
+    """The CPU of the JVM's children that ended, counted as the JVM's: processes it starts for a
+    few milliseconds (Hadoop's local filesystem runs ``chmod`` for every file and folder it makes
+    when Hadoop's native library is missing), too short-lived for the samples to see. Frozen once
+    a Python child seen before has ended (PySpark's daemon, at the end): its CPU, noted already,
+    would come in twice."""
+    pythons = {c.pid for c in jvm.children() if c.name().startswith("python")}
+    known = jvm_kids.setdefault(jvm.pid, set())
+    if known - pythons:
+        return
+    known |= pythons
+    seen[-jvm.pid] = ("java", times.children_user + times.children_system)
 
 
 def split_cpu(seen: dict[int, tuple[str, float]]) -> dict[str, float]:
@@ -48,6 +75,7 @@ class TreeCpu:
     def __init__(self, pid: int) -> None:
         self._root = psutil.Process(pid)
         self._seen: dict[int, tuple[str, float]] = {}
+        self._jvm_kids: dict[int, set[int]] = {}  # each JVM's Python children seen
         # (wall time, python, jvm, the root process alone: the daemon's own Python)
         self._series: list[tuple[float, float, float, float]] = []
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -55,7 +83,7 @@ class TreeCpu:
 
     def _loop(self) -> None:
         while self._root.is_running() and self._root.status() != psutil.STATUS_ZOMBIE:
-            note_tree(self._root, self._seen)
+            note_tree(self._root, self._seen, self._jvm_kids)
             used = split_cpu(self._seen)
             own = self._seen.get(self._root.pid, ("", 0.0))[1]
             self._series.append((time.time(), used["python"], used["jvm"], own))
