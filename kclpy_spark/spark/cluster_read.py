@@ -73,6 +73,7 @@ class RangeRead:
 
     stored: Any
     ends: dict[str, RangeEnd]
+    partitions: int = 1  # of ``stored``: the read job's tasks
 
     @property
     def records(self) -> Any:
@@ -196,7 +197,7 @@ def read_ranges(
     finally:
         if described:
             sc.setJobDescription(None)
-    read = RangeRead(stored.where(F.col(END_COLUMN).isNull()).drop(END_COLUMN), ends)
+    read = RangeRead(stored.where(F.col(END_COLUMN).isNull()).drop(END_COLUMN), ends, parts)
     if stored_reads is not None and jrdd is not None:
         stored_reads.track(read, jrdd)
     return read
