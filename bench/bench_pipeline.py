@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import shutil
 import signal
@@ -68,6 +69,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -186,7 +188,8 @@ def run(variant: str, endpoint: str, stream: str, loaded: Loaded, target: str) -
     progress = Progress()
     if variant != "bare":
         app = _app(variant, stream, work)
-        _wait_for_checkpoints(proc, work / "leases.db", app, loaded, progress)
+        served = functools.partial(_served, endpoint)
+        _wait_for_checkpoints(proc, work / "leases.db", app, loaded, progress, served)
         proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=3600)
     stdout, stderr = out_path.read_text(), err_path.read_text()
@@ -231,6 +234,7 @@ def run(variant: str, endpoint: str, stream: str, loaded: Loaded, target: str) -
         "warm_jvm_us": in_warm["jvm"] / warm_records * 1e6,
         "warm_driver_us": in_warm["driver"] / warm_records * 1e6,
         "refused": refused,
+        "read_share": progress.read_share(),
     }
 
 
@@ -247,11 +251,23 @@ def _standin_stats(endpoint: str) -> dict[str, int] | None:
     return stats if isinstance(stats, dict) and "throttled" in stats else None
 
 
+def _served(endpoint: str) -> int | None:
+    """Records the stand-in server has served so far (None on another endpoint)."""
+    stats = _standin_stats(endpoint)
+    return None if stats is None else int(stats["records"])
+
+
 def _wait_for_checkpoints(
-    proc: subprocess.Popen[str], db: Path, app: str, loaded: Loaded, progress: Progress
+    proc: subprocess.Popen[str],
+    db: Path,
+    app: str,
+    loaded: Loaded,
+    progress: Progress,
+    served: Callable[[], int | None],
 ) -> None:
     """Poll the lease table until every shard's checkpoint is at its last record, noting in
-    ``progress`` when that was and when the warm window opened and closed. (kinesalite's
+    ``progress`` when that was, when the warm window opened and closed, and the records
+    ``served`` by then (the stand-in's count). (kinesalite's
     MillisBehindLatest is always 0, so ``--until-caught-up`` would stop at the first batch: the
     daemon runs and is stopped from here.)"""
     from checkpoint.stores.sqlite import SQLiteLeaseTable
@@ -273,7 +289,7 @@ def _wait_for_checkpoints(
                     if x.checkpoint.sequence_number.isdigit()
                 }
                 now, done = time.time(), loaded.done(at)
-                progress.note(now, done, loaded)
+                progress.note(now, done, loaded, served)
                 if done == loaded.records:
                     progress.done_at = now
                     return
@@ -397,6 +413,11 @@ def _refused(runs: list[dict[str, Any]]) -> str:
     return f"{median(counts):,.0f}" if counts else "-"
 
 
+def _read_share(runs: list[dict[str, Any]]) -> str:
+    shares = [r["read_share"] for r in runs if r.get("read_share") is not None]
+    return f"{median(shares):.2f}" if shares else "-"
+
+
 def report(results: dict[str, list[dict[str, Any]]], args: Any) -> None:
     variants = list(results)
 
@@ -444,14 +465,17 @@ def report(results: dict[str, list[dict[str, Any]]], args: Any) -> None:
         f"{args.window[1]:.0%}: the JVM has compiled its per-row code by then (in a run's "
         "first half minute Spark's JIT compiler alone costs more CPU than the writes; per-write "
         "code is compiled for minutes longer), and records are still being read until the "
-        "window closes. *From the "
+        "window closes (*read / written*: records the stand-in served in the window over "
+        "those checkpointed; near 1, reading kept pace; well below 1, a read-ahead buffer "
+        "filled before the window and the window measured mostly writes). *From the "
         "first lease*: from the first lease started (the bare pipeline: its first read), JIT "
         "warm-up included. Whole run: start-up included.",
         "",
         "| variant | records/s warm | records/s from the first lease | wall s (whole run) "
         "| warm CPU us/record: Python | JVM | together | whole run: Python | JVM | together "
-        "| calls refused (read limits) | warm CPU us/record of the daemon's own process |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| calls refused (read limits) | warm CPU us/record of the daemon's own process "
+        "| read / written (warm) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *(
             f"| {v} | {med(v, 'warm_rate'):,.0f} | {med(v, 'rate'):,.0f} "
             f"| {med(v, 'wall_s'):.1f} | {med(v, 'warm_python_us'):.1f} "
@@ -459,7 +483,7 @@ def report(results: dict[str, list[dict[str, Any]]], args: Any) -> None:
             f"| {med(v, 'warm_python_us') + med(v, 'warm_jvm_us'):.1f} "
             f"| {med(v, 'python_us'):.1f} | {med(v, 'jvm_us'):.1f} "
             f"| {med(v, 'python_us') + med(v, 'jvm_us'):.1f} | {_refused(results[v])} "
-            f"| {med(v, 'warm_driver_us'):.2f} |"
+            f"| {med(v, 'warm_driver_us'):.2f} | {_read_share(results[v])} |"
             for v in variants
         ),
         "",

@@ -11,8 +11,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -139,15 +139,29 @@ class Progress:
     steps: int = 0
     done_at: float = 0.0
     _last: int = -1
+    served: list[int | None] = field(default_factory=list)  # records read at the open, the close
 
-    def note(self, now: float, done: int, loaded: Loaded) -> None:
+    def note(
+        self, now: float, done: int, loaded: Loaded, served: Callable[[], int | None] = lambda: None
+    ) -> None:
         if self.opened is not None and self.closed is None and done != self._last:
             self.steps += 1
         self._last = done
         if self.opened is None and done >= loaded.window[0] * loaded.records:
             self.opened = (now, done)
+            self.served.append(served())
         if self.closed is None and done >= loaded.window[1] * loaded.records:
             self.closed = (now, done)
+            self.served.append(served())
+
+    def read_share(self) -> float | None:
+        """Records read in the window over those checkpointed in it (None if not counted)."""
+        if len(self.served) != 2 or None in self.served or not self.opened or not self.closed:
+            return None
+        first, last = self.served
+        assert first is not None and last is not None
+        written = self.closed[1] - self.opened[1]
+        return (last - first) / written if written else None
 
     def check(self, variant: str) -> None:
         """Raise unless the window opened, closed later, and spans ``MIN_WINDOW_STEPS`` commits
