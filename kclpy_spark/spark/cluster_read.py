@@ -73,7 +73,6 @@ class RangeRead:
 
     stored: Any
     ends: dict[str, RangeEnd]
-    partitions: int = 1  # of ``stored``: the read job's tasks
 
     @property
     def records(self) -> Any:
@@ -197,7 +196,7 @@ def read_ranges(
     finally:
         if described:
             sc.setJobDescription(None)
-    read = RangeRead(stored.where(F.col(END_COLUMN).isNull()).drop(END_COLUMN), ends, parts)
+    read = RangeRead(stored.where(F.col(END_COLUMN).isNull()).drop(END_COLUMN), ends)
     if stored_reads is not None and jrdd is not None:
         stored_reads.track(read, jrdd)
     return read

@@ -77,12 +77,6 @@ class ExecutorFrames:
         out = frames[0]
         for more in frames[1:]:
             out = out.unionByName(more)
-        # A batch of several reads: their stored partitions merged into as many tasks as one read
-        # had (the cluster's cores then), so its write makes that many tasks' files, not one set
-        # per read: each file is a Parquet footer, a folder per piece and a commit step more.
-        width = max(read.partitions for read, _ in by_read.values())
-        if sum(read.partitions for read, _ in by_read.values()) > width:
-            out = out.coalesce(width)
         return self._parse(out) if parsed else out
 
     def arrow(self, pieces: Sequence[Piece]) -> Any:

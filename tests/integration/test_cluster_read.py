@@ -266,37 +266,3 @@ def test_one_task_reads_several_ranges_side_by_side_each_failing_alone(
     by_shard = {s: [r for r in rows_of(together) if r[0] == s] for s in shards}
     assert by_shard[shards[0]] == [r for r in rows_of(apart) if r[0] == shards[0]]
     assert together.ends[shards[2]].error is not None and by_shard[shards[2]] == []
-
-
-def test_a_batch_of_several_reads_is_written_by_as_many_tasks_as_one_read_had(
-    spark: Any, kinesis_client: Any, unique_name: str, aws: AwsTarget
-) -> None:
-    """Each read job's stored rows are its own partitions; a batch whose leases came from
-    several reads is merged into as many tasks as one read used (a write then makes one set of
-    files per task, not per read), every record still there once."""
-    from kclpy_spark.spark.frames import ExecutorFrames, RangeChunk
-    from kclpy_spark.spark.pieces import Piece, PieceKey
-
-    make_stream(kinesis_client, unique_name, shards=3)
-    put(kinesis_client, unique_name, 0, 30)
-    shards = [f"shardId-00000000000{i}" for i in range(3)]
-    both = read_ranges(spark, [rng(unique_name, s) for s in shards[:2]], aws, partitions=2)
-    alone = read_ranges(spark, [rng(unique_name, shards[2])], aws, partitions=2)
-    assert (both.partitions, alone.partitions) == (2, 1)  # at most one task a range
-
-    def chunk(read: RangeRead, shard: str) -> RangeChunk:
-        end = read.ends[shard]
-        return RangeChunk(None, TRIM, TRIM, read=read, lease_key=shard, row_count=end.rows)
-
-    ends = {**both.ends, **alone.ends}
-    pieces = [Piece(PieceKey(s, TRIM, TRIM), s, ends[s].rows) for s in shards]
-    frames = ExecutorFrames([chunk(both, s) for s in shards[:2]] + [chunk(alone, shards[2])],
-                            parse=lambda df: df)  # fmt: skip
-    merged = frames.frame(pieces)
-    assert merged.rdd.getNumPartitions() == 2  # 2 + 1 stored partitions, merged into 2 tasks
-    assert sorted(bytes(r["data"]) for r in merged.collect()) == sorted(
-        bytes(r[3]) for read in (both, alone) for r in rows_of(read)
-    )
-    assert len(merged.collect()) == 30
-    one = ExecutorFrames([chunk(both, s) for s in shards[:2]], parse=lambda df: df)
-    assert one.frame(pieces[:2]).rdd.getNumPartitions() == 2  # one read: as it was stored
