@@ -9,9 +9,10 @@ system call, and writes no ``.crc`` files (it is the raw filesystem).
 
 It is used only where it is surely loadable: a ``local[N]`` session (driver and tasks in one JVM)
 whose classpath has the jar. A session this package builds for a ``local[N]`` target gets the jar
-(``with_jar``); an adopted session has it only if its owner added ``JAR`` to ``spark.jars``. The
-choice is per write (``write_options``), never the session's ``file:`` scheme: the user's own reads
-and writes keep Hadoop's default filesystem.
+(``with_jar``); an adopted session has it only if its owner put ``JAR`` in ``spark.jars`` when
+building it (the JVM loads those jars at its start). The choice is per write (``write_options``),
+never the session's ``file:`` scheme: the user's own reads and writes keep Hadoop's default
+filesystem.
 """
 
 from __future__ import annotations

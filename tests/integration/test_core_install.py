@@ -164,6 +164,9 @@ def test_the_spark_extra_runs_a_parquet_sink(
     assert run.returncode == 0, run.stderr[-3000:]
     rows = pq.read_table(tmp_path / "out").column("data").to_pylist()
     assert sorted(int(x) for x in rows) == list(range(30))
+    # The wheel ships the no-chmod filesystem's jar (local_fs.py): Hadoop's default leaves .crc
+    # files next to each file.
+    assert not list((tmp_path / "out").rglob("*.crc"))
 
     # The readStream source is there without a registration line (pyspark_kinesis_kcl).
     probe = (

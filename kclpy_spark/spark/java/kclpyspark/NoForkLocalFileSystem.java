@@ -4,8 +4,10 @@
  * Without Hadoop's native library (pip's pyspark ships none), RawLocalFileSystem sets the mode of
  * every folder it makes and every file it creates by starting a `chmod` process: about 5 ms of CPU
  * each on a 2-core machine, some thirty per batch written by the Parquet sink. This class sets the
- * same permission bits with one system call in the JVM. Modes with bits java.nio cannot express
- * (setuid, setgid, sticky) and filesystems without POSIX attributes go to Hadoop's own way.
+ * same permission bits with one system call in the JVM. Hadoop's own way is kept where java.nio
+ * would do otherwise than chmod: a mode with the sticky bit, a folder that has setuid or setgid
+ * set (chmod keeps a folder's setgid bit, which a group-shared output folder relies on; java.nio
+ * would clear it), and a filesystem without POSIX attributes (not Linux).
  *
  * Built into kclpy-spark-localfs.jar by scripts/build_localfs_jar.sh; used by the Parquet sink's
  * writes on local[N] targets (kclpy_spark/spark/local_fs.py).
@@ -38,6 +40,7 @@ public class NoForkLocalFileSystem extends RawLocalFileSystem {
       super.setPermission(p, permission);
       return;
     }
+    java.nio.file.Path path = pathToFile(p).toPath();
     Set<PosixFilePermission> chosen = EnumSet.noneOf(PosixFilePermission.class);
     for (int i = 0; i < BITS.length; i++) {
       if ((mode & (1 << i)) != 0) {
@@ -45,8 +48,12 @@ public class NoForkLocalFileSystem extends RawLocalFileSystem {
       }
     }
     try {
-      Files.setPosixFilePermissions(pathToFile(p).toPath(), chosen);
-    } catch (UnsupportedOperationException e) {
+      if (Files.isDirectory(path) && (((Integer) Files.getAttribute(path, "unix:mode")) & 06000) != 0) {
+        super.setPermission(p, permission);
+        return;
+      }
+      Files.setPosixFilePermissions(path, chosen);
+    } catch (UnsupportedOperationException | IllegalArgumentException e) {
       super.setPermission(p, permission);
     }
   }
