@@ -48,7 +48,9 @@ public class NoForkLocalFileSystem extends RawLocalFileSystem {
       }
     }
     try {
-      if (Files.isDirectory(path) && (((Integer) Files.getAttribute(path, "unix:mode")) & 06000) != 0) {
+      boolean setId = Files.isDirectory(path)
+          && (((Integer) Files.getAttribute(path, "unix:mode")) & 06000) != 0;
+      if (setId) {
         super.setPermission(p, permission);
         return;
       }
