@@ -59,10 +59,9 @@ def write_options(df: Any) -> Mapping[str, str]:
 
 
 def _usable(sc: Any) -> bool:
-    master = str(sc.master)
-    if not master.startswith("local") or master.startswith("local-cluster"):
-        return False  # executors elsewhere: each would need the jar too
     try:
+        if not sc._jsc.isLocal():  # Spark's own rule: tasks in this JVM (local, local[...])
+            return False  # executors elsewhere: each would need the jar too
         jvm = sc._jvm
         loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
         jvm.java.lang.Class.forName(CLASS, False, loader)

@@ -35,9 +35,17 @@ class _Jvm:
         return name
 
 
+class _JavaContext:
+    def __init__(self, local: bool) -> None:
+        self.local = local
+
+    def isLocal(self) -> bool:
+        return self.local
+
+
 class _Context:
-    def __init__(self, master: str, loads: bool = True) -> None:
-        self.master = master
+    def __init__(self, local: bool, loads: bool = True) -> None:
+        self._jsc = _JavaContext(local)
         self._jvm = _Jvm(loads)
 
 
@@ -53,20 +61,17 @@ class _Frame:
 
 
 @pytest.mark.parametrize(
-    ("master", "loads", "used"),
+    ("local", "loads", "used"),
     [
-        ("local[2]", True, True),
-        ("local", True, True),
-        ("local[*]", True, True),
-        ("local[2]", False, False),  # the jar is not on the session's classpath
-        ("local-cluster[2,1,1024]", True, False),  # executors in other JVMs
-        ("spark://127.0.0.1:7077", True, False),
-        ("yarn", True, False),
+        (True, True, True),
+        (True, False, False),  # the jar is not on the session's classpath
+        (False, True, False),  # executors in other JVMs (local-cluster, a cluster master)
     ],
 )
-def test_used_only_by_local_sessions_that_load_it(master: str, loads: bool, used: bool) -> None:
-    options = local_fs.write_options(_Frame(_Context(master, loads)))
-    assert options == (local_fs.OPTIONS if used else {})
+def test_used_only_by_local_sessions_that_load_it(local: bool, loads: bool, used: bool) -> None:
+    sc = _Context(local, loads)
+    assert local_fs.write_options(_Frame(sc)) == (local_fs.OPTIONS if used else {})
+    assert sc._jvm.asked == (1 if local else 0)  # not local: the class is not even looked for
 
 
 def test_spark_connect_keeps_hadoops_default() -> None:
@@ -74,7 +79,7 @@ def test_spark_connect_keeps_hadoops_default() -> None:
 
 
 def test_the_class_is_looked_for_once_per_context() -> None:
-    sc = _Context("local[2]")
+    sc = _Context(local=True)
     for _ in range(5):
         assert local_fs.write_options(_Frame(sc)) == local_fs.OPTIONS
     assert sc._jvm.asked == 1
