@@ -84,6 +84,8 @@ class LedTaker(Protocol):
     @property
     def cpu(self) -> FleetCpu: ...
     @property
+    def suspects(self) -> Suspects: ...
+    @property
     def io(self) -> Callable[..., Awaitable[Any]]: ...
     async def scan(self) -> ObservedScan | None: ...
     async def adopt(self, leases: list[Lease]) -> None: ...
@@ -97,7 +99,6 @@ class Led:
 
     def __init__(self, taker: LedTaker) -> None:
         self._t = taker
-        self._suspects = Suspects()
         self._role = "worker"
         self._declined: dict[str, float] = {}  # key -> monotonic time it was declined
         self._assigned: dict[str, float] = {}  # key -> monotonic time the leader assigned it
@@ -121,7 +122,7 @@ class Led:
             log.info("worker %s: lease assignment role %s -> %s", w.cfg.worker_id,
                      self._role, role)  # fmt: skip
             self._role = role
-            self._suspects, self._assigned = Suspects(), {}
+            self._assigned = {}  # the taker's suspects stay: a status record proves them wrong
             self._t.observer.forget()  # a led worker watches no lease; a new leader starts fresh
             w.reports.all_parked(False)  # judged from scans, which a led worker does not make
             if role == "leader" and not await self._index_answers():
@@ -179,7 +180,7 @@ class Led:
         running = dict(t.running)
         if w.run_state.may_take:  # we run, whether or not our last status write landed
             running.setdefault(me, w.clock.wall())
-        targets = self._suspects.targets(scan, running)
+        targets = self._t.suspects.targets(scan, running)
         plan = plan_assignments(
             scan,
             targets,

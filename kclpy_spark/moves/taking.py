@@ -25,6 +25,7 @@ from checkpoint.base.errors import KclpySparkError
 from checkpoint.lease import Lease, LeaseState
 from checkpoint.port import TableScan
 from kclpy_spark.moves.assigning import AssignmentHint, Led
+from kclpy_spark.moves.rules.assign_rule import Suspects
 from kclpy_spark.moves.rules.cpu_load import FleetCpu
 from kclpy_spark.moves.rules.observer import LeaseObserver, ObservedScan
 from kclpy_spark.moves.rules.take_rule import plan_takes
@@ -51,6 +52,10 @@ class Taker:
         self._live: dict[str, int] = {}  # other live workers -> leases, as of the last scan
         self._ours: set[str] = set()  # owners whose leases a kclpy-spark store stamped last
         self.running: dict[str, float] = {}  # workers whose status record says they run -> when
+        # Workers seen to stop renewing whose status has not been written since (dead, or
+        # stalled): never handed a lease, nor counted in our share, until it is.
+        self.suspects = Suspects()
+        self._alive: frozenset[str] = frozenset()  # running, minus the suspects of the last scan
         self.cpu = FleetCpu({})  # their CPU figures (the load rule's), from the same scan
         self.hint = AssignmentHint()
         led = worker.cfg.lease_assignment in ("leader", "auto")
@@ -157,7 +162,7 @@ class Taker:
             max_leases_to_steal=w.cfg.max_leases_to_steal,
             rng=w.rng,
             steal_cooldown=w.timing.steal_cooldown,
-            workers=frozenset(self.running) - {w.cfg.worker_id},
+            workers=self._alive - {w.cfg.worker_id},
             cpu=self.cpu,
         )
         if not plan.leases:
@@ -264,7 +269,7 @@ class Taker:
             return 0
         await self._refresh_live()  # a KCL worker takes a released lease sooner than a handed one
         load = {o: n for o, n in self._live.items() if self.kclpy(o)}
-        load |= {o: 0 for o in self.running if o != w.cfg.worker_id and o not in load}
+        load |= {o: 0 for o in self._alive if o != w.cfg.worker_id and o not in load}
         if not load:
             return 0
         begun = 0
@@ -314,6 +319,7 @@ class Taker:
         their lease counts."""
         w = self._w
         scan = self._observer.observe(open_leases, w.clock.monotonic(), w.clock.wall())
+        self._alive = frozenset(self.suspects.targets(scan, self.running))
         self._live = {o: n for o, n in scan.owner_counts.items() if o != w.cfg.worker_id}
         self._ours = {str(x.lease_owner) for x in open_leases if x.write_time is not None}
         return scan

@@ -134,7 +134,6 @@ def test_kill9_during_a_write_then_restart_loses_nothing_and_duplicates_nothing(
         leases = SQLiteLeaseTable(db, namespace=stream).list_leases()
         assert any(x.pending_checkpoint is not None for x in leases)
         assert all(x.checkpoint.is_sentinel for x in leases)  # nothing was checkpointed
-        killed = {x.lease_owner for x in leases} - {None}
 
         second = start_worker(config, out, log, None)
         try:
@@ -157,10 +156,10 @@ def test_kill9_during_a_write_then_restart_loses_nothing_and_duplicates_nothing(
         for lease in leases:
             assert lease.pending_checkpoint is None
             assert lease.checkpoint.sequence_number == max(produced[lease.shard_id], key=int)
-            # Released, or handed over to the killed worker: its status record is still fresh
-            # for two failover times after the kill, so a stop soon after takes it for alive
-            # (the lease then expires with it, as a KCL 3.x handoff to a dead worker does).
-            assert lease.lease_owner is None or lease.lease_owner in killed, lease.lease_owner
+            # Released: the killed worker's status record is still fresh for two failover
+            # times after the kill, but the second worker saw its leases expire, so its stop
+            # hands it nothing (Suspects; it did before, and the lease waited out its expiry).
+            assert lease.lease_owner is None, lease.lease_owner
         text = log.read_text(errors="replace")
         assert "already written; skipped" in text  # the replay was recognised, not rewritten
     finally:

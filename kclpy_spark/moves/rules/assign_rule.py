@@ -65,11 +65,13 @@ def targets_of(scan: ObservedScan, running: Collection[str]) -> list[str]:
 
 
 class Suspects:
-    """The leader's memory of workers that stopped renewing. Once a stalled worker's leases have
-    moved on, no scan shows it stalled any more, yet its status record stays fresh for a while
-    after it died: without this memory it would be given leases again, each of which then waits
-    a lease duration more. A suspect is a target again only once its status record has been
-    written after it was suspected (it runs again), or when its record is gone."""
+    """A worker's memory of the workers that stopped renewing. Once a stalled worker's leases
+    have moved on, no scan shows it stalled any more, yet its status record stays fresh for two
+    lease durations after it died: without this memory a leader would assign it leases again, a
+    stopping worker would hand it its leases, and the take rule would count it in the even share;
+    each lease given to it then waits a lease duration more. A suspect is a target again only
+    once its status record has been written after it was suspected (it runs again), or when its
+    record is gone."""
 
     def __init__(self) -> None:
         self._since: dict[str, float] = {}  # worker -> its status time when suspected

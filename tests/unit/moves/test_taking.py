@@ -322,6 +322,39 @@ def test_a_stopping_worker_hands_its_leases_to_a_worker_that_joined_since_its_la
     assert handed.checkpoint_owner == ME
 
 
+@pytest.mark.parametrize("runs_again", [False, True])
+def test_a_stopping_worker_hands_nothing_to_a_worker_it_saw_stop_renewing(runs_again: bool) -> None:
+    """A worker killed a moment ago keeps a fresh status record for two lease durations after
+    its leases expired and moved on: it holds the fewest leases, yet gets none of ours (each
+    would wait a lease duration more), unless its status is written again (it runs again)."""
+    clock = ManualClock()
+    table = CountingTable(clock)
+    mine = table.take_lease(put(table, "mine"), ME)
+    theirs = table.take_lease(put(table, "theirs"), "killed")
+    live = table.take_lease(put(table, "live"), "peer")
+    assert mine is not None and theirs is not None and live is not None
+    status(table, "killed", clock.wall())
+    w = worker(table, Consumers(), clock)
+    w.holder.add_taken(mine)
+    w.cfg = WorkerConfig(stream_name="s", worker_id=ME, graceful_handoff=True)
+    taker = Taker(w, io)
+    for wait in (11, 0):  # a round, then one 11 s later: "killed" renewed nothing since
+        status(table, "peer", clock.wall())
+        live = table.renew_lease(live)
+        assert live is not None and asyncio.run(taker.scan()) is not None
+        for _ in range(wait):
+            clock.advance(1.0)
+            w.holder.renew_all()  # ours stays held
+    taken = table.take_lease(table.get_lease("theirs"), "peer")  # its lease moved on
+    assert taken is not None
+    status(table, "peer", clock.wall())
+    if runs_again:
+        status(table, "killed", clock.wall())
+    assert asyncio.run(taker.hand_out()) == 1
+    handed = table.get_lease("mine")
+    assert handed is not None and handed.lease_owner == ("killed" if runs_again else "peer")
+
+
 def test_a_stopping_worker_hands_nothing_to_a_kcl_worker_it_releases_for_it() -> None:
     """A live owner without a status record is a KCL worker (kcl-rs took a handed lease only
     after it expired on its own taker's clock, ~40 s): the lease is left to the release."""
@@ -358,14 +391,18 @@ def test_a_failing_scan_before_handing_out_falls_back_on_the_last_rounds_view() 
 
 
 def status(table: MemoryLeaseTable, worker_id: str, updated_at: float, **data: Any) -> None:
+    """Publish (or publish again) ``worker_id``'s status record."""
+    key = coordination.worker_key(worker_id)
+    before = table.get_record(key)
+    version = None if before is None else before.version
     record = CoordinationRecord(
-        coordination.worker_key(worker_id),
+        key,
         worker_id,
-        1,
+        (version or 0) + 1,
         updated_at,
         json.dumps({"updated_at": updated_at, **data}),
     )
-    assert table.put_record(record, None)
+    assert table.put_record(record, version)
 
 
 def lease_election(cfg: WorkerConfig, table: MemoryLeaseTable, clock: ManualClock) -> Any:
@@ -642,3 +679,32 @@ def test_rounds_come_every_renewal_interval_beside_a_worker_whose_writes_carry_n
     expected = w.timing.renew_interval if renew_cadence else w.timing.take_interval
     assert taker.interval() == expected
     assert w.timing.renew_interval < w.timing.take_interval
+
+
+@pytest.mark.parametrize("runs_again", [False, True])
+def test_a_worker_seen_to_stop_renewing_is_not_counted_in_the_share(runs_again: bool) -> None:
+    """Its leases moved on and its status record is still fresh: the never-renewed leases are
+    shared without it (all 10 are ours, not half: "peer" holds more than we do), until its
+    status is written again."""
+    clock = ManualClock()
+    table = MemoryLeaseTable(clock)
+    for i in range(1, 11):
+        put(table, f"s{i:02d}")
+    theirs = table.take_lease(put(table, "s00"), "peer")
+    assert theirs is not None and table.take_lease(put(table, "k"), "killed") is not None
+    status(table, "killed", clock.wall())
+    w = round_worker(table, clock)
+    w.streams = SimpleNamespace(context_of=lambda lease: object())
+    w.cfg = WorkerConfig(stream_name="s", worker_id=ME, lease_assignment="worker")
+    taker = Taker(w, io)
+    for wait in (11.0, 0.0):  # "killed" renews nothing; "peer" writes its status
+        status(table, "peer", clock.wall())
+        theirs = table.renew_lease(theirs)
+        assert theirs is not None and asyncio.run(taker.scan()) is not None
+        clock.advance(wait)
+    taken = table.take_lease(table.get_lease("k"), "peer")
+    assert taken is not None
+    if runs_again:
+        status(table, "killed", clock.wall())
+    asyncio.run(taker.round())
+    assert len(w.consumers) == (5 if runs_again else 10)
