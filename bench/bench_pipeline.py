@@ -17,6 +17,9 @@ pacing at 5 calls a second, 200,000 records/s with 4 shards, as in runs before 2
   before it is still being written);
 * **parquet executors**: the same with ``read_on = "executors"`` (Spark tasks read the leased
   ranges; the daemon plans and acknowledges: its own process's CPU is the last column);
+* **parquet local relation**: the same with Spark's own ``localRelationThreshold`` (48 MB), as
+  before 2026-12-03: each batch's rows became a local relation in the driver JVM (analysed row
+  by row, Java-serialized into the tasks) instead of Arrow data the tasks convert;
 * **parquet 1 writer**, **parquet 2 writers**: the same with ``writers`` set (1: the default
   before 2026-11-28; in the results files of earlier runs, **parquet** is one writer);
 * **remote 1 writer**, **remote 2 writers**: a foreachBatch function standing for a store one
@@ -89,6 +92,7 @@ VARIANTS = (
     "bare",
     "parquet",
     "parquet executors",
+    "parquet local relation",
     "parquet 1 writer",
     "parquet 2 writers",
     "two sinks",
@@ -124,6 +128,11 @@ def config(variant: str, work: Path, endpoint: str, stream: str, target: str) ->
         body = f'[sink]\nsink = "parquet:{out}"\nspark_target = "{target}"\n'
     elif variant == "parquet executors":
         body = f'[sink]\nsink = "parquet:{out}"\nspark_target = "{target}"\nread_on = "executors"\n'
+    elif variant == "parquet local relation":  # Spark's own default: before 2026-12-03
+        body = (
+            f'[sink]\nsink = "parquet:{out}"\nspark_target = "{target}"\n'
+            '[sink.spark_conf]\n"spark.sql.execution.arrow.localRelationThreshold" = "48MB"\n'
+        )
     elif variant.startswith("remote"):
         body = (
             f'[sink]\nsink = "pipeline_app:remote_store"\nspark_target = "{target}"\n'

@@ -24,6 +24,7 @@ import pytest
 
 from checkpoint.stores.dynamo_table import coordination_table_of
 from kclpy_spark.spark import local_fs
+from kclpy_spark.spark.session import CLASSIC_DEFAULTS
 
 REPO = Path(__file__).resolve().parents[1]
 LSCTL = REPO / "localstack" / "lsctl.py"
@@ -179,6 +180,12 @@ def unique_name(request: pytest.FixtureRequest) -> Iterator[str]:
             dynamodb.delete_table(TableName=coordination_table_of(name))
 
 
+_ARROW_THRESHOLD = (
+    "spark.sql.execution.arrow.localRelationThreshold",
+    CLASSIC_DEFAULTS["spark.sql.execution.arrow.localRelationThreshold"],
+)
+
+
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One real ``local[2]`` SparkSession for the whole run (a second one would reuse the JVM)."""
@@ -198,6 +205,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         .config("spark.sql.warehouse.dir", str(warehouse))
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.jars", str(local_fs.JAR))  # as the sink's own local sessions have it
+        .config(*_ARROW_THRESHOLD)  # and their batches' DataFrames
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("WARN")

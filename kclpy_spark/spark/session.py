@@ -59,6 +59,19 @@ CONNECT_DEFAULTS = {"spark.sql.session.localRelationCacheThreshold": str(1024 * 
 # writers Spark skips sorting each task's rows by piece (measured: 1.19 s instead of 1.46 s for
 # 100k rows in 4 pieces; an unpartitioned write of the same rows took 0.95 s).
 SQL_DEFAULTS = {"spark.sql.maxConcurrentOutputFileWriters": "64"}
+# A DataFrame made from Arrow below this many bytes becomes a local relation in the driver JVM:
+# its rows are converted there in one thread, walked by every analyser rule, and Java-serialized
+# into the tasks, one object a row. At 0 the Arrow batches go to the tasks as they are, which
+# convert them in parallel (the same rows and files). Measured on the whole path at 16 shards
+# (bench_pipeline.py, "parquet" against "parquet local relation"): see BENCHMARKS.md.
+CLASSIC_DEFAULTS = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.execution.arrow.localRelationThreshold": "0",
+    "spark.sql.session.timeZone": "UTC",
+    **SQL_DEFAULTS,
+}
 
 
 class TargetKind(enum.StrEnum):
@@ -127,6 +140,19 @@ def find_java() -> str:
                 f"{java} is Java {major}; Spark 4 needs Java {MIN_JAVA}+ (set JAVA_HOME to one)"
             )
     return java
+
+
+def classic_conf(target: SparkTarget, user: Mapping[str, str]) -> dict[str, str]:
+    """The configuration of a session this package starts (not over Connect): its defaults,
+    then the user's ``spark_conf`` over them."""
+    defaults = dict(CLASSIC_DEFAULTS)
+    if target.loopback:
+        defaults["spark.driver.host"] = "127.0.0.1"
+        defaults["spark.driver.bindAddress"] = "127.0.0.1"
+    conf = {**defaults, **user}
+    if target.kind is TargetKind.LOCAL:  # the Parquet sink's writes then fork no chmod (local_fs)
+        conf = local_fs.with_jar(conf)
+    return conf
 
 
 class SparkSessionHolder:
@@ -199,20 +225,8 @@ class SparkSessionHolder:
         find_java()
         if t.loopback:
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        defaults = {
-            "spark.ui.enabled": "false",
-            "spark.ui.showConsoleProgress": "false",
-            "spark.sql.execution.arrow.pyspark.enabled": "true",
-            "spark.sql.session.timeZone": "UTC",
-            **SQL_DEFAULTS,
-        }
-        if t.loopback:
-            defaults["spark.driver.host"] = "127.0.0.1"
-            defaults["spark.driver.bindAddress"] = "127.0.0.1"
         builder = SparkSession.builder.master(t.master).appName(self._app_name)
-        conf = {**defaults, **self._conf}
-        if t.kind is TargetKind.LOCAL:  # the Parquet sink's writes then fork no chmod (local_fs)
-            conf = local_fs.with_jar(conf)
+        conf = classic_conf(t, self._conf)
         for key, value in conf.items():
             builder = builder.config(key, value)
         level, fmt = configured()

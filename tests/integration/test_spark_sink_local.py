@@ -9,14 +9,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from spark_harness import LeaseEnv, make_records, written_numbers
 
 from kclpy_spark.spark.batch_life import Batch
 from kclpy_spark.spark.micro_batcher import BatcherSettings, MicroBatcher
-from kclpy_spark.spark.pieces import Piece
-from kclpy_spark.spark.session import SparkSessionHolder
+from kclpy_spark.spark.pieces import Piece, records_to_chunk
+from kclpy_spark.spark.session import CLASSIC_DEFAULTS, SparkSessionHolder
 from kclpy_spark.spark.sink_batch import FunctionSink, SinkBatch, SinkRoute, current_batch
 from kclpy_spark.spark.sinks import DeadLetterDirectory, DeltaSink, ParquetSink
 
@@ -26,6 +27,27 @@ SHARDS = ("shardId-000000000000", "shardId-000000000001", "shardId-000000000002"
 @pytest.fixture(scope="module")
 def holder(spark: Any) -> SparkSessionHolder:
     return SparkSessionHolder.adopt(spark)
+
+
+def test_a_batch_frame_is_arrow_the_tasks_convert_not_a_local_relation(
+    holder: SparkSessionHolder, spark: Any
+) -> None:
+    """As the sessions the sink starts are set (``CLASSIC_DEFAULTS``, which the fixture's session
+    copies): a batch's DataFrame scans its Arrow data in the tasks, the same rows; with Spark's
+    own threshold it would be a local relation in the driver JVM."""
+    records = make_records(1, 5)
+    table = pa.Table.from_batches([records_to_chunk(records, "s", SHARDS[0]).batch])
+    threshold = "spark.sql.execution.arrow.localRelationThreshold"
+    assert spark.conf.get(threshold) == CLASSIC_DEFAULTS[threshold] == "0"
+    df = holder.to_df(table)
+    assert df._jdf.queryExecution().analyzed().getClass().getSimpleName() == "LogicalRDD"
+    assert sorted(r.data for r in df.select("data").collect()) == [r.binary_data for r in records]
+    spark.conf.set(threshold, "48MB")
+    try:
+        local = holder.to_df(table)._jdf.queryExecution().analyzed()
+        assert local.getClass().getSimpleName() == "LocalRelation"
+    finally:
+        spark.conf.set(threshold, "0")
 
 
 def check_after_each_batch(env: LeaseEnv, out: Path, log: list[str]) -> Any:
