@@ -400,6 +400,7 @@ def main() -> int:
 RATIOS = (  # (label, numerator, denominator, goal)
     ("Parquet sink / consumer alone", "parquet", "consumer", ">= 0.9"),
     ("Parquet sink, read on the executors / on the driver", "parquet executors", "parquet", "-"),
+    ("Parquet sink, Arrow to the tasks / local relation", "parquet", "parquet local relation", "-"),
     ("consumer alone, paced (default) / unpaced", "consumer", "consumer unpaced", "-"),
     ("Parquet sink / bare overlapped pipeline", "parquet", "bare", ">= 1.2"),
     ("Parquet sink, 2 writers / 1 writer", "parquet 2 writers", "parquet 1 writer", "-"),
