@@ -80,7 +80,7 @@ def _entries_decoder() -> Callable[[bytes], tuple[list[Any] | None, bytes]] | No
     except ImportError:
         return None
 
-    class Entry(msgspec.Struct):
+    class Entry(msgspec.Struct, gc=False):  # never in a cycle: the collector skips it
         Data: bytes  # base64 in the JSON, decoded (and checked) by msgspec
         PartitionKey: str
         SequenceNumber: str

@@ -132,16 +132,15 @@ def test_msgspec_decodes_the_data_as_it_parses() -> None:
     assert page_decode.DECODER == "msgspec"
     _, fast = _both(BODIES["binary, not UTF-8"])
     record = fast["Records"][0]
-    assert record._binary == bytes(range(256)) and record._b64 is None
+    assert record.binary_data == bytes(range(256))
 
 
-def test_without_msgspec_record_data_stays_base64_until_first_use(
+def test_without_msgspecs_parse_record_data_is_decoded_from_base64(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(page_decode, "_entries", None)  # msgspec not importable
     standard, fast = _both(BODIES["binary, not UTF-8"])
     record = fast["Records"][0]
-    assert record._binary is None  # not decoded yet
     assert record.binary_data == bytes(range(256))
     assert compare_parses(standard, fast) is None
 
