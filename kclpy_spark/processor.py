@@ -79,7 +79,8 @@ class Record(msgspec.Struct, frozen=True, gc=False):
     Python's cyclic collector never tracks a record (a msgspec struct with ``gc=False``: it holds
     only bytes, text and numbers, so it can be in no reference cycle). A worker keeps up to
     ``prefetch_batches`` pages of records per shard waiting, and a collector walking them all
-    (about a million at 24 shards) took close to half the daemon's CPU (BENCHMARKS.md).
+    (about a million at 24 shards) took close to half the daemon's CPU (BENCHMARKS.md). A
+    subclass inherits that: it must hold no list, dict or object that could lead back to it.
     """
 
     binary_data: bytes

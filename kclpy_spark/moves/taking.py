@@ -268,7 +268,7 @@ class Taker:
         if not w.cfg.graceful_handoff or w.caught_up is not None or not w.holder.held():
             return 0
         await self._refresh_live()  # a KCL worker takes a released lease sooner than a handed one
-        load = {o: n for o, n in self._live.items() if self.kclpy(o)}
+        load = {o: n for o, n in self._live.items() if self.kclpy(o) and o not in self.suspects}
         load |= {o: 0 for o in self._alive if o != w.cfg.worker_id and o not in load}
         if not load:
             return 0

@@ -3,19 +3,19 @@ fast decode (``fastdecode.py`` installs it inside botocore and checks it against
 
 With msgspec (a dependency), one pass in C parses the body, checks each record's types and turns
 its base64 data into bytes: ~0.4 us a record of 200 B, where orjson's parse alone took ~0.7 us
-(its data then base64 until first use, ~0.6 us more to decode it in Python). The other
-top-level members (``OTHER_MEMBERS``: botocore's model has no more; the self-check refuses a
-model with more) are kept as raw JSON and put together as the rest for botocore to parse. Without
-msgspec importable, the standard json module parses and the data stays base64 until first use.
+(its data then base64, ~0.6 us more to decode it in Python). The other top-level members
+(``OTHER_MEMBERS``: botocore's model has no more; the self-check refuses a model with more) are
+kept as raw JSON and put together as the rest for botocore to parse. A body msgspec's typed parse
+refuses goes to botocore alone.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import operator
 from collections.abc import Callable, Iterable
 from typing import Any
+
+import msgspec
 
 from kclpy_spark.processor import Record
 
@@ -46,39 +46,8 @@ def arrival_millis(value: float | None) -> int:
     return int(micros / 1_000_000 * 1000)
 
 
-_DATA, _KEY = operator.itemgetter("Data"), operator.itemgetter("PartitionKey")
-
-
-def decode_records(raw: list[dict[str, Any]]) -> FastRecords:
-    """Records from the JSON body's ``Records`` entries (dicts); data stays base64 until first
-    use."""
-    make = Record.from_base64
-    convert = arrival_millis
-    records = FastRecords()
-    append = records.append
-    # Records put together arrive together: neighbours often share a timestamp, and converting
-    # one is the dearest step here (~0.6 us), so a run of equal values is converted once.
-    last: float | None = None
-    millis = 0
-    for r in raw:
-        seconds = r.get("ApproximateArrivalTimestamp")
-        if seconds != last or seconds is None:
-            last = seconds
-            millis = convert(seconds)
-        append(make(r["Data"], r["PartitionKey"], r["SequenceNumber"], 0, millis))
-    # For page_bytes, in C loops (a third of the cost of a Python one): base64 characters are
-    # 3/4 of a byte each; partition keys in UTF-8.
-    b64 = sum(map(len, map(_DATA, raw)))
-    records.data_bytes = b64 * 3 // 4 + len("".join(map(_KEY, raw)).encode())
-    return records
-
-
-def _entries_decoder() -> Callable[[bytes], tuple[list[Any] | None, bytes]] | None:
+def _entries_decoder() -> Callable[[bytes], tuple[list[Any] | None, bytes]]:
     """msgspec's typed decoder of a body -> (its record entries or None, the rest as JSON)."""
-    try:
-        import msgspec
-    except ImportError:
-        return None
 
     class Entry(msgspec.Struct, gc=False):  # never in a cycle: the collector skips it
         Data: bytes  # base64 in the JSON, decoded (and checked) by msgspec
@@ -124,18 +93,12 @@ def _records_of_entries(entries: Iterable[Any]) -> FastRecords:
 
 
 _entries = _entries_decoder()
-DECODER = "msgspec" if _entries is not None else "json"
+DECODER = "msgspec"
 
 
 def decode_page(body: bytes) -> tuple[FastRecords, bytes] | None:
     """A GetRecords body's records and the rest of the body (JSON); None if it has no
     ``Records`` list or msgspec refuses its shape (botocore then parses that body). Raises for a
     body that is no JSON at all."""
-    if _entries is not None:
-        entries, rest = _entries(body)
-        return None if entries is None else (_records_of_entries(entries), rest)
-    parsed = json.loads(body)
-    if not isinstance(parsed, dict) or not isinstance(parsed.get("Records"), list):
-        return None
-    records = decode_records(parsed.pop("Records"))
-    return records, json.dumps(parsed, separators=(",", ":")).encode("utf-8")
+    entries, rest = _entries(body)
+    return None if entries is None else (_records_of_entries(entries), rest)

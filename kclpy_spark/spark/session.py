@@ -298,7 +298,11 @@ class SparkSessionHolder:
             self.jvm_garbage.before_frame(int(table.nbytes))
         if self.heap is not None:
             self.heap.maybe_read()
-        return self.parse(self.session().createDataFrame(table), table.column_names)
+        # One Arrow batch is one task (and one file a piece) once batches go to the tasks as
+        # Arrow (CLASSIC_DEFAULTS): a batch of many small pages would make as many tiny tasks.
+        # Combined, PySpark slices it by spark.sql.execution.arrow.maxRecordsPerBatch instead.
+        frame = self.session().createDataFrame(table.combine_chunks())
+        return self.parse(frame, table.column_names)
 
     def parse(self, df: Any, columns: list[str] | None = None) -> Any:
         """``df`` (the record columns, maybe more: ``columns``, or asked of ``df``) with ``data``

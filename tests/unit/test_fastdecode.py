@@ -135,16 +135,6 @@ def test_msgspec_decodes_the_data_as_it_parses() -> None:
     assert record.binary_data == bytes(range(256))
 
 
-def test_without_msgspecs_parse_record_data_is_decoded_from_base64(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(page_decode, "_entries", None)  # msgspec not importable
-    standard, fast = _both(BODIES["binary, not UTF-8"])
-    record = fast["Records"][0]
-    assert record.binary_data == bytes(range(256))
-    assert compare_parses(standard, fast) is None
-
-
 def test_a_body_msgspec_refuses_goes_to_botocore_alone() -> None:
     # Base64 with a line break (botocore accepts it) or not base64 at all: that body is
     # botocore's to parse, and the fast path stays on for the next one.

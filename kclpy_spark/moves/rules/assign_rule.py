@@ -75,10 +75,15 @@ class Suspects:
 
     def __init__(self) -> None:
         self._since: dict[str, float] = {}  # worker -> its status time when suspected
+        self._stalled: set[str] = set()  # stalled in the last scan shown
+
+    def __contains__(self, worker: object) -> bool:
+        """Suspected, or stalled in the last scan shown (a lease of it expired there)."""
+        return worker in self._since or worker in self._stalled
 
     def targets(self, scan: ObservedScan, running: Mapping[str, float]) -> list[str]:
         """``running``: worker -> the time its status record was written."""
-        now_stalled = stalled(scan)
+        now_stalled = self._stalled = stalled(scan)
         for worker in now_stalled:
             if worker in running:
                 self._since[worker] = max(running[worker], self._since.get(worker, running[worker]))

@@ -355,6 +355,37 @@ def test_a_stopping_worker_hands_nothing_to_a_worker_it_saw_stop_renewing(runs_a
     assert handed is not None and handed.lease_owner == ("killed" if runs_again else "peer")
 
 
+def test_a_stopping_worker_hands_nothing_to_a_worker_with_a_lease_expired_in_its_scan() -> None:
+    """Killed between two renewals: one of its leases shows expired, the other not yet; it still
+    holds fewer leases than the live peer, yet gets none of ours."""
+    clock = ManualClock()
+    table = CountingTable(clock)
+    mine = table.take_lease(put(table, "mine"), ME)
+    live = [table.take_lease(put(table, f"live{i}"), "peer") for i in range(2)]
+    first = table.take_lease(put(table, "first"), "killed")
+    assert mine is not None and first is not None and None not in live
+    status(table, "killed", clock.wall())
+    w = worker(table, Consumers(), clock)
+    w.holder.add_taken(mine)
+    w.cfg = WorkerConfig(stream_name="s", worker_id=ME, graceful_handoff=True)
+    taker = Taker(w, io)
+    assert asyncio.run(taker.scan()) is not None
+    for _ in range(6):
+        clock.advance(1.0)
+        w.holder.renew_all()
+    assert table.take_lease(put(table, "second"), "killed") is not None  # then it was killed
+    for _ in range(5):
+        clock.advance(1.0)
+        w.holder.renew_all()
+    for i in range(2):
+        lease = table.get_lease(f"live{i}")
+        assert lease is not None and table.renew_lease(lease) is not None
+    status(table, "peer", clock.wall())
+    assert asyncio.run(taker.hand_out()) == 1
+    handed = table.get_lease("mine")
+    assert handed is not None and handed.lease_owner == "peer"
+
+
 def test_a_stopping_worker_hands_nothing_to_a_kcl_worker_it_releases_for_it() -> None:
     """A live owner without a status record is a KCL worker (kcl-rs took a handed lease only
     after it expired on its own taker's clock, ~40 s): the lease is left to the release."""
