@@ -155,6 +155,21 @@ def classic_conf(target: SparkTarget, user: Mapping[str, str]) -> dict[str, str]
     return conf
 
 
+# Spark's spark.sql.execution.arrow.maxRecordsPerBatch, by which PySpark slices a table (half).
+SMALL_CHUNK_ROWS = 5_000
+
+
+def _fewer_chunks(table: Any) -> Any:
+    """``table`` with its chunks combined when they are small on average: once batches go to the
+    tasks as Arrow (CLASSIC_DEFAULTS), one Arrow batch is one task and one file a piece, so a
+    batch of many small pages would make as many tiny tasks. Full pages (the usual chunk while
+    catching up) are left as they are: combining copies every byte."""
+    chunks = table.column(0).num_chunks if table.num_columns else 0
+    if chunks > 1 and table.num_rows < SMALL_CHUNK_ROWS * chunks:
+        return table.combine_chunks()
+    return table
+
+
 class SparkSessionHolder:
     """The sink's SparkSession, built on first use; also builds the batch DataFrames (decoding
     the payload when a value schema is set) and cancels writes by job tag."""
@@ -298,10 +313,7 @@ class SparkSessionHolder:
             self.jvm_garbage.before_frame(int(table.nbytes))
         if self.heap is not None:
             self.heap.maybe_read()
-        # One Arrow batch is one task (and one file a piece) once batches go to the tasks as
-        # Arrow (CLASSIC_DEFAULTS): a batch of many small pages would make as many tiny tasks.
-        # Combined, PySpark slices it by spark.sql.execution.arrow.maxRecordsPerBatch instead.
-        frame = self.session().createDataFrame(table.combine_chunks())
+        frame = self.session().createDataFrame(_fewer_chunks(table))
         return self.parse(frame, table.column_names)
 
     def parse(self, df: Any, columns: list[str] | None = None) -> Any:

@@ -44,6 +44,8 @@ def test_a_batch_frame_is_arrow_the_tasks_convert_not_a_local_relation(
     assert sorted(r.data for r in df.select("data").collect()) == [r.binary_data for r in records]
     pages = pa.Table.from_batches([records_to_chunk([r], "s", SHARDS[0]).batch for r in records])
     assert holder.to_df(pages).rdd.getNumPartitions() == 1  # not a task per page
+    full = [records_to_chunk(make_records(1, 6_000), "s", s).batch for s in SHARDS[:2]]
+    assert holder.to_df(pa.Table.from_batches(full)).rdd.getNumPartitions() == 2  # left as is
     spark.conf.set(threshold, "48MB")
     try:
         local = holder.to_df(table)._jdf.queryExecution().analyzed()
