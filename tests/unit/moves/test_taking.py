@@ -322,6 +322,21 @@ def test_a_stopping_worker_hands_its_leases_to_a_worker_that_joined_since_its_la
     assert handed.checkpoint_owner == ME
 
 
+def stopping(table: CountingTable, clock: ManualClock, mine: Lease) -> tuple[Any, Taker]:
+    """A worker holding ``mine``, with graceful handoffs, and its taker."""
+    w = worker(table, Consumers(), clock)
+    w.holder.add_taken(mine)
+    w.cfg = WorkerConfig(stream_name="s", worker_id=ME, graceful_handoff=True)
+    return w, Taker(w, io)
+
+
+def tick(w: Any, clock: ManualClock, seconds: int) -> None:
+    """``seconds`` pass, our holder renewing what it holds as they do."""
+    for _ in range(seconds):
+        clock.advance(1.0)
+        w.holder.renew_all()
+
+
 @pytest.mark.parametrize("runs_again", [False, True])
 def test_a_stopping_worker_hands_nothing_to_a_worker_it_saw_stop_renewing(runs_again: bool) -> None:
     """A worker killed a moment ago keeps a fresh status record for two lease durations after
@@ -334,17 +349,12 @@ def test_a_stopping_worker_hands_nothing_to_a_worker_it_saw_stop_renewing(runs_a
     live = table.take_lease(put(table, "live"), "peer")
     assert mine is not None and theirs is not None and live is not None
     status(table, "killed", clock.wall())
-    w = worker(table, Consumers(), clock)
-    w.holder.add_taken(mine)
-    w.cfg = WorkerConfig(stream_name="s", worker_id=ME, graceful_handoff=True)
-    taker = Taker(w, io)
+    w, taker = stopping(table, clock, mine)
     for wait in (11, 0):  # a round, then one 11 s later: "killed" renewed nothing since
         status(table, "peer", clock.wall())
         live = table.renew_lease(live)
         assert live is not None and asyncio.run(taker.scan()) is not None
-        for _ in range(wait):
-            clock.advance(1.0)
-            w.holder.renew_all()  # ours stays held
+        tick(w, clock, wait)
     taken = table.take_lease(table.get_lease("theirs"), "peer")  # its lease moved on
     assert taken is not None
     status(table, "peer", clock.wall())
@@ -365,18 +375,11 @@ def test_a_stopping_worker_hands_nothing_to_a_worker_with_a_lease_expired_in_its
     first = table.take_lease(put(table, "first"), "killed")
     assert mine is not None and first is not None and None not in live
     status(table, "killed", clock.wall())
-    w = worker(table, Consumers(), clock)
-    w.holder.add_taken(mine)
-    w.cfg = WorkerConfig(stream_name="s", worker_id=ME, graceful_handoff=True)
-    taker = Taker(w, io)
+    w, taker = stopping(table, clock, mine)
     assert asyncio.run(taker.scan()) is not None
-    for _ in range(6):
-        clock.advance(1.0)
-        w.holder.renew_all()
+    tick(w, clock, 6)
     assert table.take_lease(put(table, "second"), "killed") is not None  # then it was killed
-    for _ in range(5):
-        clock.advance(1.0)
-        w.holder.renew_all()
+    tick(w, clock, 5)
     for i in range(2):
         lease = table.get_lease(f"live{i}")
         assert lease is not None and table.renew_lease(lease) is not None
