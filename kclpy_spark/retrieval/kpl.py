@@ -337,7 +337,7 @@ def deaggregate(
     counters = counters if counters is not None else KplCounters()
     out: list[Record] = []
     for record in records:
-        if record.head(4) != MAGIC:  # no full base64 decode of plain records
+        if record.head(4) != MAGIC:  # a plain record
             out.append(record)
             continue
         try:

@@ -256,8 +256,9 @@ def _tune_gc() -> None:
     Everything imported at start-up is moved out of the collector's sight (``gc.freeze``), and the
     youngest generation is collected every 10,000 allocations instead of 700: a consumer allocates
     a few objects per record and keeps batches in its prefetch queues, and full collections that
-    walk all of them measured about 2 us per record (bench/results/consumer.md). Reference
-    counting still frees almost everything at once; only cycles wait a little longer.
+    walk all of them measured about 2 us per record (bench/results/consumer.md; the records
+    themselves are untracked now, ``processor.Record``). Reference counting still frees almost
+    everything at once; only cycles wait a little longer.
     """
     gc.collect()
     gc.freeze()
