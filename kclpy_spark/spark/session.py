@@ -155,7 +155,7 @@ def classic_conf(target: SparkTarget, user: Mapping[str, str]) -> dict[str, str]
     return conf
 
 
-# Spark's spark.sql.execution.arrow.maxRecordsPerBatch, by which PySpark slices a table (half).
+# Half of spark.sql.execution.arrow.maxRecordsPerBatch (10,000), by which PySpark slices a table.
 SMALL_CHUNK_ROWS = 5_000
 
 
