@@ -55,7 +55,6 @@ class Taker:
         # Workers seen to stop renewing whose status has not been written since (dead, or
         # stalled): never handed a lease, nor counted in our share, until it is.
         self.suspects = Suspects()
-        self._alive: frozenset[str] = frozenset()  # running, minus the suspects of the last scan
         self.cpu = FleetCpu({})  # their CPU figures (the load rule's), from the same scan
         self.hint = AssignmentHint()
         led = worker.cfg.lease_assignment in ("leader", "auto")
@@ -162,7 +161,7 @@ class Taker:
             max_leases_to_steal=w.cfg.max_leases_to_steal,
             rng=w.rng,
             steal_cooldown=w.timing.steal_cooldown,
-            workers=self._alive - {w.cfg.worker_id},
+            workers=self._trusted() - {w.cfg.worker_id},
             cpu=self.cpu,
         )
         if not plan.leases:
@@ -269,7 +268,7 @@ class Taker:
             return 0
         await self._refresh_live()  # a KCL worker takes a released lease sooner than a handed one
         load = {o: n for o, n in self._live.items() if self.kclpy(o) and o not in self.suspects}
-        load |= {o: 0 for o in self._alive if o != w.cfg.worker_id and o not in load}
+        load |= {o: 0 for o in self._trusted() if o != w.cfg.worker_id and o not in load}
         if not load:
             return 0
         begun = 0
@@ -319,10 +318,14 @@ class Taker:
         their lease counts."""
         w = self._w
         scan = self._observer.observe(open_leases, w.clock.monotonic(), w.clock.wall())
-        self._alive = frozenset(self.suspects.targets(scan, self.running))
+        self.suspects.observe(scan, self.running)
         self._live = {o: n for o, n in scan.owner_counts.items() if o != w.cfg.worker_id}
         self._ours = {str(x.lease_owner) for x in open_leases if x.write_time is not None}
         return scan
+
+    def _trusted(self) -> frozenset[str]:
+        """The running workers (status records, KCL metrics entities) not suspected."""
+        return frozenset(o for o in self.running if o not in self.suspects)
 
     def kclpy(self, owner: str | None) -> bool:
         """A worker that follows hand-offs: ours (a status record, or our stores' stamp on its

@@ -81,14 +81,19 @@ class Suspects:
         """Suspected, or stalled in the last scan shown (a lease of it expired there)."""
         return worker in self._since or worker in self._stalled
 
-    def targets(self, scan: ObservedScan, running: Mapping[str, float]) -> list[str]:
-        """``running``: worker -> the time its status record was written."""
+    def observe(self, scan: ObservedScan, running: Mapping[str, float]) -> None:
+        """Remember who ``scan`` shows stalled; ``running``: worker -> the time its status
+        record was written."""
         now_stalled = self._stalled = stalled(scan)
         for worker in now_stalled:
             if worker in running:
                 self._since[worker] = max(running[worker], self._since.get(worker, running[worker]))
         self._since = {w: t for w, t in self._since.items() if w in running and running[w] <= t}
-        return sorted(set(running) - now_stalled - set(self._since))
+
+    def targets(self, scan: ObservedScan, running: Mapping[str, float]) -> list[str]:
+        """The ``running`` workers not suspected after ``scan`` (``observe``), sorted."""
+        self.observe(scan, running)
+        return sorted(w for w in running if w not in self)
 
 
 def plan_assignments(
