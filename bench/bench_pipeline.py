@@ -104,8 +104,13 @@ VARIANTS = (
     "parquet parallelgc",
     "parquet serialgc",
 )
-# The driver JVM's collector for the "parquet ...gc" variants (G1 is the JVM's default).
-GC_FLAGS = {"parquet parallelgc": "-XX:+UseParallelGC", "parquet serialgc": "-XX:+UseSerialGC"}
+# The Parquet sink with one Spark setting changed: the driver JVM's collector for the "parquet
+# ...gc" variants (G1 is the JVM's default); Spark's own local-relation threshold.
+SPARK_CONF = {
+    "parquet parallelgc": ("spark.driver.extraJavaOptions", "-XX:+UseParallelGC"),
+    "parquet serialgc": ("spark.driver.extraJavaOptions", "-XX:+UseSerialGC"),
+    "parquet local relation": ("spark.sql.execution.arrow.localRelationThreshold", "48MB"),
+}
 CLI = [sys.executable, "-m", "kclpy_spark.cli"]
 
 
@@ -128,11 +133,6 @@ def config(variant: str, work: Path, endpoint: str, stream: str, target: str) ->
         body = f'[sink]\nsink = "parquet:{out}"\nspark_target = "{target}"\n'
     elif variant == "parquet executors":
         body = f'[sink]\nsink = "parquet:{out}"\nspark_target = "{target}"\nread_on = "executors"\n'
-    elif variant == "parquet local relation":  # Spark's own default: before 2026-12-03
-        body = (
-            f'[sink]\nsink = "parquet:{out}"\nspark_target = "{target}"\n'
-            '[sink.spark_conf]\n"spark.sql.execution.arrow.localRelationThreshold" = "48MB"\n'
-        )
     elif variant.startswith("remote"):
         body = (
             f'[sink]\nsink = "pipeline_app:remote_store"\nspark_target = "{target}"\n'
@@ -140,10 +140,11 @@ def config(variant: str, work: Path, endpoint: str, stream: str, target: str) ->
         )
         if variant.endswith("unpipelined"):
             body += "batches_in_flight = 1\n"
-    elif variant in GC_FLAGS:
+    elif variant in SPARK_CONF:
+        key, value = SPARK_CONF[variant]
         body = (
             f'[sink]\nsink = "parquet:{out}"\nspark_target = "{target}"\n'
-            f'[sink.spark_conf]\n"spark.driver.extraJavaOptions" = "{GC_FLAGS[variant]}"\n'
+            f'[sink.spark_conf]\n"{key}" = "{value}"\n'
         )
     elif variant.startswith("parquet "):  # parquet 1 writer, parquet 2 writers
         writers = variant.split()[1]
