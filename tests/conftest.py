@@ -23,8 +23,7 @@ from typing import Any
 import pytest
 
 from checkpoint.stores.dynamo_table import coordination_table_of
-from kclpy_spark.spark import local_fs
-from kclpy_spark.spark.session import CLASSIC_DEFAULTS
+from kclpy_spark.spark.session import SparkTarget, classic_conf
 
 REPO = Path(__file__).resolve().parents[1]
 LSCTL = REPO / "localstack" / "lsctl.py"
@@ -180,12 +179,6 @@ def unique_name(request: pytest.FixtureRequest) -> Iterator[str]:
             dynamodb.delete_table(TableName=coordination_table_of(name))
 
 
-_ARROW_THRESHOLD = (
-    "spark.sql.execution.arrow.localRelationThreshold",
-    CLASSIC_DEFAULTS["spark.sql.execution.arrow.localRelationThreshold"],
-)
-
-
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One real ``local[2]`` SparkSession for the whole run (a second one would reuse the JVM)."""
@@ -195,19 +188,12 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from pyspark.sql import SparkSession
 
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("kclpy-spark-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.warehouse.dir", str(warehouse))
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.jars", str(local_fs.JAR))  # as the sink's own local sessions have it
-        .config(*_ARROW_THRESHOLD)  # and their batches' DataFrames
-        .getOrCreate()
-    )
+    builder = SparkSession.builder.master("local[2]").appName("kclpy-spark-tests")
+    # Configured as the sink's own local sessions are (the no-chmod jar, Arrow to the tasks, ...).
+    extra = {"spark.sql.shuffle.partitions": "2", "spark.sql.warehouse.dir": str(warehouse)}
+    for key, value in classic_conf(SparkTarget.parse("local[2]"), extra).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     try:
         yield session
