@@ -115,7 +115,7 @@ CLI = [sys.executable, "-m", "kclpy_spark.cli"]
 
 
 def _app(variant: str, stream: str, work: Path) -> str:
-    return f"{stream}-{variant.replace(' ', '-')}-{work.name}"
+    return f"{stream}-{variant.replace(' ', '-').replace('=', '-')}-{work.name}"
 
 
 def config(variant: str, work: Path, endpoint: str, stream: str, target: str) -> Path:
@@ -131,8 +131,9 @@ def config(variant: str, work: Path, endpoint: str, stream: str, target: str) ->
         body = 'max_read_bytes_per_second = 0\nprocessor = "pipeline_app:Noop"\n'
     elif variant == "parquet":
         body = f'[sink]\nsink = "parquet:{out}"\nspark_target = "{target}"\n'
-    elif variant == "parquet executors":
+    elif variant.startswith("parquet executors"):  # parquet executors [max_records=N ...]
         body = f'[sink]\nsink = "parquet:{out}"\nspark_target = "{target}"\nread_on = "executors"\n'
+        body += "".join(f"{w.replace('=', ' = ')}\n" for w in variant.split()[2:])
     elif variant.startswith("remote"):
         body = (
             f'[sink]\nsink = "pipeline_app:remote_store"\nspark_target = "{target}"\n'
@@ -378,7 +379,8 @@ def main() -> int:
     parser.add_argument("--results", default="pipeline.md", help="file name in bench/results")
     args = parser.parse_args()
     chosen = [v.strip() for v in args.variants.split(",")] if args.variants else list(VARIANTS)
-    unknown = set(chosen) - set(VARIANTS)
+    # "parquet executors" may carry [sink] settings: "parquet executors max_records=320000"
+    unknown = {v for v in chosen if " ".join(v.split()[:2]) != "parquet executors"} - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     CACHE.mkdir(parents=True, exist_ok=True)

@@ -80,12 +80,18 @@ class RangeRead:
         return self.stored.drop(LEASE_COLUMN)
 
     def stored_of(self, lease_keys: Collection[str]) -> Any:
-        """The stored rows of some ranges, ``LEASE_COLUMN`` included (all of them: no filter)."""
-        from pyspark.sql import functions as F
-
+        """The stored rows of some ranges, ``LEASE_COLUMN`` included (all of them: no filter).
+        The filter is SQL text: one call to the JVM, where a column of literals was one call
+        per lease (``sql_string``)."""
         if set(lease_keys) >= set(self.ends):
             return self.stored
-        return self.stored.where(F.col(LEASE_COLUMN).isin(sorted(lease_keys)))
+        keys = ", ".join(sql_string(k) for k in sorted(lease_keys))
+        return self.stored.where(f"{LEASE_COLUMN} IN ({keys})")
+
+
+def sql_string(text: str) -> str:
+    """``text`` as a Spark SQL string literal (a backslash escapes in Spark SQL's literals)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 class StoredReads:

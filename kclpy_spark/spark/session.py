@@ -64,8 +64,14 @@ SQL_DEFAULTS = {"spark.sql.maxConcurrentOutputFileWriters": "64"}
 # into the tasks, one object a row. At 0 the Arrow batches go to the tasks as they are, which
 # convert them in parallel (the same rows and files). Measured on the whole path at 16 shards
 # (bench_pipeline.py, "parquet" against "parquet local relation"): see BENCHMARKS.md.
+# PySpark 4 records the Python call site of every Column function (F.col, F.lit, F.expr, ...) in
+# the driver JVM for its error messages: about ten more calls to the JVM per function, each tens
+# of microseconds of the driver's Python, on every batch and read job. The DataFrames this package
+# builds are its own; a user's foreachBatch function can turn it on again in ``spark_conf``.
+DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
 CLASSIC_DEFAULTS = {
     "spark.ui.enabled": "false",
+    DEBUGGING: "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.execution.arrow.localRelationThreshold": "0",

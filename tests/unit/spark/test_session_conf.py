@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kclpy_spark.spark import local_fs
-from kclpy_spark.spark.session import SparkTarget, classic_conf
+from kclpy_spark.spark.session import DEBUGGING, SparkTarget, classic_conf
 
 THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
 
@@ -17,3 +17,8 @@ def test_batches_go_to_the_tasks_as_arrow_unless_the_user_says_otherwise() -> No
     cluster = classic_conf(SparkTarget.parse("spark://10.0.0.5:7077"), {THRESHOLD: "48MB"})
     assert cluster[THRESHOLD] == "48MB"
     assert "spark.driver.host" not in cluster and "spark.jars" not in cluster
+
+
+def test_column_call_sites_are_not_recorded_unless_the_user_says_so() -> None:
+    assert classic_conf(SparkTarget.parse("local[2]"), {})[DEBUGGING] == "false"
+    assert classic_conf(SparkTarget.parse("local[2]"), {DEBUGGING: "true"})[DEBUGGING] == "true"

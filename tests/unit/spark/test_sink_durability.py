@@ -1,6 +1,7 @@
 """Published data is durable before its checkpoint moves (issue 14, finding 9): the Parquet sink
-fsyncs a piece's files and folder before renaming it into place and the parent after; the
-dead-letter writer fsyncs its file and folder; staging folders of crashed writers are removed.
+fsyncs a piece's files and folder before renaming it into place and the sink's folder after the
+batch's renames; the dead-letter writer fsyncs its file and folder; staging folders of crashed
+writers are removed.
 
 The fsync calls are recorded by wrapping the sink's own fsync helper (the real fsync still runs):
 a power cut cannot be staged in a test, the order of the calls that survive one can."""
@@ -44,21 +45,30 @@ def synced(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Path]]:
     return calls
 
 
-def test_a_piece_is_fsynced_before_its_rename_and_the_rename_after(
+def test_each_piece_is_fsynced_before_its_rename_and_the_renames_after(
     tmp_path: Path, synced: list[tuple[str, Path]]
 ) -> None:
     sink = ParquetSink(tmp_path / "out")
-    src = tmp_path / "out" / "_staging" / "b1" / "kcl_piece_index=0"
-    src.mkdir(parents=True)
-    for name in ("part-0.parquet", "part-1.parquet"):
-        (src / name).write_bytes(b"data")
-    dst = tmp_path / "out" / "kcl_piece=p1"
-    sink._publish(src, dst)
-    rename_at = synced.index(("rename", dst))
-    before = {path.name for kind, path in synced[:rename_at] if kind == "fsync"}
-    assert {"part-0.parquet", "part-1.parquet", "kcl_piece_index=0"} <= before
-    assert synced[rename_at + 1 :] == [("fsync", dst.parent)]
-    assert sorted(p.name for p in dst.iterdir()) == ["part-0.parquet", "part-1.parquet"]
+    moves = []
+    for i in range(3):
+        src = tmp_path / "out" / "_staging" / "b1" / f"kcl_piece_index={i}"
+        src.mkdir(parents=True)
+        for name in (f"part-0-{i}.parquet", f"part-1-{i}.parquet"):
+            (src / name).write_bytes(b"data")
+        moves.append((src, tmp_path / "out" / f"kcl_piece=p{i}"))
+    sink._publish(moves)
+    for i, (_, dst) in enumerate(moves):
+        rename_at = synced.index(("rename", dst))
+        before = {path.name for kind, path in synced[:rename_at] if kind == "fsync"}
+        assert {f"part-0-{i}.parquet", f"part-1-{i}.parquet", f"kcl_piece_index={i}"} <= before
+        assert sorted(p.name for p in dst.iterdir()) == [
+            f"part-0-{i}.parquet",
+            f"part-1-{i}.parquet",
+        ]
+    # The renames are made durable together, once, after the last of them.
+    last_rename = max(synced.index(("rename", dst)) for _, dst in moves)
+    assert synced[last_rename + 1 :] == [("fsync", tmp_path / "out")]
+    assert synced.count(("fsync", tmp_path / "out")) == 1  # not once a piece
 
 
 def test_a_dead_letter_file_and_its_folder_are_fsynced(
