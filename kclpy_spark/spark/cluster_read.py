@@ -165,8 +165,6 @@ def read_ranges(
     ``partitions`` tasks (default: one per core of the cluster, at most one per range; a task
     reads its ranges side by side); with ``stored_reads``, the read's stored rows are freed once
     the returned read is garbage."""
-    from pyspark.sql import functions as F
-
     keys = [r.lease_key for r in ranges]
     if not ranges or len(set(keys)) != len(keys):
         raise ValueError(f"one range per lease, at least one: {keys!r}")
@@ -188,10 +186,11 @@ def read_ranges(
         stored = planned.localCheckpoint(eager=sc is None, storageLevel=_stored_level())
         jrdd = _stored_rdd(stored)
         with _job_tag(sc) as tag:
-            rows = stored.where(F.col(END_COLUMN).isNotNull()).select(END_COLUMN).collect()
+            # SQL text, whole rows: each Column function or column list is more calls to the JVM.
+            rows = stored.where(f"{END_COLUMN} IS NOT NULL").collect()
         if sc is not None and len(sc._jsc.sc().statusTracker().getJobIdsForTag(tag)) > 1:
             raise RuntimeError("a partition of the read was computed again (an executor lost?)")
-        ends = {e.lease_key: e for e in (RangeEnd.from_json(row[0]) for row in rows)}
+        ends = {e.lease_key: e for e in (RangeEnd.from_json(row[END_COLUMN]) for row in rows)}
         if set(ends) != set(keys):
             raise RuntimeError(f"the read job returned ends for {sorted(ends)}, not {sorted(keys)}")
     except BaseException:
@@ -202,7 +201,7 @@ def read_ranges(
     finally:
         if described:
             sc.setJobDescription(None)
-    read = RangeRead(stored.where(F.col(END_COLUMN).isNull()).drop(END_COLUMN), ends)
+    read = RangeRead(stored.where(f"{END_COLUMN} IS NULL").drop(END_COLUMN), ends)
     if stored_reads is not None and jrdd is not None:
         stored_reads.track(read, jrdd)
     return read
