@@ -62,23 +62,25 @@ class ExecutorFrames:
         for chunk in self._chunks:
             if chunk.lease_key in wanted:
                 by_read.setdefault(id(chunk.read), (chunk.read, []))[1].append(chunk.lease_key)
-        frames = []
-        # A row's piece by its lease: one map lookup a row (a CASE WHEN per piece grew with the
-        # leases of a batch). A lease has one piece in a batch; were there two, the last wins.
-        # The map is SQL text, parsed on the JVM: a map of literal columns was two calls to the
-        # JVM per lease and read, ~240 for a batch of 24 leases.
-        indexes = {p.lease_key: i for i, p in enumerate(pieces)}
-        for read, keys in by_read.values():
-            df = read.stored_of(keys)
-            if index_column is not None:
-                entries = ", ".join(f"{sql_string(k)}, {indexes[k]}" for k in keys)
-                df = df.withColumn(index_column, F.expr(f"map({entries})[{LEASE_COLUMN}]"))
-            frames.append(df.drop(LEASE_COLUMN))
-        if not frames:
+        if not by_read:
             raise ValueError("no records of these pieces in this batch")
+        # Each read filtered to its leases of this batch, then one union: the index and the
+        # dropped lease column are added once, not once a read (each is calls to the JVM, and a
+        # batch unions every read its pieces came from).
+        frames = [read.stored_of(keys) for read, keys in by_read.values()]
         out = frames[0]
         for more in frames[1:]:
             out = out.unionByName(more)
+        if index_column is not None:
+            # A row's piece by its lease: one map lookup a row (a CASE WHEN per piece grew with
+            # the leases of a batch). A lease has one piece in a batch; were there two, the last
+            # wins. The map is SQL text, parsed on the JVM: a map of literal columns was two
+            # calls to the JVM per lease and read, ~240 for a batch of 24 leases.
+            indexes = {p.lease_key: i for i, p in enumerate(pieces)}
+            found = {k for _, keys in by_read.values() for k in keys}
+            entries = ", ".join(f"{sql_string(k)}, {i}" for k, i in indexes.items() if k in found)
+            out = out.withColumn(index_column, F.expr(f"map({entries})[{LEASE_COLUMN}]"))
+        out = out.drop(LEASE_COLUMN)
         return self._parse(out) if parsed else out
 
     def arrow(self, pieces: Sequence[Piece]) -> Any:
