@@ -17,6 +17,8 @@ pacing at 5 calls a second, 200,000 records/s with 4 shards, as in runs before 2
   before it is still being written);
 * **parquet executors**: the same with ``read_on = "executors"`` (Spark tasks read the leased
   ranges; the daemon plans and acknowledges: its own process's CPU is the last column);
+  ``key=value`` words after it are more ``[sink]`` settings
+  (``parquet executors max_records=320000``);
 * **parquet local relation**: the same with Spark's own ``localRelationThreshold`` (48 MB), as
   before 2026-12-03: each batch's rows became a local relation in the driver JVM (analysed row
   by row, Java-serialized into the tasks) instead of Arrow data the tasks convert;
@@ -380,7 +382,8 @@ def main() -> int:
     args = parser.parse_args()
     chosen = [v.strip() for v in args.variants.split(",")] if args.variants else list(VARIANTS)
     # "parquet executors" may carry [sink] settings: "parquet executors max_records=320000"
-    unknown = {v for v in chosen if " ".join(v.split()[:2]) != "parquet executors"} - set(VARIANTS)
+    unknown = {v for v in chosen if " ".join(v.split()[:2]) != "parquet executors"
+               or not all("=" in w for w in v.split()[2:])} - set(VARIANTS)  # fmt: skip
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     CACHE.mkdir(parents=True, exist_ok=True)

@@ -59,16 +59,16 @@ CONNECT_DEFAULTS = {"spark.sql.session.localRelationCacheThreshold": str(1024 * 
 # writers Spark skips sorting each task's rows by piece (measured: 1.19 s instead of 1.46 s for
 # 100k rows in 4 pieces; an unpartitioned write of the same rows took 0.95 s).
 SQL_DEFAULTS = {"spark.sql.maxConcurrentOutputFileWriters": "64"}
+# PySpark 4 records the Python call site of every Column function (F.col, F.lit, F.expr, ...) in
+# the driver JVM for its error messages: about ten more calls to the JVM per function, each tens
+# of microseconds of the driver's Python, on every batch and read job. The DataFrames this package
+# builds are its own; ``[sink.spark_conf]`` can turn it on for a foreachBatch function's errors.
+DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
 # A DataFrame made from Arrow below this many bytes becomes a local relation in the driver JVM:
 # its rows are converted there in one thread, walked by every analyser rule, and Java-serialized
 # into the tasks, one object a row. At 0 the Arrow batches go to the tasks as they are, which
 # convert them in parallel (the same rows and files). Measured on the whole path at 16 shards
 # (bench_pipeline.py, "parquet" against "parquet local relation"): see BENCHMARKS.md.
-# PySpark 4 records the Python call site of every Column function (F.col, F.lit, F.expr, ...) in
-# the driver JVM for its error messages: about ten more calls to the JVM per function, each tens
-# of microseconds of the driver's Python, on every batch and read job. The DataFrames this package
-# builds are its own; a user's foreachBatch function can turn it on again in ``spark_conf``.
-DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
 CLASSIC_DEFAULTS = {
     "spark.ui.enabled": "false",
     DEBUGGING: "false",
