@@ -77,8 +77,7 @@ class ExecutorFrames:
             # wins. The map is SQL text, parsed on the JVM: a map of literal columns was two
             # calls to the JVM per lease and read, ~240 for a batch of 24 leases.
             indexes = {p.lease_key: i for i, p in enumerate(pieces)}
-            found = {k for _, keys in by_read.values() for k in keys}
-            entries = ", ".join(f"{sql_string(k)}, {i}" for k, i in indexes.items() if k in found)
+            entries = ", ".join(f"{sql_string(k)}, {i}" for k, i in indexes.items())
             out = out.withColumn(index_column, F.expr(f"map({entries})[{LEASE_COLUMN}]"))
         out = out.drop(LEASE_COLUMN)
         return self._parse(out) if parsed else out
