@@ -33,10 +33,14 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from kclpy_spark.spark.pieces import SCHEMA, records_to_chunk
 from kclpy_spark.spark.ranges import RangeEnd, ReadRange
+from kclpy_spark.spark.sql_text import sql_string
 
 END_COLUMN = "kclpy_spark_range_end"
 LEASE_COLUMN = "kclpy_spark_lease"  # which lease a record row belongs to (dropped before sinks)
 MAX_CLIENTS = 4  # Kinesis clients one Python worker keeps (one per region and endpoint in use)
+# The read's own columns beside a record's: its lease, and its end (null in a record's row).
+# Whoever takes the records drops both in one call (a drop is several calls to the JVM).
+READ_COLUMNS = (LEASE_COLUMN, END_COLUMN)
 GRACE_SECONDS = 60.0  # beyond a range's own time budget, before its task gives up on the read
 READS_AT_ONCE = 8  # ranges one task reads side by side (what it holds: that many ranges' records)
 
@@ -69,7 +73,8 @@ class AwsTarget:
 @dataclass(frozen=True)
 class RangeRead:
     """One read of some ranges: the records (a DataFrame stored on the executors: the record
-    columns and ``LEASE_COLUMN``) and each range's end, by lease key."""
+    columns and ``READ_COLUMNS``, which a user of the records drops) and each range's end, by
+    lease key."""
 
     stored: Any
     ends: dict[str, RangeEnd]
@@ -77,21 +82,16 @@ class RangeRead:
     @property
     def records(self) -> Any:
         """The record columns of every range."""
-        return self.stored.drop(LEASE_COLUMN)
+        return self.stored.drop(*READ_COLUMNS)
 
     def stored_of(self, lease_keys: Collection[str]) -> Any:
-        """The stored rows of some ranges, ``LEASE_COLUMN`` included (all of them: no filter).
+        """The stored rows of some ranges, ``READ_COLUMNS`` included (all of them: no filter).
         The filter is SQL text: one call to the JVM, where a column of literals was one call
         per lease (``sql_string``)."""
         if set(lease_keys) >= set(self.ends):
             return self.stored
         keys = ", ".join(sql_string(k) for k in sorted(lease_keys))
         return self.stored.where(f"{LEASE_COLUMN} IN ({keys})")
-
-
-def sql_string(text: str) -> str:
-    """``text`` as a Spark SQL string literal (a backslash escapes in Spark SQL's literals)."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 class StoredReads:
@@ -178,7 +178,7 @@ def read_ranges(
     jrdd = None
     try:
         parts = max(1, min(n, partitions or _cores(session) or n))
-        planned = session.range(0, n, 1, parts).mapInArrow(reads, OUTPUT_DDL)
+        planned = session.range(0, n, 1, parts).mapInArrow(reads, _output_type())
         # Classic: stored by the job that collects the ends (one job), which must then be the only
         # one: Spark computes again a partition whose block went missing before the job ended
         # (an executor lost), reading Kinesis again, and those rows could go past the ends.
@@ -201,10 +201,19 @@ def read_ranges(
     finally:
         if described:
             sc.setJobDescription(None)
-    read = RangeRead(stored.where(f"{END_COLUMN} IS NULL").drop(END_COLUMN), ends)
+    read = RangeRead(stored.where(f"{END_COLUMN} IS NULL"), ends)
     if stored_reads is not None and jrdd is not None:
         stored_reads.track(read, jrdd)
     return read
+
+
+@functools.cache
+def _output_type() -> Any:
+    """``OUTPUT_DDL`` as PySpark's type, made in Python: given as text, every read job would
+    have the JVM parse it (three calls to the JVM)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(OUTPUT_SCHEMA)
 
 
 def default_parallelism(session: Any) -> int:

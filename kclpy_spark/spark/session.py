@@ -64,6 +64,13 @@ SQL_DEFAULTS = {"spark.sql.maxConcurrentOutputFileWriters": "64"}
 # of microseconds of the driver's Python, on every batch and read job. The DataFrames this package
 # builds are its own; ``[sink.spark_conf]`` can turn it on for a foreachBatch function's errors.
 DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
+# What Spark serializes records and blocks with. Reading on the executors stores each read's rows
+# serialized until its sinks wrote them (cluster_read.py): with Java's serialization, writing and
+# reading them back were a fifth of the JVM's CPU at 24 shards (JFR); with Kryo 0.95x the JVM's
+# CPU per record on the whole path, the driver path unchanged (BENCHMARKS.md). A foreachBatch
+# function's own RDD jobs use it too; ``[sink.spark_conf]`` can set Java's back.
+SERIALIZER = "spark.serializer"
+KRYO = "org.apache.spark.serializer.KryoSerializer"
 # A DataFrame made from Arrow below this many bytes becomes a local relation in the driver JVM:
 # its rows are converted there in one thread, walked by every analyser rule, and Java-serialized
 # into the tasks, one object a row. At 0 the Arrow batches go to the tasks as they are, which
@@ -72,6 +79,7 @@ DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
 CLASSIC_DEFAULTS = {
     "spark.ui.enabled": "false",
     DEBUGGING: "false",
+    SERIALIZER: KRYO,
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.execution.arrow.localRelationThreshold": "0",

@@ -12,9 +12,17 @@ import time
 from typing import Any
 
 import pytest
+from jvm_calls import jvm_calls
 
 from checkpoint.sequence import ExtendedSequenceNumber
-from kclpy_spark.spark.cluster_read import AwsTarget, RangeRead, StoredReads, read_ranges
+from kclpy_spark.spark.cluster_read import (
+    OUTPUT_DDL,
+    AwsTarget,
+    RangeRead,
+    StoredReads,
+    _output_type,
+    read_ranges,
+)
 from kclpy_spark.spark.ranges import RangeEnd, ReadRange, next_range
 
 REGION = "us-east-1"
@@ -266,3 +274,37 @@ def test_one_task_reads_several_ranges_side_by_side_each_failing_alone(
     by_shard = {s: [r for r in rows_of(together) if r[0] == s] for s in shards}
     assert by_shard[shards[0]] == [r for r in rows_of(apart) if r[0] == shards[0]]
     assert together.ends[shards[2]].error is not None and by_shard[shards[2]] == []
+
+
+def test_a_read_jobs_calls_to_the_jvm_do_not_grow_with_its_ranges(
+    spark: Any, kinesis_client: Any, unique_name: str, aws: AwsTarget
+) -> None:
+    """Each call to the driver's JVM costs its Python tens of microseconds, every read round:
+    the read's type is given made (not as text for the JVM to parse) and the records' two extra
+    columns are dropped by their user in one call (63 calls a read before)."""
+    make_stream(kinesis_client, unique_name, shards=3)
+    put(kinesis_client, unique_name, 0, 6)
+    shards = [f"shardId-00000000000{i}" for i in range(3)]
+
+    def calls(ranges: list[ReadRange]) -> tuple[int, RangeRead]:
+        with jvm_calls(spark) as count:
+            read = read_ranges(spark, ranges, aws)
+        return count[0], read
+
+    calls([rng(unique_name)])  # warm: PySpark looks some JVM classes up once
+    one, _ = calls([rng(unique_name)])
+    three, read = calls([rng(unique_name, s) for s in shards])
+    assert sum(e.rows for e in read.ends.values()) == 6
+    assert (
+        read.records.columns
+        == read.stored.columns[:-2]
+        == spark.createDataFrame([], OUTPUT_DDL).columns[:-2]
+    )
+    assert one == three <= 56
+
+
+def test_the_read_jobs_type_is_its_ddls(spark: Any) -> None:
+    """``_output_type`` (made in Python) is the type the JVM parses ``OUTPUT_DDL`` into."""
+    from pyspark.sql.types import _parse_datatype_string
+
+    assert _output_type() == _parse_datatype_string(OUTPUT_DDL)

@@ -6,18 +6,18 @@ tens of microseconds; a column of literals was two calls per lease and read)."""
 
 from __future__ import annotations
 
-import gc
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
+from jvm_calls import jvm_calls
+
 from checkpoint.sequence import ExtendedSequenceNumber as ESN
-from kclpy_spark.spark.cluster_read import END_COLUMN, OUTPUT_DDL, RangeRead, sql_string
+from kclpy_spark.spark.cluster_read import END_COLUMN, OUTPUT_DDL, RangeRead
 from kclpy_spark.spark.frames import ExecutorFrames, RangeChunk
 from kclpy_spark.spark.pieces import Piece, PieceKey
 from kclpy_spark.spark.ranges import RangeEnd
 from kclpy_spark.spark.session import DEBUGGING
+from kclpy_spark.spark.sql_text import sql_name, sql_string
 
 INDEX = "piece_index"
 
@@ -30,7 +30,7 @@ def stored_read(spark: Any, rows: dict[str, int]) -> RangeRead:
         for key, count in rows.items()
         for n in range(1, count + 1)
     ]
-    stored = spark.createDataFrame(data, OUTPUT_DDL).drop(END_COLUMN).localCheckpoint()
+    stored = spark.createDataFrame(data, OUTPUT_DDL).localCheckpoint()  # ends: none
     ends = {
         key: RangeEnd(key, ESN("1"), ESN(str(count)), count, count) for key, count in rows.items()
     }
@@ -48,31 +48,6 @@ def piece(key: str) -> Piece:
     return Piece(PieceKey(key, ESN("1"), ESN("2")), f"shard-{key}", 1)
 
 
-@contextmanager
-def jvm_calls(spark: Any) -> Iterator[list[int]]:
-    """Counts the commands this thread sends to the driver's JVM inside the block. Python's
-    collector is off meanwhile: it would free earlier objects' JVM twins there, a command each."""
-    client = spark.sparkContext._gateway._gateway_client
-    count = [0]
-    real = client.send_command
-    gc.collect()
-    gc.disable()
-
-    me = threading.get_ident()
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        if threading.get_ident() == me:  # not another test's threads still at work
-            count[0] += 1
-        return real(*args, **kwargs)
-
-    client.send_command = counted
-    try:
-        yield count
-    finally:
-        del client.send_command  # the class's method again
-        gc.enable()
-
-
 def test_a_frame_holds_its_pieces_rows_with_their_index_and_no_other_lease(spark: Any) -> None:
     odd = "it's a \\ key"  # a quote and a backslash: the SQL text quotes them
     first = stored_read(spark, {"a": 2, "b": 3, odd: 1})
@@ -82,7 +57,7 @@ def test_a_frame_holds_its_pieces_rows_with_their_index_and_no_other_lease(spark
     df = ExecutorFrames(chunks, lambda d: d).frame(pieces, index_column=INDEX)
     got = sorted((bytes(r["data"]).decode(), r[INDEX]) for r in df.collect())
     assert got == [("a/1", 2), ("a/2", 2), ("c/1", 0), ("c/2", 0), (f"{odd}/1", 1)]
-    assert "kclpy_spark_lease" not in df.columns
+    assert "kclpy_spark_lease" not in df.columns and END_COLUMN not in df.columns
     plain = ExecutorFrames(chunks, lambda d: d).frame([piece("b")])
     assert sorted(bytes(r["data"]) for r in plain.collect()) == [b"b/1", b"b/2", b"b/3"]
     assert plain.columns == df.columns[:-1]
@@ -127,5 +102,10 @@ def test_a_column_function_is_one_call_without_its_call_site_recorded(spark: Any
 
 
 def test_sql_strings_quote_what_spark_sql_would_read_otherwise(spark: Any) -> None:
-    for text in ("plain", "it's", "back\\slash", "\\'", "", "100%_x"):
+    for text in ("plain", "it's", "back\\slash", "\\'", "", "100%_x", "two\nlines", '"q"'):
         assert spark.sql(f"SELECT {sql_string(text)} AS v").first()["v"] == text
+
+
+def test_sql_names_quote_any_column_name(spark: Any) -> None:
+    for name in ("plain", "we`ird", "a.b", "sp ace", "``"):
+        assert spark.sql(f"SELECT 1 AS {sql_name(name)}").columns == [name]

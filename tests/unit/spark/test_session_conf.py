@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kclpy_spark.spark import local_fs
-from kclpy_spark.spark.session import DEBUGGING, SparkTarget, classic_conf
+from kclpy_spark.spark.session import DEBUGGING, KRYO, SERIALIZER, SparkTarget, classic_conf
 
 THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
 
@@ -22,3 +22,9 @@ def test_batches_go_to_the_tasks_as_arrow_unless_the_user_says_otherwise() -> No
 def test_column_call_sites_are_not_recorded_unless_the_user_says_so() -> None:
     assert classic_conf(SparkTarget.parse("local[2]"), {})[DEBUGGING] == "false"
     assert classic_conf(SparkTarget.parse("local[2]"), {DEBUGGING: "true"})[DEBUGGING] == "true"
+
+
+def test_records_are_serialized_with_kryo_unless_the_user_says_otherwise() -> None:
+    assert classic_conf(SparkTarget.parse("local[2]"), {})[SERIALIZER] == KRYO
+    java = "org.apache.spark.serializer.JavaSerializer"
+    assert classic_conf(SparkTarget.parse("spark://h:7077"), {SERIALIZER: java})[SERIALIZER] == java

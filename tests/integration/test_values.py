@@ -1,0 +1,46 @@
+"""``values.with_values`` on real local Spark, beyond the JSON cases the sink tests cover: field
+names SQL would read otherwise, and a number of calls to the driver's JVM per batch that does not
+grow by more than one per field (each call is tens of microseconds of the driver's Python)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jvm_calls import jvm_calls
+
+from kclpy_spark.spark.values import value_fields, with_values
+
+RECORD_DDL = (
+    "stream string, shard_id string, sequence_number string, sub_sequence_number bigint, "
+    "partition_key string, approximate_arrival_timestamp timestamp, data binary"
+)
+
+
+def records(spark: Any, payloads: list[bytes]) -> Any:
+    rows = [("s", "sh", str(i), 0, "pk", None, p) for i, p in enumerate(payloads)]
+    return spark.createDataFrame(rows, RECORD_DDL)
+
+
+def test_field_names_with_backticks_dots_and_spaces_are_parsed_and_checked(spark: Any) -> None:
+    schema = "`we``ird.f` INT, `sp ace` STRING"
+    df = records(spark, [b'{"we`ird.f": 3, "sp ace": "x"}', b'{"we`ird.f": 4}'])
+    out = with_values(df, schema)
+    assert out.columns[-3:] == ["we`ird.f", "sp ace", "unparsed_data"]
+    got = sorted((r["we`ird.f"], r["sp ace"], r["unparsed_data"]) for r in out.collect())
+    assert got == [(3, "x", None), (4, None, bytearray(b'{"we`ird.f": 4}'))]  # a key missing
+
+
+def test_a_batchs_calls_to_the_jvm_grow_by_one_a_field_at_most(spark: Any) -> None:
+    df = records(spark, [b'{"a": 1}'])
+    columns = df.columns
+
+    def calls(schema: str) -> int:
+        fields = value_fields(df, schema)
+        with_values(df, schema, columns=columns, fields=fields, check_clash=False)  # warm
+        with jvm_calls(spark) as count:
+            with_values(df, schema, columns=columns, fields=fields, check_clash=False)
+        return count[0]
+
+    one = calls("a INT")
+    six = calls("a INT, b INT, c INT, d INT, e INT, f INT")
+    assert one <= 30 and six - one <= 5  # Column functions: ~190 calls for three fields
