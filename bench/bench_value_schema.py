@@ -8,7 +8,11 @@ Side by side in one local SparkSession, alternated, on the same Arrow table of J
   second one of the text wrapped in an array, and a key check).
 
 Each round writes the DataFrame to Spark's ``noop`` sink (every row parsed, nothing stored) and
-times it; the report is the median seconds and the ratio, and the rows a second.
+times it; the report is the median seconds and the ratio, and the rows a second. It also reports
+what building each DataFrame costs the driver's Python (process CPU, median of ``--builds``
+builds, no action): the sink pays it once a batch. The session is configured as the sessions
+the sink starts (``session.classic_conf``). Run it with ``PYTHONPATH`` at another checkout to
+measure that checkout's ``values.py``.
 
     .venv/bin/python bench/bench_value_schema.py [--rows 500000] [--rounds 5]
 """
@@ -57,20 +61,20 @@ def main() -> None:
     args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     args.add_argument("--rows", type=int, default=500_000)
     args.add_argument("--rounds", type=int, default=5)
+    args.add_argument("--builds", type=int, default=200)
     args.add_argument("--no-write", action="store_true")
     opts = args.parse_args()
 
     from pyspark.sql import SparkSession
 
+    from kclpy_spark.spark.session import SparkTarget, classic_conf
     from kclpy_spark.spark.values import parse_values, value_fields
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
+    builder = SparkSession.builder.master("local[2]")
+    conf = classic_conf(SparkTarget.parse("local[2]"), {"spark.sql.shuffle.partitions": "2"})
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     df = spark.createDataFrame(table(opts.rows)).cache()
     df.count()
     fields = value_fields(df, SCHEMA)
@@ -79,8 +83,14 @@ def main() -> None:
         "parse_values": lambda: parse_values(df, SCHEMA, fields, ["shard_id"]),
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
+    builds: dict[str, list[float]] = {name: [] for name in variants}
     for make in variants.values():  # warm-up: code generation, caches
         make().write.format("noop").mode("overwrite").save()
+    for _ in range(opts.builds):
+        for name, make in variants.items():
+            started = time.process_time()
+            make()
+            builds[name].append(time.process_time() - started)
     for _ in range(opts.rounds):
         for name, make in variants.items():
             started = time.perf_counter()
@@ -93,13 +103,15 @@ def main() -> None:
         f"{opts.rows:,} JSON records of 4 fields, local[2], {opts.rounds} rounds alternated, "
         "medians (Spark's `noop` sink: every row parsed):",
         "",
-        "| parse | seconds | rows/s | vs from_json |",
-        "|---|---|---|---|",
+        "| parse | seconds | rows/s | vs from_json | driver CPU to build it, ms |",
+        "|---|---|---|---|---|",
     ]
     for name, values in times.items():
         median = statistics.median(values)
+        build = 1e3 * statistics.median(builds[name])
         lines.append(
-            f"| `{name}` | {median:.2f} | {opts.rows / median:,.0f} | {median / base:.2f}x |"
+            f"| `{name}` | {median:.2f} | {opts.rows / median:,.0f} | {median / base:.2f}x "
+            f"| {build:.2f} |"
         )
     report = "\n".join(lines) + "\n"
     print(report)

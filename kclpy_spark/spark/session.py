@@ -65,10 +65,11 @@ SQL_DEFAULTS = {"spark.sql.maxConcurrentOutputFileWriters": "64"}
 # builds are its own; ``[sink.spark_conf]`` can turn it on for a foreachBatch function's errors.
 DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
 # What Spark serializes records and blocks with. Reading on the executors stores each read's rows
-# serialized until its sinks wrote them (cluster_read.py): with Java's serialization, writing and
-# reading them back were a fifth of the JVM's CPU at 24 shards (JFR); with Kryo 0.95x the JVM's
-# CPU per record on the whole path, the driver path unchanged (BENCHMARKS.md). A foreachBatch
-# function's own RDD jobs use it too; ``[sink.spark_conf]`` can set Java's back.
+# serialized until its sinks wrote them (cluster_read.py): Java's serialization of them, and
+# reading them back, were a fifth of the JVM's samples at 24 shards (JFR), Kryo's half that; the
+# whole path 0.96x the JVM's CPU per record (median of 5 pairs), the driver path unchanged
+# (bench/results/kryo-fewer-calls.md). A foreachBatch function's own RDD jobs use it too;
+# ``[sink.spark_conf]`` can set Java's back.
 SERIALIZER = "spark.serializer"
 KRYO = "org.apache.spark.serializer.KryoSerializer"
 # A DataFrame made from Arrow below this many bytes becomes a local relation in the driver JVM:
