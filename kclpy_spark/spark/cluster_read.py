@@ -181,7 +181,8 @@ def read_ranges(
         # The ranges travel in the function's closure, so PySpark makes a Python UDF each round
         # (~30 calls to the JVM). Given as SQL literals to one UDF made once, they would stay in
         # each execution's plan description, which Spark keeps for its last 1,000 executions
-        # (~350 KB each at 1,000 leases); as job properties, in every event log line of the job.
+        # (~450 KB each at 1,000 leases: a range is ~450 bytes of JSON); as job properties, in
+        # every event log line of the job.
         planned = session.range(0, n, 1, parts).mapInArrow(reads, _output_type())
         # Classic: stored by the job that collects the ends (one job), which must then be the only
         # one: Spark computes again a partition whose block went missing before the job ended
