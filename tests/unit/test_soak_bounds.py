@@ -60,3 +60,27 @@ def test_without_leases_held_the_processor_pool_has_its_size_for_bound() -> None
     row = _row(0, 0, 100)
     del row["leases_held"]
     assert bench_soak.pool_bounds([row], "b1", 5.0)[2] == []
+
+
+def _stored(t: float, value: float) -> dict[str, Any]:
+    return {"t": t, "worker": "a", "pid": 7, "leases_held": 2.0,
+            "sink_executor_reads_stored": value}  # fmt: skip
+
+
+def test_stored_reads_that_cycle_with_the_collector_are_judged_by_their_peaks_over_quarters() -> (
+    None
+):
+    # A sawtooth of 20 samples (0 to 19) with a higher peak every 100 (at 95, 195, 295, 395):
+    # the tenth after warm-up (samples 60-93) misses the one the last tenth holds (395), each
+    # quarter holds one.
+    rows = [_stored(5.0 * i, 25.0 if i % 100 == 95 else float(i % 20)) for i in range(400)]
+    g = bench_soak.growth(rows, "a", "sink_executor_reads_stored", 0.15)
+    assert g is not None and g[2] == 0.0
+    equal = bench_soak.growth_at_equal_leases(rows, "a", "sink_executor_reads_stored", 0.15)
+    assert equal is not None and equal[2] == 0.0
+
+
+def test_stored_reads_whose_peaks_grow_are_a_growth() -> None:
+    rows = [_stored(5.0 * i, float(i % 20) * (1 + i / 400)) for i in range(400)]
+    g = bench_soak.growth(rows, "a", "sink_executor_reads_stored", 0.15)
+    assert g is not None and g[2] > 0.3
