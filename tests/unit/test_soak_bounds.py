@@ -1,5 +1,6 @@
 """The soak benchmark's judgement of threads: each pool within the limit it exports, the processor
-pool within the leases held in the time its idle threads live (``bench/bench_soak.py``)."""
+pool within the leases held in the time its idle threads live; and of counts that rise and fall
+with Python's collector, by their peaks over quarters of the run (``bench/bench_soak.py``)."""
 
 from __future__ import annotations
 
