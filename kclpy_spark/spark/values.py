@@ -91,9 +91,14 @@ def parse_values(df: Any, value_schema: str, fields: Sequence[str], keep: Sequen
     tail = sql_string(f'\n,{{"{END}":""}}]')
     wrapped = f"from_json(concat('[', {text}, {tail}), {sql_string(WRAPPED_TYPE)})"
     kept = [sql_name(c) for c in keep]
-    exact = exactly_filled(wrapped, fields)
-    staged = df.selectExpr(*kept, f"{parsed} AS __value", "data AS __raw", f"{exact} AS __exact")
-    unparsed = f"__value.{sql_name(CORRUPT)} IS NOT NULL OR NOT __exact"
+    # The wrapped parse once, as a column the checks then read (in one projection its text would
+    # be written once per check).
+    staged = df.selectExpr(
+        *kept, f"{parsed} AS __value", "data AS __raw", f"{wrapped} AS __wrapped"
+    )
+    unparsed = (
+        f"__value.{sql_name(CORRUPT)} IS NOT NULL OR NOT {exactly_filled('__wrapped', fields)}"
+    )
     return staged.selectExpr(
         *kept,
         *(f"__value.{sql_name(f)} AS {sql_name(f)}" for f in fields),
