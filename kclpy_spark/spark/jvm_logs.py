@@ -20,8 +20,16 @@ from pathlib import Path
 # The daemon's level -> Spark's.
 LEVELS = {"DEBUG": "INFO", "INFO": "WARN", "WARNING": "WARN", "ERROR": "ERROR",
           "CRITICAL": "FATAL"}  # fmt: skip
-# Lines that say nothing a user can act on: the native-Hadoop notice, the shutdown hook's list.
-QUIET = ("org.apache.hadoop.util.NativeCodeLoader", "org.apache.spark.util.ShutdownHookManager")
+# Lines that say nothing a user can act on: the native-Hadoop notice, the shutdown hook's list,
+# and Parquet's memory manager, which warns at every writer opened or closed once 8 or more are
+# open in one JVM (128 MiB row groups each would not fit a 1 GiB heap) and shrinks their row
+# groups: a batch of many pieces is written with a writer a piece open at once (session.py's
+# SQL_DEFAULTS), each piece far smaller than a row group (~2 lines a second at 24 shards).
+QUIET = (
+    "org.apache.hadoop.util.NativeCodeLoader",
+    "org.apache.spark.util.ShutdownHookManager",
+    "org.apache.parquet.hadoop.MemoryManager",
+)
 
 _TEXT = "%d{yyyy-MM-dd HH:mm:ss,SSS} %-7p spark.%c{1}: %m%n%ex"
 _JSON = (

@@ -10,6 +10,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,9 @@ def _job(config: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def _config(tmp_path: Path, name: str, endpoint: str) -> tuple[Path, Path]:
+def _config(
+    tmp_path: Path, name: str, endpoint: str, max_records: int = 120, target: str = "local[2]"
+) -> tuple[Path, Path]:
     config = tmp_path / "sink.toml"
     parquet = tmp_path / "parquet"
     config.write_text(f"""
@@ -39,9 +42,9 @@ shard_sync_interval = 1.0
 parent_shard_poll_interval = 0.5
 [sink]
 sink = "parquet:{parquet}"
-spark_target = "local[2]"
+spark_target = "{target}"
 max_wait = 1.0
-max_records = 120
+max_records = {max_records}
 read_on = "executors"
 [sink.spark_conf]
 "spark.sql.shuffle.partitions" = "1"
@@ -82,6 +85,32 @@ def test_a_job_reading_on_the_executors_writes_every_record_once(
     # Freeing a read's stored rows logs nothing: Spark's RDD.unpersist warns of every local
     # checkpoint, which was a line per read job, several a second for as long as the daemon ran.
     assert "locally checkpointed" not in result.stderr
+
+
+def test_a_batch_of_many_pieces_is_written_without_parquets_memory_warnings(
+    kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    # A batch of several leases is written with a Parquet writer a piece open at once in each
+    # task (session.SQL_DEFAULTS). From 8 open writers in one JVM, Parquet's memory manager
+    # warned at every writer opened or closed (jvm_logs.QUIET). One core: a write is one task.
+    kinesis_client.create_stream(StreamName=unique_name, ShardCount=20)
+    wait_active(kinesis_client, unique_name)
+    produce(kinesis_client, unique_name, range(4000))
+    config, parquet = _config(
+        tmp_path, unique_name, localstack_endpoint, max_records=100_000, target="local[1]"
+    )
+    result = _job(config, tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert _written(parquet) == list(range(4000)), "every record once"
+    assert max(_pieces_a_batch(parquet)) >= 8, "no batch held enough pieces to show it"
+    assert "Total allocation exceeds" not in result.stderr
+
+
+def _pieces_a_batch(parquet: Path) -> list[int]:
+    """How many pieces each write held: a piece's files are named by the Spark write job that
+    made them (``part-NNNNN-<job's uuid>.c000...``)."""
+    writes = Counter(f.name.split("-", 2)[2][:36] for f in parquet.glob("*/part-*.parquet"))
+    return list(writes.values())
 
 
 def test_a_resharded_stream_read_on_the_executors_parents_first(

@@ -27,6 +27,7 @@ def test_the_text_format_matches_the_daemons_and_quiets_the_noise() -> None:
     assert "%d{yyyy-MM-dd HH:mm:ss,SSS} %-7p spark.%c{1}: %m%n" in text  # logs.TEXT_FORMAT's shape
     assert "rootLogger.level = WARN" in text and "logger.repl.level = WARN" in text
     assert "org.apache.hadoop.util.NativeCodeLoader" in text
+    assert "logger.quiet2.name = org.apache.parquet.hadoop.MemoryManager" in text
     assert "TaskSetManager" not in text  # on a cluster a large task costs network: kept
     assert "org.apache.spark.scheduler.TaskSetManager" in log4j2_properties("INFO", "text",
                                                                             local=True)  # fmt: skip
