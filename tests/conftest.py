@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from checkpoint.stores.dynamo_table import coordination_table_of
+from kclpy_spark.spark.py4j_args import pass_plain_arguments
 from kclpy_spark.spark.session import SparkTarget, classic_conf
 
 REPO = Path(__file__).resolve().parents[1]
@@ -194,6 +195,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     for key, value in classic_conf(SparkTarget.parse("local[2]"), extra).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
+    pass_plain_arguments()  # as the sink's own sessions do
     session.sparkContext.setLogLevel("WARN")
     try:
         yield session

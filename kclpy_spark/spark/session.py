@@ -38,6 +38,7 @@ from kclpy_spark.spark import local_fs
 from kclpy_spark.spark.jvm_garbage import JvmGarbage
 from kclpy_spark.spark.jvm_heap import HeapFigures, HeapSampler, read_heap
 from kclpy_spark.spark.jvm_logs import jvm_logging, spark_level
+from kclpy_spark.spark.py4j_args import pass_plain_arguments
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +229,8 @@ class SparkSessionHolder:
         holder = cls(target, **kwargs)
         holder._session = session
         holder._owned = False
+        if not remote:
+            pass_plain_arguments()
         return holder
 
     # --- the session -----------------------------------------------------------------------------
@@ -253,6 +256,7 @@ class SparkSessionHolder:
             log.info("Spark Connect session to %s", t.master)
             return session
         find_java()
+        pass_plain_arguments()  # every call to the JVM from here on: less of the driver's CPU
         if t.loopback:
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = SparkSession.builder.master(t.master).appName(self._app_name)
