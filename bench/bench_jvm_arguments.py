@@ -28,7 +28,7 @@ def _read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 
 def operations(spark: Any) -> list[tuple[str, Callable[[], Any]]]:
-    from kclpy_spark.spark.cluster_read import READ_COLUMNS, _output_type
+    from kclpy_spark.spark.cluster_read import _output_type, without_read_columns
     from kclpy_spark.spark.sinks import WRITE_OPTIONS
 
     sb = spark.sparkContext._jvm.java.lang.StringBuilder()
@@ -41,7 +41,7 @@ def operations(spark: Any) -> list[tuple[str, Callable[[], Any]]]:
 
         out = stored.where(f"kclpy_spark_lease IN ({keys})")
         out = out.withColumn("piece", F.expr(f"map({entries})[kclpy_spark_lease]"))
-        return out.drop(*READ_COLUMNS)
+        return without_read_columns(out)  # as frames.py does
 
     framed = frame()
     return [

@@ -55,7 +55,7 @@ class ExecutorFrames:
         ``index_column``, each row also carries its piece's index in ``pieces``."""
         from pyspark.sql import functions as F
 
-        from kclpy_spark.spark.cluster_read import LEASE_COLUMN, READ_COLUMNS
+        from kclpy_spark.spark.cluster_read import LEASE_COLUMN, without_read_columns
         from kclpy_spark.spark.sql_text import sql_string
 
         wanted = {p.lease_key for p in pieces}
@@ -80,7 +80,7 @@ class ExecutorFrames:
             indexes = {p.lease_key: i for i, p in enumerate(pieces)}
             entries = ", ".join(f"{sql_string(k)}, {i}" for k, i in indexes.items())
             out = out.withColumn(index_column, F.expr(f"map({entries})[{LEASE_COLUMN}]"))
-        out = out.drop(*READ_COLUMNS)
+        out = without_read_columns(out)
         return self._parse(out) if parsed else out
 
     def arrow(self, pieces: Sequence[Piece]) -> Any:

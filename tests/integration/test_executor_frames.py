@@ -75,7 +75,8 @@ def test_a_frames_calls_to_the_jvm_do_not_grow_with_its_leases(spark: Any) -> No
         return count[0]
 
     few = calls(4, 2)
-    assert few == calls(40, 2) <= 20
+    # 9 here: the read columns dropped a call each (a drop of names built a Scala Seq: 14)
+    assert few == calls(40, 2) <= 11
     assert calls(4, 6) - few <= 4 * 2  # a filter and a union a read, no more
 
 
