@@ -7,7 +7,6 @@ executors)."""
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from worker_procs import produce, wait_active, worker_env
+from worker_procs import produce, spark_warnings, wait_active, worker_env
 
 
 def _job(config: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -86,7 +85,7 @@ def test_a_job_reading_on_the_executors_writes_every_record_once(
     # Freeing a read's stored rows logs nothing: Spark's RDD.unpersist warns of every local
     # checkpoint, which was a line per read job, several a second for as long as the daemon ran.
     assert "locally checkpointed" not in result.stderr
-    assert _spark_warnings(result.stderr) == [], "a clean run logs no Spark WARN or ERROR line"
+    assert spark_warnings(result.stderr) == [], "a clean run logs no Spark WARN or ERROR line"
 
 
 def test_a_batch_of_many_pieces_is_written_without_parquets_memory_warnings(
@@ -106,14 +105,7 @@ def test_a_batch_of_many_pieces_is_written_without_parquets_memory_warnings(
     assert _written(parquet) == list(range(4000)), "every record once"
     assert max(_pieces_a_batch(parquet)) >= 8, "no batch held enough pieces to show it"
     assert "Total allocation exceeds" not in result.stderr
-    assert _spark_warnings(result.stderr) == []
-
-
-def _spark_warnings(stderr: str) -> list[str]:
-    """The Spark JVM's WARN and ERROR lines (jvm_logs: ``<time> WARN    spark.<Class>: ...``)."""
-    return [
-        line for line in stderr.splitlines() if re.search(r" (WARN|ERROR|FATAL) +spark\.", line)
-    ]
+    assert spark_warnings(result.stderr) == []
 
 
 def _pieces_a_batch(parquet: Path) -> list[int]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_procs import produce, read_output, wait_active, worker_env
+from worker_procs import produce, read_output, spark_warnings, wait_active, worker_env
 
 
 def _job(config: Path, output: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -150,6 +150,7 @@ max_wait = 1.0
     assert "Using Spark's default log4j profile" not in result.stderr
     assert "NativeCodeLoader" not in result.stderr
     assert "Spark session on local[1]" in result.stderr
+    assert spark_warnings(result.stderr) == [], "a clean run logs no Spark WARN or ERROR line"
     for line in result.stderr.splitlines():
         if " spark." in line:
             assert line[:4].isdigit() and line[19] == ",", line  # "2026-11-24 06:16:37,145 ..."

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -140,3 +141,10 @@ def wait_active(kinesis: Any, stream: str) -> None:
     kinesis.get_waiter("stream_exists").wait(
         StreamName=stream, WaiterConfig={"Delay": 0.5, "MaxAttempts": 120}
     )
+
+
+def spark_warnings(stderr: str) -> list[str]:
+    """The Spark JVM's WARN, ERROR and FATAL lines in a daemon's text log (``jvm_logs``:
+    ``<time> WARN    spark.<Class>: ...``)."""
+    level = re.compile(r" (WARN|ERROR|FATAL) +spark\.")
+    return [line for line in stderr.splitlines() if level.search(line)]
