@@ -6,19 +6,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 from jvm_calls import jvm_calls
 
+from kclpy_spark.spark.cluster_read import OUTPUT_SCHEMA, READ_COLUMNS
 from kclpy_spark.spark.values import value_fields, with_values
-
-RECORD_DDL = (
-    "stream string, shard_id string, sequence_number string, sub_sequence_number bigint, "
-    "partition_key string, approximate_arrival_timestamp timestamp, data binary"
-)
 
 
 def records(spark: Any, payloads: list[bytes]) -> Any:
+    """The record columns as a read on the executors gives them (its own columns left out)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    columns = pa.schema([f for f in OUTPUT_SCHEMA if f.name not in READ_COLUMNS])
     rows = [("s", "sh", str(i), 0, "pk", None, p) for i, p in enumerate(payloads)]
-    return spark.createDataFrame(rows, RECORD_DDL)
+    return spark.createDataFrame(rows, from_arrow_schema(columns))
 
 
 def test_field_names_with_backticks_dots_and_spaces_are_parsed_and_checked(spark: Any) -> None:
