@@ -207,14 +207,16 @@ class Worker:
         return status
 
 
-def config_a(work: Path, stream: str, endpoint: str, read_on: str = "driver") -> Path:
+def config_a(
+    work: Path, stream: str, endpoint: str, read_on: str = "driver", scope: str = "lease"
+) -> Path:
     path = work / "a.toml"
     path.write_text(
         f'application_name = "{stream}"\nstream_name = "{stream}"\nendpoint_url = "{endpoint}"\n'
         f'initial_position = "TRIM_HORIZON"\nlease_store = "sqlite:{work / "a" / "leases.db"}"\n'
         "idle_time_between_reads = 0.2\n"
         f'[sink]\nsink = "parquet:{work / "a" / "out"}"\nspark_target = "local[2]"\n'
-        'max_wait = 0.1\nmax_records = 1000\nwriters = 2\nscope = "lease"\n'
+        f'max_wait = 0.1\nmax_records = 1000\nwriters = 2\nscope = "{scope}"\n'
         f'read_on = "{read_on}"\n'
     )
     return path
@@ -479,6 +481,11 @@ def main() -> int:
         "--read-on", choices=("driver", "executors"), default="driver",
         help="part A's [sink] read_on (executors: also samples Spark's Python workers)",
     )  # fmt: skip
+    parser.add_argument("--shards-a", type=int, default=2, help="part A's stream's shards")
+    parser.add_argument(
+        "--scope-a", choices=("lease", "worker"), default="lease",
+        help="part A's [sink] scope (worker: a batch holds many leases' pieces)",
+    )  # fmt: skip
     parser.add_argument(
         "--trace-memory", action="store_true", help="part B's workers trace their allocations"
     )
@@ -535,9 +542,9 @@ def soak_a(
 
     samples: list[dict[str, Any]] = []
     with Kinesalite() as kinesalite:
-        make_stream(kinesis(kinesalite.endpoint), stream, 2)
-        a = Worker("a", config_a(work, stream, kinesalite.endpoint, args.read_on), free_port(),
-                   env, work / "a.log")  # fmt: skip
+        make_stream(kinesis(kinesalite.endpoint), stream, args.shards_a)
+        config = config_a(work, stream, kinesalite.endpoint, args.read_on, args.scope_a)
+        a = Worker("a", config, free_port(), env, work / "a.log")
         producer = Producer(stream, "a", args.rate_a, kinesalite.endpoint)
         a.start()
         try:
@@ -634,7 +641,7 @@ def report(
     lines = [
         f"# Soak ({stamp()})", "", f"Machine: {machine()}.", "",
         f"`bench/bench_soak.py --minutes {args.minutes:g} --parts {args.parts} --read-on "
-        f"{args.read_on}`: {ran}, sampled "
+        f"{args.read_on} --shards-a {args.shards_a} --scope-a {args.scope_a}`: {ran}, sampled "
         f"every {args.every:g} s; warm-up {warmup:.0%} of each part.", "",
         "| what | value |", "|---|---|",
     ]  # fmt: skip
