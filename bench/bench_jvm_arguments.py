@@ -28,30 +28,33 @@ def _read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 
 def operations(spark: Any) -> list[tuple[str, Callable[[], Any]]]:
-    from kclpy_spark.spark.cluster_read import _output_type, without_read_columns
-    from kclpy_spark.spark.sinks import WRITE_OPTIONS
+    from checkpoint.sequence import ExtendedSequenceNumber as ESN
+    from kclpy_spark.spark.cluster_read import RangeRead, _output_type
+    from kclpy_spark.spark.frames import ExecutorFrames, RangeChunk
+    from kclpy_spark.spark.pieces import Piece, PieceKey
+    from kclpy_spark.spark.ranges import RangeEnd
+    from kclpy_spark.spark.sinks import _writer
 
     sb = spark.sparkContext._jvm.java.lang.StringBuilder()
-    stored = spark.range(0, 24, 1, 2).mapInArrow(_read, _output_type())
-    keys = ", ".join(f"'shardId-{i:012d}'" for i in range(24))
-    entries = ", ".join(f"'shardId-{i:012d}', {i}" for i in range(24))
+    # A read of 25 leases (its plan only: no job runs), whose batch holds 24 of them.
+    keys = [f"shardId-{i:012d}" for i in range(25)]
+    stored = spark.range(0, 25, 1, 2).mapInArrow(_read, _output_type())
+    read = RangeRead(stored, {k: RangeEnd(k, None, None, 0, 0) for k in keys})
+    chunks = [RangeChunk(None, ESN("1"), ESN("2"), read=read, lease_key=k) for k in keys]
+    pieces = [Piece(PieceKey(k, ESN("1"), ESN("2")), k, 1) for k in keys[:24]]
+    frames = ExecutorFrames(chunks, lambda df: df)
 
     def frame() -> Any:
-        from pyspark.sql import functions as F
-
-        out = stored.where(f"kclpy_spark_lease IN ({keys})")
-        out = out.withColumn("piece", F.expr(f"map({entries})[kclpy_spark_lease]"))
-        return without_read_columns(out)  # as frames.py does
+        return frames.frame(pieces, index_column="piece")
 
     framed = frame()
     return [
         ("one call, one string argument", lambda: sb.indexOf("abc")),
         ("a read job's plan (mapInArrow of 24 ranges, 2 tasks)",
          lambda: spark.range(0, 24, 1, 2).mapInArrow(_read, _output_type())),
-        ("a batch's frame of 24 leases (filter, piece index, drop)", frame),
-        ("the Parquet writer (5 options, partitionBy)",
-         lambda: framed.write.options(**WRITE_OPTIONS, **{"a.b": "c", "d.e": "f"})
-         .partitionBy("piece")),
+        ("a batch's frame of 24 leases (ExecutorFrames.frame)", frame),
+        ("the Parquet sink's writer (its options, partitionBy)",
+         lambda: _writer(framed).partitionBy("piece")),
     ]  # fmt: skip
 
 

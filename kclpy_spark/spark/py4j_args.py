@@ -6,7 +6,7 @@ scalars, dates, times, intervals: ten of them, some through ``inspect.getattr_st
 takes it. For a string that search is ~16 us of the driver's Python CPU an argument (a call with
 one string argument: 53 us, 37 without; ``bench/bench_jvm_arguments.py``), and the calls the
 daemon makes each batch and read round pass mostly strings: column names, SQL text, options, job
-tags and descriptions (a read job's plan, a batch's frame, the Parquet writer: 0.77x-0.89x). No
+tags and descriptions (a read job's plan, a batch's frame, the Parquet writer: 0.72x-0.89x). No
 converter takes a ``str``, ``int``, ``float``, ``bool`` or ``None``, so one registered first that
 claims exactly those types (not their subclasses: a NumPy scalar still reaches its converter)
 and hands them on unchanged sends the JVM the same command, sooner.
