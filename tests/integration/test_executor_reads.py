@@ -70,16 +70,33 @@ def _checkpoints(db: Path) -> dict[str, str]:
         return rows
 
 
+def _read_all(
+    kinesis: Any,
+    name: str,
+    endpoint: str,
+    tmp_path: Path,
+    shards: int,
+    records: int,
+    **settings: Any,
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """A new stream of ``shards`` with ``records`` records read by one job to its end, which
+    exits 0 having written every record once; its result and the Parquet folder."""
+    kinesis.create_stream(StreamName=name, ShardCount=shards)
+    wait_active(kinesis, name)
+    produce(kinesis, name, range(records))
+    config, parquet = _config(tmp_path, name, endpoint, **settings)
+    result = _job(config, tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert _written(parquet) == list(range(records)), "every record once"
+    return result, parquet
+
+
 def test_a_job_reading_on_the_executors_writes_every_record_once(
     kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
 ) -> None:
-    kinesis_client.create_stream(StreamName=unique_name, ShardCount=2)
-    wait_active(kinesis_client, unique_name)
-    produce(kinesis_client, unique_name, range(2000))  # a few dozen read rounds
-    config, parquet = _config(tmp_path, unique_name, localstack_endpoint)
-    result = _job(config, tmp_path)
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert _written(parquet) == list(range(2000)), "every record once"
+    result, parquet = _read_all(  # 2,000 records: a few dozen read rounds
+        kinesis_client, unique_name, localstack_endpoint, tmp_path, 2, 2000
+    )
     assert not list(parquet.rglob("*.crc")), "written without the no-chmod filesystem"
     assert "read 2 range(s)" in result.stderr or "executors" in result.stderr
     # Freeing a read's stored rows logs nothing: Spark's RDD.unpersist warns of every local
@@ -94,15 +111,10 @@ def test_a_batch_of_many_pieces_is_written_without_parquets_memory_warnings(
     # A batch of several leases is written with a Parquet writer a piece open at once in each
     # task (session.SQL_DEFAULTS). From 8 open writers in one JVM, Parquet's memory manager
     # warned at every writer opened or closed (jvm_logs.QUIET). One core: a write is one task.
-    kinesis_client.create_stream(StreamName=unique_name, ShardCount=20)
-    wait_active(kinesis_client, unique_name)
-    produce(kinesis_client, unique_name, range(4000))
-    config, parquet = _config(
-        tmp_path, unique_name, localstack_endpoint, max_records=100_000, target="local[1]"
-    )
-    result = _job(config, tmp_path)
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert _written(parquet) == list(range(4000)), "every record once"
+    result, parquet = _read_all(
+        kinesis_client, unique_name, localstack_endpoint, tmp_path, 20, 4000,
+        max_records=100_000, target="local[1]",
+    )  # fmt: skip
     assert max(_pieces_a_batch(parquet)) >= 8, "no batch held enough pieces to show it"
     assert "Total allocation exceeds" not in result.stderr
     assert spark_warnings(result.stderr) == []
