@@ -1,9 +1,10 @@
 """The ``kclpy-spark`` command: ``run`` (the consumer daemon), ``status``, ``reset``,
-``suspend``, ``resume`` and ``demo``.
+``suspend``, ``resume``, ``demo`` and ``multilang`` (an amazon-kclpy application).
 
 Errors the user can fix (bad config, missing stream or table, bad credentials) print one line
 and exit with status 2; no stack trace. A daemon that gives up while running because its lease
-table or stream has been gone too long prints one line and exits with status 3.
+table or stream has been gone too long prints one line and exits with status 3; a job
+(``--until-caught-up``) that could not commit everything, 1; output to a closed pipe, 141.
 """
 
 from __future__ import annotations
@@ -16,20 +17,10 @@ from typing import TYPE_CHECKING
 
 from checkpoint.base.errors import ConfigError, KclpySparkError
 from kclpy_spark._version import __version__
+from kclpy_spark.logs import level_argument
 
 if TYPE_CHECKING:
     from kclpy_spark.config import WorkerConfig
-
-
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-
-def _log_level(text: str) -> str:
-    if text.upper() not in LOG_LEVELS:
-        raise argparse.ArgumentTypeError(
-            f"must be one of {', '.join(LOG_LEVELS)} (any case), got {text!r}"
-        )
-    return text.upper()
 
 
 def _add_table_flags(p: argparse.ArgumentParser) -> None:
@@ -44,7 +35,7 @@ def _add_table_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lease-store", help="sqlite:<path> (default), dynamodb, or memory")
     p.add_argument("--failover-time", type=float, help="seconds")
     # Also accepted after the subcommand (`kclpy-spark run --log-level DEBUG`).
-    p.add_argument("--log-level", type=_log_level, default=argparse.SUPPRESS)
+    p.add_argument("--log-level", type=level_argument, default=argparse.SUPPRESS)
     p.add_argument("--log-format", choices=("text", "json"), default=argparse.SUPPRESS)
 
 
@@ -70,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kclpy-spark", description="A pure-Python, KCL-style Kinesis consumer."
     )
     parser.add_argument("--version", action="version", version=f"kclpy-spark {__version__}")
-    parser.add_argument("--log-level", type=_log_level, default="INFO")
+    parser.add_argument("--log-level", type=level_argument, default="INFO")
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the consumer daemon")

@@ -12,6 +12,7 @@ its field in the class: a key without one is an error here, so a new key cannot 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import inspect
 import re
@@ -37,7 +38,6 @@ SPECIAL_KEYS = {
     "retrieval_mode": "retrievalMode",
     "consumer_name": "consumerName",
 }
-FLAGS = re.compile(r'p\.add_argument\(\s*"(--[a-z-]+)"')
 FIELD = re.compile(r"^    (\w+): [^=]+(?:= (.*?))?(?:\s+# (.*))?$")
 
 
@@ -133,9 +133,12 @@ def _properties_key(name: str) -> str:
 
 
 def _flags() -> set[str]:
+    """The flags ``kclpy-spark run`` takes, as its parser has them."""
     from kclpy_spark import cli
 
-    return set(FLAGS.findall(inspect.getsource(cli)))
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    run = sub.choices["run"]
+    return {flag for action in run._actions for flag in action.option_strings}
 
 
 def _table(cls: type, rows: list[str], *, defaults: dict[str, Any], worker: bool) -> list[str]:

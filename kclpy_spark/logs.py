@@ -7,6 +7,7 @@ shard. A filter scrubs anything that looks like an AWS credential from every mes
 
 from __future__ import annotations
 
+import argparse
 import contextvars
 import json
 import logging
@@ -103,6 +104,18 @@ _configured = {"level": "INFO", "format": "text"}
 def configured() -> tuple[str, str]:
     """The level and format ``configure`` was given (Spark's JVM logs follow them)."""
     return _configured["level"], _configured["format"]
+
+
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def level_argument(text: str) -> str:
+    """A ``--log-level`` flag's value, upper-cased; any other word is a usage error."""
+    if text.upper() not in LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"must be one of {', '.join(LEVELS)} (any case), got {text!r}"
+        )
+    return text.upper()
 
 
 def configure(level: str = "INFO", fmt: str = "text") -> None:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from checkpoint.base.errors import ConfigError, KclpySparkError
+from kclpy_spark.logs import level_argument
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker-id", help="overrides the file's workerId")
     p.add_argument("--log-configuration", "-l", help=argparse.SUPPRESS)
     # Also accepted after the subcommand, as for `kclpy-spark run`.
-    p.add_argument("--log-level", default=argparse.SUPPRESS)
+    p.add_argument("--log-level", type=level_argument, default=argparse.SUPPRESS)
     p.add_argument("--log-format", choices=("text", "json"), default=argparse.SUPPRESS)
 
 

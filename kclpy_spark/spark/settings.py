@@ -51,9 +51,9 @@ class BatcherSettings:
     retry_max_delay: float = 30.0
     # A write that has not returned by then counts as failed (its thread is left to finish).
     write_timeout: float = 600.0
-    # Batches written at once (threads, each running one Spark job). A config file's defaults
-    # differ (sink_config._defaults_for: 2 writers; 1 batch of a lease in flight with a function
-    # among the sinks); these are the batcher's own.
+    # Batches written at once (threads, each running one Spark job). A config file's `[sink]` gets
+    # 2 (sink_config._defaults_for; and 1 batch of a lease in flight with a function among the
+    # sinks); a MicroBatcher built in code without settings, 1.
     writers: int = 1
     batches_in_flight: int = 2  # per lease: written or being written, not yet checkpointed
     buffer_bytes: int = 0  # records buffered before process_records blocks; 0: 2 x max_bytes

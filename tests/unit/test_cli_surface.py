@@ -36,6 +36,7 @@ def test_version_is_the_packages_one(tmp_path: Path) -> None:
     [
         (["--log-level", "foo", "status", "--stream-name", "s"], "--log-level"),
         (["status", "--stream-name", "s", "--log-level", "loud"], "--log-level"),
+        (["multilang", "--log-level", "foo", "app.properties"], "--log-level"),
         (["status", "--stream-name", "s", "--processor", "m:C"], "unrecognized arguments"),
         (["reset", "--stream-name", "s", "--to", "LATEST", "--max-records", "5"],
          "unrecognized arguments"),

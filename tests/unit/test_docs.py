@@ -45,6 +45,19 @@ def test_every_key_has_a_row_with_its_default() -> None:
         assert all(key in SPECIAL for key in keys.split(", ")), keys
 
 
+def test_every_flag_of_run_that_names_a_key_is_in_its_row() -> None:
+    """The flags come from ``kclpy-spark run``'s parser itself: ``--until-caught-up``, added to
+    the subcommand apart from the shared worker flags, was once missing from its row."""
+    page = reference.render()
+    keys = {f.name for f in dataclasses.fields(WorkerConfig)}
+    flags = [flag for flag in reference._flags() if flag[2:].replace("-", "_") in keys]
+    assert "--until-caught-up" in flags and "--stream-name" in flags
+    for flag in flags:
+        key = flag[2:].replace("-", "_")
+        row = next(line for line in page.splitlines() if line.startswith(f"| `{key}` |"))
+        assert f"`{flag}`" in row, (flag, row)
+
+
 def test_a_key_without_a_comment_stops_the_reference() -> None:
     @dataclasses.dataclass(frozen=True)
     class Settings:
