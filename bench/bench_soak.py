@@ -26,7 +26,9 @@ collection of its old generation on, so its warm-up counts from its first sample
   stored on the executors (``--read-on executors``) rise and fall with Python's collector, so
   their windows are the first and last quarter instead of a tenth;
 * no record lost (every record produced is in the output), and each record exactly once in the
-  Parquet output.
+  Parquet output;
+* no line at WARNING or worse in any worker's log, ours or the Spark JVM's (a daemon's log over
+  weeks is read by people: what it warns of must be worth their time). The kinds found are listed.
 
     .venv/bin/python bench/bench_soak.py [--minutes 30] [--every 5] [--no-write] [--trace-memory]
 
@@ -428,6 +430,28 @@ def stored_reads_lines(samples: list[dict[str, Any]]) -> list[str]:
             f"{most.get('leases_held', 0):g} leases held, {len(rows)} samples."]  # fmt: skip
 
 
+# A worker's log line at WARNING or worse: ours ("<date> <time> WARNING <logger>: ...") and the
+# Spark JVM's as the daemon logs them ("<date> <time> WARN    spark.<Class>: ...", jvm_logs.py).
+LOUD = re.compile(r"^\S+ \S+ (WARNING|WARN|ERROR|CRITICAL|FATAL) +\S+: ")
+
+
+def loud_lines(*logs: Path) -> list[str]:
+    """The lines at WARNING or worse in the worker logs that exist."""
+    texts = [log.read_text(errors="replace") for log in logs if log.exists()]
+    return [line for text in texts for line in text.splitlines() if LOUD.match(line)]
+
+
+def loud_kinds(lines: list[str], most: int = 5) -> list[str]:
+    """The commonest kinds of loud line (level, logger and message with its numbers as N), with
+    how many of each: what a failed verdict on the logs is about."""
+    kinds: dict[str, int] = {}
+    for line in lines:
+        kind = re.sub(r"\d+", "N", line.split(" ", 2)[2])[:160]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    ranked = sorted(kinds.items(), key=lambda kv: -kv[1])[:most]
+    return [f"{count} x `{kind}`" for kind, count in ranked]
+
+
 def plot(samples: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -451,7 +475,8 @@ def plot(samples: list[dict[str, Any]], path: Path) -> None:
             )
         )
         ax.set_xlabel("minutes")
-        ax.legend(fontsize=7)
+        if ax.lines:  # a metric no part sampled draws nothing, and needs no legend
+            ax.legend(fontsize=7)
     fig.suptitle(
         "kclpy-spark soak: A = SQLite + Parquet sink; then B = DynamoDB + RecordProcessor "
         "(b2 restarted every minute); minutes since each part began"
@@ -566,6 +591,7 @@ def soak_a(
         "A spark_batches (with the drain)": final.get("sink_batches_total", 0.0),
         "A produced": len(produced), "A lost": len(produced - set(rows)),
         "A rows": len(rows), "A duplicates": len(rows) - len(set(rows)), "A drained": drained,
+        "A log lines at WARNING or worse": loud_lines(a.log),
     }, samples  # fmt: skip
 
 
@@ -609,6 +635,7 @@ def soak_b(
         "B restarts of b2": len(moves),
         "B produced": len(produced), "B lost": len(produced - set(data)),
         "B duplicates (at-least-once)": len(data) - len(set(data)), "B drained": drained,
+        "B log lines at WARNING or worse": loud_lines(b1.log, b2.log),
     }, samples  # fmt: skip
 
 
@@ -645,7 +672,11 @@ def report(
         f"every {args.every:g} s; warm-up {warmup:.0%} of each part.", "",
         "| what | value |", "|---|---|",
     ]  # fmt: skip
+    loud: list[str] = []
     for key, value in result.items():
+        if isinstance(value, list):  # a part's loud log lines: counted here, kinds below
+            loud += value
+            value = len(value)
         lines.append(
             f"| {key} | {value:g} |" if isinstance(value, float) else f"| {key} | {value} |"
         )
@@ -694,18 +725,21 @@ def report(
             lines += table
         lines += ["", f"Samples checked: {checked}; over a bound: {len(misses)}"
                   + (f" ({'; '.join(misses[:5])})" if misses else "") + "."]  # fmt: skip
+    if loud:
+        lines += ["", "Log lines at WARNING or worse, commonest kinds (judged):", "",
+                  *[f"- {kind}" for kind in loud_kinds(loud)]]  # fmt: skip
     lost = result.get("A lost", 0) + result.get("B lost", 0)
     drained = result.get("A drained", True) and result.get("B drained", True)
     missed = missed_targets(result, args.minutes)
     ok = (
         worst < GROWTH_LIMIT and not misses and lost == 0 and result.get("A duplicates", 0) == 0
-        and drained and not missed
+        and drained and not missed and not loud
     )  # fmt: skip
     parquet = f"Parquet duplicates {result.get('A duplicates', 0)}; " if "a" in args.parts else ""
     lines += ["", f"Verdict: {'PASS' if ok else 'FAIL'}: largest growth after warm-up "
               f"{worst:+.1%} (limit {GROWTH_LIMIT:.0%}); threads over a pool's bound "
               f"{len(misses) if bounded else 'not checked'}; records lost {lost}; {parquet}"
-              f"drained {drained}; volume targets "
+              f"drained {drained}; log lines at WARNING or worse {len(loud)}; volume targets "
               f"{'met' if not missed else 'missed: ' + ', '.join(missed)}."]  # fmt: skip
     text = "\n".join(lines)
     print(text)

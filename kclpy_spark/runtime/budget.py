@@ -64,9 +64,13 @@ class FailureBudget:
         if last_ok is not None and last_ok - self._failed_at >= ANSWERED_FOR:
             self.failures = 0
 
-    async def retrying(self, what: str, step: Callable[[], Awaitable[T]]) -> T:
+    async def retrying(
+        self, what: str, step: Callable[[], Awaitable[T]], *, progress: bool = True
+    ) -> T:
         """``step()`` until it succeeds: retriable errors wait without counting, every other
-        failure counts (``failed``)."""
+        failure counts (``failed``). A success starts the count again unless the step is no
+        progress (``progress=False``: a lease's announcement to its processor, which every
+        restarted read on the executors makes before it reads)."""
         transient = 0
         while True:
             try:
@@ -83,7 +87,8 @@ class FailureBudget:
             except Exception as exc:
                 await self.failed(what, exc)
             else:
-                self.succeeded()
+                if progress:
+                    self.succeeded()
                 return result
 
     async def failed(self, what: str, exc: BaseException, detail: str = "") -> None:

@@ -312,7 +312,9 @@ class ShardConsumer:
         if not batch.records:  # an announcement: the processor meets the checkpointer
             arg = ProcessRecordsInput([], 0, checkpointer)
             await self.budget.retrying(
-                "process_records", lambda: self._call(processor.process_records, arg)
+                "process_records",
+                lambda: self._call(processor.process_records, arg),
+                progress=False,  # not an answer from the shard: failed reads go on counting
             )
             return
         last = batch.records[-1]

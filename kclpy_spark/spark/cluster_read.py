@@ -235,6 +235,13 @@ def _output_type() -> Any:
     return from_arrow_schema(OUTPUT_SCHEMA)
 
 
+def waves(ranges: int, tasks: int) -> int:
+    """How many rounds of ``READS_AT_ONCE`` reads side by side the busiest of ``tasks`` tasks
+    makes over ``ranges`` ranges (the job's ranges are split evenly over its tasks)."""
+    share = -(-ranges // max(1, tasks))
+    return -(-share // READS_AT_ONCE)
+
+
 def default_parallelism(session: Any) -> int:
     """The cluster's cores (``_cores``), else two."""
     return _cores(session) or 2
@@ -362,9 +369,8 @@ class _ExecutorReads:
                 return chunks, await asyncio.wait_for(RangeReader(client, rng).read(keep), limit)
 
         started = {asyncio.run_coroutine_threadsafe(one(r), self._loop): r for r in ranges}
-        waves = -(-len(ranges) // READS_AT_ONCE)
         longest = max(r.max_seconds for r in ranges) + GRACE_SECONDS
-        limit = max(r.delay for r in ranges) + waves * longest + GRACE_SECONDS
+        limit = max(r.delay for r in ranges) + waves(len(ranges), 1) * longest + GRACE_SECONDS
         given: set[concurrent.futures.Future[Read]] = set()
         try:
             for future in concurrent.futures.as_completed(started, timeout=limit):

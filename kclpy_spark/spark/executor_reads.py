@@ -33,7 +33,14 @@ from checkpoint.base.retry import Backoff
 from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.retrieval.polling import MAX_READ_PAUSE, pause_before_next_call
 from kclpy_spark.retrieval.source import FetchedBatch, ReadElsewhere
-from kclpy_spark.spark.cluster_read import AwsTarget, RangeRead, StoredReads, read_ranges
+from kclpy_spark.spark.cluster_read import (
+    AwsTarget,
+    RangeRead,
+    StoredReads,
+    default_parallelism,
+    read_ranges,
+    waves,
+)
 from kclpy_spark.spark.frames import RangeChunk
 from kclpy_spark.spark.lane import Lane
 from kclpy_spark.spark.ranges import Pinned, RangeEnd, ReadRange
@@ -68,6 +75,7 @@ class ReadJob(Protocol):
         *,
         description: str,
         stored_reads: StoredReads,
+        partitions: int | None = None,
     ) -> RangeRead: ...
 
 
@@ -100,8 +108,9 @@ class ReadSettings:
     # look-ahead is the last job's length, at most this.
     max_gather: float = 0.5
     kpl: bool = True
-    # A read job still running this long after its longest range's ``max_seconds`` is cancelled
-    # (a task gives up on its Kinesis read 60 s after its budget; this bounds a Spark-level hang).
+    # A read job still running this long past its ranges' ``max_seconds``, for each wave of
+    # ranges its busiest task reads (``cluster_read.waves``), is cancelled: a task gives up on a
+    # range's Kinesis read 60 s after its budget; this bounds a Spark-level hang.
     job_grace: float = 90.0
 
 
@@ -154,13 +163,17 @@ class ExecutorReads:
         clock: Clock | None = None,
         jobs: Interrupter | None = None,
         read: ReadJob = read_ranges,
+        tasks: Callable[[Any], int] = default_parallelism,
     ) -> None:
+        """``tasks(session)``: how many tasks a read job runs side by side (the cluster's
+        cores)."""
         self._session = session
         self._aws = aws
         self._s = settings
         self._clock = clock or SystemClock()
         self._jobs = jobs or NoInterrupter()  # tags a read job's Spark jobs, cancels them
         self._read = read
+        self._tasks = tasks
         self._watchdog = Watchdog("kclpy-spark-read-deadlines", callback_threads=1)
         self._lock = threading.Condition()
         self._entries: dict[str, _Entry] = {}
@@ -272,10 +285,13 @@ class ExecutorReads:
         return len(ranges)
 
     def _read_job(self, ranges: list[ReadRange]) -> RangeRead:
-        """One read job; its Spark jobs are interrupted if it runs ``job_grace`` past its longest
-        range's time budget (ReadJobTimeoutError)."""
+        """One read job; its Spark jobs are interrupted if it runs ``job_grace`` past its ranges'
+        time budgets, wave by wave (ReadJobTimeoutError): a task reads its share of the ranges
+        ``READS_AT_ONCE`` at a time, so with many leases a core, one after another."""
         tag = f"kclpy-spark-read-{self._id}-{self.rounds}"  # no other reader's jobs
-        limit = max(r.delay + r.max_seconds for r in ranges) + self._s.job_grace
+        session = self._session()
+        tasks = self._tasks(session)
+        limit = read_job_limit(ranges, tasks, self._s.job_grace)
         overran = threading.Event()
 
         def cancel() -> None:
@@ -288,11 +304,12 @@ class ExecutorReads:
         try:
             with self._jobs.tagged(tag):
                 return self._read(
-                    self._session(),
+                    session,
                     ranges,
                     self._aws,
                     description=self._describe(ranges),
                     stored_reads=self.stored,
+                    partitions=tasks,
                 )
         except Exception as exc:
             if overran.is_set():
@@ -402,6 +419,15 @@ class ExecutorReads:
             soonest = self._clock.monotonic() + self._s.min_interval
             entry.next_read_at = max(now + self._backoff.delay(entry.failures), soonest)
         entry.post(RangeReadError(f"shard {entry.source.shard_id}: {why}"))
+
+
+def read_job_limit(ranges: Collection[ReadRange], tasks: int, grace: float) -> float:
+    """Seconds a read job of ``ranges`` over ``tasks`` tasks may run before it is cancelled: the
+    longest delay, then, for each wave of ranges the busiest task reads, the longest time budget
+    and ``grace``. (Counting one wave only, a job of more than ``READS_AT_ONCE`` leases a core
+    that Kinesis throttled was cancelled every round, every lease's read with it.)"""
+    longest = max(r.max_seconds for r in ranges) + grace
+    return max(r.delay for r in ranges) + waves(len(ranges), tasks) * longest
 
 
 def _due(entries: Mapping[str, _Entry], now: float, ahead: float) -> dict[str, _Entry]:

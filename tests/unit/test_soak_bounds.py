@@ -85,3 +85,25 @@ def test_stored_reads_whose_peaks_grow_are_a_growth() -> None:
     rows = [_stored(5.0 * i, float(i % 20) * (1 + i / 400)) for i in range(400)]
     g = bench_soak.growth(rows, "a", "sink_executor_reads_stored", 0.15)
     assert g is not None and g[2] > 0.3
+
+
+def test_log_lines_at_warning_or_worse_are_found_ours_and_sparks(tmp_path: Path) -> None:
+    log = tmp_path / "a.log"
+    log.write_text(
+        "2026-12-04 23:52:03,101 INFO    kclpy_spark.runtime.worker: worker a: started\n"
+        "2026-12-04 23:52:04,200 WARNING kclpy_spark.spark.writer: lease shardId-000000000001: "
+        "checkpoint after the write failed: 'x'\n"
+        "2026-12-04 23:52:05,300 WARN    spark.MemoryManager: Total allocation exceeds 95.00%\n"
+        "Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in <module>\n'
+        "2026-12-04 23:52:06,400 ERROR   kclpy_spark.runtime.consumer: shard shardId-000000000002: "
+        "reading the shard failed (attempt 1 of 10): boom\n"
+        "2026-12-04 23:52:07,500 WARNING kclpy_spark.spark.writer: lease shardId-000000000003: "
+        "checkpoint after the write failed: 'x'\n"
+    )
+    lines = bench_soak.loud_lines(log, tmp_path / "absent.log")
+    assert len(lines) == 4
+    kinds = bench_soak.loud_kinds(lines)
+    assert kinds[0] == ("2 x `WARNING kclpy_spark.spark.writer: lease shardId-N: checkpoint "
+                        "after the write failed: 'x'`")  # fmt: skip
+    assert len(kinds) == 3

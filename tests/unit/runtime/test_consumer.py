@@ -47,6 +47,7 @@ from kclpy_spark.runtime.events import EventLog
 from kclpy_spark.runtime.metrics import WorkerMetrics
 from kclpy_spark.runtime.resume import LATEST_RESTART_MARGIN
 from kclpy_spark.runtime.shard_end import BLOCKED_RELEASE_EVERY
+from kclpy_spark.spark.executor_reads import RangeReadError
 
 SHARD = "shardId-000000000000"
 OTHER = "shardId-000000000001"
@@ -527,6 +528,19 @@ def test_a_read_that_answers_once_then_fails_each_time_still_parks() -> None:
     env.lease()
     flaky = ResourceNotFoundError("GetRecords: fails right after its first answer")
     sources = FakeSources(*[["ok", flaky]] * (ATTEMPTS + 2))
+    consumer = env.consumer(sources)
+    assert env.run(consumer) is Outcome.PARKED
+    assert len(sources.starts) == ATTEMPTS
+
+
+def test_a_read_on_the_executors_that_fails_each_time_still_parks() -> None:
+    """read_on = executors: each relay announces the lease before its read fails. The
+    announcement reaching the processor is no answer from the shard: it used to count as a
+    success, so the failures never went past one and the lease was read again forever."""
+    env = Env()
+    env.lease()
+    failing = RangeReadError("shard shardId-000000000000: AccessDeniedException")
+    sources = FakeSources(*[[FetchedBatch([], None, announce=True), failing]] * (ATTEMPTS + 2))
     consumer = env.consumer(sources)
     assert env.run(consumer) is Outcome.PARKED
     assert len(sources.starts) == ATTEMPTS

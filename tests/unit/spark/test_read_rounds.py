@@ -28,6 +28,7 @@ from kclpy_spark.spark.executor_reads import (
     ReadSlot,
     _behind,
     _Entry,
+    read_job_limit,
 )
 from kclpy_spark.spark.frames import RangeChunk
 from kclpy_spark.spark.lane import Lane
@@ -453,7 +454,7 @@ def test_a_read_job_that_hangs_is_cancelled_and_fails_its_ranges() -> None:
 
     reads_, _, posted = started(OneSlotFeed(), ExecutorReads(
         lambda: None, AwsTarget("us-east-1"), ReadSettings(max_seconds=0.05, job_grace=0.05),
-        jobs=jobs, read=hung_read,
+        jobs=jobs, read=hung_read, tasks=lambda session: 1,
     ))  # fmt: skip
     try:
         assert reads_.read_round() == 1
@@ -465,12 +466,35 @@ def test_a_read_job_that_hangs_is_cancelled_and_fails_its_ranges() -> None:
     assert isinstance(failure, RangeReadError) and "ran over 0 s and was cancelled" in str(failure)
 
 
+@pytest.mark.parametrize(
+    ("leases", "tasks", "limit"),
+    [
+        (1, 2, 2.0 + 10.0 + 90.0),
+        (8, 1, 2.0 + 10.0 + 90.0),  # one task reads eight side by side: one wave
+        (9, 1, 2.0 + 2 * 100.0),
+        (16, 2, 2.0 + 100.0),
+        (1000, 2, 2.0 + 63 * 100.0),  # 500 ranges a task, 8 at a time
+    ],
+)  # fmt: skip
+def test_a_read_jobs_deadline_counts_the_waves_of_ranges_its_busiest_task_reads(
+    leases: int, tasks: int, limit: float
+) -> None:
+    """Counting one wave only, a job of many leases a core that Kinesis slowed (each range
+    taking its budget) was cancelled every round, and every lease's read failed with it."""
+    ranges = [
+        ReadRange(f"shard-{i}", "s", {"StreamName": "s"}, f"shard-{i}", TRIM,
+                  max_seconds=10.0 if i == 0 else 1.0, delay=2.0 if i == leases - 1 else 0.0)
+        for i in range(leases)
+    ]  # fmt: skip
+    assert read_job_limit(ranges, tasks, grace=90.0) == pytest.approx(limit)
+
+
 def test_a_read_job_in_time_is_not_cancelled() -> None:
     jobs = Jobs()
     end = RangeEnd(KEY, None, None, 0, 0, millis_behind_latest=0)
     reads_, _, posted = started(OneSlotFeed(), ExecutorReads(
         lambda: None, AwsTarget("us-east-1"), ReadSettings(job_grace=0.05), jobs=jobs,
-        read=lambda *a, **kw: RangeRead(None, {KEY: end}),
+        read=lambda *a, **kw: RangeRead(None, {KEY: end}), tasks=lambda session: 1,
     ))  # fmt: skip
     try:
         assert reads_.read_round() == 1
@@ -554,7 +578,7 @@ def test_a_lease_taken_early_waits_on_its_task_and_its_pause_counts_from_then() 
                                 for r in ranges})  # fmt: skip
 
     reader = ExecutorReads(lambda: None, AwsTarget("us-east-1"), ReadSettings(max_gather=0.4),
-                           clock=clock, read=job)  # fmt: skip
+                           clock=clock, read=job, tasks=lambda session: 1)  # fmt: skip
     reader.start(AllSlotsFeed(), threaded=False)
     now = clock.monotonic()
     for key, at in (("a", now), ("b", now + 0.2), ("c", now + 5.0)):
