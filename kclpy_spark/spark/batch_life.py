@@ -4,8 +4,10 @@
 refuses any move the table ``MOVES`` does not list. A batch is *cut* from its lanes, *prepared*
 (sink tokens and pending checkpoints written, the ``SinkBatch`` built), then ends in one of four
 states: *written* or *dead-lettered* (every sink answered positively: its cuts are the lanes' to
-commit), *parked* (a sink gave up: its cuts are put back and their lanes parked) or *abandoned*
-(the sink is closing, or every lease of the batch was lost: their next owners write it). The
+commit), *parked* (a sink gave up: its cuts are put back and their lanes parked), *abandoned*
+(the sink is closing, or every lease of the batch was lost: their next owners write it) or, read
+on the executors, *reread* (the rows its reads stored there are gone: its cuts are put back to be
+read again, pinned). The
 writer (writer.py) does the I/O and reports through ``LaneEvents``; the batcher's side
 (updates.py) applies each report, lanes and batch, under the batcher's lock.
 """
@@ -33,6 +35,9 @@ class BatchState(enum.Enum):
     DEAD_LETTERED = "dead-lettered"  # every sink answered, one or more by its dead-letter place
     PARKED = "parked"  # a sink gave up: the cuts are put back, their lanes parked
     ABANDONED = "abandoned"  # the sink is closing or every lease was lost: not written here
+    # The rows its reads stored on the executors are gone (an executor lost): the cuts are put
+    # back to be read again, pinned to their ends; the lanes go on.
+    REREAD = "reread"
 
     @property
     def settled(self) -> bool:
@@ -43,11 +48,12 @@ class BatchState(enum.Enum):
 _ENDS = frozenset({BatchState.WRITTEN, BatchState.DEAD_LETTERED})
 MOVES: dict[BatchState, frozenset[BatchState]] = {
     BatchState.CUT: frozenset({BatchState.PREPARED, BatchState.PARKED, BatchState.ABANDONED}),
-    BatchState.PREPARED: _ENDS | {BatchState.PARKED, BatchState.ABANDONED},
+    BatchState.PREPARED: _ENDS | {BatchState.PARKED, BatchState.ABANDONED, BatchState.REREAD},
     BatchState.WRITTEN: frozenset(),
     BatchState.DEAD_LETTERED: frozenset(),
     BatchState.PARKED: frozenset(),
     BatchState.ABANDONED: frozenset(),
+    BatchState.REREAD: frozenset(),
 }
 
 
@@ -115,5 +121,7 @@ class LaneEvents(Protocol):
     def commit_failed(self, lane: Lane, cut: Cut, error: Exception) -> None: ...
 
     def gave_up(self, batch: Batch, error: BaseException) -> None: ...
+
+    def reread(self, batch: Batch, error: BaseException) -> None: ...
 
     def abandoned(self, batch: Batch) -> None: ...

@@ -15,6 +15,25 @@ from typing import Any
 
 from kclpy_spark.spark.pieces import Chunk, Piece
 
+# Spark's error class when a local checkpoint's block is gone: the executor that stored it was
+# lost (or the rows were freed). Another write of the same frame fails the same way.
+LOST_BLOCK = "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND"
+
+
+def stored_rows_lost(error: BaseException | None) -> bool:
+    """Whether ``error`` (or an error it came from, or wraps as ``error.error``: one sink's of
+    several) says the rows a read stored on the executors are gone: the records must be read
+    again, not the write tried again."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if LOST_BLOCK in str(error):
+            return True
+        wrapped = getattr(error, "error", None)
+        inner = wrapped if isinstance(wrapped, BaseException) else None
+        error = error.__cause__ or error.__context__ or inner
+    return False
+
 
 @dataclass(frozen=True)
 class RangeChunk(Chunk):

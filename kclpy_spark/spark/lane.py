@@ -358,6 +358,19 @@ class Lane:
             self.commit_due_at = None
         return True
 
+    def put_back_unread(self, cut: Cut, group: tuple[PieceKey, ...], now: float) -> bool:
+        """``put_back``, but the records are gone (a read's rows stored on a lost executor):
+        the cut, every cut after it and every range waiting to be re-formed wait for a read
+        pinned to their ends, and the records buffered after them are dropped, to be read again
+        after the last of them. The lane is not parked."""
+        if not self.put_back(cut, group, now):
+            return False
+        self._replays.unread()
+        self._chunks.clear()
+        self.read_to = self._replays.last_target
+        self._recount()
+        return True
+
     def put_back_all(self, now: float) -> bool:
         """Every cut out goes back (a commit that can never succeed), each in its batch."""
         if not self._outs:

@@ -114,6 +114,17 @@ class Replays:
                 return rep.target, None if piece is None else piece.first
         return None
 
+    def unread(self) -> None:
+        """Every replay waits for its records again (their stored copies are gone): each is
+        re-formed by a read pinned to its piece's ends."""
+        for rep in self._queue:
+            rep.chunks = []
+            rep.ready = False
+
+    @property
+    def last_target(self) -> ExtendedSequenceNumber | None:
+        return self._queue[-1].target if self._queue else None
+
     def reach_all(self) -> None:
         """No more records will come (shard end): each replay is re-formed from what arrived."""
         for rep in self._queue:

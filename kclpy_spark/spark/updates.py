@@ -244,6 +244,23 @@ class LaneUpdates:
                 lane.park(f"checkpoint failed: {error}")
             self._cond.notify_all()
 
+    def reread(self, batch: Batch, error: BaseException) -> None:
+        """The rows the batch's reads stored on the executors are gone (an executor lost): each
+        cut goes back to be read again, pinned to its ends, and written in the same batch; the
+        lanes are not parked (what failed was a copy, not the records or the sink)."""
+        log.warning(
+            "%r: the rows its reads stored on the executors are gone (an executor lost?); its "
+            "pieces are read again: %s",
+            batch,
+            str(error).splitlines()[0][:300] if str(error) else repr(error),
+        )
+        with self._cond:
+            batch.move(BatchState.REREAD)
+            now = self._clock.monotonic()
+            for lane, cut in batch.parts:
+                lane.put_back_unread(cut, batch.group, now)
+            self._cond.notify_all()
+
     def gave_up(self, batch: Batch, error: BaseException) -> None:
         """Nothing is checkpointed: each cut goes back to the head of its lane to be re-formed,
         and the lanes are parked until the lease is parked or re-armed."""

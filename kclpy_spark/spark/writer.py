@@ -14,7 +14,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
-from tenacity import RetryCallState, Retrying, retry_if_not_exception_type, stop_after_attempt
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    retry_if_not_exception_type,
+    stop_after_attempt,
+)
 from tenacity.stop import stop_base
 
 from checkpoint.base.retry import Backoff
@@ -22,7 +28,7 @@ from checkpoint.checkpointer import CheckpointError
 from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.spark.acks import DEAD_LETTERED, FAILED, WRITTEN, AckSet, SinkFailedError
 from kclpy_spark.spark.batch_life import Batch, LaneEvents
-from kclpy_spark.spark.frames import ExecutorFrames, RangeChunk
+from kclpy_spark.spark.frames import ExecutorFrames, RangeChunk, stored_rows_lost
 from kclpy_spark.spark.lane import Cut, Lane, TwoPhaseCheckpointer
 from kclpy_spark.spark.pieces import SCHEMA, PendingState, Piece, batch_id_of
 from kclpy_spark.spark.settings import BatcherSettings
@@ -154,14 +160,19 @@ class BatchWriter:
             self._events.abandoned(batch)
             return
         assert batch.error is not None
+        if _rereadable(batch, batch.error):  # the records are not lost, only their copy
+            self._events.reread(batch, batch.error)
+            return
         self._events.gave_up(batch, batch.error)
 
     def _retrying(self, batch: Batch, attempts: int, route: SinkRoute | None) -> Retrying:
         """Retries with backoff until ``attempts``, every lease of the batch lost, the sink
-        closing, or a write of this batch hung (not resubmitted while it may still run)."""
+        closing, a write of this batch hung (not resubmitted while it may still run), or the
+        rows its reads stored on the executors gone (the same write would fail again)."""
         return Retrying(
             stop=stop_after_attempt(attempts) | _LanesGone(batch, self._events),
-            retry=retry_if_not_exception_type((WriteThreadsClosedError, WriteHungError)),
+            retry=retry_if_not_exception_type((WriteThreadsClosedError, WriteHungError))
+            & retry_if_exception(lambda exc: not _rereadable(batch, exc)),
             wait=lambda state: self._backoff.delay(state.attempt_number),
             sleep=self._sleep,
             reraise=True,
@@ -190,7 +201,8 @@ class BatchWriter:
             raise
         except Exception as exc:
             batch.error = exc
-            if self._dead_letter(batch, route, exc):
+            # Rows lost on the executors are read again, not dead-lettered (nor could they be).
+            if not _rereadable(batch, exc) and self._dead_letter(batch, route, exc):
                 acks.answer(route.name, DEAD_LETTERED, exc)
                 return True
             acks.answer(route.name, FAILED, exc)
@@ -347,6 +359,15 @@ class BatchWriter:
                 return
             self._events.committed(lane, cut, time.perf_counter() - started)
             cut = self._events.claim_commit(lane)
+
+
+def _rereadable(batch: Batch, error: BaseException) -> bool:
+    """The batch was read on the executors and ``error`` says the rows stored there are gone:
+    its records are read again (pinned), not its write tried again."""
+    chunks = [c for _, cut in batch.parts for c in cut.chunks]
+    return (
+        bool(chunks) and all(isinstance(c, RangeChunk) for c in chunks) and stored_rows_lost(error)
+    )
 
 
 def _write_pending(

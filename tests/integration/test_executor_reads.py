@@ -152,7 +152,8 @@ def test_a_resharded_stream_read_on_the_executors_parents_first(
 _FUNCTION = '''
 """A foreachBatch function: stores each batch's numbers under its batch id (idempotent: a batch
 id seen again must hold the same numbers, else a mismatch file); with FN_CRASH set, the process
-dies (os._exit, as kill -9) right after its first write, before any checkpoint moved."""
+dies (os._exit, as kill -9) right after its first write, before any checkpoint moved; with
+FN_FREE set, its first call frees every RDD Spark stores before it reads the batch."""
 import json
 import os
 import pathlib
@@ -161,6 +162,12 @@ OUT = pathlib.Path(os.environ["FN_OUT"])
 
 
 def write(df, batch_id):
+    if os.environ.get("FN_FREE") and not (OUT / "freed").exists():
+        # As an executor lost would: every read's rows stored on the executors are gone.
+        (OUT / "freed").write_text(str(batch_id))
+        jsc = df.sparkSession.sparkContext._jsc
+        for rdd_id in list(jsc.getPersistentRDDs().keys()):
+            jsc.sc().unpersistRDD(int(rdd_id), True)
     rows = sorted(int(bytes(r["data"]).decode()) for r in df.select("data").collect())
     target = OUT / f"{batch_id}.json"
     if target.exists():
@@ -174,28 +181,20 @@ def write(df, batch_id):
 '''
 
 
-def test_a_batch_in_flight_at_a_crash_is_read_again_exactly_by_the_next_owner(
-    kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
-) -> None:
-    """The first run dies right after its sink wrote the first batch: its pending checkpoint
-    names the pieces, not their records. The next run (a bigger record budget, more records on
-    the stream) reads those pieces again on the executors, pinned to their last records: the
-    function sees the same batch ids with the same records, and every record is written once."""
+def _function_job(
+    tmp_path: Path, name: str, endpoint: str, max_records: int, flags: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """One ``--until-caught-up`` job writing with ``_FUNCTION`` (its batches in tmp_path/batches;
+    ``flags``: FN_CRASH, FN_FREE), on one SQLite lease table across runs."""
     import os
 
-    kinesis_client.create_stream(StreamName=unique_name, ShardCount=1)
-    wait_active(kinesis_client, unique_name)
-    produce(kinesis_client, unique_name, range(150))
     (tmp_path / "crashfn.py").write_text(_FUNCTION)
-    out = tmp_path / "batches"
-    out.mkdir()
+    (tmp_path / "batches").mkdir(exist_ok=True)
     config = tmp_path / "fn.toml"
-
-    def run(max_records: int, crash: bool) -> subprocess.CompletedProcess[str]:
-        config.write_text(f"""
-application_name = "{unique_name}"
-stream_name = "{unique_name}"
-endpoint_url = "{localstack_endpoint}"
+    config.write_text(f"""
+application_name = "{name}"
+stream_name = "{name}"
+endpoint_url = "{endpoint}"
 initial_position = "TRIM_HORIZON"
 lease_store = "sqlite:{tmp_path / "fn.db"}"
 idle_time_between_reads = 0.2
@@ -207,15 +206,31 @@ max_wait = 1.0
 max_records = {max_records}
 read_on = "executors"
 """)
-        env = worker_env(tmp_path / "out") | {"FN_OUT": str(out)}
-        env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
-        if crash:
-            env["FN_CRASH"] = "1"
-        return subprocess.run(
-            [sys.executable, "-m", "kclpy_spark.cli", "run", "--config", str(config),
-             "--until-caught-up"],
-            capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path, check=False,
-        )  # fmt: skip
+    env = worker_env(tmp_path / "out") | {"FN_OUT": str(tmp_path / "batches")} | flags
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    return subprocess.run(
+        [sys.executable, "-m", "kclpy_spark.cli", "run", "--config", str(config),
+         "--until-caught-up"],
+        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path, check=False,
+    )  # fmt: skip
+
+
+def test_a_batch_in_flight_at_a_crash_is_read_again_exactly_by_the_next_owner(
+    kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    """The first run dies right after its sink wrote the first batch: its pending checkpoint
+    names the pieces, not their records. The next run (a bigger record budget, more records on
+    the stream) reads those pieces again on the executors, pinned to their last records: the
+    function sees the same batch ids with the same records, and every record is written once."""
+
+    kinesis_client.create_stream(StreamName=unique_name, ShardCount=1)
+    wait_active(kinesis_client, unique_name)
+    produce(kinesis_client, unique_name, range(150))
+    out = tmp_path / "batches"
+
+    def run(max_records: int, crash: bool) -> subprocess.CompletedProcess[str]:
+        flags = {"FN_CRASH": "1"} if crash else {}
+        return _function_job(tmp_path, unique_name, localstack_endpoint, max_records, flags)
 
     first = run(40, crash=True)
     assert first.returncode == 9, first.stderr[-3000:]
@@ -231,3 +246,25 @@ read_on = "executors"
     written = sorted(n for f in out.glob("*.json") for n in json.loads(f.read_text()))
     assert written == list(range(300)), "every record once"
     assert "re-forming" in second.stderr
+
+
+def test_rows_lost_on_the_executors_are_read_again_and_written_once(
+    kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    """An executor lost after a read took the rows it stored: the first batch's function frees
+    every RDD Spark stores, then reads its frame, which fails. The batch's pieces are read again
+    on the executors, pinned to their ends, and the function gets the same batch id with the
+    same records; no lease parks; every record is written once and the job exits 0."""
+    kinesis_client.create_stream(StreamName=unique_name, ShardCount=2)
+    wait_active(kinesis_client, unique_name)
+    produce(kinesis_client, unique_name, range(300))
+    result = _function_job(tmp_path, unique_name, localstack_endpoint, 60, {"FN_FREE": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "batches"
+    freed = (out / "freed").read_text()
+    assert (out / f"{freed}.json").exists(), "the batch whose rows were freed is written"
+    assert not list(out.glob("mismatch-*")), "a batch id came back with other records"
+    written = sorted(n for f in out.glob("*.json") for n in json.loads(f.read_text()))
+    assert written == list(range(300)), "every record once"
+    assert "are read again" in result.stderr
+    assert "parking" not in result.stderr and "parked" not in result.stderr

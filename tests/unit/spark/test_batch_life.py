@@ -17,6 +17,7 @@ ALLOWED = {
     (S.PREPARED, S.DEAD_LETTERED),
     (S.PREPARED, S.PARKED),
     (S.PREPARED, S.ABANDONED),
+    (S.PREPARED, S.REREAD),  # read on the executors: the rows stored there are gone
 }
 
 

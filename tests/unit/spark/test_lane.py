@@ -91,6 +91,36 @@ def test_put_back_reforms_the_same_cut_exactly_with_its_stored_token() -> None:
     assert again.token == {"v": 7}
 
 
+def test_a_cut_whose_stored_rows_are_gone_waits_for_a_pinned_read_and_drops_what_follows() -> None:
+    """read_on = executors, an executor lost: the cut and the cut after it (pipelined) wait for
+    reads pinned to their ends; the records buffered after them are dropped and read again after
+    the last one; each re-formed cut keeps its key and token; the lane is not parked."""
+    a = lane(depth=2)
+    a.add(chunk(1, 3), now=101.0)
+    first = a.cut(10, 10**9)
+    a.tokened(first, {"v": 1})
+    a.prepared(first)
+    a.add(chunk(4, 2), now=102.0)
+    second = a.cut(10, 10**9)
+    a.tokened(second, {"v": 2})
+    a.prepared(second)
+    a.add(chunk(6, 4), now=103.0)  # buffered after both
+    assert a.put_back_unread(first, (first.key,), now=104.0)
+    assert a.state is LaneState.ACTIVE and a.outs == () and a.rows == 0
+    assert not a.can_cut() and a.read_to == esn(50)  # the buffer goes: read again after 50
+    assert a.unfilled() == (esn(30), esn(10))  # pinned: from its first to its last record
+    a.add(chunk(1, 3), now=105.0)
+    assert a.unfilled() == (esn(50), esn(40))
+    a.add(chunk(4, 2), now=105.0)
+    assert a.unfilled() is None and a.read_to == esn(50)
+    again = a.cut(1, 1)
+    assert (again.key, again.token, again.replayed) == (first.key, {"v": 1}, True)
+    a.prepared(again)
+    later = a.cut(1, 1)
+    assert (later.key, later.token) == (second.key, {"v": 2})
+    assert not a.put_back_unread(first, (first.key,), now=106.0)  # no longer out
+
+
 def test_a_cut_put_back_before_its_pending_checkpoint_gets_a_fresh_token() -> None:
     a = lane()
     a.add(chunk(1, 4), now=101.0)

@@ -352,6 +352,52 @@ def test_after_the_last_attempt_the_lease_is_parked_and_nothing_is_checkpointed(
     assert env.lease(SHARDS[0]).checkpoint == esn(30)
 
 
+def test_rows_lost_on_the_executors_are_read_again_not_retried_parked_or_dead_lettered() -> None:
+    """read_on = executors: an executor lost after a read took the rows it stored with it; every
+    write of that frame fails the same way. The batch's pieces go back to be read again, pinned
+    to their ends (the lane stays active), and the same batch is written from the new read."""
+    from kclpy_spark.spark.frames import RangeChunk
+
+    stored: list[SinkBatch] = []
+
+    class DeadLetter:
+        def write(self, batch: SinkBatch, error: BaseException) -> None:
+            stored.append(batch)
+
+    env = manual(max_records=3, max_attempts=5)
+    env.batcher = env.new_batcher(dead_letter=DeadLetter())
+    lane = env.take(SHARDS[0])
+
+    def read(first: int, last: int) -> RangeChunk:
+        return RangeChunk(None, esn(first), esn(last), read=object(), lease_key=SHARDS[0],
+                          row_count=3, byte_count=30)  # fmt: skip
+
+    env.cps[SHARDS[0]].set_largest_permitted(esn(30))
+    env.batcher.add(lane, read(10, 30))
+    lost = "[CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND] Checkpoint block rdd_3_0 not found!"
+    env.sink.fail = lambda batch: len(env.sink.attempts) == 1  # the first write only
+    original = env.sink.write
+
+    def write(batch: SinkBatch) -> None:
+        try:
+            original(batch)
+        except RuntimeError as exc:
+            raise RuntimeError(lost) from exc
+
+    env.sink.write = write  # type: ignore[method-assign]
+    env.batcher.step()
+    batch_id = batch_id_of([PieceKey(SHARDS[0], esn(10), esn(30))])
+    assert env.sink.attempts == [(batch_id, 1)], "not retried: the same write fails again"
+    assert stored == [] and env.batcher.stats.parked_batches == 0
+    assert env.batcher.lane_state(lane) is LaneState.ACTIVE
+    assert lane.unfilled() == (esn(30), esn(10)) and lane.read_to == esn(30)
+    assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON
+    env.batcher.add(lane, read(10, 30))  # the pinned read again
+    env.batcher.run_until_idle()
+    assert [b.batch_id for b in env.sink.written] == [batch_id]
+    assert env.lease(SHARDS[0]).checkpoint == esn(30)
+
+
 def test_dead_letter_policy_stores_the_batch_then_acknowledges_it() -> None:
     stored: list[tuple[SinkBatch, BaseException]] = []
 
