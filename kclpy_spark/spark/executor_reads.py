@@ -117,11 +117,14 @@ class ReadSettings:
 @dataclass(frozen=True)
 class ReadSlot:
     """A lane that can take records now: where its records end (None: none yet) and, when it
-    re-forms a piece, that piece's last record and maybe its first."""
+    re-forms a piece, that piece's last record and maybe its first; ``epoch``: the lane's
+    ``reads_epoch`` then (a read planned before its records were put back to be read again is
+    refused)."""
 
     lane: Lane
     read_to: ESN | None
     unfilled: tuple[ESN, ESN | None] | None
+    epoch: int = 0
 
 
 class LaneFeed(Protocol):
@@ -131,8 +134,9 @@ class LaneFeed(Protocol):
         """The slots of lanes that can take records now, and the keys of parked lanes."""
         ...
 
-    def fill(self, lane: Lane, chunk: RangeChunk) -> bool:
-        """Give the lane its records (False: the lane is closed or replaced)."""
+    def fill(self, lane: Lane, chunk: RangeChunk, epoch: int | None = None) -> bool:
+        """Give the lane its records (False: the lane is closed, parked or replaced, or, given
+        the ``epoch`` its read was planned in, its records were put back to be read since)."""
         ...
 
 
@@ -366,7 +370,7 @@ class ExecutorReads:
                 read=read, lease_key=rng.lease_key, row_count=end.rows, byte_count=end.nbytes,
             )  # fmt: skip
             assert self._feed is not None
-            if not self._feed.fill(slot.lane, chunk):  # closed or parked meanwhile: not taken,
+            if not self._feed.fill(slot.lane, chunk, slot.epoch):  # closed, parked or put back
                 with self._lock:  # so read again from where the lane's records end
                     entry.iterator = entry.iterator_at = None
                     entry.next_read_at = self._paced(end, now + rng.delay)

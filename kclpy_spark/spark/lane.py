@@ -91,6 +91,12 @@ class TwoPhaseCheckpointer(Protocol):
     def worker_holds(self, lease_key: str) -> bool: ...
 
 
+UNREAD_AT_SHARD_END = (
+    "records to write were lost with an executor after the shard's end was read; the lease's "
+    "next tenure reads them again"
+)
+
+
 @dataclass(eq=False)
 class Cut:
     """Records cut from a lane for one batch: what the sink sees of them (``piece``), their
@@ -142,7 +148,9 @@ class Lane:
         self.nbytes = 0
         self.oldest: float | None = None  # monotonic time the oldest buffered record arrived
         self.read_to: ExtendedSequenceNumber | None = None  # the last record it was given
+        self.reads_epoch = 0  # counts put_back_unread: reads planned before one are refused
         self.forced = False  # flush without waiting (shard end, shutdown)
+        self.final = False  # no more records will come (shard end): force(final=True)
         self._outs: deque[Cut] = deque()  # cut and not yet committed, in lease order
         self._committing = False  # a commit of this lane is under way
         self.commit_due_at: float | None = None  # set while a failed commit waits for its retry
@@ -229,9 +237,15 @@ class Lane:
 
     def force(self, *, final: bool) -> None:
         """Flush without waiting. ``final``: no more records will come (shard end), so the
-        replays are cut at what arrived."""
+        replays are cut at what arrived; but records put back to be read again (their rows lost
+        on the executors) would be dropped so: the lane parks instead, and the lease's next
+        tenure reads them again (the shard's reads here have ended)."""
         self.forced = True
         if final:
+            self.final = True
+            if self._replays.unread_waiting:
+                self.park(UNREAD_AT_SHARD_END)
+                return
             self._replays.reach_all()
             self._recount()
 
@@ -365,9 +379,13 @@ class Lane:
         after the last of them. The lane is not parked."""
         if not self.put_back(cut, group, now):
             return False
+        if self.final:  # the shard's reads have ended: none would come for them here
+            self.park(UNREAD_AT_SHARD_END)
+            return True
         self._replays.unread()
         self._chunks.clear()
         self.read_to = self._replays.last_target
+        self.reads_epoch += 1
         self._recount()
         return True
 

@@ -43,13 +43,17 @@ class LanesFeed:
                     continue
                 unfilled = lane.unfilled()
                 if unfilled is not None or not lane.rows:
-                    slots[key] = ReadSlot(lane, lane.read_to, unfilled)
+                    slots[key] = ReadSlot(lane, lane.read_to, unfilled, lane.reads_epoch)
         return slots, parked
 
-    def fill(self, lane: Lane, chunk: RangeChunk) -> bool:
-        """Give ``lane`` its records (False: closed, parked or replaced meanwhile)."""
+    def fill(self, lane: Lane, chunk: RangeChunk, epoch: int | None = None) -> bool:
+        """Give ``lane`` its records (False: closed, parked or replaced meanwhile, or, given the
+        ``epoch`` the read was planned in, its records were put back to be read again since: a
+        read planned before that continues from records the lane no longer has)."""
         with self._cond:
             if self._lanes.get(lane.lease_key) is not lane or lane.state is not LaneState.ACTIVE:
+                return False
+            if epoch is not None and epoch != lane.reads_epoch:
                 return False
             # What its consumer would have set had it delivered them: the checkpoint may go there.
             lane.checkpointer.set_largest_permitted(chunk.last)

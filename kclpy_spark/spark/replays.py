@@ -34,6 +34,7 @@ class Replay:
     stored: bool = True
     chunks: list[Chunk] = field(default_factory=list)
     ready: bool = False  # every record up to ``target`` has arrived
+    unread: bool = False  # its records were had, then lost: only a pinned read re-forms it
 
     @property
     def rows(self) -> int:
@@ -120,6 +121,12 @@ class Replays:
         for rep in self._queue:
             rep.chunks = []
             rep.ready = False
+            rep.unread = True
+
+    @property
+    def unread_waiting(self) -> bool:
+        """A replay whose records were lost waits for them (``unread``)."""
+        return any(rep.unread and not rep.ready for rep in self._queue)
 
     @property
     def last_target(self) -> ExtendedSequenceNumber | None:

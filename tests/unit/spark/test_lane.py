@@ -121,6 +121,27 @@ def test_a_cut_whose_stored_rows_are_gone_waits_for_a_pinned_read_and_drops_what
     assert not a.put_back_unread(first, (first.key,), now=106.0)  # no longer out
 
 
+@pytest.mark.parametrize("shard_end_first", [False, True])
+def test_records_to_read_again_at_the_shards_end_park_the_lane_instead_of_being_dropped(
+    shard_end_first: bool,
+) -> None:
+    """A final drain (shard end) cuts each replay at what arrived and drops one that got
+    nothing (its records trimmed). Records lost with an executor would be dropped so, and the
+    shard's reads have ended: the lane parks and its lease's next tenure reads them again."""
+    a = lane()
+    a.add(chunk(1, 3), now=101.0)
+    cut = a.cut(10, 10**9)
+    a.prepared(cut)
+    if shard_end_first:
+        a.force(final=True)
+    assert a.put_back_unread(cut, (cut.key,), now=102.0)
+    if not shard_end_first:
+        a.force(final=True)
+    assert a.state is LaneState.PARKED and "next tenure" in a.park_reason
+    assert a.drained(final=True) is DrainResult.PARKED
+    assert a.replaying and a.replay_group == (cut.key,)  # kept: never dropped as trimmed
+
+
 def test_a_cut_put_back_before_its_pending_checkpoint_gets_a_fresh_token() -> None:
     a = lane()
     a.add(chunk(1, 4), now=101.0)

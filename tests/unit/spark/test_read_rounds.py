@@ -99,6 +99,24 @@ def test_parked_and_closed_lanes_take_nothing_and_parked_ones_are_named() -> Non
     assert not feed.fill(make_lane("a"), range_chunk(1, 2, 2))  # not the lane the batcher has
 
 
+def test_a_read_planned_before_the_lanes_records_were_put_back_to_be_read_is_refused() -> None:
+    """Its records continue from ones the lane no longer has: taken, they would come before the
+    piece to re-form, which would then look trimmed and be dropped."""
+    lane = make_lane(depth=2)
+    feed, _ = feed_with(lane)
+    feed.fill(lane, range_chunk(10, 50, 5))
+    out = lane.cut(10**9, 10**9)
+    lane.prepared(out)
+    slot = feed.readable([KEY])[0][KEY]  # a read after 50, planned
+    assert lane.put_back_unread(out, (out.key,), now=1.0)  # its stored rows were lost
+    assert not feed.fill(lane, range_chunk(60, 90, 4), slot.epoch)
+    assert lane.unfilled() == (esn(50), esn(10)) and lane.rows == 0
+    again = feed.readable([KEY])[0][KEY]
+    assert again.unfilled == (esn(50), esn(10)) and again.epoch == slot.epoch + 1
+    assert feed.fill(lane, range_chunk(10, 50, 5), again.epoch)
+    assert lane.replay_key() == out.key
+
+
 def test_a_lane_re_forming_pieces_asks_for_each_one_pinned_in_turn() -> None:
     a_piece = PieceKey(KEY, esn(10), esn(30))
     lane = make_lane(replays=[(esn(30), (a_piece,), None), (esn(70), (), None)])
@@ -346,7 +364,7 @@ class RefusingFeed:
     def readable(self, lease_keys: Any) -> tuple[dict[str, ReadSlot], set[str]]:
         return {}, set()
 
-    def fill(self, lane: Lane, chunk: RangeChunk) -> bool:
+    def fill(self, lane: Lane, chunk: RangeChunk, epoch: int | None = None) -> bool:
         return False  # parked or closed while the read ran
 
 
@@ -388,7 +406,7 @@ def test_collapsed_lag_reports_add_up_the_records_they_counted() -> None:
 
 
 class TakingFeed(RefusingFeed):
-    def fill(self, lane: Lane, chunk: RangeChunk) -> bool:
+    def fill(self, lane: Lane, chunk: RangeChunk, epoch: int | None = None) -> bool:
         return True
 
 
