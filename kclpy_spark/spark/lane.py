@@ -149,6 +149,7 @@ class Lane:
         self.oldest: float | None = None  # monotonic time the oldest buffered record arrived
         self.read_to: ExtendedSequenceNumber | None = None  # the last record it was given
         self.reads_epoch = 0  # counts put_back_unread: reads planned before one are refused
+        self.rereads = 0  # put_back_unread since the lane's checkpoint last moved
         self.forced = False  # flush without waiting (shard end, shutdown)
         self.final = False  # no more records will come (shard end): force(final=True)
         self._outs: deque[Cut] = deque()  # cut and not yet committed, in lease order
@@ -281,9 +282,11 @@ class Lane:
             return None
         cut.group = group
         listed = [(c.key, c.group or (), c.token) for c in self._outs if c.group is not None]
+        # A range still to re-form is named by its batch's piece (records lost with an executor
+        # wait for a pinned read while earlier cuts are out, and their pending is rewritten).
         listed += [
             (
-                r.key(self.lease_key) or PieceKey(self.lease_key, r.target, r.target),
+                r.piece(self.lease_key) or PieceKey(self.lease_key, r.target, r.target),
                 r.group,
                 r.token,
             )
@@ -327,6 +330,7 @@ class Lane:
     def committed(self, cut: Cut) -> None:
         """The checkpoint moved to the cut's end: it and the cuts before it are done."""
         self._committing = False
+        self.rereads = 0
         if cut in self._outs:
             while self._outs and self._outs.popleft() is not cut:
                 pass
@@ -379,14 +383,14 @@ class Lane:
         after the last of them. The lane is not parked."""
         if not self.put_back(cut, group, now):
             return False
-        if self.final:  # the shard's reads have ended: none would come for them here
-            self.park(UNREAD_AT_SHARD_END)
-            return True
         self._replays.unread()
         self._chunks.clear()
         self.read_to = self._replays.last_target
         self.reads_epoch += 1
+        self.rereads += 1
         self._recount()
+        if self.final:  # the shard's reads have ended: none would come for them here
+            self.park(UNREAD_AT_SHARD_END)
         return True
 
     def put_back_all(self, now: float) -> bool:

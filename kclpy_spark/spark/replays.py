@@ -50,6 +50,13 @@ class Replay:
             return None
         return PieceKey(lease_key, self.chunks[0].first, self.chunks[-1].last)
 
+    def piece(self, lease_key: str) -> PieceKey | None:
+        """The piece it re-forms: its key once ready, before that the lease's piece its batch
+        names (None when the batch does not name it: a pending state of the first format)."""
+        return self.key(lease_key) or next(
+            (k for k in self.group if k.lease_key == lease_key), None
+        )
+
 
 class Replays:
     """The lane's replays in lease order."""
@@ -111,7 +118,7 @@ class Replays:
         batch names the piece (what a read on the executors pins to re-form it)."""
         for rep in self._queue:
             if not rep.ready:
-                piece = next((k for k in rep.group if k.lease_key == lease_key), None)
+                piece = rep.piece(lease_key)
                 return rep.target, None if piece is None else piece.first
         return None
 

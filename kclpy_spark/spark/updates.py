@@ -244,22 +244,27 @@ class LaneUpdates:
                 lane.park(f"checkpoint failed: {error}")
             self._cond.notify_all()
 
-    def reread(self, batch: Batch, error: BaseException) -> None:
+    def reread(self, batch: Batch, error: BaseException) -> bool:
         """The rows the batch's reads stored on the executors are gone (an executor lost): each
         cut goes back to be read again, pinned to its ends, and written in the same batch; the
-        lanes are not parked (what failed was a copy, not the records or the sink)."""
-        log.warning(
-            "%r: the rows its reads stored on the executors are gone (an executor lost?); its "
-            "pieces are read again: %s",
-            batch,
-            str(error).splitlines()[0][:300] if str(error) else repr(error),
-        )
+        lanes are not parked (what failed was a copy, not the records or the sink). False (and
+        nothing done) once a lane of the batch was read again ``max_attempts`` times without its
+        checkpoint moving: a batch whose write itself kills executors is given up on instead."""
         with self._cond:
+            if any(lane.rereads >= self._settings.max_attempts for lane, _ in batch.parts):
+                return False
+            log.warning(
+                "%r: the rows its reads stored on the executors are gone (an executor lost?); "
+                "its pieces are read again: %s",
+                batch,
+                str(error).splitlines()[0][:300] if str(error) else repr(error),
+            )
             batch.move(BatchState.REREAD)
             now = self._clock.monotonic()
             for lane, cut in batch.parts:
                 lane.put_back_unread(cut, batch.group, now)
             self._cond.notify_all()
+            return True
 
     def gave_up(self, batch: Batch, error: BaseException) -> None:
         """Nothing is checkpointed: each cut goes back to the head of its lane to be re-formed,

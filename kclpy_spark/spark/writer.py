@@ -160,8 +160,8 @@ class BatchWriter:
             self._events.abandoned(batch)
             return
         assert batch.error is not None
-        if _rereadable(batch, batch.error):  # the records are not lost, only their copy
-            self._events.reread(batch, batch.error)
+        # The records are not lost, only their copy: read again (up to a budget).
+        if _rereadable(batch, batch.error) and self._events.reread(batch, batch.error):
             return
         self._events.gave_up(batch, batch.error)
 

@@ -121,6 +121,32 @@ def test_a_cut_whose_stored_rows_are_gone_waits_for_a_pinned_read_and_drops_what
     assert not a.put_back_unread(first, (first.key,), now=106.0)  # no longer out
 
 
+def test_a_pending_state_written_again_names_a_piece_to_read_again_by_its_own_ends() -> None:
+    """An earlier cut's pending checkpoint written again (its batch lost a lease meanwhile)
+    lists the later piece waiting for its pinned read by the piece's first and last record: a
+    next owner pins its read to both (named by its last record alone, the read would keep one
+    record and the rest of the piece would be skipped)."""
+    from kclpy_spark.spark.pieces import InFlight
+
+    a = lane(depth=2)
+    a.add(chunk(1, 3), now=101.0)
+    first = a.cut(10, 10**9)
+    group_first = (first.key, PieceKey("other", esn(1), esn(2)))
+    a.pending_state(first, group_first)
+    a.prepared(first)
+    a.add(chunk(4, 2), now=102.0)
+    second = a.cut(10, 10**9)
+    a.pending_state(second, (second.key,))
+    a.prepared(second)
+    assert a.put_back_unread(second, (second.key,), now=103.0)
+    pending = a.pending_state(first, (first.key,))  # written again: "other" left the batch
+    assert pending is not None
+    target, state = pending
+    assert target == esn(50)
+    assert state.pieces == (InFlight((first.key,), None), InFlight((second.key,), None))
+    assert second.key == PieceKey(KEY, esn(40), esn(50))
+
+
 @pytest.mark.parametrize("shard_end_first", [False, True])
 def test_records_to_read_again_at_the_shards_end_park_the_lane_instead_of_being_dropped(
     shard_end_first: bool,

@@ -398,6 +398,36 @@ def test_rows_lost_on_the_executors_are_read_again_not_retried_parked_or_dead_le
     assert env.lease(SHARDS[0]).checkpoint == esn(30)
 
 
+def test_a_batch_whose_rows_keep_being_lost_is_given_up_on_after_max_attempts_reads() -> None:
+    """A batch whose write itself kills executors (each time its rows are lost again) is read
+    again at most ``max_attempts`` times without its checkpoint moving, then parked as any
+    write that keeps failing, instead of being read and written for ever."""
+    from kclpy_spark.spark.frames import RangeChunk
+
+    env = manual(max_records=3, max_attempts=2)
+    lane = env.take(SHARDS[0])
+    chunk = RangeChunk(None, esn(10), esn(30), read=object(), lease_key=SHARDS[0],
+                       row_count=3, byte_count=30)  # fmt: skip
+    env.cps[SHARDS[0]].set_largest_permitted(esn(30))
+
+    def write(batch: SinkBatch) -> None:
+        env.sink.attempts.append((batch.batch_id, batch.attempt))
+        raise RuntimeError(
+            "[CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND] Checkpoint block rdd_7_0 not found!"
+        )
+
+    env.sink.write = write  # type: ignore[method-assign]
+    env.batcher.add(lane, chunk)
+    for _ in range(2):  # read again twice: the lane waits for its pinned read each time
+        env.batcher.run_until_idle()
+        assert env.batcher.lane_state(lane) is LaneState.ACTIVE and lane.unfilled() is not None
+        env.batcher.add(lane, chunk)
+    env.batcher.run_until_idle()
+    assert env.batcher.lane_state(lane) is LaneState.PARKED
+    assert len(env.sink.attempts) == 3 and env.batcher.stats.parked_batches == 1
+    assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON
+
+
 def test_dead_letter_policy_stores_the_batch_then_acknowledges_it() -> None:
     stored: list[tuple[SinkBatch, BaseException]] = []
 
