@@ -250,6 +250,8 @@ class LaneUpdates:
         lanes are not parked (what failed was a copy, not the records or the sink). False (and
         nothing done) once a lane of the batch was read again ``max_attempts`` times without its
         checkpoint moving: a batch whose write itself kills executors is given up on instead."""
+        text = str(error)  # a Java error's text is a call to the JVM: not under the lock
+        why = text.splitlines()[0][:300] if text else repr(error)
         with self._cond:
             if any(lane.rereads >= self._settings.max_attempts for lane, _ in batch.parts):
                 return False
@@ -257,7 +259,7 @@ class LaneUpdates:
                 "%r: the rows its reads stored on the executors are gone (an executor lost?); "
                 "its pieces are read again: %s",
                 batch,
-                str(error).splitlines()[0][:300] if str(error) else repr(error),
+                why,
             )
             batch.move(BatchState.REREAD)
             now = self._clock.monotonic()
