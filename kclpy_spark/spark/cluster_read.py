@@ -191,7 +191,7 @@ def read_ranges(
         sc.setJobDescription(description)
     jrdd = None
     try:
-        parts = max(1, min(n, partitions or _cores(session) or n))
+        parts = max(1, min(n, partitions or cluster_cores(session) or n))
         # The ranges travel in the function's closure, so PySpark makes a Python UDF each round
         # (~30 calls to the JVM). Given as SQL literals to one UDF made once, they would stay in
         # each execution's plan description, which Spark keeps for its last 1,000 executions
@@ -243,11 +243,11 @@ def waves(ranges: int, tasks: int) -> int:
 
 
 def default_parallelism(session: Any) -> int:
-    """The cluster's cores (``_cores``), else two."""
-    return _cores(session) or 2
+    """The cluster's cores (``cluster_cores``), else two."""
+    return cluster_cores(session) or 2
 
 
-def _cores(session: Any) -> int | None:
+def cluster_cores(session: Any) -> int | None:
     """The session's default parallelism (the cluster's cores); over Spark Connect (no
     SparkContext) the ``spark.default.parallelism`` setting, or None."""
     sc = _spark_context(session)

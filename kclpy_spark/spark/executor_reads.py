@@ -37,7 +37,7 @@ from kclpy_spark.spark.cluster_read import (
     AwsTarget,
     RangeRead,
     StoredReads,
-    default_parallelism,
+    cluster_cores,
     read_ranges,
     waves,
 )
@@ -167,10 +167,10 @@ class ExecutorReads:
         clock: Clock | None = None,
         jobs: Interrupter | None = None,
         read: ReadJob = read_ranges,
-        tasks: Callable[[Any], int] = default_parallelism,
+        tasks: Callable[[Any], int | None] = cluster_cores,
     ) -> None:
         """``tasks(session)``: how many tasks a read job runs side by side (the cluster's
-        cores)."""
+        cores; None: not known, one task a range)."""
         self._session = session
         self._aws = aws
         self._s = settings
@@ -294,8 +294,8 @@ class ExecutorReads:
         ``READS_AT_ONCE`` at a time, so with many leases a core, one after another."""
         tag = f"kclpy-spark-read-{self._id}-{self.rounds}"  # no other reader's jobs
         session = self._session()
-        tasks = self._tasks(session)
-        limit = read_job_limit(ranges, tasks, self._s.job_grace)
+        tasks = self._tasks(session)  # given to the read: the cluster is asked once a round
+        limit = read_job_limit(ranges, tasks or len(ranges), self._s.job_grace)
         overran = threading.Event()
 
         def cancel() -> None:

@@ -507,6 +507,30 @@ def test_a_read_jobs_deadline_counts_the_waves_of_ranges_its_busiest_task_reads(
     assert read_job_limit(ranges, tasks, grace=90.0) == pytest.approx(limit)
 
 
+@pytest.mark.parametrize(("cores", "given"), [(3, 3), (None, None)])
+def test_the_read_is_given_the_clusters_cores_as_asked_once_for_the_deadline(
+    cores: int | None, given: int | None
+) -> None:
+    """Cores not known (Spark Connect without ``spark.default.parallelism``): the read keeps its
+    own default, a task a range, and the deadline counts one wave."""
+    asked: list[Any] = []
+    end = RangeEnd(KEY, None, None, 0, 0, millis_behind_latest=0)
+
+    def job(session: Any, ranges: Any, aws: Any, **kw: Any) -> RangeRead:
+        asked.append(kw["partitions"])
+        return RangeRead(None, {KEY: end})
+
+    reads_, _, _ = started(OneSlotFeed(), ExecutorReads(
+        lambda: None, AwsTarget("us-east-1"), ReadSettings(), jobs=Jobs(), read=job,
+        tasks=lambda session: cores,
+    ))  # fmt: skip
+    try:
+        assert reads_.read_round() == 1
+    finally:
+        reads_.close()
+    assert asked == [given]
+
+
 def test_a_read_job_in_time_is_not_cancelled() -> None:
     jobs = Jobs()
     end = RangeEnd(KEY, None, None, 0, 0, millis_behind_latest=0)
