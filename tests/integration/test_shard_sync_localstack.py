@@ -60,6 +60,7 @@ class History:
     high_child: str
     merged: str
     between: datetime  # after the split, before the merge
+    timeline: str  # when the split and the merge were asked for, for a failure's message
     listing: dict[str, dict[str, Any]]  # shard id -> ListShards entry, every shard
 
     @property
@@ -95,6 +96,7 @@ def history(kinesis_client: Any) -> Iterator[History]:
         )
         lo, hi = (int(first["HashKeyRange"][k]) for k in ("StartingHashKey", "EndingHashKey"))
         mid = (lo + hi) // 2 + 1
+        split_at = time.time()
         kinesis_client.split_shard(
             StreamName=name, ShardToSplit=first["ShardId"], NewStartingHashKey=str(mid)
         )
@@ -108,6 +110,7 @@ def history(kinesis_client: Any) -> Iterator[History]:
         time.sleep(SECOND_CLEAR)
         between = datetime.now(UTC)
         time.sleep(SECOND_CLEAR)
+        merge_at = time.time()
         # The upper child and the second shard are adjacent: merge them.
         kinesis_client.merge_shards(
             StreamName=name, ShardToMerge=children[mid], AdjacentShardToMerge=second["ShardId"]
@@ -127,6 +130,10 @@ def history(kinesis_client: Any) -> Iterator[History]:
             high_child=children[mid],
             merged=merged,
             between=between,
+            timeline=(
+                f"split asked at {split_at:.3f}, between {between.timestamp():.3f}, "
+                f"merge asked at {merge_at:.3f}, merge active at {time.time():.3f}"
+            ),
             listing=listing,
         )
     finally:
@@ -339,7 +346,9 @@ def test_sync_creates_exactly_the_expected_leases_once(
         # LocalStack answers AT_TRIM_HORIZON with every shard; AWS with the two first ones.
         assert set(expected) in (case.on_aws(history), history.all_ids)
     else:
-        assert set(expected) == case.on_aws(history)
+        assert set(expected) == case.on_aws(history), (
+            f"LocalStack's {position} listing: {sorted(expected)}; {history.timeline}"
+        )
 
     first = syncer.sync()
     assert first.table_was_empty
