@@ -36,8 +36,9 @@ def child(master: str, endpoint: str, shards: int, range_records: int) -> dict[s
     from pyspark.sql import SparkSession
 
     from checkpoint.sequence import ExtendedSequenceNumber
-    from kclpy_spark.spark.cluster_read import AwsTarget, read_ranges
+    from kclpy_spark.spark.cluster_read import read_ranges
     from kclpy_spark.spark.executor_probe import probe_executors
+    from kclpy_spark.spark.range_tasks import AwsTarget
     from kclpy_spark.spark.ranges import ReadRange, next_range
 
     os.environ["PYSPARK_PYTHON"] = sys.executable

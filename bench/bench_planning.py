@@ -26,10 +26,11 @@ from typing import Any
 
 from checkpoint.base.clock import ManualClock
 from checkpoint.sequence import ExtendedSequenceNumber
-from kclpy_spark.spark.cluster_read import AwsTarget, RangeRead
+from kclpy_spark.spark.cluster_read import RangeRead
 from kclpy_spark.spark.executor_reads import ExecutorReads, LeaseSource, ReadSettings
 from kclpy_spark.spark.lane import Lane
 from kclpy_spark.spark.lane_feed import LanesFeed
+from kclpy_spark.spark.range_tasks import AwsTarget
 from kclpy_spark.spark.ranges import RangeEnd, ReadRange
 
 ROWS, NBYTES, LAG = 100, 20_000, 1_000

@@ -264,11 +264,11 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def _reads(
         self, ranges: list[ReadRange]
     ) -> list[tuple[ReadRange, tuple[list[pa.RecordBatch], RangeEnd]]]:
-        from kclpy_spark.spark.cluster_read import AwsTarget, _executor_reads, one_line
+        from kclpy_spark.spark.range_tasks import AwsTarget, one_line, task_reads
 
         aws = AwsTarget(self._options.region, self._options.endpoint_url)
         done = []
-        for rng, outcome in _executor_reads().reads(ranges, aws):
+        for rng, outcome in task_reads().reads(ranges, aws):
             if isinstance(outcome, BaseException):  # one line per failed task, not its stack
                 raise KclpySparkError(
                     f"kinesis-kcl: shard {rng.shard_id}: {one_line(outcome)}"
@@ -291,7 +291,7 @@ def _pinned(rng: ReadRange, pin: Pin) -> ReadRange:
 
 def _as_output(batch: pa.RecordBatch) -> pa.RecordBatch:
     """A chunk of the record columns as Spark holds them."""
-    from kclpy_spark.spark.cluster_read import spark_columns
+    from kclpy_spark.spark.range_tasks import spark_columns
 
     return pa.RecordBatch.from_arrays(spark_columns(batch), names=batch.schema.names)
 

@@ -31,5 +31,6 @@ MicroBatcher and its writer threads), ``batch_life`` (one batch's states), ``ack
 batch must answer before its checkpoint moves), ``timed_write`` (a write with a deadline, on threads
 that a hung write cannot exhaust), ``sink_processor`` (SparkSinkProcessor), ``sink_batch`` (what a
 sink is given), ``sinks`` (Parquet, Delta, dead letters), and the executor reads
-(``executor_reads``, ``cluster_read``, ``ranges``, ``frames``).
+(``executor_reads``, ``cluster_read`` on the driver, ``range_tasks`` on the executors,
+``ranges``, ``frames``).
 """

@@ -20,7 +20,8 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from checkpoint.base.errors import KclpySparkError
-from kclpy_spark.spark.cluster_read import AwsTarget, default_parallelism
+from kclpy_spark.spark.cluster_read import default_parallelism
+from kclpy_spark.spark.range_tasks import AwsTarget
 
 PROBE_DDL = "pid bigint, host string, error string, version string"
 PROBE_TIMEOUT = 5.0  # seconds for the executor's one DescribeStreamSummary call

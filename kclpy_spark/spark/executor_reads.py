@@ -33,16 +33,10 @@ from checkpoint.base.retry import Backoff
 from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.retrieval.polling import MAX_READ_PAUSE, pause_before_next_call
 from kclpy_spark.retrieval.source import FetchedBatch, ReadElsewhere
-from kclpy_spark.spark.cluster_read import (
-    AwsTarget,
-    RangeRead,
-    StoredReads,
-    cluster_cores,
-    read_ranges,
-    waves,
-)
+from kclpy_spark.spark.cluster_read import RangeRead, StoredReads, cluster_cores, read_ranges
 from kclpy_spark.spark.frames import RangeChunk
 from kclpy_spark.spark.lane import Lane
+from kclpy_spark.spark.range_tasks import AwsTarget, waves
 from kclpy_spark.spark.ranges import Pinned, RangeEnd, ReadRange
 from kclpy_spark.spark.sink_batch import Interrupter, NoInterrupter
 from kclpy_spark.spark.watchdog import Watchdog
@@ -109,7 +103,7 @@ class ReadSettings:
     max_gather: float = 0.5
     kpl: bool = True
     # A read job still running this long past its ranges' ``max_seconds``, for each wave of
-    # ranges its busiest task reads (``cluster_read.waves``), is cancelled: a task gives up on a
+    # ranges its busiest task reads (``range_tasks.waves``), is cancelled: a task gives up on a
     # range's Kinesis read 60 s after its budget; this bounds a Spark-level hang.
     job_grace: float = 90.0
 

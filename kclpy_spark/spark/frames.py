@@ -74,7 +74,8 @@ class ExecutorFrames:
         ``index_column``, each row also carries its piece's index in ``pieces``."""
         from pyspark.sql import functions as F
 
-        from kclpy_spark.spark.cluster_read import LEASE_COLUMN, without_read_columns
+        from kclpy_spark.spark.cluster_read import without_read_columns
+        from kclpy_spark.spark.range_tasks import LEASE_COLUMN
         from kclpy_spark.spark.sql_text import sql_string
 
         wanted = {p.lease_key for p in pieces}

@@ -173,9 +173,9 @@ def _executor_reads(
     if sink_cfg.read_on != "executors":
         return None
     from kclpy_spark.aws import region_of
-    from kclpy_spark.spark.cluster_read import AwsTarget
     from kclpy_spark.spark.executor_probe import probe_executors
     from kclpy_spark.spark.executor_reads import ExecutorReads, ReadSettings
+    from kclpy_spark.spark.range_tasks import AwsTarget
 
     aws = AwsTarget(region_of(worker_cfg), worker_cfg.endpoint_url)
     if probe:

@@ -12,8 +12,9 @@ import os
 import sys
 
 from checkpoint.sequence import ExtendedSequenceNumber
-from kclpy_spark.spark.cluster_read import AwsTarget, read_ranges
+from kclpy_spark.spark.cluster_read import read_ranges
 from kclpy_spark.spark.executor_probe import ExecutorProbeError, probe_executors
+from kclpy_spark.spark.range_tasks import AwsTarget
 from kclpy_spark.spark.ranges import ReadRange
 
 PY_FILES_ENV = "KCLPY_TEST_PY_FILES"

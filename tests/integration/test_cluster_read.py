@@ -15,14 +15,8 @@ import pytest
 from jvm_calls import jvm_calls
 
 from checkpoint.sequence import ExtendedSequenceNumber
-from kclpy_spark.spark.cluster_read import (
-    OUTPUT_DDL,
-    AwsTarget,
-    RangeRead,
-    StoredReads,
-    _output_type,
-    read_ranges,
-)
+from kclpy_spark.spark.cluster_read import RangeRead, StoredReads, _output_type, read_ranges
+from kclpy_spark.spark.range_tasks import OUTPUT_DDL, AwsTarget
 from kclpy_spark.spark.ranges import RangeEnd, ReadRange, next_range
 
 REGION = "us-east-1"

@@ -12,9 +12,10 @@ from typing import Any
 from jvm_calls import jvm_calls
 
 from checkpoint.sequence import ExtendedSequenceNumber as ESN
-from kclpy_spark.spark.cluster_read import END_COLUMN, OUTPUT_DDL, RangeRead
+from kclpy_spark.spark.cluster_read import RangeRead
 from kclpy_spark.spark.frames import ExecutorFrames, RangeChunk
 from kclpy_spark.spark.pieces import Piece, PieceKey
+from kclpy_spark.spark.range_tasks import END_COLUMN, OUTPUT_DDL
 from kclpy_spark.spark.ranges import RangeEnd
 from kclpy_spark.spark.session import DEBUGGING
 from kclpy_spark.spark.sql_text import sql_name, sql_string

@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 from jvm_calls import jvm_calls
 
-from kclpy_spark.spark.cluster_read import OUTPUT_SCHEMA, READ_COLUMNS
+from kclpy_spark.spark.range_tasks import OUTPUT_SCHEMA, READ_COLUMNS
 from kclpy_spark.spark.values import value_fields, with_values
 
 

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 
 from kclpy_spark import __version__
-from kclpy_spark.spark.cluster_read import AwsTarget
 from kclpy_spark.spark.executor_probe import ProbeAnswer, other_version, probe_partition
+from kclpy_spark.spark.range_tasks import AwsTarget
 
 
 @pytest.mark.parametrize(

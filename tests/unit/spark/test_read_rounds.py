@@ -19,7 +19,7 @@ from checkpoint.base.clock import ManualClock
 from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.retrieval.polling import MAX_READ_PAUSE, MIN_INTERVAL_WHILE_BEHIND
 from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress, ReadElsewhere
-from kclpy_spark.spark.cluster_read import AwsTarget, RangeRead
+from kclpy_spark.spark.cluster_read import RangeRead
 from kclpy_spark.spark.executor_reads import (
     ExecutorReads,
     LeaseSource,
@@ -34,6 +34,7 @@ from kclpy_spark.spark.frames import RangeChunk
 from kclpy_spark.spark.lane import Lane
 from kclpy_spark.spark.lane_feed import LanesFeed
 from kclpy_spark.spark.pieces import PieceKey
+from kclpy_spark.spark.range_tasks import AwsTarget
 from kclpy_spark.spark.ranges import Pinned, RangeEnd, ReadRange
 from kclpy_spark.spark.relay import LeaseRelay, _Inbox
 
@@ -649,9 +650,9 @@ def test_a_delayed_range_is_not_called_before_its_delay_on_the_executor(
     """On the executor the task waits the range's delay before its first call, outside the gate
     that bounds how many ranges a task reads at once: with room for one read at a time, a range
     without delay is read while the other one waits."""
-    from kclpy_spark.spark import cluster_read
+    from kclpy_spark.spark import range_tasks
 
-    monkeypatch.setattr(cluster_read, "READS_AT_ONCE", 1)
+    monkeypatch.setattr(range_tasks, "READS_AT_ONCE", 1)
     calls: dict[str, float] = {}
 
     class Client(Scripted):
@@ -662,7 +663,7 @@ def test_a_delayed_range_is_not_called_before_its_delay_on_the_executor(
         async def get_records(self, **_: Any) -> dict[str, Any]:
             return _answer([1], "it-1")
 
-    reads_ = cluster_read._ExecutorReads()
+    reads_ = range_tasks.TaskReads()
     reads_._frozen = True  # not this test process's heap
 
     async def client(aws: Any) -> Any:

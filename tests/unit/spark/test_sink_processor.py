@@ -225,8 +225,8 @@ def test_the_stream_column_names_the_lease_stream_in_multi_stream_mode() -> None
 def test_the_factory_shows_the_executor_reads_figures_in_its_metrics(sink: Sink) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from kclpy_spark.spark.cluster_read import AwsTarget
     from kclpy_spark.spark.executor_reads import ExecutorReads, ReadSettings
+    from kclpy_spark.spark.range_tasks import AwsTarget
 
     reads = ExecutorReads(lambda: None, AwsTarget("us-east-1"), ReadSettings())
     reads.rounds, reads.stored.kept = 7, 2
