@@ -31,13 +31,13 @@ from checkpoint.base.clock import Clock, SystemClock
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.base.retry import Backoff
 from checkpoint.sequence import ExtendedSequenceNumber
-from kclpy_spark.retrieval.polling import MAX_READ_PAUSE, pause_before_next_call
 from kclpy_spark.retrieval.source import FetchedBatch, ReadElsewhere
 from kclpy_spark.spark.cluster_read import RangeRead, StoredReads, cluster_cores, read_ranges
 from kclpy_spark.spark.frames import RangeChunk
 from kclpy_spark.spark.lane import Lane
-from kclpy_spark.spark.range_tasks import AwsTarget, waves
+from kclpy_spark.spark.range_tasks import AwsTarget
 from kclpy_spark.spark.ranges import Pinned, RangeEnd, ReadRange
+from kclpy_spark.spark.read_timing import is_behind, paced, read_job_limit, round_leases
 from kclpy_spark.spark.sink_batch import Interrupter, NoInterrupter
 from kclpy_spark.spark.watchdog import Watchdog
 
@@ -254,7 +254,7 @@ class ExecutorReads:
         self.stored.release()
         now = self._clock.monotonic()
         with self._lock:
-            due = _due(self._entries, now, self._gather)
+            due = round_leases(self._entries, now, self._gather)
         if not due:
             return 0
         slots, parked = self._feed.readable(due.keys())
@@ -376,7 +376,7 @@ class ExecutorReads:
             at = end.last if end.last is not None else rng.after
             entry.iterator, entry.iterator_at = end.next_iterator, at
             entry.next_read_at = self._next_read(rng, end, now)
-            entry.behind = _behind(rng, end)
+            entry.behind = is_behind(rng, end)
         children = [dict(c) for c in end.child_shards]
         last = end.last.sequence_number if end.last is not None else None
         counted = ReadElsewhere(end.rows, end.nbytes, last, end.throttled)
@@ -387,26 +387,15 @@ class ExecutorReads:
     def _next_read(self, rng: ReadRange, end: RangeEnd, began: float) -> float:
         """When the lease is read next: after ``idle_seconds`` at the tip; while behind, as soon as
         the shard may be called again (``_paced``)."""
-        if not _behind(rng, end):
+        if not is_behind(rng, end):
             return self._clock.monotonic() + self._s.idle_seconds
         return self._paced(end, began + rng.delay)  # its task called no sooner
 
     def _paced(self, end: RangeEnd, began: float) -> float:
-        """When the shard may be called again after the read that found ``end`` (5 calls a
-        second, ``read_rate`` bytes a second): counted from the read's last call as its task paced
-        it (``end.next_call_at``), not from the end of the job (which would add the job's length
-        to every page's pause). The task's figure is on the executor's clock, which may be off:
-        the result is never before the pause counted from the job's start (``began``, before any
-        of its calls) nor later than the longest pause a reader waits from now. Without the
-        task's figure, the pause counts from now."""
-        done = self._clock.monotonic()
+        """When the shard may be called again after the read that found ``end`` (``paced``)."""
         s = self._s
-        pause = pause_before_next_call(s.min_interval, 0.0, end.nbytes, 0.0, s.read_rate)
-        if end.next_call_at is None:
-            return done + pause
-        longest = max(s.min_interval, MAX_READ_PAUSE)
-        remaining = min(max(end.next_call_at - self._clock.wall(), 0.0), longest)
-        return max(began + pause, done + remaining)
+        return paced(end, began, done=self._clock.monotonic(), wall=self._clock.wall(),
+                     min_interval=s.min_interval, read_rate=s.read_rate)  # fmt: skip
 
     def _failed(self, entry: _Entry, why: str, now: float) -> None:
         with self._lock:
@@ -417,32 +406,3 @@ class ExecutorReads:
             soonest = self._clock.monotonic() + self._s.min_interval
             entry.next_read_at = max(now + self._backoff.delay(entry.failures), soonest)
         entry.post(RangeReadError(f"shard {entry.source.shard_id}: {why}"))
-
-
-def read_job_limit(ranges: Collection[ReadRange], tasks: int, grace: float) -> float:
-    """Seconds a read job of ``ranges`` over ``tasks`` tasks may run before it is cancelled: the
-    longest delay, then, for each wave of ranges the busiest task reads, the longest time budget
-    and ``grace``. (Counting one wave only, a job of more than ``READS_AT_ONCE`` leases a core
-    that Kinesis throttled was cancelled every round, every lease's read with it.)"""
-    longest = max(r.max_seconds for r in ranges) + grace
-    return max(r.delay for r in ranges) + waves(len(ranges), tasks) * longest
-
-
-def _due(entries: Mapping[str, _Entry], now: float, ahead: float) -> dict[str, _Entry]:
-    """The leases a round reads: none unless one is due now; then also those behind that are
-    due within ``ahead`` (their ranges wait the difference). A lease at its tip is not taken
-    early: it has little to read, and its wait would lengthen the job for the others."""
-    live = {k: e for k, e in entries.items() if not e.ended}
-    if not any(e.next_read_at <= now for e in live.values()):
-        return {}
-    return {k: e for k, e in live.items()
-            if e.next_read_at <= now or (e.behind and e.next_read_at <= now + ahead)}  # fmt: skip
-
-
-def _behind(rng: ReadRange, end: RangeEnd) -> bool:
-    """More records are waiting: the range stopped at its budget, or the shard is behind."""
-    if rng.pinned is not None:
-        return True  # a re-formed piece: what follows it is read next
-    full = end.rows >= rng.max_records or end.nbytes >= rng.max_bytes
-    unknown = end.rows > 0 and end.millis_behind_latest is None  # a full page: maybe more
-    return full or unknown or bool(end.millis_behind_latest)

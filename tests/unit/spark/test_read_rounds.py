@@ -26,9 +26,7 @@ from kclpy_spark.spark.executor_reads import (
     RangeReadError,
     ReadSettings,
     ReadSlot,
-    _behind,
     _Entry,
-    read_job_limit,
 )
 from kclpy_spark.spark.frames import RangeChunk
 from kclpy_spark.spark.lane import Lane
@@ -36,6 +34,7 @@ from kclpy_spark.spark.lane_feed import LanesFeed
 from kclpy_spark.spark.pieces import PieceKey
 from kclpy_spark.spark.range_tasks import AwsTarget
 from kclpy_spark.spark.ranges import Pinned, RangeEnd, ReadRange
+from kclpy_spark.spark.read_timing import is_behind, read_job_limit, round_leases
 from kclpy_spark.spark.relay import LeaseRelay, _Inbox
 
 TRIM = ExtendedSequenceNumber("TRIM_HORIZON")
@@ -195,7 +194,7 @@ def test_a_lease_is_read_again_at_once_only_while_records_wait(
     pin = Pinned(None, esn(3), None) if pinned else None
     rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, TRIM, max_records=100, max_bytes=500,
                     pinned=pin)  # fmt: skip
-    assert _behind(rng, end) is behind
+    assert is_behind(rng, end) is behind
 
 
 def test_the_relay_inbox_keeps_order_and_only_the_newest_lag() -> None:
@@ -593,11 +592,9 @@ def _entry_due(at: float, ended: bool = False, behind: bool = True) -> _Entry:
 def test_a_round_takes_the_leases_due_now_and_those_behind_due_before_its_job_would_end(
     due_at: dict[str, float], ahead: float, want: set[str]
 ) -> None:
-    from kclpy_spark.spark.executor_reads import _due
-
     entries = {k: _entry_due(at, ended=k == "ended", behind=k != "tip")
                for k, at in due_at.items()}  # fmt: skip
-    assert set(_due(entries, 10.0, ahead)) == want
+    assert set(round_leases(entries, 10.0, ahead)) == want
 
 
 class AllSlotsFeed(RefusingFeed):

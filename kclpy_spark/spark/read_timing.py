@@ -1,0 +1,71 @@
+"""When the executor reads read each lease (pure rules; times on the driver's monotonic clock
+unless named otherwise): which leases a round takes, whether a lease is behind, when its shard
+may be called again, and how long a read job may run before it is cancelled."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Protocol, TypeVar
+
+from kclpy_spark.retrieval.polling import MAX_READ_PAUSE, pause_before_next_call
+from kclpy_spark.spark.range_tasks import waves
+from kclpy_spark.spark.ranges import RangeEnd, ReadRange
+
+
+class Timed(Protocol):
+    """A lease as a round sees it."""
+
+    next_read_at: float
+    behind: bool  # its last read left records waiting: it may join a round early
+    ended: bool  # read to its shard's end: never read again
+
+
+T = TypeVar("T", bound=Timed)
+
+
+def round_leases(entries: Mapping[str, T], now: float, ahead: float) -> dict[str, T]:
+    """The leases a round reads: none unless one is due now; then also those behind that are
+    due within ``ahead`` (their ranges wait the difference). A lease at its tip is not taken
+    early: it has little to read, and its wait would lengthen the job for the others."""
+    live = {k: e for k, e in entries.items() if not e.ended}
+    if not any(e.next_read_at <= now for e in live.values()):
+        return {}
+    return {k: e for k, e in live.items()
+            if e.next_read_at <= now or (e.behind and e.next_read_at <= now + ahead)}  # fmt: skip
+
+
+def is_behind(rng: ReadRange, end: RangeEnd) -> bool:
+    """More records are waiting: the range stopped at its budget, or the shard is behind."""
+    if rng.pinned is not None:
+        return True  # a re-formed piece: what follows it is read next
+    full = end.rows >= rng.max_records or end.nbytes >= rng.max_bytes
+    unknown = end.rows > 0 and end.millis_behind_latest is None  # a full page: maybe more
+    return full or unknown or bool(end.millis_behind_latest)
+
+
+def paced(
+    end: RangeEnd, began: float, *, done: float, wall: float, min_interval: float, read_rate: float
+) -> float:
+    """When the shard may be called again after the read that found ``end`` (``min_interval``
+    between calls, ``read_rate`` bytes a second), the read's job having begun at ``began`` and
+    ended at ``done``, ``wall`` being the driver's wall clock then: counted from the read's last
+    call as its task paced it (``end.next_call_at``, on the executor's wall clock), not from the
+    end of the job (which would add the job's length to every page's pause). That clock may be
+    off: the result is never before the pause counted from ``began`` (before any of the job's
+    calls) nor later than the longest pause a reader waits from ``done``. Without the task's
+    figure, the pause counts from ``done``."""
+    pause = pause_before_next_call(min_interval, 0.0, end.nbytes, 0.0, read_rate)
+    if end.next_call_at is None:
+        return done + pause
+    longest = max(min_interval, MAX_READ_PAUSE)
+    remaining = min(max(end.next_call_at - wall, 0.0), longest)
+    return max(began + pause, done + remaining)
+
+
+def read_job_limit(ranges: Collection[ReadRange], tasks: int, grace: float) -> float:
+    """Seconds a read job of ``ranges`` over ``tasks`` tasks may run before it is cancelled: the
+    longest delay, then, for each wave of ranges the busiest task reads, the longest time budget
+    and ``grace``. (Counting one wave only, a job of more than ``READS_AT_ONCE`` leases a core
+    that Kinesis throttled was cancelled every round, every lease's read with it.)"""
+    longest = max(r.max_seconds for r in ranges) + grace
+    return max(r.delay for r in ranges) + waves(len(ranges), tasks) * longest
