@@ -35,7 +35,9 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
 import shlex
+import signal
 from collections.abc import Sequence
 from typing import Any
 
@@ -232,11 +234,17 @@ class SubprocessProcessor(RecordProcessor):
             return
 
     async def _next_message(self, action: str) -> protocol.ChildMessage:
+        """The child's next message; ``timeoutInSeconds`` counts until it comes, however many
+        stray lines come first (as the MultiLangDaemon waits for a message, not a line)."""
         proc = self._proc
         assert proc is not None and proc.stdout is not None
+        loop = asyncio.get_running_loop()
+        timeout = self._spec.timeout
+        deadline = None if timeout is None else loop.time() + timeout
         while True:
+            left = None if deadline is None else max(0.0, deadline - loop.time())
             try:
-                line = await asyncio.wait_for(proc.stdout.readline(), self._spec.timeout)
+                line = await asyncio.wait_for(proc.stdout.readline(), left)
             except TimeoutError:
                 raise ChildTimeoutError(
                     f"shard {self.shard_id}: no answer from the child for "
@@ -363,11 +371,9 @@ class SubprocessProcessor(RecordProcessor):
                  proc.returncode)  # fmt: skip
 
     async def _stop(self, proc: asyncio.subprocess.Process) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.terminate()
+        _signal_group(proc, signal.SIGTERM)
         if await self._wait_exit(proc, TERMINATE_WAIT) is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+            _signal_group(proc, signal.SIGKILL)
             await self._wait_exit(proc, TERMINATE_WAIT)
 
     async def _end_stderr(self) -> None:
@@ -384,11 +390,24 @@ class SubprocessProcessor(RecordProcessor):
         if proc is None:
             return
         if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+            _signal_group(proc, signal.SIGKILL)
             log.warning("shard %s: killed child process %d", self.shard_id, proc.pid)
         with contextlib.suppress(Exception):
             await self._wait_exit(proc, TERMINATE_WAIT)
         task, self._stderr = self._stderr, None
         if task is not None:
             task.cancel()
+
+
+def _signal_group(proc: asyncio.subprocess.Process, sig: int) -> None:
+    """Signal the child and every process it started: it leads a session and process group of
+    its own (``start_new_session``), so an app run by a wrapper script (``executableName =
+    run.sh`` without ``exec``) goes with the wrapper instead of living on, orphaned. Only while
+    the child is not yet reaped (its pid, the group's id, cannot have been reused)."""
+    if proc.returncode is not None:
+        return
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)

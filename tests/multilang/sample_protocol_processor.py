@@ -14,7 +14,8 @@ on stdout, wrapping each line in newlines as amazon-kclpy does. For each message
 
 Every message and checkpoint answer is also logged to ``events-<pid>.jsonl`` in the output folder.
 ``SAMPLE_HANG_ON=<action>`` makes it stop answering when that message arrives (for the timeout
-test). Exits at the end of its input.
+test); with ``SAMPLE_HANG_CHATTY=1`` it prints a stray line on stdout every 0.2 s meanwhile, as
+an app's background thread might. Exits at the end of its input.
 """
 
 import base64
@@ -25,6 +26,7 @@ import time
 
 OUTPUT = os.environ.get("KCLPY_SPARK_SAMPLE_OUTPUT", "kclpy-spark-output")
 HANG_ON = os.environ.get("SAMPLE_HANG_ON", "")
+HANG_CHATTY = os.environ.get("SAMPLE_HANG_CHATTY") == "1"
 
 
 def send(message):
@@ -101,7 +103,10 @@ def main():
         action = message["action"]
         if action == HANG_ON:
             event(shard, "hanging", action=action)
-            time.sleep(3600)
+            for _ in range(18000):
+                if HANG_CHATTY:
+                    print("still busy (a stray line, not an answer)", flush=True)
+                time.sleep(0.2)
         if action == "initialize":
             shard = message["shardId"]
             event(shard, "initialize", seq=message["sequenceNumber"],

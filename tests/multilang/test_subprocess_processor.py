@@ -188,6 +188,50 @@ def test_a_silent_child_is_timed_out_and_killed(tmp_path: Path) -> None:
     assert processor._proc is None
 
 
+def test_stray_lines_do_not_restart_the_childs_timeout(tmp_path: Path) -> None:
+    """timeoutInSeconds counts until the child's next message, not its next line: a hung app
+    whose background thread keeps printing is still timed out."""
+    shard = held_shard()
+    chatty = spec(tmp_path, SAMPLE_HANG_ON="processRecords", SAMPLE_HANG_CHATTY="1")
+    processor = SubprocessProcessor(ChildSpec(**{**chatty.__dict__, "timeout": 1}))
+
+    async def scenario() -> float:
+        await start(processor, shard)
+        began = time.monotonic()
+        with pytest.raises(ChildTimeoutError, match="timeoutInSeconds"):
+            await asyncio.wait_for(deliver(processor, shard, 1, 1), 20)
+        return time.monotonic() - began
+
+    assert asyncio.run(scenario()) < 5
+    assert processor._proc is None
+
+
+def test_a_timed_out_child_takes_the_processes_it_started_with_it(tmp_path: Path) -> None:
+    """An app started by a wrapper script that does not ``exec`` it: killing the wrapper alone
+    would leave the hung app running, orphaned, each retry one more."""
+    shard = held_shard()
+    wrapper = tmp_path / "run_app.sh"
+    wrapper.write_text(f'#!/bin/sh\n"{sys.executable}" "{PROTOCOL_SCRIPT}"\necho done\n')
+    wrapper.chmod(0o755)
+    wrapped = spec(tmp_path, SAMPLE_HANG_ON="processRecords")
+    processor = SubprocessProcessor(
+        ChildSpec(**{**wrapped.__dict__, "command": (str(wrapper),), "timeout": 1})
+    )
+
+    async def scenario() -> None:
+        await start(processor, shard)
+        with pytest.raises(ChildTimeoutError):
+            await deliver(processor, shard, 1, 1)
+
+    asyncio.run(scenario())
+    hung = [e["pid"] for e in read_events(tmp_path / "out") if e["event"] == "hanging"]
+    assert len(hung) == 1
+    deadline = time.monotonic() + 5
+    while pid_alive(hung[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(hung[0]), "the app the wrapper started outlived the timeout"
+
+
 def test_a_dead_child_is_replaced_for_the_next_batch(tmp_path: Path) -> None:
     shard = held_shard()
     processor = SubprocessProcessor(spec(tmp_path))
