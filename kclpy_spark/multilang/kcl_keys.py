@@ -52,6 +52,7 @@ FIELDS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "applicationName": ("application_name", lambda k, v: v),
     "regionName": ("region", lambda k, v: v),
     "workerId": ("worker_id", lambda k, v: v),
+    "workerIdentifier": ("worker_id", lambda k, v: v),  # the KCL's own name; workerId sets it
     "failoverTimeMillis": ("failover_time", as_seconds),
     "maxRecords": ("max_records", lambda k, v: as_int(k, v, high=10_000)),
     "idleTimeBetweenReadsInMillis": ("idle_time_between_reads", as_seconds),

@@ -323,6 +323,10 @@ def config_from_properties(
     Raises ConfigError naming the property (or field) that is wrong.
     """
     props = {k: v.strip() for k, v in raw.items() if v.strip()}
+    if "applicationName" not in props:
+        # As the MultiLangDaemon: without it, apps on different streams would share a lease table
+        # (and, in one stream's table, their shards' leases).
+        raise ConfigError("property 'applicationName' is required (it names the lease table)")
     values: dict[str, Any] = {"lease_store": "dynamodb"}
     keys: dict[str, str] = {}  # WorkerConfig field -> the property that set it
     _direct_fields(props, values, keys)
@@ -339,6 +343,10 @@ def config_from_properties(
         keys["initial_position"] = f"initialPositionInStream{'Extended' if extended else ''}"
     _behaviour_checks(props)
     _retrieval(props, values, keys)
+    if values.get("retrieval_mode") == "fanout" and "consumer_name" not in values:
+        # The KCL names its fan-out consumer after applicationName, whatever tableName says.
+        values["consumer_name"] = props["applicationName"]
+        keys["consumer_name"] = "applicationName"
     settings = _multilang(props, folder)
     for key, value in props.items():
         if key.startswith(EXTENSION_PREFIX):

@@ -247,6 +247,27 @@ def test_retrieval_mode() -> None:
         build(retrievalMode="STREAMING")
 
 
+@pytest.mark.skipif(not FANOUT_SUPPORTED, reason="this version polls")
+def test_the_fan_out_consumer_is_named_after_the_application_whatever_the_table() -> None:
+    named, _ = build(retrievalMode="FANOUT", tableName="orders-leases")
+    given, _ = build(retrievalMode="FANOUT", tableName="orders-leases", consumerName="efo")
+    assert (named.application_name, named.consumer_name) == ("orders-leases", "orders-app")
+    assert given.consumer_name == "efo"
+
+
+@pytest.mark.parametrize("props", [{}, {"ApplicationName": "orders-app"}, {"applicationName": " "}])
+def test_the_application_name_is_required(props: dict[str, str]) -> None:
+    """As the MultiLangDaemon: apps that left it out would share one default lease table."""
+    raw = {k: v for k, v in BASE.items() if k != "applicationName"} | props
+    with pytest.raises(ConfigError, match="'applicationName' is required"):
+        config_from_properties(raw, folder=Path("."))
+
+
+def test_worker_identifier_is_the_kcls_name_for_worker_id() -> None:
+    cfg, _ = build(workerIdentifier="host-7")
+    assert cfg.worker_id == "host-7"
+
+
 def test_overrides_win_over_the_file() -> None:
     cfg, _ = config_from_properties(
         {**BASE, "workerId": "from-file", "kinesisEndpoint": "http://a:1"},
