@@ -122,7 +122,7 @@ class Checkpointer:
         self._token = token
         self._largest_permitted = largest_permitted
         self._at_shard_end: ExtendedSequenceNumber | None = None
-        self._delivered = DeliveredRecords()
+        self._delivered = DeliveredRecords(start=largest_permitted)
         self._written: ExtendedSequenceNumber | None = None  # the last checkpoint this one wrote
         self._retry_policy = retry_policy
         self._sleep = sleep

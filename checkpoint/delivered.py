@@ -38,10 +38,15 @@ class _Batch:
 
 
 class DeliveredRecords:
-    def __init__(self, max_records: int = MAX_RECORDS) -> None:
+    def __init__(
+        self, max_records: int = MAX_RECORDS, *, start: ExtendedSequenceNumber | None = None
+    ) -> None:
+        """``start``: where delivery began, the lease's checkpoint then (a checkpoint there again
+        is allowed, as the KCL allows one at the last checkpoint)."""
         self._batches: deque[_Batch] = deque()
         self._records = 0
         self._max = max_records
+        self._start = start
         self._forgotten: ExtendedSequenceNumber | None = None  # last position forgotten
         self._covered: ExtendedSequenceNumber | None = None  # the last checkpoint made
         self.tracking = False  # False until a batch with its sequence numbers was delivered
@@ -74,7 +79,7 @@ class DeliveredRecords:
     def names_a_record(self, position: ExtendedSequenceNumber) -> bool:
         """Whether ``position`` (a sequence number, not a sentinel) is a record delivered since
         the last checkpoint; True when nothing is tracked or its batch was forgotten."""
-        if not self.tracking or position.is_sentinel:
+        if not self.tracking or position.is_sentinel or position == self._start:
             return True
         for bound in (self._forgotten, self._covered):
             if bound is not None and not bound < position:

@@ -584,6 +584,21 @@ def test_a_sequence_number_inside_the_range_but_not_delivered_is_refused(
     assert stored(table).checkpoint == esn("150")
 
 
+def test_a_checkpoint_at_the_lease_checkpoint_the_tenure_started_from_is_allowed(
+    table: FaultyTable, worker: Worker
+) -> None:
+    """As the KCL (a checkpoint may equal the last one): an app that checkpoints at the sequence
+    number its initialize gave it, after a batch was delivered, was refused as naming no record
+    delivered."""
+    start = stored(table).checkpoint
+    cp = worker.take(largest=start)  # as a tenure makes it: nothing delivered yet
+    cp.set_largest_permitted(esn("130"), ["110", "120", "130"])
+    cp.checkpoint(start.sequence_number)
+    assert stored(table).checkpoint == start
+    with raises(ILLEGAL_ARGUMENT):
+        cp.checkpoint("105")  # between the start and the batch: still no record delivered
+
+
 def test_a_batch_that_failed_is_forgotten_with_its_records(
     table: FaultyTable, cp: Checkpointer
 ) -> None:
