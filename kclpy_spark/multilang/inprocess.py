@@ -40,6 +40,7 @@ from typing import Any, ClassVar
 
 from checkpoint.base.errors import ConfigError
 from checkpoint.checkpointer import LeaseLostCheckpointer
+from kclpy_spark.multilang.protocol import coerce_sequence, coerce_sub_sequence
 from kclpy_spark.processor import (
     Checkpointer,
     CheckpointError,
@@ -80,8 +81,11 @@ class KclpyCheckpointer:
     def checkpoint(
         self, sequence_number: str | None = None, sub_sequence_number: int | None = None
     ) -> None:
+        """As the subprocess path: the values as the daemon would read them from the app's
+        JSON (a sequence number given as an int is its digits)."""
+        seq, sub = coerce_sequence(sequence_number), coerce_sub_sequence(sub_sequence_number)
         try:
-            self._inner.checkpoint(sequence_number, sub_sequence_number)
+            self._inner.checkpoint(seq, sub)
         except CheckpointError as exc:
             if self._error_class is None:
                 raise

@@ -153,13 +153,15 @@ class StrayLine:
 ChildMessage = StatusMessage | CheckpointRequest
 
 
-def _coerce_sequence(value: Any) -> Any:
+def coerce_sequence(value: Any) -> Any:
+    """A sequence number as the daemon reads it (Jackson takes a JSON number as the string)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     return value
 
 
-def _coerce_sub_sequence(value: Any) -> Any:
+def coerce_sub_sequence(value: Any) -> Any:
+    """A sub-sequence number as the daemon reads it (a whole number as text or float)."""
     if isinstance(value, str) and value.strip().isdigit():
         return int(value)
     if isinstance(value, float) and value.is_integer():
@@ -185,8 +187,8 @@ def decode_child_line(line: str | bytes) -> ChildMessage | StrayLine | None:
         return StatusMessage(response_for if isinstance(response_for, str) else None)
     if action == CHECKPOINT:
         return CheckpointRequest(
-            _coerce_sequence(message.get("sequenceNumber")),
-            _coerce_sub_sequence(message.get("subSequenceNumber")),
+            coerce_sequence(message.get("sequenceNumber")),
+            coerce_sub_sequence(message.get("subSequenceNumber")),
         )
     if action is None:
         return StrayLine(text, "no action")

@@ -194,6 +194,22 @@ def test_without_amazon_kclpy_errors_are_our_checkpoint_error() -> None:
     assert info.value.value == "IllegalArgumentException"
 
 
+def test_a_checkpoint_given_an_int_is_taken_as_its_digits(amazon_kclpy: ModuleType) -> None:
+    """As the subprocess path and the Java daemon read the app's JSON: an app that keeps its
+    sequence numbers as ints (the kclpy samples do) checkpoints with one."""
+
+    class IntCheckpoints:
+        version = 3
+
+        def process_records(self, process_records_input: Any) -> None:
+            last = process_records_input.records[-1]
+            process_records_input.checkpointer.checkpoint(int(last.sequence_number))
+
+    shard = held_shard()
+    deliver(KclpyProcessorAdapter(IntCheckpoints()), shard, 1, 3)
+    assert shard.stored() == ExtendedSequenceNumber(seq(3))
+
+
 def test_not_a_kclpy_processor() -> None:
     with pytest.raises(ConfigError, match="'version' attribute is None"):
         KclpyProcessorAdapter(object())
