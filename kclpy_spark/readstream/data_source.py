@@ -40,7 +40,7 @@ from kclpy_spark.readstream.offsets import (
 )
 from kclpy_spark.readstream.options import SourceOptions
 from kclpy_spark.readstream.pins import DirectoryPins
-from kclpy_spark.spark.ranges import Pinned, RangeEnd, ReadRange
+from kclpy_spark.spark.ranges import PINNED_TIME_FACTOR, Pinned, RangeEnd, ReadRange
 
 SCHEMA = (
     "stream string, shard_id string, sequence_number string, sub_sequence_number bigint, "
@@ -244,6 +244,11 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         value = json.loads(partition.value)
         run, batch = str(value["run"]), int(value["batch"])
         pins = self._pins()
+        if not pins.planned(run, batch):  # the driver marks a batch before any of its tasks runs
+            raise KclpySparkError(
+                f"kinesis-kcl: pinLocation {self._options.pin_location} is not a folder the "
+                "driver and the executors share (the driver's mark of this batch is not there)"
+            )
         ranges = []
         for text in value["ranges"]:
             rng = ReadRange.from_json(text)
@@ -256,7 +261,7 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                           bounded=end.bounded, next_iterator=end.next_iterator,
                           children=tuple(end.child_shards))  # fmt: skip
                 winner = pins.put_first(run, batch, rng.shard_id, pin)
-                if winner != pin:  # another attempt of this task pinned first: its records
+                if not winner.same_records(pin):  # another attempt pinned first: its records
                     ((_, (chunks, _)),) = self._reads([_pinned(rng, winner)])
             for chunk in chunks:
                 yield _as_output(chunk)
@@ -285,8 +290,11 @@ def _limits(limit: Any) -> tuple[int | None, int | None]:
 
 
 def _pinned(rng: ReadRange, pin: Pin) -> ReadRange:
+    """``rng`` read again to ``pin`` exactly (more time: what it must read may have taken the
+    first read all of its budget)."""
     pinned = Pinned(pin.first, pin.last, pin.rows, pin.ended)
-    return replace(rng, pinned=pinned, until_millis=None, iterator=None)
+    return replace(rng, pinned=pinned, until_millis=None, iterator=None,
+                   max_seconds=rng.max_seconds * PINNED_TIME_FACTOR)  # fmt: skip
 
 
 def _as_output(batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -75,6 +75,11 @@ class Pin:
     # query holding leases creates their leases at the shard's end, as the KCL does.
     children: tuple[Mapping[str, Any], ...] = ()
 
+    def same_records(self, other: Pin) -> bool:
+        """Whether a read to ``other`` gives this pin's records (the rest, such as the next
+        iterator, differs between two reads of the same records)."""
+        return (self.first, self.last, self.rows) == (other.first, other.last, other.rows)
+
     def to_json(self) -> dict[str, Any]:
         return {"first": _esn_text(self.first), "last": _esn_text(self.last), "rows": self.rows,
                 "ended": self.ended, "caught_up": self.caught_up, "bounded": self.bounded,

@@ -36,7 +36,7 @@ from kclpy_spark.spark.cluster_read import RangeRead, StoredReads, cluster_cores
 from kclpy_spark.spark.frames import RangeChunk
 from kclpy_spark.spark.lane import Lane
 from kclpy_spark.spark.range_tasks import AwsTarget
-from kclpy_spark.spark.ranges import Pinned, RangeEnd, ReadRange
+from kclpy_spark.spark.ranges import PINNED_TIME_FACTOR, Pinned, RangeEnd, ReadRange
 from kclpy_spark.spark.read_timing import is_behind, paced, read_job_limit, round_leases
 from kclpy_spark.spark.sink_batch import Interrupter, NoInterrupter
 from kclpy_spark.spark.watchdog import Watchdog
@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 
 ESN = ExtendedSequenceNumber
 Post = Callable[[FetchedBatch | BaseException], None]
-PINNED_TIME_FACTOR = 10  # a pinned read's time budget, in plain reads' ``max_seconds``
 
 
 class RangeReadError(KclpySparkError):

@@ -36,6 +36,12 @@ class RangeMismatchError(KclpySparkError):
     retriable = False
 
 
+# A pinned read's time budget, in a plain read's ``max_seconds``: it must read all of what a
+# first read found, which may have been cut by time (a slow or throttled shard), and it cannot
+# stop early without breaking its pin.
+PINNED_TIME_FACTOR = 10
+
+
 @dataclass(frozen=True)
 class Pinned:
     """A range's records as its first read found them: both ends included (None: no record).

@@ -1,0 +1,68 @@
+"""The readStream source's pins on the executors' side (no Spark, no Kinesis): a task that does
+not see the driver's folder fails at once, a pinned read gets the time a pin needs, and two
+reads of the same records are told apart from two different reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checkpoint.base.errors import KclpySparkError
+from checkpoint.lease import HashKeyRange
+from checkpoint.sequence import ExtendedSequenceNumber as ESN
+from kclpy_spark.readstream.data_source import KinesisKclStreamReader, _pinned
+from kclpy_spark.readstream.offsets import Pin
+from kclpy_spark.readstream.options import SourceOptions
+from kclpy_spark.spark.ranges import PINNED_TIME_FACTOR, ReadRange
+from shard_sync.shards import Shard
+
+
+class OneShard:
+    def list_shards(self, shard_filter: object = None) -> list[Shard]:
+        return [Shard("s0", None, None, HashKeyRange(0, 2**128 - 1), "100")]
+
+
+def reader(pins: Path) -> Any:
+    options = SourceOptions.parse({"streamName": "s", "endpointUrl": "http://127.0.0.1:1",
+                                   "initialPosition": "TRIM_HORIZON",
+                                   "pinLocation": str(pins)})  # fmt: skip
+    source: Any = KinesisKclStreamReader(options)
+    source._lister = OneShard()
+    return source
+
+
+def test_a_task_that_does_not_see_the_drivers_pin_folder_fails_naming_it(tmp_path: Path) -> None:
+    """On a cluster whose executors have a folder of the same path but not the driver's, each
+    task pinned on its own disk: the driver found no pin, read the same range again in the next
+    batch, and so on for ever, without a word."""
+    driver = reader(tmp_path / "pins")
+    start = driver.initialOffset()
+    end = driver.latestOffset(start, None)
+    (partition,) = driver.partitions(start, end)  # the driver marks the batch in its folder
+    elsewhere = reader(tmp_path / "pins-on-another-host")
+    elsewhere._reads = lambda ranges: pytest.fail("read Kinesis before checking the pins")
+    with pytest.raises(KclpySparkError, match="not a folder the driver and the executors share"):
+        list(elsewhere.read(partition))
+
+
+def test_a_pinned_read_gets_the_time_a_pin_needs() -> None:
+    rng = ReadRange("s0", "s", {"StreamName": "s"}, "s0", ESN("TRIM_HORIZON"), max_seconds=30.0)
+    again = _pinned(rng, Pin(ESN("1"), ESN("9"), 9))
+    assert again.pinned is not None and again.max_seconds == 30.0 * PINNED_TIME_FACTOR
+
+
+@pytest.mark.parametrize(
+    ("other", "same"),
+    [
+        (Pin(ESN("1"), ESN("9"), 9, next_iterator="another"), True),
+        (Pin(ESN("1"), ESN("9"), 9, caught_up=True), True),
+        (Pin(ESN("1"), ESN("8"), 8), False),
+        (Pin(None, None, 0), False),
+    ],
+)
+def test_two_pins_name_the_same_records_whatever_their_iterators(other: Pin, same: bool) -> None:
+    """A second attempt that lost the race to pin read again only when its records differ
+    (the next iterator always differs between two reads)."""
+    assert Pin(ESN("1"), ESN("9"), 9, next_iterator="one").same_records(other) is same
