@@ -7,9 +7,11 @@ Kept per delivered batch, in order: its first and last position and a 64-bit has
 record's sequence number (8 bytes per record outstanding, in an array: the records' own strings
 are not kept alive). A lookup scans one batch's hashes (a false match needs a 64-bit collision
 inside the batch's range). Batches a checkpoint covers are dropped. A processor that delivers
-without checkpointing for long would grow it, so at most ``max_records`` positions are kept (2 MB
-per lease): older batches are forgotten, and for positions inside forgotten batches only the
-range is checked (as the KCL does).
+without checkpointing for long would grow it, so at most ``max_records`` are kept, a batch
+counting as its records and ``BATCH_WEIGHT`` more (its own objects: about 500 bytes, as much as
+64 records' hashes), so about 2 MB per lease however small the batches: older batches are
+forgotten, and for positions inside forgotten batches only the range is checked (as the KCL
+does).
 
 Pure; the checkpointer calls it under its lock.
 """
@@ -25,6 +27,7 @@ from checkpoint.sequence import ExtendedSequenceNumber
 
 # 8 bytes per record: 2 MB at most per lease.
 MAX_RECORDS = 250_000
+BATCH_WEIGHT = 64  # a batch's own objects (~500 bytes), in records' hashes
 
 
 @dataclass
@@ -58,23 +61,23 @@ class DeliveredRecords:
         self.tracking = True
         first = ExtendedSequenceNumber(sequence_numbers[0])
         self._batches.append(_Batch(first, last, array("q", map(hash, sequence_numbers))))
-        self._records += len(sequence_numbers)
+        self._records += len(sequence_numbers) + BATCH_WEIGHT
         while self._records > self._max and len(self._batches) > 1:
             dropped = self._batches.popleft()
-            self._records -= len(dropped.hashes)
+            self._records -= len(dropped.hashes) + BATCH_WEIGHT
             self._forgotten = dropped.last
 
     def undo_after(self, position: ExtendedSequenceNumber) -> None:
         """Batches after ``position`` were not processed after all (process_records raised)."""
         while self._batches and position < self._batches[-1].last:
-            self._records -= len(self._batches.pop().hashes)
+            self._records -= len(self._batches.pop().hashes) + BATCH_WEIGHT
 
     def checkpointed(self, position: ExtendedSequenceNumber) -> None:
         """Forget the batches a checkpoint at ``position`` covers."""
         if self._covered is None or self._covered < position:
             self._covered = position
         while self._batches and self._batches[0].last <= position:
-            self._records -= len(self._batches.popleft().hashes)
+            self._records -= len(self._batches.popleft().hashes) + BATCH_WEIGHT
 
     def names_a_record(self, position: ExtendedSequenceNumber) -> bool:
         """Whether ``position`` (a sequence number, not a sentinel) is a record delivered since

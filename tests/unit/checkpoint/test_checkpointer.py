@@ -652,6 +652,31 @@ def test_delivered_records_keep_eight_bytes_per_record_not_the_records_strings()
     assert not seen.names_a_record(esn(str(base + 49 * 1000 + 999 + 1)))
 
 
+def test_delivered_records_of_one_record_batches_stay_near_the_bound() -> None:
+    """A quiet shard gives a record or two a call; a processor that checkpoints rarely kept each
+    as a batch of its own, ~500 bytes, so the 250,000-record bound was ~120 MB a lease."""
+    import gc
+    import tracemalloc
+
+    from checkpoint.delivered import BATCH_WEIGHT, MAX_RECORDS, DeliveredRecords
+
+    seen = DeliveredRecords()
+    base = 49_000_000_000_000_000_000_000_000_000_000_000_000_000_000_000
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(20_000):
+            text = str(base + n)
+            seen.delivered([text], esn(text))
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(seen._batches) <= MAX_RECORDS // (1 + BATCH_WEIGHT)
+    assert grown < 4_000_000
+    assert seen.names_a_record(esn(str(base + 19_999)))
+
+
 def test_a_batch_that_raised_after_a_checkpoint_keeps_what_it_checkpointed(
     table: FaultyTable, cp: Checkpointer
 ) -> None:
