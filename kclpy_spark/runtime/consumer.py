@@ -229,8 +229,10 @@ class ShardConsumer:
             self.stats.call_started = None
 
     async def _safe(self, method: Callable[[Any], Any], arg: object, name: str) -> None:
+        """A call whose failure is only logged (lease_lost, shutdown_requested); timed as every
+        call is, so one that never returns shows as hung instead of a consumer still running."""
         try:
-            await call_processor(method, arg)
+            await self._call(method, arg)
         except Exception:
             log.exception("shard %s: the processor's %s raised", self.stats.shard_id, name)
 

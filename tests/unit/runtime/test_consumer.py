@@ -629,6 +629,41 @@ def test_a_processor_call_is_timed_while_it_runs() -> None:
     assert seen[0] is not None and consumer.stats.call_started is None
 
 
+def test_a_lease_lost_call_is_timed_while_it_runs() -> None:
+    """A lease_lost that never returned left the consumer 'running', untimed: the worker never
+    showed it as hung, and never took the lease again."""
+    import threading
+
+    env = Env()
+    env.lease()
+    release = threading.Event()
+    entered = threading.Event()
+
+    class SlowToLetGo(Recorder):
+        def lease_lost(self, lease_lost_input: LeaseLostInput) -> None:
+            entered.set()
+            assert release.wait(10.0)
+            super().lease_lost(lease_lost_input)
+
+    env.processor = SlowToLetGo()
+    consumer = env.consumer(FakeSources([batch(10)]))
+    seen: list[float | None] = []
+
+    async def go() -> Outcome:
+        task = asyncio.create_task(consumer.run())
+        while not env.processor.seen:
+            await asyncio.sleep(0.001)
+        consumer.lease_lost()
+        while not entered.is_set():
+            await asyncio.sleep(0.001)
+        seen.append(consumer.stats.call_started)
+        release.set()
+        return await asyncio.wait_for(task, 30)
+
+    assert asyncio.run(go()) is Outcome.LEASE_LOST
+    assert seen[0] is not None and consumer.stats.call_started is None
+
+
 def test_a_tenure_that_ends_while_waiting_for_records_leaves_no_task_behind() -> None:
     env = Env()
     env.lease()
