@@ -137,7 +137,17 @@ def lease_table_client(cfg: WorkerConfig, timeout: float) -> Any:
     return session.client("dynamodb", config=config, **client_kwargs(cfg))
 
 
-def aio_client(service: str, cfg: WorkerConfig, *, max_pool_connections: int = 50) -> Any:
+# Connections an asynchronous client may open at once. A fan-out subscription holds one for up to
+# five minutes (HTTP/1.1: no multiplexing); with 50, a worker's 51st subscription and every other
+# call of that client waited, without a deadline, for a subscription to end. Connections are
+# opened as calls need them (one per call in flight: bounded by the leases alive) and idle ones
+# closed after aiohttp's keep-alive time; this only must never be the limit.
+ASYNC_CONNECTIONS = 4096
+
+
+def aio_client(
+    service: str, cfg: WorkerConfig, *, max_pool_connections: int = ASYNC_CONNECTIONS
+) -> Any:
     """An aiobotocore client context manager: ``async with aio_client("kinesis", cfg) as c``."""
     from aiobotocore.session import AioSession
 
