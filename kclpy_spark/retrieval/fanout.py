@@ -44,7 +44,7 @@ from kclpy_spark.retrieval.source import (
     shard_iterator_of,
     wait_or_raise,
 )
-from kclpy_spark.retrieval.stream_consumer import CONSUMERS, ConsumerRegistry, stream_arn
+from kclpy_spark.retrieval.stream_consumer import CONSUMERS, ConsumerRegistry
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +203,8 @@ class FanOutFetcher:
                 f"SubscribeToShard on shard {self._shard_id}: {exc}"
             ) from exc
         log.warning("shard %s: %s; registering the consumer again", self._shard_id, exc)
-        self._registry.forget(await stream_arn(self._client, self._stream), self._consumer_name)
+        arn = await self._registry.stream_arn(self._client, self._stream, sleep=self._sleep)
+        self._registry.forget(arn, self._consumer_name)
         await self._sleep(self._backoff.next_delay())
         return await self._registry.ensure(
             self._client, self._stream, self._consumer_name, sleep=self._sleep

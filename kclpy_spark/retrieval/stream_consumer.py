@@ -10,7 +10,7 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from checkpoint.base.errors import error_code, map_aws_error
+from checkpoint.base.errors import KclpySparkError, error_code, map_aws_error
 from checkpoint.base.retry import Backoff
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,9 @@ class ConsumerRegistry:
 
     def __init__(self) -> None:
         self._arns: dict[tuple[str, str], str] = {}
+        # A stream's ARN by its name (asked once: DescribeStreamSummary allows 20 calls a second
+        # per account, and every fan-out fetcher that started or restarted asked it).
+        self._stream_arns: dict[str, str] = {}
         self._locks: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, dict[tuple[str, str], asyncio.Lock]
         ] = weakref.WeakKeyDictionary()
@@ -46,13 +49,39 @@ class ConsumerRegistry:
     def forget(self, arn: str, name: str) -> None:
         self._arns.pop((arn, name), None)
 
+    async def stream_arn(
+        self, client: Any, stream: dict[str, str], *, sleep: Sleep = asyncio.sleep
+    ) -> str:
+        """``stream``'s ARN, asked once per stream name; throttling and other transient failures
+        are retried with backoff (they ended the fetcher before, and its lease's budget with
+        them), what cannot succeed (a stream that does not exist, no permission) is raised."""
+        name = stream.get("StreamName")
+        if name is None:  # given by its ARN: no call
+            return await stream_arn(client, stream)
+        known = self._stream_arns.get(name)
+        if known is not None:
+            return known
+        backoff = Backoff()
+        while True:
+            try:
+                arn = await stream_arn(client, stream)
+            except KclpySparkError as exc:
+                if not exc.retriable:
+                    raise
+                delay = backoff.next_delay()
+                log.info("%s; retrying in %.2fs", exc, delay)
+                await sleep(delay)
+                continue
+            self._stream_arns[name] = arn
+            return arn
+
     async def ensure(
         self, client: Any, stream: dict[str, str], name: str, *, sleep: Sleep = asyncio.sleep
     ) -> str:
         """The ARN of consumer ``name`` on ``stream``, registered if absent, once ACTIVE.
         Raises ResourceNotFoundError if the stream does not exist, other mapped errors if the
         control plane refuses; retries throttling and transient failures."""
-        arn = await stream_arn(client, stream)
+        arn = await self.stream_arn(client, stream, sleep=sleep)
         key = (arn, name)
         known = self._arns.get(key)
         if known is not None:

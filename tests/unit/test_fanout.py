@@ -311,6 +311,31 @@ def test_registers_a_missing_consumer_waits_for_active_and_remembers_it() -> Non
     assert asyncio.run(deregister_consumer(kinesis, {"StreamARN": STREAM_ARN}, "app")) is False
 
 
+def test_the_stream_arn_is_asked_once_and_a_throttled_ask_is_retried() -> None:
+    """DescribeStreamSummary allows 20 calls a second per account: every fetcher (re)start asked
+    it, and a throttled answer ended the fetcher (counted toward parking its lease)."""
+    clock = FakeClock()
+    kinesis = FakeKinesis(clock, [])
+    asked: list[int] = []
+    answer = kinesis.describe_stream_summary
+
+    async def throttled_twice(**kw: Any) -> dict[str, Any]:
+        asked.append(1)
+        if len(asked) <= 2:
+            raise client_error("LimitExceededException")
+        return await answer(**kw)
+
+    kinesis.describe_stream_summary = throttled_twice  # type: ignore[method-assign]
+    registry = ConsumerRegistry()
+
+    async def three_fetchers() -> list[str]:
+        return [await registry.ensure(kinesis, {"StreamName": "s"}, "app", sleep=clock.sleep)
+                for _ in range(3)]  # fmt: skip
+
+    assert asyncio.run(three_fetchers()) == [CONSUMER_ARN] * 3
+    assert len(asked) == 3  # two throttled, one answer, then remembered
+
+
 def test_starting_positions_follow_the_polling_rules() -> None:
     latest = InitialPosition.latest()
     assert starting_position(ExtendedSequenceNumber("5"), latest) == {

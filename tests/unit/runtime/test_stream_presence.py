@@ -1,0 +1,75 @@
+"""How often a worker asks whether its streams still exist (DescribeStreamSummary, 20 calls a
+second per account): every control round (each failover time, 10 s) on every worker was the whole
+account's limit at 50 workers on 4 streams."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from checkpoint.base.clock import ManualClock
+from checkpoint.base.errors import ResourceNotFoundError
+from kclpy_spark.config import WorkerConfig
+from kclpy_spark.runtime.streams import StreamSet, presence_interval
+
+
+class Lister:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.deleted = False
+
+    def describe(self) -> tuple[str, float | None]:
+        self.calls += 1
+        if self.deleted:
+            raise ResourceNotFoundError("gone")
+        return "ACTIVE", None
+
+
+def streams(clock: ManualClock, names: list[str], timeout: float = 300.0) -> tuple[Any, dict]:
+    cfg = WorkerConfig(stream_name=names[0], missing_dependency_timeout=timeout)
+    found: Any = StreamSet(
+        cfg, lambda: (), table=None, kinesis_sync=None, kinesis_async=None,  # type: ignore[arg-type]
+        counters=None, clock=clock, rng=random.Random(1),  # type: ignore[arg-type]
+    )  # fmt: skip
+    listers = {n: Lister() for n in names}
+    found.contexts = {
+        n: SimpleNamespace(label=n, lister=listers[n], created=None, gone_since=None,
+                           checked_at=None)
+        for n in names
+    }  # fmt: skip
+    return found, listers
+
+
+@pytest.mark.parametrize(("timeout", "every"), [(300.0, 60.0), (6.0, 1.2), (1e6, 60.0)])
+def test_the_interval_is_a_fifth_of_the_timeout_at_most_a_minute(
+    timeout: float, every: float
+) -> None:
+    assert presence_interval(timeout) == pytest.approx(every)
+
+
+def test_each_stream_is_asked_once_a_minute_not_every_round() -> None:
+    clock = ManualClock()
+    found, listers = streams(clock, ["a", "b", "c", "d"])
+    for _ in range(60):  # ten minutes of control rounds, one every 10 s
+        asyncio.run(found.check_present())
+        clock.advance(10.0)
+    assert {n: lister.calls for n, lister in listers.items()} == dict.fromkeys(listers, 10)
+
+
+def test_a_deleted_stream_is_noticed_at_its_next_check_and_stays_missing_between() -> None:
+    clock = ManualClock()
+    found, listers = streams(clock, ["a"], timeout=300.0)
+    asyncio.run(found.check_present())
+    listers["a"].deleted = True
+    clock.advance(30.0)
+    assert asyncio.run(found.check_present()) == []  # not asked yet
+    clock.advance(30.0)
+    missing = asyncio.run(found.check_present())
+    assert [c.label for c in missing] == ["a"] and found.gone() == {"a": clock.monotonic()}
+    clock.advance(10.0)
+    assert [c.label for c in asyncio.run(found.check_present())] == ["a"]  # still, unasked
+    assert listers["a"].calls == 2
