@@ -136,6 +136,12 @@ class Checkpointer:
         with self._lock:
             return self._largest_permitted
 
+    @property
+    def written(self) -> ExtendedSequenceNumber | None:
+        """The last sequence number this checkpointer wrote (None: none yet)."""
+        with self._lock:
+            return self._written
+
     def set_largest_permitted(
         self, position: ExtendedSequenceNumber, sequence_numbers: Sequence[str] = ()
     ) -> None:

@@ -45,6 +45,7 @@ from kclpy_spark.processor import (
     InitializeInput,
     LeaseLostInput,
     ProcessRecordsInput,
+    Record,
     RecordProcessor,
     ShutdownRequestedInput,
 )
@@ -325,9 +326,10 @@ class ShardConsumer:
         # record delivered" (what checkpoint() with no argument records, e.g. in
         # shutdown_requested) stays at the end of the previous batch.
         before = checkpointer.largest_permitted
-        arg = ProcessRecordsInput(batch.records, batch.millis_behind_latest or 0, checkpointer)
-        sequence_numbers = [r.sequence_number for r in batch.records]
+        records = batch.records
         while True:
+            arg = ProcessRecordsInput(records, batch.millis_behind_latest or 0, checkpointer)
+            sequence_numbers = [r.sequence_number for r in records]
             # Checked before every delivery, not only when the renewer reports: a checkpoint that
             # lost its conditional write drops the lease at once.
             self.tenure.current()
@@ -339,8 +341,13 @@ class ShardConsumer:
                 break
             except Exception as exc:
                 checkpointer.set_largest_permitted(before)
-                first, final = batch.records[0].sequence_number, last.sequence_number
+                first, final = records[0].sequence_number, last.sequence_number
                 await self.budget.failed("process_records", exc, f" on records {first}..{final}")
+                # Offered again from after what it checkpointed before it failed (the KCL never
+                # delivers a checkpointed record again within a tenure).
+                records = _after(records, checkpointer.written)
+                if not records:
+                    break
         self.budget.succeeded()
         self._start.delivered(end)
         self._count(batch)
@@ -390,3 +397,13 @@ class ShardConsumer:
             call=self._call,
         )
         return Outcome.SHARD_END if done is ShardEnd.DONE else Outcome.RELEASED
+
+
+def _after(records: list[Record], position: ExtendedSequenceNumber | None) -> list[Record]:
+    """The records past ``position`` (all of them when None)."""
+    if position is None:
+        return records
+    return [
+        r for r in records
+        if position < ExtendedSequenceNumber(r.sequence_number, r.sub_sequence_number)
+    ]  # fmt: skip

@@ -252,6 +252,28 @@ def test_a_dead_child_is_replaced_for_the_next_batch(tmp_path: Path) -> None:
     assert len(inits) == 2 and inits[0]["pid"] != inits[1]["pid"]
 
 
+def test_a_child_started_after_one_died_resumes_at_what_was_checkpointed(tmp_path: Path) -> None:
+    """The new child's initialize said the tenure's start, though its predecessor had
+    checkpointed since: an app that resumes from initialize's sequence number redid that work."""
+    shard = held_shard()
+    processor = SubprocessProcessor(spec(tmp_path))
+
+    async def scenario() -> None:
+        await start(processor, shard)
+        await deliver(processor, shard, 1, 2)  # the child checkpoints at record 2
+        proc = processor._proc
+        assert proc is not None
+        proc.kill()
+        await proc.wait()
+        await deliver(processor, shard, 3, 1)  # a new child is started and initialized
+        await processor.lease_lost(LeaseLostInput())
+
+    asyncio.run(scenario())
+    inits = [e for e in read_events(tmp_path / "out") if e["event"] == "initialize"]
+    assert [e["seq"] for e in inits] == ["TRIM_HORIZON", seq(2)]
+    assert shard.stored() == ExtendedSequenceNumber(seq(3))
+
+
 def test_a_child_that_exits_mid_call_fails_the_call(tmp_path: Path) -> None:
     script = tmp_path / "quitter.py"
     script.write_text(

@@ -286,6 +286,43 @@ def test_a_step_that_keeps_failing_parks_the_lease_and_skips_nothing(
     assert env.kinds() == ["parked"] and what in env.events.recent()[0]["detail"]
 
 
+def test_a_batch_retried_after_a_partial_checkpoint_starts_after_that_checkpoint() -> None:
+    """A processor that checkpointed part of a batch, then raised: the retry offered the whole
+    batch again, records the lease's checkpoint already covers (the KCL never does)."""
+
+    class CheckpointsThenFails(Recorder):
+        failed = False
+
+        def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+            records = process_records_input.records
+            self.calls.append("process_records")
+            self.seen += [r.sequence_number for r in records]
+            if not self.failed:
+                self.failed = True
+                process_records_input.checkpointer.checkpoint(records[0].sequence_number)
+                raise RuntimeError("after a checkpoint")
+            process_records_input.checkpointer.checkpoint()
+
+    env = Env()
+    env.lease()
+    env.processor = CheckpointsThenFails()
+    assert env.run(env.consumer(FakeSources([batch(10, 20, 30), ended([])]))) is Outcome.SHARD_END
+    assert env.processor.seen == ["10", "20", "30", "20", "30"]
+
+
+def test_a_batch_wholly_checkpointed_before_its_processor_raised_is_not_offered_again() -> None:
+    class CheckpointsAllThenFails(Recorder):
+        def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+            super().process_records(process_records_input)
+            raise RuntimeError("after checkpointing everything")
+
+    env = Env()
+    env.lease()
+    env.processor = CheckpointsAllThenFails()
+    assert env.run(env.consumer(FakeSources([batch(10, 20), ended([])]))) is Outcome.SHARD_END
+    assert env.processor.seen == ["10", "20"]
+
+
 def test_a_processor_that_cannot_be_created_parks_the_lease() -> None:
     env = Env()
     env.lease()
