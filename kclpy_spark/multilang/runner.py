@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import importlib
 import importlib.util
+import inspect
 import logging
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -39,11 +41,12 @@ from kclpy_spark.runtime.consumer import ProcessorFactory
 log = logging.getLogger(__name__)
 
 
-def script_of(command: Sequence[str]) -> Path | None:
-    """The Python script a command runs: its first argument ending in ``.py`` that exists."""
+def script_of(command: Sequence[str], cwd: Path) -> Path | None:
+    """The Python script a command runs: its first argument ending in ``.py`` that exists, a
+    relative one in ``cwd`` (where the command runs: the .properties file's folder)."""
     for part in command:
-        if part.endswith(".py") and Path(part).is_file():
-            return Path(part)
+        if part.endswith(".py") and (cwd / part).is_file():
+            return (cwd / part).resolve()
     return None
 
 
@@ -87,8 +90,37 @@ def _import_script(script: Path) -> ModuleType:
         raise ConfigError(f"cannot import {str(script)!r}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    # A script that runs KCLProcess at import (no ``__main__`` guard) stops there: what it
+    # defined before is enough.
+    with _kcl_process_not_run(), contextlib.suppress(_WouldRun):
+        spec.loader.exec_module(module)
     return module
+
+
+class _WouldRun(BaseException):
+    """A script being imported called ``KCLProcess.run`` (it would read the worker's stdin)."""
+
+
+@contextlib.contextmanager
+def _kcl_process_not_run() -> Iterator[None]:
+    """While a script is imported, ``amazon_kclpy.kcl.KCLProcess.run`` stops the import
+    instead of running the MultiLang loop on this process's stdin (a script that calls it at
+    top level, without ``if __name__ == "__main__":``, hung the daemon's start)."""
+    try:
+        kcl = importlib.import_module("amazon_kclpy.kcl")
+    except ImportError:
+        yield
+        return
+
+    def stop(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise _WouldRun()
+
+    run = kcl.KCLProcess.run
+    kcl.KCLProcess.run = stop
+    try:
+        yield
+    finally:
+        kcl.KCLProcess.run = run
 
 
 def load_processor_class(target: str, folder: Path) -> Any:
@@ -126,6 +158,15 @@ def load_processor_class(target: str, folder: Path) -> Any:
         raise ConfigError(
             f"{target!r} is not an amazon_kclpy processor class (version 1, 2 or 3 expected)"
         )
+    try:
+        inspect.signature(cls).bind()
+    except TypeError as exc:
+        raise ConfigError(
+            f"{target!r} cannot be made without arguments ({exc}): the in-process path makes "
+            "one per lease, with none; give its arguments defaults, or run it as a subprocess"
+        ) from None
+    except ValueError:  # no signature to read (a class implemented in C): try it per lease
+        pass
     return cls
 
 
@@ -151,7 +192,7 @@ def build_factory(
         return subprocess_factory, f"subprocess path: {' '.join(spec.command)}"
     if processor is None:
         command = spec_from_settings(settings).command
-        script = script_of(command)
+        script = script_of(command, settings.cwd)
         name = None if script is None else processor_class_name(script)
         if script is None or name is None:
             raise ConfigError(

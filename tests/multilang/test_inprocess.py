@@ -269,6 +269,70 @@ def test_load_processor_class_errors(tmp_path: Path, target: str, message: str) 
         load_processor_class(target, tmp_path)
 
 
+def test_the_script_is_found_in_the_properties_folder_from_anywhere(
+    amazon_kclpy: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``executableName = python3 app.py`` runs in the .properties file's folder: the in-process
+    path looked for app.py in the daemon's own working folder instead."""
+    (tmp_path / "app.py").write_text(KCLPY_APP.read_text())
+    monkeypatch.chdir("/")
+    factory, description = build_factory(_config(tmp_path, "python3 app.py"), in_process=True)
+    assert type(factory()).__name__ == "KclpyProcessorAdapter"
+    assert str(tmp_path / "app.py") in description
+
+
+UNGUARDED = """\
+from amazon_kclpy import kcl
+from amazon_kclpy.v3 import processor
+
+
+class Unguarded(processor.RecordProcessorBase):
+    def initialize(self, initialize_input):
+        pass
+
+    def process_records(self, process_records_input):
+        pass
+
+    def lease_lost(self, lease_lost_input):
+        pass
+
+    def shard_ended(self, shard_ended_input):
+        shard_ended_input.checkpointer.checkpoint()
+
+    def shutdown_requested(self, shutdown_requested_input):
+        pass
+
+
+kcl.KCLProcess(Unguarded()).run()
+"""
+
+
+def test_a_script_that_runs_kclprocess_at_import_is_not_run(
+    amazon_kclpy: ModuleType, tmp_path: Path
+) -> None:
+    """Without ``if __name__ == "__main__":`` the import ran the MultiLang loop on the daemon's
+    own stdin (a hang at start-up)."""
+    (tmp_path / "unguarded.py").write_text(UNGUARDED)
+    factory, _ = build_factory(_config(tmp_path, "python3 unguarded.py"), in_process=True)
+    made = factory()
+    assert isinstance(made, KclpyProcessorAdapter)
+    assert type(made.processor).__name__ == "Unguarded"
+    from amazon_kclpy import kcl
+
+    assert kcl.KCLProcess.run.__name__ == "run"  # put back after the import
+
+
+def test_a_processor_class_that_needs_arguments_is_one_line_at_start(
+    amazon_kclpy: ModuleType, tmp_path: Path
+) -> None:
+    """It passed start-up, then failed on every lease until each was parked."""
+    script = UNGUARDED.replace("    def initialize(", "    def __init__(self, path):\n"
+                               "        self.path = path\n\n    def initialize(")  # fmt: skip
+    (tmp_path / "needs_args.py").write_text(script.replace("Unguarded()", "Unguarded('out')"))
+    with pytest.raises(ConfigError, match="cannot be made without arguments"):
+        build_factory(_config(tmp_path, "python3 needs_args.py"), in_process=True)
+
+
 def test_in_process_without_a_python_script(tmp_path: Path) -> None:
     config = _config(tmp_path, "/bin/cat")
     with pytest.raises(ConfigError, match="no processor class found"):
