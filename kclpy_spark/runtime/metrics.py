@@ -169,6 +169,12 @@ class WorkerMetrics:
             "kclpy_spark_lease_renewal_failures", "Renewals that raised", registry=r
         )
         self.leases_lost = Counter("kclpy_spark_leases_lost", "Leases lost", registry=r)
+        self.loop_stalls = Counter(
+            "kclpy_spark_event_loop_stalls",
+            "Times the worker's event loop, where renewals are scheduled, was blocked for a "
+            "quarter of the failover time or longer (an async processor method that blocks)",
+            registry=r,
+        )
         self.takes = Counter("kclpy_spark_lease_takes", "Leases taken (not stolen)", registry=r)
         self.steals = Counter("kclpy_spark_lease_steals", "Leases stolen", registry=r)
         self.checkpoint_seconds = Histogram(

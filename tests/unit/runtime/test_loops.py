@@ -114,3 +114,28 @@ def test_leases_held_is_counted_at_every_scrape_not_at_renewal_rounds() -> None:
     assert held() == 1
     clock.advance(11.0)  # not renewed within the lease duration: no longer held
     assert held() == 0
+
+
+def test_a_blocked_event_loop_is_told_of_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    """Renewal rounds are scheduled on the event loop: an async processor method that blocks it
+    for about half the failover time loses leases, which no log line explained."""
+    clock = ManualClock()
+    woke_late = iter([0.1, 3.0, 0.2, 2.4])  # seconds each sleep overran; the limit is 10 / 4
+    stalls: list[int] = []
+
+    async def sleep(seconds: float) -> None:
+        try:
+            clock.advance(seconds + next(woke_late))
+        except StopIteration:
+            raise asyncio.CancelledError from None
+
+    fake = SimpleNamespace(
+        clock=clock, sleep=sleep, cfg=SimpleNamespace(worker_id="w"),
+        timing=SimpleNamespace(lease_duration=10.0),
+        metrics=SimpleNamespace(loop_stalls=SimpleNamespace(inc=lambda: stalls.append(1))),
+    )  # fmt: skip
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(Worker._watch_the_loop(fake))  # type: ignore[arg-type]
+    assert len(stalls) == 1
+    assert [r.getMessage() for r in caplog.records if "event loop was blocked for 3.0 s" in
+            r.getMessage()]  # fmt: skip
