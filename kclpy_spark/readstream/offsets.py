@@ -20,6 +20,7 @@ Offsets are JSON dicts of strings, numbers and booleans (what Spark journals).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -28,6 +29,8 @@ from typing import Any
 from checkpoint.sequence import AT_TIMESTAMP, TRIM_HORIZON, ExtendedSequenceNumber, InitialPosition
 from shard_sync.hierarchy import InconsistentShardGraphError, leases_to_create
 from shard_sync.shards import Shard
+
+log = logging.getLogger(__name__)
 
 ESN = ExtendedSequenceNumber
 VERSION = 1
@@ -199,10 +202,18 @@ def next_offset(
     """The batch after ``previous`` (whose reads left ``pins``), given the stream's shards as
     listed now; unchanged (``previous`` itself) when an AvailableNow run has nothing left."""
     states = resolve(previous, pins) if previous.batch >= 0 else {}
-    ended = frozenset(previous.ended | {sid for sid, s in states.items() if s.ended})
-    open_states = {sid: s for sid, s in states.items() if not s.ended}
-    plans = _plans(previous, open_states, ended, listed, initial)
     listed_ids = {s.shard_id for s in listed}
+    # A shard a complete listing no longer has aged out of the stream (a query down longer
+    # than the retention, across a reshard): reading it failed every batch, and its children
+    # waited for it for ever. Its unread records are gone; its children start at their start.
+    gone = {sid for sid, s in states.items() if listed and not s.ended and sid not in listed_ids}
+    if gone:
+        log.warning("kinesis-kcl: shard(s) %s are no longer in the stream (past its retention): "
+                    "records not read yet are gone; their children are read from their start",
+                    ", ".join(sorted(gone)))  # fmt: skip
+    ended = frozenset(previous.ended | gone | {sid for sid, s in states.items() if s.ended})
+    open_states = {sid: s for sid, s in states.items() if sid not in ended}
+    plans = _plans(previous, open_states, ended, listed, initial)
     closed = {s.shard_id for s in listed if s.ending_sequence_number is not None}
     same_bound = until_ms is not None and previous.until_ms == until_ms
     for sid, plan in plans.items():

@@ -96,6 +96,19 @@ def test_children_come_after_their_parents_end_and_a_merge_after_both() -> None:
     assert both.read_shards() == ["s3"] and both.ended == {"s0", "s1", "s2"}
 
 
+def test_a_shard_gone_from_the_stream_ends_and_its_children_are_read(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A query down longer than the retention across a split: the parent is no longer listed.
+    It was read every batch (GetShardIterator: not found, the query failing for good) and its
+    children waited for it for ever."""
+    prev = _at(7, s0=ShardPlan(Start(ESN("150")), True, (), (0, TOP)))
+    following = next_offset(prev, {"s0": Pin(ESN("160"), ESN("170"), 2)}, [LEFT, RIGHT], TH)
+    assert following.read_shards() == ["s1", "s2"] and "s0" not in following.shards
+    assert following.shards["s1"].start == Start()  # from the child's start
+    assert "s0 are no longer in the stream" in caplog.text
+
+
 def test_a_listing_that_raced_a_reshard_adds_nothing_this_time() -> None:
     prev = _at(3, s0=ShardPlan(Start(ESN("150")), True, (), (0, TOP)))
     raced = [Shard("s0", None, None, HashKeyRange(0, TOP), "100"), LEFT, RIGHT]  # s0 still open
