@@ -134,9 +134,11 @@ class Health:
             return False, "every lease of the application is parked (see status)"
         return True, "ready"
 
-    def fatal(self, gone_streams: dict[str, float]) -> str | None:
+    def fatal(self, gone_streams: dict[str, float], streams: int = 1) -> str | None:
         """Why the daemon must exit now (a dependency gone for missing_timeout), or None.
-        ``gone_streams`` maps a missing stream to the monotonic time it was first missed."""
+        ``gone_streams`` maps a missing stream to the monotonic time it was first missed; of
+        ``streams`` configured, every one must have been gone that long (one deleted stream of
+        several stops only its own leases: the others go on)."""
         now = self._monotonic()
         if self.table_gone_since is not None:
             gone = now - self.table_gone_since
@@ -152,10 +154,14 @@ class Health:
                     f"the {self._gone_label()} has been gone for {gone:.0f}s "
                     f"(missing_dependency_timeout {self.missing_timeout:.0f}s); {lost}"
                 )
-        for stream, since in sorted(gone_streams.items()):
-            if now - since >= self.missing_timeout:
-                return (
-                    f"the stream {stream} has been gone for {now - since:.0f}s "
-                    f"(missing_dependency_timeout {self.missing_timeout:.0f}s)"
-                )
-        return None
+        long_gone = {s: now - since for s, since in gone_streams.items()
+                     if now - since >= self.missing_timeout}  # fmt: skip
+        if not long_gone or len(long_gone) < streams:
+            return None
+        names = ", ".join(sorted(long_gone))
+        return (
+            f"the stream{'s' if len(long_gone) > 1 else ''} {names} "
+            f"{'have' if len(long_gone) > 1 else 'has'} been gone for "
+            f"{min(long_gone.values()):.0f}s or more "
+            f"(missing_dependency_timeout {self.missing_timeout:.0f}s)"
+        )

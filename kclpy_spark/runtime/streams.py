@@ -302,6 +302,10 @@ class StreamSet:
         failed = [(c.label, c.maintenance.sync_failure) for c in self.contexts.values()]
         return [f"{label} ({why})" for label, why in failed if why]
 
+    def configured(self) -> int:
+        """How many streams this worker is to consume (opened or not)."""
+        return len(self.contexts) + len(self.unopened)
+
     def gone(self) -> dict[str, float]:
         """Each configured stream missing now (deleted, or never opened), with the monotonic
         time it was first missed."""

@@ -361,7 +361,7 @@ class Worker:
         """Watch the streams and whether a dependency is gone too long (first: this must not depend
         on the lease table answering); follow the suspend flag. False: the worker gives up."""
         await self.streams.check_present()
-        reason = self.health.fatal(self.streams.gone())
+        reason = self.health.fatal(self.streams.gone(), self.streams.configured())
         if reason is not None:
             self.exit_reason = reason
             log.error("worker %s: giving up: %s", self.cfg.worker_id, reason)

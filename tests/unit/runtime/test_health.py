@@ -69,6 +69,19 @@ def test_a_stream_gone_for_the_timeout_is_fatal() -> None:
     assert "stream orders has been gone for 60s" in (h.fatal({"orders": since}) or "")
 
 
+def test_one_deleted_stream_of_several_is_not_fatal_all_of_them_are() -> None:
+    """Every worker exited when one of its streams was deleted, and again after each restart
+    (the stream still configured): the healthy streams got five-minute windows."""
+    clock = ManualClock()
+    h = health(clock)
+    since = clock.monotonic()
+    clock.advance(61.0)
+    assert h.fatal({"orders": since}, streams=2) is None
+    assert ready(h, missing=("orders",))[0] is False  # still not ready: it is gone
+    reason = h.fatal({"orders": since, "clicks": since + 1.0}, streams=2) or ""
+    assert "streams clicks, orders have been gone for 60s" in reason
+
+
 def test_a_processor_call_that_does_not_return_is_not_ready_naming_the_shard() -> None:
     clock = ManualClock()
     h = health(clock)
