@@ -4,13 +4,13 @@ take), and its checkpoint is checked against the stream's retention (``aged_chec
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.sequence import LATEST, TRIM_HORIZON
 from kclpy_spark.retrieval.source import ShardProbe
 from kclpy_spark.runtime.budget import FailureBudget
+from kclpy_spark.runtime.lease_calls import lease_call
 from kclpy_spark.runtime.resume import ReadStart
 from kclpy_spark.runtime.tenure import Parked, Tenure
 
@@ -25,9 +25,7 @@ async def parents_ended(tenure: Tenure, poll_interval: float) -> None:
         blocking = []
         try:
             for parent in sorted(lease.parent_shard_ids):
-                parent_lease = await asyncio.to_thread(
-                    tenure.table.get_lease, lease.sibling_key(parent)
-                )
+                parent_lease = await lease_call(tenure.table.get_lease, lease.sibling_key(parent))
                 if parent_lease is not None and not parent_lease.checkpoint.is_shard_end:
                     blocking.append(parent)
         except KclpySparkError as exc:

@@ -17,7 +17,6 @@ holding leases of the same application makes a job wait for ever: do not share o
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from checkpoint.base.errors import KclpySparkError
 from checkpoint.lease import Lease
 from kclpy_spark.processor import RecordProcessor, ShutdownRequestedInput
 from kclpy_spark.retrieval.source import FetchedBatch
+from kclpy_spark.runtime.lease_calls import lease_call
 
 if TYPE_CHECKING:
     from kclpy_spark.runtime.tenure import Tenure
@@ -69,7 +69,7 @@ class CaughtUp:
         delivered = tenure.checkpointer.largest_permitted
         key = tenure.lease_key
         try:
-            stored = await asyncio.to_thread(tenure.table.get_lease, key)
+            stored = await lease_call(tenure.table.get_lease, key)
         except KclpySparkError as exc:
             self.finished(key, f"its checkpoint could not be read back ({exc})")
             await tenure.release("not caught up", level=logging.INFO)

@@ -31,6 +31,7 @@ from kclpy_spark.moves.rules.load import ema
 from kclpy_spark.runtime.caught_up import CaughtUp
 from kclpy_spark.runtime.consumer import Outcome, ProcessorFactory, ShardConsumer, ShardStats
 from kclpy_spark.runtime.health import ConsumerView
+from kclpy_spark.runtime.lease_calls import lease_call
 from kclpy_spark.runtime.metrics import WorkerMetrics
 from kclpy_spark.runtime.streams import StreamContext
 
@@ -217,7 +218,7 @@ class ConsumerSet:
                 log.warning("lease %s: the processor did not finish shutdown_requested within "
                             "%.0f s; handing the lease over anyway", key, timeout)  # fmt: skip
             try:
-                result = await asyncio.to_thread(self._holder.release, key, held.token)
+                result = await lease_call(self._holder.release, key, held.token)
             except KclpySparkError as exc:
                 log.warning("lease %s: completing the handoff failed (%s); it expires", key, exc)
             else:
@@ -276,7 +277,7 @@ class ConsumerSet:
             except KclpySparkError as exc:
                 log.warning("releasing lease %s failed (%s); it expires instead", key, exc)
 
-        future = asyncio.ensure_future(asyncio.to_thread(release))
+        future = asyncio.ensure_future(lease_call(release))
         self._background.add(future)
         future.add_done_callback(self._background.discard)
 

@@ -22,7 +22,6 @@ shard is finished whoever holds it, and the lease expires.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import functools
 import logging
@@ -34,6 +33,7 @@ from checkpoint.lease import Lease
 from kclpy_spark.processor import RecordProcessor, ShardEndedInput
 from kclpy_spark.retrieval.source import FetchedBatch, ShardProbe
 from kclpy_spark.runtime.budget import FailureBudget
+from kclpy_spark.runtime.lease_calls import lease_call
 from kclpy_spark.runtime.tenure import Tenure, call_processor
 from shard_sync.children import ChildLeases, create_child_leases
 
@@ -101,7 +101,7 @@ async def _children(
     while True:
         result = await budget.retrying(
             "creating the child leases",
-            lambda: asyncio.to_thread(
+            lambda: lease_call(
                 create_child_leases, tenure.table, tenure.lease, child_shards, gone_parents=gone
             ),
         )

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -312,10 +312,13 @@ class StreamSet:
         gone = {c.label: c.gone_since for c in self.contexts.values()}
         return {**self.unopened, **{k: v for k, v in gone.items() if v is not None}}
 
-    async def check_present(self) -> list[StreamContext]:
+    async def check_present(
+        self, io: Callable[[Callable[[], Any]], Awaitable[Any]] | None = None
+    ) -> list[StreamContext]:
         """Ask each stream whether it still exists (DescribeStreamSummary), each at most every
         ``presence_interval``; returns the ones missing, each with ``gone_since`` set. Other
-        errors leave the state as it was."""
+        errors leave the state as it was. ``io``: where the calls run (the worker's own threads,
+        never behind processor calls; default: the loop's default executor)."""
         missing = []
         every = presence_interval(self._cfg.missing_dependency_timeout)
         for context in list(self.contexts.values()):
@@ -326,7 +329,8 @@ class StreamSet:
                 continue
             context.checked_at = now
             try:
-                status, created = await asyncio.to_thread(context.lister.describe)
+                describe = context.lister.describe
+                status, created = await (io(describe) if io else asyncio.to_thread(describe))
                 gone = status == "DELETING"
                 known = context.created
                 if not gone and known is not None and created is not None:

@@ -26,6 +26,7 @@ from checkpoint.leasing.held_lease import HeldLease, UpdateResult
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import AT_TIMESTAMP, ExtendedSequenceNumber
+from kclpy_spark.runtime.lease_calls import lease_call
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ class Tenure:
 
     async def _release(self, change: Callable[[Lease], Lease] | None) -> UpdateResult:
         self.finishing = True
-        return await asyncio.to_thread(
+        return await lease_call(
             self._holder.release, self.lease_key, self.held.token, change=change
         )
 
@@ -208,7 +209,7 @@ class Tenure:
         def write(lease: Lease) -> Lease | None:
             return self.table.update_lease(lease.checkpointed(target))
 
-        result = await asyncio.to_thread(self._holder.update, self.lease_key, held.token, write)
+        result = await lease_call(self._holder.update, self.lease_key, held.token, write)
         if not result.won or result.lease is None:
             raise LeaseLost()
         self.held = HeldLease(result.lease, held.token, held.last_counter_change)
@@ -225,7 +226,7 @@ class Tenure:
             return self.table.update_lease(pinned)
 
         held = self.current()
-        result = await asyncio.to_thread(self._holder.update, self.lease_key, held.token, write)
+        result = await lease_call(self._holder.update, self.lease_key, held.token, write)
         if not result.won or result.lease is None:
             raise LeaseLost()
         self.held = HeldLease(result.lease, held.token, held.last_counter_change)
@@ -235,7 +236,7 @@ class Tenure:
     async def update(self, write: Callable[[Lease], Lease | None]) -> Lease:
         """One conditional write of the held lease; raises LeaseLost if it did not win."""
         held = self.current()
-        result = await asyncio.to_thread(self._holder.update, self.lease_key, held.token, write)
+        result = await lease_call(self._holder.update, self.lease_key, held.token, write)
         if not result.won or result.lease is None:
             raise LeaseLost()
         return result.lease

@@ -360,7 +360,7 @@ class Worker:
     async def _control_steps(self) -> bool:
         """Watch the streams and whether a dependency is gone too long (first: this must not depend
         on the lease table answering); follow the suspend flag. False: the worker gives up."""
-        await self.streams.check_present()
+        await self.streams.check_present(self._io)
         reason = self.health.fatal(self.streams.gone(), self.streams.configured())
         if reason is not None:
             self.exit_reason = reason
