@@ -6,7 +6,7 @@ Lease-table calls are synchronous (boto3, sqlite3). The worker's own ones (renew
 control, leadership, shard sync) run on a small executor of their own, so processor calls that
 block in their threads (a slow process_records, a Spark sink applying backpressure) can never
 delay a renewal (an ``async def`` processor method runs on the event loop, which schedules the
-rounds: one that blocks the loop delays them, and is logged and counted, ``_watch_the_loop``);
+rounds: one that blocks the loop delays them, and is logged and counted, ``loop_watch``);
 each lease is then renewed on the holder's renewal pool against its own deadline. Kinesis reads
 are asyncio (aiobotocore). Lease expiry is judged only by this process's monotonic clock.
 """
@@ -47,14 +47,13 @@ from kclpy_spark.runtime.events import EventLog
 from kclpy_spark.runtime.health import Health
 from kclpy_spark.runtime.identity import unique_worker_id
 from kclpy_spark.runtime.lease_store import LeaseStore
+from kclpy_spark.runtime.loop_watch import watch_the_loop
 from kclpy_spark.runtime.metrics import StatusServer, worker_metrics
 from kclpy_spark.runtime.run_state import RunState
 from kclpy_spark.runtime.streams import RecordSourcesFor, StreamContext, StreamSet
 from kclpy_spark.stream_spec import StreamSpec
 
 log = logging.getLogger(__name__)
-
-LOOP_WATCH_INTERVAL = 0.5  # seconds between two looks at whether the event loop keeps time
 
 T = TypeVar("T")
 
@@ -224,7 +223,10 @@ class Worker:
         await self._maintenance_round()
         loops = [asyncio.create_task(self._loop(f, at, **kw)) for f, at, kw in self._periodic()]
         loops.insert(1, asyncio.create_task(self._take_loop()))
-        loops.append(asyncio.create_task(self._watch_the_loop()))
+        loops.append(asyncio.create_task(watch_the_loop(
+            self.clock, self.sleep, lease_duration=self.timing.lease_duration,
+            on_stall=self.metrics.loop_stalls.inc, worker_id=self.cfg.worker_id,
+        )))  # fmt: skip
         self.health.started = True
         self.started.set()
         try:
@@ -290,24 +292,6 @@ class Worker:
             self.metrics.corrupt_lease_reads.inc()
         level = logging.DEBUG if already_gone else logging.WARNING
         log.log(level, "worker %s: %s%s", self.cfg.worker_id, what, exc)
-
-    async def _watch_the_loop(self) -> None:
-        """Tell of an event loop that was blocked (an ``async def`` processor method that sleeps,
-        does blocking I/O or calls ``checkpoint()`` instead of ``acheckpoint()``): renewal rounds
-        are scheduled on it, and a loop blocked for about half the failover time loses leases."""
-        limit = self.timing.lease_duration / 4
-        while True:
-            began = self.clock.monotonic()
-            await self.sleep(LOOP_WATCH_INTERVAL)
-            late = self.clock.monotonic() - began - LOOP_WATCH_INTERVAL
-            if late >= limit:
-                self.metrics.loop_stalls.inc()
-                log.warning(
-                    "worker %s: the event loop was blocked for %.1f s (an async processor method "
-                    "that blocks? use a plain method or await asyncio.to_thread); renewals wait "
-                    "for it, and leases are lost at about half the failover time (%.0f s)",
-                    self.cfg.worker_id, late, self.timing.lease_duration,
-                )  # fmt: skip
 
     async def _take_loop(self) -> None:
         while True:

@@ -12,6 +12,7 @@ from checkpoint.base.clock import ManualClock
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.moves.assigning import leader_election, lease_timing
+from kclpy_spark.runtime.loop_watch import watch_the_loop
 from kclpy_spark.runtime.worker import Worker
 
 
@@ -129,13 +130,9 @@ def test_a_blocked_event_loop_is_told_of_and_counted(caplog: pytest.LogCaptureFi
         except StopIteration:
             raise asyncio.CancelledError from None
 
-    fake = SimpleNamespace(
-        clock=clock, sleep=sleep, cfg=SimpleNamespace(worker_id="w"),
-        timing=SimpleNamespace(lease_duration=10.0),
-        metrics=SimpleNamespace(loop_stalls=SimpleNamespace(inc=lambda: stalls.append(1))),
-    )  # fmt: skip
     with pytest.raises(asyncio.CancelledError):
-        asyncio.run(Worker._watch_the_loop(fake))  # type: ignore[arg-type]
+        asyncio.run(watch_the_loop(clock, sleep, lease_duration=10.0,
+                                   on_stall=lambda: stalls.append(1), worker_id="w"))  # fmt: skip
     assert len(stalls) == 1
     assert [r.getMessage() for r in caplog.records if "event loop was blocked for 3.0 s" in
             r.getMessage()]  # fmt: skip
