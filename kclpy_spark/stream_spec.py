@@ -14,22 +14,26 @@ STREAM_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
 STREAM_ARN = re.compile(r"^arn:[a-z-]+:kinesis:[a-z0-9-]+:\d{12}:stream/([a-zA-Z0-9_.-]{1,128})$")
 
 
-def check_stream(name: object, arn: object, where: str) -> None:
-    """Raise ConfigError (one line, naming ``where``) unless ``name`` and ``arn`` are each None
-    or a valid stream name / Kinesis stream ARN, and name the same stream when both are given."""
+def check_stream(
+    name: object, arn: object, where: str, keys: tuple[str, str] = ("stream_name", "stream_arn")
+) -> None:
+    """Raise ConfigError (one line, naming ``where`` and the ``keys`` as the user wrote them)
+    unless ``name`` and ``arn`` are each None or a valid stream name / Kinesis stream ARN, and
+    name the same stream when both are given."""
+    name_key, arn_key = keys
     if name is not None and (not isinstance(name, str) or not STREAM_NAME.match(name)):
-        raise ConfigError(f"{where} 'stream_name' is not a valid stream name: {name!r}")
+        raise ConfigError(f"{where} {name_key!r} is not a valid stream name: {name!r}")
     if arn is None:
         return
     match = STREAM_ARN.match(arn) if isinstance(arn, str) else None
     if match is None:
         raise ConfigError(
-            f"{where} 'stream_arn' is not a Kinesis stream ARN "
+            f"{where} {arn_key!r} is not a Kinesis stream ARN "
             f"(arn:aws:kinesis:<region>:<account>:stream/<name>): {arn!r}"
         )
     if name is not None and match.group(1) != name:
         raise ConfigError(
-            f"{where} 'stream_name' {name!r} and 'stream_arn' {arn!r} name different streams: "
+            f"{where} {name_key!r} {name!r} and {arn_key!r} {arn!r} name different streams: "
             "give one of them"
         )
 

@@ -81,7 +81,7 @@ class SourceOptions:
         name, arn = values.get("streamName"), values.get("streamARN")
         if not name and not arn:
             raise ConfigError("kinesis-kcl: option streamName (or streamARN) is required")
-        check_stream(name or None, arn or None, "kinesis-kcl option")
+        check_stream(name or None, arn or None, "kinesis-kcl option", ("streamName", "streamARN"))
         endpoint = values.get("endpointUrl") or None
         if endpoint is not None:
             check_endpoint(endpoint)
@@ -95,7 +95,6 @@ class SourceOptions:
             position = InitialPosition.parse(values.get("initialPosition", "LATEST"))
         except ValueError as exc:
             raise ConfigError(f"kinesis-kcl: option initialPosition: {exc}") from None
-        store = values.get("leaseStore", "none")
         made = cls(
             stream_name=name or None,
             stream_arn=arn or None,
@@ -111,12 +110,10 @@ class SourceOptions:
             pin_location=Path(values.get("pinLocation") or f".kclpy-spark/pins/{app}").absolute(),
             # last (every other option checked first), on the driver, once: the executors are told
             # it, as the daemon's are
-            region=resolve_region(
-                values.get("region") or None, arn_region(arn or None), None, endpoint
-            ),
+            region=_region(values.get("region") or None, arn or None, endpoint),
             max_records_per_trigger=_optional(values, "maxRecordsPerTrigger", 2**40),
             max_bytes_per_trigger=_optional(values, "maxBytesPerTrigger", 2**50),
-            lease_store=None if store.lower() == "none" else store,
+            lease_store=_lease_store(values.get("leaseStore", "none")),
             failover_time=float(_int(values, "failoverTime", 10, 1, 3600)),
         )
         if made.max_records_per_trigger is not None and made.max_bytes_per_trigger is not None:
@@ -145,6 +142,28 @@ class SourceOptions:
             raise ConfigError(
                 f"kinesis-kcl: option leaseStore {self.lease_store!r}: {exc}"
             ) from None
+
+
+def _lease_store(given: str) -> str | None:
+    """The lease store option: None for none; the kind in any case (DynamoDB, SQLite:PATH)."""
+    kind, colon, path = given.partition(":")
+    store = kind.lower() + colon + path
+    if store == "memory":  # in the source's own process, gone with it: no one to share with
+        raise ConfigError(
+            "kinesis-kcl: option leaseStore must be none, dynamodb or sqlite:PATH (memory "
+            "would keep the leases in the source's own process, lost with it)"
+        )
+    return None if store == "none" else store
+
+
+def _region(given: str | None, arn: str | None, endpoint: str | None) -> str:
+    try:
+        return resolve_region(given, arn_region(arn), None, endpoint)
+    except ConfigError:
+        raise ConfigError(
+            "kinesis-kcl: no AWS region: give option region (or a streamARN, AWS_REGION, or a "
+            "profile with a region)"
+        ) from None
 
 
 def _int(values: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:

@@ -312,6 +312,7 @@ def test_a_shards_share_of_one_batchs_limit_does_not_carry_into_the_next() -> No
         ({"maxRecordsPerTrigger": "10", "maxBytesPerTrigger": "10"}, ["not both"]),
         ({"maxRecordsPerTrigger": "0"}, ["maxRecordsPerTrigger", "1.."]),
         ({"leaseStore": "postgres"}, ["leaseStore", "'postgres'", "dynamodb"]),
+        ({"leaseStore": "memory"}, ["leaseStore", "memory", "lost with it"]),
         ({"failoverTime": "soon"}, ["failoverTime", "whole number"]),
     ],
 )
@@ -322,6 +323,18 @@ def test_bad_limit_and_lease_options_are_one_line(given: dict[str, str], words: 
         SourceOptions.parse({"streamName": "s", "region": "us-east-1", **given})
     message = str(caught.value)
     assert "\n" not in message and all(w in message for w in words), message
+
+
+def test_the_lease_store_kind_is_taken_in_any_case(tmp_path: Path) -> None:
+    from kclpy_spark.readstream.options import SourceOptions
+
+    given = {"streamName": "s", "region": "us-east-1"}
+    assert SourceOptions.parse({**given, "leaseStore": "DynamoDB"}).lease_store == "dynamodb"
+    assert SourceOptions.parse({**given, "leaseStore": "NONE"}).lease_store is None
+    path = tmp_path / "Leases.db"
+    assert SourceOptions.parse({**given, "leaseStore": f"SQLite:{path}"}).lease_store == (
+        f"sqlite:{path}"
+    )
 
 
 def test_lease_options_make_a_worker_configuration(tmp_path: Path) -> None:
