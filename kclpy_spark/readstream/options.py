@@ -159,7 +159,9 @@ def _lease_store(given: str) -> str | None:
 def _region(given: str | None, arn: str | None, endpoint: str | None) -> str:
     try:
         return resolve_region(given, arn_region(arn), None, endpoint)
-    except ConfigError:
+    except ConfigError as exc:
+        if not str(exc).startswith("no AWS region"):  # a missing profile, a malformed AWS_REGION
+            raise ConfigError(f"kinesis-kcl: {exc}") from None
         raise ConfigError(
             "kinesis-kcl: no AWS region: give option region (or a streamARN, AWS_REGION, or a "
             "profile with a region)"

@@ -39,11 +39,14 @@ class ConsumerRegistry:
 
     def __init__(self) -> None:
         self._arns: dict[tuple[str, str], str] = {}
-        # A stream's ARN by its name (asked once: DescribeStreamSummary allows 20 calls a second
-        # per account, and every fan-out fetcher that started or restarted asked it).
-        self._stream_arns: dict[str, str] = {}
+        # A stream's ARN by the client that asked (its region, endpoint and credentials) and the
+        # stream's name: asked once (DescribeStreamSummary allows 20 calls a second per account,
+        # and every fan-out fetcher that started or restarted asked it).
+        self._stream_arns: weakref.WeakKeyDictionary[Any, dict[str, str]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._locks: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, dict[tuple[str, str], asyncio.Lock]
+            asyncio.AbstractEventLoop, dict[tuple[str, ...], asyncio.Lock]
         ] = weakref.WeakKeyDictionary()
 
     def forget(self, arn: str, name: str) -> None:
@@ -58,22 +61,28 @@ class ConsumerRegistry:
         name = stream.get("StreamName")
         if name is None:  # given by its ARN: no call
             return await stream_arn(client, stream)
-        known = self._stream_arns.get(name)
-        if known is not None:
-            return known
-        backoff = Backoff()
-        while True:
-            try:
-                arn = await stream_arn(client, stream)
-            except KclpySparkError as exc:
-                if not exc.retriable:
-                    raise
-                delay = backoff.next_delay()
-                log.info("%s; retrying in %.2fs", exc, delay)
-                await sleep(delay)
-                continue
-            self._stream_arns[name] = arn
-            return arn
+        try:
+            arns = self._stream_arns.setdefault(client, {})
+        except TypeError:  # a client that cannot be referred to weakly: asked each time
+            arns = {}
+        locks = self._locks.setdefault(asyncio.get_running_loop(), {})
+        async with locks.setdefault(("stream", name), asyncio.Lock()):  # one ask at a time
+            known = arns.get(name)
+            if known is not None:
+                return known
+            backoff = Backoff()
+            while True:
+                try:
+                    arn = await stream_arn(client, stream)
+                except KclpySparkError as exc:
+                    if not exc.retriable:
+                        raise
+                    delay = backoff.next_delay()
+                    log.info("%s; retrying in %.2fs", exc, delay)
+                    await sleep(delay)
+                    continue
+                arns[name] = arn
+                return arn
 
     async def ensure(
         self, client: Any, stream: dict[str, str], name: str, *, sleep: Sleep = asyncio.sleep

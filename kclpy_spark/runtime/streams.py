@@ -147,6 +147,7 @@ class StreamContext:
         self.gone_since: float | None = None  # monotonic: when it was first found missing
         self.checked_at: float | None = None  # monotonic: when it was last asked whether it exists
         self.created: float | None = None  # creation time of the stream the leases belong to
+        self.recreated = False  # several streams: a new stream of its name (reopened afresh)
 
     @property
     def label(self) -> str:
@@ -215,10 +216,12 @@ class StreamSet:
         single-stream worker raises what keeps its stream from being consumed."""
         multi = bool(self._cfg.streams)
         specs = {spec.label: spec for spec in self._tracker()}
-        removed = [self.contexts.pop(label) for label in list(self.contexts) if label not in specs]
+        removed = [self.contexts.pop(label) for label, context in list(self.contexts.items())
+                   if label not in specs or context.recreated]  # fmt: skip
         self.unopened = {k: v for k, v in self.unopened.items() if k in specs}
         for context in removed:
-            log.warning("stream %s is no longer configured: handing its leases back", context.label)
+            why = "was re-created" if context.recreated else "is no longer configured"
+            log.warning("stream %s %s: handing its leases back", context.label, why)
         added = False
         for label, spec in specs.items():
             if label in self.contexts:
@@ -248,6 +251,7 @@ class StreamSet:
         created = None
         if multi:
             stream_key = await asyncio.to_thread(stream_identity, self._kinesis_sync, spec)
+            created = float(stream_key.rsplit(":", 1)[1])  # whole seconds: within the 1 s leeway
         else:
             created = await asyncio.to_thread(self._check_identity, lister, spec.label)
         cfg = self._cfg
@@ -303,8 +307,9 @@ class StreamSet:
         return [f"{label} ({why})" for label, why in failed if why]
 
     def configured(self) -> int:
-        """How many streams this worker is to consume (opened or not)."""
-        return len(self.contexts) + len(self.unopened)
+        """How many streams this worker is to consume (opened or not, whatever kept one from
+        opening)."""
+        return len(self._tracker())
 
     def gone(self) -> dict[str, float]:
         """Each configured stream missing now (deleted, or never opened), with the monotonic
@@ -334,9 +339,18 @@ class StreamSet:
                 gone = status == "DELETING"
                 known = context.created
                 if not gone and known is not None and created is not None:
-                    gone = abs(created - known) > 1.0  # a new stream of that name
-                    if gone and context.gone_since is None:
-                        log.error(recreated_message(context.label, known, created))
+                    renewed = abs(created - known) > 1.0  # a new stream of that name
+                    if renewed and context.stream_key is not None:
+                        # Several streams: each lease key names its stream's creation, so the
+                        # new stream is opened afresh by the next refresh, under its own key.
+                        if not context.recreated:
+                            log.warning("stream %s was re-created: it is consumed afresh (the "
+                                        "old stream's leases are left)", context.label)  # fmt: skip
+                        context.recreated = True
+                    elif renewed:
+                        gone = True
+                        if context.gone_since is None:
+                            log.error(recreated_message(context.label, known, created))
             except ResourceNotFoundError:
                 gone = True
             except KclpySparkError as exc:

@@ -328,9 +328,11 @@ def test_the_stream_arn_is_asked_once_and_a_throttled_ask_is_retried() -> None:
     kinesis.describe_stream_summary = throttled_twice  # type: ignore[method-assign]
     registry = ConsumerRegistry()
 
-    async def three_fetchers() -> list[str]:
-        return [await registry.ensure(kinesis, {"StreamName": "s"}, "app", sleep=clock.sleep)
-                for _ in range(3)]  # fmt: skip
+    async def three_fetchers() -> list[str]:  # starting at once, as a worker's leases do
+        return list(await asyncio.gather(*(
+            registry.ensure(kinesis, {"StreamName": "s"}, "app", sleep=clock.sleep)
+            for _ in range(3)
+        )))  # fmt: skip
 
     assert asyncio.run(three_fetchers()) == [CONSUMER_ARN] * 3
     assert len(asked) == 3  # two throttled, one answer, then remembered

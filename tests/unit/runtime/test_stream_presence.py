@@ -15,6 +15,7 @@ from checkpoint.base.clock import ManualClock
 from checkpoint.base.errors import ResourceNotFoundError
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.runtime.streams import StreamSet, presence_interval
+from kclpy_spark.stream_spec import StreamSpec
 
 
 class Lister:
@@ -38,7 +39,7 @@ def streams(clock: ManualClock, names: list[str], timeout: float = 300.0) -> tup
     listers = {n: Lister() for n in names}
     found.contexts = {
         n: SimpleNamespace(label=n, lister=listers[n], created=None, gone_since=None,
-                           checked_at=None)
+                           checked_at=None, stream_key=None, recreated=False)
         for n in names
     }  # fmt: skip
     return found, listers
@@ -73,3 +74,47 @@ def test_a_deleted_stream_is_noticed_at_its_next_check_and_stays_missing_between
     clock.advance(10.0)
     assert [c.label for c in asyncio.run(found.check_present())] == ["a"]  # still, unasked
     assert listers["a"].calls == 2
+
+
+def test_a_recreated_stream_of_several_is_reopened_under_its_new_identity() -> None:
+    """Several streams: a stream deleted and made again (the worker going on, its other streams
+    alive) was consumed with the old stream's leases and checkpoints."""
+    clock = ManualClock()
+    specs = (StreamSpec(stream_name="a"), StreamSpec(stream_name="b"))
+    cfg = WorkerConfig(streams=specs, missing_dependency_timeout=300.0)
+    found: Any = StreamSet(
+        cfg, lambda: specs, table=None, kinesis_sync=None, kinesis_async=None,  # type: ignore[arg-type]
+        counters=None, clock=clock, rng=random.Random(1),  # type: ignore[arg-type]
+    )  # fmt: skip
+    lister = Lister()
+    lister.describe = lambda: ("ACTIVE", 200.0)  # type: ignore[method-assign]
+    old = SimpleNamespace(
+        label="a",
+        lister=lister,
+        created=100.0,
+        gone_since=None,
+        checked_at=None,
+        stream_key="000000000000:a:100",
+        recreated=False,
+    )
+    other = SimpleNamespace(
+        label="b",
+        lister=Lister(),
+        created=None,
+        gone_since=None,
+        checked_at=None,
+        stream_key="000000000000:b:50",
+        recreated=False,
+    )
+    found.contexts = {"a": old, "b": other}  # fmt: skip
+    assert asyncio.run(found.check_present()) == [] and old.recreated and not other.recreated
+    fresh = SimpleNamespace(label="a", stream_key="000000000000:a:200", recreated=False)
+
+    async def reopen(spec: StreamSpec, multi: bool) -> Any:
+        assert spec.label == "a" and multi
+        return fresh
+
+    found._open = reopen
+    removed, added = asyncio.run(found.refresh())
+    assert removed == [old] and added and found.contexts == {"a": fresh, "b": other}
+    assert found.configured() == 2
