@@ -9,9 +9,11 @@ if it is gone, it creates it again from that last write, unowned, so any worker 
 on from there. If shard sync re-created it first (still unowned and not started), its position is
 moved to ours with a write conditional on its counter.
 
-Not put back: a lease at SHARD_END (its deletion is the leader's cleanup of a finished shard), and
-a lease the holder's ``restorable`` refuses (the worker's: its shard is gone from the stream, so
-the leader's garbage cleanup deleted it).
+Not put back: a lease at SHARD_END (its deletion is the leader's cleanup of a finished shard); a
+lease a child of whose shard has started (``children_started``: the leader's cleanup deletes a
+finished lease once its children have started, so another worker finished it after ours was
+lost, while this holder's view is older); and a lease the holder's ``restorable`` refuses (the
+worker's: its shard is gone from the stream, so the leader's garbage cleanup deleted it).
 """
 
 from __future__ import annotations
@@ -64,6 +66,16 @@ def resumed_from(found: Lease, last: Lease) -> Lease | None:
     )
 
 
+def children_started(key: str, leases: list[Lease]) -> bool:
+    """Whether a lease of ``leases`` names the lease ``key``'s shard as a parent and has started
+    (its checkpoint past the starting positions): then ``key``'s shard was finished."""
+    return any(
+        lease.checkpoint.sentinel not in _NOT_STARTED
+        and any(lease.sibling_key(parent) == key for parent in lease.parent_shard_ids)
+        for lease in leases
+    )
+
+
 def restore_if_vanished(
     table: LeaseTable, last: Lease, restorable: Callable[[Lease], bool] = lambda _: True
 ) -> bool:
@@ -76,6 +88,10 @@ def restore_if_vanished(
             return False
         again = put_back(last)
         if again is None:
+            return False
+        if children_started(key, table.list_leases()):
+            log.info("lease %s vanished while held; a child of its shard has started, so another "
+                     "worker finished it and it stays gone", key)  # fmt: skip
             return False
         if not restorable(last):
             log.info("lease %s vanished while held; its shard is gone, so it stays gone", key)

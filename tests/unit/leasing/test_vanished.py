@@ -154,3 +154,24 @@ def test_a_lease_whose_shard_is_gone_is_not_put_back() -> None:
     assert table.delete_lease(stored(table))
     holder.renew_all()
     assert asked == [KEY] and told == [] and table.get_lease(KEY) is None
+
+
+@pytest.mark.parametrize(
+    ("child_checkpoint", "restored"),
+    [
+        (ExtendedSequenceNumber("300"), False),  # a child read on: another worker finished ours
+        (TRIM_HORIZON, True),  # children made but not started: the cleanup does not delete then
+    ],
+)
+def test_a_lease_another_worker_finished_and_the_cleanup_deleted_stays_gone(
+    child_checkpoint: ExtendedSequenceNumber, restored: bool
+) -> None:
+    """A holder stalled past its lease's expiry: another worker took the lease, read the shard to
+    its end, its children started and the leader's cleanup deleted it. The stalled holder's write
+    then lost, found the item gone, and put it back at its own old checkpoint: the shard's records
+    from there were read again, after its children's."""
+    table = MemoryLeaseTable()
+    child = Lease("shardId-000000000007", child_checkpoint, parent_shard_ids=frozenset({KEY}))
+    table.create_lease_if_absent(child)
+    assert restore_if_vanished(table, held_at(AT_7)) is restored
+    assert (table.get_lease(KEY) is not None) is restored
