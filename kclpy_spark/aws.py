@@ -122,7 +122,7 @@ def boto3_client(service: str, cfg: WorkerConfig) -> Any:
     """A synchronous boto3 client (lease table, shard listing: called from worker threads)."""
     import boto3
 
-    session: Any = boto3.session.Session(profile_name=cfg.profile)
+    session: Any = boto3.session.Session(botocore_session=_botocore_session(cfg.profile))
     return session.client(service, config=botocore_config(), **client_kwargs(cfg))
 
 
@@ -132,7 +132,7 @@ def lease_table_client(cfg: WorkerConfig, timeout: float) -> Any:
     the renewal threads (20) plus the worker's other lease-table calls."""
     import boto3
 
-    session: Any = boto3.session.Session(profile_name=cfg.profile)
+    session: Any = boto3.session.Session(botocore_session=_botocore_session(cfg.profile))
     config = botocore_config(max_pool_connections=32, timeout=timeout, sdk_retries=False)
     return session.client("dynamodb", config=config, **client_kwargs(cfg))
 
@@ -151,6 +151,7 @@ def aio_client(
     """An aiobotocore client context manager: ``async with aio_client("kinesis", cfg) as c``."""
     from aiobotocore.session import AioSession
 
+    _botocore_session(cfg.profile)  # a profile that is not there: one line, not a traceback
     return AioSession(profile=cfg.profile).create_client(
         service,
         config=botocore_config(max_pool_connections=max_pool_connections),

@@ -227,7 +227,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _say_error(message: str, log_format: str) -> None:
     """One line on stderr: plain text, or with ``--log-format json`` a JSON log line."""
     if log_format != "json":
-        print(f"kclpy-spark: error: {message}", file=sys.stderr)
+        from kclpy_spark.logs import redact
+
+        print(f"kclpy-spark: error: {redact(message)}", file=sys.stderr)
         return
     import logging
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 from checkpoint import coordination
-from checkpoint.base.errors import ConfigError
+from checkpoint.base.errors import ConfigError, KclpySparkError
 from checkpoint.coordination import is_live
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.ops.status import lease_rows, render_json, render_table
@@ -106,16 +107,26 @@ def status_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
         return serve_command(args, cfg)
     store = open_store(cfg)
     while True:
-        leases = store.list_leases()
-        owners = {x.lease_owner for x in leases if x.lease_owner}
-        statuses = {o: coordination.worker_status(store, o) for o in owners}
+        try:
+            leases = store.list_leases()
+            owners = {x.lease_owner for x in leases if x.lease_owner}
+            statuses = {o: coordination.worker_status(store, o) for o in owners}
+            live = live_workers(store, owners, cfg)
+            suspended = coordination.is_suspended(store)
+        except KclpySparkError as exc:
+            if not args.watch or not exc.retriable:
+                raise
+            # --watch goes on through a passing failure (throttled, a timeout), as --serve does
+            print(f"kclpy-spark: reading the lease table failed ({exc}); trying again",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            time.sleep(args.watch)
+            continue
         now = time.time()
         rows = lease_rows(leases, statuses, now)
-        live = live_workers(store, owners, cfg)
         extra = {
             "application": cfg.application_name,
             "stream": cfg.stream,
-            "suspended": coordination.is_suspended(store),
+            "suspended": suspended,
             "live_workers": sorted(live),
         }
         if args.json:

@@ -79,3 +79,26 @@ def test_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141, stderr
     assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
+
+
+def test_a_missing_aws_profile_is_one_line_for_every_command(tmp_path: Path) -> None:
+    """boto3's session read the profile before our check: a traceback and exit 1 (which means
+    "not caught up")."""
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "AWS_PROFILE": "nosuch"}
+    for args in (["status", "--stream-name", "s1", "--lease-store", "dynamodb",
+                  "--region", "us-east-1"],
+                 ["suspend", "--stream-name", "s1", "--lease-store", "dynamodb",
+                  "--region", "us-east-1"]):  # fmt: skip
+        result = subprocess.run([sys.executable, "-m", "kclpy_spark", *args], env=env,
+                                capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                                check=False)  # fmt: skip
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.startswith("kclpy-spark: error: AWS profile not found: 'nosuch'")
+
+
+def test_an_error_line_never_shows_a_urls_password(tmp_path: Path) -> None:
+    result = _cli("status", "--stream-name", "s", "--lease-store", "dynamodb", "--region",
+                  "us-east-1", "--endpoint-url", "http://AKIAIOSFODNN7EXAMPLE:hunter2@h:99999",
+                  cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 2
+    assert "AKIA" not in result.stderr and "hunter2" not in result.stderr, result.stderr

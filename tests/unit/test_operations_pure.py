@@ -265,6 +265,7 @@ def test_a_reset_to_a_time_applies_to_the_shards_it_names_only() -> None:
 )
 def test_secret_looking_strings_are_redacted(secret: str) -> None:
     assert secret not in redact(f"calling with {secret} now")
+    assert redact(f"got 'http://me:{secret}@h:99'") == "got 'http://[redacted]@h:99'"
     assert "shardId-000000000001" in redact("shard shardId-000000000001")
     assert "49600000000000000000000000000000000000000000000000000002" in redact(SEQ.sequence_number)
 
@@ -541,3 +542,36 @@ def test_a_restart_after_a_crash_is_not_taken_for_a_twin(twin: bool) -> None:
         asyncio.run(unique_worker_id(worker, io))  # type: ignore[arg-type]
         assert writer.publish({"live_for": 41.0}, clock.wall()) is None  # no twin reported
     assert slept == [pytest.approx(29.0)]  # 30 s after its write, + skew, + 1 s, less its age
+
+
+def test_status_watch_goes_on_through_a_passing_failure(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It ended at the first throttled read, where --serve logs it and goes on."""
+    import argparse
+
+    from checkpoint.base.errors import ThrottledError
+    from checkpoint.stores.memory import MemoryLeaseTable
+    from kclpy_spark.config import WorkerConfig
+    from kclpy_spark.ops import commands
+
+    store = MemoryLeaseTable()
+    reads = []
+    real = store.list_leases
+
+    def flaky() -> list[Any]:
+        reads.append(1)
+        if len(reads) == 2:
+            raise ThrottledError("Scan throttled")
+        if len(reads) == 4:
+            raise KeyboardInterrupt  # the user's Ctrl-C ends the watch
+        return real()
+
+    store.list_leases = flaky  # type: ignore[method-assign]
+    monkeypatch.setattr(commands, "open_store", lambda cfg: store)
+    monkeypatch.setattr(commands.time, "sleep", lambda seconds: None)
+    args = argparse.Namespace(serve=None, json=True, watch=0.01)
+    with pytest.raises(KeyboardInterrupt):
+        commands.status_command(args, WorkerConfig(stream_name="s1"))
+    assert len(reads) == 4
+    assert "reading the lease table failed" in capsys.readouterr().err
