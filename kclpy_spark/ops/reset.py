@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from checkpoint import coordination
 from checkpoint.base.errors import ConfigError, KclpySparkError
@@ -89,9 +90,19 @@ def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
         raise ConfigError(f"--to: {exc}") from None
     check_not_in_future(target, "--to", time.time())
     store = open_store(cfg, writes_records=True)
+    whole = not cfg.streams and args.shard is None
+    # Built before any write: a region or profile problem is one line with nothing changed.
+    lister = _stream_lister(cfg) if whole else None
     leases = store.list_leases()
     owners = {x.lease_owner for x in leases if x.lease_owner}
-    live = live_workers(store, owners, cfg)
+    live = set(live_workers(store, owners, cfg))
+    unknown = {
+        x.lease_owner
+        for x in leases
+        if x.lease_owner and x.lease_owner not in live and not x.checkpoint.is_shard_end
+    }
+    if unknown and not args.force:  # a KCL worker publishes no status record: watch its renewals
+        live |= renewing_owners(store, leases, unknown, cfg.failover_time / 3 + 0.5, time.sleep)
     plan = plan_reset(leases, target, shards=args.shard, live_workers=live)
     if plan.unknown_shards:
         raise ConfigError(f"no lease for shard(s): {', '.join(plan.unknown_shards)}")
@@ -122,8 +133,8 @@ def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
     for before, after in plan.changes:
         if store.update_lease(after) is None:
             failed.append(before.lease_key)
-    if not cfg.streams and args.shard is None:
-        _record_stream(store, cfg)
+    if lister is not None and not failed:  # a lease left as it was may be the old stream's
+        _record_stream(store, cfg, lister)
     if failed:
         print(f"these leases changed meanwhile and were not reset: {', '.join(failed)}")
         return 1
@@ -131,15 +142,38 @@ def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
     return 0
 
 
-def _record_stream(store: LeaseStore, cfg: WorkerConfig) -> None:
-    """A reset of every lease starts the application over on the stream as it is now: remember
-    its creation time, so a stream re-created under the same name is accepted from here on."""
+def renewing_owners(
+    store: LeaseStore,
+    leases: Iterable[Lease],
+    owners: set[str],
+    wait: float,
+    sleep: Callable[[float], None],
+) -> set[str]:
+    """Those of ``owners`` that renew a lease of ``leases`` within ``wait`` seconds (its counter
+    moves): alive, though they publish no status record (a KCL or kcl-rs worker)."""
+    watched = {x.lease_key: x.lease_counter for x in leases if x.lease_owner in owners}
+    if not watched:
+        return set()
+    sleep(wait)
+    return {
+        x.lease_owner for x in store.list_leases()
+        if x.lease_owner in owners and x.lease_key in watched
+        and x.lease_counter != watched[x.lease_key]
+    }  # fmt: skip
+
+
+def _stream_lister(cfg: WorkerConfig) -> Any:
     from kclpy_spark.aws import boto3_client
     from shard_sync.discovery import KinesisShardLister
 
-    lister = KinesisShardLister(
+    return KinesisShardLister(
         boto3_client("kinesis", cfg), stream_name=cfg.stream_name, stream_arn=cfg.stream_arn
     )
+
+
+def _record_stream(store: LeaseStore, cfg: WorkerConfig, lister: Any) -> None:
+    """A reset of every lease starts the application over on the stream as it is now: remember
+    its creation time, so a stream re-created under the same name is accepted from here on."""
     try:
         _, created = lister.describe()
     except KclpySparkError as exc:

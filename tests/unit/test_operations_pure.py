@@ -575,3 +575,58 @@ def test_status_watch_goes_on_through_a_passing_failure(
         commands.status_command(args, WorkerConfig(stream_name="s1"))
     assert len(reads) == 4
     assert "reading the lease table failed" in capsys.readouterr().err
+
+
+def _memory_store_with(*leases: Lease) -> Any:
+    from kclpy_spark.config import WorkerConfig
+    from kclpy_spark.ops.commands import open_store
+
+    store = open_store(WorkerConfig(stream_name="s1", lease_store="memory"))
+    for lease in leases:
+        assert store.create_lease_if_absent(lease)
+    return store
+
+
+def test_an_owner_that_renews_without_a_status_record_counts_as_live() -> None:
+    """A KCL or kcl-rs worker sharing the table publishes no kclpy-spark status record: a lease
+    it had renewed a moment ago was reset without --force."""
+    from kclpy_spark.ops.reset import renewing_owners
+
+    store = _memory_store_with(Lease("shardId-0", SEQ), Lease("shardId-1", SEQ))
+    for key, owner in (("shardId-0", "kcl-java-1"), ("shardId-1", "gone-worker")):
+        lease = store.get_lease(key)
+        assert lease is not None and store.take_lease(lease, owner) is not None
+    leases = store.list_leases()
+
+    def the_kcl_worker_renews(seconds: float) -> None:
+        lease = store.get_lease("shardId-0")
+        assert lease is not None and store.renew_lease(lease) is not None
+
+    found = renewing_owners(store, leases, {"kcl-java-1", "gone-worker"}, 3.8,
+                            the_kcl_worker_renews)  # fmt: skip
+    assert found == {"kcl-java-1"}
+
+
+def test_a_reset_with_a_lease_left_unchanged_does_not_record_the_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stream's creation time was recorded even when a lease kept the old stream's
+    checkpoint, switching off the guard against a re-created stream for that lease."""
+    import argparse
+
+    from kclpy_spark.config import WorkerConfig
+    from kclpy_spark.ops import reset
+
+    store = _memory_store_with(Lease("shardId-0", SEQ), Lease("shardId-1", SEQ))
+    real = store.update_lease
+    store.update_lease = lambda lease: None if lease.lease_key == "shardId-1" else real(lease)
+    recorded: list[Any] = []
+    monkeypatch.setattr(reset, "open_store", lambda cfg, writes_records=False: store)
+    monkeypatch.setattr(reset, "_stream_lister", lambda cfg: "lister")
+    monkeypatch.setattr(reset, "_record_stream", lambda *a: recorded.append(a))
+    args = argparse.Namespace(to="TRIM_HORIZON", shard=None, force=False, yes=True)
+    assert reset.reset_command(args, WorkerConfig(stream_name="s1", lease_store="memory")) == 1
+    assert recorded == []
+    store.update_lease = real
+    assert reset.reset_command(args, WorkerConfig(stream_name="s1", lease_store="memory")) == 0
+    assert len(recorded) == 1
