@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from checkpoint.lease import Lease
+from checkpoint.lease import Lease, stream_name_of
 
 
 @dataclass(frozen=True)
@@ -101,10 +101,14 @@ def _age(now: float, then: float | None) -> str:
 
 def render_table(rows: list[LeaseRow], now_wall: float) -> str:
     with_sink = any(r.sink_in_flight is not None or r.sink_buffered is not None for r in rows)
-    header = ("shard", "state", "owner", "checkpoint", "lag ms", "records", "renewed",
-              "parents", "children") + (("sink batches",) if with_sink else ())  # fmt: skip
+    # Several streams: a shard id names a shard of each, so the rows say their stream.
+    streams = [stream_name_of(r.lease_key) for r in rows]
+    with_stream = any(streams)
+    header = (("stream",) if with_stream else ()) + (
+        "shard", "state", "owner", "checkpoint", "lag ms", "records", "renewed", "parents",
+        "children") + (("sink batches",) if with_sink else ())  # fmt: skip
     body = [
-        (
+        ((stream or "-",) if with_stream else ()) + (
             r.shard_id,
             r.state if r.reopen_at is None or r.state != "CLOSED" else
             f"CLOSED (reopens in {max(0.0, r.reopen_at - now_wall):.0f}s)",
@@ -116,7 +120,7 @@ def render_table(rows: list[LeaseRow], now_wall: float) -> str:
             ",".join(r.parents) or "-",
             ",".join(r.children) or "-",
         ) + ((_sink(r),) if with_sink else ())
-        for r in rows
+        for r, stream in zip(rows, streams, strict=True)
     ]  # fmt: skip
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=False)]
     lines = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True))

@@ -51,6 +51,16 @@ def test_rows_merge_leases_with_the_owners_published_figures() -> None:
     assert parsed["application"] == "app" and len(parsed["leases"]) == 4
 
 
+def test_the_table_says_each_rows_stream_when_there_are_several() -> None:
+    """Two streams' shardId-0 were two identical rows: which one was behind could not be told."""
+    two = [Lease("000000000000:orders:100:shardId-0", SEQ),
+           Lease("000000000000:clicks:200:shardId-0", SEQ)]  # fmt: skip
+    header, *rows = render_table(lease_rows(two, {}, 1_000.0), 1_000.0).splitlines()
+    assert header.split()[:2] == ["stream", "shard"]
+    assert sorted(row.split()[0] for row in rows) == ["clicks", "orders"]
+    assert "stream" not in render_table(lease_rows(leases(), {}, 1_000.0), 1_000.0).splitlines()[0]
+
+
 def test_rows_take_the_figures_a_renewal_wrote_into_the_lease_first() -> None:
     from dataclasses import replace
 
