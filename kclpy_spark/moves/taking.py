@@ -259,16 +259,21 @@ class Taker:
         return not self.running_here(lease.lease_key)
 
     async def hand_out(self) -> int:
-        """Stopping: hand every lease we hold to the workers that follow hand-offs (``kclpy``) of a
-        fresh scan (else the last round's), fewest leases first; each gets it once the processor
-        checkpointed in ``shutdown_requested``. Else (or with handoffs off, or in a job) leases
-        are released. Returns how many handoffs were begun."""
+        """Stopping: hand every lease we hold to the running workers (``_trusted``: they follow
+        hand-offs) below their lease cap, by a fresh scan (else the last round's), fewest leases
+        first; each gets it once the processor checkpointed in ``shutdown_requested``. Else (or
+        with handoffs off, or in a job) leases are released. Returns how many handoffs began."""
         w = self._w
         if not w.cfg.graceful_handoff or w.caught_up is not None or not w.holder.held():
             return 0
         await self._refresh_live()  # a KCL worker takes a released lease sooner than a handed one
-        load = {o: n for o, n in self._live.items() if self.kclpy(o) and o not in self.suspects}
-        load |= {o: 0 for o in self._trusted() if o != w.cfg.worker_id and o not in load}
+        # Only to workers known to run (a status record not saying "stopping", a KCL 3.x
+        # metrics entity): one stopping too would never take it (its take loop has ended), nor
+        # would one over its max_leases_for_worker.
+        trusted = self._trusted()
+        cap = w.cfg.max_leases_for_worker
+        load = {o: self._live.get(o, 0) for o in trusted if o != w.cfg.worker_id}
+        load = {o: n for o, n in load.items() if n < cap}
         if not load:
             return 0
         begun = 0
@@ -286,6 +291,10 @@ class Taker:
                 load[to] = load.get(to, 0) + 1
                 begun += 1
                 log.info("lease %s: handing it over to %s (stopping)", held.lease_key, to)
+                if load[to] >= cap:
+                    load.pop(to)
+                    if not load:  # every running worker full: the rest are released
+                        break
         return begun
 
     async def _refresh_live(self) -> None:

@@ -220,8 +220,9 @@ def _load_moves(
     for thief in order:
         if counts[thief] >= cap:
             continue
+        room = min(max_moves, cap - counts[thief])  # never past max_leases_for_worker
         decided = plan_load_steal(
-            scan, thief, rng=rng, max_leases_to_steal=max_moves, exclude=keep, cpu=cpu
+            scan, thief, rng=rng, max_leases_to_steal=room, exclude=keep, cpu=cpu
         )
         if decided.steal and decided.victim in counts:
             moves = tuple(Assignment(lease, thief) for lease in decided.steal)

@@ -151,6 +151,20 @@ def test_load_moves_take_the_hot_shards_neighbour_not_the_hot_shard() -> None:
     assert [m.lease.lease_key for m in kept.moves] == ["cold-2"]
 
 
+def test_load_moves_never_take_a_worker_past_its_max_leases_for_worker() -> None:
+    """A target below the cap was given as many as max_leases_to_steal, past the cap (the
+    worker-mode rule stopped at it)."""
+    observer, clock = LeaseObserver(TIMING), ManualClock()
+    a = [Lease(f"a-{i}", TRIM_HORIZON, "a", 1, throughput_kbps=10.0) for i in range(8)]
+    b = [Lease(f"b-{i}", TRIM_HORIZON, "b", 1, throughput_kbps=0.0) for i in range(4)]
+    observer.observe(a + b, clock.monotonic())
+    clock.advance(1.0)
+    scan = observer.observe([x.bumped() for x in a + b], clock.monotonic())
+    plan = plan_assignments(scan, {"a", "b"}, rng=random.Random(1), max_leases_for_worker=5,
+                            max_moves=6, max_load_moves=3)  # fmt: skip
+    assert plan.moves and 4 + sum(m.to == "b" for m in plan.moves) <= 5
+
+
 def test_load_moves_follow_the_cpu_when_every_target_publishes_it() -> None:
     """By bytes 'a' (four leases of 1 KB/s) carries less than 'b' (three of 20 KB/s); its CPU says
     it is the busy one: the leader moves one of a's leases to b, and nothing while a figure is

@@ -405,6 +405,41 @@ def test_a_stopping_worker_hands_nothing_to_a_kcl_worker_it_releases_for_it() ->
     assert kept is not None and kept.lease_owner == ME and kept.checkpoint_owner is None
 
 
+def test_a_stopping_worker_hands_nothing_to_another_stopping_worker() -> None:
+    """Two workers stopped together: the first handed its lease to the other, whose take loop
+    had ended, and the lease waited out a failover time."""
+    clock = ManualClock()
+    table = CountingTable(clock)
+    mine = table.take_lease(put(table, "mine"), ME)
+    assert mine is not None and table.take_lease(put(table, "other"), "b") is not None
+    for i in range(3):
+        assert table.take_lease(put(table, f"p{i}"), "c") is not None
+    status(table, "b", clock.wall(), stopping=True)
+    status(table, "c", clock.wall())
+    _, taker = stopping(table, clock, mine)
+    assert asyncio.run(taker.hand_out()) == 1
+    handed = table.get_lease("mine")
+    assert handed is not None and handed.lease_owner == "c"
+
+
+def test_a_stopping_worker_hands_nothing_past_the_max_leases_for_worker() -> None:
+    clock = ManualClock()
+    table = CountingTable(clock)
+    mine = [table.take_lease(put(table, f"mine{i}"), ME) for i in range(2)]
+    for i in range(2):
+        assert table.take_lease(put(table, f"c{i}"), "c") is not None
+    status(table, "c", clock.wall())
+    w = worker(table, Consumers(), clock)
+    for lease in mine:
+        assert lease is not None
+        w.holder.add_taken(lease)
+    w.cfg = WorkerConfig(stream_name="s", worker_id=ME, graceful_handoff=True,
+                         max_leases_for_worker=3)  # fmt: skip
+    assert asyncio.run(Taker(w, io).hand_out()) == 1  # c takes one more, then is full
+    owners = sorted(str(x.lease_owner) for x in table.list_leases() if x.lease_key[:4] == "mine")
+    assert owners == ["c", ME]
+
+
 def test_a_failing_scan_before_handing_out_falls_back_on_the_last_rounds_view() -> None:
     class NoScan(CountingTable):
         def scan_table(self, record_prefix: str) -> TableScan:
