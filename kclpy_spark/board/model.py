@@ -163,6 +163,10 @@ class Board:
 
     def _sample(self, lease: Lease, now_wall: float) -> None:
         figures, at = self._published(lease)
+        if at is not None and now_wall - at > self._worker_ttl:
+            # Its owner stopped publishing (killed, or the whole fleet down): its last rate and
+            # lag are no news; showing them on would draw a stopped application as a healthy one.
+            figures, at = {}, None
         records = figures.get("records")
         key = lease.lease_key
         if lease.actual_owner is None or not isinstance(records, int) or at is None:

@@ -39,6 +39,20 @@ def test_rates_come_from_the_owners_counts_between_two_publications() -> None:
     assert board.snapshot()["workers"][0]["cpu_percent"] == 37.5
 
 
+def test_a_dead_owners_last_rate_and_lag_are_not_shown_on() -> None:
+    """A killed worker (or fleet) kept its last records/s and lag on the page, charts drawing
+    flat lines up to now: a stopped application looked healthy."""
+    board = Board("app", "stream", worker_ttl=30.0)
+    board.observe([lease("s0")], {"w1": status(100.0, {"s0": (1000, 50)})}, 101.0)
+    board.observe([lease("s0")], {"w1": status(110.0, {"s0": (1500, 20)})}, 111.0)
+    assert board.snapshot()["leases"][0]["records_per_s"] == 50.0
+    board.observe([lease("s0")], {"w1": status(110.0, {"s0": (1500, 20)})}, 2400.0)  # 38 min on
+    snap = board.snapshot()
+    assert snap["leases"][0]["records_per_s"] is None
+    assert snap["workers"][0]["records_per_s"] in (None, 0, 0.0)
+    assert snap["series"].get("s0", {"t": []})["t"][-1:] != [2400.0]  # no new point
+
+
 def test_the_same_publication_seen_twice_keeps_the_last_rate() -> None:
     board = Board("app", "stream", step=1.0)
     board.observe([lease("s0")], {"w1": status(100.0, {"s0": (0, 0)})}, 100.0)
