@@ -300,6 +300,15 @@ class StatusWriter:
         return other[0] if other else None
 
 
+def worker_statuses(records: Iterable[CoordinationRecord]) -> dict[str, dict[str, Any]]:
+    """Every worker status record's data by worker id, whatever it says (stopping, suspended)."""
+    return {
+        record.key.removeprefix(WORKER_PREFIX): _data(record)
+        for record in records
+        if record.key.startswith(WORKER_PREFIX)
+    }
+
+
 def _statuses(records: Iterable[CoordinationRecord]) -> Iterator[tuple[str, dict[str, Any]]]:
     """Each worker status record's worker id and data, unless it says the worker is stopping,
     stopped or suspended."""

@@ -69,6 +69,34 @@ def add_subcommands(sub: Any, add_table_flags: Callable[[argparse.ArgumentParser
         add_table_flags(p)
 
 
+def publishing_workers(
+    statuses: dict[str, dict[str, Any]], now: float, cfg: WorkerConfig
+) -> dict[str, dict[str, Any]]:
+    """The workers whose status records are fresh (holding leases or not, suspended or not,
+    not stopped), each with what an operator asks of it: ready or why not, suspended, stopping."""
+    max_age = max(3 * cfg.failover_time, 10.0)
+    return {
+        worker: {
+            "ready": data.get("ready"),
+            "readiness": data.get("readiness"),
+            "suspended": bool(data.get("suspended")),
+            "stopping": bool(data.get("stopping")),
+        }
+        for worker, data in statuses.items()
+        if not data.get("stopped") and is_live(data, now, max_age)
+    }
+
+
+def _worker_state(worker: dict[str, Any]) -> str:
+    if worker["stopping"]:
+        return "stopping"
+    if worker["suspended"]:
+        return "suspended"
+    if worker["ready"] is False:
+        return f"not ready: {worker['readiness']}"
+    return "ready" if worker["ready"] else "?"
+
+
 def live_workers(store: LeaseStore, owners: set[str], cfg: WorkerConfig) -> dict[str, Any]:
     statuses = {owner: coordination.worker_status(store, owner) for owner in owners}
     # A worker publishes every failover/3; three failover times of silence means it is gone.
@@ -108,10 +136,9 @@ def status_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
     store = open_store(cfg)
     while True:
         try:
-            leases = store.list_leases()
-            owners = {x.lease_owner for x in leases if x.lease_owner}
-            statuses = {o: coordination.worker_status(store, o) for o in owners}
-            live = live_workers(store, owners, cfg)
+            # Leases and every worker's status record in one read: a worker holding no lease
+            # (spare, or suspended) is shown too.
+            table = store.scan_table(coordination.WORKER_PREFIX)
             suspended = coordination.is_suspended(store)
         except KclpySparkError as exc:
             if not args.watch or not exc.retriable:
@@ -122,18 +149,23 @@ def status_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
             time.sleep(args.watch)
             continue
         now = time.time()
+        leases = list(table.leases)
+        statuses = coordination.worker_statuses(table.records)
         rows = lease_rows(leases, statuses, now)
+        live = publishing_workers(statuses, now, cfg)
         extra = {
             "application": cfg.application_name,
             "stream": cfg.stream,
             "suspended": suspended,
             "live_workers": sorted(live),
+            "workers": live,
         }
         if args.json:
             print(render_json(rows, extra), flush=True)
         else:
             state = "SUSPENDED" if extra["suspended"] else "running"
-            workers = ", ".join(sorted(live)) or "none"
+            workers = ", ".join(f"{w} ({_worker_state(v)})" for w, v in sorted(live.items()))
+            workers = workers or "none"
             print(f"application {cfg.application_name} on {cfg.stream}: {state}; "
                   f"{len(rows)} lease(s), live workers: {workers}")  # fmt: skip
             print(render_table(rows, now), flush=True)

@@ -567,17 +567,17 @@ def test_status_watch_goes_on_through_a_passing_failure(
 
     store = MemoryLeaseTable()
     reads = []
-    real = store.list_leases
+    real = store.scan_table
 
-    def flaky() -> list[Any]:
+    def flaky(prefix: str) -> Any:
         reads.append(1)
         if len(reads) == 2:
             raise ThrottledError("Scan throttled")
         if len(reads) == 4:
             raise KeyboardInterrupt  # the user's Ctrl-C ends the watch
-        return real()
+        return real(prefix)
 
-    store.list_leases = flaky  # type: ignore[method-assign]
+    store.scan_table = flaky  # type: ignore[method-assign]
     monkeypatch.setattr(commands, "open_store", lambda cfg: store)
     monkeypatch.setattr(commands.time, "sleep", lambda seconds: None)
     args = argparse.Namespace(serve=None, json=True, watch=0.01)
@@ -640,3 +640,36 @@ def test_a_reset_with_a_lease_left_unchanged_does_not_record_the_stream(
     store.update_lease = real
     assert reset.reset_command(args, WorkerConfig(stream_name="s1", lease_store="memory")) == 0
     assert len(recorded) == 1
+
+
+def test_status_shows_every_publishing_worker_with_its_readiness(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Suspended workers hold no lease, so status said "live workers: none" at the moment an
+    operator checks before a reset; readiness was shown nowhere."""
+    import argparse
+    import time as real_time
+
+    from checkpoint import coordination
+    from kclpy_spark.config import WorkerConfig
+    from kclpy_spark.ops import commands
+
+    store = _memory_store_with(Lease("shardId-0", SEQ))
+    now = real_time.time()
+    for worker, data in (("w1", {"suspended": True, "ready": True, "readiness": "suspended"}),
+                         ("w2", {"ready": False, "readiness": "stream(s) gone: s1"}),
+                         ("w3", {"stopped": True})):  # fmt: skip
+        record = coordination.CoordinationRecord(
+            coordination.worker_key(worker), worker, 1, now,
+            json.dumps({"updated_at": now, **data}),
+        )  # fmt: skip
+        assert store.put_record(record, None)
+    monkeypatch.setattr(commands, "open_store", lambda cfg: store)
+    cfg = WorkerConfig(stream_name="s1", lease_store="memory")
+    assert commands.status_command(argparse.Namespace(serve=None, json=True, watch=None), cfg) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["live_workers"] == ["w1", "w2"]
+    assert shown["workers"]["w2"] == {"ready": False, "readiness": "stream(s) gone: s1",
+                                      "suspended": False, "stopping": False}  # fmt: skip
+    assert commands.status_command(argparse.Namespace(serve=None, json=False, watch=None), cfg) == 0
+    assert "w1 (suspended), w2 (not ready: stream(s) gone: s1)" in capsys.readouterr().out
