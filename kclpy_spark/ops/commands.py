@@ -181,4 +181,15 @@ def suspend_command(cfg: WorkerConfig, suspended: bool) -> int:
     if not coordination.set_suspended(store, suspended, by="kclpy-spark CLI", now_wall=time.time()):
         raise ConfigError("could not write the suspend flag (too many concurrent writers)")
     print(f"{cfg.application_name}: {'suspended' if suspended else 'resumed'}")
+    note_if_unknown(store, cfg)
     return 0
+
+
+def note_if_unknown(store: LeaseStore, cfg: WorkerConfig) -> None:
+    """A note on stderr when the application has no lease and no worker status record: with a
+    SQLite or memory store any name opens, so a mistyped application_name did nothing, quietly."""
+    table = store.scan_table(coordination.WORKER_PREFIX)
+    if not table.leases and not table.records:
+        print(f"kclpy-spark: note: application {cfg.application_name!r} has no lease and no "
+              f"worker has published in {cfg.lease_store}: is the application name right?",
+              file=sys.stderr)  # fmt: skip

@@ -18,7 +18,7 @@ from checkpoint.lease import Lease
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.config_rules import check_not_in_future
-from kclpy_spark.ops.commands import live_workers, open_store
+from kclpy_spark.ops.commands import live_workers, note_if_unknown, open_store
 from kclpy_spark.runtime.lease_store import LeaseStore
 
 
@@ -119,6 +119,8 @@ def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
         )
     if not plan.changes:
         print("nothing to reset")
+        if not leases:
+            note_if_unknown(store, cfg)
         return 0
     print(f"reset {len(plan.changes)} lease(s) of {cfg.application_name} to {args.to}:")
     for before, _ in plan.changes:

@@ -673,3 +673,21 @@ def test_status_shows_every_publishing_worker_with_its_readiness(
                                       "suspended": False, "stopping": False}  # fmt: skip
     assert commands.status_command(argparse.Namespace(serve=None, json=False, watch=None), cfg) == 0
     assert "w1 (suspended), w2 (not ready: stream(s) gone: s1)" in capsys.readouterr().out
+
+
+def test_an_operator_command_on_an_application_nobody_runs_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With SQLite any application name opens: a typo suspended nothing and said "suspended"."""
+    from kclpy_spark.config import WorkerConfig
+    from kclpy_spark.ops import commands
+
+    store = _memory_store_with()
+    monkeypatch.setattr(commands, "open_store", lambda cfg, writes_records=False: store)
+    cfg = WorkerConfig(stream_name="s1", application_name="kclpy-spark-ap", lease_store="memory")
+    assert commands.suspend_command(cfg, True) == 0
+    out = capsys.readouterr()
+    assert "suspended" in out.out and "no lease and no worker has published" in out.err
+    assert store.create_lease_if_absent(Lease("shardId-0", SEQ))
+    assert commands.suspend_command(cfg, False) == 0
+    assert capsys.readouterr().err == ""
