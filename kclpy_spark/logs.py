@@ -30,7 +30,9 @@ _SECRET_PATTERNS = [
     re.compile(r"\b(?:AKIA|ASIA|AIDA|AROA)[A-Z0-9]{16}\b"),
     re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])"),
     re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{100,}={0,2}"),
-    re.compile(r"(?<=://)[^/@\s]+(?=@)"),  # a URL's user and password: https://user:pass@host
+    # A URL's user and password: https://user:pass@host (no quote, comma or "?" inside, so a URL
+    # and an address beside it, or "@" in a query, are left alone).
+    re.compile(r"(?<=://)[^/@\s\"',?:]+:[^/@\s\"',?]+(?=@)"),
 ]
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
 

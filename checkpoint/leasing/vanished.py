@@ -30,6 +30,9 @@ from checkpoint.sequence import Sentinel
 log = logging.getLogger(__name__)
 
 _NOT_STARTED = frozenset({Sentinel.TRIM_HORIZON, Sentinel.LATEST, Sentinel.AT_TIMESTAMP})
+# A child not started yet, as the leader's cleanup judges it (the KCL's rule: a child at LATEST
+# counts as started, so its finished parent is deleted).
+_CHILD_NOT_STARTED = frozenset({Sentinel.TRIM_HORIZON, Sentinel.AT_TIMESTAMP})
 
 
 def put_back(last: Lease) -> Lease | None:
@@ -70,7 +73,7 @@ def children_started(key: str, leases: list[Lease]) -> bool:
     """Whether a lease of ``leases`` names the lease ``key``'s shard as a parent and has started
     (its checkpoint past the starting positions): then ``key``'s shard was finished."""
     return any(
-        lease.checkpoint.sentinel not in _NOT_STARTED
+        lease.checkpoint.sentinel not in _CHILD_NOT_STARTED
         and any(lease.sibling_key(parent) == key for parent in lease.parent_shard_ids)
         for lease in leases
     )
@@ -89,9 +92,15 @@ def restore_if_vanished(
         again = put_back(last)
         if again is None:
             return False
-        if children_started(key, table.list_leases()):
-            log.info("lease %s vanished while held; a child of its shard has started, so another "
-                     "worker finished it and it stays gone", key)  # fmt: skip
+        try:
+            finished = children_started(key, table.list_leases())
+        except KclpySparkError as exc:  # the scan alone failed: put it back as before
+            log.warning("lease %s: its children could not be read (%s)", key, exc)
+            finished = False
+        if finished:
+            log.warning("lease %s vanished while held at %s; a child of its shard has started "
+                        "(another worker finished it, and the cleanup deleted it), so it stays "
+                        "gone", key, last.checkpoint)  # fmt: skip
             return False
         if not restorable(last):
             log.info("lease %s vanished while held; its shard is gone, so it stays gone", key)

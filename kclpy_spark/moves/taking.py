@@ -288,9 +288,11 @@ class Taker:
                 continue
             if result.lease is not None:  # begun by us, or by a thief meanwhile
                 to = result.lease.lease_owner or to
-                load[to] = load.get(to, 0) + 1
                 begun += 1
                 log.info("lease %s: handing it over to %s (stopping)", held.lease_key, to)
+                if to not in load:  # a thief that is no target of ours (full, or not trusted)
+                    continue
+                load[to] += 1
                 if load[to] >= cap:
                     load.pop(to)
                     if not load:  # every running worker full: the rest are released

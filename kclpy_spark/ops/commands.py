@@ -187,8 +187,14 @@ def suspend_command(cfg: WorkerConfig, suspended: bool) -> int:
 
 def note_if_unknown(store: LeaseStore, cfg: WorkerConfig) -> None:
     """A note on stderr when the application has no lease and no worker status record: with a
-    SQLite or memory store any name opens, so a mistyped application_name did nothing, quietly."""
-    table = store.scan_table(coordination.WORKER_PREFIX)
+    SQLite or memory store any name opens, so a mistyped application_name did nothing, quietly
+    (a DynamoDB table of a mistyped name does not open). Never an error of its own."""
+    if cfg.lease_store == "dynamodb":
+        return
+    try:
+        table = store.scan_table(coordination.WORKER_PREFIX)
+    except KclpySparkError:
+        return
     if not table.leases and not table.records:
         print(f"kclpy-spark: note: application {cfg.application_name!r} has no lease and no "
               f"worker has published in {cfg.lease_store}: is the application name right?",

@@ -153,13 +153,13 @@ def renewing_owners(
 ) -> set[str]:
     """Those of ``owners`` that renew a lease of ``leases`` within ``wait`` seconds (its counter
     moves): alive, though they publish no status record (a KCL or kcl-rs worker)."""
-    watched = {x.lease_key: x.lease_counter for x in leases if x.lease_owner in owners}
+    watched = {x.lease_key: x.lease_counter for x in leases if x.actual_owner in owners}
     if not watched:
         return set()
     sleep(wait)
     return {
-        x.lease_owner for x in store.list_leases()
-        if x.lease_owner in owners and x.lease_key in watched
+        str(x.actual_owner) for x in store.list_leases()  # mid-handoff: the old owner renews
+        if x.actual_owner in owners and x.lease_key in watched
         and x.lease_counter != watched[x.lease_key]
     }  # fmt: skip
 

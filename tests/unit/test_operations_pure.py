@@ -276,6 +276,8 @@ def test_a_reset_to_a_time_applies_to_the_shards_it_names_only() -> None:
 def test_secret_looking_strings_are_redacted(secret: str) -> None:
     assert secret not in redact(f"calling with {secret} now")
     assert redact(f"got 'http://me:{secret}@h:99'") == "got 'http://[redacted]@h:99'"
+    for plain in ("https://host?x=a@b", 'url="http://host:80",owner="me@x"'):
+        assert redact(plain) == plain  # an "@" after a URL is no password
     assert "shardId-000000000001" in redact("shard shardId-000000000001")
     assert "49600000000000000000000000000000000000000000000000000002" in redact(SEQ.sequence_number)
 

@@ -160,6 +160,7 @@ def test_a_lease_whose_shard_is_gone_is_not_put_back() -> None:
     ("child_checkpoint", "restored"),
     [
         (ExtendedSequenceNumber("300"), False),  # a child read on: another worker finished ours
+        (LATEST, False),  # at LATEST the cleanup counts a child started (the KCL's rule)
         (TRIM_HORIZON, True),  # children made but not started: the cleanup does not delete then
     ],
 )
