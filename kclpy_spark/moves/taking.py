@@ -52,6 +52,7 @@ class Taker:
         self._live: dict[str, int] = {}  # other live workers -> leases, as of the last scan
         self._ours: set[str] = set()  # owners whose leases a kclpy-spark store stamped last
         self.running: dict[str, float] = {}  # workers whose status record says they run -> when
+        self._status_written: dict[str, float] = {}  # ours of them (status records) -> when
         # Workers seen to stop renewing whose status has not been written since (dead, or
         # stalled): never handed a lease, nor counted in our share, until it is.
         self.suspects = Suspects()
@@ -273,7 +274,7 @@ class Taker:
         trusted = self._trusted()
         cap = w.cfg.max_leases_for_worker
         load = {o: self._live.get(o, 0) for o in trusted if o != w.cfg.worker_id}
-        load = {o: n for o, n in load.items() if n < cap}
+        load = {o: n for o, n in load.items() if n < cap and not self._quiet_and_empty(o, n)}
         if not load:
             return 0
         begun = 0
@@ -318,7 +319,8 @@ class Taker:
         w, records = self._w, table.records
         max_age = w.timing.status_max_age
         self.running = coordination.live_kcl_workers(table.kcl_workers, w.clock.wall())
-        self.running |= coordination.live_workers(records, w.clock.wall(), max_age)
+        self._status_written = coordination.live_workers(records, w.clock.wall(), max_age)
+        self.running |= self._status_written
         figures = coordination.cpu_figures(records, w.clock.wall(), max_age)
         use = w.cfg.load_metric == "auto"  # else the load rule balances throughput only
         self.cpu = FleetCpu(figures if use else {}, w.clock.wall(), w.timing.max_clock_skew)
@@ -333,6 +335,17 @@ class Taker:
         self._live = {o: n for o, n in scan.owner_counts.items() if o != w.cfg.worker_id}
         self._ours = {str(x.lease_owner) for x in open_leases if x.write_time is not None}
         return scan
+
+    def _quiet_and_empty(self, owner: str, leases: int) -> bool:
+        """Whether ``owner``, one of ours, holds no lease in the scan and has not written its
+        status record for a round: a worker holding none writes it every round, so this one was
+        killed a moment ago (its last record, written while it held leases, may say it runs for
+        longer: ``live_for``). The stopping worker keeps no suspects when a leader assigns."""
+        written = self._status_written.get(owner)
+        if leases or written is None:
+            return False
+        timing = self._w.timing
+        return self._w.clock.wall() - written > timing.lease_duration + timing.max_clock_skew
 
     def _trusted(self) -> frozenset[str]:
         """The running workers (status records, KCL metrics entities) not suspected."""

@@ -422,6 +422,27 @@ def test_a_stopping_worker_hands_nothing_to_another_stopping_worker() -> None:
     assert handed is not None and handed.lease_owner == "c"
 
 
+def test_a_stopping_worker_hands_nothing_to_a_worker_killed_a_moment_ago_with_no_leases() -> None:
+    """A leader assigning: the stopping worker keeps no suspects, and a worker killed 15 s ago,
+    whose leases the leader had moved on, still had a record saying it runs (live_for): it got
+    the lease, which waited out a failover time. One holding none writes every round."""
+    clock = ManualClock()
+    table = CountingTable(clock)
+    mine = table.take_lease(put(table, "mine"), ME)
+    assert mine is not None and table.take_lease(put(table, "dead-lease"), "killed") is not None
+    status(table, "killed", clock.wall(), live_for=41.0)  # quiet: it held a lease, then died
+    clock.advance(15.0)
+    moved = table.get_lease("dead-lease")
+    assert moved is not None and table.take_lease(moved, "peer") is not None
+    for i in range(2):
+        assert table.take_lease(put(table, f"p{i}"), "peer") is not None
+    status(table, "peer", clock.wall())
+    _, taker = stopping(table, clock, mine)
+    assert asyncio.run(taker.hand_out()) == 1
+    handed = table.get_lease("mine")
+    assert handed is not None and handed.lease_owner == "peer"
+
+
 def test_a_stopping_worker_hands_nothing_past_the_max_leases_for_worker() -> None:
     clock = ManualClock()
     table = CountingTable(clock)
