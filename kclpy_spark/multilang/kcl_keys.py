@@ -4,6 +4,7 @@ Every converter raises ConfigError naming the key."""
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import fields
@@ -11,6 +12,8 @@ from typing import Any
 
 from checkpoint.base.errors import ConfigError
 from kclpy_spark.config import WorkerConfig
+
+log = logging.getLogger(__name__)
 
 # --- values --------------------------------------------------------------------------------------
 
@@ -42,6 +45,16 @@ def as_seconds(key: str, value: str) -> float:
     return as_int(key, value) / 1000.0
 
 
+def _idle_seconds(key: str, value: str) -> float:
+    """``idleTimeBetweenReadsInMillis``: as the KCL, a value below the least is raised to it with
+    a warning (the KCL's least is larger; reads are paced by the shard's limits either way)."""
+    millis = as_int(key, value, low=0)
+    if millis < 1:
+        log.warning("property %s = %d: raised to 1 ms (the least this takes)", key, millis)
+        millis = 1
+    return millis / 1000.0
+
+
 STREAM_ARN = re.compile(r"^arn:[\w-]+:kinesis:([\w-]+):(\d{12}):stream/([a-zA-Z0-9_.-]{1,128})$")
 
 
@@ -55,7 +68,7 @@ FIELDS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "workerIdentifier": ("worker_id", lambda k, v: v),  # the KCL's own name; workerId sets it
     "failoverTimeMillis": ("failover_time", as_seconds),
     "maxRecords": ("max_records", lambda k, v: as_int(k, v, high=10_000)),
-    "idleTimeBetweenReadsInMillis": ("idle_time_between_reads", as_seconds),
+    "idleTimeBetweenReadsInMillis": ("idle_time_between_reads", lambda k, v: _idle_seconds(k, v)),
     "shardSyncIntervalMillis": ("shard_sync_interval", as_seconds),
     "parentShardPollIntervalMillis": ("parent_shard_poll_interval", as_seconds),
     "maxLeasesForWorker": ("max_leases_for_worker", as_int),

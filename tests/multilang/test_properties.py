@@ -263,6 +263,15 @@ def test_the_application_name_is_required(props: dict[str, str]) -> None:
         config_from_properties(raw, folder=Path("."))
 
 
+def test_an_idle_time_of_zero_is_raised_to_the_least_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The KCL raises a value below its least with a warning; it was refused here."""
+    cfg, _ = build(idleTimeBetweenReadsInMillis="0")
+    assert cfg.idle_time_between_reads == 0.001
+    assert "idleTimeBetweenReadsInMillis = 0: raised to 1 ms" in caplog.text
+
+
 def test_worker_identifier_is_the_kcls_name_for_worker_id() -> None:
     cfg, _ = build(workerIdentifier="host-7")
     assert cfg.worker_id == "host-7"
@@ -287,7 +296,7 @@ def test_overrides_win_over_the_file() -> None:
         ({"failoverTimeMillis": "ten"}, "'failoverTimeMillis' must be a whole number"),
         ({"failoverTimeMillis": "1.5"}, "'failoverTimeMillis' must be a whole number"),
         ({"failoverTimeMillis": "0"}, "'failoverTimeMillis' must be >= 1"),
-        ({"idleTimeBetweenReadsInMillis": "-5"}, "'idleTimeBetweenReadsInMillis' must be >= 1"),
+        ({"idleTimeBetweenReadsInMillis": "-5"}, "'idleTimeBetweenReadsInMillis' must be >= 0"),
         ({"maxRecords": "20000"}, "'maxRecords' must be between 1 and 10000"),
         ({"ignoreUnexpectedChildShards": "maybe"}, "'ignoreUnexpectedChildShards' must be true"),
         ({"timeoutInSeconds": "0"}, "'timeoutInSeconds' must be >= 1"),
