@@ -16,6 +16,7 @@ running, instead of having the old checkpoints applied to its new records.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,7 @@ from checkpoint.base.errors import (
     error_code,
     map_aws_error,
 )
+from checkpoint.base.threads import RetiringThreadPool
 from checkpoint.counters import CoordinationCounters
 from checkpoint.lease import Lease, in_stream, lease_key_of
 from checkpoint.port import LeaseTable
@@ -200,6 +202,10 @@ class StreamSet:
         self._on_out_of_range = on_out_of_range
         self._record_sources = record_sources  # where records come from instead of Kinesis reads
         self.contexts: dict[str, StreamContext] = {}
+        # Whether a vanished lease's shard exists is asked under the lease's lock: a bounded
+        # wait, on threads of its own (a call that outlives it ends by the client's limits).
+        self._probes = RetiringThreadPool(2, "kclpy-spark-shard-probe")
+        self.probe_timeout = min(5.0, cfg.failover_time / 4)
         # Configured streams that could not be opened, with when that was first seen (monotonic):
         # they count as gone for readiness and missing_dependency_timeout.
         self.unopened: dict[str, float] = {}
@@ -289,14 +295,22 @@ class StreamSet:
 
     def shard_exists(self, lease: Lease) -> bool:
         """Whether ``lease``'s shard is still in its stream (one GetShardIterator); True when
-        the answer is anything but "not found" (a vanished lease is put back only then)."""
+        the answer is anything but "not found" (a vanished lease is put back only then), or
+        when none comes within ``probe_timeout``: it is asked under the lease's lock, which the
+        Kinesis client's own limits (30 s a try, three tries) would hold far past the lease."""
         context = self.context_of(lease)
         if context is None:
             return False  # its stream is no longer consumed here
+        asked = self._probes.submit(
+            self._kinesis_sync.get_shard_iterator,
+            **context.spec.request, ShardId=lease.shard_id, ShardIteratorType="TRIM_HORIZON",
+        )  # fmt: skip
         try:
-            self._kinesis_sync.get_shard_iterator(
-                **context.spec.request, ShardId=lease.shard_id, ShardIteratorType="TRIM_HORIZON"
-            )
+            asked.result(timeout=self.probe_timeout)
+        except concurrent.futures.TimeoutError:
+            log.info("shard %s: no answer whether it exists within %.1f s; taken as yes",
+                     lease.shard_id, self.probe_timeout)  # fmt: skip
+            return True
         except Exception as exc:
             return error_code(exc) != "ResourceNotFoundException"
         return True

@@ -118,3 +118,51 @@ def test_a_recreated_stream_of_several_is_reopened_under_its_new_identity() -> N
     removed, added = asyncio.run(found.refresh())
     assert removed == [old] and added and found.contexts == {"a": fresh, "b": other}
     assert found.configured() == 2
+
+
+def test_whether_a_vanished_leases_shard_exists_is_asked_within_a_bound() -> None:
+    """Asked under the lease's lock: the Kinesis client's own limits (30 s a try, three tries)
+    held that lease's checkpoints for up to ~105 s."""
+    import threading
+    import time
+
+    from botocore.exceptions import ClientError
+
+    from checkpoint.lease import Lease
+    from checkpoint.sequence import TRIM_HORIZON
+
+    answer = threading.Event()
+
+    class Kinesis:
+        def __init__(self, fail: bool = False) -> None:
+            self.fail = fail
+
+        def get_shard_iterator(self, **request: Any) -> dict[str, str]:
+            if self.fail:
+                raise ClientError(
+                    {"Error": {"Code": "ResourceNotFoundException"}}, "GetShardIterator"
+                )
+            answer.wait(10.0)  # a call that hangs
+            return {"ShardIterator": "it"}
+
+    def shards(kinesis: Any) -> Any:
+        found: Any = StreamSet(
+            WorkerConfig(stream_name="s", failover_time=2.0), lambda: (), table=None,  # type: ignore[arg-type]
+            kinesis_sync=kinesis, kinesis_async=None, counters=None,  # type: ignore[arg-type]
+            clock=ManualClock(), rng=random.Random(1),
+        )  # fmt: skip
+        found.contexts = {
+            "s": SimpleNamespace(
+                owns=lambda lease: True, spec=SimpleNamespace(request={"StreamName": "s"})
+            )
+        }
+        return found
+
+    lease = Lease("shardId-000000000001", TRIM_HORIZON)
+    began = time.monotonic()
+    try:
+        assert shards(Kinesis()).shard_exists(lease) is True  # no answer in time: taken as yes
+        assert time.monotonic() - began < 2.0  # the bound is a quarter of the failover time
+    finally:
+        answer.set()
+    assert shards(Kinesis(fail=True)).shard_exists(lease) is False
