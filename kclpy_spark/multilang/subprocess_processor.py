@@ -20,8 +20,8 @@ Failures (a choice, documented here; the Java daemon exits the whole JVM on each
   batch is offered again after a backoff, to a new child (started and initialized again), and
   after ``max_processing_attempts`` failures the lease is parked: released, with a reopen time
   every worker sees, and redelivered from its last checkpoint later. No record is skipped.
-* From ``initialize`` the shard's consumer stops and the worker drops the lease, so it expires and
-  is taken again (by this worker or another) after the failover time.
+* From ``initialize`` the same policy: tried again after a backoff, with a new child, and after
+  ``max_processing_attempts`` failures the lease is parked.
 * ``shard_ended`` starts a new child if the consumer retries shard end (no SHARD_END checkpoint
   was made); ``lease_lost`` and ``shutdown_requested`` never start one.
 
