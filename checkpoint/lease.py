@@ -96,6 +96,9 @@ class WriteStamp:
     at: float  # epoch seconds
 
 
+# The checkpoints of a lease not read past its start, as the KCL's lease cleanup judges a child
+# (a child at LATEST counts as started).
+_UNSTARTED = frozenset({Sentinel.TRIM_HORIZON, Sentinel.AT_TIMESTAMP})
 OWNER_TAG_AFTER = 9  # owner ids longer than this many characters are tagged (``owner_tag``)
 
 
@@ -184,6 +187,13 @@ class Lease:
         if figures is None or owner is None or figures.owner not in (owner, owner_tag(owner)):
             return None
         return figures
+
+    @property
+    def started(self) -> bool:
+        """Whether the lease was read past its start, as the KCL's lease cleanup judges a child
+        before it deletes the finished parent (its checkpoint neither TRIM_HORIZON nor
+        AT_TIMESTAMP)."""
+        return self.checkpoint.sentinel not in _UNSTARTED
 
     @property
     def write_time(self) -> float | None:

@@ -14,14 +14,11 @@ from dataclasses import dataclass
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.lease import Lease
 from checkpoint.port import LeaseTable
-from checkpoint.sequence import Sentinel
 from shard_sync.discovery import ShardLister
 from shard_sync.hierarchy import lease_hash_range_holes
 from shard_sync.syncer import ShardSyncer, SyncResult
 
 log = logging.getLogger(__name__)
-
-_NOT_STARTED = {Sentinel.TRIM_HORIZON, Sentinel.AT_TIMESTAMP}
 
 
 def completed_leases_to_delete(leases: Iterable[Lease]) -> list[Lease]:
@@ -38,7 +35,7 @@ def completed_leases_to_delete(leases: Iterable[Lease]) -> list[Lease]:
         if not lease.checkpoint.is_shard_end or not lease.child_shard_ids:
             continue
         children = [by_key.get(lease.sibling_key(child)) for child in lease.child_shard_ids]
-        if any(child is None or child.checkpoint.sentinel in _NOT_STARTED for child in children):
+        if any(child is None or not child.started for child in children):
             continue
         if any(lease.sibling_key(parent) in by_key for parent in lease.parent_shard_ids):
             continue

@@ -30,9 +30,6 @@ from checkpoint.sequence import Sentinel
 log = logging.getLogger(__name__)
 
 _NOT_STARTED = frozenset({Sentinel.TRIM_HORIZON, Sentinel.LATEST, Sentinel.AT_TIMESTAMP})
-# A child not started yet, as the leader's cleanup judges it (the KCL's rule: a child at LATEST
-# counts as started, so its finished parent is deleted).
-_CHILD_NOT_STARTED = frozenset({Sentinel.TRIM_HORIZON, Sentinel.AT_TIMESTAMP})
 
 
 def put_back(last: Lease) -> Lease | None:
@@ -71,10 +68,9 @@ def resumed_from(found: Lease, last: Lease) -> Lease | None:
 
 def children_started(key: str, leases: list[Lease]) -> bool:
     """Whether a lease of ``leases`` names the lease ``key``'s shard as a parent and has started
-    (its checkpoint past the starting positions): then ``key``'s shard was finished."""
+    (``Lease.started``, as the leader's cleanup judges it): then ``key``'s shard was finished."""
     return any(
-        lease.checkpoint.sentinel not in _CHILD_NOT_STARTED
-        and any(lease.sibling_key(parent) == key for parent in lease.parent_shard_ids)
+        lease.started and any(lease.sibling_key(parent) == key for parent in lease.parent_shard_ids)
         for lease in leases
     )
 
