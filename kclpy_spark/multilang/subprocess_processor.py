@@ -84,11 +84,6 @@ class SubprocessProcessor(RecordProcessor):
         # The child's last stderr lines: an error that ends it says what it printed last.
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
         self._init: InitializeInput | None = None
-        # Where a child started after one that died resumes (its initialize's sequence number):
-        # the last position the children checkpointed, else the tenure's start. The Java daemon
-        # exits with its child, and its next owner starts at the lease's checkpoint.
-        self._resume_at: tuple[str, int] | None = None
-        self._delivering: tuple[str, int] | None = None  # the last record of the batch in flight
         self.shard_id = "?"
         self.children_started = 0
 
@@ -100,9 +95,6 @@ class SubprocessProcessor(RecordProcessor):
         await self._guarded(self._start())
 
     async def process_records(self, process_records_input: ProcessRecordsInput) -> None:
-        records = process_records_input.records
-        if records:
-            self._delivering = (records[-1].sequence_number, records[-1].sub_sequence_number)
         line = protocol.encode_process_records(
             process_records_input.records, process_records_input.millis_behind_latest
         )
@@ -143,7 +135,10 @@ class SubprocessProcessor(RecordProcessor):
             await self._abort()
             raise
 
-    async def _start(self) -> None:
+    async def _start(self, checkpointer: Checkpointer | None = None) -> None:
+        """A child, initialized at the tenure's start, or, after one that died, at what the
+        tenure's ``checkpointer`` wrote since (the Java daemon exits with its child, and the
+        lease's next owner starts at its checkpoint)."""
         assert self._init is not None
         spec = self._spec
         try:
@@ -172,7 +167,10 @@ class SubprocessProcessor(RecordProcessor):
             shlex.join(spec.command),
         )
         init = self._init
-        seq, sub = self._resume_at or (init.sequence_number, init.sub_sequence_number)
+        seq, sub = init.sequence_number, init.sub_sequence_number
+        written = getattr(checkpointer, "written", None)  # our Checkpointer's; None: none yet
+        if written is not None:
+            seq, sub = written.sequence_number, written.sub_sequence_number
         message = protocol.initialize_message(init.shard_id, seq, sub)
         await self._exchange(message, protocol.INITIALIZE, None)
 
@@ -187,7 +185,7 @@ class SubprocessProcessor(RecordProcessor):
                     self._proc.returncode,
                 )
                 await self._close()
-            await self._start()
+            await self._start(checkpointer)
         await self._exchange(message, action, checkpointer)
 
     async def _finish(
@@ -302,10 +300,6 @@ class SubprocessProcessor(RecordProcessor):
         except Exception:
             log.exception("shard %s: checkpoint at %s failed unexpectedly", self.shard_id, seq)
             return DEPENDENCY
-        if seq is not None:
-            self._resume_at = (seq, sub or 0)
-        elif self._delivering is not None:  # everything delivered (SHARD_END: no child after)
-            self._resume_at = self._delivering
         return None
 
     async def _drain_stderr(self, stream: asyncio.StreamReader) -> None:
