@@ -74,7 +74,7 @@ def publishing_workers(
 ) -> dict[str, dict[str, Any]]:
     """The workers whose status records are fresh (holding leases or not, suspended or not,
     not stopped), each with what an operator asks of it: ready or why not, suspended, stopping."""
-    max_age = max(3 * cfg.failover_time, 10.0)
+    max_age = status_max_age(cfg)
     return {
         worker: {
             "ready": data.get("ready"),
@@ -97,10 +97,15 @@ def _worker_state(worker: dict[str, Any]) -> str:
     return "ready" if worker["ready"] else "?"
 
 
+def status_max_age(cfg: WorkerConfig) -> float:
+    """How old a worker's status record may be for an operator command to count it as running:
+    a worker publishes every failover/3, so three failover times of silence means it is gone."""
+    return max(3 * cfg.failover_time, 10.0)
+
+
 def live_workers(store: LeaseStore, owners: set[str], cfg: WorkerConfig) -> dict[str, Any]:
     statuses = {owner: coordination.worker_status(store, owner) for owner in owners}
-    # A worker publishes every failover/3; three failover times of silence means it is gone.
-    max_age = max(3 * cfg.failover_time, 10.0)
+    max_age = status_max_age(cfg)
     now = time.time()
     return {w: s for w, s in statuses.items() if is_live(s, now, max_age)}
 
@@ -124,7 +129,7 @@ def serve_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
 
     host, port = parse_address(args.serve)
     store = open_store(cfg)
-    board = Board(cfg.application_name, cfg.stream, worker_ttl=max(3 * cfg.failover_time, 10.0))
+    board = Board(cfg.application_name, cfg.stream, worker_ttl=status_max_age(cfg))
     names = tuple(args.allow_host or ())
     asyncio.run(serve(board, Look(store), host, port, args.watch or 10.0, names))
     return 0
