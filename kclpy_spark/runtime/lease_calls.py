@@ -14,6 +14,7 @@ import asyncio
 import contextvars
 import functools
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 from checkpoint.base.threads import RetiringThreadPool
@@ -24,7 +25,12 @@ LEASE_CALL_THREADS = 16
 _POOL = RetiringThreadPool(LEASE_CALL_THREADS, "kclpy-spark-lease-calls")
 
 
+async def run_on(executor: Executor, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` on ``executor``'s threads, with this task's logging context."""
+    call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(executor, call)
+
+
 async def lease_call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)`` on the lease-call threads, with this task's logging context."""
-    call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-    return await asyncio.get_running_loop().run_in_executor(_POOL, call)
+    return await run_on(_POOL, fn, *args, **kwargs)

@@ -14,7 +14,6 @@ are asyncio (aiobotocore). Lease expiry is judged only by this process's monoton
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
 import logging
 import random
@@ -46,6 +45,7 @@ from kclpy_spark.runtime.cpu import CpuMeter
 from kclpy_spark.runtime.events import EventLog
 from kclpy_spark.runtime.health import Health
 from kclpy_spark.runtime.identity import unique_worker_id
+from kclpy_spark.runtime.lease_calls import run_on
 from kclpy_spark.runtime.lease_store import LeaseStore
 from kclpy_spark.runtime.loop_watch import watch_the_loop
 from kclpy_spark.runtime.metrics import StatusServer, worker_metrics
@@ -209,8 +209,7 @@ class Worker:
 
     async def _io(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the lease executor, with this task's logging context."""
-        call = functools.partial(contextvars.copy_context().run, fn, *args)
-        return await asyncio.get_running_loop().run_in_executor(self._lease_io, call)
+        return await run_on(self._lease_io, fn, *args)
 
     async def _run(self) -> None:
         await self.streams.refresh(first=True)
@@ -312,8 +311,7 @@ class Worker:
         if self.clock.monotonic() - self._measured_at >= self.timing.renew_interval:
             self._measured_at = self.clock.monotonic()
             self.consumers.measure_throughput()  # written by the next renewals
-        call = functools.partial(contextvars.copy_context().run, self.holder.renew_all)
-        report = await asyncio.get_running_loop().run_in_executor(self._renew_io, call)
+        report = await run_on(self._renew_io, self.holder.renew_all)
         self.metrics.renewals.inc(len(report.renewed))
         self.metrics.renewals_skipped.inc(len(report.skipped))
         self.metrics.renewal_failures.inc(len(report.failed))
