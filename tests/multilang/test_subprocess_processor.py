@@ -65,6 +65,14 @@ async def deliver(processor: SubprocessProcessor, shard: HeldShard, start_at: in
     await processor.process_records(ProcessRecordsInput(batch, 0, shard.checkpointer))
 
 
+async def kill_child(processor: SubprocessProcessor) -> None:
+    """Kill the running child, as an OOM kill would, and wait for it to be gone."""
+    proc = processor._proc
+    assert proc is not None
+    proc.kill()
+    await proc.wait()
+
+
 def child_pid(processor: SubprocessProcessor) -> int:
     proc = processor._proc
     assert proc is not None
@@ -238,10 +246,7 @@ def test_a_dead_child_is_replaced_for_the_next_batch(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         await start(processor, shard)
-        proc = processor._proc
-        assert proc is not None
-        proc.kill()
-        await proc.wait()
+        await kill_child(processor)
         await deliver(processor, shard, 1, 2)  # a new child is started and initialized
         await processor.lease_lost(LeaseLostInput())
 
@@ -261,10 +266,7 @@ def test_a_child_started_after_one_died_resumes_at_what_was_checkpointed(tmp_pat
     async def scenario() -> None:
         await start(processor, shard)
         await deliver(processor, shard, 1, 2)  # the child checkpoints at record 2
-        proc = processor._proc
-        assert proc is not None
-        proc.kill()
-        await proc.wait()
+        await kill_child(processor)
         await deliver(processor, shard, 3, 1)  # a new child is started and initialized
         await processor.lease_lost(LeaseLostInput())
 

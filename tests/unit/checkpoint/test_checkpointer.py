@@ -624,27 +624,39 @@ def test_delivered_records_are_bounded_and_forgotten_ranges_fall_back_to_the_ran
     assert not seen.names_a_record(esn("140"))  # nothing delivered after it
 
 
-def test_delivered_records_keep_eight_bytes_per_record_not_the_records_strings() -> None:
-    """It used to keep every sequence-number string alive (about 100 bytes each, plus a set
-    per batch looked up): up to ~150 MB per lease that checkpoints rarely."""
+DELIVERED_BASE = 49_000_000_000_000_000_000_000_000_000_000_000_000_000_000_000
+
+
+def _traced_growth(work: Callable[[], None]) -> int:
+    """Bytes ``work()`` left allocated (tracemalloc, after a full collection first)."""
     import gc
     import tracemalloc
 
-    from checkpoint.delivered import DeliveredRecords
-
-    seen = DeliveredRecords()
-    base = 49_000_000_000_000_000_000_000_000_000_000_000_000_000_000_000
     gc.collect()
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
+        work()
+        return tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+
+
+def test_delivered_records_keep_eight_bytes_per_record_not_the_records_strings() -> None:
+    """It used to keep every sequence-number string alive (about 100 bytes each, plus a set
+    per batch looked up): up to ~150 MB per lease that checkpoints rarely."""
+    from checkpoint.delivered import DeliveredRecords
+
+    seen = DeliveredRecords()
+    base = DELIVERED_BASE
+
+    def deliver() -> None:
         for batch in range(50):  # 50 000 records, each batch's strings freed after delivery
             seqs = [str(base + batch * 1000 + i) for i in range(1000)]
             seen.delivered(seqs, esn(seqs[-1]))
             del seqs
-        grown = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
+
+    grown = _traced_growth(deliver)
     assert grown < 50_000 * 12  # ~8 bytes a record and a little per batch
     inside = base + 7 * 1000 + 500
     assert seen.names_a_record(esn(str(inside)))
@@ -655,23 +667,17 @@ def test_delivered_records_keep_eight_bytes_per_record_not_the_records_strings()
 def test_delivered_records_of_one_record_batches_stay_near_the_bound() -> None:
     """A quiet shard gives a record or two a call; a processor that checkpoints rarely kept each
     as a batch of its own, ~500 bytes, so the 250,000-record bound was ~120 MB a lease."""
-    import gc
-    import tracemalloc
-
     from checkpoint.delivered import BATCH_WEIGHT, MAX_RECORDS, DeliveredRecords
 
     seen = DeliveredRecords()
-    base = 49_000_000_000_000_000_000_000_000_000_000_000_000_000_000_000
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
+    base = DELIVERED_BASE
+
+    def deliver() -> None:
         for n in range(20_000):
             text = str(base + n)
             seen.delivered([text], esn(text))
-        grown = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
+
+    grown = _traced_growth(deliver)
     assert len(seen._batches) <= MAX_RECORDS // (1 + BATCH_WEIGHT)
     assert grown < 4_000_000
     assert seen.names_a_record(esn(str(base + 19_999)))

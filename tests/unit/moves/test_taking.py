@@ -330,6 +330,15 @@ def stopping(table: CountingTable, clock: ManualClock, mine: Lease) -> tuple[Any
     return w, Taker(w, io)
 
 
+def handed_to(table: CountingTable, clock: ManualClock, mine: Lease) -> str | None:
+    """Whom a stopping worker holding ``mine`` hands it to (one handoff begun)."""
+    _, taker = stopping(table, clock, mine)
+    assert asyncio.run(taker.hand_out()) == 1
+    handed = table.get_lease(mine.lease_key)
+    assert handed is not None
+    return handed.lease_owner
+
+
 def tick(w: Any, clock: ManualClock, seconds: int) -> None:
     """``seconds`` pass, our holder renewing what it holds as they do."""
     for _ in range(seconds):
@@ -416,10 +425,7 @@ def test_a_stopping_worker_hands_nothing_to_another_stopping_worker() -> None:
         assert table.take_lease(put(table, f"p{i}"), "c") is not None
     status(table, "b", clock.wall(), stopping=True)
     status(table, "c", clock.wall())
-    _, taker = stopping(table, clock, mine)
-    assert asyncio.run(taker.hand_out()) == 1
-    handed = table.get_lease("mine")
-    assert handed is not None and handed.lease_owner == "c"
+    assert handed_to(table, clock, mine) == "c"
 
 
 def test_a_stopping_worker_hands_nothing_to_a_worker_killed_a_moment_ago_with_no_leases() -> None:
@@ -437,10 +443,7 @@ def test_a_stopping_worker_hands_nothing_to_a_worker_killed_a_moment_ago_with_no
     for i in range(2):
         assert table.take_lease(put(table, f"p{i}"), "peer") is not None
     status(table, "peer", clock.wall())
-    _, taker = stopping(table, clock, mine)
-    assert asyncio.run(taker.hand_out()) == 1
-    handed = table.get_lease("mine")
-    assert handed is not None and handed.lease_owner == "peer"
+    assert handed_to(table, clock, mine) == "peer"
 
 
 def test_a_stopping_worker_hands_nothing_past_the_max_leases_for_worker() -> None:
