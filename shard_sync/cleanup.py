@@ -8,7 +8,7 @@ since is left alone until the next round.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from checkpoint.base.errors import KclpySparkError
@@ -52,6 +52,8 @@ def garbage_leases(leases: Iterable[Lease], listed_shard_ids: Collection[str]) -
     parent never recreates it, and the sync rule leaves an open child of a leased parent to that
     parent). Like the KCL, a lease whose parent shard is still listed is never garbage either:
     shards expire oldest first, so a listed parent means the listing is older than its child.
+    A listing is only a hint: ``LeaderMaintenance.delete_garbage`` deletes a candidate only once
+    Kinesis says its very shard is not found.
     """
     return sorted(
         (
@@ -85,7 +87,9 @@ class LeaderMaintenance:
         *,
         hole_threshold: int = 3,
         lister: ShardLister | None = None,
+        shard_gone: Callable[[Lease], bool] | None = None,
         garbage_every: int = 10,
+        max_garbage_probes: int = 25,
     ) -> None:
         if hole_threshold < 1 or garbage_every < 1:
             raise ValueError("hole_threshold and garbage_every must be >= 1")
@@ -97,6 +101,14 @@ class LeaderMaintenance:
         # checks for garbage every 30 minutes, completed leases every 5).
         self._lister = lister
         self._garbage_every = garbage_every
+        # Whether Kinesis says a lease's very shard is not found (the KCL deletes a garbage lease
+        # only on ResourceNotFound from its shard): one listing that leaves shards out (a page
+        # lost, an empty answer) must not delete the leases and checkpoints of live shards. At
+        # most ``max_garbage_probes`` are asked a round (a round is one call each); the rest wait
+        # for the next garbage round.
+        self._shard_gone = shard_gone
+        self._max_probes = max_garbage_probes
+        self._probe_from = 0  # where the next round's probes start among the candidates
         self._rounds = 0
         # Why the last shard sync failed (None: it succeeded, or none ran yet). A sync has retried
         # ListShards for about a minute before it fails; other steps of a round do not count.
@@ -131,7 +143,8 @@ class LeaderMaintenance:
                 deleted.append(lease.lease_key)
                 log.info("deleted finished lease %s: its children have started", lease.lease_key)
         self._rounds += 1
-        if self._lister is not None and self._rounds % self._garbage_every == 0:
+        garbage_due = self._rounds % self._garbage_every == 0
+        if self._lister is not None and self._shard_gone is not None and garbage_due:
             gone = set(deleted)
             deleted.extend(
                 self.delete_garbage(
@@ -154,19 +167,48 @@ class LeaderMaintenance:
 
         ``scanned_before`` is a scan of the table taken before this call: only its leases can be
         garbage, because the full listing made here is newer than each of them (see
-        garbage_leases). Each is deleted as read again after the listing (fresh counters, so an
-        active holder's renewal since the first scan does not defeat the conditional delete).
+        garbage_leases). A candidate is deleted only when ``shard_gone`` confirms it, as read
+        again after the listing (fresh counters, so an active holder's renewal since the first
+        scan does not defeat the conditional delete). An empty listing deletes nothing: a stream
+        always has an open shard, so it is a wrong answer, not an empty stream.
         """
         candidates = {lease.lease_key for lease in scanned_before}
         listed = {shard.shard_id for shard in lister.list_shards()}
+        if not listed:
+            log.warning("garbage cleanup: ListShards answered no shard at all; deleting nothing")
+            return []
         deleted = []
         fresh = [
             lease
             for lease in self._table.list_leases()
             if lease.lease_key in candidates and self._syncer.owns(lease)
         ]
-        for lease in garbage_leases(fresh, listed):
+        for lease in self._to_probe(garbage_leases(fresh, listed)):
+            if not self._confirmed_gone(lease):
+                continue
             if self._table.delete_lease(lease):
                 deleted.append(lease.lease_key)
                 log.warning("deleted lease %s: its shard no longer exists", lease.lease_key)
         return deleted
+
+    def _to_probe(self, candidates: list[Lease]) -> list[Lease]:
+        """At most ``max_garbage_probes`` of ``candidates``, taking turns round by round (so
+        candidates whose shard exists never keep the others from being asked)."""
+        if len(candidates) <= self._max_probes:
+            return candidates
+        start = self._probe_from % len(candidates)
+        self._probe_from = start + self._max_probes
+        return (candidates[start:] + candidates[:start])[: self._max_probes]
+
+    def _confirmed_gone(self, lease: Lease) -> bool:
+        assert self._shard_gone is not None
+        try:
+            gone = self._shard_gone(lease)
+        except KclpySparkError as exc:
+            log.info("lease %s: not in the listing; whether its shard exists is unknown (%s), "
+                     "so it stays", lease.lease_key, exc)  # fmt: skip
+            return False
+        if not gone:
+            log.info("lease %s: its shard is missing from the listing but exists; kept",
+                     lease.lease_key)  # fmt: skip
+        return gone

@@ -38,6 +38,11 @@ class StreamNotReadyError(DependencyError):
     """The stream is CREATING; a later attempt will find it ACTIVE."""
 
 
+# A listing longer than this many pages is taken as a service fault (a NextToken that never ends),
+# not listed on for ever: a page holds up to 1,000 shards, and a stream holds far fewer, closed
+# ones within the retention period included.
+MAX_LIST_PAGES = 500
+
 # Stream states in which ListShards and GetRecords work (the KCL's "Active or Updating").
 USABLE_STATUSES = frozenset({"ACTIVE", "UPDATING"})
 
@@ -134,23 +139,52 @@ class KinesisShardLister:
         )
 
     def _list_once(self, shard_filter: dict[str, Any] | None) -> list[Shard]:
-        shards: list[Shard] = []
+        shards: dict[str, Shard] = {}
         kwargs: dict[str, Any] = dict(self._stream)
         if shard_filter is not None:
             kwargs["ShardFilter"] = shard_filter
-        while True:
+        tokens: set[str] = set()
+        for _ in range(MAX_LIST_PAGES):
             page = self._call("list_shards", **kwargs)
             entries = page.get("Shards")
             if not isinstance(entries, list):  # a stream always has shards: {} is no listing
-                raise MalformedAnswerError(
-                    f"ListShards on stream {self._label!r}: an answer without a Shards list"
-                )
-            shards.extend(Shard.from_api(entry) for entry in entries)
+                raise self._malformed("an answer without a Shards list")
+            for entry in entries:
+                shard = self._shard_of(entry)
+                if shards.setdefault(shard.shard_id, shard) != shard:
+                    raise self._malformed(f"shard {shard.shard_id} listed twice, differently")
             token = page.get("NextToken")
             if not token:
-                return shards
+                return list(shards.values())
+            if token in tokens:
+                raise self._malformed("a NextToken given twice (the listing would never end)")
+            tokens.add(token)
             # With NextToken, ListShards forbids the stream name and the filter.
             kwargs = {"NextToken": token}
+        raise self._malformed(f"more than {MAX_LIST_PAGES} pages")
+
+    def _shard_of(self, entry: Any) -> Shard:
+        try:
+            return Shard.from_api(entry)
+        except ValueError as exc:  # from_api names the shard and what is wrong
+            raise self._malformed(f"a shard it cannot read ({exc})") from None
+
+    def _malformed(self, what: str) -> MalformedAnswerError:
+        return MalformedAnswerError(f"ListShards on stream {self._label!r}: {what}")
+
+    def shard_gone(self, shard_id: str) -> bool:
+        """Whether Kinesis says ``shard_id`` is not found (one GetShardIterator at TRIM_HORIZON;
+        the KCL deletes a garbage lease only on that answer). Any other error is raised."""
+        try:
+            self._client.get_shard_iterator(
+                **self._stream, ShardId=shard_id, ShardIteratorType="TRIM_HORIZON"
+            )
+        except Exception as exc:
+            mapped = map_aws_error(exc, f"GetShardIterator on shard {shard_id} of {self._label!r}")
+            if isinstance(mapped, ResourceNotFoundError):
+                return True
+            raise mapped from exc
+        return False
 
     def list_shards(self, shard_filter: dict[str, Any] | None = None) -> list[Shard]:
         self.wait_until_active()

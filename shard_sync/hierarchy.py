@@ -224,12 +224,15 @@ class _AncestryWalk:
         self.ancestors_to_lease: set[str] = set()
 
     def _listed_parents(self, sid: str) -> tuple[str, ...]:
-        # Parents outside the listing have aged out of retention: the walk ignores them.
-        by_id = self._by_id
+        # Parents outside the listing have aged out of retention: the walk ignores them. A parent
+        # with a lease is kept though (the KCL drops it too): a listing can lag or lose a page, and
+        # the child of a leased parent is leased at that parent's shard end, from its start; a
+        # lease made now, at LATEST, would then stand and skip what came before.
+        by_id, leased = self._by_id, self._leased
         parents = by_id[sid].parent_ids
         for parent_id in parents:
-            if parent_id not in by_id:
-                return tuple(p for p in parents if p in by_id)
+            if parent_id not in by_id and parent_id not in leased:
+                return tuple(p for p in parents if p in by_id or p in leased)
         return parents
 
     def is_covered(self, start: str) -> bool:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from checkpoint.base.errors import DependencyError, MalformedAnswerError
 from checkpoint.counters import CoordinationCounters, Counter
 from checkpoint.lease import Lease, in_stream
 from checkpoint.port import LeaseTable
@@ -76,8 +77,16 @@ class ShardSyncer:
                 attempt,
                 len(holes),
             )
-            self._sleep(EMPTY_TABLE_LIST_DELAY)
-        return shards
+            if attempt < EMPTY_TABLE_LIST_ATTEMPTS:
+                self._sleep(EMPTY_TABLE_LIST_DELAY)
+        # As the KCL: nothing is created from a listing with holes. Leasing its shards now would
+        # leave a missing shard to the hole audit, rounds later, at the initial position (with
+        # LATEST, what it got in between is never read); the leader's next round lists again.
+        raise DependencyError(
+            f"the shards listed for an empty lease table leave {len(holes)} hash-range hole(s) "
+            f"after {EMPTY_TABLE_LIST_ATTEMPTS} listings; no lease created (the next shard sync "
+            "lists again)"
+        )
 
     def owns(self, lease: Lease) -> bool:
         """True for the leases of this syncer's stream (all leases in single-stream mode)."""
@@ -90,9 +99,12 @@ class ShardSyncer:
         empty = not current
         shards = self._list_for_empty_table() if empty else self._lister.list_shards()
         leased = {lease.shard_id for lease in current}
-        new = leases_to_create(
-            shards, leased, self._position, ignore_unexpected_child_shards=self._ignore
-        )
+        try:
+            new = leases_to_create(
+                shards, leased, self._position, ignore_unexpected_child_shards=self._ignore
+            )
+        except ValueError as exc:  # a shard graph no stream can have (a cycle, say)
+            raise MalformedAnswerError(f"the shard listing: {exc}") from None
         created: list[str] = []
         when = self._position.timestamp
         start = None if when is None else when.timestamp()

@@ -129,7 +129,10 @@ class StreamContext:
             counters=counters,
             stream_key=stream_key,
         )
-        self.maintenance = LeaderMaintenance(syncer, table, lister=self.lister)
+        self.maintenance = LeaderMaintenance(
+            syncer, table, lister=self.lister,
+            shard_gone=lambda lease: self.lister.shard_gone(lease.shard_id),
+        )  # fmt: skip
         report = on_out_of_range
         self.sources: SourceFactory = (
             record_sources(spec, stream_key)

@@ -361,6 +361,19 @@ def test_trimmed_parents_are_ignored_but_kept_on_the_lease() -> None:
         assert result[0].parent_shard_ids == {sid(0), sid(1)}
 
 
+@pytest.mark.parametrize("position", [LATEST, TRIM, AT200], ids=["LATEST", "TRIM", "AT200"])
+def test_children_of_a_leased_parent_the_listing_left_out_wait_for_its_shard_end(
+    position: InitialPosition,
+) -> None:
+    """A listing that lost the parent's page (or lagged) made the children leases at LATEST;
+    at the parent's shard end they already existed, so what they got before was skipped."""
+    children = [shard_dict(1, 51, None, 0, keys=(0, M // 2)),
+                shard_dict(2, 52, None, 0, keys=(M // 2 + 1, M))]  # fmt: skip
+    assert leases_to_create(listing(children), {sid(0)}, position) == []
+    # A parent with no lease that is not listed has aged out: its children are leased.
+    assert created(leases_to_create(listing(children), {sid(9)}, position)) == ids(1, 2)
+
+
 # Shard 5 of graph A still open: its children 9 and 10 are inconsistent.
 A_WITH_OPEN_5 = [
     shard_dict(5, 11, None, keys=(500, M)) if e["ShardId"] == sid(5) else e for e in GRAPH_A
