@@ -140,6 +140,16 @@ def _plain_http_behind_https(exc: BaseException) -> bool:
     return False
 
 
+def _refused_before_sending(exc: BaseException) -> bool:
+    """botocore's own check of the request's parameters failed (a wrong type, a value out of
+    range): the request never left the client."""
+    try:
+        from botocore.exceptions import ParamValidationError
+    except ImportError:  # pragma: no cover - botocore comes with boto3
+        return False
+    return isinstance(exc, ParamValidationError)
+
+
 def map_aws_error(exc: BaseException, what: str) -> KclpySparkError:
     """Translate a botocore/aiobotocore exception into this package's hierarchy.
 
@@ -159,6 +169,8 @@ def map_aws_error(exc: BaseException, what: str) -> KclpySparkError:
             f"{what}: the endpoint answered in plain HTTP where TLS was expected: use an http:// "
             "endpoint_url for it (or the port that serves HTTPS)"
         )
+    if code is None and _refused_before_sending(exc):
+        return RequestError(message)  # never sent: no retry changes it, and nothing landed
     if code is None:
         # EndpointConnectionError, ReadTimeoutError, ConnectionClosedError...: no answer at all.
         return DependencyError(message)

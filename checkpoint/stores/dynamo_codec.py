@@ -5,8 +5,10 @@ follows the KCL's ``DynamoDBLeaseSerializer``: ``leaseOwner`` is absent while un
 sets are never written (DynamoDB forbids empty SS values), so an empty parent or child set is an
 absent attribute. kclpy-spark's parking fields are two extra attributes the KCL ignores, written
 only when they differ from their defaults. ``throughputKBps`` (KCL 3.x) is read, and written only
-by renewals. Attributes we do not model (``streamName``, ``shardId``...) are ignored on reading
-and, because state changes use UpdateItem, kept on writing.
+by renewals. A multi-stream lease is created with the KCL's ``streamName`` and ``shardId`` too
+(``DynamoDBMultiStreamLeaseSerializer``: a Java multi-stream worker reads both, and fails on a
+lease without them); we read neither (the lease key holds both). Attributes we do not model are
+ignored on reading and, because state changes use UpdateItem, kept on writing.
 
 Reading is strict where the KCL could not work either: a missing ``leaseCounter`` or ``checkpoint``,
 an attribute of the wrong type, a non-numeric N, or a bad sequence number raise
@@ -38,6 +40,8 @@ PENDING_CHECKPOINT_SUB = "pendingCheckpointSubSequenceNumber"
 PENDING_CHECKPOINT_STATE = "pendingCheckpointState"
 OWNER_SWITCHES = "ownerSwitchesSinceCheckpoint"
 PARENT_SHARD_IDS = "parentShardId"
+STREAM_NAME = "streamName"  # multi-stream leases: account:stream:creationEpoch
+SHARD_ID = "shardId"  # multi-stream leases: the shard id without the stream's prefix
 CHILD_SHARD_IDS = "childShardIds"
 STARTING_HASH_KEY = "startingHashKey"
 ENDING_HASH_KEY = "endingHashKey"
@@ -136,6 +140,9 @@ def lease_to_item(lease: Lease) -> dict[str, AttributeValueTypeDef]:
     }
     if lease.lease_owner is not None:
         item[LEASE_OWNER] = s_value(lease.lease_owner)
+    if lease.stream_key is not None:
+        item[STREAM_NAME] = s_value(lease.stream_key)
+        item[SHARD_ID] = s_value(lease.shard_id)
     if lease.parent_shard_ids:
         item[PARENT_SHARD_IDS] = ss_value(lease.parent_shard_ids)
     if lease.hash_key_range is not None:

@@ -518,6 +518,46 @@ def test_dynamodb_writes_exactly_the_kcl_attributes(
     assert dynamo.evict_lease(evicted) is not None
     assert "leaseOwner" not in raw_item(dynamodb_client, dynamo.table_name, "shardId-1")
 
+    # A multi-stream lease also carries the KCL's streamName and shardId (a Java multi-stream
+    # worker given a lease without them failed every loop of its scheduler), kept by updates.
+    key = "123456789012:orders:1700000000:shardId-000000000001"
+    dynamo.create_lease_if_absent(Lease(key, TRIM_HORIZON))
+    item = raw_item(dynamodb_client, dynamo.table_name, key)
+    assert item["streamName"] == {"S": "123456789012:orders:1700000000"}
+    assert item["shardId"] == {"S": "shardId-000000000001"}
+    got = dynamo.get_lease(key)
+    assert got is not None
+    assert dynamo.update_lease(replace(got, checkpoint=ExtendedSequenceNumber(SEQ))) is not None
+    assert raw_item(dynamodb_client, dynamo.table_name, key)["shardId"] == item["shardId"]
+
+
+class ScanRecorder:
+    """The DynamoDB client, recording what each Scan read."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.scanned: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def scan(self, **kwargs: Any) -> Any:
+        answer = self._client.scan(**kwargs)
+        self.scanned.append(int(answer["ScannedCount"]))
+        return answer
+
+
+def test_dynamodb_is_empty_reads_one_small_page(
+    dynamo: DynamoDBLeaseTable, dynamodb_client: Any
+) -> None:
+    """It read a whole page (up to 1 MB, charged by the items read) at every call."""
+    for n in range(40):
+        dynamo.create_lease_if_absent(Lease(f"shardId-{n}", TRIM_HORIZON))
+    recorder = ScanRecorder(dynamodb_client)
+    table = DynamoDBLeaseTable(recorder, dynamo.table_name, retry=FAST, sleep=no_sleep)
+    assert table.is_empty() is False
+    assert len(recorder.scanned) == 1 and recorder.scanned[0] <= 10
+
 
 def test_dynamodb_table_matches_the_kcl_table(
     dynamo: DynamoDBLeaseTable, dynamodb_client: Any
