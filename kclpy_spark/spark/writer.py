@@ -39,6 +39,7 @@ from kclpy_spark.spark.sink_batch import (
     SinkBatch,
     SinkRoute,
     ToDataFrame,
+    needs_order,
 )
 from kclpy_spark.spark.timed_write import (
     TimedWrites,
@@ -202,7 +203,17 @@ class BatchWriter:
         except Exception as exc:
             batch.error = exc
             # Rows lost on the executors are read again, not dead-lettered (nor could they be).
-            if not _rereadable(batch, exc) and self._dead_letter(batch, route, exc):
+            # A hung write to a sink that keeps a lease's batches in order is not dead-lettered
+            # either: it may still commit (delta: its version), and the lease's next batch,
+            # prepared once this one is acknowledged, would get the same version and be skipped
+            # as committed when it lands. Failed instead (parked), the batch keeps its version.
+            hung_in_order = isinstance(exc, WriteHungError) and needs_order(route.sink)
+            if hung_in_order:
+                log.error("%r: its write%s to a sink that keeps batches in order hung and may "
+                          "still commit; not dead-lettered", batch, self._of(route))  # fmt: skip
+            if not (_rereadable(batch, exc) or hung_in_order) and self._dead_letter(
+                batch, route, exc
+            ):
                 acks.answer(route.name, DEAD_LETTERED, exc)
                 return True
             acks.answer(route.name, FAILED, exc)

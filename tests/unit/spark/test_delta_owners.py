@@ -9,16 +9,18 @@ then sees it). Real deltalake, no Spark."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from checkpoint.sequence import ExtendedSequenceNumber
+from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
+from kclpy_spark.spark.micro_batcher import BatcherSettings, MicroBatcher
 from kclpy_spark.spark.pieces import SCHEMA, Piece, PieceKey
 from kclpy_spark.spark.sink_batch import SinkBatch
-from kclpy_spark.spark.sinks import DeltaSink
+from kclpy_spark.spark.sinks import DeadLetterDirectory, DeltaSink
 
 deltalake = pytest.importorskip("deltalake")
 
@@ -98,3 +100,62 @@ def test_a_write_after_the_other_owners_commit_skips_the_piece(tmp_path: Path) -
     old_owner.write(batch(old_owner.prepare([PIECE])))
     new_owner.write(batch(tokens))
     assert rows(tmp_path / "delta") == 2
+
+
+class HangsFirst(DeltaSink):
+    """A Delta sink whose first write gives no answer until the lease's next batch is written,
+    then commits (a slow delta-rs call: the interrupt at the timeout cannot stop it)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.release = threading.Event()
+        self.first_done = threading.Event()
+        self.calls = 0
+
+    def write(self, batch: SinkBatch) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            self.release.wait(30)
+            try:
+                super().write(batch)
+            finally:
+                self.first_done.set()
+            return
+        self.release.set()
+        self.first_done.wait(30)
+        super().write(batch)
+
+
+def test_a_hung_delta_write_is_not_dead_lettered_so_the_next_batch_is_not_lost(
+    tmp_path: Path,
+) -> None:
+    """Dead-lettered (acknowledged) while it still ran, the hung write later committed its
+    version; the lease's next batch, prepared meanwhile with the same version, was skipped as
+    committed and its checkpoint moved: its records were in neither the table nor the
+    dead-letter folder."""
+    from tests.unit.spark.test_micro_batcher import SHARDS, Env, esn, records
+
+    sink = HangsFirst(str(tmp_path / "delta"))
+    env = Env(BatcherSettings(max_records=3, write_timeout=0.2, max_attempts=1))
+    env.batcher = MicroBatcher(
+        sink, env.settings, clock=env.clock, sleep=env.sleeps.append, threaded=False,
+        dead_letter=DeadLetterDirectory(tmp_path / "dead"),
+    )  # fmt: skip
+    try:
+        env.take(SHARDS[0])
+        env.deliver(SHARDS[0], records(1, 3))  # A: 10..30, hangs
+        env.batcher.run_until_idle()
+        assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON  # not acknowledged: parked
+        assert not (tmp_path / "dead").exists() or not any((tmp_path / "dead").iterdir())
+        env.take(SHARDS[0], worker="worker-b")  # taken again: A re-formed with its version
+        env.deliver(SHARDS[0], records(1, 6))
+        env.batcher.run_until_idle()
+        sink.first_done.wait(30)
+        assert env.lease(SHARDS[0]).checkpoint == esn(60)
+        table = deltalake.DeltaTable(str(tmp_path / "delta")).to_pyarrow_table()
+        assert sorted(int(s) for s in table.column("sequence_number").to_pylist()) == [
+            10, 20, 30, 40, 50, 60
+        ]  # fmt: skip
+    finally:
+        sink.release.set()
+        env.batcher.close()
