@@ -257,7 +257,8 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         for rng, (chunks, end) in self._reads(ranges):
             if rng.pinned is None:
                 pin = Pin(end.first, end.last, end.rows, end.shard_ended,
-                          caught_up=end.bounded or end.millis_behind_latest == 0,
+                          caught_up=end.bounded
+                          or (end.millis_behind_latest == 0 and not end.left_behind),
                           bounded=end.bounded, next_iterator=end.next_iterator,
                           children=tuple(end.child_shards))  # fmt: skip
                 winner = pins.put_first(run, batch, rng.shard_id, pin)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -93,9 +94,11 @@ class RangeReader:
         self._page_size = 0  # its records' bytes, for the read rate
         self._page_records = 0  # and how many records it held
         self._replacement: str | None = None  # an iterator that replaced an expired one
+        self._deadline = math.inf  # the range's time budget ends (monotonic), set by read()
 
-    async def _iterator(self, resume: ESN | None) -> str:
-        """An iterator at the range's start, or at ``resume`` (the last record a page held)."""
+    async def _iterator(self, resume: ESN | None) -> str | None:
+        """An iterator at the range's start, or at ``resume`` (the last record a page held);
+        None when the range's time ran out first (a throttled shard: its budget counts this)."""
         rng = self._rng
         if resume is not None:
             args: dict[str, Any] = {
@@ -116,23 +119,40 @@ class RangeReader:
                 )
                 return shard_iterator_of(answer)
             except Exception as exc:
-                await self._failed(exc, "GetShardIterator")
+                if not await self._failed(exc, "GetShardIterator"):
+                    return None
 
-    async def _failed(self, exc: Exception, operation: str) -> None:
+    async def _failed(self, exc: Exception, operation: str) -> bool:
+        """Back off a retriable failure (raise the others), no further than the range's time
+        budget; False when that is spent. One slow shard would otherwise hold its read job, and
+        every lease read in it, past the budget (the job ends with its slowest task)."""
         if is_throttling(exc):
             self.throttled += 1
-        await wait_or_raise(
-            exc, f"{operation} on shard {self._rng.shard_id}", self._backoff, self._sleep
-        )
+        left = self._deadline - self._clock()
+
+        async def nap(seconds: float) -> None:
+            await self._sleep(max(0.0, min(seconds, left)))
+
+        await wait_or_raise(exc, f"{operation} on shard {self._rng.shard_id}", self._backoff, nap)
+        return self._clock() < self._deadline
 
     async def read(self, on_records: Callable[[list[Record]], None]) -> RangeEnd:
         rng, pin = self._rng, self._rng.pinned
         if pin is not None and not pin.needs_read:
             return RangeEnd(rng.lease_key, None, None, 0, 0, shard_ended=pin.shard_ended)
-        use_given = pin is None and rng.iterator is not None
-        iterator = str(rng.iterator) if use_given else await self._iterator(None)
-        found = _Found()
         started = self._clock()
+        self._deadline = started + rng.max_seconds
+        use_given = pin is None and rng.iterator is not None
+        first = str(rng.iterator) if use_given else await self._iterator(None)
+        if first is None:
+            if pin is not None:
+                raise RangeReadTimeoutError(
+                    f"lease {rng.lease_key}: no iterator for the pinned range within "
+                    f"{rng.max_seconds:g} s"
+                )
+            return _Found().end(rng, self.calls, self.throttled, self._next_call_at())
+        iterator = first
+        found = _Found()
         while True:
             now = self._clock()
             if now - started >= rng.max_seconds:
@@ -323,7 +343,8 @@ class _Found:
             self.last,
             self.rows,
             self.nbytes,
-            millis_behind_latest=None if self.left_behind else self.lag,
+            millis_behind_latest=self.lag,
+            left_behind=self.left_behind,
             shard_ended=ended,
             child_shards=tuple(children or ()),
             next_iterator=self.next_iterator,

@@ -275,8 +275,9 @@ class ShardConsumer:
         try:
             while True:
                 batch = await self.tenure.wait_or_stop(self._next(queue, fetch))
-                if batch.elsewhere is not None:
+                if batch.elsewhere is not None:  # a read on the executors that succeeded
                     self._count_elsewhere(batch.elsewhere)
+                    self.budget.succeeded()
                 if batch.records or batch.announce:
                     await self._deliver(processor, batch)
                 elif batch.millis_behind_latest is not None:  # an empty read at the tip

@@ -174,6 +174,10 @@ class ExecutorReads:
         self._watchdog = Watchdog("kclpy-spark-read-deadlines", callback_threads=1)
         self._lock = threading.Condition()
         self._entries: dict[str, _Entry] = {}
+        # A failed lease's pause and failure count, kept past its relay's end: its consumer
+        # starts a new relay at once, whose entry would otherwise be due now with no failures
+        # (its backoff never grew). Kept only while the pause lasts (bounded by the leases).
+        self._paused: dict[str, tuple[float, int]] = {}
         self._feed: LaneFeed | None = None
         self._backoff = Backoff(base=1.0, cap=30.0)
         self._closed = False
@@ -188,14 +192,22 @@ class ExecutorReads:
     def register(self, source: LeaseSource, post: Post) -> _Entry:
         with self._lock:
             entry = _Entry(source, post)
+            paused = self._paused.pop(source.lease_key, None)
+            if paused is not None and paused[0] > self._clock.monotonic():
+                entry.next_read_at, entry.failures = paused
             self._entries[source.lease_key] = entry
             self._lock.notify_all()
             return entry
 
     def unregister(self, entry: _Entry) -> None:
         with self._lock:
-            if self._entries.get(entry.source.lease_key) is entry:
-                del self._entries[entry.source.lease_key]
+            key = entry.source.lease_key
+            if self._entries.get(key) is entry:
+                del self._entries[key]
+                now = self._clock.monotonic()
+                self._paused = {k: v for k, v in self._paused.items() if v[0] > now}
+                if entry.failures and entry.next_read_at > now:
+                    self._paused[key] = (entry.next_read_at, entry.failures)
 
     @property
     def registered(self) -> int:
@@ -384,11 +396,13 @@ class ExecutorReads:
         )
 
     def _next_read(self, rng: ReadRange, end: RangeEnd, began: float) -> float:
-        """When the lease is read next: after ``idle_seconds`` at the tip; while behind, as soon as
-        the shard may be called again (``_paced``)."""
+        """When the lease is read next: as soon as the shard may be called again (``_paced``: a
+        big page's bytes at the read rate, at the tip too), and at the tip not before
+        ``idle_seconds``."""
+        paced = self._paced(end, began + rng.delay)  # its task called no sooner
         if not is_behind(rng, end):
-            return self._clock.monotonic() + self._s.idle_seconds
-        return self._paced(end, began + rng.delay)  # its task called no sooner
+            return max(self._clock.monotonic() + self._s.idle_seconds, paced)
+        return paced
 
     def _paced(self, end: RangeEnd, began: float) -> float:
         """When the shard may be called again after the read that found ``end`` (``paced``)."""

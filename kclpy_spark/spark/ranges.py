@@ -234,6 +234,10 @@ class RangeEnd:
     # When the shard may be called again, by the reader's pacing (five calls a second, the last
     # page's bytes at ``read_rate``), in the executor's wall-clock seconds; None: no call made.
     next_call_at: float | None = None
+    # The last page was full, or went on past the range: more records may wait whatever its lag
+    # says (0 on a full page from an emulator, or in the same millisecond). The lag itself is
+    # still the shard's (a backlog reads full pages: its lag must show).
+    left_behind: bool = False
 
     @property
     def pin(self) -> Pinned:
@@ -256,6 +260,7 @@ class RangeEnd:
                 "error": self.error,
                 "bounded": self.bounded,
                 "next_call_at": self.next_call_at,
+                "left_behind": self.left_behind,
             }
         )
 
@@ -277,6 +282,7 @@ class RangeEnd:
             error=v.get("error"),
             bounded=bool(v.get("bounded", False)),
             next_call_at=v.get("next_call_at"),
+            left_behind=bool(v.get("left_behind", False)),
         )
 
 

@@ -39,8 +39,8 @@ def is_behind(rng: ReadRange, end: RangeEnd) -> bool:
     if rng.pinned is not None:
         return True  # a re-formed piece: what follows it is read next
     full = end.rows >= rng.max_records or end.nbytes >= rng.max_bytes
-    unknown = end.rows > 0 and end.millis_behind_latest is None  # a full page: maybe more
-    return full or unknown or bool(end.millis_behind_latest)
+    unknown = end.rows > 0 and end.millis_behind_latest is None  # no lag said: maybe more
+    return full or end.left_behind or unknown or bool(end.millis_behind_latest)
 
 
 def paced(

@@ -583,6 +583,21 @@ def test_a_read_on_the_executors_that_fails_each_time_still_parks() -> None:
     assert len(sources.starts) == ATTEMPTS
 
 
+def test_reads_on_the_executors_between_failures_keep_the_failures_from_adding_up() -> None:
+    """A read job lost now and then (an executor lost every 30 s, say) failed every lease of
+    the round, and reads between them never reset the count (only records delivered did):
+    after ``max_processing_attempts`` such failures every lease of the worker parked."""
+    env = Env()
+    env.lease()
+    failing = RangeReadError("shard shardId-000000000000: the read job failed: an executor lost")
+    read = FetchedBatch([], 100, elsewhere=ReadElsewhere(50, 500, "20"))
+    script = [FetchedBatch([], None, announce=True), read, lambda: env.clock.advance(30.0),
+              read, failing]  # fmt: skip
+    sources = FakeSources(*[list(script) for _ in range(ATTEMPTS * 3)],
+                          [FetchedBatch([], None, announce=True), ended([])])  # fmt: skip
+    assert env.run(env.consumer(sources)) is Outcome.SHARD_END
+
+
 def test_a_latest_read_restarted_before_delivering_resumes_at_its_start_time() -> None:
     """A new LATEST iterator after a failed first read skipped what was written in between."""
     env = Env()
