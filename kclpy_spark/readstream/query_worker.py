@@ -36,8 +36,8 @@ from checkpoint.sequence import (
 from kclpy_spark.processor import ProcessRecordsInput, RecordProcessor, ShardEndedInput
 from kclpy_spark.readstream.leased import Ack, HeldShard
 from kclpy_spark.readstream.offsets import Start
+from kclpy_spark.retrieval.positions import LATEST_RESTART_MARGIN
 from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress
-from kclpy_spark.runtime.resume import LATEST_RESTART_MARGIN
 
 log = logging.getLogger(__name__)
 

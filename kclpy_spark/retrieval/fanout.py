@@ -33,7 +33,7 @@ from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.processor import Record
 from kclpy_spark.retrieval.fastdecode import record_from_parsed, records_from_response
 from kclpy_spark.retrieval.kpl import Deaggregator
-from kclpy_spark.retrieval.positions import iterator_args
+from kclpy_spark.retrieval.positions import StartArgs, iterator_args
 from kclpy_spark.retrieval.source import (
     FetchedBatch,
     FetchProgress,
@@ -59,7 +59,11 @@ def starting_position(
     checkpoint: ExtendedSequenceNumber, initial_position: InitialPosition
 ) -> dict[str, Any]:
     """SubscribeToShard's StartingPosition for ``checkpoint`` (the same rules as polling)."""
-    args = iterator_args(checkpoint, initial_position)
+    return position_of(iterator_args(checkpoint, initial_position))
+
+
+def position_of(args: dict[str, Any]) -> dict[str, Any]:
+    """SubscribeToShard's StartingPosition for GetShardIterator's arguments."""
     position: dict[str, Any] = {"Type": args["ShardIteratorType"]}
     if "StartingSequenceNumber" in args:
         position["SequenceNumber"] = args["StartingSequenceNumber"]
@@ -94,9 +98,11 @@ class FanOutFetcher:
         registry: ConsumerRegistry | None = None,
         progress: FetchProgress | None = None,
         end_witness: ShardEndWitness | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._client = client
         self._stream = stream
+        self._start_args = StartArgs(checkpoint, initial_position, wall)
         self._shard_id = shard_id
         self._start = checkpoint
         self._initial = initial_position
@@ -125,7 +131,7 @@ class FanOutFetcher:
     def _position(self) -> dict[str, Any]:
         if self._resume is not None:
             return {"Type": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": self._resume}
-        return starting_position(self._start, self._initial)
+        return position_of(self._start_args())
 
     def _advance(self, raw: list[Record], continuation: str | None) -> None:
         """Move the resume point: to the last record received, or to a continuation number that
@@ -268,7 +274,7 @@ class FanOutFetcher:
                 "StartingSequenceNumber": self._resume,
             }
         else:
-            args = iterator_args(self._start, self._initial)
+            args = self._start_args()
         try:
             it = await self._client.get_shard_iterator(
                 **self._stream, ShardId=self._shard_id, **args

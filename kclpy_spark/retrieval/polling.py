@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -31,7 +32,7 @@ from kclpy_spark.retrieval.fastdecode import (
     records_from_response,
 )
 from kclpy_spark.retrieval.kpl import Deaggregator
-from kclpy_spark.retrieval.positions import iterator_args
+from kclpy_spark.retrieval.positions import StartArgs
 from kclpy_spark.retrieval.source import (
     FetchedBatch,
     FetchProgress,
@@ -105,9 +106,11 @@ class PollingFetcher:
         deaggregator: Deaggregator | None = None,
         progress: FetchProgress | None = None,
         end_witness: ShardEndWitness | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._client = client
         self._witness = end_witness or KinesisShardProbe(client, stream)
+        self._start_args = StartArgs(checkpoint, initial_position, wall)
         self._stream = stream
         self._shard_id = shard_id
         self._start = checkpoint
@@ -137,7 +140,7 @@ class PollingFetcher:
                 "StartingSequenceNumber": self._last_delivered,
             }
         else:
-            args = iterator_args(self._start, self._initial)
+            args = self._start_args()
         while True:
             try:
                 resp = await self._client.get_shard_iterator(

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition, Sentinel
+
+# How much earlier than a LATEST read began a read started again from there begins (the host's
+# clock against the service's arrival times): duplicates of records just before are possible, a
+# gap is not.
+LATEST_RESTART_MARGIN = 5.0
 
 
 def iterator_args(
@@ -38,3 +46,32 @@ def iterator_args(
         "ShardIteratorType": "AT_SEQUENCE_NUMBER",
         "StartingSequenceNumber": checkpoint.sequence_number,
     }
+
+
+class StartArgs:
+    """GetShardIterator arguments for a read's start (``iterator_args``), asked again each time
+    an iterator is replaced before the read's first record came (it expired unused, or a
+    subscription ended early). LATEST is the one start that moves: the first ask is LATEST, and
+    every later one AT_TIMESTAMP from when the first was made (``LATEST_RESTART_MARGIN``
+    earlier); a second LATEST skipped what arrived in between."""
+
+    def __init__(
+        self,
+        checkpoint: ExtendedSequenceNumber,
+        initial_position: InitialPosition,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self._checkpoint = checkpoint
+        self._initial = initial_position
+        self._wall = wall
+        self._latest_since: float | None = None
+
+    def __call__(self) -> dict[str, Any]:
+        args = iterator_args(self._checkpoint, self._initial)
+        if args["ShardIteratorType"] != "LATEST":
+            return args
+        if self._latest_since is None:
+            self._latest_since = self._wall() - LATEST_RESTART_MARGIN
+            return args
+        since = datetime.fromtimestamp(self._latest_since, tz=UTC)
+        return {"ShardIteratorType": "AT_TIMESTAMP", "Timestamp": since}

@@ -14,10 +14,9 @@ from __future__ import annotations
 import logging
 
 from checkpoint.sequence import AT_TIMESTAMP, LATEST, ExtendedSequenceNumber, InitialPosition
+from kclpy_spark.retrieval.positions import LATEST_RESTART_MARGIN
 
 log = logging.getLogger(__name__)
-
-LATEST_RESTART_MARGIN = 5.0
 
 
 def start_position(lease_start: float | None, configured: InitialPosition) -> InitialPosition:

@@ -41,11 +41,11 @@ from kclpy_spark.processor import (
     ShardEndedInput,
     ShutdownRequestedInput,
 )
+from kclpy_spark.retrieval.positions import LATEST_RESTART_MARGIN
 from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress, ReadElsewhere
 from kclpy_spark.runtime.consumer import Outcome, ShardConsumer
 from kclpy_spark.runtime.events import EventLog
 from kclpy_spark.runtime.metrics import WorkerMetrics
-from kclpy_spark.runtime.resume import LATEST_RESTART_MARGIN
 from kclpy_spark.runtime.shard_end import BLOCKED_RELEASE_EVERY
 from kclpy_spark.spark.executor_reads import RangeReadError
 

@@ -11,7 +11,8 @@ from checkpoint.sequence import (
     ExtendedSequenceNumber,
     InitialPosition,
 )
-from kclpy_spark.runtime.resume import LATEST_RESTART_MARGIN, ReadStart
+from kclpy_spark.retrieval.positions import LATEST_RESTART_MARGIN
+from kclpy_spark.runtime.resume import ReadStart
 
 LATEST_POS = InitialPosition.latest()
 
