@@ -120,6 +120,17 @@ class _Seen:
     seen_at: float  # the last time this counter was seen (by a scan or a look)
     watched: bool = False  # owned, unfinished and not yet expired: due a look when it would expire
     actual: str | None = None  # the worker processing it (the checkpoint owner mid-handoff)
+    # The counter was written by a move to another worker (a take, an assignment, a completed
+    # hand-off) that has not renewed it since: it expires only after MOVED_EXPIRY_FACTOR times
+    # the lease duration (see _limit).
+    moved: bool = False
+
+
+# A lease just moved to a worker may wait longer than a lease duration for that worker's first
+# renewal: a KCL 3.x worker finds leases given to it through the owner index about every failover
+# time, and renews a found lease up to a third of one later (about 13 s after the move at the
+# default 10 s); the KCL's own leader judges expiry over two failover times for the same reason.
+MOVED_EXPIRY_FACTOR = 2.0
 
 
 class LeaseObserver:
@@ -139,16 +150,17 @@ class LeaseObserver:
         and wall time ``wall`` (both read after the scan returned, as the KCL does, or later,
         which only dates changes later; without ``wall`` write stamps are not used) and classify
         every lease."""
-        duration, very_old_after = self._timing.lease_duration, self._timing.very_old
+        very_old_after = self._timing.very_old
         seen: dict[str, _Seen] = {}
         live: list[ObservedLease] = []
         finished: list[Lease] = []
         counts: dict[str, int] = {}
         for lease in leases:
+            moved = self._moved(lease)
             since = self._since(lease, now, wall)
             age = None if since is None else now - since
-            expired = age is None or age > duration
-            seen[lease.lease_key] = self._seen_now(lease, since, now, expired=expired)
+            expired = age is None or age > self._limit(moved)
+            seen[lease.lease_key] = self._seen_now(lease, since, now, expired=expired, moved=moved)
             if lease.checkpoint.is_shard_end:
                 finished.append(lease)
                 continue
@@ -178,12 +190,30 @@ class LeaseObserver:
         )
 
     @staticmethod
-    def _seen_now(lease: Lease, since: float | None, now: float, *, expired: bool) -> _Seen:
+    def _seen_now(
+        lease: Lease, since: float | None, now: float, *, expired: bool, moved: bool
+    ) -> _Seen:
         watched = lease.lease_owner is not None and not expired
         watched = watched and not lease.checkpoint.is_shard_end
         return _Seen(
-            lease.lease_counter, since, lease.lease_owner, now, watched, lease.actual_owner
+            lease.lease_counter, since, lease.lease_owner, now, watched, lease.actual_owner, moved
         )
+
+    def _moved(self, lease: Lease) -> bool:
+        """Whether ``lease``'s current counter was written by a move to another worker (the
+        worker processing it changed with the counter), remembered until the counter moves on."""
+        before = self._seen.get(lease.lease_key)
+        if before is None:
+            return False
+        if before.counter == lease.lease_counter:
+            return before.moved
+        actual = lease.actual_owner
+        return before.actual is not None and actual is not None and actual != before.actual
+
+    def _limit(self, moved: bool) -> float:
+        """How long a lease's counter may stay unchanged before it counts as expired."""
+        duration = self._timing.lease_duration
+        return duration * MOVED_EXPIRY_FACTOR if moved else duration
 
     def _since(self, lease: Lease, now: float, wall: float | None) -> float | None:
         before = self._seen.get(lease.lease_key)
@@ -236,18 +266,20 @@ class LeaseObserver:
         """Remember ``lease`` as this worker just stored it (a won take or renewal) at ``now``, so
         the next scan does not mistake our own write for someone else's (the KCL sets
         lastCounterIncrementNanos on a taken lease the same way); a take is dated as a move."""
-        self._note_moves(self._seen.get(lease.lease_key), lease, now)
+        before = self._seen.get(lease.lease_key)
+        self._note_moves(before, lease, now)
+        moved = before is not None and before.actual != lease.actual_owner
         self._seen[lease.lease_key] = _Seen(
-            lease.lease_counter, now, lease.lease_owner, now, actual=lease.actual_owner
-        )
+            lease.lease_counter, now, lease.lease_owner, now, actual=lease.actual_owner,
+            moved=moved,
+        )  # fmt: skip
 
     def next_check(self, exclude_owner: str) -> float | None:
         """The monotonic time at which the first watched lease not processed by
         ``exclude_owner`` (its actual owner) would expire unless its counter moves; None if no
         such lease."""
-        duration = self._timing.lease_duration
         times = [
-            s.since + duration
+            s.since + self._limit(s.moved)
             for s in self._seen.values()
             if s.watched and s.since is not None and s.actual != exclude_owner
         ]
@@ -256,14 +288,13 @@ class LeaseObserver:
     def due(self, now: float, exclude_owner: str) -> list[str]:
         """Keys of watched leases not processed by ``exclude_owner`` that expire by ``now``
         unless a fresh read shows their counter moved (``look_again`` each)."""
-        duration = self._timing.lease_duration
         return sorted(
             key
             for key, s in self._seen.items()
             if s.watched
             and s.since is not None
             and s.actual != exclude_owner
-            and now - s.since > duration
+            and now - s.since > self._limit(s.moved)
         )
 
     def unwatch(self, keys: Iterable[str]) -> None:
@@ -283,9 +314,10 @@ class LeaseObserver:
         if lease is None:
             self._seen.pop(lease_key, None)
             return False
+        moved = self._moved(lease)
         since = self._since(lease, now, wall)
-        expired = since is None or now - since > self._timing.lease_duration
-        self._seen[lease_key] = self._seen_now(lease, since, now, expired=expired)
+        expired = since is None or now - since > self._limit(moved)
+        self._seen[lease_key] = self._seen_now(lease, since, now, expired=expired, moved=moved)
         return expired or lease.lease_owner is None
 
     def last_change(self, lease_key: str) -> float | None:

@@ -317,9 +317,10 @@ def test_the_cooldown_damps_churn_around_a_stalling_worker() -> None:
             fleet = Fleet(12, 3, seed, cooldown=cooldown)
             fleet.settle()
             for r in range(60):
-                # Stalls two rounds in six: just past the lease duration (rounds are take
-                # intervals, half a lease duration each), then is back and would steal.
-                fleet.alive["w0"] = r % 6 >= 2
+                # Stalls three rounds in six: past the lease duration (rounds are take
+                # intervals, half a lease duration each; a lease just moved to a worker gets
+                # two), then is back and would steal.
+                fleet.alive["w0"] = r % 6 >= 3
                 total += fleet.round()
         return total
 
