@@ -132,6 +132,23 @@ def needs_order(sink: object) -> bool:
     return isinstance(sink, InOrderPerLease) and sink.ordered_per_lease
 
 
+@runtime_checkable
+class IdempotentPerPiece(Protocol):
+    """A sink that writes each piece at most once whatever batch it comes in (Parquet's piece
+    folders, Delta's versions per lease): ``idempotent_per_piece = True`` on its class. A piece
+    re-formed after a crash then need not come back in its old batch (same ``batch_id``), so a
+    lease's pending checkpoint names only its own piece, not every piece of the batch (which
+    grew with the leases of a batch: 144 KB a lease at 1,000, past DynamoDB's 400 KB item limit
+    near 2,800)."""
+
+    idempotent_per_piece: bool
+
+
+def per_piece(sink: object) -> bool:
+    """True if ``sink`` writes a piece at most once whatever batch it comes in."""
+    return isinstance(sink, IdempotentPerPiece) and sink.idempotent_per_piece
+
+
 class DeadLetterWriter(Protocol):
     def write(self, batch: SinkBatch, error: BaseException) -> None:
         """Store the batch durably with the error; raise if that failed."""

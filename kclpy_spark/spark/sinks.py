@@ -94,6 +94,8 @@ def _local_path(path: str | os.PathLike[str], what: str) -> Path:
 
 
 class ParquetSink:
+    idempotent_per_piece = True  # a piece's folder is renamed into place once
+
     def __init__(
         self, path: str | os.PathLike[str], *, stale_staging: float = STALE_STAGING_SECONDS
     ) -> None:
@@ -188,6 +190,7 @@ class DeltaSink:
     # A lease's versions must commit in order (a later one committed first would make Delta skip
     # the earlier), so the batcher keeps one batch of a lease in flight at a time.
     ordered_per_lease = True
+    idempotent_per_piece = True  # a lease's version is committed once
 
     def __init__(
         self,

@@ -40,6 +40,7 @@ from kclpy_spark.spark.sink_batch import (
     SinkRoute,
     ToDataFrame,
     needs_order,
+    per_piece,
 )
 from kclpy_spark.spark.timed_write import (
     TimedWrites,
@@ -104,6 +105,8 @@ class BatchWriter:
         if not routes or len({r.name for r in routes}) != len(routes):
             raise ValueError("a BatchWriter needs sinks with distinct names")
         self._routes = tuple(routes)
+        # Whether a lease's pending checkpoint names its batch's other pieces (IdempotentPerPiece).
+        self._own_groups = all(per_piece(r.sink) for r in self._routes)
         self._s = settings
         self._events = events
         self._to_df = to_df
@@ -318,8 +321,9 @@ class BatchWriter:
             if id(cut) in batch.prepared:
                 continue
             write = functools.partial(_write_pending, lane.checkpointer)
+            group = (cut.key,) if self._own_groups else batch.group
             try:
-                if not self._events.write_pending(lane, cut, batch.group, write):
+                if not self._events.write_pending(lane, cut, group, write):
                     batch.parts.remove((lane, cut))  # put back meanwhile
                     return False
             except CheckpointError as exc:
