@@ -346,8 +346,15 @@ class MicroBatcher:
     def _must_wait(self, lane: Lane) -> bool:
         if lane.replaying:
             return False  # it may need more records before anything can be flushed
-        buffered = sum(x.nbytes for x in self._lanes.values() if x.state is LaneState.ACTIVE)
-        return buffered >= self.settings.buffer_limit
+        active = [x for x in self._lanes.values() if x.state is LaneState.ACTIVE]
+        limit = self.settings.buffer_limit
+        if sum(x.nbytes for x in active) < limit:
+            return False
+        # Full: only a lane holding at least an equal share waits. A lease whose write is slow
+        # (one batch in flight, its records piling up) filled the buffer and stopped every
+        # other lease's delivery until that write ended; now the others go on, and the buffer
+        # holds less than twice its limit.
+        return lane.nbytes >= limit / max(1, len(active))
 
     def _close_locked(self, lane: Lane) -> None:
         lane.close()

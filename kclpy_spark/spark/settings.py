@@ -56,7 +56,7 @@ class BatcherSettings:
     # sinks); a MicroBatcher built in code without settings, 1.
     writers: int = 1
     batches_in_flight: int = 2  # per lease: written or being written, not yet checkpointed
-    buffer_bytes: int = 0  # records buffered before process_records blocks; 0: 2 x max_bytes
+    buffer_bytes: int = 0  # buffered records that block a lease holding its share; 0: 2 x max_bytes
     regroup_wait: float = 30.0  # how long a re-formed piece waits for the rest of its batch
     # Delay between attempts to move a checkpoint after a write.
     commit_retry_delay: float = 1.0

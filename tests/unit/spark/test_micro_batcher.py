@@ -723,6 +723,35 @@ def test_a_full_buffer_blocks_process_records_until_a_write_frees_it() -> None:
         assert env.lease(SHARDS[0]).checkpoint == esn(60)
 
 
+def test_a_full_buffer_holds_back_only_the_leases_holding_their_share_of_it() -> None:
+    """A lease whose write was slow filled the shared buffer (its consumer kept reading), and
+    every other lease's process_records then waited for that write to end."""
+    release = threading.Event()
+    with threaded_env(max_records=2, buffer_bytes=1500, batches_in_flight=1, writers=2) as env:
+        env.sink.on_write = lambda batch: (
+            (release.wait(10.0) if batch.pieces[0].lease_key == SHARDS[0] else None) and None
+        )
+        for shard in SHARDS:
+            env.take(shard)
+        env.deliver(SHARDS[0], records(1, 2))  # taken by the writer, which now blocks
+        first = 3
+        while env.batcher.status()["lanes"][SHARDS[0]]["buffered_bytes"] < 1500:  # reads on
+            env.deliver(SHARDS[0], records(first, 2))
+            first += 2
+        slow = threading.Thread(target=env.deliver, args=(SHARDS[0], records(first, 2)))
+        slow.start()
+        healthy = threading.Thread(target=env.deliver, args=(SHARDS[1], records(1, 2)))
+        healthy.start()
+        healthy.join(10.0)
+        assert not healthy.is_alive(), "the healthy lease waited for the slow one's write"
+        assert slow.is_alive(), "the lease that fills the buffer still waits"
+        release.set()
+        slow.join(10.0)
+        assert not slow.is_alive()
+        assert env.batcher.drain(env.lanes[SHARDS[1]], 10.0, final=True) is DrainResult.DONE
+        assert env.lease(SHARDS[1]).checkpoint == esn(20)
+
+
 def test_a_write_that_overruns_its_timeout_is_interrupted_and_retried() -> None:
     interrupted = threading.Event()
 
