@@ -61,13 +61,16 @@ class WriteTimeoutError(KclpySparkError):
 
 class TimedWrites:
     def __init__(
-        self, writers: int, interrupter: Interrupter, watchdog: Watchdog | None = None
+        self,
+        writers: int,
+        interrupter: Interrupter,
+        watchdog: Watchdog | None = None,
+        *,
+        name: str = "kclpy-spark-sink-write",
     ) -> None:
         self._interrupter = interrupter
         self.watchdog = watchdog or Watchdog(callback_threads=writers)
-        self.threads = WriteThreads(
-            writers, "kclpy-spark-sink-write", MAX_HUNG_PER_WRITER * writers
-        )
+        self.threads = WriteThreads(writers, name, MAX_HUNG_PER_WRITER * writers)
 
     def close(self) -> None:
         self.watchdog.close()
@@ -79,41 +82,46 @@ class TimedWrites:
         """``sink.write(view)``, or raise: its own error, WriteTimeoutError (interrupted at the
         timeout), WriteHungError (no answer after the grace), or the threads' refusals."""
         tag = f"kclpy-spark-{view.batch_id:016x}-{index}-{view.attempt}"
+        self.call(lambda: sink.write(view), timeout, tag, f"batch {view.batch_id}{of}")
+
+    def call(self, fn: Callable[[], T], timeout: float, tag: str, what: str) -> T:
+        """``fn()`` (a sink's code: a write, a sink's ``prepare``, a dead-letter write) on a
+        sink-write thread, its Spark jobs tagged ``tag`` and interrupted at ``timeout``; raises
+        as ``write`` does, ``what`` naming the call."""
 
         def on_timeout() -> None:
-            log.warning("batch %s overran its %gs write timeout%s", tag, timeout, of)
+            log.warning("%s (%s) overran its %gs write timeout", what, tag, timeout)
             self._interrupter.interrupt(tag)
 
         deadline = self.watchdog.after(timeout, on_timeout)
         try:
-            future = self.threads.submit(lambda: self._tagged(sink, view, tag))
+            future = self.threads.submit(lambda: self._tagged(fn, tag))
             wait([future], timeout + min(HUNG_GRACE, timeout))
             if self.threads.abandon(future):
                 log.error(
-                    "batch %s%s gave no answer; abandoned (%d write(s) hung now)",
+                    "%s (%s) gave no answer; abandoned (%d write(s) hung now)",
+                    what,
                     tag,
-                    of,
                     self.threads.hung,
                 )
                 raise WriteHungError(
-                    f"batch {view.batch_id}{of} gave no answer within {timeout:g}s and the grace "
-                    "after it: counted as failed (the write is left running; not tried again "
-                    "while it may still run)"
+                    f"{what} gave no answer within {timeout:g}s and the grace after it: counted "
+                    "as failed (the write is left running; not tried again while it may still "
+                    "run)"
                 )
             try:
-                future.result()
+                result: T = future.result()
             except Exception as exc:
                 if deadline.fired.is_set():
-                    raise WriteTimeoutError(
-                        f"batch {view.batch_id}{of} overran {timeout:g}s: {exc!r}"
-                    ) from exc
+                    raise WriteTimeoutError(f"{what} overran {timeout:g}s: {exc!r}") from exc
                 raise
+            return result
         finally:
             deadline.cancel()
 
-    def _tagged(self, sink: BatchSink, view: SinkBatch, tag: str) -> None:
+    def _tagged(self, fn: Callable[[], T], tag: str) -> T:
         with self._interrupter.tagged(tag):  # on the thread that runs the Spark jobs
-            sink_call(lambda: sink.write(view))
+            return sink_call(fn)
 
 
 def sink_call(call: Callable[[], T]) -> T:

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import logging
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -47,7 +48,6 @@ from kclpy_spark.spark.timed_write import (
     WriteHungError,
     WriteThreadsClosedError,
     WriteTimeoutError,
-    sink_call,
 )
 from kclpy_spark.spark.watchdog import Watchdog
 
@@ -113,6 +113,12 @@ class BatchWriter:
         self._parse = parse  # a DataFrame read on the executors into the value schema
         self._sleep = sleep
         self._timed = TimedWrites(settings.writers, interrupter, watchdog)
+        # A sink's prepare and a dead-letter write, timed as writes on threads of their own: on
+        # the write threads, the writes hung already (up to their cap) would refuse the very
+        # dead-letter write that lets a lease go on past a stuck sink.
+        self._side = TimedWrites(
+            settings.writers, interrupter, self._timed.watchdog, name="kclpy-spark-sink-write-side"
+        )
         self._backoff = Backoff(base=settings.retry_base_delay, cap=settings.retry_max_delay)
 
     @property
@@ -134,13 +140,15 @@ class BatchWriter:
 
     @property
     def hung_writes(self) -> int:
-        """Writes given up on (no answer within timeout and grace) that are still running."""
-        return self._timed.threads.hung
+        """Writes given up on (no answer within timeout and grace) that are still running
+        (sink writes, and prepares and dead-letter writes)."""
+        return self._timed.threads.hung + self._side.threads.hung
 
     def close(self) -> None:
         """Writes not started are not started any more (their batch is abandoned, not failed);
         a write under way finishes on its own thread."""
         self._timed.close()
+        self._side.threads.close()
 
     # --- one batch -------------------------------------------------------------------------------
 
@@ -189,6 +197,8 @@ class BatchWriter:
         started = time.perf_counter()
         try:
             self._retrying(batch, self._s.max_attempts, None)(self._prepare, batch)
+        except WriteThreadsClosedError:
+            raise  # closing: the batch is abandoned, not failed
         except Exception as exc:
             self._events.attempt(exc, time.perf_counter() - started, 0.0)
             batch.error = exc
@@ -228,8 +238,17 @@ class BatchWriter:
         """The sink's failure policy: True when the batch is now in its dead-letter location."""
         if route.dead_letter is None or batch.sink_batch is None or self._events.all_closed(batch):
             return False
+        view = self._view(batch, route)
+        dead_letter = route.dead_letter
         try:
-            route.dead_letter.write(self._view(batch, route), error)
+            # Timed as a write: on the executor path it collects the batch from Spark, right
+            # after a write timed out (when the cluster is least likely to answer).
+            self._side.call(
+                lambda: dead_letter.write(view, error),
+                route.write_timeout,
+                f"kclpy-spark-{view.batch_id:016x}-{self._routes.index(route)}-dead-letter",
+                f"the dead-letter write of batch {view.batch_id}{self._of(route)}",
+            )
         except Exception:
             log.exception("%r: the dead-letter write%s failed too", batch, self._of(route))
             return False
@@ -339,8 +358,18 @@ class BatchWriter:
     def _tokens(self, route: SinkRoute, pieces: list[Piece]) -> Mapping[str, Any]:
         if not pieces:
             return {}
+        sink = route.sink
+        index = self._routes.index(route)
         try:
-            return sink_call(lambda: route.sink.prepare(pieces))
+            # Timed as a write: delta:'s reads its table's log, under a lock its writers share.
+            return self._side.call(
+                lambda: sink.prepare(pieces),
+                route.write_timeout,
+                f"kclpy-spark-prepare-{index}-{uuid.uuid4().hex[:8]}",
+                f"preparing {len(pieces)} piece(s) for sink {route.name!r}",
+            )
+        except WriteThreadsClosedError:
+            raise
         except Exception as exc:
             if len(self._routes) > 1:
                 raise SinkFailedError(route.name, exc) from exc

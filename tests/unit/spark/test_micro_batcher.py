@@ -905,3 +905,43 @@ def test_a_sink_that_calls_sys_exit_fails_its_attempts_and_parks(
                 break
             threading.Event().wait(0.05)
         assert env.lease(SHARDS[1]).checkpoint == esn(30)
+
+
+class StuckDeadLetter:
+    """A dead-letter write that gives no answer (collecting a batch from a stuck cluster)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def write(self, batch: SinkBatch, error: BaseException) -> None:
+        self.release.wait(30.0)
+
+
+@pytest.mark.parametrize("stuck", ["prepare", "dead-letter"])
+def test_a_sink_prepare_or_dead_letter_write_that_hangs_is_timed_out_as_a_write(
+    stuck: str,
+) -> None:
+    """Both ran on the batcher's writer thread with no deadline: two of them stuck (the default
+    two writers) stopped every lease, and the readiness said ready."""
+    release = threading.Event()
+    dead = StuckDeadLetter()
+    env = Env(BatcherSettings(max_records=3, max_attempts=1, write_timeout=0.2))
+    env.batcher = env.new_batcher(dead_letter=dead)
+    if stuck == "prepare":
+        env.sink.prepare = lambda pieces: release.wait(30.0) and {}  # type: ignore[method-assign]
+    else:
+        env.sink.fail = lambda batch: True
+    env.take(SHARDS[0])
+    env.deliver(SHARDS[0], records(1, 3))
+    stepping = threading.Thread(target=env.batcher.step)
+    try:
+        stepping.start()
+        stepping.join(20.0)
+        assert not stepping.is_alive(), f"the batch waited for the {stuck} with no deadline"
+        assert env.batcher.hung_writes == 1
+        assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON  # parked, nothing acknowledged
+        assert env.lanes[SHARDS[0]].state is LaneState.PARKED
+    finally:
+        release.set()
+        dead.release.set()
+        env.batcher.close(timeout=5.0)

@@ -219,7 +219,8 @@ def test_the_spark_job_tag_is_set_on_the_thread_that_writes() -> None:
     env.take(SHARDS[0])
     env.deliver(SHARDS[0], records(1, 3))
     env.batcher.step()
-    assert wrote_on and tagged_on[0] == wrote_on[0] and len(tagged_on) == 2
+    # Each sink's prepare and write are tagged on the thread that runs them.
+    assert wrote_on and wrote_on[0] in tagged_on and len(tagged_on) == 4
 
 
 def test_a_write_with_no_answer_within_its_timeout_is_a_negative_acknowledgment() -> None:
