@@ -11,6 +11,7 @@ per worker.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -44,8 +45,15 @@ def kcl_worker_of(item: dict[str, Any], key: str = codec.LEASE_KEY) -> KclWorker
         return None
 
 
+# While the table is missing, it is looked for again this often (seconds): a KCL 3.0-3.4 fleet
+# started after ours (a migration that starts the Java side later, a rollback) is then seen within
+# this time, where a look at start only missed it for good. DescribeTable costs no capacity.
+PROBE_EVERY = 300.0
+
+
 class KclMetricsTable(DynamoCalls):
-    """``<application>-WorkerMetricStats``, if it exists (looked for once, at ``probe``)."""
+    """``<application>-WorkerMetricStats``, if it exists (looked for at ``probe``, and again every
+    ``PROBE_EVERY`` seconds while it is missing)."""
 
     def __init__(
         self,
@@ -53,27 +61,38 @@ class KclMetricsTable(DynamoCalls):
         application: str,
         retry: RetryPolicy,
         sleep: Callable[[float], None],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(client, application + METRICS_TABLE_SUFFIX, retry, sleep)
         self.present = False
+        self._clock = clock
+        self._probed_at: float | None = None
+        self._warned = False
 
     def probe(self) -> None:
         """Look whether the table exists (a KCL 3.0-3.4 application's does). A failed look (no
         IAM permission on it, say) only leaves such workers unseen: it is logged, never fatal."""
+        self._probed_at = self._clock()
         try:
             response = self._retried(
                 f"describe {self._table!r}",
                 lambda: self._call("DescribeTable", tolerate=frozenset({_MISSING})),
             )
-        except KclpySparkError as exc:
-            log.warning("KCL 3.0-3.4 workers go unseen: %s", exc)
+        except KclpySparkError as exc:  # said once; the looks every PROBE_EVERY after quietly
+            log.log(logging.DEBUG if self._warned else logging.WARNING,
+                    "KCL 3.0-3.4 workers go unseen: %s", exc)  # fmt: skip
+            self._warned = True
             response = None
         self.present = response is not None
 
     def sightings(self) -> list[KclWorkerSighting]:
         """Every worker in the table (none if it is absent, or was deleted since the probe)."""
         if not self.present:
-            return []
+            due = self._probed_at is None or self._clock() - self._probed_at >= PROBE_EVERY
+            if due:
+                self.probe()
+            if not self.present:
+                return []
 
         def attempt() -> list[KclWorkerSighting]:
             items = self._pages("Scan", ConsistentRead=False)

@@ -32,7 +32,7 @@ from checkpoint.lease import MAX_HASH_KEY, HashKeyRange, Lease, OwnerFigures
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.port import CoordinationRecord, KclWorkerSighting
 from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber
-from checkpoint.stores import dynamo_codec
+from checkpoint.stores import dynamo_codec, dynamo_kcl_workers
 from checkpoint.stores.dynamodb import OWNER_INDEX, DynamoDBLeaseTable
 from checkpoint.stores.sqlite import SQLiteLeaseTable
 from checkpoint.stores.sqlite_pool import POOL_SIZE
@@ -1083,7 +1083,10 @@ def test_dynamodb_a_look_without_the_coordination_table_reads_no_records(
 
 
 def test_dynamodb_a_scan_shows_the_workers_of_a_kcl_3_0_to_3_4_metrics_table(
-    dynamo: DynamoDBLeaseTable, dynamodb_client: Any, unique_name: str
+    dynamo: DynamoDBLeaseTable,
+    dynamodb_client: Any,
+    unique_name: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """KCL 3.0-3.4 keep their workers' metrics in ``<application>-WorkerMetricStats`` (key
     ``wid``): looked for when the store opens, scanned with the lease table while it exists."""
@@ -1100,6 +1103,11 @@ def test_dynamodb_a_scan_shows_the_workers_of_a_kcl_3_0_to_3_4_metrics_table(
             dynamodb_client.put_item(TableName=metrics, Item={
                 "wid": {"S": wid}, "lut": {"N": lut}, "sts": {"M": {}}, "opr": {"M": {}},
             })  # fmt: skip
+        # The store opened before the table existed looks for it again (every PROBE_EVERY
+        # seconds; it looked once, at start, and never saw a KCL fleet started after it).
+        assert dynamo.scan_table("").kcl_workers == ()  # not looked for again yet
+        monkeypatch.setattr(dynamo_kcl_workers, "PROBE_EVERY", 0.0)
+        assert len(dynamo.scan_table("").kcl_workers) == 2 and dynamo.kcl_metrics.present
         store = DynamoDBLeaseTable(dynamodb_client, unique_name, create_if_missing=False)
         store.ensure_table()
         assert sorted(store.scan_table("").kcl_workers, key=lambda s: s.worker_id) == [
