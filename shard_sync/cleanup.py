@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.lease import Lease
@@ -117,8 +117,9 @@ class LeaderMaintenance:
     def run_once(self) -> AuditResult:
         leases = [lease for lease in self._table.list_leases() if self._syncer.owns(lease)]
         synced: SyncResult | None = None
-        active = [lease for lease in leases if not lease.checkpoint.is_shard_end]
-        holes = lease_hash_range_holes(leases)
+        audited = self._with_known_ranges(leases)
+        active = [lease for lease in audited if not lease.checkpoint.is_shard_end]
+        holes = lease_hash_range_holes(audited)
         unknown_range = any(lease.hash_key_range is None for lease in active)
         if not leases:
             synced = self._sync(leases)
@@ -152,6 +153,18 @@ class LeaderMaintenance:
                 )
             )
         return AuditResult(len(holes), self._consecutive, synced, tuple(deleted))
+
+    def _with_known_ranges(self, leases: list[Lease]) -> list[Lease]:
+        """``leases``, those without a hash range given the one the last listing showed."""
+        known = self._syncer.known_ranges
+        if not known:
+            return leases
+        return [
+            lease
+            if lease.hash_key_range is not None or lease.shard_id not in known
+            else replace(lease, hash_key_range=known[lease.shard_id])
+            for lease in leases
+        ]
 
     def _sync(self, leases: list[Lease]) -> SyncResult:
         try:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from checkpoint.base.errors import DependencyError, MalformedAnswerError
 from checkpoint.counters import CoordinationCounters, Counter
-from checkpoint.lease import Lease, in_stream
+from checkpoint.lease import HashKeyRange, Lease, in_stream
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import InitialPosition
 from shard_sync.discovery import ShardLister, shard_filter_for
@@ -63,6 +63,10 @@ class ShardSyncer:
         self._ignore = ignore_unexpected_child_shards
         self._counters = counters or CoordinationCounters()
         self._sleep = sleep
+        # The hash ranges of leased shards whose leases carry none (written by KCL 1.x), from
+        # the last listing: the audit reads them here (the KCL writes them into the leases once;
+        # without them every audit saw a hole and listed the stream again, for ever).
+        self.known_ranges: dict[str, HashKeyRange] = {}
 
     def _list_for_empty_table(self) -> list[Shard]:
         shard_filter = shard_filter_for(self._position)
@@ -99,6 +103,10 @@ class ShardSyncer:
         empty = not current
         shards = self._list_for_empty_table() if empty else self._lister.list_shards()
         leased = {lease.shard_id for lease in current}
+        no_range = {lease.shard_id for lease in current if lease.hash_key_range is None}
+        self.known_ranges = {
+            shard.shard_id: shard.hash_key_range for shard in shards if shard.shard_id in no_range
+        }
         try:
             new = leases_to_create(
                 shards, leased, self._position, ignore_unexpected_child_shards=self._ignore

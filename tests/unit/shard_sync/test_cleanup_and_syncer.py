@@ -424,3 +424,19 @@ def test_a_shard_graph_no_stream_can_have_fails_the_sync_as_a_malformed_answer()
     with pytest.raises(MalformedAnswerError, match=r"the shard listing: .*descendant"):
         maintenance.run_once()
     assert maintenance.sync_failure is not None and "descendant" in maintenance.sync_failure
+
+
+def test_leases_without_a_hash_range_cost_one_listing_not_one_every_third_round() -> None:
+    """KCL 1.x leases carry no hash range: every audit saw a hole and listed the whole stream
+    again every third round, for ever. The KCL writes the ranges in once; here the last
+    listing's ranges serve the audit."""
+    table = MemoryLeaseTable()
+    old = Lease("shardId-1", STARTED)  # no hash range
+    table.create_lease_if_absent(old)
+    lister = ListedShards([shard("shardId-1", 1, None)])
+    maintenance = LeaderMaintenance(ShardSyncer(lister, table, InitialPosition.latest()), table)
+    results = [maintenance.run_once() for _ in range(9)]
+    assert len(lister.filters) == 1
+    assert [r.synced is not None for r in results].count(True) == 1
+    assert results[-1].holes == 0 and results[-1].consecutive == 0
+    assert table.get_lease("shardId-1") == old  # the lease itself is not written
