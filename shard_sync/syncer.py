@@ -21,7 +21,7 @@ from checkpoint.port import LeaseTable
 from checkpoint.sequence import InitialPosition
 from shard_sync.discovery import ShardLister, shard_filter_for
 from shard_sync.false_ends import false_shard_ends, reopened
-from shard_sync.hierarchy import leases_to_create
+from shard_sync.hierarchy import children_of_finished_parents, leases_to_create
 from shard_sync.shards import Shard, find_hash_range_holes
 
 log = logging.getLogger(__name__)
@@ -111,8 +111,16 @@ class ShardSyncer:
             new = leases_to_create(
                 shards, leased, self._position, ignore_unexpected_child_shards=self._ignore
             )
+            finished = {x.shard_id for x in current if x.checkpoint.is_shard_end}
+            orphans = children_of_finished_parents(shards, leased, finished) if current else []
         except ValueError as exc:  # a shard graph no stream can have (a cycle, say)
             raise MalformedAnswerError(f"the shard listing: {exc}") from None
+        planned = {spec.shard_id for spec in new}
+        for orphan in orphans:
+            if orphan.shard_id not in planned:
+                log.warning("shard %s has no lease though its parents finished (its lease was "
+                            "deleted?); leasing it from its start", orphan.shard_id)  # fmt: skip
+                new.append(orphan)
         created: list[str] = []
         when = self._position.timestamp
         start = None if when is None else when.timestamp()

@@ -17,6 +17,7 @@ from checkpoint.sequence import (
 from checkpoint.stores.memory import MemoryLeaseTable
 from shard_sync.cleanup import LeaderMaintenance, completed_leases_to_delete, garbage_leases
 from shard_sync.false_ends import false_shard_ends
+from shard_sync.hierarchy import children_of_finished_parents
 from shard_sync.shards import Shard
 from shard_sync.syncer import ShardSyncer
 
@@ -440,3 +441,53 @@ def test_leases_without_a_hash_range_cost_one_listing_not_one_every_third_round(
     assert [r.synced is not None for r in results].count(True) == 1
     assert results[-1].holes == 0 and results[-1].consecutive == 0
     assert table.get_lease("shardId-1") == old  # the lease itself is not written
+
+
+def test_a_child_whose_lease_went_missing_after_its_parent_finished_is_leased_again() -> None:
+    """Its leased parent counted as covering it and the parent's shard end had passed: the
+    audit synced every third round for ever, creating nothing, and the child was never read."""
+    table = MemoryLeaseTable()
+    table.create_lease_if_absent(lease("shardId-0", SHARD_END, children=("shardId-1", "shardId-2")))
+    table.create_lease_if_absent(lease("shardId-1", STARTED, parents=("shardId-0",), lo=0, hi=HALF))
+    listing = [
+        shard("shardId-0", 1, 50),
+        shard("shardId-1", 51, None, 0, HALF, parent="shardId-0"),
+        shard("shardId-2", 52, None, HALF + 1, MAX_HASH_KEY, parent="shardId-0"),
+    ]
+    lister = ListedShards(listing)
+    maintenance = LeaderMaintenance(
+        ShardSyncer(lister, table, InitialPosition.latest()), table, hole_threshold=3
+    )
+    results = [maintenance.run_once() for _ in range(4)]
+    created = table.get_lease("shardId-2")
+    assert created is not None and created.checkpoint == TRIM_HORIZON
+    assert created.parent_shard_ids == {"shardId-0"}
+    assert [r.synced.created for r in results if r.synced] == [("shardId-2",)]
+    assert results[-1].holes == 0
+
+
+@pytest.mark.parametrize(
+    ("leases", "expected"),
+    [
+        # The parent is still being read: its shard end leases the child.
+        ([lease("p", STARTED)], []),
+        # A merge: one parent finished, the other still read.
+        ([lease("p", SHARD_END), lease("q", STARTED)], []),
+        # Both finished: the merge child is leased from its start.
+        ([lease("p", SHARD_END), lease("q", SHARD_END)], ["c"]),
+        # One finished, the other gone with its shard (not listed, no lease).
+        ([lease("p", SHARD_END)], ["c"]),
+        # The child's own child has a lease already: leave the line alone.
+        ([lease("p", SHARD_END), lease("q", SHARD_END), lease("g", STARTED)], []),
+    ],
+)
+def test_children_of_finished_parents(leases: list[Lease], expected: list[str]) -> None:
+    listing = [shard("p", 1, 5), shard("c", 9, None, parent="p", adjacent="q"),
+               shard("g", 12, None, parent="c")]  # fmt: skip
+    if any(x.lease_key == "q" for x in leases):
+        listing.append(shard("q", 2, 6))
+    leased = {x.shard_id for x in leases}
+    finished = {x.shard_id for x in leases if x.checkpoint.is_shard_end}
+    found = children_of_finished_parents(listing, leased, finished)
+    assert [x.shard_id for x in found] == expected
+    assert all(x.checkpoint == TRIM_HORIZON for x in found)
