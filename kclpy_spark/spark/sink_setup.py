@@ -26,7 +26,12 @@ from kclpy_spark.spark.settings import BatcherSettings
 from kclpy_spark.spark.sink_batch import BatchSink, FunctionSink, SinkRoute
 from kclpy_spark.spark.sink_config import SinkConfig, SinkSpec
 from kclpy_spark.spark.sink_processor import SparkSinkProcessorFactory
-from kclpy_spark.spark.sinks import DeadLetterDirectory, DeltaSink, ParquetSink
+from kclpy_spark.spark.sinks import (
+    DeadLetterDirectory,
+    DeltaSink,
+    ParquetSink,
+    stale_staging_after,
+)
 from kclpy_spark.user_code import import_user_module
 
 log = logging.getLogger(__name__)
@@ -40,7 +45,8 @@ def load_sink(cfg: SinkConfig, spec: SinkSpec | None = None) -> BatchSink:
     if spec.kind in ("parquet", "delta"):
         check_sink_path(spec.kind, spec.path)
     if spec.kind == "parquet":
-        return ParquetSink(spec.path)
+        timeout = spec.write_timeout or cfg.batching.write_timeout
+        return ParquetSink(spec.path, stale_staging=stale_staging_after(timeout))
     if spec.kind == "delta":
         return DeltaSink(
             spec.path,

@@ -40,14 +40,24 @@ from typing import Any
 from kclpy_spark.spark import local_fs
 from kclpy_spark.spark.pieces import Piece
 from kclpy_spark.spark.sink_batch import SinkBatch
+from kclpy_spark.spark.timed_write import HUNG_GRACE
 
 log = logging.getLogger(__name__)
 
 PIECE_COLUMN = "kcl_piece"
 _INDEX_COLUMN = "kcl_piece_index"
 # A staging folder untouched this long belongs to a writer that died (a live write renames its
-# folders within write_timeout, 10 minutes by default).
+# folders within write_timeout, 10 minutes by default): at least an hour, and longer than twice a
+# longer write_timeout (``stale_staging_after``), so that no cleanup, this worker's or another's,
+# removes the folder of a write still under way.
 STALE_STAGING_SECONDS = 3600.0
+
+
+def stale_staging_after(write_timeout: float) -> float:
+    """How old a staging folder must be to be taken for a dead writer's, with ``write_timeout``."""
+    return max(STALE_STAGING_SECONDS, 2 * write_timeout + HUNG_GRACE)
+
+
 _CLEAN_EVERY = 100  # batches between two looks for stale staging folders
 # Parquet's writer builds a dictionary for every column, hashing and comparing every value, and
 # drops it at the end of a page when it did not make the page smaller: wasted on columns whose

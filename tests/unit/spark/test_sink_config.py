@@ -23,6 +23,7 @@ from kclpy_spark.spark.sink_config import (
 )
 from kclpy_spark.spark.sink_setup import load_sink, processor_factory_from_sink_config
 from kclpy_spark.spark.sinks import DeltaSink, ParquetSink
+from kclpy_spark.spark.timed_write import HUNG_GRACE
 
 
 def test_defaults_and_derived_values() -> None:
@@ -168,6 +169,23 @@ def test_a_missing_or_old_java_is_a_clear_config_error(
         processor_factory_from_sink_config(
             sink_config(f"parquet:{tmp_path}/out"), WorkerConfig(stream_name="s")
         )
+
+
+def test_a_parquet_sink_keeps_the_staging_folder_of_a_write_its_timeout_allows(
+    tmp_path: Path,
+) -> None:
+    """Staging folders older than a fixed hour were removed as a dead writer's, though a write
+    may run up to its write_timeout (up to a day): a cleanup, this worker's or another's, could
+    remove the folder of a write under way."""
+    sink = load_sink(sink_config(f"parquet:{tmp_path}", write_timeout=7200.0))
+    assert isinstance(sink, ParquetSink)
+    live = tmp_path / "_staging" / "0000000000000001-live"
+    live.mkdir(parents=True)
+    written = live.stat().st_mtime
+    assert sink.clean_staging(now=written + 3 * 3600) == []  # 3 h: a 2 h write may still run
+    assert sink.clean_staging(now=written + 2 * 7200 + HUNG_GRACE + 1) == [live]
+    default = load_sink(sink_config(f"parquet:{tmp_path}"))  # write_timeout 600 s: an hour
+    assert isinstance(default, ParquetSink) and default._stale_staging == 3600.0
 
 
 def test_sinks_are_loaded_by_name(tmp_path: Path) -> None:
