@@ -165,10 +165,33 @@ def test_the_range_a_slot_gets(
     if entry_iterator is not None:
         entry.iterator, entry.iterator_at = entry_iterator
     rng = reads(max_records=1000, max_bytes=4000)._range(
-        entry, ReadSlot(make_lane(), slot_read_to, unfilled), leases=4, now=0.0
+        entry, ReadSlot(make_lane(), slot_read_to, unfilled), leases=4, behind=0, now=0.0
     )
     assert (rng.after, rng.iterator, rng.pinned) == (want_after, want_iterator, want_pin)
     assert (rng.max_records, rng.max_bytes, rng.hash_range) == (250, 1000, (0, 5))
+
+
+@pytest.mark.parametrize(
+    ("leases", "behind", "is_behind", "records"),
+    [
+        (1000, 1, True, 50_000),  # the one busy shard among idle ones: half the budget
+        (1000, 1, False, 100),  # an idle one: its equal share
+        (4, 4, True, 25_000),  # all behind: the equal share is the larger
+        (10, 2, True, 25_000),
+    ],
+)
+def test_a_lease_behind_gets_a_share_of_the_budget_of_those_behind(
+    leases: int, behind: int, is_behind: bool, records: int
+) -> None:
+    """Every range got the round's budget over its leases: a busy shard among 1,000 leases at
+    their tip was read 100 records a round, below what Kinesis takes in, and never caught up."""
+    entry = _Entry(SOURCE, lambda item: None)
+    entry.behind = is_behind
+    rng = reads(max_records=100_000, max_bytes=40_000_000)._range(
+        entry, ReadSlot(make_lane(), None, None), leases=leases, behind=behind, now=0.0
+    )
+    assert rng.max_records == records
+    assert rng.max_bytes == records * 400
 
 
 def ended(rows: int, nbytes: int, lag: int | None) -> RangeEnd:
