@@ -356,9 +356,7 @@ class ExecutorReads:
             after,
             max_records=max(1, records),
             max_bytes=max(1, nbytes),  # whole pages: one may go beyond
-            # A piece re-formed after a crash may be a whole batch read on the driver (64 MiB
-            # at 2 MiB a second): its read gets the time that takes.
-            max_seconds=s.max_seconds if pinned is None else s.max_seconds * PINNED_TIME_FACTOR,
+            max_seconds=s.max_seconds if pinned is None else self._pinned_seconds(),
             max_pages=s.max_pages,
             read_rate=s.read_rate,
             kpl=s.kpl,
@@ -368,6 +366,15 @@ class ExecutorReads:
             pinned=pinned,
             delay=max(0.0, entry.next_read_at - now),
         )
+
+    def _pinned_seconds(self) -> float:
+        """A pinned read's time budget: a piece re-formed after a crash may be a whole batch read
+        on the driver (``max_bytes``, 64 MiB), and at a lowered ``read_rate`` (a shard shared
+        with other consumers) that takes longer than the fixed budget, which failed the read
+        every time, parking the lease every tenure: twice the time it takes, at the least."""
+        s = self._s
+        fixed = s.max_seconds * PINNED_TIME_FACTOR
+        return fixed if s.read_rate <= 0 else max(fixed, 2 * s.max_bytes / s.read_rate)
 
     @staticmethod
     def _describe(ranges: list[ReadRange]) -> str:

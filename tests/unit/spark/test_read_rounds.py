@@ -172,6 +172,21 @@ def test_the_range_a_slot_gets(
 
 
 @pytest.mark.parametrize(
+    ("read_rate", "seconds"),
+    [(2 * 1024 * 1024, 100.0), (512 * 1024, 256.0), (0, 100.0)],
+)
+def test_a_pinned_read_gets_the_time_a_whole_batch_takes_at_the_read_rate(
+    read_rate: float, seconds: float
+) -> None:
+    """A fixed 100 s: a 64 MiB piece at 0.5 MiB a second (128 s) failed its read every time."""
+    rng = reads(max_bytes=64 * 1024 * 1024, max_seconds=10.0, read_rate=read_rate)._range(
+        _Entry(SOURCE, lambda item: None),
+        ReadSlot(make_lane(), esn(5), (esn(9), esn(6))), leases=1, behind=0, now=0.0,
+    )  # fmt: skip
+    assert rng.pinned is not None and rng.max_seconds == seconds
+
+
+@pytest.mark.parametrize(
     ("leases", "behind", "is_behind", "records"),
     [
         (1000, 1, True, 50_000),  # the one busy shard among idle ones: half the budget
