@@ -346,6 +346,18 @@ def live_kcl_workers(
     return {s.worker_id: s.updated_at for s in sightings if now_wall - s.updated_at <= max_age}
 
 
+# The KCL 3.x client versions whose workers find the leases given to them (lease assignment and
+# discovery run only in these; CLIENT_VERSION_UPGRADE_FROM_2X and CLIENT_VERSION_2X run as KCL 2.x
+# workers, which take expired leases and never look for one handed to them).
+KCL_ASSIGNING_VERSIONS = frozenset({"CLIENT_VERSION_3X", "CLIENT_VERSION_3X_WITH_ROLLBACK"})
+
+
+def kcl_workers_follow_handoffs(client_version: str | None) -> bool:
+    """Whether the KCL 3.x workers of a fleet at ``client_version`` (None: no migration item
+    found, a fleet started on 3.x) find a lease handed or assigned to them."""
+    return client_version is None or client_version in KCL_ASSIGNING_VERSIONS
+
+
 def cpu_figures(
     records: Iterable[CoordinationRecord], now_wall: float, max_age: float
 ) -> dict[str, CpuFigure]:

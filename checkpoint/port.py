@@ -160,6 +160,8 @@ class TableScan:
     leases: tuple[Lease, ...]
     records: tuple[CoordinationRecord, ...]
     kcl_workers: tuple[KclWorkerSighting, ...] = ()
+    # The KCL 3.x fleet's client version (its "Migration3.0" item's ``cv``; None: none found).
+    kcl_client_version: str | None = None
 
 
 class TableReader(Protocol):

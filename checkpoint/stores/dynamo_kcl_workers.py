@@ -32,6 +32,25 @@ METRICS_TABLE_SUFFIX = "-WorkerMetricStats"  # the separate table's, after the a
 METRICS_TABLE_KEY = "wid"
 
 
+# The KCL 3.x fleet's migration state: ``cv`` of the ``Migration3.0`` item, in the lease table
+# since KCL 3.5 (``entityType`` CLIENT_VERSION_MIGRATION), else in the table
+# ``<application>-CoordinatorState`` (key attribute ``key``).
+MIGRATION_KEY = "Migration3.0"
+MIGRATION_ENTITY = "CLIENT_VERSION_MIGRATION"
+MIGRATION_VERSION = "cv"
+COORDINATOR_TABLE_SUFFIX = "-CoordinatorState"
+COORDINATOR_KEY = "key"
+
+
+def client_version_of(item: dict[str, Any]) -> str | None:
+    """The client version a KCL 3.5 lease table's migration entity holds; None for any other
+    item."""
+    if item.get(codec.ENTITY_TYPE) != {"S": MIGRATION_ENTITY}:
+        return None
+    version = item.get(MIGRATION_VERSION, {}).get("S")
+    return str(version) if version is not None else None
+
+
 def kcl_worker_of(item: dict[str, Any], key: str = codec.LEASE_KEY) -> KclWorkerSighting | None:
     """A KCL 3.x worker's metrics entity (its id and ``lut``), or None for any other item or one
     without a readable ``lut`` (the KCL's leader counts such a worker as expired too). ``key``:
@@ -51,9 +70,51 @@ def kcl_worker_of(item: dict[str, Any], key: str = codec.LEASE_KEY) -> KclWorker
 PROBE_EVERY = 300.0
 
 
-class KclMetricsTable(DynamoCalls):
-    """``<application>-WorkerMetricStats``, if it exists (looked for at ``probe``, and again every
-    ``PROBE_EVERY`` seconds while it is missing)."""
+class _KclSideTable(DynamoCalls):
+    """A table a KCL 3.0-3.4 application keeps beside its lease table, if it exists (looked for
+    at ``probe``, and again every ``PROBE_EVERY`` seconds while it is missing)."""
+
+    def __init__(
+        self,
+        client: DynamoDBClient,
+        table: str,
+        retry: RetryPolicy,
+        sleep: Callable[[float], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(client, table, retry, sleep)
+        self.present = False
+        self._clock = clock
+        self._probed_at: float | None = None
+        self._warned = False
+
+    def probe(self) -> None:
+        """Look whether the table exists (a KCL 3.0-3.4 application's does). A failed look (no
+        IAM permission on it, say) only leaves what it holds unseen: logged, never fatal."""
+        self._probed_at = self._clock()
+        try:
+            response = self._retried(
+                f"describe {self._table!r}",
+                lambda: self._call("DescribeTable", tolerate=frozenset({_MISSING})),
+            )
+        except KclpySparkError as exc:  # said once; the looks every PROBE_EVERY after quietly
+            log.log(logging.DEBUG if self._warned else logging.WARNING,
+                    "KCL 3.0-3.4 table %r unseen: %s", self._table, exc)  # fmt: skip
+            self._warned = True
+            response = None
+        self.present = response is not None
+
+    def _looked_for(self) -> bool:
+        """Whether the table is there to read (looked for again when a look is due)."""
+        if not self.present:
+            due = self._probed_at is None or self._clock() - self._probed_at >= PROBE_EVERY
+            if due:
+                self.probe()
+        return self.present
+
+
+class KclMetricsTable(_KclSideTable):
+    """``<application>-WorkerMetricStats``: the KCL 3.0-3.4 workers' metrics."""
 
     def __init__(
         self,
@@ -63,36 +124,12 @@ class KclMetricsTable(DynamoCalls):
         sleep: Callable[[float], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(client, application + METRICS_TABLE_SUFFIX, retry, sleep)
-        self.present = False
-        self._clock = clock
-        self._probed_at: float | None = None
-        self._warned = False
-
-    def probe(self) -> None:
-        """Look whether the table exists (a KCL 3.0-3.4 application's does). A failed look (no
-        IAM permission on it, say) only leaves such workers unseen: it is logged, never fatal."""
-        self._probed_at = self._clock()
-        try:
-            response = self._retried(
-                f"describe {self._table!r}",
-                lambda: self._call("DescribeTable", tolerate=frozenset({_MISSING})),
-            )
-        except KclpySparkError as exc:  # said once; the looks every PROBE_EVERY after quietly
-            log.log(logging.DEBUG if self._warned else logging.WARNING,
-                    "KCL 3.0-3.4 workers go unseen: %s", exc)  # fmt: skip
-            self._warned = True
-            response = None
-        self.present = response is not None
+        super().__init__(client, application + METRICS_TABLE_SUFFIX, retry, sleep, clock)
 
     def sightings(self) -> list[KclWorkerSighting]:
         """Every worker in the table (none if it is absent, or was deleted since the probe)."""
-        if not self.present:
-            due = self._probed_at is None or self._clock() - self._probed_at >= PROBE_EVERY
-            if due:
-                self.probe()
-            if not self.present:
-                return []
+        if not self._looked_for():
+            return []
 
         def attempt() -> list[KclWorkerSighting]:
             items = self._pages("Scan", ConsistentRead=False)
@@ -106,3 +143,37 @@ class KclMetricsTable(DynamoCalls):
         except KclpySparkError as exc:  # a round without them: a steal is then a KCL 2.x take
             log.warning("KCL 3.0-3.4 workers unseen this round: %s", exc)
         return []
+
+
+class KclCoordinatorTable(_KclSideTable):
+    """``<application>-CoordinatorState``: a KCL 3.0-3.4 fleet's ``Migration3.0`` item."""
+
+    def __init__(
+        self,
+        client: DynamoDBClient,
+        application: str,
+        retry: RetryPolicy,
+        sleep: Callable[[float], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(client, application + COORDINATOR_TABLE_SUFFIX, retry, sleep, clock)
+
+    def client_version(self) -> str | None:
+        """The fleet's client version (``cv``), or None (no table, no item, a failed read)."""
+        if not self._looked_for():
+            return None
+        key = {COORDINATOR_KEY: {"S": MIGRATION_KEY}}
+        try:
+            response = self._retried(
+                f"get {MIGRATION_KEY!r} from {self._table!r}",
+                lambda: self._call("GetItem", Key=key, ConsistentRead=False),
+            )
+        except ResourceNotFoundError:
+            self.present = False
+            return None
+        except KclpySparkError as exc:
+            log.warning("the KCL 3.x fleet's client version unread this round: %s", exc)
+            return None
+        item = response.get("Item") or {}
+        version = item.get(MIGRATION_VERSION, {}).get("S")
+        return str(version) if version is not None else None

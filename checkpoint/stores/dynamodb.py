@@ -43,7 +43,12 @@ from checkpoint.sequence import ExtendedSequenceNumber
 from checkpoint.stores import dynamo_codec as codec
 from checkpoint.stores.dynamo_calls import DynamoCalls, written_item
 from checkpoint.stores.dynamo_expr import Expr
-from checkpoint.stores.dynamo_kcl_workers import KclMetricsTable, kcl_worker_of
+from checkpoint.stores.dynamo_kcl_workers import (
+    KclCoordinatorTable,
+    KclMetricsTable,
+    client_version_of,
+    kcl_worker_of,
+)
 from checkpoint.stores.dynamo_records import DynamoRecords
 from checkpoint.stores.dynamo_table import TableSetup, coordination_table_of
 
@@ -92,6 +97,8 @@ class DynamoDBLeaseTable(DynamoCalls):
         self.records.capacity = self.capacity  # one meter for the application's requests
         self.kcl_metrics = KclMetricsTable(client, table_name, retry, sleep)
         self.kcl_metrics.capacity = self.capacity
+        self.kcl_coordinator = KclCoordinatorTable(client, table_name, retry, sleep)
+        self.kcl_coordinator.capacity = self.capacity
 
     # -- table ----------------------------------------------------------------------------------
 
@@ -110,6 +117,7 @@ class DynamoDBLeaseTable(DynamoCalls):
                             create_timeout=self._create_timeout,
                             optional=self._records_optional)  # fmt: skip
         self.kcl_metrics.probe()
+        self.kcl_coordinator.probe()
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -125,16 +133,23 @@ class DynamoDBLeaseTable(DynamoCalls):
         return _leases_in(list(self._pages("Scan", ConsistentRead=False)))
 
     def scan_table(self, record_prefix: str) -> TableScan:
-        """``list_leases``'s Scan (which also yields the KCL 3.x workers' metrics entities), one
-        of the (small) coordination table, and one of the KCL's metrics table if it exists."""
+        """``list_leases``'s Scan (which also yields the KCL 3.x workers' metrics entities and
+        the fleet's migration entity), one of the (small) coordination table, and, where a KCL
+        3.0-3.4 fleet keeps them in tables of their own, one of its metrics table and a read of
+        its migration item."""
 
-        def attempt() -> tuple[list[Lease], list[KclWorkerSighting]]:
+        def attempt() -> tuple[list[Lease], list[KclWorkerSighting], str | None]:
             items = list(self._pages("Scan", ConsistentRead=False))  # as list_leases
-            return _leases_in(items), [s for s in map(kcl_worker_of, items) if s is not None]
+            workers = [s for s in map(kcl_worker_of, items) if s is not None]
+            versions = [v for v in map(client_version_of, items) if v is not None]
+            return _leases_in(items), workers, next(iter(versions), None)
 
-        leases, workers = self._retried(f"list leases in {self._table!r}", attempt)
+        leases, workers, version = self._retried(f"list leases in {self._table!r}", attempt)
         workers += self.kcl_metrics.sightings()  # KCL 3.0-3.4's table, if there is one
-        return TableScan(tuple(leases), self.records.records(record_prefix), tuple(workers))
+        if version is None:
+            version = self.kcl_coordinator.client_version()
+        records = self.records.records(record_prefix)
+        return TableScan(tuple(leases), records, tuple(workers), kcl_client_version=version)
 
     def get_lease(self, lease_key: str) -> Lease | None:
         return self._retried(f"get lease {lease_key!r}", lambda: self._try_get_lease(lease_key))

@@ -315,10 +315,14 @@ class Taker:
 
     def _note_running(self, table: TableScan) -> None:
         """The workers known to run (see plan_takes and assigning): ours by their status records,
-        KCL 3.x workers by their metrics entities (they follow hand-offs as ours do)."""
+        KCL 3.x workers by their metrics entities (they follow hand-offs as ours do), unless
+        their fleet is still migrating from KCL 2.x (then they never look for a lease given to
+        them: a hand-off or assignment to one left the lease idle until it expired)."""
         w, records = self._w, table.records
         max_age = w.timing.status_max_age
-        self.running = coordination.live_kcl_workers(table.kcl_workers, w.clock.wall())
+        follow = coordination.kcl_workers_follow_handoffs(table.kcl_client_version)
+        kcl = table.kcl_workers if follow else ()
+        self.running = coordination.live_kcl_workers(kcl, w.clock.wall())
         self._status_written = coordination.live_workers(records, w.clock.wall(), max_age)
         self.running |= self._status_written
         figures = coordination.cpu_figures(records, w.clock.wall(), max_age)

@@ -531,6 +531,41 @@ def test_dynamodb_writes_exactly_the_kcl_attributes(
     assert raw_item(dynamodb_client, dynamo.table_name, key)["shardId"] == item["shardId"]
 
 
+def test_dynamodb_a_scan_shows_the_kcl_fleet_s_client_version(
+    dynamo: DynamoDBLeaseTable,
+    dynamodb_client: Any,
+    unique_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Migration3.0 item's ``cv``: in the lease table since KCL 3.5, in
+    ``<application>-CoordinatorState`` before (a fleet there still migrating from KCL 2.x does
+    not follow hand-offs)."""
+    assert dynamo.scan_table("").kcl_client_version is None
+    coordinator = f"{unique_name}-CoordinatorState"
+    dynamodb_client.create_table(
+        TableName=coordinator, BillingMode="PAY_PER_REQUEST",
+        KeySchema=[{"AttributeName": "key", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "key", "AttributeType": "S"}],
+    )  # fmt: skip
+    try:
+        dynamodb_client.get_waiter("table_exists").wait(TableName=coordinator)
+        dynamodb_client.put_item(TableName=coordinator, Item={
+            "key": {"S": "Migration3.0"}, "cv": {"S": "CLIENT_VERSION_UPGRADE_FROM_2X"},
+            "mb": {"S": "kcl-a"}, "mts": {"N": "1764000000"},
+        })  # fmt: skip
+        monkeypatch.setattr(dynamo_kcl_workers, "PROBE_EVERY", 0.0)  # looked for again now
+        assert dynamo.scan_table("").kcl_client_version == "CLIENT_VERSION_UPGRADE_FROM_2X"
+        # KCL 3.5's single table: the entity in the lease table is read first.
+        dynamodb_client.put_item(TableName=dynamo.table_name, Item={
+            "leaseKey": {"S": "Migration3.0"}, "entityType": {"S": "CLIENT_VERSION_MIGRATION"},
+            "cv": {"S": "CLIENT_VERSION_3X"},
+        })  # fmt: skip
+        scan = dynamo.scan_table("")
+        assert scan.kcl_client_version == "CLIENT_VERSION_3X" and scan.leases == ()
+    finally:
+        dynamodb_client.delete_table(TableName=coordinator)
+
+
 class ScanRecorder:
     """The DynamoDB client, recording what each Scan read."""
 

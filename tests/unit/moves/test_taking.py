@@ -663,14 +663,17 @@ def test_a_steal_asks_a_graceful_handoff_only_of_a_kclpy_spark_worker(
 class WithKclWorkers(CountingTable):
     """A lease table whose scans also show KCL 3.x workers' metrics entities (as DynamoDB's do)."""
 
-    def __init__(self, clock: ManualClock, sightings: dict[str, float]) -> None:
+    def __init__(
+        self, clock: ManualClock, sightings: dict[str, float], version: str | None = None
+    ) -> None:
         super().__init__(clock)
         self.sightings = sightings  # worker id -> lut
+        self.version = version  # the fleet's Migration3.0 client version
 
     def scan_table(self, record_prefix: str) -> TableScan:
         scan = super().scan_table(record_prefix)
         seen = tuple(KclWorkerSighting(k, v) for k, v in self.sightings.items())
-        return replace(scan, kcl_workers=seen)
+        return replace(scan, kcl_workers=seen, kcl_client_version=self.version)
 
 
 def round_worker(table: MemoryLeaseTable, clock: ManualClock) -> Any:
@@ -702,6 +705,34 @@ def test_a_stopping_worker_hands_its_leases_to_a_kcl3_worker_its_metrics_entity_
         assert (stored.lease_owner, stored.checkpoint_owner) == ("kcl3-worker", ME)
     else:
         assert (stored.lease_owner, stored.checkpoint_owner) == (ME, None)
+
+
+@pytest.mark.parametrize(
+    ("version", "handed"),
+    [
+        (None, 1),
+        ("CLIENT_VERSION_3X", 1),
+        ("CLIENT_VERSION_3X_WITH_ROLLBACK", 1),
+        ("CLIENT_VERSION_UPGRADE_FROM_2X", 0),
+        ("CLIENT_VERSION_2X", 0),
+    ],
+)
+def test_kcl3_workers_of_a_fleet_still_migrating_from_2x_are_not_handed_leases(
+    version: str | None, handed: int
+) -> None:
+    """In CLIENT_VERSION_UPGRADE_FROM_2X (or 2X) a KCL 3.x worker runs as a 2.x one: it writes
+    its metrics but never looks for a lease handed or assigned to it. Handed one anyway, the
+    lease sat idle until it expired; now it is released, as to any KCL 2.x worker."""
+    clock = ManualClock()
+    table = WithKclWorkers(clock, {"kcl3-worker": clock.wall() - 1.0}, version)
+    mine = table.take_lease(put(table, "mine"), ME)
+    assert mine is not None
+    w = round_worker(table, clock)
+    w.holder.add_taken(mine)
+    assert asyncio.run(Taker(w, io).hand_out()) == handed
+    stored = table.get_lease("mine")
+    assert stored is not None
+    assert stored.lease_owner == ("kcl3-worker" if handed else ME)
 
 
 def test_a_round_counts_kcl3_workers_and_asks_them_for_hand_offs() -> None:
