@@ -7,18 +7,29 @@ and the result says which parent is missing; the caller keeps its lease, waits a
 (shard sync creates the missing parent's lease in the meantime), and must not checkpoint SHARD_END
 before the children exist, or the child's hash range is never read. A missing parent that no
 longer exists in the stream (aged out) is passed as ``gone_parents`` and no longer blocks.
+
+``children_of_finished_parents`` names the children whose leases went missing after that step
+(the leader's shard sync creates them again).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Collection, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
 from checkpoint.lease import Lease
 from checkpoint.port import LeaseTable
-from shard_sync.hierarchy import BlockedOnParentShardError, child_leases_at_shard_end
+from checkpoint.sequence import TRIM_HORIZON
+from shard_sync.hierarchy import (
+    BlockedOnParentShardError,
+    NewLease,
+    child_leases_at_shard_end,
+    index_shards,
+    new_leases,
+)
+from shard_sync.shards import Shard
 
 log = logging.getLogger(__name__)
 
@@ -62,3 +73,33 @@ def create_child_leases(
             created.append(spec.shard_id)
             log.info("shard %s: created child lease %s", parent.shard_id, spec.shard_id)
     return ChildLeases(children, tuple(created))
+
+
+def children_of_finished_parents(
+    shards: Sequence[Shard], leased: Collection[str], finished: Collection[str]
+) -> list[NewLease]:
+    """Leases (at TRIM_HORIZON) for listed shards that have none though their parents are done:
+    every parent's lease is at SHARD_END (``finished``) or gone with its shard (neither leased
+    nor listed), at least one is leased, and none of the shard's listed children has a lease.
+
+    A child is leased at its parent's shard end; if that lease goes missing later (deleted by
+    an operator while unowned, or a shard end that named no children), nothing makes it again:
+    the sync rule counts a leased parent as covering its children, and the parent's shard end
+    has passed. The hole audit then synced every third round for ever, and the child's range was
+    never read. (The KCL has the same gap.)"""
+    by_id = index_shards(shards)
+    children: dict[str, list[str]] = {}
+    for shard in by_id.values():
+        for parent in shard.parent_ids:
+            children.setdefault(parent, []).append(shard.shard_id)
+    chosen = []
+    for shard in by_id.values():
+        sid, parents = shard.shard_id, shard.parent_ids
+        if sid in leased or not parents or not any(p in finished for p in parents):
+            continue
+        if not all(p in finished or (p not in leased and p not in by_id) for p in parents):
+            continue
+        if any(child in leased for child in children.get(sid, ())):
+            continue
+        chosen.append(sid)
+    return new_leases(by_id, chosen, TRIM_HORIZON)

@@ -181,7 +181,7 @@ def empty_table_leases(
     """The KCL's EmptyLeaseTableSynchronizer: a lease for every listed shard, at the position."""
     by_id = index_shards(shards)
     _check_consistent(by_id, ignore_unexpected_child_shards)
-    return _new_leases(by_id, by_id.keys(), initial_position.checkpoint)
+    return new_leases(by_id, by_id.keys(), initial_position.checkpoint)
 
 
 def non_empty_table_leases(
@@ -208,7 +208,7 @@ def non_empty_table_leases(
         if not walk.is_covered(sid):
             chosen.add(sid)
     chosen |= walk.ancestors_to_lease
-    return _new_leases(by_id, chosen, initial_position.checkpoint)
+    return new_leases(by_id, chosen, initial_position.checkpoint)
 
 
 class _AncestryWalk:
@@ -309,37 +309,7 @@ def _check_consistent(by_id: Mapping[str, Shard], ignore_unexpected: bool) -> se
     return inconsistent
 
 
-def children_of_finished_parents(
-    shards: Sequence[Shard], leased: Collection[str], finished: Collection[str]
-) -> list[NewLease]:
-    """Leases (at TRIM_HORIZON) for listed shards that have none though their parents are done:
-    every parent's lease is at SHARD_END (``finished``) or gone with its shard (neither leased
-    nor listed), at least one is leased, and none of the shard's listed children has a lease.
-
-    A child is leased at its parent's shard end; if that lease goes missing later (deleted by
-    an operator while unowned, or a shard end that named no children), nothing makes it again:
-    the sync rule counts a leased parent as covering its children, and the parent's shard end
-    has passed. The hole audit then synced every third round for ever, and the child's range was
-    never read. (The KCL has the same gap.)"""
-    by_id = index_shards(shards)
-    children: dict[str, list[str]] = {}
-    for shard in by_id.values():
-        for parent in shard.parent_ids:
-            children.setdefault(parent, []).append(shard.shard_id)
-    chosen = []
-    for shard in by_id.values():
-        sid, parents = shard.shard_id, shard.parent_ids
-        if sid in leased or not parents or not any(p in finished for p in parents):
-            continue
-        if not all(p in finished or (p not in leased and p not in by_id) for p in parents):
-            continue
-        if any(child in leased for child in children.get(sid, ())):
-            continue
-        chosen.append(sid)
-    return _new_leases(by_id, chosen, TRIM_HORIZON)
-
-
-def _new_leases(
+def new_leases(
     by_id: Mapping[str, Shard], shard_ids: Iterable[str], checkpoint: ExtendedSequenceNumber
 ) -> list[NewLease]:
     ordered = sorted(shard_ids, key=lambda sid: (by_id[sid].starting_sequence_int, sid))

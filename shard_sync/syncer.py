@@ -19,9 +19,10 @@ from checkpoint.counters import CoordinationCounters, Counter
 from checkpoint.lease import HashKeyRange, Lease, in_stream
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import InitialPosition
+from shard_sync.children import children_of_finished_parents
 from shard_sync.discovery import ShardLister, shard_filter_for
 from shard_sync.false_ends import false_shard_ends, reopened
-from shard_sync.hierarchy import children_of_finished_parents, leases_to_create
+from shard_sync.hierarchy import leases_to_create
 from shard_sync.shards import Shard, find_hash_range_holes
 
 log = logging.getLogger(__name__)

@@ -15,9 +15,9 @@ from checkpoint.sequence import (
     InitialPosition,
 )
 from checkpoint.stores.memory import MemoryLeaseTable
+from shard_sync.children import children_of_finished_parents
 from shard_sync.cleanup import LeaderMaintenance, completed_leases_to_delete, garbage_leases
 from shard_sync.false_ends import false_shard_ends
-from shard_sync.hierarchy import children_of_finished_parents
 from shard_sync.shards import Shard
 from shard_sync.syncer import ShardSyncer
 
