@@ -7,14 +7,11 @@ the lanes).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -25,13 +22,11 @@ from tenacity import (
 from tenacity.stop import stop_base
 
 from checkpoint.base.retry import Backoff
-from checkpoint.checkpointer import CheckpointError
-from checkpoint.sequence import ExtendedSequenceNumber
-from kclpy_spark.spark.acks import DEAD_LETTERED, FAILED, WRITTEN, AckSet, SinkFailedError
+from kclpy_spark.spark.acks import DEAD_LETTERED, FAILED, WRITTEN, AckSet
 from kclpy_spark.spark.batch_life import Batch, LaneEvents
-from kclpy_spark.spark.frames import ExecutorFrames, RangeChunk, stored_rows_lost
-from kclpy_spark.spark.lane import Cut, Lane, TwoPhaseCheckpointer
-from kclpy_spark.spark.pieces import SCHEMA, PendingState, Piece, batch_id_of
+from kclpy_spark.spark.batch_prep import BY_SINK, BatchPreparer
+from kclpy_spark.spark.frames import RangeChunk, stored_rows_lost
+from kclpy_spark.spark.lane import Cut, Lane
 from kclpy_spark.spark.settings import BatcherSettings
 from kclpy_spark.spark.sink_batch import (
     BatchSink,
@@ -41,7 +36,6 @@ from kclpy_spark.spark.sink_batch import (
     SinkRoute,
     ToDataFrame,
     needs_order,
-    per_piece,
 )
 from kclpy_spark.spark.timed_write import (
     TimedWrites,
@@ -61,10 +55,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-# With several sinks, a lease's stored sink token is {BY_SINK: {sink name: token}}.
-BY_SINK = "by_sink"
 
 
 class _LanesGone(stop_base):
@@ -105,12 +95,8 @@ class BatchWriter:
         if not routes or len({r.name for r in routes}) != len(routes):
             raise ValueError("a BatchWriter needs sinks with distinct names")
         self._routes = tuple(routes)
-        # Whether a lease's pending checkpoint names its batch's other pieces (IdempotentPerPiece).
-        self._own_groups = all(per_piece(r.sink) for r in self._routes)
         self._s = settings
         self._events = events
-        self._to_df = to_df
-        self._parse = parse  # a DataFrame read on the executors into the value schema
         self._sleep = sleep
         self._timed = TimedWrites(settings.writers, interrupter, watchdog)
         # A sink's prepare and a dead-letter write, timed as writes on threads of their own: on
@@ -119,6 +105,7 @@ class BatchWriter:
         self._side = TimedWrites(
             settings.writers, interrupter, self._timed.watchdog, name="kclpy-spark-sink-write-side"
         )
+        self._prep = BatchPreparer(self._routes, events, self._side, to_df, parse)
         self._backoff = Backoff(base=settings.retry_base_delay, cap=settings.retry_max_delay)
 
     @property
@@ -196,7 +183,7 @@ class BatchWriter:
         False when the batch was given up on here."""
         started = time.perf_counter()
         try:
-            self._retrying(batch, self._s.max_attempts, None)(self._prepare, batch)
+            self._retrying(batch, self._s.max_attempts, None)(self._prep.prepare, batch)
         except WriteThreadsClosedError:
             raise  # closing: the batch is abandoned, not failed
         except Exception as exc:
@@ -278,7 +265,7 @@ class BatchWriter:
         started = time.perf_counter()
         prepared = started
         try:
-            self._prepare(batch)
+            self._prep.prepare(batch)
             prepared = time.perf_counter()
             if batch.parts:
                 batch.attempts[route.name] = batch.attempts.get(route.name, 0) + 1
@@ -299,81 +286,6 @@ class BatchWriter:
         }
         attempt = batch.attempts.get(route.name, 0)
         return dataclasses.replace(batch.sink_batch, tokens=tokens, attempt=attempt)
-
-    def _prepare(self, batch: Batch) -> None:
-        """Tokens, then each cut's pending checkpoint (once per batch), then the SinkBatch."""
-        if not batch.tokens_ready:
-            fresh = [cut.piece for _, cut in batch.parts if not cut.replayed]
-            given = {r.name: self._tokens(r, fresh) for r in self._routes}
-            for lane, cut in batch.parts:
-                if not cut.replayed:
-                    by_sink = {name: t.get(lane.lease_key) for name, t in given.items()}
-                    if len(self._routes) > 1:
-                        token: Any = {BY_SINK: by_sink}
-                    else:
-                        token = next(iter(by_sink.values()))
-                    self._events.tokened(lane, cut, token)
-            batch.tokens_ready = True
-        while not self._prepare_pending(batch):
-            # A cut left the batch: the pending checkpoints written so far name the old
-            # composition, so the survivors' are written again with the new one.
-            batch.prepared.clear()
-            batch.sink_batch = None
-        if batch.sink_batch is None and batch.parts:
-            chunks = [c for _, cut in batch.parts for c in cut.chunks]
-            pieces = tuple(cut.piece for _, cut in batch.parts)
-            ranges = [c for c in chunks if isinstance(c, RangeChunk)]
-            batch.sink_batch = SinkBatch(
-                batch_id_of([p.key for p in pieces]),
-                pieces,
-                None if ranges else pa.Table.from_batches([c.batch for c in chunks], SCHEMA),
-                {lane.lease_key: cut.token for lane, cut in batch.parts},
-                to_df=self._to_df,
-                frames=ExecutorFrames(ranges, self._parse) if ranges else None,
-            )
-
-    def _prepare_pending(self, batch: Batch) -> bool:
-        """Write the pending checkpoint of each cut not yet prepared (listing every cut of its
-        lane out, pipelined ones included); False when a cut had to leave the batch (its lease
-        cannot take a checkpoint any more, or it was put back meanwhile)."""
-        for lane, cut in list(batch.parts):
-            if id(cut) in batch.prepared:
-                continue
-            write = functools.partial(_write_pending, lane.checkpointer)
-            group = (cut.key,) if self._own_groups else batch.group
-            try:
-                if not self._events.write_pending(lane, cut, group, write):
-                    batch.parts.remove((lane, cut))  # put back meanwhile
-                    return False
-            except CheckpointError as exc:
-                if exc.retry_may_help:
-                    raise
-                log.warning("lease %s: cannot prepare its checkpoint (%s)", lane.lease_key, exc)
-                batch.parts.remove((lane, cut))  # put back by write_pending (not_prepared)
-                return False
-            batch.prepared.add(id(cut))
-            self._events.prepared(lane, cut)
-        return True
-
-    def _tokens(self, route: SinkRoute, pieces: list[Piece]) -> Mapping[str, Any]:
-        if not pieces:
-            return {}
-        sink = route.sink
-        index = self._routes.index(route)
-        try:
-            # Timed as a write: delta:'s reads its table's log, under a lock its writers share.
-            return self._side.call(
-                lambda: sink.prepare(pieces),
-                route.write_timeout,
-                f"kclpy-spark-prepare-{index}-{uuid.uuid4().hex[:8]}",
-                f"preparing {len(pieces)} piece(s) for sink {route.name!r}",
-            )
-        except WriteThreadsClosedError:
-            raise
-        except Exception as exc:
-            if len(self._routes) > 1:
-                raise SinkFailedError(route.name, exc) from exc
-            raise
 
     def _write_once(self, view: SinkBatch, route: SinkRoute) -> None:
         index = self._routes.index(route)
@@ -411,14 +323,6 @@ def _rereadable(batch: Batch, error: BaseException) -> bool:
     chunks = [c for _, cut in batch.parts for c in cut.chunks]
     return (
         bool(chunks) and all(isinstance(c, RangeChunk) for c in chunks) and stored_rows_lost(error)
-    )
-
-
-def _write_pending(
-    checkpointer: TwoPhaseCheckpointer, target: ExtendedSequenceNumber, state: PendingState
-) -> None:
-    checkpointer.prepare_checkpoint(
-        target.sequence_number, target.sub_sequence_number, state.encode()
     )
 
 

@@ -1,0 +1,131 @@
+"""Preparing one batch before any sink writes: each sink's tokens for its fresh pieces (its
+``prepare``, timed as a write), each cut's pending checkpoint (listing every cut of its lane out),
+then the ``SinkBatch`` the sinks get. The batch's lanes change only through ``LaneEvents``."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+
+from checkpoint.checkpointer import CheckpointError
+from checkpoint.sequence import ExtendedSequenceNumber
+from kclpy_spark.spark.acks import SinkFailedError
+from kclpy_spark.spark.batch_life import Batch, LaneEvents
+from kclpy_spark.spark.frames import ExecutorFrames, RangeChunk
+from kclpy_spark.spark.lane import TwoPhaseCheckpointer
+from kclpy_spark.spark.pieces import SCHEMA, PendingState, Piece, batch_id_of
+from kclpy_spark.spark.sink_batch import SinkBatch, SinkRoute, ToDataFrame, per_piece
+from kclpy_spark.spark.timed_write import TimedWrites, WriteThreadsClosedError
+
+log = logging.getLogger(__name__)
+
+# With several sinks, a lease's stored sink token is {BY_SINK: {sink name: token}}.
+BY_SINK = "by_sink"
+
+
+class BatchPreparer:
+    """``prepare(batch)``: tokens, pending checkpoints and the SinkBatch, for ``routes``."""
+
+    def __init__(
+        self,
+        routes: Sequence[SinkRoute],
+        events: LaneEvents,
+        calls: TimedWrites,
+        to_df: ToDataFrame | None,
+        parse: Any,
+    ) -> None:
+        self._routes = tuple(routes)
+        self._events = events
+        self._calls = calls  # where a sink's prepare runs, timed
+        self._to_df = to_df
+        self._parse = parse  # a DataFrame read on the executors into the value schema
+        # Whether a lease's pending checkpoint names its batch's other pieces (IdempotentPerPiece).
+        self._own_groups = all(per_piece(r.sink) for r in self._routes)
+
+    def prepare(self, batch: Batch) -> None:
+        """Tokens, then each cut's pending checkpoint (once per batch), then the SinkBatch."""
+        if not batch.tokens_ready:
+            fresh = [cut.piece for _, cut in batch.parts if not cut.replayed]
+            given = {r.name: self._tokens(r, fresh) for r in self._routes}
+            for lane, cut in batch.parts:
+                if not cut.replayed:
+                    by_sink = {name: t.get(lane.lease_key) for name, t in given.items()}
+                    if len(self._routes) > 1:
+                        token: Any = {BY_SINK: by_sink}
+                    else:
+                        token = next(iter(by_sink.values()))
+                    self._events.tokened(lane, cut, token)
+            batch.tokens_ready = True
+        while not self._prepare_pending(batch):
+            # A cut left the batch: the pending checkpoints written so far name the old
+            # composition, so the survivors' are written again with the new one.
+            batch.prepared.clear()
+            batch.sink_batch = None
+        if batch.sink_batch is None and batch.parts:
+            chunks = [c for _, cut in batch.parts for c in cut.chunks]
+            pieces = tuple(cut.piece for _, cut in batch.parts)
+            ranges = [c for c in chunks if isinstance(c, RangeChunk)]
+            batch.sink_batch = SinkBatch(
+                batch_id_of([p.key for p in pieces]),
+                pieces,
+                None if ranges else pa.Table.from_batches([c.batch for c in chunks], SCHEMA),
+                {lane.lease_key: cut.token for lane, cut in batch.parts},
+                to_df=self._to_df,
+                frames=ExecutorFrames(ranges, self._parse) if ranges else None,
+            )
+
+    def _prepare_pending(self, batch: Batch) -> bool:
+        """Write the pending checkpoint of each cut not yet prepared (listing every cut of its
+        lane out, pipelined ones included); False when a cut had to leave the batch (its lease
+        cannot take a checkpoint any more, or it was put back meanwhile)."""
+        for lane, cut in list(batch.parts):
+            if id(cut) in batch.prepared:
+                continue
+            write = functools.partial(_write_pending, lane.checkpointer)
+            group = (cut.key,) if self._own_groups else batch.group
+            try:
+                if not self._events.write_pending(lane, cut, group, write):
+                    batch.parts.remove((lane, cut))  # put back meanwhile
+                    return False
+            except CheckpointError as exc:
+                if exc.retry_may_help:
+                    raise
+                log.warning("lease %s: cannot prepare its checkpoint (%s)", lane.lease_key, exc)
+                batch.parts.remove((lane, cut))  # put back by write_pending (not_prepared)
+                return False
+            batch.prepared.add(id(cut))
+            self._events.prepared(lane, cut)
+        return True
+
+    def _tokens(self, route: SinkRoute, pieces: list[Piece]) -> Mapping[str, Any]:
+        if not pieces:
+            return {}
+        sink = route.sink
+        index = self._routes.index(route)
+        try:
+            # Timed as a write: delta:'s reads its table's log, under a lock its writers share.
+            return self._calls.call(
+                lambda: sink.prepare(pieces),
+                route.write_timeout,
+                f"kclpy-spark-prepare-{index}-{uuid.uuid4().hex[:8]}",
+                f"preparing {len(pieces)} piece(s) for sink {route.name!r}",
+            )
+        except WriteThreadsClosedError:
+            raise
+        except Exception as exc:
+            if len(self._routes) > 1:
+                raise SinkFailedError(route.name, exc) from exc
+            raise
+
+
+def _write_pending(
+    checkpointer: TwoPhaseCheckpointer, target: ExtendedSequenceNumber, state: PendingState
+) -> None:
+    checkpointer.prepare_checkpoint(
+        target.sequence_number, target.sub_sequence_number, state.encode()
+    )
