@@ -11,10 +11,12 @@ so the listing holds exactly the shards open at that point; any closed ones amon
 their end, and their children are then found through GetRecords' ChildShards (rule below).
 
 *Non-empty lease table.* Start from every open shard that has no lease and walk towards its
-parents (a parent missing from the listing has aged out of retention and is ignored). A shard is
-*covered* (the KCL says "descendant") when it has a lease, or when one of its parents is covered
-or is marked to be read from the start. With TRIM_HORIZON or AT_TIMESTAMP, a shard reached by the
-walk that is not covered is marked to be read from the start; with LATEST nothing is marked.
+parents (a parent missing from the listing has aged out of retention and is ignored, unless it
+still has a lease: the listing lagged or lost a page, and the parent covers its children). A
+shard is *covered* (the KCL says "descendant") when it has a lease, or when one of its parents is
+covered or is marked to be read from the start. With TRIM_HORIZON or AT_TIMESTAMP, a shard
+reached by the walk that is not covered is marked to be read from the start; with LATEST nothing
+is marked.
 When a shard is covered, each of its parents that has no lease and is not covered itself is the
 oldest un-leased ancestor on that line: it gets a lease, so the hash range it held is not skipped.
 An open shard that is covered gets no lease now (its parents' SHARD_END will create it, after they

@@ -7,8 +7,9 @@ absent attribute. kclpy-spark's parking fields are two extra attributes the KCL 
 only when they differ from their defaults. ``throughputKBps`` (KCL 3.x) is read, and written only
 by renewals. A multi-stream lease is created with the KCL's ``streamName`` and ``shardId`` too
 (``DynamoDBMultiStreamLeaseSerializer``: a Java multi-stream worker reads both, and fails on a
-lease without them); we read neither (the lease key holds both). Attributes we do not model are
-ignored on reading and, because state changes use UpdateItem, kept on writing.
+lease without them), and every write of one sets them again, as the KCL's does (a lease made
+before they were written gets them); we read neither (the lease key holds both). Attributes we
+do not model are ignored on reading and, because state changes use UpdateItem, kept on writing.
 
 Reading is strict where the KCL could not work either: a missing ``leaseCounter`` or ``checkpoint``,
 an attribute of the wrong type, a non-numeric N, or a bad sequence number raise
@@ -140,9 +141,7 @@ def lease_to_item(lease: Lease) -> dict[str, AttributeValueTypeDef]:
     }
     if lease.lease_owner is not None:
         item[LEASE_OWNER] = s_value(lease.lease_owner)
-    if lease.stream_key is not None:
-        item[STREAM_NAME] = s_value(lease.stream_key)
-        item[SHARD_ID] = s_value(lease.shard_id)
+    item.update(stream_values(lease))
     if lease.parent_shard_ids:
         item[PARENT_SHARD_IDS] = ss_value(lease.parent_shard_ids)
     if lease.hash_key_range is not None:
@@ -156,6 +155,20 @@ def lease_to_item(lease: Lease) -> dict[str, AttributeValueTypeDef]:
     set_values, _ = progress_changes(lease)
     item.update(set_values)
     return item
+
+
+def stream_values(lease: Lease) -> dict[str, AttributeValueTypeDef]:
+    """A multi-stream lease's ``streamName`` and ``shardId``, which the KCL writes with every
+    update too (a lease created before they were written gets them at its next write); none for
+    a single-stream lease."""
+    if lease.stream_key is None:
+        return {}
+    return {STREAM_NAME: s_value(lease.stream_key), SHARD_ID: s_value(lease.shard_id)}
+
+
+def counter_values(stamp: WriteStamp) -> dict[str, AttributeValueTypeDef]:
+    """A counted write's new counter and its stamp."""
+    return {LEASE_COUNTER: n_value(stamp.counter), **stamp_values(stamp)}
 
 
 def stamp_values(stamp: WriteStamp) -> dict[str, AttributeValueTypeDef]:

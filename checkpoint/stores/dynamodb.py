@@ -234,10 +234,10 @@ class DynamoDBLeaseTable(DynamoCalls):
         condition that the stored counter (if ``counted``; and actual owner, if ``check_owner``;
         checkpoint, if ``check_checkpoint``; lease and checkpoint owner, if ``check_handoff``)
         are ``lease``'s. A counted write is stamped once (the new counter, this write's time)."""
+        sets = {**sets, **codec.stream_values(lease)}  # a copy: the caller's is left alone
         stamp = WriteStamp(lease.lease_counter + 1, self._clock.wall()) if counted else None
         if stamp is not None:
-            sets = {**sets, codec.LEASE_COUNTER: codec.n_value(stamp.counter)}
-            sets.update(codec.stamp_values(stamp))
+            sets.update(codec.counter_values(stamp))
         expect = dict(sets)  # what the item holds once this write landed
 
         def build(expr: Expr) -> dict[str, Any]:

@@ -30,7 +30,8 @@ from typing import Any, Protocol
 from checkpoint.base.clock import Clock, SystemClock
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.base.retry import Backoff
-from checkpoint.sequence import ExtendedSequenceNumber
+from checkpoint.sequence import AT_TIMESTAMP, LATEST, ExtendedSequenceNumber
+from kclpy_spark.retrieval.positions import LATEST_RESTART_MARGIN
 from kclpy_spark.retrieval.source import FetchedBatch, ReadElsewhere
 from kclpy_spark.spark.cluster_read import RangeRead, StoredReads, cluster_cores, read_ranges
 from kclpy_spark.spark.frames import RangeChunk
@@ -146,6 +147,10 @@ class _Entry:
     failures: int = 0
     ended: bool = False
     behind: bool = False  # its last read left records waiting: it may join a round early
+    # A lease that starts at LATEST: when (wall clock, the restart margin earlier) its first
+    # range asked; every later range before its first record starts there (AT_TIMESTAMP), so an
+    # iterator replaced meanwhile (expired between rounds) skips nothing.
+    latest_since: float | None = None
 
 
 class ExecutorReads:
@@ -342,7 +347,12 @@ class ExecutorReads:
         if entry.behind:
             records = max(records, s.max_records // (2 * behind))
             nbytes = max(nbytes, s.max_bytes // (2 * behind))
-        after = slot.read_to or src.start
+        after, timestamp = slot.read_to or src.start, src.timestamp
+        if after == LATEST:
+            if entry.latest_since is None:
+                entry.latest_since = self._clock.wall() - LATEST_RESTART_MARGIN
+            else:
+                after, timestamp = AT_TIMESTAMP, entry.latest_since
         pinned = None
         if slot.unfilled is not None:
             last, first = slot.unfilled
@@ -361,7 +371,7 @@ class ExecutorReads:
             read_rate=s.read_rate,
             kpl=s.kpl,
             hash_range=src.hash_range,
-            timestamp=src.timestamp,
+            timestamp=timestamp,
             iterator=entry.iterator if continues else None,
             pinned=pinned,
             delay=max(0.0, entry.next_read_at - now),
@@ -400,20 +410,38 @@ class ExecutorReads:
                     entry.iterator = entry.iterator_at = None
                     entry.next_read_at = self._paced(end, now + rng.delay)
                 return
+        # Lag 0 on a full page (or one past the range) says nothing of the tip: given as
+        # unknown, so nothing takes it for caught up (``--until-caught-up``); a positive lag is
+        # the shard's and shows.
+        lag = None if end.left_behind and not end.millis_behind_latest else end.millis_behind_latest
+        if end.rows == 0 and end.calls == 0 and end.throttled:
+            return self._throttled(entry, now)
         with self._lock:
             entry.failures = 0
-            entry.lag = end.millis_behind_latest
+            entry.lag = lag
             entry.ended = end.shard_ended
             at = end.last if end.last is not None else rng.after
+            if at == LATEST:  # the next range asks AT_TIMESTAMP (``_range``): it continues
+                at = AT_TIMESTAMP
             entry.iterator, entry.iterator_at = end.next_iterator, at
             entry.next_read_at = self._next_read(rng, end, now)
             entry.behind = is_behind(rng, end)
         children = [dict(c) for c in end.child_shards]
         last = end.last.sequence_number if end.last is not None else None
         counted = ReadElsewhere(end.rows, end.nbytes, last, end.throttled)
-        entry.post(
-            FetchedBatch([], end.millis_behind_latest, end.shard_ended, children, elsewhere=counted)
-        )
+        entry.post(FetchedBatch([], lag, end.shard_ended, children, elsewhere=counted))
+
+    def _throttled(self, entry: _Entry, now: float) -> None:
+        """The range got no iterator within its budget, every ask throttled (other consumers of
+        the shard): backed off as a failure is, growing, but not told to its consumer as one
+        (throttling never parks a lease); it was taken for a read at the tip, due again a second
+        later, and every round holding it lasted its whole budget."""
+        with self._lock:
+            entry.failures += 1
+            entry.behind = False
+            entry.iterator = entry.iterator_at = None
+            soonest = self._clock.monotonic() + self._s.min_interval
+            entry.next_read_at = max(now + self._backoff.delay(entry.failures), soonest)
 
     def _next_read(self, rng: ReadRange, end: RangeEnd, began: float) -> float:
         """When the lease is read next: as soon as the shard may be called again (``_paced``: a

@@ -529,6 +529,15 @@ def test_dynamodb_writes_exactly_the_kcl_attributes(
     assert got is not None
     assert dynamo.update_lease(replace(got, checkpoint=ExtendedSequenceNumber(SEQ))) is not None
     assert raw_item(dynamodb_client, dynamo.table_name, key)["shardId"] == item["shardId"]
+    # A lease made before they were written gets them at its next write (as the KCL's do).
+    dynamodb_client.update_item(
+        TableName=dynamo.table_name, Key={"leaseKey": {"S": key}},
+        UpdateExpression="REMOVE streamName, shardId",
+    )  # fmt: skip
+    old = dynamo.get_lease(key)
+    assert old is not None and dynamo.take_lease(old, "w2") is not None
+    again = raw_item(dynamodb_client, dynamo.table_name, key)
+    assert (again["streamName"], again["shardId"]) == (item["streamName"], item["shardId"])
 
 
 def test_dynamodb_a_scan_shows_the_kcl_fleet_s_client_version(

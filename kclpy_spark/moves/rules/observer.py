@@ -201,14 +201,15 @@ class LeaseObserver:
 
     def _moved(self, lease: Lease) -> bool:
         """Whether ``lease``'s current counter was written by a move to another worker (the
-        worker processing it changed with the counter), remembered until the counter moves on."""
+        worker processing it changed with the counter, from another or from none), remembered
+        until the counter moves on."""
         before = self._seen.get(lease.lease_key)
         if before is None:
             return False
         if before.counter == lease.lease_counter:
             return before.moved
-        actual = lease.actual_owner
-        return before.actual is not None and actual is not None and actual != before.actual
+        actual = lease.actual_owner  # a lease assigned from unowned (a KCL leader after a
+        return actual is not None and actual != before.actual  # reshard) is moved too
 
     def _limit(self, moved: bool) -> float:
         """How long a lease's counter may stay unchanged before it counts as expired."""

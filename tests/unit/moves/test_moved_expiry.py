@@ -49,3 +49,13 @@ def test_after_its_first_renewal_a_moved_lease_expires_after_one_lease_duration(
     renewed = [lease("kcl-K", 7, WALL0 + 13.0), *busy(9)]  # K's first renewal at 13 s
     assert not taken_by_q(observer, renewed, 14.0)
     assert taken_by_q(observer, [lease("kcl-K", 7, WALL0 + 13.0), *busy(20)], 25.5)
+
+
+def test_a_lease_assigned_from_unowned_to_a_kcl_worker_waits_for_its_first_renewal() -> None:
+    """A KCL 3.x leader assigns the children of a reshard (created unowned) to its workers:
+    seen going from no owner to K, the lease got one lease duration and was taken at 11 s."""
+    observer = LeaseObserver(TIMING)
+    observer.observe([Lease("shardId-1", TRIM_HORIZON), *busy(1)], now=0.0, wall=WALL0)
+    assigned = [lease("kcl-K", 1, WALL0 + 0.5), *busy(5)]
+    assert not taken_by_q(observer, assigned, 12.0)
+    assert taken_by_q(observer, [lease("kcl-K", 1, WALL0 + 0.5), *busy(9)], 22.0)

@@ -10,12 +10,15 @@ import pytest
 from botocore.exceptions import ClientError
 
 from checkpoint.base.clock import ManualClock
-from checkpoint.sequence import ExtendedSequenceNumber
+from checkpoint.sequence import AT_TIMESTAMP, LATEST, ExtendedSequenceNumber
+from kclpy_spark.retrieval.positions import LATEST_RESTART_MARGIN
 from kclpy_spark.retrieval.range_reader import RangeReader, RangeReadTimeoutError
-from kclpy_spark.spark.executor_reads import ExecutorReads, LeaseSource, ReadSettings
+from kclpy_spark.spark.cluster_read import RangeRead
+from kclpy_spark.spark.executor_reads import ExecutorReads, LeaseSource, ReadSettings, ReadSlot
 from kclpy_spark.spark.range_tasks import AwsTarget
 from kclpy_spark.spark.ranges import Pinned, RangeEnd, ReadRange
 from kclpy_spark.spark.read_timing import is_behind, round_leases
+from tests.unit.spark.test_read_rounds import make_lane
 
 KEY = "shardId-000000000000"
 STREAM = {"StreamName": "s"}
@@ -127,3 +130,74 @@ def test_a_failed_lease_keeps_its_pause_when_its_consumer_starts_it_again() -> N
     executor_reads.unregister(again)
     fresh = executor_reads.register(source, lambda item: None)
     assert (fresh.next_read_at, fresh.failures) == (0.0, 0)
+
+
+def test_a_lease_at_latest_reads_from_where_its_first_range_began_until_a_record_comes() -> None:
+    """Its iterator, carried from round to round, expired before the first record (a lease not
+    read for five minutes): the replacement was LATEST again and skipped what came in between."""
+    clock = ManualClock()
+    executor_reads = reads(clock)
+    entry = executor_reads.register(LeaseSource(KEY, "s", STREAM, KEY, LATEST), lambda _: None)
+    slot = ReadSlot(make_lane(), None, None)
+    first = executor_reads._range(entry, slot, leases=1, behind=0, now=clock.monotonic())
+    assert (first.after, first.iterator) == (LATEST, None)
+    since = clock.wall() - LATEST_RESTART_MARGIN
+    nothing = RangeEnd(KEY, None, None, 0, 0, millis_behind_latest=0, next_iterator="it-1", calls=1)
+    executor_reads._found(entry, slot, first, RangeRead(None, {KEY: nothing}), clock.monotonic())
+    clock.advance(400.0)
+    second = executor_reads._range(entry, slot, leases=1, behind=0, now=clock.monotonic())
+    assert (second.after, second.timestamp, second.iterator) == (AT_TIMESTAMP, since, "it-1")
+
+    class Expired(Client):
+        async def get_records(self, **_: Any) -> dict[str, Any]:
+            if not self.asked:  # the carried iterator, five minutes old
+                error = {"Code": "ExpiredIteratorException", "Message": "expired"}
+                raise ClientError({"Error": error}, "GetRecords")
+            return {"Records": [], "NextShardIterator": "it-2", "MillisBehindLatest": 0}
+
+    client = Expired()
+    client.asked: list[dict[str, Any]] = []  # type: ignore[misc]
+    original = client.get_shard_iterator
+
+    async def asking(**kwargs: Any) -> dict[str, Any]:
+        client.asked.append(kwargs)
+        return await original(**kwargs)
+
+    client.get_shard_iterator = asking  # type: ignore[method-assign]
+    read(client, second, clock)
+    assert [a["ShardIteratorType"] for a in client.asked] == ["AT_TIMESTAMP"]
+    assert client.asked[0]["Timestamp"].timestamp() == pytest.approx(since)
+
+
+def test_a_full_page_at_lag_0_is_not_taken_for_the_tip() -> None:
+    """A full page's lag now shows (a backlog's lag), but lag 0 on a full page is no tip: the
+    consumer's --until-caught-up took it for one and stopped with records unread."""
+    clock = ManualClock()
+    executor_reads = reads(clock)
+    posted: list[Any] = []
+    entry = executor_reads.register(LeaseSource(KEY, "s", STREAM, KEY, esn(10)), posted.append)
+    slot = ReadSlot(make_lane(), None, None)
+    rng = executor_reads._range(entry, slot, leases=1, behind=0, now=clock.monotonic())
+    for lag, told in ((0, None), (5_000, 5_000)):
+        full = RangeEnd(KEY, None, None, 0, 0, millis_behind_latest=lag, left_behind=True, calls=1)
+        executor_reads._found(entry, slot, rng, RangeRead(None, {KEY: full}), clock.monotonic())
+        assert posted[-1].millis_behind_latest == told and entry.lag == told
+
+
+def test_a_range_that_got_no_iterator_for_throttling_backs_off_without_a_failure() -> None:
+    """It counted as a read at the tip: due a second later with its failures reset, it joined
+    every round and spent its whole budget in each (every lease of the job waited)."""
+    clock = ManualClock()
+    executor_reads = reads(clock)
+    posted: list[Any] = []
+    entry = executor_reads.register(LeaseSource(KEY, "s", STREAM, KEY, esn(10)), posted.append)
+    slot = ReadSlot(make_lane(), None, None)
+    rng = executor_reads._range(entry, slot, leases=1, behind=0, now=clock.monotonic())
+    none = RangeEnd(KEY, None, None, 0, 0, throttled=7)  # no GetRecords call: no iterator came
+    waits = []
+    for _ in range(3):
+        now = clock.monotonic()
+        executor_reads._found(entry, slot, rng, RangeRead(None, {KEY: none}), now)
+        waits.append(entry.next_read_at - now)
+    assert posted == []  # nothing for the consumer to count: throttling never parks a lease
+    assert entry.failures == 3 and waits[0] >= ReadSettings().min_interval
