@@ -20,7 +20,7 @@ from kclpy_spark.spark.frames import ExecutorFrames, RangeChunk
 from kclpy_spark.spark.lane import TwoPhaseCheckpointer
 from kclpy_spark.spark.pieces import SCHEMA, PendingState, Piece, batch_id_of
 from kclpy_spark.spark.sink_batch import SinkBatch, SinkRoute, ToDataFrame, per_piece
-from kclpy_spark.spark.timed_write import TimedWrites, WriteThreadsClosedError
+from kclpy_spark.spark.timed_write import TimedWrites, WriteHungError, WriteThreadsClosedError
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +115,8 @@ class BatchPreparer:
                 f"kclpy-spark-prepare-{index}-{uuid.uuid4().hex[:8]}",
                 f"preparing {len(pieces)} piece(s) for sink {route.name!r}",
             )
-        except WriteThreadsClosedError:
-            raise
+        except (WriteThreadsClosedError, WriteHungError):
+            raise  # not a sink's failure to wrap: closing, or never tried again while it runs
         except Exception as exc:
             if len(self._routes) > 1:
                 raise SinkFailedError(route.name, exc) from exc

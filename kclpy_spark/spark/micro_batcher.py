@@ -347,14 +347,14 @@ class MicroBatcher:
         if lane.replaying:
             return False  # it may need more records before anything can be flushed
         active = [x for x in self._lanes.values() if x.state is LaneState.ACTIVE]
-        limit = self.settings.buffer_limit
-        if sum(x.nbytes for x in active) < limit:
-            return False
+        limit, buffered = self.settings.buffer_limit, sum(x.nbytes for x in active)
         # Full: only a lane holding at least an equal share waits. A lease whose write is slow
         # (one batch in flight, its records piling up) filled the buffer and stopped every
-        # other lease's delivery until that write ended; now the others go on, and the buffer
-        # holds less than twice its limit.
-        return lane.nbytes >= limit / max(1, len(active))
+        # other lease's delivery until that write ended; now the others go on, up to twice the
+        # limit, where every lane waits (the buffer holds less than that and one delivery).
+        if buffered < limit:
+            return False
+        return buffered >= 2 * limit or lane.nbytes >= limit / max(1, len(active))
 
     def _close_locked(self, lane: Lane) -> None:
         lane.close()

@@ -79,8 +79,9 @@ def plan_due(
         plans.append(Plan(tuple(members), budgeted=False))
 
     fresh = [x for x in lanes if x.can_cut() and not x.replaying]
-    active = [x for x in lanes if x.state is LaneState.ACTIVE]
-    pressure = sum(x.nbytes for x in active) >= s.buffer_limit
+    # A full buffer cuts now, counting the lanes a cut can free: a lane whose write is slow (it
+    # cannot cut) kept the buffer full, and every other lane was cut at each delivery.
+    pressure = sum(x.nbytes for x in fresh) >= s.buffer_limit
     by_age = sorted(fresh, key=lambda x: x.oldest if x.oldest is not None else now)
     if s.scope == "lease":
         for lane in by_age:

@@ -128,8 +128,9 @@ class BatchWriter:
     @property
     def hung_writes(self) -> int:
         """Writes given up on (no answer within timeout and grace) that are still running
-        (sink writes, and prepares and dead-letter writes)."""
-        return self._timed.threads.hung + self._side.threads.hung
+        (sink writes; prepares and dead-letter writes hang on threads of their own, capped
+        alike)."""
+        return self._timed.threads.hung
 
     def close(self) -> None:
         """Writes not started are not started any more (their batch is abandoned, not failed);

@@ -7,8 +7,10 @@ Real Checkpointers over a MemoryLeaseTable, a ManualClock and a fake sink; no sl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,7 +30,7 @@ from checkpoint.stores.memory import MemoryLeaseTable
 from checkpoint.stores.sqlite import SQLiteLeaseTable
 from checkpoint.stores.sqlite_pool import POOL_SIZE
 from kclpy_spark.processor import Record
-from kclpy_spark.spark.lane import Lane, LaneState
+from kclpy_spark.spark.lane import Lane, LaneClosedError, LaneState
 from kclpy_spark.spark.micro_batcher import (
     BatcherClosedError,
     BatcherSettings,
@@ -734,6 +736,7 @@ def test_a_full_buffer_holds_back_only_the_leases_holding_their_share_of_it() ->
         for shard in SHARDS:
             env.take(shard)
         env.deliver(SHARDS[0], records(1, 2))  # taken by the writer, which now blocks
+        assert wait_for(lambda: bool(env.sink.attempts))  # its cut is out before the filling
         first = 3
         while env.batcher.status()["lanes"][SHARDS[0]]["buffered_bytes"] < 1500:  # reads on
             env.deliver(SHARDS[0], records(first, 2))
@@ -750,6 +753,46 @@ def test_a_full_buffer_holds_back_only_the_leases_holding_their_share_of_it() ->
         assert not slow.is_alive()
         assert env.batcher.drain(env.lanes[SHARDS[1]], 10.0, final=True) is DrainResult.DONE
         assert env.lease(SHARDS[1]).checkpoint == esn(20)
+
+
+def test_with_every_write_slow_the_buffer_stays_under_twice_its_limit() -> None:
+    """Past its limit a lane below its share could still add: with 40 leases and every write
+    slow, the buffer grew to 15 times its limit."""
+    release = threading.Event()
+    settings = {"max_records": 2, "buffer_bytes": 2000, "batches_in_flight": 1, "writers": 1}
+    with threaded_env(**settings) as env:
+        env.sink.on_write = lambda batch: release.wait(20.0) and None
+        shards = [f"shardId-{i:012d}" for i in range(40)]
+        for shard in shards:
+            env.table.create_lease_if_absent(Lease(shard, TRIM_HORIZON))
+            env.take(shard)
+        try:
+            for shard in shards:  # each lease delivers until it is held back
+                for first in range(1, 51, 10):
+                    delivery = threading.Thread(
+                        target=deliver_until_closed, args=(env, shard, first), daemon=True
+                    )
+                    delivery.start()
+                    delivery.join(0.3)
+                    if delivery.is_alive():
+                        break
+            lanes = env.batcher.status()["lanes"].values()
+            assert sum(x["buffered_bytes"] for x in lanes) < 2 * env.settings.buffer_limit + 1000
+        finally:
+            release.set()
+
+
+def deliver_until_closed(env: Env, shard: str, first: int) -> None:
+    """Ten records; a delivery held back until the batcher closes ends quietly."""
+    with contextlib.suppress(LaneClosedError, BatcherClosedError):
+        env.deliver(shard, records(first, 10))
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
 
 
 def test_a_write_that_overruns_its_timeout_is_interrupted_and_retried() -> None:
@@ -938,7 +981,7 @@ def test_a_sink_prepare_or_dead_letter_write_that_hangs_is_timed_out_as_a_write(
         stepping.start()
         stepping.join(20.0)
         assert not stepping.is_alive(), f"the batch waited for the {stuck} with no deadline"
-        assert env.batcher.hung_writes == 1
+        assert env.batcher._writer._side.threads.hung == 1  # on the side threads, counted
         assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON  # parked, nothing acknowledged
         assert env.lanes[SHARDS[0]].state is LaneState.PARKED
     finally:

@@ -78,3 +78,21 @@ def test_a_claimed_commit_retry_does_not_wake_anyone() -> None:
     assert next_wakeup([a], WORKER, now=1.5) == 0.5
     assert a.claim_commit(now=2.0) is cut
     assert next_wakeup([a], WORKER, now=2.0) == 1.0
+
+
+def test_a_full_buffer_held_by_a_lane_that_cannot_cut_does_not_cut_the_others_early() -> None:
+    """A lease whose write is slow keeps its records (its lane cannot cut): counted in the
+    pressure, it made every other lane's delivery a batch of its own for the whole write."""
+    settings = BatcherSettings(scope="lease", max_records=1000, max_wait=60.0, buffer_bytes=1500)
+    slow, healthy = lane(A), lane(B)
+    slow.add(chunk(A, 1, 2), now=0.0)
+    slow.cut(1000, 10**9)  # its write is out (one batch in flight)
+    while slow.nbytes < 1500:
+        slow.add(chunk(A, 3, 20), now=0.0)
+    healthy.add(chunk(B, 1, 1), now=0.0)
+    assert plan_due([slow, healthy], settings, now=1.0, limit=None) == []
+    while healthy.nbytes < 1500:  # a lane that can cut and fills the buffer itself: cut now
+        healthy.add(chunk(B, 2, 20), now=1.0)
+    assert plan_due([slow, healthy], settings, now=1.0, limit=None) == [
+        Plan((healthy,), budgeted=True)
+    ]

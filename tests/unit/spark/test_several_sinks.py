@@ -358,3 +358,36 @@ def test_a_hung_write_does_not_keep_the_process_from_exiting() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "closed" in proc.stdout
+
+
+def test_a_hung_prepare_of_one_of_two_sinks_is_not_tried_again() -> None:
+    """With several sinks a prepare's failure is wrapped as that sink's: a hung one was tried
+    again up to max_attempts, each try hanging another thread, though it may still run."""
+    release = threading.Event()
+    calls: list[int] = []
+    a, b = FakeSink(), FakeSink()
+
+    def stuck(pieces: Sequence[Piece]) -> Mapping[str, Any]:
+        calls.append(1)
+        release.wait(30.0)
+        return {}
+
+    b.prepare = stuck  # type: ignore[method-assign]
+    env = Env(BatcherSettings(max_records=3, max_attempts=3, write_timeout=0.2,
+                              retry_base_delay=0.0, retry_max_delay=0.0))  # fmt: skip
+    env.batcher = MicroBatcher(
+        [SinkRoute("a", a, 3, 0.2), SinkRoute("b", b, 3, 0.2)], env.settings,
+        clock=env.clock, sleep=env.sleeps.append, threaded=False,
+    )  # fmt: skip
+    env.take(SHARDS[0])
+    env.deliver(SHARDS[0], records(1, 3))
+    try:
+        stepping = threading.Thread(target=env.batcher.step)
+        stepping.start()
+        stepping.join(20.0)
+        assert not stepping.is_alive()
+        assert len(calls) == 1 and env.batcher._writer._side.threads.hung == 1
+        assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON
+    finally:
+        release.set()
+        env.batcher.close(timeout=5.0)
