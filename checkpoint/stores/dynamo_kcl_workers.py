@@ -72,17 +72,20 @@ PROBE_EVERY = 300.0
 
 class _KclSideTable(DynamoCalls):
     """A table a KCL 3.0-3.4 application keeps beside its lease table, if it exists (looked for
-    at ``probe``, and again every ``PROBE_EVERY`` seconds while it is missing)."""
+    at ``probe``, and again every ``PROBE_EVERY`` seconds while it is missing), named
+    ``<application><SUFFIX>``."""
+
+    SUFFIX = ""
 
     def __init__(
         self,
         client: DynamoDBClient,
-        table: str,
+        application: str,
         retry: RetryPolicy,
         sleep: Callable[[float], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(client, table, retry, sleep)
+        super().__init__(client, application + self.SUFFIX, retry, sleep)
         self.present = False
         self._clock = clock
         self._probed_at: float | None = None
@@ -116,15 +119,7 @@ class _KclSideTable(DynamoCalls):
 class KclMetricsTable(_KclSideTable):
     """``<application>-WorkerMetricStats``: the KCL 3.0-3.4 workers' metrics."""
 
-    def __init__(
-        self,
-        client: DynamoDBClient,
-        application: str,
-        retry: RetryPolicy,
-        sleep: Callable[[float], None],
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(client, application + METRICS_TABLE_SUFFIX, retry, sleep, clock)
+    SUFFIX = METRICS_TABLE_SUFFIX
 
     def sightings(self) -> list[KclWorkerSighting]:
         """Every worker in the table (none if it is absent, or was deleted since the probe)."""
@@ -148,15 +143,7 @@ class KclMetricsTable(_KclSideTable):
 class KclCoordinatorTable(_KclSideTable):
     """``<application>-CoordinatorState``: a KCL 3.0-3.4 fleet's ``Migration3.0`` item."""
 
-    def __init__(
-        self,
-        client: DynamoDBClient,
-        application: str,
-        retry: RetryPolicy,
-        sleep: Callable[[float], None],
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(client, application + COORDINATOR_TABLE_SUFFIX, retry, sleep, clock)
+    SUFFIX = COORDINATOR_TABLE_SUFFIX
 
     def client_version(self) -> str | None:
         """The fleet's client version (``cv``), or None (no table, no item, a failed read)."""

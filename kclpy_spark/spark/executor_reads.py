@@ -436,12 +436,7 @@ class ExecutorReads:
         the shard): backed off as a failure is, growing, but not told to its consumer as one
         (throttling never parks a lease); it was taken for a read at the tip, due again a second
         later, and every round holding it lasted its whole budget."""
-        with self._lock:
-            entry.failures += 1
-            entry.behind = False
-            entry.iterator = entry.iterator_at = None
-            soonest = self._clock.monotonic() + self._s.min_interval
-            entry.next_read_at = max(now + self._backoff.delay(entry.failures), soonest)
+        self._back_off(entry, now)
 
     def _next_read(self, rng: ReadRange, end: RangeEnd, began: float) -> float:
         """When the lease is read next: as soon as the shard may be called again (``_paced``: a
@@ -459,11 +454,15 @@ class ExecutorReads:
                      min_interval=s.min_interval, read_rate=s.read_rate)  # fmt: skip
 
     def _failed(self, entry: _Entry, why: str, now: float) -> None:
+        self._back_off(entry, now)
+        entry.post(RangeReadError(f"shard {entry.source.shard_id}: {why}"))
+
+    def _back_off(self, entry: _Entry, now: float) -> None:
+        """One more failure: read again after the growing backoff, counted from the round's
+        start ``now``, and at least one call's interval from now."""
         with self._lock:
             entry.failures += 1
             entry.behind = False
             entry.iterator = entry.iterator_at = None
-            # Backed off from the round's start; at least one call's interval from now.
             soonest = self._clock.monotonic() + self._s.min_interval
             entry.next_read_at = max(now + self._backoff.delay(entry.failures), soonest)
-        entry.post(RangeReadError(f"shard {entry.source.shard_id}: {why}"))
