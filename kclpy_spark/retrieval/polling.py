@@ -200,7 +200,8 @@ class PollingFetcher:
             if raw:
                 self._last_delivered = raw[-1].sequence_number
             # Before the records go to the processor (which may change the list).
-            behind = len(raw) >= self._max_records or bool(lag)
+            full = len(raw) >= self._max_records
+            behind = full or bool(lag)
             size = page_bytes(raw) if self._read_rate > 0 else 0
             # An empty answer at the tip goes out too: it says where the shard's lag is (0) and
             # tells a job that runs until caught up that this shard is (caught_up.py).
@@ -211,6 +212,7 @@ class PollingFetcher:
                         millis_behind_latest=lag,
                         shard_ended=ended,
                         child_shards=children or [],
+                        page_full=full,
                     )
                 )
             if ended:

@@ -118,6 +118,9 @@ class FetchedBatch:
     # executors) lets the processor see the lease's checkpointer before its first read.
     announce: bool = False
     elsewhere: ReadElsewhere | None = None  # what that source read for the lease
+    # A full page: more records may wait even when the lag says 0 (the lag is to the newest
+    # record returned, and a page stops at its record limit).
+    page_full: bool = False
 
 
 class RecordSource(Protocol):

@@ -46,7 +46,7 @@ class CaughtUp:
 
     def reached(self, batch: FetchedBatch) -> bool:
         """Whether ``batch`` (delivered, not a shard end) shows its shard caught up."""
-        if batch.millis_behind_latest == 0:
+        if batch.millis_behind_latest == 0 and not batch.page_full:
             return True
         started_ms = self.started_wall * 1000.0
         return any(r.timestamp_millis >= started_ms for r in batch.records[-1:])

@@ -4,13 +4,15 @@ and a consumer that ends at the tip with its records committed, or says why they
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from test_consumer import SHARD, Env, FakeSources, Recorder, batch
 
 from checkpoint.lease import Lease
-from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber
+from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.processor import ProcessRecordsInput, Record
 from kclpy_spark.retrieval.source import FetchedBatch
 from kclpy_spark.runtime.caught_up import CaughtUp
@@ -32,6 +34,9 @@ def arrived(seq: int, at: float) -> Record:
         (FetchedBatch([arrived(1, 900.0), arrived(2, 1_000.0)], 5_000), True),  # past the start
         (FetchedBatch([arrived(1, 1_200.0), arrived(2, 900.0)], 5_000), False),  # the last counts
         (FetchedBatch([arrived(1, 900.0)], None), False),  # no lag reported, before the start
+        # A full page at lag 0: more may wait behind it (kinesis-mock says 0 on every page).
+        (FetchedBatch([arrived(1, 900.0)], 0, page_full=True), False),
+        (FetchedBatch([arrived(1, 900.0), arrived(2, 1_000.0)], 0, page_full=True), True),
     ],
 )
 def test_when_a_shard_is_caught_up(fetched: FetchedBatch, caught_up: bool) -> None:
@@ -180,3 +185,48 @@ def test_a_lease_parked_in_a_job_fails_it_instead_of_coming_back() -> None:
     assert outcome is Outcome.PARKED and not job.done
     assert job.failed[SHARD].startswith("parked: ") and "process_records" in job.failed[SHARD]
     assert job.remaining([env.stored()]) == []  # the job ends (exit 1), not after each reopen
+
+
+class TwoPagesAtLagZero:
+    """A full page then a short one, both saying lag 0 (as kinesis-mock does on every page)."""
+
+    def __init__(self) -> None:
+        self.pages = 0
+
+    async def get_shard_iterator(self, **_: Any) -> dict[str, Any]:
+        return {"ShardIterator": "it"}
+
+    async def get_records(self, **_: Any) -> dict[str, Any]:
+        self.pages += 1
+        if self.pages > 2:
+            raise asyncio.CancelledError()
+        first = 2 * self.pages - 1
+        at = datetime.fromtimestamp(900.0, tz=UTC)
+        rows = [
+            {"Data": b"x", "PartitionKey": "k", "SequenceNumber": str(first + i),
+             "ApproximateArrivalTimestamp": at}
+            for i in range(3 - self.pages)
+        ]  # fmt: skip
+        return {"Records": rows, "NextShardIterator": "next", "MillisBehindLatest": 0}
+
+
+def test_a_full_page_at_lag_zero_is_not_the_tip_for_a_job() -> None:
+    """The driver path ended ``--until-caught-up`` leases on a full page with records unread."""
+    from kclpy_spark.retrieval.polling import PollingFetcher
+
+    async def nap(_: float) -> None:
+        pass
+
+    queue = asyncio.Queue[FetchedBatch]()
+    fetcher = PollingFetcher(
+        TwoPagesAtLagZero(), {"StreamName": "s"}, SHARD, TRIM_HORIZON, InitialPosition.latest(),
+        queue, max_records=2, sleep=nap, clock=lambda: 0.0,
+    )  # fmt: skip
+    with contextlib.suppress(asyncio.CancelledError):
+        asyncio.run(fetcher.run())
+    full, short = queue.get_nowait(), queue.get_nowait()
+    assert (len(full.records), full.page_full, len(short.records), short.page_full) == (
+        2, True, 1, False,
+    )  # fmt: skip
+    job = CaughtUp(STARTED)
+    assert not job.reached(full) and job.reached(short)
