@@ -93,10 +93,12 @@ class MemoryLeaseTable:
         return self._swap(lease, renewed, check_owner=True)
 
     def take_lease(self, lease: Lease, owner: str) -> Lease | None:
+        # From the caller's view, as the KCL's takeLease and the DynamoDB store count; only from
+        # one owner to another, not from unowned.
+        switched = lease.lease_owner is not None and lease.lease_owner != owner
+        switches = lease.owner_switches_since_checkpoint + switched
+
         def taken(current: Lease) -> Lease:
-            # The KCL counts a switch only from one owner to another, not from unowned.
-            switched = current.lease_owner is not None and current.lease_owner != owner
-            switches = current.owner_switches_since_checkpoint + switched
             return current.bumped(
                 lease_owner=owner, owner_switches_since_checkpoint=switches, checkpoint_owner=None
             )

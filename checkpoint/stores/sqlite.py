@@ -138,6 +138,10 @@ class SQLiteLeaseTable:
         self._run(f"ensure_table {str(self._path)!r}", self._ensure_table, write=True)
 
     def _ensure_table(self, conn: sqlite3.Connection) -> None:
+        # A write that changes nothing: a file this process may read but not write fails here,
+        # at start, not at the first renewal (SQLite opens such a file read-only, silently).
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        conn.execute(f"PRAGMA user_version = {version}")
         found = {
             name: [row[1] for row in conn.execute(f"PRAGMA table_info({name})")]
             for name in (LEASES, RECORDS)
@@ -272,14 +276,14 @@ class SQLiteLeaseTable:
         )
 
     def take_lease(self, lease: Lease, owner: str) -> Lease | None:
-        assignments = (
-            # The KCL counts a switch only from one owner to another, not from unowned.
-            "owner_switches = owner_switches + (lease_owner IS NOT NULL AND lease_owner != ?), "
-            "lease_owner = ?, "
-            "checkpoint_owner = NULL, "
-        )
+        # From the caller's view, as the KCL's takeLease and the DynamoDB store count (a hand-off
+        # keeps the counter, so the view may name the owner before it); only from one owner to
+        # another, not from unowned.
+        switched = lease.lease_owner is not None and lease.lease_owner != owner
+        switches = lease.owner_switches_since_checkpoint + switched
+        assignments = "owner_switches = ?, lease_owner = ?, checkpoint_owner = NULL, "
         return self._conditional_update(
-            f"take ({owner!r})", lease, assignments, (owner, owner), check_owner=False
+            f"take ({owner!r})", lease, assignments, (switches, owner), check_owner=False
         )
 
     def evict_lease(self, lease: Lease) -> Lease | None:

@@ -10,6 +10,7 @@ the busy timeout, then gets a retriable DependencyError, like a locked database.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -18,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from checkpoint.base.errors import (
+    ConfigError,
     DependencyError,
     InvalidStateError,
     KclpySparkError,
@@ -37,6 +39,7 @@ _OPERATIONAL_ERRORS: tuple[tuple[str, type[KclpySparkError]], ...] = (
     ("busy", DependencyError),
     ("interrupted", DependencyError),  # a statement stopped at its deadline
     ("no such table", ResourceNotFoundError),  # ensure_table() was not called
+    ("readonly", ConfigError),  # "attempt to write a readonly database": file permissions
     ("unable to open", ResourceNotFoundError),
     ("no such column", InvalidStateError),
     ("has no column", InvalidStateError),
@@ -75,8 +78,14 @@ class ConnectionPool:
     ):
         if size < 1:
             raise ValueError(f"pool size must be >= 1, got {size}")
-        self._path = path
+        # Absolute once: a later change of the working directory must not open another file.
+        self._path = path.absolute()
         self._create = create
+        # The file's (device, inode) once a connection opened it: every transaction after that
+        # checks that the path still names that file. A file removed (and made again by a new
+        # worker) or replaced under a running worker would otherwise leave it renewing its leases
+        # in the old file while another worker takes them in the new one.
+        self._identity: tuple[int, int] | None = None
         self._busy_timeout = busy_timeout
         self._size = size
         self._idle_seconds = idle_seconds
@@ -113,6 +122,7 @@ class ConnectionPool:
             conn.close()
 
     def _checkout(self) -> sqlite3.Connection:
+        self._check_identity()
         deadline = time.monotonic() + self._busy_timeout
         with self._cond:
             while not self._idle and self._open >= self._size:
@@ -149,27 +159,75 @@ class ConnectionPool:
         for old in stale:
             old.close()
 
+    def _stat(self) -> tuple[int, int] | None:
+        try:
+            found = os.stat(self._path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise DependencyError(f"{self.where}: {exc.strerror}") from exc
+        return found.st_dev, found.st_ino
+
+    def _check_identity(self) -> None:
+        if self._identity is None:
+            return
+        now = self._stat()
+        if now == self._identity:
+            return
+        self.close()  # the idle connections name the old file
+        if now is None:
+            gone = ResourceNotFoundError(f"{self.where} was removed while this worker used it")
+            gone.resource = str(self._path)
+            raise gone
+        raise InvalidStateError(
+            f"{self.where} now names another file than the one this worker opened "
+            "(replaced, or a link moved): restart the worker to use it"
+        )
+
     def _connect(self) -> sqlite3.Connection:
-        if not self._create and not self._path.exists():
+        # Only the first connection may create the file (and its folder): later ones open the
+        # file the first one opened, or fail (_check_identity).
+        create = self._create and self._identity is None
+        if not create and not self._path.exists():
             raise ResourceNotFoundError(f"{self.where} does not exist")
-        if self._create:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-        # mode=rw never creates the file, so a path that vanished is not silently recreated.
-        uri = f"{self._path.resolve().as_uri()}?mode={'rwc' if self._create else 'rw'}"
-        with sqlite_errors(self.where):
-            conn = sqlite3.connect(
-                uri,
-                uri=True,
-                timeout=self._busy_timeout,
-                isolation_level=None,  # we issue BEGIN/COMMIT ourselves
-                check_same_thread=False,  # pooled: used by one thread at a time, any thread
-            )
+        if create:
             try:
-                conn.execute("PRAGMA journal_mode=WAL").fetchone()
-                # FULL: a commit that returned is on disk, even after a power cut, so a won
-                # checkpoint or take is never rolled back behind the worker's back.
-                conn.execute("PRAGMA synchronous=FULL")
-            except BaseException:
-                conn.close()
-                raise
+                self._path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:  # a file where a folder should be, no permission
+                raise ConfigError(
+                    f"{self.where}: cannot make its folder: {exc.strerror} ({exc.filename})"
+                ) from None
+        uri = f"{self._path.as_uri()}?mode={'rwc' if create else 'rw'}"
+        try:
+            with sqlite_errors(self.where):
+                conn = sqlite3.connect(
+                    uri,
+                    uri=True,
+                    timeout=self._busy_timeout,
+                    isolation_level=None,  # we issue BEGIN/COMMIT ourselves
+                    check_same_thread=False,  # pooled: used by one thread at a time, any thread
+                )
+                try:
+                    conn.execute("PRAGMA journal_mode=WAL").fetchone()
+                    # FULL: a commit that returned is on disk, even after a power cut, so a won
+                    # checkpoint or take is never rolled back behind the worker's back.
+                    conn.execute("PRAGMA synchronous=FULL")
+                except BaseException:
+                    conn.close()
+                    raise
+        except ResourceNotFoundError:
+            self._refused()  # "unable to open": permissions, or a folder that is not there
+            raise
+        with self._cond:
+            if self._identity is None:
+                self._identity = self._stat()
         return conn
+
+    def _refused(self) -> None:
+        """ConfigError if the file or its folder cannot be written by this process (SQLite says
+        only "unable to open"; WAL needs to create files beside the database)."""
+        folder = self._path.parent
+        if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+            raise ConfigError(f"{self.where}: its folder {str(folder)!r} is not writable by us")
+        if self._path.exists() and not os.access(self._path, os.R_OK | os.W_OK):
+            raise ConfigError(f"{self.where}: the file is not readable and writable by us")

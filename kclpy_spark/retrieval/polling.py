@@ -195,7 +195,6 @@ class PollingFetcher:
             raw = records_from_response(resp, self.fast_decode)
             records = self._filter(raw)
             lag = resp.get("MillisBehindLatest")
-            next_iterator = resp.get("NextShardIterator")
             ended = children is not None
             if raw:
                 self._last_delivered = raw[-1].sequence_number
@@ -217,7 +216,7 @@ class PollingFetcher:
                 )
             if ended:
                 return
-            iterator = str(next_iterator)
+            iterator = str(resp.get("NextShardIterator"))
             # Calls are spaced from the start of the previous one (as the KCL's idle time is),
             # so a slow response does not add its own duration to the pause; the read limit
             # counts from the response.

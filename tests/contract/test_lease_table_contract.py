@@ -622,6 +622,18 @@ def test_take_after_the_old_owner_died_mid_handoff_clears_it(table: Any) -> None
     assert taken.lease_counter == pending.lease_counter + 1
 
 
+def test_take_with_a_view_from_before_a_handoff_counts_the_switch(table: Any) -> None:
+    """The hand-off keeps the counter, so a take from the view before it wins; the switch from
+    the owner that view names is counted, as the KCL's takeLease counts (SQLite and the memory
+    store counted from the stored owner, the hand-off's target: 0)."""
+    before = owned(table)
+    assert table.initiate_handoff(before, "b") is not None
+    taken = table.take_lease(before, "b")
+    assert taken is not None and taken.lease_owner == "b"
+    assert taken.owner_switches_since_checkpoint == before.owner_switches_since_checkpoint + 1
+    assert stored(table) == taken
+
+
 # -- throughput (KCL 3.x throughputKBps, written at renewal) -------------------------------------
 
 
