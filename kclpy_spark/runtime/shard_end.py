@@ -153,6 +153,16 @@ async def _shard_ended(
         try:
             await call(processor.shard_ended, ShardEndedInput(tenure.checkpointer))
         except Exception as exc:
+            if tenure.current().lease.checkpoint.is_shard_end:
+                # SHARD_END is stored: the shard is finished whatever failed after it (calling
+                # shard_ended again, or parking a finished lease, would stop its children).
+                log.warning(
+                    "shard %s: shard_ended raised after checkpointing SHARD_END (%r); the "
+                    "shard is finished",
+                    tenure.shard_id,
+                    exc,
+                )
+                return
             error = exc
         else:
             if tenure.current().lease.checkpoint.is_shard_end:

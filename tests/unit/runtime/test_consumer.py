@@ -501,6 +501,25 @@ def test_a_shard_end_the_processor_never_completes_parks_instead_of_looping(rais
     assert lease.checkpoint == ExtendedSequenceNumber("10") and lease.lease_owner is None
 
 
+class EndsThenRaises(Recorder):
+    def shard_ended(self, shard_ended_input: ShardEndedInput) -> None:
+        self.calls.append("shard_ended")
+        shard_ended_input.checkpointer.checkpoint()
+        raise RuntimeError("closing a file after the SHARD_END checkpoint failed")
+
+
+def test_shard_ended_that_raises_after_checkpointing_shard_end_still_finishes_the_shard() -> None:
+    """It counted as a failure: shard_ended was called three times, then the lease was to be
+    parked, which a finished lease refuses, so it stayed owned and lease_lost followed."""
+    env = Env(processor=EndsThenRaises())
+    env.lease()
+    assert env.run(env.consumer(FakeSources([batch(10), ended([])]))) is Outcome.SHARD_END
+    assert env.processor.calls.count("shard_ended") == 1
+    assert "lease_lost" not in env.processor.calls
+    lease = env.stored()
+    assert lease.checkpoint == SHARD_END and lease.lease_owner is None
+
+
 def test_child_leases_the_table_refuses_count_as_shard_end_failures_not_read_failures() -> None:
     env = Env()
     env.lease()
