@@ -74,6 +74,8 @@ def load_processor_factory(path: str) -> ProcessorFactory:
             ) from None
     if not inspect.isclass(target):
         raise ConfigError(f"processor {path!r} is not a class")
+    if _kclpy_style(target):
+        return _kclpy_factory(path, target)
     if not callable(getattr(target, "process_records", None)):
         raise ConfigError(f"processor {path!r} has no process_records method")
     if inspect.isabstract(target):
@@ -104,6 +106,28 @@ def load_processor_factory(path: str) -> ProcessorFactory:
         return cls()
 
     return factory
+
+
+def _kclpy_style(cls: type) -> bool:
+    """A class written on amazon_kclpy's bases (or with its ``version`` attribute) rather than
+    ours: it runs behind the adapter, whose checkpointer raises amazon_kclpy's CheckpointError
+    (an app's ``except kcl.CheckpointError`` retry loop caught nothing of ours)."""
+    if issubclass(cls, RecordProcessor):
+        return False
+    on_kclpy = any(c.__module__.split(".")[0] == "amazon_kclpy" for c in cls.__mro__)
+    return on_kclpy or getattr(cls, "version", None) in (1, 2, 3)
+
+
+def _kclpy_factory(path: str, cls: type) -> ProcessorFactory:
+    from kclpy_spark.multilang.inprocess import processor_factory
+
+    make = processor_factory(cls)
+    try:
+        make()  # one per lease with no arguments, as for our processors: find out now
+    except (Exception, SystemExit) as exc:
+        raise ConfigError(f"processor {path!r} (an amazon_kclpy processor): {exc}") from None
+    log.info("processor %s is an amazon_kclpy processor: it runs behind its adapter", path)
+    return make
 
 
 async def run_worker(

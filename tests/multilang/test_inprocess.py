@@ -337,3 +337,34 @@ def test_in_process_without_a_python_script(tmp_path: Path) -> None:
     config = _config(tmp_path, "/bin/cat")
     with pytest.raises(ConfigError, match="no processor class found"):
         build_factory(config, in_process=True)
+
+
+def test_an_amazon_kclpy_class_named_as_the_daemon_s_processor_runs_behind_the_adapter(
+    amazon_kclpy: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``processor = "app:Cls"`` with a class on amazon_kclpy's v3 base ran as one of ours: its
+    ``except kcl.CheckpointError`` caught nothing, so a throttled checkpoint failed the batch."""
+    from kclpy_spark.runtime.daemon import load_processor_factory
+
+    (tmp_path / "kclpy_daemon_app.py").write_text(
+        "from amazon_kclpy import kcl\n"
+        "from amazon_kclpy.v3 import processor\n\n"
+        "class App(processor.RecordProcessorBase):\n"
+        "    caught = []\n"
+        "    def initialize(self, initialize_input): pass\n"
+        "    def process_records(self, process_records_input):\n"
+        "        try:\n"
+        "            process_records_input.checkpointer.checkpoint('not-a-number')\n"
+        "        except kcl.CheckpointError as e:\n"
+        "            App.caught.append(e.value)\n"
+        "    def lease_lost(self, lease_lost_input): pass\n"
+        "    def shard_ended(self, shard_ended_input): pass\n"
+        "    def shutdown_requested(self, shutdown_requested_input): pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    processor = load_processor_factory("kclpy_daemon_app:App")()
+    assert isinstance(processor, KclpyProcessorAdapter) and processor.kclpy_version == 3
+    shard = held_shard()
+    initialize(processor, shard)
+    deliver(processor, shard, 1, 1)
+    assert sys.modules["kclpy_daemon_app"].App.caught == ["IllegalArgumentException"]
