@@ -113,8 +113,14 @@ def _bounds(cls: type, name: str) -> str:
 
 
 def _sink_bounds(name: str) -> str:
+    if name in {"max_wait", "write_timeout"}:  # a sink batches; a write waits a while
+        return f"> 0, <= {MAX_SECONDS[name]:g} s"
+    if name == "retry_max_delay":
+        return f"0..{MAX_SECONDS[name]:g} s, >= retry_base_delay"
     if name in MAX_SECONDS:
         return f"0..{MAX_SECONDS[name]:g} s"
+    if name == "buffer_bytes":
+        return ">= 0"
     if name == "writers":
         return f"1..{MAX_WRITERS}"
     if name in {"max_records", "max_bytes", "max_attempts", "batches_in_flight"}:

@@ -13,7 +13,8 @@ from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import InitialPosition
 
 APP_NAME = re.compile(r"^[a-zA-Z0-9_.-]{3,255}$")
-REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d{1,2}$")
+# eu-west-1, us-gov-west-1, us-isob-east-1, eusc-de-east-1 (every partition botocore knows)
+REGION = re.compile(r"^[a-z]{2,4}(-[a-z]+){1,3}-\d{1,2}$")
 # Durations with the bounds that still make sense, and why the upper bound is there.
 DURATIONS: dict[str, tuple[float, float, str]] = {
     "failover_time": (0.5, 3600.0, "a dead worker's leases move only after it"),

@@ -140,6 +140,25 @@ def _plain_http_behind_https(exc: BaseException) -> bool:
     return False
 
 
+# An error's text in a message and a log line: one line, and not a whole HTML page a proxy or a
+# wrong port answered with.
+BRIEF_CHARS = 300
+
+
+def _brief(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= BRIEF_CHARS else text[: BRIEF_CHARS - 3] + "..."
+
+
+def _no_credentials(exc: BaseException) -> bool:
+    """botocore found no credentials anywhere in its chain: no retry finds them."""
+    try:
+        from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+    except ImportError:  # pragma: no cover - botocore comes with boto3
+        return False
+    return isinstance(exc, NoCredentialsError | PartialCredentialsError)
+
+
 def _refused_before_sending(exc: BaseException) -> bool:
     """botocore's own check of the request's parameters failed (a wrong type, a value out of
     range): the request never left the client."""
@@ -157,7 +176,12 @@ def map_aws_error(exc: BaseException, what: str) -> KclpySparkError:
     Connection problems (no response at all) are retriable dependency errors.
     """
     code = error_code(exc)
-    message = f"{what}: {exc}"
+    message = f"{what}: {_brief(exc)}"
+    if _no_credentials(exc):
+        return AccessError(
+            f"{what}: no AWS credentials found (environment, profile, container or instance "
+            "role); configure some, or a profile with --profile"
+        )
     if code in _THROTTLE_CODES:
         return ThrottledError(message)
     if code == "ResourceNotFoundException":

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kclpy_spark.demo import create_demo_stream
 from kclpy_spark.demo.chart import png_chart, terminal_chart
 from kclpy_spark.demo.table import ParquetView
 
@@ -185,18 +186,25 @@ def _script(args: argparse.Namespace) -> list[tuple[float, str]]:
 
 
 def run_pipeline_demo(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    from checkpoint.base.errors import ConfigError
     from kclpy_spark.aws import boto3_client
     from kclpy_spark.config import WorkerConfig
+
+    missing = [m for m in ("pyspark", "pyarrow", "pandas") if importlib.util.find_spec(m) is None]
+    if missing:  # before a stream is made: its workers would stop at once
+        raise ConfigError(
+            f"the Spark demo needs {', '.join(missing)}, which this install lacks: pip install "
+            "'kclpy-spark[spark]' (or `kclpy-spark demo --processor` runs one without Spark)"
+        )
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     stream = f"kclpy-spark-demo-{stamp}"
     work = (Path(".cache") / "demo" / stamp).resolve()
-    work.mkdir(parents=True, exist_ok=True)
     kinesis = boto3_client("kinesis", WorkerConfig(stream_name=stream, endpoint_url=args.endpoint))
-    kinesis.create_stream(StreamName=stream, ShardCount=args.shards)
-    kinesis.get_waiter("stream_exists").wait(
-        StreamName=stream, WaiterConfig={"Delay": 1, "MaxAttempts": 60}
-    )
+    create_demo_stream(kinesis, stream, args.shards, args.endpoint)
+    work.mkdir(parents=True, exist_ok=True)
     config = write_config(work, stream, args.endpoint, args.read_on)
     print(f"kclpy-spark demo: stream {stream} ({args.shards} shards) on {args.endpoint}")
     print(f"  two workers run `kclpy-spark run --config {config}`; output in {work}")

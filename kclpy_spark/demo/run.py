@@ -18,6 +18,7 @@ from typing import Any
 
 from checkpoint.sequence import InitialPosition
 from kclpy_spark.config import WorkerConfig
+from kclpy_spark.demo import create_demo_stream
 from kclpy_spark.demo.samples import CountingProcessor
 from kclpy_spark.processor import ProcessRecordsInput
 from kclpy_spark.runtime.worker import Worker
@@ -154,10 +155,7 @@ def run_demo(args: argparse.Namespace) -> int:
         f"kclpy-spark demo: endpoint {args.endpoint}, stream {cfg.stream_name} "
         f"({args.shards} shards), lease store {db}"
     )
-    kinesis.create_stream(StreamName=cfg.stream_name, ShardCount=args.shards)
-    kinesis.get_waiter("stream_exists").wait(
-        StreamName=cfg.stream_name, WaiterConfig={"Delay": 1, "MaxAttempts": 60}
-    )
+    create_demo_stream(kinesis, stream, args.shards, args.endpoint)
     produced = _produce(kinesis, stream, 0, args.records)
     print(f"produced {args.records} records over {len(produced)} shards")
     outcome: dict[str, bool] = {}

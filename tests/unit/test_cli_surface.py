@@ -102,3 +102,15 @@ def test_an_error_line_never_shows_a_urls_password(tmp_path: Path) -> None:
                   cwd=tmp_path)  # fmt: skip
     assert result.returncode == 2
     assert "AKIA" not in result.stderr and "hunter2" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("extra", [["--processor"], []])
+def test_the_demo_against_an_endpoint_that_is_down_is_one_line(
+    tmp_path: Path, extra: list[str]
+) -> None:
+    """It was botocore's 87-line traceback, exit 1, and a work folder left behind."""
+    result = _cli("demo", "--endpoint", "http://127.0.0.1:9", *extra, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and "creating the demo stream" in errors[0], result.stderr
+    assert not (tmp_path / ".cache" / "demo").exists()

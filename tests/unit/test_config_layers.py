@@ -142,3 +142,24 @@ def test_a_dynamodb_application_name_leaves_room_for_the_coordination_table() ->
         WorkerConfig(stream_name="s", application_name="a" * 240, lease_store="dynamodb")
     assert "239" in str(err.value) and "KclpySparkState" in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("region", "valid"),
+    [
+        ("eu-west-1", True),
+        ("us-gov-west-1", True),
+        ("us-isob-east-1", True),
+        ("cn-northwest-1", True),
+        ("eusc-de-east-1", True),  # botocore's aws-eusc partition: was refused
+        ("eu-west1", False),
+        ("localhost:4566", False),
+        ("EU-WEST-1", False),
+    ],
+)
+def test_region_names_of_every_partition(region: str, valid: bool) -> None:
+    if valid:
+        assert WorkerConfig(stream_name="s", region=region).region == region
+    else:
+        with pytest.raises(ConfigError, match="region"):
+            WorkerConfig(stream_name="s", region=region)

@@ -6,11 +6,14 @@ import pytest
 from botocore.exceptions import (
     ClientError,
     EndpointConnectionError,
+    NoCredentialsError,
     ParamValidationError,
     ReadTimeoutError,
 )
 
 from checkpoint.base.errors import (
+    BRIEF_CHARS,
+    AccessError,
     DependencyError,
     InvalidStateError,
     KclpySparkError,
@@ -41,6 +44,8 @@ def client_error(code: str, status: int = 400) -> ClientError:
         (client_error("ValidationException"), InvalidStateError, False),
         (client_error("SomethingNewException"), RequestError, False),
         (client_error("InternalServerError", 500), DependencyError, True),
+        # Retried ~30 s with a WARNING a try before the one-line error: no retry finds them.
+        (NoCredentialsError(), AccessError, False),
     ],
 )
 def test_botocore_errors_map_to_the_error_root(
@@ -50,3 +55,12 @@ def test_botocore_errors_map_to_the_error_root(
     assert type(mapped) is kind
     assert mapped.retriable is retriable
     assert str(mapped).startswith("UpdateItem on table 'app': ")
+
+
+def test_a_whole_html_page_in_an_answer_becomes_one_short_line() -> None:
+    """A proxy or a wrong port answering a 501 page put its 13 lines into every retry's WARNING
+    and into the final one-line error."""
+    page = "<html>\n<head><title>Error</title></head>\n" + "<p>Unsupported method</p>\n" * 40
+    mapped = map_aws_error(client_error(page, 501), "GetRecords on shard 'x'")
+    text = str(mapped)
+    assert "\n" not in text and len(text) <= len("GetRecords on shard 'x': ") + BRIEF_CHARS
