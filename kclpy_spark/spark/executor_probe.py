@@ -11,7 +11,9 @@ plans would be read by other rules there), into one ``ExecutorProbeError`` line 
 from __future__ import annotations
 
 import functools
+import importlib
 import os
+import re
 import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -30,6 +32,13 @@ _INSTALL = (
     "install kclpy-spark (and its dependencies) in the executors' Python, or ship it with "
     "spark.archives / --py-files (README, the Spark section)"
 )
+
+
+# What a read on an executor imports (range_tasks, retrieval/range_reader): the probe imports it
+# too, so an executor with boto3 but without aiobotocore fails here, not in every read task.
+_READS_IMPORT = ("kclpy_spark.spark.range_tasks", "kclpy_spark.retrieval.range_reader",
+                 "aiobotocore.session", "aiohttp", "msgspec")  # fmt: skip
+_IMPORT_FAILED = "import failed: "
 
 
 class ExecutorProbeError(KclpySparkError):
@@ -67,12 +76,16 @@ def probe_executors(
             raise ExecutorProbeError(
                 f"the Spark executors cannot import kclpy_spark: {_INSTALL}"
             ) from exc
-        first = next((line for line in text.splitlines() if "Error" in line), text[:300])
         raise ExecutorProbeError(
-            f"the Spark executors could not run the probe job: {first.strip()}"
+            f"the Spark executors could not run the probe job: {failure_cause(text)}"
         ) from exc
     answers = [ProbeAnswer(int(r["pid"]), str(r["host"]), r["error"], r["version"]) for r in rows]
     failed = next((a for a in answers if a.error), None)
+    if failed is not None and failed.error and failed.error.startswith(_IMPORT_FAILED):
+        raise ExecutorProbeError(
+            f"a Spark executor on {failed.host} cannot import what its reads need "
+            f"({failed.error.removeprefix(_IMPORT_FAILED)}): {_INSTALL}"
+        )
     if failed is not None:
         where = aws.endpoint_url or f"the {aws.region} endpoint"
         raise ExecutorProbeError(
@@ -91,6 +104,25 @@ def probe_executors(
     return answers
 
 
+# Where a failed job's text names its cause: a worker Python that cannot start, a Python or a
+# Java exception line (not the stack frames around them).
+_CANNOT_RUN = re.compile(r"Cannot run program [^\n]*")
+_EXCEPTION_LINE = re.compile(r"^(Caused by: )?[\w.$]*(Error|Exception)\b(: .*)?$")
+
+
+def failure_cause(text: str) -> str:
+    """The line of a failed Spark job's text that says why, in at most 300 characters."""
+    found = _CANNOT_RUN.search(text)
+    if found:
+        return (
+            f"{found.group(0).strip()} (the executors' Python: PYSPARK_PYTHON or "
+            "spark.pyspark.python must name one that exists there)"
+        )[:300]
+    lines = [line.strip() for line in text.splitlines()]
+    causes = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    return (causes[-1] if causes else next((x for x in lines if x), text))[:300]
+
+
 def _stream_name(stream_arg: Mapping[str, str]) -> str:
     return next(iter(stream_arg.values()), "?")
 
@@ -104,15 +136,25 @@ def probe_partition(
     from kclpy_spark import __version__
     from kclpy_spark.aws import botocore_config, endpoint_kwargs
 
+    imported = None
+    try:
+        for module in _READS_IMPORT:
+            importlib.import_module(module)
+    except ImportError as exc:
+        imported = f"{_IMPORT_FAILED}{type(exc).__name__}: {exc}"
     for batch in batches:
-        error = None
+        error = imported
         try:
+            if error is not None:
+                raise ImportError(error)
             client = boto3.session.Session().client(
                 "kinesis",
                 config=botocore_config(timeout=PROBE_TIMEOUT, sdk_retries=False),
                 **endpoint_kwargs(aws.region, aws.endpoint_url),
             )
             client.describe_stream_summary(**stream_arg)
+        except ImportError:
+            pass  # ``error`` says it
         except Exception as exc:  # told to the driver, which makes it one line
             error = f"{type(exc).__name__}: {exc}"
         n = batch.num_rows

@@ -96,6 +96,17 @@ class TargetKind(enum.StrEnum):
     CONNECT = "connect"
 
 
+def python_defaults(target: SparkTarget) -> dict[str, str]:
+    """The Python interpreters PySpark starts, unless the environment names them: the driver's is
+    this one; the executors' too only where they run on this machine (elsewhere PySpark's default,
+    python3, unless PYSPARK_PYTHON or spark.pyspark.python names theirs: a venv path of the driver
+    is rarely there, and every Python task failed to start)."""
+    found = {"PYSPARK_DRIVER_PYTHON": sys.executable}
+    if target.loopback:
+        found["PYSPARK_PYTHON"] = sys.executable
+    return found
+
+
 @dataclass(frozen=True)
 class SparkTarget:
     master: str
@@ -242,11 +253,11 @@ class SparkSessionHolder:
             return self._session
 
     def _build(self) -> Any:
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        t = self.target
+        for name, value in python_defaults(t).items():
+            os.environ.setdefault(name, value)
         from pyspark.sql import SparkSession
 
-        t = self.target
         if t.kind is TargetKind.CONNECT:
             builder = SparkSession.builder.remote(t.master)
             for key, value in {**CONNECT_DEFAULTS, **SQL_DEFAULTS, **self._conf}.items():

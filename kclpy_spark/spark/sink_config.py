@@ -46,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -268,12 +268,23 @@ def _coerce(name: str, value: Any, source: str) -> Any:
     if kind.startswith("Mapping"):
         if not isinstance(value, Mapping):
             raise bad
-        return {str(k): str(v) for k, v in value.items()}
+        return dict(_flat(value))
     if value is None and "None" in kind:
         return None
     if not isinstance(value, str):
         raise bad
     return value
+
+
+def _flat(table: Mapping[Any, Any], prefix: str = "") -> Iterator[tuple[str, str]]:
+    """``spark.executor.memory = "2g"`` unquoted is a nested table in TOML: its dotted name again
+    (it became one setting named ``spark`` whose value was a dict's text)."""
+    for key, value in table.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            yield from _flat(value, f"{name}.")
+        else:
+            yield name, str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def sink_config(sink: str, **values: Any) -> SinkConfig:

@@ -3,11 +3,18 @@ than the driver's, and what a probe task answers (its version beside its error).
 
 from __future__ import annotations
 
+import sys
+
 import pyarrow as pa
 import pytest
 
 from kclpy_spark import __version__
-from kclpy_spark.spark.executor_probe import ProbeAnswer, other_version, probe_partition
+from kclpy_spark.spark.executor_probe import (
+    ProbeAnswer,
+    failure_cause,
+    other_version,
+    probe_partition,
+)
 from kclpy_spark.spark.range_tasks import AwsTarget
 
 
@@ -35,3 +42,41 @@ def test_a_probe_task_answers_with_its_version_and_its_error() -> None:
     rows = answer.to_pylist()
     assert [r["version"] for r in rows] == [__version__, __version__]
     assert all(r["error"] for r in rows)  # the endpoint refused the call
+
+
+def test_a_probe_task_fails_where_the_reads_cannot_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It imported boto3 only: an executor without aiobotocore passed, then failed every range."""
+    monkeypatch.setitem(sys.modules, "aiobotocore.session", None)  # import raises ImportError
+    reachable = AwsTarget("us-east-1", "http://127.0.0.1:9")
+    batch = pa.RecordBatch.from_arrays([pa.array([0], pa.int64())], names=["id"])
+    [answer] = list(probe_partition(reachable, {"StreamName": "s"}, iter([batch])))
+    [row] = answer.to_pylist()
+    assert row["error"].startswith("import failed: ") and "aiobotocore" in row["error"]
+
+
+JVM_TEXT = """An error occurred while calling o85.collectToPython.
+: org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 0.0 failed
+java.io.IOException: Cannot run program "/nonexistent/bin/python": error=2, No such file
+\tat java.base/java.lang.ProcessBuilder.start(ProcessBuilder.java:1143)
+\tat org.apache.spark.util.SparkErrorUtils.tryWithSafeFinally(SparkErrorUtils.scala:86)
+"""
+PYTHON_TEXT = """org.apache.spark.api.python.PythonException: Traceback (most recent call last):
+  File "/x/worker.py", line 1, in main
+    at org.apache.spark.util.Utils$.tryOrIOException(Utils.scala:1)
+ValueError: the answer was not Arrow
+\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException(PythonRunner.scala:1)
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        # It named a stack frame (SparkErrorUtils...): the first line with "Error" in it.
+        (JVM_TEXT, 'Cannot run program "/nonexistent/bin/python"'),
+        (PYTHON_TEXT, "ValueError: the answer was not Arrow"),
+        ("no exception named here", "no exception named here"),
+    ],
+)
+def test_a_failed_probe_job_is_named_by_its_cause(text: str, needle: str) -> None:
+    cause = failure_cause(text)
+    assert needle in cause and "tryWithSafeFinally" not in cause and len(cause) <= 300

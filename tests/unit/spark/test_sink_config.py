@@ -12,7 +12,14 @@ import pytest
 
 from checkpoint.base.errors import ConfigError
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.spark.session import MIB, SparkSessionHolder, SparkTarget, TargetKind, find_java
+from kclpy_spark.spark.session import (
+    MIB,
+    SparkSessionHolder,
+    SparkTarget,
+    TargetKind,
+    find_java,
+    python_defaults,
+)
 from kclpy_spark.spark.sink_batch import FunctionSink
 from kclpy_spark.spark.sink_config import (
     SinkConfig,
@@ -99,6 +106,20 @@ def test_the_sink_table_is_read_from_the_worker_toml(tmp_path: Path) -> None:
     cfg = load_sink_config(top)
     assert cfg is not None and cfg.sink_kind == "delta" and cfg.batching.max_records == 5000
     assert cfg.batching.scope == "lease" and cfg.spark_conf == {"spark.executor.memory": "2g"}
+    # Unquoted, TOML makes nested tables of the dotted name: it became one setting "spark".
+    dotted = tmp_path / "dotted.toml"
+    dotted.write_text(
+        '[sink]\nsink = "m:f"\n[sink.spark_conf]\nspark.executor.memory = "2g"\n'
+        "spark.sql.adaptive.enabled = false\n"
+    )
+    dotted_cfg = load_sink_config(dotted)
+    assert dotted_cfg is not None and dotted_cfg.spark_conf == {
+        "spark.executor.memory": "2g", "spark.sql.adaptive.enabled": "false",
+    }  # fmt: skip
+    unquoted_master = tmp_path / "master.toml"
+    unquoted_master.write_text('[sink]\nsink = "m:f"\n[sink.spark_conf]\nspark.master = "x"\n')
+    with pytest.raises(ConfigError, match="spark_target"):  # its check was bypassed too
+        load_sink_config(unquoted_master)
     nested = tmp_path / "nested.toml"
     nested.write_text('[kclpy_spark]\nstream_name = "s"\n[kclpy_spark.sink]\nsink = "m:f"\n')
     nested_cfg = load_sink_config(nested)
@@ -127,6 +148,10 @@ def test_the_sink_table_is_read_from_the_worker_toml(tmp_path: Path) -> None:
 def test_spark_targets(text: str, kind: TargetKind, loopback: bool) -> None:
     target = SparkTarget.parse(text)
     assert (target.kind, target.loopback, target.master) == (kind, loopback, text)
+    # The executors get this interpreter's path only where they run on this machine (on yarn,
+    # k8s or a remote cluster that path was named to executors that do not have it).
+    executors = python_defaults(target).get("PYSPARK_PYTHON")
+    assert executors == (sys.executable if loopback else None)
 
 
 @pytest.mark.parametrize("text", ["", "local[two]", "sc://", "http://x", "spark"])
