@@ -227,11 +227,15 @@ class FanOutFetcher:
                 if remaining <= 0:
                     self.renewals += 1
                     return False
+                lifetime = asyncio.timeout(remaining)
                 try:
-                    event = await asyncio.wait_for(anext(iterator), remaining)
+                    async with lifetime:
+                        event = await anext(iterator)
                 except StopAsyncIteration:
                     return False
                 except TimeoutError:
+                    if not lifetime.expired():  # the stream's own read timeout: a failure
+                        raise
                     self.renewals += 1
                     return False
                 body = event.get("SubscribeToShardEvent")

@@ -247,27 +247,35 @@ def _split(
     seq = record.sequence_number
     millis = record.timestamp_millis
     out: list[Record] = []
+    outside: list[int] = []
     for i, (pk_index, ehk_index, data) in enumerate(subs):
         if keep is not None and not keep(pk_index, ehk_index):
-            counters.skipped_out_of_range += 1
-            hash_key = (
-                f"explicit hash key {ehks[ehk_index]}"
-                if ehk_index >= 0
-                else f"partition key {pks[pk_index]!r} (hash {partition_key_hash(pks[pk_index])})"
-            )
-            log.warning(
-                "shard %s: KPL sub-record %s/%d with %s lies outside the shard's hash range "
-                "%d..%d; skipped (the KCL's rule: after a reshard such a record belongs to "
-                "another shard's reader)",
-                shard_id or "?",
-                seq,
-                i,
-                hash_key,
-                hash_range.start if hash_range else 0,
-                hash_range.end if hash_range else MAX_HASH_KEY,
-            )
+            outside.append(i)
             continue
         out.append(Record(data, pks[pk_index], seq, i, millis))
+    if outside:
+        counters.skipped_out_of_range += len(outside)
+        pk_index, ehk_index, _ = subs[outside[0]]
+        hash_key = (
+            f"explicit hash key {ehks[ehk_index]}"
+            if ehk_index >= 0
+            else f"partition key {pks[pk_index]!r} (hash {partition_key_hash(pks[pk_index])})"
+        )
+        # One line an aggregate (a producer aggregating across shards gave one a sub-record).
+        log.warning(
+            "shard %s: %d of the %d KPL sub-records of %s lie outside the shard's hash range "
+            "%d..%d (the first, %d, has %s); skipped, as the KCL skips them: they are stored in "
+            "this shard only, so no reader delivers them (counted in "
+            "kclpy_spark_kpl_subrecords_out_of_range)",
+            shard_id or "?",
+            len(outside),
+            len(subs),
+            seq,
+            hash_range.start if hash_range else 0,
+            hash_range.end if hash_range else MAX_HASH_KEY,
+            outside[0],
+            hash_key,
+        )
     return out
 
 

@@ -10,13 +10,16 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from checkpoint.base.errors import KclpySparkError, error_code, map_aws_error
+from checkpoint.base.errors import KclpySparkError, RequestError, error_code, map_aws_error
 from checkpoint.base.retry import Backoff
 
 log = logging.getLogger(__name__)
 
 # A consumer takes seconds (LocalStack) to tens of seconds (AWS) to become ACTIVE.
 CONSUMER_POLL_INTERVAL = 0.5
+# RegisterStreamConsumer refused with LimitExceededException this many times in a row: the stream
+# has its 20 registered consumers (no retry helps), not only calls that came too fast.
+REGISTER_REFUSALS = 8
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -110,6 +113,7 @@ CONSUMERS = ConsumerRegistry()
 async def _register_and_wait(client: Any, arn: str, name: str, sleep: Sleep) -> str:
     backoff = Backoff()
     registered = False
+    refused = 0  # LimitExceededException answers to RegisterStreamConsumer in a row
     while True:
         try:
             desc = (await client.describe_stream_consumer(StreamARN=arn, ConsumerName=name))[
@@ -130,6 +134,14 @@ async def _register_and_wait(client: Any, arn: str, name: str, sleep: Sleep) -> 
                     continue
                 except Exception as reg_exc:
                     exc, code = reg_exc, error_code(reg_exc)
+                    refused = refused + 1 if code == "LimitExceededException" else 0
+                    if refused >= REGISTER_REFUSALS:
+                        raise RequestError(
+                            f"registering stream consumer {name} on {arn} was refused "
+                            f"{refused} times in a row (LimitExceededException): the stream "
+                            "may have its 20 registered consumers (ListStreamConsumers names "
+                            "them); deregister one, or read by polling"
+                        ) from reg_exc
             if code == "ResourceNotFoundException" and registered:
                 delay = CONSUMER_POLL_INTERVAL  # registered, not yet visible
             else:
@@ -137,7 +149,12 @@ async def _register_and_wait(client: Any, arn: str, name: str, sleep: Sleep) -> 
                 if not mapped.retriable:
                     raise mapped from exc
                 delay = backoff.next_delay()
-                log.info("%s; retrying in %.2fs", mapped, delay)
+                log.log(
+                    logging.WARNING if refused else logging.INFO,
+                    "%s; retrying in %.2fs",
+                    mapped,
+                    delay,
+                )
         await sleep(delay)
 
 

@@ -363,3 +363,55 @@ def test_a_long_name_in_an_error_line_is_cut_not_redacted(key: str, value: str) 
         check(WorkerConfig(stream_name="s", **{key: value}))
     line = redact(str(raised.value))
     assert "[redacted]" not in line and f"({len(value)} characters)" in line, line
+
+
+def test_a_read_timeout_on_the_event_stream_is_a_failure_not_a_renewal() -> None:
+    """aiohttp's ServerTimeoutError (a stalled subscription's read timeout) is a TimeoutError:
+    it was taken for the lifetime timer, so counted as a renewal, with no backoff, no failure
+    for readiness and no check whether the shard ended."""
+    import aiohttp
+
+    clock = FakeClock()
+    stalled = FakeEventStream(
+        clock, iter([event([record(7)], "7")]), error=aiohttp.ServerTimeoutError("read timeout")
+    )
+    after = FakeEventStream(clock, iter([event([record(8)], None)]))
+    kinesis = FakeKinesis(clock, [stalled, after])
+    queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()
+    f = fetcher(kinesis, clock, queue)
+    asyncio.run(f.run())
+    assert [r.sequence_number for b in drain(queue) for r in b.records] == ["7", "8"]
+    assert f.renewals == 0
+    assert kinesis.get_records_calls == 1  # the shard-end check after a broken stream
+
+
+def test_a_stream_with_all_its_consumers_registered_is_one_error_not_retried_forever() -> None:
+    """RegisterStreamConsumer answers LimitExceededException when the stream has its 20
+    consumers: it was retried as throttling for ever, logged at INFO, and every fan-out fetcher
+    of the stream waited before its first read while its leases were renewed."""
+    from botocore.exceptions import ClientError
+
+    from checkpoint.base.errors import RequestError
+    from kclpy_spark.retrieval.stream_consumer import REGISTER_REFUSALS
+
+    def refused(code: str, operation: str) -> ClientError:
+        return ClientError({"Error": {"Code": code, "Message": code}}, operation)
+
+    class Full:
+        registers = 0
+
+        async def describe_stream_consumer(self, **_: Any) -> dict[str, Any]:
+            raise refused("ResourceNotFoundException", "DescribeStreamConsumer")
+
+        async def register_stream_consumer(self, **_: Any) -> dict[str, Any]:
+            self.registers += 1
+            raise refused("LimitExceededException", "RegisterStreamConsumer")
+
+    async def nap(_: float) -> None:
+        pass
+
+    control = Full()
+    arn = {"StreamARN": "arn:aws:kinesis:us-east-1:000000000000:stream/s"}
+    with pytest.raises(RequestError, match="20 registered consumers"):
+        asyncio.run(ConsumerRegistry().ensure(control, arn, "app", sleep=nap))
+    assert control.registers == REGISTER_REFUSALS
