@@ -47,8 +47,10 @@ from kclpy_spark.retrieval.source import (
 log = logging.getLogger(__name__)
 
 # Kinesis allows 5 GetRecords calls per second per shard, shared by every polling consumer: while
-# behind (a full response or MillisBehindLatest > 0) we read again after this short pause instead
-# of the configured idle time, which stays the pause after an empty or caught-up response.
+# behind (a full response, or MillisBehindLatest beyond the idle time) we read again after this
+# short pause instead of the configured idle time, which stays the pause after an answer at or
+# near the tip (under steady traffic the lag is a few milliseconds: reading 5 times a second then
+# took the whole shard's allowance from every other application reading it).
 MIN_INTERVAL_WHILE_BEHIND = 0.2
 # Kinesis's read limit per shard (GetRecords: 2 MiB of records a second, all polling consumers).
 READ_BYTES_PER_SECOND = 2 * 1024 * 1024
@@ -200,7 +202,7 @@ class PollingFetcher:
                 self._last_delivered = raw[-1].sequence_number
             # Before the records go to the processor (which may change the list).
             full = len(raw) >= self._max_records
-            behind = full or bool(lag)
+            behind = full or (lag or 0) > self._idle * 1000.0
             size = page_bytes(raw) if self._read_rate > 0 else 0
             # An empty answer at the tip goes out too: it says where the shard's lag is (0) and
             # tells a job that runs until caught up that this shard is (caught_up.py).

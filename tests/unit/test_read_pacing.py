@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import random
 from typing import Any
@@ -18,6 +19,7 @@ from kclpy_spark.processor import Record
 from kclpy_spark.retrieval.fastdecode import page_bytes
 from kclpy_spark.retrieval.page_decode import decode_page
 from kclpy_spark.retrieval.polling import (
+    MIN_INTERVAL_WHILE_BEHIND,
     READ_BYTES_PER_SECOND,
     FetchedBatch,
     PollingFetcher,
@@ -182,3 +184,37 @@ def test_refused_calls_are_counted_for_the_metric(rate: float, refused: bool) ->
     _read(shard, clock, rate, progress)
     assert progress.throttled == len(told) == shard.throttled
     assert (shard.throttled > 0) is refused
+
+
+class SteadyShard:
+    """Short pages under steady traffic: a small lag each time, then a backlog's lag."""
+
+    def __init__(self, lags: list[int]) -> None:
+        self.lags = lags
+
+    async def get_shard_iterator(self, **_: object) -> dict[str, object]:
+        return {"ShardIterator": "it"}
+
+    async def get_records(self, **_: object) -> dict[str, object]:
+        if not self.lags:
+            raise asyncio.CancelledError()
+        lag = self.lags.pop(0)
+        return {"Records": [], "NextShardIterator": "it", "MillisBehindLatest": lag}
+
+
+def test_a_few_milliseconds_of_lag_waits_the_idle_time_and_a_backlog_does_not() -> None:
+    """Any lag above 0 read 5 times a second: under steady traffic (a few milliseconds behind)
+    that took the shard's whole GetRecords allowance from every other application on it."""
+    pauses: list[float] = []
+
+    async def record_pause(seconds: float) -> None:
+        pauses.append(seconds)
+
+    fetcher = PollingFetcher(
+        SteadyShard([4, 0, 60_000, 900]), {"StreamName": "s"}, "shardId-000000000000",
+        TRIM_HORIZON, InitialPosition.trim_horizon(), asyncio.Queue[FetchedBatch](),
+        idle_time=1.0, sleep=record_pause, clock=lambda: 0.0, rng=random.Random(7),
+    )  # fmt: skip
+    with contextlib.suppress(asyncio.CancelledError):
+        asyncio.run(fetcher.run())
+    assert pauses == [1.0, 1.0, MIN_INTERVAL_WHILE_BEHIND, 1.0]
