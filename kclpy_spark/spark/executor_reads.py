@@ -425,7 +425,7 @@ class ExecutorReads:
                 at = AT_TIMESTAMP
             entry.iterator, entry.iterator_at = end.next_iterator, at
             entry.next_read_at = self._next_read(rng, end, now)
-            entry.behind = is_behind(rng, end)
+            entry.behind = is_behind(rng, end, self._s.idle_seconds)
         children = [dict(c) for c in end.child_shards]
         last = end.last.sequence_number if end.last is not None else None
         counted = ReadElsewhere(end.rows, end.nbytes, last, end.throttled)
@@ -443,7 +443,7 @@ class ExecutorReads:
         big page's bytes at the read rate, at the tip too), and at the tip not before
         ``idle_seconds``."""
         paced = self._paced(end, began + rng.delay)  # its task called no sooner
-        if not is_behind(rng, end):
+        if not is_behind(rng, end, self._s.idle_seconds):
             return max(self._clock.monotonic() + self._s.idle_seconds, paced)
         return paced
 

@@ -34,13 +34,16 @@ def round_leases(entries: Mapping[str, T], now: float, ahead: float) -> dict[str
             if e.next_read_at <= now or (e.behind and e.next_read_at <= now + ahead)}  # fmt: skip
 
 
-def is_behind(rng: ReadRange, end: RangeEnd) -> bool:
-    """More records are waiting: the range stopped at its budget, or the shard is behind."""
+def is_behind(rng: ReadRange, end: RangeEnd, idle_seconds: float) -> bool:
+    """More records are waiting: the range stopped at its budget, or the shard is more than
+    ``idle_seconds`` behind (a few milliseconds under steady traffic is at the tip: reading it
+    at once took the shard's GetRecords allowance from the other applications on it)."""
     if rng.pinned is not None:
         return True  # a re-formed piece: what follows it is read next
     full = end.rows >= rng.max_records or end.nbytes >= rng.max_bytes
     unknown = end.rows > 0 and end.millis_behind_latest is None  # no lag said: maybe more
-    return full or end.left_behind or unknown or bool(end.millis_behind_latest)
+    lagging = (end.millis_behind_latest or 0) > idle_seconds * 1000.0
+    return full or end.left_behind or unknown or lagging
 
 
 def paced(

@@ -72,7 +72,7 @@ def test_a_full_page_reports_the_shards_lag_and_still_counts_as_behind() -> None
     assert RangeEnd.from_json(end.to_json()) == end
     at_tip = {**page, "MillisBehindLatest": 0}  # a full page at lag 0: maybe more all the same
     wide = ReadRange(KEY, "s", STREAM, KEY, esn(10), max_records=100, max_pages=1)
-    assert is_behind(wide, read(Client(at_tip), rng, ManualClock()))
+    assert is_behind(wide, read(Client(at_tip), rng, ManualClock()), 1.0)
 
 
 @pytest.mark.parametrize("pinned", [False, True])
