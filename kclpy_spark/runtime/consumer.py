@@ -121,6 +121,7 @@ class ShardConsumer:
         self.lease_key = held.lease_key
         self._shard_labels = self._metrics.shard(held.lease_key)  # (stream, shard) of its series
         self.stats = ShardStats(held.lease.shard_id)
+        self.call_thread: asyncio.Future[Any] | None = None  # the last processor call's thread
         throttled = self._metrics.read_throttled.labels(*self._shard_labels)
         self.progress = FetchProgress(clock.monotonic, on_throttled=throttled.inc)
         configured = initial_position or cfg.initial_position
@@ -225,9 +226,18 @@ class ShardConsumer:
         returns makes the worker not ready: health.py)."""
         self.stats.call_started = self._clock.monotonic()
         try:
-            await call_processor(method, arg)
+            await call_processor(method, arg, self._on_thread)
         finally:
             self.stats.call_started = None
+
+    def _on_thread(self, future: asyncio.Future[Any]) -> None:
+        self.call_thread = future
+
+    def call_running(self) -> asyncio.Future[Any] | None:
+        """The thread of a processor call that is still running (this consumer's task having
+        been cancelled during it): no other consumer of the lease may start before it ends."""
+        thread = self.call_thread
+        return thread if thread is not None and not thread.done() else None
 
     async def _safe(self, method: Callable[[Any], Any], arg: object, name: str) -> None:
         """A call whose failure is only logged (lease_lost, shutdown_requested); timed as every

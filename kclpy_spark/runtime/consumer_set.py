@@ -17,6 +17,7 @@ import random
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from checkpoint.base.clock import AsyncSleep, Clock
 from checkpoint.base.errors import KclpySparkError
@@ -85,11 +86,14 @@ class ConsumerSet:
         self._hand_back: set[str] = set()  # leases to release when their consumer has stopped
         self._handing_over: set[str] = set()
         self._background: set[asyncio.Future[None]] = set()
+        # Leases whose consumer was cancelled while a processor call ran on its thread (a
+        # suspend's grace ran out): no consumer of the lease starts until that call returns.
+        self._draining: dict[str, asyncio.Future[Any]] = {}
         # A read silent this long (not blocked on a full queue) makes the worker not ready.
         self.stall_after = max(30.0, 10 * cfg.idle_time_between_reads)
 
     def __contains__(self, lease_key: str) -> bool:
-        return lease_key in self.running
+        return lease_key in self.running or lease_key in self._draining
 
     def stats(self) -> list[ShardStats]:
         return [r.consumer.stats for r in self.running.values()]
@@ -236,6 +240,7 @@ class ConsumerSet:
         if running is not None:
             self._remember(key, running.consumer.stats)
         if task.cancelled():
+            self._drain(key, None if running is None else running.consumer.call_running())
             return
         exc = task.exception()
         if exc is not None:  # run() handles every failure; this is a bug in the handling itself
@@ -252,6 +257,22 @@ class ConsumerSet:
             self._counters.increment(Counter.PARTITION_NOT_OWNED_ERRORS)
             self._holder.drop(key, None if running is None else running.consumer.token)
         self._hand_back.discard(key)
+
+    def _drain(self, key: str, thread: asyncio.Future[Any] | None) -> None:
+        if thread is None:
+            return
+        log.warning(
+            "lease %s: its consumer was cancelled while a processor call still runs on its "
+            "thread; the lease is not run here again until that call returns",
+            key,
+        )
+        self._draining[key] = thread
+
+        def returned(done: asyncio.Future[Any]) -> None:
+            if self._draining.get(key) is done:
+                del self._draining[key]
+
+        thread.add_done_callback(returned)
 
     def _remember(self, key: str, stats: ShardStats) -> None:
         """Keep the last FINISHED_KEPT ended tenures for status; forget the shard's per-shard

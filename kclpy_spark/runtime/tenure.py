@@ -12,7 +12,10 @@ LATEST lease began; after those the tenure goes on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import enum
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -242,10 +245,16 @@ class Tenure:
         return result.lease
 
 
-def call_processor(method: Callable[[Any], Any], arg: object) -> Awaitable[None]:
+def call_processor(
+    method: Callable[[Any], Any],
+    arg: object,
+    on_thread: Callable[[asyncio.Future[Any]], None] | None = None,
+) -> Awaitable[None]:
     """Call a processor method: ``async def`` ones on the loop, plain ones in a thread.
     ``sys.exit()`` in it (and KeyboardInterrupt in a thread, where only user code raises it) is a
-    ProcessorExitError: a failed call, not the daemon's end with the status it chose."""
+    ProcessorExitError: a failed call, not the daemon's end with the status it chose.
+    ``on_thread`` is told the thread's future: cancelling the caller does not stop the thread,
+    and whoever starts another call for the lease must wait for it."""
     from kclpy_spark.processor import is_async
 
     async def run() -> None:
@@ -253,13 +262,41 @@ def call_processor(method: Callable[[Any], Any], arg: object) -> Awaitable[None]
             if is_async(method):
                 await method(arg)
                 return
-            result = await asyncio.to_thread(in_thread, method, arg)
+            # asyncio.to_thread's way (this context's variables on the thread); ``returned``
+            # ends when the thread's call does (the awaited future is cancelled with its caller).
+            loop = asyncio.get_running_loop()
+            returned: asyncio.Future[None] = loop.create_future()
+            context = contextvars.copy_context()
+            call = functools.partial(context.run, _told, in_thread, method, arg, returned)
+            if on_thread is not None:
+                on_thread(returned)
+            result = await loop.run_in_executor(None, call)
         except SystemExit as exc:
             raise exited(method, exc) from exc
         if asyncio.iscoroutine(result):
             await result
 
     return run()
+
+
+def _told(
+    call: Callable[[Callable[[Any], Any], object], Any],
+    method: Callable[[Any], Any],
+    arg: object,
+    returned: asyncio.Future[None],
+) -> Any:
+    """``call(method, arg)`` on the thread, then ``returned`` done on its loop."""
+    try:
+        return call(method, arg)
+    finally:
+        loop = returned.get_loop()
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
+            loop.call_soon_threadsafe(_set_done, returned)
+
+
+def _set_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def in_thread(method: Callable[[Any], Any], arg: object) -> Any:

@@ -244,3 +244,32 @@ def test_the_read_throughput_is_measured_smoothed_and_written_at_renewal() -> No
     # The records delivered ride on the same renewal (for `status`, no request of their own).
     assert stored.owner_figures is not None
     assert stored.owner_figures.records == env.set.finished[key].records > 0
+
+
+def test_a_cancelled_consumer_whose_call_runs_on_keeps_its_lease_from_a_second_one() -> None:
+    """A suspend whose grace ran out cancels a consumer in process_records, but its thread runs
+    on: the key left the set at once, so the taker could start a second processor of the same
+    shard beside the first call."""
+    release = threading.Event()
+    entered = threading.Event()
+
+    class Slow(Recorder):
+        def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+            entered.set()
+            release.wait(30.0)
+
+    env = Env(Slow())
+    key = "shardId-000000000000"
+
+    async def go() -> None:
+        env.start(key, [batch(10)])
+        await settle(entered.is_set)
+        await env.set.shutdown_all(0.05)  # the grace ran out: cancelled
+        assert key not in env.set.running and key in env.set  # not taken here meanwhile
+        release.set()
+        await settle(lambda: key not in env.set)  # the call returned: takeable again
+
+    try:
+        asyncio.run(go())
+    finally:
+        release.set()
