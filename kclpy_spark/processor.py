@@ -246,8 +246,10 @@ class RecordProcessor(abc.ABC):
     def shutdown_requested(
         self, shutdown_requested_input: ShutdownRequestedInput
     ) -> MaybeAwaitable:
-        """The worker is stopping; checkpoint here to hand over without replays. Default: nothing
-        (a default checkpoint could commit records a buffering processor has not written yet)."""
+        """The worker is stopping (or handing the lease over); checkpoint here to hand over
+        without replays. ``lease_lost`` follows once the lease is released, as in the KCL.
+        Default: nothing (a default checkpoint could commit records a buffering processor has
+        not written yet)."""
         return None
 
 

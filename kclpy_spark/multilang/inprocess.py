@@ -17,7 +17,7 @@ RecordProcessor, so no child process, JSON or base64 round trip is involved:
 The checkpointer handed to the application raises ``amazon_kclpy.kcl.CheckpointError`` (same
 ``.value``) when amazon_kclpy is importable, so ``except kcl.CheckpointError`` works unchanged;
 without amazon_kclpy it raises our ``CheckpointError``. As the KCL does after a graceful-shutdown
-request, ``shutdown_requested`` is followed by the lease-lost call.
+request, the worker follows ``shutdown_requested`` with the lease-lost call (consumer.py).
 
 Errors: amazon-kclpy's KCLProcess catches every exception from the application, prints it and
 reports the call done, so the daemon moves on. The adapter does the same by default (logging the
@@ -202,7 +202,6 @@ class KclpyProcessorAdapter(RecordProcessor):
             self._dispatch(
                 "shutdown_requested", ShutdownRequestedInput(checkpointer), always_swallow=True
             )
-        self.lease_lost(LeaseLostInput())
 
 
 def processor_factory(

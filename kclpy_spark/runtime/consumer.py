@@ -218,6 +218,8 @@ class ShardConsumer:
             if processor is not None:
                 arg = ShutdownRequestedInput(self.tenure.checkpointer)
                 await self._safe(processor.shutdown_requested, arg, "shutdown_requested")
+                # Then the lease goes, as the KCL tells a processor after shutdownRequested.
+                await self._safe(processor.lease_lost, LeaseLostInput(), "lease_lost")
         self.stats.state = outcome.value
         return outcome
 

@@ -140,7 +140,11 @@ def test_v2_and_v1_map_like_amazon_kclpys_adapters(amazon_kclpy: ModuleType, ver
     ]  # fmt: skip
 
 
-def test_shutdown_requested_is_followed_by_lease_lost(amazon_kclpy: ModuleType) -> None:
+def test_shutdown_requested_then_the_workers_lease_lost_reach_the_app(
+    amazon_kclpy: ModuleType,
+) -> None:
+    """The worker follows shutdown_requested with lease_lost for every processor (consumer
+    tests); the adapter passes each on once (it used to add its own lease_lost)."""
     calls: list[tuple[Any, ...]] = []
     _, v1_class = _v2_and_v1_classes(calls)
     adapter = KclpyProcessorAdapter(v1_class())
@@ -148,6 +152,8 @@ def test_shutdown_requested_is_followed_by_lease_lost(amazon_kclpy: ModuleType) 
     initialize(adapter, shard)
     deliver(adapter, shard, 1, 1)
     adapter.shutdown_requested(ShutdownRequestedInput(shard.checkpointer))
+    assert calls[-1][0] == "shutdown_requested"
+    adapter.lease_lost(LeaseLostInput())
     assert [c[0] for c in calls][-2:] == ["shutdown_requested", "shutdown"]
     assert calls[-1][1] == "ZOMBIE"
 

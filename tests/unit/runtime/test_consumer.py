@@ -454,12 +454,14 @@ def test_a_lost_lease_stops_the_consumer_and_tells_the_processor() -> None:
     assert env.kinds() == ["lost"]
 
 
-def test_shutdown_asks_the_processor_to_checkpoint() -> None:
+def test_shutdown_asks_the_processor_to_checkpoint_then_says_the_lease_is_gone() -> None:
+    """As the KCL: shutdownRequested, and once the lease is released leaseLost (a processor's
+    clean-up in lease_lost never ran on SIGTERM, a suspend or a hand-off)."""
     env = Env()
     env.lease()
     consumer = env.consumer(FakeSources([batch(10)]))
     assert env.run(consumer, until=lambda: bool(env.processor.seen)) is Outcome.SHUTDOWN
-    assert env.processor.calls[-1] == "shutdown_requested"
+    assert env.processor.calls[-2:] == ["shutdown_requested", "lease_lost"]
 
 
 def test_an_at_timestamp_lease_starts_at_its_own_stored_time() -> None:
@@ -665,7 +667,7 @@ def test_a_checkpoint_before_any_delivery_keeps_the_stored_latest_start() -> Non
     consumer = env.consumer(sources)
     outcome = env.run(consumer, until=lambda: env.stored().checkpoint == AT_TIMESTAMP)
     assert outcome is Outcome.SHUTDOWN
-    assert env.processor.calls[-1] == "shutdown_requested"
+    assert env.processor.calls[-2:] == ["shutdown_requested", "lease_lost"]
     assert env.stored().checkpoint == AT_TIMESTAMP  # not LATEST again
 
 
@@ -786,7 +788,12 @@ def test_a_plain_processor_is_not_called_for_empty_reads() -> None:
     env.lease()
     consumer = env.consumer(FakeSources([FetchedBatch([], 0), batch(10), FetchedBatch([], 0)]))
     env.run(consumer, until=lambda: env.processor.seen == ["10"])
-    assert env.processor.calls == ["initialize", "process_records", "shutdown_requested"]
+    assert env.processor.calls == [
+        "initialize",
+        "process_records",
+        "shutdown_requested",
+        "lease_lost",
+    ]
 
 
 def test_records_read_elsewhere_are_counted_for_the_lease_not_delivered() -> None:
