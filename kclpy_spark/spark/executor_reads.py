@@ -191,6 +191,7 @@ class ExecutorReads:
         self._gather = 0.0  # how far ahead a round takes leases (the last job's own length)
         self.stored = StoredReads()  # the executors' copies of reads some batch still holds
         self._id = uuid.uuid4().hex[:8]
+        self.cancelled_at: float | None = None  # the running read job was cancelled then
 
     # --- registry (relays) ----------------------------------------------------------------------
 
@@ -312,6 +313,7 @@ class ExecutorReads:
 
         def cancel() -> None:
             overran.set()
+            self.cancelled_at = self._clock.monotonic()
             log.warning("the read job of %d lease(s) ran over %.0f s: cancelling it", len(ranges),
                         limit)  # fmt: skip
             self._jobs.interrupt(tag)
@@ -333,6 +335,13 @@ class ExecutorReads:
             raise
         finally:
             deadline.cancel()
+            self.cancelled_at = None
+
+    def hung_for(self) -> float | None:
+        """Seconds since a read job that ran over was cancelled and has not returned (a JVM
+        that answers no more: every lease waits on the one read thread), else None."""
+        at = self.cancelled_at
+        return None if at is None else self._clock.monotonic() - at
 
     def _range(
         self, entry: _Entry, slot: ReadSlot, leases: int, behind: int, now: float

@@ -48,6 +48,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# A cancelled read job is given this long to return before the worker says it is not ready: the
+# interrupt reaches its tasks in seconds unless the JVM answers no more.
+READ_CANCEL_GRACE = 60.0
+
 
 def stream_of(lease_key: str, default: str) -> str:
     """The stream a lease belongs to: named in a multi-stream lease key, else the configured
@@ -181,6 +185,12 @@ class SparkSinkProcessorFactory:
         hung, limit = self.batcher.hung_writes, self.batcher.writes.max_hung_writes
         if hung >= limit:
             return False, f"{hung} Spark sink write(s) hang (at most {limit}); writes are refused"
+        stuck = None if self._reads is None else self._reads.hung_for()
+        if stuck is not None and stuck > READ_CANCEL_GRACE:
+            return False, (
+                f"a read job on the executors has not returned {stuck:.0f}s after it was "
+                "cancelled; no lease is read"
+            )
         return True, "ready"
 
     def metrics_collector(self) -> Any:

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -524,6 +525,42 @@ def test_a_read_job_that_hangs_is_cancelled_and_fails_its_ranges() -> None:
     assert jobs.tags[0].startswith("kclpy-spark-read-") and jobs.tags[0].endswith("-1")
     [failure] = posted
     assert isinstance(failure, RangeReadError) and "ran over 0 s and was cancelled" in str(failure)
+
+
+def test_a_read_job_that_does_not_return_after_its_cancel_is_told_to_readiness() -> None:
+    """A JVM that answers no more: the cancelled job never returned, every lease waited on the
+    one read thread, and nothing said so (no records, so no write to hang)."""
+    from kclpy_spark.spark.sink_processor import READ_CANCEL_GRACE, SparkSinkProcessorFactory
+
+    clock = ManualClock()
+    jobs = Jobs()
+    gone = threading.Event()
+
+    def stuck_read(session: Any, ranges: Any, aws: Any, **kw: Any) -> Any:
+        gone.wait(10)  # the interrupt reaches nothing
+        raise RuntimeError("Job cancelled")
+
+    reads_, _, _ = started(OneSlotFeed(), ExecutorReads(
+        lambda: None, AwsTarget("us-east-1"), ReadSettings(max_seconds=0.05, job_grace=0.05),
+        jobs=jobs, read=stuck_read, tasks=lambda session: 1, clock=clock,
+    ))  # fmt: skip
+    batcher = SimpleNamespace(hung_writes=0, writes=SimpleNamespace(max_hung_writes=2))
+    factory = SparkSinkProcessorFactory(batcher, "s", reads=reads_)  # type: ignore[arg-type]
+    job = threading.Thread(target=reads_.read_round)
+    job.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not jobs.interrupted and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert factory.readiness() == (True, "ready")  # cancelled a moment ago
+        clock.advance(READ_CANCEL_GRACE + 1)
+        ready, why = factory.readiness()
+        assert not ready and "has not returned" in why
+    finally:
+        gone.set()
+        job.join(10)
+        reads_.close()
+    assert factory.readiness() == (True, "ready") and reads_.hung_for() is None
 
 
 @pytest.mark.parametrize(
