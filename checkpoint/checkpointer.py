@@ -220,8 +220,10 @@ class Checkpointer:
         """Write a pending checkpoint (and optional application state); commit it later with the
         returned object's ``checkpoint()``. Validated like ``checkpoint``."""
         target = self._target(sequence_number, sub_sequence_number)
-        if target == self._held_or_raise().checkpoint and application_state is None:
+        held = self._held_or_raise()
+        if target == held.checkpoint and application_state is None and not held.pending_checkpoint:
             return PreparedCheckpoint(None, target)  # nothing to prepare: already checkpointed
+        # (a pending checkpoint beyond it is replaced, as the KCL's prepareCheckpoint writes it)
         self._run(lambda: self._try_prepare(target, application_state))
         return PreparedCheckpoint(self, target)
 

@@ -281,6 +281,17 @@ def test_prepare_at_the_last_checkpoint_writes_nothing(
     assert table.write_calls == 0
 
 
+def test_prepare_at_the_last_checkpoint_replaces_a_pending_checkpoint_beyond_it(
+    table: FaultyTable, cp: Checkpointer
+) -> None:
+    """It wrote nothing, so the pending 150 stayed: a sink reading its pending checkpoint at a
+    restart re-formed a range it was no longer writing (the KCL writes the pending value)."""
+    cp.prepare_checkpoint("150")
+    cp.prepare_checkpoint("100")  # the stored checkpoint
+    lease = stored(table)
+    assert lease.checkpoint == LAST and lease.pending_checkpoint in (None, LAST)
+
+
 def test_checkpoint_clears_a_pending_checkpoint(table: FaultyTable, cp: Checkpointer) -> None:
     cp.prepare_checkpoint("150")
     cp.checkpoint("120")
