@@ -64,10 +64,12 @@ async def check_retention(
     target = TRIM_HORIZON if policy == "earliest" else LATEST
     await tenure.restart_at(target)
     start.restarted(target)
-    log.warning(
+    log.error(
         "%s. Policy %r: restarting at %s (%s)",
         what,
         policy,
         target,
-        "possible duplicates" if policy == "earliest" else "records in between are lost",
+        "what aged out before it is gone; none is read twice"
+        if policy == "earliest"
+        else "records in between are lost",
     )
