@@ -259,11 +259,13 @@ class SparkSessionHolder:
         from pyspark.sql import SparkSession
 
         if t.kind is TargetKind.CONNECT:
-            builder = SparkSession.builder.remote(t.master)
-            for key, value in {**CONNECT_DEFAULTS, **SQL_DEFAULTS, **self._conf}.items():
-                builder = builder.config(key, value)
-            session = builder.getOrCreate()
+            # Settings given to the builder are sent by getOrCreate() itself, under Spark's own
+            # retry policy (15 tries, about 10 minutes against a server that is down): the short
+            # policy goes first, then the settings.
+            session = SparkSession.builder.remote(t.master).getOrCreate()
             self._short_connect_retries(session)
+            for key, value in {**CONNECT_DEFAULTS, **SQL_DEFAULTS, **self._conf}.items():
+                session.conf.set(key, value)
             log.info("Spark Connect session to %s", t.master)
             return session
         find_java()

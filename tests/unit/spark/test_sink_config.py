@@ -359,3 +359,22 @@ def test_a_sink_without_its_extra_is_one_line_naming_it(
 def test_an_installed_sink_passes_the_check() -> None:
     check_installed(sink_config_from_mapping({"sink": "delta:/tmp/t"}))  # this venv has them all
     check_installed(sink_config_from_mapping({"sink": "parquet:/x"}), lambda name: object())
+
+
+def test_a_spark_connect_server_that_is_down_is_an_error_at_start_not_ten_minutes_of_retries(
+    tmp_path: Path,
+) -> None:
+    """getOrCreate() sent the builder's settings under Spark's own retry policy (15 tries, about
+    ten minutes); the short one was set only after it returned."""
+    code = (
+        "from kclpy_spark.spark.session import SparkSessionHolder\n"
+        "try:\n"
+        "    SparkSessionHolder('sc://127.0.0.1:9').session()\n"
+        "except Exception as exc:\n"
+        "    print('FAILED', type(exc).__name__)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        check=False,
+    )  # fmt: skip
+    assert "FAILED SparkConnectGrpcException" in result.stdout, result.stderr[-2000:]
