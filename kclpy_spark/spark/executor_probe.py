@@ -14,9 +14,12 @@ import functools
 import importlib
 import os
 import re
+import shutil
 import socket
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
@@ -166,4 +169,71 @@ def probe_partition(
                 pa.array([__version__] * n, pa.string()),
             ],
             names=["pid", "host", "error", "version"],
+        )
+
+
+# --- a Parquet sink's folder on a cluster -------------------------------------------------------
+
+SHARED_DDL = "host string, mark string, error string"
+
+
+def probe_shared_folder(
+    session: Any,
+    folder: Path,
+    what: str,
+    *,
+    tasks: int | None = None,
+    other_disk: Path | None = None,
+) -> None:
+    """On a cluster, each executor writes a mark file into ``folder`` and this worker looks for
+    them: a folder only this machine sees (a local disk, not a shared mount) is one ConfigError
+    naming ``what`` at start-up. Spark's commit there found nothing to move, wrote _SUCCESS, and
+    the piece was published empty while its checkpoint moved: its records were lost.
+    ``other_disk``: where the same path leads on the executors (tests: a folder this worker does
+    not look in, as on another machine's disk)."""
+    from checkpoint.base.errors import ConfigError
+
+    n = tasks or default_parallelism(session)
+    marks = folder / f".kclpy-spark-shared-{uuid.uuid4().hex[:12]}"
+    marks.mkdir(parents=True, exist_ok=True)
+    told = marks if other_disk is None else other_disk / marks.name
+    job = functools.partial(mark_partition, str(told))
+    try:
+        rows = session.range(0, n, 1, n).mapInArrow(job, SHARED_DDL).collect()
+        seen = {p.name for p in marks.iterdir()}
+    finally:
+        shutil.rmtree(marks, ignore_errors=True)
+    for row in rows:
+        if row["error"]:
+            raise ConfigError(
+                f"{what}: a Spark executor on {row['host']} cannot write to {str(folder)!r}: "
+                f"{row['error']}"
+            )
+        if row["mark"] not in seen:
+            raise ConfigError(
+                f"{what}: a Spark executor on {row['host']} does not see the folder "
+                f"{str(folder)!r} this worker sees; on a cluster it must be on storage every "
+                "executor and this worker share (a shared mount)"
+            )
+
+
+def mark_partition(marks: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """On an executor: a mark file in ``marks`` (made if missing: a folder only this executor
+    sees), named after this task."""
+    for batch in batches:
+        name, error = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}", None
+        try:
+            os.makedirs(marks, exist_ok=True)
+            with open(os.path.join(marks, name), "wb"):
+                pass
+        except OSError as exc:
+            error = f"{type(exc).__name__}: {exc.strerror or exc}"
+        n = batch.num_rows
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array([socket.gethostname()] * n, pa.string()),
+                pa.array([name] * n, pa.string()),
+                pa.array([error] * n, pa.string()),
+            ],
+            names=["host", "mark", "error"],
         )

@@ -133,6 +133,7 @@ def processor_factory_from_sink_config(
     if start_session:
         holder.session()
         holder.check_value_schema()
+        _check_shared_folders(sink_cfg, holder)
     settings = sink_cfg.batcher_settings(holder.max_batch_bytes())
     if settings.max_bytes < sink_cfg.batching.max_bytes:
         log.warning(
@@ -164,6 +165,20 @@ def processor_factory_from_sink_config(
         record_sources=None if reads is None else _relays(reads),
         reads=reads,
     )
+
+
+def _check_shared_folders(cfg: SinkConfig, holder: SparkSessionHolder) -> None:
+    """Where the executors may run on other machines, each ``parquet:`` folder on a local path
+    must be one they all see (probe_shared_folder): one line at start-up, not records lost."""
+    from kclpy_spark.spark.executor_probe import probe_shared_folder
+    from kclpy_spark.spark.session import TargetKind
+
+    if holder.target.kind is TargetKind.LOCAL or holder.target.loopback:
+        return
+    for spec in cfg.specs:
+        folder = local_path(spec.path) if spec.kind == "parquet" else None
+        if folder is not None:
+            probe_shared_folder(holder.session(), folder, f"config 'sink' parquet:{spec.path}")
 
 
 def _executor_reads(

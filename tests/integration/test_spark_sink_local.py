@@ -338,3 +338,20 @@ def test_two_sinks_on_real_spark_each_get_every_record_and_the_checkpoint_waits_
     assert log[-1] == "parked" and env.checkpoint_number(SHARDS[0]) == 200
     assert 210 in written_numbers(out, SHARDS[0])
     batcher.close()
+
+
+def test_a_parquet_folder_the_executors_do_not_share_is_one_line_at_start(
+    spark: Any, tmp_path: Path
+) -> None:
+    """On a cluster of several machines a local path is each one's own disk: Spark's commit
+    found nothing to move, the piece was published empty and its checkpoint moved."""
+    from checkpoint.base.errors import ConfigError
+    from kclpy_spark.spark.executor_probe import probe_shared_folder
+
+    shared = tmp_path / "out"
+    probe_shared_folder(spark, shared, "config 'sink' parquet:out", tasks=2)  # one disk: fine
+    assert list(shared.iterdir()) == []  # its marks are gone
+    other = tmp_path / "executor-disk"  # the same path on another machine
+    with pytest.raises(ConfigError, match="does not see the folder") as err:
+        probe_shared_folder(spark, shared, "config 'sink' parquet:out", tasks=2, other_disk=other)
+    assert "\n" not in str(err.value) and "shared mount" in str(err.value)
