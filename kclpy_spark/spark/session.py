@@ -169,17 +169,50 @@ def find_java() -> str:
     return java
 
 
-def classic_conf(target: SparkTarget, user: Mapping[str, str]) -> dict[str, str]:
+def classic_conf(
+    target: SparkTarget, user: Mapping[str, str], site: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The configuration of a session this package starts (not over Connect): its defaults,
-    then the user's ``spark_conf`` over them."""
+    then the site's ``spark-defaults.conf`` (``site``; read from SPARK_CONF_DIR or
+    SPARK_HOME/conf when None), then the user's ``spark_conf`` over them. Settings given to the
+    builder outrank spark-defaults.conf, so without reading it ours replaced a cluster's time
+    zone, jars and JVM options."""
     defaults = dict(CLASSIC_DEFAULTS)
     if target.loopback:
         defaults["spark.driver.host"] = "127.0.0.1"
         defaults["spark.driver.bindAddress"] = "127.0.0.1"
-    conf = {**defaults, **user}
+    conf = {**defaults, **(spark_defaults() if site is None else site), **user}
     if target.kind is TargetKind.LOCAL:  # the Parquet sink's writes then fork no chmod (local_fs)
         conf = local_fs.with_jar(conf)
     return conf
+
+
+_PROPERTY = re.compile(r"(\S+?)(?:\s*[=:]\s*|\s+)(.*)$")  # key, then = or : or blanks, value
+
+
+def spark_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The ``spark.*`` settings of the ``spark-defaults.conf`` spark-submit would read (in
+    SPARK_CONF_DIR, else SPARK_HOME/conf): a Java properties file, ``key value`` or
+    ``key=value`` a line, ``#`` and ``!`` comments; none when there is none."""
+    folder = environ.get("SPARK_CONF_DIR") or (
+        os.path.join(environ["SPARK_HOME"], "conf") if environ.get("SPARK_HOME") else None
+    )
+    if folder is None:
+        return {}
+    try:
+        text = Path(folder, "spark-defaults.conf").read_text()
+    except OSError:
+        return {}
+    found = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line[0] in "#!":
+            continue
+        match = _PROPERTY.match(line)
+        key, value = (match.group(1), match.group(2)) if match else (line, "")
+        if key.startswith("spark.") and key != "spark.master":  # spark_target says that
+            found[key] = value.strip()
+    return found
 
 
 # Half of spark.sql.execution.arrow.maxRecordsPerBatch (10,000), by which PySpark slices a table.

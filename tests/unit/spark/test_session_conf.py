@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from kclpy_spark.spark import local_fs
-from kclpy_spark.spark.session import DEBUGGING, KRYO, SERIALIZER, SparkTarget, classic_conf
+from kclpy_spark.spark.session import (
+    DEBUGGING,
+    KRYO,
+    SERIALIZER,
+    SparkTarget,
+    classic_conf,
+    spark_defaults,
+)
 
 THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
 
@@ -28,3 +37,33 @@ def test_records_are_serialized_with_kryo_unless_the_user_says_otherwise() -> No
     assert classic_conf(SparkTarget.parse("local[2]"), {})[SERIALIZER] == KRYO
     java = "org.apache.spark.serializer.JavaSerializer"
     assert classic_conf(SparkTarget.parse("spark://h:7077"), {SERIALIZER: java})[SERIALIZER] == java
+
+
+def test_the_sites_spark_defaults_outrank_ours_and_the_users_toml_outranks_both(
+    tmp_path: Path,
+) -> None:
+    """Settings given to the builder outrank spark-defaults.conf: ours replaced a cluster's time
+    zone, serializer, jars and driver JVM options (EMR's, Dataproc's, a Kerberos flag)."""
+    (tmp_path / "spark-defaults.conf").write_text(
+        "# the cluster's\n"
+        "spark.sql.session.timeZone   America/New_York\n"
+        "spark.serializer=org.apache.spark.serializer.JavaSerializer\n"
+        "spark.driver.extraJavaOptions -Dmy.flag=1\n"
+        "spark.jars: /site/user.jar\n"
+        "spark.master yarn\n"  # spark_target says where the session runs
+        "not.spark 1\n"
+    )
+    site = spark_defaults({"SPARK_CONF_DIR": str(tmp_path)})
+    assert site == {
+        "spark.sql.session.timeZone": "America/New_York",
+        "spark.serializer": "org.apache.spark.serializer.JavaSerializer",
+        "spark.driver.extraJavaOptions": "-Dmy.flag=1",
+        "spark.jars": "/site/user.jar",
+    }
+    conf = classic_conf(SparkTarget.parse("local[2]"), {"spark.sql.session.timeZone": "UTC"}, site)
+    assert conf["spark.sql.session.timeZone"] == "UTC"  # the TOML's spark_conf
+    assert conf["spark.serializer"].endswith("JavaSerializer")
+    assert conf["spark.driver.extraJavaOptions"] == "-Dmy.flag=1"
+    assert conf["spark.jars"].split(",")[0] == "/site/user.jar"  # ours added after
+    assert "spark.master" not in conf
+    assert spark_defaults({}) == {} and spark_defaults({"SPARK_HOME": str(tmp_path / "x")}) == {}
