@@ -300,6 +300,41 @@ class StatusWriter:
         return other[0] if other else None
 
 
+# A worker record not written for this long is a process gone: every start of a worker without
+# a configured worker_id writes a new one (a crash loop, a daily deploy), and each take round's
+# Scan reads them all. The shard-sync leader deletes them (prune_gone_workers).
+GONE_WORKER_AFTER = 3600.0
+PRUNED_AT_MOST = 100  # deletions a prune makes (a write unit each); the rest wait for the next
+
+
+def gone_workers(
+    records: Iterable[CoordinationRecord], now_wall: float, after: float = GONE_WORKER_AFTER
+) -> list[CoordinationRecord]:
+    """The worker records not written for ``after`` seconds (nor within the longer time they
+    say they hold for); a record without a time is left alone."""
+    gone = []
+    for record in records:
+        if not record.key.startswith(WORKER_PREFIX):
+            continue
+        status = _data(record)
+        updated = status.get("updated_at")
+        timed = isinstance(updated, int | float) and not isinstance(updated, bool)
+        if timed and not is_live(status, now_wall, after):
+            gone.append(record)
+    return gone
+
+
+def prune_gone_workers(
+    store: CoordinationStore, records: Iterable[CoordinationRecord], now_wall: float
+) -> int:
+    """Delete (by version: one written since is kept) at most PRUNED_AT_MOST of the gone worker
+    records among ``records``; how many were deleted."""
+    deleted = 0
+    for record in gone_workers(records, now_wall)[:PRUNED_AT_MOST]:
+        deleted += store.delete_record(record.key, record.version)
+    return deleted
+
+
 def worker_statuses(records: Iterable[CoordinationRecord]) -> dict[str, dict[str, Any]]:
     """Every worker status record's data by worker id, whatever it says (stopping, suspended)."""
     return {

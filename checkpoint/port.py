@@ -191,6 +191,11 @@ class CoordinationStore(Protocol):
         The stored version becomes ``record.version``. True if it won."""
         ...
 
+    def delete_record(self, key: str, expected_version: int) -> bool:
+        """Delete the record if its stored version equals ``expected_version``. True if it won
+        (a record written since, or already gone, is a loss)."""
+        ...
+
 
 @runtime_checkable
 class MetersCapacity(Protocol):

@@ -111,6 +111,27 @@ class DynamoRecords(DynamoCalls):
             self._write(f"put record {record.key!r}", "PutItem", build, lambda _: True, landed)
         )
 
+    def delete_record(self, key: str, expected_version: int) -> bool:
+        if self.absent:
+            return False
+
+        def build(e: Expr) -> dict[str, Any]:
+            condition = (
+                f"{e.equals(codec.RECORD_VERSION, codec.n_value(expected_version))} AND "
+                f"{e.equals(codec.ENTITY_TYPE, codec.s_value(codec.RECORD_ENTITY))}"
+            )
+            return {
+                "Key": codec.key_of(codec.record_item_key(key)),
+                "ConditionExpression": condition,
+            }
+
+        return bool(
+            self._write(
+                f"delete record {key!r}", "DeleteItem", build, lambda _: True,
+                lambda item: True if item is None else None,
+            )
+        )  # fmt: skip
+
     def records(self, prefix: str) -> tuple[CoordinationRecord, ...]:
         """Every record whose key starts with ``prefix`` (one eventually consistent Scan)."""
         if self.absent:

@@ -369,6 +369,9 @@ class DynamoDBLeaseTable(DynamoCalls):
     def put_record(self, record: CoordinationRecord, expected_version: int | None) -> bool:
         return self.records.put_record(record, expected_version)
 
+    def delete_record(self, key: str, expected_version: int) -> bool:
+        return self.records.delete_record(key, expected_version)
+
 
 def _leases_in(items: list[dict[str, Any]]) -> list[Lease]:
     """The leases among a Scan's items (the KCL's other entities skipped)."""

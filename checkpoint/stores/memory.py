@@ -195,3 +195,11 @@ class MemoryLeaseTable:
                 return False
             self._records[record.key] = record
             return True
+
+    def delete_record(self, key: str, expected_version: int) -> bool:
+        with self._lock:
+            current = self._records.get(key)
+            if current is None or current.version != expected_version:
+                return False
+            del self._records[key]
+            return True

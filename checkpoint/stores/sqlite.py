@@ -377,6 +377,10 @@ class SQLiteLeaseTable:
             args = (*values, record.key, expected_version)
         return self._won(f"put record {record.key!r}", sql, args)
 
+    def delete_record(self, key: str, expected_version: int) -> bool:
+        sql = f"DELETE FROM {RECORDS} WHERE namespace = ? AND key = ? AND version = ?"
+        return self._won(f"delete record {key!r}", sql, (self._namespace, key, expected_version))
+
 
 _RECORD_FIELDS = "key, owner, version, expires_at, data"
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,7 @@ HANDOFF_POLL = 0.5
 # Leases read one by one when due (more start a round at once), and the shortest wait for them.
 MAX_LOOKS = 8
 LOOK_MARGIN = 0.02
+PRUNE_EVERY = 300.0  # seconds between the leader's deletions of gone workers' records
 
 
 class Taker:
@@ -60,6 +62,7 @@ class Taker:
         self.hint = AssignmentHint()
         led = worker.cfg.lease_assignment in ("leader", "auto")
         self.led: Led | None = Led(self) if led else None
+        self._pruned_at = -math.inf  # when the leader last deleted gone workers' records
 
     async def wait(self, wake: asyncio.Event, interval: float) -> None:
         """Until ``wake`` is set or ``interval`` passed; meanwhile take each lease handed to us
@@ -193,6 +196,11 @@ class Taker:
         w.leader.observe(table.records, returned)
         w.reports.scanned(table, returned)
         now_wall = w.clock.wall()
+        if w.leader.is_leader and returned - self._pruned_at >= PRUNE_EVERY:
+            self._pruned_at = returned
+            gone = await self._io(coordination.prune_gone_workers, w.store, table.records, now_wall)
+            if gone:
+                log.info("deleted the status records of %d worker(s) gone for an hour", gone)
         mine = [x for x in leases if w.placement.context_of(x) is not None]
         if w.caught_up is not None:  # a job: stop when every shard is caught up
             if self._job_complete(mine):

@@ -500,6 +500,18 @@ def test_record_update_by_version_and_lost_race(table: Any) -> None:
     assert table.get_record("absent") is None
 
 
+def test_record_delete_by_version(table: Any) -> None:
+    """What pruning the records of workers long gone uses: a record written since is kept."""
+    first = CoordinationRecord("worker/a", None, 3, 100.0, '{"updated_at": 100.0}')
+    table.put_record(first, None)
+    assert table.delete_record("worker/a", 2) is False  # another version: kept
+    assert table.get_record("worker/a") == first
+    assert table.delete_record("worker/a", 3) is True
+    assert table.get_record("worker/a") is None
+    assert table.delete_record("worker/a", 3) is False  # already gone
+    assert table.delete_record("never", 1) is False
+
+
 def test_an_eventually_consistent_record_read_returns_what_was_written(table: Any) -> None:
     record = CoordinationRecord("leader", "worker-a", 1, 100.0, '{"assigns": "worker-a"}')
     assert table.put_record(record, None)

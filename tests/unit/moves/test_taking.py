@@ -547,6 +547,28 @@ def test_a_round_hands_the_scans_coordination_records_to_the_leader_and_suspend_
     assert w.leader.seen == w.suspend_flag.seen == [(tuple(sorted(keys)), clock.monotonic())]
 
 
+@pytest.mark.parametrize("leading", [True, False])
+def test_the_leaders_scan_deletes_the_records_of_workers_gone_for_an_hour(leading: bool) -> None:
+    """Every start of a worker without a worker_id writes a new record: they piled up for ever
+    and each take round's Scan read them all. The leader deletes them, every few minutes."""
+    clock = ManualClock()
+    table = MemoryLeaseTable(clock)
+    put(table, "s00")
+    now = clock.wall()
+    status(table, "crashed", now - coordination.GONE_WORKER_AFTER - 10)
+    status(table, "peer", now - 1.0)
+    w = worker(table, Consumers(), clock)
+    w.leader.is_leader = leading
+    w.board = SimpleNamespace(on_scan=lambda leases: None)
+    taker = Taker(w, io)
+    asyncio.run(taker.round())
+    gone = table.get_record(coordination.worker_key("crashed")) is None
+    assert gone is leading and table.get_record(coordination.worker_key("peer")) is not None
+    status(table, "crashed-too", clock.wall() - coordination.GONE_WORKER_AFTER - 10)
+    asyncio.run(taker.round())  # a minute later: not yet
+    assert table.get_record(coordination.worker_key("crashed-too")) is not None
+
+
 def test_a_stopping_worker_says_so_before_handing_out(monkeypatch: Any) -> None:
     from kclpy_spark.moves import stopping
 
