@@ -16,20 +16,27 @@ import os
 import re
 import shutil
 import socket
+import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from checkpoint.base.errors import KclpySparkError
 from kclpy_spark.spark.cluster_read import default_parallelism
 from kclpy_spark.spark.range_tasks import AwsTarget
+from kclpy_spark.spark.sink_batch import Interrupter
+
+T = TypeVar("T")
 
 PROBE_DDL = "pid bigint, host string, error string, version string"
 PROBE_TIMEOUT = 5.0  # seconds for the executor's one DescribeStreamSummary call
+# A probe job still waiting for executors after this long (a cluster with no free cores or memory
+# for its tasks) is cancelled: start-up ends with one line instead of waiting for ever.
+PROBE_DEADLINE = 300.0
 _NO_MODULE = "No module named 'kclpy_spark'"
 _INSTALL = (
     "install kclpy-spark (and its dependencies) in the executors' Python, or ship it with "
@@ -63,16 +70,56 @@ def other_version(answers: list[ProbeAnswer], ours: str) -> ProbeAnswer | None:
     return next((a for a in answers if a.version != ours), None)
 
 
+def within(run: Callable[[], T], jobs: Interrupter | None, deadline: float) -> T:
+    """``run()`` (one Spark action on this thread), its jobs cancelled after ``deadline``
+    seconds: ExecutorProbeError then. Without ``jobs``, no deadline."""
+    if jobs is None:
+        return run()
+    tag = f"kclpy-spark-probe-{uuid.uuid4().hex[:8]}"
+    overran = threading.Event()
+
+    def cancel() -> None:
+        overran.set()
+        jobs.interrupt(tag)
+
+    timer = threading.Timer(deadline, cancel)
+    timer.daemon = True
+    timer.start()
+    try:
+        with jobs.tagged(tag):
+            return run()
+    except Exception as exc:
+        if overran.is_set():
+            raise ExecutorProbeError(
+                f"the start-up probe job did not finish within {deadline:.0f}s: no executor "
+                "ran its tasks (a cluster without free cores or memory for them: Spark's log "
+                "says 'Initial job has not accepted any resources')"
+            ) from exc
+        raise
+    finally:
+        timer.cancel()
+
+
 def probe_executors(
-    session: Any, aws: AwsTarget, stream_arg: Mapping[str, str], *, tasks: int | None = None
+    session: Any,
+    aws: AwsTarget,
+    stream_arg: Mapping[str, str],
+    *,
+    tasks: int | None = None,
+    jobs: Interrupter | None = None,
+    deadline: float = PROBE_DEADLINE,
 ) -> list[ProbeAnswer]:
     """Run ``tasks`` probe tasks (default: the session's default parallelism); raise
     ``ExecutorProbeError`` with one line if any could not import this project or reach the
-    stream, else return every answer."""
+    stream, or (with ``jobs``) the job did not end within ``deadline``; else every answer."""
     n = tasks or default_parallelism(session)
     probe = functools.partial(probe_partition, aws, dict(stream_arg))
     try:
-        rows = session.range(0, n, 1, n).mapInArrow(probe, PROBE_DDL).collect()
+        rows = within(
+            lambda: session.range(0, n, 1, n).mapInArrow(probe, PROBE_DDL).collect(), jobs, deadline
+        )
+    except ExecutorProbeError:
+        raise
     except Exception as exc:
         text = str(exc)
         if _NO_MODULE in text:
@@ -184,6 +231,8 @@ def probe_shared_folder(
     *,
     tasks: int | None = None,
     other_disk: Path | None = None,
+    jobs: Interrupter | None = None,
+    deadline: float = PROBE_DEADLINE,
 ) -> None:
     """On a cluster, each executor writes a mark file into ``folder`` and this worker looks for
     them: a folder only this machine sees (a local disk, not a shared mount) is one ConfigError
@@ -199,7 +248,9 @@ def probe_shared_folder(
     told = marks if other_disk is None else other_disk / marks.name
     job = functools.partial(mark_partition, str(told))
     try:
-        rows = session.range(0, n, 1, n).mapInArrow(job, SHARED_DDL).collect()
+        rows = within(
+            lambda: session.range(0, n, 1, n).mapInArrow(job, SHARED_DDL).collect(), jobs, deadline
+        )
         seen = {p.name for p in marks.iterdir()}
     finally:
         shutil.rmtree(marks, ignore_errors=True)

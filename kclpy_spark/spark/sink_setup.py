@@ -178,7 +178,8 @@ def _check_shared_folders(cfg: SinkConfig, holder: SparkSessionHolder) -> None:
     for spec in cfg.specs:
         folder = local_path(spec.path) if spec.kind == "parquet" else None
         if folder is not None:
-            probe_shared_folder(holder.session(), folder, f"config 'sink' parquet:{spec.path}")
+            what = f"config 'sink' parquet:{spec.path}"
+            probe_shared_folder(holder.session(), folder, what, jobs=holder)
 
 
 def _executor_reads(
@@ -200,7 +201,7 @@ def _executor_reads(
 
     aws = AwsTarget(region_of(worker_cfg), worker_cfg.endpoint_url)
     if probe:
-        probe_executors(holder.session(), aws, worker_cfg.stream_specs[0].request)
+        probe_executors(holder.session(), aws, worker_cfg.stream_specs[0].request, jobs=holder)
     if any(spec.kind == "delta" for spec in sink_cfg.specs):
         log.warning("read_on = executors with a Delta sink: Delta is written from the driver, "
                     "so its batches are collected there (read_on = driver costs less)")  # fmt: skip

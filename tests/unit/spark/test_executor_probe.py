@@ -3,17 +3,23 @@ than the driver's, and what a probe task answers (its version beside its error).
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from kclpy_spark import __version__
 from kclpy_spark.spark.executor_probe import (
+    ExecutorProbeError,
     ProbeAnswer,
     failure_cause,
     other_version,
     probe_partition,
+    within,
 )
 from kclpy_spark.spark.range_tasks import AwsTarget
 
@@ -80,3 +86,36 @@ ValueError: the answer was not Arrow
 def test_a_failed_probe_job_is_named_by_its_cause(text: str, needle: str) -> None:
     cause = failure_cause(text)
     assert needle in cause and "tryWithSafeFinally" not in cause and len(cause) <= 300
+
+
+class Jobs:
+    """Spark's job tags as the session holder offers them: an interrupt ends the tagged run."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+        self.tags: list[str] = []
+
+    @contextlib.contextmanager
+    def tagged(self, tag: str) -> Iterator[None]:
+        self.tags.append(tag)
+        yield
+
+    def interrupt(self, tag: str) -> None:
+        assert tag == self.tags[-1]
+        self.cancelled.set()
+
+
+def test_a_probe_job_no_executor_runs_ends_at_its_deadline_with_one_line() -> None:
+    """A standalone cluster without free cores or memory for its tasks: start-up waited for
+    ever (Spark logging "Initial job has not accepted any resources")."""
+    jobs = Jobs()
+
+    def waits_for_resources() -> list[Any]:
+        assert jobs.cancelled.wait(10)
+        raise RuntimeError("Job 0 cancelled part of cancelled job tag kclpy-spark-probe")
+
+    with pytest.raises(ExecutorProbeError, match="did not finish within 0s") as err:
+        within(waits_for_resources, jobs, 0.05)
+    assert "\n" not in str(err.value)
+    assert within(lambda: ["answer"], jobs, 10.0) == ["answer"]  # in time: its answer
+    assert within(lambda: ["answer"], None, 0.0) == ["answer"]  # no jobs to cancel: no deadline
