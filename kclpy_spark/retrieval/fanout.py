@@ -255,7 +255,7 @@ class FanOutFetcher:
         if self._progress is not None:
             self._progress.ok()
         raw = [record_from_parsed(r) for r in body.get("Records", ())]
-        records = self._filter(raw)
+        records = await self._filter.on_loop_or_thread(raw)
         continuation = body.get("ContinuationSequenceNumber")
         self._advance(raw, continuation)
         if records or ended or body.get("MillisBehindLatest") == 0:  # at the tip: see polling
@@ -290,7 +290,7 @@ class FanOutFetcher:
             return False
         ended = children is not None
         raw = records_from_response(resp)
-        records = self._filter(raw)
+        records = await self._filter.on_loop_or_thread(raw)
         self._advance(raw, None)
         if records or ended:
             await self._put(

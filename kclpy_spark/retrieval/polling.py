@@ -195,7 +195,7 @@ class PollingFetcher:
             if self._progress is not None:
                 self._progress.ok()
             raw = records_from_response(resp, self.fast_decode)
-            records = self._filter(raw)
+            records = await self._filter.on_loop_or_thread(raw)
             lag = resp.get("MillisBehindLatest")
             ended = children is not None
             if raw:

@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import logging
 import random
+from typing import Any
 
 import pytest
 
@@ -399,3 +400,32 @@ def test_polling_fetcher_deaggregates_from_a_sub_sequence_checkpoint() -> None:
     ]
     assert last.shard_ended and not last.records
     assert deagg.counters == KplCounters(aggregates=1, sub_records=5, skipped_resumed=3)
+
+
+def test_a_page_of_aggregates_is_split_off_the_event_loop_and_a_plain_page_on_it() -> None:
+    """Splitting a page of large aggregates took a quarter of a second and more on the event loop,
+    which every other shard's reads and the worker's lease calls wait for."""
+    import threading
+
+    from kclpy_spark.retrieval.source import RecordFilter
+
+    threads: list[threading.Thread] = []
+
+    class Watched(Deaggregator):
+        def __call__(self, records: list[Record], after: Any) -> list[Record]:
+            threads.append(threading.current_thread())
+            return super().__call__(records, after)
+
+    loop_thread: list[threading.Thread] = []
+
+    async def both() -> tuple[list[Record], list[Record]]:
+        loop_thread.append(threading.current_thread())
+        split = RecordFilter(TRIM_HORIZON, Watched())
+        aggregated = await split.on_loop_or_thread([agg_record(GOLDEN_INPUT)])
+        plain_page = await split.on_loop_or_thread([plain("200")])
+        return aggregated, plain_page
+
+    aggregated, plain_page = asyncio.run(both())
+    assert [r.binary_data for r in aggregated] == [u.data for u in GOLDEN_INPUT]
+    assert [r.sequence_number for r in plain_page] == ["200"]
+    assert threads[0] is not loop_thread[0] and threads[1] is loop_thread[0]
