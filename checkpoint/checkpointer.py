@@ -221,9 +221,11 @@ class Checkpointer:
         returned object's ``checkpoint()``. Validated like ``checkpoint``."""
         target = self._target(sequence_number, sub_sequence_number)
         held = self._held_or_raise()
-        if target == held.checkpoint and application_state is None and not held.pending_checkpoint:
-            return PreparedCheckpoint(None, target)  # nothing to prepare: already checkpointed
-        # (a pending checkpoint beyond it is replaced, as the KCL's prepareCheckpoint writes it)
+        # Nothing to prepare at the checkpoint itself, unless another pending checkpoint (or
+        # state) is stored: it is replaced, as the KCL's prepareCheckpoint writes the pending one.
+        stored = held.pending_checkpoint in (None, target) and held.pending_checkpoint_state is None
+        if target == held.checkpoint and application_state is None and stored:
+            return PreparedCheckpoint(None, target)
         self._run(lambda: self._try_prepare(target, application_state))
         return PreparedCheckpoint(self, target)
 

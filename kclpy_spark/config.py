@@ -128,9 +128,9 @@ class WorkerConfig:
     # names, comma-separated (a Host header naming anything else gets 421: board/routes.py).
     metrics_host_names: str = ""
     # A stored sequence number older than the stream's retention: "earliest" (restart at
-    # TRIM_HORIZON, logged as an error: what aged out between is gone, nothing is read twice; a
-    # quiet shard's checkpointed record may simply have aged out), "fail" (park the lease until a
-    # reset: its newer records age out meanwhile) or "latest" (restart at LATEST: records lost).
+    # TRIM_HORIZON, logged as an error: what aged out between is gone; a quiet shard's
+    # checkpointed record may simply have aged out), "fail" (park the lease until a reset: its
+    # newer records age out meanwhile) or "latest" (restart at LATEST: records lost).
     # Druid's resetOffsetAutomatically, made explicit.
     aged_checkpoint_policy: str = "earliest"
     # KPL aggregated records are split into their sub-records (the KCL always does this).

@@ -247,7 +247,7 @@ class RecordProcessor(abc.ABC):
         self, shutdown_requested_input: ShutdownRequestedInput
     ) -> MaybeAwaitable:
         """The worker is stopping (or handing the lease over); checkpoint here to hand over
-        without replays. ``lease_lost`` follows once the lease is released, as in the KCL.
+        without replays. ``lease_lost`` follows, as in the KCL (then the lease is released).
         Default: nothing (a default checkpoint could commit records a buffering processor has
         not written yet)."""
         return None

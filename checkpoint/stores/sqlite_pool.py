@@ -218,9 +218,17 @@ class ConnectionPool:
         except ResourceNotFoundError:
             self._refused()  # "unable to open": permissions, or a folder that is not there
             raise
-        with self._cond:
-            if self._identity is None:
-                self._identity = self._stat()
+        if self._identity is None:
+            try:
+                found = self._stat()
+            except BaseException:
+                conn.close()
+                raise
+            if found is None:  # removed right after it was opened: never made again here
+                conn.close()
+                raise ResourceNotFoundError(f"{self.where} was removed as it was opened")
+            with self._cond:
+                self._identity = self._identity or found
         return conn
 
     def _refused(self) -> None:

@@ -198,9 +198,7 @@ class Taker:
         now_wall = w.clock.wall()
         if w.leader.is_leader and returned - self._pruned_at >= PRUNE_EVERY:
             self._pruned_at = returned
-            gone = await self._io(coordination.prune_gone_workers, w.store, table.records, now_wall)
-            if gone:
-                log.info("deleted the status records of %d worker(s) gone for an hour", gone)
+            await self._prune(table, now_wall)
         mine = [x for x in leases if w.placement.context_of(x) is not None]
         if w.caught_up is not None:  # a job: stop when every shard is caught up
             if self._job_complete(mine):
@@ -218,6 +216,18 @@ class Taker:
         if self.led is not None:
             await self.led.after_scan(len(open_leases), self.running)
         return self._observe(open_leases)
+
+    async def _prune(self, table: TableScan, now_wall: float) -> None:
+        """Delete the status records of workers gone for an hour; a failure waits for the next
+        prune, never costing the round its takes."""
+        prune = coordination.prune_gone_workers
+        try:
+            gone = await self._io(prune, self._w.store, table.records, now_wall)
+        except KclpySparkError as exc:
+            log.warning("deleting the status records of gone workers failed: %s", exc)
+            return
+        if gone:
+            log.info("deleted the status records of %d worker(s) gone for an hour", gone)
 
     async def adopt(self, leases: list[Lease]) -> None:
         """Take the leases the table says are ours (handed to us) that we do not hold; watch

@@ -48,6 +48,8 @@ from kclpy_spark.retrieval.stream_consumer import CONSUMERS, ConsumerRegistry
 
 log = logging.getLogger(__name__)
 
+GET_RECORDS_LIMIT = 10_000  # records a GetRecords answer without a Limit holds at most
+
 # AWS ends a subscription after 5 minutes; renewing 10 s earlier keeps the gap ours to choose.
 SUBSCRIPTION_LIFETIME = 290.0
 # AWS allows one SubscribeToShard call per second per consumer and shard.
@@ -299,6 +301,7 @@ class FanOutFetcher:
                     millis_behind_latest=resp.get("MillisBehindLatest"),
                     shard_ended=ended,
                     child_shards=children or [],
+                    page_full=len(raw) >= GET_RECORDS_LIMIT,  # more may wait even at lag 0
                 )
             )
         if ended:

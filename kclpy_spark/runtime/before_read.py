@@ -69,7 +69,7 @@ async def check_retention(
         what,
         policy,
         target,
-        "what aged out before it is gone; none is read twice"
+        "what aged out before the oldest record is gone"
         if policy == "earliest"
         else "records in between are lost",
     )

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.lease import Lease
-from kclpy_spark.processor import RecordProcessor, ShutdownRequestedInput
+from kclpy_spark.processor import LeaseLostInput, RecordProcessor, ShutdownRequestedInput
 from kclpy_spark.retrieval.source import FetchedBatch
 from kclpy_spark.runtime.lease_calls import lease_call
 
@@ -66,6 +66,8 @@ class CaughtUp:
         if processor is not None:
             arg = ShutdownRequestedInput(tenure.checkpointer)
             await safe(processor.shutdown_requested, arg, "shutdown_requested")
+            # Then lease_lost, as after every shutdown_requested (the lease is released below).
+            await safe(processor.lease_lost, LeaseLostInput(), "lease_lost")
         delivered = tenure.checkpointer.largest_permitted
         key = tenure.lease_key
         try:

@@ -22,7 +22,7 @@ from typing import Any
 from checkpoint.base.clock import AsyncSleep, Clock
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.counters import CoordinationCounters, Counter
-from checkpoint.lease import OwnerFigures, owner_tag
+from checkpoint.lease import OwnerFigures, owner_tag, split_lease_key
 from checkpoint.leasing.held_lease import HeldLease
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.port import LeaseTable
@@ -88,7 +88,7 @@ class ConsumerSet:
         self._background: set[asyncio.Future[None]] = set()
         # Leases whose consumer was cancelled while a processor call ran on its thread (a
         # suspend's grace ran out): no consumer of the lease starts until that call returns.
-        self._draining: dict[str, asyncio.Future[Any]] = {}
+        self._draining: dict[str, tuple[asyncio.Future[Any], float]] = {}  # -> (its end, since)
         # A read silent this long (not blocked on a full queue) makes the worker not ready.
         self.stall_after = max(30.0, 10 * cfg.idle_time_between_reads)
 
@@ -109,6 +109,9 @@ class ConsumerSet:
             stats = r.consumer.stats
             stalled = stats.state == "processing" and r.consumer.progress.stalled(self.stall_after)
             views.append(ConsumerView(stats.shard_id, stats.state, stalled, self._hung(r, now)))
+        for key, (_, since) in self._draining.items():  # a cancelled call that runs on
+            if now - since > self._cfg.processor_stall_timeout:
+                views.append(ConsumerView(split_lease_key(key)[1], "cancelled", False, now - since))
         return views
 
     def _hung(self, running: _Running, now: float) -> float | None:
@@ -129,6 +132,11 @@ class ConsumerSet:
         return now - started
 
     def start(self, held: HeldLease, context: StreamContext) -> None:
+        key = held.lease_key
+        if key in self._draining:  # taken by a path that did not look: never beside that call
+            log.warning("lease %s: a cancelled processor call still runs; giving it back", key)
+            self._in_background(key, "a cancelled processor call of it still runs here")
+            return
         consumer = ShardConsumer(
             held=held,
             holder=self._holder,
@@ -144,7 +152,6 @@ class ConsumerSet:
             initial_position=context.initial_position,
             caught_up=self._caught_up,
         )
-        key = held.lease_key
         task = asyncio.create_task(consumer.run(), name=f"shard-{held.lease.shard_id}")
         self.running[key] = _Running(consumer, task)
         self.changes += 1
@@ -266,10 +273,10 @@ class ConsumerSet:
             "thread; the lease is not run here again until that call returns",
             key,
         )
-        self._draining[key] = thread
+        self._draining[key] = (thread, self._clock.monotonic())
 
         def returned(done: asyncio.Future[Any]) -> None:
-            if self._draining.get(key) is done:
+            if self._draining.get(key, (None, 0.0))[0] is done:
                 del self._draining[key]
 
         thread.add_done_callback(returned)

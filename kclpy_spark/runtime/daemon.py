@@ -109,19 +109,24 @@ def load_processor_factory(path: str) -> ProcessorFactory:
 
 
 def _kclpy_style(cls: type) -> bool:
-    """A class written on amazon_kclpy's bases (or with its ``version`` attribute) rather than
-    ours: it runs behind the adapter, whose checkpointer raises amazon_kclpy's CheckpointError
-    (an app's ``except kcl.CheckpointError`` retry loop caught nothing of ours)."""
+    """A class written on amazon_kclpy's bases (or an amazon_kclpy v1/v2 shape: its ``version``
+    and not our methods) rather than ours: it runs behind the adapter, whose checkpointer raises
+    amazon_kclpy's CheckpointError (an app's ``except kcl.CheckpointError`` retry loop caught
+    nothing of ours)."""
     if issubclass(cls, RecordProcessor):
         return False
     on_kclpy = any(c.__module__.split(".")[0] == "amazon_kclpy" for c in cls.__mro__)
-    return on_kclpy or getattr(cls, "version", None) in (1, 2, 3)
+    ours = all(callable(getattr(cls, m, None)) for m in PROCESSOR_METHODS)
+    return on_kclpy or (getattr(cls, "version", None) in (1, 2, 3) and not ours)
 
 
 def _kclpy_factory(path: str, cls: type) -> ProcessorFactory:
     from kclpy_spark.multilang.inprocess import processor_factory
 
-    make = processor_factory(cls)
+    # A batch whose process_records raised is offered again, then the lease parked, as for
+    # every processor of the daemon (amazon-kclpy's KCLProcess would log it and move on: the
+    # next checkpoint then passed over the failed records).
+    make = processor_factory(cls, retry_failed_batches=True)
     try:
         make()  # one per lease with no arguments, as for our processors: find out now
     except (Exception, SystemExit) as exc:

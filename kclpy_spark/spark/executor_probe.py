@@ -36,7 +36,7 @@ PROBE_DDL = "pid bigint, host string, error string, version string"
 PROBE_TIMEOUT = 5.0  # seconds for the executor's one DescribeStreamSummary call
 # A probe job still waiting for executors after this long (a cluster with no free cores or memory
 # for its tasks) is cancelled: start-up ends with one line instead of waiting for ever.
-PROBE_DEADLINE = 300.0
+PROBE_DEADLINE = 600.0
 _NO_MODULE = "No module named 'kclpy_spark'"
 _INSTALL = (
     "install kclpy-spark (and its dependencies) in the executors' Python, or ship it with "
@@ -221,8 +221,6 @@ def probe_partition(
 
 # --- a Parquet sink's folder on a cluster -------------------------------------------------------
 
-SHARED_DDL = "host string, mark string, error string"
-
 
 def probe_shared_folder(
     session: Any,
@@ -230,61 +228,42 @@ def probe_shared_folder(
     what: str,
     *,
     tasks: int | None = None,
-    other_disk: Path | None = None,
     jobs: Interrupter | None = None,
     deadline: float = PROBE_DEADLINE,
 ) -> None:
-    """On a cluster, each executor writes a mark file into ``folder`` and this worker looks for
-    them: a folder only this machine sees (a local disk, not a shared mount) is one ConfigError
-    naming ``what`` at start-up. Spark's commit there found nothing to move, wrote _SUCCESS, and
-    the piece was published empty while its checkpoint moved: its records were lost.
-    ``other_disk``: where the same path leads on the executors (tests: a folder this worker does
-    not look in, as on another machine's disk)."""
+    """On a cluster, a small Spark write of one row a task into ``folder``, the way the sink
+    writes (its tasks write, the driver commits): when this worker then misses a task's file,
+    the folder is a disk only some machines see (not a shared mount), which is one ConfigError
+    naming ``what``. There Spark's commit found nothing to move, wrote _SUCCESS, and the piece
+    was published empty while its checkpoint moved: its records were lost. JVM only: a worker
+    that reads on the driver needs no Python on the executors."""
     from checkpoint.base.errors import ConfigError
 
     n = tasks or default_parallelism(session)
     marks = folder / f".kclpy-spark-shared-{uuid.uuid4().hex[:12]}"
-    marks.mkdir(parents=True, exist_ok=True)
-    told = marks if other_disk is None else other_disk / marks.name
-    job = functools.partial(mark_partition, str(told))
+    rows = session.range(0, n, 1, n).selectExpr("cast(id as string) as value")
     try:
-        rows = within(
-            lambda: session.range(0, n, 1, n).mapInArrow(job, SHARED_DDL).collect(), jobs, deadline
-        )
-        seen = {p.name for p in marks.iterdir()}
+        within(lambda: rows.write.text(marks.as_uri()), jobs, deadline)
+        written = len(list(marks.glob("part-*"))) if marks.is_dir() else 0
+    except ExecutorProbeError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+    except Exception as exc:
+        raise ConfigError(
+            f"{what}: the executors could not write to {str(folder)!r}: {failure_cause(str(exc))}"
+        ) from None
     finally:
         shutil.rmtree(marks, ignore_errors=True)
-    for row in rows:
-        if row["error"]:
-            raise ConfigError(
-                f"{what}: a Spark executor on {row['host']} cannot write to {str(folder)!r}: "
-                f"{row['error']}"
-            )
-        if row["mark"] not in seen:
-            raise ConfigError(
-                f"{what}: a Spark executor on {row['host']} does not see the folder "
-                f"{str(folder)!r} this worker sees; on a cluster it must be on storage every "
-                "executor and this worker share (a shared mount)"
-            )
+    problem = unshared(written, n, folder)
+    if problem is not None:
+        raise ConfigError(f"{what}: {problem}")
 
 
-def mark_partition(marks: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """On an executor: a mark file in ``marks`` (made if missing: a folder only this executor
-    sees), named after this task."""
-    for batch in batches:
-        name, error = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}", None
-        try:
-            os.makedirs(marks, exist_ok=True)
-            with open(os.path.join(marks, name), "wb"):
-                pass
-        except OSError as exc:
-            error = f"{type(exc).__name__}: {exc.strerror or exc}"
-        n = batch.num_rows
-        yield pa.RecordBatch.from_arrays(
-            [
-                pa.array([socket.gethostname()] * n, pa.string()),
-                pa.array([name] * n, pa.string()),
-                pa.array([error] * n, pa.string()),
-            ],
-            names=["host", "mark", "error"],
-        )
+def unshared(written: int, tasks: int, folder: Path) -> str | None:
+    """Why ``folder`` is not shared when this worker found ``written`` of ``tasks`` files."""
+    if written >= tasks:
+        return None
+    return (
+        f"{tasks - written} of {tasks} Spark tasks wrote to a folder {str(folder)!r} this worker "
+        "does not see; on a cluster it must be on storage every executor and this worker share "
+        "(a shared mount)"
+    )

@@ -192,6 +192,7 @@ class ExecutorReads:
         self.stored = StoredReads()  # the executors' copies of reads some batch still holds
         self._id = uuid.uuid4().hex[:8]
         self.cancelled_at: float | None = None  # the running read job was cancelled then
+        self._job_lock = threading.Lock()
 
     # --- registry (relays) ----------------------------------------------------------------------
 
@@ -310,10 +311,13 @@ class ExecutorReads:
         tasks = self._tasks(session)  # given to the read: the cluster is asked once a round
         limit = read_job_limit(ranges, tasks or len(ranges), self._s.job_grace)
         overran = threading.Event()
+        ended = threading.Event()  # set under _job_lock: a cancel after the end marks nothing
 
         def cancel() -> None:
             overran.set()
-            self.cancelled_at = self._clock.monotonic()
+            with self._job_lock:
+                if not ended.is_set():
+                    self.cancelled_at = self._clock.monotonic()
             log.warning("the read job of %d lease(s) ran over %.0f s: cancelling it", len(ranges),
                         limit)  # fmt: skip
             self._jobs.interrupt(tag)
@@ -334,8 +338,10 @@ class ExecutorReads:
                 raise ReadJobTimeoutError(f"ran over {limit:.0f} s and was cancelled") from exc
             raise
         finally:
+            with self._job_lock:
+                ended.set()
+                self.cancelled_at = None
             deadline.cancel()
-            self.cancelled_at = None
 
     def hung_for(self) -> float | None:
         """Seconds since a read job that ran over was cancelled and has not returned (a JVM

@@ -8,9 +8,11 @@
 * ``sc://host:port``: a Spark Connect server; no local JVM at all (needs grpcio and friends).
 
 Before a JVM is started, ``java`` is looked for (``JAVA_HOME``, then ``PATH``) and a missing or too
-old Java is a ConfigError that says so. PYSPARK_PYTHON / PYSPARK_DRIVER_PYTHON default to this
-interpreter (Python workers would otherwise run whatever ``python3`` is first on PATH). The
-Connect client retries a dead server for 10+ minutes by default; here a few seconds.
+old Java is a ConfigError that says so. PYSPARK_DRIVER_PYTHON defaults to this interpreter, and
+PYSPARK_PYTHON too where the executors run on this machine (elsewhere PySpark's ``python3``
+unless set: python_defaults). A session's settings: its defaults, then the site's
+spark-defaults.conf, then ``[sink.spark_conf]`` (classic_conf). The Connect client retries a dead
+server for 10+ minutes by default; here a few seconds.
 
 pyspark is imported inside the functions, never at module import.
 """
@@ -187,32 +189,34 @@ def classic_conf(
     return conf
 
 
-_PROPERTY = re.compile(r"(\S+?)(?:\s*[=:]\s*|\s+)(.*)$")  # key, then = or : or blanks, value
-
-
 def spark_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The ``spark.*`` settings of the ``spark-defaults.conf`` spark-submit would read (in
-    SPARK_CONF_DIR, else SPARK_HOME/conf): a Java properties file, ``key value`` or
-    ``key=value`` a line, ``#`` and ``!`` comments; none when there is none."""
-    folder = environ.get("SPARK_CONF_DIR") or (
-        os.path.join(environ["SPARK_HOME"], "conf") if environ.get("SPARK_HOME") else None
-    )
+    """The ``spark.*`` settings of the ``spark-defaults.conf`` spark-submit reads (in
+    SPARK_CONF_DIR, else SPARK_HOME/conf, SPARK_HOME being pip pyspark's own folder when unset):
+    Java properties (continued lines and escapes as Java reads them), values trimmed as Spark
+    does; none when there is no such file."""
+    folder = environ.get("SPARK_CONF_DIR")
+    if not folder:
+        home = environ.get("SPARK_HOME") or _pyspark_home()
+        folder = os.path.join(home, "conf") if home else None
     if folder is None:
         return {}
     try:
-        text = Path(folder, "spark-defaults.conf").read_text()
+        text = Path(folder, "spark-defaults.conf").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return {}
-    found = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line[0] in "#!":
-            continue
-        match = _PROPERTY.match(line)
-        key, value = (match.group(1), match.group(2)) if match else (line, "")
-        if key.startswith("spark.") and key != "spark.master":  # spark_target says that
-            found[key] = value.strip()
-    return found
+    from kclpy_spark.multilang.javaprops import parse_properties
+
+    found = parse_properties(text, source=str(Path(folder, "spark-defaults.conf")))
+    return {  # spark_target says where the session runs
+        k: v.strip() for k, v in found.items() if k.startswith("spark.") and k != "spark.master"
+    }
+
+
+def _pyspark_home() -> str | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyspark")
+    return os.path.dirname(spec.origin) if spec is not None and spec.origin else None
 
 
 # Half of spark.sql.execution.arrow.maxRecordsPerBatch (10,000), by which PySpark slices a table.
@@ -228,6 +232,17 @@ def _fewer_chunks(table: Any) -> Any:
     if chunks > 1 and table.num_rows < SMALL_CHUNK_ROWS * chunks:
         return table.combine_chunks()
     return table
+
+
+def _set_over_connect(session: Any, key: str, value: str) -> None:
+    """One setting of a Connect session; one the server keeps for itself (a static or core
+    setting: the builder passed those over silently) is a WARNING, not a failed start."""
+    try:
+        session.conf.set(key, value)
+    except Exception as exc:
+        if "CANNOT_MODIFY" not in str(exc):
+            raise
+        log.warning("spark_conf %s cannot be set over Spark Connect (the server's): ignored", key)
 
 
 class SparkSessionHolder:
@@ -298,7 +313,7 @@ class SparkSessionHolder:
             session = SparkSession.builder.remote(t.master).getOrCreate()
             self._short_connect_retries(session)
             for key, value in {**CONNECT_DEFAULTS, **SQL_DEFAULTS, **self._conf}.items():
-                session.conf.set(key, value)
+                _set_over_connect(session, key, value)
             log.info("Spark Connect session to %s", t.master)
             return session
         find_java()

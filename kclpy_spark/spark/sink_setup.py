@@ -133,7 +133,6 @@ def processor_factory_from_sink_config(
     if start_session:
         holder.session()
         holder.check_value_schema()
-        _check_shared_folders(sink_cfg, holder)
     settings = sink_cfg.batcher_settings(holder.max_batch_bytes())
     if settings.max_bytes < sink_cfg.batching.max_bytes:
         log.warning(
@@ -144,6 +143,8 @@ def processor_factory_from_sink_config(
             holder.target.master,
         )
     reads = _executor_reads(sink_cfg, worker_cfg, holder, settings, probe=start_session)
+    if start_session:  # after the executors' probe: its one line names a missing install first
+        _check_shared_folders(sink_cfg, holder)
     batcher = MicroBatcher(
         routes, settings, to_df=holder.to_df, interrupter=holder, reads=reads, parse=holder.parse
     )
@@ -173,8 +174,8 @@ def _check_shared_folders(cfg: SinkConfig, holder: SparkSessionHolder) -> None:
     from kclpy_spark.spark.executor_probe import probe_shared_folder
     from kclpy_spark.spark.session import TargetKind
 
-    if holder.target.kind is TargetKind.LOCAL or holder.target.loopback:
-        return
+    if holder.target.kind is not TargetKind.CLUSTER or holder.target.loopback:
+        return  # local[N], this machine only, or Spark Connect (its server writes the folder)
     for spec in cfg.specs:
         folder = local_path(spec.path) if spec.kind == "parquet" else None
         if folder is not None:

@@ -44,13 +44,16 @@ def _shards(events: list[dict[str, Any]], kind: str, pid: int) -> set[str]:
 def _lost_unasked(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """lease_lost calls that no shutdown_requested of the same processor's shard came before: a
     lease lost, not handed over (after a hand-over's shutdown_requested, lease_lost follows, as
-    the KCL tells a processor once the lease is released)."""
+    the KCL tells a processor; a take of the shard again starts a new tenure)."""
     asked: set[tuple[int, str]] = set()
     lost = []
     for e in events:  # each process's events in order
-        if e["event"] == "shutdown_requested":
-            asked.add((e["pid"], e["shard"]))
-        elif e["event"] == "lease_lost" and (e["pid"], e["shard"]) not in asked:
+        tenure = (e["pid"], e["shard"])
+        if e["event"] == "initialize":
+            asked.discard(tenure)
+        elif e["event"] == "shutdown_requested":
+            asked.add(tenure)
+        elif e["event"] == "lease_lost" and tenure not in asked:
             lost.append(e)
     return lost
 

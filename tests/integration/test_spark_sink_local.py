@@ -340,18 +340,23 @@ def test_two_sinks_on_real_spark_each_get_every_record_and_the_checkpoint_waits_
     batcher.close()
 
 
-def test_a_parquet_folder_the_executors_do_not_share_is_one_line_at_start(
+def test_the_shared_folder_probe_writes_as_the_sink_does_and_leaves_nothing(
     spark: Any, tmp_path: Path
 ) -> None:
     """On a cluster of several machines a local path is each one's own disk: Spark's commit
-    found nothing to move, the piece was published empty and its checkpoint moved."""
+    found nothing to move, the piece was published empty and its checkpoint moved. The probe
+    writes one row a task the way the sink writes and counts the files this worker sees."""
     from checkpoint.base.errors import ConfigError
-    from kclpy_spark.spark.executor_probe import probe_shared_folder
+    from kclpy_spark.spark.executor_probe import probe_shared_folder, unshared
 
     shared = tmp_path / "out"
+    shared.mkdir()
     probe_shared_folder(spark, shared, "config 'sink' parquet:out", tasks=2)  # one disk: fine
-    assert list(shared.iterdir()) == []  # its marks are gone
-    other = tmp_path / "executor-disk"  # the same path on another machine
-    with pytest.raises(ConfigError, match="does not see the folder") as err:
-        probe_shared_folder(spark, shared, "config 'sink' parquet:out", tasks=2, other_disk=other)
-    assert "\n" not in str(err.value) and "shared mount" in str(err.value)
+    assert list(shared.iterdir()) == []  # its files are gone
+    assert unshared(2, 2, shared) is None
+    problem = unshared(1, 2, shared)  # a task's file landed on another machine's disk
+    assert problem is not None and "1 of 2" in problem and "shared mount" in problem
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ConfigError, match="could not write") as err:
+        probe_shared_folder(spark, tmp_path / "a-file", "config 'sink' parquet:a-file", tasks=1)
+    assert "\n" not in str(err.value)

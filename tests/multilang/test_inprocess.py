@@ -374,3 +374,37 @@ def test_an_amazon_kclpy_class_named_as_the_daemon_s_processor_runs_behind_the_a
     initialize(processor, shard)
     deliver(processor, shard, 1, 1)
     assert sys.modules["kclpy_daemon_app"].App.caught == ["IllegalArgumentException"]
+
+
+def test_an_amazon_kclpy_class_as_the_daemons_processor_lets_a_failed_batch_reach_the_worker(
+    amazon_kclpy: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As it did running as one of ours: the batch is offered again, then the lease parked (the
+    adapter's amazon-kclpy default logs it and moves on, so the next checkpoint passed over the
+    failed records). A class of ours that only has a ``version`` attribute is left alone."""
+    from kclpy_spark.runtime.daemon import load_processor_factory
+
+    (tmp_path / "kclpy_raiser_app.py").write_text(
+        "from amazon_kclpy.v3 import processor\n\n"
+        "class App(processor.RecordProcessorBase):\n"
+        "    def initialize(self, initialize_input): pass\n"
+        "    def process_records(self, process_records_input): raise ValueError('poison')\n"
+        "    def lease_lost(self, lease_lost_input): pass\n"
+        "    def shard_ended(self, shard_ended_input): pass\n"
+        "    def shutdown_requested(self, shutdown_requested_input): pass\n\n"
+        "class Ours:\n"
+        "    version = 1\n"
+        "    def initialize(self, initialize_input): pass\n"
+        "    def process_records(self, process_records_input): pass\n"
+        "    def lease_lost(self, lease_lost_input): pass\n"
+        "    def shard_ended(self, shard_ended_input): pass\n"
+        "    def shutdown_requested(self, shutdown_requested_input): pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    processor = load_processor_factory("kclpy_raiser_app:App")()
+    shard = held_shard()
+    initialize(processor, shard)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="poison"):
+        deliver(processor, shard, 1, 1)  # type: ignore[arg-type]
+    ours = load_processor_factory("kclpy_raiser_app:Ours")()
+    assert not isinstance(ours, KclpyProcessorAdapter)

@@ -415,3 +415,33 @@ def test_a_stream_with_all_its_consumers_registered_is_one_error_not_retried_for
     with pytest.raises(RequestError, match="20 registered consumers"):
         asyncio.run(ConsumerRegistry().ensure(control, arn, "app", sleep=nap))
     assert control.registers == REGISTER_REFUSALS
+
+
+def test_a_full_page_read_after_a_broken_stream_is_not_the_tip_for_a_job() -> None:
+    """The shard-end check reads one GetRecords page: a full one at lag 0 may have more behind
+    it (kinesis-mock says 0 on every page), as the polling path's full pages."""
+    from datetime import UTC, datetime
+
+    from kclpy_spark.retrieval.fanout import GET_RECORDS_LIMIT
+
+    clock = FakeClock()
+
+    class FullPage(FakeKinesis):
+        async def get_records(self, **kw: Any) -> dict[str, Any]:
+            self.get_records_calls += 1
+            at = datetime.fromtimestamp(900.0, tz=UTC)
+            rows = [
+                {"Data": b"x", "PartitionKey": "k", "SequenceNumber": str(100 + i),
+                 "ApproximateArrivalTimestamp": at}
+                for i in range(GET_RECORDS_LIMIT)
+            ]  # fmt: skip
+            return {"Records": rows, "NextShardIterator": "next", "MillisBehindLatest": 0}
+
+    broken = FakeEventStream(clock, iter([]), error=RuntimeError("the stream broke"))
+    kinesis = FullPage(
+        clock, [broken, FakeEventStream(clock, iter([event([record(99999)], None)]))]
+    )
+    queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()
+    asyncio.run(fetcher(kinesis, clock, queue).run())
+    full = [b for b in drain(queue) if len(b.records) == GET_RECORDS_LIMIT]
+    assert kinesis.get_records_calls == 1 and len(full) == 1 and full[0].page_full

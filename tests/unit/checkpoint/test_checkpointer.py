@@ -290,6 +290,9 @@ def test_prepare_at_the_last_checkpoint_replaces_a_pending_checkpoint_beyond_it(
     cp.prepare_checkpoint("100")  # the stored checkpoint
     lease = stored(table)
     assert lease.checkpoint == LAST and lease.pending_checkpoint in (None, LAST)
+    writes = table.write_calls
+    cp.prepare_checkpoint("100")  # again: nothing more to write
+    assert table.write_calls == writes
 
 
 def test_checkpoint_clears_a_pending_checkpoint(table: FaultyTable, cp: Checkpointer) -> None:

@@ -28,7 +28,7 @@ from kclpy_spark.config import WorkerConfig
 from kclpy_spark.moves.assigning import leader_election, lease_timing
 from kclpy_spark.moves.lease_worker import Placement
 from kclpy_spark.moves.reports import TakeReports
-from kclpy_spark.moves.taking import MAX_LOOKS, Taker
+from kclpy_spark.moves.taking import MAX_LOOKS, PRUNE_EVERY, Taker
 from kclpy_spark.runtime.events import EventLog
 from kclpy_spark.runtime.metrics import WorkerMetrics
 from kclpy_spark.runtime.run_state import RunState
@@ -565,8 +565,20 @@ def test_the_leaders_scan_deletes_the_records_of_workers_gone_for_an_hour(leadin
     gone = table.get_record(coordination.worker_key("crashed")) is None
     assert gone is leading and table.get_record(coordination.worker_key("peer")) is not None
     status(table, "crashed-too", clock.wall() - coordination.GONE_WORKER_AFTER - 10)
+    clock.advance(60.0)
     asyncio.run(taker.round())  # a minute later: not yet
     assert table.get_record(coordination.worker_key("crashed-too")) is not None
+    clock.advance(PRUNE_EVERY)
+
+    def refused(key: str, version: int) -> bool:
+        raise DependencyError("the table did not answer")
+
+    table.delete_record = refused  # type: ignore[method-assign]
+    asyncio.run(taker.round())  # a failed prune costs the round nothing
+    table.delete_record = MemoryLeaseTable.delete_record.__get__(table)  # type: ignore[method-assign]
+    clock.advance(PRUNE_EVERY)
+    asyncio.run(taker.round())
+    assert (table.get_record(coordination.worker_key("crashed-too")) is None) is leading
 
 
 def test_a_stopping_worker_says_so_before_handing_out(monkeypatch: Any) -> None:

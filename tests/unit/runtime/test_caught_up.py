@@ -138,7 +138,7 @@ def test_a_consumer_stops_at_the_tip_with_everything_committed() -> None:
     outcome, job = run_job(env, FakeSources([batch(10, lag=900), batch(20, lag=0), batch(30)]))
     assert outcome is Outcome.CAUGHT_UP
     assert env.processor.seen == ["10", "20"]  # not 30: read after the tip
-    assert env.processor.calls[-1] == "shutdown_requested"
+    assert env.processor.calls[-2:] == ["shutdown_requested", "lease_lost"]
     assert job.done == {SHARD} and not job.failed
     assert env.stored().checkpoint == ExtendedSequenceNumber("20")
     assert env.stored().lease_owner is None  # released; this worker does not take it again
@@ -175,7 +175,7 @@ def test_an_idle_shard_is_caught_up_by_an_empty_read_at_the_tip() -> None:
     env.lease()
     outcome, job = run_job(env, FakeSources([FetchedBatch([], 0)]))
     assert outcome is Outcome.CAUGHT_UP and job.done == {SHARD}
-    assert env.processor.calls == ["initialize", "shutdown_requested"]
+    assert env.processor.calls == ["initialize", "shutdown_requested", "lease_lost"]
 
 
 def test_a_lease_parked_in_a_job_fails_it_instead_of_coming_back() -> None:

@@ -455,7 +455,7 @@ def test_a_lost_lease_stops_the_consumer_and_tells_the_processor() -> None:
 
 
 def test_shutdown_asks_the_processor_to_checkpoint_then_says_the_lease_is_gone() -> None:
-    """As the KCL: shutdownRequested, and once the lease is released leaseLost (a processor's
+    """As the KCL: shutdownRequested, then leaseLost (a processor's
     clean-up in lease_lost never ran on SIGTERM, a suspend or a hand-off)."""
     env = Env()
     env.lease()

@@ -266,6 +266,12 @@ def test_a_cancelled_consumer_whose_call_runs_on_keeps_its_lease_from_a_second_o
         await settle(entered.is_set)
         await env.set.shutdown_all(0.05)  # the grace ran out: cancelled
         assert key not in env.set.running and key in env.set  # not taken here meanwhile
+        assert env.set.views() == []
+        env.clock.advance(env.cfg.processor_stall_timeout + 1)  # it hangs: /readyz says so
+        [view] = env.set.views()
+        assert view.shard_id == key and view.hung_for is not None
+        env.start(key, [batch(11)])  # a path that takes without looking starts nothing beside it
+        assert key not in env.set.running
         release.set()
         await settle(lambda: key not in env.set)  # the call returned: takeable again
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from kclpy_spark.spark import local_fs
 from kclpy_spark.spark.session import (
@@ -10,6 +13,7 @@ from kclpy_spark.spark.session import (
     KRYO,
     SERIALIZER,
     SparkTarget,
+    _set_over_connect,
     classic_conf,
     spark_defaults,
 )
@@ -52,6 +56,9 @@ def test_the_sites_spark_defaults_outrank_ours_and_the_users_toml_outranks_both(
         "spark.jars: /site/user.jar\n"
         "spark.master yarn\n"  # spark_target says where the session runs
         "not.spark 1\n"
+        "spark.executor.extraJavaOptions -Dfoo=1 \\\n"  # continued, as Java reads it
+        "    -Dbar=2\n"
+        "spark.app.tag\\:x   a\\\\b  \n"  # escapes: the key's colon, a backslash
     )
     site = spark_defaults({"SPARK_CONF_DIR": str(tmp_path)})
     assert site == {
@@ -59,6 +66,8 @@ def test_the_sites_spark_defaults_outrank_ours_and_the_users_toml_outranks_both(
         "spark.serializer": "org.apache.spark.serializer.JavaSerializer",
         "spark.driver.extraJavaOptions": "-Dmy.flag=1",
         "spark.jars": "/site/user.jar",
+        "spark.executor.extraJavaOptions": "-Dfoo=1 -Dbar=2",
+        "spark.app.tag:x": "a\\b",
     }
     conf = classic_conf(SparkTarget.parse("local[2]"), {"spark.sql.session.timeZone": "UTC"}, site)
     assert conf["spark.sql.session.timeZone"] == "UTC"  # the TOML's spark_conf
@@ -66,4 +75,30 @@ def test_the_sites_spark_defaults_outrank_ours_and_the_users_toml_outranks_both(
     assert conf["spark.driver.extraJavaOptions"] == "-Dmy.flag=1"
     assert conf["spark.jars"].split(",")[0] == "/site/user.jar"  # ours added after
     assert "spark.master" not in conf
-    assert spark_defaults({}) == {} and spark_defaults({"SPARK_HOME": str(tmp_path / "x")}) == {}
+    assert spark_defaults({"SPARK_HOME": str(tmp_path / "x")}) == {}
+
+
+def test_a_setting_a_connect_server_keeps_for_itself_is_a_warning_not_a_failed_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The builder passed static and core settings over silently; set one by one after the
+    short retry policy, they failed start-up (spark.sql.warehouse.dir, spark.executor.memory)."""
+
+    class Conf:
+        def __init__(self) -> None:
+            self.set_ = {}
+
+        def set(self, key: str, value: str) -> None:
+            if key.startswith("spark.executor"):
+                raise RuntimeError(f"[CANNOT_MODIFY_CONFIG] Cannot modify {key}")
+            if key == "broken":
+                raise RuntimeError("the server is gone")
+            self.set_[key] = value
+
+    session = SimpleNamespace(conf=Conf())
+    _set_over_connect(session, "spark.executor.memory", "2g")
+    _set_over_connect(session, "spark.sql.shuffle.partitions", "4")
+    assert session.conf.set_ == {"spark.sql.shuffle.partitions": "4"}
+    assert "spark.executor.memory" in caplog.text
+    with pytest.raises(RuntimeError, match="gone"):
+        _set_over_connect(session, "broken", "x")
