@@ -245,6 +245,21 @@ def _set_over_connect(session: Any, key: str, value: str) -> None:
         log.warning("spark_conf %s cannot be set over Spark Connect (the server's): ignored", key)
 
 
+# How long stop() waits for the session's own stop (its JVM's shutdown).
+STOP_TIMEOUT = 60.0
+
+
+def _target_of(session: Any) -> str:
+    """An adopted classic session's master as a Spark target (a cluster one when it is none we
+    know: its batches are then capped below the task-size limit, as a cluster's must be)."""
+    try:
+        master = str(session.sparkContext.master)
+        SparkTarget.parse(master)
+    except Exception:
+        return "spark://adopted:7077"
+    return master
+
+
 class SparkSessionHolder:
     """The sink's SparkSession, built on first use; also builds the batch DataFrames (decoding
     the payload when a value schema is set) and cancels writes by job tag."""
@@ -284,7 +299,7 @@ class SparkSessionHolder:
     def adopt(cls, session: Any, **kwargs: Any) -> SparkSessionHolder:
         """Use an existing session (not stopped by ``stop()``)."""
         remote = type(session).__module__.startswith("pyspark.sql.connect")
-        target = "sc://adopted:15002" if remote else "local[2]"
+        target = "sc://adopted:15002" if remote else _target_of(session)
         holder = cls(target, **kwargs)
         holder._session = session
         holder._owned = False
@@ -347,11 +362,18 @@ class SparkSessionHolder:
     def _read_heap(self) -> HeapFigures:
         return read_heap(self.session().sparkContext._jvm)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        """Stop the session this holder started, waiting at most ``timeout`` seconds (a JVM that
+        answers no more must not hold the process past its shutdown grace)."""
         with self._lock:
             session, self._session = self._session, None
-        if session is not None and self._owned:
-            session.stop()
+        if session is None or not self._owned:
+            return
+        stopping = threading.Thread(target=session.stop, name="kclpy-spark-stop", daemon=True)
+        stopping.start()
+        stopping.join(timeout)
+        if stopping.is_alive():
+            log.warning("the Spark session did not stop within %.0fs; leaving it", timeout)
 
     def max_batch_bytes(self) -> int | None:
         """The largest batch (Arrow bytes) that stays under the task-size limit; None if none."""

@@ -12,8 +12,10 @@ from kclpy_spark.spark.session import (
     DEBUGGING,
     KRYO,
     SERIALIZER,
+    SparkSessionHolder,
     SparkTarget,
     _set_over_connect,
+    _target_of,
     classic_conf,
     spark_defaults,
 )
@@ -102,3 +104,33 @@ def test_a_setting_a_connect_server_keeps_for_itself_is_a_warning_not_a_failed_s
     assert "spark.executor.memory" in caplog.text
     with pytest.raises(RuntimeError, match="gone"):
         _set_over_connect(session, "broken", "x")
+
+
+@pytest.mark.parametrize(
+    ("master", "target"),
+    [
+        ("local[4]", "local[4]"),
+        ("spark://10.0.0.5:7077", "spark://10.0.0.5:7077"),
+        ("yarn", "yarn"),
+        ("mesos://old:5050", "spark://adopted:7077"),  # none we know: capped as a cluster's
+    ],
+)
+def test_an_adopted_session_keeps_its_own_master(master: str, target: str) -> None:
+    """Every classic session was labelled local[2]: an adopted cluster session's batches were
+    not capped below its task-size limit."""
+    session = SimpleNamespace(sparkContext=SimpleNamespace(master=master))
+    assert _target_of(session) == target
+
+
+def test_a_session_that_does_not_stop_is_left_after_the_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A JVM that answers no more held the process past SIGTERM's grace until SIGKILL."""
+    import threading
+
+    never = threading.Event()
+    holder = SparkSessionHolder("local[1]")
+    holder._session = SimpleNamespace(stop=lambda: never.wait(30))
+    holder.stop(timeout=0.05)
+    never.set()
+    assert holder._session is None and "did not stop" in caplog.text
