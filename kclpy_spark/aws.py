@@ -4,8 +4,8 @@ The only place that decides regions, endpoints, retries and credentials. The reg
 config's ``region``, else the stream ARN's, else the environment's and the SDK's (``AWS_REGION``,
 ``AWS_DEFAULT_REGION``, the profile's ``region``), else us-east-1 when a local endpoint is set
 (emulators accept any); with none of them it is one line naming the ways to set it. Credentials
-come from the SDK's chain with the config's ``profile`` (or ``AWS_PROFILE``); with a local
-endpoint and no credentials at all, LocalStack's dummy ones are used.
+come from the SDK's chain with the config's ``profile`` (or ``AWS_PROFILE``); with an emulator's
+endpoint (not an AWS host) and no credentials at all, LocalStack's dummy ones are used.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ _READ_TIMEOUT = 30.0
 
 
 def client_kwargs(cfg: WorkerConfig) -> dict[str, Any]:
-    """Keyword arguments for ``create_client`` / ``boto3.client`` (without the botocore Config)."""
-    if cfg.profile is not None:
-        _botocore_session(cfg.profile)  # a profile that is not there: one line, here
+    """Keyword arguments for ``create_client`` / ``boto3.client`` (without the botocore Config).
+    A profile that is not there, or a credential chain that fails, is one line here."""
+    _credentials(_botocore_session(cfg.profile))
     return endpoint_kwargs(region_of(cfg), cfg.endpoint_url, cfg.profile)
 
 
@@ -77,10 +77,34 @@ def endpoint_kwargs(
     kwargs: dict[str, Any] = {"region_name": region}
     if endpoint_url:
         kwargs["endpoint_url"] = endpoint_url
-        if _botocore_session(profile).get_credentials() is None:
+        # An emulator accepts any keys; an AWS endpoint (a VPC or FIPS one) is told none, so a
+        # missing credential is the one line saying so, not a request signed with dummy keys.
+        if not is_aws_host(endpoint_url) and _credentials(_botocore_session(profile)) is None:
             kwargs["aws_access_key_id"] = "test"
             kwargs["aws_secret_access_key"] = "test"
     return kwargs
+
+
+def is_aws_host(endpoint_url: str) -> bool:
+    """Whether ``endpoint_url`` names an AWS endpoint (``*.amazonaws.com``, ``*.api.aws``...),
+    not an emulator's."""
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(endpoint_url).hostname or "").lower().rstrip(".")
+    return host.endswith((".amazonaws.com", ".amazonaws.com.cn", ".api.aws", ".c2s.ic.gov",
+                          ".sc2s.sgov.gov"))  # fmt: skip
+
+
+def _credentials(session: Any) -> Any:
+    """The session's credentials (None: none anywhere); a chain that fails on its way (a key
+    without its secret, a profile's source_profile missing, a credential_process that failed)
+    is one line, not botocore's traceback."""
+    import botocore.exceptions
+
+    try:
+        return session.get_credentials()
+    except botocore.exceptions.BotoCoreError as exc:
+        raise ConfigError(f"AWS credentials: {' '.join(str(exc).split())[:300]}") from None
 
 
 def _botocore_session(profile: str | None) -> Any:

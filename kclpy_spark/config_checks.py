@@ -50,6 +50,24 @@ def _check_streams(cfg: WorkerConfig) -> None:
             check_not_in_future(spec.initial_position, "[[streams]] initial_position", time.time())
     check_stream(cfg.stream_name or None, cfg.stream_arn or None, "config")
     check_not_in_future(cfg.initial_position, "config 'initial_position'", time.time())
+    _check_regions(cfg)
+
+
+def _check_regions(cfg: WorkerConfig) -> None:
+    """Every client of a worker uses one region: streams whose ARNs name others would be asked
+    for in the wrong one (as if gone)."""
+    arns = [s.stream_arn for s in cfg.stream_specs if s.stream_arn]
+    regions = sorted({arn.split(":")[3] for arn in arns if arn.count(":") >= 5})
+    if len(regions) > 1:
+        raise ConfigError(
+            f"config: the streams' ARNs name several regions ({', '.join(regions)}); one worker "
+            "reads one region: run a worker (or application) per region"
+        )
+    if cfg.region and regions and regions[0] != cfg.region:
+        raise ConfigError(
+            f"config 'region' {cfg.region!r} is not the region of the stream ARN "
+            f"({regions[0]!r}): leave 'region' out, or name the stream in its region"
+        )
 
 
 def _check_names(cfg: WorkerConfig) -> None:

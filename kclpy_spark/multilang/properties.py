@@ -34,6 +34,7 @@ from typing import Any
 
 from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import InitialPosition, Position
+from kclpy_spark.aws import is_aws_host
 from kclpy_spark.config import WorkerConfig, from_mapping
 from kclpy_spark.multilang.javaprops import parse_properties, read_properties_file
 from kclpy_spark.multilang.kcl_keys import (
@@ -162,7 +163,10 @@ def _stream(props: Mapping[str, str], values: dict[str, Any], keys: dict[str, st
             log.warning("streamArn %s wins over streamName = %s", arn, name)
         region = props.get("regionName")
         if region and region != match.group(1):
-            log.warning("streamArn is in region %s but regionName is %s", match.group(1), region)
+            raise ConfigError(
+                f"property 'regionName' {region!r} is not the region of 'streamArn' "
+                f"({match.group(1)!r}): every call would go to the wrong region"
+            )
         values["stream_arn"], keys["stream_arn"] = arn, "streamArn"
         values["stream_name"] = None
     elif name:
@@ -179,15 +183,30 @@ def _endpoint(props: Mapping[str, str], values: dict[str, Any], keys: dict[str, 
             f"(one endpoint_url serves both), got {kinesis!r} and {dynamodb!r}"
         )
     endpoint = kinesis or dynamodb
+    if endpoint and not (kinesis and dynamodb) and is_aws_host(endpoint):
+        # The KCL sends the other service to its regional endpoint; here one endpoint_url
+        # serves both, so an AWS one (a VPC or FIPS endpoint) would get the other's calls.
+        given = "kinesisEndpoint" if kinesis else "dynamoDBEndpoint"
+        raise ConfigError(
+            f"property {given!r} names an AWS endpoint ({endpoint!r}) and the other service's "
+            "endpoint is not set: one endpoint serves both Kinesis and DynamoDB here; leave it "
+            "out for the regional endpoints"
+        )
     if endpoint:
         values["endpoint_url"] = endpoint
         keys["endpoint_url"] = "kinesisEndpoint" if kinesis else "dynamoDBEndpoint"
     dynamo_region = props.get("dynamoDBRegionName")
-    if dynamo_region and dynamo_region != props.get("regionName", "us-east-1"):
+    region = props.get("regionName") or _arn_region(props.get("streamArn"))
+    if dynamo_region and region and dynamo_region != region:
         raise ConfigError(
-            "property 'dynamoDBRegionName' must equal 'regionName' (the lease table is read in "
-            f"the stream's region), got {dynamo_region!r}"
+            "property 'dynamoDBRegionName' must equal the stream's region (the lease table is "
+            f"read in the stream's region, {region!r}), got {dynamo_region!r}"
         )
+
+
+def _arn_region(arn: str | None) -> str | None:
+    match = STREAM_ARN.match(arn) if arn else None
+    return match.group(1) if match else None
 
 
 def _behaviour_checks(props: Mapping[str, str]) -> None:

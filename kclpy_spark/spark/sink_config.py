@@ -283,8 +283,14 @@ def _flat(table: Mapping[Any, Any], prefix: str = "") -> Iterator[tuple[str, str
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
             yield from _flat(value, f"{name}.")
+        elif isinstance(value, list | tuple):  # spark.jars.packages = ["a:b:1", "c:d:2"]
+            yield name, ",".join(_text(v) for v in value)
         else:
-            yield name, str(value).lower() if isinstance(value, bool) else str(value)
+            yield name, _text(value)
+
+
+def _text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def sink_config(sink: str, **values: Any) -> SinkConfig:

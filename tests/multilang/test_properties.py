@@ -153,6 +153,15 @@ def test_defaults_and_the_multilang_settings() -> None:
     assert plain.timeout is None and plain.shutdown_grace == DEFAULT_CHILD_GRACE
 
 
+def test_the_lease_tables_region_may_come_from_the_stream_arn() -> None:
+    """dynamoDBRegionName was compared with a regionName of us-east-1 when none was set."""
+    arn = "arn:aws:kinesis:eu-west-1:123456789012:stream/orders"
+    cfg, _ = build(streamArn=arn, dynamoDBRegionName="eu-west-1")
+    assert cfg.stream_arn == arn
+    local, _ = build(kinesisEndpoint="http://127.0.0.1:4566")  # an emulator serves both
+    assert local.endpoint_url == "http://127.0.0.1:4566"
+
+
 def test_stream_arn_wins_over_stream_name(caplog: pytest.LogCaptureFixture) -> None:
     arn = "arn:aws:kinesis:us-east-1:123456789012:stream/payments"
     cfg, _ = build(streamArn=arn, streamName="orders")
@@ -310,7 +319,19 @@ def test_overrides_win_over_the_file() -> None:
         ({"tableName": "no spaces allowed"}, "'tableName'"),
         ({"kinesisEndpoint": "localhost:4566"}, "'kinesisEndpoint'"),
         ({"kinesisEndpoint": "http://a:1", "dynamoDBEndpoint": "http://b:2"}, "same endpoint"),
-        ({"dynamoDBRegionName": "eu-west-1"}, "'dynamoDBRegionName' must equal"),
+        ({"dynamoDBRegionName": "eu-west-1", "regionName": "us-east-1"}, "'dynamoDBRegionName'"),
+        (
+            {
+                "streamArn": "arn:aws:kinesis:eu-west-1:123456789012:stream/o",
+                "regionName": "us-east-1",
+            },
+            "'regionName' 'us-east-1' is not the region of 'streamArn'",
+        ),
+        # The KCL sends DynamoDB to its regional endpoint: one endpoint serves both here.
+        (
+            {"kinesisEndpoint": "https://vpce-1.kinesis.eu-west-1.vpce.amazonaws.com"},
+            "the other service's endpoint is not set",
+        ),
         ({"callProcessRecordsEvenForEmptyRecordList": "sometimes"}, "'callProcessRecords"),
         ({"kclpyspark.nonsense": "1"}, "'kclpyspark.nonsense'"),
         ({"kclpyspark.max_processing_attempts": "many"}, "'max_processing_attempts'"),

@@ -13,6 +13,7 @@ from checkpoint.base.errors import ConfigError
 from kclpy_spark.aws import client_kwargs, region_of
 from kclpy_spark.cli import _config_from_args, build_parser
 from kclpy_spark.config import WorkerConfig, layered
+from kclpy_spark.stream_spec import StreamSpec
 
 ARN = "arn:aws:kinesis:ap-south-1:123456789012:stream/orders"
 
@@ -92,7 +93,7 @@ def test_the_command_line_reads_the_environment(
 @pytest.mark.parametrize(
     ("cfg", "env", "region"),
     [
-        (dict(region="eu-west-3", stream_arn=ARN), {"AWS_REGION": "eu-west-1"}, "eu-west-3"),
+        (dict(region="ap-south-1", stream_arn=ARN), {"AWS_REGION": "eu-west-1"}, "ap-south-1"),
         (dict(stream_arn=ARN), {"AWS_REGION": "eu-west-1"}, "ap-south-1"),
         (dict(), {"AWS_REGION": "eu-west-1", "AWS_DEFAULT_REGION": "us-west-2"}, "eu-west-1"),
         (dict(), {"AWS_DEFAULT_REGION": "us-west-2"}, "us-west-2"),
@@ -163,3 +164,39 @@ def test_region_names_of_every_partition(region: str, valid: bool) -> None:
     else:
         with pytest.raises(ConfigError, match="region"):
             WorkerConfig(stream_name="s", region=region)
+
+
+def test_a_region_other_than_the_stream_arns_or_streams_in_two_regions_are_refused() -> None:
+    """Every client of a worker uses one region: the config's won silently over the ARN's, and a
+    second [[streams]] ARN of another region was asked for in the first one's (as if gone)."""
+    with pytest.raises(ConfigError, match="not the region of the stream ARN"):
+        WorkerConfig(stream_arn=ARN, region="us-east-1")
+    west = ARN.replace("ap-south-1", "us-west-2")
+    with pytest.raises(ConfigError, match="several regions"):
+        WorkerConfig(streams=(StreamSpec(None, ARN, None), StreamSpec(None, west, None)))
+
+
+def test_a_credential_chain_that_fails_on_its_way_is_one_line(
+    aws_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key without its secret (or a profile's missing source_profile, a failing
+    credential_process) was botocore's traceback and exit 1."""
+    for name in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE")
+    with pytest.raises(ConfigError, match="AWS credentials") as err:
+        client_kwargs(WorkerConfig(stream_name="s", region="eu-west-1"))
+    assert "\n" not in str(err.value)
+
+
+def test_dummy_keys_go_to_an_emulator_only(aws_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A VPC endpoint and no credentials signed requests with LocalStack's test/test keys: the
+    user saw "security token invalid" instead of "no AWS credentials found"."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role here
+    local = client_kwargs(WorkerConfig(stream_name="s", endpoint_url="http://127.0.0.1:4566"))
+    assert local["aws_access_key_id"] == "test"
+    vpce = "https://vpce-0a1b.kinesis.eu-west-1.vpce.amazonaws.com"
+    aws = client_kwargs(WorkerConfig(stream_name="s", endpoint_url=vpce, region="eu-west-1"))
+    assert "aws_access_key_id" not in aws and aws["endpoint_url"] == vpce

@@ -111,10 +111,12 @@ def test_the_sink_table_is_read_from_the_worker_toml(tmp_path: Path) -> None:
     dotted.write_text(
         '[sink]\nsink = "m:f"\n[sink.spark_conf]\nspark.executor.memory = "2g"\n'
         "spark.sql.adaptive.enabled = false\n"
+        '"spark.jars.packages" = ["a:b:1", "c:d:2"]\n'  # a list: Spark's comma-separated one
     )
     dotted_cfg = load_sink_config(dotted)
     assert dotted_cfg is not None and dotted_cfg.spark_conf == {
         "spark.executor.memory": "2g", "spark.sql.adaptive.enabled": "false",
+        "spark.jars.packages": "a:b:1,c:d:2",
     }  # fmt: skip
     unquoted_master = tmp_path / "master.toml"
     unquoted_master.write_text('[sink]\nsink = "m:f"\n[sink.spark_conf]\nspark.master = "x"\n')
