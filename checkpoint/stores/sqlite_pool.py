@@ -176,9 +176,7 @@ class ConnectionPool:
             return
         self.close()  # the idle connections name the old file
         if now is None:
-            gone = ResourceNotFoundError(f"{self.where} was removed while this worker used it")
-            gone.resource = str(self._path)
-            raise gone
+            raise ResourceNotFoundError(f"{self.where} was removed while this worker used it")
         raise InvalidStateError(
             f"{self.where} now names another file than the one this worker opened "
             "(replaced, or a link moved): restart the worker to use it"

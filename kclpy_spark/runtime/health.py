@@ -50,8 +50,10 @@ class Health:
         self._table_name = table_name
         self.started = False
         self.last_store_ok: float | None = None
-        self.table_gone_since: float | None = None
-        self.gone_table = table_name  # which table: the lease table or the coordination table
+        # Each table found gone (the lease table, or on DynamoDB the coordination table beside
+        # it) -> since when; only an answer of that very table clears it (a renewal of the lease
+        # table says nothing of the coordination table).
+        self._gone: dict[str, float] = {}
         self.all_parked = False
         self.duplicate_worker: str | None = None
         # A lease item no code can read (CorruptLeaseError): every scan fails on it, so no lease
@@ -60,30 +62,51 @@ class Health:
 
     # --- what the worker reports ------------------------------------------------------------------
 
-    def store_ok(self, *, scanned: bool = False) -> None:
-        """The lease table answered; ``scanned``: a read of every lease we look at succeeded."""
+    @property
+    def table_gone_since(self) -> float | None:
+        """Since when a table has been gone (the one gone longest), or None."""
+        return min(self._gone.values(), default=None)
+
+    @property
+    def gone_table(self) -> str:
+        """The table gone longest (the lease table when none is)."""
+        return min(self._gone, key=self._gone.__getitem__, default=self._table_name)
+
+    def store_ok(self, *, scanned: bool = False, coordination: bool = False) -> None:
+        """The lease table answered (``coordination``: the coordination records did, which on
+        DynamoDB are a table of their own); ``scanned``: a read of every lease we look at
+        succeeded."""
+        if coordination:
+            for table in [t for t in self._gone if t != self._table_name]:
+                del self._gone[table]
+                log.warning("the %s answers again", self._label(table))
+            return
         if scanned and self.corrupt_lease is not None:
             log.warning("the lease table holds no corrupt lease any more")
             self.corrupt_lease = None
         self.last_store_ok = self._monotonic()
-        if self.table_gone_since is not None:
-            log.warning("the %s answers again", self._gone_label())
-        self.table_gone_since = None
+        if self._gone.pop(self._table_name, None) is not None:
+            log.warning("the %s answers again", self._label(self._table_name))
 
     def store_failed(self, exc: KclpySparkError) -> None:
         if isinstance(exc, CorruptLeaseError):
             if str(exc) != self.corrupt_lease:
                 log.error("%s: no lease is taken until it is mended or deleted", exc)
             self.corrupt_lease = str(exc)
-        if isinstance(exc, ResourceNotFoundError) and self.table_gone_since is None:
-            self.table_gone_since = self._monotonic()
-            self.gone_table = exc.resource or self._table_name
-            log.error("the %s is gone: %s", self._gone_label(), exc)
+        table = (
+            (exc.resource or self._table_name) if isinstance(exc, ResourceNotFoundError) else None
+        )
+        if table is not None and table not in self._gone:
+            self._gone[table] = self._monotonic()
+            log.error("the %s is gone: %s", self._label(table), exc)
+
+    def _label(self, table: str) -> str:
+        if table == self._table_name:
+            return f"lease table {table}"
+        return f"coordination table {table}"
 
     def _gone_label(self) -> str:
-        if self.gone_table == self._table_name:
-            return f"lease table {self.gone_table}"
-        return f"coordination table {self.gone_table}"
+        return self._label(self.gone_table)
 
     # --- what it concludes -----------------------------------------------------------------------
 

@@ -285,7 +285,11 @@ class Worker:
     def _failed(self, exc: KclpySparkError, what: str = "") -> None:
         """A loop's lease-table call failed: tell health; log it (quietly once the table is
         known to be gone: health has said so at ERROR)."""
-        already_gone = self.health.table_gone_since is not None
+        # Quiet once health has said so at ERROR: the table gone, or the same corrupt item (a
+        # WARNING every take round was about 15,000 lines a day until someone mended it).
+        already_gone = self.health.table_gone_since is not None or (
+            isinstance(exc, CorruptLeaseError) and str(exc) == self.health.corrupt_lease
+        )
         self.health.store_failed(exc)
         if isinstance(exc, CorruptLeaseError):
             self.metrics.corrupt_lease_reads.inc()
@@ -356,6 +360,7 @@ class Worker:
         # answer says nothing about the lease table (scans and renewals tell health that; while
         # suspended there are neither, so one small read of the lease table does).
         suspended, _ = await self._io(self.suspend_flag.read)
+        self.health.store_ok(coordination=True)  # it answered: gone no more, if it was
         if self.run_state.suspended:
             await self._io(self.store.is_empty)
             self.health.store_ok()

@@ -59,6 +59,24 @@ def test_a_lease_table_gone_is_not_ready_then_fatal_after_the_timeout() -> None:
     assert h.fatal({}) is None and ready(h) == (True, "ready")
 
 
+def test_a_coordination_table_gone_is_not_cleared_by_the_lease_tables_answers() -> None:
+    """Each renewal of the lease table cleared it: the daemon never gave up (exit 3), /readyz
+    flickered to ready, and the log had an ERROR and a WARNING every round."""
+    clock = ManualClock()
+    h = health(clock)
+    gone = ResourceNotFoundError("table app-KclpySparkState does not exist")
+    gone.resource = "app-KclpySparkState"
+    for _ in range(20):  # three seconds a round: a failed publish, then a renewal that worked
+        h.store_failed(gone)
+        h.store_ok()
+        clock.advance(3.0)
+    assert ready(h) == (False, "coordination table app-KclpySparkState gone for 60s")
+    reason = h.fatal({})
+    assert reason is not None and "coordination table app-KclpySparkState" in reason
+    h.store_ok(coordination=True)  # the coordination records answer again
+    assert h.fatal({}) is None and ready(h) == (True, "ready")
+
+
 def test_a_stream_gone_for_the_timeout_is_fatal() -> None:
     clock = ManualClock()
     h = health(clock)
