@@ -31,6 +31,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable, MutableMapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -178,6 +179,22 @@ class RetiringThreadPool(ThreadPoolExecutor):
         if wait:
             for t in threads:
                 t.join()
+
+    def abandon(self, grace: float) -> int:
+        """Shut down, waiting at most ``grace`` seconds for the calls still running; those that
+        run on after it (a call that never returns) are not joined at interpreter exit either:
+        the process ends without them. How many were abandoned."""
+        self.shutdown(wait=False, cancel_futures=True)
+        with self._shutdown_lock:
+            busy = list(self._threads)
+        end = time.monotonic() + grace
+        for t in busy:
+            t.join(max(0.0, end - time.monotonic()))
+        left = [t for t in busy if t.is_alive()]
+        queues = cast(MutableMapping[Any, Any], _thread._threads_queues)
+        for t in left:
+            queues.pop(t, None)
+        return len(left)
 
 
 class _Call:

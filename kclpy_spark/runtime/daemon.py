@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from checkpoint.base.errors import ConfigError, KclpySparkError
@@ -157,7 +158,8 @@ async def run_worker(
 
     _tune_gc()
     loop = asyncio.get_running_loop()
-    loop.set_default_executor(RetiringThreadPool(PROCESSOR_THREADS, "kclpy-spark"))
+    processors = RetiringThreadPool(PROCESSOR_THREADS, "kclpy-spark")
+    loop.set_default_executor(processors)
     signals = _Signals(loop) if install_signal_handlers else None
     try:
         kinesis_sync = boto3_client("kinesis", cfg)
@@ -187,9 +189,25 @@ async def run_worker(
     finally:
         if signals is not None:
             signals.remove()
+        _leave_hung_calls(loop, processors)
     if worker.exit_reason is not None:
         raise DependencyGoneError(worker.exit_reason)
     _job_result(worker)
+
+
+# After the worker stopped, how long the processor threads still running may take to finish.
+HUNG_CALL_GRACE = 5.0
+
+
+def _leave_hung_calls(loop: asyncio.AbstractEventLoop, processors: RetiringThreadPool) -> None:
+    """A processor call that never returns must not hold the process: asyncio.run's close
+    joined the loop's default executor without a deadline, and interpreter exit joined its
+    threads again (only SIGKILL ended it). The pool is abandoned after a short grace, and the
+    loop gets a fresh executor for what is left to close."""
+    left = processors.abandon(HUNG_CALL_GRACE)
+    if left:
+        log.warning("%d processor call(s) still running after the stop: exiting without them", left)
+    loop.set_default_executor(ThreadPoolExecutor(2, thread_name_prefix="kclpy-spark-closing"))
 
 
 def _job_result(worker: Worker) -> None:
