@@ -6,6 +6,7 @@ not wait for its old status to age."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -18,6 +19,7 @@ from kclpy_spark.runtime.publish import StatusSource, status_payload
 if TYPE_CHECKING:
     from checkpoint.base.clock import AsyncSleep, Clock
     from checkpoint.coordination import StatusWriter
+    from checkpoint.leasing.held_lease import HeldLease
 
 log = logging.getLogger(__name__)
 
@@ -62,20 +64,26 @@ async def let_new_owners_see(w: StoppingWorker) -> float:
     return wait
 
 
+async def _release(w: StoppingWorker, io: Io, held: HeldLease) -> None:
+    try:
+        result = await io(w.holder.release, held.lease_key, held.token)
+        outcome = "" if result.won else " (already lost)"
+    except KclpySparkError as exc:
+        outcome = f" failed ({exc}); it expires instead"
+    if held.lease.handoff_pending:  # hand_out() began a graceful handoff: this ends it
+        w.events.add(held.lease_key, "handed", f"to {held.lease.lease_owner}{outcome}")
+        log.info("lease %s: handed over to %s (worker stopping)%s", held.lease_key,
+                 held.lease.lease_owner, outcome)  # fmt: skip
+        return
+    w.events.add(held.lease_key, "released", f"worker stopping{outcome}")
+    log.info("worker %s released lease %s%s", w.cfg.worker_id, held.lease_key, outcome)
+
+
 async def release_all(w: StoppingWorker, io: Io, *, resign: bool = True) -> None:
-    for held in w.holder.held():
-        try:
-            result = await io(w.holder.release, held.lease_key, held.token)
-            outcome = "" if result.won else " (already lost)"
-        except KclpySparkError as exc:
-            outcome = f" failed ({exc}); it expires instead"
-        if held.lease.handoff_pending:  # hand_out() began a graceful handoff: this ends it
-            w.events.add(held.lease_key, "handed", f"to {held.lease.lease_owner}{outcome}")
-            log.info("lease %s: handed over to %s (worker stopping)%s", held.lease_key,
-                     held.lease.lease_owner, outcome)  # fmt: skip
-            continue
-        w.events.add(held.lease_key, "released", f"worker stopping{outcome}")
-        log.info("worker %s released lease %s%s", w.cfg.worker_id, held.lease_key, outcome)
+    """Release every lease held (or end its hand-off), all at once on the lease threads: one
+    after another, with hundreds held, the last ones passed their expiry first and were left
+    to expire (the caller keeps renewing meanwhile)."""
+    await asyncio.gather(*(_release(w, io, held) for held in w.holder.held()))
     if not resign:
         return
     with contextlib.suppress(KclpySparkError):

@@ -241,9 +241,11 @@ class Worker:
             if await self.taker.hand_out():  # lease moves now wait for the processors' checkpoints
                 grace -= await let_new_owners_see(self)
             await self.consumers.shutdown_all(grace)
-            renewer.cancel()
-            await asyncio.gather(renewer, return_exceptions=True)
-            await release_all(self, self._io)
+            try:  # renewals go on until each lease is given back (none expires meanwhile)
+                await release_all(self, self._io)
+            finally:
+                renewer.cancel()
+                await asyncio.gather(renewer, return_exceptions=True)
             log.info("worker %s stopped", self.cfg.worker_id)
 
     # --- loops -----------------------------------------------------------------------------------

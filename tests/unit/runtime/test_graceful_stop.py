@@ -1,0 +1,146 @@
+"""A graceful stop of the real run_worker (signal handlers included) in a child process, as
+`kclpy-spark run` runs it, against a memory lease store, a fake stream and scripted records: a
+processor call that never returns does not hold the process, and every lease of many is given
+back."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+PREAMBLE = """
+import asyncio, contextlib, datetime, os, signal, sys, threading, time
+sys.path.insert(0, {here!r})
+from test_consumer import FakeSources, batch
+
+import kclpy_spark.aws as aws
+import kclpy_spark.runtime.lease_store as lease_store
+from checkpoint.sequence import InitialPosition
+from checkpoint.stores.memory import MemoryLeaseTable
+from kclpy_spark.config import WorkerConfig
+from kclpy_spark.processor import RecordProcessor
+from kclpy_spark.runtime.daemon import run_worker
+
+STORE = MemoryLeaseTable()
+SHARDS = {shards}
+SPAN = 2**128 // SHARDS
+
+
+class Stream:
+    def describe_stream_summary(self, **kw):
+        return {{"StreamDescriptionSummary": {{
+            "StreamStatus": "ACTIVE", "StreamName": "s", "OpenShardCount": SHARDS,
+            "StreamARN": "arn:aws:kinesis:us-east-1:000000000000:stream/s",
+            "StreamCreationTimestamp": datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)}}}}
+
+    def list_shards(self, **kw):
+        return {{"Shards": [
+            {{"ShardId": f"shardId-{{i:012d}}",
+              "HashKeyRange": {{"StartingHashKey": str(i * SPAN),
+                                "EndingHashKey": str(2**128 - 1 if i == SHARDS - 1
+                                                     else (i + 1) * SPAN - 1)}},
+              "SequenceNumberRange": {{"StartingSequenceNumber": "1"}}}}
+            for i in range(SHARDS)]}}
+
+
+@contextlib.asynccontextmanager
+async def no_client(service, cfg, **kw):
+    yield object()
+
+
+aws.boto3_client = lambda service, cfg: Stream()
+aws.aio_client = no_client
+lease_store.open_lease_store = lambda cfg, **kw: STORE
+
+
+def config(**kw):
+    return WorkerConfig(stream_name="s", lease_store="memory", worker_id="w1", failover_time=2.0,
+                        shutdown_grace=2.0, initial_position=InitialPosition.trim_horizon(), **kw)
+"""
+
+HUNG = """
+seen = threading.Event()
+
+
+class Stuck(RecordProcessor):
+    def process_records(self, process_records_input):
+        seen.set()
+        time.sleep(10**6)  # a call that never returns (a stuck write)
+
+
+async def on_started(worker):
+    while not seen.is_set():
+        await asyncio.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+script = lambda spec, key: FakeSources(*[[batch(1, 2, 3)] for _ in range(8)])
+asyncio.run(run_worker(config(), Stuck, on_started=on_started, record_sources=script))
+print("RETURNED", flush=True)
+"""
+
+MANY = """
+slow = threading.Event()
+
+
+class Latency:
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def evict_lease(self, lease):
+        if slow.is_set():
+            time.sleep(0.05)  # an ordinary write's latency
+        return self._inner.evict_lease(lease)
+
+
+class Idle(RecordProcessor):
+    def process_records(self, process_records_input):
+        pass
+
+
+async def on_started(worker):
+    while len(worker.holder.held()) < SHARDS:
+        await asyncio.sleep(0.05)
+    slow.set()
+    worker.request_shutdown()
+
+
+asyncio.run(run_worker(config(max_leases_to_steal=SHARDS), Idle, on_started=on_started,
+                       install_signal_handlers=False, wrap_store=Latency,
+                       record_sources=lambda spec, key: FakeSources(*[[] for _ in range(8)])))
+print("LEFT OWNED", sum(l.lease_owner == "w1" for l in STORE.list_leases()), flush=True)
+"""
+
+
+def _child(body: str, shards: int = 1) -> subprocess.CompletedProcess[str]:
+    code = textwrap.dedent(PREAMBLE.format(here=str(HERE), shards=shards)) + textwrap.dedent(body)
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"still running: {exc.stdout!r}") from None
+
+
+def test_a_call_that_never_returns_does_not_hold_the_process_after_sigterm() -> None:
+    """asyncio.run's close joined the processor threads without a deadline, and interpreter
+    exit joined them again: after SIGTERM only SIGKILL ended the process."""
+    result = _child(HUNG)
+    assert result.returncode == 0 and "RETURNED" in result.stdout, result.stderr[-3000:]
+    assert "still running after the stop: exiting without them" in result.stderr
+
+
+def test_a_graceful_stop_gives_back_every_lease_of_many() -> None:
+    """The renewer was cancelled and the leases released one after another: with many held,
+    the last ones passed their expiry first and were left to expire (owned by a stopped worker
+    for a failover time). Scaled down: failover 2 s, 60 leases, 50 ms a release."""
+    result = _child(MANY, shards=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "LEFT OWNED 0" in result.stdout, result.stdout[-500:]
