@@ -296,9 +296,17 @@ class Taker:
         if not load:
             return 0
         begun = 0
+        # One hand-off after another, each a lease-table write: a slow table must not stretch
+        # the stop past its grace (the leases left are released at the end instead).
+        until = w.clock.monotonic() + w.cfg.shutdown_grace / 4
         for held in w.holder.held():
             if held.lease.handoff_pending:
                 continue
+            if w.clock.monotonic() > until:
+                log.warning(
+                    "handing leases over took a quarter of the grace: the rest are released"
+                )
+                break
             to = min(sorted(load), key=lambda worker: load[worker])
             try:
                 result = await self._io(w.holder.begin_handoff, held.lease_key, held.token, to)

@@ -464,6 +464,28 @@ def test_a_stopping_worker_hands_nothing_past_the_max_leases_for_worker() -> Non
     assert owners == ["c", ME]
 
 
+def test_handing_out_stops_at_a_quarter_of_the_grace_when_the_table_is_slow() -> None:
+    """One hand-off after another, each allowed the store's whole call budget: a slow table
+    stretched the stop well past shutdown_grace (six leases at 1 s a call: 8 s against 2 s)."""
+    clock = ManualClock()
+
+    class Slow(CountingTable):
+        def initiate_handoff(self, lease: Lease, new_owner: str) -> Lease | None:
+            clock.advance(1.0)  # a slow write
+            return super().initiate_handoff(lease, new_owner)
+
+    table = Slow(clock)
+    for i in range(6):
+        taken = table.take_lease(put(table, f"mine{i}"), ME)
+        assert taken is not None
+    status(table, "c", clock.wall())
+    w = worker(table, Consumers(), clock)
+    for lease in table.list_leases():
+        w.holder.add_taken(lease)
+    w.cfg = WorkerConfig(stream_name="s", worker_id=ME, graceful_handoff=True, shutdown_grace=4.0)
+    assert asyncio.run(Taker(w, io).hand_out()) == 2  # 1 s each, a quarter of 4 s: then released
+
+
 def test_a_failing_scan_before_handing_out_falls_back_on_the_last_rounds_view() -> None:
     class NoScan(CountingTable):
         def scan_table(self, record_prefix: str) -> TableScan:
