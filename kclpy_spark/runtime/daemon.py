@@ -10,6 +10,7 @@ table or stream has been gone too long raises ``DependencyGoneError`` (the CLI e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import inspect
 import logging
@@ -266,6 +267,11 @@ class _Signals:
             # Nothing is held yet: no lease to release, no processor to ask. Do not wait out
             # start-up retries (a stream or endpoint that does not answer).
             log.warning("received %s during start-up: exiting now (no lease is held yet)", sig.name)
+            if worker is not None and worker.leader.is_leader:
+                # Taken before the first shard sync: given back, or the other workers would
+                # wait out its record's life before one of them syncs.
+                with contextlib.suppress(Exception):
+                    worker.leader.resign()
             logging.shutdown()
             os._exit(128 + sig.value)
         log.info("received %s: shutting down gracefully", sig.name)

@@ -26,6 +26,7 @@ from kclpy_spark.processor import RecordProcessor
 from kclpy_spark.runtime.daemon import run_worker
 
 STORE = MemoryLeaseTable()
+OPEN_STORE = lease_store.open_lease_store
 SHARDS = {shards}
 SPAN = 2**128 // SHARDS
 
@@ -58,8 +59,9 @@ lease_store.open_lease_store = lambda cfg, **kw: STORE
 
 
 def config(**kw):
-    return WorkerConfig(stream_name="s", lease_store="memory", worker_id="w1", failover_time=2.0,
-                        shutdown_grace=2.0, initial_position=InitialPosition.trim_horizon(), **kw)
+    base = dict(stream_name="s", lease_store="memory", worker_id="w1", failover_time=2.0,
+                shutdown_grace=2.0, initial_position=InitialPosition.trim_horizon())
+    return WorkerConfig(**{{**base, **kw}})
 """
 
 HUNG = """
@@ -119,11 +121,41 @@ print("LEFT OWNED", sum(l.lease_owner == "w1" for l in STORE.list_leases()), flu
 """
 
 
-def _child(body: str, shards: int = 1) -> subprocess.CompletedProcess[str]:
+STARTUP = """
+lease_store.open_lease_store = OPEN_STORE  # the real SQLite store: the parent reads it after
+listing = threading.Event()
+listed = Stream.list_shards
+
+
+def slow_listing(self, **kw):
+    listing.set()
+    time.sleep(3)  # a first shard sync that takes a while (a big stream, throttling)
+    return listed(self, **kw)
+
+
+Stream.list_shards = slow_listing
+
+
+def term():
+    listing.wait()
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+threading.Thread(target=term, daemon=True).start()
+asyncio.run(run_worker(config(lease_store="sqlite:" + sys.argv[1]), RecordProcessor,
+                       record_sources=lambda spec, key: FakeSources(*[[] for _ in range(8)])))
+"""
+
+
+def _child(body: str, shards: int = 1, *args: str) -> subprocess.CompletedProcess[str]:
     code = textwrap.dedent(PREAMBLE.format(here=str(HERE), shards=shards)) + textwrap.dedent(body)
     try:
         return subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+            [sys.executable, "-c", code, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"still running: {exc.stdout!r}") from None
@@ -144,3 +176,17 @@ def test_a_graceful_stop_gives_back_every_lease_of_many() -> None:
     result = _child(MANY, shards=60)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "LEFT OWNED 0" in result.stdout, result.stdout[-500:]
+
+
+def test_a_signal_during_the_first_shard_sync_leaves_no_leader_behind(tmp_path: Path) -> None:
+    """Start-up takes shard-sync leadership before its first sync; a signal then exits at once
+    ("no lease is held yet") and left the leader record owned by the dead process: every other
+    worker waited out its life (three failover times) before one of them synced."""
+    from checkpoint.stores.sqlite import SQLiteLeaseTable
+    from shard_sync.leader import LEADER_KEY
+
+    db = tmp_path / "leases.db"
+    result = _child(STARTUP, 1, str(db))
+    assert result.returncode == 143, result.stderr[-3000:]
+    record = SQLiteLeaseTable(db, namespace="kclpy-spark-app").get_record(LEADER_KEY)
+    assert record is not None and record.owner is None  # it resigned on its way out
