@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,12 +29,20 @@ TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(context)s%(message)s"
 # Access key ids (AKIA/ASIA...), 40-character secret keys, and long base64 session tokens.
 _SECRET_PATTERNS = [
     re.compile(r"\b(?:AKIA|ASIA|AIDA|AROA)[A-Z0-9]{16}\b"),
-    re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])"),
-    re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{100,}={0,2}"),
+    # (an "=" before them is a key's: aws_secret_access_key=<40 characters>)
+    re.compile(r"(?<![A-Za-z0-9/+])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])"),
+    re.compile(r"(?<![A-Za-z0-9/+])[A-Za-z0-9/+]{100,}={0,2}"),
     # A URL's user and password: https://user:pass@host (no quote, comma or "?" inside, so a URL
     # and an address beside it, or "@" in a query, are left alone).
     re.compile(r"(?<=://)[^/@\s\"',?:]+:[^/@\s\"',?]+(?=@)"),
 ]
+# The value of a key that names a secret: SecretAccessKey=..., fs.s3a.secret.key=...,
+# X-Amz-Security-Token=..., AWS_SESSION_TOKEN=..., password: ..., X-Amz-Signature=... (the key
+# is kept: group 1).
+_KEYED_SECRET = re.compile(
+    r"(?i)(\b[\w.-]*?(?:secret(?:[_.-]?access)?(?:[_.-]?key)?|session[_-]?token"
+    r"|security[_-]?token|password|passwd|signature)\s*[=:]\s*\"?)[^\s\"',&;)]+"
+)
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
 
 
@@ -61,6 +70,7 @@ def redact(text: str) -> str:
     for value in (os.environ.get(name) for name in _SECRET_ENV):
         if value and len(value) >= 8:
             text = text.replace(value, "[redacted]")
+    text = _KEYED_SECRET.sub(r"\1[redacted]", text)
     for pattern in _SECRET_PATTERNS:
         text = pattern.sub("[redacted]", text)
     return text
@@ -76,7 +86,11 @@ class ContextFilter(logging.Filter):
         record.worker = _worker.get()  # a field of JSON lines (text lines stay short)
         parts = [f"{k}={v}" for k, v in context.items() if v]
         record.context = f"[{' '.join(parts)}] " if parts else ""
-        message = redact(record.getMessage())
+        try:
+            text = record.getMessage()
+        except Exception as exc:  # an argument whose str() raises (py4j's, the JVM gone)
+            text = f"{record.msg} (its arguments could not be shown: {exc!r})"
+        message = redact(text)
         record.msg, record.args = message, None
         if record.exc_info and not record.exc_text:
             record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
@@ -132,3 +146,18 @@ def configure(level: str = "INFO", fmt: str = "text") -> None:
     root.setLevel(level.upper())
     for noisy in ("botocore", "aiobotocore", "urllib3", "py4j", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # Python warnings and a thread's uncaught exception come out as log lines too (in the
+    # chosen format, redacted), not as plain text beside them.
+    logging.captureWarnings(True)
+    threading.excepthook = _log_thread_exception
+
+
+def _log_thread_exception(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit:
+        return
+    thread = args.thread.name if args.thread is not None else "?"
+    logging.getLogger("kclpy_spark").error(
+        "uncaught exception in thread %s",
+        thread,
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),  # type: ignore[arg-type]
+    )

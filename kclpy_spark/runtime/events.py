@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kclpy_spark.logs import redact
+
 # "asked": a graceful handoff to us begun (the steal of the KCL 3.x); "handed": one from us ended.
 KINDS = (
     "took",
@@ -50,6 +52,9 @@ class EventLog:
     def add(self, lease_key: str, kind: str, detail: str = "") -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown lease event kind {kind!r}")
+        # Published in the status record and on the status page: redacted as log lines are
+        # (an exception's text may carry a password), before the cut (no half secret).
+        detail = redact(detail)
         if len(detail) > MAX_DETAIL:
             detail = detail[: MAX_DETAIL - 3] + "..."
         event = LeaseEvent(self._wall(), lease_key, kind, self._worker, detail)

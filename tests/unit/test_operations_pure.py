@@ -282,6 +282,76 @@ def test_secret_looking_strings_are_redacted(secret: str) -> None:
     assert "49600000000000000000000000000000000000000000000000000002" in redact(SEQ.sequence_number)
 
 
+SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+TOKEN = "IQoJb3JpZ2luX2VjEHYaCXVzLWVhc3QtMSJHMEUCIQDzq" + "Ab9+" * 60 + "=="
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        # A secret right after its key's "=" passed (the "=" read as part of a base64 run).
+        (f"aws_secret_access_key={SECRET}", "aws_secret_access_key=[redacted]"),
+        (f"SecretAccessKey={SECRET}, SessionToken=x", "SecretAccessKey=[redacted]"),
+        (f"fs.s3a.secret.key={SECRET}", "fs.s3a.secret.key=[redacted]"),
+        (f"X-Amz-Security-Token={TOKEN}", "X-Amz-Security-Token=[redacted]"),
+        (f"AWS_SESSION_TOKEN={TOKEN}", "AWS_SESSION_TOKEN=[redacted]"),
+        ("password: hunter2pass and more", "password: [redacted] and more"),
+        ("tokens: 3 pieces, write_timeout: 600, NextToken=abc", "tokens: 3 pieces"),
+    ],
+)
+def test_a_secret_named_by_its_key_is_redacted(
+    text: str, kept: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID"):
+        monkeypatch.delenv(name, raising=False)
+    out = redact(text)
+    assert SECRET not in out and TOKEN not in out and "hunter2" not in out and kept in out
+
+
+def test_lease_event_details_are_redacted_before_they_are_published() -> None:
+    """A park reason carries an exception's text into the status record and /status.json."""
+    from kclpy_spark.runtime.events import EventLog
+
+    events = EventLog("w1", lambda: 100.0)
+    events.add("shardId-1", "parked", "failed: postgresql://etl:hunter2pass@db:5432/x")
+    events.add("shardId-2", "parked", f"write failed: aws_secret_access_key={SECRET}")
+    shown = str(events.recent())
+    assert "hunter2pass" not in shown and SECRET not in shown
+
+
+def test_a_log_call_never_raises_into_its_caller() -> None:
+    """An argument whose str() raises (py4j's objects once the JVM is gone) reached the caller
+    from the filter, outside logging's own guard: an except block's log line raised anew."""
+
+    class JavaLike:
+        def __str__(self) -> str:
+            raise RuntimeError("Answer from Java side is empty")
+
+    record = logging.LogRecord(
+        "x", logging.WARNING, __file__, 1, "sink failed: %s", (JavaLike(),), None
+    )
+    assert ContextFilter().filter(record)
+    assert "sink failed" in record.getMessage() and "could not be shown" in record.getMessage()
+
+
+def test_python_warnings_and_thread_errors_are_log_lines_in_the_json_format() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import threading, warnings, logging\nfrom kclpy_spark import logs\n"
+        "logs.configure('INFO', 'json')\n"
+        "warnings.warn('boto3 will drop support for this Python')\n"
+        "t = threading.Thread(target=lambda: 1 / 0); t.start(); t.join()\n"
+    )
+    err = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stderr
+    lines = [json.loads(line) for line in err.splitlines() if line]  # every line is JSON
+    assert any("boto3 will drop" in x["message"] for x in lines)
+    assert any("ZeroDivisionError" in x.get("exception", "") for x in lines)
+
+
 def test_log_lines_carry_the_lease_context(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-a-pattern-but-secret")
     set_application("orders", "orders-stream")

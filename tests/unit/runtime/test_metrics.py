@@ -44,6 +44,19 @@ def test_shard_series_name_the_stream_and_the_shard_id() -> None:
             "shard": "shardId-000000000001"} in labels  # fmt: skip
 
 
+def test_a_shard_held_costs_the_six_series_the_docs_count() -> None:
+    """Each counter also exported a ``_created`` series: 11 a shard, not 6."""
+    m = metrics()
+    shard = m.shard("shardId-000000000001")
+    for counter in (m.records, m.bytes, m.processing_failures, m.read_throttled,
+                    m.kpl_out_of_range):  # fmt: skip
+        counter.labels(*shard).inc()
+    m.behind.labels(*shard).set(1)
+    lines = [line for line in m.exposition().decode().splitlines()
+             if not line.startswith("#") and 'shard="shardId-000000000001"' in line]  # fmt: skip
+    assert len(lines) == 6, lines
+
+
 def test_a_tenure_that_ends_takes_every_series_of_its_shard() -> None:
     m = metrics()
     for key in ("shardId-0", "shardId-1"):
