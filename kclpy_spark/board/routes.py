@@ -11,6 +11,7 @@ host name and fully qualified name, and the names configured (``metrics_host_nam
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import socket
@@ -19,6 +20,8 @@ from importlib import resources
 from typing import Any
 
 Snapshot = Callable[[], Awaitable[dict[str, Any]]]
+# How long /status.json waits for its snapshot (a table read when the last scan is old).
+STATUS_DEADLINE = 10.0
 
 
 def page_html() -> str:
@@ -34,7 +37,12 @@ def add_routes(app: Any, snapshot: Snapshot) -> None:
         return web.Response(text=html, content_type="text/html", charset="utf-8")
 
     async def status_json(_: web.Request) -> web.Response:
-        body = json.dumps(await snapshot(), default=str)
+        try:  # a slow lease table must not pile page polls up behind it
+            view = await asyncio.wait_for(snapshot(), STATUS_DEADLINE)
+        except TimeoutError:
+            error = {"error": f"the lease table did not answer within {STATUS_DEADLINE:.0f}s"}
+            return web.json_response(error, status=503, headers={"Cache-Control": "no-store"})
+        body = json.dumps(view, default=str)
         return web.Response(
             text=body, content_type="application/json", headers={"Cache-Control": "no-store"}
         )

@@ -283,6 +283,8 @@ class ShardConsumer:
             lease.hash_key_range, queue,
             self.progress,
         )  # fmt: skip
+        if self.progress.last_ok is None:  # silent from here: not the wait for the parents
+            self.progress.started = self._clock.monotonic()
         fetch = asyncio.create_task(source.run(), name=f"fetch-{self.stats.shard_id}")
         try:
             while True:

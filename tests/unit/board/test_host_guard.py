@@ -76,3 +76,30 @@ def test_a_rebound_name_is_refused_on_every_route() -> None:
             await server.stop()
 
     asyncio.run(main())
+
+
+def test_status_json_answers_503_when_its_snapshot_does_not_come_in_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A slow lease table held each page poll (every 3 s) on the snapshot's lock without end."""
+    from kclpy_spark.board import routes
+
+    monkeypatch.setattr(routes, "STATUS_DEADLINE", 0.1)
+
+    async def main() -> None:
+        metrics = WorkerMetrics(CoordinationCounters(), application="app", worker="w1", stream="s")
+
+        async def stuck() -> dict[str, object]:
+            await asyncio.sleep(30)
+            return {}
+
+        server = StatusServer(metrics, lambda: (True, "ready"), "127.0.0.1", 0, board=stuck)
+        await server.start()
+        try:
+            assert server.port is not None
+            status, body = await asyncio.to_thread(_get, server.port, "/status.json", "localhost")
+            assert status == 503 and b"did not answer" in body
+        finally:
+            await server.stop()
+
+    asyncio.run(main())

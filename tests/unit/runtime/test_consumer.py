@@ -850,3 +850,15 @@ def test_keyboard_interrupt_on_the_loop_is_not_taken_for_the_processors() -> Non
         aio.run(call_processor(in_thread, None))
     with pytest.raises(KeyboardInterrupt):
         aio.run(call_processor(on_loop, None))
+
+
+def test_a_reads_silence_counts_from_when_reading_began_not_from_the_consumers_start() -> None:
+    """The time spent waiting for the parents (or initializing) counted as a silent read: once
+    processing, /readyz said "no successful read lately" until the first answer came."""
+    env = Env()
+    env.lease()
+    silence: list[float] = []
+    consumer = env.consumer(FakeSources([lambda: silence.append(consumer.progress.silent_for())]))
+    env.clock.advance(600.0)  # built long ago: the parents took ten minutes to end
+    env.run(consumer, until=lambda: bool(silence))
+    assert silence == [0.0]
