@@ -255,12 +255,35 @@ def layered(
     environment (set and not empty), else the file, else its default (``streams`` only from the
     file)."""
     values = toml_table(path) if path is not None else {}
+    _warn_unknown_variables(environ)
     for name in _FIELDS:
         text = environ.get(ENV_PREFIX + name.upper())
         if text and name != "streams":  # an empty variable is as good as unset
             values[name] = _coerce(name, text, f"environment {ENV_PREFIX}{name.upper()}")
     values.update({k: _coerce(k, v, "command line") for k, v in flags.items() if v is not None})
     return WorkerConfig(**values)
+
+
+# Variables of the prefix that are no config key: switches read elsewhere.
+_OTHER_VARIABLES = frozenset({"FAST_DECODE", "SAMPLE_OUTPUT"})
+
+
+def _warn_unknown_variables(environ: Mapping[str, str]) -> None:
+    """A misspelt KCLPY_SPARK_ variable did nothing, silently (a misspelt file key is an
+    error): a WARNING names it and the nearest key."""
+    import difflib
+    import logging
+
+    keys = [name.upper() for name in _FIELDS]
+    for variable in sorted(v for v in environ if v.startswith(ENV_PREFIX)):
+        name = variable.removeprefix(ENV_PREFIX)
+        if name in keys or name in _OTHER_VARIABLES:
+            continue
+        near = difflib.get_close_matches(name, keys, n=1)
+        hint = f" (did you mean {ENV_PREFIX}{near[0]}?)" if near else ""
+        logging.getLogger(__name__).warning(
+            "environment variable %s is no config key and is ignored%s", variable, hint
+        )
 
 
 def load_toml(path: str | Path) -> WorkerConfig:

@@ -200,3 +200,17 @@ def test_dummy_keys_go_to_an_emulator_only(aws_home: Path, monkeypatch: pytest.M
     vpce = "https://vpce-0a1b.kinesis.eu-west-1.vpce.amazonaws.com"
     aws = client_kwargs(WorkerConfig(stream_name="s", endpoint_url=vpce, region="eu-west-1"))
     assert "aws_access_key_id" not in aws and aws["endpoint_url"] == vpce
+
+
+def test_a_misspelt_environment_variable_is_named_not_silently_ignored(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    environ = {"KCLPY_SPARK_STREAM_NAME": "s", "KCLPY_SPARK_MAX_RECORD": "5",
+               "KCLPY_SPARK_FAST_DECODE": "0"}  # fmt: skip
+    cfg = layered(None, environ, {})
+    assert cfg.stream_name == "s"
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == [
+        "environment variable KCLPY_SPARK_MAX_RECORD is no config key and is ignored "
+        "(did you mean KCLPY_SPARK_MAX_RECORDS?)"
+    ]
