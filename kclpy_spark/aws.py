@@ -10,6 +10,7 @@ endpoint (not an AWS host) and no credentials at all, LocalStack's dummy ones ar
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -26,11 +27,14 @@ _CONNECT_TIMEOUT = 5.0
 _READ_TIMEOUT = 30.0
 
 
-def client_kwargs(cfg: WorkerConfig) -> dict[str, Any]:
+def client_kwargs(cfg: WorkerConfig, session: Any = None) -> dict[str, Any]:
     """Keyword arguments for ``create_client`` / ``boto3.client`` (without the botocore Config).
-    A profile that is not there, or a credential chain that fails, is one line here."""
-    _credentials(_botocore_session(cfg.profile))
-    return endpoint_kwargs(region_of(cfg), cfg.endpoint_url, cfg.profile)
+    A profile that is not there, or a credential chain that fails, is one line here. ``session``:
+    the botocore session the client is made from (its credentials are looked up once, and the
+    client reuses them)."""
+    session = session or _botocore_session(cfg.profile)
+    found = _credentials(session) is not None
+    return endpoint_kwargs(region_of(cfg), cfg.endpoint_url, cfg.profile, credentials=found)
 
 
 def region_of(cfg: WorkerConfig) -> str:
@@ -70,7 +74,11 @@ def resolve_region(
 
 
 def endpoint_kwargs(
-    region: str | None, endpoint_url: str | None, profile: str | None = None
+    region: str | None,
+    endpoint_url: str | None,
+    profile: str | None = None,
+    *,
+    credentials: bool | None = None,
 ) -> dict[str, Any]:
     """The same from a region and an endpoint alone (what a Spark executor is told: credentials
     come from its own chain, never from the driver)."""
@@ -79,20 +87,38 @@ def endpoint_kwargs(
         kwargs["endpoint_url"] = endpoint_url
         # An emulator accepts any keys; an AWS endpoint (a VPC or FIPS one) is told none, so a
         # missing credential is the one line saying so, not a request signed with dummy keys.
-        if not is_aws_host(endpoint_url) and _credentials(_botocore_session(profile)) is None:
+        found = credentials
+        if found is None and not is_aws_host(endpoint_url):
+            found = _credentials(_botocore_session(profile)) is not None
+        if not found and not is_aws_host(endpoint_url):
             kwargs["aws_access_key_id"] = "test"
             kwargs["aws_secret_access_key"] = "test"
     return kwargs
 
 
 def is_aws_host(endpoint_url: str) -> bool:
-    """Whether ``endpoint_url`` names an AWS endpoint (``*.amazonaws.com``, ``*.api.aws``...),
-    not an emulator's."""
+    """Whether ``endpoint_url`` names an AWS endpoint of any partition botocore knows
+    (``*.amazonaws.com``, ``*.api.aws``, ``*.amazonaws.eu``...), not an emulator's."""
     from urllib.parse import urlsplit
 
     host = (urlsplit(endpoint_url).hostname or "").lower().rstrip(".")
-    return host.endswith((".amazonaws.com", ".amazonaws.com.cn", ".api.aws", ".c2s.ic.gov",
-                          ".sc2s.sgov.gov"))  # fmt: skip
+    return any(host.endswith("." + suffix) for suffix in _aws_dns_suffixes())
+
+
+@functools.cache
+def _aws_dns_suffixes() -> tuple[str, ...]:
+    """Every partition's DNS suffixes (IPv4 and dual-stack), from botocore's own data."""
+    from botocore.loaders import Loader
+
+    found = {"amazonaws.com", "api.aws"}
+    try:
+        for partition in Loader().load_data("partitions")["partitions"]:
+            outputs = partition.get("outputs", {})
+            found.update(s for s in (outputs.get("dnsSuffix"), outputs.get("dualStackDnsSuffix"))
+                         if s)  # fmt: skip
+    except Exception:  # an older botocore without it: the two common suffixes
+        pass
+    return tuple(sorted(found))
 
 
 def _credentials(session: Any) -> Any:
@@ -146,8 +172,9 @@ def boto3_client(service: str, cfg: WorkerConfig) -> Any:
     """A synchronous boto3 client (lease table, shard listing: called from worker threads)."""
     import boto3
 
-    session: Any = boto3.session.Session(botocore_session=_botocore_session(cfg.profile))
-    return session.client(service, config=botocore_config(), **client_kwargs(cfg))
+    botocore_session = _botocore_session(cfg.profile)
+    session: Any = boto3.session.Session(botocore_session=botocore_session)
+    return session.client(service, config=botocore_config(), **client_kwargs(cfg, botocore_session))
 
 
 def lease_table_client(cfg: WorkerConfig, timeout: float) -> Any:
@@ -156,9 +183,10 @@ def lease_table_client(cfg: WorkerConfig, timeout: float) -> Any:
     the renewal threads (20) plus the worker's other lease-table calls."""
     import boto3
 
-    session: Any = boto3.session.Session(botocore_session=_botocore_session(cfg.profile))
+    botocore_session = _botocore_session(cfg.profile)
+    session: Any = boto3.session.Session(botocore_session=botocore_session)
     config = botocore_config(max_pool_connections=32, timeout=timeout, sdk_retries=False)
-    return session.client("dynamodb", config=config, **client_kwargs(cfg))
+    return session.client("dynamodb", config=config, **client_kwargs(cfg, botocore_session))
 
 
 # Connections an asynchronous client may open at once. A fan-out subscription holds one for up to
@@ -176,8 +204,10 @@ def aio_client(
     from aiobotocore.session import AioSession
 
     _botocore_session(cfg.profile)  # a profile that is not there: one line, not a traceback
+    # No credential lookup of its own (the synchronous clients made first checked the chain):
+    # it would be one more, on the event loop.
     return AioSession(profile=cfg.profile).create_client(
         service,
         config=botocore_config(max_pool_connections=max_pool_connections),
-        **client_kwargs(cfg),
+        **endpoint_kwargs(region_of(cfg), cfg.endpoint_url, cfg.profile),
     )

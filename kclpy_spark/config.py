@@ -265,7 +265,8 @@ def layered(
 
 
 # Variables of the prefix that are no config key: switches read elsewhere.
-_OTHER_VARIABLES = frozenset({"FAST_DECODE", "SAMPLE_OUTPUT"})
+# (PYTHON and TEST_WORKERS: the set-up scripts' and the test command's)
+_OTHER_VARIABLES = frozenset({"FAST_DECODE", "SAMPLE_OUTPUT", "PYTHON", "TEST_WORKERS"})
 
 
 def _warn_unknown_variables(environ: Mapping[str, str]) -> None:

@@ -36,12 +36,22 @@ def add_routes(app: Any, snapshot: Snapshot) -> None:
     async def page(_: web.Request) -> web.Response:
         return web.Response(text=html, content_type="text/html", charset="utf-8")
 
+    # The snapshot being made (or made, not yet served): one at a time, shared by the polls
+    # that come meanwhile and never cancelled, so a slow lease table makes a 503 after the
+    # deadline and then the answer, not a new table read each poll.
+    pending: list[asyncio.Future[dict[str, Any]]] = []
+
     async def status_json(_: web.Request) -> web.Response:
-        try:  # a slow lease table must not pile page polls up behind it
-            view = await asyncio.wait_for(snapshot(), STATUS_DEADLINE)
+        if not pending:
+            pending.append(asyncio.ensure_future(snapshot()))
+        try:
+            view = await asyncio.wait_for(asyncio.shield(pending[0]), STATUS_DEADLINE)
         except TimeoutError:
             error = {"error": f"the lease table did not answer within {STATUS_DEADLINE:.0f}s"}
             return web.json_response(error, status=503, headers={"Cache-Control": "no-store"})
+        finally:
+            if pending and pending[0].done():
+                pending.clear()  # served (or failed): the next poll makes a fresh one
         body = json.dumps(view, default=str)
         return web.Response(
             text=body, content_type="application/json", headers={"Cache-Control": "no-store"}

@@ -52,6 +52,7 @@ class TakeReports:
     def scanned(self, table: TableScan, returned: float) -> None:
         """A scan of the whole table came back (at monotonic ``returned``)."""
         self._health.store_ok(scanned=True)
+        self._health.store_ok(coordination=True)  # the scan read the coordination records too
         self._suspend_flag.observe(table.records, returned)
         if self._board is None:
             return

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,7 +197,12 @@ def _endpoint(props: Mapping[str, str], values: dict[str, Any], keys: dict[str, 
         values["endpoint_url"] = endpoint
         keys["endpoint_url"] = "kinesisEndpoint" if kinesis else "dynamoDBEndpoint"
     dynamo_region = props.get("dynamoDBRegionName")
-    region = props.get("regionName") or _arn_region(props.get("streamArn"))
+    region = (
+        props.get("regionName")
+        or _arn_region(props.get("streamArn"))
+        or os.environ.get("AWS_REGION")
+        or os.environ.get("AWS_DEFAULT_REGION")
+    )
     if dynamo_region and region and dynamo_region != region:
         raise ConfigError(
             "property 'dynamoDBRegionName' must equal the stream's region (the lease table is "

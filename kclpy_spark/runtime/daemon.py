@@ -16,6 +16,7 @@ import inspect
 import logging
 import os
 import signal
+import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -240,6 +241,14 @@ async def _run(worker: Worker, on_started: Callable[[Worker], Awaitable[None]] |
             watcher.cancel()
 
 
+RESIGN_AT_EXIT = 1.0  # seconds a signal during start-up waits for the leadership's release
+
+
+def _quietly(call: Callable[[], object]) -> None:
+    with contextlib.suppress(Exception):
+        call()
+
+
 class _Signals:
     """The daemon's signal handlers (see the module docstring)."""
 
@@ -269,9 +278,13 @@ class _Signals:
             log.warning("received %s during start-up: exiting now (no lease is held yet)", sig.name)
             if worker is not None and worker.leader.is_leader:
                 # Taken before the first shard sync: given back, or the other workers would
-                # wait out its record's life before one of them syncs.
-                with contextlib.suppress(Exception):
-                    worker.leader.resign()
+                # wait out its record's life before one of them syncs. On a thread, a second
+                # at most: a table that does not answer must not hold the exit.
+                resign = threading.Thread(
+                    target=_quietly, args=(worker.leader.resign,), daemon=True
+                )
+                resign.start()
+                resign.join(RESIGN_AT_EXIT)
             logging.shutdown()
             os._exit(128 + sig.value)
         log.info("received %s: shutting down gracefully", sig.name)

@@ -28,7 +28,6 @@ from prometheus_client import (
     Histogram,
     PlatformCollector,
     ProcessCollector,
-    disable_created_metrics,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -47,10 +46,6 @@ from kclpy_spark.processor import ExportsMetrics
 from kclpy_spark.runtime.events import EventLog
 
 log = logging.getLogger(__name__)
-
-# No ``_created`` series beside each counter and histogram: nothing here reads them, and they
-# nearly doubled every per-shard family (11 series a shard where the docs count 6).
-disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 class _CoordinationCollector(Collector):
@@ -122,9 +117,13 @@ class _WithLabels:
 
     def collect(self) -> Iterable[Any]:
         for metric in self._registry.collect():
+            # No ``_created`` samples: nothing reads them, and beside each counter they nearly
+            # doubled every per-shard family (dropped here, not for the whole process: a Spark
+            # driver running the readStream source has its own counters).
             metric.samples = [
                 Sample(s.name, {**self._labels, **s.labels}, s.value, s.timestamp, s.exemplar)
                 for s in metric.samples
+                if not s.name.endswith("_created")
             ]
             yield metric
 

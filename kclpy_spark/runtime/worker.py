@@ -238,7 +238,10 @@ class Worker:
             grace = self.cfg.shutdown_grace
             self.handing_out = True  # renewals leave the handoffs begun now to the stop below
             await announce_stopping(self, self._io)
-            if await self.taker.hand_out():  # lease moves now wait for the processors' checkpoints
+            began = self.clock.monotonic()
+            handed = await self.taker.hand_out()
+            grace -= self.clock.monotonic() - began  # the hand-offs' own writes: the same grace
+            if handed:  # lease moves now wait for the processors' checkpoints
                 grace -= await let_new_owners_see(self)
             await self.consumers.shutdown_all(grace)
             try:  # renewals go on until each lease is given back (none expires meanwhile)
@@ -361,8 +364,9 @@ class Worker:
         # Read from the coordination records, which on DynamoDB are a table of their own: its
         # answer says nothing about the lease table (scans and renewals tell health that; while
         # suspended there are neither, so one small read of the lease table does).
-        suspended, _ = await self._io(self.suspend_flag.read)
-        self.health.store_ok(coordination=True)  # it answered: gone no more, if it was
+        suspended, asked = await self._io(self.suspend_flag.read)
+        if asked:  # the coordination records answered (not the last scan's copy)
+            self.health.store_ok(coordination=True)
         if self.run_state.suspended:
             await self._io(self.store.is_empty)
             self.health.store_ok()

@@ -245,8 +245,9 @@ def _set_over_connect(session: Any, key: str, value: str) -> None:
         log.warning("spark_conf %s cannot be set over Spark Connect (the server's): ignored", key)
 
 
-# How long stop() waits for the session's own stop (its JVM's shutdown).
-STOP_TIMEOUT = 60.0
+# How long stop() waits for the session's own stop (its JVM's shutdown). It comes after the
+# worker's shutdown_grace (20 s by default): within a container's usual 30 s before SIGKILL.
+STOP_TIMEOUT = 8.0
 
 
 def _target_of(session: Any) -> str:

@@ -153,6 +153,18 @@ def test_defaults_and_the_multilang_settings() -> None:
     assert plain.timeout is None and plain.shutdown_grace == DEFAULT_CHILD_GRACE
 
 
+def test_the_lease_tables_region_is_compared_with_aws_region_without_region_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With neither regionName nor an ARN, dynamoDBRegionName went unchecked: the lease table
+    was read in AWS_REGION's region, not the one the property named."""
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    with pytest.raises(ConfigError, match="'dynamoDBRegionName'"):
+        build(dynamoDBRegionName="eu-west-1")
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    build(dynamoDBRegionName="eu-west-1")
+
+
 def test_the_lease_tables_region_may_come_from_the_stream_arn() -> None:
     """dynamoDBRegionName was compared with a regionName of us-east-1 when none was set."""
     arn = "arn:aws:kinesis:eu-west-1:123456789012:stream/orders"

@@ -6,6 +6,7 @@ environment and a temporary ~/.aws/config."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -214,3 +215,43 @@ def test_a_misspelt_environment_variable_is_named_not_silently_ignored(
         "environment variable KCLPY_SPARK_MAX_RECORD is no config key and is ignored "
         "(did you mean KCLPY_SPARK_MAX_RECORDS?)"
     ]
+
+
+@pytest.mark.parametrize("endpoint", [None, "http://127.0.0.1:4566"])
+def test_each_client_looks_its_credential_chain_up_once(
+    aws_home: Path, monkeypatch: pytest.MonkeyPatch, endpoint: str | None
+) -> None:
+    """The check of the chain made its own session: a second lookup per client (an instance
+    metadata service that does not answer doubled the start-up time)."""
+    import botocore.credentials
+
+    from kclpy_spark.aws import boto3_client, lease_table_client
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLEEXAMPLE12")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x" * 40)
+    lookups: list[int] = []
+    resolve = botocore.credentials.CredentialResolver.load_credentials
+
+    def counted(self: Any) -> Any:
+        lookups.append(1)
+        return resolve(self)
+
+    monkeypatch.setattr(botocore.credentials.CredentialResolver, "load_credentials", counted)
+    cfg = WorkerConfig(stream_name="s", region="eu-west-1", endpoint_url=endpoint)
+    boto3_client("kinesis", cfg)
+    lease_table_client(cfg, 5.0)
+    assert len(lookups) == 2
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://kinesis.eusc-de-east-1.amazonaws.eu",
+        "https://kinesis.cn-north-1.api.amazonwebservices.com.cn",
+        "https://vpce-1.kinesis.eu-west-1.vpce.amazonaws.com",
+    ],
+)
+def test_every_partitions_endpoints_are_aws_hosts(url: str) -> None:
+    from kclpy_spark.aws import is_aws_host
+
+    assert is_aws_host(url) and not is_aws_host("http://localstack:4566")

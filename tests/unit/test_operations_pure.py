@@ -296,7 +296,22 @@ TOKEN = "IQoJb3JpZ2luX2VjEHYaCXVzLWVhc3QtMSJHMEUCIQDzq" + "Ab9+" * 60 + "=="
         (f"X-Amz-Security-Token={TOKEN}", "X-Amz-Security-Token=[redacted]"),
         (f"AWS_SESSION_TOKEN={TOKEN}", "AWS_SESSION_TOKEN=[redacted]"),
         ("password: hunter2pass and more", "password: [redacted] and more"),
-        ("tokens: 3 pieces, write_timeout: 600, NextToken=abc", "tokens: 3 pieces"),
+        ("{'password': 'hunter2pass'}", "{'password': '[redacted]'}"),
+        ("DbConfig(password='hunter2pass')", "DbConfig(password='[redacted]')"),
+        ("sc://host:15002/;token=hunter2pass", "sc://host:15002/;token=[redacted]"),
+        # Left alone: our own words, a secret's name in an ARN, a commit id after its key.
+        (
+            "tokens: 3 pieces, write_timeout: 600, NextToken=abc",
+            "tokens: 3 pieces, write_timeout: 600, NextToken=abc",
+        ),
+        (
+            "arn:aws:secretsmanager:us-east-1:1:secret:prod/orders-db-AbCdEf",
+            "arn:aws:secretsmanager:us-east-1:1:secret:prod/orders-db-AbCdEf",
+        ),
+        (
+            "commit=0123456789abcdef0123456789abcdef01234567",
+            "commit=0123456789abcdef0123456789abcdef01234567",
+        ),
     ],
 )
 def test_a_secret_named_by_its_key_is_redacted(
@@ -306,6 +321,7 @@ def test_a_secret_named_by_its_key_is_redacted(
         monkeypatch.delenv(name, raising=False)
     out = redact(text)
     assert SECRET not in out and TOKEN not in out and "hunter2" not in out and kept in out
+    assert len(redact("a-" * 32_000)) == 64_000  # a long dotted run: no quadratic scan
 
 
 def test_lease_event_details_are_redacted_before_they_are_published() -> None:

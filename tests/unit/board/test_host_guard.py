@@ -103,3 +103,37 @@ def test_status_json_answers_503_when_its_snapshot_does_not_come_in_time(
             await server.stop()
 
     asyncio.run(main())
+
+
+def test_polls_during_a_slow_snapshot_share_it_instead_of_starting_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Cancelled at the deadline, the snapshot's table read went on in its thread, its result
+    thrown away: every later poll started another full Scan, and none ever answered."""
+    from kclpy_spark.board import routes
+
+    monkeypatch.setattr(routes, "STATUS_DEADLINE", 0.1)
+    started: list[float] = []
+
+    async def main() -> None:
+        metrics = WorkerMetrics(CoordinationCounters(), application="app", worker="w1", stream="s")
+
+        async def slow() -> dict[str, object]:
+            started.append(1.0)
+            await asyncio.sleep(0.35)  # slow, but it answers
+            return {"leases": []}
+
+        server = StatusServer(metrics, lambda: (True, "ready"), "127.0.0.1", 0, board=slow)
+        await server.start()
+        try:
+            assert server.port is not None
+            answers = [
+                (await asyncio.to_thread(_get, server.port, "/status.json", "localhost"))[0]
+                for _ in range(5)
+            ]
+            assert answers[0] == 503 and 200 in answers
+            assert len(started) <= 2  # one snapshot served the polls made while it ran
+        finally:
+            await server.stop()
+
+    asyncio.run(main())

@@ -15,7 +15,6 @@ from kclpy_spark.spark.session import (
     SparkSessionHolder,
     SparkTarget,
     _set_over_connect,
-    _target_of,
     classic_conf,
     spark_defaults,
 )
@@ -119,7 +118,7 @@ def test_an_adopted_session_keeps_its_own_master(master: str, target: str) -> No
     """Every classic session was labelled local[2]: an adopted cluster session's batches were
     not capped below its task-size limit."""
     session = SimpleNamespace(sparkContext=SimpleNamespace(master=master))
-    assert _target_of(session) == target
+    assert SparkSessionHolder.adopt(session).target.master == target
 
 
 def test_a_session_that_does_not_stop_is_left_after_the_timeout(
