@@ -159,6 +159,7 @@ async def run_worker(
     from kclpy_spark.runtime.lease_store import open_lease_store
 
     _tune_gc()
+    _warn_shared_default(cfg)
     loop = asyncio.get_running_loop()
     processors = RetiringThreadPool(PROCESSOR_THREADS, "kclpy-spark")
     loop.set_default_executor(processors)
@@ -314,6 +315,18 @@ def _stream_lister(kinesis_sync: Any, cfg: WorkerConfig) -> Any:
     return KinesisShardLister(
         kinesis_sync, stream_name=spec.stream_name, stream_arn=spec.stream_arn
     )
+
+
+def _warn_shared_default(cfg: WorkerConfig) -> None:
+    """Two applications that both keep the default name share one DynamoDB lease table: each
+    takes the other's leases and reads its own stream from the other's checkpoints."""
+    default = WorkerConfig.__dataclass_fields__["application_name"].default
+    if cfg.lease_store == "dynamodb" and cfg.application_name == default:
+        log.warning(
+            "application_name is the default %r: every application left at it shares one lease "
+            "table; give this one its own name",
+            default,
+        )
 
 
 def _tune_gc() -> None:

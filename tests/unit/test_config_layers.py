@@ -255,3 +255,17 @@ def test_every_partitions_endpoints_are_aws_hosts(url: str) -> None:
     from kclpy_spark.aws import is_aws_host
 
     assert is_aws_host(url) and not is_aws_host("http://localstack:4566")
+
+
+def test_the_default_application_name_on_dynamodb_is_warned_of(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two applications left at the default name share one lease table, silently."""
+    from kclpy_spark.runtime.daemon import _warn_shared_default
+
+    _warn_shared_default(WorkerConfig(stream_name="s", application_name="orders",
+                                      lease_store="dynamodb"))  # fmt: skip
+    _warn_shared_default(WorkerConfig(stream_name="s"))  # SQLite: one machine's own file
+    assert not caplog.records
+    _warn_shared_default(WorkerConfig(stream_name="s", lease_store="dynamodb"))
+    assert "shares one lease table" in caplog.text
