@@ -33,8 +33,13 @@ def client_kwargs(cfg: WorkerConfig, session: Any = None) -> dict[str, Any]:
     the botocore session the client is made from (its credentials are looked up once, and the
     client reuses them)."""
     session = session or _botocore_session(cfg.profile)
-    found = _credentials(session) is not None
+    found = _FOUND[cfg.profile] = _credentials(session) is not None
     return endpoint_kwargs(region_of(cfg), cfg.endpoint_url, cfg.profile, credentials=found)
+
+
+# Whether a profile's chain found credentials, as the last synchronous client saw it: the
+# asynchronous client (made after them, on the event loop) asks this, not the chain.
+_FOUND: dict[str | None, bool] = {}
 
 
 def region_of(cfg: WorkerConfig) -> str:
@@ -110,13 +115,14 @@ def _aws_dns_suffixes() -> tuple[str, ...]:
     """Every partition's DNS suffixes (IPv4 and dual-stack), from botocore's own data."""
     from botocore.loaders import Loader
 
-    found = {"amazonaws.com", "api.aws"}
+    found = {"amazonaws.com", "amazonaws.com.cn", "amazonaws.eu", "api.aws", "c2s.ic.gov",
+             "sc2s.sgov.gov"}  # fmt: skip
     try:
         for partition in Loader().load_data("partitions")["partitions"]:
             outputs = partition.get("outputs", {})
             found.update(s for s in (outputs.get("dnsSuffix"), outputs.get("dualStackDnsSuffix"))
                          if s)  # fmt: skip
-    except Exception:  # an older botocore without it: the two common suffixes
+    except Exception:  # an older botocore without it: the suffixes above
         pass
     return tuple(sorted(found))
 
@@ -209,5 +215,7 @@ def aio_client(
     return AioSession(profile=cfg.profile).create_client(
         service,
         config=botocore_config(max_pool_connections=max_pool_connections),
-        **endpoint_kwargs(region_of(cfg), cfg.endpoint_url, cfg.profile),
+        **endpoint_kwargs(
+            region_of(cfg), cfg.endpoint_url, cfg.profile, credentials=_FOUND.get(cfg.profile)
+        ),
     )

@@ -30,20 +30,20 @@ TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(context)s%(message)s"
 _SECRET_PATTERNS = [
     re.compile(r"\b(?:AKIA|ASIA|AIDA|AROA)[A-Z0-9]{16}\b"),
     re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])"),
-    re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{100,}={0,2}"),
+    re.compile(r"(?<![A-Za-z0-9/+])[A-Za-z0-9/+]{100,}={0,2}"),  # after a key's "=" too
     # A URL's user and password: https://user:pass@host (no quote, comma or "?" inside, so a URL
     # and an address beside it, or "@" in a query, are left alone).
     re.compile(r"(?<=://)[^/@\s\"',?:]+:[^/@\s\"',?]+(?=@)"),
 ]
 # The value of a key that names a secret: SecretAccessKey=..., fs.s3a.secret.key=...,
-# X-Amz-Security-Token=..., AWS_SESSION_TOKEN=..., password: ..., {'password': '...'},
+# fs.s3a.session.token=..., X-Amz-Security-Token=..., password: ..., {'password': '...'},
 # X-Amz-Signature=..., a Spark Connect URL's ;token=... (the key is kept: group 1). The key's
-# prefix is bounded (no quadratic scan of a long dotted run) and starts after no ":" (an ARN's
-# ":secret:name" is a name, not a secret).
+# prefix is bounded (no quadratic scan of a long dotted run); after a ":" the value must follow a
+# blank or a quote (an ARN's ":secret:name" is a name, not a secret).
 _KEYED_SECRET = re.compile(
-    r"(?i)((?:(?<![\w.:-])[\w.-]{0,64}?(?:secret(?:[_.-]?access)?(?:[_.-]?key)?|session[_-]?token"
-    r"|security[_-]?token|password|passwd|signature)|(?<=[;&?])token)['\"]?\s*[=:]\s*['\"]?)"
-    r"[^\s\"',&;)]+"
+    r"(?i)((?:(?<![\w.-])[\w.:-]{0,160}?(?:secret(?:[_.-]?access)?(?:[_.-]?key)?"
+    r"|session[_.-]?token|security[_.-]?token|password|passwd|signature)|(?<=[;&?])token)"
+    r"['\"]?(?:\s*=|\s*:(?=[\s'\"]))\s*['\"]?)[^\s\"',&;)]+"
 )
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
 

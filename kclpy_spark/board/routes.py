@@ -40,10 +40,18 @@ def add_routes(app: Any, snapshot: Snapshot) -> None:
     # that come meanwhile and never cancelled, so a slow lease table makes a 503 after the
     # deadline and then the answer, not a new table read each poll.
     pending: list[asyncio.Future[dict[str, Any]]] = []
+    ended: list[float] = []  # when it ended (the loop's clock)
+
+    def start() -> None:
+        future = asyncio.ensure_future(snapshot())
+        future.add_done_callback(lambda _: ended.append(asyncio.get_running_loop().time()))
+        pending[:], ended[:] = [future], []
 
     async def status_json(_: web.Request) -> web.Response:
         if not pending:
-            pending.append(asyncio.ensure_future(snapshot()))
+            start()
+        elif ended and asyncio.get_running_loop().time() - ended[0] > STATUS_DEADLINE:
+            start()  # made for a poll that gave up long ago: too old to show as current
         try:
             view = await asyncio.wait_for(asyncio.shield(pending[0]), STATUS_DEADLINE)
         except TimeoutError:

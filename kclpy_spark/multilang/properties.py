@@ -197,9 +197,11 @@ def _endpoint(props: Mapping[str, str], values: dict[str, Any], keys: dict[str, 
         values["endpoint_url"] = endpoint
         keys["endpoint_url"] = "kinesisEndpoint" if kinesis else "dynamoDBEndpoint"
     dynamo_region = props.get("dynamoDBRegionName")
-    region = (
+    region = (  # the region the worker will use, as far as the file and environment say
         props.get("regionName")
         or _arn_region(props.get("streamArn"))
+        or props.get("kclpyspark.region")
+        or os.environ.get("KCLPY_SPARK_REGION")
         or os.environ.get("AWS_REGION")
         or os.environ.get("AWS_DEFAULT_REGION")
     )

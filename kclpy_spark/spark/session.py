@@ -245,8 +245,8 @@ def _set_over_connect(session: Any, key: str, value: str) -> None:
         log.warning("spark_conf %s cannot be set over Spark Connect (the server's): ignored", key)
 
 
-# How long stop() waits for the session's own stop (its JVM's shutdown). It comes after the
-# worker's shutdown_grace (20 s by default): within a container's usual 30 s before SIGKILL.
+# How long stop() waits for the session's own stop (its JVM's shutdown), after the worker's
+# shutdown_grace (docs/getting-started.md adds the parts of a stop up).
 STOP_TIMEOUT = 8.0
 
 

@@ -163,6 +163,9 @@ def test_the_lease_tables_region_is_compared_with_aws_region_without_region_name
         build(dynamoDBRegionName="eu-west-1")
     monkeypatch.setenv("AWS_REGION", "eu-west-1")
     build(dynamoDBRegionName="eu-west-1")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")  # ECS and Lambda always set it
+    cfg, _ = build(**{"kclpyspark.region": "eu-west-1", "dynamoDBRegionName": "eu-west-1"})
+    assert cfg.region == "eu-west-1"  # the worker's region, not AWS_REGION's
 
 
 def test_the_lease_tables_region_may_come_from_the_stream_arn() -> None:

@@ -5,6 +5,7 @@ environment and a temporary ~/.aws/config."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -225,7 +226,7 @@ def test_each_client_looks_its_credential_chain_up_once(
     metadata service that does not answer doubled the start-up time)."""
     import botocore.credentials
 
-    from kclpy_spark.aws import boto3_client, lease_table_client
+    from kclpy_spark.aws import aio_client, boto3_client, lease_table_client
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLEEXAMPLE12")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x" * 40)
@@ -240,6 +241,13 @@ def test_each_client_looks_its_credential_chain_up_once(
     cfg = WorkerConfig(stream_name="s", region="eu-west-1", endpoint_url=endpoint)
     boto3_client("kinesis", cfg)
     lease_table_client(cfg, 5.0)
+    assert len(lookups) == 2
+
+    async def made_on_the_loop() -> None:  # after them: no lookup of its own
+        async with aio_client("kinesis", cfg):
+            pass
+
+    asyncio.run(made_on_the_loop())
     assert len(lookups) == 2
 
 

@@ -299,6 +299,10 @@ TOKEN = "IQoJb3JpZ2luX2VjEHYaCXVzLWVhc3QtMSJHMEUCIQDzq" + "Ab9+" * 60 + "=="
         ("{'password': 'hunter2pass'}", "{'password': '[redacted]'}"),
         ("DbConfig(password='hunter2pass')", "DbConfig(password='[redacted]')"),
         ("sc://host:15002/;token=hunter2pass", "sc://host:15002/;token=[redacted]"),
+        (f"spark.hadoop.fs.s3a.session.token={TOKEN}", "fs.s3a.session.token=[redacted]"),
+        (f"Token={TOKEN}", "Token=[redacted]"),
+        (f"spark.hadoop.fs.s3a.bucket.{'b' * 60}.secret.key={SECRET}", ".secret.key=[redacted]"),
+        (f"conf:fs.s3a.secret.key={SECRET}", "conf:fs.s3a.secret.key=[redacted]"),
         # Left alone: our own words, a secret's name in an ARN, a commit id after its key.
         (
             "tokens: 3 pieces, write_timeout: 600, NextToken=abc",
@@ -321,7 +325,22 @@ def test_a_secret_named_by_its_key_is_redacted(
         monkeypatch.delenv(name, raising=False)
     out = redact(text)
     assert SECRET not in out and TOKEN not in out and "hunter2" not in out and kept in out
-    assert len(redact("a-" * 32_000)) == 64_000  # a long dotted run: no quadratic scan
+
+
+def test_a_long_run_of_word_characters_is_redacted_in_one_pass() -> None:
+    """An unbounded key prefix scanned such a run again from every position: 64 KB took two
+    minutes, on whichever thread logged (the event loop's too)."""
+    import threading
+
+    done = threading.Event()
+
+    def run() -> None:
+        for text in ("a-" * 32_000, "1." * 32_000, "a:" * 32_000):
+            redact(text)
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert done.wait(30), "redaction of 64 KB runs did not end within 30 s"
 
 
 def test_lease_event_details_are_redacted_before_they_are_published() -> None:
