@@ -21,6 +21,7 @@ tested in the pure tier with fakes (tests/unit/runtime/test_consumer.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import random
@@ -395,6 +396,16 @@ class ShardConsumer:
             self.stats.last_delivered = read.last_sequence or self.stats.last_delivered
             self._metrics.records.labels(*self._shard_labels).inc(read.rows)
             self._metrics.bytes.labels(*self._shard_labels).inc(read.nbytes)
+
+    def lag_unknown(self) -> None:
+        """Reads have been silent past the stall time (failing, throttled): the last lag no
+        longer says where the shard is, and an alert on it would not fire; its series goes, and
+        comes back with the next answer."""
+        if self.stats.millis_behind_latest is None:
+            return
+        self.stats.millis_behind_latest = None
+        with contextlib.suppress(KeyError):
+            self._metrics.behind.remove(*self._shard_labels)
 
     def _lag(self, millis_behind_latest: int) -> None:
         self.stats.millis_behind_latest = millis_behind_latest

@@ -108,6 +108,8 @@ class ConsumerSet:
         for r in self.running.values():
             stats = r.consumer.stats
             stalled = stats.state == "processing" and r.consumer.progress.stalled(self.stall_after)
+            if stalled:
+                r.consumer.lag_unknown()
             views.append(ConsumerView(stats.shard_id, stats.state, stalled, self._hung(r, now)))
         for key, (_, since) in self._draining.items():  # a cancelled call that runs on
             if now - since > self._cfg.processor_stall_timeout:

@@ -280,3 +280,29 @@ def test_a_cancelled_consumer_whose_call_runs_on_keeps_its_lease_from_a_second_o
         asyncio.run(go())
     finally:
         release.set()
+
+
+def test_a_shard_whose_reads_went_silent_shows_no_lag_rather_than_its_last() -> None:
+    """The lag gauge kept its last value (often 0) while reads failed or were throttled: a lag
+    alert never fired while the shard fell behind. Past the stall time its series goes, until
+    the next answer."""
+    env = Env()
+    key = "shardId-000000000000"
+
+    def lag_series() -> list[str]:
+        text = env.metrics.exposition().decode()
+        return [x for x in text.splitlines() if x.startswith("kclpy_spark_behind_latest_seconds{")]
+
+    async def go() -> None:
+        env.start(key, [batch(10)])
+        await settle(lambda: env.set.running[key].consumer.stats.batches >= 1)
+        [view] = env.set.views()
+        assert not view.stalled and len(lag_series()) == 1
+        env.clock.advance(env.set.stall_after + 1)  # nothing since: every read failing
+        [view] = env.set.views()
+        assert view.stalled and lag_series() == []
+        assert env.set.running[key].consumer.stats.millis_behind_latest is None
+        env.set.running[key].consumer.request_shutdown()
+        await settle(lambda: key not in env.set)
+
+    asyncio.run(go())
