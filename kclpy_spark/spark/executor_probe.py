@@ -180,11 +180,9 @@ def _stream_name(stream_arg: Mapping[str, str]) -> str:
 def probe_partition(
     aws: AwsTarget, stream_arg: dict[str, str], batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
-    """On an executor: one DescribeStreamSummary with a short deadline and no retries."""
-    import boto3
-
+    """On an executor: the imports its reads need, then one DescribeStreamSummary with a short
+    deadline and no retries."""
     from kclpy_spark import __version__
-    from kclpy_spark.aws import botocore_config, endpoint_kwargs
 
     imported = None
     try:
@@ -193,20 +191,7 @@ def probe_partition(
     except ImportError as exc:
         imported = f"{_IMPORT_FAILED}{type(exc).__name__}: {exc}"
     for batch in batches:
-        error = imported
-        try:
-            if error is not None:
-                raise ImportError(error)
-            client = boto3.session.Session().client(
-                "kinesis",
-                config=botocore_config(timeout=PROBE_TIMEOUT, sdk_retries=False),
-                **endpoint_kwargs(aws.region, aws.endpoint_url),
-            )
-            client.describe_stream_summary(**stream_arg)
-        except ImportError:
-            pass  # ``error`` says it
-        except Exception as exc:  # told to the driver, which makes it one line
-            error = f"{type(exc).__name__}: {exc}"
+        error = imported or _reach(aws, stream_arg)
         n = batch.num_rows
         yield pa.RecordBatch.from_arrays(
             [
@@ -217,6 +202,25 @@ def probe_partition(
             ],
             names=["pid", "host", "error", "version"],
         )
+
+
+def _reach(aws: AwsTarget, stream_arg: dict[str, str]) -> str | None:
+    """One DescribeStreamSummary from this executor: None, or why it failed (told to the
+    driver, which makes it one line)."""
+    import boto3
+
+    from kclpy_spark.aws import botocore_config, endpoint_kwargs
+
+    try:
+        client = boto3.session.Session().client(
+            "kinesis",
+            config=botocore_config(timeout=PROBE_TIMEOUT, sdk_retries=False),
+            **endpoint_kwargs(aws.region, aws.endpoint_url),
+        )
+        client.describe_stream_summary(**stream_arg)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 # --- a Parquet sink's folder on a cluster -------------------------------------------------------

@@ -119,3 +119,20 @@ def test_a_probe_job_no_executor_runs_ends_at_its_deadline_with_one_line() -> No
     assert "\n" not in str(err.value)
     assert within(lambda: ["answer"], jobs, 10.0) == ["answer"]  # in time: its answer
     assert within(lambda: ["answer"], None, 0.0) == ["answer"]  # no jobs to cancel: no deadline
+
+
+def test_an_import_error_while_making_the_client_is_a_failed_probe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It was caught as the imports' own ImportError and passed over: the probe said yes."""
+    import boto3
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise ImportError("botocore lacks a module this client needs")
+
+    monkeypatch.setattr(boto3.session.Session, "client", broken)
+    batch = pa.RecordBatch.from_arrays([pa.array([0], pa.int64())], names=["id"])
+    [answer] = list(
+        probe_partition(AwsTarget("us-east-1", None), {"StreamName": "s"}, iter([batch]))
+    )
+    assert "botocore lacks a module" in answer.to_pylist()[0]["error"]
