@@ -14,7 +14,7 @@ import functools
 import os
 from typing import TYPE_CHECKING, Any
 
-from checkpoint.base.errors import ConfigError
+from checkpoint.base.errors import ConfigError, brief
 
 if TYPE_CHECKING:
     from kclpy_spark.config import WorkerConfig
@@ -92,12 +92,13 @@ def endpoint_kwargs(
         kwargs["endpoint_url"] = endpoint_url
         # An emulator accepts any keys; an AWS endpoint (a VPC or FIPS one) is told none, so a
         # missing credential is the one line saying so, not a request signed with dummy keys.
-        found = credentials
-        if found is None and not is_aws_host(endpoint_url):
-            found = _credentials(_botocore_session(profile)) is not None
-        if not found and not is_aws_host(endpoint_url):
-            kwargs["aws_access_key_id"] = "test"
-            kwargs["aws_secret_access_key"] = "test"
+        if not is_aws_host(endpoint_url):
+            found = credentials
+            if found is None:
+                found = _credentials(_botocore_session(profile)) is not None
+            if not found:
+                kwargs["aws_access_key_id"] = "test"
+                kwargs["aws_secret_access_key"] = "test"
     return kwargs
 
 
@@ -136,7 +137,7 @@ def _credentials(session: Any) -> Any:
     try:
         return session.get_credentials()
     except botocore.exceptions.BotoCoreError as exc:
-        raise ConfigError(f"AWS credentials: {' '.join(str(exc).split())[:300]}") from None
+        raise ConfigError(f"AWS credentials: {brief(str(exc))}") from None
 
 
 def _botocore_session(profile: str | None) -> Any:

@@ -56,8 +56,10 @@ def _check_streams(cfg: WorkerConfig) -> None:
 def _check_regions(cfg: WorkerConfig) -> None:
     """Every client of a worker uses one region: streams whose ARNs name others would be asked
     for in the wrong one (as if gone)."""
+    from kclpy_spark.aws import arn_region
+
     arns = [s.stream_arn for s in cfg.stream_specs if s.stream_arn]
-    regions = sorted({arn.split(":")[3] for arn in arns if arn.count(":") >= 5})
+    regions = sorted({arn_region(arn) or "" for arn in arns if arn.count(":") >= 5})
     if len(regions) > 1:
         raise ConfigError(
             f"config: the streams' ARNs name several regions ({', '.join(regions)}); one worker "

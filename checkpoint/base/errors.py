@@ -145,8 +145,9 @@ def _plain_http_behind_https(exc: BaseException) -> bool:
 BRIEF_CHARS = 300
 
 
-def _brief(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
+def brief(text: str) -> str:
+    """``text`` on one line, cut to BRIEF_CHARS."""
+    text = " ".join(text.split())
     return text if len(text) <= BRIEF_CHARS else text[: BRIEF_CHARS - 3] + "..."
 
 
@@ -176,7 +177,7 @@ def map_aws_error(exc: BaseException, what: str) -> KclpySparkError:
     Connection problems (no response at all) are retriable dependency errors.
     """
     code = error_code(exc)
-    message = f"{what}: {_brief(exc)}"
+    message = f"{what}: {brief(str(exc))}"
     if _no_credentials(exc):
         return AccessError(
             f"{what}: no AWS credentials found (environment, profile, container or instance "

@@ -34,7 +34,7 @@ from kclpy_spark.processor import RecordProcessor, ShardEndedInput
 from kclpy_spark.retrieval.source import FetchedBatch, ShardProbe
 from kclpy_spark.runtime.budget import FailureBudget
 from kclpy_spark.runtime.lease_calls import lease_call
-from kclpy_spark.runtime.tenure import Tenure, call_processor
+from kclpy_spark.runtime.tenure import Tenure
 from shard_sync.children import ChildLeases, create_child_leases
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ async def finish_shard(
     *,
     poll_interval: float,
     budget: FailureBudget,
-    call: Call = call_processor,
+    call: Call,
     note_blocked: Callable[[str], None] = lambda _: None,
 ) -> ShardEnd:
     """Run the shard-end step for ``tenure``'s lease. Raises LeaseLost / ShutdownSignal from its

@@ -248,7 +248,7 @@ class Tenure:
 def call_processor(
     method: Callable[[Any], Any],
     arg: object,
-    on_thread: Callable[[asyncio.Future[Any]], None] | None = None,
+    on_thread: Callable[[asyncio.Future[Any]], None],
 ) -> Awaitable[None]:
     """Call a processor method: ``async def`` ones on the loop, plain ones in a thread.
     ``sys.exit()`` in it (and KeyboardInterrupt in a thread, where only user code raises it) is a
@@ -268,8 +268,7 @@ def call_processor(
             returned: asyncio.Future[None] = loop.create_future()
             context = contextvars.copy_context()
             call = functools.partial(context.run, _told, in_thread, method, arg, returned)
-            if on_thread is not None:
-                on_thread(returned)
+            on_thread(returned)
             result = await loop.run_in_executor(None, call)
         except SystemExit as exc:
             raise exited(method, exc) from exc

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from checkpoint.base.errors import KclpySparkError
+from checkpoint.base.errors import KclpySparkError, brief
 from kclpy_spark.spark.cluster_read import default_parallelism
 from kclpy_spark.spark.range_tasks import AwsTarget
 from kclpy_spark.spark.sink_batch import Interrupter
@@ -164,13 +164,13 @@ def failure_cause(text: str) -> str:
     """The line of a failed Spark job's text that says why, in at most 300 characters."""
     found = _CANNOT_RUN.search(text)
     if found:
-        return (
+        return brief(
             f"{found.group(0).strip()} (the executors' Python: PYSPARK_PYTHON or "
             "spark.pyspark.python must name one that exists there)"
-        )[:300]
+        )
     lines = [line.strip() for line in text.splitlines()]
     causes = [line for line in lines if _EXCEPTION_LINE.match(line)]
-    return (causes[-1] if causes else next((x for x in lines if x), text))[:300]
+    return brief(causes[-1] if causes else next((x for x in lines if x), text))
 
 
 def _stream_name(stream_arg: Mapping[str, str]) -> str:

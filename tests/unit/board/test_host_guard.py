@@ -5,8 +5,11 @@ metrics. The rule table first, then a real server on a real socket."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import socket
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -52,28 +55,33 @@ def _get(port: int, path: str, host: str) -> tuple[int, bytes]:
         conn.close()
 
 
+@contextlib.asynccontextmanager
+async def serving(board: Any, **kwargs: Any) -> AsyncIterator[int]:
+    """A real status server on a free port of 127.0.0.1 showing ``board``: its port."""
+    metrics = WorkerMetrics(CoordinationCounters(), application="app", worker="w1", stream="s")
+    server = StatusServer(metrics, lambda: (True, "ready"), "127.0.0.1", 0, board=board, **kwargs)
+    await server.start()
+    try:
+        assert server.port is not None
+        yield server.port
+    finally:
+        await server.stop()
+
+
 def test_a_rebound_name_is_refused_on_every_route() -> None:
     async def main() -> None:
-        metrics = WorkerMetrics(CoordinationCounters(), application="app", worker="w1", stream="s")
-
         async def snapshot() -> dict[str, object]:
             return {"leases": []}
 
-        server = StatusServer(metrics, lambda: (True, "ready"), "127.0.0.1", 0, board=snapshot,
-                              host_names=("status.example.com",))  # fmt: skip
-        await server.start()
-        try:
-            assert server.port is not None
+        async with serving(snapshot, host_names=("status.example.com",)) as port:
             for path in ("/metrics", "/status.json", "/", "/readyz", "/healthz"):
-                refused = await asyncio.to_thread(_get, server.port, path, "evil.example")
+                refused = await asyncio.to_thread(_get, port, path, "evil.example")
                 assert refused[0] == 421, path
-                for host in (f"127.0.0.1:{server.port}", "localhost", "status.example.com"):
-                    status, _ = await asyncio.to_thread(_get, server.port, path, host)
+                for host in (f"127.0.0.1:{port}", "localhost", "status.example.com"):
+                    status, _ = await asyncio.to_thread(_get, port, path, host)
                     assert status == 200, (path, host)
-            _, body = await asyncio.to_thread(_get, server.port, "/status.json", "localhost")
+            _, body = await asyncio.to_thread(_get, port, "/status.json", "localhost")
             assert b"leases" in body
-        finally:
-            await server.stop()
 
     asyncio.run(main())
 
@@ -87,20 +95,13 @@ def test_status_json_answers_503_when_its_snapshot_does_not_come_in_time(
     monkeypatch.setattr(routes, "STATUS_DEADLINE", 0.1)
 
     async def main() -> None:
-        metrics = WorkerMetrics(CoordinationCounters(), application="app", worker="w1", stream="s")
-
         async def stuck() -> dict[str, object]:
             await asyncio.sleep(30)
             return {}
 
-        server = StatusServer(metrics, lambda: (True, "ready"), "127.0.0.1", 0, board=stuck)
-        await server.start()
-        try:
-            assert server.port is not None
-            status, body = await asyncio.to_thread(_get, server.port, "/status.json", "localhost")
+        async with serving(stuck) as port:
+            status, body = await asyncio.to_thread(_get, port, "/status.json", "localhost")
             assert status == 503 and b"did not answer" in body
-        finally:
-            await server.stop()
 
     asyncio.run(main())
 
@@ -116,31 +117,24 @@ def test_polls_during_a_slow_snapshot_share_it_instead_of_starting_more(
     started: list[float] = []
 
     async def main() -> None:
-        metrics = WorkerMetrics(CoordinationCounters(), application="app", worker="w1", stream="s")
-
         async def slow() -> dict[str, object]:
             started.append(1.0)
             await asyncio.sleep(0.35)  # slow, but it answers
             return {"leases": []}
 
-        server = StatusServer(metrics, lambda: (True, "ready"), "127.0.0.1", 0, board=slow)
-        await server.start()
-        try:
-            assert server.port is not None
+        async with serving(slow) as port:
             answers = [
-                (await asyncio.to_thread(_get, server.port, "/status.json", "localhost"))[0]
+                (await asyncio.to_thread(_get, port, "/status.json", "localhost"))[0]
                 for _ in range(5)
             ]
             assert answers[0] == 503 and 200 in answers
             assert len(started) <= 2  # one snapshot served the polls made while it ran
             # A snapshot a poll gave up on, finished long before the next poll: not shown as
             # current (the tab closed for hours, then opened).
-            await asyncio.to_thread(_get, server.port, "/status.json", "localhost")  # 503
+            await asyncio.to_thread(_get, port, "/status.json", "localhost")  # 503
             await asyncio.sleep(0.6)  # it ends at 0.35 s, then ages past the deadline
             before = len(started)
-            await asyncio.to_thread(_get, server.port, "/status.json", "localhost")
+            await asyncio.to_thread(_get, port, "/status.json", "localhost")
             assert len(started) == before + 1  # a fresh one was begun
-        finally:
-            await server.stop()
 
     asyncio.run(main())

@@ -847,9 +847,9 @@ def test_keyboard_interrupt_on_the_loop_is_not_taken_for_the_processors() -> Non
         raise KeyboardInterrupt
 
     with pytest.raises(ProcessorExitError, match="KeyboardInterrupt"):
-        aio.run(call_processor(in_thread, None))
+        aio.run(call_processor(in_thread, None, lambda _: None))
     with pytest.raises(KeyboardInterrupt):
-        aio.run(call_processor(on_loop, None))
+        aio.run(call_processor(on_loop, None, lambda _: None))
 
 
 def test_a_reads_silence_counts_from_when_reading_began_not_from_the_consumers_start() -> None:

@@ -169,15 +169,21 @@ def test_a_lease_at_latest_reads_from_where_its_first_range_began_until_a_record
     assert client.asked[0]["Timestamp"].timestamp() == pytest.approx(since)
 
 
-def test_a_full_page_at_lag_0_is_not_taken_for_the_tip() -> None:
-    """A full page's lag now shows (a backlog's lag), but lag 0 on a full page is no tip: the
-    consumer's --until-caught-up took it for one and stopped with records unread."""
-    clock = ManualClock()
+def one_lease(clock: ManualClock) -> tuple[ExecutorReads, list[Any], Any, ReadSlot, ReadRange]:
+    """Reads of one lease from sequence 10, what they post, its entry, slot and first range."""
     executor_reads = reads(clock)
     posted: list[Any] = []
     entry = executor_reads.register(LeaseSource(KEY, "s", STREAM, KEY, esn(10)), posted.append)
     slot = ReadSlot(make_lane(), None, None)
     rng = executor_reads._range(entry, slot, leases=1, behind=0, now=clock.monotonic())
+    return executor_reads, posted, entry, slot, rng
+
+
+def test_a_full_page_at_lag_0_is_not_taken_for_the_tip() -> None:
+    """A full page's lag now shows (a backlog's lag), but lag 0 on a full page is no tip: the
+    consumer's --until-caught-up took it for one and stopped with records unread."""
+    clock = ManualClock()
+    executor_reads, posted, entry, slot, rng = one_lease(clock)
     for lag, told in ((0, None), (5_000, 5_000)):
         full = RangeEnd(KEY, None, None, 0, 0, millis_behind_latest=lag, left_behind=True, calls=1)
         executor_reads._found(entry, slot, rng, RangeRead(None, {KEY: full}), clock.monotonic())
@@ -188,11 +194,7 @@ def test_a_range_that_got_no_iterator_for_throttling_backs_off_without_a_failure
     """It counted as a read at the tip: due a second later with its failures reset, it joined
     every round and spent its whole budget in each (every lease of the job waited)."""
     clock = ManualClock()
-    executor_reads = reads(clock)
-    posted: list[Any] = []
-    entry = executor_reads.register(LeaseSource(KEY, "s", STREAM, KEY, esn(10)), posted.append)
-    slot = ReadSlot(make_lane(), None, None)
-    rng = executor_reads._range(entry, slot, leases=1, behind=0, now=clock.monotonic())
+    executor_reads, posted, entry, slot, rng = one_lease(clock)
     none = RangeEnd(KEY, None, None, 0, 0, throttled=7)  # no GetRecords call: no iterator came
     waits = []
     for _ in range(3):
