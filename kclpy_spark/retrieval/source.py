@@ -197,8 +197,10 @@ class RecordFilter:
     async def on_loop_or_thread(self, raw: list[Record]) -> list[Record]:
         """``self(raw)``; in a thread when the page holds KPL aggregates (splitting a page of
         them took a quarter of a second and more on the event loop, which every other shard's
-        reads, and the worker's lease calls, wait for). One page at a time per source."""
-        if self.deaggregator is not None and any(r.head(4) == MAGIC for r in raw):
+        reads, and the worker's lease calls, wait for). One page at a time per source. A page
+        is judged by its first and last records (a KPL producer's pages are aggregates
+        throughout): no scan of every record on the hot path, which the split makes anyway."""
+        if self.deaggregator is not None and raw and MAGIC in (raw[0].head(4), raw[-1].head(4)):
             return await asyncio.to_thread(self, raw)
         return self(raw)
 
