@@ -214,7 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say_error(str(exc), args.log_format)
         if isinstance(exc, NotCaughtUpError):
             return 1
-        return 3 if isinstance(exc, DependencyGoneError) else 2
+        # 3: the environment failed (a table or stream gone, a service that kept failing through
+        # start-up's retries), so a supervisor restarts it later; 2: input a restart cannot mend.
+        return 3 if isinstance(exc, DependencyGoneError) or exc.retriable else 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `kclpy-spark status --json | head`: the reader has gone

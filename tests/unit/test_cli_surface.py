@@ -110,7 +110,31 @@ def test_the_demo_against_an_endpoint_that_is_down_is_one_line(
 ) -> None:
     """It was botocore's 87-line traceback, exit 1, and a work folder left behind."""
     result = _cli("demo", "--endpoint", "http://127.0.0.1:9", *extra, cwd=tmp_path)
-    assert result.returncode == 2, result.stderr
+    assert result.returncode == 3, result.stderr  # a service that cannot be reached
     errors = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and "creating the demo stream" in errors[0], result.stderr
     assert not (tmp_path / ".cache" / "demo").exists()
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        ("ConfigError", 2),
+        ("AccessError", 2),
+        ("DependencyError", 3),
+        ("ThrottledError", 3),
+    ],
+)
+def test_a_service_failing_through_start_up_is_not_called_bad_input(
+    error: str, status: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lease table that kept failing through start-up's retries exited 2, the bad-input code a
+    supervisor is told not to restart on (an outage then stopped the fleet for good)."""
+    from checkpoint.base import errors
+    from kclpy_spark import cli
+
+    def fail(_args: object) -> int:
+        raise getattr(errors, error)("the lease table: a failure")
+
+    monkeypatch.setattr(cli, "_run", fail)
+    assert cli.main(["run", "--stream-name", "s"]) == status
