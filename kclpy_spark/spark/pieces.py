@@ -139,12 +139,24 @@ class Chunk:
             return self.rows
         if position < self.first:
             return 0
+        return self._count_to(position, inclusive=True)
+
+    def count_before(self, position: ExtendedSequenceNumber) -> int:
+        """How many records are before ``position``."""
+        if self.last < position:
+            return self.rows
+        if position <= self.first:
+            return 0
+        return self._count_to(position, inclusive=False)
+
+    def _count_to(self, position: ExtendedSequenceNumber, *, inclusive: bool) -> int:
         seqs = self.batch.column(_SEQ).to_pylist()
         subs = self.batch.column(_SUB).to_pylist()
         target = (int(position.sequence_number), position.sub_sequence_number)
         count = 0
         for seq, sub in zip(seqs, subs, strict=True):
-            if (int(seq), sub) > target:
+            at = (int(seq), sub)
+            if at > target or (at == target and not inclusive):
                 break
             count += 1
         return count

@@ -95,6 +95,10 @@ class Replays:
         for rep in self._queue:
             if rep.ready or rest is None:
                 continue
+            if not rep.chunks:
+                rest = self._from_first(rep, rest)
+                if rest is None:
+                    continue
             inside = rest.count_up_to(rep.target)
             if inside == rest.rows:
                 rep.chunks.append(rest)
@@ -110,6 +114,19 @@ class Replays:
             self._reached(rep)
         self._drop_empty()
         return rest, kept
+
+    def _from_first(self, rep: Replay, chunk: Chunk) -> Chunk | None:
+        """``chunk`` from the first record of the piece ``rep`` re-forms, where its batch names
+        it: a read from before it (a lease that started at LATEST is read again from a margin
+        before its first read) would give the piece other first records, so another id, and an
+        idempotent sink would write its records twice (the executor path pins the same first)."""
+        piece = rep.piece(self._lease_key)
+        if piece is None or piece.first <= chunk.first:
+            return chunk
+        before = chunk.count_before(piece.first)
+        log.info("lease %s: %d record(s) read from before its piece %s left out",
+                 self._lease_key, before, piece.piece_id)  # fmt: skip
+        return None if before == chunk.rows else chunk.split(before)[1]
 
     def next_unfilled(
         self, lease_key: str

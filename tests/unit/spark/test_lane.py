@@ -199,6 +199,22 @@ def test_a_replay_cuts_exactly_at_its_target_whatever_the_chunking() -> None:
     assert cut.key == group[0] and cut.token == {"v": 3} and a.rows == 1  # 50 stays buffered
 
 
+@pytest.mark.parametrize("chunks", [[(1, 8)], [(1, 2), (3, 6)], [(1, 1), (2, 1), (3, 3), (6, 3)]])
+def test_a_replay_read_from_before_its_piece_leaves_the_earlier_records_out(
+    chunks: list[tuple[int, int]],
+) -> None:
+    """A lease that started at LATEST is read again from a margin before its first read: the
+    re-formed piece took the earlier records too (another first record, so another piece id and
+    batch id: an idempotent sink wrote its records twice)."""
+    group = (PieceKey(KEY, esn(30), esn(60)),)
+    a = lane(replay=(esn(60), group, {"v": 1}))
+    for first, count in chunks:  # 10 ... 80
+        a.add(chunk(first, count), now=101.0)
+    assert a.replay_ready and a.replay_key() == group[0]
+    cut = a.cut(1, 1)
+    assert cut.key == group[0] and cut.piece.rows == 4 and a.rows == 2  # 70, 80 buffered
+
+
 def test_force_final_cuts_a_replay_at_what_arrived() -> None:
     a = lane(replay=(esn(90), (), None))
     a.add(chunk(1, 2), now=101.0)
