@@ -89,3 +89,8 @@ class SinkFailedError(KclpySparkError):
         super().__init__(f"sink {sink!r}: {error!r}")
         self.sink = sink
         self.error = error
+
+
+class PrepareFailedError(SinkFailedError):
+    """A sink's ``prepare`` raised: the batch failed for that sink before any write (after
+    its retries, its failure policy holds as for a failed write)."""

@@ -73,6 +73,8 @@ class Batch:
     error: BaseException | None = None  # the last failure, once given up
     acks: AckSet | None = None  # the sinks' answers
     attempts: dict[str, int] = field(default_factory=dict)  # write attempts by sink name
+    # Sinks whose prepare gave up on the batch, with the error: each goes to its dead letter.
+    unprepared: dict[str, BaseException] = field(default_factory=dict)
     state: BatchState = BatchState.CUT
 
     def move(self, to: BatchState) -> None:

@@ -14,7 +14,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from checkpoint.checkpointer import CheckpointError
 from checkpoint.sequence import ExtendedSequenceNumber
-from kclpy_spark.spark.acks import SinkFailedError
+from kclpy_spark.spark.acks import PrepareFailedError
 from kclpy_spark.spark.batch_life import Batch, LaneEvents
 from kclpy_spark.spark.frames import ExecutorFrames, RangeChunk
 from kclpy_spark.spark.lane import TwoPhaseCheckpointer
@@ -51,7 +51,11 @@ class BatchPreparer:
         """Tokens, then each cut's pending checkpoint (once per batch), then the SinkBatch."""
         if not batch.tokens_ready:
             fresh = [cut.piece for _, cut in batch.parts if not cut.replayed]
-            given = {r.name: self._tokens(r, fresh) for r in self._routes}
+            # A sink whose prepare gave up on this batch gets none: it is dead-lettered.
+            given = {
+                r.name: {} if r.name in batch.unprepared else self._tokens(r, fresh)
+                for r in self._routes
+            }
             for lane, cut in batch.parts:
                 if not cut.replayed:
                     by_sink = {name: t.get(lane.lease_key) for name, t in given.items()}
@@ -118,9 +122,7 @@ class BatchPreparer:
         except (WriteThreadsClosedError, WriteHungError):
             raise  # not a sink's failure to wrap: closing, or never tried again while it runs
         except Exception as exc:
-            if len(self._routes) > 1:
-                raise SinkFailedError(route.name, exc) from exc
-            raise
+            raise PrepareFailedError(route.name, exc) from exc
 
 
 def _write_pending(

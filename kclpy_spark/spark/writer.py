@@ -22,7 +22,7 @@ from tenacity import (
 from tenacity.stop import stop_base
 
 from checkpoint.base.retry import Backoff
-from kclpy_spark.spark.acks import DEAD_LETTERED, FAILED, WRITTEN, AckSet
+from kclpy_spark.spark.acks import DEAD_LETTERED, FAILED, WRITTEN, AckSet, PrepareFailedError
 from kclpy_spark.spark.batch_life import Batch, LaneEvents
 from kclpy_spark.spark.batch_prep import BY_SINK, BatchPreparer
 from kclpy_spark.spark.frames import RangeChunk, stored_rows_lost
@@ -183,21 +183,40 @@ class BatchWriter:
         """Tokens and pending checkpoints before any sink writes (retried as a write is);
         False when the batch was given up on here."""
         started = time.perf_counter()
-        try:
-            self._retrying(batch, self._s.max_attempts, None)(self._prep.prepare, batch)
-        except WriteThreadsClosedError:
-            raise  # closing: the batch is abandoned, not failed
-        except Exception as exc:
-            self._events.attempt(exc, time.perf_counter() - started, 0.0)
-            batch.error = exc
-            return False
+        while True:
+            try:
+                self._retrying(batch, self._s.max_attempts, None)(self._prep.prepare, batch)
+                break
+            except WriteThreadsClosedError:
+                raise  # closing: the batch is abandoned, not failed
+            except Exception as exc:
+                self._events.attempt(exc, time.perf_counter() - started, 0.0)
+                if self._dead_letters_unprepared(batch, exc):
+                    continue  # prepared again without that sink
+                batch.error = exc
+                return False
         self._events.batch_prepared(batch)
+        return True
+
+    def _dead_letters_unprepared(self, batch: Batch, exc: BaseException) -> bool:
+        """A sink's prepare gave up and its failure policy dead-letters: the batch goes to its
+        dead letter instead of that sink (True), as a write that gave up would."""
+        if not isinstance(exc, PrepareFailedError) or exc.sink in batch.unprepared:
+            return False
+        route = next(r for r in self._routes if r.name == exc.sink)
+        if route.dead_letter is None:
+            return False
+        log.error("%r: sink %r could not prepare it (%s); it goes to the sink's dead letter",
+                  batch, route.name, exc.error)  # fmt: skip
+        batch.unprepared[route.name] = exc.error
         return True
 
     def _run_route(self, batch: Batch, route: SinkRoute, acks: AckSet) -> bool:
         """Write the batch to one sink, with its retries and failure policy; True when the sink
         answered positively (written, or dead-lettered)."""
         try:
+            if route.name in batch.unprepared:
+                raise batch.unprepared[route.name]
             self._retrying(batch, route.max_attempts, route)(self._attempt, batch, route)
         except WriteThreadsClosedError:
             raise

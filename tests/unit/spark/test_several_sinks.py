@@ -162,6 +162,43 @@ def test_a_dead_lettering_sink_acknowledges_and_the_checkpoint_moves() -> None:
     assert (env.batcher.stats.batches, env.batcher.stats.rows) == (1, 3)  # a wrote it
 
 
+def test_a_sink_whose_prepare_keeps_failing_is_dead_lettered_by_its_policy() -> None:
+    """delta:'s prepare reads its table's log: an unreadable table parked every lease whatever
+    its failure policy, and the healthy sink before it was not written either."""
+    dead = DeadLetters()
+    env = two_sinks(max_attempts=1, dead_letter=dead)
+    env.take(SHARDS[0])
+
+    def unreadable(pieces: Sequence[Piece]) -> Mapping[str, Any]:
+        raise OSError("the table's log is unreadable")
+
+    env.b.prepare = unreadable  # type: ignore[method-assign]
+    env.deliver(SHARDS[0], records(1, 3))
+    env.batcher.step()
+    assert [b.rows for b, _ in dead.stored] == [3] and len(env.a.written) == 1
+    assert isinstance(dead.stored[0][1], OSError) and not env.b.written
+    assert dead.stored[0][0].tokens == {SHARDS[0]: None}  # b prepared nothing
+    assert env.lease(SHARDS[0]).checkpoint == esn(30)
+    assert env.done[0].acks is not None
+    assert env.done[0].acks.answers == {"a": WRITTEN, "b": DEAD_LETTERED}
+
+
+def test_a_sink_whose_prepare_keeps_failing_parks_without_a_dead_letter() -> None:
+    env = two_sinks(max_attempts=1)
+    lane = env.take(SHARDS[0])
+
+    def unreadable(pieces: Sequence[Piece]) -> Mapping[str, Any]:
+        raise OSError("the table's log is unreadable")
+
+    env.b.prepare = unreadable  # type: ignore[method-assign]
+    env.deliver(SHARDS[0], records(1, 3))
+    env.batcher.step()
+    assert env.batcher.lane_state(lane) is LaneState.PARKED and not env.a.written
+    [batch] = env.done
+    assert isinstance(batch.error, SinkFailedError) and batch.error.sink == "b"
+    assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON
+
+
 def test_a_replayed_piece_gets_back_each_sinks_own_token() -> None:
     env = two_sinks(max_attempts=1)
     env.take(SHARDS[0])
