@@ -105,6 +105,7 @@ _TRANSIENT_CODES = frozenset(
     {
         "InternalServerError",
         "InternalFailure",
+        "InternalFailureException",  # SubscribeToShard's event stream
         "ServiceUnavailable",
         "ResourceInUseException",
         "KMSThrottlingException",
@@ -204,10 +205,19 @@ def map_aws_error(exc: BaseException, what: str) -> KclpySparkError:
     if code in _ACCESS_CODES:
         return AccessError(message)
     status = _http_status(exc)
-    if status is not None and 400 <= status < 500:
+    if (status is not None and 400 <= status < 500) or (status is None and _in_event_stream(exc)):
         # Any other client error: the request itself is wrong, sending it again will not help.
+        # An error event of a stream (SubscribeToShard's KMS errors) has a code and no status.
         return RequestError(message)
     return DependencyError(message)
+
+
+def _in_event_stream(exc: BaseException) -> bool:
+    try:
+        from botocore.exceptions import EventStreamError
+    except ImportError:  # pragma: no cover - botocore comes with boto3
+        return False
+    return isinstance(exc, EventStreamError)
 
 
 def _http_status(exc: BaseException) -> int | None:

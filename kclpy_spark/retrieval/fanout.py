@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -48,12 +49,16 @@ from kclpy_spark.retrieval.stream_consumer import CONSUMERS, ConsumerRegistry
 
 log = logging.getLogger(__name__)
 
-GET_RECORDS_LIMIT = 10_000  # records a GetRecords answer without a Limit holds at most
+# The shard-end check after a broken stream reads this many records at most: a whole page (up
+# to 10 MB) would take the shard's polling allowance from other applications for seconds.
+END_CHECK_LIMIT = 100
 
 # AWS ends a subscription after 5 minutes; renewing 10 s earlier keeps the gap ours to choose.
 SUBSCRIPTION_LIFETIME = 290.0
-# AWS allows one SubscribeToShard call per second per consumer and shard.
+# AWS allows one SubscribeToShard call per second per consumer and shard, and refuses one
+# (ResourceInUseException) within 5 s of a successful one.
 MIN_RESUBSCRIBE_INTERVAL = 1.0
+AFTER_SUBSCRIBED = 5.0
 Sleep = Callable[[float], Awaitable[None]]
 
 
@@ -121,7 +126,8 @@ class FanOutFetcher:
         # Resume AFTER this sequence number (the last record or a later continuation number).
         self._resume: str | None = None
         self._floor = 0 if checkpoint.is_sentinel else int(checkpoint.sequence_number)
-        self._last_subscribe: float | None = None
+        self._last_subscribe: float | None = None  # the last call
+        self._last_subscribed: float | None = None  # the last call that was answered
         self._not_found = 0
         self.subscriptions = 0
         self.renewals = 0
@@ -164,10 +170,13 @@ class FanOutFetcher:
         )
 
     async def _pace(self) -> None:
-        if self._last_subscribe is not None:
-            wait = self._last_subscribe + MIN_RESUBSCRIBE_INTERVAL - self._clock()
-            if wait > 0:
-                await self._sleep(wait)
+        """A call a second at most, and none within 5 s of an answered one."""
+        since = ((self._last_subscribe, MIN_RESUBSCRIBE_INTERVAL),
+                 (self._last_subscribed, AFTER_SUBSCRIBED))  # fmt: skip
+        due = max((t + gap for t, gap in since if t is not None), default=-math.inf)
+        wait = due - self._clock()
+        if wait > 0:
+            await self._sleep(wait)
         self._last_subscribe = self._clock()
 
     async def run(self) -> None:
@@ -177,9 +186,10 @@ class FanOutFetcher:
         self._not_found = 0
         while True:
             await self._pace()
+            position = self._position()  # out of the try: a position it cannot build is no retry
             try:
                 resp = await self._client.subscribe_to_shard(
-                    ConsumerARN=arn, ShardId=self._shard_id, StartingPosition=self._position()
+                    ConsumerARN=arn, ShardId=self._shard_id, StartingPosition=position
                 )
             except Exception as exc:
                 if error_code(exc) == "ResourceNotFoundException":
@@ -188,6 +198,7 @@ class FanOutFetcher:
                     await self._handle(exc, "SubscribeToShard")
                 continue
             self.subscriptions += 1
+            self._last_subscribed = self._last_subscribe
             try:
                 if await self._consume(resp["EventStream"]):
                     return
@@ -285,7 +296,9 @@ class FanOutFetcher:
             it = await self._client.get_shard_iterator(
                 **self._stream, ShardId=self._shard_id, **args
             )
-            resp = await self._client.get_records(ShardIterator=shard_iterator_of(it))
+            resp = await self._client.get_records(
+                ShardIterator=shard_iterator_of(it), Limit=END_CHECK_LIMIT
+            )
             children = await end_children(resp, "NextShardIterator", self._witness, self._shard_id)
         except Exception as exc:
             log.debug("shard %s: shard-end check failed: %r", self._shard_id, exc)
@@ -301,7 +314,7 @@ class FanOutFetcher:
                     millis_behind_latest=resp.get("MillisBehindLatest"),
                     shard_ended=ended,
                     child_shards=children or [],
-                    page_full=len(raw) >= GET_RECORDS_LIMIT,  # more may wait even at lag 0
+                    page_full=len(raw) >= END_CHECK_LIMIT,  # more may wait even at lag 0
                 )
             )
         if ended:

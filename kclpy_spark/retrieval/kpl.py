@@ -264,9 +264,9 @@ def _split(
         # One line an aggregate (a producer aggregating across shards gave one a sub-record).
         log.warning(
             "shard %s: %d of the %d KPL sub-records of %s lie outside the shard's hash range "
-            "%d..%d (the first, %d, has %s); skipped, as the KCL skips them: they are stored in "
-            "this shard only, so no reader delivers them (counted in "
-            "kclpy_spark_kpl_subrecords_out_of_range)",
+            "%d..%d (the first, %d, has %s); skipped, as the KCL skips them: the KPL sends "
+            "such records again to their own shard, another aggregator may not, and then no "
+            "reader delivers them (counted in kclpy_spark_kpl_subrecords_out_of_range)",
             shard_id or "?",
             len(outside),
             len(subs),

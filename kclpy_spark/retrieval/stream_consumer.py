@@ -10,7 +10,13 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from checkpoint.base.errors import KclpySparkError, RequestError, error_code, map_aws_error
+from checkpoint.base.errors import (
+    DependencyError,
+    KclpySparkError,
+    RequestError,
+    error_code,
+    map_aws_error,
+)
 from checkpoint.base.retry import Backoff
 
 log = logging.getLogger(__name__)
@@ -110,9 +116,49 @@ class ConsumerRegistry:
 CONSUMERS = ConsumerRegistry()
 
 
+# Describes that may not yet find a consumer just registered (DescribeStreamConsumer is
+# eventually consistent) before it is taken for deleted and registered again.
+NOT_VISIBLE_POLLS = 20
+REGISTRATIONS = 3  # registered, then gone before ACTIVE, this often: an error
+
+
+class _OurRegistration:
+    """Whether we registered the consumer, and whether it vanished since (deleted before it
+    was ACTIVE: another worker's deregistration at its stop, an operator)."""
+
+    def __init__(self, name: str, arn: str) -> None:
+        self._what = f"stream consumer {name} on {arn}"
+        self.live = False
+        self._made = 0
+        self._unseen = 0  # describes since our registration that did not find it
+        self._was_seen = False
+
+    def made(self) -> None:
+        self.live, self._made, self._unseen, self._was_seen = True, self._made + 1, 0, False
+
+    def seen(self) -> None:
+        self._was_seen = self.live  # seen once, gone later is deleted
+
+    def not_found(self, exc: BaseException) -> None:
+        """A describe did not find it: after our registration, taken for deleted when it was
+        seen before or for NOT_VISIBLE_POLLS describes (``live`` False: register again)."""
+        if not self.live:
+            return
+        self._unseen += 1
+        if not self._was_seen and self._unseen < NOT_VISIBLE_POLLS:
+            return  # registered, not yet visible
+        if self._made >= REGISTRATIONS:
+            raise DependencyError(
+                f"{self._what}: registered {self._made} times, gone each time before it was ACTIVE"
+            ) from exc
+        log.warning("%s: gone after it was registered (deregistered meanwhile?); registering "
+                    "it again", self._what)  # fmt: skip
+        self.live, self._unseen = False, 0
+
+
 async def _register_and_wait(client: Any, arn: str, name: str, sleep: Sleep) -> str:
     backoff = Backoff()
-    registered = False
+    ours = _OurRegistration(name, arn)
     refused = 0  # LimitExceededException answers to RegisterStreamConsumer in a row
     while True:
         try:
@@ -124,13 +170,16 @@ async def _register_and_wait(client: Any, arn: str, name: str, sleep: Sleep) -> 
                 log.info("stream consumer %s is ACTIVE (%s)", name, desc["ConsumerARN"])
                 return str(desc["ConsumerARN"])
             delay = CONSUMER_POLL_INTERVAL  # CREATING, or DELETING before a new registration
+            ours.seen()
         except Exception as exc:
             code = error_code(exc)
-            if code == "ResourceNotFoundException" and not registered:
+            if code == "ResourceNotFoundException":
+                ours.not_found(exc)
+            if code == "ResourceNotFoundException" and not ours.live:
                 try:
                     await client.register_stream_consumer(StreamARN=arn, ConsumerName=name)
                     log.info("registered stream consumer %s on %s", name, arn)
-                    registered = True
+                    ours.made()
                     continue
                 except Exception as reg_exc:
                     exc, code = reg_exc, error_code(reg_exc)
@@ -142,7 +191,7 @@ async def _register_and_wait(client: Any, arn: str, name: str, sleep: Sleep) -> 
                             "may have its 20 registered consumers (ListStreamConsumers names "
                             "them); deregister one, or read by polling"
                         ) from reg_exc
-            if code == "ResourceNotFoundException" and registered:
+            if code == "ResourceNotFoundException" and ours.live:
                 delay = CONSUMER_POLL_INTERVAL  # registered, not yet visible
             else:
                 mapped = map_aws_error(exc, f"registering stream consumer {name} on {arn}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -13,12 +14,12 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from checkpoint.base.errors import AccessError, ConfigError
-from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber, InitialPosition
+from checkpoint.base.errors import AccessError, ConfigError, map_aws_error
+from checkpoint.sequence import AT_TIMESTAMP, TRIM_HORIZON, ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.retrieval.fanout import MIN_RESUBSCRIBE_INTERVAL, FanOutFetcher, starting_position
 from kclpy_spark.retrieval.kpl import Deaggregator
 from kclpy_spark.retrieval.kpl_aggregate import UserRecord, aggregate
-from kclpy_spark.retrieval.polling import FetchedBatch
+from kclpy_spark.retrieval.polling import FetchedBatch, PollingFetcher
 from kclpy_spark.retrieval.stream_consumer import ConsumerRegistry, deregister_consumer
 
 STREAM_ARN = "arn:aws:kinesis:us-east-1:000000000000:stream/s"
@@ -231,7 +232,9 @@ def test_a_broken_stream_backs_off_then_resumes_from_the_last_record() -> None:
     assert [r.sequence_number for b in drain(queue) for r in b.records] == ["7", "8"]
 
 
-def test_a_subscription_that_ends_at_once_is_renewed_no_faster_than_once_a_second() -> None:
+def test_a_subscription_that_ends_at_once_is_renewed_5_s_after_it_was_answered() -> None:
+    """AWS refuses a subscription within 5 s of an answered one (ResourceInUseException): one
+    a second drew refusals, logged as warnings that look like two readers of the shard."""
     clock = FakeClock()
     kinesis = FakeKinesis(
         clock,
@@ -244,7 +247,7 @@ def test_a_subscription_that_ends_at_once_is_renewed_no_faster_than_once_a_secon
     queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()
     asyncio.run(fetcher(kinesis, clock, queue).run())
     times = [t for t, _ in kinesis.subscribes]
-    assert [round(b - a, 6) for a, b in itertools.pairwise(times)] == [1.0, 1.0]
+    assert [round(b - a, 6) for a, b in itertools.pairwise(times)] == [5.0, 5.0]
     assert drain(queue)[-1].shard_ended
 
 
@@ -418,22 +421,23 @@ def test_a_stream_with_all_its_consumers_registered_is_one_error_not_retried_for
 
 
 def test_a_full_page_read_after_a_broken_stream_is_not_the_tip_for_a_job() -> None:
-    """The shard-end check reads one GetRecords page: a full one at lag 0 may have more behind
+    """The shard-end check reads one small GetRecords page: a full one at lag 0 may have more behind
     it (kinesis-mock says 0 on every page), as the polling path's full pages."""
     from datetime import UTC, datetime
 
-    from kclpy_spark.retrieval.fanout import GET_RECORDS_LIMIT
+    from kclpy_spark.retrieval.fanout import END_CHECK_LIMIT
 
     clock = FakeClock()
 
     class FullPage(FakeKinesis):
         async def get_records(self, **kw: Any) -> dict[str, Any]:
             self.get_records_calls += 1
+            assert kw["Limit"] == END_CHECK_LIMIT  # not a whole page of up to 10 MB
             at = datetime.fromtimestamp(900.0, tz=UTC)
             rows = [
                 {"Data": b"x", "PartitionKey": "k", "SequenceNumber": str(100 + i),
                  "ApproximateArrivalTimestamp": at}
-                for i in range(GET_RECORDS_LIMIT)
+                for i in range(END_CHECK_LIMIT)
             ]  # fmt: skip
             return {"Records": rows, "NextShardIterator": "next", "MillisBehindLatest": 0}
 
@@ -443,5 +447,174 @@ def test_a_full_page_read_after_a_broken_stream_is_not_the_tip_for_a_job() -> No
     )
     queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()
     asyncio.run(fetcher(kinesis, clock, queue).run())
-    full = [b for b in drain(queue) if len(b.records) == GET_RECORDS_LIMIT]
+    full = [b for b in drain(queue) if len(b.records) == END_CHECK_LIMIT]
     assert kinesis.get_records_calls == 1 and len(full) == 1 and full[0].page_full
+
+
+# Found by a review of fan-out (each failed on the code before its fix).
+
+
+class Enough(Exception):
+    """Raised by the fake sleep once a loop has clearly not stopped."""
+
+
+def bounded_sleep(clock: FakeClock, limit: int):
+    async def sleep(seconds: float) -> None:
+        if len(clock.sleeps) >= limit:
+            raise Enough(f"still looping after {limit} sleeps")
+        await clock.sleep(seconds)
+
+    return sleep
+
+
+def test_fanout_does_not_retry_forever_a_start_position_it_cannot_build() -> None:
+    """A lease checkpointed at AT_TIMESTAMP (e.g. written by a Java KCL, which keeps the time in
+    its config, not the lease) read by a worker configured TRIM_HORIZON: iterator_args raises
+    ValueError. Polling lets it out (the consumer parks the lease with the traceback); fan-out
+    builds StartingPosition inside its try, map_aws_error turns the ValueError (no AWS code) into
+    a retriable DependencyError, and it resubscribes for ever with WARNINGs."""
+    clock = FakeClock()
+    kinesis = FakeKinesis(clock, [])
+    queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()
+    f = FanOutFetcher(
+        kinesis,
+        {"StreamName": "s"},
+        "shardId-000000000000",
+        AT_TIMESTAMP,
+        InitialPosition.trim_horizon(),
+        queue,
+        consumer_name="app",
+        sleep=bounded_sleep(clock, 50),
+        clock=clock,
+        registry=ConsumerRegistry(),
+    )
+    # What polling does with the same lease:
+    p = PollingFetcher(
+        kinesis,
+        {"StreamName": "s"},
+        "shardId-000000000000",
+        AT_TIMESTAMP,
+        InitialPosition.trim_horizon(),
+        asyncio.Queue(),
+        sleep=clock.sleep,
+    )
+    with pytest.raises(ValueError):
+        asyncio.run(p.run())
+    # Fan-out should surface it the same way, not loop.
+    with pytest.raises(ValueError):
+        asyncio.run(f.run())
+
+
+def test_ensure_gives_up_or_reregisters_when_the_consumer_it_registered_disappears() -> None:
+    """_register_and_wait: after its own RegisterStreamConsumer succeeded, every later
+    ResourceNotFoundException is read as 'registered, not yet visible' and polled every 0.5 s
+    without limit, log line or re-registration. If the consumer is deregistered in that window
+    (another worker's shutdown deregister_consumer, an operator), ensure() never returns, and it
+    holds the per-(stream, name) lock, so every fan-out fetcher of that stream in the process
+    waits too."""
+    clock = FakeClock()
+    kinesis = FakeKinesis(clock, [])
+    kinesis.consumer_status = ["MISSING"] * 10_000  # registered, then deleted before ACTIVE
+    registry = ConsumerRegistry()
+    with pytest.raises(Exception) as raised:
+        asyncio.run(
+            registry.ensure(kinesis, {"StreamName": "s"}, "app", sleep=bounded_sleep(clock, 200))
+        )
+    # Expected: a second registration (or a mapped error), not an endless silent poll.
+    assert not isinstance(raised.value, Enough), (
+        f"ensure() still polling after {len(clock.sleeps)} sleeps "
+        f"({sum(clock.sleeps):.0f} s), registered {kinesis.registered} time(s)"
+    )
+
+
+class FiveSecondRule(FakeKinesis):
+    """SubscribeToShard as documented: a call within 5 s of a successful call for the same
+    consumer and shard answers ResourceInUseException."""
+
+    def __init__(self, clock: FakeClock, script: list[Any]) -> None:
+        super().__init__(clock, script)
+        self.last_ok: float | None = None
+        self.in_use = 0
+
+    async def subscribe_to_shard(self, **kw: Any) -> dict[str, Any]:
+        if self.last_ok is not None and self._clock.now - self.last_ok < 5.0:
+            self.in_use += 1
+            raise client_error("ResourceInUseException")
+        resp = await super().subscribe_to_shard(**kw)
+        self.last_ok = self._clock.now
+        return resp
+
+
+class InstantStream(FakeEventStream):
+    """Breaks before its first event (a reset connection)."""
+
+    async def _gen(self):  # type: ignore[override]
+        if self._error is not None:
+            raise self._error
+        for e in self._events:
+            yield e
+
+
+def test_a_broken_stream_is_not_resubscribed_inside_the_five_second_window(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """MIN_RESUBSCRIBE_INTERVAL is 1 s; AWS refuses a new subscription for 5 s after a
+    successful one. A connection reset right after subscribing yields ResourceInUseException
+    WARNINGs ('resubscribing in ...'), each counted as a failed read."""
+    clock = FakeClock()
+    kinesis = FiveSecondRule(
+        clock,
+        [
+            InstantStream(clock, iter([]), error=ConnectionResetError("reset")),
+            FakeEventStream(clock, iter([event([record(8)], None)])),
+        ],
+    )
+    queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()
+    f = fetcher(kinesis, clock, queue)
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(f.run())
+    in_use_warnings = [r for r in caplog.records if "ResourceInUse" in r.getMessage()]
+    assert kinesis.in_use == 0 and not in_use_warnings, (
+        f"{kinesis.in_use} ResourceInUseException answers, {len(in_use_warnings)} WARNING lines"
+    )
+
+
+def test_a_permanent_error_inside_the_event_stream_is_not_retried_forever() -> None:
+    """botocore raises an in-stream exception event as EventStreamError, whose response has no
+    HTTPStatusCode; map_aws_error then maps every code it does not list (KMSAccessDenied,
+    KMSDisabled, KMSNotFound, InvalidArgument...) to a retriable DependencyError. The same code
+    from GetRecords (HTTP 400) is a RequestError that polling raises (the lease gets parked);
+    fan-out resubscribes for ever, one WARNING per attempt, lease renewed, shard unread."""
+    from botocore.exceptions import EventStreamError
+
+    in_stream = EventStreamError(
+        {"Error": {"Code": "KMSAccessDeniedException", "Message": "denied"}}, "SubscribeToShard"
+    )
+    from_get_records = ClientError(
+        {
+            "Error": {"Code": "KMSAccessDeniedException", "Message": "denied"},
+            "ResponseMetadata": {"HTTPStatusCode": 400},
+        },
+        "GetRecords",
+    )
+    assert not map_aws_error(from_get_records, "x").retriable  # polling: raised
+    clock = FakeClock()
+    streams = [FakeEventStream(clock, iter([]), error=in_stream) for _ in range(100)]
+    kinesis = FakeKinesis(clock, streams)
+    f = FanOutFetcher(
+        kinesis,
+        {"StreamName": "s"},
+        "shardId-000000000000",
+        TRIM_HORIZON,
+        InitialPosition.trim_horizon(),
+        asyncio.Queue(),
+        consumer_name="app",
+        sleep=bounded_sleep(clock, 60),
+        clock=clock,
+        registry=ConsumerRegistry(),
+    )
+    with pytest.raises(Exception) as raised:
+        asyncio.run(f.run())
+    assert not isinstance(raised.value, Enough), (
+        f"{len(kinesis.subscribes)} subscriptions, each ended by KMSAccessDeniedException"
+    )
