@@ -8,14 +8,16 @@ since is left alone until the next round.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.lease import Lease
 from checkpoint.port import LeaseTable
+from checkpoint.sequence import TRIM_HORIZON
 from shard_sync.discovery import ShardLister
-from shard_sync.hierarchy import lease_hash_range_holes
+from shard_sync.hierarchy import index_shards, lease_hash_range_holes, new_leases
+from shard_sync.shards import Shard
 from shard_sync.syncer import ShardSyncer, SyncResult
 
 log = logging.getLogger(__name__)
@@ -121,8 +123,9 @@ class LeaderMaintenance:
         active = [lease for lease in audited if not lease.checkpoint.is_shard_end]
         holes = lease_hash_range_holes(audited)
         unknown_range = any(lease.hash_key_range is None for lease in active)
+        sync_error: KclpySparkError | None = None
         if not leases:
-            synced = self._sync(leases)
+            synced, sync_error = self._sync(leases)
             self._consecutive = 0
         elif holes or unknown_range:
             self._consecutive += 1
@@ -134,10 +137,19 @@ class LeaderMaintenance:
                 self._threshold,
             )
             if self._consecutive >= self._threshold:
-                synced = self._sync(leases)
-                self._consecutive = 0
+                synced, sync_error = self._sync(leases)
+                if sync_error is None:
+                    self._consecutive = 0
         else:
             self._consecutive = 0
+            self.sync_failure = None  # covered again (by a shard end, another leader's sync)
+        deleted = self._clean_up(leases)
+        if sync_error is not None:  # after the cleanup: a sync that keeps failing stops no delete
+            raise sync_error
+        return AuditResult(len(holes), self._consecutive, synced, tuple(deleted))
+
+    def _clean_up(self, leases: list[Lease]) -> list[str]:
+        """Delete finished leases, and every ``garbage_every`` rounds those of shards gone."""
         deleted = []
         for lease in completed_leases_to_delete(leases):
             if self._table.delete_lease(lease):
@@ -152,7 +164,7 @@ class LeaderMaintenance:
                     [lease for lease in leases if lease.lease_key not in gone], self._lister
                 )
             )
-        return AuditResult(len(holes), self._consecutive, synced, tuple(deleted))
+        return deleted
 
     def _with_known_ranges(self, leases: list[Lease]) -> list[Lease]:
         """``leases``, those without a hash range given the one the last listing showed."""
@@ -166,14 +178,14 @@ class LeaderMaintenance:
             for lease in leases
         ]
 
-    def _sync(self, leases: list[Lease]) -> SyncResult:
+    def _sync(self, leases: list[Lease]) -> tuple[SyncResult | None, KclpySparkError | None]:
         try:
             result = self._syncer.sync(leases)
         except KclpySparkError as exc:
             self.sync_failure = str(exc)
-            raise
+            return None, exc
         self.sync_failure = None
-        return result
+        return result, None
 
     def delete_garbage(self, scanned_before: Iterable[Lease], lister: ShardLister) -> list[str]:
         """Delete the leases of shards that no longer exist; returns the deleted lease keys.
@@ -186,7 +198,8 @@ class LeaderMaintenance:
         always has an open shard, so it is a wrong answer, not an empty stream.
         """
         candidates = {lease.lease_key for lease in scanned_before}
-        listed = {shard.shard_id for shard in lister.list_shards()}
+        shards = index_shards(lister.list_shards())
+        listed = set(shards)
         if not listed:
             log.warning("garbage cleanup: ListShards answered no shard at all; deleting nothing")
             return []
@@ -197,12 +210,33 @@ class LeaderMaintenance:
             if lease.lease_key in candidates and self._syncer.owns(lease)
         ]
         for lease in self._to_probe(garbage_leases(fresh, listed)):
-            if not self._confirmed_gone(lease):
+            if not self._confirmed_gone(lease) or not self._children_leased(lease, shards):
                 continue
             if self._table.delete_lease(lease):
                 deleted.append(lease.lease_key)
                 log.warning("deleted lease %s: its shard no longer exists", lease.lease_key)
         return deleted
+
+    def _children_leased(self, lease: Lease, shards: Mapping[str, Shard]) -> bool:
+        """Before the lease of a shard that aged out unfinished goes (workers down longer than
+        the retention, across a reshard): its listed children leased at TRIM_HORIZON, as its
+        shard end would have made them. Deleted without, its children were leased as roots at
+        the initial position by the next sync: at LATEST, all they still held was skipped.
+        False when that failed (the lease then stays until a later round)."""
+        if lease.checkpoint.is_shard_end:
+            return True
+        children = [sid for sid, shard in shards.items() if lease.shard_id in shard.parent_ids]
+        try:
+            for spec in new_leases(shards, children, TRIM_HORIZON):
+                if self._table.create_lease_if_absent(spec.to_lease(lease.stream_key)):
+                    log.warning("lease %s: its shard aged out unfinished; its child %s leased "
+                                "at TRIM_HORIZON", lease.lease_key, spec.shard_id)  # fmt: skip
+        except KclpySparkError as exc:
+            log.warning(
+                "lease %s: its children could not be leased (%s); kept", lease.lease_key, exc
+            )
+            return False
+        return True
 
     def _to_probe(self, candidates: list[Lease]) -> list[Lease]:
         """At most ``max_garbage_probes`` of ``candidates``, taking turns round by round (so

@@ -491,3 +491,73 @@ def test_children_of_finished_parents(leases: list[Lease], expected: list[str]) 
     found = children_of_finished_parents(listing, leased, finished)
     assert [x.shard_id for x in found] == expected
     assert all(x.checkpoint == TRIM_HORIZON for x in found)
+
+
+# From a review of shard sync (each failed on the code before its fix).
+
+
+def two_shards() -> list[Shard]:
+    return [shard("a", 1, None, 0, HALF), shard("b", 1, None, HALF + 1, MAX_HASH_KEY)]
+
+
+def test_sync_failure_clears_once_the_hole_is_gone() -> None:
+    table = MemoryLeaseTable()
+    table.create_lease_if_absent(lease("a", STARTED, lo=0, hi=HALF))  # b's range is a hole
+    lister = FailingLister(two_shards())
+    m = LeaderMaintenance(
+        ShardSyncer(lister, table, InitialPosition.latest()), table, hole_threshold=1
+    )
+    with pytest.raises(DependencyError):
+        m.run_once()  # hole -> sync -> ListShards fails
+    assert m.sync_failure is not None  # leader reported not ready: fair
+    lister.failing = False
+    # The hole is closed by someone else (the next leader's sync, a shard end, an operator).
+    table.create_lease_if_absent(lease("b", STARTED, lo=HALF + 1, hi=MAX_HASH_KEY))
+    for _ in range(5):
+        result = m.run_once()
+        assert result.holes == 0 and result.synced is None
+    # Nothing is failing any more, yet readiness keeps saying "shard sync failed" for ever.
+    assert m.sync_failure is None, m.sync_failure
+
+
+def test_cleanup_runs_while_the_sync_fails() -> None:
+    table = MemoryLeaseTable()
+    table.create_lease_if_absent(lease("p", SHARD_END, children=("a",), lo=0, hi=HALF))
+    table.create_lease_if_absent(lease("a", STARTED, parents=("p",), lo=0, hi=HALF))
+    lister = FailingLister(two_shards())  # b unleased: a hole; ListShards keeps failing
+    m = LeaderMaintenance(
+        ShardSyncer(lister, table, InitialPosition.latest()), table, hole_threshold=1
+    )
+    for _ in range(5):
+        with pytest.raises(DependencyError):
+            m.run_once()
+    # p's children started and it has no parent lease: the KCL's cleanup would have deleted it.
+    assert table.get_lease("p") is None
+
+
+def test_children_of_an_aged_out_leased_parent_start_at_their_start() -> None:
+    """Workers down longer than the retention, across a split: garbage cleanup deleted the
+    parent's lease and the next sync leased its children as roots at LATEST, skipping all they
+    held (the Spark source reads them from their start)."""
+    table = MemoryLeaseTable()
+    table.create_lease_if_absent(lease("p", ExtendedSequenceNumber("5")))  # mid-shard checkpoint
+    lister = ListedShards(
+        [  # p (closed) has aged out: only its children are listed
+            shard("c1", 100, None, 0, HALF, parent="p"),
+            shard("c2", 100, None, HALF + 1, MAX_HASH_KEY, parent="p"),
+        ]
+    )
+    m = LeaderMaintenance(
+        ShardSyncer(lister, table, InitialPosition.latest()),
+        table,
+        hole_threshold=3,
+        lister=lister,
+        shard_gone=lambda x: x.shard_id == "p",
+        garbage_every=10,
+    )
+    for _ in range(13):
+        m.run_once()
+    made = {x.lease_key: x.checkpoint for x in table.list_leases()}
+    assert "p" not in made  # deleted as garbage (shard not found)
+    assert set(made) == {"c1", "c2"}
+    assert made["c1"] == TRIM_HORIZON, made  # current code: LATEST -> reshard..now skipped
