@@ -19,6 +19,7 @@ few times by re-reading, since these are single-writer records or idempotent fla
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -136,14 +137,15 @@ class SuspendFlag:
     returned within ``max_age`` seconds (the taker's scan reads the record anyway; no record
     there: not suspended), else read (eventually consistent). Scans and reads may lag (a scan
     in flight across a read, a replica behind): a record older than one already seen, by its
-    version, never overrides it, so the flag never flips back. ``observe`` runs on the event
-    loop, ``read`` on a thread."""
+    version and its write time, never overrides it, so the flag never flips back. ``observe``
+    runs on the event loop, ``read`` on a thread."""
 
     def __init__(self, store: CoordinationStore, clock: Clock, max_age: float) -> None:
         self._store = store
         self._clock = clock
         self._max_age = max_age
         self._version = 0  # the newest version of the record seen (0: none yet)
+        self._written = -math.inf  # when that version was written (wall clock)
         self._suspended = False
         self._scanned_at = float("-inf")  # when the last scan returned
         self._lock = threading.Lock()
@@ -151,8 +153,10 @@ class SuspendFlag:
     def _note(self, record: CoordinationRecord | None) -> bool:
         """Take ``record`` unless it is older than what we saw; the flag (call with the lock)."""
         version = 0 if record is None else record.version
-        if version >= self._version:
-            self._version = version
+        # A record deleted and written again starts at version 1: newer by its write time.
+        written = -math.inf if record is None else record.expires_at
+        if version >= self._version or written > self._written:
+            self._version, self._written = version, written
             self._suspended = _says_suspended(record)
         return self._suspended
 

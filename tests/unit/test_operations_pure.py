@@ -581,6 +581,25 @@ def test_the_suspend_flag_never_flips_back_to_an_older_record() -> None:
     assert flag.read() == (False, False)
 
 
+def test_a_resume_written_after_the_record_was_deleted_is_followed() -> None:
+    """A suspend record deleted (the coordination table dropped and re-created) starts again at
+    version 1: a running worker that had seen a higher version stayed suspended for good while
+    `kclpy-spark resume` said resumed."""
+    from checkpoint.base.clock import ManualClock
+
+    store, clock = MemoryLeaseTable(), ManualClock()
+    flag = coordination.SuspendFlag(store, clock, max_age=10.0)
+    for suspended in (True, False, True):  # version 3: suspended
+        assert coordination.set_suspended(store, suspended, by="op", now_wall=clock.wall())
+    assert flag.read() == (True, True)
+    record = store.get_record(coordination.SUSPEND_KEY)
+    assert record is not None and store.delete_record(record.key, record.version)
+    clock.advance(5.0)
+    assert coordination.set_suspended(store, False, by="op", now_wall=clock.wall())  # version 1
+    clock.advance(60.0)
+    assert flag.read() == (False, True)
+
+
 def test_coordination_records_are_written_without_spaces() -> None:
     """Every Scan of the lease table reads the worker and leader records: no byte for nothing
     (a small fleet's table at the start sat just over the 4 KB that halves a Scan's units)."""
