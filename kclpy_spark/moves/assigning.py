@@ -84,6 +84,8 @@ class LedTaker(Protocol):
     @property
     def cpu(self) -> FleetCpu: ...
     @property
+    def foreign(self) -> frozenset[str]: ...
+    @property
     def suspects(self) -> Suspects: ...
     @property
     def io(self) -> Callable[..., Awaitable[Any]]: ...
@@ -190,6 +192,7 @@ class Led:
             keep=self._assigned,
             max_load_moves=w.cfg.max_leases_to_steal,
             cpu=t.cpu,
+            foreign=t.foreign,
         )
         if not plan.assign and not plan.moves:
             return

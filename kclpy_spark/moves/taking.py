@@ -377,6 +377,11 @@ class Taker:
         timing = self._w.timing
         return self._w.clock.wall() - written > timing.lease_duration + timing.max_clock_skew
 
+    @property
+    def foreign(self) -> frozenset[str]:
+        """The running workers of another KCL (metrics entities, no status record of ours)."""
+        return frozenset(self.running.keys() - self._status_written.keys())
+
     def _trusted(self) -> frozenset[str]:
         """The running workers (status records, KCL metrics entities) not suspected."""
         return frozenset(o for o in self.running if o not in self.suspects)

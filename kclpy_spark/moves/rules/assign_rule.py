@@ -106,10 +106,14 @@ def plan_assignments(
     keep: Collection[str] = (),
     max_load_moves: int = 1,
     cpu: FleetCpu | None = None,
+    foreign: Collection[str] = (),
 ) -> AssignPlan:
     """This round's assignments and moves over ``scan``, for the ``running`` workers; leases
     in ``keep`` (assigned a moment ago, not yet taken by their target) are not moved; ``cpu``:
-    the workers' CPU figures (the load rule's)."""
+    the workers' CPU figures (the load rule's). ``foreign``: workers of another KCL (Java KCL
+    3.x, seen by their metrics entities): no lease moves from one of them to another, which
+    their own leader balances by its own measure (two balancers over the same leases would
+    move them back and forth)."""
     if max_moves < 0:
         raise ValueError(f"max_moves must be >= 0, got {max_moves}")
     targets = targets_of(scan, running)
@@ -124,8 +128,12 @@ def plan_assignments(
         return AssignPlan(reason="nothing free; moves off", counts=base.counts)
     if has_load(scan):
         moves = min(max_moves, max_load_moves)
-        return _load_moves(scan, counts, base, rng, moves, max_leases_for_worker, set(keep), cpu)
-    return _count_moves(scan, counts, base, rng, max_moves, max_leases_for_worker, set(keep))
+        return _load_moves(
+            scan, counts, base, rng, moves, max_leases_for_worker, set(keep), cpu, set(foreign)
+        )
+    return _count_moves(
+        scan, counts, base, rng, max_moves, max_leases_for_worker, set(keep), set(foreign)
+    )
 
 
 def _free(scan: ObservedScan, rng: random.Random) -> list[Lease]:
@@ -172,9 +180,11 @@ def _count_moves(
     max_moves: int,
     cap: int,
     keep: set[str],
+    foreign: set[str],
 ) -> AssignPlan:
-    """One lease at a time from the most loaded to the least loaded target, each target taking
-    at most one a round (a giver may give several), while they differ by more than one."""
+    """One lease at a time from the most loaded to the least loaded target (not two foreign
+    ones), each target taking at most one a round (a giver may give several), while they differ
+    by more than one."""
     moves: list[Assignment] = []
     takers = dict(counts)
     exhausted: set[str] = set()  # givers with nothing movable left
@@ -184,8 +194,14 @@ def _count_moves(
             break
         most = max(givers.values())
         giver = rng.choice(sorted(t for t, n in givers.items() if n == most))
-        to = _least({t: counts[t] for t in takers if t != giver}, rng, cap)
+        both_foreign = foreign if giver in foreign else set()
+        to = _least(
+            {t: counts[t] for t in takers if t != giver and t not in both_foreign}, rng, cap
+        )
         if to is None or counts[giver] - counts[to] <= 1:
+            if giver in foreign:  # another giver may still give to one of ours
+                exhausted.add(giver)
+                continue
             break
         moved = {a.lease.lease_key for a in moves}
         candidates = sorted(
@@ -213,6 +229,7 @@ def _load_moves(
     cap: int,
     keep: set[str],
     cpu: FleetCpu | None,
+    foreign: set[str],
 ) -> AssignPlan:
     """The least loaded target (by count, then at random) asks the load rule what it would take
     (at most ``max_moves`` leases, all to it; none in ``keep``)."""
@@ -224,6 +241,8 @@ def _load_moves(
         decided = plan_load_steal(
             scan, thief, rng=rng, max_leases_to_steal=room, exclude=keep, cpu=cpu
         )
+        if thief in foreign and decided.victim in foreign:
+            continue  # their own leader balances them
         if decided.steal and decided.victim in counts:
             moves = tuple(Assignment(lease, thief) for lease in decided.steal)
             return AssignPlan((), moves, f"{thief}: {decided.reason}", base.counts)

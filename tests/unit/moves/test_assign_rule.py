@@ -151,6 +151,35 @@ def test_load_moves_take_the_hot_shards_neighbour_not_the_hot_shard() -> None:
     assert [m.lease.lease_key for m in kept.moves] == ["cold-2"]
 
 
+def test_no_lease_moves_between_two_workers_of_another_kcl() -> None:
+    """Java KCL 3.x workers (metrics entities) were targets like ours: the leader moved leases
+    from one to another while their own leader balanced them by CPU: two balancers over the
+    same leases move them back and forth. Ours still give to them and take from them."""
+    java = {"java-1", "java-2"}
+    scan = scan_of({"java-1": 6, "java-2": 2, "ours": 4})
+    plan = plan_assignments(scan, {*java, "ours"}, rng=random.Random(1), max_moves=3,
+                            foreign=java)  # fmt: skip
+    assert plan.moves and all(not (m.lease.lease_owner in java and m.to in java)
+                              for m in plan.moves)  # fmt: skip
+    assert [(m.lease.lease_owner, m.to) for m in plan.moves] == [
+        ("java-1", "ours"), ("ours", "java-2")
+    ]  # fmt: skip
+    java_apart = scan_of({"java-1": 6, "java-2": 2, "ours": 5})  # only java-1 -> java-2 evens
+    moves = plan_assignments(java_apart, {*java, "ours"}, rng=random.Random(1), max_moves=3,
+                             foreign=java).moves  # fmt: skip
+    assert all("ours" in (m.lease.lease_owner, m.to) for m in moves)
+    observer, clock = LeaseObserver(TIMING), ManualClock()  # and by load
+    hot = [Lease(f"j1-{i}", TRIM_HORIZON, "java-1", 1, throughput_kbps=50.0) for i in range(4)]
+    cool = [Lease("j2-0", TRIM_HORIZON, "java-2", 1, throughput_kbps=1.0)]
+    mine = [Lease(f"o-{i}", TRIM_HORIZON, "ours", 1, throughput_kbps=40.0) for i in range(3)]
+    observer.observe(hot + cool + mine, clock.monotonic())
+    clock.advance(1.0)
+    by_load = observer.observe([x.bumped() for x in hot + cool + mine], clock.monotonic())
+    load_plan = plan_assignments(by_load, {*java, "ours"}, rng=random.Random(3), max_moves=3,
+                                 max_load_moves=3, foreign=java)  # fmt: skip
+    assert all(not (m.lease.lease_owner in java and m.to in java) for m in load_plan.moves)
+
+
 def test_load_moves_never_take_a_worker_past_its_max_leases_for_worker() -> None:
     """A target below the cap was given as many as max_leases_to_steal, past the cap (the
     worker-mode rule stopped at it)."""
