@@ -67,7 +67,8 @@ class LeaseTable(Protocol):
         ...
 
     def list_leases(self) -> list[Lease]:
-        """Every lease (consistent read). Raises CorruptLeaseError naming a bad item."""
+        """Every lease (eventually consistent on DynamoDB: a write of the last moment may be
+        missing; decide with conditional writes). Raises CorruptLeaseError naming a bad item."""
         ...
 
     def get_lease(self, lease_key: str) -> Lease | None:

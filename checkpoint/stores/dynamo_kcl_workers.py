@@ -145,8 +145,16 @@ class KclCoordinatorTable(_KclSideTable):
 
     SUFFIX = COORDINATOR_TABLE_SUFFIX
 
+    # What a failed read answers when none succeeded before: not a version whose workers follow
+    # hand-offs (None would say "a fleet started on 3.x", and a fleet still in 2.x mode would be
+    # handed leases it never looks for).
+    UNREAD = "unread"
+
+    _last: str | None = UNREAD
+
     def client_version(self) -> str | None:
-        """The fleet's client version (``cv``), or None (no table, no item, a failed read)."""
+        """The fleet's client version (``cv``), or None (no table, no item); after a failed
+        read, the last one read (``UNREAD`` when none was)."""
         if not self._looked_for():
             return None
         key = {COORDINATOR_KEY: {"S": MIGRATION_KEY}}
@@ -160,7 +168,8 @@ class KclCoordinatorTable(_KclSideTable):
             return None
         except KclpySparkError as exc:
             log.warning("the KCL 3.x fleet's client version unread this round: %s", exc)
-            return None
+            return self._last
         item = response.get("Item") or {}
         version = item.get(MIGRATION_VERSION, {}).get("S")
-        return str(version) if version is not None else None
+        self._last = str(version) if version is not None else None
+        return self._last

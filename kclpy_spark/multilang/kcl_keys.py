@@ -106,7 +106,7 @@ _NO_EFFECT = "not needed here"
 # Known keys we ignore, with why. WARNING: ignoring it changes what the application gets.
 IGNORED_INFO: dict[str, str] = {
     "maxActiveThreads": "processors run on one asyncio loop; no thread pool to size",
-    "maxLeaseRenewalThreads": "renewals are one pass on the worker's own schedule",
+    "maxLeaseRenewalThreads": "renewals run on a pool of their own (at most 20 threads)",
     "validateSequenceNumberBeforeCheckpointing": (
         "checkpoints are always validated against [last checkpoint, last record delivered]"
     ),
@@ -128,7 +128,9 @@ IGNORED_INFO: dict[str, str] = {
     "metricsEnabledDimensions": "no CloudWatch metrics are published",
 }
 KCL3_NOTE = (
-    "KCL 3.x lease assignment is not implemented: leases are balanced by the KCL 2.x algorithm"
+    "KCL 3.x's lease assignment settings are not read: lease_assignment (auto by default) "
+    "assigns and balances by kclpy-spark's own rules (lease counts, throughput, CPU), and no "
+    "worker metrics table is written"
 )
 _FANOUT = "fan-out is configured by retrievalMode and consumerName only"
 IGNORED_WARNING: dict[str, str] = {

@@ -52,3 +52,47 @@ def test_a_kcl3_worker_is_live_while_its_entity_is_at_most_60_seconds_old() -> N
         "fresh": now - 1.0, "edge": now - KCL_METRICS_MAX_AGE, "ahead": now + 3.0
     }  # fmt: skip
     assert KCL_METRICS_MAX_AGE == 60.0
+
+
+class _MigrationItemClient:
+    """GetItem of a KCL 3.0-3.4 fleet's Migration3.0 item, or a throttle."""
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+        self.throttle = False
+
+    def describe_table(self, **_: Any) -> dict[str, Any]:
+        return {"Table": {"TableStatus": "ACTIVE"}}
+
+    def get_item(self, **_: Any) -> dict[str, Any]:
+        from botocore.exceptions import ClientError
+
+        if self.throttle:
+            error = {"Error": {"Code": "ProvisionedThroughputExceededException", "Message": "x"}}
+            raise ClientError(error, "GetItem")  # type: ignore[arg-type]
+        return {"Item": {"key": {"S": "Migration3.0"}, "cv": {"S": self.version}}}
+
+
+@pytest.mark.parametrize("read_first", [True, False])
+def test_a_failed_read_of_the_fleets_client_version_is_not_a_fleet_that_follows_handoffs(
+    read_first: bool,
+) -> None:
+    """A failed GetItem answered None, read as "a fleet started on 3.x": a fleet still in 2.x
+    mode counted as hand-off targets that round, and each lease given to one idled until it
+    expired. Now: the last version read, or one that follows no hand-offs."""
+    from checkpoint.base.retry import RetryPolicy
+    from checkpoint.coordination import kcl_workers_follow_handoffs
+    from checkpoint.stores.dynamo_kcl_workers import KclCoordinatorTable
+
+    client = _MigrationItemClient("CLIENT_VERSION_UPGRADE_FROM_2X")
+    retry = RetryPolicy(max_attempts=2, base_delay=0.0, max_delay=0.0)
+    table = KclCoordinatorTable(client, "app", retry, lambda _: None)  # type: ignore[arg-type]
+    table.probe()
+    if read_first:
+        assert table.client_version() == "CLIENT_VERSION_UPGRADE_FROM_2X"
+    client.throttle = True
+    assert not kcl_workers_follow_handoffs(table.client_version())
+    client.version, client.throttle = "CLIENT_VERSION_3X", False
+    assert kcl_workers_follow_handoffs(table.client_version())
+    client.throttle = True
+    assert kcl_workers_follow_handoffs(table.client_version())  # the last one read
