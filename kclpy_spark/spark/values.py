@@ -56,10 +56,25 @@ def with_values(
     # UTF-8 at all) are not lost: their bytes go to ``unparsed_data``.
     out = parse_values(df, value_schema, fields, keep)
     if check_clash:  # over Connect, .columns is a round trip
-        clash = sorted({c for c in out.columns if out.columns.count(c) > 1})
+        clash = _clashing(out.columns, _case_sensitive(df))
         if clash:
             raise ConfigError(f"value_schema fields clash with the record columns: {clash}")
     return out
+
+
+def _clashing(columns: Sequence[str], case_sensitive: bool) -> list[str]:
+    """Names given to more than one column, as Spark resolves them (by default whatever their
+    case: a field ``Stream`` passed a check by exact names, then every write failed with
+    COLUMN_ALREADY_EXISTS)."""
+    names = list(columns) if case_sensitive else [c.lower() for c in columns]
+    return sorted({c for c in names if names.count(c) > 1})
+
+
+def _case_sensitive(df: Any) -> bool:
+    try:
+        return str(df.sparkSession.conf.get("spark.sql.caseSensitive", "false")).lower() == "true"
+    except Exception:  # a session that cannot say: Spark's default
+        return False
 
 
 def schema_error(name: str, value_schema: str, exc: BaseException) -> ConfigError:

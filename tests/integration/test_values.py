@@ -31,6 +31,24 @@ def test_field_names_with_backticks_dots_and_spaces_are_parsed_and_checked(spark
     assert got == [(3, "x", None), (4, None, bytearray(b'{"we`ird.f": 4}'))]  # a key missing
 
 
+def test_a_field_named_as_a_record_column_in_another_case_is_refused(spark: Any) -> None:
+    """Spark resolves names whatever their case: a field ``Stream`` passed the exact-name check,
+    then every write failed with COLUMN_ALREADY_EXISTS (each lease parked)."""
+    import pytest
+
+    from checkpoint.base.errors import ConfigError
+
+    df = records(spark, [b'{"Stream": "a", "id": 1}'])
+    with pytest.raises(ConfigError, match="clash with the record columns: \\['stream'\\]"):
+        with_values(df, "Stream STRING, id BIGINT")
+    spark.conf.set("spark.sql.caseSensitive", "true")
+    try:
+        out = with_values(df, "Stream STRING, id BIGINT")
+        assert [r["Stream"] for r in out.collect()] == ["a"]
+    finally:
+        spark.conf.set("spark.sql.caseSensitive", "false")
+
+
 def test_a_batchs_calls_to_the_jvm_grow_by_one_a_field_at_most(spark: Any) -> None:
     df = records(spark, [b'{"a": 1}'])
     columns = df.columns
