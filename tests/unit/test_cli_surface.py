@@ -137,4 +137,6 @@ def test_a_service_failing_through_start_up_is_not_called_bad_input(
         raise getattr(errors, error)("the lease table: a failure")
 
     monkeypatch.setattr(cli, "_run", fail)
+    # In this process: the daemon's log set-up would replace the root handlers pytest captures by.
+    monkeypatch.setattr("kclpy_spark.logs.configure", lambda *args: None)
     assert cli.main(["run", "--stream-name", "s"]) == status
