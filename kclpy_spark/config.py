@@ -36,6 +36,10 @@ class WorkerConfig:
 
     # The application: names the lease table (DynamoDB) and, by default, the fan-out consumer.
     application_name: str = "kclpy-spark-app"
+    # The Java KCL application beside this one in a mixed fleet, whose KCL 3.0-3.4 tables
+    # <name>-WorkerMetricStats and <name>-CoordinatorState show its workers; None: the
+    # application_name (MultiLang sets it to applicationName when tableName names the table).
+    kcl_application_name: str | None = None
     # The stream to read (or stream_arn, or [[streams]]).
     stream_name: str | None = None
     # The stream to read by ARN (its region is the clients' when region is not set).

@@ -80,10 +80,13 @@ class DynamoDBLeaseTable(DynamoCalls):
         coordination_table: str | None = None,
         create_records: bool | None = None,
         records_optional: bool = False,
+        kcl_application: str | None = None,
     ) -> None:
         """``create_records``: create the coordination table when missing (None: as
         ``create_if_missing``); ``records_optional``: if it is missing and not created, read no
-        records instead of failing (``status`` on a KCL application's table)."""
+        records instead of failing (``status`` on a KCL application's table);
+        ``kcl_application``: the Java KCL application whose 3.0-3.4 tables name its workers
+        (None: ``table_name``, as the KCL names the lease table after its application)."""
         super().__init__(client, table_name, retry, sleep)
         self._create = create_if_missing
         self._create_records = create_if_missing if create_records is None else create_records
@@ -95,9 +98,10 @@ class DynamoDBLeaseTable(DynamoCalls):
             ttl_attribute=ttl_attribute,
         )  # fmt: skip
         self.records.capacity = self.capacity  # one meter for the application's requests
-        self.kcl_metrics = KclMetricsTable(client, table_name, retry, sleep)
+        kcl_application = kcl_application or table_name
+        self.kcl_metrics = KclMetricsTable(client, kcl_application, retry, sleep)
         self.kcl_metrics.capacity = self.capacity
-        self.kcl_coordinator = KclCoordinatorTable(client, table_name, retry, sleep)
+        self.kcl_coordinator = KclCoordinatorTable(client, kcl_application, retry, sleep)
         self.kcl_coordinator.capacity = self.capacity
 
     # -- table ----------------------------------------------------------------------------------

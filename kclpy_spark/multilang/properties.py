@@ -359,8 +359,12 @@ def config_from_properties(
     _direct_fields(props, values, keys)
     table = props.get("tableName")
     if table:
-        # Our application name only names the lease table (the KCL also uses it for metrics).
+        # Our application name only names the lease table; the KCL also names its metrics and
+        # its 3.x workers' tables (<applicationName>-WorkerMetricStats...) by the application.
         values["application_name"], keys["application_name"] = table, "tableName"
+        if table != props["applicationName"]:
+            values["kcl_application_name"] = props["applicationName"]
+            keys["kcl_application_name"] = "applicationName"
     _stream(props, values, keys)
     _endpoint(props, values, keys)
     position = _initial_position(props)

@@ -68,6 +68,7 @@ def open_lease_store(
             lease_table_client(cfg, budget.attempt),
             cfg.application_name,
             create_if_missing=cfg.create_lease_table,
+            kcl_application=cfg.kcl_application_name,
             retry=budget.retry_policy(),
             create_records=create_records,
             records_optional=records_optional,

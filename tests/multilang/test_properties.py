@@ -97,6 +97,25 @@ def test_a_file_that_is_not_utf8_is_read_as_latin1(tmp_path: Path) -> None:
     assert loaded.multilang.executable_name == "python3 caf\u00e9.py"
 
 
+def test_the_kcl_workers_tables_follow_the_application_not_the_table_name() -> None:
+    """A Java KCL 3.0-3.4 fleet names its worker metrics and coordinator tables after its
+    applicationName: with a tableName of its own, the store looked for <tableName>-... and never
+    saw the KCL workers (no hand-offs to them, their client version unread)."""
+    from checkpoint.stores.dynamodb import DynamoDBLeaseTable
+
+    cfg, _ = build(applicationName="orders-app", tableName="orders-leases")
+    assert (cfg.application_name, cfg.kcl_application_name) == ("orders-leases", "orders-app")
+    store = DynamoDBLeaseTable(object(), cfg.application_name,  # type: ignore[arg-type]
+                               kcl_application=cfg.kcl_application_name)  # fmt: skip
+    assert store.table_name == "orders-leases"
+    assert store.kcl_metrics.table_name == "orders-app-WorkerMetricStats"
+    assert store.kcl_coordinator.table_name == "orders-app-CoordinatorState"
+    same, _ = build(applicationName="orders-app", tableName="orders-app")
+    assert same.kcl_application_name is None
+    plain = DynamoDBLeaseTable(object(), "orders-app")  # type: ignore[arg-type]
+    assert plain.kcl_metrics.table_name == "orders-app-WorkerMetricStats"
+
+
 def test_a_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_properties(tmp_path / "nope.properties")
