@@ -163,7 +163,9 @@ class Lease:
     closed_until: float | None = None
     closed_count: int = 0
     # kclpy-spark's: where a lease checkpointed at AT_TIMESTAMP starts reading (epoch seconds), as
-    # a reset or the lease's creation chose it; None: the configured initial position's time.
+    # a reset or the lease's creation chose it; None: the configured initial position's time. On
+    # a lease checkpointed at LATEST: where its first read began (the pin; our readers start
+    # there, a Java KCL worker at its own LATEST).
     start_timestamp: float | None = None
     # The KCL 3.x's throughputKBps: the lease's read throughput (a moving average), written by its
     # owner at each renewal; None until first measured. Load-aware balancing weighs leases by it.
@@ -249,7 +251,8 @@ class Lease:
     ) -> Lease:
         """This lease with ``checkpoint`` recorded (what ``update_checkpoint`` stores): pending
         checkpoint := ``pending`` (its state kept only while one is pending), owner switches reset,
-        the start timestamp kept only while the checkpoint is still AT_TIMESTAMP."""
+        the start timestamp kept only while the checkpoint is still AT_TIMESTAMP or LATEST (a
+        LATEST lease's pinned first read)."""
         return replace(
             self,
             checkpoint=checkpoint,
@@ -257,7 +260,7 @@ class Lease:
             pending_checkpoint_state=None if pending is None else self.pending_checkpoint_state,
             owner_switches_since_checkpoint=0,
             start_timestamp=self.start_timestamp
-            if checkpoint.sentinel is Sentinel.AT_TIMESTAMP
+            if checkpoint.sentinel in (Sentinel.AT_TIMESTAMP, Sentinel.LATEST)
             else None,
         )
 

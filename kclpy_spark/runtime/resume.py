@@ -4,9 +4,10 @@ A read resumes after the last record delivered; before the first delivery, at th
 checkpoint: a sequence number, TRIM_HORIZON, AT_TIMESTAMP (the lease's own start time when it has
 one, else the configured one) or LATEST. LATEST is the one position that moves: a second read at
 LATEST skips what was written between the two. So the first LATEST read's start is pinned
-(``begin`` returns the time to store in the lease as AT_TIMESTAMP, ``LATEST_RESTART_MARGIN``
-earlier for the host's clock against the service's) and every later read starts there: duplicates
-of records just before the start are possible, a gap is not.
+(``begin`` returns the time to store in the lease beside its LATEST checkpoint,
+``LATEST_RESTART_MARGIN`` earlier for the host's clock against the service's) and every later
+read starts there, AT_TIMESTAMP: duplicates of records just before the start are possible, a gap
+is not.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class ReadStart:
         self._shard_id = shard_id
         self.checkpoint = checkpoint  # where the next read resumes (after it, for a record)
         self.position = start_position(lease_start, configured)
+        if checkpoint == LATEST and lease_start is not None:  # pinned by an earlier first read
+            self.checkpoint = AT_TIMESTAMP
         self._latest_since: float | None = None  # wall time the first LATEST read began
 
     def begin(self, wall_now: float) -> float | None:

@@ -28,7 +28,7 @@ from checkpoint.lease import Lease
 from checkpoint.leasing.held_lease import HeldLease, UpdateResult
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.port import LeaseTable
-from checkpoint.sequence import AT_TIMESTAMP, ExtendedSequenceNumber
+from checkpoint.sequence import LATEST, ExtendedSequenceNumber
 from kclpy_spark.runtime.lease_calls import lease_call
 
 log = logging.getLogger(__name__)
@@ -219,13 +219,16 @@ class Tenure:
         self.checkpointer = self._checkpointer(result.lease.checkpoint)
 
     async def pin_start(self, since: float) -> None:
-        """A lease checkpointed at LATEST starts reading now: store AT_TIMESTAMP ``since`` as
-        its checkpoint, so whoever reads it next (this tenure after a failed read, a later one
-        after a park, a crash or a hand-over) starts there instead of at a new LATEST, which
-        would skip what was written in between. Raises LeaseLost if the write did not win."""
+        """A lease checkpointed at LATEST starts reading now: store ``since`` beside its LATEST
+        checkpoint, so whoever of ours reads it next (this tenure after a failed read, a later
+        one after a park, a crash or a hand-over) starts there (AT_TIMESTAMP) instead of at a
+        new LATEST, which would skip what was written in between. The checkpoint stays LATEST:
+        a Java KCL worker reads the AT_TIMESTAMP sentinel with its own configured time, none
+        under LATEST (it failed on the lease for good). A checkpoint() before any delivery
+        writes LATEST again and keeps the time. Raises LeaseLost if the write did not win."""
 
         def write(lease: Lease) -> Lease | None:
-            pinned = replace(lease.checkpointed(AT_TIMESTAMP), start_timestamp=since)
+            pinned = replace(lease.checkpointed(LATEST), start_timestamp=since)
             return self.table.update_lease(pinned)
 
         held = self.current()
@@ -233,8 +236,6 @@ class Tenure:
         if not result.won or result.lease is None:
             raise LeaseLost()
         self.held = HeldLease(result.lease, held.token, held.last_counter_change)
-        # Until a record is delivered, checkpoint() records the pinned start, not LATEST again.
-        self.checkpointer.set_largest_permitted(AT_TIMESTAMP)
 
     async def update(self, write: Callable[[Lease], Lease | None]) -> Lease:
         """One conditional write of the held lease; raises LeaseLost if it did not win."""

@@ -643,7 +643,9 @@ def test_where_a_latest_read_began_is_stored_for_the_next_tenure() -> None:
     started = env.clock.wall()
     assert env.run(env.consumer(FakeSources([batch(10)]))) is Outcome.PARKED
     lease = env.stored()
-    assert lease.checkpoint == AT_TIMESTAMP
+    # Beside LATEST, not as the AT_TIMESTAMP sentinel: a Java KCL worker under LATEST reads that
+    # sentinel with its own configured time, which it does not have (it failed for good).
+    assert lease.checkpoint == LATEST
     assert lease.start_timestamp == started - LATEST_RESTART_MARGIN
     env.clock.advance(120.0)  # the park is over: the next tenure starts where the first began
     env.processor = Recorder()
@@ -653,6 +655,22 @@ def test_where_a_latest_read_began_is_stored_for_the_next_tenure() -> None:
         (AT_TIMESTAMP, InitialPosition.at_timestamp(started - LATEST_RESTART_MARGIN))
     ]
     assert env.processor.seen == ["10"]
+
+
+def test_an_idle_latest_lease_stays_one_a_java_kcl_worker_can_start() -> None:
+    """A LATEST lease read once and left idle was stored at the AT_TIMESTAMP sentinel: a Java
+    KCL worker configured LATEST (a rollback, a mixed fleet) builds that iterator from its own
+    configured time, none under LATEST, and failed on the shard for good."""
+    from checkpoint.stores.dynamo_codec import START_TIMESTAMP, progress_changes
+    from kclpy_spark.retrieval.source import FetchedBatch
+
+    env = Env()
+    env.lease(checkpoint=LATEST)
+    consumer = env.consumer(FakeSources([FetchedBatch([], 0)]))  # at the tip, nothing new
+    outcome = env.run(consumer, until=lambda: consumer.stats.millis_behind_latest == 0)
+    assert outcome is Outcome.SHUTDOWN
+    sets, _ = progress_changes(env.stored())
+    assert sets["checkpoint"] == {"S": "LATEST"} and START_TIMESTAMP in sets
 
 
 def test_a_checkpoint_before_any_delivery_keeps_the_stored_latest_start() -> None:
@@ -665,10 +683,11 @@ def test_a_checkpoint_before_any_delivery_keeps_the_stored_latest_start() -> Non
     env.lease(checkpoint=LATEST)
     sources = FakeSources([])
     consumer = env.consumer(sources)
-    outcome = env.run(consumer, until=lambda: env.stored().checkpoint == AT_TIMESTAMP)
+    outcome = env.run(consumer, until=lambda: env.stored().start_timestamp is not None)
     assert outcome is Outcome.SHUTDOWN
     assert env.processor.calls[-2:] == ["shutdown_requested", "lease_lost"]
-    assert env.stored().checkpoint == AT_TIMESTAMP  # not LATEST again
+    stored = env.stored()
+    assert stored.checkpoint == LATEST and stored.start_timestamp is not None  # the pin stays
 
 
 def test_a_processor_call_is_timed_while_it_runs() -> None:
