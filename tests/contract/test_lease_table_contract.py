@@ -367,7 +367,9 @@ def test_update_checkpoint_is_conditional_on_the_stored_checkpoint(table: Any) -
     assert stored(table) == before
 
 
-def test_start_timestamp_lives_only_while_the_checkpoint_is_at_timestamp(table: Any) -> None:
+def test_start_timestamp_lives_only_while_the_checkpoint_is_at_timestamp_or_latest(
+    table: Any,
+) -> None:
     table.create_lease_if_absent(
         lease(lease_owner="a", checkpoint=AT_TIMESTAMP, start_timestamp=1_700_000_000.25)
     )
@@ -380,6 +382,12 @@ def test_start_timestamp_lives_only_while_the_checkpoint_is_at_timestamp(table: 
     assert stored(table) == moved
     reset = table.update_lease(replace(moved, checkpoint=AT_TIMESTAMP, start_timestamp=7.5))
     assert reset is not None and stored(table).start_timestamp == 7.5
+    # A LATEST lease's pinned first read: kept by a checkpoint at LATEST (one before delivery).
+    pinned = table.update_lease(replace(stored(table), checkpoint=LATEST, start_timestamp=9.5))
+    assert pinned is not None and stored(table).start_timestamp == 9.5
+    again = table.update_checkpoint(pinned, LATEST)
+    assert again is not None and stored(table).start_timestamp == 9.5
+    assert stored(table).checkpoint == LATEST
 
 
 # -- update_lease ---------------------------------------------------------------------------------
