@@ -254,10 +254,13 @@ class Checkpointer:
             target = largest
         else:
             target = _parse_position(sequence_number, sub_sequence_number)
-        if not target <= largest:
+        # At a closed shard's end the largest position is SHARD_END; its last record delivered
+        # (the checkpoint, when this tenure delivered none) still bounds a sequence number.
+        bound = at_end if at_end is not None and not target.is_sentinel else largest
+        if not target <= bound:
             raise _illegal(
                 f"could not checkpoint at {target}: it is beyond the largest position delivered "
-                f"{largest}"
+                f"{bound}"
             )
         with self._lock:
             known = sequence_number is None or self._delivered.names_a_record(target)

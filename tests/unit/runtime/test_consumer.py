@@ -19,6 +19,7 @@ from checkpoint.base.errors import (
     ResourceNotFoundError,
     ThrottledError,
 )
+from checkpoint.checkpointer import CheckpointError
 from checkpoint.counters import CoordinationCounters
 from checkpoint.lease import HashKeyRange, Lease, LeaseState
 from checkpoint.leasing.holder import LeaseHolder
@@ -881,3 +882,58 @@ def test_a_reads_silence_counts_from_when_reading_began_not_from_the_consumers_s
     env.clock.advance(600.0)  # built long ago: the parents took ten minutes to end
     env.run(consumer, until=lambda: bool(silence))
     assert silence == [0.0]
+
+
+BOGUS = "99999999999999999999999999999999999999999999"  # no record of this lease
+
+
+class Foreign(Recorder):
+    """Checkpoints a sequence number it never got (one of another shard, say)."""
+
+    errors: list[str]
+
+    def shard_ended(self, shard_ended_input: ShardEndedInput) -> None:
+        self.calls.append("shard_ended")
+        try:
+            shard_ended_input.checkpointer.checkpoint(BOGUS)
+        except CheckpointError as exc:
+            self.errors.append(exc.value)
+        shard_ended_input.checkpointer.checkpoint()  # then the right one
+
+
+def test_a_sequence_number_never_delivered_is_refused_at_shard_end() -> None:
+    """A tenure that delivered nothing at a closed shard's end: SHARD_END was the upper bound,
+    so any sequence number passed and was stored; every later tenure then started at it
+    (Kinesis refuses it) and the children never started."""
+    env = Env(processor=Foreign())
+    env.processor.errors = []
+    env.lease(checkpoint=ExtendedSequenceNumber("100"))  # resumed right at the shard's end
+    outcome = env.run(env.consumer(FakeSources([ended([])])))
+    assert outcome is Outcome.SHARD_END
+    assert env.processor.errors == ["IllegalArgumentException"]
+
+
+class OnlyForeign(Recorder):
+    def shard_ended(self, shard_ended_input: ShardEndedInput) -> None:
+        self.calls.append("shard_ended")
+        shard_ended_input.checkpointer.checkpoint(BOGUS)
+
+
+def test_the_foreign_checkpoint_is_stored_and_the_lease_parks_with_it() -> None:
+    """The consequence: a sequence number of no record of this shard is the lease's checkpoint;
+    every later tenure starts AT_SEQUENCE_NUMBER there (Kinesis refuses it) and the children
+    never start."""
+    env = Env(processor=OnlyForeign())
+    env.lease(checkpoint=ExtendedSequenceNumber("100"))
+    outcome = env.run(env.consumer(FakeSources([ended([])])))
+    assert outcome is Outcome.PARKED
+    assert env.stored().checkpoint == ExtendedSequenceNumber("100")
+
+
+def test_after_a_delivery_a_sequence_number_never_delivered_is_refused_at_shard_end() -> None:
+    env = Env(processor=Foreign())
+    env.processor.errors = []
+    env.lease(checkpoint=ExtendedSequenceNumber("100"))
+    outcome = env.run(env.consumer(FakeSources([batch(110), ended([])])))
+    assert outcome is Outcome.SHARD_END
+    assert env.processor.errors == ["IllegalArgumentException"]
