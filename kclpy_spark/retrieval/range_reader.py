@@ -94,6 +94,7 @@ class RangeReader:
         self._page_size = 0  # its records' bytes, for the read rate
         self._page_records = 0  # and how many records it held
         self._replacement: str | None = None  # an iterator that replaced an expired one
+        self._gave_way = False  # the last GetRecords was throttled: the range ends there
         self._deadline = math.inf  # the range's time budget ends (monotonic), set by read()
 
     async def _iterator(self, resume: ESN | None) -> str | None:
@@ -166,7 +167,10 @@ class RangeReader:
             await self._pace(now)
             limit = PAGE_LIMIT if pin is not None else min(PAGE_LIMIT, rng.max_records - found.rows)
             answer = await self._page(iterator, limit, found)
-            if answer is None:  # failed, backed off; or the iterator was replaced
+            if answer is None:  # failed, backed off; throttled; or the iterator was replaced
+                if self._gave_way:  # the next round reads on with the same iterator
+                    found.next_iterator = iterator
+                    break
                 iterator = self._replacement or iterator
                 continue
             found.pages += 1
@@ -181,20 +185,22 @@ class RangeReader:
             if pin is not None:
                 if over or found.last == pin.last:
                     break
-            elif (
-                found.rows >= rng.max_records
-                or found.nbytes >= rng.max_bytes
-                or 0 < rng.max_pages <= found.pages
-                or (
-                    found.lag == 0
-                    and self._page_records < limit  # at the tip (a full page: maybe not)
-                )
-            ):
+            elif self._enough(found, limit):
                 found.next_iterator = iterator
                 break
         end = found.end(rng, self.calls, self.throttled, self._next_call_at())
         check_pinned(rng, end)
         return end
+
+    def _enough(self, found: _Found, limit: int) -> bool:
+        """An unpinned range is done: its budget is read, or its last page was at the tip."""
+        rng = self._rng
+        return (
+            found.rows >= rng.max_records
+            or found.nbytes >= rng.max_bytes
+            or 0 < rng.max_pages <= found.pages
+            or (found.lag == 0 and self._page_records < limit)  # a full page: maybe not the tip
+        )
 
     async def _pace(self, now: float) -> None:
         """At most five calls a second, and a page's bytes at ``read_rate`` (polling.py)."""
@@ -224,6 +230,7 @@ class RangeReader:
         """One GetRecords answer with its shard end settled (``found.children``); None after a
         failure (backed off) or an expired iterator (``_replacement`` holds the new one)."""
         self._replacement = None
+        self._gave_way = False
         self._called = self._clock()
         try:
             self.calls += 1
@@ -239,6 +246,12 @@ class RangeReader:
         except Exception as exc:
             if error_code(exc) == "ExpiredIteratorException":
                 self._replacement = await self._iterator(found.seen or _start_of(self._rng))
+            elif is_throttling(exc) and self._rng.pinned is None:
+                # Another reader takes the shard's allowance: the range ends here with what it
+                # has (its planner backs the lease off). Retried until the range's time ran
+                # out, it held its read job, and every lease read in it, that long each round.
+                self.throttled += 1
+                self._gave_way = True
             else:
                 await self._failed(exc, "GetRecords")
             return None
@@ -350,6 +363,7 @@ class _Found:
             next_iterator=self.next_iterator,
             calls=calls,
             throttled=throttled,
+            unanswered=not self.pages and not self.rows and not ended,
             bounded=self.bounded,
             next_call_at=next_call_at,
         )

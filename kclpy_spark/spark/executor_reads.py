@@ -45,7 +45,20 @@ from kclpy_spark.spark.watchdog import Watchdog
 log = logging.getLogger(__name__)
 
 ESN = ExtendedSequenceNumber
-Post = Callable[[FetchedBatch | BaseException], None]
+
+
+@dataclass(frozen=True)
+class NoAnswer:
+    """A read of the lease that got no GetRecords answer within its time: every call failed or
+    was refused for the shard's limits (``throttled`` of them)."""
+
+    throttled: int = 0
+
+    def plus(self, other: NoAnswer) -> NoAnswer:
+        return NoAnswer(self.throttled + other.throttled)
+
+
+Post = Callable[[FetchedBatch | BaseException | NoAnswer], None]
 
 
 class RangeReadError(KclpySparkError):
@@ -429,8 +442,8 @@ class ExecutorReads:
         # unknown, so nothing takes it for caught up (``--until-caught-up``); a positive lag is
         # the shard's and shows.
         lag = None if end.left_behind and not end.millis_behind_latest else end.millis_behind_latest
-        if end.rows == 0 and end.calls == 0 and end.throttled:
-            return self._throttled(entry, now)
+        if end.unanswered and rng.pinned is None:
+            return self._unanswered(entry, end, now)
         with self._lock:
             entry.failures = 0
             entry.lag = lag
@@ -446,12 +459,16 @@ class ExecutorReads:
         counted = ReadElsewhere(end.rows, end.nbytes, last, end.throttled)
         entry.post(FetchedBatch([], lag, end.shard_ended, children, elsewhere=counted))
 
-    def _throttled(self, entry: _Entry, now: float) -> None:
-        """The range got no iterator within its budget, every ask throttled (other consumers of
-        the shard): backed off as a failure is, growing, but not told to its consumer as one
-        (throttling never parks a lease); it was taken for a read at the tip, due again a second
-        later, and every round holding it lasted its whole budget."""
+    def _unanswered(self, entry: _Entry, end: RangeEnd, now: float) -> None:
+        """The range got no GetRecords answer within its time: every call throttled (other
+        consumers of the shard) or failing in a way a retry may mend (the executors cannot
+        reach Kinesis). Backed off as a failure is, growing; its consumer hears that nothing
+        answered (its readiness and lag then show a silent shard, as the driver path's do, and
+        the throttled calls are counted), not a read at the tip: it was taken for one, due again
+        a second later, and every round holding it lasted its whole budget. Neither parks the
+        lease: a failure a retry cannot mend is an error (``_failed``)."""
         self._back_off(entry, now)
+        entry.post(NoAnswer(end.throttled))
 
     def _next_read(self, rng: ReadRange, end: RangeEnd, began: float) -> float:
         """When the lease is read next: as soon as the shard may be called again (``_paced``: a

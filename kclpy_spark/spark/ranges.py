@@ -229,6 +229,7 @@ class RangeEnd:
     next_iterator: str | None = None
     calls: int = 0
     throttled: int = 0
+    unanswered: bool = False  # no GetRecords answer came within the range's time
     error: str | None = None  # the read failed for good (its records are left out)
     bounded: bool = False  # it stopped at a record that arrived after ``until_millis``
     # When the shard may be called again, by the reader's pacing (five calls a second, the last
@@ -257,6 +258,7 @@ class RangeEnd:
                 "next_iterator": self.next_iterator,
                 "calls": self.calls,
                 "throttled": self.throttled,
+                "unanswered": self.unanswered,
                 "error": self.error,
                 "bounded": self.bounded,
                 "next_call_at": self.next_call_at,
@@ -279,6 +281,7 @@ class RangeEnd:
             next_iterator=v.get("next_iterator"),
             calls=int(v.get("calls", 0)),
             throttled=int(v.get("throttled", 0)),
+            unanswered=bool(v.get("unanswered", False)),
             error=v.get("error"),
             bounded=bool(v.get("bounded", False)),
             next_call_at=v.get("next_call_at"),

@@ -4,8 +4,9 @@ The consumer of a lease runs as always; its ``RecordSource`` is a ``LeaseRelay``
 nothing itself: it registers the lease with ``ExecutorReads`` and puts on the consumer's queue
 first an announcement (so the Spark sink's processor opens the lease's lane with its
 checkpointer), then, for each read of the lease, a batch without records that carries the lag and
-the shard's end with its children, or raises the read's failure. ``ExecutorSources`` makes the
-relays of one stream (a ``SourceFactory``).
+the shard's end with its children, or raises the read's failure. A read nobody answered
+(``NoAnswer``) is counted as a failed call, not put on the queue: the lease's progress then shows
+a silent shard. ``ExecutorSources`` makes the relays of one stream (a ``SourceFactory``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from collections import deque
 from checkpoint.lease import HashKeyRange, lease_key_of, stream_name_of
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress
-from kclpy_spark.spark.executor_reads import ExecutorReads, LeaseSource
+from kclpy_spark.spark.executor_reads import ExecutorReads, LeaseSource, NoAnswer
 from kclpy_spark.stream_spec import StreamSpec
+
+Item = FetchedBatch | BaseException | NoAnswer
 
 
 class _Inbox:
@@ -28,12 +31,14 @@ class _Inbox:
     consumer is busy."""
 
     def __init__(self) -> None:
-        self._items: deque[FetchedBatch | BaseException] = deque()
+        self._items: deque[Item] = deque()
         self._ready = asyncio.Event()
 
-    def put(self, item: FetchedBatch | BaseException) -> None:
+    def put(self, item: Item) -> None:
         last = self._items[-1] if self._items else None
-        if _lag_only(item) and last is not None and _lag_only(last):
+        if isinstance(item, NoAnswer) and isinstance(last, NoAnswer):
+            self._items[-1] = last.plus(item)
+        elif _lag_only(item) and last is not None and _lag_only(last):
             assert isinstance(item, FetchedBatch) and isinstance(last, FetchedBatch)
             if last.elsewhere is not None:
                 item = dataclasses.replace(item, elsewhere=last.elsewhere.plus(item.elsewhere))
@@ -42,14 +47,14 @@ class _Inbox:
             self._items.append(item)
         self._ready.set()
 
-    async def get(self) -> FetchedBatch | BaseException:
+    async def get(self) -> Item:
         while not self._items:
             self._ready.clear()
             await self._ready.wait()
         return self._items.popleft()
 
 
-def _lag_only(item: FetchedBatch | BaseException) -> bool:
+def _lag_only(item: Item) -> bool:
     return isinstance(item, FetchedBatch) and not item.shard_ended and not item.announce
 
 
@@ -70,18 +75,28 @@ class LeaseRelay:
         loop = asyncio.get_running_loop()
         inbox = _Inbox()
 
-        def post(item: FetchedBatch | BaseException) -> None:  # from the read thread
+        def post(item: Item) -> None:  # from the read thread
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody listens
                 loop.call_soon_threadsafe(inbox.put, item)
 
         entry = self._reads.register(self._source, post)
+        unanswered = False
         try:
             await self._progress.put(self._queue, FetchedBatch([], None, announce=True))
             while True:
-                # Waiting on the reads is not a stalled source: the batcher decides when.
-                self._progress.waiting = True
+                # Waiting on the reads is not a stalled source (the batcher decides when), unless
+                # the last read got no answer: then the silence is the service's.
+                self._progress.waiting = not unanswered
                 item = await inbox.get()
                 self._progress.waiting = False
+                if isinstance(item, NoAnswer):
+                    unanswered = True
+                    for _ in range(item.throttled):
+                        self._progress.failed(True)  # counted in the shard's read_throttled
+                    if not item.throttled:
+                        self._progress.failed(False)
+                    continue
+                unanswered = False
                 if isinstance(item, BaseException):
                     self._progress.failed(False)
                     raise item

@@ -14,7 +14,13 @@ from checkpoint.sequence import AT_TIMESTAMP, LATEST, ExtendedSequenceNumber
 from kclpy_spark.retrieval.positions import LATEST_RESTART_MARGIN
 from kclpy_spark.retrieval.range_reader import RangeReader, RangeReadTimeoutError
 from kclpy_spark.spark.cluster_read import RangeRead
-from kclpy_spark.spark.executor_reads import ExecutorReads, LeaseSource, ReadSettings, ReadSlot
+from kclpy_spark.spark.executor_reads import (
+    ExecutorReads,
+    LeaseSource,
+    NoAnswer,
+    ReadSettings,
+    ReadSlot,
+)
 from kclpy_spark.spark.range_tasks import AwsTarget
 from kclpy_spark.spark.ranges import Pinned, RangeEnd, ReadRange
 from kclpy_spark.spark.read_timing import is_behind, round_leases
@@ -195,11 +201,13 @@ def test_a_range_that_got_no_iterator_for_throttling_backs_off_without_a_failure
     every round and spent its whole budget in each (every lease of the job waited)."""
     clock = ManualClock()
     executor_reads, posted, entry, slot, rng = one_lease(clock)
-    none = RangeEnd(KEY, None, None, 0, 0, throttled=7)  # no GetRecords call: no iterator came
+    # No GetRecords call: no iterator came.
+    none = RangeEnd(KEY, None, None, 0, 0, throttled=7, unanswered=True)
     waits = []
     for _ in range(3):
         now = clock.monotonic()
         executor_reads._found(entry, slot, rng, RangeRead(None, {KEY: none}), now)
         waits.append(entry.next_read_at - now)
-    assert posted == []  # nothing for the consumer to count: throttling never parks a lease
+    # Its consumer counts the throttled calls, nothing that parks a lease, and no read at the tip.
+    assert posted == [NoAnswer(7)] * 3
     assert entry.failures == 3 and waits[0] >= ReadSettings().min_interval

@@ -758,3 +758,97 @@ def test_a_delayed_range_is_not_called_before_its_delay_on_the_executor(
     assert [key for key, _ in done] == ["n", "w"]  # the one without delay came back first
     assert not any(isinstance(outcome, BaseException) for _, outcome in done)
     assert calls["shard-w"] - began >= 0.3 and calls["shard-n"] < calls["shard-w"]
+
+
+# --- reads nobody answers (from a review) -----------------------------------------------------
+
+
+class _Refusing:
+    """Kinesis as the executors see it: every GetShardIterator fails with a 500
+    (``iterators_fail``), or every GetRecords is throttled (another reader takes the shard)."""
+
+    def __init__(self, *, iterators_fail: bool) -> None:
+        self._iterators_fail = iterators_fail
+        self.calls = 0
+
+    async def get_shard_iterator(self, **_: Any) -> dict[str, Any]:
+        from botocore.exceptions import ClientError
+
+        self.calls += 1
+        assert self.calls < 1000
+        if self._iterators_fail:
+            failure: Any = {"Error": {"Code": "InternalFailure", "Message": "x"},
+                            "ResponseMetadata": {"HTTPStatusCode": 500}}  # fmt: skip
+            raise ClientError(failure, "GetShardIterator")
+        return {"ShardIterator": "it-0"}
+
+    async def get_records(self, **_: Any) -> dict[str, Any]:
+        from botocore.exceptions import ClientError
+
+        self.calls += 1
+        assert self.calls < 1000
+        throttled: Any = {"Error": {"Code": "ProvisionedThroughputExceededException"},
+                          "ResponseMetadata": {"HTTPStatusCode": 400}}  # fmt: skip
+        raise ClientError(throttled, "GetRecords")
+
+
+def _rounds_nobody_answers(
+    kinesis: _Refusing, rounds: int
+) -> tuple[FetchProgress, list[Any], list[float], int]:
+    """``rounds`` read rounds of one lease through a real RangeReader, ExecutorReads and
+    LeaseRelay: the progress, what reached the queue, how long each range held its job and
+    the failures its planner counted (its backoff)."""
+    from kclpy_spark.retrieval.range_reader import RangeReader
+
+    clock = ManualClock()
+    reads = ExecutorReads(lambda: None, AwsTarget("us-east-1"), ReadSettings(), clock=clock)
+    source = LeaseSource(KEY, "s", {"StreamName": "s"}, KEY, ExtendedSequenceNumber("5"))
+    held: list[float] = []
+
+    async def nap(seconds: float) -> None:
+        clock.advance(seconds)
+
+    async def scenario() -> tuple[FetchProgress, list[Any], int]:
+        progress = FetchProgress(clock.monotonic)
+        queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()
+        task = asyncio.create_task(LeaseRelay(reads, source, queue, progress).run())
+        got: list[Any] = [await queue.get()]  # the announcement
+        entry, slot = reads._entries[KEY], ReadSlot(make_lane(), None, None)
+        for _ in range(rounds):
+            clock.advance(max(0.0, entry.next_read_at - clock.monotonic()))
+            began = clock.monotonic()
+            rng = replace(reads._range(entry, slot, 1, 0, began), delay=0.0)
+            end = await RangeReader(kinesis, rng, sleep=nap, clock=clock.monotonic,
+                                    wall=clock.wall).read(lambda r: None)  # fmt: skip
+            held.append(clock.monotonic() - began)
+            reads._found(entry, slot, rng, RangeRead(None, {KEY: end}), began)
+            for _ in range(3):
+                await asyncio.sleep(0)
+            while not queue.empty():
+                got.append(queue.get_nowait())
+        failures = entry.failures
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return progress, got, failures
+
+    progress, got, failures = asyncio.run(scenario())
+    return progress, got, held, failures
+
+
+def test_executor_reads_nobody_answers_are_a_silent_shard_not_reads_at_the_tip() -> None:
+    """Each range spent its time on failing calls and came back as an empty success: the lag
+    stayed frozen, the stall check never fired (every post refreshed the progress), and the
+    failures were never counted."""
+    progress, got, _, failures = _rounds_nobody_answers(_Refusing(iterators_fail=True), 6)
+    assert len(got) == 1 and got[0].announce  # nothing posted as a read
+    assert progress.stalled(30.0) and progress.failures == 6 and progress.last_ok is not None
+    assert failures == 6  # backed off, growing
+
+
+def test_a_shard_throttled_on_get_records_gives_way_instead_of_holding_every_round() -> None:
+    """A throttled GetRecords was retried until the range's time (10 s) ran out, and the lease
+    was due again a second later: every read job it joined (every lease of the worker) lasted
+    10 s, round after round."""
+    progress, got, held, failures = _rounds_nobody_answers(_Refusing(iterators_fail=False), 4)
+    assert max(held) < 1.0 and failures == 4, held  # ended at the refusal, backed off
+    assert progress.throttled == 4 and len(got) == 1  # each counted in read_throttled
