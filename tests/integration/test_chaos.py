@@ -76,8 +76,10 @@ max_processing_attempts = 1000
             n += 10
             time.sleep(0.25)
 
+    watching = threading.Event()  # set when the checkpoint watcher is to stop (after the drain)
+
     def watch_checkpoints() -> None:
-        while not stop.is_set():
+        while not watching.is_set():
             if table is not None:
                 try:
                     for lease in table.list_leases():
@@ -134,10 +136,13 @@ max_processing_attempts = 1000
                 time.sleep(0.5)
         finally:
             stop.set()
-            for t in threads:
-                t.join(timeout=30)
-        wait_for("every produced record to be written", lambda: produced <= _written(
-            _events(output)), timeout=180)  # fmt: skip
+            threads[0].join(timeout=30)
+        try:
+            wait_for("every produced record to be written", lambda: produced <= _written(
+                _events(output)), timeout=180)  # fmt: skip
+        finally:
+            watching.set()
+            threads[1].join(timeout=30)
         for wid in live:
             workers.kill(wid, signal.SIGTERM)
         for wid in live:
@@ -170,7 +175,8 @@ max_processing_attempts = 1000
             if parent and shard_id in first and parent in last and first[shard_id] < last[parent]:
                 parents_violations += 1
 
-    # Checkpoints never went backwards.
+    # Checkpoints never went backwards (and the watcher saw them move).
+    assert sum(len(h) > 1 for h in checkpoints.values()) >= 4, dict(checkpoints)
     backwards = sum(
         1 for history in checkpoints.values() for a, b in itertools.pairwise(history)
         if b < a
@@ -190,6 +196,21 @@ max_processing_attempts = 1000
                 acknowledged_writes[data].append(e["tenure"])
     examples = [f"record {d} acknowledged by tenures {t}" for d, t in acknowledged_writes.items()
                 if len(t) > 1]  # fmt: skip
+    # Nor did a tenure start before a checkpoint another had made: a checkpoint logged before
+    # its initialize was written before its take (a write after the take would have lost), so
+    # its start must be at or past it, or it delivered acknowledged records again.
+    acks: dict[str, list[tuple[float, int, str]]] = defaultdict(list)
+    for e in events:
+        if e["event"] == "checkpoint":
+            acks[e["shard"]].append((e["t"], int(e["at"]), e["tenure"]))
+    for e in events:
+        if e["event"] != "initialize":
+            continue
+        prior = [at for t, at, tenure in acks[e["shard"]] if t < e["t"] and tenure != e["tenure"]]
+        start = str(e["from"])
+        if prior and not (start.isdigit() and int(start) >= max(prior)):
+            examples.append(f"tenure {e['tenure']} of {e['shard']} started at {start}, "
+                            f"before the checkpoint {max(prior)} made earlier")  # fmt: skip
     bad_duplicates = len(examples)
     duplicates = sum(c - 1 for c in written.values() if c > 1)
     failed_writes = sum(1 for e in events if e["event"] == "write_failed")

@@ -81,8 +81,11 @@ class Recorder:
             return list(self.seen)
 
 
-def run_until(cfg: WorkerConfig, recorder: Recorder, done: Callable[[], bool]) -> bool:
-    """Run one worker until ``done()`` (or 60 s); True if done."""
+def run_until(
+    cfg: WorkerConfig, recorder: Recorder, done: Callable[[], bool], out_of_range: list[float]
+) -> bool:
+    """Run one worker until ``done()`` (or 60 s); True if done. ``out_of_range`` gets what its
+    metric of KPL sub-records outside their shard's range counted."""
     finished: dict[str, bool] = {}
 
     async def scenario(worker: Any) -> None:
@@ -92,6 +95,8 @@ def run_until(cfg: WorkerConfig, recorder: Recorder, done: Callable[[], bool]) -
                 await asyncio.sleep(0.2)
             await asyncio.sleep(1.0)  # room for an unwanted redelivery to show up
             finished["done"] = done()
+            samples = worker.metrics.kpl_out_of_range.collect()[0].samples
+            out_of_range.append(sum(x.value for x in samples if x.name.endswith("_total")))
         except Exception:  # the scenario runs in a task nobody awaits: log the reason
             logging.getLogger(__name__).exception("scenario failed")
         finally:
@@ -172,7 +177,9 @@ def test_aggregates_deaggregate_filter_and_resume_inside_an_aggregate(
     # Phase 1: everything once; shard 0 checkpoints at sub-record 2 of the first aggregate only.
     hold = ExtendedSequenceNumber(s_a1, 2)
     first = Recorder(hold_shard=SHARD0, hold_at=hold)
-    assert run_until(cfg, first, lambda: len(first.snapshot()) >= len(expected))
+    counted: list[float] = []
+    assert run_until(cfg, first, lambda: len(first.snapshot()) >= len(expected), counted)
+    assert counted == [2.0]  # the misrouted aggregate's two, in the metric
     got = first.snapshot()
     assert sorted(got) == sorted(expected), "each in-range sub-record exactly once"
     for shard in (SHARD0, SHARD1):  # and in order within each shard
@@ -187,5 +194,5 @@ def test_aggregates_deaggregate_filter_and_resume_inside_an_aggregate(
     # Phase 2: a new worker resumes shard 0 right after sub-record 2; shard 1 has nothing left.
     second = Recorder()
     rest = [e for e in expected if e[0] == SHARD0 and (int(e[1]), e[2]) > (int(s_a1), 2)]
-    assert run_until(cfg, second, lambda: len(second.snapshot()) >= len(rest))
+    assert run_until(cfg, second, lambda: len(second.snapshot()) >= len(rest), [])
     assert second.snapshot() == rest

@@ -407,6 +407,28 @@ def test_a_merge_child_blocked_on_its_other_parent_keeps_the_lease_and_never_ski
     assert env.stored().checkpoint == SHARD_END
 
 
+def test_a_child_reads_nothing_until_every_parent_lease_is_at_shard_end() -> None:
+    """Parents first, the child's side: no test failed when the wait returned at once."""
+    env = Env()
+    env.lease(OTHER, checkpoint=ExtendedSequenceNumber("10"))  # the parent, still being read
+    env.lease(parent_shard_ids=frozenset({OTHER}))  # the child
+    sources = FakeSources([batch(20), ended([])])
+    consumer = env.consumer(sources)
+
+    async def go() -> Outcome:
+        task = asyncio.create_task(consumer.run())
+        for _ in range(200):  # the clock moves with each wait: many polls of the parent
+            await asyncio.sleep(0)
+        assert env.processor.calls == [] and sources.starts == []  # not even initialize
+        parent = env.stored(OTHER)
+        assert env.table.update_lease(parent.checkpointed(SHARD_END)) is not None
+        return await asyncio.wait_for(task, 30)
+
+    assert asyncio.run(go()) is Outcome.SHARD_END
+    assert env.processor.calls[0] == "initialize" and env.processor.seen == ["20"]
+    assert env.clock.monotonic() >= 2 * env.cfg.parent_shard_poll_interval  # it did wait
+
+
 def test_a_merge_parent_that_aged_out_of_the_stream_does_not_block_the_child() -> None:
     env = Env(probe=FakeProbe(gone={OTHER}))
     env.lease()
