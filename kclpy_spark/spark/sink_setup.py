@@ -183,6 +183,23 @@ def _check_shared_folders(cfg: SinkConfig, holder: SparkSessionHolder) -> None:
             probe_shared_folder(holder.session(), folder, what, jobs=holder)
 
 
+def refuse_speculation(session: Any) -> None:
+    """Reading on the executors needs each read task computed once: a speculative copy reads
+    the shard again and may store other records for the same partition, and a sink could then
+    write the copy the driver did not take its ends from (records lost or twice). One line at
+    start-up (spark_conf, spark-defaults.conf or the cluster's settings may turn it on)."""
+    try:
+        value = session.conf.get("spark.speculation", "false")
+    except Exception:  # a session that cannot say: Spark's default is off
+        return
+    if str(value).strip().lower() == "true":
+        raise ConfigError(
+            'read_on = "executors" needs spark.speculation off (a speculative copy of a read '
+            "task reads the shard again and may keep other records): set it to false in "
+            '[sink.spark_conf] or spark-defaults.conf, or read_on = "driver"'
+        )
+
+
 def _executor_reads(
     sink_cfg: SinkConfig,
     worker_cfg: WorkerConfig,
@@ -202,6 +219,7 @@ def _executor_reads(
 
     aws = AwsTarget(region_of(worker_cfg), worker_cfg.endpoint_url)
     if probe:
+        refuse_speculation(holder.session())
         probe_executors(holder.session(), aws, worker_cfg.stream_specs[0].request, jobs=holder)
     if any(spec.kind == "delta" for spec in sink_cfg.specs):
         log.warning("read_on = executors with a Delta sink: Delta is written from the driver, "

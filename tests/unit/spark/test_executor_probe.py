@@ -136,3 +136,23 @@ def test_an_import_error_while_making_the_client_is_a_failed_probe(
         probe_partition(AwsTarget("us-east-1", None), {"StreamName": "s"}, iter([batch]))
     )
     assert "botocore lacks a module" in answer.to_pylist()[0]["error"]
+
+
+@pytest.mark.parametrize(("value", "refused"), [(None, False), ("false", False), ("TRUE", True)])
+def test_reading_on_the_executors_refuses_speculation(value: str | None, refused: bool) -> None:
+    """A speculative copy of a read task reads the shard again and may keep other records for
+    the same partition: one line at start-up, not records lost or twice. (A session's
+    ``conf.get`` answers the settings it started with, spark-defaults.conf's included; Spark does
+    not let a test change this one on a running session.)"""
+    from types import SimpleNamespace
+
+    from checkpoint.base.errors import ConfigError
+    from kclpy_spark.spark.sink_setup import refuse_speculation
+
+    settings = {} if value is None else {"spark.speculation": value}
+    session = SimpleNamespace(conf=SimpleNamespace(get=settings.get))
+    if refused:
+        with pytest.raises(ConfigError, match=r"spark\.speculation off"):
+            refuse_speculation(session)
+    else:
+        refuse_speculation(session)
