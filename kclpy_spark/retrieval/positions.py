@@ -7,6 +7,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition, Sentinel
 
 # How much earlier than a LATEST read began a read started again from there begins (the host's
@@ -33,10 +34,11 @@ def iterator_args(
     if sentinel is Sentinel.LATEST:
         return {"ShardIteratorType": "LATEST"}
     if sentinel is Sentinel.AT_TIMESTAMP:
-        if initial_position.timestamp is None:
-            raise ValueError(
-                "the lease is checkpointed at AT_TIMESTAMP but no AT_TIMESTAMP initial position "
-                "(with its time) is configured"
+        if initial_position.timestamp is None:  # a Java KCL's lease keeps no time
+            raise ConfigError(
+                "the lease is checkpointed at AT_TIMESTAMP without a time of its own, and no "
+                "AT_TIMESTAMP initial position (with its time) is configured: set one, or "
+                "`kclpy-spark reset` the lease"
             )
         return {"ShardIteratorType": "AT_TIMESTAMP", "Timestamp": initial_position.timestamp}
     # Always AT, as the KCL does: the checkpointed record may be a KPL aggregate whose later

@@ -498,10 +498,10 @@ def test_fanout_does_not_retry_forever_a_start_position_it_cannot_build() -> Non
         asyncio.Queue(),
         sleep=clock.sleep,
     )
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError, match="AT_TIMESTAMP without a time"):  # one line: no bug
         asyncio.run(p.run())
     # Fan-out should surface it the same way, not loop.
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError, match="AT_TIMESTAMP without a time"):
         asyncio.run(f.run())
 
 
