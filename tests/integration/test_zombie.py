@@ -44,17 +44,18 @@ max_records = 5
 """
     produce(kinesis_client, name, range(0, 30))
     with fleet(tmp_path, config, output) as workers:
-        workers.env["SLOW_PROCESSOR_DELAY"] = "1.0"
         workers.env["PYTHONPATH"] += f":{Path(__file__).parent}"
+        gate = tmp_path / "gate"  # the zombie's batches after its first checkpoint wait for it
+        workers.env["SLOW_PROCESSOR_GATE"] = str(gate)
         zombie = workers.start("zombie")
         wait_for(
-            "the zombie to checkpoint once",
-            lambda: any(e["event"] == "checkpoint_ok" for e in _events(output)),
+            "the zombie to checkpoint once and hold its next batch",
+            lambda: any(e["event"] == "held" for e in _events(output)),
             timeout=60,
         )
-        time.sleep(0.5)  # inside its next 1 s batch
-        zombie.proc.send_signal(signal.SIGSTOP)
+        zombie.proc.send_signal(signal.SIGSTOP)  # with a batch in flight
         stopped_at = time.time()
+        del workers.env["SLOW_PROCESSOR_GATE"]
         heir = workers.start("heir")
         produce(kinesis_client, name, range(30, 40))
         table = SQLiteLeaseTable(db, namespace=name)
@@ -68,6 +69,7 @@ max_records = 5
         lease = table.get_lease(SHARD)
         assert lease is not None and lease.lease_owner == "heir"
         heir_checkpoint = int(lease.checkpoint.sequence_number)
+        gate.touch()
         zombie.proc.send_signal(signal.SIGCONT)
         resumed_at = time.time()
         wait_for(
@@ -95,12 +97,10 @@ max_records = 5
     late = [e for e in after if e["event"] == "checkpoint_ok"]
     assert len(late) <= 1, after
     assert all(int(e["at"]) == int(heir_from) for e in late), (heir_from, after)
-    # A batch the zombie was in the middle of when stopped finishes after SIGCONT: its checkpoint
-    # must fail with ShutdownException (usually there is one; under load it may have been idle).
-    # The stop may also fall between a batch's "records" event and its checkpoint: then the
-    # records event is from before SIGCONT and only the failed checkpoint after it.
+    # The batch the zombie held when stopped finishes after SIGCONT: its checkpoint fails with
+    # ShutdownException (the fencing this test is about: it must have tried).
     finished = [e for e in after if e["event"] == "records"]
     failed = [e for e in after if e["event"] == "checkpoint_failed"]
-    assert len(failed) >= len(finished)
+    assert finished and len(failed) >= len(finished), after
     assert all(e["error"] == "ShutdownException" for e in failed)
     assert stopped_at < resumed_at
