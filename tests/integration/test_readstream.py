@@ -15,6 +15,7 @@ import json
 import os
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -273,6 +274,14 @@ def test_max_records_per_trigger_bounds_every_batch(
     assert sorted(r["n"] for rows in batches.values() for r in rows) == list(range(100))
     assert max(len(rows) for rows in batches.values()) <= 30
     assert len(batches) >= 4  # 100 records, at most 30 a batch
+    # A per-shard budget below the trigger's share still holds (docs/spark.md).
+    out = tmp_path / "out-per-shard"
+    _run_available_now(source(unique_name, maxRecordsPerTrigger="30", maxRecordsPerShard="10"),
+                       out, tmp_path / "checkpoint-per-shard")  # fmt: skip
+    batches = _read_batches(out)
+    assert sorted(r["n"] for rows in batches.values() for r in rows) == list(range(100))
+    per_shard = Counter((batch, r["shard"]) for batch, rows in batches.items() for r in rows)
+    assert max(per_shard.values()) <= 10 and len(batches) >= 5, per_shard
 
 
 def test_trigger_once_reads_one_batch_per_run(
