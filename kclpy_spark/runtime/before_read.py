@@ -44,18 +44,25 @@ async def parents_ended(tenure: Tenure, poll_interval: float) -> None:
 async def check_retention(
     tenure: Tenure, probe: ShardProbe, policy: str, budget: FailureBudget, start: ReadStart
 ) -> None:
-    """Apply ``policy`` (``aged_checkpoint_policy``) when the stored sequence number is older
-    than anything the stream still holds: park the lease (``fail``: raises Parked), or restart
-    it at TRIM_HORIZON (``earliest``) or LATEST (``latest``)."""
-    checkpoint = tenure.lease.checkpoint
-    if checkpoint.is_sentinel:
+    """Apply ``policy`` (``aged_checkpoint_policy``) when the stored sequence number (the
+    checkpoint's, or a start position's pending one) is older than anything the stream still
+    holds: park the lease (``fail``: raises Parked), or restart it at TRIM_HORIZON
+    (``earliest``) or LATEST (``latest``), which drops the pending piece."""
+    checkpoint, pending = tenure.lease.checkpoint, tenure.lease.pending_checkpoint
+    if not checkpoint.is_sentinel:
+        what = f"checkpoint {checkpoint}"
+    elif pending is not None and not pending.is_sentinel:
+        # A piece written (pending) from a start position, never committed: once its records
+        # aged out it cannot be read again, and a read pinned to it failed every tenure.
+        checkpoint, what = pending, f"pending checkpoint {pending} (a piece being written)"
+    else:
         return
     first = await tenure.wait_or_stop(probe.earliest_sequence_number(tenure.shard_id))
     if first is None or int(checkpoint.sequence_number) >= int(first):
         return
     what = (
-        f"shard {tenure.shard_id}: checkpoint {checkpoint} is older than the stream's "
-        f"retention (earliest record {first}); records after the checkpoint may have aged out"
+        f"shard {tenure.shard_id}: {what} is older than the stream's retention (earliest "
+        f"record {first}); records after the checkpoint may have aged out"
     )
     if policy == "fail":
         log.error("%s. Parking the lease; set aged_checkpoint_policy or run reset", what)

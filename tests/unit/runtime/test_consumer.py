@@ -382,6 +382,35 @@ def test_a_checkpoint_older_than_the_retention(
         assert env.stored().checkpoint == SHARD_END
 
 
+def test_a_piece_pending_from_a_start_position_that_aged_out_is_dropped_by_the_policy() -> None:
+    """A lease at TRIM_HORIZON wrote its first piece's pending checkpoint and its worker died;
+    nobody took it within the retention: the piece's records were gone, and reading on the
+    executors pinned to them failed every tenure (the retention check looked at sequence-number
+    checkpoints only)."""
+    env = Env(probe=FakeProbe(earliest="500"))
+    env.cfg = WorkerConfig(
+        stream_name="s", max_processing_attempts=ATTEMPTS, aged_checkpoint_policy="earliest"
+    )
+    pending_seen: list[ExtendedSequenceNumber | None] = []
+
+    class Looks(Recorder):  # what the lease holds when the first records come
+        def initialize(self, initialize_input: InitializeInput) -> None:
+            pending_seen.append(env.stored().pending_checkpoint)
+            super().initialize(initialize_input)
+
+    env.processor = Looks()
+    env.lease(pending_checkpoint=ExtendedSequenceNumber("120"))  # checkpoint TRIM_HORIZON
+    sources = FakeSources([batch(500), ended([])])
+    assert env.run(env.consumer(sources)) is Outcome.SHARD_END
+    assert pending_seen == [None] and env.processor.seen == ["500"]  # the piece was dropped
+    assert sources.starts[0][0] == TRIM_HORIZON
+    env.probe.earliest, pending_seen[:] = "100", []  # still in the stream: it stays
+    env.table.delete_lease(env.stored())
+    env.lease(pending_checkpoint=ExtendedSequenceNumber("120"))
+    assert env.run(env.consumer(FakeSources([batch(110, 120), ended([])]))) is Outcome.SHARD_END
+    assert pending_seen == [ExtendedSequenceNumber("120")]
+
+
 def test_a_merge_child_blocked_on_its_other_parent_keeps_the_lease_and_never_skips_it() -> None:
     """Issue 14, finding 6: SHARD_END used to be checkpointed without the child's lease."""
     env = Env()
