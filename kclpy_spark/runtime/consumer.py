@@ -293,6 +293,8 @@ class ShardConsumer:
                 if batch.elsewhere is not None:  # a read on the executors that succeeded
                     self._count_elsewhere(batch.elsewhere)
                     self.budget.succeeded()
+                if batch.records:
+                    await self._pin_earlier(batch.records[0].timestamp_millis)
                 if batch.records or batch.announce:
                     await self._deliver(processor, batch)
                 elif batch.millis_behind_latest is not None:  # an empty read at the tip
@@ -310,6 +312,14 @@ class ShardConsumer:
         finally:
             fetch.cancel()
             await asyncio.gather(fetch, return_exceptions=True)
+
+    async def _pin_earlier(self, first_millis: int) -> None:
+        """Before the first records of a pinned LATEST read are delivered: pinned later than
+        their arrival (a clock ahead of Kinesis's), the lease is pinned at it instead."""
+        since = self._start.arrived(first_millis)
+        if since is not None:
+            pin = functools.partial(self.tenure.pin_start, since)
+            await self.budget.retrying("recording where the LATEST read starts", pin)
 
     @staticmethod
     async def _next(queue: asyncio.Queue[FetchedBatch], fetch: asyncio.Task[None]) -> FetchedBatch:

@@ -58,6 +58,27 @@ class ReadStart:
         )
         return None
 
+    def arrived(self, first_millis: int) -> float | None:
+        """The first records of a pinned LATEST read arrived (Kinesis's clock) at
+        ``first_millis``: if that is before the pin (this host's clock runs more than the margin
+        ahead), the earlier time to pin instead, else None. A pin after them would skip them
+        on a restart before the first checkpoint."""
+        if self._latest_since is None or self.checkpoint != LATEST or first_millis <= 0:
+            return None
+        arrived = first_millis / 1000.0
+        if arrived >= self._latest_since:
+            return None
+        log.warning(
+            "shard %s: its first records arrived %.1f s before where this host's clock put the "
+            "start of its LATEST read (the clock runs ahead of Kinesis's by more than %.0f s?); "
+            "pinned at their arrival instead",
+            self._shard_id,
+            self._latest_since - arrived,
+            LATEST_RESTART_MARGIN,
+        )
+        self._latest_since = arrived
+        return arrived
+
     def delivered(self, last: ExtendedSequenceNumber) -> None:
         self.checkpoint = last
 

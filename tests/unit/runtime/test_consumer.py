@@ -725,6 +725,33 @@ def test_an_idle_latest_lease_stays_one_a_java_kcl_worker_can_start() -> None:
     assert sets["checkpoint"] == {"S": "LATEST"} and START_TIMESTAMP in sets
 
 
+def test_a_latest_read_pinned_after_its_first_records_arrived_is_pinned_at_them() -> None:
+    """A host clock more than the margin ahead of Kinesis's pinned the first LATEST read after
+    records it then delivered: a restart before the first checkpoint (from the pin) skipped
+    them. The first records' arrival (Kinesis's clock) moves the pin back before delivery."""
+
+    class Keeps(Recorder):  # delivers, never checkpoints
+        def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+            self.seen += [r.sequence_number for r in process_records_input.records]
+
+    env = Env(processor=Keeps())
+    env.lease(checkpoint=LATEST)
+    env.clock.advance(1000.0)
+    pinned = env.clock.wall() - LATEST_RESTART_MARGIN
+    early = int((pinned - 20.0) * 1000)  # arrived 20 s before the host's pin
+    first = FetchedBatch([Record(b"r", "k", "10", timestamp_millis=early)], 0)
+    consumer = env.consumer(FakeSources([first]))
+    assert env.run(consumer, until=lambda: env.processor.seen == ["10"]) is Outcome.SHUTDOWN
+    stored = env.stored()
+    assert stored.checkpoint == LATEST and stored.start_timestamp == early / 1000
+    on_time = Env(processor=Keeps())  # arrived after the pin: the pin stays
+    on_time.lease(checkpoint=LATEST)
+    later = Record(b"r", "k", "10", timestamp_millis=int((on_time.clock.wall() + 1.0) * 1000))
+    consumer = on_time.consumer(FakeSources([FetchedBatch([later], 0)]))
+    assert on_time.run(consumer, until=lambda: on_time.processor.seen == ["10"])
+    assert on_time.stored().start_timestamp == on_time.clock.wall() - LATEST_RESTART_MARGIN
+
+
 def test_a_checkpoint_before_any_delivery_keeps_the_stored_latest_start() -> None:
     class CheckpointsAtShutdown(Recorder):
         def shutdown_requested(self, shutdown_requested_input: ShutdownRequestedInput) -> None:
