@@ -36,6 +36,7 @@ class ReadStart:
     ) -> None:
         self._shard_id = shard_id
         self.checkpoint = checkpoint  # where the next read resumes (after it, for a record)
+        self._configured = configured
         self.position = start_position(lease_start, configured)
         if checkpoint == LATEST and lease_start is not None:  # pinned by an earlier first read
             self.checkpoint = AT_TIMESTAMP
@@ -83,6 +84,8 @@ class ReadStart:
         self.checkpoint = last
 
     def restarted(self, target: ExtendedSequenceNumber) -> None:
-        """The checkpoint was reset (the aged-checkpoint policy)."""
+        """The checkpoint was reset (the aged-checkpoint policy); the lease's own start time
+        went with it."""
         self.checkpoint = target
+        self.position = self._configured
         self._latest_since = None

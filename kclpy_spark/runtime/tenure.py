@@ -210,7 +210,10 @@ class Tenure:
         held = self.current()
 
         def write(lease: Lease) -> Lease | None:
-            return self.table.update_lease(lease.checkpointed(target))
+            # A reset drops a LATEST lease's pinned start too: the next read pins anew.
+            return self.table.update_lease(
+                replace(lease.checkpointed(target), start_timestamp=None)
+            )
 
         result = await lease_call(self._holder.update, self.lease_key, held.token, write)
         if not result.won or result.lease is None:

@@ -382,6 +382,9 @@ def test_a_checkpoint_older_than_the_retention(
         assert env.stored().checkpoint == SHARD_END
 
 
+ESN_120 = ExtendedSequenceNumber("120")
+
+
 def test_a_piece_pending_from_a_start_position_that_aged_out_is_dropped_by_the_policy() -> None:
     """A lease at TRIM_HORIZON wrote its first piece's pending checkpoint and its worker died;
     nobody took it within the retention: the piece's records were gone, and reading on the
@@ -404,6 +407,15 @@ def test_a_piece_pending_from_a_start_position_that_aged_out_is_dropped_by_the_p
     assert env.run(env.consumer(sources)) is Outcome.SHARD_END
     assert pending_seen == [None] and env.processor.seen == ["500"]  # the piece was dropped
     assert sources.starts[0][0] == TRIM_HORIZON
+    # Policy "latest" on a pinned LATEST lease: the pin goes too (it is older than the stream).
+    latest = Env(probe=FakeProbe(earliest="500"))
+    latest.cfg = WorkerConfig(
+        stream_name="s", max_processing_attempts=ATTEMPTS, aged_checkpoint_policy="latest"
+    )
+    latest.lease(checkpoint=LATEST, start_timestamp=5.0, pending_checkpoint=ESN_120)
+    latest_sources = FakeSources([batch(600), ended([])])
+    assert latest.run(latest.consumer(latest_sources)) is Outcome.SHARD_END
+    assert latest_sources.starts[0] == (LATEST, InitialPosition.latest())
     env.probe.earliest, pending_seen[:] = "100", []  # still in the stream: it stays
     env.table.delete_lease(env.stored())
     env.lease(pending_checkpoint=ExtendedSequenceNumber("120"))
