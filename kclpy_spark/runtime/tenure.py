@@ -17,6 +17,7 @@ import contextvars
 import enum
 import functools
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -271,9 +272,12 @@ def call_processor(
             loop = asyncio.get_running_loop()
             returned: asyncio.Future[None] = loop.create_future()
             context = contextvars.copy_context()
-            call = functools.partial(context.run, _told, in_thread, method, arg, returned)
+            started = _Started()
+            call = functools.partial(context.run, _told, in_thread, method, arg, returned, started)
             on_thread(returned)
-            result = await loop.run_in_executor(None, call)
+            queued = loop.run_in_executor(None, call)
+            queued.add_done_callback(functools.partial(_unless_started, started, returned))
+            result = await queued
         except SystemExit as exc:
             raise exited(method, exc) from exc
         if asyncio.iscoroutine(result):
@@ -282,13 +286,44 @@ def call_processor(
     return run()
 
 
+class _Started:
+    """Whether a processor call queued for a thread began there, or was dropped before it did
+    (its caller cancelled while every thread was busy: it never runs)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.began = False
+        self.dropped = False
+
+
+def _unless_started(
+    started: _Started, returned: asyncio.Future[None], queued: asyncio.Future[Any]
+) -> None:
+    """On the loop, when the queued call's future is done: cancelled before its thread took it,
+    the call never runs, so ``returned`` is done now (nothing would ever tell it: the lease
+    stayed out of this worker for good, waiting for a call that never ran)."""
+    if not queued.cancelled():
+        return
+    with started.lock:
+        if started.began:
+            return  # running on: _told tells when it ends
+        started.dropped = True
+    _set_done(returned)
+
+
 def _told(
     call: Callable[[Callable[[Any], Any], object], Any],
     method: Callable[[Any], Any],
     arg: object,
     returned: asyncio.Future[None],
+    started: _Started,
 ) -> Any:
-    """``call(method, arg)`` on the thread, then ``returned`` done on its loop."""
+    """``call(method, arg)`` on the thread, then ``returned`` done on its loop; nothing if the
+    call was dropped before the thread took it."""
+    with started.lock:
+        if started.dropped:
+            return None
+        started.began = True
     try:
         return call(method, arg)
     finally:

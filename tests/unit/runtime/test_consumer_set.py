@@ -317,3 +317,33 @@ def test_a_shard_whose_reads_went_silent_shows_no_lag_rather_than_its_last() -> 
         await settle(lambda: key not in env.set)
 
     asyncio.run(go())
+
+
+def test_a_consumer_cancelled_while_its_call_waits_for_a_thread_leaves_at_once() -> None:
+    """Every processor thread busy (a stuck sink), a suspend whose grace ran out: the queued
+    call was dropped with its task and never ran, but the lease waited for it to end, kept out
+    of this worker for good (and /readyz said a call hung)."""
+    from checkpoint.base.threads import RetiringThreadPool
+
+    env = Env()
+    key = "shardId-000000000000"
+    blocker = threading.Event()
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(RetiringThreadPool(1, "test-processors"))
+        busy = loop.run_in_executor(None, blocker.wait, 30.0)  # the one thread is taken
+        env.start(key, [batch(10)])
+        consumer = env.set.running[key].consumer
+        await settle(lambda: consumer.stats.call_started is not None)  # initialize queued
+        await env.set.shutdown_all(0.05)  # the grace ran out: the consumer task is cancelled
+        await settle(lambda: key not in env.set, seconds=5.0)
+        blocker.set()
+        await busy
+        await asyncio.sleep(0.1)
+        assert env.processor.calls == []  # the dropped call never ran, even once a thread was free
+
+    try:
+        asyncio.run(go())
+    finally:
+        blocker.set()
