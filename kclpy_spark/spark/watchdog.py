@@ -79,7 +79,10 @@ class Watchdog:
             thread = self._thread
         if thread is not None:
             thread.join(timeout)
-        self._callbacks.shutdown(wait=False, cancel_futures=True)
+        # A callback still running (a Spark interrupt to a JVM or server that stopped answering,
+        # just when deadlines fire) is left: joined at interpreter exit, it kept the process
+        # from ending, with its stop signals already ignored.
+        self._callbacks.abandon(0.0)
 
     def _loop(self) -> None:
         while True:

@@ -3,8 +3,12 @@ pile up; a hung callback does not hold back the others; after close, deadlines a
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 
 from kclpy_spark.spark.watchdog import Watchdog
 
@@ -68,3 +72,44 @@ def test_after_close_deadlines_are_inert_not_errors() -> None:
     deadline.cancel()
     time.sleep(0.05)
     assert fired == [] and not deadline.fired.is_set()
+
+
+_HUNG_INTERRUPT = textwrap.dedent(
+    """
+    import threading, time
+    from kclpy_spark.spark.sink_batch import NoInterrupter
+    from kclpy_spark.spark.timed_write import TimedWrites
+
+    class HungSpark(NoInterrupter):
+        def interrupt(self, tag):          # cancelJobsWithTag / interruptTag to a JVM
+            threading.Event().wait()       # that answers no more
+
+    writes = TimedWrites(1, HungSpark())
+    try:
+        writes.call(lambda: time.sleep(0.3), 0.05, "tag", "a write")  # overruns: interrupt
+    except Exception as exc:
+        print("write:", type(exc).__name__)
+    writes.close()                         # what MicroBatcher.close() ends with
+    print("closed; exiting", flush=True)
+    """
+)
+
+
+def test_the_process_exits_after_close_even_if_an_interrupt_hangs() -> None:
+    """A write's interrupt to a JVM or Connect server that stopped answering (just when deadlines
+    fire) ran on a pool thread joined at interpreter exit: after a clean stop the daemon never
+    ended, its stop signals already ignored (only SIGKILL did)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HUNG_INTERRUPT],
+        cwd=Path(__file__).resolve().parents[3],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        raise AssertionError(f"the process did not exit after close (output: {out!r})") from None
+    assert "closed; exiting" in out
