@@ -242,10 +242,15 @@ class WriteThreads:
             if call is None:
                 return
             fn, future = call
-            if not future.set_running_or_notify_cancel():
-                continue
+            # Known as this thread's before it runs: ``abandon`` at that very moment found it
+            # running and not yet ours, took it for ended, and its caller then waited on the
+            # write without a deadline.
             with self._lock:
                 self._running[future] = me
+            if not future.set_running_or_notify_cancel():
+                with self._lock:
+                    self._running.pop(future, None)
+                continue
             try:
                 result = fn()
             except BaseException as exc:

@@ -8,8 +8,14 @@ import sys
 import textwrap
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
+import pytest
+
+from kclpy_spark.spark import timed_write
+from kclpy_spark.spark.sink_batch import NoInterrupter
+from kclpy_spark.spark.timed_write import TimedWrites
 from kclpy_spark.spark.watchdog import Watchdog
 
 
@@ -113,3 +119,50 @@ def test_the_process_exits_after_close_even_if_an_interrupt_hangs() -> None:
         out, _ = proc.communicate()
         raise AssertionError(f"the process did not exit after close (output: {out!r})") from None
     assert "closed; exiting" in out
+
+
+_PICKED_UP = threading.Event()
+_GO_ON = threading.Event()
+
+
+class _SlowToRegister(Future):  # type: ignore[type-arg]
+    """The write thread is preempted right after moving the future to RUNNING."""
+
+    def set_running_or_notify_cancel(self) -> bool:
+        ok = super().set_running_or_notify_cancel()
+        _PICKED_UP.set()
+        _GO_ON.wait(10.0)
+        return ok
+
+
+def test_a_write_picked_up_at_its_deadline_is_abandoned_not_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Given up on between its thread taking it and knowing it as its own, a write was taken for
+    ended, and its caller waited on it with no deadline (a hung write: the writer thread lost,
+    the batch's leases never drained)."""
+    monkeypatch.setattr(timed_write, "Future", _SlowToRegister)
+    writes = TimedWrites(1, NoInterrupter())
+    sink_hangs = threading.Event()
+    outcome: list[object] = []
+
+    def caller() -> None:
+        try:
+            writes.call(lambda: sink_hangs.wait(60.0), 0.05, "tag", "a write")
+            outcome.append("returned")
+        except Exception as exc:  # WriteHungError expected
+            outcome.append(exc)
+
+    t = threading.Thread(target=caller, daemon=True)
+    t.start()
+    assert _PICKED_UP.wait(5.0)
+    # the caller's wait (timeout + grace = 0.1 s) ends now; abandon() sees no thread yet
+    t.join(0.5)
+    _GO_ON.set()  # the write thread registers and runs the hanging write
+    t.join(3.0)
+    try:
+        assert not t.is_alive(), "TimedWrites.call is blocked in future.result() on a hung write"
+        assert isinstance(outcome[0], timed_write.WriteHungError)
+    finally:
+        sink_hangs.set()
+        writes.close()
