@@ -157,7 +157,10 @@ class Worker:
         )  # fmt: skip
 
     def _out_of_range(self, lease_key: str, count: int) -> None:
-        self.metrics.kpl_out_of_range.labels(*self.metrics.shard(lease_key)).inc(count)
+        """From a page's deaggregation, maybe on a thread that outlived the lease's tenure: a
+        late count would make its series again after the tenure removed it, for good."""
+        if lease_key in self.consumers:
+            self.metrics.kpl_out_of_range.labels(*self.metrics.shard(lease_key)).inc(count)
 
     # --- public ----------------------------------------------------------------------------------
 

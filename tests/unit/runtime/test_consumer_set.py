@@ -347,3 +347,33 @@ def test_a_consumer_cancelled_while_its_call_waits_for_a_thread_leaves_at_once()
         asyncio.run(go())
     finally:
         blocker.set()
+
+
+def test_a_kpl_count_reported_after_its_tenure_ended_makes_no_series_again() -> None:
+    """A page of KPL aggregates is split on a thread that outlives a tenure cancelled meanwhile
+    (a lease lost or handed over): its late count made the shard's series again after the tenure
+    removed it, one for good per such end (shards that ended never come back)."""
+    from types import SimpleNamespace
+
+    from kclpy_spark.runtime.worker import Worker
+
+    env = Env()
+    report = Worker._out_of_range.__get__(SimpleNamespace(metrics=env.metrics, consumers=env.set))
+    key = "shardId-000000000000"
+
+    def series() -> list[str]:
+        text = env.metrics.exposition().decode()
+        return [x for x in text.splitlines() if x.startswith("kclpy_spark_kpl_subrecords_out")]
+
+    async def go() -> None:
+        env.start(key, [])
+        await settle(lambda: key in env.set.running)
+        report(key, 1)
+        assert len(series()) == 1
+        env.set.lost(key)
+        await settle(lambda: key not in env.set)
+        assert series() == []
+        report(key, 2)  # late, from the thread
+        assert series() == []
+
+    asyncio.run(go())
