@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from checkpoint.base.errors import KclpySparkError
-from checkpoint.lease import Lease
+from checkpoint.lease import Lease, split_lease_key
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import TRIM_HORIZON
 from shard_sync.discovery import ShardLister
@@ -68,6 +68,26 @@ def garbage_leases(leases: Iterable[Lease], listed_shard_ids: Collection[str]) -
     )
 
 
+def former_stream_leases(leases: Iterable[Lease], stream_key: str | None) -> list[Lease]:
+    """Multi-stream leases of an earlier stream of the same account and name as ``stream_key``
+    (``account:name:creationEpoch``): that stream was deleted and made again, so nothing can
+    read them, and no other cleanup looks at them (each looks at its own stream's key)."""
+    mine = (stream_key or "").split(":")
+    if len(mine) != 3 or not mine[2].isdigit():
+        return []
+
+    def earlier(lease: Lease) -> bool:
+        theirs = (split_lease_key(lease.lease_key)[0] or "").split(":")
+        return (
+            len(theirs) == 3
+            and theirs[:2] == mine[:2]
+            and theirs[2].isdigit()
+            and int(theirs[2]) < int(mine[2])
+        )
+
+    return sorted(filter(earlier, leases), key=lambda lease: lease.lease_key)
+
+
 @dataclass(frozen=True)
 class AuditResult:
     holes: int
@@ -117,7 +137,8 @@ class LeaderMaintenance:
         self.sync_failure: str | None = None
 
     def run_once(self) -> AuditResult:
-        leases = [lease for lease in self._table.list_leases() if self._syncer.owns(lease)]
+        scanned = self._table.list_leases()
+        leases = [lease for lease in scanned if self._syncer.owns(lease)]
         synced: SyncResult | None = None
         audited = self._with_known_ranges(leases)
         active = [lease for lease in audited if not lease.checkpoint.is_shard_end]
@@ -143,13 +164,14 @@ class LeaderMaintenance:
         else:
             self._consecutive = 0
             self.sync_failure = None  # covered again (by a shard end, another leader's sync)
-        deleted = self._clean_up(leases)
+        deleted = self._clean_up(leases, scanned)
         if sync_error is not None:  # after the cleanup: a sync that keeps failing stops no delete
             raise sync_error
         return AuditResult(len(holes), self._consecutive, synced, tuple(deleted))
 
-    def _clean_up(self, leases: list[Lease]) -> list[str]:
-        """Delete finished leases, and every ``garbage_every`` rounds those of shards gone."""
+    def _clean_up(self, leases: list[Lease], scanned: list[Lease]) -> list[str]:
+        """Delete finished leases, and every ``garbage_every`` rounds those of shards gone and
+        those of an earlier stream of this one's name."""
         deleted = []
         for lease in completed_leases_to_delete(leases):
             if self._table.delete_lease(lease):
@@ -157,6 +179,12 @@ class LeaderMaintenance:
                 log.info("deleted finished lease %s: its children have started", lease.lease_key)
         self._rounds += 1
         garbage_due = self._rounds % self._garbage_every == 0
+        if garbage_due:
+            for lease in former_stream_leases(scanned, self._syncer.stream_key):
+                if self._table.delete_lease(lease):
+                    deleted.append(lease.lease_key)
+                    log.warning("deleted lease %s: its stream was deleted and made again",
+                                lease.lease_key)  # fmt: skip
         if self._lister is not None and self._shard_gone is not None and garbage_due:
             gone = set(deleted)
             deleted.extend(

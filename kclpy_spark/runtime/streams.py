@@ -362,7 +362,8 @@ class StreamSet:
                         # new stream is opened afresh by the next refresh, under its own key.
                         if not context.recreated:
                             log.warning("stream %s was re-created: it is consumed afresh (the "
-                                        "old stream's leases are left)", context.label)  # fmt: skip
+                                        "leader deletes the old stream's leases)",
+                                        context.label)  # fmt: skip
                         context.recreated = True
                     elif renewed:
                         gone = True

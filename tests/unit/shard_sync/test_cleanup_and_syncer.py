@@ -561,3 +561,29 @@ def test_children_of_an_aged_out_leased_parent_start_at_their_start() -> None:
     assert "p" not in made  # deleted as garbage (shard not found)
     assert set(made) == {"c1", "c2"}
     assert made["c1"] == TRIM_HORIZON, made  # current code: LATEST -> reshard..now skipped
+
+
+def test_leases_of_an_earlier_stream_of_the_same_name_are_deleted_on_garbage_rounds() -> None:
+    """Multi-stream: a stream deleted and made again gets a new key; its old leases were left
+    for good (every take round scanned them), as each cleanup looks at its own stream's key."""
+    from shard_sync.cleanup import former_stream_leases
+
+    now, old, newer, other = "1:s:200", "1:s:100", "1:s:300", "1:t:100"
+    table = MemoryLeaseTable()
+    for stream in (now, old, newer, other):
+        table.create_lease_if_absent(lease(f"{stream}:shardId-0", STARTED))
+    table.create_lease_if_absent(lease(f"{old}:shardId-1", SHARD_END))
+    assert [x.lease_key for x in former_stream_leases(table.list_leases(), now)] == [
+        f"{old}:shardId-0", f"{old}:shardId-1"
+    ]  # fmt: skip
+    assert former_stream_leases(table.list_leases(), None) == []  # one stream: no key
+    lister = ListedShards([shard("shardId-0", 1, None, 0, MAX_HASH_KEY)])
+    m = LeaderMaintenance(
+        ShardSyncer(lister, table, InitialPosition.latest(), stream_key=now), table,
+        lister=lister, shard_gone=lambda x: False, garbage_every=2,
+    )  # fmt: skip
+    assert m.run_once().deleted == ()  # not a garbage round
+    assert set(m.run_once().deleted) == {f"{old}:shardId-0", f"{old}:shardId-1"}
+    assert {x.lease_key for x in table.list_leases()} == {
+        f"{s}:shardId-0" for s in (now, newer, other)
+    }
