@@ -64,6 +64,7 @@ class BatchPreparer:
                     else:
                         token = next(iter(by_sink.values()))
                     self._events.tokened(lane, cut, token)
+            self._tokens_for_replays(batch)
             batch.tokens_ready = True
         while not self._prepare_pending(batch):
             # A cut left the batch: the pending checkpoints written so far name the old
@@ -82,6 +83,31 @@ class BatchPreparer:
                 to_df=self._to_df,
                 frames=ExecutorFrames(ranges, self._parse) if ranges else None,
             )
+
+    def _tokens_for_replays(self, batch: Batch) -> None:
+        """Re-formed pieces keep their stored tokens; a sink that has none for one (its prepare
+        gave up on the batch that first held it, which went to its dead letter) prepares it now:
+        written without one, ``delta:`` took the next version at each attempt, and a write that
+        timed out after it committed was committed again."""
+        several = len(self._routes) > 1
+        for route in self._routes:
+            if route.name in batch.unprepared:
+                continue
+            missing = [
+                (lane, cut) for lane, cut in batch.parts
+                if cut.replayed and stored_token(cut.token, route.name, several=several) is None
+            ]  # fmt: skip
+            if not missing:
+                continue
+            given = self._tokens(route, [cut.piece for _, cut in missing])
+            for lane, cut in missing:
+                token = given.get(lane.lease_key)
+                if token is None:
+                    continue
+                if several:
+                    by_sink = dict(cut.token[BY_SINK]) if is_wrapped(cut.token) else {}
+                    token = {BY_SINK: {**by_sink, route.name: token}}
+                self._events.tokened(lane, cut, token)
 
     def _prepare_pending(self, batch: Batch) -> bool:
         """Write the pending checkpoint of each cut not yet prepared (listing every cut of its
@@ -123,6 +149,19 @@ class BatchPreparer:
             raise  # not a sink's failure to wrap: closing, or never tried again while it runs
         except Exception as exc:
             raise PrepareFailedError(route.name, exc) from exc
+
+
+def is_wrapped(token: Any) -> bool:
+    """Whether a lease's stored token is several sinks' (``{BY_SINK: {name: token}}``)."""
+    return isinstance(token, Mapping) and set(token) == {BY_SINK}
+
+
+def stored_token(token: Any, sink: str, *, several: bool) -> Any:
+    """One sink's token in a lease's stored one (``{BY_SINK: ...}`` with several sinks); None
+    when it has none, or was stored under another list of sinks."""
+    if several:
+        return token[BY_SINK].get(sink) if is_wrapped(token) else None
+    return None if is_wrapped(token) else token
 
 
 def _write_pending(

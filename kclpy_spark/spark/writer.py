@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tenacity import (
@@ -24,7 +24,7 @@ from tenacity.stop import stop_base
 from checkpoint.base.retry import Backoff
 from kclpy_spark.spark.acks import DEAD_LETTERED, FAILED, WRITTEN, AckSet, PrepareFailedError
 from kclpy_spark.spark.batch_life import Batch, LaneEvents
-from kclpy_spark.spark.batch_prep import BY_SINK, BatchPreparer
+from kclpy_spark.spark.batch_prep import BatchPreparer, is_wrapped, stored_token
 from kclpy_spark.spark.frames import RangeChunk, stored_rows_lost
 from kclpy_spark.spark.lane import Cut, Lane
 from kclpy_spark.spark.settings import BatcherSettings
@@ -351,9 +351,8 @@ def _token_of(route: SinkRoute, token: Any, *, several: bool) -> Any:
     token}}``; with one, the sink's own. A piece re-formed from a pending checkpoint written under
     another list of sinks has no token for this one: it gets None (Delta then takes the next
     version, so drain before changing the sinks: a clean stop leaves no pending checkpoint)."""
-    wrapped = isinstance(token, Mapping) and set(token) == {BY_SINK}
-    if several == wrapped:
-        return token[BY_SINK].get(route.name) if wrapped else token
+    if several == is_wrapped(token):
+        return stored_token(token, route.name, several=several)
     if token is not None:
         log.warning(
             "a re-formed piece's sink token was stored under another list of sinks; sink %r "

@@ -428,3 +428,36 @@ def test_a_hung_prepare_of_one_of_two_sinks_is_not_tried_again() -> None:
     finally:
         release.set()
         env.batcher.close(timeout=5.0)
+
+
+class _BrokenDeadLetters:
+    def write(self, batch: SinkBatch, error: BaseException) -> None:
+        raise OSError("dead-letter location unwritable (or: the worker is killed here)")
+
+
+def test_a_re_formed_piece_gets_a_token_from_a_sink_whose_prepare_had_failed() -> None:
+    """The sink whose prepare gave up stored no token in the pending state: the re-formed piece
+    was written to it with none (delta: the next version at each attempt, so a write that timed
+    out after it committed was committed again)."""
+    env = two_sinks(max_attempts=1, dead_letter=_BrokenDeadLetters())
+    env.take(SHARDS[0])
+    real_prepare = env.b.prepare
+
+    def unreadable(pieces: Sequence[Piece]) -> Mapping[str, Any]:
+        raise OSError("the table's log is unreadable")
+
+    env.b.prepare = unreadable  # type: ignore[method-assign]
+    env.deliver(SHARDS[0], records(1, 3))
+    env.batcher.step()  # a wrote; b unprepared, dead letter failed: parked, pending kept
+    state = PendingState.decode(env.lease(SHARDS[0]).pending_checkpoint_state)
+    assert state is not None
+    # The lease moves; b is healthy again.
+    env.table.evict_lease(env.lease(SHARDS[0]))
+    env.b.prepare = real_prepare  # type: ignore[method-assign]
+    env.batcher = env.new_batcher()
+    env.take(SHARDS[0], worker="worker-b")
+    env.deliver(SHARDS[0], records(1, 3))
+    env.batcher.run_until_idle()
+    assert env.b.written, "b never written"
+    # b (a Delta sink, say) writes the re-formed piece with no version: not idempotent.
+    assert env.b.written[-1].tokens[SHARDS[0]] is not None, env.b.written[-1].tokens
