@@ -49,8 +49,9 @@ from kclpy_spark.retrieval.stream_consumer import CONSUMERS, ConsumerRegistry
 
 log = logging.getLogger(__name__)
 
-# The shard-end check after a broken stream reads this many records at most: a whole page (up
-# to 10 MB) would take the shard's polling allowance from other applications for seconds.
+# The shard-end check after a broken stream reads this many records at most: a whole page of
+# small records (10,000, megabytes) took the shard's polling allowance from other applications
+# for seconds; 100 large records can still make one answer of up to 10 MB.
 END_CHECK_LIMIT = 100
 
 # AWS ends a subscription after 5 minutes; renewing 10 s earlier keeps the gap ours to choose.

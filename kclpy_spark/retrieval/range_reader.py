@@ -120,6 +120,9 @@ class RangeReader:
                 )
                 return shard_iterator_of(answer)
             except Exception as exc:
+                if resume is None and rng.pinned is None and is_throttling(exc):
+                    self.throttled += 1  # gives way at once, as a throttled GetRecords does
+                    return None
                 if not await self._failed(exc, "GetShardIterator"):
                     return None
 

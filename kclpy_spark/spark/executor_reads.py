@@ -443,7 +443,7 @@ class ExecutorReads:
         # the shard's and shows.
         lag = None if end.left_behind and not end.millis_behind_latest else end.millis_behind_latest
         if end.unanswered and rng.pinned is None:
-            return self._unanswered(entry, end, now)
+            return self._unanswered(entry, rng, end, now)
         with self._lock:
             entry.failures = 0
             entry.lag = lag
@@ -459,15 +459,21 @@ class ExecutorReads:
         counted = ReadElsewhere(end.rows, end.nbytes, last, end.throttled)
         entry.post(FetchedBatch([], lag, end.shard_ended, children, elsewhere=counted))
 
-    def _unanswered(self, entry: _Entry, end: RangeEnd, now: float) -> None:
+    def _unanswered(self, entry: _Entry, rng: ReadRange, end: RangeEnd, now: float) -> None:
         """The range got no GetRecords answer within its time: every call throttled (other
         consumers of the shard) or failing in a way a retry may mend (the executors cannot
         reach Kinesis). Backed off as a failure is, growing; its consumer hears that nothing
         answered (its readiness and lag then show a silent shard, as the driver path's do, and
         the throttled calls are counted), not a read at the tip: it was taken for one, due again
         a second later, and every round holding it lasted its whole budget. Neither parks the
-        lease: a failure a retry cannot mend is an error (``_failed``)."""
+        lease: a failure a retry cannot mend is an error (``_failed``). An iterator it got
+        (GetRecords throttled) is kept for the next range: another GetShardIterator would spend
+        the shard's allowance of those too."""
         self._back_off(entry, now)
+        if end.next_iterator is not None:
+            with self._lock:
+                at = rng.after if rng.after != LATEST else AT_TIMESTAMP  # as ``_found`` does
+                entry.iterator, entry.iterator_at = end.next_iterator, at
         entry.post(NoAnswer(end.throttled))
 
     def _next_read(self, rng: ReadRange, end: RangeEnd, began: float) -> float:

@@ -1009,10 +1009,10 @@ class OnlyForeign(Recorder):
         shard_ended_input.checkpointer.checkpoint(BOGUS)
 
 
-def test_the_foreign_checkpoint_is_stored_and_the_lease_parks_with_it() -> None:
-    """The consequence: a sequence number of no record of this shard is the lease's checkpoint;
-    every later tenure starts AT_SEQUENCE_NUMBER there (Kinesis refuses it) and the children
-    never start."""
+def test_a_foreign_checkpoint_at_shard_end_is_not_stored_and_the_lease_parks() -> None:
+    """Stored, a sequence number of no record of this shard was the lease's checkpoint: every
+    later tenure started AT_SEQUENCE_NUMBER there (Kinesis refuses it) and the children never
+    started. Refused, the processor's shard_ended failed: the lease parks at its checkpoint."""
     env = Env(processor=OnlyForeign())
     env.lease(checkpoint=ExtendedSequenceNumber("100"))
     outcome = env.run(env.consumer(FakeSources([ended([])])))

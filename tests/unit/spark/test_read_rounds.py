@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 from test_lane import KEY, esn
 
 from checkpoint.base.clock import ManualClock
@@ -793,7 +794,7 @@ class _Refusing:
 
 
 def _rounds_nobody_answers(
-    kinesis: _Refusing, rounds: int
+    kinesis: Any, rounds: int
 ) -> tuple[FetchProgress, list[Any], list[float], int]:
     """``rounds`` read rounds of one lease through a real RangeReader, ExecutorReads and
     LeaseRelay: the progress, what reached the queue, how long each range held its job and
@@ -852,3 +853,45 @@ def test_a_shard_throttled_on_get_records_gives_way_instead_of_holding_every_rou
     progress, got, held, failures = _rounds_nobody_answers(_Refusing(iterators_fail=False), 4)
     assert max(held) < 1.0 and failures == 4, held  # ended at the refusal, backed off
     assert progress.throttled == 4 and len(got) == 1  # each counted in read_throttled
+
+
+_THROTTLED: Any = {"Error": {"Code": "ProvisionedThroughputExceededException", "Message": "x"},
+                  "ResponseMetadata": {"HTTPStatusCode": 400}}  # fmt: skip
+
+
+class _GetRecordsThrottled:
+    """GetShardIterator answers; every GetRecords is throttled (the shard's other readers)."""
+
+    def __init__(self) -> None:
+        self.iterators = 0
+        self.calls = 0
+
+    async def get_shard_iterator(self, **_: Any) -> dict[str, Any]:
+        self.iterators += 1
+        return {"ShardIterator": f"it-{self.iterators}"}
+
+    async def get_records(self, **_: Any) -> dict[str, Any]:
+        raise ClientError(_THROTTLED, "GetRecords")
+
+
+class _IteratorsThrottled(_GetRecordsThrottled):
+    """GetShardIterator is throttled too (5 calls a second per shard, shared)."""
+
+    async def get_shard_iterator(self, **_: Any) -> dict[str, Any]:
+        self.iterators += 1
+        raise ClientError(_THROTTLED, "GetShardIterator")
+
+
+def test_a_throttled_get_records_keeps_its_iterator_for_the_next_round() -> None:
+    """Backing the lease off dropped the iterator the range kept: every throttled round cost a
+    GetShardIterator too (5 a second per shard, shared with the shard's other readers)."""
+    kinesis = _GetRecordsThrottled()
+    _rounds_nobody_answers(kinesis, 4)
+    assert kinesis.iterators == 1, f"{kinesis.iterators} GetShardIterator calls in 4 rounds"
+
+
+def test_a_throttled_get_shard_iterator_gives_way_too() -> None:
+    """A throttled GetShardIterator was retried until the range's 10 s ran out, holding its
+    read job (every lease in it)."""
+    _, _, held, _ = _rounds_nobody_answers(_IteratorsThrottled(), 3)
+    assert max(held) < 1.0, held
