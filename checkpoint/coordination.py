@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -136,8 +137,9 @@ class SuspendFlag:
     """The suspend flag as one worker follows it: taken from the last scan of the table if that
     returned within ``max_age`` seconds (the taker's scan reads the record anyway; no record
     there: not suspended), else read (eventually consistent). Scans and reads may lag (a scan
-    in flight across a read, a replica behind): a record older than one already seen, by its
-    version and its write time, never overrides it, so the flag never flips back. ``observe``
+    in flight across a read, a replica behind): a record older than one already seen (by its
+    version; a record deleted and written again, by its write time) never overrides it, so the
+    flag never flips back. ``observe``
     runs on the event loop, ``read`` on a thread."""
 
     def __init__(self, store: CoordinationStore, clock: Clock, max_age: float) -> None:
@@ -145,7 +147,8 @@ class SuspendFlag:
         self._clock = clock
         self._max_age = max_age
         self._version = 0  # the newest version of the record seen (0: none yet)
-        self._written = -math.inf  # when that version was written (wall clock)
+        self._made: object = None  # that record's own mark ("made": None before we had one)
+        self._newest_written = -math.inf  # the latest write time of any record seen
         self._suspended = False
         self._scanned_at = float("-inf")  # when the last scan returned
         self._lock = threading.Lock()
@@ -153,11 +156,15 @@ class SuspendFlag:
     def _note(self, record: CoordinationRecord | None) -> bool:
         """Take ``record`` unless it is older than what we saw; the flag (call with the lock)."""
         version = 0 if record is None else record.version
-        # A record deleted and written again starts at version 1: newer by its write time.
         written = -math.inf if record is None else record.expires_at
-        if version >= self._version or written > self._written:
-            self._version, self._written = version, written
+        made = _data(record).get("made")
+        # The same record: its newer version wins. Another (deleted and written again, its
+        # version from 1): the one written later, so a stale view of the old one never wins.
+        same = made == self._made
+        if version >= self._version if same else written > self._newest_written:
+            self._version, self._made = version, made
             self._suspended = _says_suspended(record)
+        self._newest_written = max(self._newest_written, written)
         return self._suspended
 
     def observe(self, records: Iterable[CoordinationRecord], returned_at: float) -> None:
@@ -177,13 +184,13 @@ class SuspendFlag:
 
 
 def set_suspended(store: CoordinationStore, suspended: bool, *, by: str, now_wall: float) -> bool:
-    return update_record(
-        store,
-        SUSPEND_KEY,
-        lambda d: {**d, "suspended": suspended, "by": by, "at": now_wall},
-        owner=None,
-        now_wall=now_wall,
-    )
+    def change(d: dict[str, Any]) -> dict[str, Any]:
+        # "made": the record's own mark, kept by every update: one written after it was deleted
+        # has another (its version starts again at 1).
+        made = d.get("made") or uuid.uuid4().hex[:12]
+        return {**d, "suspended": suspended, "by": by, "at": now_wall, "made": made}
+
+    return update_record(store, SUSPEND_KEY, change, owner=None, now_wall=now_wall)
 
 
 def stream_key(stream: str) -> str:

@@ -238,19 +238,21 @@ class LeaderMaintenance:
             if lease.lease_key in candidates and self._syncer.owns(lease)
         ]
         for lease in self._to_probe(garbage_leases(fresh, listed)):
-            if not self._confirmed_gone(lease) or not self._children_leased(lease, shards):
+            if not self._confirmed_gone(lease) or not self._lease_children_first(lease, shards):
                 continue
             if self._table.delete_lease(lease):
                 deleted.append(lease.lease_key)
                 log.warning("deleted lease %s: its shard no longer exists", lease.lease_key)
         return deleted
 
-    def _children_leased(self, lease: Lease, shards: Mapping[str, Shard]) -> bool:
+    def _lease_children_first(self, lease: Lease, shards: Mapping[str, Shard]) -> bool:
         """Before the lease of a shard that aged out unfinished goes (workers down longer than
-        the retention, across a reshard): its listed children leased at TRIM_HORIZON, as its
-        shard end would have made them. Deleted without, its children were leased as roots at
-        the initial position by the next sync: at LATEST, all they still held was skipped.
-        False when that failed (the lease then stays until a later round)."""
+        the retention, across a reshard): lease its listed children at TRIM_HORIZON, as its
+        shard end would have made them (children that aged out too leave their own children to
+        the sync, as the KCL does: it cannot tell whose they were). Deleted without, its
+        children were leased as roots at the initial position by the next sync: at LATEST, all
+        they still held was skipped. False when that failed (the lease then stays until a later
+        round)."""
         if lease.checkpoint.is_shard_end:
             return True
         children = [sid for sid, shard in shards.items() if lease.shard_id in shard.parent_ids]

@@ -87,6 +87,7 @@ class _KclSideTable(DynamoCalls):
     ) -> None:
         super().__init__(client, application + self.SUFFIX, retry, sleep)
         self.present = False
+        self.unseen = False  # the last look failed (not permitted, throttled): none can tell
         self._clock = clock
         self._probed_at: float | None = None
         self._warned = False
@@ -104,7 +105,10 @@ class _KclSideTable(DynamoCalls):
             log.log(logging.DEBUG if self._warned else logging.WARNING,
                     "KCL 3.0-3.4 table %r unseen: %s", self._table, exc)  # fmt: skip
             self._warned = True
-            response = None
+            self.unseen = True
+            self.present = False
+            return
+        self.unseen = False
         self.present = response is not None
 
     def _looked_for(self) -> bool:
@@ -155,8 +159,8 @@ class KclCoordinatorTable(_KclSideTable):
     def client_version(self) -> str | None:
         """The fleet's client version (``cv``), or None (no table, no item); after a failed
         read, the last one read (``UNREAD`` when none was)."""
-        if not self._looked_for():
-            return None
+        if not self._looked_for():  # absent: a fleet started on 3.x; unseen: cannot tell
+            return self._last if self.unseen else None
         key = {COORDINATOR_KEY: {"S": MIGRATION_KEY}}
         try:
             response = self._retried(

@@ -5,9 +5,11 @@ take), and its checkpoint is checked against the stream's retention (``aged_chec
 from __future__ import annotations
 
 import logging
+from typing import Protocol, runtime_checkable
 
 from checkpoint.base.errors import KclpySparkError
-from checkpoint.sequence import LATEST, TRIM_HORIZON
+from checkpoint.lease import Lease
+from checkpoint.sequence import LATEST, TRIM_HORIZON, ExtendedSequenceNumber
 from kclpy_spark.retrieval.source import ShardProbe
 from kclpy_spark.runtime.budget import FailureBudget
 from kclpy_spark.runtime.lease_calls import lease_call
@@ -41,8 +43,21 @@ async def parents_ended(tenure: Tenure, poll_interval: float) -> None:
         await tenure.pause(poll_interval)
 
 
+@runtime_checkable
+class PendingStarts(Protocol):
+    """A processor factory whose processors write pending checkpoints (the Spark sink's): where
+    the pieces a lease's pending checkpoint ends begin (None: it cannot tell)."""
+
+    def pending_first(self, lease: Lease) -> ExtendedSequenceNumber | None: ...
+
+
 async def check_retention(
-    tenure: Tenure, probe: ShardProbe, policy: str, budget: FailureBudget, start: ReadStart
+    tenure: Tenure,
+    probe: ShardProbe,
+    policy: str,
+    budget: FailureBudget,
+    start: ReadStart,
+    pending_starts: PendingStarts | None = None,
 ) -> None:
     """Apply ``policy`` (``aged_checkpoint_policy``) when the stored sequence number (the
     checkpoint's, or a start position's pending one) is older than anything the stream still
@@ -52,9 +67,12 @@ async def check_retention(
     if not checkpoint.is_sentinel:
         what = f"checkpoint {checkpoint}"
     elif pending is not None and not pending.is_sentinel:
-        # A piece written (pending) from a start position, never committed: once its records
-        # aged out it cannot be read again, and a read pinned to it failed every tenure.
-        checkpoint, what = pending, f"pending checkpoint {pending} (a piece being written)"
+        # Pieces written (pending) from a start position, never committed: once their first
+        # records aged out they cannot be read again as they were (a read pinned to them failed
+        # every tenure; re-formed on the driver, another piece: written twice).
+        begins = pending_starts.pending_first(tenure.lease) if pending_starts else None
+        checkpoint = begins if begins is not None and not begins.is_sentinel else pending
+        what = f"pending checkpoint {pending} (pieces being written, from {checkpoint})"
     else:
         return
     first = await tenure.wait_or_stop(probe.earliest_sequence_number(tenure.shard_id))

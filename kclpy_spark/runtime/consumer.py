@@ -36,6 +36,7 @@ from checkpoint.leasing.held_lease import HeldLease
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import (
+    LATEST,
     ExtendedSequenceNumber,
     InitialPosition,
 )
@@ -57,7 +58,7 @@ from kclpy_spark.retrieval.source import (
     ShardProbe,
     SourceFactory,
 )
-from kclpy_spark.runtime.before_read import check_retention, parents_ended
+from kclpy_spark.runtime.before_read import PendingStarts, check_retention, parents_ended
 from kclpy_spark.runtime.budget import FailureBudget
 from kclpy_spark.runtime.caught_up import CaughtUp
 from kclpy_spark.runtime.metrics import WorkerMetrics
@@ -185,9 +186,10 @@ class ShardConsumer:
     async def _lifecycle(self) -> Outcome:
         self.stats.state = "waiting_on_parents"
         await parents_ended(self.tenure, self._cfg.parent_shard_poll_interval)
+        starts = self._processors if isinstance(self._processors, PendingStarts) else None
         aged = functools.partial(
             check_retention, self.tenure, self._probe, self._cfg.aged_checkpoint_policy,
-            self.budget, self._start,
+            self.budget, self._start, starts,
         )  # fmt: skip
         await self.budget.retrying("checking the checkpoint against the retention", aged)
         self.stats.state = "initializing"
@@ -293,7 +295,7 @@ class ShardConsumer:
                 if batch.elsewhere is not None:  # a read on the executors that succeeded
                     self._count_elsewhere(batch.elsewhere)
                     self.budget.succeeded()
-                if batch.records:
+                if batch.records and self._start.checkpoint == LATEST:  # a first LATEST read
                     await self._pin_earlier(batch.records[0].timestamp_millis)
                 if batch.records or batch.announce:
                     await self._deliver(processor, batch)

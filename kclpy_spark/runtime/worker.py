@@ -159,7 +159,7 @@ class Worker:
     def _out_of_range(self, lease_key: str, count: int) -> None:
         """From a page's deaggregation, maybe on a thread that outlived the lease's tenure: a
         late count would make its series again after the tenure removed it, for good."""
-        if lease_key in self.consumers:
+        if lease_key in self.consumers.running:  # not ended (a call draining counts as ended)
             self.metrics.kpl_out_of_range.labels(*self.metrics.shard(lease_key)).inc(count)
 
     # --- public ----------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from checkpoint.lease import stream_name_of
+from checkpoint.lease import Lease, stream_name_of
 from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.processor import (
     InitializeInput,
@@ -37,7 +37,7 @@ from kclpy_spark.spark.micro_batcher import (
     MicroBatcher,
     SinkParkedError,
 )
-from kclpy_spark.spark.pieces import records_to_chunk
+from kclpy_spark.spark.pieces import PendingState, records_to_chunk
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -168,6 +168,13 @@ class SparkSinkProcessorFactory:
         self._session = session
         self.record_sources = record_sources
         self._reads = reads
+
+    def pending_first(self, lease: Lease) -> ExtendedSequenceNumber | None:
+        """Where the pieces the lease's pending checkpoint ends begin (its stored state's first
+        piece of the lease), for the retention check; None when the state names none."""
+        state = PendingState.decode(lease.pending_checkpoint_state)
+        pieces = [] if state is None else state.after(lease.lease_key, None)
+        return pieces[0][0].first if pieces else None
 
     def __call__(self) -> RecordProcessor:
         return SparkSinkProcessor(self.batcher, self._stream, self._shutdown_timeout)

@@ -600,6 +600,24 @@ def test_a_resume_written_after_the_record_was_deleted_is_followed() -> None:
     assert flag.read() == (False, True)
 
 
+def test_an_older_suspend_written_by_a_clock_ahead_never_flips_the_flag_back() -> None:
+    """Taking a record newer by its write time (for one deleted and written again) let a stale
+    view of an older version, written on a host whose clock is ahead, suspend the worker again
+    after a resume."""
+    from checkpoint.base.clock import ManualClock
+
+    store, clock = MemoryLeaseTable(), ManualClock()
+    flag = coordination.SuspendFlag(store, clock, max_age=10.0)
+    now = clock.wall()
+    coordination.set_suspended(store, True, by="host-a", now_wall=now + 30.0)  # its clock ahead
+    lagging = store.scan_table("").records  # a scan, or a replica, that still shows it
+    coordination.set_suspended(store, False, by="host-b", now_wall=now)  # resumed
+    flag.observe(store.scan_table("").records, clock.monotonic())
+    assert flag.read() == (False, False)
+    flag.observe(lagging, clock.monotonic())  # the older view comes back late
+    assert flag.read() == (False, False)
+
+
 def test_coordination_records_are_written_without_spaces() -> None:
     """Every Scan of the lease table reads the worker and leader records: no byte for nothing
     (a small fleet's table at the start sat just over the 4 KB that halves a Scan's units)."""

@@ -96,3 +96,35 @@ def test_a_failed_read_of_the_fleets_client_version_is_not_a_fleet_that_follows_
     assert kcl_workers_follow_handoffs(table.client_version())
     client.throttle = True
     assert kcl_workers_follow_handoffs(table.client_version())  # the last one read
+
+
+class _Undescribable(_MigrationItemClient):
+    """The coordinator table cannot be looked at: no IAM permission, or throttled."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__("CLIENT_VERSION_2X")
+        self.code = code
+
+    def describe_table(self, **_: Any) -> dict[str, Any]:
+        from botocore.exceptions import ClientError
+
+        error: Any = {"Error": {"Code": self.code, "Message": "x"}}
+        raise ClientError(error, "DescribeTable")
+
+
+@pytest.mark.parametrize(
+    "code", ["AccessDeniedException", "ProvisionedThroughputExceededException"]
+)
+def test_a_failed_look_for_the_coordinator_table_is_not_a_fleet_that_follows_handoffs(
+    code: str,
+) -> None:
+    """A table not found is a fleet started on 3.x; one that could not be looked at (IAM, a
+    throttle) said the same, and a fleet still in 2.x mode was handed leases."""
+    from checkpoint.base.retry import RetryPolicy
+    from checkpoint.coordination import kcl_workers_follow_handoffs
+    from checkpoint.stores.dynamo_kcl_workers import KclCoordinatorTable
+
+    retry = RetryPolicy(max_attempts=2, base_delay=0.0, max_delay=0.0)
+    table = KclCoordinatorTable(_Undescribable(code), "app", retry, lambda _: None)  # type: ignore[arg-type]
+    table.probe()
+    assert not kcl_workers_follow_handoffs(table.client_version())

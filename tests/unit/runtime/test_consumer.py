@@ -423,6 +423,37 @@ def test_a_piece_pending_from_a_start_position_that_aged_out_is_dropped_by_the_p
     assert pending_seen == [ExtendedSequenceNumber("120")]
 
 
+def test_pieces_pending_whose_first_records_aged_out_are_dropped_by_the_policy() -> None:
+    """A piece read from TRIM_HORIZON begins at the stream's oldest record: a takeover late by
+    a little aged its head first. Its last record was compared: still in the stream, so the
+    read pinned to the piece failed every tenure (re-formed on the driver: another piece)."""
+
+    class Factory:  # the Spark sink's factory knows where its pending pieces begin
+        def __init__(self, env: Env) -> None:
+            self.env, self.pending_seen = env, []
+
+        def __call__(self) -> RecordProcessor:
+            self.pending_seen.append(self.env.stored().pending_checkpoint)
+            return self.env.processor
+
+        def pending_first(self, lease: Lease) -> ExtendedSequenceNumber | None:
+            return ExtendedSequenceNumber("400")  # the pieces 400..600: their head aged out
+
+    for knows in (True, False):
+        env = Env(probe=FakeProbe(earliest="500"))
+        env.cfg = WorkerConfig(
+            stream_name="s", max_processing_attempts=ATTEMPTS, aged_checkpoint_policy="earliest"
+        )
+        env.lease(pending_checkpoint=ExtendedSequenceNumber("600"))
+        factory = Factory(env)
+        made = factory if knows else (lambda f=factory: f())  # type: ignore[misc]
+        outcome = env.run(env.consumer(FakeSources([batch(500), ended([])]), factory=made))
+        assert outcome is Outcome.SHARD_END
+        # Told where they begin: dropped (read on from the oldest record); else the last
+        # record (600) is still in the stream and the pieces stay to be re-formed.
+        assert factory.pending_seen == [None if knows else ExtendedSequenceNumber("600")]
+
+
 def test_a_merge_child_blocked_on_its_other_parent_keeps_the_lease_and_never_skips_it() -> None:
     """Issue 14, finding 6: SHARD_END used to be checkpointed without the child's lease."""
     env = Env()

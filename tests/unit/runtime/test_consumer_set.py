@@ -377,3 +377,42 @@ def test_a_kpl_count_reported_after_its_tenure_ended_makes_no_series_again() -> 
         assert series() == []
 
     asyncio.run(go())
+
+
+def test_a_kpl_count_reported_while_its_ended_tenure_drains_makes_no_series_again() -> None:
+    """A lease whose call still runs after its tenure ended counted as here, so a late count
+    made the series again after the tenure removed it."""
+    from types import SimpleNamespace
+
+    from kclpy_spark.runtime.worker import Worker
+
+    release = threading.Event()
+
+    class Hung(Recorder):
+        def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+            assert release.wait(30.0)
+
+    env = Env(Hung(), processor_stall_timeout=60.0)
+    key = "shardId-000000000000"
+    report = Worker._out_of_range.__get__(SimpleNamespace(metrics=env.metrics, consumers=env.set))
+
+    def series() -> list[str]:
+        text = env.metrics.exposition().decode()
+        return [x for x in text.splitlines() if x.startswith("kclpy_spark_kpl_subrecords_out")]
+
+    async def go() -> None:
+        env.start(key, [batch(10)])
+        await settle(lambda: env.set.running[key].consumer.stats.call_started is not None)
+        await env.set.shutdown_all(0.05)  # grace ran out: the consumer task is cancelled
+        await settle(lambda: key not in env.set.running)
+        assert key in env.set  # draining: the tenure ended, its series forgotten
+        assert series() == []
+        report(key, 3)  # late, from the fetch thread of the ended tenure
+        release.set()
+        await settle(lambda: key not in env.set)
+        assert series() == [], series()
+
+    try:
+        asyncio.run(go())
+    finally:
+        release.set()

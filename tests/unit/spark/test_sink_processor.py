@@ -241,3 +241,27 @@ def test_the_factory_shows_the_executor_reads_figures_in_its_metrics(sink: Sink)
         reads.close()
     assert "kclpy_spark_sink_executor_read_jobs_total 7.0" in text
     assert "kclpy_spark_sink_executor_reads_stored 2.0" in text
+
+
+def test_the_factory_says_where_a_leases_pending_pieces_begin() -> None:
+    """For the retention check: the first piece of the lease in its stored pending state."""
+    from checkpoint.lease import Lease
+    from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
+    from kclpy_spark.spark.pieces import InFlight, PendingState, PieceKey
+    from kclpy_spark.spark.sink_processor import SparkSinkProcessorFactory
+
+    key = "shardId-000000000000"
+    first = PieceKey(key, ExtendedSequenceNumber("400"), ExtendedSequenceNumber("450"))
+    second = PieceKey(key, ExtendedSequenceNumber("451"), ExtendedSequenceNumber("600"))
+    other = PieceKey(
+        "shardId-000000000001", ExtendedSequenceNumber("1"), ExtendedSequenceNumber("2")
+    )
+    state = PendingState((InFlight((other, first), None), InFlight((second,), None))).encode()
+    lease = Lease(key, TRIM_HORIZON, pending_checkpoint=ExtendedSequenceNumber("600"),
+                  pending_checkpoint_state=state)  # fmt: skip
+    pending_first = SparkSinkProcessorFactory.pending_first
+    assert pending_first(None, lease) == ExtendedSequenceNumber("400")  # type: ignore[arg-type]
+    assert pending_first(None, Lease(key, TRIM_HORIZON)) is None  # type: ignore[arg-type]
+    foreign = Lease(key, TRIM_HORIZON, pending_checkpoint=ExtendedSequenceNumber("600"),
+                    pending_checkpoint_state=b"an amazon-kclpy app's own state")  # fmt: skip
+    assert pending_first(None, foreign) is None  # type: ignore[arg-type]
