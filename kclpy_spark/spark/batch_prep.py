@@ -28,6 +28,12 @@ log = logging.getLogger(__name__)
 BY_SINK = "by_sink"
 
 
+class PrepareHungError(PrepareFailedError, WriteHungError):
+    """A sink's prepare gave no answer: never tried again while it may run (a hung write's
+    rule); the sink's failure policy then holds (a prepare writes nothing: a dead letter is
+    safe even for a sink that keeps a lease's batches in order)."""
+
+
 class BatchPreparer:
     """``prepare(batch)``: tokens, pending checkpoints and the SinkBatch, for ``routes``."""
 
@@ -145,8 +151,10 @@ class BatchPreparer:
                 f"kclpy-spark-prepare-{index}-{uuid.uuid4().hex[:8]}",
                 f"preparing {len(pieces)} piece(s) for sink {route.name!r}",
             )
-        except (WriteThreadsClosedError, WriteHungError):
-            raise  # not a sink's failure to wrap: closing, or never tried again while it runs
+        except WriteThreadsClosedError:
+            raise  # not a sink's failure: closing
+        except WriteHungError as exc:  # not tried again while it may run; it wrote nothing
+            raise PrepareHungError(route.name, exc) from exc
         except Exception as exc:
             raise PrepareFailedError(route.name, exc) from exc
 

@@ -214,9 +214,13 @@ class BatchWriter:
     def _run_route(self, batch: Batch, route: SinkRoute, acks: AckSet) -> bool:
         """Write the batch to one sink, with its retries and failure policy; True when the sink
         answered positively (written, or dead-lettered)."""
+        unprepared = batch.unprepared.get(route.name)
+        if unprepared is not None:  # its prepare gave up: nothing of it was written
+            batch.error = unprepared
+            dead = self._dead_letter(batch, route, unprepared)
+            acks.answer(route.name, DEAD_LETTERED if dead else FAILED, unprepared)
+            return dead
         try:
-            if route.name in batch.unprepared:
-                raise batch.unprepared[route.name]
             self._retrying(batch, route.max_attempts, route)(self._attempt, batch, route)
         except WriteThreadsClosedError:
             raise
