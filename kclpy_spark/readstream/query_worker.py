@@ -248,6 +248,10 @@ class QueryWorker:
         self._worker: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.error: BaseException | None = None
+        # Given up on (start timed out, or stop came first): a worker that starts late stops
+        # at once instead of holding leases nobody reads.
+        self._given_up = False
+        self._lock = threading.Lock()
 
     @property
     def worker_id(self) -> str:
@@ -264,7 +268,9 @@ class QueryWorker:
         self._started.wait(START_SECONDS)
         if self.error is not None:
             raise self.error
-        if self._worker is None:
+        with self._lock:
+            self._given_up = self._worker is None
+        if self._given_up:
             raise KclpySparkError(
                 f"kinesis-kcl: the lease worker did not start in {START_SECONDS:.0f}s"
             )
@@ -273,8 +279,12 @@ class QueryWorker:
         from kclpy_spark.runtime.daemon import run_worker
 
         async def started(worker: Any) -> None:
-            self._worker, self._loop = worker, asyncio.get_running_loop()
+            with self._lock:
+                self._worker, self._loop = worker, asyncio.get_running_loop()
+                given_up = self._given_up
             self._started.set()
+            if given_up:
+                worker.request_shutdown()
 
         def processors() -> RecordProcessor:
             return QueryProcessor(self.leases)
@@ -293,11 +303,15 @@ class QueryWorker:
         return self._sources.relay
 
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self.error is None
+        alive = self._thread is not None and self._thread.is_alive()
+        return alive and self._worker is not None and not self._given_up and self.error is None
 
     def stop(self, timeout: float = 30.0) -> None:
-        if self._loop is not None and self._worker is not None:
+        with self._lock:
+            self._given_up = True  # one that has not started yet stops when it does
+            worker, loop = self._worker, self._loop
+        if loop is not None and worker is not None:
             with contextlib.suppress(RuntimeError):  # the loop already closed
-                self._loop.call_soon_threadsafe(self._worker.request_shutdown)
+                loop.call_soon_threadsafe(worker.request_shutdown)
         if self._thread is not None:
             self._thread.join(timeout)

@@ -1,0 +1,60 @@
+"""The readStream source's lease worker on its thread (``QueryWorker``): one that starts after
+its start timed out, or after a stop, stops at once instead of holding leases nobody reads."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from checkpoint.base.errors import KclpySparkError
+from kclpy_spark.readstream import query_worker
+from kclpy_spark.readstream.query_worker import QueryWorker
+
+
+class _SlowWorker:
+    """``run_worker`` that starts after ``delay`` seconds and runs until asked to stop."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.started = threading.Event()
+        self.stopped = threading.Event()
+
+    async def run_worker(self, cfg: Any, processors: Any, *, on_started: Any, **_: Any) -> None:
+        await asyncio.sleep(self.delay)
+        stop = asyncio.Event()
+        me = self
+
+        class Worker:
+            def request_shutdown(self) -> None:
+                me.stopped.set()
+                stop.set()
+
+        await on_started(Worker())
+        self.started.set()
+        await stop.wait()
+
+
+@pytest.mark.parametrize("first", ["start timed out", "stopped before it started"])
+def test_a_worker_that_starts_late_stops_at_once(
+    first: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow = _SlowWorker(delay=0.3)
+    monkeypatch.setattr("kclpy_spark.runtime.daemon.run_worker", slow.run_worker)
+    monkeypatch.setattr(query_worker, "START_SECONDS", 0.05)
+    worker = QueryWorker(SimpleNamespace(worker_id="query-worker"))
+    if first == "start timed out":
+        with pytest.raises(KclpySparkError, match="did not start"):
+            worker.start()
+        assert not worker.running()
+    else:
+        monkeypatch.setattr(query_worker, "START_SECONDS", 0.0)
+        with pytest.raises(KclpySparkError):
+            worker.start()
+        worker.stop(timeout=0.0)
+    assert slow.started.wait(5.0) and slow.stopped.wait(5.0)  # it came up late, and stopped
+    assert not worker.running()
+    worker.stop(timeout=5.0)
