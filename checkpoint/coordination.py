@@ -139,8 +139,7 @@ class SuspendFlag:
     there: not suspended), else read (eventually consistent). Scans and reads may lag (a scan
     in flight across a read, a replica behind): a record older than one already seen (by its
     version; a record deleted and written again, by its write time) never overrides it, so the
-    flag never flips back. ``observe``
-    runs on the event loop, ``read`` on a thread."""
+    flag never flips back. ``observe`` runs on the event loop, ``read`` on a thread."""
 
     def __init__(self, store: CoordinationStore, clock: Clock, max_age: float) -> None:
         self._store = store
@@ -159,8 +158,9 @@ class SuspendFlag:
         written = -math.inf if record is None else record.expires_at
         made = _data(record).get("made")
         # The same record: its newer version wins. Another (deleted and written again, its
-        # version from 1): the one written later, so a stale view of the old one never wins.
-        same = made == self._made
+        # version from 1): the one written later, so a stale view of the old one never wins. A
+        # record without a mark (an earlier version's) gets one at its next write: versions.
+        same = made == self._made or made is None or self._made is None
         if version >= self._version if same else written > self._newest_written:
             self._version, self._made = version, made
             self._suspended = _says_suspended(record)

@@ -263,13 +263,17 @@ class QueryWorker:
 
     def start(self) -> None:
         """Start the worker; raises what stopped it from starting (a missing stream, no table)."""
-        self._thread = threading.Thread(target=self._main, name="kinesis-kcl-worker", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._main, name="kinesis-kcl-worker", daemon=True)
+        thread.start()
+        self._thread = thread  # once started: a stop meanwhile may join it
         self._started.wait(START_SECONDS)
-        if self.error is not None:
-            raise self.error
         with self._lock:
-            self._given_up = self._worker is None
+            error, stopped = self.error, self._given_up
+            self._given_up = stopped or self._worker is None
+        if error is not None:
+            raise error
+        if stopped:
+            raise KclpySparkError("kinesis-kcl: the lease worker was stopped while it started")
         if self._given_up:
             raise KclpySparkError(
                 f"kinesis-kcl: the lease worker did not start in {START_SECONDS:.0f}s"

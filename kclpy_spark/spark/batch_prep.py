@@ -28,12 +28,6 @@ log = logging.getLogger(__name__)
 BY_SINK = "by_sink"
 
 
-class PrepareHungError(PrepareFailedError, WriteHungError):
-    """A sink's prepare gave no answer: never tried again while it may run (a hung write's
-    rule); the sink's failure policy then holds (a prepare writes nothing: a dead letter is
-    safe even for a sink that keeps a lease's batches in order)."""
-
-
 class BatchPreparer:
     """``prepare(batch)``: tokens, pending checkpoints and the SinkBatch, for ``routes``."""
 
@@ -151,10 +145,11 @@ class BatchPreparer:
                 f"kclpy-spark-prepare-{index}-{uuid.uuid4().hex[:8]}",
                 f"preparing {len(pieces)} piece(s) for sink {route.name!r}",
             )
-        except WriteThreadsClosedError:
-            raise  # not a sink's failure: closing
-        except WriteHungError as exc:  # not tried again while it may run; it wrote nothing
-            raise PrepareHungError(route.name, exc) from exc
+        except (WriteThreadsClosedError, WriteHungError):
+            # Not a sink's failure to wrap: closing; or never tried again while it runs, and not
+            # dead-lettered either (each batch would leave another prepare hanging until the
+            # side threads' cap refused the dead-letter writes too): parked, the lease waits.
+            raise
         except Exception as exc:
             raise PrepareFailedError(route.name, exc) from exc
 

@@ -618,6 +618,45 @@ def test_an_older_suspend_written_by_a_clock_ahead_never_flips_the_flag_back() -
     assert flag.read() == (False, False)
 
 
+def _unmarked_set(store: Any, suspended: bool, by: str, now_wall: float) -> bool:
+    """set_suspended as an earlier version writes it: no mark."""
+    return coordination.update_record(
+        store,
+        coordination.SUSPEND_KEY,
+        lambda d: {**d, "suspended": suspended, "by": by, "at": now_wall},
+        owner=None,
+        now_wall=now_wall,
+    )
+
+
+def test_a_resume_after_an_unmarked_suspend_from_a_clock_ahead_is_followed() -> None:
+    from checkpoint.base.clock import ManualClock
+
+    store, clock = MemoryLeaseTable(), ManualClock()
+    flag = coordination.SuspendFlag(store, clock, max_age=10.0)
+    now = clock.wall()
+    assert _unmarked_set(store, True, "old-cli@host-a", now + 30.0)  # v1, unmarked, clock ahead
+    assert flag.read() == (True, True)
+    assert coordination.set_suspended(store, False, by="new-cli@host-b", now_wall=now + 5.0)  # v2
+    clock.advance(60.0)
+    assert flag.read() == (False, True)  # v2 is the same record's next version
+
+
+def test_a_stale_unmarked_view_never_flips_back_a_marked_successor() -> None:
+    from checkpoint.base.clock import ManualClock
+
+    store, clock = MemoryLeaseTable(), ManualClock()
+    flag = coordination.SuspendFlag(store, clock, max_age=10.0)
+    now = clock.wall()
+    assert _unmarked_set(store, True, "old-cli@host-a", now + 30.0)  # v1, unmarked, clock ahead
+    lagging = store.scan_table("").records
+    assert coordination.set_suspended(store, False, by="new-cli@host-b", now_wall=now + 5.0)
+    flag.observe(store.scan_table("").records, clock.monotonic())  # first sight: v2, resumed
+    assert flag.read() == (False, False)
+    flag.observe(lagging, clock.monotonic())  # a scan in flight / replica behind: v1
+    assert flag.read() == (False, False)
+
+
 def test_coordination_records_are_written_without_spaces() -> None:
     """Every Scan of the lease table reads the worker and leader records: no byte for nothing
     (a small fleet's table at the start sat just over the 4 KB that halves a Scan's units)."""

@@ -38,23 +38,41 @@ class _SlowWorker:
         await stop.wait()
 
 
-@pytest.mark.parametrize("first", ["start timed out", "stopped before it started"])
-def test_a_worker_that_starts_late_stops_at_once(
-    first: str, monkeypatch: pytest.MonkeyPatch
+def test_a_worker_that_starts_after_its_start_timed_out_stops_at_once(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     slow = _SlowWorker(delay=0.3)
     monkeypatch.setattr("kclpy_spark.runtime.daemon.run_worker", slow.run_worker)
     monkeypatch.setattr(query_worker, "START_SECONDS", 0.05)
     worker = QueryWorker(SimpleNamespace(worker_id="query-worker"))
-    if first == "start timed out":
-        with pytest.raises(KclpySparkError, match="did not start"):
-            worker.start()
-        assert not worker.running()
-    else:
-        monkeypatch.setattr(query_worker, "START_SECONDS", 0.0)
-        with pytest.raises(KclpySparkError):
-            worker.start()
-        worker.stop(timeout=0.0)
+    with pytest.raises(KclpySparkError, match="did not start"):
+        worker.start()
+    assert not worker.running()
     assert slow.started.wait(5.0) and slow.stopped.wait(5.0)  # it came up late, and stopped
     assert not worker.running()
     worker.stop(timeout=5.0)
+
+
+def test_a_worker_stopped_while_it_starts_stops_when_it_does() -> None:
+    """A stop while start() waited: start() then said started, and running() yes, while the
+    worker handed its leases out."""
+    slow = _SlowWorker(delay=0.3)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("kclpy_spark.runtime.daemon.run_worker", slow.run_worker)
+        worker = QueryWorker(SimpleNamespace(worker_id="query-worker"))
+        outcome: list[BaseException | None] = []
+
+        def start() -> None:
+            try:
+                worker.start()
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        starting = threading.Thread(target=start)
+        starting.start()
+        worker.stop(timeout=0.0)  # before it started
+        starting.join(10.0)
+        assert slow.stopped.wait(5.0)  # it came up and stopped at once
+        assert isinstance(outcome[0], KclpySparkError) and not worker.running()
+        worker.stop(timeout=5.0)

@@ -461,36 +461,3 @@ def test_a_re_formed_piece_gets_a_token_from_a_sink_whose_prepare_had_failed() -
     assert env.b.written, "b never written"
     # b (a Delta sink, say) writes the re-formed piece with no version: not idempotent.
     assert env.b.written[-1].tokens[SHARDS[0]] is not None, env.b.written[-1].tokens
-
-
-def test_a_hung_prepare_of_a_sink_with_a_dead_letter_is_dead_lettered_once() -> None:
-    """A prepare writes nothing: given up on (no answer), its sink's dead letter takes the
-    batch, as for a write that failed; it parked every lease whatever the policy."""
-    release = threading.Event()
-    calls: list[int] = []
-    a, b, dead = FakeSink(), FakeSink(), DeadLetters()
-
-    def stuck(pieces: Sequence[Piece]) -> Mapping[str, Any]:
-        calls.append(1)
-        release.wait(30.0)
-        return {}
-
-    b.prepare = stuck  # type: ignore[method-assign]
-    env = Env(BatcherSettings(max_records=3, max_attempts=3, write_timeout=0.2,
-                              retry_base_delay=0.0, retry_max_delay=0.0))  # fmt: skip
-    env.batcher = MicroBatcher(
-        [SinkRoute("a", a, 3, 0.2), SinkRoute("b", b, 3, 0.2, dead)], env.settings,
-        clock=env.clock, sleep=env.sleeps.append, threaded=False,
-    )  # fmt: skip
-    env.take(SHARDS[0])
-    env.deliver(SHARDS[0], records(1, 3))
-    try:
-        stepping = threading.Thread(target=env.batcher.step)
-        stepping.start()
-        stepping.join(20.0)
-        assert not stepping.is_alive() and len(calls) == 1  # not tried again while it runs
-        assert [batch.rows for batch, _ in dead.stored] == [3] and len(a.written) == 1
-        assert env.lease(SHARDS[0]).checkpoint == esn(30)
-    finally:
-        release.set()
-        env.batcher.close(timeout=5.0)
