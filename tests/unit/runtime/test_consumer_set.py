@@ -9,6 +9,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -65,6 +66,31 @@ class Env:
         return held
 
 
+class HeldUntil(Recorder):
+    """A processor whose process_records returns only once ``release`` is set."""
+
+    def __init__(self, release: threading.Event) -> None:
+        super().__init__()
+        self.release = release
+
+    def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+        assert self.release.wait(30.0)
+
+
+def kpl_counts(env: Env) -> tuple[Callable[[str, int], None], Callable[[], list[str]]]:
+    """The worker's report of KPL sub-records out of range (``Worker._out_of_range`` over the
+    env's metrics and consumers), and the series it made in /metrics."""
+    from kclpy_spark.runtime.worker import Worker
+
+    report = Worker._out_of_range.__get__(SimpleNamespace(metrics=env.metrics, consumers=env.set))
+
+    def series() -> list[str]:
+        text = env.metrics.exposition().decode()
+        return [x for x in text.splitlines() if x.startswith("kclpy_spark_kpl_subrecords_out")]
+
+    return report, series
+
+
 async def settle(until: Any, seconds: float = 30.0) -> None:
     """Wait for ``until()``: processor calls run on threads, so a count of loop turns was not
     enough on a loaded machine (seen in CI beside Spark-heavy tests); a generous deadline is."""
@@ -101,12 +127,7 @@ def test_a_processor_call_past_the_stall_timeout_makes_the_view_hung(
     """The view says hung, and the log says it once per call (troubleshooting.md), however
     often the views are asked for."""
     release = threading.Event()
-
-    class Hung(Recorder):
-        def process_records(self, process_records_input: ProcessRecordsInput) -> None:
-            assert release.wait(30.0)
-
-    env = Env(Hung(), processor_stall_timeout=60.0)
+    env = Env(HeldUntil(release), processor_stall_timeout=60.0)
     key = "shardId-000000000000"
 
     async def go() -> None:
@@ -353,17 +374,9 @@ def test_a_kpl_count_reported_after_its_tenure_ended_makes_no_series_again() -> 
     """A page of KPL aggregates is split on a thread that outlives a tenure cancelled meanwhile
     (a lease lost or handed over): its late count made the shard's series again after the tenure
     removed it, one for good per such end (shards that ended never come back)."""
-    from types import SimpleNamespace
-
-    from kclpy_spark.runtime.worker import Worker
-
     env = Env()
-    report = Worker._out_of_range.__get__(SimpleNamespace(metrics=env.metrics, consumers=env.set))
+    report, series = kpl_counts(env)
     key = "shardId-000000000000"
-
-    def series() -> list[str]:
-        text = env.metrics.exposition().decode()
-        return [x for x in text.splitlines() if x.startswith("kclpy_spark_kpl_subrecords_out")]
 
     async def go() -> None:
         env.start(key, [])
@@ -382,23 +395,10 @@ def test_a_kpl_count_reported_after_its_tenure_ended_makes_no_series_again() -> 
 def test_a_kpl_count_reported_while_its_ended_tenure_drains_makes_no_series_again() -> None:
     """A lease whose call still runs after its tenure ended counted as here, so a late count
     made the series again after the tenure removed it."""
-    from types import SimpleNamespace
-
-    from kclpy_spark.runtime.worker import Worker
-
     release = threading.Event()
-
-    class Hung(Recorder):
-        def process_records(self, process_records_input: ProcessRecordsInput) -> None:
-            assert release.wait(30.0)
-
-    env = Env(Hung(), processor_stall_timeout=60.0)
+    env = Env(HeldUntil(release), processor_stall_timeout=60.0)
     key = "shardId-000000000000"
-    report = Worker._out_of_range.__get__(SimpleNamespace(metrics=env.metrics, consumers=env.set))
-
-    def series() -> list[str]:
-        text = env.metrics.exposition().decode()
-        return [x for x in text.splitlines() if x.startswith("kclpy_spark_kpl_subrecords_out")]
+    report, series = kpl_counts(env)
 
     async def go() -> None:
         env.start(key, [batch(10)])
