@@ -66,11 +66,17 @@ def in_stream(lease_key: str, stream_key: str | None) -> bool:
     return stream_key is None or split_lease_key(lease_key)[0] == stream_key
 
 
+def stream_key_parts(stream_key: str | None) -> tuple[str, str, str] | None:
+    """(account, stream name, creation epoch) of a stream key in the KCL's multi-stream form;
+    None for another (or none)."""
+    parts = stream_key.split(":") if stream_key else []
+    return (parts[0], parts[1], parts[2]) if len(parts) == 3 else None
+
+
 def stream_name_of(lease_key: str) -> str | None:
     """The stream name a multi-stream lease key carries; None for a plain shard id."""
-    stream_key, _ = split_lease_key(lease_key)
-    parts = stream_key.split(":") if stream_key else []
-    return parts[1] if len(parts) == 3 else None
+    parts = stream_key_parts(split_lease_key(lease_key)[0])
+    return None if parts is None else parts[1]
 
 
 def refuse_regression(lease: Lease, checkpoint: ExtendedSequenceNumber) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from checkpoint.base.errors import KclpySparkError
-from checkpoint.lease import Lease, split_lease_key
+from checkpoint.lease import Lease, stream_key_parts
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import TRIM_HORIZON
 from shard_sync.discovery import ShardLister
@@ -72,14 +72,14 @@ def former_stream_leases(leases: Iterable[Lease], stream_key: str | None) -> lis
     """Multi-stream leases of an earlier stream of the same account and name as ``stream_key``
     (``account:name:creationEpoch``): that stream was deleted and made again, so nothing can
     read them, and no other cleanup looks at them (each looks at its own stream's key)."""
-    mine = (stream_key or "").split(":")
-    if len(mine) != 3 or not mine[2].isdigit():
+    mine = stream_key_parts(stream_key)
+    if mine is None or not mine[2].isdigit():
         return []
 
     def earlier(lease: Lease) -> bool:
-        theirs = (split_lease_key(lease.lease_key)[0] or "").split(":")
+        theirs = stream_key_parts(lease.stream_key)
         return (
-            len(theirs) == 3
+            theirs is not None
             and theirs[:2] == mine[:2]
             and theirs[2].isdigit()
             and int(theirs[2]) < int(mine[2])
