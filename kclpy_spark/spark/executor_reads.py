@@ -448,10 +448,7 @@ class ExecutorReads:
             entry.failures = 0
             entry.lag = lag
             entry.ended = end.shard_ended
-            at = end.last if end.last is not None else rng.after
-            if at == LATEST:  # the next range asks AT_TIMESTAMP (``_range``): it continues
-                at = AT_TIMESTAMP
-            entry.iterator, entry.iterator_at = end.next_iterator, at
+            entry.iterator, entry.iterator_at = end.next_iterator, _continues_after(rng, end)
             entry.next_read_at = self._next_read(rng, end, now)
             entry.behind = is_behind(rng, end, self._s.idle_seconds)
         children = [dict(c) for c in end.child_shards]
@@ -472,8 +469,7 @@ class ExecutorReads:
         self._back_off(entry, now)
         if end.next_iterator is not None:
             with self._lock:
-                at = rng.after if rng.after != LATEST else AT_TIMESTAMP  # as ``_found`` does
-                entry.iterator, entry.iterator_at = end.next_iterator, at
+                entry.iterator, entry.iterator_at = end.next_iterator, _continues_after(rng, end)
         entry.post(NoAnswer(end.throttled))
 
     def _next_read(self, rng: ReadRange, end: RangeEnd, began: float) -> float:
@@ -504,3 +500,11 @@ class ExecutorReads:
             entry.iterator = entry.iterator_at = None
             soonest = self._clock.monotonic() + self._s.min_interval
             entry.next_read_at = max(now + self._backoff.delay(entry.failures), soonest)
+
+
+def _continues_after(rng: ReadRange, end: RangeEnd) -> ESN:
+    """Where the iterator a read of ``rng`` left (``end.next_iterator``) continues after: its
+    last record, else where the range began; AT_TIMESTAMP for LATEST, as the next range asks
+    (``_range``)."""
+    at = end.last if end.last is not None else rng.after
+    return AT_TIMESTAMP if at == LATEST else at
