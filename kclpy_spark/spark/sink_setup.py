@@ -32,6 +32,7 @@ from kclpy_spark.spark.sinks import (
     ParquetSink,
     stale_staging_after,
 )
+from kclpy_spark.spark.values import spark_flag
 from kclpy_spark.user_code import import_user_module
 
 log = logging.getLogger(__name__)
@@ -188,11 +189,7 @@ def refuse_speculation(session: Any) -> None:
     the shard again and may store other records for the same partition, and a sink could then
     write the copy the driver did not take its ends from (records lost or twice). One line at
     start-up (spark_conf, spark-defaults.conf or the cluster's settings may turn it on)."""
-    try:
-        value = session.conf.get("spark.speculation", "false")
-    except Exception:  # a session that cannot say: Spark's default is off
-        return
-    if str(value).strip().lower() == "true":
+    if spark_flag(session, "spark.speculation"):
         raise ConfigError(
             'read_on = "executors" needs spark.speculation off (a speculative copy of a read '
             "task reads the shard again and may keep other records): set it to false in "

@@ -71,9 +71,16 @@ def _clashing(columns: Sequence[str], case_sensitive: bool) -> list[str]:
 
 
 def _case_sensitive(df: Any) -> bool:
+    session = getattr(df, "sparkSession", None)
+    return session is not None and spark_flag(session, "spark.sql.caseSensitive")
+
+
+def spark_flag(session: Any, key: str) -> bool:
+    """Whether the boolean Spark setting ``key`` is on (off, Spark's default for the ones asked
+    here, when the session cannot say)."""
     try:
-        return str(df.sparkSession.conf.get("spark.sql.caseSensitive", "false")).lower() == "true"
-    except Exception:  # a session that cannot say: Spark's default
+        return str(session.conf.get(key, "false")).strip().lower() == "true"
+    except Exception:  # a session that cannot say
         return False
 
 
