@@ -35,6 +35,7 @@ from kclpy_spark.retrieval.positions import LATEST_RESTART_MARGIN
 from kclpy_spark.retrieval.source import FetchedBatch, ReadElsewhere
 from kclpy_spark.spark.cluster_read import RangeRead, StoredReads, cluster_cores, read_ranges
 from kclpy_spark.spark.frames import RangeChunk
+from kclpy_spark.spark.jvm_garbage import JvmGarbage
 from kclpy_spark.spark.lane import Lane
 from kclpy_spark.spark.range_tasks import AwsTarget
 from kclpy_spark.spark.ranges import PINNED_TIME_FACTOR, Pinned, RangeEnd, ReadRange
@@ -179,9 +180,12 @@ class ExecutorReads:
         jobs: Interrupter | None = None,
         read: ReadJob = read_ranges,
         tasks: Callable[[Any], int | None] = cluster_cores,
+        garbage: JvmGarbage | None = None,
     ) -> None:
         """``tasks(session)``: how many tasks a read job runs side by side (the cluster's
-        cores; None: not known, one task a range)."""
+        cores; None: not known, one task a range). ``garbage``: told of each read job, whose
+        DataFrames pin their plans and RDDs in the driver's JVM until Python collects their
+        cycles (``jvm_garbage.py``; a batch's frames are made of these reads)."""
         self._session = session
         self._aws = aws
         self._s = settings
@@ -189,6 +193,7 @@ class ExecutorReads:
         self._jobs = jobs or NoInterrupter()  # tags a read job's Spark jobs, cancels them
         self._read = read
         self._tasks = tasks
+        self._garbage = garbage
         self._watchdog = Watchdog("kclpy-spark-read-deadlines", callback_threads=1)
         self._lock = threading.Condition()
         self._entries: dict[str, _Entry] = {}
@@ -320,6 +325,8 @@ class ExecutorReads:
         time budgets, wave by wave (ReadJobTimeoutError): a task reads its share of the ranges
         ``READS_AT_ONCE`` at a time, so with many leases a core, one after another."""
         tag = f"kclpy-spark-read-{self._id}-{self.rounds}"  # no other reader's jobs
+        if self._garbage is not None:
+            self._garbage.before_frame(0)  # the records stay on the executors
         session = self._session()
         tasks = self._tasks(session)  # given to the read: the cluster is asked once a round
         limit = read_job_limit(ranges, tasks or len(ranges), self._s.job_grace)

@@ -228,7 +228,7 @@ def _executor_reads(
         idle_seconds=worker_cfg.idle_time_between_reads,
         kpl=worker_cfg.kpl_deaggregation,
     )
-    return ExecutorReads(holder.session, aws, read, jobs=holder)
+    return ExecutorReads(holder.session, aws, read, jobs=holder, garbage=holder.jvm_garbage)
 
 
 def _relays(reads: ExecutorReads) -> RecordSourcesFor:

@@ -895,3 +895,27 @@ def test_a_throttled_get_shard_iterator_gives_way_too() -> None:
     read job (every lease in it)."""
     _, _, held, _ = _rounds_nobody_answers(_IteratorsThrottled(), 3)
     assert max(held) < 1.0, held
+
+
+def test_each_read_job_counts_toward_collecting_the_py4j_cycles_its_dataframes_pin() -> None:
+    """Reading on the executors, the driver made no DataFrame of Arrow bytes, so the collector
+    that frees the JVM objects dead DataFrames pin (``jvm_garbage.py``) was never told of one:
+    a read job's plans and RDDs stayed in the driver's JVM until Python's own full collection."""
+    from kclpy_spark.spark.jvm_garbage import JvmGarbage
+
+    collected: list[int] = []
+    garbage = JvmGarbage(max_frames=3, collect=lambda: collected.append(1))
+    end = RangeEnd(KEY, None, None, 0, 0, millis_behind_latest=0)
+    clock = ManualClock()
+    reads_, _, _ = started(OneSlotFeed(), ExecutorReads(
+        lambda: None, AwsTarget("us-east-1"), ReadSettings(), jobs=Jobs(),
+        read=lambda *a, **kw: RangeRead(None, {KEY: end}), tasks=lambda session: 1,
+        garbage=garbage, clock=clock,
+    ))  # fmt: skip
+    try:
+        for _ in range(7):
+            assert reads_.read_round() == 1
+            clock.advance(5.0)  # past the lease's pause
+    finally:
+        reads_.close()
+    assert reads_.rounds == 7 and len(collected) == 2  # before the 4th and the 7th job
