@@ -261,6 +261,19 @@ def _target_of(session: Any) -> str:
     return master
 
 
+def _stop_session(session: Any) -> None:
+    """``session.stop()``, saying in one line when Spark's JVM was gone already: a supervisor
+    that signals the daemon's whole process group (systemd's default) stops the JVM as the daemon
+    stops, and the batches it had not written are read again from their checkpoints."""
+    try:
+        session.stop()
+    except Exception as exc:
+        if isinstance(exc, OSError) or type(exc).__name__ == "Py4JNetworkError":
+            log.info("Spark's JVM was already gone when its session was stopped (%s)", exc)
+        else:
+            log.warning("stopping the Spark session failed: %r", exc)
+
+
 class SparkSessionHolder:
     """The sink's SparkSession, built on first use; also builds the batch DataFrames (decoding
     the payload when a value schema is set) and cancels writes by job tag."""
@@ -370,7 +383,9 @@ class SparkSessionHolder:
             session, self._session = self._session, None
         if session is None or not self._owned:
             return
-        stopping = threading.Thread(target=session.stop, name="kclpy-spark-stop", daemon=True)
+        stopping = threading.Thread(
+            target=_stop_session, args=(session,), name="kclpy-spark-stop", daemon=True
+        )
         stopping.start()
         stopping.join(timeout)
         if stopping.is_alive():

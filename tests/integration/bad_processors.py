@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
-from kclpy_spark.processor import ProcessRecordsInput, Record, RecordProcessor
+from kclpy_spark.demo.samples import JsonLinesProcessor
+from kclpy_spark.processor import InitializeInput, ProcessRecordsInput, Record, RecordProcessor
+
+log = logging.getLogger(__name__)
 
 
 class NeedsArguments(RecordProcessor):
@@ -59,3 +64,18 @@ class YieldsAsync(RecordProcessor):
     async def process_records(self, process_records_input: ProcessRecordsInput) -> Any:
         for record in process_records_input.records:
             yield record
+
+
+class LogsItsCredentials(JsonLinesProcessor):
+    """Writes records as the demo's processor does, and logs the credentials it runs with at
+    each lease's start, in a message and in an exception's (test_operations.py: the log shows
+    them redacted)."""
+
+    def initialize(self, initialize_input: InitializeInput) -> None:
+        super().initialize(initialize_input)
+        key, secret = os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]
+        log.warning("running as %s with secret %s", key, secret)
+        try:
+            raise RuntimeError(f"login failed for {key}:{secret}")
+        except RuntimeError:
+            log.exception("a lookup of %s failed", secret)

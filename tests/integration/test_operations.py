@@ -4,6 +4,7 @@ resume, the metrics and health endpoints, and credentials kept out of the logs."
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -54,7 +55,7 @@ stream_name = "{name}"
 endpoint_url = "{localstack_endpoint}"
 initial_position = "TRIM_HORIZON"
 lease_store = "dynamodb"
-processor = "kclpy_spark.demo.samples:JsonLinesProcessor"
+processor = "bad_processors:LogsItsCredentials"
 failover_time = 3.0
 idle_time_between_reads = 0.3
 metrics_port = {port}
@@ -62,9 +63,17 @@ metrics_port = {port}
     with fleet(tmp_path, config, output) as workers:
         workers.env["AWS_ACCESS_KEY_ID"] = ACCESS_KEY
         workers.env["AWS_SECRET_ACCESS_KEY"] = SECRET_KEY
+        here = str(Path(__file__).resolve().parent)  # bad_processors
+        workers.env["PYTHONPATH"] = os.pathsep.join([here, workers.env.get("PYTHONPATH", "")])
         worker = workers.start("ops-worker")
         env = workers.env
         wait_for("40 records", lambda: len(read_output(output)) >= 40, timeout=60)
+        # The metrics and health port listens on this machine only, as nothing configured it.
+        import psutil
+
+        listening = {c.laddr for c in psutil.Process(worker.proc.pid).net_connections("tcp")
+                     if c.status == psutil.CONN_LISTEN and c.laddr.port == port}  # fmt: skip
+        assert [a.ip for a in listening] == ["127.0.0.1"], listening
 
         # status --json: both leases, owned by the worker, with published figures.
         def status() -> dict[str, Any]:
@@ -126,4 +135,7 @@ metrics_port = {port}
     log = worker.log_text()
     assert "suspended; releasing leases" in log and "application resumed" in log
     assert "[application=" in log and "shard=shardId-" in log
+    # The processor logged both at each lease's start, in a message and in a traceback.
+    assert "running as [redacted] with secret [redacted]" in log
+    assert "login failed for [redacted]" in log
     assert ACCESS_KEY not in log and SECRET_KEY not in log

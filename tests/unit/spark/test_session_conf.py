@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -133,3 +135,30 @@ def test_a_session_that_does_not_stop_is_left_after_the_timeout(
     holder.stop(timeout=0.05)
     never.set()
     assert holder._session is None and "did not stop" in caplog.text
+
+
+def test_a_session_whose_jvm_is_already_gone_stops_with_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A supervisor that signals the whole process group (systemd's default, ``kill -TERM --
+    -pgid``) stops Spark's JVM as the daemon stops: the session's stop then failed in its
+    thread, logged as an uncaught exception with two tracebacks after a clean stop."""
+    import threading
+
+    uncaught: list[Any] = []
+    hook, threading.excepthook = threading.excepthook, uncaught.append
+
+    def refused() -> None:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    try:
+        holder = SparkSessionHolder("local[1]")
+        holder._session = SimpleNamespace(stop=refused)
+        with caplog.at_level(logging.INFO):
+            holder.stop(timeout=5.0)
+    finally:
+        threading.excepthook = hook
+    assert uncaught == []
+    [line] = [r for r in caplog.records if r.name == "kclpy_spark.spark.session"]
+    assert line.levelno == logging.INFO and "already gone" in line.getMessage()
+    assert line.exc_info is None
