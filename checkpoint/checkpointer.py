@@ -158,6 +158,13 @@ class Checkpointer:
             self._delivered.delivered(sequence_numbers, position)
             self._largest_permitted = position
 
+    def rewind(self, position: ExtendedSequenceNumber) -> None:
+        """The processor gets the records after ``position`` again (it lost what it held):
+        ``set_largest_permitted(position)``, and a shard end marked before is no more."""
+        with self._lock:
+            self._at_shard_end = None
+        self.set_largest_permitted(position)
+
     def mark_shard_end(self, last_sequence: ExtendedSequenceNumber | None = None) -> None:
         """The shard is closed and every record was delivered (``last_sequence``: its last record,
         by default the largest permitted position). From now on ``checkpoint()`` records SHARD_END,

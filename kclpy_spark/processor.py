@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import msgspec
 
+from checkpoint.base.errors import KclpySparkError
 from checkpoint.checkpointer import CheckpointError
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "ProcessRecordsInput",
     "Record",
     "RecordProcessor",
+    "RedeliverFromCheckpoint",
     "ShardEndedInput",
     "ShutdownRequestedInput",
     "is_async",
@@ -169,6 +171,13 @@ class Record(msgspec.Struct, frozen=True, gc=False):
             f"partition_key={self.partition_key!r}, {len(self.binary_data)} bytes, "
             f"timestamp_millis={self.timestamp_millis})"
         )
+
+
+class RedeliverFromCheckpoint(KclpySparkError):
+    """Raised by a processor that lost the records given to it since its last checkpoint (a
+    MultiLang child that died holding them): the consumer counts a failure and delivers again
+    from the lease's checkpoint, as the lease's next owner would, instead of going on after
+    them."""
 
 
 @dataclass(frozen=True, slots=True)

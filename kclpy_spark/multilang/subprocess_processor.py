@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from checkpoint.checkpointer import DEPENDENCY, INVALID_STATE, CheckpointError
+from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.multilang import protocol
 from kclpy_spark.multilang.child import ChildSpec
 from kclpy_spark.processor import (
@@ -50,6 +51,7 @@ from kclpy_spark.processor import (
     LeaseLostInput,
     ProcessRecordsInput,
     RecordProcessor,
+    RedeliverFromCheckpoint,
     ShardEndedInput,
     ShutdownRequestedInput,
 )
@@ -86,6 +88,9 @@ class SubprocessProcessor(RecordProcessor):
         self._init: InitializeInput | None = None
         self.shard_id = "?"
         self.children_started = 0
+        # The last record the running child took (its status came back); past what the tenure
+        # checkpointed, the child holds records only it knew of.
+        self._given_end: ExtendedSequenceNumber | None = None
 
     # --- the RecordProcessor API -----------------------------------------------------------------
 
@@ -95,12 +100,20 @@ class SubprocessProcessor(RecordProcessor):
         await self._guarded(self._start())
 
     async def process_records(self, process_records_input: ProcessRecordsInput) -> None:
-        line = protocol.encode_process_records(
-            process_records_input.records, process_records_input.millis_behind_latest
-        )
-        await self._guarded(
-            self._call(line, protocol.PROCESS_RECORDS, process_records_input.checkpointer)
-        )
+        records, checkpointer = process_records_input.records, process_records_input.checkpointer
+        line = protocol.encode_process_records(records, process_records_input.millis_behind_latest)
+        held = self._holds_unconfirmed(checkpointer)
+        try:
+            await self._guarded(self._call(line, protocol.PROCESS_RECORDS, checkpointer))
+        except ChildFailedError as exc:
+            if held:  # its replacement must get what it held, not only this batch again
+                self._given_end = None
+                why = f"{exc}; it held records it had not checkpointed"
+                raise RedeliverFromCheckpoint(why) from exc
+            raise
+        if records:
+            last = records[-1]
+            self._given_end = ExtendedSequenceNumber(last.sequence_number, last.sub_sequence_number)
 
     async def lease_lost(self, lease_lost_input: LeaseLostInput) -> None:
         if not self._running():
@@ -126,6 +139,15 @@ class SubprocessProcessor(RecordProcessor):
 
     def _running(self) -> bool:
         return self._proc is not None and self._proc.returncode is None
+
+    def _holds_unconfirmed(self, checkpointer: Checkpointer | None) -> bool:
+        """Whether the running child took records past what ``checkpointer`` wrote: a child
+        that buffers until it checkpoints (the KCL's usual pattern) has them only in memory."""
+        given = self._given_end
+        if given is None or checkpointer is None:
+            return False
+        written = getattr(checkpointer, "written", None)  # our Checkpointer's; None: none yet
+        return written is None or given > written
 
     async def _guarded(self, step: Any) -> None:
         """Run ``step``; on any failure (or cancellation) kill the child first, then re-raise."""
@@ -157,6 +179,7 @@ class SubprocessProcessor(RecordProcessor):
                 f"shard {self.shard_id}: cannot start {shlex.join(spec.command)}: {exc}"
             ) from exc
         self._proc = proc
+        self._given_end = None
         self.children_started += 1
         assert proc.stderr is not None
         self._stderr = asyncio.create_task(self._drain_stderr(proc.stderr))
@@ -185,6 +208,15 @@ class SubprocessProcessor(RecordProcessor):
                     self._proc.returncode,
                 )
                 await self._close()
+            if self._holds_unconfirmed(checkpointer):
+                # Started at the checkpoint and given only what comes next, a new child would
+                # never see what the dead one held: the Java daemon exits with its child, and
+                # the lease's next owner reads from the checkpoint; so does this tenure.
+                self._given_end = None
+                raise RedeliverFromCheckpoint(
+                    f"shard {self.shard_id}: the child process exited holding records it had "
+                    "not checkpointed"
+                )
             await self._start(checkpointer)
         await self._exchange(message, action, checkpointer)
 

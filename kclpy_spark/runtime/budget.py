@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.base.retry import Backoff
+from kclpy_spark.processor import RedeliverFromCheckpoint
 from kclpy_spark.runtime.metrics import WorkerMetrics
 from kclpy_spark.runtime.tenure import LeaseLost, Parked, ShardStats, ShutdownSignal, Tenure
 
@@ -75,8 +76,8 @@ class FailureBudget:
         while True:
             try:
                 result = await step()
-            except (LeaseLost, ShutdownSignal, Parked):
-                raise
+            except (LeaseLost, ShutdownSignal, Parked, RedeliverFromCheckpoint):
+                raise  # the last: the consumer reads again from the checkpoint
             except KclpySparkError as exc:
                 if not exc.retriable:
                     await self.failed(what, exc)

@@ -49,6 +49,7 @@ from kclpy_spark.processor import (
     ProcessRecordsInput,
     Record,
     RecordProcessor,
+    RedeliverFromCheckpoint,
     ShutdownRequestedInput,
 )
 from kclpy_spark.retrieval.source import (
@@ -270,9 +271,21 @@ class ShardConsumer:
                 return await self._read(processor)
             except (LeaseLost, ShutdownSignal, Parked):
                 raise
+            except RedeliverFromCheckpoint as exc:
+                await self.budget.failed("the processor", exc)
+                self._rewind()
             except KclpySparkError as exc:
                 self.budget.answered_since(self.progress.last_ok)
                 await self.budget.failed("reading the shard", exc)
+
+    def _rewind(self) -> None:
+        """Deliver again from the lease's checkpoint: the processor lost what came after it."""
+        checkpointer = self.tenure.checkpointer
+        checkpoint = checkpointer.written or self.tenure.lease.checkpoint
+        checkpointer.rewind(checkpoint)
+        self._start.rewound(checkpoint)
+        log.warning("shard %s: delivering again from the checkpoint %s", self.stats.shard_id,
+                    checkpoint)  # fmt: skip
 
     async def _read(self, processor: RecordProcessor) -> Outcome:
         queue: asyncio.Queue[FetchedBatch] = asyncio.Queue(maxsize=self._cfg.prefetch_batches)
@@ -367,6 +380,8 @@ class ShardConsumer:
                 await self._call(processor.process_records, arg)
                 self._metrics.process_seconds.observe(self._clock.monotonic() - started)
                 break
+            except RedeliverFromCheckpoint:
+                raise  # counted, and read again from the checkpoint (_process)
             except Exception as exc:
                 checkpointer.set_largest_permitted(before)
                 first, final = records[0].sequence_number, last.sequence_number

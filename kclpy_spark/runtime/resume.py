@@ -41,6 +41,7 @@ class ReadStart:
         if checkpoint == LATEST and lease_start is not None:  # pinned by an earlier first read
             self.checkpoint = AT_TIMESTAMP
         self._latest_since: float | None = None  # wall time the first LATEST read began
+        self._initial = self.checkpoint  # where the tenure began (rewound to it)
 
     def begin(self, wall_now: float) -> float | None:
         """A read starts now. Returns the wall time to pin in the lease (the first read at
@@ -83,9 +84,15 @@ class ReadStart:
     def delivered(self, last: ExtendedSequenceNumber) -> None:
         self.checkpoint = last
 
+    def rewound(self, checkpoint: ExtendedSequenceNumber) -> None:
+        """The processor lost what it was given after ``checkpoint`` (the lease's): the next read
+        starts after it again, or, at a position (nothing checkpointed yet), where this tenure's
+        first read began (a LATEST one at its pin)."""
+        self.checkpoint = self._initial if checkpoint.is_sentinel else checkpoint
+
     def restarted(self, target: ExtendedSequenceNumber) -> None:
         """The checkpoint was reset (the aged-checkpoint policy); the lease's own start time
         went with it."""
-        self.checkpoint = target
+        self.checkpoint = self._initial = target
         self.position = self._configured
         self._latest_since = None

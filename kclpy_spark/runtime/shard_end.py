@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import Any
 
 from checkpoint.lease import Lease
-from kclpy_spark.processor import RecordProcessor, ShardEndedInput
+from kclpy_spark.processor import RecordProcessor, RedeliverFromCheckpoint, ShardEndedInput
 from kclpy_spark.retrieval.source import FetchedBatch, ShardProbe
 from kclpy_spark.runtime.budget import FailureBudget
 from kclpy_spark.runtime.lease_calls import lease_call
@@ -152,6 +152,8 @@ async def _shard_ended(
         error: BaseException
         try:
             await call(processor.shard_ended, ShardEndedInput(tenure.checkpointer))
+        except RedeliverFromCheckpoint:
+            raise  # the consumer reads again from the checkpoint (and comes back here)
         except Exception as exc:
             if tenure.current().lease.checkpoint.is_shard_end:
                 # SHARD_END is stored: the shard is finished whatever failed after it (calling

@@ -4,6 +4,7 @@ the protocol, checkpoint errors, stray lines, stderr, timeouts and child restart
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -24,7 +25,7 @@ from multilang_helpers import (
 )
 
 from checkpoint.base.errors import ConfigError
-from checkpoint.sequence import SHARD_END, ExtendedSequenceNumber
+from checkpoint.sequence import SHARD_END, TRIM_HORIZON, ExtendedSequenceNumber
 from kclpy_spark.multilang.child import ChildSpec, resolve_command
 from kclpy_spark.multilang.subprocess_processor import (
     ChildFailedError,
@@ -35,6 +36,7 @@ from kclpy_spark.processor import (
     InitializeInput,
     LeaseLostInput,
     ProcessRecordsInput,
+    RedeliverFromCheckpoint,
     ShardEndedInput,
     ShutdownRequestedInput,
 )
@@ -384,3 +386,100 @@ def test_the_error_of_a_child_that_died_quotes_its_last_stderr_lines(tmp_path: P
             await start(processor, shard)
 
     asyncio.run(scenario())
+
+
+BUFFERING_CHILD = """\
+import json, os, sys
+out, every = os.environ["FLUSHED"], int(os.environ["FLUSH_EVERY"])
+held, batches = [], 0
+def send(message):
+    sys.stdout.write(json.dumps(message) + "\\n"); sys.stdout.flush()
+def flush():
+    global held
+    with open(out, "a") as fh:
+        fh.write(json.dumps({"pid": os.getpid(), "flushed": held}) + "\\n")
+    held = []
+    send({"action": "checkpoint", "sequenceNumber": None, "subSequenceNumber": None})
+    sys.stdin.readline()
+for line in sys.stdin:
+    message = json.loads(line)
+    action = message["action"]
+    if action == "processRecords":
+        if os.environ.get("DIE_ON") in [r["sequenceNumber"] for r in message["records"]]:
+            os._exit(9)  # killed in the middle of this batch
+        held += [r["sequenceNumber"] for r in message["records"]]
+        batches += 1
+        if batches % every == 0:
+            flush()
+    elif action == "shardEnded":
+        flush()
+    send({"action": "status", "responseFor": action})
+"""
+
+
+def buffering(tmp_path: Path, every: int, **env: str) -> tuple[SubprocessProcessor, Path]:
+    """A child that keeps records in memory and checkpoints what it flushed every ``every``
+    batches and at shard end (the KCL's usual pattern); with ``DIE_ON``, it dies when given
+    that record."""
+    script, flushed = tmp_path / "buffering.py", tmp_path / "flushed.jsonl"
+    script.write_text(BUFFERING_CHILD)
+    return SubprocessProcessor(spec(tmp_path, script, FLUSHED=str(flushed),
+                                    FLUSH_EVERY=str(every), **env)), flushed  # fmt: skip
+
+
+def test_a_child_that_died_holding_records_it_had_not_checkpointed_asks_for_them_again(
+    tmp_path: Path,
+) -> None:
+    """It was replaced by a child started at the checkpoint and given only the next batch:
+    records 1-4 were never flushed, and that child's checkpoint went past them."""
+    shard = held_shard()
+    processor, flushed = buffering(tmp_path, every=3)
+
+    async def scenario() -> None:
+        await start(processor, shard)
+        await deliver(processor, shard, 1, 2)
+        await deliver(processor, shard, 3, 2)  # held, not checkpointed
+        await kill_child(processor)  # an OOM kill between batches
+        with pytest.raises(RedeliverFromCheckpoint, match="holding records"):
+            await deliver(processor, shard, 5, 2)
+        assert processor.children_started == 1  # no child was given batch 5-6 alone
+        # What the consumer does then: delivers again from the checkpoint (TRIM_HORIZON).
+        await deliver(processor, shard, 1, 2)
+        await deliver(processor, shard, 3, 2)
+        await deliver(processor, shard, 5, 2)  # the new child's third batch: flushed
+        await processor.lease_lost(LeaseLostInput())
+
+    asyncio.run(scenario())
+    assert processor.children_started == 2
+    inits = [e for e in read_events(tmp_path / "out") if e["event"] == "initialize"]
+    assert inits == [] or all(e["seq"] == "TRIM_HORIZON" for e in inits)
+    lines = [json.loads(x) for x in flushed.read_text().splitlines()]
+    assert [s for x in lines for s in x["flushed"]] == [seq(n) for n in range(1, 7)]
+    assert shard.stored() == ExtendedSequenceNumber(seq(6))
+
+
+@pytest.mark.parametrize("when", ["mid-call", "shard end"])
+def test_a_child_that_dies_holding_records_fails_so_they_come_again(
+    tmp_path: Path, when: str
+) -> None:
+    """Dying in the middle of a batch, or before its shard end was told, a child holding
+    earlier batches' records: a plain failure had the batch (or shard end) retried with a new
+    child that never saw them; SHARD_END was then stored past them for good."""
+    shard = held_shard()
+    processor, flushed = buffering(tmp_path, every=5, DIE_ON=seq(3))
+
+    async def scenario() -> None:
+        await start(processor, shard)
+        await deliver(processor, shard, 1, 2)  # held
+        if when == "mid-call":
+            with pytest.raises(RedeliverFromCheckpoint, match=r"ended \(status 9\)"):
+                await deliver(processor, shard, 3, 2)
+        else:
+            await kill_child(processor)
+            shard.checkpointer.mark_shard_end()
+            with pytest.raises(RedeliverFromCheckpoint):
+                await processor.shard_ended(ShardEndedInput(shard.checkpointer))
+
+    asyncio.run(scenario())
+    assert shard.stored() == TRIM_HORIZON  # nothing went past the held records
+    assert not flushed.exists()

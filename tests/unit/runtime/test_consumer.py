@@ -39,6 +39,7 @@ from kclpy_spark.processor import (
     ProcessRecordsInput,
     Record,
     RecordProcessor,
+    RedeliverFromCheckpoint,
     ShardEndedInput,
     ShutdownRequestedInput,
 )
@@ -1058,3 +1059,65 @@ def test_after_a_delivery_a_sequence_number_never_delivered_is_refused_at_shard_
     outcome = env.run(env.consumer(FakeSources([batch(110), ended([])])))
     assert outcome is Outcome.SHARD_END
     assert env.processor.errors == ["IllegalArgumentException"]
+
+
+class LosesItsBuffer(Recorder):
+    """Keeps records in memory and checkpoints what it flushed every ``every`` batches and at
+    shard end; ``lose_at`` (a record, or "shard_ended") makes it lose its buffer once and say so
+    (a MultiLang child that died holding records it had not checkpointed)."""
+
+    def __init__(self, every: int, lose_at: str) -> None:
+        super().__init__()
+        self.every, self.lose_at = every, lose_at
+        self.buffer: list[str] = []
+        self.flushed: list[str] = []
+        self.batches = 0
+
+    def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+        seqs = [r.sequence_number for r in process_records_input.records]
+        self.calls.append("process_records")
+        if self.lose_at in seqs:
+            self.lose_at, self.buffer = "", []
+            raise RedeliverFromCheckpoint("the child died holding records")
+        self.buffer += seqs
+        self.batches += 1
+        if self.batches % self.every == 0:
+            self.flushed += self.buffer
+            self.buffer = []
+            process_records_input.checkpointer.checkpoint()
+
+    def shard_ended(self, shard_ended_input: ShardEndedInput) -> None:
+        self.calls.append("shard_ended")
+        if self.lose_at == "shard_ended":
+            self.lose_at, self.buffer = "", []
+            raise RedeliverFromCheckpoint("the child died holding records")
+        self.flushed += self.buffer
+        self.buffer = []
+        shard_ended_input.checkpointer.checkpoint()
+
+
+@pytest.mark.parametrize(
+    ("every", "lose_at", "again_from"),
+    [
+        (2, "40", ExtendedSequenceNumber("20")),  # 10, 20 flushed; 30 held, lost at 40
+        (5, "30", TRIM_HORIZON),  # nothing checkpointed yet: from the lease's start
+        (2, "shard_ended", ExtendedSequenceNumber("40")),  # 50 held when the shard ended
+    ],
+)
+def test_a_processor_that_lost_what_it_held_gets_it_again_from_the_checkpoint(
+    every: int, lose_at: str, again_from: ExtendedSequenceNumber
+) -> None:
+    """A MultiLang child killed while it held records it had not checkpointed was replaced by
+    one started at the checkpoint and given only the batches after: the records between were
+    never flushed, and the next checkpoint (or SHARD_END) went past them."""
+    env = Env(processor=LosesItsBuffer(every, lose_at))
+    env.lease()
+    first = [batch(10), batch(20), batch(30), batch(40), batch(50), ended([])]
+    rest = {ExtendedSequenceNumber("20"): [batch(30), batch(40), batch(50), ended([])],
+            TRIM_HORIZON: first, ExtendedSequenceNumber("40"): [batch(50), ended([])]}  # fmt: skip
+    sources = FakeSources(first, rest[again_from])
+    outcome = env.run(env.consumer(sources))
+    assert outcome is Outcome.SHARD_END, env.processor.calls
+    assert [start for start, _ in sources.starts] == [TRIM_HORIZON, again_from]
+    assert sorted(env.processor.flushed, key=int) == ["10", "20", "30", "40", "50"]
+    assert env.stored().checkpoint == SHARD_END

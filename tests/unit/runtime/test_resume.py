@@ -40,3 +40,31 @@ def test_a_delivery_or_a_reset_moves_the_start() -> None:
     assert start.begin(2000.0) is None and start.checkpoint == ExtendedSequenceNumber("77")
     start.restarted(LATEST)  # the aged-checkpoint policy "latest": a new first read
     assert start.begin(3000.0) == 3000.0 - LATEST_RESTART_MARGIN
+
+
+@pytest.mark.parametrize(
+    ("lease_checkpoint", "lease_start", "rewound_to", "starts_at", "position"),
+    [
+        (TRIM_HORIZON, None, TRIM_HORIZON, TRIM_HORIZON, LATEST_POS),
+        (TRIM_HORIZON, None, ExtendedSequenceNumber("7"), ExtendedSequenceNumber("7"), LATEST_POS),
+        # A LATEST lease this tenure pinned: at its pin, never a new LATEST.
+        (LATEST, None, LATEST, AT_TIMESTAMP, InitialPosition.at_timestamp(995.0)),
+        # Pinned by an earlier tenure (the pin beside its LATEST checkpoint).
+        (LATEST, 900.0, LATEST, AT_TIMESTAMP, InitialPosition.at_timestamp(900.0)),
+    ],
+)  # fmt: skip
+def test_a_rewind_reads_again_from_the_checkpoint_or_the_tenures_own_start(
+    lease_checkpoint: ExtendedSequenceNumber,
+    lease_start: float | None,
+    rewound_to: ExtendedSequenceNumber,
+    starts_at: ExtendedSequenceNumber,
+    position: InitialPosition,
+) -> None:
+    """A processor that lost what it held (RedeliverFromCheckpoint) gets the records after the
+    lease's checkpoint again; with nothing checkpointed, from where the tenure began."""
+    start = ReadStart("s", lease_checkpoint, lease_start, LATEST_POS)
+    assert start.begin(1000.0) in (None, 1000.0 - LATEST_RESTART_MARGIN)
+    start.delivered(ExtendedSequenceNumber("99"))
+    start.rewound(rewound_to)
+    assert start.begin(2000.0) is None
+    assert (start.checkpoint, start.position) == (starts_at, position)
