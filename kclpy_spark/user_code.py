@@ -20,14 +20,20 @@ def working_directory_importable() -> str:
     user's ``six.py`` still wins over an installed ``six``. Other entries keep their order.
     Idempotent."""
     cwd = os.getcwd()
-    rest = [p for p in sys.path if p not in ("", cwd)]
+    importable_after_the_standard_library(cwd, also_remove="")
+    return cwd
+
+
+def importable_after_the_standard_library(folder: str, *, also_remove: str | None = None) -> None:
+    """Put ``folder`` on ``sys.path`` after the standard library and before the installed
+    packages (moved there if it was elsewhere; ``also_remove``: another entry to drop)."""
+    rest = [p for p in sys.path if p not in (also_remove, folder)]
     packages = {*site.getsitepackages(), site.getusersitepackages()}
     at = next(
         (i for i, p in enumerate(rest) if p in packages or "-packages" in os.path.basename(p)),
         len(rest),
     )
-    sys.path[:] = [*rest[:at], cwd, *rest[at:]]
-    return cwd
+    sys.path[:] = [*rest[:at], folder, *rest[at:]]
 
 
 def import_user_module(module_name: str, what: str) -> ModuleType:

@@ -165,17 +165,17 @@ class KclpyProcessorAdapter(RecordProcessor):
 
     def process_records(self, process_records_input: ProcessRecordsInput) -> None:
         checkpointer = self._cp(process_records_input.checkpointer)
+        # A list of its own, as amazon-kclpy parses each call's: an app may empty it (the
+        # consumer's own list then lost its last record, and a retry had none to offer).
+        records = list(process_records_input.records)
         if self.kclpy_version == 1:
-            self._dispatch("process_records", process_records_input.records, checkpointer)
+            self._dispatch("process_records", records, checkpointer)
         else:
             self._dispatch(
                 "process_records",
-                ProcessRecordsInput(
-                    process_records_input.records,
-                    process_records_input.millis_behind_latest,
-                    checkpointer,
-                ),
-            )
+                ProcessRecordsInput(records, process_records_input.millis_behind_latest,
+                                    checkpointer),
+            )  # fmt: skip
 
     def lease_lost(self, lease_lost_input: LeaseLostInput) -> None:
         if self.kclpy_version == 3:

@@ -178,6 +178,15 @@ IGNORED_WARNING: dict[str, str] = {
 }
 CREDENTIALS = re.compile(r"^awscredentialsprovider(dynamodb|cloudwatch)?$", re.IGNORECASE)
 DEFAULT_PROVIDERS = {"DefaultCredentialsProvider", "DefaultAWSCredentialsProviderChain"}
+# Providers whose source the AWS SDK for Python's default chain reads as well.
+CHAIN_PROVIDERS = {
+    *DEFAULT_PROVIDERS,
+    "EnvironmentVariableCredentialsProvider",
+    "ContainerCredentialsProvider",
+    "EC2ContainerCredentialsProviderWrapper",
+    "InstanceProfileCredentialsProvider",
+    "WebIdentityTokenFileCredentialsProvider",
+}
 # PollingConfigBean's keys: with any of them set, the KCL's DEFAULT retrieval mode is polling.
 POLLING_KEYS = (
     "maxRecords",

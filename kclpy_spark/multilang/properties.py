@@ -39,8 +39,8 @@ from kclpy_spark.aws import is_aws_host
 from kclpy_spark.config import WorkerConfig, from_mapping
 from kclpy_spark.multilang.javaprops import parse_properties, read_properties_file
 from kclpy_spark.multilang.kcl_keys import (
+    CHAIN_PROVIDERS,
     CREDENTIALS,
-    DEFAULT_PROVIDERS,
     FANOUT_SUPPORTED,
     FIELDS,
     IGNORED_INFO,
@@ -135,7 +135,13 @@ def _initial_position(props: Mapping[str, str]) -> InitialPosition | None:
                 "the timestamp wins (AT_TIMESTAMP)",
                 plain,
             )
-        return InitialPosition.at_timestamp(float(seconds))
+        try:
+            return InitialPosition.at_timestamp(float(seconds))
+        except (ValueError, OverflowError, OSError):
+            raise ConfigError(
+                f"property 'initialPositionInStreamExtended' = {extended!r} is not a time: it "
+                "takes epoch seconds" + (", not milliseconds" if seconds >= 10**11 else "")
+            ) from None
     if not plain:
         return None
     name = plain.upper()
@@ -279,17 +285,32 @@ def _retrieval(props: Mapping[str, str], values: dict[str, Any], keys: dict[str,
         log.info("property consumerName is not used: records are polled")
 
 
-def _credentials(key: str, value: str) -> None:
-    if value in DEFAULT_PROVIDERS:
+def _credentials(key: str, value: str, values: dict[str, Any], keys: dict[str, str]) -> None:
+    """A credentials provider (``Class|param|nested=value``, the class maybe fully qualified):
+    one the AWS SDK for Python's default chain covers, or a named profile (``profile``: one for
+    every service); any other would run the worker as another identity than asked, so it is
+    refused."""
+    provider, *params = [p.strip() for p in value.split("|")]
+    name = provider.rsplit(".", 1)[-1]
+    named = [p for p in params if "=" not in p]
+    if name == "ProfileCredentialsProvider" and named:
+        profile = named[0]
+        if values.get("profile", profile) != profile:
+            raise ConfigError(
+                f"property {key!r} names profile {profile!r}, {keys['profile']!r} names "
+                f"{values['profile']!r}: one set of credentials serves every service here"
+            )
+        values["profile"], keys["profile"] = profile, key
+        return
+    if name in CHAIN_PROVIDERS or name == "ProfileCredentialsProvider":
         log.info("%s = %s: the AWS SDK for Python's default credential chain is used", key, value)
-    else:
-        log.warning(
-            "%s = %s is not used: credentials come from the AWS SDK for Python's default chain "
-            "(environment, shared config and credentials files with AWS_PROFILE, container and "
-            "instance roles)",
-            key,
-            value,
-        )
+        return
+    raise ConfigError(
+        f"property {key!r} = {provider!r} is not supported: credentials come from the AWS SDK "
+        "for Python's default chain (environment, container and instance roles, web identity) "
+        "or a named profile (ProfileCredentialsProvider|<name>; a role to assume goes in the "
+        "profile, role_arn and source_profile in ~/.aws/config)"
+    )
 
 
 def _multilang(props: Mapping[str, str], folder: Path) -> MultiLangSettings:
@@ -330,7 +351,7 @@ def _direct_fields(props: Mapping[str, str], values: dict[str, Any], keys: dict[
                     f"(known: {', '.join(sorted(WORKER_FIELDS))})"
                 )
         elif CREDENTIALS.match(key):
-            _credentials(key, value)
+            _credentials(key, value, values, keys)
         elif key in IGNORED_INFO or key in IGNORED_WARNING:
             _ignored(key, value)
         elif key not in SPECIAL:

@@ -162,8 +162,8 @@ def coerce_sequence(value: Any) -> Any:
 
 def coerce_sub_sequence(value: Any) -> Any:
     """A sub-sequence number as the daemon reads it (a whole number as text or float)."""
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        return int(value)  # not "²": str.isdigit() takes any Unicode digit, int() does not
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
@@ -177,7 +177,7 @@ def decode_child_line(line: str | bytes) -> ChildMessage | StrayLine | None:
         return None
     try:
         message = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # "[[[[..." nests past the parser's stack
         return StrayLine(text, "not JSON")
     if not isinstance(message, dict):
         return StrayLine(text, "not a JSON object")

@@ -37,6 +37,7 @@ from kclpy_spark.multilang.properties import PropertiesConfig, load_properties
 from kclpy_spark.multilang.subprocess_processor import SubprocessProcessor
 from kclpy_spark.processor import RecordProcessor
 from kclpy_spark.runtime.consumer import ProcessorFactory
+from kclpy_spark.user_code import importable_after_the_standard_library
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,10 @@ def processor_class_name(script: Path) -> str | None:
 
 
 def _on_path(folder: Path) -> None:
+    """The app's folder importable, after the standard library: a file there named like a
+    standard module (``logging.py``) must not shadow the one the worker imports later."""
     if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
+        importable_after_the_standard_library(str(folder))
 
 
 def _import_script(script: Path) -> ModuleType:
@@ -202,6 +205,10 @@ def build_factory(
             )
         processor = f"{script}:{name}"
     cls = load_processor_class(processor, settings.cwd)
+    if issubclass(cls, RecordProcessor):  # ours, maybe async: run as the daemon runs it
+        from kclpy_spark.runtime.daemon import factory_of
+
+        return factory_of(cls, processor), f"in-process path: {processor} (a RecordProcessor)"
     factory = processor_factory(cls, retry_failed_batches=retry_failed_batches)
     return factory, f"in-process path: {processor} (amazon_kclpy version {cls.version})"
 

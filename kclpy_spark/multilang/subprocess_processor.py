@@ -66,6 +66,9 @@ LINE_LIMIT = 8 * 1024 * 1024
 TERMINATE_WAIT = 2.0
 # Stderr lines of a child kept to explain its end.
 STDERR_TAIL = 20
+# The most of one stderr line logged and kept (a child may print megabytes on one line; each
+# lease's child keeps its tail).
+STDERR_LINE_CHARS = 4096
 
 
 class ChildFailedError(Exception):
@@ -342,7 +345,9 @@ class SubprocessProcessor(RecordProcessor):
                 continue  # an over-long line: the rest arrives as the next line
             if not line:
                 return
-            text = line.decode("utf-8", "replace").rstrip()
+            text = line[:STDERR_LINE_CHARS].decode("utf-8", "replace").rstrip()
+            if len(line) > STDERR_LINE_CHARS:
+                text += f" [{len(line) - STDERR_LINE_CHARS} more bytes]"
             if text:
                 self._stderr_tail.append(text)
                 child_log.info("shard %s: %s", self.shard_id, text)

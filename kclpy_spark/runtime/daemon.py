@@ -77,6 +77,13 @@ def load_processor_factory(path: str) -> ProcessorFactory:
             ) from None
     if not inspect.isclass(target):
         raise ConfigError(f"processor {path!r} is not a class")
+    return factory_of(target, path)
+
+
+def factory_of(target: type, path: str) -> ProcessorFactory:
+    """A factory of ``target``'s instances, ``path`` naming it in errors: behind the amazon_kclpy
+    adapter for a class written for amazon_kclpy, else as a RecordProcessor (ConfigError if it
+    cannot be one)."""
     if _kclpy_style(target):
         return _kclpy_factory(path, target)
     if not callable(getattr(target, "process_records", None)):
@@ -96,7 +103,7 @@ def load_processor_factory(path: str) -> ProcessorFactory:
             f"processor {path!r}: {', '.join(yielding)} yield(s); a processor method must not "
             "be a generator (its body would never run): return instead"
         )
-    cls: type[RecordProcessor] = target  # type: ignore[assignment]
+    cls: type[RecordProcessor] = target
     try:
         cls()  # the worker makes one per lease with no arguments: find out now, not per lease
     except (Exception, SystemExit) as exc:  # sys.exit() in __init__ would end the daemon with it

@@ -408,3 +408,63 @@ def test_an_amazon_kclpy_class_as_the_daemons_processor_lets_a_failed_batch_reac
         deliver(processor, shard, 1, 1)  # type: ignore[arg-type]
     ours = load_processor_factory("kclpy_raiser_app:Ours")()
     assert not isinstance(ours, KclpyProcessorAdapter)
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_the_app_gets_a_list_of_its_own_to_empty(version: int) -> None:
+    """An amazon-kclpy app may consume its list (``records.pop(0)`` until empty): it was the
+    consumer's own, whose last record the consumer reads after the call (IndexError: the lease
+    parked at every tenure), and a failed batch emptied so had nothing left to offer again."""
+
+    class Pops:
+        def __init__(self) -> None:
+            self.version = version
+            self.seen: list[str] = []
+
+        def _take(self, records: list[Any]) -> None:
+            while records:
+                self.seen.append(records.pop(0).sequence_number)
+
+        def process_records(self, *args: Any) -> None:
+            self._take(args[0] if version == 1 else args[0].records)
+
+    shard = held_shard()
+    app = Pops()
+    batch = records(1, 3)
+    shard.deliver(batch)
+    KclpyProcessorAdapter(app).process_records(ProcessRecordsInput(batch, 0, shard.checkpointer))
+    assert app.seen == [seq(1), seq(2), seq(3)] and len(batch) == 3
+
+
+def test_a_kclpy_spark_processor_named_in_process_runs_as_the_daemon_runs_it(
+    tmp_path: Path,
+) -> None:
+    """``--in-process mod:Class`` with one of our RecordProcessors: it went behind the
+    amazon_kclpy adapter, which never awaited an ``async def`` method (its records never
+    processed) while its default ``shard_ended`` checkpointed SHARD_END."""
+    (tmp_path / "ours_async.py").write_text(
+        "from kclpy_spark import RecordProcessor\n"
+        "class Mine(RecordProcessor):\n"
+        "    async def process_records(self, process_records_input):\n"
+        "        process_records_input.checkpointer.checkpoint()\n"
+    )
+    config = _config(tmp_path, f"python3 {KCLPY_APP}")
+    factory, description = build_factory(config, processor="ours_async:Mine")
+    made = factory()
+    assert type(made).__name__ == "Mine" and "a RecordProcessor" in description
+
+
+def test_the_apps_folder_goes_after_the_standard_library(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It went first on ``sys.path``: a file there named like a standard module shadowed the
+    module the worker imported later."""
+    import sysconfig
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "app.py").write_text(
+        "class Proc:\n    version = 3\n    def process_records(self, records_input): pass\n"
+    )
+    load_processor_class("app.py:Proc", tmp_path)
+    stdlib = sysconfig.get_paths()["stdlib"]
+    assert sys.path.index(str(tmp_path)) > sys.path.index(stdlib)

@@ -259,8 +259,31 @@ def test_credentials_providers(caplog: pytest.LogCaptureFixture) -> None:
     build(AwsCredentialsProvider="DefaultCredentialsProvider")
     assert not warnings(caplog)
     assert any("default credential chain is used" in r.getMessage() for r in caplog.records)
-    build(AWSCredentialsProviderDynamoDB="ProfileCredentialsProvider|prod")
-    assert any("is not used" in m for m in warnings(caplog))
+    cfg, _ = build(AWSCredentialsProviderDynamoDB="ProfileCredentialsProvider|prod")
+    assert cfg.profile == "prod"  # it was warned about and not used: the worker ran as another
+    cfg, _ = build(AwsCredentialsProvider="software.amazon.awssdk.auth.credentials."
+                   "ProfileCredentialsProvider|prod", AwsCredentialsProviderCloudWatch=
+                   "ProfileCredentialsProvider|prod")  # fmt: skip
+    assert cfg.profile == "prod"
+    cfg, _ = build(AwsCredentialsProvider="EnvironmentVariableCredentialsProvider")
+    assert cfg.profile is None and not warnings(caplog)
+
+
+@pytest.mark.parametrize(
+    ("props", "message"),
+    [
+        ({"AwsCredentialsProvider": "StsAssumeRoleCredentialsProvider|arn:aws:iam::1:role/r|s"},
+         "'StsAssumeRoleCredentialsProvider' is not supported"),
+        ({"AwsCredentialsProvider": "ProfileCredentialsProvider|a",
+          "AwsCredentialsProviderDynamoDB": "ProfileCredentialsProvider|b"},
+         "one set of credentials serves every service"),
+    ],
+)  # fmt: skip
+def test_credentials_providers_that_would_run_as_another_identity_are_refused(
+    props: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build(**props)
 
 
 def test_behaviour_keys_we_do_not_support_warn(caplog: pytest.LogCaptureFixture) -> None:
@@ -347,6 +370,7 @@ def test_overrides_win_over_the_file() -> None:
         ({"initialPositionInStream": "EARLIEST"}, "'initialPositionInStream' must be"),
         ({"initialPositionInStream": "AT_TIMESTAMP"}, "initialPositionInStreamExtended"),
         ({"initialPositionInStreamExtended": "yesterday"}, "'initialPositionInStreamExtended'"),
+        ({"initialPositionInStreamExtended": "1700000000000"}, "epoch seconds, not milli"),
         ({"streamArn": "arn:aws:s3:::bucket"}, "'streamArn' is not a Kinesis stream ARN"),
         ({"streamName": "bad name!"}, "'streamName'"),
         ({"applicationName": "x"}, "'applicationName'"),

@@ -247,6 +247,10 @@ def test_an_unexpected_reply_to_a_checkpoint_is_invalid_state(amazon_kclpy: Modu
          CheckpointRequest("1", 2)),
         ('{"action":"checkpoint","sequenceNumber":"1","subSequenceNumber":"x"}',
          CheckpointRequest("1", "x")),
+        # A digit to str.isdigit(), not to int(): left as it is (the checkpointer refuses it).
+        ('{"action":"checkpoint","sequenceNumber":"1","subSequenceNumber":"\u00b2"}',
+         CheckpointRequest("1", "\u00b2")),
+        ("[" * 100_000, StrayLine("[" * 100_000, "not JSON")),  # nested past the parser's stack
         ("Processing 3 records", StrayLine("Processing 3 records", "not JSON")),
         ("{broken", StrayLine("{broken", "not JSON")),
         ("[1, 2]", StrayLine("[1, 2]", "not a JSON object")),

@@ -388,6 +388,35 @@ def test_the_error_of_a_child_that_died_quotes_its_last_stderr_lines(tmp_path: P
     asyncio.run(scenario())
 
 
+def test_a_childs_long_stderr_lines_are_cut_in_its_tail_and_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each line was kept whole (up to 8 MB) in every lease's 20-line tail and logged whole."""
+    from kclpy_spark.multilang.subprocess_processor import STDERR_LINE_CHARS
+
+    script = tmp_path / "shouter.py"
+    script.write_text(
+        "import sys\n"
+        "sys.stdin.readline()\n"
+        "for _ in range(3):\n"
+        "    print('x' * 1_000_000, file=sys.stderr)\n"
+        "sys.exit(1)\n"
+    )
+    shard = held_shard()
+    processor = SubprocessProcessor(spec(tmp_path, script))
+
+    async def scenario() -> None:
+        with pytest.raises(ChildFailedError, match=r"more bytes\]"):
+            await start(processor, shard)
+
+    with caplog.at_level(logging.INFO, logger="kclpy_spark.multilang.child"):
+        asyncio.run(scenario())
+    kept = list(processor._stderr_tail)
+    assert len(kept) == 3 and all(len(x) < STDERR_LINE_CHARS + 40 for x in kept)
+    logged = [r.getMessage() for r in caplog.records if r.name == "kclpy_spark.multilang.child"]
+    assert len(logged) == 3 and max(map(len, logged)) < STDERR_LINE_CHARS + 100
+
+
 BUFFERING_CHILD = """\
 import json, os, sys
 out, every = os.environ["FLUSHED"], int(os.environ["FLUSH_EVERY"])
