@@ -25,6 +25,13 @@ LOCAL_REGION = "us-east-1"  # a local endpoint's region when nothing names one
 _RETRIES = {"mode": "standard", "max_attempts": 3}
 _CONNECT_TIMEOUT = 5.0
 _READ_TIMEOUT = 30.0
+# Clients a session makes for itself (the credential chain's STS calls: assume-role and web
+# identity, e.g. EKS's IRSA) had botocore's defaults, 60 s to connect and 60 s to read, retried;
+# within 10 minutes of the credentials' expiry every call of every thread waits on one refresh,
+# so a slow STS held every lease's renewal past its lease. One attempt of at most 5 s, under the
+# lease-table call's budget (failover_time / 2) at the default failover time.
+_NESTED_CONNECT_TIMEOUT = 2.0
+_NESTED_READ_TIMEOUT = 3.0
 
 
 def client_kwargs(cfg: WorkerConfig, session: Any = None) -> dict[str, Any]:
@@ -147,6 +154,7 @@ def _botocore_session(profile: str | None) -> Any:
     import botocore.session
 
     session = botocore.session.Session(profile=profile)
+    bound_nested_calls(session)
     try:
         session.get_config_variable("region")  # reads the profile: fails here if it is missing
     except botocore.exceptions.ProfileNotFound as exc:
@@ -155,6 +163,20 @@ def _botocore_session(profile: str | None) -> Any:
             "AWS_PROFILE; profiles live in ~/.aws/config and ~/.aws/credentials)"
         ) from None
     return session
+
+
+def bound_nested_calls(session: Any) -> None:
+    """Give the clients ``session`` makes for itself (its credential providers' STS calls) a
+    deadline; the clients made here pass their own settings, which win over these."""
+    from botocore.config import Config
+
+    session.set_default_client_config(
+        Config(
+            connect_timeout=_NESTED_CONNECT_TIMEOUT,
+            read_timeout=_NESTED_READ_TIMEOUT,
+            retries={"mode": "standard", "total_max_attempts": 1},
+        )
+    )
 
 
 def botocore_config(
@@ -213,7 +235,9 @@ def aio_client(
     _botocore_session(cfg.profile)  # a profile that is not there: one line, not a traceback
     # No credential lookup of its own (the synchronous clients made first checked the chain):
     # it would be one more, on the event loop.
-    return AioSession(profile=cfg.profile).create_client(
+    session = AioSession(profile=cfg.profile)
+    bound_nested_calls(session)
+    return session.create_client(
         service,
         config=botocore_config(max_pool_connections=max_pool_connections),
         **endpoint_kwargs(

@@ -256,11 +256,20 @@ class ShardConsumer:
     # --- steps -----------------------------------------------------------------------------------
 
     async def _create_processor(self) -> RecordProcessor:
+        """The lease's processor, made on a processor thread as its other calls are: an
+        ``__init__`` that opens a connection to a host that does not answer held the event loop,
+        and with it every lease's renewal."""
         if self._processor is None:
-            try:
-                self._processor = self._processors()
-            except SystemExit as exc:  # sys.exit() in __init__: a failure, not the daemon's end
-                raise exited(self._processors, exc) from exc
+            made: list[RecordProcessor] = []
+
+            def make(_: object) -> None:
+                try:
+                    made.append(self._processors())
+                except SystemExit as exc:  # sys.exit() in __init__: a failure, not the end
+                    raise exited(self._processors, exc) from exc
+
+            await self._call(make, None)
+            self._processor = made[0]
         return self._processor
 
     async def _process(self, processor: RecordProcessor) -> Outcome:

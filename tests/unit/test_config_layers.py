@@ -277,3 +277,47 @@ def test_the_default_application_name_on_dynamodb_is_warned_of(
     assert not caplog.records
     _warn_shared_default(WorkerConfig(stream_name="s", lease_store="dynamodb"))
     assert "shares one lease table" in caplog.text
+
+
+def test_the_credential_chains_sts_call_has_a_deadline_and_no_retries(
+    aws_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An assume-role profile refreshes its credentials with STS on a client the session makes
+    for itself: it had botocore's 60 s connect and read and its retries, and within 10 minutes
+    of the expiry every lease-table call waits on that refresh."""
+    import socket
+    import threading
+
+    import botocore.exceptions
+
+    from kclpy_spark.aws import _botocore_session
+
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+    accepted: list[socket.socket] = []
+    done = threading.Event()
+
+    def accept() -> None:
+        silent.settimeout(0.2)
+        while not done.is_set():
+            try:
+                accepted.append(silent.accept()[0])
+            except OSError:
+                continue
+
+    threading.Thread(target=accept, daemon=True).start()
+    aws_home.write_text(
+        "[profile base]\naws_access_key_id = AKIAEXAMPLEBASE0001\n"
+        "aws_secret_access_key = base-secret\nregion = us-east-1\n"
+        "[profile role]\nrole_arn = arn:aws:iam::123456789012:role/r\nsource_profile = base\n"
+        "region = us-east-1\n"
+    )
+    monkeypatch.setenv("AWS_ENDPOINT_URL_STS", f"http://127.0.0.1:{silent.getsockname()[1]}")
+    try:
+        with pytest.raises(botocore.exceptions.ReadTimeoutError):
+            _botocore_session("role").get_credentials().get_frozen_credentials()
+    finally:
+        done.set()
+        silent.close()
+        for conn in accepted:
+            conn.close()
+    assert len(accepted) == 1  # one attempt (botocore's default made several, 60 s each)

@@ -1121,3 +1121,21 @@ def test_a_processor_that_lost_what_it_held_gets_it_again_from_the_checkpoint(
     assert [start for start, _ in sources.starts] == [TRIM_HORIZON, again_from]
     assert sorted(env.processor.flushed, key=int) == ["10", "20", "30", "40", "50"]
     assert env.stored().checkpoint == SHARD_END
+
+
+def test_the_processor_is_made_on_a_processor_thread_not_the_event_loop() -> None:
+    """``Class()`` ran on the loop: an ``__init__`` connecting to a host that does not answer
+    held every lease's renewal with it."""
+    import threading
+
+    made_on: list[threading.Thread] = []
+    env = Env()
+    env.lease()
+
+    def factory() -> RecordProcessor:
+        made_on.append(threading.current_thread())
+        return env.processor
+
+    consumer = env.consumer(FakeSources([batch(10), ended([])]), factory=factory)
+    assert env.run(consumer) is Outcome.SHARD_END
+    assert made_on and made_on[0] is not threading.main_thread()
