@@ -8,6 +8,7 @@ shard. A filter scrubs anything that looks like an AWS credential from every mes
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextvars
 import json
 import logging
@@ -18,6 +19,8 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from kclpy_spark.log_writer import LogWriter
 
 _app: contextvars.ContextVar[str | None] = contextvars.ContextVar("kclpy_app", default=None)
 _stream: contextvars.ContextVar[str | None] = contextvars.ContextVar("kclpy_stream", default=None)
@@ -137,14 +140,27 @@ def level_argument(text: str) -> str:
     return text.upper()
 
 
+# How long the exit waits for the queued lines to be written (a stderr nobody reads any more
+# must not hold it).
+DRAIN_AT_EXIT = 2.0
+_writer: LogWriter | None = None
+
+
 def configure(level: str = "INFO", fmt: str = "text") -> None:
-    """Set up the root logger for the daemon (stderr)."""
+    """Set up the root logger for the daemon: stderr, written by a thread of its own
+    (``log_writer.py``), whose queued lines are written at exit."""
+    global _writer
     _configured.update(level=level.upper(), format=fmt)
     handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(ContextFilter())
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    if _writer is None:
+        atexit.register(drain)
+    else:
+        _writer.close(DRAIN_AT_EXIT)
+    _writer = LogWriter(handler)
+    _writer.queued.addFilter(ContextFilter())
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [_writer.queued]
     root.setLevel(level.upper())
     for noisy in ("botocore", "aiobotocore", "urllib3", "py4j", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -152,6 +168,19 @@ def configure(level: str = "INFO", fmt: str = "text") -> None:
     # chosen format, redacted), not as plain text beside them.
     logging.captureWarnings(True)
     threading.excepthook = _log_thread_exception
+
+
+def drain(timeout: float = DRAIN_AT_EXIT) -> None:
+    """Write the queued lines (waiting at most ``timeout`` seconds); lines logged after are
+    written by the thread that logs them (the process is ending)."""
+    global _writer
+    writer, _writer = _writer, None
+    if writer is None:
+        return
+    writer.close(timeout)
+    writer.handler.addFilter(ContextFilter())
+    root = logging.getLogger()
+    root.handlers[:] = [writer.handler if h is writer.queued else h for h in root.handlers]
 
 
 def _log_thread_exception(args: threading.ExceptHookArgs) -> None:

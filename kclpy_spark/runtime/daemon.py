@@ -24,6 +24,7 @@ from typing import Any
 from checkpoint.base.errors import ConfigError, KclpySparkError
 from checkpoint.base.threads import RetiringThreadPool
 from kclpy_spark.config import WorkerConfig, load_toml
+from kclpy_spark.logs import drain as drain_log_lines
 from kclpy_spark.processor import RecordProcessor
 from kclpy_spark.runtime.lease_store import LeaseStore
 from kclpy_spark.runtime.streams import RecordSourcesFor
@@ -293,6 +294,7 @@ class _Signals:
                 )
                 resign.start()
                 resign.join(RESIGN_AT_EXIT)
+            drain_log_lines()
             logging.shutdown()
             os._exit(128 + sig.value)
         log.info("received %s: shutting down gracefully", sig.name)

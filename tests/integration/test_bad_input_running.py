@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -186,6 +187,8 @@ def test_a_recreated_stream_is_refused_until_a_reset(
     name = unique_name
     kinesis_client.create_stream(StreamName=name, ShardCount=1)
     wait_active(kinesis_client, name)
+    summary = kinesis_client.describe_stream_summary(StreamName=name)["StreamDescriptionSummary"]
+    first_created = summary["StreamCreationTimestamp"].timestamp()
     produce(kinesis_client, name, range(3))
     config = _config(name, localstack_endpoint, f"sqlite:{tmp_path / 'l.db'}")
     with fleet(tmp_path, config, tmp_path / "out") as workers:
@@ -199,6 +202,10 @@ def test_a_recreated_stream_is_refused_until_a_reset(
             lambda: name not in kinesis_client.list_streams()["StreamNames"],
             timeout=60,
         )
+        # Creation times within a second are one stream to the worker (the service's clock and
+        # the record's rounding): the new one must come later than that (LocalStack deletes at
+        # once, and all of the above can take less than a second).
+        time.sleep(max(0.0, first_created + 2.0 - time.time()))
         kinesis_client.create_stream(StreamName=name, ShardCount=1)
         wait_active(kinesis_client, name)
         again = workers.start("w2")

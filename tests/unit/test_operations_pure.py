@@ -874,3 +874,38 @@ def test_an_operator_command_on_an_application_nobody_runs_says_so(
     assert store.create_lease_if_absent(Lease("shardId-0", SEQ))
     assert commands.suspend_command(cfg, False) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_stderr_nobody_reads_never_blocks_the_thread_that_logs() -> None:
+    """A stalled log reader: once the pipe filled, the next line blocked the thread that logged
+    it, the event loop among them, and with it every lease's renewal. Lines are dropped then,
+    counted, and the count is told once stderr is read again."""
+    import select
+    import subprocess
+    import sys
+
+    code = (
+        "import logging, sys\nfrom kclpy_spark import logs\n"
+        "logs.configure('INFO', 'text')\n"
+        "for i in range(50_000):\n"
+        "    logging.getLogger('x').info('line %d %s', i, 'filler-' * 15)\n"
+        "print('all logged', flush=True)\n"  # stdout: stderr is not read until then
+        "sys.stdin.readline()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None
+        ready, _, _ = select.select([child.stdout], [], [], 60)
+        assert ready, "the logging thread blocked on the full pipe"
+        assert child.stdout.readline() == "all logged\n"
+        _, err = child.communicate("\n", timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 0
+    lines = err.splitlines()
+    dropped = [x for x in lines if "log line(s) were dropped" in x]
+    assert dropped and 0 < len(lines) < 50_000
+    assert lines[0].endswith("line 0 " + "filler-" * 15)

@@ -1,0 +1,85 @@
+"""The daemon's log lines are written to stderr by a thread of their own.
+
+Whatever reads the daemon's stderr can stop reading: a log shipper that stalls, a container
+runtime whose blocking log driver waits on a full disk. Written by the thread that logs, the next
+line then blocked that thread once the pipe's 64 KiB filled, and with it the event loop whose
+renewal rounds keep every lease: all of them were lost to a log reader. Here a line is handed to a
+bounded queue (the filter that adds the lease context and redacts secrets runs first, in the
+thread that logged); when the queue is full the line is dropped and counted, and the writer says
+how many were dropped once it writes again.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import logging.handlers
+import queue
+import threading
+
+QUEUE_LINES = 10_000  # lines waiting for stderr before new ones are dropped (~ a few MB)
+
+
+class QueuedLines(logging.handlers.QueueHandler):
+    """Hands each line to the writer without waiting; counts those a full queue refused."""
+
+    def __init__(self, lines: queue.Queue[logging.LogRecord | None]) -> None:
+        super().__init__(lines)
+        self.dropped = 0
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        """The record as the writer formats it: its message and traceback are text already (the
+        filter made them, redacted); the traceback's frames stay behind."""
+        record = copy.copy(record)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        record.exc_info = None
+        return record
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:
+            self.dropped += 1
+
+
+class LogWriter:
+    """The thread that writes queued lines with ``handler`` (the stderr one)."""
+
+    def __init__(self, handler: logging.Handler, size: int = QUEUE_LINES) -> None:
+        self.handler = handler
+        self._lines: queue.Queue[logging.LogRecord | None] = queue.Queue(size)
+        self.queued = QueuedLines(self._lines)
+        self._told = 0  # drops already reported
+        self._thread = threading.Thread(target=self._run, name="kclpy-spark-log", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            record = self._lines.get()
+            if record is None:
+                return
+            self.handler.handle(record)
+            self._tell_drops()
+
+    def _tell_drops(self) -> None:
+        dropped = self.queued.dropped
+        if dropped > self._told:
+            lost, self._told = dropped - self._told, dropped
+            self.handler.handle(
+                logging.LogRecord(
+                    "kclpy_spark", logging.WARNING, __file__, 0,
+                    f"{lost} log line(s) were dropped: stderr was not read as fast as the "
+                    "daemon wrote (a stalled log reader)", None, None,
+                )
+            )  # fmt: skip
+
+    def close(self, timeout: float) -> bool:
+        """Write what is queued, waiting at most ``timeout`` seconds (a reader that never comes
+        back must not hold the exit); whether it was all written."""
+        try:
+            self._lines.put(None, timeout=timeout)
+        except queue.Full:
+            return False
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
