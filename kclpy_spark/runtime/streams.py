@@ -296,6 +296,10 @@ class StreamSet:
             raise StreamRecreatedError(recreated_message(label, known, created))
         return created
 
+    def close(self) -> None:
+        """The worker stopped: a probe still waiting for Kinesis is not waited for at exit."""
+        self._probes.abandon(0.0)
+
     def shard_exists(self, lease: Lease) -> bool:
         """Whether ``lease``'s shard is still in its stream (one GetShardIterator); True when
         the answer is anything but "not found" (a vanished lease is put back only then), or

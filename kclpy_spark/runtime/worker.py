@@ -207,8 +207,12 @@ class Worker:
             if self.status_server is not None:
                 await self.status_server.stop()
             self.holder.close()
-            self._lease_io.shutdown(wait=False, cancel_futures=True)
-            self._renew_io.shutdown(wait=False, cancel_futures=True)
+            # Abandoned, not only shut down: the interpreter joins a pool's threads at exit, and
+            # a call still in flight (a Kinesis control call: 30 s a try, four tries) kept the
+            # stopped daemon alive for minutes, its stop signals no longer heard.
+            self._lease_io.abandon(0.0)
+            self._renew_io.abandon(0.0)
+            self.streams.close()
 
     async def _io(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the lease executor, with this task's logging context."""

@@ -147,6 +147,40 @@ asyncio.run(run_worker(config(lease_store="sqlite:" + sys.argv[1]), RecordProces
 """
 
 
+HUNG_CONTROL_CALL = """
+hang, in_flight = threading.Event(), threading.Event()
+described = Stream.describe_stream_summary
+
+
+def maybe_hang(self, **kw):
+    if hang.is_set():
+        in_flight.set()
+        time.sleep(10**6)  # a Kinesis control call that never answers
+    return described(self, **kw)
+
+
+Stream.describe_stream_summary = maybe_hang
+
+
+async def on_started(worker):
+    hang.set()
+    while not in_flight.is_set():
+        await asyncio.sleep(0.05)
+    worker.request_shutdown()
+
+
+class Idle(RecordProcessor):
+    def process_records(self, process_records_input):
+        pass
+
+
+asyncio.run(run_worker(config(missing_dependency_timeout=2.0), Idle, on_started=on_started,
+                       install_signal_handlers=False,
+                       record_sources=lambda spec, key: FakeSources(*[[] for _ in range(8)])))
+print("RETURNED", flush=True)
+"""
+
+
 def _child(body: str, shards: int = 1, *args: str) -> subprocess.CompletedProcess[str]:
     code = textwrap.dedent(PREAMBLE.format(here=str(HERE), shards=shards)) + textwrap.dedent(body)
     try:
@@ -190,3 +224,10 @@ def test_a_signal_during_the_first_shard_sync_leaves_no_leader_behind(tmp_path: 
     assert result.returncode == 143, result.stderr[-3000:]
     record = SQLiteLeaseTable(db, namespace="kclpy-spark-app").get_record(LEADER_KEY)
     assert record is not None and record.owner is None  # it resigned on its way out
+
+
+def test_a_control_call_in_flight_does_not_hold_the_process_after_the_stop() -> None:
+    """The lease executor was only shut down: the interpreter joined its threads at exit, and a
+    Kinesis call that does not answer kept the stopped daemon's process alive for minutes."""
+    result = _child(HUNG_CONTROL_CALL)
+    assert result.returncode == 0 and "RETURNED" in result.stdout, result.stderr[-3000:]
