@@ -206,6 +206,27 @@ def boto3_client(service: str, cfg: WorkerConfig) -> Any:
     return session.client(service, config=botocore_config(), **client_kwargs(cfg, botocore_session))
 
 
+def kinesis_control_client(cfg: WorkerConfig) -> Any:
+    """The synchronous Kinesis client of the worker's control calls (DescribeStreamSummary,
+    ListShards, a shard's existence): half a failover time per connect and per read, two
+    attempts. With the SDK's 30 s reads and four attempts one call that got no answer took two
+    minutes, past the worker's status record's life: the others counted it gone, and its
+    suspend and missing-stream checks waited behind it."""
+    import boto3
+
+    timeout = min(_READ_TIMEOUT, max(1.0, cfg.failover_time / 2))
+    botocore_session = _botocore_session(cfg.profile)
+    session: Any = boto3.session.Session(botocore_session=botocore_session)
+    config = botocore_config(timeout=timeout, sdk_retries=False).merge(_control_retries())
+    return session.client("kinesis", config=config, **client_kwargs(cfg, botocore_session))
+
+
+def _control_retries() -> Any:
+    from botocore.config import Config
+
+    return Config(retries={"mode": "standard", "total_max_attempts": 2})
+
+
 def lease_table_client(cfg: WorkerConfig, timeout: float) -> Any:
     """The DynamoDB client of the lease table: ``timeout`` seconds per connect and per read, no
     SDK retries (the store's own retry loop has the deadline), and enough pooled connections for

@@ -163,7 +163,7 @@ async def run_worker(
     inject faults through them); ``record_sources``: where records come from instead of the
     worker's own reads (the Spark sink reading on the executors). Raises DependencyGoneError
     when the worker gave up."""
-    from kclpy_spark.aws import aio_client, boto3_client
+    from kclpy_spark.aws import aio_client, kinesis_control_client
     from kclpy_spark.runtime.lease_store import open_lease_store
 
     _tune_gc()
@@ -173,7 +173,7 @@ async def run_worker(
     loop.set_default_executor(processors)
     signals = _Signals(loop) if install_signal_handlers else None
     try:
-        kinesis_sync = boto3_client("kinesis", cfg)
+        kinesis_sync = kinesis_control_client(cfg)
         if cfg.lease_store == "dynamodb" and not cfg.streams and stream_tracker is None:
             # One stream: it must exist before a DynamoDB table is made for it (a missing stream
             # left a new table behind). Local stores open first: their checks cost nothing.

@@ -321,3 +321,19 @@ def test_the_credential_chains_sts_call_has_a_deadline_and_no_retries(
         for conn in accepted:
             conn.close()
     assert len(accepted) == 1  # one attempt (botocore's default made several, 60 s each)
+
+
+@pytest.mark.parametrize(("failover", "timeout"), [(10.0, 5.0), (1.0, 1.0), (120.0, 30.0)])
+def test_the_workers_kinesis_control_calls_end_within_a_failover_time(
+    aws_home: Path, monkeypatch: pytest.MonkeyPatch, failover: float, timeout: float
+) -> None:
+    """DescribeStreamSummary and ListShards had the SDK's 30 s reads and four attempts: one call
+    that got no answer took two minutes, past the worker's status record's life."""
+    from kclpy_spark.aws import kinesis_control_client
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLEEXAMPLE12")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x" * 40)
+    cfg = WorkerConfig(stream_name="s", region="eu-west-1", failover_time=failover)
+    config = kinesis_control_client(cfg).meta.config
+    assert (config.connect_timeout, config.read_timeout) == (timeout, timeout)
+    assert config.retries["total_max_attempts"] == 2

@@ -53,7 +53,7 @@ async def no_client(service, cfg, **kw):
     yield object()
 
 
-aws.boto3_client = lambda service, cfg: Stream()
+aws.kinesis_control_client = lambda cfg: Stream()
 aws.aio_client = no_client
 lease_store.open_lease_store = lambda cfg, **kw: STORE
 
