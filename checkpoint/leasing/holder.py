@@ -369,12 +369,14 @@ class LeaseHolder:
         token: uuid.UUID,
         *,
         change: Callable[[Lease], Lease] | None = None,
+        take_back_handoff: bool = False,
     ) -> UpdateResult:
         """Give the lease up: write ``change(lease)``'s progress fields first if given (e.g.
         parking), then evict it (owner removed, so any worker may take it at once; during a
-        graceful handoff, complete it: the new owner gets it), then stop holding it locally,
-        whatever the writes' outcome. The result is the evicted lease, or why nothing (or not
-        everything) was written; errors propagate after the local drop."""
+        graceful handoff, complete it: the new owner gets it, unless ``take_back_handoff``: its
+        new owner went away, so the lease is taken back and evicted), then stop holding it
+        locally, whatever the writes' outcome. The result is the evicted lease, or why nothing
+        (or not everything) was written; errors propagate after the local drop."""
 
         def write(lease: Lease) -> Lease | None:
             if change is not None:
@@ -382,6 +384,9 @@ class LeaseHolder:
                 if updated is None:
                     return None
                 lease = updated
+            if lease.handoff_pending and take_back_handoff:
+                back = self.table.take_lease(lease, self.worker_id)
+                return None if back is None else self.table.evict_lease(back)
             if lease.handoff_pending:
                 return self.table.complete_handoff(lease)
             evicted = self.table.evict_lease(lease)

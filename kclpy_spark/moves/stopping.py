@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from checkpoint import coordination
 from checkpoint.base.errors import KclpySparkError
 from kclpy_spark.moves.taking import HANDOFF_POLL
 from kclpy_spark.runtime.publish import StatusSource, status_payload
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
     from checkpoint.base.clock import AsyncSleep, Clock
     from checkpoint.coordination import StatusWriter
     from checkpoint.leasing.held_lease import HeldLease
+    from kclpy_spark.runtime.lease_store import LeaseStore
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,8 @@ class StoppingWorker(StatusSource, Protocol):
     def sleep(self) -> AsyncSleep: ...
     @property
     def status_writer(self) -> StatusWriter: ...
+    @property
+    def store(self) -> LeaseStore: ...
 
 
 async def announce_stopping(w: StoppingWorker, io: Io) -> None:
@@ -64,12 +69,20 @@ async def let_new_owners_see(w: StoppingWorker) -> float:
     return wait
 
 
-async def _release(w: StoppingWorker, io: Io, held: HeldLease) -> None:
+async def _release(w: StoppingWorker, io: Io, held: HeldLease, stopping: set[str]) -> None:
+    target = held.lease.lease_owner if held.lease.handoff_pending else None
+    take_back = target in stopping
     try:
-        result = await io(w.holder.release, held.lease_key, held.token)
+        release = functools.partial(w.holder.release, take_back_handoff=take_back)
+        result = await io(release, held.lease_key, held.token)
         outcome = "" if result.won else " (already lost)"
     except KclpySparkError as exc:
         outcome = f" failed ({exc}); it expires instead"
+    if take_back:
+        w.events.add(held.lease_key, "released", f"{target} is stopping too{outcome}")
+        log.info("lease %s: not handed to %s, which is stopping too: released%s",
+                 held.lease_key, target, outcome)  # fmt: skip
+        return
     if held.lease.handoff_pending:  # hand_out() began a graceful handoff: this ends it
         w.events.add(held.lease_key, "handed", f"to {held.lease.lease_owner}{outcome}")
         log.info("lease %s: handed over to %s (worker stopping)%s", held.lease_key,
@@ -79,11 +92,31 @@ async def _release(w: StoppingWorker, io: Io, held: HeldLease) -> None:
     log.info("worker %s released lease %s%s", w.cfg.worker_id, held.lease_key, outcome)
 
 
+async def _stopping_targets(w: StoppingWorker, io: Io) -> set[str]:
+    """The workers our hand-offs go to whose status records say they are stopping (or have
+    stopped) since we chose them: they would never take the lease (their take loop has ended),
+    which then waited to expire with nobody reading it. A worker without a record of ours (a
+    KCL 3.x one) is trusted as it was when chosen."""
+    targets = {h.lease.lease_owner for h in w.holder.held() if h.lease.handoff_pending}
+    if not targets:
+        return set()
+    try:
+        scan = await io(w.store.scan_table, coordination.WORKER_PREFIX)
+    except KclpySparkError:
+        return set()
+    statuses = coordination.worker_statuses(scan.records)
+    return {
+        t for t in targets if t is not None and t in statuses
+        and (statuses[t].get("stopping") or statuses[t].get("stopped"))
+    }  # fmt: skip
+
+
 async def release_all(w: StoppingWorker, io: Io, *, resign: bool = True) -> None:
     """Release every lease held (or end its hand-off), all at once on the lease threads: one
     after another, with hundreds held, the last ones passed their expiry first and were left
     to expire (the caller keeps renewing meanwhile)."""
-    await asyncio.gather(*(_release(w, io, held) for held in w.holder.held()))
+    stopping = await _stopping_targets(w, io)
+    await asyncio.gather(*(_release(w, io, held, stopping) for held in w.holder.held()))
     if not resign:
         return
     with contextlib.suppress(KclpySparkError):

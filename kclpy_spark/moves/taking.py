@@ -125,7 +125,7 @@ class Taker:
             elif not lease.handoff_pending:
                 del self._incoming[key]
                 if w.run_state.may_take and self._ours_to_take(lease):
-                    await self.take(lease, how="handed")
+                    await self._take_handed(lease)
 
     @property
     def worker(self) -> LeaseWorker:
@@ -243,11 +243,25 @@ class Taker:
                 log.info("lease %s: ending a handoff from us to %s", key, lease.lease_owner)
                 await self._io(w.store.complete_handoff, lease)
             elif self._ours_to_take(lease):
-                await self.take(lease, how="handed")
+                await self._take_handed(lease)
             elif self._handed_to_us(lease):
                 log.info("lease %s: %s is handing it over to us; watching it",
                          key, lease.checkpoint_owner)  # fmt: skip
                 self._watch_incoming(key)
+
+    async def _take_handed(self, lease: Lease) -> None:
+        """Take a lease the table says is ours (handed or assigned to us), unless we hold our
+        ``max_leases_for_worker`` already: two stopping workers that both saw us below it (or
+        the leader and a stopping worker) gave us more; the one over is given back unowned, for
+        the next worker's take round, instead of running here past the cap."""
+        w = self._w
+        cap = w.cfg.max_leases_for_worker
+        if len(w.holder.held()) >= cap:
+            log.info("lease %s: handed to us at our cap of %d lease(s); giving it back",
+                     lease.lease_key, cap)  # fmt: skip
+            await self._io(w.store.evict_lease, lease)
+            return
+        await self.take(lease, how="handed")
 
     def _watch_incoming(self, key: str) -> None:
         """Look at a lease being handed to us every HANDOFF_POLL seconds, for at most the

@@ -6,6 +6,7 @@ does not leave its lease held."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 from dataclasses import replace
@@ -136,6 +137,25 @@ def test_leases_handed_to_us_are_taken_unless_finished_or_parked() -> None:
     assert table.complete_handoff(table.get_lease("pending")) is not None  # type: ignore[arg-type]
     asyncio.run(taker._look_at_incoming())
     assert set(w.consumers) == {"handed", "pending"} and not taker._incoming
+
+
+def test_a_lease_handed_to_us_at_our_cap_is_given_back_not_taken() -> None:
+    """Two stopping workers that both saw us below ``max_leases_for_worker`` (or the leader and
+    a stopping worker) handed us one lease each: we took both and ran over the cap."""
+    from dataclasses import replace as changed
+
+    table = MemoryLeaseTable()
+    w = worker(table, Consumers())
+    w.cfg = changed(w.cfg, max_leases_for_worker=2)
+    for key in ("a", "b"):
+        held = table.take_lease(put(table, key), ME)
+        assert held is not None
+        w.holder.add_taken(held)
+    over = put(table, "over", lease_owner=ME, lease_counter=3)
+    asyncio.run(Taker(w, io).adopt([over]))
+    after = table.get_lease("over")
+    assert after is not None and after.lease_owner is None and after.lease_counter == 4
+    assert "over" not in w.consumers and len(w.holder.held()) == 2
 
 
 def test_a_handoff_from_us_of_a_lease_we_do_not_hold_is_ended() -> None:
@@ -888,3 +908,26 @@ def test_a_worker_seen_to_stop_renewing_is_not_counted_in_the_share(runs_again: 
         status(table, "killed", clock.wall())
     asyncio.run(taker.round())
     assert len(w.consumers) == (5 if runs_again else 10)
+
+
+def test_a_handoff_to_a_worker_that_is_stopping_too_is_taken_back_at_release() -> None:
+    """Handed to a worker whose status said it ran when we chose it, and which began to stop
+    before our release: completing the handoff gave it a lease its ended take loop would never
+    take, and nobody read the shard until the lease expired (22 s at the defaults)."""
+    from kclpy_spark.moves.stopping import release_all
+
+    table = MemoryLeaseTable()
+    w = worker(table, Consumers())
+    for key, target in (("to-stopping", "b"), ("to-running", "c"), ("to-kcl", "java")):
+        taken = table.take_lease(put(table, key), ME)
+        assert taken is not None
+        held = w.holder.add_taken(taken)
+        begin = functools.partial(lambda x, t: table.initiate_handoff(x, t), t=target)
+        assert w.holder.update(key, held.token, begin).won
+    status(table, "b", w.clock.wall(), stopping=True)
+    status(table, "c", w.clock.wall())  # "java": a KCL 3.x worker writes no record of ours
+    asyncio.run(release_all(w, io, resign=False))
+    owners = {x.lease_key: (x.lease_owner, x.checkpoint_owner) for x in table.list_leases()}
+    assert owners == {"to-stopping": (None, None), "to-running": ("c", None),
+                      "to-kcl": ("java", None)}  # fmt: skip
+    assert not w.holder.held()
