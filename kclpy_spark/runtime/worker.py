@@ -238,6 +238,7 @@ class Worker:
         try:
             await self.run_state.stopped()
         finally:
+            began = self.clock.monotonic()  # the grace counts every step of the stop
             renewer = loops[0]
             for task in loops[1:]:
                 task.cancel()
@@ -245,9 +246,10 @@ class Worker:
             grace = self.cfg.shutdown_grace
             self.handing_out = True  # renewals leave the handoffs begun now to the stop below
             await announce_stopping(self, self._io)
-            began = self.clock.monotonic()
             handed = await self.taker.hand_out()
-            grace -= self.clock.monotonic() - began  # the hand-offs' own writes: the same grace
+            # The status write, the resign and the hand-offs' writes (each up to half a
+            # failover time on a slow table) come out of the same grace.
+            grace -= self.clock.monotonic() - began
             if handed:  # lease moves now wait for the processors' checkpoints
                 grace -= await let_new_owners_see(self)
             await self.consumers.shutdown_all(grace)
