@@ -122,6 +122,14 @@ class SourceOptions:
                 "hands a Python source one limit)"
             )
         if made.lease_store is not None:
+            if "applicationName" not in values:
+                # The lease table is named after it: two queries (or two sources of one) on
+                # different streams would share the default one, and shard ids repeat across
+                # streams, so one stream's checkpoints would resume the other's shards.
+                raise ConfigError(
+                    "kinesis-kcl: option leaseStore needs option applicationName (the lease "
+                    "table's name: one per application and stream)"
+                )
             made.worker_config()  # a bad lease store is one line at load()
         return made
 
@@ -152,6 +160,10 @@ def _lease_store(given: str) -> str | None:
         raise ConfigError(
             "kinesis-kcl: option leaseStore must be none, dynamodb or sqlite:PATH (memory "
             "would keep the leases in the source's own process, lost with it)"
+        )
+    if store not in ("none", "dynamodb") and not (kind.lower() == "sqlite" and colon and path):
+        raise ConfigError(
+            f"kinesis-kcl: option leaseStore must be none, dynamodb or sqlite:PATH, got {given!r}"
         )
     return None if store == "none" else store
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -21,6 +22,8 @@ from typing import Protocol
 
 from checkpoint.base.errors import ConfigError
 from kclpy_spark.readstream.offsets import Pin
+
+log = logging.getLogger(__name__)
 
 
 class PinStore(Protocol):
@@ -133,8 +136,13 @@ class DirectoryPins:
             return 0
         for child in folder.iterdir():
             number = child.name.removeprefix("batch-")
-            if child.name.startswith("batch-") and number.isdigit() and int(number) < batch:
-                with contextlib.suppress(FileNotFoundError):
+            whole = number.removeprefix("-").isdigit()  # batch -1: a leased query's first plan
+            if child.name.startswith("batch-") and whole and int(number) < batch:
+                try:
                     shutil.rmtree(child)
                     gone += 1
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:  # a late task's file, an NFS .nfs file: next batch
+                    log.warning("kinesis-kcl: could not delete the pins of %s: %s", child, exc)
         return gone

@@ -315,8 +315,9 @@ def _driver(worker: _FakeWorker) -> Any:
     from kclpy_spark.readstream.lease_driver import LeaseDriver
     from kclpy_spark.readstream.options import SourceOptions
 
-    driver = LeaseDriver(SourceOptions.parse({"streamName": "s", "region": "us-east-1",
-                                              "leaseStore": "dynamodb"}))  # fmt: skip
+    options = {"streamName": "s", "region": "us-east-1", "leaseStore": "dynamodb",
+               "applicationName": "app"}  # fmt: skip
+    driver = LeaseDriver(SourceOptions.parse(options))
     driver._worker = worker  # type: ignore[assignment]
     return driver
 
