@@ -168,12 +168,16 @@ max_processing_attempts = 1000
         first.setdefault(e["shard"], e["t"])
         last[e["shard"]] = e["t"]
     parents_violations = 0
+    parents_compared = 0  # (child, parent) pairs both written: the check saw something
     final_leases = {x.shard_id: x for x in table.list_leases()} if table else {}
     shards = {s["ShardId"]: s for s in kinesis_client.list_shards(StreamName=name)["Shards"]}
     for shard_id, shard in shards.items():
         for parent in (shard.get("ParentShardId"), shard.get("AdjacentParentShardId")):
-            if parent and shard_id in first and parent in last and first[shard_id] < last[parent]:
-                parents_violations += 1
+            if parent and shard_id in first and parent in last:
+                parents_compared += 1
+                parents_violations += first[shard_id] < last[parent]
+    # The split's two children and the merge's child (two parents): at least three pairs.
+    assert parents_compared >= 3, (parents_compared, sorted(first))
 
     # Checkpoints never went backwards (and the watcher saw them move).
     assert sum(len(h) > 1 for h in checkpoints.values()) >= 4, dict(checkpoints)

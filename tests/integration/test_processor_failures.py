@@ -94,7 +94,11 @@ def test_failing_batches_are_retried_until_processed(
 
 
 def test_poison_batch_parks_its_lease_and_the_worker_goes_on(
-    kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
+    kinesis_client: Any,
+    localstack_endpoint: str,
+    unique_name: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     _stream(kinesis_client, unique_name, 2, 40)
     seen: dict[str, set[str]] = {}
@@ -133,6 +137,16 @@ def test_poison_batch_parks_its_lease_and_the_worker_goes_on(
     assert lease.lease_owner is None and lease.closed_until is not None
     assert lease.checkpoint.is_sentinel  # nothing of the poisoned shard was checkpointed
     assert "shardId-000000000000" not in seen
+    # What docs/guarantees.md promises an operator: the reason at ERROR, CLOSED in status.
+    parked = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR
+              and "shardId-000000000000: parked" in r.getMessage()]  # fmt: skip
+    assert parked and "poison" in parked[0], [r.getMessage() for r in caplog.records][-20:]
+    from kclpy_spark.ops.status import lease_rows, render_table
+
+    now = time.time()
+    table = render_table(lease_rows(worker.store.list_leases(), {}, now), now)
+    [row] = [line for line in table.splitlines() if "shardId-000000000000" in line]
+    assert "CLOSED (reopens in" in row
 
 
 def test_async_processor_methods_are_awaited(

@@ -17,7 +17,7 @@ from checkpoint.base.retry import RetryPolicy
 from checkpoint.checkpointer import Checkpointer
 from checkpoint.lease import Lease
 from checkpoint.leasing.holder import LeaseHolder
-from checkpoint.sequence import AT_TIMESTAMP, ExtendedSequenceNumber
+from checkpoint.sequence import LATEST, ExtendedSequenceNumber
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.processor import Record
 from kclpy_spark.spark.micro_batcher import BatcherSettings, MicroBatcher
@@ -86,8 +86,8 @@ def deliver(cp: Checkpointer, batcher: MicroBatcher, lane: Any, recs: list[Recor
 
 def test_a_piece_of_a_lease_started_at_latest_is_written_once_after_a_crash() -> None:
     table, clock, sink = MemoryLeaseTable(), ManualClock(), PieceStore()
-    # What pin_start leaves: the checkpoint AT_TIMESTAMP, the first read's start - 5 s stored.
-    table.create_lease_if_absent(Lease(SHARD, AT_TIMESTAMP))
+    # What pin_start leaves: the checkpoint LATEST, the first read's start - 5 s stored beside.
+    table.create_lease_if_absent(Lease(SHARD, LATEST, start_timestamp=1_700_000_000.0))
     # Worker A: its first read (at LATEST) began at r5; it writes r5..r8 and dies before the commit.
     cp, batcher, lane = owner(table, clock, sink, "worker-a")
     sink.crash = True
@@ -95,7 +95,7 @@ def test_a_piece_of_a_lease_started_at_latest_is_written_once_after_a_crash() ->
     clock.advance(1.0)
     batcher.step()
     lease = table.get_lease(SHARD)
-    assert lease is not None and lease.checkpoint == AT_TIMESTAMP
+    assert lease is not None and lease.checkpoint == LATEST
     assert lease.pending_checkpoint == ExtendedSequenceNumber("80")
     # Worker B takes the lease: AT_TIMESTAMP(first read - 5 s) also returns r3 and r4.
     sink.crash = False
