@@ -378,8 +378,16 @@ def pool_bounds(
     rows = [s for s in samples if s["worker"] == worker]
     peak: dict[str, tuple[float, float]] = {}  # pool: (most threads, least headroom)
     misses: list[str] = []
+    checked = 0  # samples with a limit to judge: one without any checked nothing
     for i, row in enumerate(rows):
-        for key in (k for k in row if k.startswith("limit:")):
+        limits = [k for k in row if k.startswith("limit:")]
+        checked += bool(limits)
+        if limits and not any(k.startswith("pool:") for k in row):
+            # A pool without threads is left out of the gauge (none, rightly); a sample without
+            # the gauge at all would have passed every bound at 0.
+            misses.append(f"{worker}: no thread counts at {row['t']:.0f} s")
+            continue
+        for key in limits:
             pool = key.removeprefix("limit:")
             count = row.get(f"pool:{pool}", 0.0)
             bound = row[key]
@@ -391,7 +399,7 @@ def pool_bounds(
                 misses.append(f"{worker} {pool} {count:g} > {bound:g} at {row['t']:.0f} s")
     lines = [f"| {worker} | {pool} | {most:g} | {room:g} |"
              for pool, (most, room) in sorted(peak.items())]  # fmt: skip
-    return len(rows), lines, misses
+    return checked, lines, misses
 
 
 def outside_pools(samples: list[dict[str, Any]]) -> None:

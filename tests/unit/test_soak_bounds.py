@@ -57,6 +57,18 @@ def test_a_fixed_pool_over_its_limit_is_a_miss_and_unpooled_threads_are_counted(
     assert rows[0]["threads_unpooled"] == 1  # the main thread: no pool with a limit
 
 
+def test_samples_without_limits_are_not_counted_and_a_missing_gauge_is_a_miss() -> None:
+    """Every sample counted as checked, one with no limit to judge among them, and a sample
+    without thread counts passed at none: "646 samples, none over a bound" could compare
+    nothing."""
+    bare = {"t": 0.0, "worker": "b1", "pid": 1}
+    idle = _row(5, 2, 3)
+    del idle["pool:kclpy-spark-lease"]  # no thread in that pool now: left out of the gauge
+    blind = {k: v for k, v in _row(10, 2, 3).items() if not k.startswith("pool:")}
+    checked, _, misses = bench_soak.pool_bounds([bare, idle, blind], "b1", 5.0)
+    assert checked == 2 and misses == ["b1: no thread counts at 10 s"]
+
+
 def test_without_leases_held_the_processor_pool_has_its_size_for_bound() -> None:
     row = _row(0, 0, 100)
     del row["leases_held"]
