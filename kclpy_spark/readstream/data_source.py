@@ -18,6 +18,7 @@ limit is Spark's read limit (``getDefaultReadLimit``), shared over a batch's sha
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -41,6 +42,8 @@ from kclpy_spark.readstream.offsets import (
 from kclpy_spark.readstream.options import SourceOptions
 from kclpy_spark.readstream.pins import DirectoryPins
 from kclpy_spark.spark.ranges import PINNED_TIME_FACTOR, Pinned, RangeEnd, ReadRange
+
+log = logging.getLogger(__name__)
 
 SCHEMA = (
     "stream string, shard_id string, sequence_number string, sub_sequence_number bigint, "
@@ -84,6 +87,9 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._checked = False  # the pin folder was checked
         self._planned_at = float("-inf")  # monotonic: when the last batch was planned
         self._nothing = False  # the last planning found nothing to read (no batch)
+        # The last batch this process planned (run, batch): any other Spark gives partitions()
+        # is a replay of a batch planned before a restart.
+        self._planned_here: tuple[str, int] | None = None
         # the pins of the last batch asked about (they do not change once it ran)
         self._found: tuple[tuple[str, int] | None, dict[str, Pin]] = (None, {})
 
@@ -152,6 +158,7 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             pins.forget_before(previous.run, previous.batch)
         self._planned_at = time.monotonic()
         self._nothing = following is previous  # leases: nothing held to read
+        self._planned_here = (following.run, following.batch)
         return following.to_json()
 
     def _pins_of(self, offset: SourceOffset, pins: DirectoryPins) -> dict[str, Pin]:
@@ -180,7 +187,12 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         pins = self._pins()
         pins.mark_planned(offset.run, offset.batch)
         leases = self._lease_driver()
-        shards = offset.read_shards() if leases is None else leases.replay_reads(offset, pins)
+        if leases is not None:
+            shards = leases.replay_reads(offset, pins)
+        elif (offset.run, offset.batch) != self._planned_here:
+            shards = self._still_listed(offset, offset.read_shards())
+        else:
+            shards = offset.read_shards()
         ranges = []
         for sid in shards:
             plan = offset.shards[sid]
@@ -200,6 +212,24 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             value = {"ranges": ranges[i : i + step], "run": offset.run, "batch": offset.batch}
             parts.append(RangePartition(json.dumps(value)))
         return parts
+
+    def _still_listed(self, offset: SourceOffset, shards: Sequence[str]) -> list[str]:
+        """A batch planned before a restart, replayed: the shards of it the stream still
+        lists. One that aged out past the retention since (a query down that long across a
+        reshard) failed every task of the replay, and the restarted query with it, for good;
+        left out, it gets an empty pin, and the next plan finds it gone (its children start at
+        their start). A listing that fails leaves the batch as planned."""
+        try:
+            listed = {s.shard_id for s in self._list(offset)}
+        except KclpySparkError as exc:
+            log.warning("kinesis-kcl: could not list the shards for the replay of batch %d: %s",
+                        offset.batch, exc)  # fmt: skip
+            return list(shards)
+        gone = [sid for sid in shards if sid not in listed]
+        if gone:
+            log.warning("kinesis-kcl: replaying batch %d without shard(s) %s, no longer in the "
+                        "stream (past its retention)", offset.batch, ", ".join(gone))  # fmt: skip
+        return [sid for sid in shards if sid in listed]
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: Spark's checkpoint holds the offsets (and it calls this one batch

@@ -271,12 +271,29 @@ def test_a_batch_puts_shards_per_task_ranges_in_each_partition(tmp_path: Path) -
     plans = {f"s{i}": ShardPlan(Start(ESN(str(100 + i))), i != 5, iterator=f"it-{i}")
              for i in range(7)}  # fmt: skip
     end = SourceOffset("run", 4, 1_000, None, plans).to_json()
+    reader._planned_here = ("run", 4)  # planned by this process: no listing
     parts = reader.partitions(end, end)
     groups = [[json.loads(r)["shard_id"] for r in json.loads(p.value)["ranges"]] for p in parts]
     assert groups == [["s0", "s1", "s2", "s3"], ["s4", "s6"]]  # s5 not read in this batch
     first = json.loads(json.loads(parts[0].value)["ranges"][1])
     assert (first["after"], first["iterator"]) == (["101", 0], "it-1")
     assert reader._pins().planned("run", 4)
+
+
+def test_a_replayed_batch_leaves_out_a_shard_that_aged_out_since(tmp_path: Path) -> None:
+    """A query down past the retention across a reshard: Spark replays the batch it planned
+    before, with a shard the stream no longer holds, whose read failed every task, and the
+    query with it, at every restart."""
+    reader: Any = _reader(tmp_path)
+    reader._lister = lister = CountingLister()  # lists s0 only
+    plans = {sid: ShardPlan(Start(ESN("150")), True) for sid in ("s0", "gone")}
+    end = SourceOffset("run", 4, 1_000, None, plans).to_json()
+    parts = reader.partitions(end, end)  # not planned here: a replay
+    read = [json.loads(r)["shard_id"] for p in parts for r in json.loads(p.value)["ranges"]]
+    assert read == ["s0"] and lister.calls == 1
+    # The next plan finds the shard gone (an empty pin: it never ran) and reads on without it.
+    found = reader._pins_of(SourceOffset.from_json(end), reader._pins())
+    assert found["gone"].rows == 0
 
 
 def test_the_region_is_resolved_once_at_load_and_none_is_one_line(
