@@ -14,8 +14,10 @@ from __future__ import annotations
 import copy
 import logging
 import logging.handlers
+import os
 import queue
 import threading
+from typing import Any
 
 QUEUE_LINES = 10_000  # lines waiting for stderr before new ones are dropped (~ a few MB)
 
@@ -44,13 +46,18 @@ class QueuedLines(logging.handlers.QueueHandler):
 
 
 class LogWriter:
-    """The thread that writes queued lines with ``handler`` (the stderr one)."""
+    """The thread that writes queued lines, formatted by ``handler`` (the stderr one). Lines go
+    to the stream's file descriptor with ``os.write``, not through the handler or the stream's
+    buffer: a write stuck on a full pipe then holds no lock that the exit (``logging.shutdown``,
+    the interpreter's flush of stderr) would wait on. A stream without a descriptor (a test's
+    capture) is written through the handler."""
 
-    def __init__(self, handler: logging.Handler, size: int = QUEUE_LINES) -> None:
+    def __init__(self, handler: logging.StreamHandler[Any], size: int = QUEUE_LINES) -> None:
         self.handler = handler
         self._lines: queue.Queue[logging.LogRecord | None] = queue.Queue(size)
         self.queued = QueuedLines(self._lines)
         self._told = 0  # drops already reported
+        self._fd = _descriptor(handler.stream)
         self._thread = threading.Thread(target=self._run, name="kclpy-spark-log", daemon=True)
         self._thread.start()
 
@@ -59,20 +66,33 @@ class LogWriter:
             record = self._lines.get()
             if record is None:
                 return
-            self.handler.handle(record)
+            self._write(record)
             self._tell_drops()
+
+    def _write(self, record: logging.LogRecord) -> None:
+        if self._fd is None:
+            self.handler.handle(record)
+            return
+        try:
+            data = memoryview((self.handler.format(record) + "\n").encode("utf-8", "replace"))
+            while data:
+                data = data[os.write(self._fd, data) :]
+        except Exception:
+            self.handler.handleError(record)
 
     def _tell_drops(self) -> None:
         dropped = self.queued.dropped
         if dropped > self._told:
             lost, self._told = dropped - self._told, dropped
-            self.handler.handle(
-                logging.LogRecord(
-                    "kclpy_spark", logging.WARNING, __file__, 0,
-                    f"{lost} log line(s) were dropped: stderr was not read as fast as the "
-                    "daemon wrote (a stalled log reader)", None, None,
-                )
+            record = logging.LogRecord(
+                "kclpy_spark", logging.WARNING, __file__, 0,
+                f"{lost} log line(s) were dropped: stderr was not read as fast as the daemon "
+                "wrote (a stalled log reader)", None, None,
             )  # fmt: skip
+            for each in self.queued.filters:  # the context the format names, as every line's
+                if isinstance(each, logging.Filter):
+                    each.filter(record)
+            self._write(record)
 
     def close(self, timeout: float) -> bool:
         """Write what is queued, waiting at most ``timeout`` seconds (a reader that never comes
@@ -83,3 +103,12 @@ class LogWriter:
             return False
         self._thread.join(timeout)
         return not self._thread.is_alive()
+
+
+def _descriptor(stream: Any) -> int | None:
+    try:
+        fd = stream.fileno()
+        stream.flush()  # what was written through it before goes first
+    except (AttributeError, OSError, ValueError):
+        return None
+    return fd if isinstance(fd, int) else None

@@ -177,7 +177,8 @@ def drain(timeout: float = DRAIN_AT_EXIT) -> None:
     writer, _writer = _writer, None
     if writer is None:
         return
-    writer.close(timeout)
+    if not writer.close(timeout):
+        return  # stderr is not read: later lines are dropped, counted, and nothing waits
     writer.handler.addFilter(ContextFilter())
     root = logging.getLogger()
     root.handlers[:] = [writer.handler if h is writer.queued else h for h in root.handlers]

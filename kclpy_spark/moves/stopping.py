@@ -93,22 +93,23 @@ async def _release(w: StoppingWorker, io: Io, held: HeldLease, stopping: set[str
 
 
 async def _stopping_targets(w: StoppingWorker, io: Io) -> set[str]:
-    """The workers our hand-offs go to whose status records say they are stopping (or have
-    stopped) since we chose them: they would never take the lease (their take loop has ended),
-    which then waited to expire with nobody reading it. A worker without a record of ours (a
-    KCL 3.x one) is trusted as it was when chosen."""
+    """The workers our hand-offs go to that run no more by their status records (stopping,
+    stopped, suspended, or not written lately) since we chose them: they would never take the
+    lease (their take loop has ended), which then waited to expire with nobody reading it. One
+    read of each receiver's record; a worker without a record of ours (a KCL 3.x one) is
+    trusted as it was when chosen."""
     targets = {h.lease.lease_owner for h in w.holder.held() if h.lease.handoff_pending}
-    if not targets:
-        return set()
-    try:
-        scan = await io(w.store.scan_table, coordination.WORKER_PREFIX)
-    except KclpySparkError:
-        return set()
-    statuses = coordination.worker_statuses(scan.records)
-    return {
-        t for t in targets if t is not None and t in statuses
-        and (statuses[t].get("stopping") or statuses[t].get("stopped"))
-    }  # fmt: skip
+    gone = set()
+    for target in sorted(t for t in targets if t is not None):
+        try:
+            record = await io(w.store.get_record, coordination.worker_key(target))
+        except KclpySparkError:
+            continue
+        live = coordination.live_workers([] if record is None else [record], w.clock.wall(),
+                                         w.timing.status_max_age)  # fmt: skip
+        if record is not None and target not in live:
+            gone.add(target)
+    return gone
 
 
 async def release_all(w: StoppingWorker, io: Io, *, resign: bool = True) -> None:

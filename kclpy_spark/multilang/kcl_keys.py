@@ -186,6 +186,7 @@ CHAIN_PROVIDERS = {
     "EC2ContainerCredentialsProviderWrapper",
     "InstanceProfileCredentialsProvider",
     "WebIdentityTokenFileCredentialsProvider",
+    "WebIdentityTokenCredentialsProvider",  # SDK v1's name
 }
 # PollingConfigBean's keys: with any of them set, the KCL's DEFAULT retrieval mode is polling.
 POLLING_KEYS = (

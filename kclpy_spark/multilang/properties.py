@@ -285,32 +285,45 @@ def _retrieval(props: Mapping[str, str], values: dict[str, Any], keys: dict[str,
         log.info("property consumerName is not used: records are polled")
 
 
-def _credentials(key: str, value: str, values: dict[str, Any], keys: dict[str, str]) -> None:
-    """A credentials provider (``Class|param|nested=value``, the class maybe fully qualified):
-    one the AWS SDK for Python's default chain covers, or a named profile (``profile``: one for
-    every service); any other would run the worker as another identity than asked, so it is
-    refused."""
-    provider, *params = [p.strip() for p in value.split("|")]
-    name = provider.rsplit(".", 1)[-1]
-    named = [p for p in params if "=" not in p]
-    if name == "ProfileCredentialsProvider" and named:
-        profile = named[0]
-        if values.get("profile", profile) != profile:
+def _credentials(key: str, value: str) -> str | None:
+    """The profile a credentials provider names (``Class|param|nested=value``, the class maybe
+    fully qualified; several comma-separated, the KCL's chain), None for the AWS SDK for
+    Python's default chain. A provider that chain does not cover would run the worker as
+    another identity than asked: ConfigError."""
+    profiles = set()
+    for entry in (e.strip() for e in value.split(",") if e.strip()):
+        provider, *params = [p.strip() for p in entry.split("|")]
+        name = provider.rsplit(".", 1)[-1]
+        named = [p for p in params if "=" not in p]
+        if name == "ProfileCredentialsProvider" and named:
+            profiles.add(named[0])
+        elif name not in CHAIN_PROVIDERS and name != "ProfileCredentialsProvider":
             raise ConfigError(
-                f"property {key!r} names profile {profile!r}, {keys['profile']!r} names "
-                f"{values['profile']!r}: one set of credentials serves every service here"
+                f"property {key!r} = {provider!r} is not supported: credentials come from the AWS "
+                "SDK for Python's default chain (environment, container and instance roles, web "
+                "identity) or a named profile (ProfileCredentialsProvider|<name>; a role to "
+                "assume goes in the profile, role_arn and source_profile in ~/.aws/config)"
             )
-        values["profile"], keys["profile"] = profile, key
-        return
-    if name in CHAIN_PROVIDERS or name == "ProfileCredentialsProvider":
+    if len(profiles) > 1:
+        raise ConfigError(f"property {key!r} names several profiles: {sorted(profiles)}")
+    if not profiles:
         log.info("%s = %s: the AWS SDK for Python's default credential chain is used", key, value)
-        return
-    raise ConfigError(
-        f"property {key!r} = {provider!r} is not supported: credentials come from the AWS SDK "
-        "for Python's default chain (environment, container and instance roles, web identity) "
-        "or a named profile (ProfileCredentialsProvider|<name>; a role to assume goes in the "
-        "profile, role_arn and source_profile in ~/.aws/config)"
-    )
+    return next(iter(profiles), None)
+
+
+def _credentials_profile(named: Mapping[str, str | None]) -> str | None:
+    """The one profile of the credentials properties (``AwsCredentialsProvider`` and its
+    DynamoDB and CloudWatch variants, by key): one set of credentials serves every service here,
+    so a variant may only repeat the main one's."""
+    main = next((p for k, p in named.items() if k.lower() == "awscredentialsprovider"), None)
+    for key, profile in named.items():
+        if profile != main and key.lower() != "awscredentialsprovider":
+            raise ConfigError(
+                f"property {key!r} names profile {profile!r} and AwsCredentialsProvider "
+                f"{'profile ' + repr(main) if main else 'the default chain'}: one set of "
+                "credentials serves every service here (name it in AwsCredentialsProvider)"
+            )
+    return main
 
 
 def _multilang(props: Mapping[str, str], folder: Path) -> MultiLangSettings:
@@ -339,6 +352,7 @@ def _multilang(props: Mapping[str, str], folder: Path) -> MultiLangSettings:
 def _direct_fields(props: Mapping[str, str], values: dict[str, Any], keys: dict[str, str]) -> None:
     """The properties that map onto one WorkerConfig field each; the rest are checked (credential
     providers, ignored and unknown keys) and handled by the caller."""
+    credentials: dict[str, str | None] = {}
     for key, value in props.items():
         if key in FIELDS:
             name, convert = FIELDS[key]
@@ -351,11 +365,15 @@ def _direct_fields(props: Mapping[str, str], values: dict[str, Any], keys: dict[
                     f"(known: {', '.join(sorted(WORKER_FIELDS))})"
                 )
         elif CREDENTIALS.match(key):
-            _credentials(key, value, values, keys)
+            credentials[key] = _credentials(key, value)
         elif key in IGNORED_INFO or key in IGNORED_WARNING:
             _ignored(key, value)
         elif key not in SPECIAL:
             _unknown(key)
+    profile = _credentials_profile(credentials)
+    if profile is not None:
+        main = next(k for k in credentials if k.lower() == "awscredentialsprovider")
+        values["profile"], keys["profile"] = profile, main
 
 
 def config_from_properties(

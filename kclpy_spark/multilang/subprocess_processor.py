@@ -125,8 +125,16 @@ class SubprocessProcessor(RecordProcessor):
         await self._guarded(self._finish([(protocol.lease_lost_message(), None)]))
 
     async def shard_ended(self, shard_ended_input: ShardEndedInput) -> None:
-        message = protocol.shard_ended_message()
-        await self._guarded(self._finish([(message, shard_ended_input.checkpointer)], start=True))
+        message, checkpointer = protocol.shard_ended_message(), shard_ended_input.checkpointer
+        held = self._holds_unconfirmed(checkpointer)
+        try:
+            await self._guarded(self._finish([(message, checkpointer)], start=True))
+        except ChildFailedError as exc:
+            if held:  # as in process_records: one death, one failure, and a read again
+                self._given_end = None
+                why = f"{exc}; it held records it had not checkpointed"
+                raise RedeliverFromCheckpoint(why) from exc
+            raise
 
     async def shutdown_requested(self, shutdown_requested_input: ShutdownRequestedInput) -> None:
         if not self._running():

@@ -122,15 +122,7 @@ class SourceOptions:
                 "hands a Python source one limit)"
             )
         if made.lease_store is not None:
-            if "applicationName" not in values:
-                # The lease table is named after it: two queries (or two sources of one) on
-                # different streams would share the default one, and shard ids repeat across
-                # streams, so one stream's checkpoints would resume the other's shards.
-                raise ConfigError(
-                    "kinesis-kcl: option leaseStore needs option applicationName (the lease "
-                    "table's name: one per application and stream)"
-                )
-            made.worker_config()  # a bad lease store is one line at load()
+            _check_leased(made, named_app="applicationName" in values)
         return made
 
     def worker_config(self) -> WorkerConfig:
@@ -150,6 +142,20 @@ class SourceOptions:
             raise ConfigError(
                 f"kinesis-kcl: option leaseStore {self.lease_store!r}: {exc}"
             ) from None
+
+
+def _check_leased(options: SourceOptions, *, named_app: bool) -> None:
+    """One line at load() for a lease store the source cannot use."""
+    if not named_app:
+        # The lease table is named after it: two queries (or two sources of one) on different
+        # streams would share the default one, and shard ids repeat across streams, so one
+        # stream's checkpoints would resume the other's shards.
+        raise ConfigError(
+            "kinesis-kcl: option leaseStore needs option applicationName (the lease table's "
+            "name: one per application and stream; a query that ran before without it used "
+            "'kclpy-spark-stream': name that to keep its checkpoints)"
+        )
+    options.worker_config()  # a bad lease store
 
 
 def _lease_store(given: str) -> str | None:

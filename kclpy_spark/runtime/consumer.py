@@ -130,6 +130,10 @@ class ShardConsumer:
         configured = initial_position or cfg.initial_position
         lease = held.lease
         self._start = ReadStart(lease.shard_id, lease.checkpoint, lease.start_timestamp, configured)
+        # After a rewind (RedeliverFromCheckpoint): the records up to where delivery failed come
+        # again, and their success is no progress: the failure count goes on until past them
+        # (a batch that kills a MultiLang child every time parks its lease, as before).
+        self._rewound_past: ExtendedSequenceNumber | None = None
         self.budget = FailureBudget(
             self.tenure,
             self.stats,
@@ -289,6 +293,8 @@ class ShardConsumer:
 
     def _rewind(self) -> None:
         """Deliver again from the lease's checkpoint: the processor lost what came after it."""
+        if self._rewound_past is None:  # lost at the shard end: all that was delivered
+            self._rewound_past = self._start.checkpoint
         checkpointer = self.tenure.checkpointer
         checkpoint = checkpointer.written or self.tenure.lease.checkpoint
         checkpointer.rewind(checkpoint)
@@ -390,6 +396,7 @@ class ShardConsumer:
                 self._metrics.process_seconds.observe(self._clock.monotonic() - started)
                 break
             except RedeliverFromCheckpoint:
+                self._rewound_past = end
                 raise  # counted, and read again from the checkpoint (_process)
             except Exception as exc:
                 checkpointer.set_largest_permitted(before)
@@ -400,7 +407,9 @@ class ShardConsumer:
                 records = _after(records, checkpointer.written)
                 if not records:
                     break
-        self.budget.succeeded()
+        if self._rewound_past is None or end > self._rewound_past:
+            self._rewound_past = None
+            self.budget.succeeded()
         self._start.delivered(end)
         self._count(batch)
 

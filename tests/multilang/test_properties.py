@@ -259,14 +259,19 @@ def test_credentials_providers(caplog: pytest.LogCaptureFixture) -> None:
     build(AwsCredentialsProvider="DefaultCredentialsProvider")
     assert not warnings(caplog)
     assert any("default credential chain is used" in r.getMessage() for r in caplog.records)
-    cfg, _ = build(AWSCredentialsProviderDynamoDB="ProfileCredentialsProvider|prod")
-    assert cfg.profile == "prod"  # it was warned about and not used: the worker ran as another
+    # A profile was warned about and not used: the worker ran as whatever the chain found.
     cfg, _ = build(AwsCredentialsProvider="software.amazon.awssdk.auth.credentials."
                    "ProfileCredentialsProvider|prod", AwsCredentialsProviderCloudWatch=
                    "ProfileCredentialsProvider|prod")  # fmt: skip
     assert cfg.profile == "prod"
     cfg, _ = build(AwsCredentialsProvider="EnvironmentVariableCredentialsProvider")
     assert cfg.profile is None and not warnings(caplog)
+    # The KCL's comma-separated chain, and SDK v1's web identity provider (IRSA).
+    cfg, _ = build(AwsCredentialsProvider="DefaultAWSCredentialsProviderChain,"
+                   "ProfileCredentialsProvider|prod")  # fmt: skip
+    assert cfg.profile == "prod"
+    cfg, _ = build(AwsCredentialsProvider="WebIdentityTokenCredentialsProvider")
+    assert cfg.profile is None
 
 
 @pytest.mark.parametrize(
@@ -277,6 +282,9 @@ def test_credentials_providers(caplog: pytest.LogCaptureFixture) -> None:
         ({"AwsCredentialsProvider": "ProfileCredentialsProvider|a",
           "AwsCredentialsProviderDynamoDB": "ProfileCredentialsProvider|b"},
          "one set of credentials serves every service"),
+        # A variant's profile would have run every service as it.
+        ({"AWSCredentialsProviderCloudWatch": "ProfileCredentialsProvider|metrics"},
+         "'metrics' and AwsCredentialsProvider the default chain"),
     ],
 )  # fmt: skip
 def test_credentials_providers_that_would_run_as_another_identity_are_refused(

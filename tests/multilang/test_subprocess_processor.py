@@ -441,6 +441,8 @@ for line in sys.stdin:
         if batches % every == 0:
             flush()
     elif action == "shardEnded":
+        if os.environ.get("DIE_AT_END"):
+            os._exit(9)  # killed while told its shard ended
         flush()
     send({"action": "status", "responseFor": action})
 """
@@ -487,7 +489,7 @@ def test_a_child_that_died_holding_records_it_had_not_checkpointed_asks_for_them
     assert shard.stored() == ExtendedSequenceNumber(seq(6))
 
 
-@pytest.mark.parametrize("when", ["mid-call", "shard end"])
+@pytest.mark.parametrize("when", ["mid-call", "shard end", "during shard end"])
 def test_a_child_that_dies_holding_records_fails_so_they_come_again(
     tmp_path: Path, when: str
 ) -> None:
@@ -495,7 +497,9 @@ def test_a_child_that_dies_holding_records_fails_so_they_come_again(
     earlier batches' records: a plain failure had the batch (or shard end) retried with a new
     child that never saw them; SHARD_END was then stored past them for good."""
     shard = held_shard()
-    processor, flushed = buffering(tmp_path, every=5, DIE_ON=seq(3))
+    # "during shard end": it dies while told (one death, one failure: it was two)
+    extra = {"DIE_AT_END": "1"} if when == "during shard end" else {}
+    processor, flushed = buffering(tmp_path, every=5, DIE_ON=seq(3), **extra)
 
     async def scenario() -> None:
         await start(processor, shard)
@@ -504,7 +508,8 @@ def test_a_child_that_dies_holding_records_fails_so_they_come_again(
             with pytest.raises(RedeliverFromCheckpoint, match=r"ended \(status 9\)"):
                 await deliver(processor, shard, 3, 2)
         else:
-            await kill_child(processor)
+            if when == "shard end":
+                await kill_child(processor)  # found dead when told
             shard.checkpointer.mark_shard_end()
             with pytest.raises(RedeliverFromCheckpoint):
                 await processor.shard_ended(ShardEndedInput(shard.checkpointer))

@@ -112,6 +112,41 @@ def test_reset_plan_leaves_finished_leases_and_names_live_owners() -> None:
     assert unknown.unknown_shards == ("nope",)
 
 
+def test_reset_mid_handoff_names_the_old_owner_that_still_processes_the_lease() -> None:
+    """Only ``lease_owner`` was checked: mid-handoff to a dead worker, the live old owner (the
+    checkpoint owner, still processing) did not stop the reset."""
+    handing = Lease("shardId-0", ExtendedSequenceNumber("5"), lease_owner="gone",
+                    checkpoint_owner="w1")  # fmt: skip
+    plan = plan_reset([handing], InitialPosition.latest(), shards=None, live_workers=["w1"])
+    assert plan.live_owners == ("w1",)
+
+
+def test_a_forced_reset_reads_the_lease_again_before_it_writes() -> None:
+    """Interactive ``reset --force``: the plan's counters were stale by the time a person
+    answered (a held lease renews every few seconds), and every write lost its condition."""
+    from checkpoint.stores.memory import MemoryLeaseTable
+    from kclpy_spark.ops.reset import _write_reset, reset_lease
+
+    table = MemoryLeaseTable()
+    table.create_lease_if_absent(Lease("shardId-0", ExtendedSequenceNumber("5")))
+    held = table.take_lease(table.get_lease("shardId-0"), "w1")  # type: ignore[arg-type]
+    assert held is not None
+    target = InitialPosition.trim_horizon()
+    planned = reset_lease(held, target)
+    assert table.renew_lease(held) is not None  # while the prompt waited
+    assert not _write_reset(table, held, planned, target, force=False)  # "changed meanwhile"
+    assert _write_reset(table, held, planned, target, force=True)
+    after = table.get_lease("shardId-0")
+    assert after is not None and after.checkpoint.sequence_number == "TRIM_HORIZON"
+
+
+def test_a_bracketed_ipv6_address_serves() -> None:
+    from kclpy_spark.board.standalone import parse_address
+
+    assert parse_address("[::1]:8080") == ("::1", 8080)
+    assert parse_address("8080") == ("127.0.0.1", 8080)
+
+
 def test_reset_of_a_multi_stream_table_tells_two_streams_shards_apart() -> None:
     """#49 item 15: leases were keyed by shard id, so two streams' shardId-0 collapsed into one
     and only one was reset, silently."""
@@ -907,5 +942,28 @@ def test_a_stderr_nobody_reads_never_blocks_the_thread_that_logs() -> None:
     assert child.returncode == 0
     lines = err.splitlines()
     dropped = [x for x in lines if "log line(s) were dropped" in x]
-    assert dropped and 0 < len(lines) < 50_000
+    assert dropped and " WARNING kclpy_spark: " in dropped[0] and "Logging error" not in err
+    assert 0 < len(lines) < 50_000
     assert lines[0].endswith("line 0 " + "filler-" * 15)
+
+
+def test_a_stderr_nobody_ever_reads_does_not_hold_the_exit() -> None:
+    """The lines still queued at exit are written for at most a few seconds; a reader that never
+    comes back left the process waiting at exit (the stuck write held the handler's lock, which
+    logging's shutdown takes)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import logging\nfrom kclpy_spark import logs\n"
+        "logs.configure('INFO', 'text')\n"
+        "for i in range(50_000):\n"
+        "    logging.getLogger('x').info('line %d %s', i, 'filler-' * 15)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)
+    try:
+        assert child.wait(timeout=60) == 0  # stderr never read until it ended
+    finally:
+        child.kill()
+        assert child.stderr is not None
+        child.stderr.close()

@@ -918,7 +918,8 @@ def test_a_handoff_to_a_worker_that_is_stopping_too_is_taken_back_at_release() -
 
     table = MemoryLeaseTable()
     w = worker(table, Consumers())
-    for key, target in (("to-stopping", "b"), ("to-running", "c"), ("to-kcl", "java")):
+    pairs = (("to-stopping", "b"), ("to-running", "c"), ("to-kcl", "java"), ("to-suspended", "d"))
+    for key, target in pairs:
         taken = table.take_lease(put(table, key), ME)
         assert taken is not None
         held = w.holder.add_taken(taken)
@@ -926,8 +927,9 @@ def test_a_handoff_to_a_worker_that_is_stopping_too_is_taken_back_at_release() -
         assert w.holder.update(key, held.token, begin).won
     status(table, "b", w.clock.wall(), stopping=True)
     status(table, "c", w.clock.wall())  # "java": a KCL 3.x worker writes no record of ours
+    status(table, "d", w.clock.wall(), suspended=True)
     asyncio.run(release_all(w, io, resign=False))
     owners = {x.lease_key: (x.lease_owner, x.checkpoint_owner) for x in table.list_leases()}
     assert owners == {"to-stopping": (None, None), "to-running": ("c", None),
-                      "to-kcl": ("java", None)}  # fmt: skip
+                      "to-kcl": ("java", None), "to-suspended": (None, None)}  # fmt: skip
     assert not w.holder.held()

@@ -1139,3 +1139,26 @@ def test_the_processor_is_made_on_a_processor_thread_not_the_event_loop() -> Non
     consumer = env.consumer(FakeSources([batch(10), ended([])]), factory=factory)
     assert env.run(consumer) is Outcome.SHARD_END
     assert made_on and made_on[0] is not threading.main_thread()
+
+
+def test_a_batch_that_loses_the_processors_records_every_time_still_parks_the_lease() -> None:
+    """A batch that kills a buffering MultiLang child every time: each rewind delivered the
+    earlier batches again, whose success started the failure count afresh, so the lease was read
+    again and again (a new child each time) and never parked."""
+
+    class DiesAt30(LosesItsBuffer):
+        def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+            if "30" in [r.sequence_number for r in process_records_input.records]:
+                self.calls.append("process_records")
+                self.buffer = []
+                raise RedeliverFromCheckpoint("the child died holding records")
+            super().process_records(process_records_input)
+
+    env = Env(processor=DiesAt30(every=100, lose_at=""))
+    env.lease()
+    rounds = 4 * ATTEMPTS
+    sources = FakeSources(*[[batch(10), batch(20), batch(30)] for _ in range(rounds)])
+    outcome = env.run(env.consumer(sources), until=lambda: len(sources.starts) > rounds)
+    assert outcome is Outcome.PARKED
+    assert len(sources.starts) == ATTEMPTS  # read from the checkpoint once per failure
+    assert env.stored().checkpoint == TRIM_HORIZON  # nothing passed the lost records
