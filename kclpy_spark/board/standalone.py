@@ -19,6 +19,7 @@ from checkpoint.base.errors import ConfigError, KclpySparkError
 from checkpoint.lease import Lease
 from kclpy_spark.board.model import Board
 from kclpy_spark.board.routes import add_routes, host_guard
+from kclpy_spark.logs import redact
 from kclpy_spark.runtime.lease_store import LeaseStore
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ def parse_address(text: str) -> tuple[str, int]:
         number = -1
     if not 0 <= number <= 65535:
         raise ConfigError(f"--serve: expected PORT or HOST:PORT, got {text!r}")
+    host = host.removeprefix("[").removesuffix("]")  # [::1]:8080
     return (host if sep and host else "127.0.0.1"), number
 
 
@@ -93,7 +95,7 @@ async def serve(
                 error.clear()
             except KclpySparkError as exc:
                 log.warning("status page: cannot read the lease table: %s", exc)
-                error[:] = [str(exc)]
+                error[:] = [redact(str(exc))]
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), every)
     finally:

@@ -74,13 +74,37 @@ def plan_reset(
     for lease in chosen:
         if lease.checkpoint.is_shard_end:
             continue
-        if lease.lease_owner and lease.lease_owner in live:
-            owners.add(lease.lease_owner)
-        checkpoint = ExtendedSequenceNumber.of(target.position.value)
-        start = None if target.timestamp is None else target.timestamp.timestamp()
-        after = replace(lease.checkpointed(checkpoint), start_timestamp=start)
-        changes.append((lease, after))
+        # Mid-handoff the lease's old owner processes it still (its checkpoint owner), whoever
+        # the new one is.
+        owners |= {o for o in (lease.lease_owner, lease.checkpoint_owner) if o and o in live}
+        changes.append((lease, reset_lease(lease, target)))
     return ResetPlan(tuple(changes), tuple(sorted(owners)), unknown, ambiguous)
+
+
+def reset_lease(lease: Lease, target: InitialPosition) -> Lease:
+    """``lease`` checkpointed at ``target`` (its time stored for AT_TIMESTAMP)."""
+    checkpoint = ExtendedSequenceNumber.of(target.position.value)
+    start = None if target.timestamp is None else target.timestamp.timestamp()
+    return replace(lease.checkpointed(checkpoint), start_timestamp=start)
+
+
+FORCED_TRIES = 3  # --force: a held lease's counter moves at every renewal; read again and write
+
+
+def _write_reset(store: LeaseStore, before: Lease, after: Lease, target: InitialPosition,
+                 *, force: bool) -> bool:  # fmt: skip
+    """Write one lease's reset. Without --force, only if it did not change since the plan (a
+    worker that took it meanwhile keeps it); with --force, read again first: the plan's counter
+    is stale by the time a person answers the prompt (a held lease renews every few seconds)."""
+    if not force:
+        return store.update_lease(after) is not None
+    for _ in range(FORCED_TRIES):
+        fresh = store.get_lease(before.lease_key)
+        if fresh is None or fresh.checkpoint.is_shard_end:
+            return False
+        if store.update_lease(reset_lease(fresh, target)) is not None:
+            return True
+    return False
 
 
 def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
@@ -94,12 +118,14 @@ def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
     # Built before any write: a region or profile problem is one line with nothing changed.
     lister = _stream_lister(cfg) if whole else None
     leases = store.list_leases()
-    owners = {x.lease_owner for x in leases if x.lease_owner}
+    owners = {o for x in leases for o in (x.lease_owner, x.checkpoint_owner) if o}
     live = set(live_workers(store, owners, cfg))
     unknown = {
-        x.lease_owner
+        o
         for x in leases
-        if x.lease_owner and x.lease_owner not in live and not x.checkpoint.is_shard_end
+        if not x.checkpoint.is_shard_end
+        for o in (x.lease_owner, x.checkpoint_owner)
+        if o and o not in live
     }
     if unknown and not args.force:  # a KCL worker publishes no status record: watch its renewals
         live |= renewing_owners(store, leases, unknown, cfg.failover_time / 3 + 0.5, time.sleep)
@@ -125,16 +151,14 @@ def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
     print(f"reset {len(plan.changes)} lease(s) of {cfg.application_name} to {args.to}:")
     for before, _ in plan.changes:
         print(f"  {before.lease_key}: {before.checkpoint} -> {target.position.value}")
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise ConfigError("reset needs confirmation: run it in a terminal or pass --yes")
-        if input("proceed? [y/N] ").strip().lower() not in {"y", "yes"}:
-            print("cancelled")
-            return 1
-    failed = []
-    for before, after in plan.changes:
-        if store.update_lease(after) is None:
-            failed.append(before.lease_key)
+    if not args.yes and not _confirmed():
+        print("cancelled")
+        return 1
+    failed = [
+        before.lease_key
+        for before, after in plan.changes
+        if not _write_reset(store, before, after, target, force=args.force)
+    ]
     if lister is not None and not failed:  # a lease left as it was may be the old stream's
         _record_stream(store, cfg, lister)
     if failed:
@@ -142,6 +166,17 @@ def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
         return 1
     print("done")
     return 0
+
+
+def _confirmed() -> bool:
+    """The person at the terminal said yes (Ctrl-D: no); ConfigError without a terminal."""
+    if not sys.stdin.isatty():
+        raise ConfigError("reset needs confirmation: run it in a terminal or pass --yes")
+    try:
+        answer = input("proceed? [y/N] ")
+    except EOFError:
+        return False
+    return answer.strip().lower() in {"y", "yes"}
 
 
 def renewing_owners(

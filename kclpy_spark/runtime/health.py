@@ -136,7 +136,7 @@ class Health:
             return False, f"lease table unreachable for {age:.0f}s"
         missing = sorted(missing_streams)
         if missing:
-            return False, f"stream(s) gone: {', '.join(missing)}"
+            return False, f"stream(s) gone or not readable: {', '.join(missing)}"
         failing = sorted(failing_syncs)  # the leader's: new shards go unleased meanwhile
         if failing:
             return False, f"shard sync failed for stream(s) {', '.join(failing)}"

@@ -42,6 +42,7 @@ from checkpoint.stores.capacity import CapacityMeter
 from kclpy_spark._version import __version__
 from kclpy_spark.board.routes import Snapshot, add_routes, host_guard
 from kclpy_spark.config import WorkerConfig
+from kclpy_spark.logs import redact
 from kclpy_spark.processor import ExportsMetrics
 from kclpy_spark.runtime.events import EventLog
 
@@ -340,6 +341,12 @@ def worker_metrics(
     return metrics
 
 
+# How long a connection may stay open without a request. aiohttp's own default kept one that
+# never sent anything for an hour: any peer that reaches the port (metrics_host 0.0.0.0, as
+# Prometheus needs) could hold the worker's file descriptors until its AWS calls failed.
+IDLE_CONNECTION_SECONDS = 15.0
+
+
 class StatusServer:
     """``/metrics`` (Prometheus text), ``/healthz`` (the event loop answers), ``/readyz`` (the
     worker started and its last lease-table round trip succeeded recently), and with ``board``
@@ -354,7 +361,9 @@ class StatusServer:
         *,
         board: Snapshot | None = None,
         host_names: tuple[str, ...] = (),
+        idle_seconds: float = IDLE_CONNECTION_SECONDS,
     ) -> None:
+        self._idle_seconds = idle_seconds
         self._metrics = metrics
         self._host_names = host_names  # names besides addresses and this host's (routes.py)
         self._board = board  # the status page's snapshot (the page is served when given)
@@ -376,7 +385,7 @@ class StatusServer:
 
         async def readyz(_: web.Request) -> web.Response:
             ok, why = self._ready()
-            return web.Response(text=why + "\n", status=200 if ok else 503)
+            return web.Response(text=redact(why) + "\n", status=200 if ok else 503)
 
         app = web.Application(middlewares=[host_guard(self._host_names)])
         app.router.add_get("/metrics", metrics)
@@ -384,7 +393,7 @@ class StatusServer:
         app.router.add_get("/readyz", readyz)
         if self._board is not None:
             add_routes(app, self._board)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=self._idle_seconds)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
         try:

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from checkpoint.leasing.timing import LeaseTiming
 from kclpy_spark.board.model import SINK_FIGURES
+from kclpy_spark.logs import redact
 from kclpy_spark.moves.rules.cpu_load import CPU_NOISE
 from kclpy_spark.processor import ReportsSinkLanes
 from kclpy_spark.runtime.identity import note_duplicate
@@ -195,7 +196,8 @@ def status_fields(
     written; and for how long the record says its worker runs, ``live_for``, the reader's own
     figure)."""
     optional = {
-        "readiness": readiness if readiness != "ready" else None,
+        # redacted as events are: an exception's text in a reason may carry a password
+        "readiness": redact(readiness) if readiness != "ready" else None,
         "suspended": suspended,
         "leader": leader,
         "assigns": assigns,

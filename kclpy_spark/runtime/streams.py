@@ -241,7 +241,10 @@ class StreamSet:
                 if first and not multi:
                     raise
                 log.error("stream %s cannot be consumed now (will retry): %s", label, exc)
-                if isinstance(exc, ResourceNotFoundError):  # not a passing failure: it is gone
+                if isinstance(exc, ResourceNotFoundError) or not exc.retriable:
+                    # Gone, or refused for good (AccessDenied: IAM covers the other streams
+                    # only): counted as missing, for readiness and missing_dependency_timeout;
+                    # else a worker none of whose streams opened looked ready for ever.
                     self.unopened.setdefault(label, self._clock.monotonic())
                 continue
             self.unopened.pop(label, None)

@@ -138,3 +138,28 @@ def test_polls_during_a_slow_snapshot_share_it_instead_of_starting_more(
             assert len(started) == before + 1  # a fresh one was begun
 
     asyncio.run(main())
+
+
+def test_a_connection_that_sends_nothing_is_closed() -> None:
+    """aiohttp's default kept a silent connection open for an hour: enough of them from a peer
+    that reaches the port (metrics_host 0.0.0.0) took the worker's file descriptors."""
+    import socket
+    import time
+
+    async def main() -> None:
+        async def snapshot() -> dict[str, object]:
+            return {"leases": []}
+
+        async with serving(snapshot, idle_seconds=0.3) as port:
+            silent = socket.create_connection(("127.0.0.1", port))
+            silent.settimeout(0.1)
+            closed, deadline = False, time.monotonic() + 20
+            while not closed and time.monotonic() < deadline:
+                try:
+                    closed = await asyncio.to_thread(silent.recv, 1) == b""
+                except TimeoutError:
+                    await asyncio.sleep(0.1)
+            silent.close()
+            assert closed
+
+    asyncio.run(main())

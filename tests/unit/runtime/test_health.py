@@ -37,7 +37,7 @@ def test_a_stalled_shard_a_missing_stream_or_all_leases_parked_is_not_ready() ->
     stuck = ConsumerView("shardId-1", "processing", stalled=True)
     assert ready(h, ok) == (True, "ready")
     assert ready(h, ok, stuck) == (False, "no successful read lately on shard(s) shardId-1")
-    assert ready(h, ok, missing=("orders",)) == (False, "stream(s) gone: orders")
+    assert ready(h, ok, missing=("orders",)) == (False, "stream(s) gone or not readable: orders")
     h.all_parked = True
     assert ready(h, ok) == (False, "every lease of the application is parked (see status)")
     assert h.readiness(suspended=True, consumers=[ok], missing_streams=[]) == (True, "suspended")

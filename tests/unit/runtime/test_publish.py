@@ -146,6 +146,10 @@ def test_the_readiness_reason_is_written_unless_it_is_plain_ready() -> None:
     assert (suspended["ready"], suspended["readiness"]) == (True, "suspended")
     leader = status_payload(_quiet_worker(leader=True), 0.0)  # type: ignore[arg-type]
     assert leader["leader"] is True and "assigns" not in leader
+    # An exception's text in a reason is redacted, as events are (the status page shows it).
+    why = "shard sync failed: Could not connect to https://user:hunter2@proxy.example/"
+    leaky = status_payload(_quiet_worker((False, why)), 0.0)  # type: ignore[arg-type]
+    assert "hunter2" not in leaky["readiness"] and "[redacted]" in leaky["readiness"]
 
 
 # A worker holding leases writes its status only when a reader would learn something, or every

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from checkpoint.base.clock import ManualClock
-from checkpoint.base.errors import ResourceNotFoundError
+from checkpoint.base.errors import AccessError, ResourceNotFoundError, ThrottledError
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.runtime.streams import StreamSet, presence_interval
 from kclpy_spark.stream_spec import StreamSpec
@@ -166,3 +166,38 @@ def test_whether_a_vanished_leases_shard_exists_is_asked_within_a_bound() -> Non
     finally:
         answer.set()
     assert shards(Kinesis(fail=True)).shard_exists(lease) is False
+
+
+@pytest.mark.parametrize(
+    ("error", "counted"),
+    [
+        (ResourceNotFoundError("no stream b"), True),
+        (AccessError("AccessDenied: not allowed to describe b"), True),
+        (ThrottledError("slow down"), False),  # passing: tried again, not counted
+    ],
+)
+def test_a_stream_that_cannot_be_opened_for_good_counts_as_missing(
+    error: Exception, counted: bool
+) -> None:
+    """Several streams, one refused for good (IAM covering only the others): it was retried and
+    logged, but never counted as missing, so a worker none of whose streams opened stayed ready
+    and never exited on missing_dependency_timeout."""
+    clock = ManualClock()
+    specs = (StreamSpec(stream_name="a"), StreamSpec(stream_name="b"))
+    cfg = WorkerConfig(streams=specs, missing_dependency_timeout=300.0)
+    found: Any = StreamSet(
+        cfg, lambda: specs, table=None, kinesis_sync=None, kinesis_async=None,  # type: ignore[arg-type]
+        counters=None, clock=clock, rng=random.Random(1),  # type: ignore[arg-type]
+    )  # fmt: skip
+
+    async def opened(spec: StreamSpec, multi: bool) -> Any:
+        if spec.label == "b":
+            raise error
+        return SimpleNamespace(
+            label="a", stream_key="000000000000:a:1", recreated=False, gone_since=None
+        )
+
+    found._open = opened
+    asyncio.run(found.refresh(first=True))
+    assert set(found.contexts) == {"a"}
+    assert found.gone() == ({"b": clock.monotonic()} if counted else {})
