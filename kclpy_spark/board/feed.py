@@ -16,6 +16,7 @@ from checkpoint import coordination
 from checkpoint.base.clock import Clock
 from checkpoint.lease import Lease
 from checkpoint.leasing.timing import LeaseTiming
+from checkpoint.port import CoordinationRecord
 from kclpy_spark.board.model import Board
 
 if TYPE_CHECKING:
@@ -52,11 +53,21 @@ class WorkerBoard:
         self._others_read = -math.inf
         self._lock = asyncio.Lock()
 
-    def on_scan(self, leases: Sequence[Lease]) -> None:
-        """The taker scanned the table: a new look, with no request of its own."""
+    def on_scan(self, leases: Sequence[Lease], records: Sequence[CoordinationRecord] = ()) -> None:
+        """The taker scanned the table (and the workers' status records): a new look, with no
+        request of its own."""
         self._leases = leases
         self._scanned = self._clock.monotonic()
+        if records:
+            self._note_workers(records)
         self._observe()
+
+    def _note_workers(self, records: Sequence[CoordinationRecord]) -> None:
+        """Every worker's status record, those that hold no lease too (spare, suspended, or
+        handing a lease over): read only for the leases' owners, the page left them out."""
+        statuses = coordination.worker_statuses(records)
+        statuses.pop(self._cfg.worker_id, None)
+        self._others, self._others_read = statuses, self._clock.monotonic()
 
     def _observe(self) -> None:
         now_wall, me = self._clock.wall(), self._cfg.worker_id
@@ -72,16 +83,12 @@ class WorkerBoard:
     async def snapshot(self) -> dict[str, Any]:
         async with self._lock:
             now = self._clock.monotonic()
-            if now - self._scanned > 2 * self._timing.take_interval:
-                self._leases = await self._io(self._store.list_leases)
-                self._scanned = now
-            if now - self._others_read > self._refresh:
-                owners = {x.lease_owner for x in self._leases if x.lease_owner}
-                owners.discard(self._cfg.worker_id)
-                self._others = {
-                    o: await self._io(coordination.worker_status, self._store, o)
-                    for o in sorted(owners)
-                }
-                self._others_read = now
+            if (
+                now - self._scanned > 2 * self._timing.take_interval
+                or now - self._others_read > self._refresh
+            ):
+                table = await self._io(self._store.scan_table, coordination.WORKER_PREFIX)
+                self._leases, self._scanned = list(table.leases), now
+                self._note_workers(table.records)
             self._observe()
             return self.board.snapshot()

@@ -48,9 +48,12 @@ class Look:
         self._workers: set[str] = set()
 
     def __call__(self) -> tuple[list[Lease], dict[str, Any], bool]:
-        leases = self._store.list_leases()
-        self._workers |= {x.lease_owner for x in leases if x.lease_owner}
-        statuses = {w: coordination.worker_status(self._store, w) for w in sorted(self._workers)}
+        # Every worker's record (spare and suspended ones hold no lease), in one read.
+        table = self._store.scan_table(coordination.WORKER_PREFIX)
+        leases = list(table.leases)
+        statuses = coordination.worker_statuses(table.records)
+        self._workers |= set(statuses)
+        statuses = {w: statuses.get(w, {}) for w in sorted(self._workers)}
         now = time.time()
         for worker, status in statuses.items():  # bounded by the workers alive this hour
             updated = status.get("updated_at")

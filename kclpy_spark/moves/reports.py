@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from checkpoint.counters import Counter
 from checkpoint.lease import Lease
+from checkpoint.port import CoordinationRecord
 
 if TYPE_CHECKING:
     from checkpoint import coordination
@@ -27,7 +28,9 @@ log = logging.getLogger(__name__)
 class ScanView(Protocol):
     """Who else follows the taker's scans (the status page's feed)."""
 
-    def on_scan(self, leases: Sequence[Lease]) -> None: ...
+    def on_scan(
+        self, leases: Sequence[Lease], records: Sequence[CoordinationRecord] = ()
+    ) -> None: ...
 
 
 class TakeReports:
@@ -57,7 +60,7 @@ class TakeReports:
         if self._board is None:
             return
         try:  # the status page's view: never at the cost of taking
-            self._board.on_scan(list(table.leases))
+            self._board.on_scan(list(table.leases), table.records)
         except Exception:
             log.exception("worker %s: the status page could not follow the scan", self._worker_id)
 

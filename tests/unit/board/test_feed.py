@@ -5,6 +5,7 @@ published, and no reader's change to a payload reaches another reader."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -56,3 +57,22 @@ def test_each_reader_gets_its_own_copy_of_a_snapshot() -> None:
     first = snapshot.payload()
     first["leases"]["shard-0"]["sink_buffered"] = 1_000
     assert snapshot.payload()["leases"]["shard-0"]["sink_buffered"] == 3
+
+
+def test_the_page_shows_workers_that_hold_no_lease() -> None:
+    """Only the leases' owners' records were read: a spare or suspended worker (or every worker
+    of a suspended fleet) was missing from the page, which said "1 live worker"."""
+    from checkpoint import coordination
+    from checkpoint.port import CoordinationRecord
+
+    clock, latest = ManualClock(wall_start=2_000.0), LatestStatus()
+    cfg = WorkerConfig(stream_name="s", application_name="app", worker_id="me")
+    table = MemoryLeaseTable()
+    for worker in ("spare", "suspended"):
+        data = json.dumps({"updated_at": 2_000.0, "suspended": worker == "suspended"})
+        record = CoordinationRecord(coordination.worker_key(worker), None, 1, 0.0, data=data)
+        assert table.put_record(record, None)
+    board = WorkerBoard(cfg, table, clock, LeaseTiming(failover=10.0), _io, latest.get)  # type: ignore[arg-type]
+    latest.put({}, 2_000.0)
+    shown = {w["worker_id"] for w in asyncio.run(board.snapshot())["workers"]}
+    assert shown == {"me", "spare", "suspended"}
