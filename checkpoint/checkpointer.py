@@ -124,6 +124,7 @@ class Checkpointer:
         self._at_shard_end: ExtendedSequenceNumber | None = None
         self._delivered = DeliveredRecords(start=largest_permitted)
         self._written: ExtendedSequenceNumber | None = None  # the last checkpoint this one wrote
+        self.shard_end_written = False  # this one checkpointed SHARD_END
         self._retry_policy = retry_policy
         self._sleep = sleep
         self._monotonic = monotonic  # times each write for ``on_write``
@@ -301,6 +302,7 @@ class Checkpointer:
 
     def _checkpointed(self, target: ExtendedSequenceNumber) -> None:
         with self._lock:
+            self.shard_end_written = self.shard_end_written or target.is_shard_end
             self._delivered.checkpointed(target)
             if not target.is_sentinel and (self._written is None or self._written < target):
                 self._written = target

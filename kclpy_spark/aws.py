@@ -183,27 +183,31 @@ def botocore_config(
     *,
     max_pool_connections: int = 10,
     timeout: float | None = None,
-    sdk_retries: bool = True,
+    attempts: int | None = None,
 ) -> Any:
     """Client settings: ``timeout`` (seconds) for both connect and read instead of the defaults;
-    without ``sdk_retries`` botocore makes one attempt per call (our own loop retries)."""
+    ``attempts``: that many in all per call (1: our own loop retries), else the SDK's retries."""
     from botocore.config import Config
 
+    retries = _RETRIES if attempts is None else {"mode": "standard", "total_max_attempts": attempts}
     return Config(
-        retries=_RETRIES if sdk_retries else {"mode": "standard", "total_max_attempts": 1},  # type: ignore[arg-type]
+        retries=retries,  # type: ignore[arg-type]
         connect_timeout=_CONNECT_TIMEOUT if timeout is None else timeout,
         read_timeout=_READ_TIMEOUT if timeout is None else timeout,
         max_pool_connections=max_pool_connections,
     )
 
 
-def boto3_client(service: str, cfg: WorkerConfig) -> Any:
-    """A synchronous boto3 client (lease table, shard listing: called from worker threads)."""
+def boto3_client(service: str, cfg: WorkerConfig, config: Any = None) -> Any:
+    """A synchronous boto3 client (called from worker threads), with ``config`` (default:
+    ``botocore_config()``)."""
     import boto3
 
     botocore_session = _botocore_session(cfg.profile)
     session: Any = boto3.session.Session(botocore_session=botocore_session)
-    return session.client(service, config=botocore_config(), **client_kwargs(cfg, botocore_session))
+    return session.client(
+        service, config=config or botocore_config(), **client_kwargs(cfg, botocore_session)
+    )
 
 
 def kinesis_control_client(cfg: WorkerConfig) -> Any:
@@ -212,31 +216,16 @@ def kinesis_control_client(cfg: WorkerConfig) -> Any:
     attempts. With the SDK's 30 s reads and four attempts one call that got no answer took two
     minutes, past the worker's status record's life: the others counted it gone, and its
     suspend and missing-stream checks waited behind it."""
-    import boto3
-
     timeout = min(_READ_TIMEOUT, max(1.0, cfg.failover_time / 2))
-    botocore_session = _botocore_session(cfg.profile)
-    session: Any = boto3.session.Session(botocore_session=botocore_session)
-    config = botocore_config(timeout=timeout, sdk_retries=False).merge(_control_retries())
-    return session.client("kinesis", config=config, **client_kwargs(cfg, botocore_session))
-
-
-def _control_retries() -> Any:
-    from botocore.config import Config
-
-    return Config(retries={"mode": "standard", "total_max_attempts": 2})
+    return boto3_client("kinesis", cfg, botocore_config(timeout=timeout, attempts=2))
 
 
 def lease_table_client(cfg: WorkerConfig, timeout: float) -> Any:
     """The DynamoDB client of the lease table: ``timeout`` seconds per connect and per read, no
     SDK retries (the store's own retry loop has the deadline), and enough pooled connections for
     the renewal threads (20) plus the worker's other lease-table calls."""
-    import boto3
-
-    botocore_session = _botocore_session(cfg.profile)
-    session: Any = boto3.session.Session(botocore_session=botocore_session)
-    config = botocore_config(max_pool_connections=32, timeout=timeout, sdk_retries=False)
-    return session.client("dynamodb", config=config, **client_kwargs(cfg, botocore_session))
+    config = botocore_config(max_pool_connections=32, timeout=timeout, attempts=1)
+    return boto3_client("dynamodb", cfg, config)
 
 
 # Connections an asynchronous client may open at once. A fan-out subscription holds one for up to

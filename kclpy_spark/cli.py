@@ -229,8 +229,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _say_error(message: str, log_format: str) -> None:
     """One line on stderr: plain text, or with ``--log-format json`` a JSON log line."""
     if log_format != "json":
-        from kclpy_spark.logs import redact
+        from kclpy_spark.logs import drain, redact
 
+        drain()  # the queued log lines first: the error is the last line
         print(f"kclpy-spark: error: {redact(message)}", file=sys.stderr)
         return
     import logging

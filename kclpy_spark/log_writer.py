@@ -17,6 +17,7 @@ import logging.handlers
 import os
 import queue
 import threading
+import time
 from typing import Any
 
 QUEUE_LINES = 10_000  # lines waiting for stderr before new ones are dropped (~ a few MB)
@@ -95,14 +96,26 @@ class LogWriter:
             self._write(record)
 
     def close(self, timeout: float) -> bool:
-        """Write what is queued, waiting at most ``timeout`` seconds (a reader that never comes
-        back must not hold the exit); whether it was all written."""
+        """Write what is queued, waiting at most ``timeout`` seconds in all (a reader that never
+        comes back must not hold the exit); whether it was all written."""
+        end = time.monotonic() + timeout
         try:
             self._lines.put(None, timeout=timeout)
         except queue.Full:
             return False
-        self._thread.join(timeout)
+        self._thread.join(max(0.0, end - time.monotonic()))
         return not self._thread.is_alive()
+
+    def write_left(self) -> None:
+        """After ``close``: write here the lines queued since (another thread logged while the
+        writer ended)."""
+        while True:
+            try:
+                record = self._lines.get_nowait()
+            except queue.Empty:
+                return
+            if record is not None:
+                self._write(record)
 
 
 def _descriptor(stream: Any) -> int | None:

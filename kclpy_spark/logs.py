@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from kclpy_spark.log_writer import LogWriter
 
@@ -168,6 +169,7 @@ def configure(level: str = "INFO", fmt: str = "text") -> None:
     # chosen format, redacted), not as plain text beside them.
     logging.captureWarnings(True)
     threading.excepthook = _log_thread_exception
+    sys.excepthook = _hook_after_drain
 
 
 def drain(timeout: float = DRAIN_AT_EXIT) -> None:
@@ -182,6 +184,13 @@ def drain(timeout: float = DRAIN_AT_EXIT) -> None:
     writer.handler.addFilter(ContextFilter())
     root = logging.getLogger()
     root.handlers[:] = [writer.handler if h is writer.queued else h for h in root.handlers]
+    writer.write_left()
+
+
+def _hook_after_drain(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    """An uncaught exception's traceback comes after the log lines queued before it."""
+    drain()
+    sys.__excepthook__(kind, value, tb)
 
 
 def _log_thread_exception(args: threading.ExceptHookArgs) -> None:

@@ -21,6 +21,7 @@ from kclpy_spark.board.model import Board
 from kclpy_spark.board.routes import add_routes, host_guard
 from kclpy_spark.logs import redact
 from kclpy_spark.runtime.lease_store import LeaseStore
+from kclpy_spark.runtime.metrics import IDLE_CONNECTION_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -45,21 +46,19 @@ class Look:
 
     def __init__(self, store: LeaseStore) -> None:
         self._store = store
-        self._workers: set[str] = set()
 
     def __call__(self) -> tuple[list[Lease], dict[str, Any], bool]:
-        # Every worker's record (spare and suspended ones hold no lease), in one read.
+        """Every worker's record, those holding no lease too (spare, suspended), in one read;
+        a worker silent for an hour leaves the page."""
         table = self._store.scan_table(coordination.WORKER_PREFIX)
-        leases = list(table.leases)
-        statuses = coordination.worker_statuses(table.records)
-        self._workers |= set(statuses)
-        statuses = {w: statuses.get(w, {}) for w in sorted(self._workers)}
         now = time.time()
-        for worker, status in statuses.items():  # bounded by the workers alive this hour
-            updated = status.get("updated_at")
-            if not isinstance(updated, int | float) or now - updated > FORGET_WORKERS_AFTER:
-                self._workers.discard(worker)
-        return leases, statuses, coordination.is_suspended(self._store)
+        statuses = {
+            worker: status
+            for worker, status in sorted(coordination.worker_statuses(table.records).items())
+            if isinstance(updated := status.get("updated_at"), int | float)
+            and now - updated <= FORGET_WORKERS_AFTER
+        }
+        return list(table.leases), statuses, coordination.is_suspended(self._store)
 
 
 async def serve(
@@ -74,7 +73,7 @@ async def serve(
 
     app = web.Application(middlewares=[host_guard(names)])
     add_routes(app, snapshot)
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=IDLE_CONNECTION_SECONDS)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:
@@ -89,7 +88,8 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     sockets = getattr(getattr(site, "_server", None), "sockets", None) or []
     bound = sockets[0].getsockname()[1] if sockets else port
-    print(f"status page on http://{host}:{bound}/ (read-only; Ctrl-C stops)", flush=True)
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
+    print(f"status page on http://{shown}:{bound}/ (read-only; Ctrl-C stops)", flush=True)
     try:
         while not stop.is_set():
             try:

@@ -98,18 +98,22 @@ async def _stopping_targets(w: StoppingWorker, io: Io) -> set[str]:
     lease (their take loop has ended), which then waited to expire with nobody reading it. One
     read of each receiver's record; a worker without a record of ours (a KCL 3.x one) is
     trusted as it was when chosen."""
-    targets = {h.lease.lease_owner for h in w.holder.held() if h.lease.handoff_pending}
-    gone = set()
-    for target in sorted(t for t in targets if t is not None):
+    held = w.holder.held()
+    targets = sorted({o for h in held if h.lease.handoff_pending and (o := h.lease.lease_owner)})
+
+    async def stopped(target: str) -> bool:
         try:
             record = await io(w.store.get_record, coordination.worker_key(target))
         except KclpySparkError:
-            continue
-        live = coordination.live_workers([] if record is None else [record], w.clock.wall(),
-                                         w.timing.status_max_age)  # fmt: skip
-        if record is not None and target not in live:
-            gone.add(target)
-    return gone
+            return False
+        if record is None:
+            return False
+        live = coordination.live_workers([record], w.clock.wall(), w.timing.status_max_age)
+        return target not in live
+
+    # side by side: one read's time (a lease-table call's budget), whatever the receivers
+    answers = await asyncio.gather(*(stopped(t) for t in targets))
+    return {t for t, gone in zip(targets, answers, strict=True) if gone}
 
 
 async def release_all(w: StoppingWorker, io: Io, *, resign: bool = True) -> None:

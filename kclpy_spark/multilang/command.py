@@ -104,6 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args)
     except KclpySparkError as exc:
+        from kclpy_spark.logs import drain
+
+        drain()  # the queued log lines first: the error is the last line
         print(f"kclpy-spark: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

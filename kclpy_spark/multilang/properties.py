@@ -287,41 +287,46 @@ def _retrieval(props: Mapping[str, str], values: dict[str, Any], keys: dict[str,
 
 def _credentials(key: str, value: str) -> str | None:
     """The profile a credentials provider names (``Class|param|nested=value``, the class maybe
-    fully qualified; several comma-separated, the KCL's chain), None for the AWS SDK for
-    Python's default chain. A provider that chain does not cover would run the worker as
-    another identity than asked: ConfigError."""
-    profiles = set()
-    for entry in (e.strip() for e in value.split(",") if e.strip()):
-        provider, *params = [p.strip() for p in entry.split("|")]
-        name = provider.rsplit(".", 1)[-1]
-        named = [p for p in params if "=" not in p]
-        if name == "ProfileCredentialsProvider" and named:
-            profiles.add(named[0])
-        elif name not in CHAIN_PROVIDERS and name != "ProfileCredentialsProvider":
-            raise ConfigError(
-                f"property {key!r} = {provider!r} is not supported: credentials come from the AWS "
-                "SDK for Python's default chain (environment, container and instance roles, web "
-                "identity) or a named profile (ProfileCredentialsProvider|<name>; a role to "
-                "assume goes in the profile, role_arn and source_profile in ~/.aws/config)"
-            )
-    if len(profiles) > 1:
-        raise ConfigError(f"property {key!r} names several profiles: {sorted(profiles)}")
-    if not profiles:
-        log.info("%s = %s: the AWS SDK for Python's default credential chain is used", key, value)
-    return next(iter(profiles), None)
+    fully qualified), None for the AWS SDK for Python's default chain. Of a comma-separated
+    chain, the first: the KCL asks each in turn and uses the first that answers. A provider the
+    default chain does not cover would run the worker as another identity: ConfigError."""
+    first, *rest = [e.strip() for e in value.split(",") if e.strip()] or [""]
+    if rest:
+        log.info("%s: the first provider of the chain is used (%s)", key, first)
+    provider, *params = [p.strip() for p in first.split("|")]
+    name = provider.rsplit(".", 1)[-1]
+    named = [p for p in params if "=" not in p]
+    if name == "ProfileCredentialsProvider" and named:
+        return named[0]
+    if name not in CHAIN_PROVIDERS and name != "ProfileCredentialsProvider":
+        raise ConfigError(
+            f"property {key!r} = {provider!r} is not supported: credentials come from the AWS "
+            "SDK for Python's default chain (environment, container and instance roles, web "
+            "identity) or a named profile (ProfileCredentialsProvider|<name>; a role to assume "
+            "goes in the profile, role_arn and source_profile in ~/.aws/config)"
+        )
+    log.info("%s = %s: the AWS SDK for Python's default credential chain is used", key, value)
+    return None
 
 
 def _credentials_profile(named: Mapping[str, str | None]) -> str | None:
     """The one profile of the credentials properties (``AwsCredentialsProvider`` and its
-    DynamoDB and CloudWatch variants, by key): one set of credentials serves every service here,
-    so a variant may only repeat the main one's."""
+    DynamoDB variant, by key): one set of credentials serves both here, so the variant may only
+    repeat the main one's. The CloudWatch one serves nothing (no metrics go to CloudWatch)."""
     main = next((p for k, p in named.items() if k.lower() == "awscredentialsprovider"), None)
     for key, profile in named.items():
-        if profile != main and key.lower() != "awscredentialsprovider":
+        if key.lower().endswith("cloudwatch"):
+            if profile != main:
+                log.info("property %s is not used: no metrics are sent to CloudWatch", key)
+        elif profile != main:
+
+            def said(p: str | None) -> str:
+                return "the default chain" if p is None else f"profile {p!r}"
+
             raise ConfigError(
-                f"property {key!r} names profile {profile!r} and AwsCredentialsProvider "
-                f"{'profile ' + repr(main) if main else 'the default chain'}: one set of "
-                "credentials serves every service here (name it in AwsCredentialsProvider)"
+                f"property {key!r} names {said(profile)} and AwsCredentialsProvider "
+                f"{said(main)}: one set of credentials serves every service here (name it in "
+                "AwsCredentialsProvider)"
             )
     return main
 

@@ -105,11 +105,11 @@ class SubprocessProcessor(RecordProcessor):
     async def process_records(self, process_records_input: ProcessRecordsInput) -> None:
         records, checkpointer = process_records_input.records, process_records_input.checkpointer
         line = protocol.encode_process_records(records, process_records_input.millis_behind_latest)
-        held = self._holds_unconfirmed(checkpointer)
         try:
             await self._guarded(self._call(line, protocol.PROCESS_RECORDS, checkpointer))
         except ChildFailedError as exc:
-            if held:  # its replacement must get what it held, not only this batch again
+            # Judged after the call: what the child checkpointed before it died is not held.
+            if self._holds_unconfirmed(checkpointer):  # its replacement must get it again
                 self._given_end = None
                 why = f"{exc}; it held records it had not checkpointed"
                 raise RedeliverFromCheckpoint(why) from exc
@@ -126,11 +126,12 @@ class SubprocessProcessor(RecordProcessor):
 
     async def shard_ended(self, shard_ended_input: ShardEndedInput) -> None:
         message, checkpointer = protocol.shard_ended_message(), shard_ended_input.checkpointer
-        held = self._holds_unconfirmed(checkpointer)
         try:
             await self._guarded(self._finish([(message, checkpointer)], start=True))
         except ChildFailedError as exc:
-            if held:  # as in process_records: one death, one failure, and a read again
+            # As in process_records: one death, one failure, and a read again; not after the
+            # child checkpointed SHARD_END (then it held nothing: the shard is finished).
+            if self._holds_unconfirmed(checkpointer):
                 self._given_end = None
                 why = f"{exc}; it held records it had not checkpointed"
                 raise RedeliverFromCheckpoint(why) from exc
@@ -157,6 +158,8 @@ class SubprocessProcessor(RecordProcessor):
         given = self._given_end
         if given is None or checkpointer is None:
             return False
+        if getattr(checkpointer, "shard_end_written", False):
+            return False  # it checkpointed the whole shard
         written = getattr(checkpointer, "written", None)  # our Checkpointer's; None: none yet
         return written is None or given > written
 

@@ -396,7 +396,8 @@ class ShardConsumer:
                 self._metrics.process_seconds.observe(self._clock.monotonic() - started)
                 break
             except RedeliverFromCheckpoint:
-                self._rewound_past = end
+                past = self._rewound_past
+                self._rewound_past = end if past is None else max(past, end)
                 raise  # counted, and read again from the checkpoint (_process)
             except Exception as exc:
                 checkpointer.set_largest_permitted(before)

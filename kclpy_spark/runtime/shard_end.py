@@ -153,6 +153,8 @@ async def _shard_ended(
         try:
             await call(processor.shard_ended, ShardEndedInput(tenure.checkpointer))
         except RedeliverFromCheckpoint:
+            if tenure.current().lease.checkpoint.is_shard_end:
+                return  # SHARD_END is stored: nothing to read again, the shard is finished
             raise  # the consumer reads again from the checkpoint (and comes back here)
         except Exception as exc:
             if tenure.current().lease.checkpoint.is_shard_end:

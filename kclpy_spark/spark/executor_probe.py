@@ -214,7 +214,7 @@ def _reach(aws: AwsTarget, stream_arg: dict[str, str]) -> str | None:
     try:
         client = boto3.session.Session().client(
             "kinesis",
-            config=botocore_config(timeout=PROBE_TIMEOUT, sdk_retries=False),
+            config=botocore_config(timeout=PROBE_TIMEOUT, attempts=1),
             **endpoint_kwargs(aws.region, aws.endpoint_url),
         )
         client.describe_stream_summary(**stream_arg)

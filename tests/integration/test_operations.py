@@ -32,6 +32,18 @@ def _get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+def _listening_on(port: int) -> set[str]:
+    """The local addresses listening on TCP ``port``, as /proc/net/tcp{,6} write them (hex)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            address, hex_port = fields[1].rsplit(":", 1)
+            if fields[3] == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
 def _metric(text: str, name: str) -> float:
     total = 0.0
     for line in text.splitlines():
@@ -69,11 +81,7 @@ metrics_port = {port}
         env = workers.env
         wait_for("40 records", lambda: len(read_output(output)) >= 40, timeout=60)
         # The metrics and health port listens on this machine only, as nothing configured it.
-        import psutil
-
-        listening = {c.laddr for c in psutil.Process(worker.proc.pid).net_connections("tcp")
-                     if c.status == psutil.CONN_LISTEN and c.laddr.port == port}  # fmt: skip
-        assert [a.ip for a in listening] == ["127.0.0.1"], listening
+        assert _listening_on(port) == {"0100007F"}  # 127.0.0.1, as /proc/net/tcp writes it
 
         # status --json: both leases, owned by the worker, with published figures.
         def status() -> dict[str, Any]:

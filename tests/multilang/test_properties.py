@@ -266,10 +266,18 @@ def test_credentials_providers(caplog: pytest.LogCaptureFixture) -> None:
     assert cfg.profile == "prod"
     cfg, _ = build(AwsCredentialsProvider="EnvironmentVariableCredentialsProvider")
     assert cfg.profile is None and not warnings(caplog)
-    # The KCL's comma-separated chain, and SDK v1's web identity provider (IRSA).
+    # The KCL's comma-separated chain: the first that answers is used, the first here.
+    cfg, _ = build(AwsCredentialsProvider="ProfileCredentialsProvider|prod,"
+                   "DefaultAWSCredentialsProviderChain")  # fmt: skip
+    assert cfg.profile == "prod"
     cfg, _ = build(AwsCredentialsProvider="DefaultAWSCredentialsProviderChain,"
                    "ProfileCredentialsProvider|prod")  # fmt: skip
+    assert cfg.profile is None
+    # The CloudWatch one serves nothing here (no metrics go to CloudWatch).
+    unused = {"AwsCredentialsProviderCloudWatch": "DefaultAWSCredentialsProviderChain"}
+    cfg, _ = build(AwsCredentialsProvider="ProfileCredentialsProvider|prod", **unused)
     assert cfg.profile == "prod"
+    # SDK v1's web identity provider (IRSA).
     cfg, _ = build(AwsCredentialsProvider="WebIdentityTokenCredentialsProvider")
     assert cfg.profile is None
 
@@ -283,8 +291,8 @@ def test_credentials_providers(caplog: pytest.LogCaptureFixture) -> None:
           "AwsCredentialsProviderDynamoDB": "ProfileCredentialsProvider|b"},
          "one set of credentials serves every service"),
         # A variant's profile would have run every service as it.
-        ({"AWSCredentialsProviderCloudWatch": "ProfileCredentialsProvider|metrics"},
-         "'metrics' and AwsCredentialsProvider the default chain"),
+        ({"AWSCredentialsProviderDynamoDB": "ProfileCredentialsProvider|tables"},
+         "profile 'tables' and AwsCredentialsProvider the default chain"),
     ],
 )  # fmt: skip
 def test_credentials_providers_that_would_run_as_another_identity_are_refused(

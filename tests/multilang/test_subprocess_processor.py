@@ -433,6 +433,9 @@ def flush():
 for line in sys.stdin:
     message = json.loads(line)
     action = message["action"]
+    if action == "initialize":
+        with open(out + ".inits", "a") as fh:
+            fh.write(str(message.get("sequenceNumber")) + "\\n")
     if action == "processRecords":
         if os.environ.get("DIE_ON") in [r["sequenceNumber"] for r in message["records"]]:
             os._exit(9)  # killed in the middle of this batch
@@ -444,6 +447,8 @@ for line in sys.stdin:
         if os.environ.get("DIE_AT_END"):
             os._exit(9)  # killed while told its shard ended
         flush()
+        if os.environ.get("DIE_AFTER_END"):
+            os._exit(9)  # killed after checkpointing SHARD_END, before its status
     send({"action": "status", "responseFor": action})
 """
 
@@ -482,8 +487,8 @@ def test_a_child_that_died_holding_records_it_had_not_checkpointed_asks_for_them
 
     asyncio.run(scenario())
     assert processor.children_started == 2
-    inits = [e for e in read_events(tmp_path / "out") if e["event"] == "initialize"]
-    assert inits == [] or all(e["seq"] == "TRIM_HORIZON" for e in inits)
+    inits = (tmp_path / "flushed.jsonl.inits").read_text().split()
+    assert inits == ["TRIM_HORIZON", "TRIM_HORIZON"]  # the new child starts at the checkpoint
     lines = [json.loads(x) for x in flushed.read_text().splitlines()]
     assert [s for x in lines for s in x["flushed"]] == [seq(n) for n in range(1, 7)]
     assert shard.stored() == ExtendedSequenceNumber(seq(6))
@@ -517,3 +522,24 @@ def test_a_child_that_dies_holding_records_fails_so_they_come_again(
     asyncio.run(scenario())
     assert shard.stored() == TRIM_HORIZON  # nothing went past the held records
     assert not flushed.exists()
+
+
+def test_a_child_that_dies_after_checkpointing_shard_end_asks_for_nothing_again(
+    tmp_path: Path,
+) -> None:
+    """Its held records were flushed with the SHARD_END checkpoint: a death before its status
+    is a plain failure (the shard is finished), not a read of the whole shard again."""
+    shard = held_shard()
+    processor, flushed = buffering(tmp_path, every=5, DIE_AFTER_END="1")
+
+    async def scenario() -> None:
+        await start(processor, shard)
+        await deliver(processor, shard, 1, 2)  # held
+        shard.checkpointer.mark_shard_end()
+        with pytest.raises(ChildFailedError) as failed:
+            await processor.shard_ended(ShardEndedInput(shard.checkpointer))
+        assert not isinstance(failed.value, RedeliverFromCheckpoint)
+
+    asyncio.run(scenario())
+    assert shard.stored() == SHARD_END
+    assert json.loads(flushed.read_text())["flushed"] == [seq(1), seq(2)]

@@ -140,7 +140,7 @@ def test_a_forced_reset_reads_the_lease_again_before_it_writes() -> None:
     assert after is not None and after.checkpoint.sequence_number == "TRIM_HORIZON"
 
 
-def test_a_bracketed_ipv6_address_serves() -> None:
+def test_a_bracketed_ipv6_address_is_parsed_for_serve() -> None:
     from kclpy_spark.board.standalone import parse_address
 
     assert parse_address("[::1]:8080") == ("::1", 8080)
@@ -967,3 +967,23 @@ def test_a_stderr_nobody_ever_reads_does_not_hold_the_exit() -> None:
         child.kill()
         assert child.stderr is not None
         child.stderr.close()
+
+
+def test_the_clis_error_line_comes_after_the_log_lines_queued_before_it() -> None:
+    """Log lines are written by their own thread: the CLI's last line, written straight to
+    stderr, was spliced into them, cut mid-line and no longer last."""
+    import subprocess
+    import sys
+
+    code = (
+        "import logging\nfrom kclpy_spark import logs\nfrom kclpy_spark.cli import _say_error\n"
+        "logs.configure('INFO', 'text')\n"
+        "for i in range(200):\n"
+        "    logging.getLogger('x').error('gone %d', i)\n"
+        "_say_error('stream s1 is gone', 'text')\n"
+    )
+    err = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stderr
+    lines = err.splitlines()
+    assert lines[-1] == "kclpy-spark: error: stream s1 is gone" and len(lines) == 201

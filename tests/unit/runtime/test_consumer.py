@@ -1162,3 +1162,21 @@ def test_a_batch_that_loses_the_processors_records_every_time_still_parks_the_le
     assert outcome is Outcome.PARKED
     assert len(sources.starts) == ATTEMPTS  # read from the checkpoint once per failure
     assert env.stored().checkpoint == TRIM_HORIZON  # nothing passed the lost records
+
+
+def test_a_processor_that_checkpointed_shard_end_before_it_said_it_lost_records_is_done() -> None:
+    """SHARD_END was stored, then the processor said it lost what it held (a child that died
+    after its checkpoint): the consumer read the whole finished shard again, its children
+    perhaps already running."""
+
+    class FlushesThenLoses(LosesItsBuffer):
+        def shard_ended(self, shard_ended_input: ShardEndedInput) -> None:
+            super().shard_ended(shard_ended_input)
+            raise RedeliverFromCheckpoint("the child died after its checkpoint")
+
+    env = Env(processor=FlushesThenLoses(every=5, lose_at=""))
+    env.lease()
+    sources = FakeSources([batch(10), batch(20), ended([])], [batch(10), batch(20), ended([])])
+    assert env.run(env.consumer(sources)) is Outcome.SHARD_END
+    assert len(sources.starts) == 1 and env.processor.flushed == ["10", "20"]
+    assert env.stored().checkpoint == SHARD_END
