@@ -18,6 +18,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 QUEUE_LINES = 10_000  # lines waiting for stderr before new ones are dropped (~ a few MB)
@@ -29,6 +30,18 @@ class QueuedLines(logging.handlers.QueueHandler):
     def __init__(self, lines: queue.Queue[logging.LogRecord | None]) -> None:
         super().__init__(lines)
         self.dropped = 0
+        self._switch = threading.Lock()
+        self._direct: Callable[[logging.LogRecord], None] | None = None
+
+    def write_directly(
+        self, write: Callable[[logging.LogRecord], None], left: Callable[[], None]
+    ) -> None:
+        """From now on ``write`` each line at once (the writer thread ended), after ``left()``
+        wrote what was still queued: a line a thread was handing over meanwhile is neither lost
+        nor written before older ones."""
+        with self._switch:
+            left()
+            self._direct = write
 
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         """The record as the writer formats it: its message and traceback are text already (the
@@ -40,10 +53,14 @@ class QueuedLines(logging.handlers.QueueHandler):
         return record
 
     def enqueue(self, record: logging.LogRecord) -> None:
-        try:
-            self.queue.put_nowait(record)
-        except queue.Full:
-            self.dropped += 1
+        with self._switch:
+            if self._direct is not None:
+                self._direct(record)
+                return
+            try:
+                self.queue.put_nowait(record)
+            except queue.Full:
+                self.dropped += 1
 
 
 class LogWriter:
@@ -67,10 +84,10 @@ class LogWriter:
             record = self._lines.get()
             if record is None:
                 return
-            self._write(record)
+            self.write_now(record)
             self._tell_drops()
 
-    def _write(self, record: logging.LogRecord) -> None:
+    def write_now(self, record: logging.LogRecord) -> None:
         if self._fd is None:
             self.handler.handle(record)
             return
@@ -93,7 +110,7 @@ class LogWriter:
             for each in self.queued.filters:  # the context the format names, as every line's
                 if isinstance(each, logging.Filter):
                     each.filter(record)
-            self._write(record)
+            self.write_now(record)
 
     def close(self, timeout: float) -> bool:
         """Write what is queued, waiting at most ``timeout`` seconds in all (a reader that never
@@ -115,7 +132,7 @@ class LogWriter:
             except queue.Empty:
                 return
             if record is not None:
-                self._write(record)
+                self.write_now(record)
 
 
 def _descriptor(stream: Any) -> int | None:

@@ -169,7 +169,7 @@ def configure(level: str = "INFO", fmt: str = "text") -> None:
     # chosen format, redacted), not as plain text beside them.
     logging.captureWarnings(True)
     threading.excepthook = _log_thread_exception
-    sys.excepthook = _hook_after_drain
+    sys.excepthook = _log_uncaught
 
 
 def drain(timeout: float = DRAIN_AT_EXIT) -> None:
@@ -181,16 +181,18 @@ def drain(timeout: float = DRAIN_AT_EXIT) -> None:
         return
     if not writer.close(timeout):
         return  # stderr is not read: later lines are dropped, counted, and nothing waits
-    writer.handler.addFilter(ContextFilter())
-    root = logging.getLogger()
-    root.handlers[:] = [writer.handler if h is writer.queued else h for h in root.handlers]
-    writer.write_left()
+    writer.queued.write_directly(writer.write_now, writer.write_left)
 
 
-def _hook_after_drain(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-    """An uncaught exception's traceback comes after the log lines queued before it."""
+def _log_uncaught(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    """An uncaught exception of the main thread is a log line as a thread's is (its format,
+    redacted), after the lines queued before it."""
+    if issubclass(kind, KeyboardInterrupt):
+        drain()
+        sys.__excepthook__(kind, value, tb)
+        return
+    logging.getLogger("kclpy_spark").critical("uncaught exception", exc_info=(kind, value, tb))
     drain()
-    sys.__excepthook__(kind, value, tb)
 
 
 def _log_thread_exception(args: threading.ExceptHookArgs) -> None:

@@ -104,10 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args)
     except KclpySparkError as exc:
-        from kclpy_spark.logs import drain
+        from kclpy_spark.cli import _say_error
 
-        drain()  # the queued log lines first: the error is the last line
-        print(f"kclpy-spark: error: {exc}", file=sys.stderr)
+        _say_error(str(exc), getattr(args, "log_format", "text"))
         return 2
     except KeyboardInterrupt:
         return 130

@@ -291,6 +291,12 @@ def _credentials(key: str, value: str) -> str | None:
     chain, the first: the KCL asks each in turn and uses the first that answers. A provider the
     default chain does not cover would run the worker as another identity: ConfigError."""
     first, *rest = [e.strip() for e in value.split(",") if e.strip()] or [""]
+    for later in rest:  # the KCL falls through to them when the first finds no credentials
+        if later.split("|")[0].strip().rsplit(".", 1)[-1] not in CHAIN_PROVIDERS:
+            raise ConfigError(
+                f"property {key!r}: only the first provider of a chain is used here, and "
+                f"{later!r} after it would be another identity: name one provider"
+            )
     if rest:
         log.info("%s: the first provider of the chain is used (%s)", key, first)
     provider, *params = [p.strip() for p in first.split("|")]
@@ -315,10 +321,7 @@ def _credentials_profile(named: Mapping[str, str | None]) -> str | None:
     repeat the main one's. The CloudWatch one serves nothing (no metrics go to CloudWatch)."""
     main = next((p for k, p in named.items() if k.lower() == "awscredentialsprovider"), None)
     for key, profile in named.items():
-        if key.lower().endswith("cloudwatch"):
-            if profile != main:
-                log.info("property %s is not used: no metrics are sent to CloudWatch", key)
-        elif profile != main:
+        if profile != main:
 
             def said(p: str | None) -> str:
                 return "the default chain" if p is None else f"profile {p!r}"
@@ -369,6 +372,8 @@ def _direct_fields(props: Mapping[str, str], values: dict[str, Any], keys: dict[
                     f"property {key!r}: {name!r} is not a kclpy-spark setting "
                     f"(known: {', '.join(sorted(WORKER_FIELDS))})"
                 )
+        elif CREDENTIALS.match(key) and key.lower().endswith("cloudwatch"):
+            log.info("property %s is not used: no metrics are sent to CloudWatch", key)
         elif CREDENTIALS.match(key):
             credentials[key] = _credentials(key, value)
         elif key in IGNORED_INFO or key in IGNORED_WARNING:

@@ -408,7 +408,8 @@ class StatusServer:
         server = getattr(site, "_server", None)
         sockets = getattr(server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1] if sockets else self._port
-        log.info("metrics and health on http://%s:%s/metrics", self._host, self.port)
+        shown = f"[{self._host}]" if ":" in self._host else self._host  # IPv6 in a URL
+        log.info("metrics and health on http://%s:%s/metrics", shown, self.port)
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -152,12 +152,11 @@ async def _shard_ended(
         error: BaseException
         try:
             await call(processor.shard_ended, ShardEndedInput(tenure.checkpointer))
-        except RedeliverFromCheckpoint:
-            if tenure.current().lease.checkpoint.is_shard_end:
-                return  # SHARD_END is stored: nothing to read again, the shard is finished
-            raise  # the consumer reads again from the checkpoint (and comes back here)
         except Exception as exc:
-            if tenure.current().lease.checkpoint.is_shard_end:
+            stored = tenure.current().lease.checkpoint.is_shard_end
+            if isinstance(exc, RedeliverFromCheckpoint) and not stored:
+                raise  # the consumer reads again from the checkpoint (and comes back here)
+            if stored:
                 # SHARD_END is stored: the shard is finished whatever failed after it (calling
                 # shard_ended again, or parking a finished lease, would stop its children).
                 log.warning(

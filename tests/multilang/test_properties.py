@@ -270,11 +270,11 @@ def test_credentials_providers(caplog: pytest.LogCaptureFixture) -> None:
     cfg, _ = build(AwsCredentialsProvider="ProfileCredentialsProvider|prod,"
                    "DefaultAWSCredentialsProviderChain")  # fmt: skip
     assert cfg.profile == "prod"
-    cfg, _ = build(AwsCredentialsProvider="DefaultAWSCredentialsProviderChain,"
-                   "ProfileCredentialsProvider|prod")  # fmt: skip
-    assert cfg.profile is None
+    cfg, _ = build(AwsCredentialsProvider="EnvironmentVariableCredentialsProvider,"
+                   "InstanceProfileCredentialsProvider")  # fmt: skip
+    assert cfg.profile is None  # both within the default chain
     # The CloudWatch one serves nothing here (no metrics go to CloudWatch).
-    unused = {"AwsCredentialsProviderCloudWatch": "DefaultAWSCredentialsProviderChain"}
+    unused = {"AwsCredentialsProviderCloudWatch": "StsAssumeRoleCredentialsProvider|arn|s"}
     cfg, _ = build(AwsCredentialsProvider="ProfileCredentialsProvider|prod", **unused)
     assert cfg.profile == "prod"
     # SDK v1's web identity provider (IRSA).
@@ -290,6 +290,10 @@ def test_credentials_providers(caplog: pytest.LogCaptureFixture) -> None:
         ({"AwsCredentialsProvider": "ProfileCredentialsProvider|a",
           "AwsCredentialsProviderDynamoDB": "ProfileCredentialsProvider|b"},
          "one set of credentials serves every service"),
+        # The KCL falls through to the profile where the first finds nothing: another identity.
+        ({"AwsCredentialsProvider": "DefaultAWSCredentialsProviderChain,"
+                                    "ProfileCredentialsProvider|prod"},
+         "only the first provider of a chain is used here"),
         # A variant's profile would have run every service as it.
         ({"AWSCredentialsProviderDynamoDB": "ProfileCredentialsProvider|tables"},
          "profile 'tables' and AwsCredentialsProvider the default chain"),

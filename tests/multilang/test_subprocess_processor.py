@@ -443,6 +443,8 @@ for line in sys.stdin:
         batches += 1
         if batches % every == 0:
             flush()
+            if os.environ.get("DIE_AFTER_FLUSH"):
+                os._exit(9)  # killed after checkpointing what it held
     elif action == "shardEnded":
         if os.environ.get("DIE_AT_END"):
             os._exit(9)  # killed while told its shard ended
@@ -543,3 +545,23 @@ def test_a_child_that_dies_after_checkpointing_shard_end_asks_for_nothing_again(
     asyncio.run(scenario())
     assert shard.stored() == SHARD_END
     assert json.loads(flushed.read_text())["flushed"] == [seq(1), seq(2)]
+
+
+def test_a_child_that_checkpointed_what_it_held_before_it_died_fails_plainly(
+    tmp_path: Path,
+) -> None:
+    """Judged before the call, the records it held made its death a read from the checkpoint
+    again, though it had flushed and checkpointed them in the batch it died in."""
+    shard = held_shard()
+    processor, flushed = buffering(tmp_path, every=2, DIE_AFTER_FLUSH="1")
+
+    async def scenario() -> None:
+        await start(processor, shard)
+        await deliver(processor, shard, 1, 2)  # held
+        with pytest.raises(ChildFailedError) as failed:
+            await deliver(processor, shard, 3, 2)  # flushed, checkpointed, then it dies
+        assert not isinstance(failed.value, RedeliverFromCheckpoint)
+
+    asyncio.run(scenario())
+    assert shard.stored() == ExtendedSequenceNumber(seq(4))
+    assert json.loads(flushed.read_text())["flushed"] == [seq(n) for n in range(1, 5)]

@@ -1180,3 +1180,28 @@ def test_a_processor_that_checkpointed_shard_end_before_it_said_it_lost_records_
     assert env.run(env.consumer(sources)) is Outcome.SHARD_END
     assert len(sources.starts) == 1 and env.processor.flushed == ["10", "20"]
     assert env.stored().checkpoint == SHARD_END
+
+
+def test_a_second_loss_at_an_earlier_batch_keeps_the_first_ones_limit() -> None:
+    """Lost at 40, then (reading again) at 20: the limit moved back to 20, so 30's success
+    started the count afresh, and a batch that loses the records every time never parked."""
+
+    class Alternates(LosesItsBuffer):
+        def __init__(self) -> None:
+            super().__init__(every=100, lose_at="")
+            self.losses = ["40", "20", "40", "20", "40", "20"]
+
+        def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+            seqs = [r.sequence_number for r in process_records_input.records]
+            if self.losses and self.losses[0] in seqs:
+                self.losses.pop(0)
+                self.calls.append("process_records")
+                raise RedeliverFromCheckpoint("the child died holding records")
+            super().process_records(process_records_input)
+
+    env = Env(processor=Alternates())
+    env.lease()
+    script = [batch(10), batch(20), batch(30), batch(40)]
+    sources = FakeSources(*[list(script) for _ in range(4 * ATTEMPTS)])
+    outcome = env.run(env.consumer(sources), until=lambda: len(sources.starts) > 4 * ATTEMPTS)
+    assert outcome is Outcome.PARKED and len(sources.starts) == ATTEMPTS

@@ -72,8 +72,11 @@ class HeldUntil(Recorder):
     def __init__(self, release: threading.Event) -> None:
         super().__init__()
         self.release = release
+        self.entered = threading.Event()  # process_records runs (the processor's own making
+        # and its initialize are calls too: a wait on call_started alone may see those)
 
     def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+        self.entered.set()
         assert self.release.wait(30.0)
 
 
@@ -132,7 +135,7 @@ def test_a_processor_call_past_the_stall_timeout_makes_the_view_hung(
 
     async def go() -> None:
         env.start(key, [batch(10)])
-        await settle(lambda: env.set.running[key].consumer.stats.call_started is not None)
+        await settle(env.processor.entered.is_set)
         [view] = env.set.views()
         assert view.hung_for is None
         env.clock.advance(61.0)
@@ -402,7 +405,7 @@ def test_a_kpl_count_reported_while_its_ended_tenure_drains_makes_no_series_agai
 
     async def go() -> None:
         env.start(key, [batch(10)])
-        await settle(lambda: env.set.running[key].consumer.stats.call_started is not None)
+        await settle(env.processor.entered.is_set)
         await env.set.shutdown_all(0.05)  # grace ran out: the consumer task is cancelled
         await settle(lambda: key not in env.set.running)
         assert key in env.set  # draining: the tenure ended, its series forgotten
