@@ -97,6 +97,15 @@ def delta_sequences(path: Path) -> dict[str, list[str]]:
     return out
 
 
+def _all_in_both(out: Path, produced: dict[str, list[str]]) -> bool:
+    """Every record produced is in the Parquet output and in the Delta table."""
+    p, d = written(out), delta_sequences(out / "delta")
+    return all(
+        set(seqs) <= set(p.get(s, [])) and set(seqs) <= set(d.get(s, []))
+        for s, seqs in produced.items()
+    )
+
+
 @pytest.mark.parametrize("read_on", ["driver", "executors"])
 def test_kill9_during_a_write_then_restart_loses_nothing_and_duplicates_nothing(
     localstack_endpoint: str, unique_name: str, tmp_path: Path, read_on: str
@@ -137,15 +146,8 @@ def test_kill9_during_a_write_then_restart_loses_nothing_and_duplicates_nothing(
 
         second = start_worker(config, out, log, None)
         try:
-
-            def all_in_both() -> bool:
-                p, d = written(out), delta_sequences(out / "delta")
-                return all(
-                    set(seqs) <= set(p.get(s, [])) and set(seqs) <= set(d.get(s, []))
-                    for s, seqs in produced.items()
-                )
-
-            wait_for(all_in_both, 150, "every record in Parquet and Delta", second, log)
+            wait_for(lambda: _all_in_both(out, produced), 150,
+                     "every record in Parquet and Delta", second, log)  # fmt: skip
         finally:
             os.killpg(second.pid, signal.SIGTERM)  # graceful: flush, checkpoint, release
             assert second.wait(60) == 0, log.read_text(errors="replace")[-4000:]
@@ -400,15 +402,8 @@ def test_kill9_with_the_built_in_sinks_at_their_defaults_writes_each_record_once
         assert caught >= 1, "no kill came while batches of both leases were out"
         last = start_worker(config, out, log, None)
         try:
-
-            def all_in_both() -> bool:
-                p, d = written(out), delta_sequences(out / "delta")
-                return all(
-                    set(seqs) <= set(p.get(s, [])) and set(seqs) <= set(d.get(s, []))
-                    for s, seqs in produced.items()
-                )
-
-            wait_for(all_in_both, 150, "every record in Parquet and Delta", last, log)
+            wait_for(lambda: _all_in_both(out, produced), 150,
+                     "every record in Parquet and Delta", last, log)  # fmt: skip
         finally:
             os.killpg(last.pid, signal.SIGTERM)
             assert last.wait(60) == 0, log.read_text(errors="replace")[-4000:]

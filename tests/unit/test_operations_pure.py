@@ -404,9 +404,18 @@ def test_a_log_call_never_raises_into_its_caller() -> None:
     assert "sink failed" in record.getMessage() and "could not be shown" in record.getMessage()
 
 
-def test_python_warnings_and_thread_errors_are_log_lines_in_the_json_format() -> None:
+def _stderr_of(code: str) -> str:
+    """What a Python process running ``code`` wrote on stderr (it must exit 0)."""
     import subprocess
     import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    return run.stderr
+
+
+def test_python_warnings_and_thread_errors_are_log_lines_in_the_json_format() -> None:
 
     code = (
         "import threading, warnings, logging\nfrom kclpy_spark import logs\n"
@@ -414,9 +423,7 @@ def test_python_warnings_and_thread_errors_are_log_lines_in_the_json_format() ->
         "warnings.warn('boto3 will drop support for this Python')\n"
         "t = threading.Thread(target=lambda: 1 / 0); t.start(); t.join()\n"
     )
-    err = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
-    ).stderr
+    err = _stderr_of(code)
     lines = [json.loads(line) for line in err.splitlines() if line]  # every line is JSON
     assert any("boto3 will drop" in x["message"] for x in lines)
     assert any("ZeroDivisionError" in x.get("exception", "") for x in lines)
@@ -972,8 +979,6 @@ def test_a_stderr_nobody_ever_reads_does_not_hold_the_exit() -> None:
 def test_the_clis_error_line_comes_after_the_log_lines_queued_before_it() -> None:
     """Log lines are written by their own thread: the CLI's last line, written straight to
     stderr, was spliced into them, cut mid-line and no longer last."""
-    import subprocess
-    import sys
 
     code = (
         "import logging\nfrom kclpy_spark import logs\nfrom kclpy_spark.cli import _say_error\n"
@@ -982,9 +987,7 @@ def test_the_clis_error_line_comes_after_the_log_lines_queued_before_it() -> Non
         "    logging.getLogger('x').error('gone %d', i)\n"
         "_say_error('stream s1 is gone', 'text')\n"
     )
-    err = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
-    ).stderr
+    err = _stderr_of(code)
     lines = err.splitlines()
     assert lines[-1] == "kclpy-spark: error: stream s1 is gone" and len(lines) == 201
 
@@ -992,8 +995,6 @@ def test_the_clis_error_line_comes_after_the_log_lines_queued_before_it() -> Non
 def test_a_drain_loses_and_reorders_no_line_another_thread_logs_meanwhile() -> None:
     """A line handed to the queue as the drain swapped the handlers was never written (about
     one run in two of this test before the switch took a lock)."""
-    import subprocess
-    import sys
 
     code = (
         "import logging, threading, time\nfrom kclpy_spark import logs\n"
@@ -1005,9 +1006,7 @@ def test_a_drain_loses_and_reorders_no_line_another_thread_logs_meanwhile() -> N
         "time.sleep(0.05)\nlogs.drain()\nt.join()\n"
     )
     for _ in range(3):
-        err = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
-        ).stderr
+        err = _stderr_of(code)
         numbers = [int(line.rsplit("n=", 1)[1]) for line in err.splitlines() if "n=" in line]
         # A full queue drops lines, and says how many; none may go unsaid, or come out of order.
         told = sum(int(line.split(" log line(s) were dropped")[0].rsplit(" ", 1)[1])

@@ -45,6 +45,16 @@ def streams(clock: ManualClock, names: list[str], timeout: float = 300.0) -> tup
     return found, listers
 
 
+def two_streams(clock: ManualClock) -> Any:
+    """A StreamSet of two configured streams, "a" and "b", none opened yet."""
+    specs = (StreamSpec(stream_name="a"), StreamSpec(stream_name="b"))
+    cfg = WorkerConfig(streams=specs, missing_dependency_timeout=300.0)
+    return StreamSet(
+        cfg, lambda: specs, table=None, kinesis_sync=None, kinesis_async=None,  # type: ignore[arg-type]
+        counters=None, clock=clock, rng=random.Random(1),  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(("timeout", "every"), [(300.0, 60.0), (6.0, 1.2), (1e6, 60.0)])
 def test_the_interval_is_a_fifth_of_the_timeout_at_most_a_minute(
     timeout: float, every: float
@@ -80,12 +90,7 @@ def test_a_recreated_stream_of_several_is_reopened_under_its_new_identity() -> N
     """Several streams: a stream deleted and made again (the worker going on, its other streams
     alive) was consumed with the old stream's leases and checkpoints."""
     clock = ManualClock()
-    specs = (StreamSpec(stream_name="a"), StreamSpec(stream_name="b"))
-    cfg = WorkerConfig(streams=specs, missing_dependency_timeout=300.0)
-    found: Any = StreamSet(
-        cfg, lambda: specs, table=None, kinesis_sync=None, kinesis_async=None,  # type: ignore[arg-type]
-        counters=None, clock=clock, rng=random.Random(1),  # type: ignore[arg-type]
-    )  # fmt: skip
+    found = two_streams(clock)
     lister = Lister()
     lister.describe = lambda: ("ACTIVE", 200.0)  # type: ignore[method-assign]
     old = SimpleNamespace(
@@ -183,12 +188,7 @@ def test_a_stream_that_cannot_be_opened_for_good_counts_as_missing(
     logged, but never counted as missing, so a worker none of whose streams opened stayed ready
     and never exited on missing_dependency_timeout."""
     clock = ManualClock()
-    specs = (StreamSpec(stream_name="a"), StreamSpec(stream_name="b"))
-    cfg = WorkerConfig(streams=specs, missing_dependency_timeout=300.0)
-    found: Any = StreamSet(
-        cfg, lambda: specs, table=None, kinesis_sync=None, kinesis_async=None,  # type: ignore[arg-type]
-        counters=None, clock=clock, rng=random.Random(1),  # type: ignore[arg-type]
-    )  # fmt: skip
+    found = two_streams(clock)
 
     async def opened(spec: StreamSpec, multi: bool) -> Any:
         if spec.label == "b":
