@@ -14,10 +14,10 @@ Sampled from each worker's /metrics every ``--every`` seconds: descriptors, sock
 collection of its old generation on, so its warm-up counts from its first sample). The verdict:
 
 * threads by what bounds them, at every sample of every process: each pool within the limit it
-  exports (``kclpy_spark_thread_pool_limit``), and the processor pool (the loop's default
-  executor) within the most leases the same process held in the time an idle thread lives
-  (30 s, plus two samples) and at the next sample, plus one per stream and one for calls of no
-  lease; the threads of no pool by growth, as below;
+  exports (``kclpy_spark_thread_pool_limit``), and the processor pool (processor code's half of
+  the loop's default executor) within the most leases the same process held in the time an idle
+  thread lives (30 s, plus two samples) and at the next sample, plus one per stream and one for
+  calls of no lease; the threads of no pool by growth, as below;
 * every other count and memory by growth after warm-up (the last tenth of the run against the
   tenth after warm-up: the maximum of each count, the median of RSS and heap) under 5%. A count
   that follows the leases held (descriptors, tasks), which part B's second worker moves back and
@@ -86,7 +86,9 @@ CYCLING_WINDOW = 0.25
 GROWTH_LIMIT = 0.05
 # The process figures the standard collector exports, by the names this benchmark reports.
 _STANDARD = {"process_open_fds": "open_fds", "process_resident_memory_bytes": "rss_bytes"}
-# The loop's default executor: processor calls, checkpoints, releases, a stream's describes.
+# Processor code's half of the loop's default executor (runtime/loop_executor.py): processor calls,
+# the checkpoints they write, asyncio.to_thread in them. (Describes, TLS set-up and DNS lookups,
+# counted in its bound below, run on the worker's half since 2026-12-06: the bound is the looser.)
 PROCESSOR_POOL = "kclpy-spark"
 STREAMS = 1
 UNTIED = 1

@@ -22,11 +22,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from checkpoint.base.errors import ConfigError, KclpySparkError
-from checkpoint.base.threads import RetiringThreadPool
 from kclpy_spark.config import WorkerConfig, load_toml
 from kclpy_spark.logs import drain as drain_log_lines
 from kclpy_spark.processor import RecordProcessor
 from kclpy_spark.runtime.lease_store import LeaseStore
+from kclpy_spark.runtime.loop_executor import LoopExecutor
+from kclpy_spark.runtime.loop_executor import install as install_loop_executor
 from kclpy_spark.runtime.streams import RecordSourcesFor
 from kclpy_spark.runtime.worker import ProcessorFactory, Worker
 from kclpy_spark.stream_spec import StreamSpec
@@ -41,9 +42,10 @@ PROCESSOR_METHODS = (
     "shutdown_requested",
 )
 
-# Threads for processor calls and the consumers' lease-table writes: one per running consumer at a
-# time (a call blocks its consumer), started as needed and ended after IDLE_SECONDS without work,
-# so bounded by the calls in flight lately (at most the leases held) and this cap.
+# Threads for processor calls (and the checkpoints they write): one per running consumer at a time
+# (a call blocks its consumer), started as needed and ended after IDLE_SECONDS without work, so
+# bounded by the calls in flight lately (at most the leases held) and this cap. The worker's own
+# blocking calls have a pool of their own (loop_executor.py).
 PROCESSOR_THREADS = 128
 
 
@@ -169,8 +171,7 @@ async def run_worker(
     _tune_gc()
     _warn_shared_default(cfg)
     loop = asyncio.get_running_loop()
-    processors = RetiringThreadPool(PROCESSOR_THREADS, "kclpy-spark")
-    loop.set_default_executor(processors)
+    threads = install_loop_executor(loop, PROCESSOR_THREADS)
     signals = _Signals(loop) if install_signal_handlers else None
     try:
         kinesis_sync = kinesis_control_client(cfg)
@@ -200,7 +201,7 @@ async def run_worker(
     finally:
         if signals is not None:
             signals.remove()
-        _leave_hung_calls(loop, processors)
+        _leave_hung_calls(loop, threads)
     if worker.exit_reason is not None:
         raise DependencyGoneError(worker.exit_reason)
     _job_result(worker)
@@ -210,12 +211,12 @@ async def run_worker(
 HUNG_CALL_GRACE = 5.0
 
 
-def _leave_hung_calls(loop: asyncio.AbstractEventLoop, processors: RetiringThreadPool) -> None:
+def _leave_hung_calls(loop: asyncio.AbstractEventLoop, threads: LoopExecutor) -> None:
     """A processor call that never returns must not hold the process: asyncio.run's close
     joined the loop's default executor without a deadline, and interpreter exit joined its
-    threads again (only SIGKILL ended it). The pool is abandoned after a short grace, and the
+    threads again (only SIGKILL ended it). The pools are abandoned after a short grace, and the
     loop gets a fresh executor for what is left to close."""
-    left = processors.abandon(HUNG_CALL_GRACE)
+    left = threads.abandon(HUNG_CALL_GRACE)
     if left:
         log.warning("%d processor call(s) still running after the stop: exiting without them", left)
     loop.set_default_executor(ThreadPoolExecutor(2, thread_name_prefix="kclpy-spark-closing"))

@@ -31,6 +31,7 @@ from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.port import LeaseTable
 from checkpoint.sequence import LATEST, ExtendedSequenceNumber
 from kclpy_spark.runtime.lease_calls import lease_call
+from kclpy_spark.runtime.loop_executor import processor_code
 
 log = logging.getLogger(__name__)
 
@@ -259,31 +260,42 @@ def call_processor(
     ``sys.exit()`` in it (and KeyboardInterrupt in a thread, where only user code raises it) is a
     ProcessorExitError: a failed call, not the daemon's end with the status it chose.
     ``on_thread`` is told the thread's future: cancelling the caller does not stop the thread,
-    and whoever starts another call for the lease must wait for it."""
-    from kclpy_spark.processor import is_async
+    and whoever starts another call for the lease must wait for it. What it runs in threads
+    (itself, and ``asyncio.to_thread`` in it) runs on the processor pool (loop_executor.py)."""
 
     async def run() -> None:
-        try:
-            if is_async(method):
-                await method(arg)
-                return
-            # asyncio.to_thread's way (this context's variables on the thread); ``returned``
-            # ends when the thread's call does (the awaited future is cancelled with its caller).
-            loop = asyncio.get_running_loop()
-            returned: asyncio.Future[None] = loop.create_future()
-            context = contextvars.copy_context()
-            started = _Started()
-            call = functools.partial(context.run, _told, in_thread, method, arg, returned, started)
-            on_thread(returned)
-            queued = loop.run_in_executor(None, call)
-            queued.add_done_callback(functools.partial(_unless_started, started, returned))
-            result = await queued
-        except SystemExit as exc:
-            raise exited(method, exc) from exc
-        if asyncio.iscoroutine(result):
-            await result
+        with processor_code():
+            try:
+                result = await _on_loop_or_thread(method, arg, on_thread)
+            except SystemExit as exc:
+                raise exited(method, exc) from exc
+            if asyncio.iscoroutine(result):
+                await result
 
     return run()
+
+
+async def _on_loop_or_thread(
+    method: Callable[[Any], Any],
+    arg: object,
+    on_thread: Callable[[asyncio.Future[Any]], None],
+) -> Any:
+    from kclpy_spark.processor import is_async
+
+    if is_async(method):
+        await method(arg)
+        return None
+    # asyncio.to_thread's way (this context's variables on the thread); ``returned`` ends when
+    # the thread's call does (the awaited future is cancelled with its caller).
+    loop = asyncio.get_running_loop()
+    returned: asyncio.Future[None] = loop.create_future()
+    context = contextvars.copy_context()
+    started = _Started()
+    call = functools.partial(context.run, _told, in_thread, method, arg, returned, started)
+    on_thread(returned)
+    queued = loop.run_in_executor(None, call)
+    queued.add_done_callback(functools.partial(_unless_started, started, returned))
+    return await queued
 
 
 class _Started:
