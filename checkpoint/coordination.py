@@ -426,6 +426,18 @@ def cpu_figures(
     return figures
 
 
+def consumed_streams(records: Iterable[CoordinationRecord]) -> dict[str, frozenset[str]]:
+    """The streams each worker says it consumes (``streams``: the stream keys of a worker with
+    ``[[streams]]``), for whoever gives it leases. Left out: workers that do not say (one stream
+    per table, or an older version): they are taken to consume every stream, as before."""
+    streams = {}
+    for worker, data in _statuses(records):
+        said = data.get("streams")
+        if isinstance(said, list) and all(isinstance(s, str) for s in said):
+            streams[worker] = frozenset(said)
+    return streams
+
+
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 

@@ -44,7 +44,12 @@ from checkpoint.lease import Lease
 from checkpoint.leasing.timing import LeaseTiming
 from checkpoint.port import CoordinationStore
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.moves.rules.assign_rule import Suspects, leader_assigns, plan_assignments
+from kclpy_spark.moves.rules.assign_rule import (
+    Consumers,
+    Suspects,
+    leader_assigns,
+    plan_assignments,
+)
 from shard_sync.leader import LeaderElection
 
 if TYPE_CHECKING:
@@ -85,6 +90,8 @@ class LedTaker(Protocol):
     def cpu(self) -> FleetCpu: ...
     @property
     def foreign(self) -> frozenset[str]: ...
+    @property
+    def consumes(self) -> Consumers: ...
     @property
     def suspects(self) -> Suspects: ...
     @property
@@ -193,6 +200,7 @@ class Led:
             max_load_moves=w.cfg.max_leases_to_steal,
             cpu=t.cpu,
             foreign=t.foreign,
+            consumes=t.consumes.streams,
         )
         if not plan.assign and not plan.moves:
             return

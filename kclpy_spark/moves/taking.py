@@ -26,7 +26,7 @@ from checkpoint.base.errors import KclpySparkError
 from checkpoint.lease import Lease, LeaseState
 from checkpoint.port import TableScan
 from kclpy_spark.moves.assigning import AssignmentHint, Led
-from kclpy_spark.moves.rules.assign_rule import Suspects
+from kclpy_spark.moves.rules.assign_rule import Consumers, Suspects
 from kclpy_spark.moves.rules.cpu_load import FleetCpu
 from kclpy_spark.moves.rules.observer import LeaseObserver, ObservedScan
 from kclpy_spark.moves.rules.take_rule import plan_takes
@@ -59,6 +59,7 @@ class Taker:
         # stalled): never handed a lease, nor counted in our share, until it is.
         self.suspects = Suspects()
         self.cpu = FleetCpu({})  # their CPU figures (the load rule's), from the same scan
+        self.consumes = Consumers({})  # which of them consume which streams, from the same scan
         self.hint = AssignmentHint()
         led = worker.cfg.lease_assignment in ("leader", "auto")
         self.led: Led | None = Led(self) if led else None
@@ -321,7 +322,10 @@ class Taker:
                     "handing leases over took a quarter of the grace: the rest are released"
                 )
                 break
-            to = min(sorted(load), key=lambda worker: load[worker])
+            takers = [o for o in sorted(load) if self.consumes(o, held.lease)]
+            if not takers:  # none consumes its stream: released at the end
+                continue
+            to = min(takers, key=lambda worker: load[worker])
             try:
                 result = await self._io(w.holder.begin_handoff, held.lease_key, held.token, to)
             except KclpySparkError as exc:
@@ -368,6 +372,7 @@ class Taker:
         figures = coordination.cpu_figures(records, w.clock.wall(), max_age)
         use = w.cfg.load_metric == "auto"  # else the load rule balances throughput only
         self.cpu = FleetCpu(figures if use else {}, w.clock.wall(), w.timing.max_clock_skew)
+        self.consumes = Consumers(coordination.consumed_streams(records))
 
     def _observe(self, open_leases: list[Lease]) -> ObservedScan:
         """Show a scan's open leases to the observer (dated now), and note the other live

@@ -40,6 +40,9 @@ EVENTS_PUBLISHED_FOR = 600.0
 # The per-lease figures of one status record (the Spark sink's) stay under this many bytes of
 # JSON: DynamoDB refuses an item over 400 KB, and each KB costs a write unit at every publish.
 LEASE_FIGURES_BYTES = 32_768
+# The stream keys a worker with [[streams]] consumes (for whoever gives it leases), while they
+# fit in this many bytes; past it none are named, and it is taken to consume every stream.
+STREAMS_PUBLISHED_BYTES = 32_768
 log = logging.getLogger(__name__)
 
 
@@ -91,6 +94,7 @@ class StatusSource(Protocol):
     @property
     def metrics(self) -> WorkerMetrics: ...
     def readiness(self) -> tuple[bool, str]: ...
+    def consumed_streams(self) -> list[str]: ...
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,7 @@ def status_payload(worker: StatusSource, now_wall: float) -> dict[str, Any]:
         events=published_events(worker.events.recent(EVENTS_PUBLISHED), now_wall),
         live_for=worker.timing.status_quiet_max_age if worker.holder.held() else None,
         totals=worker.metrics.totals(),
+        streams=published_streams(worker.consumed_streams()),
     )  # fmt: skip
     if worker.cfg.load_metric == "auto":  # else others must not balance CPU with us
         since = worker.cpu.since  # rounded down: a figure may only look older, never newer
@@ -189,6 +194,7 @@ def status_fields(
     events: list[list[Any]],
     live_for: float | None = None,
     totals: dict[str, int] | None = None,
+    streams: list[str] | None = None,
 ) -> dict[str, Any]:
     """A status record's fields, those at their default left out: every take round's scan reads
     every status record (DynamoDB: the coordination table's Scan). Readers take a missing one
@@ -205,9 +211,18 @@ def status_fields(
         "leases_omitted": leases_omitted,
         "events": events,
         "live_for": None if live_for is None else round(live_for, 1),
+        "streams": streams,  # the stream keys of a worker with [[streams]]
         **(totals or {}),  # bytes, failures, throttled: for the status page (not a write cause)
     }
     return {"ready": ready, "cpu_percent": cpu_percent} | {k: v for k, v in optional.items() if v}
+
+
+def published_streams(stream_keys: list[str]) -> list[str] | None:
+    """The stream keys a status record names (none: one stream per table, or too many to fit
+    ``STREAMS_PUBLISHED_BYTES``; its readers then take the worker to consume every stream)."""
+    if sum(len(k) + 3 for k in stream_keys) > STREAMS_PUBLISHED_BYTES:
+        return None
+    return sorted(stream_keys) or None
 
 
 class StatusCadence:

@@ -10,8 +10,9 @@ running workers from their status records. ``plan_assignments``:
    counted in the loads but given nothing new.
 2. **Free leases** (very old ones first, then the others available, each group in the taker's
    preference order): each goes to the target holding the fewest live leases at that point (ties
-   at random), skipping targets at ``max_leases_for_worker``; a lease no target has room for is
-   spillover (reported, left where it is). Nothing moves in a round that assigns.
+   at random) among those that consume its stream (``consumes``: what the workers' status records
+   name; moves too), skipping targets at ``max_leases_for_worker``; a lease no target has room
+   for is spillover (reported, left where it is). Nothing moves in a round that assigns.
 3. **Moves**, when nothing was free: by load when the leases carry their throughput (the least
    loaded target asks what it would steal under ``plan_load_steal``'s rule: up to
    ``max_load_moves`` leases, all to it, none in ``keep``), else by count: one live lease of the
@@ -107,13 +108,17 @@ def plan_assignments(
     max_load_moves: int = 1,
     cpu: FleetCpu | None = None,
     foreign: Collection[str] = (),
+    consumes: Mapping[str, frozenset[str]] | None = None,
 ) -> AssignPlan:
     """This round's assignments and moves over ``scan``, for the ``running`` workers; leases
     in ``keep`` (assigned a moment ago, not yet taken by their target) are not moved; ``cpu``:
     the workers' CPU figures (the load rule's). ``foreign``: workers of another KCL (Java KCL
     3.x, seen by their metrics entities): no lease moves from one of them to another, which
     their own leader balances by its own measure (two balancers over the same leases would
-    move them back and forth)."""
+    move them back and forth). ``consumes``: the streams a worker says it consumes (one not
+    named: every stream); no lease goes to a worker that does not consume its stream (it would
+    not take it, and the lease would wait out its expiry unread)."""
+    takes = Consumers(consumes or {})
     if max_moves < 0:
         raise ValueError(f"max_moves must be >= 0, got {max_moves}")
     targets = targets_of(scan, running)
@@ -123,17 +128,29 @@ def plan_assignments(
         return AssignPlan(reason="no running worker to assign to", counts={})
     free = _free(scan, rng)
     if free:
-        return _assign_free(free, counts, base, rng, max_leases_for_worker)
+        return _assign_free(free, counts, base, rng, max_leases_for_worker, takes)
     if max_moves == 0:
         return AssignPlan(reason="nothing free; moves off", counts=base.counts)
     if has_load(scan):
         moves = min(max_moves, max_load_moves)
         return _load_moves(
-            scan, counts, base, rng, moves, max_leases_for_worker, set(keep), cpu, set(foreign)
-        )
+            scan, counts, base, rng, moves, max_leases_for_worker, set(keep), cpu, set(foreign),
+            takes,
+        )  # fmt: skip
     return _count_moves(
-        scan, counts, base, rng, max_moves, max_leases_for_worker, set(keep), set(foreign)
+        scan, counts, base, rng, max_moves, max_leases_for_worker, set(keep), set(foreign), takes
     )
+
+
+@dataclass(frozen=True)
+class Consumers:
+    """Which workers consume a lease's stream (``plan_assignments``' ``consumes``)."""
+
+    streams: Mapping[str, frozenset[str]]
+
+    def __call__(self, worker: str, lease: Lease) -> bool:
+        said = self.streams.get(worker)
+        return said is None or lease.stream_key is None or lease.stream_key in said
 
 
 def _free(scan: ObservedScan, rng: random.Random) -> list[Lease]:
@@ -152,19 +169,29 @@ def _least(counts: dict[str, int], rng: random.Random, cap: int) -> str | None:
 
 
 def _assign_free(
-    free: list[Lease], counts: dict[str, int], base: AssignPlan, rng: random.Random, cap: int
+    free: list[Lease],
+    counts: dict[str, int],
+    base: AssignPlan,
+    rng: random.Random,
+    cap: int,
+    takes: Consumers,
 ) -> AssignPlan:
     chosen: list[Assignment] = []
+    unconsumed = 0  # of a stream no running worker consumes
     for lease in free:
-        to = _least(counts, rng, cap)
+        consumers = {t: n for t, n in counts.items() if takes(t, lease)}
+        to = _least(consumers, rng, cap)
         if to is None:
-            break
+            unconsumed += not consumers
+            continue
         counts[to] += 1
         chosen.append(Assignment(lease, to))
     spill = len(free) - len(chosen)
     reason = f"{len(chosen)} free lease(s) assigned to {len(set(a.to for a in chosen))} worker(s)"
-    if spill:
-        reason += f"; {spill} left: every worker at max_leases_for_worker ({cap})"
+    if spill > unconsumed:
+        reason += f"; {spill - unconsumed} left: every worker at max_leases_for_worker ({cap})"
+    if unconsumed:
+        reason += f"; {unconsumed} left: no running worker consumes its stream"
     return AssignPlan(tuple(chosen), (), reason, base.counts, spill)
 
 
@@ -181,10 +208,11 @@ def _count_moves(
     cap: int,
     keep: set[str],
     foreign: set[str],
+    takes: Consumers,
 ) -> AssignPlan:
     """One lease at a time from the most loaded to the least loaded target (not two foreign
-    ones), each target taking at most one a round (a giver may give several), while they differ
-    by more than one."""
+    ones; a lease of a stream it consumes), each target taking at most one a round (a giver may
+    give several), while they differ by more than one."""
     moves: list[Assignment] = []
     takers = dict(counts)
     exhausted: set[str] = set()  # givers with nothing movable left
@@ -204,11 +232,13 @@ def _count_moves(
                 continue
             break
         moved = {a.lease.lease_key for a in moves}
-        candidates = sorted(
-            (o.lease for o in _movable(scan, giver, keep) if o.key not in moved), key=_key
-        )
-        if not candidates:
+        movable = [o.lease for o in _movable(scan, giver, keep) if o.key not in moved]
+        if not movable:
             exhausted.add(giver)
+            continue
+        candidates = sorted((x for x in movable if takes(to, x)), key=_key)
+        if not candidates:  # ``to`` consumes none of the giver's streams: it takes none
+            del takers[to]
             continue
         moves.append(Assignment(rng.choice(candidates), to))
         counts[giver] -= 1
@@ -230,17 +260,21 @@ def _load_moves(
     keep: set[str],
     cpu: FleetCpu | None,
     foreign: set[str],
+    takes: Consumers,
 ) -> AssignPlan:
     """The least loaded target (by count, then at random) asks the load rule what it would take
-    (at most ``max_moves`` leases, all to it; none in ``keep``)."""
+    (at most ``max_moves`` leases, all to it; none in ``keep``, none of a stream it does not
+    consume)."""
     order = sorted(counts, key=lambda t: (counts[t], rng.random()))
     for thief in order:
         if counts[thief] >= cap:
             continue
         room = min(max_moves, cap - counts[thief])  # never past max_leases_for_worker
+        foreign_streams = {o.key for o in scan.leases if not takes(thief, o.lease)}
         decided = plan_load_steal(
-            scan, thief, rng=rng, max_leases_to_steal=room, exclude=keep, cpu=cpu
-        )
+            scan, thief, rng=rng, max_leases_to_steal=room, exclude=keep | foreign_streams,
+            cpu=cpu,
+        )  # fmt: skip
         if thief in foreign and decided.victim in foreign:
             continue  # their own leader balances them
         if decided.steal and decided.victim in counts:

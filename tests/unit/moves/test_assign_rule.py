@@ -22,6 +22,7 @@ from kclpy_spark.moves.rules.assign_rule import (
     targets_of,
 )
 from kclpy_spark.moves.rules.load import FleetCpu
+from kclpy_spark.moves.rules.observer import ObservedScan
 from tests.unit.moves.test_take_rule import scan_of
 
 TIMING = LeaseTiming(failover=10.0)
@@ -331,3 +332,79 @@ def test_an_auto_leader_assigns_from_the_thresholds_and_stops_below_three_quarte
 ) -> None:
     got = leader_assigns(assigning, leases, workers, from_leases=128, from_workers=8)
     assert got is assigns
+
+
+# Two streams of one application (the KCL's multi-stream lease keys).
+STREAM_A, STREAM_B = "111122223333:orders:1700000000", "111122223333:clicks:1700000001"
+
+
+def two_stream_scan(
+    live: dict[str, list[str]], free: list[str] = (), throughput: float | None = None
+) -> ObservedScan:
+    """A scan whose ``live`` leases (owner -> each lease's stream key) were renewed over a lease
+    duration, and whose ``free`` ones (stream keys) were released."""
+    observer, clock = LeaseObserver(TIMING), ManualClock()
+    kbps = {} if throughput is None else {"throughput_kbps": throughput}
+    before = [
+        Lease(f"{stream}:shardId-{owner}{i:02d}", TRIM_HORIZON, owner, 1, **kbps)
+        for owner, streams in live.items()
+        for i, stream in enumerate(streams)
+    ]
+    before += [Lease(f"{s}:shardId-free{i:02d}", TRIM_HORIZON, "gone", 1) for i, s in
+               enumerate(free)]  # fmt: skip
+    observer.observe(before, clock.monotonic())
+    clock.advance(TIMING.lease_duration + 1)
+    after = [x.bumped(lease_owner=None) if "free" in x.lease_key else x.bumped() for x in before]
+    return observer.observe(after, clock.monotonic())
+
+
+def test_a_free_lease_goes_only_to_a_worker_that_consumes_its_stream() -> None:
+    """The least loaded worker consumes only stream A: stream B's free leases went to it, it did
+    not take them, and each waited out its expiry unread (then went to it again)."""
+    scan = two_stream_scan({"a-only": [], "both": [STREAM_A, STREAM_B]}, [STREAM_B, STREAM_B])
+    consumes = {"a-only": frozenset({STREAM_A})}  # "both" names none: every stream
+    plan = plan_assignments(scan, {"a-only", "both"}, rng=random.Random(3), consumes=consumes)
+    assert [a.to for a in plan.assign] == ["both", "both"]
+    plan = plan_assignments(scan, {"a-only", "both"}, rng=random.Random(3))
+    assert [a.to for a in plan.assign] == ["a-only", "a-only"]  # the rule without it
+
+
+def test_a_free_lease_of_a_stream_nobody_consumes_is_left_and_said_so() -> None:
+    scan = two_stream_scan({"a-only": []}, [STREAM_B, STREAM_A])
+    consumes = {"a-only": frozenset({STREAM_A})}
+    plan = plan_assignments(scan, {"a-only"}, rng=random.Random(3), consumes=consumes)
+    assert [a.lease.stream_key for a in plan.assign] == [STREAM_A]
+    assert plan.spillover == 1
+    assert "1 left: no running worker consumes its stream" in plan.reason
+    assert "max_leases_for_worker" not in plan.reason
+
+
+def test_count_moves_go_only_to_a_worker_that_consumes_the_leases_stream() -> None:
+    """A worker new to the fleet that consumes only stream A is the least loaded: only A's
+    leases move to it, whatever the giver holds most of."""
+    scan = two_stream_scan({"giver": [STREAM_B] * 5 + [STREAM_A], "a-only": []})
+    consumes = {"a-only": frozenset({STREAM_A})}
+    for seed in range(10):
+        plan = plan_assignments(
+            scan, {"giver", "a-only"}, rng=random.Random(seed), max_moves=3, consumes=consumes
+        )
+        assert [(m.to, m.lease.stream_key) for m in plan.moves] == [("a-only", STREAM_A)]
+    only_b = two_stream_scan({"giver": [STREAM_B] * 6, "a-only": []})
+    plan = plan_assignments(
+        only_b, {"giver", "a-only"}, rng=random.Random(1), max_moves=3, consumes=consumes
+    )
+    assert plan.moves == () and plan.reason == "balanced by count"
+
+
+def test_load_moves_go_only_to_a_worker_that_consumes_the_leases_stream() -> None:
+    scan = two_stream_scan(
+        {"giver": [STREAM_B] * 5 + [STREAM_A], "a-only": [STREAM_A]}, throughput=10.0
+    )
+    consumes = {"a-only": frozenset({STREAM_A})}
+    for seed in range(10):
+        plan = plan_assignments(
+            scan, {"giver", "a-only"}, rng=random.Random(seed), max_moves=3, max_load_moves=3,
+            consumes=consumes,
+        )  # fmt: skip
+        assert plan.moves, plan.reason
+        assert {(m.to, m.lease.stream_key) for m in plan.moves} == {("a-only", STREAM_A)}

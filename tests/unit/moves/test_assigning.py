@@ -210,6 +210,26 @@ def test_the_leader_moves_a_lease_to_a_joiner_by_a_graceful_handoff() -> None:
     assert moving[0].checkpoint_owner in {"lead", "b"}
 
 
+def test_the_leader_gives_a_worker_only_leases_of_the_streams_it_says_it_consumes() -> None:
+    """A multi-stream fleet mid-deploy: "b" does not consume the clicks stream yet. It got a
+    fair share of every stream's leases, declined the clicks ones, and each waited out its
+    expiry unread (then was given to it again while it held the fewest)."""
+    orders, clicks = "111122223333:orders:1700000000", "111122223333:clicks:1700000001"
+    clock, table, takers = fleet(0, ["lead", "b"])
+    for stream in (orders, clicks):
+        for i in range(4):
+            put(table, f"{stream}:shardId-{i:012d}")
+    status(table, "b", clock.wall(), streams=[orders])
+    b = takers["b"].worker
+    b.streams = SimpleNamespace(context_of=lambda x: object() if x.stream_key == orders else None)
+    run(takers["lead"])
+    run(takers["b"])
+    owned = {x.lease_key: x.lease_owner for x in table.list_leases()}
+    assert {k for k, o in owned.items() if o == "b"} == set(b.consumers)  # all of them run
+    assert not any(k.startswith(clicks) for k in b.consumers)
+    assert b.consumers  # of orders' leases, as b held the fewest
+
+
 def test_a_leader_just_resumed_waits_for_the_others_to_say_they_run_again() -> None:
     clock, table, takers = fleet(6, ["lead", "b"])
     lead = takers["lead"]

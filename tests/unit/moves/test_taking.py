@@ -466,6 +466,27 @@ def test_a_stopping_worker_hands_nothing_to_a_worker_killed_a_moment_ago_with_no
     assert handed_to(table, clock, mine) == "peer"
 
 
+@pytest.mark.parametrize("consumer_stops", [False, True])
+def test_a_stopping_worker_hands_a_lease_only_to_a_worker_that_consumes_its_stream(
+    consumer_stops: bool,
+) -> None:
+    """The idlest peer does not consume the lease's stream (a deploy adding it): it would not
+    take the lease, which waited out a failover time unread. With no other peer, released."""
+    orders, clicks = "111122223333:orders:1700000000", "111122223333:clicks:1700000001"
+    clock = ManualClock()
+    table = CountingTable(clock)
+    mine = table.take_lease(put(table, f"{clicks}:shardId-000000000000"), ME)
+    assert mine is not None
+    for i in range(3):
+        assert table.take_lease(put(table, f"{orders}:shardId-{i:012d}"), "both") is not None
+    status(table, "both", clock.wall(), streams=[orders, clicks], stopping=consumer_stops)
+    status(table, "orders-only", clock.wall(), streams=[orders])
+    _, taker = stopping(table, clock, mine)
+    assert asyncio.run(taker.hand_out()) == (0 if consumer_stops else 1)
+    handed = table.get_lease(mine.lease_key)
+    assert handed is not None and handed.lease_owner == (ME if consumer_stops else "both")
+
+
 def test_a_stopping_worker_hands_nothing_past_the_max_leases_for_worker() -> None:
     clock = ManualClock()
     table = CountingTable(clock)

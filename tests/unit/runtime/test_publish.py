@@ -66,6 +66,7 @@ def test_the_status_publishes_the_cpu_figure_and_whether_it_is_settled() -> None
     worker = SimpleNamespace(
         cfg=WorkerConfig(stream_name="s"),
         holder=SimpleNamespace(held=list), processor_factory=None, readiness=lambda: (True, "ok"),
+        consumed_streams=list,
         run_state=RunState("w", ManualClock().monotonic),
         leader=SimpleNamespace(is_leader=True, assigning=True),
         events=SimpleNamespace(recent=lambda n: []), cpu=meter,
@@ -91,7 +92,12 @@ def test_the_status_publishes_the_cpu_figure_and_whether_it_is_settled() -> None
     assert "cpu_settled" not in status_payload(worker, 10.0)  # type: ignore[arg-type]
 
 
-def _quiet_worker(ready: tuple[bool, str] = (True, "ready"), *, leader: bool = False) -> object:
+def _quiet_worker(
+    ready: tuple[bool, str] = (True, "ready"),
+    *,
+    leader: bool = False,
+    streams: tuple[str, ...] = (),
+) -> object:
     from types import SimpleNamespace
 
     from prometheus_client import CollectorRegistry
@@ -103,6 +109,7 @@ def _quiet_worker(ready: tuple[bool, str] = (True, "ready"), *, leader: bool = F
     return SimpleNamespace(
         cfg=WorkerConfig(stream_name="s"),
         holder=SimpleNamespace(held=list), processor_factory=None, readiness=lambda: ready,
+        consumed_streams=lambda: list(streams),
         run_state=RunState("w", ManualClock().monotonic),
         leader=SimpleNamespace(is_leader=leader, assigning=False),
         events=SimpleNamespace(recent=lambda n: []), cpu=meter,
@@ -150,6 +157,25 @@ def test_the_readiness_reason_is_written_unless_it_is_plain_ready() -> None:
     why = "shard sync failed: Could not connect to https://user:hunter2@proxy.example/"
     leaky = status_payload(_quiet_worker((False, why)), 0.0)  # type: ignore[arg-type]
     assert "hunter2" not in leaky["readiness"] and "[redacted]" in leaky["readiness"]
+
+
+def test_a_multi_stream_worker_names_the_streams_it_consumes_for_whoever_gives_it_leases() -> None:
+    """Without it a leader gave a worker leases of a stream it does not consume (a deploy adding
+    a stream, workers still on the old config): it did not take them, and each waited out its
+    expiry unread. One stream per table, or too many to name: none named (every stream)."""
+    from checkpoint import coordination
+    from checkpoint.stores.memory import MemoryLeaseTable
+    from kclpy_spark.runtime.publish import STREAMS_PUBLISHED_BYTES, status_payload
+
+    orders, clicks = "111122223333:orders:1700000000", "111122223333:clicks:1700000001"
+    store = MemoryLeaseTable()
+    for worker_id, streams in (("multi", (orders, clicks)), ("single", ())):
+        payload = status_payload(_quiet_worker(streams=streams), 1010.0)  # type: ignore[arg-type]
+        coordination.publish_worker_status(store, worker_id, payload, 1010.0, instance="i")
+    records = store.scan_table(coordination.WORKER_PREFIX).records
+    assert coordination.consumed_streams(records) == {"multi": frozenset({orders, clicks})}
+    many = tuple(f"111122223333:s{i:06d}:1700000000" for i in range(STREAMS_PUBLISHED_BYTES // 30))
+    assert "streams" not in status_payload(_quiet_worker(streams=many), 1010.0)  # type: ignore[arg-type]
 
 
 # A worker holding leases writes its status only when a reader would learn something, or every
