@@ -84,7 +84,7 @@ class TakeReports:
 
     def asked(self, lease: Lease, to: str, me: str) -> None:
         """We asked ``lease``'s owner to hand it over to ``to`` (us, or a worker we lead)."""
-        self._metrics.steals.inc()
+        self._metrics.handoffs_asked.inc()
         if to == me:
             self._events.add(lease.lease_key, "asked", why_taken(lease, "stole")[1])
         else:

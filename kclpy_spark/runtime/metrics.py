@@ -180,8 +180,24 @@ class WorkerMetrics:
             "quarter of the failover time or longer (an async processor method that blocks)",
             registry=r,
         )
-        self.takes = Counter("kclpy_spark_lease_takes", "Leases taken (not stolen)", registry=r)
-        self.steals = Counter("kclpy_spark_lease_steals", "Leases stolen", registry=r)
+        # A lease that moves counts once: where it arrives (a take, or a steal without hand-off);
+        # a graceful steal's ask is a hand-off asked, and its arrival a take (of a handed lease).
+        self.takes = Counter(
+            "kclpy_spark_lease_takes",
+            "Leases taken: free, from a worker that stopped renewing, or handed over to this one",
+            registry=r,
+        )
+        self.steals = Counter(
+            "kclpy_spark_lease_steals",
+            "Leases stolen without a hand-off (graceful_handoff = false)",
+            registry=r,
+        )
+        self.handoffs_asked = Counter(
+            "kclpy_spark_lease_handoffs_asked",
+            "Graceful hand-offs this worker asked for to balance the leases (to itself, or as "
+            "the leader to another worker); the lease counts as a take where it arrives",
+            registry=r,
+        )
         self.checkpoint_seconds = Histogram(
             "kclpy_spark_checkpoint_seconds", "Checkpoint write latency", registry=r,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),

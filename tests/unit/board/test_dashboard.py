@@ -45,7 +45,8 @@ def exported() -> dict[str, set[str]]:
         metric.labels(*shard).inc()
     m.behind.labels(*shard).set(1)
     m.checkpoint_seconds.observe(0.01)
-    for counter in (m.renewals, m.renewal_failures, m.leases_lost, m.takes, m.steals):
+    for counter in (m.renewals, m.renewal_failures, m.leases_lost, m.takes, m.steals,
+                    m.handoffs_asked):  # fmt: skip
         counter.inc()
     names: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(m.exposition().decode()):

@@ -158,6 +158,23 @@ def test_a_lease_handed_to_us_at_our_cap_is_given_back_not_taken() -> None:
     assert "over" not in w.consumers and len(w.holder.held()) == 2
 
 
+def test_a_graceful_steal_counts_once_as_a_move_and_once_as_a_handoff_asked() -> None:
+    """Asking counted a steal, and the handed lease's arrival a take: one move was two on the
+    dashboard (and in the soak's count of moves)."""
+    table = MemoryLeaseTable()
+    w = worker(table, Consumers())
+    theirs = table.take_lease(put(table, "theirs"), "giver")
+    assert theirs is not None
+    taker = Taker(w, io)
+    assert asyncio.run(taker.ask_handoff(theirs, ME))
+    pending = table.get_lease("theirs")
+    assert pending is not None and table.complete_handoff(pending) is not None  # the giver
+    asyncio.run(taker.wait(asyncio.Event(), 0.7))  # it watches what it asked for: taken
+    assert set(w.consumers) == {"theirs"}
+    counts = {c: getattr(w.metrics, c)._value.get() for c in ("takes", "steals", "handoffs_asked")}
+    assert counts == {"takes": 1, "steals": 0, "handoffs_asked": 1}
+
+
 def test_a_handoff_from_us_of_a_lease_we_do_not_hold_is_ended() -> None:
     """Handed to us at a SIGTERM, then asked for by another worker before we took it: we are its
     checkpoint owner but never ran it. Ending the handoff lets the asker start at once instead
