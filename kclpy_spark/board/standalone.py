@@ -66,6 +66,8 @@ async def serve(
 ) -> None:
     from aiohttp import web
 
+    from kclpy_spark.runtime.http_site import CappedSite
+
     error: list[str] = []
 
     async def snapshot() -> dict[str, Any]:
@@ -75,7 +77,7 @@ async def serve(
     add_routes(app, snapshot)
     runner = web.AppRunner(app, access_log=None, keepalive_timeout=IDLE_CONNECTION_SECONDS)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = CappedSite(runner, host, port)
     try:
         await site.start()
     except OSError as exc:
@@ -86,8 +88,7 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    sockets = getattr(getattr(site, "_server", None), "sockets", None) or []
-    bound = sockets[0].getsockname()[1] if sockets else port
+    bound = site.sockets[0].getsockname()[1] if site.sockets else port
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
     print(f"status page on http://{shown}:{bound}/ (read-only; Ctrl-C stops)", flush=True)
     try:

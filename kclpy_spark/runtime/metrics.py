@@ -180,24 +180,7 @@ class WorkerMetrics:
             "quarter of the failover time or longer (an async processor method that blocks)",
             registry=r,
         )
-        # A lease that moves counts once: where it arrives (a take, or a steal without hand-off);
-        # a graceful steal's ask is a hand-off asked, and its arrival a take (of a handed lease).
-        self.takes = Counter(
-            "kclpy_spark_lease_takes",
-            "Leases taken: free, from a worker that stopped renewing, or handed over to this one",
-            registry=r,
-        )
-        self.steals = Counter(
-            "kclpy_spark_lease_steals",
-            "Leases stolen without a hand-off (graceful_handoff = false)",
-            registry=r,
-        )
-        self.handoffs_asked = Counter(
-            "kclpy_spark_lease_handoffs_asked",
-            "Graceful hand-offs this worker asked for to balance the leases (to itself, or as "
-            "the leader to another worker); the lease counts as a take where it arrives",
-            registry=r,
-        )
+        self._lease_moves(r)
         self.checkpoint_seconds = Histogram(
             "kclpy_spark_checkpoint_seconds", "Checkpoint write latency", registry=r,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
@@ -247,6 +230,27 @@ class WorkerMetrics:
         """A held lease whose item vanished, put back (checkpoint/leasing/vanished.py)."""
         self.vanished_leases_restored.inc()
         self.events.add(lease_key, "restored", "its item vanished; put back at its checkpoint")
+
+    def _lease_moves(self, r: CollectorRegistry) -> None:
+        """Leases arriving here, and hand-offs asked for."""
+        # A lease that moves counts once: where it arrives (a take, or a steal without hand-off);
+        # a graceful steal's ask is a hand-off asked, and its arrival a take (of a handed lease).
+        self.takes = Counter(
+            "kclpy_spark_lease_takes",
+            "Leases taken: free, from a worker that stopped renewing, or handed over to this one",
+            registry=r,
+        )
+        self.steals = Counter(
+            "kclpy_spark_lease_steals",
+            "Leases stolen without a hand-off (graceful_handoff = false)",
+            registry=r,
+        )
+        self.handoffs_asked = Counter(
+            "kclpy_spark_lease_handoffs_asked",
+            "Graceful hand-offs this worker asked for to balance the leases (to itself, or as "
+            "the leader to another worker); the lease counts as a take where it arrives",
+            registry=r,
+        )
 
     def _shard_problems(self, r: CollectorRegistry) -> None:
         """The per-shard series of what went wrong (dropped with the shard's others)."""
@@ -392,6 +396,8 @@ class StatusServer:
     async def start(self) -> None:
         from aiohttp import web
 
+        from kclpy_spark.runtime.http_site import CappedSite
+
         async def metrics(_: web.Request) -> web.Response:
             body = self._metrics.exposition()
             return web.Response(body=body, content_type="text/plain", charset="utf-8")
@@ -411,7 +417,7 @@ class StatusServer:
             add_routes(app, self._board)
         self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=self._idle_seconds)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port)
+        site = CappedSite(self._runner, self._host, self._port)
         try:
             await site.start()
         except OSError as exc:  # port in use, host that does not resolve or is not ours
@@ -421,9 +427,7 @@ class StatusServer:
                 f"config 'metrics_port' / 'metrics_host': cannot listen on "
                 f"{self._host}:{self._port}: {exc.strerror or exc}"
             ) from None
-        server = getattr(site, "_server", None)
-        sockets = getattr(server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else self._port
+        self.port = site.sockets[0].getsockname()[1] if site.sockets else self._port
         shown = f"[{self._host}]" if ":" in self._host else self._host  # IPv6 in a URL
         log.info("metrics and health on http://%s:%s/metrics", shown, self.port)
 

@@ -163,3 +163,50 @@ def test_a_connection_that_sends_nothing_is_closed() -> None:
             assert closed
 
     asyncio.run(main())
+
+
+def test_connections_past_the_cap_are_closed_and_those_open_still_served() -> None:
+    """Requests sent a byte at a time outlast the idle timeout: a peer could hold connections
+    until the worker ran out of file descriptors (then every AWS call failed)."""
+    from kclpy_spark.runtime.http_site import MAX_CONNECTIONS
+
+    def slow_request(port: int) -> socket.socket:
+        conn = socket.create_connection(("127.0.0.1", port))
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never finished
+        return conn
+
+    def closed_at_once(port: int) -> bool:
+        with socket.create_connection(("127.0.0.1", port)) as conn:
+            conn.settimeout(5)
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            try:
+                return conn.recv(64) == b""
+            except ConnectionResetError:
+                return True
+
+    async def main() -> None:
+        async def snapshot() -> dict[str, object]:
+            return {"leases": []}
+
+        async with serving(snapshot) as port:
+            held = [await asyncio.to_thread(slow_request, port) for _ in range(MAX_CONNECTIONS)]
+            try:
+                await asyncio.sleep(0.2)
+                assert await asyncio.to_thread(closed_at_once, port)
+                held[0].sendall(b"\r\n")  # one of them finishes its request: served
+                held[0].settimeout(5)
+                answer = await asyncio.to_thread(held[0].recv, 64)
+                assert answer.startswith(b"HTTP/1.1 200")
+                held.pop(0).close()
+                answered = None
+                for _ in range(50):  # its place is free once the server saw it close
+                    with contextlib.suppress(http.client.HTTPException, ConnectionError):
+                        answered = await asyncio.to_thread(_get, port, "/healthz", "127.0.0.1")
+                        break
+                    await asyncio.sleep(0.1)
+                assert answered is not None and answered[0] == 200
+            finally:
+                for conn in held:
+                    conn.close()
+
+    asyncio.run(main())
