@@ -34,8 +34,9 @@ class CallBudget:
     @classmethod
     def for_failover(cls, failover_time: float) -> CallBudget:
         # A sixth of the failover time per connect and per read (10 s -> 1.7 s, far above a
-        # DynamoDB request's usual tens of milliseconds), within 0.2..5 s; half of it in all.
-        return cls(attempt=min(5.0, max(0.2, failover_time / 6)), total=failover_time / 2)
+        # DynamoDB request's usual tens of milliseconds), at most 5 s; half of it in all. No
+        # floor: one attempt must fit in half the lease, however short a failover is set.
+        return cls(attempt=min(5.0, failover_time / 6), total=failover_time / 2)
 
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(
