@@ -39,7 +39,7 @@ from kclpy_spark.readstream.leased import (
 from kclpy_spark.readstream.offsets import Pin, SourceOffset
 from kclpy_spark.readstream.options import SourceOptions
 from kclpy_spark.readstream.pins import DirectoryPins
-from kclpy_spark.readstream.query_worker import QueryWorker, acknowledge, hand_end
+from kclpy_spark.readstream.query_worker import QueryWorker, acknowledge_all, hand_end
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +114,8 @@ class LeaseDriver:
             return
         leases = self.worker().leases
         skipped = store.skipped(*key)
-        for ack in acknowledgments(offset, pins, skipped, self._read_under.get(key)):
-            acknowledge(leases, ack, children)
+        acks = acknowledgments(offset, pins, skipped, self._read_under.get(key))
+        acknowledge_all(leases, acks, children)
         for sid in ends_to_hand(offset, pins, leases.readable(), skipped):
             log.info("kinesis-kcl: shard %s ended in an earlier batch; handing its end", sid)
             hand_end(leases, sid, children(sid))

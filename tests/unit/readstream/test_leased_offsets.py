@@ -5,6 +5,7 @@ held leases and what an acknowledgment does to a lease's checkpointer."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -332,3 +333,36 @@ def test_available_now_keeps_waiting_while_a_lease_waits_though_another_is_reada
     worker._table = [_lease("s0", "me", 1, ended=True), _lease("s9", "other", 1)]
     assert not _driver(worker).settle(lambda: False, seconds=0.2)  # not yet seen renewed
     assert _driver(worker).settle(lambda: True, seconds=0.2)  # a plan would read: go on
+
+
+def test_a_batchs_acknowledgments_run_side_by_side() -> None:
+    """One after another, a hundred shards' checkpoint writes (~10 ms each on DynamoDB) held the
+    batch's commit a second; each is its own lease's write, so they run at once, a few at a time."""
+    import threading
+
+    from kclpy_spark.readstream.query_worker import ACK_THREADS, acknowledge_all
+
+    class Slow(_Checkpointer):
+        running = most = 0
+        lock = threading.Lock()
+        all_in = threading.Barrier(ACK_THREADS, timeout=10)
+
+        def checkpoint(self, sequence_number: str, sub_sequence_number: int) -> None:
+            with Slow.lock:
+                Slow.running += 1
+                Slow.most = max(Slow.most, Slow.running)
+            with contextlib.suppress(threading.BrokenBarrierError):
+                Slow.all_in.wait()  # the first ACK_THREADS meet here: they run together
+            super().checkpoint(sequence_number, sub_sequence_number)
+            with Slow.lock:
+                Slow.running -= 1
+
+    leases = HeldLeases()
+    checkpointers = {f"s{i}": Slow() for i in range(3 * ACK_THREADS)}
+    for sid, cp in checkpointers.items():
+        leases.register(_Entry(held(sid), lambda _: None))
+        leases.announce(sid, cp)
+    acks = [Ack(sid, A, Pin(ESN("1"), ESN("2"), 2)) for sid in checkpointers]
+    assert acknowledge_all(leases, acks) == [True] * len(acks)
+    assert Slow.most == ACK_THREADS
+    assert all(cp.calls[-1] == ("checkpoint", ("2", 0)) for cp in checkpointers.values())
