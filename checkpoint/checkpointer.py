@@ -39,7 +39,12 @@ from checkpoint.base.retry import RetryPolicy, call_with_retry
 from checkpoint.delivered import DeliveredRecords
 from checkpoint.lease import Lease
 from checkpoint.leasing.holder import LeaseHolder
-from checkpoint.sequence import SHARD_END, ExtendedSequenceNumber, parse_sequence_number
+from checkpoint.sequence import (
+    MAX_SUB_SEQUENCE,
+    SHARD_END,
+    ExtendedSequenceNumber,
+    parse_sequence_number,
+)
 
 ILLEGAL_ARGUMENT = "IllegalArgumentException"
 SHUTDOWN = "ShutdownException"
@@ -82,7 +87,27 @@ def _parse_position(sequence_number: object, sub_sequence_number: object) -> Ext
         raise _illegal(f"sub-sequence number must be an int, got {sub_sequence_number!r}")
     if sub < 0:
         raise _illegal(f"could not checkpoint at invalid, negative sub-sequence number {sub}")
+    if sub > MAX_SUB_SEQUENCE:
+        raise _illegal(f"sub-sequence number {sub} is past a Java long ({MAX_SUB_SEQUENCE})")
     return ExtendedSequenceNumber(sequence_number, sub)
+
+
+# A pending checkpoint's application state rides in the lease item, which DynamoDB caps at 400 KB
+# (and bills by size at every renewal and Scan): the embedded stores took more, and a pipeline
+# failed only once it moved to DynamoDB.
+MAX_APPLICATION_STATE = 350_000
+
+
+def _check_state(state: object) -> None:
+    if state is None:
+        return
+    if not isinstance(state, bytes):
+        raise _illegal(f"application state must be bytes, got {type(state).__name__}")
+    if len(state) > MAX_APPLICATION_STATE:
+        raise _illegal(
+            f"application state of {len(state)} bytes is past {MAX_APPLICATION_STATE} (it is "
+            "stored in the lease item, which DynamoDB caps at 400 KB)"
+        )
 
 
 class PreparedCheckpoint:
@@ -225,8 +250,10 @@ class Checkpointer:
         sub_sequence_number: int | None = None,
         application_state: bytes | None = None,
     ) -> PreparedCheckpoint:
-        """Write a pending checkpoint (and optional application state); commit it later with the
-        returned object's ``checkpoint()``. Validated like ``checkpoint``."""
+        """Write a pending checkpoint (and optional application state, bytes of at most
+        ``MAX_APPLICATION_STATE``); commit it later with the returned object's ``checkpoint()``.
+        Validated like ``checkpoint``."""
+        _check_state(application_state)
         target = self._target(sequence_number, sub_sequence_number)
         held = self._held_or_raise()
         # Nothing to prepare at the checkpoint itself, unless another pending checkpoint (or

@@ -36,6 +36,11 @@ def parse_sequence_number(value: str) -> int:
     return int(value)
 
 
+# A sub-sequence number is a Java long in the KCL's lease table (checkpointSubSequenceNumber):
+# one past it was stored by DynamoDB, then every read of the table refused the item.
+MAX_SUB_SEQUENCE = 2**63 - 1
+
+
 @total_ordering
 @dataclass(frozen=True)
 class ExtendedSequenceNumber:
@@ -45,8 +50,10 @@ class ExtendedSequenceNumber:
     sub_sequence_number: int = 0
 
     def __post_init__(self) -> None:
-        if self.sub_sequence_number < 0:
-            raise ValueError(f"sub-sequence number must be >= 0, got {self.sub_sequence_number}")
+        if not 0 <= self.sub_sequence_number <= MAX_SUB_SEQUENCE:
+            raise ValueError(
+                f"sub-sequence number must be 0..{MAX_SUB_SEQUENCE}, got {self.sub_sequence_number}"
+            )
         if self.sequence_number not in Sentinel.__members__:
             parse_sequence_number(self.sequence_number)
 

@@ -116,6 +116,8 @@ def n_value(number: int | float) -> AttributeValueTypeDef:
         if not math.isfinite(number):
             raise ValueError(f"DynamoDB numbers must be finite, got {number!r}")
         return {"N": repr(number)}
+    if not -MAX_COUNT - 1 <= number <= MAX_COUNT:  # what a reader (ours, a Java KCL's) refuses
+        raise ValueError(f"a number stored in the lease table must fit a Java long: {number}")
     return {"N": str(int(number))}
 
 

@@ -178,6 +178,9 @@ def test_valid_checkpoints_are_stored(
         ("1.5", None),
         ("SHARD_END", None),  # a sentinel is not a sequence number the application may pass
         ("150", -1),  # negative sub-sequence number
+        # Past a Java long: DynamoDB stored it, then every read of the lease table refused it
+        # (no lease taken by any worker, a Java KCL's included).
+        ("150", 2**63),
         (150, None),  # not a str
         ("150", "1"),
         ("150", True),
@@ -736,3 +739,26 @@ def test_acheckpoint_writes_from_a_thread() -> None:
     asyncio.run(main())
     assert stored(table).checkpoint == esn("120")
     assert writers and writers[0] != loop_thread[0]
+
+
+@pytest.mark.parametrize("state", ["text", bytearray(b"x"), b"x" * 350_001])
+def test_application_state_that_a_store_would_refuse_or_change_is_illegal(
+    table: FaultyTable, cp: Checkpointer, state: object
+) -> None:
+    """Memory kept a str, SQLite refused it as a corrupt lease, DynamoDB gave bytes back; over
+    400 KB only DynamoDB refused it (a pipeline failed once it moved there)."""
+    before = stored(table)
+    with raises(ILLEGAL_ARGUMENT):
+        cp.prepare_checkpoint("150", application_state=state)  # type: ignore[arg-type]
+    assert stored(table) == before and table.write_calls == 0
+
+
+def test_the_codec_writes_no_number_its_readers_would_refuse() -> None:
+    from checkpoint.sequence import ExtendedSequenceNumber
+    from checkpoint.stores.dynamo_codec import n_value
+
+    assert n_value(2**63 - 1) == {"N": str(2**63 - 1)}
+    with pytest.raises(ValueError, match="Java long"):
+        n_value(2**63)
+    with pytest.raises(ValueError, match="sub-sequence"):
+        ExtendedSequenceNumber("150", 2**63)
