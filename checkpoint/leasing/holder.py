@@ -317,32 +317,46 @@ class LeaseHolder:
             slot = self._slots.get(lease_key)
         if slot is None:
             return UpdateResult(None, LeaseLoss.NOT_HELD)
-        with slot.lock:
-            with self._lock:
-                if not self._current(lease_key, slot):
-                    return UpdateResult(None, LeaseLoss.NOT_HELD)
-            held = slot.held
-            started = self._clock.monotonic()
-            if held.is_expired(started, self.lease_duration):
+        # Its lock waited for without a deadline: a renewal's chain of calls (a stuck SQLite
+        # disk: for ever) held the checkpoint's thread, and a retake's, past the lease itself.
+        left = slot.held.last_counter_change + self.lease_duration - self._clock.monotonic()
+        if not slot.lock.acquire(timeout=max(0.0, left)):
+            if slot.held.is_expired(self._clock.monotonic(), self.lease_duration):
                 return UpdateResult(None, LeaseLoss.EXPIRED)
-            if held.token != token:
-                return UpdateResult(None, LeaseLoss.TOKEN_CHANGED)
-            if held.lease.actual_owner != self.worker_id:  # released or handed over meanwhile
+            raise LeaseBusyError(f"lease {lease_key}: a write of it held its lock too long")
+        try:
+            return self._update_locked(lease_key, slot, token, write)
+        finally:
+            slot.lock.release()
+
+    def _update_locked(
+        self, lease_key: str, slot: Slot, token: uuid.UUID, write: Callable[[Lease], Lease | None]
+    ) -> UpdateResult:
+        with self._lock:
+            if not self._current(lease_key, slot):
                 return UpdateResult(None, LeaseLoss.NOT_HELD)
-            settled = write_settled(self.table, slot, held, write)
-            new, held = settled.lease, settled.held
-            if new is None:
-                log.warning("lost lease %s: a conditional update lost", lease_key)
-                if restore_if_vanished(self.table, held.lease, self._restorable):
-                    self._on_restored(lease_key)
-                self._drop_slot(lease_key, slot)
-                return UpdateResult(None, LeaseLoss.WRITE_LOST)
-            if new.lease_counter != held.lease.lease_counter:  # by this write, or an unanswered one
-                moved = started if settled.moved_now else held.last_counter_change
-                slot.held = HeldLease(new, held.token, moved)
-            elif new != held.lease:  # changed without a counter move (a handoff initiated)
-                slot.held = HeldLease(new, held.token, held.last_counter_change)
-            return UpdateResult(new)
+        held = slot.held
+        started = self._clock.monotonic()
+        if held.is_expired(started, self.lease_duration):
+            return UpdateResult(None, LeaseLoss.EXPIRED)
+        if held.token != token:
+            return UpdateResult(None, LeaseLoss.TOKEN_CHANGED)
+        if held.lease.actual_owner != self.worker_id:  # released or handed over meanwhile
+            return UpdateResult(None, LeaseLoss.NOT_HELD)
+        settled = write_settled(self.table, slot, held, write)
+        new, held = settled.lease, settled.held
+        if new is None:
+            log.warning("lost lease %s: a conditional update lost", lease_key)
+            if restore_if_vanished(self.table, held.lease, self._restorable):
+                self._on_restored(lease_key)
+            self._drop_slot(lease_key, slot)
+            return UpdateResult(None, LeaseLoss.WRITE_LOST)
+        if new.lease_counter != held.lease.lease_counter:  # by this write, or an unanswered one
+            moved = started if settled.moved_now else held.last_counter_change
+            slot.held = HeldLease(new, held.token, moved)
+        elif new != held.lease:  # changed without a counter move (a handoff initiated)
+            slot.held = HeldLease(new, held.token, held.last_counter_change)
+        return UpdateResult(new)
 
     def begin_handoff(self, lease_key: str, token: uuid.UUID, to: str) -> UpdateResult:
         """Ask for our lease to be handed to ``to`` (a stopping worker's leases): the table names

@@ -455,7 +455,9 @@ class Taker:
             log.info("lease %s: another worker took it first", lease.lease_key)
             return
         self._observer.record_write(taken, w.clock.monotonic())
-        held = w.holder.add_taken(taken, started)
+        # On a thread: a retake of a lease whose slot is still ours waits for that slot's lock,
+        # which a renewal's calls may hold for seconds (every consumer would wait on the loop).
+        held = await self._io(w.holder.add_taken, taken, started)
         w.reports.took(lease, how)
         context = w.placement.context_of(taken)
         # Its stream removed, or the worker suspended, meanwhile.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import uuid
@@ -385,6 +386,39 @@ def test_a_hung_checkpoint_write_holds_only_its_own_lease(clock: ManualClock) ->
     finally:
         table.release.set()
         writer.join(10.0)
+        holder.close()
+
+
+def test_a_write_waits_for_its_leases_lock_no_longer_than_the_lease(clock: ManualClock) -> None:
+    """A hung renewal holds the lease's lock: a checkpoint of it waited for ever (its processor's
+    thread with it); now until the lease would expire, then it fails as a busy lease."""
+    from checkpoint.leasing.held_lease import LeaseBusyError
+
+    table = HangingTable(stuck=KEY)
+    holder = LeaseHolder(table, "worker-a", clock, DURATION)
+    held = holder.add_taken(take(table, "worker-a"))
+    clock.advance(DURATION / 2 + 0.1)  # the renewal is due
+    renewal = threading.Thread(target=holder.renew_all, daemon=True)
+    renewal.start()
+    assert table.entered.wait(10.0)  # the renewal now holds the lease's lock
+    clock.advance(DURATION / 2 - 0.4)  # 0.3 s of the lease left
+    outcome: list[object] = []
+
+    def checkpoint() -> None:
+        write = functools.partial(table.update_checkpoint, checkpoint=ExtendedSequenceNumber("5"))
+        try:
+            outcome.append(holder.update(KEY, held.token, write))
+        except LeaseBusyError as exc:
+            outcome.append(exc)
+
+    writer = threading.Thread(target=checkpoint, daemon=True)
+    try:
+        writer.start()
+        writer.join(10.0)
+        assert len(outcome) == 1 and isinstance(outcome[0], LeaseBusyError)
+    finally:
+        table.release.set()
+        renewal.join(10.0)
         holder.close()
 
 
