@@ -361,6 +361,13 @@ def child_leases_at_shard_end(
                 f"lease {parent_lease_key}: its only child {merged.shard_id} does not name two "
                 f"parents (got {list(merged.parent_shard_ids)})"
             )
+        if key_of(merged.shard_id) in existing:
+            # Leased already (by the other parent's end): nothing to create, so nothing to wait
+            # for. The block keeps a child from being created before its other parent's lease
+            # (the sync leases no parent whose range a child covers); the child's own wait for
+            # its parents keeps the order. Blocked here, a parent whose other parent's finished
+            # lease had been deleted (by hand) waited until that shard aged out.
+            return []
         parents = merged.parent_shard_ids
         present = [p for p in parents if key_of(p) in existing]
         missing = [p for p in parents if key_of(p) not in existing and p not in gone_parents]

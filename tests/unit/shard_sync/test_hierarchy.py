@@ -596,6 +596,14 @@ def test_merge_child_waits_for_the_other_parent_lease() -> None:
         assert info.value.missing_parent_ids == ((sid(1),) if key == sid(0) else (sid(0),))
 
 
+def test_a_merge_child_leased_already_blocks_no_parent_end() -> None:
+    """The other parent ended first and leased the child; its finished lease was then deleted
+    (by hand, another tool): this parent's end waited for a lease of it until that shard aged
+    out (the child with it), re-reading its own records every few minutes."""
+    existing = table(sid(0), sid(6))  # sid(1)'s lease gone, the merge child sid(6) leased
+    assert child_leases_at_shard_end(sid(0), MERGE_KID, existing) == []
+
+
 @pytest.mark.parametrize(
     ("kids", "error", "match"),
     [
