@@ -244,9 +244,14 @@ def acknowledge_all(
 
 def hand_end(leases: HeldLeases, shard_id: str, children: list[dict[str, Any]]) -> bool:
     """Tell the consumer of ``shard_id`` that its shard ended (every record acknowledged), with
-    its children: it creates their leases and checkpoints SHARD_END."""
+    its children: it creates their leases and checkpoints SHARD_END. Not without children (a
+    listing that does not show them yet): SHARD_END went in with no child leased, and the
+    children waited for the sync's audit; a later batch hands the end (``ends_to_hand``)."""
     entry = leases.entry(shard_id)
     if entry is None or entry.checkpointer is None or entry.ending:
+        return False
+    if not children:
+        log.info("kinesis-kcl: shard %s ended; its children are not listed yet", shard_id)
         return False
     with leases.changed:
         entry.ending = True

@@ -212,6 +212,17 @@ def test_an_end_found_without_children_takes_them_from_the_listing() -> None:
     assert posted[0].child_shards == listing
 
 
+def test_an_end_whose_children_are_not_listed_yet_is_handed_later() -> None:
+    """Handed with no children, the consumer checkpointed SHARD_END with no child leased (the
+    children waited minutes for the sync's audit, and the parent's lease was never cleaned up)."""
+    leases, _, posted = _registered()
+    assert acknowledge(leases, Ack("s0", A, Pin(None, None, 0), True), lambda sid: [])
+    assert posted == [] and set(leases.readable()) == {"s0"}  # not handed: still its consumer's
+    listing = [{"ShardId": "s9", "ParentShards": ["s0"]}]
+    assert hand_end(leases, "s0", listing)
+    assert posted[0].shard_ended and posted[0].child_shards == listing
+
+
 def test_an_acknowledgment_of_another_tenure_moves_nothing() -> None:
     leases, cp, posted = _registered(tenure=B)
     assert not acknowledge(leases, Ack("s0", A, Pin(ESN("1"), ESN("2"), 2)))
