@@ -345,7 +345,9 @@ def child_leases_at_shard_end(
 
     Raises ValueError for a malformed entry, InvalidStateError for a child without parents or a
     lone child that does not name two parents, BlockedOnParentShardError when a merge child has
-    one parent lease but not the other (see the module docstring), unless the other parent is in
+    one parent lease but not the other (see the module docstring; not once the child is leased:
+    its own wait for its parents keeps the order, and blocked, a parent whose sibling's finished
+    lease was deleted by hand waited until that shard aged out), unless the other parent is in
     ``gone_parents``: shards known to have aged out of the stream, whose records nobody can read
     any more, so the child need not wait for a lease of theirs.
     """
@@ -361,12 +363,7 @@ def child_leases_at_shard_end(
                 f"lease {parent_lease_key}: its only child {merged.shard_id} does not name two "
                 f"parents (got {list(merged.parent_shard_ids)})"
             )
-        if key_of(merged.shard_id) in existing:
-            # Leased already (by the other parent's end): nothing to create, so nothing to wait
-            # for. The block keeps a child from being created before its other parent's lease
-            # (the sync leases no parent whose range a child covers); the child's own wait for
-            # its parents keeps the order. Blocked here, a parent whose other parent's finished
-            # lease had been deleted (by hand) waited until that shard aged out.
+        if key_of(merged.shard_id) in existing:  # nothing to create: no wait (module doc)
             return []
         parents = merged.parent_shard_ids
         present = [p for p in parents if key_of(p) in existing]

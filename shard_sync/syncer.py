@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from checkpoint.base.errors import DependencyError, MalformedAnswerError
+from checkpoint.base.errors import DependencyError, KclpySparkError, MalformedAnswerError
 from checkpoint.counters import CoordinationCounters, Counter
 from checkpoint.lease import HashKeyRange, Lease, in_stream
 from checkpoint.port import LeaseTable
@@ -43,6 +43,12 @@ class SyncResult:
     reopened: tuple[str, ...] = ()  # lease keys whose false SHARD_END was replaced
 
 
+class LeadershipLapsed(KclpySparkError):
+    """The worker stopped leading during a shard-sync round; the next leader's round goes on."""
+
+    retriable = True
+
+
 class ShardSyncer:
     def __init__(
         self,
@@ -54,7 +60,9 @@ class ShardSyncer:
         counters: CoordinationCounters | None = None,
         sleep: Callable[[float], None] = time.sleep,
         stream_key: str | None = None,
+        still_leading: Callable[[], bool] = lambda: True,
     ) -> None:
+        self._still_leading = still_leading
         # Multi-stream applications share one table: each stream's syncer sees only the leases
         # whose keys start with its ``account:stream:creationEpoch`` identity, and writes keys so.
         self.stream_key = stream_key
@@ -93,6 +101,15 @@ class ShardSyncer:
             "lists again)"
         )
 
+    def check_leading(self) -> None:
+        """Before each write of a round: raises LeadershipLapsed once this worker no longer
+        leads. A round's writes come from a scan made up to minutes before (ListShards retried,
+        the stream waited for): a leader that stalled meanwhile created, from its old scan, the
+        lease of a parent the new leader had leased, its children finished and deleted again
+        (all its records delivered a second time, after its children's)."""
+        if not self._still_leading():
+            raise LeadershipLapsed("no longer the shard-sync leader: the round's writes stop")
+
     def owns(self, lease: Lease) -> bool:
         """True for the leases of this syncer's stream (all leases in single-stream mode)."""
         return in_stream(lease.lease_key, self.stream_key)
@@ -127,6 +144,7 @@ class ShardSyncer:
         start = None if when is None else when.timestamp()
         for spec in new:
             lease = spec.to_lease(self.stream_key, start_timestamp=start)
+            self.check_leading()
             if self._table.create_lease_if_absent(lease):
                 created.append(spec.shard_id)
                 self._counters.increment(Counter.PARTITIONS_CREATED)
@@ -155,6 +173,7 @@ class ShardSyncer:
                 lease.shard_id,
                 lease.shard_id,
             )
+            self.check_leading()
             if self._table.update_lease(reopened(lease)) is not None:
                 done.append(key)
             else:

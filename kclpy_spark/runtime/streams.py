@@ -114,6 +114,7 @@ class StreamContext:
         rng: random.Random | None = None,
         on_out_of_range: Callable[[str, int], None] | None = None,
         record_sources: RecordSourcesFor | None = None,
+        still_leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self.spec = spec
         self.stream_key = stream_key
@@ -128,6 +129,7 @@ class StreamContext:
             ignore_unexpected_child_shards=ignore_unexpected_child_shards,
             counters=counters,
             stream_key=stream_key,
+            still_leading=still_leading,
         )
         self.maintenance = LeaderMaintenance(
             syncer, table, lister=self.lister,
@@ -193,8 +195,10 @@ class StreamSet:
         rng: random.Random,
         on_out_of_range: Callable[[str, int], None] | None = None,
         record_sources: RecordSourcesFor | None = None,
+        still_leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self._cfg = cfg
+        self._still_leading = still_leading  # checked before each write of a shard-sync round
         self._tracker = tracker
         self._table = table
         self._kinesis_sync = kinesis_sync
@@ -280,6 +284,7 @@ class StreamSet:
             rng=self._rng,
             on_out_of_range=self._on_out_of_range,
             record_sources=self._record_sources,
+            still_leading=self._still_leading,
         )
         context.created = created
         return context

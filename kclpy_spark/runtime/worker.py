@@ -153,7 +153,7 @@ class Worker:
             cfg, tracker or (lambda: cfg.stream_specs), table=self.store,
             kinesis_sync=kinesis_sync, kinesis_async=kinesis_async, counters=self.counters,
             clock=self.clock, rng=self.rng, on_out_of_range=self._out_of_range,
-            record_sources=record_sources,
+            record_sources=record_sources, still_leading=lambda: self.leader.is_leader,
         )  # fmt: skip
 
     def _out_of_range(self, lease_key: str, count: int) -> None:

@@ -587,3 +587,46 @@ def test_leases_of_an_earlier_stream_of_the_same_name_are_deleted_on_garbage_rou
     assert {x.lease_key for x in table.list_leases()} == {
         f"{s}:shardId-0" for s in (now, newer, other)
     }
+
+
+class LapsingLister(ListedShards):
+    """The leader stalls during its listing (ListShards retried, a paused VM): when the answer
+    comes, another worker leads."""
+
+    def __init__(self, shards: list[Shard], leading: list[bool]) -> None:
+        super().__init__(shards)
+        self.leading = leading
+
+    def list_shards(self, shard_filter: dict[str, Any] | None = None) -> list[Shard]:
+        self.leading[0] = False
+        return super().list_shards(shard_filter)
+
+
+def test_a_leader_that_lapsed_during_its_round_writes_nothing_from_its_old_scan() -> None:
+    """Its scan showed an empty table; meanwhile the next leader leased the stream, the parent
+    was read to its end and its lease deleted: the old leader's round leased the parent again at
+    TRIM_HORIZON (every record of it delivered twice, after its children's)."""
+    from shard_sync.syncer import LeadershipLapsed
+
+    table, leading = MemoryLeaseTable(), [True]
+    syncer = ShardSyncer(
+        LapsingLister(split_listing(), leading), table, InitialPosition.trim_horizon(),
+        sleep=lambda _: None, still_leading=lambda: leading[0],
+    )  # fmt: skip
+    maintenance = LeaderMaintenance(syncer, table)
+    with pytest.raises(LeadershipLapsed):
+        maintenance.run_once()
+    assert table.list_leases() == [] and maintenance.sync_failure is None
+
+
+def test_a_leader_that_lapsed_deletes_nothing() -> None:
+    table, leading = MemoryLeaseTable(), [False]
+    for x in (lease("p", SHARD_END, children=("a",)), lease("a", STARTED, parents=("p",))):
+        table.create_lease_if_absent(x)
+    syncer = ShardSyncer(ListedShards([]), table, InitialPosition.latest(),
+                         still_leading=lambda: leading[0])  # fmt: skip
+    from shard_sync.syncer import LeadershipLapsed
+
+    with pytest.raises(LeadershipLapsed):
+        LeaderMaintenance(syncer, table).run_once()
+    assert {x.lease_key for x in table.list_leases()} == {"p", "a"}
