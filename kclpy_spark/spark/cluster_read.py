@@ -3,21 +3,20 @@
 The driver sends only range metadata (``ReadRange`` as JSON, one Spark partition per range);
 each task reads its ranges with ``retrieval/range_reader.py`` and yields Arrow record batches of
 the record columns (``pieces.SCHEMA``), then one row that holds the ``RangeEnd``. The result is
-materialised on the executors with ``localCheckpoint`` by the one job that collects the end rows
-(all the driver receives): the sinks' DataFrame is the stored rows, never a second read, and a
-lost block fails the job instead of being re-read without the pin (the retried attempt reads the
-pinned ranges, which give the same records or fail loudly). ``StoredReads`` frees a read's stored
-rows once no batch holds it. What the tasks run is ``range_tasks.py``.
+materialised on the executors with ``localCheckpoint`` (eagerly), and the end rows collected from
+what was stored (all the driver receives): the sinks' DataFrame is the stored rows, never a
+second read, and a lost block fails the job instead of being re-read without the pin (the retried
+attempt reads the pinned ranges, which give the same records or fail loudly). ``StoredReads``
+frees a read's stored rows once no batch holds it. What the tasks run is ``range_tasks.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import uuid
 import weakref
 from collections import deque
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,6 +128,13 @@ def _stored_rdd(stored: Any) -> Any:
         return None
 
 
+# The most bytes of ranges (as JSON) one read job carries in its function. PySpark broadcasts a
+# function pickled past ``spark.broadcast.UDFCompressionThreshold`` (1 MiB by default) through a
+# temporary file on the driver that nothing deletes: a round of ~1,550 leases or more left one
+# there every round (gigabytes an hour, then a full disk). A round over it runs several jobs.
+CLOSURE_BYTES = 900_000
+
+
 def read_ranges(
     session: Any,
     ranges: Sequence[ReadRange],
@@ -140,53 +146,90 @@ def read_ranges(
 ) -> RangeRead:
     """Run the Spark job that reads ``ranges`` (distinct leases) on the executors, in
     ``partitions`` tasks (default: one per core of the cluster, at most one per range; a task
-    reads its ranges side by side); with ``stored_reads``, the read's stored rows are freed once
-    the returned read is garbage."""
+    reads its ranges side by side; a job per ``CLOSURE_BYTES`` of ranges); with
+    ``stored_reads``, the read's stored rows are freed once the returned read is garbage."""
     keys = [r.lease_key for r in ranges]
     if not ranges or len(set(keys)) != len(keys):
         raise ValueError(f"one range per lease, at least one: {keys!r}")
-    payload = tuple(r.to_json() for r in ranges)
-    n = len(payload)
-    reads = functools.partial(read_partition, payload, aws)
-    sc = _spark_context(session)  # None over Spark Connect (no job descriptions, no job count)
+    sc = _spark_context(session)  # None over Spark Connect (no job descriptions)
     described = bool(description) and sc is not None
     if described:
         sc.setJobDescription(description)
-    jrdd = None
+    jobs: list[tuple[Any, Any]] = []  # each job's stored rows and their JVM RDD
+    ends: dict[str, RangeEnd] = {}
     try:
-        parts = max(1, min(n, partitions or cluster_cores(session) or n))
-        # The ranges travel in the function's closure, so PySpark makes a Python UDF each round
-        # (~30 calls to the JVM). Given as SQL literals to one UDF made once, they would stay in
-        # each execution's plan description, which Spark keeps for its last 1,000 executions
-        # (~450 KB each at 1,000 leases: a range is ~450 bytes of JSON); as job properties, in
-        # every event log line of the job.
-        planned = session.range(0, n, 1, parts).mapInArrow(reads, _output_type())
-        # Classic: stored by the job that collects the ends (one job), which must then be the only
-        # one: Spark computes again a partition whose block went missing before the job ended
-        # (an executor lost), reading Kinesis again, and those rows could go past the ends.
-        # Over Connect (no job count to ask): stored first, the ends read from what was stored.
-        stored = planned.localCheckpoint(eager=sc is None, storageLevel=_stored_level())
-        jrdd = _stored_rdd(stored)
-        with _job_tag(sc) as tag:
-            # SQL text, whole rows: each Column function or column list is more calls to the JVM.
-            rows = stored.where(f"{END_COLUMN} IS NOT NULL").collect()
-        if sc is not None and len(sc._jsc.sc().statusTracker().getJobIdsForTag(tag)) > 1:
-            raise RuntimeError("a partition of the read was computed again (an executor lost?)")
-        ends = {e.lease_key: e for e in (RangeEnd.from_json(row[END_COLUMN]) for row in rows)}
+        cores = partitions or cluster_cores(session)
+        for payload in _closure_sized(tuple(r.to_json() for r in ranges)):
+            stored, jrdd, found = _read_job(session, payload, aws, cores or len(payload))
+            jobs.append((stored, jrdd))
+            ends.update(found)
         if set(ends) != set(keys):
             raise RuntimeError(f"the read job returned ends for {sorted(ends)}, not {sorted(keys)}")
     except BaseException:
-        if jrdd is not None:
-            with contextlib.suppress(Exception):
-                _unpersist(jrdd)
+        for _, jrdd in jobs:
+            _unpersist_quietly(jrdd)
         raise
     finally:
         if described:
             sc.setJobDescription(None)
+    stored = functools.reduce(lambda a, b: a.union(b), [job[0] for job in jobs])
     read = RangeRead(stored.where(f"{END_COLUMN} IS NULL"), ends)
-    if stored_reads is not None and jrdd is not None:
-        stored_reads.track(read, jrdd)
+    for _, jrdd in jobs:
+        if stored_reads is not None and jrdd is not None:
+            stored_reads.track(read, jrdd)
     return read
+
+
+def _closure_sized(payload: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """``payload`` in runs of at most ``CLOSURE_BYTES`` (a range over it alone is one run)."""
+    runs: list[tuple[str, ...]] = []
+    run: list[str] = []
+    size = 0
+    for item in payload:
+        if run and size + len(item) > CLOSURE_BYTES:
+            runs.append(tuple(run))
+            run, size = [], 0
+        run.append(item)
+        size += len(item)
+    runs.append(tuple(run))
+    return runs
+
+
+def _read_job(
+    session: Any, payload: tuple[str, ...], aws: AwsTarget, cores: int
+) -> tuple[Any, Any, dict[str, RangeEnd]]:
+    """One Spark job reading ``payload``'s ranges: its stored rows, their JVM RDD (None over
+    Spark Connect) and the ranges' ends."""
+    n = len(payload)
+    reads = functools.partial(read_partition, payload, aws)
+    # The ranges travel in the function's closure, so PySpark makes a Python UDF each round
+    # (~30 calls to the JVM). Given as SQL literals to one UDF made once, they would stay in
+    # each execution's plan description, which Spark keeps for its last 1,000 executions
+    # (~450 KB each at 1,000 leases: a range is ~450 bytes of JSON); as job properties, in
+    # every event log line of the job.
+    planned = session.range(0, n, 1, max(1, min(n, cores))).mapInArrow(reads, _output_type())
+    # Stored first, then the ends read from what was stored: the ends always name the rows the
+    # sinks will write. Stored by the job that collects the ends instead (one job less), a
+    # partition whose block went missing before that job ended (an executor lost) was computed
+    # again by Spark, reading Kinesis again past the ends collected; the check that counted the
+    # tag's jobs read Spark's status store, which its listener fills later, so it could miss
+    # that job. A block lost after this fails the read.
+    stored = planned.localCheckpoint(eager=True, storageLevel=_stored_level())
+    jrdd = _stored_rdd(stored)
+    try:
+        # SQL text, whole rows: each Column function or column list is more calls to the JVM.
+        rows = stored.where(f"{END_COLUMN} IS NOT NULL").collect()
+    except BaseException:
+        _unpersist_quietly(jrdd)
+        raise
+    ends = {e.lease_key: e for e in (RangeEnd.from_json(row[END_COLUMN]) for row in rows)}
+    return stored, jrdd, ends
+
+
+def _unpersist_quietly(jrdd: Any) -> None:
+    if jrdd is not None:
+        with contextlib.suppress(Exception):
+            _unpersist(jrdd)
 
 
 @functools.cache
@@ -218,17 +261,3 @@ def _spark_context(session: Any) -> Any:
         return session.sparkContext
     except Exception:  # Spark Connect
         return None
-
-
-@contextlib.contextmanager
-def _job_tag(sc: Any) -> Iterator[str]:
-    """A tag of its own on the jobs this thread starts inside the block (classic Spark)."""
-    tag = f"kclpy-spark-range-read-{uuid.uuid4().hex}"
-    if sc is None:
-        yield tag
-        return
-    sc.addJobTag(tag)
-    try:
-        yield tag
-    finally:
-        sc.removeJobTag(tag)

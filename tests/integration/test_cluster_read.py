@@ -302,3 +302,27 @@ def test_the_read_jobs_type_is_its_ddls(spark: Any) -> None:
     from pyspark.sql.types import _parse_datatype_string
 
     assert _output_type() == _parse_datatype_string(OUTPUT_DDL)
+
+
+def test_a_round_cut_into_several_jobs_reads_every_range_and_frees_every_job(
+    spark: Any, kinesis_client: Any, unique_name: str, aws: AwsTarget, monkeypatch: Any
+) -> None:
+    """A round over ``CLOSURE_BYTES`` of ranges runs a job per part (a function pickled past 1 MiB
+    left a temporary file on the driver each round): one read all the same, freed whole."""
+    from kclpy_spark.spark import cluster_read
+
+    monkeypatch.setattr(cluster_read, "CLOSURE_BYTES", 1)  # a job per range
+    make_stream(kinesis_client, unique_name, shards=3)
+    put(kinesis_client, unique_name, 0, 30)
+    shards = [f"shardId-00000000000{i}" for i in range(3)]
+    stored = StoredReads()
+    before = {i.id() for i in spark.sparkContext._jsc.sc().getRDDStorageInfo()}
+    read = read_ranges(spark, [rng(unique_name, s) for s in shards], aws, stored_reads=stored)
+    assert sorted(read.ends) == shards and sum(e.rows for e in read.ends.values()) == 30
+    assert sorted(r[3] for r in rows_of(read)) == sorted(f"r{i}".encode() for i in range(30))
+    assert stored.kept == 3
+    jobs = {i.id() for i in spark.sparkContext._jsc.sc().getRDDStorageInfo()} - before
+    assert len(jobs) == 3
+    del read
+    gc.collect()
+    assert stored.release() == 3 and stored.kept == 0
