@@ -209,6 +209,12 @@ def _executor_reads(
     they can import this project and reach the stream (one line at start-up if not)."""
     if sink_cfg.read_on != "executors":
         return None
+    if worker_cfg.retrieval_mode == "fanout":  # the executors would poll, unasked
+        raise ConfigError(
+            'config \'retrieval_mode\' = "fanout" does not go with [sink] read_on = "executors": '
+            "the executors read with GetRecords, sharing each shard's 5 calls a second and "
+            '2 MiB/s with every other consumer; use read_on = "driver" for enhanced fan-out'
+        )
     from kclpy_spark.aws import region_of
     from kclpy_spark.spark.executor_probe import probe_executors
     from kclpy_spark.spark.executor_reads import ExecutorReads, ReadSettings

@@ -380,3 +380,19 @@ def test_a_spark_connect_server_that_is_down_is_an_error_at_start_not_ten_minute
         check=False,
     )  # fmt: skip
     assert "FAILED SparkConnectGrpcException" in result.stdout, result.stderr[-2000:]
+
+
+def test_enhanced_fan_out_with_reads_on_the_executors_is_one_line_at_start_up() -> None:
+    """The executors read with GetRecords: a user who chose enhanced fan-out (dedicated
+    throughput) shared each shard's read limits with every other consumer, unasked."""
+    from checkpoint.base.errors import ConfigError
+    from kclpy_spark.config import WorkerConfig
+    from kclpy_spark.spark.sink_config import SinkConfig
+    from kclpy_spark.spark.sink_setup import _executor_reads
+
+    worker = WorkerConfig(stream_name="s", retrieval_mode="fanout", consumer_name="c")
+    with pytest.raises(ConfigError, match=r'fanout.*read_on = "executors"'):
+        _executor_reads(
+            SinkConfig("parquet:/tmp/out", read_on="executors"), worker, None, None, probe=False
+        )  # type: ignore[arg-type]
+    assert _executor_reads(SinkConfig("parquet:/tmp/out"), worker, None, None, probe=False) is None  # type: ignore[arg-type]
