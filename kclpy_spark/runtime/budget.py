@@ -54,9 +54,18 @@ class FailureBudget:
         self._label = label  # the lease key: the metrics' shard label
         self.failures = 0  # in a row
         self._failed_at = float("-inf")  # monotonic time of the last failure counted
+        self._outages = 0  # retriable failures since the last success: their backoff grows
 
     def succeeded(self) -> None:
         self.failures = 0
+        self._outages = 0
+
+    async def waited(self, what: str, exc: KclpySparkError) -> None:
+        """A retriable failure of a whole step (a read job on the executors that failed whole):
+        logged, a growing backoff, not counted."""
+        self._outages += 1
+        log.warning("shard %s: %s failed, retrying: %s", self._stats.shard_id, what, exc)
+        await self._tenure.pause(self.backoff.delay(self._outages))
 
     def answered_since(self, last_ok: float | None) -> None:
         """The source's last answer (``FetchProgress.last_ok``): answers going on for

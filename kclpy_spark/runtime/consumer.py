@@ -288,6 +288,9 @@ class ShardConsumer:
                 await self.budget.failed("the processor", exc)
                 self._rewind()
             except KclpySparkError as exc:
+                if exc.retriable:  # sources retry these themselves; one that gives up: an outage
+                    await self.budget.waited("reading the shard", exc)
+                    continue
                 self.budget.answered_since(self.progress.last_ok)
                 await self.budget.failed("reading the shard", exc)
 

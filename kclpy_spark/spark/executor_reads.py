@@ -66,6 +66,14 @@ class RangeReadError(KclpySparkError):
     """A lease's range could not be read on the executors (its consumer counts a failure)."""
 
 
+class ReadJobFailedError(KclpySparkError):
+    """The read job of a round failed whole (executors lost, the cluster down, its deadline):
+    every lease of the round reads again after a backoff, none counting a failure (an outage
+    parked every lease of the worker within minutes)."""
+
+    retriable = True
+
+
 class ReadJobTimeoutError(KclpySparkError):
     """A read job ran past its deadline; its Spark jobs were interrupted."""
 
@@ -311,7 +319,10 @@ class ExecutorReads:
         except Exception as exc:
             log.warning("the read job of %d lease(s) failed: %r", len(ranges), exc)
             for rng in ranges:
-                self._failed(due[rng.lease_key], f"the read job failed: {exc!r}"[:1000], now)
+                entry = due[rng.lease_key]
+                self._back_off(entry, now)
+                why = f"shard {entry.source.shard_id}: the read job failed: {exc!r}"[:1000]
+                entry.post(ReadJobFailedError(why))
             return len(ranges)
         for rng in ranges:
             self._found(due[rng.lease_key], slots[rng.lease_key], rng, read, now)

@@ -715,6 +715,22 @@ def test_reads_on_the_executors_between_failures_keep_the_failures_from_adding_u
     assert env.run(env.consumer(sources)) is Outcome.SHARD_END
 
 
+def test_a_cluster_outage_failing_every_read_job_whole_never_parks_a_lease() -> None:
+    """A read job that failed whole (executors lost, the cluster down for minutes) was posted
+    to every lease of the round as a counted failure: within a few minutes every lease of the
+    worker parked, though no shard was at fault. Now each waits a backoff and reads again."""
+    from kclpy_spark.spark.executor_reads import ReadJobFailedError
+
+    env = Env()
+    env.lease()
+    down = ReadJobFailedError("shard shardId-000000000000: the read job failed: no executors")
+    outage = [[FetchedBatch([], None, announce=True), down]] * (ATTEMPTS * 3)
+    sources = FakeSources(*outage, [FetchedBatch([], None, announce=True), ended([])])
+    consumer = env.consumer(sources)
+    assert env.run(consumer) is Outcome.SHARD_END
+    assert consumer.stats.failures == 0 and len(sources.starts) == ATTEMPTS * 3 + 1
+
+
 def test_a_latest_read_restarted_before_delivering_resumes_at_its_start_time() -> None:
     """A new LATEST iterator after a failed first read skipped what was written in between."""
     env = Env()

@@ -25,7 +25,7 @@ from kclpy_spark.spark.cluster_read import RangeRead
 from kclpy_spark.spark.executor_reads import (
     ExecutorReads,
     LeaseSource,
-    RangeReadError,
+    ReadJobFailedError,
     ReadSettings,
     ReadSlot,
     _Entry,
@@ -525,7 +525,9 @@ def test_a_read_job_that_hangs_is_cancelled_and_fails_its_ranges() -> None:
     assert jobs.interrupted == jobs.tags and len(jobs.tags) == 1
     assert jobs.tags[0].startswith("kclpy-spark-read-") and jobs.tags[0].endswith("-1")
     [failure] = posted
-    assert isinstance(failure, RangeReadError) and "ran over 0 s and was cancelled" in str(failure)
+    # a job that failed whole: every lease reads again after a backoff, none counting a failure
+    assert isinstance(failure, ReadJobFailedError) and failure.retriable
+    assert "ran over 0 s and was cancelled" in str(failure)
 
 
 def test_a_read_job_that_does_not_return_after_its_cancel_is_told_to_readiness() -> None:
