@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -132,11 +133,13 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         found = self._found[1]
         leases = self._lease_driver()
         listing: list[Any] = []
+        listing_lock = threading.Lock()  # acknowledgments run side by side (acknowledge_all)
 
         def listed() -> list[Any]:  # at most one listing per call
-            if not listing:
-                listing.append(self._list(previous))
-            return list(listing[0])
+            with listing_lock:
+                if not listing:
+                    listing.append(self._list(previous))
+                return list(listing[0])
 
         if leases is not None:  # the batch ending at ``start`` is complete: acknowledge it
             leases.acknowledge(previous, found, pins, lambda sid: children_in(listed(), sid))

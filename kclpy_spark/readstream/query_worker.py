@@ -251,7 +251,7 @@ def hand_end(leases: HeldLeases, shard_id: str, children: list[dict[str, Any]]) 
     if entry is None or entry.checkpointer is None or entry.ending:
         return False
     if not children:
-        log.info("kinesis-kcl: shard %s ended; its children are not listed yet", shard_id)
+        log.debug("kinesis-kcl: shard %s ended; its children are not listed yet", shard_id)
         return False
     with leases.changed:
         entry.ending = True

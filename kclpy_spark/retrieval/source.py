@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from checkpoint.base.errors import (
     DependencyError,
+    KclpySparkError,
     MalformedAnswerError,
     ThrottledError,
     error_code,
@@ -121,6 +122,15 @@ class FetchedBatch:
     # A full page: more records may wait even when the lag says 0 (the lag is to the newest
     # record returned, and a page stops at its record limit).
     page_full: bool = False
+
+
+class SourceOutage(KclpySparkError):
+    """Raised by a record source whose reads failed for a cause outside the shard (a read job
+    on the executors that failed whole: executors lost, the cluster down): its consumer reads
+    again after a growing backoff without counting a failure (an outage parks no lease). Every
+    other error a source raises counts."""
+
+    retriable = True
 
 
 class RecordSource(Protocol):

@@ -61,11 +61,13 @@ class FailureBudget:
         self._outages = 0
 
     async def waited(self, what: str, exc: KclpySparkError) -> None:
-        """A retriable failure of a whole step (a read job on the executors that failed whole):
-        logged, a growing backoff, not counted."""
+        """A failure outside the shard (``SourceOutage``): a growing backoff, not counted."""
         self._outages += 1
+        await self._wait_out(what, exc, self._outages)
+
+    async def _wait_out(self, what: str, exc: KclpySparkError, attempt: int) -> None:
         log.warning("shard %s: %s failed, retrying: %s", self._stats.shard_id, what, exc)
-        await self._tenure.pause(self.backoff.delay(self._outages))
+        await self._tenure.pause(self.backoff.delay(attempt))
 
     def answered_since(self, last_ok: float | None) -> None:
         """The source's last answer (``FetchProgress.last_ok``): answers going on for
@@ -92,8 +94,7 @@ class FailureBudget:
                     await self.failed(what, exc)
                     continue
                 transient += 1
-                log.warning("shard %s: %s failed, retrying: %s", self._stats.shard_id, what, exc)
-                await self._tenure.pause(self.backoff.delay(transient))
+                await self._wait_out(what, exc, transient)
             except Exception as exc:
                 await self.failed(what, exc)
             else:

@@ -58,6 +58,7 @@ from kclpy_spark.retrieval.source import (
     ReadElsewhere,
     ShardProbe,
     SourceFactory,
+    SourceOutage,
 )
 from kclpy_spark.runtime.before_read import PendingStarts, check_retention, parents_ended
 from kclpy_spark.runtime.budget import FailureBudget
@@ -288,7 +289,7 @@ class ShardConsumer:
                 await self.budget.failed("the processor", exc)
                 self._rewind()
             except KclpySparkError as exc:
-                if exc.retriable:  # sources retry these themselves; one that gives up: an outage
+                if isinstance(exc, SourceOutage):  # not the shard's: waits, not counted
                     await self.budget.waited("reading the shard", exc)
                     continue
                 self.budget.answered_since(self.progress.last_ok)

@@ -5,7 +5,9 @@ Without one, any peer that reaches the port (``metrics_host = "0.0.0.0"``, as Pr
 could open connections until the process ran out of file descriptors, and then every AWS call of
 the worker failed (its leases lost): the idle timeout ends only connections that send nothing,
 not one that sends a request a byte at a time. Past ``MAX_CONNECTIONS`` a new connection is
-closed as soon as it is accepted; those open are served as before.
+closed as soon as it is accepted; those open are served as before. (Connections accepted in one
+pass of the event loop, up to its listen backlog of 128, are counted together once made: the
+bound is ``MAX_CONNECTIONS`` plus that backlog.)
 """
 
 from __future__ import annotations

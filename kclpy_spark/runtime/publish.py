@@ -94,7 +94,7 @@ class StatusSource(Protocol):
     @property
     def metrics(self) -> WorkerMetrics: ...
     def readiness(self) -> tuple[bool, str]: ...
-    def consumed_streams(self) -> list[str]: ...
+    def consumed_streams(self) -> list[str] | None: ...
 
 
 @dataclass(frozen=True)
@@ -211,18 +211,23 @@ def status_fields(
         "leases_omitted": leases_omitted,
         "events": events,
         "live_for": None if live_for is None else round(live_for, 1),
-        "streams": streams,  # the stream keys of a worker with [[streams]]
         **(totals or {}),  # bytes, failures, throttled: for the status page (not a write cause)
     }
-    return {"ready": ready, "cpu_percent": cpu_percent} | {k: v for k, v in optional.items() if v}
+    fields: dict[str, Any] = {"ready": ready, "cpu_percent": cpu_percent}
+    fields |= {k: v for k, v in optional.items() if v}
+    if streams is not None:  # the stream keys of a worker with [[streams]], even none
+        fields["streams"] = streams
+    return fields
 
 
-def published_streams(stream_keys: list[str]) -> list[str] | None:
-    """The stream keys a status record names (none: one stream per table, or too many to fit
-    ``STREAMS_PUBLISHED_BYTES``; its readers then take the worker to consume every stream)."""
-    if sum(len(k) + 3 for k in stream_keys) > STREAMS_PUBLISHED_BYTES:
+def published_streams(stream_keys: list[str] | None) -> list[str] | None:
+    """The stream keys a status record names: a multi-stream worker's, even none (its streams
+    not open yet: given leases, it would not take them); None (the field left out, and its
+    readers take the worker to consume every stream): one stream per table, or too many to fit
+    ``STREAMS_PUBLISHED_BYTES``."""
+    if stream_keys is None or sum(len(k) + 3 for k in stream_keys) > STREAMS_PUBLISHED_BYTES:
         return None
-    return sorted(stream_keys) or None
+    return sorted(stream_keys)
 
 
 class StatusCadence:

@@ -413,8 +413,10 @@ class Worker:
         if self.leader.is_leader:  # shown by `status`; written with the next renewal
             self.leader.note_later(last_sync=self.clock.wall())
 
-    def consumed_streams(self) -> list[str]:
-        """The stream keys of the streams open here (none with one stream per table)."""
+    def consumed_streams(self) -> list[str] | None:
+        """The stream keys of the streams open here; None with one stream per table."""
+        if not self.cfg.streams:
+            return None
         return [c.stream_key for c in self.streams.contexts.values() if c.stream_key]
 
     def context_of(self, lease: Lease) -> StreamContext | None:

@@ -160,7 +160,9 @@ def read_ranges(
     try:
         cores = partitions or cluster_cores(session)
         for payload in _closure_sized(tuple(r.to_json() for r in ranges)):
-            stored, jrdd, found = _read_job(session, payload, aws, cores or len(payload))
+            stored, jrdd, found = _read_job(
+                session, payload, aws, cores or len(payload), classic=sc is not None
+            )
             jobs.append((stored, jrdd))
             ends.update(found)
         if set(ends) != set(keys):
@@ -196,7 +198,7 @@ def _closure_sized(payload: tuple[str, ...]) -> list[tuple[str, ...]]:
 
 
 def _read_job(
-    session: Any, payload: tuple[str, ...], aws: AwsTarget, cores: int
+    session: Any, payload: tuple[str, ...], aws: AwsTarget, cores: int, *, classic: bool
 ) -> tuple[Any, Any, dict[str, RangeEnd]]:
     """One Spark job reading ``payload``'s ranges: its stored rows, their JVM RDD (None over
     Spark Connect) and the ranges' ends."""
@@ -208,15 +210,19 @@ def _read_job(
     # (~450 KB each at 1,000 leases: a range is ~450 bytes of JSON); as job properties, in
     # every event log line of the job.
     planned = session.range(0, n, 1, max(1, min(n, cores))).mapInArrow(reads, _output_type())
-    # Stored first, then the ends read from what was stored: the ends always name the rows the
-    # sinks will write. Stored by the job that collects the ends instead (one job less), a
-    # partition whose block went missing before that job ended (an executor lost) was computed
-    # again by Spark, reading Kinesis again past the ends collected; the check that counted the
-    # tag's jobs read Spark's status store, which its listener fills later, so it could miss
-    # that job. A block lost after this fails the read.
-    stored = planned.localCheckpoint(eager=True, storageLevel=_stored_level())
+    # Stored first (a job of its own), then the ends read from what was stored: the ends always
+    # name the rows the sinks will write. Stored by the job that collects the ends instead (one
+    # job less), a partition whose block went missing before that job ended (an executor lost)
+    # was computed again by Spark, reading Kinesis again past the ends collected; the check that
+    # counted the tag's jobs read Spark's status store, which its listener fills later, so it
+    # could miss that job. A block lost after this fails the read. Classic: the storing job is
+    # the stored RDD's count (``eager=True`` does the same, but a failure of it left the blocks
+    # stored so far with no RDD to free them by); over Connect, eager.
+    stored = planned.localCheckpoint(eager=not classic, storageLevel=_stored_level())
     jrdd = _stored_rdd(stored)
     try:
+        if jrdd is not None:
+            jrdd.count()
         # SQL text, whole rows: each Column function or column list is more calls to the JVM.
         rows = stored.where(f"{END_COLUMN} IS NOT NULL").collect()
     except BaseException:

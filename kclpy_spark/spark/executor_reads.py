@@ -32,7 +32,7 @@ from checkpoint.base.errors import KclpySparkError
 from checkpoint.base.retry import Backoff
 from checkpoint.sequence import AT_TIMESTAMP, LATEST, ExtendedSequenceNumber
 from kclpy_spark.retrieval.positions import LATEST_RESTART_MARGIN
-from kclpy_spark.retrieval.source import FetchedBatch, ReadElsewhere
+from kclpy_spark.retrieval.source import FetchedBatch, ReadElsewhere, SourceOutage
 from kclpy_spark.spark.cluster_read import RangeRead, StoredReads, cluster_cores, read_ranges
 from kclpy_spark.spark.frames import RangeChunk
 from kclpy_spark.spark.jvm_garbage import JvmGarbage
@@ -66,12 +66,10 @@ class RangeReadError(KclpySparkError):
     """A lease's range could not be read on the executors (its consumer counts a failure)."""
 
 
-class ReadJobFailedError(KclpySparkError):
+class ReadJobFailedError(SourceOutage):
     """The read job of a round failed whole (executors lost, the cluster down, its deadline):
     every lease of the round reads again after a backoff, none counting a failure (an outage
     parked every lease of the worker within minutes)."""
-
-    retriable = True
 
 
 class ReadJobTimeoutError(KclpySparkError):

@@ -215,31 +215,28 @@ def _count_moves(
     give several), while they differ by more than one."""
     moves: list[Assignment] = []
     takers = dict(counts)
-    exhausted: set[str] = set()  # givers with nothing movable left
+    exhausted: set[str] = set()  # givers with nobody left to give to
     while len(moves) < max_moves:
         givers = {t: n for t, n in counts.items() if t not in exhausted}
         if not givers or not takers:
             break
         most = max(givers.values())
         giver = rng.choice(sorted(t for t, n in givers.items() if n == most))
-        both_foreign = foreign if giver in foreign else set()
-        to = _least(
-            {t: counts[t] for t in takers if t != giver and t not in both_foreign}, rng, cap
-        )
-        if to is None or counts[giver] - counts[to] <= 1:
-            if giver in foreign:  # another giver may still give to one of ours
-                exhausted.add(giver)
-                continue
-            break
         moved = {a.lease.lease_key for a in moves}
         movable = [o.lease for o in _movable(scan, giver, keep) if o.key not in moved]
-        if not movable:
+        both_foreign = foreign if giver in foreign else set()
+        # Whom it may give to: fewer by more than one, not foreign both, and consuming the stream
+        # of one of its leases (else a giver with fewer may still give to it: another stream).
+        to = _least(
+            {t: counts[t] for t in takers
+             if t != giver and t not in both_foreign and counts[giver] - counts[t] > 1
+             and any(takes(t, x) for x in movable)},
+            rng, cap,
+        )  # fmt: skip
+        if to is None:
             exhausted.add(giver)
             continue
         candidates = sorted((x for x in movable if takes(to, x)), key=_key)
-        if not candidates:  # ``to`` consumes none of the giver's streams: it takes none
-            del takers[to]
-            continue
         moves.append(Assignment(rng.choice(candidates), to))
         counts[giver] -= 1
         counts[to] += 1
@@ -270,9 +267,9 @@ def _load_moves(
         if counts[thief] >= cap:
             continue
         room = min(max_moves, cap - counts[thief])  # never past max_leases_for_worker
-        foreign_streams = {o.key for o in scan.leases if not takes(thief, o.lease)}
+        not_consumed = {o.key for o in scan.leases if not takes(thief, o.lease)}
         decided = plan_load_steal(
-            scan, thief, rng=rng, max_leases_to_steal=room, exclude=keep | foreign_streams,
+            scan, thief, rng=rng, max_leases_to_steal=room, exclude=keep | not_consumed,
             cpu=cpu,
         )  # fmt: skip
         if thief in foreign and decided.victim in foreign:

@@ -408,3 +408,16 @@ def test_load_moves_go_only_to_a_worker_that_consumes_the_leases_stream() -> Non
         )  # fmt: skip
         assert plan.moves, plan.reason
         assert {(m.to, m.lease.stream_key) for m in plan.moves} == {("a-only", STREAM_A)}
+
+
+def test_a_worker_of_one_stream_gets_its_leases_though_the_busiest_holds_another_stream() -> None:
+    """The busiest worker holds only stream B's leases: the new worker, consuming A, was
+    dropped for the round, and stayed idle while the plan said "balanced by count"."""
+    scan = two_stream_scan({"g1": [STREAM_B] * 10, "g2": [STREAM_A] * 9, "x": []})
+    consumes = {"x": frozenset({STREAM_A})}
+    for seed in range(10):
+        plan = plan_assignments(
+            scan, {"g1", "g2", "x"}, rng=random.Random(seed), max_moves=3, consumes=consumes
+        )
+        assert [(m.lease.lease_owner, m.to) for m in plan.moves] == [("g2", "x")], plan.reason
+        assert plan.moves[0].lease.stream_key == STREAM_A

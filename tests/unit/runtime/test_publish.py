@@ -66,7 +66,7 @@ def test_the_status_publishes_the_cpu_figure_and_whether_it_is_settled() -> None
     worker = SimpleNamespace(
         cfg=WorkerConfig(stream_name="s"),
         holder=SimpleNamespace(held=list), processor_factory=None, readiness=lambda: (True, "ok"),
-        consumed_streams=list,
+        consumed_streams=lambda: None,
         run_state=RunState("w", ManualClock().monotonic),
         leader=SimpleNamespace(is_leader=True, assigning=True),
         events=SimpleNamespace(recent=lambda n: []), cpu=meter,
@@ -96,7 +96,7 @@ def _quiet_worker(
     ready: tuple[bool, str] = (True, "ready"),
     *,
     leader: bool = False,
-    streams: tuple[str, ...] = (),
+    streams: tuple[str, ...] | None = None,
 ) -> object:
     from types import SimpleNamespace
 
@@ -109,7 +109,7 @@ def _quiet_worker(
     return SimpleNamespace(
         cfg=WorkerConfig(stream_name="s"),
         holder=SimpleNamespace(held=list), processor_factory=None, readiness=lambda: ready,
-        consumed_streams=lambda: list(streams),
+        consumed_streams=lambda: None if streams is None else list(streams),
         run_state=RunState("w", ManualClock().monotonic),
         leader=SimpleNamespace(is_leader=leader, assigning=False),
         events=SimpleNamespace(recent=lambda n: []), cpu=meter,
@@ -169,11 +169,16 @@ def test_a_multi_stream_worker_names_the_streams_it_consumes_for_whoever_gives_i
 
     orders, clicks = "111122223333:orders:1700000000", "111122223333:clicks:1700000001"
     store = MemoryLeaseTable()
-    for worker_id, streams in (("multi", (orders, clicks)), ("single", ())):
+    # "none open": its only stream does not exist yet; given a lease, it would not take it.
+    cases = (("multi", (orders, clicks)), ("single", None), ("none open", ()))
+    for worker_id, streams in cases:
         payload = status_payload(_quiet_worker(streams=streams), 1010.0)  # type: ignore[arg-type]
         coordination.publish_worker_status(store, worker_id, payload, 1010.0, instance="i")
     records = store.scan_table(coordination.WORKER_PREFIX).records
-    assert coordination.consumed_streams(records) == {"multi": frozenset({orders, clicks})}
+    assert coordination.consumed_streams(records) == {
+        "multi": frozenset({orders, clicks}),
+        "none open": frozenset(),
+    }
     many = tuple(f"111122223333:s{i:06d}:1700000000" for i in range(STREAMS_PUBLISHED_BYTES // 30))
     assert "streams" not in status_payload(_quiet_worker(streams=many), 1010.0)  # type: ignore[arg-type]
 
