@@ -74,7 +74,8 @@ class WorkerConfig:
     max_clock_skew: float = 1.0
     # Records asked for per GetRecords call.
     max_records: int = 10_000
-    # Seconds between GetRecords calls on a shard that is at its tip.
+    # Seconds between GetRecords calls on a shard that is at its tip (at least 0.2: Kinesis allows
+    # 5 calls a second per shard, shared by every application polling it).
     idle_time_between_reads: float = 1.0
     # Per shard, polling: a call that read B bytes waits B / this many seconds before the next
     # (Kinesis's 2 MiB/s read limit per shard, shared by every application polling it); 0: off.

@@ -181,6 +181,9 @@ class PollingFetcher:
             except Exception as exc:
                 if error_code(exc) == "ExpiredIteratorException":
                     log.info("shard %s: iterator expired; getting a new one", self._shard_id)
+                    # Spaced as any call: expired again and again, it asked back to back and
+                    # took the shard's 5 GetShardIterator a second from every other reader.
+                    await self._sleep(max(0.0, MIN_INTERVAL_WHILE_BEHIND - (clock() - started)))
                     iterator = await self._iterator()
                     continue
                 await self._handle(exc, "GetRecords")
@@ -222,7 +225,11 @@ class PollingFetcher:
             # Calls are spaced from the start of the previous one (as the KCL's idle time is),
             # so a slow response does not add its own duration to the pause; the read limit
             # counts from the response.
-            interval = MIN_INTERVAL_WHILE_BEHIND if behind else self._idle
+            # Never below Kinesis's 5 calls a second: an idle_time_between_reads under 0.2 s
+            # made 20 a second at the tip (every other reader of the shard throttled).
+            interval = (
+                MIN_INTERVAL_WHILE_BEHIND if behind else max(MIN_INTERVAL_WHILE_BEHIND, self._idle)
+            )
             now = clock()
             pause = pause_before_next_call(
                 interval, now - started, size, now - returned, self._read_rate

@@ -218,3 +218,61 @@ def test_a_few_milliseconds_of_lag_waits_the_idle_time_and_a_backlog_does_not() 
     with contextlib.suppress(asyncio.CancelledError):
         asyncio.run(fetcher.run())
     assert pauses == [1.0, 1.0, MIN_INTERVAL_WHILE_BEHIND, 1.0]
+
+
+def test_an_idle_time_under_a_fifth_of_a_second_still_reads_at_most_5_times_a_second() -> None:
+    """``idle_time_between_reads = 0.05`` read 20 times a second at the tip: the shard refused
+    this reader and every other polling application on it."""
+    pauses: list[float] = []
+
+    async def record_pause(seconds: float) -> None:
+        pauses.append(seconds)
+
+    fetcher = PollingFetcher(
+        SteadyShard([0, 3, 0]), {"StreamName": "s"}, "shardId-000000000000",
+        TRIM_HORIZON, InitialPosition.trim_horizon(), asyncio.Queue[FetchedBatch](),
+        idle_time=0.05, sleep=record_pause, clock=lambda: 0.0, rng=random.Random(7),
+    )  # fmt: skip
+    with contextlib.suppress(asyncio.CancelledError):
+        asyncio.run(fetcher.run())
+    assert pauses == [MIN_INTERVAL_WHILE_BEHIND] * 3
+
+
+class ExpiringShard(SteadyShard):
+    """Every iterator it hands out has expired by the time it is used, ``times`` times."""
+
+    def __init__(self, times: int) -> None:
+        super().__init__([0])
+        self.times = times
+        self.iterators = 0
+
+    async def get_shard_iterator(self, **_: object) -> dict[str, object]:
+        self.iterators += 1
+        return {"ShardIterator": "it"}
+
+    async def get_records(self, **kw: object) -> dict[str, object]:
+        if self.times:
+            self.times -= 1
+            error = {"Error": {"Code": "ExpiredIteratorException", "Message": "expired"}}
+            raise ClientError(error, "GetRecords")  # type: ignore[arg-type]
+        return await super().get_records(**kw)
+
+
+def test_an_iterator_that_keeps_expiring_is_asked_for_again_no_more_than_5_times_a_second() -> None:
+    """Asked for again back to back, it took the shard's 5 GetShardIterator a second (shared
+    with every other reader) until that call was refused too."""
+    pauses: list[float] = []
+
+    async def record_pause(seconds: float) -> None:
+        pauses.append(seconds)
+
+    shard = ExpiringShard(times=4)
+    fetcher = PollingFetcher(
+        shard, {"StreamName": "s"}, "shardId-000000000000", TRIM_HORIZON,
+        InitialPosition.trim_horizon(), asyncio.Queue[FetchedBatch](), idle_time=1.0,
+        sleep=record_pause, clock=lambda: 0.0, rng=random.Random(7),
+    )  # fmt: skip
+    with contextlib.suppress(asyncio.CancelledError):
+        asyncio.run(fetcher.run())
+    assert shard.iterators == 5
+    assert pauses[:4] == [MIN_INTERVAL_WHILE_BEHIND] * 4
