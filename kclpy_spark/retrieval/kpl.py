@@ -314,11 +314,27 @@ def skip_through(
     counters: KplCounters | None = None,
 ) -> list[Record]:
     """``records`` without those at or before ``after`` (a checkpoint read again because the
-    iterator was AT_SEQUENCE_NUMBER). A sentinel or None skips nothing."""
+    iterator was AT_SEQUENCE_NUMBER). A sentinel or None skips nothing. Used when records are not
+    deaggregated: a KPL aggregate checkpointed part way (``after`` has a sub-sequence number: by
+    a worker that deaggregated, a Java KCL's, or before ``kpl_deaggregation`` was turned off) is
+    kept whole, its sub-records up to the checkpoint given again (skipped as ``(seq, 0)``, the
+    rest of it was never given)."""
     limit = _after_key(after)
     if limit is None:
         return records
-    kept = [r for r in records if (int(r.sequence_number), r.sub_sequence_number) > limit]
+
+    def after_limit(r: Record) -> bool:
+        key = (int(r.sequence_number), r.sub_sequence_number)
+        if key > limit:
+            return True
+        if key[0] == limit[0] and limit[1] > 0 and r.head(4) == MAGIC:
+            log.warning("record %s: a KPL aggregate checkpointed at its sub-record %d, given "
+                        "whole (its first %d sub-records again)", r.sequence_number, limit[1],
+                        limit[1] + 1)  # fmt: skip
+            return True
+        return False
+
+    kept = [r for r in records if after_limit(r)]
     if counters is not None:
         counters.skipped_resumed += len(records) - len(kept)
     return kept

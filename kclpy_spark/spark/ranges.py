@@ -163,6 +163,11 @@ class ReadRange:
         if pin is not None and pin.first is not None:
             return KeyWindow(key_of(pin.first), True, high)
         low = None if self.after.is_sentinel else key_of(self.after)
+        if low is not None and low[1] > 0 and not self.kpl:
+            # A KPL aggregate checkpointed part way, read whole (not deaggregated): given whole
+            # again (as (seq, 0) it would be at or before the checkpoint, and its sub-records
+            # after it never given).
+            return KeyWindow((low[0], 0), True, high)
         return KeyWindow(low, False, high)
 
     def to_json(self) -> str:

@@ -203,3 +203,16 @@ def test_an_end_survives_its_json() -> None:
     )
     assert RangeEnd.from_json(found.to_json()) == found
     assert found.pin == Pinned(at(1, 2), at(3), 4, shard_ended=True)
+
+
+def test_a_range_not_deaggregated_gives_an_aggregate_checkpointed_part_way_whole() -> None:
+    """kpl = false after a checkpoint at sub-record 5 of aggregate 100: as (100, 0) it was at or
+    before the checkpoint, dropped, and its sub-records 6 on never given."""
+    import dataclasses
+
+    part_way = dataclasses.replace(rng(ExtendedSequenceNumber("100", 5)), kpl=False)
+    window = part_way.window()
+    assert window.keeps((100, 0), None) and window.keeps((101, 0), None)
+    assert not window.keeps((99, 0), None)
+    deaggregated = rng(ExtendedSequenceNumber("100", 5)).window()  # its sub-records 6 on only
+    assert not deaggregated.keeps((100, 5), None) and deaggregated.keeps((100, 6), None)
