@@ -135,7 +135,9 @@ class WorkerConfig:
     # A stored sequence number older than the stream's retention: "earliest" (restart at
     # TRIM_HORIZON, logged as an error: what aged out between is gone; a quiet shard's
     # checkpointed record may simply have aged out), "fail" (park the lease until a reset: its
-    # newer records age out meanwhile) or "latest" (restart at LATEST: records lost).
+    # newer records age out meanwhile) or "latest" (restart at LATEST: records lost). A quiet
+    # shard whose checkpointed record aged out with nothing lost looks the same: "fail" parks
+    # it, and "latest" skips what arrived after it.
     # Druid's resetOffsetAutomatically, made explicit.
     aged_checkpoint_policy: str = "earliest"
     # KPL aggregated records are split into their sub-records (the KCL always does this).
