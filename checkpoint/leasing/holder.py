@@ -142,12 +142,25 @@ class LeaseHolder:
                     self._slots[lease.lease_key] = slot
                     return slot.held
             # Already held: replace under the lease's lock so no write of the old tenure is halfway.
-            with slot.lock, self._lock:
-                if self._current(lease.lease_key, slot):
-                    slot.held = self._new_held(lease, started)
-                    slot.renewed_at = float("-inf")
-                    slot.unsure = ()
-                    return slot.held
+            if not slot.lock.acquire(timeout=self.lease_duration):
+                # A write of the old tenure hung (a stuck disk): a fresh slot instead. That write
+                # was conditional on the counter our take moved: it loses, and finds its slot
+                # replaced (``_current``).
+                with self._lock:
+                    if self._current(lease.lease_key, slot):
+                        fresh = Slot(self._new_held(lease, started))
+                        self._slots[lease.lease_key] = fresh
+                        return fresh.held
+                continue
+            try:
+                with self._lock:
+                    if self._current(lease.lease_key, slot):
+                        slot.held = self._new_held(lease, started)
+                        slot.renewed_at = float("-inf")
+                        slot.unsure = ()
+                        return slot.held
+            finally:
+                slot.lock.release()
             # Dropped meanwhile: start over and register a fresh slot.
 
     def get_if_held(self, lease_key: str) -> HeldLease | None:

@@ -422,6 +422,38 @@ def test_a_write_waits_for_its_leases_lock_no_longer_than_the_lease(clock: Manua
         holder.close()
 
 
+def test_a_retake_behind_a_hung_renewal_waits_no_longer_than_a_lease(clock: ManualClock) -> None:
+    """The renewal that let the lease expire still hung (a stuck SQLite disk) holding its lock:
+    retaking the lease waited for it for ever, on the thread that takes leases."""
+    duration = 0.3
+    table = HangingTable(stuck=KEY)
+    holder = LeaseHolder(table, "worker-a", clock, duration)
+    first = holder.add_taken(take(table, "worker-a"))
+    clock.advance(duration / 2 + 0.01)
+    renewal = threading.Thread(target=holder.renew_all, daemon=True)
+    renewal.start()
+    assert table.entered.wait(10.0)  # the renewal now holds the lease's lock
+    current = table.get_lease(KEY)
+    assert current is not None
+    retaken = table.take_lease(current, "worker-a")
+    assert retaken is not None
+    taken: list[object] = []
+    retake = threading.Thread(target=lambda: taken.append(holder.add_taken(retaken)), daemon=True)
+    try:
+        retake.start()
+        retake.join(10.0)
+        assert len(taken) == 1
+        held = holder.get_if_held(KEY)
+        assert held is not None and held.token != first.token
+        table.release.set()  # the stale renewal's write loses: the new tenure stays
+        renewal.join(10.0)
+        again = holder.get_if_held(KEY)
+        assert again is not None and again.token == held.token
+    finally:
+        table.release.set()
+        holder.close()
+
+
 def test_renewals_of_many_leases_run_in_parallel_threads_bounded_by_the_pool(
     clock: ManualClock,
 ) -> None:
