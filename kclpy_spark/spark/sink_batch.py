@@ -149,6 +149,18 @@ def per_piece(sink: object) -> bool:
     return isinstance(sink, IdempotentPerPiece) and sink.idempotent_per_piece
 
 
+@runtime_checkable
+class RetiresTokens(Protocol):
+    """A sink whose tokens must never be handed out again once their batch was dead-lettered
+    (Delta's versions: the write may still commit later, and the lease's next batch, given the
+    same version, would then be skipped as committed)."""
+
+    def retire_tokens(self, batch: SinkBatch) -> None:
+        """Make ``batch.tokens`` used; raise if that failed (the batch is then not
+        acknowledged)."""
+        ...
+
+
 class DeadLetterWriter(Protocol):
     def write(self, batch: SinkBatch, error: BaseException) -> None:
         """Store the batch durably with the error; raise if that failed."""

@@ -38,10 +38,13 @@ from kclpy_spark.user_code import import_user_module
 log = logging.getLogger(__name__)
 
 
-def load_sink(cfg: SinkConfig, spec: SinkSpec | None = None) -> BatchSink:
+def load_sink(cfg: SinkConfig, spec: SinkSpec | None = None, application: str = "") -> BatchSink:
     """``parquet:<path>``, ``delta:<path>``, or ``module:attr`` naming a foreachBatch function
     ``fn(df, batch_id)`` or a BatchSink (an object, or a class made with no arguments).
-    ``spec``: which of the config's sinks (default: the first)."""
+    ``spec``: which of the config's sinks (default: the first); ``application``: the worker's
+    application_name, in the Delta sink's transaction ids (two applications' leases of one name,
+    each stream's ``shardId-000000000000``, shared one id in a table they both write: one's
+    versions made the other's pieces look committed, and they were skipped)."""
     spec = spec or cfg.specs[0]
     if spec.kind in ("parquet", "delta"):
         check_sink_path(spec.kind, spec.path)
@@ -51,7 +54,7 @@ def load_sink(cfg: SinkConfig, spec: SinkSpec | None = None) -> BatchSink:
     if spec.kind == "delta":
         return DeltaSink(
             spec.path,
-            app_id_prefix=cfg.delta_app_id_prefix,
+            app_id_prefix=":".join(p for p in (cfg.delta_app_id_prefix, application) if p),
             via_spark=cfg.value_schema is not None,
         )
     return _user_sink(spec.sink)
@@ -92,9 +95,11 @@ def _check_foreach_batch_signature(fn: Any, name: str) -> None:
         ) from None
 
 
-def _route(cfg: SinkConfig, spec: SinkSpec, settings: BatcherSettings) -> SinkRoute:
+def _route(
+    cfg: SinkConfig, spec: SinkSpec, settings: BatcherSettings, application: str
+) -> SinkRoute:
     """One sink, loaded and checked, with its failure policy (unset parts: the [sink] table's)."""
-    sink = load_sink(cfg, spec)
+    sink = load_sink(cfg, spec, application)
     dead_letter = None
     if spec.dead_letter_path:
         folder = local_path(spec.dead_letter_path)
@@ -130,7 +135,8 @@ def processor_factory_from_sink_config(
         keep_raw_data=sink_cfg.keep_raw_data,
     )
     settings = sink_cfg.batching
-    routes = [_route(sink_cfg, spec, settings) for spec in sink_cfg.specs]
+    application = worker_cfg.application_name
+    routes = [_route(sink_cfg, spec, settings, application) for spec in sink_cfg.specs]
     if start_session:
         holder.session()
         holder.check_value_schema()

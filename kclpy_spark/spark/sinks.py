@@ -307,7 +307,10 @@ class DeltaSink:
         write_deltalake(
             self.path if snapshot is None else snapshot,
             data,
-            mode="append",
+            # No table yet: created by this write, or it fails (another writer created it since
+            # the snapshot: an old owner's commit of this very piece, which an append without a
+            # snapshot would have written again); the retry reads it and skips the piece.
+            mode="error" if snapshot is None else "append",
             partition_by=self._partition_by,
             storage_options=self._options,
             commit_properties=CommitProperties(
@@ -315,6 +318,31 @@ class DeltaSink:
                 custom_metadata={"kclpy_spark.batch_id": str(batch.batch_id)},
             ),
         )
+
+    def retire_tokens(self, batch: SinkBatch) -> None:
+        """Commit, with no rows, each piece's version not committed yet: the batch went to the
+        dead-letter location while its write may still run (a hang, or an earlier tenure's
+        write of the same version). Its own commit then conflicts and is refused, and the
+        lease's next batch gets the version after. Without a table nothing can be committed
+        late but its creation, which the first write's ``mode="error"`` catches."""
+        from deltalake import CommitProperties, Transaction, write_deltalake
+
+        snapshot = self._snapshot()
+        if snapshot is None:
+            return
+        txns = []
+        for piece in batch.pieces:
+            app_id, token = self.app_id(piece.lease_key), batch.tokens.get(piece.lease_key)
+            if token is not None and int(snapshot.transaction_version(app_id) or 0) < int(token):
+                txns.append(Transaction(app_id, int(token)))
+        if txns:
+            import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+
+            empty = pa.schema(snapshot.schema().to_arrow()).empty_table()
+            write_deltalake(
+                snapshot, empty, mode="append", storage_options=self._options,
+                commit_properties=CommitProperties(app_transactions=txns),
+            )  # fmt: skip
 
 
 class DeadLetterDirectory:

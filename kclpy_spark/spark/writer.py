@@ -32,6 +32,7 @@ from kclpy_spark.spark.sink_batch import (
     BatchSink,
     DeadLetterWriter,
     Interrupter,
+    RetiresTokens,
     SinkBatch,
     SinkRoute,
     ToDataFrame,
@@ -235,8 +236,10 @@ class BatchWriter:
             if hung_in_order:
                 log.error("%r: its write%s to a sink that keeps batches in order hung and may "
                           "still commit; not dead-lettered", batch, self._of(route))  # fmt: skip
-            if not (_rereadable(batch, exc) or hung_in_order) and self._dead_letter(
-                batch, route, exc
+            if (
+                not (_rereadable(batch, exc) or hung_in_order)
+                and self._dead_letter(batch, route, exc)
+                and self._retire_tokens(batch, route)
             ):
                 acks.answer(route.name, DEAD_LETTERED, exc)
                 return True
@@ -264,6 +267,26 @@ class BatchWriter:
             log.exception("%r: the dead-letter write%s failed too", batch, self._of(route))
             return False
         log.error("%r went to the dead-letter location%s after: %r", batch, self._of(route), error)
+        return True
+
+    def _retire_tokens(self, batch: Batch, route: SinkRoute) -> bool:
+        """A dead-lettered batch's tokens made used (``RetiresTokens``: Delta's versions), timed
+        as a write; False if that failed (then not acknowledged: failed, parked)."""
+        sink = route.sink
+        if not isinstance(sink, RetiresTokens) or batch.sink_batch is None:
+            return True
+        view = self._view(batch, route)
+        try:
+            self._side.call(
+                lambda: sink.retire_tokens(view),
+                route.write_timeout,
+                f"kclpy-spark-{view.batch_id:016x}-{self._routes.index(route)}-retire",
+                f"retiring the versions of dead-lettered batch {view.batch_id}{self._of(route)}",
+            )
+        except Exception:
+            log.exception("%r: its versions%s could not be retired; not acknowledged", batch,
+                          self._of(route))  # fmt: skip
+            return False
         return True
 
     def _of(self, route: SinkRoute) -> str:

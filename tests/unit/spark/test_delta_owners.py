@@ -159,3 +159,65 @@ def test_a_hung_delta_write_is_not_dead_lettered_so_the_next_batch_is_not_lost(
     finally:
         sink.release.set()
         env.batcher.close()
+
+
+def test_two_applications_writing_one_table_keep_their_pieces_apart(tmp_path: Path) -> None:
+    """One application per stream, both into one table: their leases of one name (each
+    stream's shardId-0) shared a transaction id, so one's commit made the other's piece look
+    committed, skipped, and its checkpoint moved (its records lost)."""
+    from kclpy_spark.spark.sink_config import SinkConfig
+    from kclpy_spark.spark.sink_setup import load_sink
+
+    cfg = SinkConfig(f"delta:{tmp_path / 'delta'}")
+    orders, clicks = load_sink(cfg, application="orders"), load_sink(cfg, application="clicks")
+    assert isinstance(orders, DeltaSink) and isinstance(clicks, DeltaSink)
+    tokens = {app: sink.prepare([PIECE]) for app, sink in (("o", orders), ("c", clicks))}
+    orders.write(batch(tokens["o"]))
+    clicks.write(batch(tokens["c"]))
+    assert rows(tmp_path / "delta") == 4
+
+
+class TableMadeMeanwhile(DeltaSink):
+    """No table at this writer's snapshot; another writer (an old owner of the same piece)
+    creates it, with that piece, before this one writes."""
+
+    def __init__(self, path: str, other: DeltaSink, tokens: Any) -> None:
+        super().__init__(path)
+        self.other, self.tokens, self.fired = other, tokens, False
+
+    def _snapshot(self) -> Any:
+        snapshot = super()._snapshot()
+        if not self.fired:
+            self.fired = True
+            self.other.write(batch(self.tokens))
+        return snapshot
+
+
+def test_the_first_write_into_a_table_made_meanwhile_commits_its_piece_once(
+    tmp_path: Path,
+) -> None:
+    """Appended without a snapshot, the write did not check the other's commit of its piece:
+    4 rows for 2."""
+    path = str(tmp_path / "delta")
+    old_owner = DeltaSink(path)
+    tokens = old_owner.prepare([PIECE])
+    new_owner = TableMadeMeanwhile(path, old_owner, tokens)
+    with pytest.raises(deltalake.exceptions.DeltaError, match="already exists"):  # a failed try
+        new_owner.write(batch(tokens))
+    new_owner.write(batch(tokens))  # the retry reads the table and skips the piece
+    assert rows(tmp_path / "delta") == 2
+
+
+def test_a_retired_version_is_never_committed_late_nor_given_again(tmp_path: Path) -> None:
+    """A batch dead-lettered while a write of its version might still commit (an earlier
+    tenure's, hung): retired, that write commits nothing, and the next batch gets the next
+    version (before, it got the same one and was skipped as committed: its records nowhere)."""
+    path = str(tmp_path / "delta")
+    sink = DeltaSink(path)
+    sink.write(batch({}, "shardId-9"))  # the table exists
+    hung = sink.prepare([PIECE])  # version 1: its write hangs, the batch is dead-lettered
+    sink.retire_tokens(batch(hung))
+    late = DeltaSink(path)
+    late.write(batch(hung))  # the hung write lands at last: already committed, skipped
+    assert sink.prepare([PIECE]) == {"shardId-0": 2}
+    assert rows(tmp_path / "delta") == 2  # shardId-9's only

@@ -449,6 +449,40 @@ def test_dead_letter_policy_stores_the_batch_then_acknowledges_it() -> None:
     assert env.batcher.stats.dead_lettered_batches == 1
 
 
+@pytest.mark.parametrize("retire_fails", [False, True])
+def test_a_dead_lettered_batch_has_its_tokens_retired_before_it_is_acknowledged(
+    retire_fails: bool,
+) -> None:
+    """Delta: a dead-lettered batch's version could still be committed by a write of it that
+    outlived its attempt (an earlier tenure's); the lease's next batch, given the same version,
+    was then skipped as committed (its records nowhere). Its tokens are retired first; if that
+    fails, the batch is not acknowledged (parked)."""
+
+    class DeadLetter:
+        def write(self, batch: SinkBatch, error: BaseException) -> None:
+            pass
+
+    retired: list[int] = []
+
+    def retire(batch: SinkBatch) -> None:
+        if retire_fails:
+            raise OSError("the table did not answer")
+        retired.append(batch.rows)
+
+    env = manual(max_records=3, max_attempts=1)
+    env.batcher = env.new_batcher(dead_letter=DeadLetter())
+    lane = env.take(SHARDS[0])
+    env.sink.retire_tokens = retire  # type: ignore[attr-defined]
+    env.sink.fail = lambda batch: batch.table.column("sequence_number")[0].as_py() == "10"
+    env.deliver(SHARDS[0], records(1, 3))
+    env.batcher.run_until_idle()
+    if retire_fails:
+        assert env.batcher.lane_state(lane) is LaneState.PARKED
+        assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON
+    else:
+        assert retired == [3] and env.lease(SHARDS[0]).checkpoint == esn(30)
+
+
 def test_a_failing_dead_letter_write_parks_instead() -> None:
     class BrokenDeadLetter:
         def write(self, batch: SinkBatch, error: BaseException) -> None:
