@@ -21,6 +21,7 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
+from checkpoint.base.errors import KclpySparkError
 from checkpoint.base.retry import Backoff
 from kclpy_spark.spark.acks import DEAD_LETTERED, FAILED, WRITTEN, AckSet, PrepareFailedError
 from kclpy_spark.spark.batch_life import Batch, LaneEvents
@@ -56,6 +57,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+class LeasesGoneError(KclpySparkError):
+    """Every lease of a batch was lost between two of its attempts: no more attempts here."""
 
 
 class _LanesGone(stop_base):
@@ -309,6 +314,10 @@ class BatchWriter:
         )
 
     def _attempt(self, batch: Batch, route: SinkRoute) -> None:
+        if batch.attempts.get(route.name) and self._events.all_closed(batch):
+            # Every lease went during the backoff: their next owners write it (a function keyed
+            # by batch_id may be writing it now), not this worker.
+            raise LeasesGoneError(f"{batch!r}: every lease was lost before its next attempt")
         started = time.perf_counter()
         prepared = started
         try:

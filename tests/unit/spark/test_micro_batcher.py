@@ -544,6 +544,28 @@ def test_lease_lost_during_the_write_commits_nothing_and_drops_the_buffer() -> N
     assert lane.rows == 0 and env.batcher.lane_state(lane) is LaneState.CLOSED
 
 
+def test_a_lease_lost_during_a_retrys_backoff_gets_no_further_attempt() -> None:
+    """Whether every lease was lost was asked before the backoff, not after it: a lease lost
+    while it slept (up to 30 s) was written again by a worker that no longer owned it, while its
+    new owner wrote the same batch_id (a function sink's writes collide)."""
+    env = manual(max_records=3, max_attempts=3)
+    lane = env.take(SHARDS[0])
+
+    class LostWhileSleeping(list[float]):
+        def append(self, seconds: float) -> None:
+            super().append(seconds)
+            env.batcher.close_lane(lane)
+
+    env.sleeps = LostWhileSleeping()
+    env.batcher = env.new_batcher()
+    lane = env.take(SHARDS[0])
+    env.sink.fail = lambda batch: True
+    env.deliver(SHARDS[0], records(1, 3))
+    env.batcher.run_until_idle()
+    assert len(env.sink.attempts) == 1 and len(env.sleeps) == 1
+    assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON
+
+
 def test_a_piece_that_leaves_its_batch_has_the_other_pending_checkpoints_rewritten() -> None:
     """The pending checkpoint names the batch's composition; when a cut leaves the batch (its
     lease lost before its pending write), the others' are written again without it."""
