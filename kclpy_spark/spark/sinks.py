@@ -383,7 +383,11 @@ class DeadLetterDirectory:
             }
         )
         tmp = self.path / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp"
-        pq.write_table(table, tmp)
-        fsync_path(tmp)
-        os.replace(tmp, final)
+        try:
+            pq.write_table(table, tmp)
+            fsync_path(tmp)
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # each failed try left one behind (a full disk: many)
+            raise
         fsync_path(self.path)

@@ -118,3 +118,25 @@ def test_staging_folders_of_crashed_writers_are_removed_and_live_ones_kept(tmp_p
     os.utime(old, (hour_ago, hour_ago))
     ParquetSink(tmp_path / "out")  # cleans at start
     assert not old.exists() and fresh.exists()
+
+
+def test_a_dead_letter_write_that_fails_leaves_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each failed try (a full disk, a hang) left its temporary file behind: with a retry every
+    few seconds, the folder filled with them."""
+    key = PieceKey("shardId-0", ExtendedSequenceNumber("1"), ExtendedSequenceNumber("1"))
+    row = {"stream": "s", "shard_id": "shardId-0", "sequence_number": "1",
+           "sub_sequence_number": 0, "partition_key": "k", "approximate_arrival_timestamp": 0,
+           "data": b"x"}  # fmt: skip
+    batch = SinkBatch(7, (Piece(key, "shardId-0", 1),), pa.Table.from_pylist([row], SCHEMA))
+
+    def disk_full(path: str | os.PathLike[str]) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sinks, "fsync_path", disk_full)
+    dead = DeadLetterDirectory(tmp_path / "dlq")
+    for _ in range(3):
+        with pytest.raises(OSError, match="No space"):
+            dead.write(batch, RuntimeError("boom"))
+    assert list((tmp_path / "dlq").iterdir()) == []
