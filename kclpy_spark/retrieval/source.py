@@ -311,13 +311,26 @@ def children_in_listing(
     return children or None
 
 
+# Between a probe's GetRecords calls on one shard (its reads count against the shard's 5 a
+# second, with every other application's).
+PROBE_CALL_INTERVAL = 0.2
+
+
 class KinesisShardProbe:
     """ShardProbe and ShardEndWitness over an aiobotocore Kinesis client."""
 
-    def __init__(self, client: Any, stream: dict[str, str], *, max_calls: int = 5) -> None:
+    def __init__(
+        self,
+        client: Any,
+        stream: dict[str, str],
+        *,
+        max_calls: int = 5,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self._client = client
         self._stream = stream
         self._max_calls = max_calls
+        self._sleep = sleep
 
     async def _trim_horizon_iterator(self, shard_id: str) -> str:
         resp = await self._client.get_shard_iterator(
@@ -330,9 +343,11 @@ class KinesisShardProbe:
         # stream, so a few calls are made while the shard is not caught up.
         try:
             iterator = await self._trim_horizon_iterator(shard_id)
-            for _ in range(self._max_calls):
+            for call in range(self._max_calls):
                 if not iterator:
                     return None
+                if call:  # Kinesis's 5 GetRecords a second per shard, shared with every reader
+                    await self._sleep(PROBE_CALL_INTERVAL)
                 page = await self._client.get_records(ShardIterator=iterator, Limit=1)
                 records = records_from_response(page)
                 if records:

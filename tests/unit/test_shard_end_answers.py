@@ -324,3 +324,28 @@ def test_the_shard_probe_takes_no_iterator_for_a_malformed_answer_not_an_empty_s
     probe = KinesisShardProbe(Empty(), {"StreamName": "s"})
     with pytest.raises(DependencyError, match="without a ShardIterator"):
         asyncio.run(probe.earliest_sequence_number("shardId-000000000000"))
+
+
+def test_the_shard_probe_spaces_its_reads_of_empty_pages_at_the_shards_limit() -> None:
+    """Up to five GetRecords back to back at every tenure's start (then the consumer's own
+    read): over the shard's 5 a second, shared with every other application on it."""
+
+    class EmptyPagesBehind:
+        calls = 0
+
+        async def get_shard_iterator(self, **_: Any) -> dict[str, Any]:
+            return {"ShardIterator": "it"}
+
+        async def get_records(self, **_: Any) -> dict[str, Any]:
+            self.calls += 1
+            return {"Records": [], "NextShardIterator": "it", "MillisBehindLatest": 1000}
+
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    shard = EmptyPagesBehind()
+    probe = KinesisShardProbe(shard, {"StreamName": "s"}, sleep=sleep)
+    assert asyncio.run(probe.earliest_sequence_number("shardId-000000000000")) is None
+    assert shard.calls == 5 and slept == [0.2] * 4
