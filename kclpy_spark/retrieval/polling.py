@@ -168,6 +168,25 @@ class PollingFetcher:
             exc, f"{operation} on shard {self._shard_id}", self._backoff, self._sleep
         )
 
+    async def _after_expiry(self, since_call: float) -> str:
+        """A new iterator for one that expired, asked no sooner than a call's interval after the
+        last call (expired again and again, it was asked back to back: the shard's 5
+        GetShardIterator a second, shared with every other reader)."""
+        log.info("shard %s: iterator expired; getting a new one", self._shard_id)
+        await self._sleep(max(0.0, MIN_INTERVAL_WHILE_BEHIND - since_call))
+        return await self._iterator()
+
+    def _pause(self, behind: bool, since_call: float, size: int, since_answer: float) -> float:
+        """Before the next call. Calls are spaced from the start of the previous one (as the
+        KCL's idle time is), so a slow response does not add its own duration; the read limit
+        counts from the response. Never below Kinesis's 5 calls a second: an
+        idle_time_between_reads under 0.2 s made 20 a second at the tip (every other reader of
+        the shard refused)."""
+        interval = (
+            MIN_INTERVAL_WHILE_BEHIND if behind else max(MIN_INTERVAL_WHILE_BEHIND, self._idle)
+        )
+        return pause_before_next_call(interval, since_call, size, since_answer, self._read_rate)
+
     async def run(self) -> None:
         iterator = await self._iterator()
         clock = self._clock or asyncio.get_running_loop().time
@@ -180,11 +199,7 @@ class PollingFetcher:
                 )
             except Exception as exc:
                 if error_code(exc) == "ExpiredIteratorException":
-                    log.info("shard %s: iterator expired; getting a new one", self._shard_id)
-                    # Spaced as any call: expired again and again, it asked back to back and
-                    # took the shard's 5 GetShardIterator a second from every other reader.
-                    await self._sleep(max(0.0, MIN_INTERVAL_WHILE_BEHIND - (clock() - started)))
-                    iterator = await self._iterator()
+                    iterator = await self._after_expiry(clock() - started)
                     continue
                 await self._handle(exc, "GetRecords")
                 continue
@@ -222,16 +237,5 @@ class PollingFetcher:
             if ended:
                 return
             iterator = str(resp.get("NextShardIterator"))
-            # Calls are spaced from the start of the previous one (as the KCL's idle time is),
-            # so a slow response does not add its own duration to the pause; the read limit
-            # counts from the response.
-            # Never below Kinesis's 5 calls a second: an idle_time_between_reads under 0.2 s
-            # made 20 a second at the tip (every other reader of the shard throttled).
-            interval = (
-                MIN_INTERVAL_WHILE_BEHIND if behind else max(MIN_INTERVAL_WHILE_BEHIND, self._idle)
-            )
             now = clock()
-            pause = pause_before_next_call(
-                interval, now - started, size, now - returned, self._read_rate
-            )
-            await self._sleep(pause)
+            await self._sleep(self._pause(behind, now - started, size, now - returned))
