@@ -312,13 +312,15 @@ def skip_through(
     records: list[Record],
     after: ExtendedSequenceNumber | None,
     counters: KplCounters | None = None,
+    *,
+    whole: bool = False,
 ) -> list[Record]:
     """``records`` without those at or before ``after`` (a checkpoint read again because the
-    iterator was AT_SEQUENCE_NUMBER). A sentinel or None skips nothing. Used when records are not
-    deaggregated: a KPL aggregate checkpointed part way (``after`` has a sub-sequence number: by
-    a worker that deaggregated, a Java KCL's, or before ``kpl_deaggregation`` was turned off) is
-    kept whole, its sub-records up to the checkpoint given again (skipped as ``(seq, 0)``, the
-    rest of it was never given)."""
+    iterator was AT_SEQUENCE_NUMBER). A sentinel or None skips nothing. ``whole``: the records
+    are not deaggregated; a KPL aggregate checkpointed part way (``after`` has a sub-sequence
+    number below its last sub-record's: by a worker that deaggregated, a Java KCL's, or before
+    ``kpl_deaggregation`` was turned off) is kept whole, its sub-records up to the checkpoint
+    given again (as ``(seq, 0)`` it was skipped, and the rest of it never given)."""
     limit = _after_key(after)
     if limit is None:
         return records
@@ -327,7 +329,8 @@ def skip_through(
         key = (int(r.sequence_number), r.sub_sequence_number)
         if key > limit:
             return True
-        if key[0] == limit[0] and limit[1] > 0 and r.head(4) == MAGIC:
+        # (seq, 0) is no part way: a worker that did not deaggregate checkpoints it so whole.
+        if whole and key[0] == limit[0] and limit[1] > 0 and has_sub_records_after(r, limit[1]):
             log.warning("record %s: a KPL aggregate checkpointed at its sub-record %d, given "
                         "whole (its first %d sub-records again)", r.sequence_number, limit[1],
                         limit[1] + 1)  # fmt: skip
@@ -338,6 +341,23 @@ def skip_through(
     if counters is not None:
         counters.skipped_resumed += len(records) - len(kept)
     return kept
+
+
+def has_sub_records_after(record: Record, sub_sequence_number: int) -> bool:
+    """Whether ``record`` is a KPL aggregate with sub-records after ``sub_sequence_number``
+    (false for anything else, a corrupt aggregate included)."""
+    if sub_sequence_number < 0 or record.head(4) != MAGIC:
+        return False
+    blob = record.binary_data
+    if len(blob) < _MIN_SIZE:
+        return False
+    body = blob[4:-DIGEST_SIZE]
+    if hashlib.md5(body).digest() != blob[-DIGEST_SIZE:]:
+        return False
+    try:
+        return len(decode(body)[2]) > sub_sequence_number + 1
+    except CorruptAggregateError:
+        return False
 
 
 def deaggregate(

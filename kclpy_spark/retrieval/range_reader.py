@@ -36,7 +36,7 @@ from kclpy_spark.retrieval.fastdecode import (
     page_bytes,
     records_from_response,
 )
-from kclpy_spark.retrieval.kpl import Deaggregator
+from kclpy_spark.retrieval.kpl import Deaggregator, has_sub_records_after
 from kclpy_spark.retrieval.polling import MIN_INTERVAL_WHILE_BEHIND, pause_before_next_call
 from kclpy_spark.retrieval.positions import iterator_args
 from kclpy_spark.retrieval.source import (
@@ -87,6 +87,7 @@ class RangeReader:
             deaggregator = Deaggregator(hash_range, shard_id=rng.shard_id)
         self._deaggregator = deaggregator
         self._window = rng.window()
+        self._whole = rng.whole_window()  # decided at the first page with records
         self.calls = 0
         self.throttled = 0
         self._called: float | None = None  # when the previous call started
@@ -275,6 +276,8 @@ class RangeReader:
         if raw:
             found.seen = ESN(raw[-1].sequence_number, 0)
         records = self._deaggregator(raw, None) if self._deaggregator else raw
+        if self._whole is not None and records:
+            self._keep_whole(records)
         kept, over = self._kept(records, found)
         if kept:
             found.rows += len(kept)
@@ -283,6 +286,24 @@ class RangeReader:
             on_records(kept)
         found.lag = answer.get("MillisBehindLatest")
         return over
+
+    def _keep_whole(self, records: list[Record]) -> None:
+        """The first page read (not deaggregated) after ``(seq, k > 0)``: if the record at seq
+        is a KPL aggregate with sub-records after k, it is kept whole (``kpl.skip_through``)."""
+        whole, self._whole = self._whole, None
+        assert whole is not None and whole.low is not None
+        seq, after = whole.low[0], self._rng.after.sub_sequence_number
+        for record in records:
+            if int(record.sequence_number) == seq and has_sub_records_after(record, after):
+                log.warning(
+                    "record %s: a KPL aggregate checkpointed at its sub-record %d, given "
+                    "whole (its first %d sub-records again)",
+                    seq,
+                    after,
+                    after + 1,
+                )
+                self._window = whole
+                return
 
     def _kept(self, records: list[Record], found: _Found) -> tuple[list[Record], bool]:
         """The records the range keeps (the page itself when it keeps all: a page inside the

@@ -202,7 +202,7 @@ class RecordFilter:
             self._start = None  # reading resumes after delivered records from now on
         if self.deaggregator is not None:
             return self.deaggregator(raw, after)
-        return skip_through(raw, after)
+        return skip_through(raw, after, whole=True)
 
     async def on_loop_or_thread(self, raw: list[Record]) -> list[Record]:
         """``self(raw)``; in a thread when the page holds KPL aggregates (splitting a page of

@@ -163,12 +163,16 @@ class ReadRange:
         if pin is not None and pin.first is not None:
             return KeyWindow(key_of(pin.first), True, high)
         low = None if self.after.is_sentinel else key_of(self.after)
-        if low is not None and low[1] > 0 and not self.kpl:
-            # A KPL aggregate checkpointed part way, read whole (not deaggregated): given whole
-            # again (as (seq, 0) it would be at or before the checkpoint, and its sub-records
-            # after it never given).
-            return KeyWindow((low[0], 0), True, high)
         return KeyWindow(low, False, high)
+
+    def whole_window(self) -> KeyWindow | None:
+        """Read without deaggregation after ``(seq, k > 0)``, a KPL aggregate checkpointed part
+        way: the window that also keeps that aggregate whole (``range_reader`` uses it once it
+        finds the aggregate has sub-records after k). None otherwise."""
+        if self.kpl or self.pinned is not None or self.after.is_sentinel:
+            return None
+        seq, sub = key_of(self.after)
+        return KeyWindow((seq, 0), True, None) if sub > 0 else None
 
     def to_json(self) -> str:
         return _encode(

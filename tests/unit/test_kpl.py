@@ -187,13 +187,18 @@ def test_skip_through_drops_plain_records_up_to_the_checkpoint() -> None:
 def test_an_aggregate_checkpointed_part_way_is_given_whole_when_not_deaggregated() -> None:
     """kpl_deaggregation = false after a worker that deaggregated (a Java KCL, or this one with
     it on) checkpointed at sub-record 5 of 10: the aggregate counted as (S, 0), at or before the
-    checkpoint, and was dropped; sub-records 6 to 9 were never given, whole or split."""
+    checkpoint, and was dropped; sub-records 6 to 9 were never given, whole or split. One
+    checkpointed at its last sub-record is done: not given again (a checkpoint at it would then
+    be refused as going back, and the lease stalled)."""
     users = [UserRecord(f"k{i}", f"v{i}".encode()) for i in range(10)]
     aggregate, later = agg_record(users, "100"), plain("101")
-    kept = skip_through([aggregate, later], ExtendedSequenceNumber("100", 5))
-    assert kept == [aggregate, later]
-    assert skip_through([aggregate, later], ExtendedSequenceNumber("100")) == [later]  # (S, 0)
-    assert skip_through([plain("100"), later], ExtendedSequenceNumber("100", 5)) == [later]
+    part_way = ExtendedSequenceNumber("100", 5)
+    assert skip_through([aggregate, later], part_way, whole=True) == [aggregate, later]
+    assert skip_through([aggregate, later], part_way) == [later]  # split: deaggregate's own
+    done = ExtendedSequenceNumber("100", 9)
+    assert skip_through([aggregate, later], done, whole=True) == [later]
+    assert skip_through([aggregate, later], ExtendedSequenceNumber("100"), whole=True) == [later]
+    assert skip_through([plain("100"), later], part_way, whole=True) == [later]
 
 
 # --- hash-range filtering -----------------------------------------------------------------------

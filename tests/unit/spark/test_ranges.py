@@ -205,14 +205,15 @@ def test_an_end_survives_its_json() -> None:
     assert found.pin == Pinned(at(1, 2), at(3), 4, shard_ended=True)
 
 
-def test_a_range_not_deaggregated_gives_an_aggregate_checkpointed_part_way_whole() -> None:
+def test_a_range_not_deaggregated_after_a_sub_record_has_a_window_for_the_whole_aggregate() -> None:
     """kpl = false after a checkpoint at sub-record 5 of aggregate 100: as (100, 0) it was at or
-    before the checkpoint, dropped, and its sub-records 6 on never given."""
+    before the checkpoint, dropped, and its sub-records 6 on never given. The reader widens its
+    window to it once it sees the aggregate has sub-records after 5 (test_range_reader)."""
     import dataclasses
 
     part_way = dataclasses.replace(rng(ExtendedSequenceNumber("100", 5)), kpl=False)
-    window = part_way.window()
-    assert window.keeps((100, 0), None) and window.keeps((101, 0), None)
-    assert not window.keeps((99, 0), None)
-    deaggregated = rng(ExtendedSequenceNumber("100", 5)).window()  # its sub-records 6 on only
-    assert not deaggregated.keeps((100, 5), None) and deaggregated.keeps((100, 6), None)
+    assert part_way.window().keeps((100, 0), None) is False  # until the reader knows
+    whole = part_way.whole_window()
+    assert whole is not None and whole.keeps((100, 0), None) and not whole.keeps((99, 0), None)
+    assert rng(ExtendedSequenceNumber("100", 5)).whole_window() is None  # deaggregated
+    assert dataclasses.replace(rng(ExtendedSequenceNumber("100")), kpl=False).whole_window() is None

@@ -921,3 +921,20 @@ def test_each_read_job_counts_toward_collecting_the_py4j_cycles_its_dataframes_p
     finally:
         reads_.close()
     assert reads_.rounds == 7 and len(collected) == 2  # before the 4th and the 7th job
+
+
+@pytest.mark.parametrize(("checkpointed_at", "kept"), [(5, [100, 101]), (9, [101])])
+def test_a_range_not_deaggregated_gives_an_aggregate_checkpointed_part_way_whole(
+    checkpointed_at: int, kept: list[int]
+) -> None:
+    """kpl = false after a checkpoint at sub-record 5 of aggregate 100 (of 10): dropped as
+    (100, 0), its sub-records 6 to 9 were never given. Checkpointed at its last, it is done."""
+    from tests.unit.test_kpl import UserRecord, agg_record
+
+    blob = agg_record([UserRecord(f"k{i}", b"v") for i in range(10)], "100").binary_data
+    page = _answer([100, 101], None, ChildShards=[CHILD])
+    page["Records"][0]["Data"] = blob
+    after = ExtendedSequenceNumber("100", checkpointed_at)
+    rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, after, kpl=False)
+    _, got = _read_range([page], rng)
+    assert got == kept
