@@ -142,10 +142,12 @@ class LeaseHolder:
                     self._slots[lease.lease_key] = slot
                     return slot.held
             # Already held: replace under the lease's lock so no write of the old tenure is halfway.
-            if not slot.lock.acquire(timeout=self.lease_duration):
-                # A write of the old tenure hung (a stuck disk): a fresh slot instead. That write
-                # was conditional on the counter our take moved: it loses, and finds its slot
-                # replaced (``_current``).
+            # Briefly: the new tenure counts from before the take (``started``), so a wait as
+            # long as a lease would hand it over already expired.
+            if not slot.lock.acquire(timeout=min(0.5, self.lease_duration / 10)):
+                # A write of the old tenure is slow or hung (a stuck disk): a fresh slot instead.
+                # That write was conditional on the counter our take moved: it loses, and finds
+                # its slot replaced (``_current``).
                 with self._lock:
                     if self._current(lease.lease_key, slot):
                         fresh = Slot(self._new_held(lease, started))

@@ -127,7 +127,8 @@ class SinkConfig:
     value_schema: str | None = None
     # With value_schema: keep the raw bytes in data as well.
     keep_raw_data: bool = False
-    # The Delta sink's txn appId prefix (idempotent writes per lease).
+    # The Delta sink's txn appId prefix (idempotent writes per lease); each id is
+    # <prefix>:<application_name>:<lease key>.
     delta_app_id_prefix: str = "kclpy-spark"
     # Where records are read: "driver" (the worker's own process) or "executors" (Spark tasks).
     read_on: str = "driver"

@@ -15,7 +15,8 @@ never written twice even when it comes back in a batch of another composition:
   fsync does). Staging folders a crashed writer left behind are removed when they are older than
   ``stale_staging`` seconds (at start and every hundred batches).
 * ``DeltaSink(path)``: the deltalake package (delta-rs) appends from the driver, one commit per
-  batch carrying one application transaction per lease: app id ``<prefix>:<lease key>``, version
+  batch carrying one application transaction per lease: app id ``<prefix>:<lease key>`` (the
+  daemon's prefix names its application: ``<delta_app_id_prefix>:<application_name>``), version
   = the lease's previous version + 1, chosen in ``prepare`` and stored with the pending checkpoint,
   so a replayed piece finds its version already committed and is skipped. One batch of a lease
   is in flight at a time (``ordered_per_lease``): versions must commit in order.
@@ -281,9 +282,28 @@ class DeltaSink:
         return table
 
     def write(self, batch: SinkBatch) -> None:
+        snapshot = self._snapshot()
+        if snapshot is not None:
+            self._write_from(snapshot, batch)
+            return
+        try:  # no table yet: made by this write, or it fails (made by another meanwhile)
+            self._write_from(None, batch)
+        except Exception as exc:
+            if "already exists" not in str(exc):
+                raise
+            # Another writer made it since our look (another lease's first batch, or an old
+            # owner's commit of this very piece, which an append without a snapshot would have
+            # written again): look again, and append from what it committed.
+            snapshot = self._snapshot()
+            if snapshot is None:
+                raise
+            self._write_from(snapshot, batch)
+
+    def _write_from(self, snapshot: Any, batch: SinkBatch) -> None:
+        """The batch's pieces not committed in ``snapshot`` (None: no table), committed from it
+        with their versions."""
         from deltalake import CommitProperties, Transaction, write_deltalake
 
-        snapshot = self._snapshot()
         todo, versions = [], {}
         for piece in batch.pieces:
             app_id = self.app_id(piece.lease_key)
@@ -307,9 +327,6 @@ class DeltaSink:
         write_deltalake(
             self.path if snapshot is None else snapshot,
             data,
-            # No table yet: created by this write, or it fails (another writer created it since
-            # the snapshot: an old owner's commit of this very piece, which an append without a
-            # snapshot would have written again); the retry reads it and skips the piece.
             mode="error" if snapshot is None else "append",
             partition_by=self._partition_by,
             storage_options=self._options,
@@ -323,13 +340,13 @@ class DeltaSink:
         """Commit, with no rows, each piece's version not committed yet: the batch went to the
         dead-letter location while its write may still run (a hang, or an earlier tenure's
         write of the same version). Its own commit then conflicts and is refused, and the
-        lease's next batch gets the version after. Without a table nothing can be committed
-        late but its creation, which the first write's ``mode="error"`` catches."""
+        lease's next batch gets the version after. Without a table, raises (the batch is not
+        acknowledged: parked), as a late first write could make it with the version."""
         from deltalake import CommitProperties, Transaction, write_deltalake
 
         snapshot = self._snapshot()
-        if snapshot is None:
-            return
+        if snapshot is None:  # the first write of the table may still make it, with a version
+            raise RuntimeError(f"{self.path}: no Delta table yet to retire versions in")
         txns = []
         for piece in batch.pieces:
             app_id, token = self.app_id(piece.lease_key), batch.tokens.get(piece.lease_key)

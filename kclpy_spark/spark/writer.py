@@ -223,7 +223,7 @@ class BatchWriter:
         unprepared = batch.unprepared.get(route.name)
         if unprepared is not None:  # its prepare gave up: nothing of it was written
             batch.error = unprepared
-            dead = self._dead_letter(batch, route, unprepared)
+            dead = self._dead_letter(batch, route, unprepared) and self._retire_tokens(batch, route)
             acks.answer(route.name, DEAD_LETTERED if dead else FAILED, unprepared)
             return dead
         try:
@@ -268,6 +268,8 @@ class BatchWriter:
                 f"kclpy-spark-{view.batch_id:016x}-{self._routes.index(route)}-dead-letter",
                 f"the dead-letter write of batch {view.batch_id}{self._of(route)}",
             )
+        except WriteThreadsClosedError:
+            raise
         except Exception:
             log.exception("%r: the dead-letter write%s failed too", batch, self._of(route))
             return False
@@ -276,9 +278,14 @@ class BatchWriter:
 
     def _retire_tokens(self, batch: Batch, route: SinkRoute) -> bool:
         """A dead-lettered batch's tokens made used (``RetiresTokens``: Delta's versions), timed
-        as a write; False if that failed (then not acknowledged: failed, parked)."""
+        as a write; False if that failed (then not acknowledged: failed, parked). Only for a
+        batch with a piece re-formed from a pending checkpoint: a write of it from an earlier
+        tenure may still commit. Otherwise no write of the batch can outlive it (a hung one
+        is not dead-lettered), and a table that does not answer still lets it dead-letter."""
         sink = route.sink
         if not isinstance(sink, RetiresTokens) or batch.sink_batch is None:
+            return True
+        if not any(cut.replayed for _, cut in batch.parts):
             return True
         view = self._view(batch, route)
         try:
@@ -288,6 +295,8 @@ class BatchWriter:
                 f"kclpy-spark-{view.batch_id:016x}-{self._routes.index(route)}-retire",
                 f"retiring the versions of dead-lettered batch {view.batch_id}{self._of(route)}",
             )
+        except WriteThreadsClosedError:
+            raise
         except Exception:
             log.exception("%r: its versions%s could not be retired; not acknowledged", batch,
                           self._of(route))  # fmt: skip

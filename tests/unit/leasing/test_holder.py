@@ -424,7 +424,9 @@ def test_a_write_waits_for_its_leases_lock_no_longer_than_the_lease(clock: Manua
 
 def test_a_retake_behind_a_hung_renewal_waits_no_longer_than_a_lease(clock: ManualClock) -> None:
     """The renewal that let the lease expire still hung (a stuck SQLite disk) holding its lock:
-    retaking the lease waited for it for ever, on the thread that takes leases."""
+    retaking the lease waited for it for ever, on the thread that takes leases. It waits a
+    moment now, then takes a fresh slot, whose tenure is live (waiting a whole lease, counted
+    from before the take, it came out expired)."""
     duration = 0.3
     table = HangingTable(stuck=KEY)
     holder = LeaseHolder(table, "worker-a", clock, duration)
@@ -438,7 +440,12 @@ def test_a_retake_behind_a_hung_renewal_waits_no_longer_than_a_lease(clock: Manu
     retaken = table.take_lease(current, "worker-a")
     assert retaken is not None
     taken: list[object] = []
-    retake = threading.Thread(target=lambda: taken.append(holder.add_taken(retaken)), daemon=True)
+    started = clock.monotonic()  # before the take, as the taker passes it
+
+    def add() -> None:
+        taken.append(holder.add_taken(retaken, started))
+
+    retake = threading.Thread(target=add, daemon=True)
     try:
         retake.start()
         retake.join(10.0)

@@ -197,14 +197,13 @@ def test_the_first_write_into_a_table_made_meanwhile_commits_its_piece_once(
     tmp_path: Path,
 ) -> None:
     """Appended without a snapshot, the write did not check the other's commit of its piece:
-    4 rows for 2."""
+    4 rows for 2. Now it is made with ``mode="error"``, and when the table exists by then the
+    write looks again and appends from what it finds (here: the piece, skipped)."""
     path = str(tmp_path / "delta")
     old_owner = DeltaSink(path)
     tokens = old_owner.prepare([PIECE])
     new_owner = TableMadeMeanwhile(path, old_owner, tokens)
-    with pytest.raises(deltalake.exceptions.DeltaError, match="already exists"):  # a failed try
-        new_owner.write(batch(tokens))
-    new_owner.write(batch(tokens))  # the retry reads the table and skips the piece
+    new_owner.write(batch(tokens))  # refused as "already exists": reads the table, skips it
     assert rows(tmp_path / "delta") == 2
 
 
@@ -221,3 +220,30 @@ def test_a_retired_version_is_never_committed_late_nor_given_again(tmp_path: Pat
     late.write(batch(hung))  # the hung write lands at last: already committed, skipped
     assert sink.prepare([PIECE]) == {"shardId-0": 2}
     assert rows(tmp_path / "delta") == 2  # shardId-9's only
+
+
+class RetiredAfterOurRead(DeltaSink):
+    """The hung write of a version: it read the table, then the batch was dead-lettered and its
+    version retired by the lease's new owner, then it commits from what it read."""
+
+    def __init__(self, path: str, retirer: DeltaSink, tokens: Any) -> None:
+        super().__init__(path)
+        self.retirer, self.tokens = retirer, tokens
+
+    def _snapshot(self) -> Any:
+        snapshot = super()._snapshot()
+        self.retirer.retire_tokens(batch(self.tokens))
+        return snapshot
+
+
+def test_a_write_that_read_the_table_before_its_version_was_retired_commits_nothing(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "delta")
+    DeltaSink(path).write(batch({}, "shardId-9"))  # the table exists
+    retirer = DeltaSink(path)
+    tokens = retirer.prepare([PIECE])
+    hung = RetiredAfterOurRead(path, retirer, tokens)
+    with pytest.raises(deltalake.exceptions.CommitFailedError, match="Concurrent transaction"):
+        hung.write(batch(tokens))
+    assert rows(tmp_path / "delta") == 2 and retirer.prepare([PIECE]) == {"shardId-0": 2}
