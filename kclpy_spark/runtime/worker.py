@@ -52,6 +52,7 @@ from kclpy_spark.runtime.metrics import StatusServer, worker_metrics
 from kclpy_spark.runtime.run_state import RunState
 from kclpy_spark.runtime.streams import RecordSourcesFor, StreamContext, StreamSet
 from kclpy_spark.stream_spec import StreamSpec
+from shard_sync.syncer import LeadershipLapsed
 
 log = logging.getLogger(__name__)
 
@@ -402,6 +403,9 @@ class Worker:
                 return  # leadership is re-checked per stream: it may lapse during a long round
             try:
                 result = await self._io(context.maintenance.run_once)
+            except LeadershipLapsed as exc:  # the next leader's round goes on
+                log.info("shard sync of stream %s stopped: %s", context.label, exc)
+                return
             except KclpySparkError as exc:
                 log.warning("shard sync of stream %s failed: %s", context.label, exc)
                 continue
