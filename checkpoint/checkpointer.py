@@ -110,6 +110,19 @@ def _check_state(state: object) -> None:
         )
 
 
+def covered(stored: ExtendedSequenceNumber, target: ExtendedSequenceNumber) -> bool:
+    """Whether ``target`` is ``(S, 0)`` under a stored ``(S, k > 0)``: a KPL aggregate given whole
+    after a checkpoint part way through it (``kpl_deaggregation`` off, ``kpl.skip_through``),
+    whose own position is below what is stored. A checkpoint (or pending one) at it writes
+    nothing: refusing it as going back stalled the lease on it."""
+    return (
+        not target.is_sentinel
+        and not stored.is_sentinel
+        and target.sequence_number == stored.sequence_number
+        and target.sub_sequence_number == 0 < stored.sub_sequence_number
+    )
+
+
 class PreparedCheckpoint:
     """A pending checkpoint written by ``prepare_checkpoint``; ``checkpoint()`` commits it."""
 
@@ -379,6 +392,8 @@ class Checkpointer:
         self, target: ExtendedSequenceNumber, *, keep_later_pending: bool = False
     ) -> None:
         def write(lease: Lease) -> Lease | None:
+            if covered(lease.checkpoint, target):
+                return lease
             self._checked(lease, target)
             pending = lease.pending_checkpoint
             if not (keep_later_pending and pending is not None and target < pending):
@@ -391,6 +406,8 @@ class Checkpointer:
 
     def _try_prepare(self, target: ExtendedSequenceNumber, state: bytes | None) -> None:
         def write(lease: Lease) -> Lease | None:
+            if covered(lease.checkpoint, target):
+                return lease
             self._checked(lease, target)
             pending = replace(lease, pending_checkpoint=target, pending_checkpoint_state=state)
             return self._holder.table.update_lease(pending)

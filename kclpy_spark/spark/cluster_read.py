@@ -130,8 +130,9 @@ def _stored_rdd(stored: Any) -> Any:
 
 # The most bytes of ranges (as JSON) one read job carries in its function. PySpark broadcasts a
 # function pickled past ``spark.broadcast.UDFCompressionThreshold`` (1 MiB by default) through a
-# temporary file on the driver that nothing deletes: a round of ~1,550 leases or more left one
-# there every round (gigabytes an hour, then a full disk). A round over it runs several jobs.
+# temporary file on the driver that nothing deletes: a round of ~1,150 leases or more (with
+# multi-stream keys; ~1,550 single-stream) left one there every round (gigabytes an hour, then a
+# full disk). A round over it runs several jobs.
 CLOSURE_BYTES = 900_000
 
 

@@ -202,40 +202,35 @@ class SteadyShard:
         return {"Records": [], "NextShardIterator": "it", "MillisBehindLatest": lag}
 
 
-def test_a_few_milliseconds_of_lag_waits_the_idle_time_and_a_backlog_does_not() -> None:
-    """Any lag above 0 read 5 times a second: under steady traffic (a few milliseconds behind)
-    that took the shard's whole GetRecords allowance from every other application on it."""
+def _pauses(shard: Any, idle: float) -> list[float]:
+    """The pauses a fetcher with ``idle_time`` makes between its calls on ``shard`` (until the
+    shard raises CancelledError)."""
     pauses: list[float] = []
 
     async def record_pause(seconds: float) -> None:
         pauses.append(seconds)
 
     fetcher = PollingFetcher(
-        SteadyShard([4, 0, 60_000, 900]), {"StreamName": "s"}, "shardId-000000000000",
-        TRIM_HORIZON, InitialPosition.trim_horizon(), asyncio.Queue[FetchedBatch](),
-        idle_time=1.0, sleep=record_pause, clock=lambda: 0.0, rng=random.Random(7),
+        shard, {"StreamName": "s"}, "shardId-000000000000", TRIM_HORIZON,
+        InitialPosition.trim_horizon(), asyncio.Queue[FetchedBatch](), idle_time=idle,
+        sleep=record_pause, clock=lambda: 0.0, rng=random.Random(7),
     )  # fmt: skip
     with contextlib.suppress(asyncio.CancelledError):
         asyncio.run(fetcher.run())
+    return pauses
+
+
+def test_a_few_milliseconds_of_lag_waits_the_idle_time_and_a_backlog_does_not() -> None:
+    """Any lag above 0 read 5 times a second: under steady traffic (a few milliseconds behind)
+    that took the shard's whole GetRecords allowance from every other application on it."""
+    pauses = _pauses(SteadyShard([4, 0, 60_000, 900]), idle=1.0)
     assert pauses == [1.0, 1.0, MIN_INTERVAL_WHILE_BEHIND, 1.0]
 
 
 def test_an_idle_time_under_a_fifth_of_a_second_still_reads_at_most_5_times_a_second() -> None:
     """``idle_time_between_reads = 0.05`` read 20 times a second at the tip: the shard refused
     this reader and every other polling application on it."""
-    pauses: list[float] = []
-
-    async def record_pause(seconds: float) -> None:
-        pauses.append(seconds)
-
-    fetcher = PollingFetcher(
-        SteadyShard([0, 3, 0]), {"StreamName": "s"}, "shardId-000000000000",
-        TRIM_HORIZON, InitialPosition.trim_horizon(), asyncio.Queue[FetchedBatch](),
-        idle_time=0.05, sleep=record_pause, clock=lambda: 0.0, rng=random.Random(7),
-    )  # fmt: skip
-    with contextlib.suppress(asyncio.CancelledError):
-        asyncio.run(fetcher.run())
-    assert pauses == [MIN_INTERVAL_WHILE_BEHIND] * 3
+    assert _pauses(SteadyShard([0, 3, 0]), idle=0.05) == [MIN_INTERVAL_WHILE_BEHIND] * 3
 
 
 class ExpiringShard(SteadyShard):
@@ -261,18 +256,7 @@ class ExpiringShard(SteadyShard):
 def test_an_iterator_that_keeps_expiring_is_asked_for_again_no_more_than_5_times_a_second() -> None:
     """Asked for again back to back, it took the shard's 5 GetShardIterator a second (shared
     with every other reader) until that call was refused too."""
-    pauses: list[float] = []
-
-    async def record_pause(seconds: float) -> None:
-        pauses.append(seconds)
-
     shard = ExpiringShard(times=4)
-    fetcher = PollingFetcher(
-        shard, {"StreamName": "s"}, "shardId-000000000000", TRIM_HORIZON,
-        InitialPosition.trim_horizon(), asyncio.Queue[FetchedBatch](), idle_time=1.0,
-        sleep=record_pause, clock=lambda: 0.0, rng=random.Random(7),
-    )  # fmt: skip
-    with contextlib.suppress(asyncio.CancelledError):
-        asyncio.run(fetcher.run())
+    pauses = _pauses(shard, idle=1.0)
     assert shard.iterators == 5
     assert pauses[:4] == [MIN_INTERVAL_WHILE_BEHIND] * 4

@@ -762,3 +762,21 @@ def test_the_codec_writes_no_number_its_readers_would_refuse() -> None:
         n_value(2**63)
     with pytest.raises(ValueError, match="sub-sequence"):
         ExtendedSequenceNumber("150", 2**63)
+
+
+def test_a_checkpoint_at_an_aggregate_given_whole_below_a_stored_sub_record_writes_nothing(
+    table: FaultyTable, worker: Worker
+) -> None:
+    """kpl_deaggregation off after a checkpoint at sub-record 5 of aggregate 150: the aggregate
+    is given whole as (150, 0), below what is stored. A checkpoint at it was refused as going
+    back, and the lease stalled on it (a quiet shard, or the end of a batch)."""
+    current = table.get_lease(KEY)
+    assert current is not None
+    assert table.update_checkpoint(current, esn("150", 5)) is not None
+    cp = worker.take(largest=esn("150"))
+    cp.checkpoint()
+    cp.checkpoint("150", 0)
+    cp.prepare_checkpoint("150")
+    assert stored(table).checkpoint == esn("150", 5)
+    with raises(ILLEGAL_ARGUMENT):  # still no going back past the aggregate
+        cp.checkpoint("140")

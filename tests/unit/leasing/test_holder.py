@@ -422,25 +422,29 @@ def test_a_write_waits_for_its_leases_lock_no_longer_than_the_lease(clock: Manua
         holder.close()
 
 
-def test_a_retake_behind_a_hung_renewal_waits_no_longer_than_a_lease(clock: ManualClock) -> None:
+def test_a_retake_behind_a_hung_renewal_waits_a_moment_and_holds_a_live_tenure() -> None:
     """The renewal that let the lease expire still hung (a stuck SQLite disk) holding its lock:
     retaking the lease waited for it for ever, on the thread that takes leases. It waits a
-    moment now, then takes a fresh slot, whose tenure is live (waiting a whole lease, counted
-    from before the take, it came out expired)."""
-    duration = 0.3
+    moment now, then takes a fresh slot whose tenure is live: waiting a whole lease (its tenure
+    counted from before the take), it came out expired. On the real clock: the wait is real."""
+    import time
+
+    from checkpoint.base.clock import SystemClock
+
+    duration = 1.0
     table = HangingTable(stuck=KEY)
-    holder = LeaseHolder(table, "worker-a", clock, duration)
+    holder = LeaseHolder(table, "worker-a", SystemClock(), duration)
     first = holder.add_taken(take(table, "worker-a"))
-    clock.advance(duration / 2 + 0.01)
+    time.sleep(duration / 2 + 0.02)  # the renewal is due
     renewal = threading.Thread(target=holder.renew_all, daemon=True)
     renewal.start()
     assert table.entered.wait(10.0)  # the renewal now holds the lease's lock
     current = table.get_lease(KEY)
     assert current is not None
+    started = time.monotonic()  # before the take, as the taker passes it
     retaken = table.take_lease(current, "worker-a")
     assert retaken is not None
     taken: list[object] = []
-    started = clock.monotonic()  # before the take, as the taker passes it
 
     def add() -> None:
         taken.append(holder.add_taken(retaken, started))
@@ -450,7 +454,7 @@ def test_a_retake_behind_a_hung_renewal_waits_no_longer_than_a_lease(clock: Manu
         retake.start()
         retake.join(10.0)
         assert len(taken) == 1
-        held = holder.get_if_held(KEY)
+        held = holder.get_if_held(KEY)  # live: not expired on return
         assert held is not None and held.token != first.token
         table.release.set()  # the stale renewal's write loses: the new tenure stays
         renewal.join(10.0)

@@ -169,7 +169,7 @@ def test_a_graceful_steal_counts_once_as_a_move_and_once_as_a_handoff_asked() ->
     assert asyncio.run(taker.ask_handoff(theirs, ME))
     pending = table.get_lease("theirs")
     assert pending is not None and table.complete_handoff(pending) is not None  # the giver
-    asyncio.run(taker.wait(asyncio.Event(), 0.7))  # it watches what it asked for: taken
+    asyncio.run(taker._look_at_incoming())  # it watches what it asked for: taken
     assert set(w.consumers) == {"theirs"}
     counts = {c: getattr(w.metrics, c)._value.get() for c in ("takes", "steals", "handoffs_asked")}
     assert counts == {"takes": 1, "steals": 0, "handoffs_asked": 1}

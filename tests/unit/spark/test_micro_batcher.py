@@ -557,11 +557,12 @@ def test_a_lease_lost_during_a_retrys_backoff_gets_no_further_attempt() -> None:
     while it slept (up to 30 s) was written again by a worker that no longer owned it, while its
     new owner wrote the same batch_id (a function sink's writes collide)."""
     env = manual(max_records=3, max_attempts=3)
-    lane = env.take(SHARDS[0])
+    lane: Lane | None = None
 
     class LostWhileSleeping(list[float]):
         def append(self, seconds: float) -> None:
             super().append(seconds)
+            assert lane is not None
             env.batcher.close_lane(lane)
 
     env.sleeps = LostWhileSleeping()

@@ -1,7 +1,8 @@
 """A read round's ranges travel in its Spark job's function. PySpark broadcasts a function pickled
 past ``spark.broadcast.UDFCompressionThreshold`` (1 MiB by default) through a temporary file on
-the driver that nothing deletes: from ~1,550 leases a round, one file a round (gigabytes an hour).
-A round is cut into jobs of at most ``CLOSURE_BYTES`` of ranges, each pickled below it."""
+the driver that nothing deletes: from ~1,150 leases a round (multi-stream keys; ~1,550
+single-stream), one file a round (gigabytes an hour). A round is cut into jobs of at most
+``CLOSURE_BYTES`` of ranges, each pickled below it."""
 
 from __future__ import annotations
 
