@@ -92,22 +92,12 @@ def _parse_position(sequence_number: object, sub_sequence_number: object) -> Ext
     return ExtendedSequenceNumber(sequence_number, sub)
 
 
-# A pending checkpoint's application state rides in the lease item, which DynamoDB caps at 400 KB
-# (and bills by size at every renewal and Scan): the embedded stores took more, and a pipeline
-# failed only once it moved to DynamoDB.
-MAX_APPLICATION_STATE = 350_000
-
-
 def _check_state(state: object) -> None:
-    if state is None:
-        return
-    if not isinstance(state, bytes):
+    """Bytes or None: the stores differed on anything else (a ``str`` was kept by the memory
+    store, refused by SQLite as a corrupt lease, given back as bytes by DynamoDB). Its size is
+    the store's to refuse: DynamoDB caps the whole item at 400 KB."""
+    if state is not None and not isinstance(state, bytes):
         raise _illegal(f"application state must be bytes, got {type(state).__name__}")
-    if len(state) > MAX_APPLICATION_STATE:
-        raise _illegal(
-            f"application state of {len(state)} bytes is past {MAX_APPLICATION_STATE} (it is "
-            "stored in the lease item, which DynamoDB caps at 400 KB)"
-        )
 
 
 def covered(stored: ExtendedSequenceNumber, target: ExtendedSequenceNumber) -> bool:
@@ -263,9 +253,8 @@ class Checkpointer:
         sub_sequence_number: int | None = None,
         application_state: bytes | None = None,
     ) -> PreparedCheckpoint:
-        """Write a pending checkpoint (and optional application state, bytes of at most
-        ``MAX_APPLICATION_STATE``); commit it later with the returned object's ``checkpoint()``.
-        Validated like ``checkpoint``."""
+        """Write a pending checkpoint (and optional application state, bytes); commit it later
+        with the returned object's ``checkpoint()``. Validated like ``checkpoint``."""
         _check_state(application_state)
         target = self._target(sequence_number, sub_sequence_number)
         held = self._held_or_raise()

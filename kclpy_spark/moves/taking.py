@@ -455,9 +455,10 @@ class Taker:
             log.info("lease %s: another worker took it first", lease.lease_key)
             return
         self._observer.record_write(taken, w.clock.monotonic())
-        # On a thread: a retake of a lease whose slot is still ours waits for that slot's lock,
-        # which a renewal's calls may hold for seconds (every consumer would wait on the loop).
-        held = await self._io(w.holder.add_taken, taken, started)
+        # On a thread: a retake of a lease whose slot is still ours waits a moment for that
+        # slot's lock (every consumer would wait on the loop). Shielded as the take is: stopping
+        # meanwhile, it still registers the lease, which the stop's release then gives back.
+        held = await asyncio.shield(self._io(w.holder.add_taken, taken, started))
         w.reports.took(lease, how)
         context = w.placement.context_of(taken)
         # Its stream removed, or the worker suspended, meanwhile.

@@ -21,11 +21,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from checkpoint.base.errors import KclpySparkError
+from checkpoint.base.threads import RetiringThreadPool
 from checkpoint.lease import HashKeyRange
 from checkpoint.sequence import (
     AT_TIMESTAMP,
@@ -228,6 +228,7 @@ def acknowledge(
 # A batch's acknowledgments at a time (each a lease-table write: ~10 ms on DynamoDB, so a
 # hundred shards one after another held the batch's commit a second).
 ACK_THREADS = 8
+_ACK_POOL = RetiringThreadPool(ACK_THREADS, "kclpy-spark-acks")  # idle threads end
 
 
 def acknowledge_all(
@@ -238,8 +239,7 @@ def acknowledge_all(
     """``acknowledge`` each of ``acks`` (each its own lease), up to ``ACK_THREADS`` at once."""
     if len(acks) <= 1:
         return [acknowledge(leases, ack, children) for ack in acks]
-    with ThreadPoolExecutor(min(ACK_THREADS, len(acks)), "kclpy-spark-acks") as pool:
-        return list(pool.map(lambda ack: acknowledge(leases, ack, children), acks))
+    return list(_ACK_POOL.map(lambda ack: acknowledge(leases, ack, children), acks))
 
 
 def hand_end(leases: HeldLeases, shard_id: str, children: list[dict[str, Any]]) -> bool:

@@ -54,20 +54,9 @@ class FailureBudget:
         self._label = label  # the lease key: the metrics' shard label
         self.failures = 0  # in a row
         self._failed_at = float("-inf")  # monotonic time of the last failure counted
-        self._outages = 0  # retriable failures since the last success: their backoff grows
 
     def succeeded(self) -> None:
         self.failures = 0
-        self._outages = 0
-
-    async def waited(self, what: str, exc: KclpySparkError) -> None:
-        """A failure outside the shard (``SourceOutage``): a growing backoff, not counted."""
-        self._outages += 1
-        await self._wait_out(what, exc, self._outages)
-
-    async def _wait_out(self, what: str, exc: KclpySparkError, attempt: int) -> None:
-        log.warning("shard %s: %s failed, retrying: %s", self._stats.shard_id, what, exc)
-        await self._tenure.pause(self.backoff.delay(attempt))
 
     def answered_since(self, last_ok: float | None) -> None:
         """The source's last answer (``FetchProgress.last_ok``): answers going on for
@@ -94,7 +83,8 @@ class FailureBudget:
                     await self.failed(what, exc)
                     continue
                 transient += 1
-                await self._wait_out(what, exc, transient)
+                log.warning("shard %s: %s failed, retrying: %s", self._stats.shard_id, what, exc)
+                await self._tenure.pause(self.backoff.delay(transient))
             except Exception as exc:
                 await self.failed(what, exc)
             else:

@@ -289,8 +289,8 @@ class ShardConsumer:
                 await self.budget.failed("the processor", exc)
                 self._rewind()
             except KclpySparkError as exc:
-                if isinstance(exc, SourceOutage):  # not the shard's: waits, not counted
-                    await self.budget.waited("reading the shard", exc)
+                if isinstance(exc, SourceOutage):  # not counted; the source backs off
+                    log.warning("shard %s: reading failed, retrying: %s", self.stats.shard_id, exc)
                     continue
                 self.budget.answered_since(self.progress.last_ok)
                 await self.budget.failed("reading the shard", exc)

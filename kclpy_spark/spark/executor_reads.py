@@ -318,9 +318,12 @@ class ExecutorReads:
             log.warning("the read job of %d lease(s) failed: %r", len(ranges), exc)
             for rng in ranges:
                 entry = due[rng.lease_key]
+                why = f"the read job failed: {exc!r}"[:1000]
+                if not _outage(exc):  # our own (the ends it returned): counted, as before
+                    self._failed(entry, why, now)
+                    continue
                 self._back_off(entry, now)
-                why = f"shard {entry.source.shard_id}: the read job failed: {exc!r}"[:1000]
-                entry.post(ReadJobFailedError(why))
+                entry.post(ReadJobFailedError(f"shard {entry.source.shard_id}: {why}"))
             return len(ranges)
         for rng in ranges:
             self._found(due[rng.lease_key], slots[rng.lease_key], rng, read, now)
@@ -516,6 +519,13 @@ class ExecutorReads:
             entry.iterator = entry.iterator_at = None
             soonest = self._clock.monotonic() + self._s.min_interval
             entry.next_read_at = max(now + self._backoff.delay(entry.failures), soonest)
+
+
+def _outage(exc: BaseException) -> bool:
+    """Whether a read job's failure is the cluster's (Spark or py4j: executors lost, the cluster
+    down, the JVM gone; or its deadline), not a fault of this code or of the ranges."""
+    package = type(exc).__module__.split(".", 1)[0]
+    return isinstance(exc, ReadJobTimeoutError) or package in ("py4j", "pyspark")
 
 
 def _continues_after(rng: ReadRange, end: RangeEnd) -> ESN:

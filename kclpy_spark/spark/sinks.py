@@ -288,9 +288,7 @@ class DeltaSink:
             return
         try:  # no table yet: made by this write, or it fails (made by another meanwhile)
             self._write_from(None, batch)
-        except Exception as exc:
-            if "already exists" not in str(exc):
-                raise
+        except Exception:
             # Another writer made it since our look (another lease's first batch, or an old
             # owner's commit of this very piece, which an append without a snapshot would have
             # written again): look again, and append from what it committed.
