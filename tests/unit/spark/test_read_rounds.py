@@ -25,6 +25,7 @@ from kclpy_spark.spark.cluster_read import RangeRead
 from kclpy_spark.spark.executor_reads import (
     ExecutorReads,
     LeaseSource,
+    RangeReadError,
     ReadJobFailedError,
     ReadSettings,
     ReadSlot,
@@ -938,3 +939,37 @@ def test_a_range_not_deaggregated_gives_an_aggregate_checkpointed_part_way_whole
     rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, after, kpl=False)
     _, got = _read_range([page], rng)
     assert got == kept
+
+
+class Py4JJavaError(Exception):
+    """Stands in for what py4j raises when a Spark job fails (its module says so)."""
+
+
+Py4JJavaError.__module__ = "py4j.protocol"
+
+
+@pytest.mark.parametrize(
+    ("error", "outage"),
+    [(Py4JJavaError("Job aborted: executors lost"), True),
+     (RuntimeError("the read job returned ends for [], not ['k']"), False)],
+)  # fmt: skip
+def test_only_the_clusters_failures_of_a_read_job_are_an_uncounted_outage(
+    error: Exception, outage: bool
+) -> None:
+    """Every failure of a read job became an outage, never counted: one of this code's own
+    (ends that do not match) read again for ever instead of parking the lease."""
+
+    def failing_read(session: Any, ranges: Any, aws: Any, **kw: Any) -> Any:
+        raise error
+
+    reads_, _, posted = started(OneSlotFeed(), ExecutorReads(
+        lambda: None, AwsTarget("us-east-1"), ReadSettings(), jobs=Jobs(), read=failing_read,
+        tasks=lambda session: 1,
+    ))  # fmt: skip
+    try:
+        assert reads_.read_round() == 1
+    finally:
+        reads_.close()
+    [failure] = posted
+    assert isinstance(failure, ReadJobFailedError) is outage
+    assert isinstance(failure, RangeReadError) is not outage
