@@ -228,13 +228,7 @@ def _split(
 ) -> list[Record]:
     """The sub-records of one aggregated record that lie in ``hash_range``; raises
     CorruptAggregateError. Each sub-record left out is logged at WARNING and counted."""
-    blob = record.binary_data
-    if len(blob) < _MIN_SIZE:
-        raise CorruptAggregateError(f"{len(blob)} bytes is too short for an aggregate")
-    body = blob[4:-DIGEST_SIZE]
-    if hashlib.md5(body).digest() != blob[-DIGEST_SIZE:]:
-        raise CorruptAggregateError("MD5 digest does not match")
-    pks, ehks, subs = decode(body)
+    pks, ehks, subs = decode(_aggregate_body(record))
     # Check every index before making any record: an aggregate is delivered whole or not at all.
     for pk_index, ehk_index, _ in subs:
         if pk_index >= len(pks):
@@ -330,12 +324,7 @@ def skip_through(
         if key > limit:
             return True
         # (seq, 0) is no part way: a worker that did not deaggregate checkpoints it so whole.
-        if whole and key[0] == limit[0] and limit[1] > 0 and has_sub_records_after(r, limit[1]):
-            log.warning("record %s: a KPL aggregate checkpointed at its sub-record %d, given "
-                        "whole (its first %d sub-records again)", r.sequence_number, limit[1],
-                        limit[1] + 1)  # fmt: skip
-            return True
-        return False
+        return whole and key[0] == limit[0] and has_sub_records_after(r, limit[1])
 
     kept = [r for r in records if after_limit(r)]
     if counters is not None:
@@ -343,21 +332,33 @@ def skip_through(
     return kept
 
 
-def has_sub_records_after(record: Record, sub_sequence_number: int) -> bool:
-    """Whether ``record`` is a KPL aggregate with sub-records after ``sub_sequence_number``
-    (false for anything else, a corrupt aggregate included)."""
-    if sub_sequence_number < 0 or record.head(4) != MAGIC:
-        return False
+def _aggregate_body(record: Record) -> bytes:
+    """The protobuf message of a KPL aggregate (without magic and digest); raises
+    CorruptAggregateError if it is too short or its digest does not match."""
     blob = record.binary_data
     if len(blob) < _MIN_SIZE:
-        return False
+        raise CorruptAggregateError(f"{len(blob)} bytes is too short for an aggregate")
     body = blob[4:-DIGEST_SIZE]
     if hashlib.md5(body).digest() != blob[-DIGEST_SIZE:]:
+        raise CorruptAggregateError("MD5 digest does not match")
+    return body
+
+
+def has_sub_records_after(record: Record, sub_sequence_number: int) -> bool:
+    """Whether ``record`` is a KPL aggregate with sub-records after ``sub_sequence_number``
+    (false for anything else, a corrupt aggregate included); logs, when true, that it is given
+    whole (what its callers then do: ``skip_through``, ``range_reader``)."""
+    if sub_sequence_number <= 0 or record.head(4) != MAGIC:
         return False
     try:
-        return len(decode(body)[2]) > sub_sequence_number + 1
+        after = len(decode(_aggregate_body(record))[2]) > sub_sequence_number + 1
     except CorruptAggregateError:
         return False
+    if after:
+        log.warning("record %s: a KPL aggregate checkpointed at its sub-record %d, given whole "
+                    "(its first %d sub-records again)", record.sequence_number,
+                    sub_sequence_number, sub_sequence_number + 1)  # fmt: skip
+    return after
 
 
 def deaggregate(

@@ -295,13 +295,6 @@ class RangeReader:
         seq, after = whole.low[0], self._rng.after.sub_sequence_number
         for record in records:
             if int(record.sequence_number) == seq and has_sub_records_after(record, after):
-                log.warning(
-                    "record %s: a KPL aggregate checkpointed at its sub-record %d, given "
-                    "whole (its first %d sub-records again)",
-                    seq,
-                    after,
-                    after + 1,
-                )
                 self._window = whole
                 return
 
