@@ -13,12 +13,11 @@ from dataclasses import dataclass, replace
 
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.lease import Lease, stream_key_parts
-from checkpoint.port import LeaseTable
 from checkpoint.sequence import TRIM_HORIZON
 from shard_sync.discovery import ShardLister
 from shard_sync.hierarchy import index_shards, lease_hash_range_holes, new_leases
 from shard_sync.shards import Shard
-from shard_sync.syncer import LeadershipLapsed, ShardSyncer, SyncResult
+from shard_sync.syncer import LeadershipLapsed, ShardSyncer, ShardSyncTable, SyncResult
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +104,7 @@ class LeaderMaintenance:
     def __init__(
         self,
         syncer: ShardSyncer,
-        table: LeaseTable,
+        table: ShardSyncTable,
         *,
         hole_threshold: int = 3,
         lister: ShardLister | None = None,
@@ -174,7 +173,6 @@ class LeaderMaintenance:
         those of an earlier stream of this one's name."""
         deleted = []
         for lease in completed_leases_to_delete(leases):
-            self._syncer.check_leading()
             if self._table.delete_lease(lease):
                 deleted.append(lease.lease_key)
                 log.info("deleted finished lease %s: its children have started", lease.lease_key)
@@ -182,7 +180,6 @@ class LeaderMaintenance:
         garbage_due = self._rounds % self._garbage_every == 0
         if garbage_due:
             for lease in former_stream_leases(scanned, self._syncer.stream_key):
-                self._syncer.check_leading()
                 if self._table.delete_lease(lease):
                     deleted.append(lease.lease_key)
                     log.warning("deleted lease %s: its stream was deleted and made again",
@@ -244,7 +241,6 @@ class LeaderMaintenance:
         for lease in self._to_probe(garbage_leases(fresh, listed)):
             if not self._confirmed_gone(lease) or not self._lease_children_first(lease, shards):
                 continue
-            self._syncer.check_leading()
             if self._table.delete_lease(lease):
                 deleted.append(lease.lease_key)
                 log.warning("deleted lease %s: its shard no longer exists", lease.lease_key)
@@ -263,7 +259,6 @@ class LeaderMaintenance:
         children = [sid for sid, shard in shards.items() if lease.shard_id in shard.parent_ids]
         try:
             for spec in new_leases(shards, children, TRIM_HORIZON):
-                self._syncer.check_leading()
                 if self._table.create_lease_if_absent(spec.to_lease(lease.stream_key)):
                     log.warning("lease %s: its shard aged out unfinished; its child %s leased "
                                 "at TRIM_HORIZON", lease.lease_key, spec.shard_id)  # fmt: skip

@@ -13,11 +13,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from checkpoint.base.errors import DependencyError, KclpySparkError, MalformedAnswerError
 from checkpoint.counters import CoordinationCounters, Counter
 from checkpoint.lease import HashKeyRange, Lease, in_stream
-from checkpoint.port import LeaseTable
 from checkpoint.sequence import InitialPosition
 from shard_sync.children import children_of_finished_parents
 from shard_sync.discovery import ShardLister, shard_filter_for
@@ -49,20 +49,58 @@ class LeadershipLapsed(KclpySparkError):
     retriable = True
 
 
+class ShardSyncTable(Protocol):
+    """What shard sync and the leader's cleanup use of the lease table."""
+
+    def list_leases(self) -> list[Lease]: ...
+    def create_lease_if_absent(self, lease: Lease) -> bool: ...
+    def update_lease(self, lease: Lease) -> Lease | None: ...
+    def delete_lease(self, lease: Lease) -> bool: ...
+
+
+@dataclass(frozen=True)
+class LeaderOnlyWrites:
+    """The lease table as a shard-sync round writes it: each write first checks that this worker
+    still leads (else LeadershipLapsed). A round's writes come from a scan made up to minutes
+    before (ListShards retried, the stream waited for): a leader that stalled meanwhile created,
+    from its old scan, the lease of a parent the new leader had leased, its children finished
+    and deleted again (all its records delivered a second time, after its children's)."""
+
+    table: ShardSyncTable
+    still_leading: Callable[[], bool]
+
+    def _check(self) -> None:
+        if not self.still_leading():
+            raise LeadershipLapsed("no longer the shard-sync leader: the round's writes stop")
+
+    def list_leases(self) -> list[Lease]:
+        return self.table.list_leases()
+
+    def create_lease_if_absent(self, lease: Lease) -> bool:
+        self._check()
+        return self.table.create_lease_if_absent(lease)
+
+    def update_lease(self, lease: Lease) -> Lease | None:
+        self._check()
+        return self.table.update_lease(lease)
+
+    def delete_lease(self, lease: Lease) -> bool:
+        self._check()
+        return self.table.delete_lease(lease)
+
+
 class ShardSyncer:
     def __init__(
         self,
         lister: ShardLister,
-        table: LeaseTable,
+        table: ShardSyncTable,
         initial_position: InitialPosition,
         *,
         ignore_unexpected_child_shards: bool = False,
         counters: CoordinationCounters | None = None,
         sleep: Callable[[float], None] = time.sleep,
         stream_key: str | None = None,
-        still_leading: Callable[[], bool] = lambda: True,
     ) -> None:
-        self._still_leading = still_leading
         # Multi-stream applications share one table: each stream's syncer sees only the leases
         # whose keys start with its ``account:stream:creationEpoch`` identity, and writes keys so.
         self.stream_key = stream_key
@@ -101,15 +139,6 @@ class ShardSyncer:
             "lists again)"
         )
 
-    def check_leading(self) -> None:
-        """Before each write of a round: raises LeadershipLapsed once this worker no longer
-        leads. A round's writes come from a scan made up to minutes before (ListShards retried,
-        the stream waited for): a leader that stalled meanwhile created, from its old scan, the
-        lease of a parent the new leader had leased, its children finished and deleted again
-        (all its records delivered a second time, after its children's)."""
-        if not self._still_leading():
-            raise LeadershipLapsed("no longer the shard-sync leader: the round's writes stop")
-
     def owns(self, lease: Lease) -> bool:
         """True for the leases of this syncer's stream (all leases in single-stream mode)."""
         return in_stream(lease.lease_key, self.stream_key)
@@ -144,7 +173,6 @@ class ShardSyncer:
         start = None if when is None else when.timestamp()
         for spec in new:
             lease = spec.to_lease(self.stream_key, start_timestamp=start)
-            self.check_leading()
             if self._table.create_lease_if_absent(lease):
                 created.append(spec.shard_id)
                 self._counters.increment(Counter.PARTITIONS_CREATED)
@@ -173,7 +201,6 @@ class ShardSyncer:
                 lease.shard_id,
                 lease.shard_id,
             )
-            self.check_leading()
             if self._table.update_lease(reopened(lease)) is not None:
                 done.append(key)
             else:

@@ -44,7 +44,7 @@ from kclpy_spark.runtime.lease_store import LeaseStore
 from kclpy_spark.stream_spec import StreamSpec
 from shard_sync.cleanup import LeaderMaintenance
 from shard_sync.discovery import KinesisShardLister
-from shard_sync.syncer import ShardSyncer
+from shard_sync.syncer import LeaderOnlyWrites, ShardSyncer
 
 log = logging.getLogger(__name__)
 
@@ -122,17 +122,17 @@ class StreamContext:
         self.lister = KinesisShardLister(
             kinesis_sync, stream_name=spec.stream_name, stream_arn=spec.stream_arn
         )
+        writes = LeaderOnlyWrites(table, still_leading)  # a round's writes, while it leads
         syncer = ShardSyncer(
             self.lister,
-            table,
+            writes,
             initial_position,
             ignore_unexpected_child_shards=ignore_unexpected_child_shards,
             counters=counters,
             stream_key=stream_key,
-            still_leading=still_leading,
         )
         self.maintenance = LeaderMaintenance(
-            syncer, table, lister=self.lister,
+            syncer, writes, lister=self.lister,
             shard_gone=lambda lease: self.lister.shard_gone(lease.shard_id),
         )  # fmt: skip
         report = on_out_of_range

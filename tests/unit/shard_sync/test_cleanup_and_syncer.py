@@ -606,27 +606,28 @@ def test_a_leader_that_lapsed_during_its_round_writes_nothing_from_its_old_scan(
     """Its scan showed an empty table; meanwhile the next leader leased the stream, the parent
     was read to its end and its lease deleted: the old leader's round leased the parent again at
     TRIM_HORIZON (every record of it delivered twice, after its children's)."""
-    from shard_sync.syncer import LeadershipLapsed
+    from shard_sync.syncer import LeaderOnlyWrites, LeadershipLapsed
 
     table, leading = MemoryLeaseTable(), [True]
+    writes = LeaderOnlyWrites(table, lambda: leading[0])
     syncer = ShardSyncer(
-        LapsingLister(split_listing(), leading), table, InitialPosition.trim_horizon(),
-        sleep=lambda _: None, still_leading=lambda: leading[0],
+        LapsingLister(split_listing(), leading), writes, InitialPosition.trim_horizon(),
+        sleep=lambda _: None,
     )  # fmt: skip
-    maintenance = LeaderMaintenance(syncer, table)
+    maintenance = LeaderMaintenance(syncer, writes)
     with pytest.raises(LeadershipLapsed):
         maintenance.run_once()
     assert table.list_leases() == [] and maintenance.sync_failure is None
 
 
 def test_a_leader_that_lapsed_deletes_nothing() -> None:
-    table, leading = MemoryLeaseTable(), [False]
+    from shard_sync.syncer import LeaderOnlyWrites, LeadershipLapsed
+
+    table = MemoryLeaseTable()
     for x in (lease("p", SHARD_END, children=("a",)), lease("a", STARTED, parents=("p",))):
         table.create_lease_if_absent(x)
-    syncer = ShardSyncer(ListedShards([]), table, InitialPosition.latest(),
-                         still_leading=lambda: leading[0])  # fmt: skip
-    from shard_sync.syncer import LeadershipLapsed
-
+    writes = LeaderOnlyWrites(table, lambda: False)
+    syncer = ShardSyncer(ListedShards([]), writes, InitialPosition.latest())
     with pytest.raises(LeadershipLapsed):
-        LeaderMaintenance(syncer, table).run_once()
+        LeaderMaintenance(syncer, writes).run_once()
     assert {x.lease_key for x in table.list_leases()} == {"p", "a"}
