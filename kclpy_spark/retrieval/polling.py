@@ -34,6 +34,7 @@ from kclpy_spark.retrieval.fastdecode import (
 from kclpy_spark.retrieval.kpl import Deaggregator
 from kclpy_spark.retrieval.positions import StartArgs
 from kclpy_spark.retrieval.source import (
+    CALL_INTERVAL,
     FetchedBatch,
     FetchProgress,
     KinesisShardProbe,
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 # short pause instead of the configured idle time, which stays the pause after an answer at or
 # near the tip (under steady traffic the lag is a few milliseconds: reading 5 times a second then
 # took the whole shard's allowance from every other application reading it).
-MIN_INTERVAL_WHILE_BEHIND = 0.2
+MIN_INTERVAL_WHILE_BEHIND = CALL_INTERVAL
 # Kinesis's read limit per shard (GetRecords: 2 MiB of records a second, all polling consumers).
 READ_BYTES_PER_SECOND = 2 * 1024 * 1024
 MAX_READ_PAUSE = 10.0

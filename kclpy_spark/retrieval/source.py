@@ -311,9 +311,9 @@ def children_in_listing(
     return children or None
 
 
-# Between a probe's GetRecords calls on one shard (its reads count against the shard's 5 a
-# second, with every other application's).
-PROBE_CALL_INTERVAL = 0.2
+# Kinesis allows 5 GetRecords calls a second per shard, shared by every application reading it:
+# the least time between two calls of ours on one shard (the probe's, the fetchers').
+CALL_INTERVAL = 0.2
 
 
 class KinesisShardProbe:
@@ -347,7 +347,7 @@ class KinesisShardProbe:
                 if not iterator:
                     return None
                 if call:  # Kinesis's 5 GetRecords a second per shard, shared with every reader
-                    await self._sleep(PROBE_CALL_INTERVAL)
+                    await self._sleep(CALL_INTERVAL)
                 page = await self._client.get_records(ShardIterator=iterator, Limit=1)
                 records = records_from_response(page)
                 if records:
