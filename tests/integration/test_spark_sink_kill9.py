@@ -29,6 +29,7 @@ from spark_e2e import (
     written,
 )
 
+from checkpoint.base.errors import ResourceNotFoundError
 from checkpoint.stores.sqlite import SQLiteLeaseTable
 from kclpy_spark.spark.pieces import PendingState
 
@@ -326,8 +327,14 @@ def _noted(path: Path) -> dict[str, int]:
 
 
 def _table_state(db: Path, stream: str) -> dict[str, tuple[Any, bytes | None]]:
-    """Each lease's checkpoint and pending state, by lease key."""
-    leases = SQLiteLeaseTable(db, namespace=stream).list_leases()
+    """Each lease's checkpoint and pending state, by lease key (none before the worker made the
+    table: its file comes a moment before its tables)."""
+    if not db.exists():
+        return {}
+    try:
+        leases = SQLiteLeaseTable(db, namespace=stream).list_leases()
+    except ResourceNotFoundError:
+        return {}
     return {x.lease_key: (x.checkpoint, x.pending_checkpoint_state) for x in leases}
 
 
@@ -380,12 +387,12 @@ def test_kill9_with_the_built_in_sinks_at_their_defaults_writes_each_record_once
         producer.start()
         caught = 0  # kills after which both leases still had this worker's pieces pending
         for _ in range(2):
-            before = _table_state(db, stream) if db.exists() else {}
+            before = _table_state(db, stream)
             worker = start_worker(config, out, log, None)
             try:
 
                 def acknowledged(before: dict[str, Any] = before) -> bool:  # a checkpoint moved
-                    now = _table_state(db, stream) if db.exists() else {}
+                    now = _table_state(db, stream)
                     return any(now[k][0] != before.get(k, (None,))[0] for k in now)
 
                 def in_flight(before: dict[str, Any] = before) -> bool:
