@@ -70,8 +70,10 @@ max_records = 5
         assert lease is not None and lease.lease_owner == "heir"
         heir_checkpoint = int(lease.checkpoint.sequence_number)
         gate.touch()
-        zombie.proc.send_signal(signal.SIGCONT)
+        # Before the signal: the zombie may run (and write its events) before send_signal
+        # returns, and nothing of it runs before SIGCONT.
         resumed_at = time.time()
+        zombie.proc.send_signal(signal.SIGCONT)
         wait_for(
             "the zombie to notice it lost the lease",
             lambda: any(
