@@ -43,11 +43,13 @@ class Sink:
         self.fail = False
         self.gate = threading.Event()
         self.gate.set()
+        self.entered = threading.Event()  # set once a write has begun (after its prepare)
 
     def prepare(self, pieces: Sequence[Piece]) -> Mapping[str, Any]:
         return {}
 
     def write(self, batch: SinkBatch) -> None:
+        self.entered.set()
         assert self.gate.wait(10.0)
         if self.fail:
             raise RuntimeError("sink down")
@@ -156,6 +158,8 @@ def test_shutdown_waits_only_so_long_for_a_stuck_write(sink: Sink) -> None:
         c.deliver(2)
         c.processor.shutdown_requested(ShutdownRequestedInput(c.cp))  # returns: timed out
         assert c.checkpoint() == TRIM_HORIZON
+        # The drain cut the batch; its write (after the pending checkpoint) may start only now.
+        assert sink.entered.wait(10.0)
         lease = c.table.get_lease(SHARD)
         assert lease is not None and lease.pending_checkpoint == ExtendedSequenceNumber("20")
     finally:
