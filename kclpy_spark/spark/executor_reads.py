@@ -20,10 +20,11 @@ what each read found (lag, shard end with its children, or the read's failure).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -215,7 +216,7 @@ class ExecutorReads:
         self._gather = 0.0  # how far ahead a round takes leases (the last job's own length)
         self.stored = StoredReads()  # the executors' copies of reads some batch still holds
         self._id = uuid.uuid4().hex[:8]
-        self.cancelled_at: float | None = None  # the running read job was cancelled then
+        self.overran_at: float | None = None  # the read thread's running call to Spark overran then
         self._job_lock = threading.Lock()
 
     # --- registry (relays) ----------------------------------------------------------------------
@@ -293,7 +294,8 @@ class ExecutorReads:
     def read_round(self) -> int:
         """Read one range of every lease that can take records now; returns how many."""
         assert self._feed is not None, "start() first"
-        self.stored.release()
+        with self._overrun_told(self._s.job_grace, "unpersisting the stored reads"):
+            self.stored.release()  # calls to the driver's JVM
         now = self._clock.monotonic()
         with self._lock:
             due = round_leases(self._entries, now, self._gather)
@@ -337,26 +339,21 @@ class ExecutorReads:
         time budgets, wave by wave (ReadJobTimeoutError): a task reads its share of the ranges
         ``READS_AT_ONCE`` at a time, so with many leases a core, one after another."""
         tag = f"kclpy-spark-read-{self._id}-{self.rounds}"  # no other reader's jobs
-        if self._garbage is not None:
-            self._garbage.before_frame(0)  # the records stay on the executors
-        session = self._session()
-        tasks = self._tasks(session)  # given to the read: the cluster is asked once a round
+        with self._overrun_told(self._s.job_grace, "the calls before a read job"):
+            if self._garbage is not None:
+                self._garbage.before_frame(0)  # the records stay on the executors
+            session = self._session()
+            tasks = self._tasks(session)  # given to the read: the cluster is asked once a round
         limit = read_job_limit(ranges, tasks or len(ranges), self._s.job_grace)
         overran = threading.Event()
-        ended = threading.Event()  # set under _job_lock: a cancel after the end marks nothing
 
         def cancel() -> None:
             overran.set()
-            with self._job_lock:
-                if not ended.is_set():
-                    self.cancelled_at = self._clock.monotonic()
-            log.warning("the read job of %d lease(s) ran over %.0f s: cancelling it", len(ranges),
-                        limit)  # fmt: skip
             self._jobs.interrupt(tag)
 
-        deadline = self._watchdog.after(limit, cancel)
         try:
-            with self._jobs.tagged(tag):
+            what = f"the read job of {len(ranges)} lease(s)"
+            with self._overrun_told(limit, what, cancel), self._jobs.tagged(tag):
                 return self._read(
                     session,
                     ranges,
@@ -369,16 +366,40 @@ class ExecutorReads:
             if overran.is_set():
                 raise ReadJobTimeoutError(f"ran over {limit:.0f} s and was cancelled") from exc
             raise
+
+    @contextlib.contextmanager
+    def _overrun_told(
+        self, seconds: float, what: str, then: Callable[[], None] | None = None
+    ) -> Iterator[None]:
+        """Runs the block, the read thread's calls to Spark; if it has not ended ``seconds``
+        later, notes when (``hung_for``: readiness says so past a grace), logs it and runs
+        ``then`` (a read job's cancel). A call to the driver's JVM that never answers would
+        otherwise hold every lease's reads without a word."""
+        ended = threading.Event()  # set under _job_lock: an overrun after the end marks nothing
+
+        def overran() -> None:
+            with self._job_lock:
+                if ended.is_set():
+                    return
+                self.overran_at = self._clock.monotonic()
+            log.warning("%s ran over %.0f s%s", what, seconds, ": cancelling it" if then else "")
+            if then is not None:
+                then()
+
+        deadline = self._watchdog.after(seconds, overran)
+        try:
+            yield
         finally:
             with self._job_lock:
                 ended.set()
-                self.cancelled_at = None
+                self.overran_at = None
             deadline.cancel()
 
     def hung_for(self) -> float | None:
-        """Seconds since a read job that ran over was cancelled and has not returned (a JVM
-        that answers no more: every lease waits on the one read thread), else None."""
-        at = self.cancelled_at
+        """Seconds since the read thread's call to Spark (a read job, or the driver's JVM calls
+        around it) ran past its deadline without returning (a JVM that answers no more: every
+        lease waits on the one read thread), else None."""
+        at = self.overran_at
         return None if at is None else self._clock.monotonic() - at
 
     def _range(

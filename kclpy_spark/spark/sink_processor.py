@@ -195,8 +195,8 @@ class SparkSinkProcessorFactory:
         stuck = None if self._reads is None else self._reads.hung_for()
         if stuck is not None and stuck > READ_CANCEL_GRACE:
             return False, (
-                f"a read job on the executors has not returned {stuck:.0f}s after it was "
-                "cancelled; no lease is read"
+                f"the read thread's call to Spark has not returned {stuck:.0f}s past its "
+                "deadline; no lease is read"
             )
         return True, "ready"
 

@@ -567,6 +567,70 @@ def test_a_read_job_that_does_not_return_after_its_cancel_is_told_to_readiness()
     assert factory.readiness() == (True, "ready") and reads_.hung_for() is None
 
 
+class _StuckJvm:
+    """A py4j object whose calls never answer until ``gone`` is set."""
+
+    def __init__(self, gone: threading.Event) -> None:
+        self._gone = gone
+
+    def context(self) -> _StuckJvm:
+        return self
+
+    def id(self) -> int:
+        return 1
+
+    def unpersistRDD(self, *args: Any) -> None:
+        self._gone.wait(10)
+
+    def defaultParallelism(self) -> int:
+        self._gone.wait(10)
+        return 1
+
+
+@pytest.mark.parametrize("stuck", ["the cluster's cores", "unpersisting a read"])
+def test_a_driver_jvm_call_around_a_read_job_that_never_answers_is_told_to_readiness(
+    stuck: str,
+) -> None:
+    """The calls a round makes to the driver's JVM outside its read job (freeing the stored
+    reads, asking the cluster's cores) had no deadline: a JVM that stopped answering there held
+    every lease's reads and readiness said "ready"."""
+    from kclpy_spark.spark.sink_processor import READ_CANCEL_GRACE, SparkSinkProcessorFactory
+
+    clock = ManualClock()
+    gone = threading.Event()
+    jvm = _StuckJvm(gone)
+
+    def cores(session: Any) -> int:
+        return jvm.defaultParallelism() if stuck == "the cluster's cores" else 1
+
+    def read(session: Any, ranges: Any, aws: Any, **kw: Any) -> Any:
+        raise RuntimeError("not reached while stuck")
+
+    reads_, _, _ = started(OneSlotFeed(), ExecutorReads(
+        lambda: None, AwsTarget("us-east-1"), ReadSettings(max_seconds=0.05, job_grace=0.05),
+        jobs=Jobs(), read=read, tasks=cores, clock=clock,
+    ))  # fmt: skip
+    if stuck == "unpersisting a read":
+        reads_.stored._gone.append(jvm)
+    batcher = SimpleNamespace(hung_writes=0, writes=SimpleNamespace(max_hung_writes=2))
+    factory = SparkSinkProcessorFactory(batcher, "s", reads=reads_)  # type: ignore[arg-type]
+    job = threading.Thread(target=reads_.read_round)
+    job.start()
+    try:
+        deadline = time.monotonic() + 10
+        while reads_.hung_for() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert reads_.hung_for() == 0.0  # noted at its deadline, by the reader's clock
+        clock.advance(READ_CANCEL_GRACE + 1)
+        ready, why = factory.readiness()
+        assert not ready and "has not returned" in why
+    finally:
+        gone.set()
+        job.join(10)
+        reads_.close()
+    assert factory.readiness() == (True, "ready") and reads_.hung_for() is None
+
+
 @pytest.mark.parametrize(
     ("leases", "tasks", "limit"),
     [
