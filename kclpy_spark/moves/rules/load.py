@@ -191,9 +191,13 @@ def plan_load_steal(
     if mine >= average * (1 - threshold):
         return _why(result, f"load {mine:.1f} {unit} is within {threshold:.0%} of the average "
                     f"{average:.1f} or above it")  # fmt: skip
-    victim = _victim(m, worker_id, rng)
+    live = _live(scan)
+    # Only a worker holding a lease we may take (another stream's are excluded) is a victim.
+    holding = {o.owner for o in live if not o.lease.handoff_pending and o.key not in exclude}
+    victim = _victim(m, worker_id, rng, holding)
     if victim is None:
-        return _why(result, "nobody to steal load from whose CPU figure is current")
+        return _why(result, "nobody to steal load from who holds a lease we may take and whose "
+                    "CPU figure is current")  # fmt: skip
     theirs = loads[victim]
     if theirs <= average * (1 + threshold):
         return _why(result, f"most loaded {victim} ({theirs:.1f} {unit}) is within "
@@ -201,7 +205,6 @@ def plan_load_steal(
     if theirs - mine < m.min_gap:
         return _why(result, f"most loaded {victim} ({theirs:.1f} {unit}) is less than "
                     f"{m.min_gap:g} points above us ({mine:.1f})")  # fmt: skip
-    live = _live(scan)
     candidates = [
         o.lease
         for o in live
@@ -219,9 +222,11 @@ def plan_load_steal(
                      f"({theirs:.1f})", loads, m.by_cpu)  # fmt: skip
 
 
-def _victim(m: _Measure, worker_id: str, rng: random.Random) -> str | None:
-    """The most loaded other worker whose figure is current (ties at random)."""
-    others = {w: n for w, n in m.loads.items() if w != worker_id and m.current(w)}
+def _victim(
+    m: _Measure, worker_id: str, rng: random.Random, holding: Collection[str]
+) -> str | None:
+    """The most loaded other worker in ``holding`` whose figure is current (ties at random)."""
+    others = {w: n for w, n in m.loads.items() if w != worker_id and w in holding and m.current(w)}
     if not others:
         return None
     most = max(others.values())

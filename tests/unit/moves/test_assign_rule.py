@@ -421,3 +421,20 @@ def test_a_worker_of_one_stream_gets_its_leases_though_the_busiest_holds_another
         )
         assert [(m.lease.lease_owner, m.to) for m in plan.moves] == [("g2", "x")], plan.reason
         assert plan.moves[0].lease.stream_key == STREAM_A
+
+
+def test_load_moves_take_from_the_busiest_worker_holding_a_stream_the_thief_consumes() -> None:
+    """The most loaded worker holds only stream B's leases and the least loaded consumes only A:
+    the load rule chose that worker as its victim, found nothing it could take, and the new
+    worker stayed idle beside a loaded worker of stream A."""
+    scan = two_stream_scan({"g1": [STREAM_B] * 10, "g2": [STREAM_A] * 9, "x": []}, throughput=10.0)
+    consumes = {"x": frozenset({STREAM_A})}
+    for seed in range(10):
+        plan = plan_assignments(
+            scan, {"g1", "g2", "x"}, rng=random.Random(seed), max_moves=3, max_load_moves=3,
+            consumes=consumes,
+        )  # fmt: skip
+        assert plan.moves, plan.reason
+        assert {(m.lease.lease_owner, m.to, m.lease.stream_key) for m in plan.moves} == {
+            ("g2", "x", STREAM_A)
+        }
