@@ -193,7 +193,9 @@ def plan_load_steal(
                     f"{average:.1f} or above it")  # fmt: skip
     live = _live(scan)
     # Only a worker holding a lease we may take (another stream's are excluded) is a victim.
-    holding = {o.owner for o in live if not o.lease.handoff_pending and o.key not in exclude}
+    holding = {
+        o.owner for o in live if o.owner and not o.lease.handoff_pending and o.key not in exclude
+    }
     victim = _victim(m, worker_id, rng, holding)
     if victim is None:
         return _why(result, "nobody to steal load from who holds a lease we may take and whose "
