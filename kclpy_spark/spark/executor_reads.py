@@ -154,6 +154,10 @@ class LaneFeed(Protocol):
         the ``epoch`` its read was planned in, its records were put back to be read since)."""
         ...
 
+    def park(self, lane: Lane, reason: str) -> None:
+        """Park the lane (a read its consumer no longer hears of failed)."""
+        ...
+
 
 @dataclass
 class _Entry:
@@ -299,9 +303,15 @@ class ExecutorReads:
         now = self._clock.monotonic()
         with self._lock:
             due = round_leases(self._entries, now, self._gather)
-        if not due:
+            ended = {k: e for k, e in self._entries.items() if e.ended and e.next_read_at <= now}
+        if not due and not ended:
             return 0
-        slots, parked = self._feed.readable(due.keys())
+        slots, parked = self._feed.readable([*due, *ended])
+        # A lease read to its shard's end is read again only to re-form a piece whose rows were
+        # lost with an executor: its consumer's shard-end step waits for them.
+        slots = {k: slot for k, slot in slots.items() if k in due or slot.unfilled is not None}
+        parked -= ended.keys()
+        due |= ended
         for key in parked:  # its consumer's processor hears of the parking (SinkParkedError)
             due[key].next_read_at = now + self._s.idle_seconds
             due[key].post(FetchedBatch([], None, announce=True))
@@ -322,7 +332,7 @@ class ExecutorReads:
                 entry = due[rng.lease_key]
                 why = f"the read job failed: {exc!r}"[:1000]
                 if not _outage(exc):  # our own (the ends it returned): counted, as before
-                    self._failed(entry, why, now)
+                    self._failed(entry, why, now, slots[rng.lease_key].lane)
                     continue
                 self._back_off(entry, now)
                 entry.post(ReadJobFailedError(f"shard {entry.source.shard_id}: {why}"))
@@ -465,7 +475,7 @@ class ExecutorReads:
     ) -> None:
         end = read.ends[rng.lease_key]
         if end.error is not None:
-            self._failed(entry, end.error, now)
+            self._failed(entry, end.error, now, slot.lane)
             return
         if end.rows and end.first is not None and end.last is not None:
             chunk = RangeChunk(
@@ -487,7 +497,7 @@ class ExecutorReads:
         with self._lock:
             entry.failures = 0
             entry.lag = lag
-            entry.ended = end.shard_ended
+            entry.ended = entry.ended or end.shard_ended  # a pinned read never ends it
             entry.iterator, entry.iterator_at = end.next_iterator, _continues_after(rng, end)
             entry.next_read_at = self._next_read(rng, end, now)
             entry.behind = is_behind(rng, end, self._s.idle_seconds)
@@ -527,8 +537,15 @@ class ExecutorReads:
         return paced(end, began, done=self._clock.monotonic(), wall=self._clock.wall(),
                      min_interval=s.min_interval, read_rate=s.read_rate)  # fmt: skip
 
-    def _failed(self, entry: _Entry, why: str, now: float) -> None:
+    def _failed(self, entry: _Entry, why: str, now: float, lane: Lane) -> None:
         self._back_off(entry, now)
+        if entry.ended:
+            # Its relay tells its consumer nothing more: the lane is parked instead, which the
+            # shard-end step counts toward the lease's failure budget (SinkParkedError), then
+            # re-arms it to read again.
+            assert self._feed is not None
+            self._feed.park(lane, f"reading again at the shard's end failed: {why}")
+            return
         entry.post(RangeReadError(f"shard {entry.source.shard_id}: {why}"))
 
     def _back_off(self, entry: _Entry, now: float) -> None:

@@ -86,15 +86,12 @@ class TwoPhaseCheckpointer(Protocol):
     def set_largest_permitted(self, position: ExtendedSequenceNumber) -> None: ...
 
     @property
+    def largest_permitted(self) -> ExtendedSequenceNumber: ...
+
+    @property
     def pending_checkpoint(self) -> tuple[ExtendedSequenceNumber, bytes | None] | None: ...
 
     def worker_holds(self, lease_key: str) -> bool: ...
-
-
-UNREAD_AT_SHARD_END = (
-    "records to write were lost with an executor after the shard's end was read; the lease's "
-    "next tenure reads them again"
-)
 
 
 @dataclass(eq=False)
@@ -168,8 +165,10 @@ class Lane:
 
     @property
     def idle(self) -> bool:
-        """Nothing buffered and nothing out."""
-        return self.rows == 0 and not self._outs
+        """Nothing buffered, nothing out and no piece waiting to be re-formed (a drain at the
+        shard's end waits for one whose rows were lost on the executors: done without it, its
+        records would be skipped by the SHARD_END checkpoint)."""
+        return self.rows == 0 and not self._outs and not self._replays
 
     @property
     def replaying(self) -> bool:
@@ -238,17 +237,15 @@ class Lane:
 
     def force(self, *, final: bool) -> None:
         """Flush without waiting. ``final``: no more records will come (shard end), so the
-        replays are cut at what arrived; but records put back to be read again (their rows lost
-        on the executors) would be dropped so: the lane parks instead, and the lease's next
-        tenure reads them again (the shard's reads here have ended)."""
+        replays are cut at what arrived; but not while records put back to be read again (their
+        rows lost on the executors) wait: cut so, they would be dropped. The reads go on for a
+        lease at its shard's end until its consumer's shard-end step is done, pinned to them."""
         self.forced = True
         if final:
             self.final = True
-            if self._replays.unread_waiting:
-                self.park(UNREAD_AT_SHARD_END)
-                return
-            self._replays.reach_all()
-            self._recount()
+            if not self._replays.unread_waiting:
+                self._replays.reach_all()
+                self._recount()
 
     # --- cutting and writing ---------------------------------------------------------------------
 
@@ -389,8 +386,6 @@ class Lane:
         self.reads_epoch += 1
         self.rereads += 1
         self._recount()
-        if self.final:  # the shard's reads have ended: none would come for them here
-            self.park(UNREAD_AT_SHARD_END)
         return True
 
     def put_back_all(self, now: float) -> bool:

@@ -56,7 +56,17 @@ class LanesFeed:
             if epoch is not None and epoch != lane.reads_epoch:
                 return False
             # What its consumer would have set had it delivered them: the checkpoint may go there.
-            lane.checkpointer.set_largest_permitted(chunk.last)
+            # Never lowered: a piece read again (pinned) was delivered before, and at the shard's
+            # end the largest permitted is SHARD_END, whose checkpoint would be refused below it.
+            checkpointer = lane.checkpointer
+            if checkpointer.largest_permitted < chunk.last:
+                checkpointer.set_largest_permitted(chunk.last)
             lane.add(chunk, self._clock.monotonic())
             self._cond.notify_all()
             return True
+
+    def park(self, lane: Lane, reason: str) -> None:
+        with self._cond:
+            if self._lanes.get(lane.lease_key) is lane:
+                lane.park(reason)
+                self._cond.notify_all()

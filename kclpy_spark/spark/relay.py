@@ -104,7 +104,14 @@ class LeaseRelay:
                     self._progress.failed(True)  # counted in the shard's read_throttled
                 await self._progress.put(self._queue, item)
                 if item.shard_ended:
-                    return
+                    break
+            # The shard's end was read. The lease stays registered until its consumer, its
+            # shard-end step done, cancels this: a piece whose rows were lost with an executor
+            # meanwhile is read again (pinned) for it. What those reads say is not the consumer's
+            # to hear (a failure parks the lane: ``ExecutorReads._failed``).
+            self._progress.waiting = True
+            while True:
+                await inbox.get()
         finally:
             self._reads.unregister(entry)
 

@@ -205,6 +205,8 @@ def test_a_read_job_hung_on_a_silent_endpoint_is_cancelled_at_its_deadline(spark
         lease_key = SHARD0
         pending_checkpoint = None
 
+        largest_permitted = TRIM
+
         def set_largest_permitted(self, position: Any) -> None:
             return None
 

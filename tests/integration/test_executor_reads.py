@@ -268,3 +268,37 @@ def test_rows_lost_on_the_executors_are_read_again_and_written_once(
     assert written == list(range(300)), "every record once"
     assert "are read again" in result.stderr
     assert "parking" not in result.stderr and "parked" not in result.stderr
+
+
+def test_rows_lost_after_a_parents_end_was_read_are_read_again_before_its_shard_end(
+    kinesis_client: Any, localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    """The same loss on a split stream's parent, whose end is read with (or right after) its
+    records: the batch holding them is written during the consumer's shard-end step. Its
+    pieces are read again, pinned, while that step waits (its relay had ended with the shard's
+    end: the lane parked and the lease waited out its failures and a parking); the parent's
+    SHARD_END checkpoint comes after them, then its children; every record once."""
+    kinesis_client.create_stream(StreamName=unique_name, ShardCount=1)
+    wait_active(kinesis_client, unique_name)
+    produce(kinesis_client, unique_name, range(150))
+    shard = kinesis_client.describe_stream(StreamName=unique_name)["StreamDescription"]["Shards"][0]
+    low = int(shard["HashKeyRange"]["StartingHashKey"])
+    high = int(shard["HashKeyRange"]["EndingHashKey"])
+    kinesis_client.split_shard(
+        StreamName=unique_name,
+        ShardToSplit=shard["ShardId"],
+        NewStartingHashKey=str((low + high) // 2),
+    )
+    wait_active(kinesis_client, unique_name)
+    produce(kinesis_client, unique_name, range(150, 300))
+    result = _function_job(tmp_path, unique_name, localstack_endpoint, 1000, {"FN_FREE": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "batches"
+    freed = (out / "freed").read_text()
+    first = json.loads((out / f"{freed}.json").read_text())
+    assert first == list(range(150)), "the parent's records, freed and read again"
+    assert not list(out.glob("mismatch-*")), "a batch id came back with other records"
+    written = sorted(n for f in out.glob("*.json") for n in json.loads(f.read_text()))
+    assert written == list(range(300)), "every record once"
+    assert "are read again" in result.stderr
+    assert "parking" not in result.stderr and "parked" not in result.stderr

@@ -127,7 +127,7 @@ def test_a_failed_lease_keeps_its_pause_when_its_consumer_starts_it_again() -> N
     source = LeaseSource(KEY, "s", STREAM, KEY, esn(10))
     first = executor_reads.register(source, lambda item: None)
     now = clock.monotonic()
-    executor_reads._failed(first, "a read failed", now)
+    executor_reads._failed(first, "a read failed", now, make_lane())
     executor_reads.unregister(first)
     again = executor_reads.register(source, lambda item: None)
     assert (again.next_read_at, again.failures) == (first.next_read_at, 1)

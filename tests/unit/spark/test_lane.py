@@ -148,12 +148,13 @@ def test_a_pending_state_written_again_names_a_piece_to_read_again_by_its_own_en
 
 
 @pytest.mark.parametrize("shard_end_first", [False, True])
-def test_records_to_read_again_at_the_shards_end_park_the_lane_instead_of_being_dropped(
+def test_records_to_read_again_at_the_shards_end_wait_for_their_pinned_read(
     shard_end_first: bool,
 ) -> None:
     """A final drain (shard end) cuts each replay at what arrived and drops one that got
-    nothing (its records trimmed). Records lost with an executor would be dropped so, and the
-    shard's reads have ended: the lane parks and its lease's next tenure reads them again."""
+    nothing (its records trimmed). Records lost with an executor would be dropped so: they wait
+    for their read pinned to their ends instead (the reads go on for a lease at its shard's end),
+    then are cut and drained as before. (The lane parked, and the lease waited out a parking.)"""
     a = lane()
     a.add(chunk(1, 3), now=101.0)
     cut = a.cut(10, 10**9)
@@ -163,9 +164,14 @@ def test_records_to_read_again_at_the_shards_end_park_the_lane_instead_of_being_
     assert a.put_back_unread(cut, (cut.key,), now=102.0)
     if not shard_end_first:
         a.force(final=True)
-    assert a.state is LaneState.PARKED and "next tenure" in a.park_reason
-    assert a.drained(final=True) is DrainResult.PARKED
+    assert a.state is LaneState.ACTIVE and a.drained(final=True) is None
     assert a.replaying and a.replay_group == (cut.key,)  # kept: never dropped as trimmed
+    assert a.unfilled() == (esn(30), esn(10))  # its pinned read
+    a.add(chunk(1, 3), now=103.0)
+    again = a.cut(10, 10**9)
+    assert (again.key, again.replayed) == (cut.key, True)
+    a.prepared(again)
+    a.acknowledged(again)
 
 
 def test_a_cut_put_back_before_its_pending_checkpoint_gets_a_fresh_token() -> None:

@@ -18,7 +18,7 @@ from botocore.exceptions import ClientError
 from test_lane import KEY, esn
 
 from checkpoint.base.clock import ManualClock
-from checkpoint.sequence import ExtendedSequenceNumber
+from checkpoint.sequence import SHARD_END, ExtendedSequenceNumber
 from kclpy_spark.retrieval.polling import MAX_READ_PAUSE, MIN_INTERVAL_WHILE_BEHIND
 from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress, ReadElsewhere
 from kclpy_spark.spark.cluster_read import RangeRead
@@ -32,7 +32,7 @@ from kclpy_spark.spark.executor_reads import (
     _Entry,
 )
 from kclpy_spark.spark.frames import RangeChunk
-from kclpy_spark.spark.lane import Lane
+from kclpy_spark.spark.lane import DrainResult, Lane
 from kclpy_spark.spark.lane_feed import LanesFeed
 from kclpy_spark.spark.pieces import PieceKey
 from kclpy_spark.spark.range_tasks import AwsTarget
@@ -52,6 +52,10 @@ class Recorder:
 
     def set_largest_permitted(self, position: ExtendedSequenceNumber) -> None:
         self.largest.append(position)
+
+    @property
+    def largest_permitted(self) -> ExtendedSequenceNumber:
+        return self.largest[-1] if self.largest else TRIM
 
 
 def feed_with(*lanes: Lane) -> tuple[LanesFeed, dict[str, Lane]]:
@@ -355,7 +359,7 @@ def test_a_failed_read_is_tried_again_no_sooner_than_one_calls_interval_after_it
     entry = _Entry(SOURCE, lambda item: None)
     began = clock.monotonic()
     clock.advance(5.0)  # the job failed late: its backoff from the round's start has passed
-    reads._failed(entry, "a read failed", began)
+    reads._failed(entry, "a read failed", began, make_lane())
     assert entry.next_read_at >= clock.monotonic() + ReadSettings().min_interval
 
 
@@ -1037,3 +1041,95 @@ def test_only_the_clusters_failures_of_a_read_job_are_an_uncounted_outage(
     [failure] = posted
     assert isinstance(failure, ReadJobFailedError) is outage
     assert isinstance(failure, RangeReadError) is not outage
+
+
+# --- a lease read to its shard's end, while its consumer's shard-end step writes its records ----
+
+
+def _put_back_unread_at_the_end() -> Lane:
+    """A lane whose last piece was read with the shard's end, then lost with an executor."""
+    lane = make_lane()
+    lane.add(range_chunk(10, 30, 3), now=0.0)
+    out = lane.cut(10, 10**9)
+    lane.prepared(out)
+    lane.force(final=True)  # the consumer's shard-end step began its drain
+    assert lane.put_back_unread(out, (out.key,), now=1.0)
+    return lane
+
+
+@pytest.mark.parametrize("lost", [False, True])
+def test_a_lease_read_to_its_end_is_read_again_only_to_re_form_a_lost_piece(lost: bool) -> None:
+    """Its relay had ended with the shard's end, so a piece lost with an executor then had no
+    read: the lane parked, and the lease waited out its failures and a parking. Now the lease
+    is read again, pinned to the piece, and only for that (its shard's end is not read again)."""
+    planned: list[ReadRange] = []
+
+    def read(session: Any, ranges: Any, aws: Any, **kw: Any) -> RangeRead:
+        planned.extend(ranges)
+        end = RangeEnd(KEY, esn(10), esn(30), 3, 30, millis_behind_latest=0)
+        return RangeRead(None, {KEY: end})
+
+    if lost:
+        lane = _put_back_unread_at_the_end()
+    else:
+        lane = make_lane()
+        lane.force(final=True)
+    feed, _ = feed_with(lane)
+    reads_, entry, _ = started(feed, ExecutorReads(
+        lambda: None, AwsTarget("us-east-1"), ReadSettings(), read=read, tasks=lambda s: 1,
+    ))  # fmt: skip
+    entry.ended = True
+    lane.checkpointer.set_largest_permitted(SHARD_END)  # the consumer marked the shard's end
+    assert reads_.read_round() == (1 if lost else 0)
+    if not lost:
+        assert planned == []
+        return
+    [rng] = planned
+    assert rng.pinned == Pinned(esn(10), esn(30), None)
+    assert lane.unfilled() is None and lane.can_cut()  # the piece is re-formed
+    assert entry.ended  # a pinned read never ends a lease's end
+    # not lowered to the piece's end: the SHARD_END checkpoint after it was refused so
+    assert lane.checkpointer.largest_permitted == SHARD_END
+    assert lane.drained(final=True) is None  # it still has to be written
+
+
+def test_a_failed_read_again_at_the_end_parks_the_lane_its_consumer_no_longer_hears() -> None:
+    """The relay no longer passes on a failure after the shard's end: the lane is parked, which
+    the consumer's shard-end drain hears (and counts) instead."""
+    lane = _put_back_unread_at_the_end()
+    feed, _ = feed_with(lane)
+    reads_, entry, posted = started(feed)
+    entry.ended = True
+    reads_._failed(entry, "GetRecords failed", 0.0, lane)
+    assert posted == [] and lane.drained(final=True) is DrainResult.PARKED
+    assert "reading again at the shard's end failed: GetRecords failed" in (lane.park_reason or "")
+    assert entry.failures == 1  # and backed off
+
+
+def test_the_relay_keeps_its_lease_registered_after_the_shard_end_until_cancelled() -> None:
+    async def scenario() -> tuple[list[FetchedBatch], int, bool, int]:
+        reads_ = reads()
+        progress = FetchProgress(lambda: 0.0)
+        queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()
+        task = asyncio.create_task(LeaseRelay(reads_, SOURCE, queue, progress).run())
+        got = [await queue.get()]
+        post = reads_._entries[KEY].post
+        post(FetchedBatch([], 0, shard_ended=True, child_shards=[dict(CHILD)]))
+        got.append(await queue.get())
+        post(RangeReadError("a read again at the end failed"))  # not the consumer's
+        post(FetchedBatch([], 0))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        registered, running = reads_.registered, not task.done()
+        task.cancel()  # the consumer's shard-end step is done
+        await asyncio.gather(task, return_exceptions=True)
+        return (
+            got + [queue.get_nowait() for _ in range(queue.qsize())],
+            registered,
+            running,
+            (reads_.registered),
+        )
+
+    got, registered, running, after = asyncio.run(scenario())
+    assert [(b.announce, b.shard_ended) for b in got] == [(True, False), (False, True)]
+    assert registered == 1 and running and after == 0
