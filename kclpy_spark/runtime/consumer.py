@@ -204,10 +204,19 @@ class ShardConsumer:
         init = InitializeInput(
             self.stats.shard_id, checkpoint.sequence_number, checkpoint.sub_sequence_number
         )
-        await self.budget.retrying("initialize", lambda: self._call(processor.initialize, init))
+        await self.budget.retrying("initialize", lambda: self._initialize(processor, init))
         self.stats.state = "processing"
         log.info("shard %s: processing from checkpoint %s", self.stats.shard_id, checkpoint)
         return await self._process(processor)
+
+    async def _initialize(self, processor: RecordProcessor, init: InitializeInput) -> None:
+        """``initialize``. Nothing is delivered yet, so a processor that says it lost what it
+        held has lost nothing: an ordinary failure, counted and tried again (it reached the
+        consumer's last resort, which parked the lease at once)."""
+        try:
+            await self._call(processor.initialize, init)
+        except RedeliverFromCheckpoint as exc:
+            raise RuntimeError(f"initialize: {exc}") from exc
 
     async def _finish(self, outcome: Outcome) -> Outcome:
         processor = self._processor
@@ -286,8 +295,10 @@ class ShardConsumer:
             except (LeaseLost, ShutdownSignal, Parked):
                 raise
             except RedeliverFromCheckpoint as exc:
-                await self.budget.failed("the processor", exc)
+                # Rewound before the backoff: a shutdown during it hands shutdown_requested a
+                # checkpointer whose checkpoint() would otherwise record what was lost.
                 self._rewind()
+                await self.budget.failed("the processor", exc)
             except KclpySparkError as exc:
                 if isinstance(exc, SourceOutage):  # not counted; the source backs off
                     log.warning("shard %s: reading failed, retrying: %s", self.stats.shard_id, exc)
@@ -422,6 +433,8 @@ class ShardConsumer:
         """Tell an IdleAware processor of an empty read; what it raises counts as a failure."""
         try:
             await self._call(lambda _: processor.no_records(), None)
+        except RedeliverFromCheckpoint:
+            raise  # read again from the checkpoint (_process): it lost what it held
         except Exception as exc:
             await self.budget.failed("no_records", exc, " (after a read with no new records)")
 

@@ -1221,3 +1221,77 @@ def test_a_second_loss_at_an_earlier_batch_keeps_the_first_ones_limit() -> None:
     sources = FakeSources(*[list(script) for _ in range(4 * ATTEMPTS)])
     outcome = env.run(env.consumer(sources), until=lambda: len(sources.starts) > 4 * ATTEMPTS)
     assert outcome is Outcome.PARKED and len(sources.starts) == ATTEMPTS
+
+
+class FlushesAtShutdown(LosesItsBuffer):
+    """LosesItsBuffer that flushes and checkpoints in shutdown_requested (as the sample does)."""
+
+    def shutdown_requested(self, shutdown_requested_input: ShutdownRequestedInput) -> None:
+        self.calls.append("shutdown_requested")
+        self.flushed += self.buffer
+        self.buffer = []
+        shutdown_requested_input.checkpointer.checkpoint()
+
+
+@pytest.mark.parametrize(
+    ("lose_at", "checkpoint"),
+    [("40", ExtendedSequenceNumber("20")), ("shard_ended", ExtendedSequenceNumber("40"))],
+)
+def test_a_shutdown_during_the_backoff_after_a_loss_never_checkpoints_what_was_lost(
+    lose_at: str, checkpoint: ExtendedSequenceNumber
+) -> None:
+    """The processor lost what it held (30 at 40; 50 at the shard's end) and a shutdown came
+    during the backoff before the rewind: shutdown_requested's checkpoint() recorded the lost
+    batch's end (40), or SHARD_END, and those records were never read again."""
+    env = Env(processor=FlushesAtShutdown(2, lose_at))
+    env.lease()
+    consumer = env.consumer(FakeSources(
+        [batch(10), batch(20), batch(30), batch(40), batch(50), ended([])],
+    ))  # fmt: skip
+
+    async def shut_down_then_sleep(seconds: float) -> None:
+        consumer.request_shutdown()
+        await asyncio.sleep(10)  # the shutdown ends the wait
+
+    consumer.tenure._sleep = shut_down_then_sleep
+    assert env.run(consumer) is Outcome.SHUTDOWN
+    assert "shutdown_requested" in env.processor.calls
+    assert env.stored().checkpoint == checkpoint
+
+
+def test_a_processor_that_lost_what_it_held_at_an_empty_read_gets_it_again() -> None:
+    """``no_records`` raising RedeliverFromCheckpoint was counted as a failure only: reading
+    went on after the lost records and the next checkpoint went past them."""
+
+    class LosesWhileIdle(LosesItsBuffer):
+        def no_records(self) -> None:
+            self.calls.append("no_records")
+            if self.buffer and self.lose_at == "idle":
+                self.lose_at, self.buffer = "", []
+                raise RedeliverFromCheckpoint("the child died holding records")
+
+    env = Env(processor=LosesWhileIdle(every=100, lose_at="idle"))
+    env.lease()
+    first = [batch(10), batch(20), FetchedBatch([], 0), batch(30), ended([])]
+    sources = FakeSources(first, [batch(10), batch(20), batch(30), ended([])])
+    assert env.run(env.consumer(sources)) is Outcome.SHARD_END
+    assert [start for start, _ in sources.starts] == [TRIM_HORIZON, TRIM_HORIZON]
+    assert sorted(env.processor.flushed, key=int) == ["10", "20", "30"]
+    assert env.stored().checkpoint == SHARD_END
+
+
+def test_a_processor_that_says_it_lost_records_in_initialize_is_tried_again() -> None:
+    """Nothing was delivered yet: it reached the consumer's last resort and parked the lease at
+    once (as a bug in the consumer) instead of counting one failure."""
+
+    class FailsToStartOnce(Recorder):
+        def initialize(self, initialize_input: InitializeInput) -> None:
+            super().initialize(initialize_input)
+            if self.calls.count("initialize") == 1:
+                raise RedeliverFromCheckpoint("the child died starting")
+
+    env = Env(processor=FailsToStartOnce())
+    env.lease()
+    assert env.run(env.consumer(FakeSources([batch(10), ended([])]))) is Outcome.SHARD_END
+    assert env.processor.calls.count("initialize") == 2
+    assert env.stored().checkpoint == SHARD_END
