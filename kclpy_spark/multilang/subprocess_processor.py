@@ -64,6 +64,11 @@ child_log = logging.getLogger("kclpy_spark.multilang.child")
 LINE_LIMIT = 8 * 1024 * 1024
 # After SIGTERM, how long a child may take to exit before SIGKILL.
 TERMINATE_WAIT = 2.0
+# How often a child's exit is looked for while it is awaited.
+EXIT_POLL = 0.05
+# After a child exited, how long the last of its stdout is read (a process it started may hold
+# the pipe open).
+STDOUT_AFTER_EXIT = 1.0
 # Stderr lines of a child kept to explain its end.
 STDERR_TAIL = 20
 # The most of one stderr line logged and kept (a child may print megabytes on one line; each
@@ -375,10 +380,16 @@ class SubprocessProcessor(RecordProcessor):
 
     # --- ending a child --------------------------------------------------------------------------
 
-    async def _wait_exit(self, proc: asyncio.subprocess.Process, timeout: float) -> int | None:
-        with contextlib.suppress(TimeoutError):
-            return await asyncio.wait_for(proc.wait(), timeout)
-        return None
+    @staticmethod
+    async def _wait_exit(proc: asyncio.subprocess.Process, timeout: float) -> int | None:
+        """The child's exit status once it exits, None if it has not within ``timeout``. Its
+        ``returncode``, not ``proc.wait()``: on Python 3.11 that returns only once the child's
+        pipes are closed too, which a process it started may hold open for ever."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while proc.returncode is None and loop.time() < deadline:
+            await asyncio.sleep(min(EXIT_POLL, max(0.0, deadline - loop.time())))
+        return proc.returncode
 
     async def _drain_stdout(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
@@ -398,19 +409,37 @@ class SubprocessProcessor(RecordProcessor):
                 )
 
     async def _close(self) -> None:
-        """End the child's input and give it ``shutdown_grace`` seconds to exit; then stop it."""
+        """End the child's input and give it ``shutdown_grace`` seconds to exit; then stop it.
+        Its exit is awaited, not its stdout's end: a process it started may hold that open (each
+        close waited the whole grace, and the process lived on). Whatever it started and left
+        running goes with it. Cancelled meanwhile (the worker's stop ran out of time), it is
+        killed: it was out of ``_abort``'s reach and ran on."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
+        try:
+            await self._end_and_wait(proc)
+        except BaseException:
+            _signal_group(proc, signal.SIGKILL)
+            self._cancel_stderr()
+            with contextlib.suppress(Exception):
+                await self._wait_exit(proc, TERMINATE_WAIT)  # reaped, as _abort does
+            raise
+        await self._end_stderr()
+        log.info("shard %s: child process %d exited with status %s", self.shard_id, proc.pid,
+                 proc.returncode)  # fmt: skip
+
+    async def _end_and_wait(self, proc: asyncio.subprocess.Process) -> None:
         if proc.stdin is not None and not proc.stdin.is_closing():
             proc.stdin.close()
             with contextlib.suppress(Exception):
                 await proc.stdin.wait_closed()
+        # Its stdout is read while it exits: a full pipe would block it.
+        drain = asyncio.ensure_future(self._drain_stdout(proc))
         try:
-            await asyncio.wait_for(
-                asyncio.gather(self._drain_stdout(proc), proc.wait()), self._spec.shutdown_grace
-            )
-        except TimeoutError:
+            if await self._wait_exit(proc, self._spec.shutdown_grace) is not None:
+                _signal_leftovers(proc)
+                return
             log.warning(
                 "shard %s: child process %d did not exit within %.1fs of its input ending; "
                 "terminating it",
@@ -419,9 +448,10 @@ class SubprocessProcessor(RecordProcessor):
                 self._spec.shutdown_grace,
             )
             await self._stop(proc)
-        await self._end_stderr()
-        log.info("shard %s: child process %d exited with status %s", self.shard_id, proc.pid,
-                 proc.returncode)  # fmt: skip
+        finally:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(drain), STDOUT_AFTER_EXIT)
+            drain.cancel()
 
     async def _stop(self, proc: asyncio.subprocess.Process) -> None:
         _signal_group(proc, signal.SIGTERM)
@@ -437,6 +467,11 @@ class SubprocessProcessor(RecordProcessor):
             await asyncio.wait_for(asyncio.shield(task), 1.0)
         task.cancel()
 
+    def _cancel_stderr(self) -> None:
+        task, self._stderr = self._stderr, None
+        if task is not None:
+            task.cancel()
+
     async def _abort(self) -> None:
         """Kill the child at once (after a failure or a cancellation)."""
         proc, self._proc = self._proc, None
@@ -447,9 +482,7 @@ class SubprocessProcessor(RecordProcessor):
             log.warning("shard %s: killed child process %d", self.shard_id, proc.pid)
         with contextlib.suppress(Exception):
             await self._wait_exit(proc, TERMINATE_WAIT)
-        task, self._stderr = self._stderr, None
-        if task is not None:
-            task.cancel()
+        self._cancel_stderr()
 
 
 def _signal_group(proc: asyncio.subprocess.Process, sig: int) -> None:
@@ -464,3 +497,11 @@ def _signal_group(proc: asyncio.subprocess.Process, sig: int) -> None:
     except (ProcessLookupError, PermissionError):
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(sig)
+
+
+def _signal_leftovers(proc: asyncio.subprocess.Process) -> None:
+    """The child exited of itself: end the processes it started and left in its group. The
+    group's id cannot name another group while any of them lives (a pid is not reused while a
+    group bears it); with none left, ``killpg`` finds nothing."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)

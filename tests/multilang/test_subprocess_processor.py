@@ -565,3 +565,60 @@ def test_a_child_that_checkpointed_what_it_held_before_it_died_fails_plainly(
     asyncio.run(scenario())
     assert shard.stored() == ExtendedSequenceNumber(seq(4))
     assert json.loads(flushed.read_text())["flushed"] == [seq(n) for n in range(1, 5)]
+
+
+def _wrapped(tmp_path: Path, script: str) -> SubprocessProcessor:
+    """The sample app run by a shell wrapper: ``script`` around ``$APP`` (the app's command)."""
+    wrapper = tmp_path / "run_app.sh"
+    wrapper.write_text(f'#!/bin/sh\nAPP=\'"{sys.executable}" "{PROTOCOL_SCRIPT}"\'\n{script}\n')
+    wrapper.chmod(0o755)
+    return SubprocessProcessor(ChildSpec(**{**spec(tmp_path).__dict__, "command": (str(wrapper),)}))
+
+
+def _gone_soon(pid: int) -> bool:
+    deadline = time.monotonic() + 5
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not pid_alive(pid)
+
+
+def test_a_child_cancelled_while_it_exits_is_killed_not_left_running(tmp_path: Path) -> None:
+    """The worker's stop cancelled a consumer while the child had its grace to exit (a wrapper
+    that goes on after the app): the child was out of ``_abort``'s reach and ran on."""
+    shard = held_shard()
+    processor = _wrapped(tmp_path, 'eval "$APP"\nsleep 30')
+
+    async def scenario() -> int:
+        await start(processor, shard)
+        pid = child_pid(processor)
+        task = asyncio.ensure_future(processor.lease_lost(LeaseLostInput()))
+        await asyncio.sleep(1.0)  # the app answered and exited; the wrapper sleeps on
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return pid
+
+    pid = asyncio.run(scenario())
+    assert _gone_soon(pid), "the child outlived its consumer's cancellation"
+
+
+def test_a_process_the_child_left_holding_its_stdout_neither_holds_the_close_nor_lives_on(
+    tmp_path: Path,
+) -> None:
+    """A helper the app started held its stdout open: each close waited the whole grace for that
+    pipe's end (then said the exited child did not exit), and the helper lived on, one more each
+    time a lease ended."""
+    shard = held_shard()
+    helper_pid = tmp_path / "helper.pid"
+    processor = _wrapped(tmp_path, f'sleep 30 &\necho $! > "{helper_pid}"\neval "exec $APP"')
+
+    async def scenario() -> float:
+        await start(processor, shard)
+        began = time.monotonic()
+        await processor.lease_lost(LeaseLostInput())
+        return time.monotonic() - began
+
+    took = asyncio.run(scenario())
+    assert took < processor._spec.shutdown_grace / 2, f"the close took {took:.1f}s"
+    assert _gone_soon(int(helper_pid.read_text())), "the helper outlived the child"
