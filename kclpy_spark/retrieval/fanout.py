@@ -127,8 +127,7 @@ class FanOutFetcher:
         # Resume AFTER this sequence number (the last record or a later continuation number).
         self._resume: str | None = None
         self._floor = 0 if checkpoint.is_sentinel else int(checkpoint.sequence_number)
-        self._last_subscribe: float | None = None  # the last call
-        self._last_subscribed: float | None = None  # the last call that was answered
+        self._last_subscribe: float | None = None  # the last call (its answer: the registry's)
         self._not_found = 0
         self.subscriptions = 0
         self.renewals = 0
@@ -170,10 +169,12 @@ class FanOutFetcher:
             retrying="resubscribing",
         )
 
-    async def _pace(self) -> None:
-        """A call a second at most, and none within 5 s of an answered one."""
+    async def _pace(self, arn: str) -> None:
+        """A call a second at most, and none within 5 s of an answered one (this fetcher's or an
+        earlier one's on the shard: the registry's)."""
+        answered = self._registry.subscribed_at(arn, self._shard_id)
         since = ((self._last_subscribe, MIN_RESUBSCRIBE_INTERVAL),
-                 (self._last_subscribed, AFTER_SUBSCRIBED))  # fmt: skip
+                 (answered, AFTER_SUBSCRIBED))  # fmt: skip
         due = max((t + gap for t, gap in since if t is not None), default=-math.inf)
         wait = due - self._clock()
         if wait > 0:
@@ -186,7 +187,7 @@ class FanOutFetcher:
         )
         self._not_found = 0
         while True:
-            await self._pace()
+            await self._pace(arn)
             position = self._position()  # out of the try: a position it cannot build is no retry
             try:
                 resp = await self._client.subscribe_to_shard(
@@ -199,7 +200,8 @@ class FanOutFetcher:
                     await self._handle(exc, "SubscribeToShard")
                 continue
             self.subscriptions += 1
-            self._last_subscribed = self._last_subscribe
+            # Counted from its answer: Kinesis counts from when it took the call, after it went.
+            self._registry.note_subscribed(arn, self._shard_id, self._clock(), AFTER_SUBSCRIBED)
             try:
                 if await self._consume(resp["EventStream"]):
                     return

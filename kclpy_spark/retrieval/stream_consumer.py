@@ -13,6 +13,7 @@ from typing import Any
 from checkpoint.base.errors import (
     DependencyError,
     KclpySparkError,
+    MalformedAnswerError,
     RequestError,
     error_code,
     map_aws_error,
@@ -39,7 +40,10 @@ async def stream_arn(client: Any, stream: dict[str, str]) -> str:
         resp = await client.describe_stream_summary(**stream)
     except Exception as exc:
         raise map_aws_error(exc, f"DescribeStreamSummary on {stream}") from exc
-    return str(resp["StreamDescriptionSummary"]["StreamARN"])
+    try:
+        return str(resp["StreamDescriptionSummary"]["StreamARN"])
+    except (KeyError, TypeError) as exc:  # a 200 without it (a proxy's page): retried
+        raise MalformedAnswerError(f"DescribeStreamSummary on {stream} named no ARN") from exc
 
 
 class ConsumerRegistry:
@@ -54,9 +58,22 @@ class ConsumerRegistry:
         self._stream_arns: weakref.WeakKeyDictionary[Any, dict[str, str]] = (
             weakref.WeakKeyDictionary()
         )
+        self._subscribed: dict[tuple[str, str], float] = {}  # note_subscribed
         self._locks: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, dict[tuple[str, ...], asyncio.Lock]
         ] = weakref.WeakKeyDictionary()
+
+    def subscribed_at(self, consumer_arn: str, shard_id: str) -> float | None:
+        """When a SubscribeToShard of this consumer on this shard was last answered (by the
+        fetchers' monotonic clock), if within the last ``AFTER_SUBSCRIBED`` seconds they noted."""
+        return self._subscribed.get((consumer_arn, shard_id))
+
+    def note_subscribed(self, consumer_arn: str, shard_id: str, at: float, keep: float) -> None:
+        """A subscription was answered ``at``: Kinesis refuses another for ``keep`` seconds,
+        whichever fetcher asks (a lease's source started again is a new fetcher). Only the
+        last ``keep`` seconds' are kept."""
+        self._subscribed = {k: t for k, t in self._subscribed.items() if t > at - keep}
+        self._subscribed[(consumer_arn, shard_id)] = at
 
     def forget(self, arn: str, name: str) -> None:
         self._arns.pop((arn, name), None)

@@ -161,8 +161,7 @@ def fetcher(
         consumer_name="app",
         sleep=clock.sleep,
         clock=clock,
-        registry=ConsumerRegistry(),
-        **kw,
+        **({"registry": ConsumerRegistry()} | kw),
     )
 
 
@@ -339,6 +338,24 @@ def test_the_stream_arn_is_asked_once_and_a_throttled_ask_is_retried() -> None:
 
     assert asyncio.run(three_fetchers()) == [CONSUMER_ARN] * 3
     assert len(asked) == 3  # two throttled, one answer, then remembered
+
+
+def test_a_stream_summary_without_its_arn_is_retried_not_a_crash() -> None:
+    """A 200 of ``{}`` (a proxy's page) raised a bare KeyError out of the fetcher, which the
+    consumer took for its own bug and parked the lease at once."""
+    clock = FakeClock()
+    kinesis = FakeKinesis(clock, [])
+    asked: list[int] = []
+    answer = kinesis.describe_stream_summary
+
+    async def empty_once(**kw: Any) -> dict[str, Any]:
+        asked.append(1)
+        return {} if len(asked) == 1 else await answer(**kw)
+
+    kinesis.describe_stream_summary = empty_once  # type: ignore[method-assign]
+    registry = ConsumerRegistry()
+    got = asyncio.run(registry.ensure(kinesis, {"StreamName": "s"}, "app", sleep=clock.sleep))
+    assert got == CONSUMER_ARN and len(asked) == 2
 
 
 def test_starting_positions_follow_the_polling_rules() -> None:
@@ -577,6 +594,33 @@ def test_a_broken_stream_is_not_resubscribed_inside_the_five_second_window(
     assert kinesis.in_use == 0 and not in_use_warnings, (
         f"{kinesis.in_use} ResourceInUseException answers, {len(in_use_warnings)} WARNING lines"
     )
+
+
+def test_a_fetcher_started_again_waits_out_the_five_seconds_of_the_last_ones_subscription() -> None:
+    """A lease's source started again (the processor failed, a rewind) is a new fetcher: it
+    subscribed at once, within 5 s of the last one's answered subscription, and got
+    ResourceInUseException answers, each a WARNING and a counted failure."""
+    clock = FakeClock()
+    kinesis = FiveSecondRule(clock, [
+        InstantStream(clock, iter([event([record(8)], "9")] * 50)),  # events without a pause
+        FakeEventStream(clock, iter([event([record(10)], None)])),
+    ])  # fmt: skip
+    registry = ConsumerRegistry()
+
+    async def two_fetchers() -> None:
+        queue: asyncio.Queue[FetchedBatch] = asyncio.Queue(maxsize=1)  # so that it yields
+        first = asyncio.create_task(fetcher(kinesis, clock, queue, registry=registry).run())
+        await queue.get()
+        await queue.get()
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        assert clock.now == 0.0
+        clock.now += 1.0
+        again = fetcher(kinesis, clock, queue, ExtendedSequenceNumber("8"), registry=registry)
+        await asyncio.wait_for(asyncio.gather(again.run(), queue.get()), 10)
+
+    asyncio.run(two_fetchers())
+    assert kinesis.in_use == 0, f"{kinesis.in_use} ResourceInUseException answers"
 
 
 def test_a_permanent_error_inside_the_event_stream_is_not_retried_forever() -> None:
