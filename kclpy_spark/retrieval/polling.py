@@ -165,9 +165,10 @@ class PollingFetcher:
         """Back off after a retriable failure; raise the mapped error otherwise."""
         if self._progress is not None:
             self._progress.failed(is_throttling(exc))
-        await wait_or_raise(
-            exc, f"{operation} on shard {self._shard_id}", self._backoff, self._sleep
-        )
+        await wait_or_raise(  # a retry is a call too: Kinesis's 5 a second per shard hold
+            exc, f"{operation} on shard {self._shard_id}", self._backoff, self._sleep,
+            at_least=MIN_INTERVAL_WHILE_BEHIND,
+        )  # fmt: skip
 
     async def _after_expiry(self, since_call: float) -> str:
         """A new iterator for one that expired, asked no sooner than a call's interval after the

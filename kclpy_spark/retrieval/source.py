@@ -222,15 +222,17 @@ async def wait_or_raise(
     sleep: Sleep,
     *,
     retrying: str = "retrying",
+    at_least: float = 0.0,
 ) -> None:
-    """After ``exc`` from the call described by ``what``: sleep a backoff delay if a retry may
-    help, else raise the mapped error (the one place sources decide that)."""
+    """After ``exc`` from the call described by ``what``: sleep a backoff delay (``at_least``
+    that long) if a retry may help, else raise the mapped error (the one place sources decide
+    that)."""
     if isinstance(exc, asyncio.CancelledError):
         raise exc
     mapped = map_aws_error(exc, what)
     if not isinstance(mapped, ThrottledError | DependencyError):
         raise mapped from exc
-    delay = backoff.next_delay()
+    delay = max(at_least, backoff.next_delay())
     level = logging.DEBUG if isinstance(mapped, ThrottledError) else logging.WARNING
     log.log(level, "%s; %s in %.2fs", mapped, retrying, delay)
     await sleep(delay)

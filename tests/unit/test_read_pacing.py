@@ -260,3 +260,38 @@ def test_an_iterator_that_keeps_expiring_is_asked_for_again_no_more_than_5_times
     pauses = _pauses(shard, idle=1.0)
     assert shard.iterators == 5
     assert pauses[:4] == [MIN_INTERVAL_WHILE_BEHIND] * 4
+
+
+class RefusingShard(SteadyShard):
+    """Its first ``times`` GetRecords calls are refused for the shard's limits."""
+
+    def __init__(self, times: int) -> None:
+        super().__init__([0])
+        self.times = times
+
+    async def get_records(self, **kw: object) -> dict[str, object]:
+        if self.times:
+            self.times -= 1
+            error = {"Error": {"Code": "ProvisionedThroughputExceededException", "Message": "x"}}
+            raise ClientError(error, "GetRecords")  # type: ignore[arg-type]
+        return await super().get_records(**kw)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_refused_call_is_tried_again_no_sooner_than_5_calls_a_second_allow(seed: int) -> None:
+    """The backoff's first delays are random in [0, 0.5 s): a retry after a refused call came as
+    soon as 0.1 s later, itself over the shard's 5 calls a second."""
+    shard = RefusingShard(times=3)
+    pauses: list[float] = []
+
+    async def record_pause(seconds: float) -> None:
+        pauses.append(seconds)
+
+    fetcher = PollingFetcher(
+        shard, {"StreamName": "s"}, "shardId-000000000000", TRIM_HORIZON,
+        InitialPosition.trim_horizon(), asyncio.Queue[FetchedBatch](), idle_time=1.0,
+        sleep=record_pause, clock=lambda: 0.0, rng=random.Random(seed),
+    )  # fmt: skip
+    with contextlib.suppress(asyncio.CancelledError):
+        asyncio.run(fetcher.run())
+    assert len(pauses) >= 3 and min(pauses[:3]) >= MIN_INTERVAL_WHILE_BEHIND, pauses
