@@ -165,8 +165,41 @@ def test_a_connection_that_sends_nothing_is_closed() -> None:
     asyncio.run(main())
 
 
+def test_a_request_sent_a_byte_at_a_time_is_closed_at_the_idle_timeout() -> None:
+    """A slot of the capped server is held at most the idle timeout by a request that never
+    ends (aiohttp counts it from the connection's start, not from its last byte)."""
+    import time
+
+    async def main() -> float:
+        async def snapshot() -> dict[str, object]:
+            return {"leases": []}
+
+        async with serving(snapshot, idle_seconds=0.5) as port:
+            conn = socket.create_connection(("127.0.0.1", port))
+            conn.settimeout(0.05)
+            began, closed = time.monotonic(), False
+            try:
+                for byte in b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 400:
+                    try:
+                        conn.sendall(bytes([byte]))
+                        closed = await asyncio.to_thread(conn.recv, 1) == b""
+                    except TimeoutError:
+                        pass
+                    except OSError:  # reset once closed
+                        closed = True
+                    if closed:
+                        break
+            finally:
+                conn.close()
+            assert closed, "a trickling request kept its connection"
+            return time.monotonic() - began
+
+    assert asyncio.run(main()) < 10
+
+
 def test_connections_past_the_cap_are_closed_and_those_open_still_served() -> None:
-    """Requests sent a byte at a time outlast the idle timeout: a peer could hold connections
+    """Requests that never end, as many as the cap, are served no further connection until one
+    closes (each is closed at the idle timeout at most): a peer could otherwise hold connections
     until the worker ran out of file descriptors (then every AWS call failed)."""
     from kclpy_spark.runtime.http_site import MAX_CONNECTIONS
 
