@@ -100,20 +100,23 @@ async def _stopping_targets(w: StoppingWorker, io: Io) -> set[str]:
     trusted as it was when chosen."""
     held = w.holder.held()
     targets = sorted({o for h in held if h.lease.handoff_pending and (o := h.lease.lease_owner)})
-
-    async def stopped(target: str) -> bool:
-        try:
-            record = await io(w.store.get_record, coordination.worker_key(target))
-        except KclpySparkError:
-            return False
-        if record is None:
-            return False
-        live = coordination.live_workers([record], w.clock.wall(), w.timing.status_max_age)
-        return target not in live
-
+    now, max_age = w.clock.wall(), w.timing.status_max_age
     # side by side: one read's time (a lease-table call's budget), whatever the receivers
-    answers = await asyncio.gather(*(stopped(t) for t in targets))
+    answers = await asyncio.gather(*(runs_no_more(w.store, io, t, now, max_age) for t in targets))
     return {t for t, gone in zip(targets, answers, strict=True) if gone}
+
+
+async def runs_no_more(store: LeaseStore, io: Io, worker: str, now: float, max_age: float) -> bool:
+    """Whether ``worker`` runs no more by its status record (stopping, stopped, suspended, or
+    not written within ``max_age``): one read. A worker without a record of ours (a KCL 3.x
+    one), or a read that failed, is trusted."""
+    try:
+        record = await io(store.get_record, coordination.worker_key(worker))
+    except KclpySparkError:
+        return False
+    if record is None:
+        return False
+    return worker not in coordination.live_workers([record], now, max_age)
 
 
 async def release_all(w: StoppingWorker, io: Io, *, resign: bool = True) -> None:

@@ -15,7 +15,7 @@ import functools
 import logging
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,8 +67,12 @@ class ConsumerSet:
         counters: CoordinationCounters,
         on_shard_end: Callable[[], None],
         caught_up: CaughtUp | None = None,
+        runs_no_more: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
+        """``runs_no_more(worker)``: whether a worker that asked for a lease has stopped since
+        (by its status record), so that a handoff is not completed to it."""
         self._cfg = cfg
+        self._runs_no_more = runs_no_more
         self._caught_up = caught_up
         self._processors = processors
         self._holder = holder
@@ -230,12 +234,21 @@ class ConsumerSet:
             if not done:
                 log.warning("lease %s: the processor did not finish shutdown_requested within "
                             "%.0f s; handing the lease over anyway", key, timeout)  # fmt: skip
+            # A receiver that stopped since it asked would never take the lease: completed to
+            # it, the lease waited out twice the failover time unread. Taken back and released.
+            check = self._runs_no_more
+            gone = to is not None and check is not None and await check(to)
             try:
-                result = await lease_call(self._holder.release, key, held.token)
+                result = await lease_call(
+                    self._holder.release, key, held.token, take_back_handoff=gone
+                )
             except KclpySparkError as exc:
                 log.warning("lease %s: completing the handoff failed (%s); it expires", key, exc)
             else:
-                if result.won:
+                if result.won and gone:
+                    log.info("lease %s: %s, which asked for it, runs no more; released instead",
+                             key, to)  # fmt: skip
+                elif result.won:
                     log.info("lease %s: handed over to %s", key, to)
                     self._metrics.events.add(key, "handed", f"to {to}, which asked for it")
             if not done and task is not None:

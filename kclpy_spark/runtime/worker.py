@@ -34,7 +34,12 @@ from kclpy_spark.logs import set_application
 from kclpy_spark.moves.assigning import leader_election, lease_timing
 from kclpy_spark.moves.lease_worker import Placement
 from kclpy_spark.moves.reports import TakeReports
-from kclpy_spark.moves.stopping import announce_stopping, let_new_owners_see, release_all
+from kclpy_spark.moves.stopping import (
+    announce_stopping,
+    let_new_owners_see,
+    release_all,
+    runs_no_more,
+)
 from kclpy_spark.moves.taking import Taker
 from kclpy_spark.processor import ReportsReadiness
 from kclpy_spark.runtime import publish
@@ -143,7 +148,13 @@ class Worker:
             self.cfg, processors, holder=self.holder, table=self.store, clock=self.clock,
             sleep=sleep, rng=self.rng, metrics=self.metrics, counters=self.counters,
             on_shard_end=self._take_now.set, caught_up=self.caught_up,
+            runs_no_more=self._runs_no_more,
         )  # fmt: skip
+
+    async def _runs_no_more(self, worker: str) -> bool:
+        return await runs_no_more(
+            self.store, self._io, worker, self.clock.wall(), self.timing.status_max_age
+        )
 
     def _stream_set(
         self, tracker: Callable[[], tuple[StreamSpec, ...]] | None, kinesis_sync: Any,

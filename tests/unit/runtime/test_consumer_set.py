@@ -48,7 +48,12 @@ class Env:
             metrics=self.metrics,
             counters=CoordinationCounters(),
             on_shard_end=lambda: None,
+            runs_no_more=self._runs_no_more,
         )
+        self.stopped: set[str] = set()  # workers whose status records say they run no more
+
+    async def _runs_no_more(self, worker: str) -> bool:
+        return worker in self.stopped
 
     def start(self, key: str, script: list[Any]) -> Any:
         self.table.create_lease_if_absent(Lease(key, TRIM_HORIZON))
@@ -218,6 +223,29 @@ def test_a_handoff_lets_the_processor_checkpoint_then_passes_the_lease() -> None
     assert env.holder.get_if_held(key) is None
     kinds = [e["kind"] for e in env.metrics.events.recent(10)]
     assert "handed" in kinds
+
+
+def test_a_handoff_to_a_worker_that_stopped_since_it_asked_is_released_instead() -> None:
+    """The receiver stopped (a rolling deploy) after it asked: completed to it, the lease was
+    owned by a worker that would never take it and waited out twice the failover time."""
+    env = Env()
+    key = "shardId-000000000000"
+
+    async def go() -> None:
+        env.start(key, [batch(10)])
+        await eventually(lambda: "10" in env.processor.seen)
+        asked = _ask_handoff(env, key)
+        env.stopped.add("worker-b")
+        env.set.hand_over(asked, timeout=30.0)
+        await eventually(lambda: not env.table.get_lease(key).handoff_pending)  # type: ignore[union-attr]
+        await eventually(lambda: key not in env.set)
+
+    asyncio.run(go())
+    stored = env.table.get_lease(key)
+    assert stored is not None and stored.lease_owner is None  # free: any live worker takes it
+    assert stored.checkpoint.sequence_number == "10"
+    assert env.processor.calls[-2:] == ["shutdown_requested", "lease_lost"]
+    assert env.holder.get_if_held(key) is None
 
 
 def test_a_handoff_is_forced_after_its_timeout_and_the_late_checkpoint_refused() -> None:
