@@ -184,6 +184,12 @@ class Taker:
                 continue
             if lease in plan.steal and w.cfg.graceful_handoff and follows:
                 await self.ask_handoff(lease, w.cfg.worker_id)
+            elif len(w.holder.held()) >= w.cfg.max_leases_for_worker:
+                # The rule counts a lease we are handing over as its new owner's, but we run it
+                # until the handoff completes: what we hold is the cap's measure.
+                log.info("worker %s: at max_leases_for_worker (%d held); taking no more",
+                         w.cfg.worker_id, w.cfg.max_leases_for_worker)  # fmt: skip
+                return
             else:
                 await self.take(lease, how="stole" if lease in plan.steal else "took")
 

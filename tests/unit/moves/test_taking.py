@@ -158,6 +158,28 @@ def test_a_lease_handed_to_us_at_our_cap_is_given_back_not_taken() -> None:
     assert "over" not in w.consumers and len(w.holder.held()) == 2
 
 
+def test_a_lease_we_are_handing_over_still_counts_toward_our_cap() -> None:
+    """A thief asked for one of our two leases: the table names it its owner, but we run it
+    until the handoff completes. The rule counted us at one and we took a free lease: three
+    held at a cap of two."""
+    from dataclasses import replace as changed
+
+    table = MemoryLeaseTable()
+    w = worker(table, Consumers())
+    w.cfg = changed(w.cfg, max_leases_for_worker=2)
+    w.board = SimpleNamespace(on_scan=lambda *a: None)
+    for key in ("a", "b"):
+        held = table.take_lease(put(table, key), ME)
+        assert held is not None
+        w.holder.add_taken(held)
+        w.consumers[key] = held
+    asked = table.initiate_handoff(table.get_lease("a"), "thief")  # type: ignore[arg-type]
+    assert asked is not None
+    put(table, "free")
+    asyncio.run(Taker(w, io).round())
+    assert len(w.holder.held()) == 2 and "free" not in w.consumers
+
+
 def test_a_graceful_steal_counts_once_as_a_move_and_once_as_a_handoff_asked() -> None:
     """Asking counted a steal, and the handed lease's arrival a take: one move was two on the
     dashboard (and in the soak's count of moves)."""
