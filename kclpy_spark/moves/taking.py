@@ -118,13 +118,27 @@ class Taker:
         return False
 
     async def _look_at_incoming(self) -> None:
+        """Read the leases being handed to us, at most ``MAX_LOOKS`` a pass, in turn: a stopping
+        worker may hand us hundreds, and each pass read them all one after another while the
+        take loop waited. One whose time is up is left to the rounds before any read (a key
+        whose read kept failing was never dropped); a failed read skips only its key."""
         w = self._w
-        for key, until in list(self._incoming.items()):
-            lease = await self._io(w.store.get_lease, key)
-            if lease is None or lease.lease_owner != w.cfg.worker_id or w.clock.monotonic() > until:
-                del self._incoming[key]  # gone, taken by another, or left to the rounds
+        now = w.clock.monotonic()
+        for key in [k for k, until in self._incoming.items() if now > until]:
+            del self._incoming[key]
+        keys = list(self._incoming)[:MAX_LOOKS]
+        for key in keys:  # to the back of the line
+            self._incoming[key] = self._incoming.pop(key)
+        for key in keys:
+            try:
+                lease = await self._io(w.store.get_lease, key)
+            except KclpySparkError as exc:  # the next pass (or round) tries again
+                log.warning("lease %s: reading it, handed to us, failed: %s", key, exc)
+                continue
+            if lease is None or lease.lease_owner != w.cfg.worker_id:
+                self._incoming.pop(key, None)  # gone, or taken by another
             elif not lease.handoff_pending:
-                del self._incoming[key]
+                self._incoming.pop(key, None)
                 if w.run_state.may_take and self._ours_to_take(lease):
                     await self._take_handed(lease)
 

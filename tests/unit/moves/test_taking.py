@@ -296,6 +296,31 @@ def test_a_lease_written_again_is_looked_at_once_and_then_not_until_its_new_expi
     assert expiry is not None and expiry > w.clock.monotonic()
 
 
+def test_leases_handed_to_us_are_read_a_few_a_pass_in_turn_and_dropped_in_time() -> None:
+    """A stopping worker handed us a hundred: each pass read all of them, one after another,
+    while the take loop waited; and a key whose read kept failing was never dropped."""
+    clock = ManualClock()
+    table = CountingTable(clock)
+    w = worker(table, Consumers(), clock)
+    taker = Taker(w, io)
+    keys = [f"h{i:03d}" for i in range(100)]
+    for key in keys:
+        put(table, key, lease_owner=ME, checkpoint_owner="v", lease_counter=3)
+        taker._watch_incoming(key)
+    table.gets.clear()
+    for _ in range(3):
+        asyncio.run(taker._look_at_incoming())
+    assert len(table.gets) == 3 * MAX_LOOKS
+    assert len(set(table.gets)) == 3 * MAX_LOOKS  # in turn: none read twice before the rest
+    table.failing = True
+    asyncio.run(taker._look_at_incoming())  # every read fails: kept, and tried again
+    assert len(taker._incoming) == 100
+    clock.advance(w.cfg.handoff_timeout + w.timing.lease_duration + 1)
+    table.gets.clear()
+    asyncio.run(taker._look_at_incoming())  # their time is up: left to the rounds, unread
+    assert taker._incoming == {} and table.gets == []
+
+
 def test_too_many_leases_due_at_once_end_the_wait_without_reading_them() -> None:
     table, w, taker = watching([f"s{i}" for i in range(MAX_LOOKS + 1)])
     w.clock.advance(w.timing.lease_duration + w.timing.max_clock_skew + 0.01)
