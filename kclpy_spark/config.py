@@ -262,13 +262,22 @@ def layered(
     environment (set and not empty), else the file, else its default (``streams`` only from the
     file)."""
     values = toml_table(path) if path is not None else {}
+    values.update(environment_values(environ))
+    values.update({k: _coerce(k, v, "command line") for k, v in flags.items() if v is not None})
+    return WorkerConfig(**values)
+
+
+def environment_values(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The keys ``environ`` sets as ``KCLPY_SPARK_<KEY>`` (set and not empty; ``streams`` only
+    from a file), each of its type; a WARNING names each variable of the prefix that is no
+    key."""
     _warn_unknown_variables(environ)
+    values: dict[str, Any] = {}
     for name in _FIELDS:
         text = environ.get(ENV_PREFIX + name.upper())
         if text and name != "streams":  # an empty variable is as good as unset
             values[name] = _coerce(name, text, f"environment {ENV_PREFIX}{name.upper()}")
-    values.update({k: _coerce(k, v, "command line") for k, v in flags.items() if v is not None})
-    return WorkerConfig(**values)
+    return values
 
 
 # Variables of the prefix that are no config key: switches read elsewhere.

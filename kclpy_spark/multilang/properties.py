@@ -36,7 +36,7 @@ from typing import Any
 from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import InitialPosition, Position
 from kclpy_spark.aws import is_aws_host
-from kclpy_spark.config import WorkerConfig, from_mapping
+from kclpy_spark.config import ENV_PREFIX, WorkerConfig, environment_values, from_mapping
 from kclpy_spark.multilang.javaprops import parse_properties, read_properties_file
 from kclpy_spark.multilang.kcl_keys import (
     CHAIN_PROVIDERS,
@@ -202,14 +202,20 @@ def _endpoint(props: Mapping[str, str], values: dict[str, Any], keys: dict[str, 
     if endpoint:
         values["endpoint_url"] = endpoint
         keys["endpoint_url"] = "kinesisEndpoint" if kinesis else "dynamoDBEndpoint"
+
+
+def _lease_table_region(
+    props: Mapping[str, str], values: Mapping[str, Any], environ: Mapping[str, str]
+) -> None:
+    """``dynamoDBRegionName`` must be the region the worker will use (the lease table is read
+    there), as far as the keys set so far (the file's, the environment's, the flags') and the
+    SDK's variables say."""
     dynamo_region = props.get("dynamoDBRegionName")
-    region = (  # the region the worker will use, as far as the file and environment say
-        props.get("regionName")
+    region = (
+        values.get("region")
         or _arn_region(props.get("streamArn"))
-        or props.get("kclpyspark.region")
-        or os.environ.get("KCLPY_SPARK_REGION")
-        or os.environ.get("AWS_REGION")
-        or os.environ.get("AWS_DEFAULT_REGION")
+        or environ.get("AWS_REGION")
+        or environ.get("AWS_DEFAULT_REGION")
     )
     if dynamo_region and region and dynamo_region != region:
         raise ConfigError(
@@ -386,18 +392,36 @@ def _direct_fields(props: Mapping[str, str], values: dict[str, Any], keys: dict[
         values["profile"], keys["profile"] = profile, main
 
 
+def _over_the_file(
+    values: dict[str, Any],
+    keys: dict[str, str],
+    environ: Mapping[str, str],
+    overrides: Mapping[str, Any],
+) -> None:
+    """The environment's ``KCLPY_SPARK_<KEY>`` over the file's keys, then the flags'."""
+    for name, value in environment_values(environ).items():
+        values[name], keys[name] = value, f"{ENV_PREFIX}{name.upper()}"
+    for name, value in overrides.items():
+        if value is not None:
+            values[name], keys[name] = value, f"--{name.replace('_', '-')}"
+
+
 def config_from_properties(
     raw: Mapping[str, str],
     *,
     folder: Path,
     source: str = "properties",
     overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> tuple[WorkerConfig, MultiLangSettings]:
     """The worker config and child settings for parsed properties ``raw`` (see the module doc).
 
-    ``overrides`` are WorkerConfig fields (e.g. from command-line flags); None values are skipped.
-    Raises ConfigError naming the property (or field) that is wrong.
+    ``environ`` (default: the process's) sets keys by ``KCLPY_SPARK_<KEY>`` over the file, as
+    for a TOML file; ``overrides`` are WorkerConfig fields (e.g. from command-line flags) over
+    both; None values are skipped. Raises ConfigError naming the property (or field) that is
+    wrong.
     """
+    environ = os.environ if environ is None else environ
     props = {k: v.strip() for k, v in raw.items() if v.strip()}
     if "applicationName" not in props:
         # As the MultiLangDaemon: without it, apps on different streams would share a lease table
@@ -432,9 +456,8 @@ def config_from_properties(
         if key.startswith(EXTENSION_PREFIX):
             name = key[len(EXTENSION_PREFIX) :]
             values[name], keys[name] = value, key
-    for name, value in (overrides or {}).items():
-        if value is not None:
-            values[name], keys[name] = value, f"--{name.replace('_', '-')}"
+    _over_the_file(values, keys, environ, overrides or {})
+    _lease_table_region(props, values, environ)
     try:
         return from_mapping(values, source=source), settings
     except ConfigError as exc:

@@ -187,6 +187,29 @@ def test_the_lease_tables_region_is_compared_with_aws_region_without_region_name
     assert cfg.region == "eu-west-1"  # the worker's region, not AWS_REGION's
 
 
+def test_kclpy_spark_variables_set_keys_over_a_properties_file_as_over_a_toml_file(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The environment was applied to TOML configs only: under ``multilang`` every
+    KCLPY_SPARK_<KEY> did nothing, silently (no /metrics with KCLPY_SPARK_METRICS_PORT), while
+    the lease table's region check believed KCLPY_SPARK_REGION, which the worker never used."""
+    monkeypatch.setenv("KCLPY_SPARK_METRICS_PORT", "9464")
+    monkeypatch.setenv("KCLPY_SPARK_FAILOVER_TIME", "30")
+    cfg, _ = build(failoverTimeMillis="20000")
+    assert cfg.metrics_port == 9464 and cfg.failover_time == 30.0  # the variable beats the file
+    flagged, _ = config_from_properties(
+        BASE, folder=Path("/apps/orders"), overrides={"failover_time": 12.0}
+    )
+    assert flagged.failover_time == 12.0  # the flag beats the variable
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("KCLPY_SPARK_REGION", "eu-west-1")
+    cfg, _ = build(dynamoDBRegionName="eu-west-1")
+    assert cfg.region == "eu-west-1"  # checked against, and used: the same region
+    monkeypatch.setenv("KCLPY_SPARK_REGION", "us-east-1")
+    with pytest.raises(ConfigError, match="'dynamoDBRegionName'"):
+        build(dynamoDBRegionName="eu-west-1")
+
+
 def test_the_lease_tables_region_may_come_from_the_stream_arn() -> None:
     """dynamoDBRegionName was compared with a regionName of us-east-1 when none was set."""
     arn = "arn:aws:kinesis:eu-west-1:123456789012:stream/orders"
