@@ -8,6 +8,7 @@ the key.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
 import tomllib
@@ -175,8 +176,8 @@ class WorkerConfig:
 
     @property
     def sqlite_path(self) -> Path | None:
-        if self.lease_store.startswith("sqlite:"):
-            return Path(self.lease_store.removeprefix("sqlite:"))
+        if self.lease_store.startswith("sqlite:"):  # "~" is the home folder, as in a shell
+            return Path(self.lease_store.removeprefix("sqlite:")).expanduser()
         return None
 
     def with_overrides(self, **overrides: Any) -> WorkerConfig:
@@ -272,6 +273,11 @@ def environment_values(environ: Mapping[str, str]) -> dict[str, Any]:
     from a file), each of its type; a WARNING names each variable of the prefix that is no
     key."""
     _warn_unknown_variables(environ)
+    if environ.get(ENV_PREFIX + "STREAMS"):
+        logging.getLogger(__name__).warning(
+            "environment variable %sSTREAMS is ignored: [[streams]] come from the config file only",
+            ENV_PREFIX,
+        )
     values: dict[str, Any] = {}
     for name in _FIELDS:
         text = environ.get(ENV_PREFIX + name.upper())
@@ -289,7 +295,6 @@ def _warn_unknown_variables(environ: Mapping[str, str]) -> None:
     """A misspelt KCLPY_SPARK_ variable did nothing, silently (a misspelt file key is an
     error): a WARNING names it and the nearest key."""
     import difflib
-    import logging
 
     keys = [name.upper() for name in _FIELDS]
     for variable in sorted(v for v in environ if v.startswith(ENV_PREFIX)):

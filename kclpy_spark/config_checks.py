@@ -31,6 +31,12 @@ def check(cfg: WorkerConfig) -> None:
     _check_names(cfg)
     _check_numbers(cfg)
     _check_choices(cfg)
+    if not cfg.metrics_host.strip():
+        # An empty host binds every interface: the status page open to the network, unsaid.
+        raise ConfigError(
+            "config 'metrics_host' is empty (that listens on every address): name an address, "
+            "'127.0.0.1' for this machine only or '0.0.0.0' for all"
+        )
 
 
 def _check_streams(cfg: WorkerConfig) -> None:

@@ -370,7 +370,13 @@ def _direct_fields(props: Mapping[str, str], values: dict[str, Any], keys: dict[
     for key, value in props.items():
         if key in FIELDS:
             name, convert = FIELDS[key]
-            values[name], keys[name] = convert(key, value), key
+            converted = convert(key, value)
+            if name in keys and values[name] != converted:  # two names of one key (workerId)
+                raise ConfigError(
+                    f"properties {keys[name]!r} and {key!r} set the same thing differently "
+                    f"({values[name]!r} and {converted!r}): keep one"
+                )
+            values[name], keys[name] = converted, key
         elif key.startswith(EXTENSION_PREFIX):
             name = key[len(EXTENSION_PREFIX) :]
             if name not in WORKER_FIELDS:

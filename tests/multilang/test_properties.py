@@ -457,3 +457,11 @@ def test_the_sample_properties_file(caplog: pytest.LogCaptureFixture) -> None:
     assert settings.cwd == HERE and settings.timeout == 60.0 and settings.shutdown_grace == 10.0
     assert settings.processing_language == "python/3"
     assert not warnings(caplog)
+
+
+def test_two_names_of_one_key_set_differently_are_one_line() -> None:
+    """workerId and workerIdentifier both set: the one later in the file won, silently."""
+    with pytest.raises(ConfigError, match="'workerId' and 'workerIdentifier'"):
+        build(workerId="a", workerIdentifier="b")
+    cfg, _ = build(workerId="a", workerIdentifier="a")
+    assert cfg.worker_id == "a"

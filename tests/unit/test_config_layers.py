@@ -337,3 +337,31 @@ def test_the_workers_kinesis_control_calls_end_within_a_failover_time(
     config = kinesis_control_client(cfg).meta.config
     assert (config.connect_timeout, config.read_timeout) == (timeout, timeout)
     assert config.retries["total_max_attempts"] == 2
+
+
+def test_a_streams_variable_is_said_to_be_ignored(caplog: pytest.LogCaptureFixture) -> None:
+    """KCLPY_SPARK_STREAMS is a key's name, so no misspelling was reported, yet it did nothing."""
+    cfg = layered(None, {"KCLPY_SPARK_STREAM_NAME": "s", "KCLPY_SPARK_STREAMS": "a,b"}, {})
+    assert cfg.stream_name == "s" and cfg.streams == ()
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == [
+        "environment variable KCLPY_SPARK_STREAMS is ignored: [[streams]] come from the config "
+        "file only"
+    ]
+
+
+def test_an_empty_metrics_host_is_one_line_not_every_address(tmp_path: Path) -> None:
+    """An empty host (a template left blank) bound every interface: the status page and
+    /metrics reachable from the network, unsaid."""
+    with pytest.raises(ConfigError, match="'metrics_host' is empty"):
+        layered(_toml(tmp_path, 'stream_name = "s"\nmetrics_host = ""\n'), {}, {})
+
+
+def test_a_sqlite_lease_store_under_the_home_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sqlite:~/leases.db`` made a folder named "~" in the working directory: a daemon started
+    elsewhere had a new, empty table (and started at LATEST, skipping records)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = WorkerConfig(stream_name="s", lease_store="sqlite:~/leases.db")
+    assert cfg.sqlite_path == tmp_path / "leases.db"
