@@ -8,8 +8,11 @@ the source:
   so the batch ending at ``latestOffset``'s ``start`` is complete: its shards' pins become the
   leases' checkpoints there, once per batch (``acknowledge``). The lease checkpoint therefore
   trails Spark's own checkpoint by the batch in flight, and after a stop by the last batch
-  (Spark never says that one completed): a new owner of the lease reads those records again,
+  until the query runs again (its next run acknowledges that batch once it holds the leases
+  again at the batch's start): a new owner of the lease meanwhile reads those records again,
   never fewer.
+* **When does a run start reading?** A run's first plan (its worker has just started) and
+  AvailableNow wait for the leases (``settle``): a Trigger.Once run otherwise ended at once.
 * **What does the next batch read?** The shards whose leases the worker holds
   (``leased.next_leased_offset``); Trigger.AvailableNow ends only once no lease of the
   application is left waiting for this worker (``settle``).
@@ -83,6 +86,7 @@ class LeaseDriver:
         self._worker: QueryWorker | None = None
         self._acked: tuple[str, int] | None = None  # the last batch acknowledged
         self._read_under: dict[tuple[str, int], dict[str, str]] = {}  # replays re-checked
+        self._planned = False  # this run planned a batch (or found nothing to) already
 
     @property
     def replay_wait(self) -> float:
@@ -114,7 +118,10 @@ class LeaseDriver:
             return
         leases = self.worker().leases
         skipped = store.skipped(*key)
-        acks = acknowledgments(offset, pins, skipped, self._read_under.get(key))
+        under = self._read_under.get(key)
+        if under is None:  # not replayed: an earlier run's batch is acknowledged as held again
+            under = self._held_again(offset, skipped)[1]
+        acks = acknowledgments(offset, pins, skipped, under)
         acknowledge_all(leases, acks, children)
         for sid in ends_to_hand(offset, pins, leases.readable(), skipped):
             log.info("kinesis-kcl: shard %s ended in an earlier batch; handing its end", sid)
@@ -146,10 +153,13 @@ class LeaseDriver:
             return offset is previous or not offset.read_shards()
 
         planned = following()
-        if until_ms is not None and nothing(planned):
+        # AvailableNow, and a run's first plan (its worker has just started: a Trigger.Once
+        # run found no lease taken yet and ended without a batch), wait for the leases.
+        first, self._planned = not self._planned, True
+        if (until_ms is not None or first) and nothing(planned):
             if self.settle(lambda: not nothing(following())):
                 planned = following()
-            else:
+            elif until_ms is not None:
                 log.warning("kinesis-kcl: leases still wait for this worker; the run ends "
                             "without them")  # fmt: skip
         # Nothing to read: no batch (Spark asks again; the source paces the asking).
@@ -179,9 +189,24 @@ class LeaseDriver:
         batch an earlier run planned, each once this worker holds its lease again at the
         batch's start (all waited for at once), the others left out for good
         (``store.mark_skipped``)."""
-        worker = self.worker()
         key = (offset.run, offset.batch)
-        skipped = store.skipped(*key)
+        planned, under = self._held_again(offset, store.skipped(*key))
+        for sid in planned:
+            if sid not in under:
+                log.warning("kinesis-kcl: batch %d leaves shard %s out: its lease moved",
+                            offset.batch, sid)  # fmt: skip
+                store.mark_skipped(*key, sid)
+        self._read_under = {key: under}
+        return [sid for sid in planned if sid in under]
+
+    def _held_again(
+        self, offset: SourceOffset, skipped: Collection[str]
+    ) -> tuple[list[str], dict[str, str]]:
+        """The shards the batch ``offset`` planned (not skipped), and the tenure under which
+        this worker holds each lease at the batch's start: the planned one for a batch of this
+        run (while it lasts); for a batch an earlier run planned, the one held again, once all
+        its leases were waited for."""
+        worker = self.worker()
         planned = {sid: offset.shards[sid] for sid in offset.read_shards()
                    if sid not in skipped and offset.shards[sid].tenure is not None}  # fmt: skip
         earlier = {sid: owner_of(str(p.tenure)) for sid, p in planned.items()
@@ -189,20 +214,14 @@ class LeaseDriver:
         if earlier:  # a batch an earlier run planned: wait for its leases
             self._wait(earlier)
         readable = worker.leases.readable()
-        reads, under = [], {}
+        under = {}
         for sid, plan in planned.items():
             held = readable.get(sid)
             if sid not in earlier and held is not None and held.tenure != plan.tenure:
                 held = None  # this run's tenure ended since it planned the batch
-            if held is None or resume_start(plan.start, held.start) != plan.start:
-                log.warning("kinesis-kcl: batch %d leaves shard %s out: its lease moved",
-                            offset.batch, sid)  # fmt: skip
-                store.mark_skipped(*key, sid)
-                continue
-            reads.append(sid)
-            under[sid] = held.tenure
-        self._read_under = {key: under}
-        return reads
+            if held is not None and resume_start(plan.start, held.start) == plan.start:
+                under[sid] = held.tenure
+        return list(planned), under
 
     def _wait(self, earlier: Mapping[str, str]) -> None:
         """Leases an earlier run held (shard -> its worker id): wait until each is this

@@ -232,3 +232,35 @@ def test_a_replay_leaves_out_the_shards_whose_leases_moved(
     assert sorted(by_a + by_b) == list(range(60)), (sorted(by_a), sorted(by_b))
     assert replayed == [], "the replay read shards whose leases had moved"
     assert not set(first_try) - set(by_b), "B read what A's failed batch had read"
+
+
+def test_trigger_once_runs_read_and_checkpoint_through_their_leases(
+    leased: Any, kinesis_client: Any, dynamodb_client: Any, unique_name: str, tmp_path: Path
+) -> None:
+    """Each Trigger.Once run starts a new worker: its first plan found no lease taken yet and
+    the run ended without a batch; and a run's acknowledgment of the batch the one before it
+    committed named that run's tenure, refused, so the lease table never moved."""
+    kinesis_client.create_stream(StreamName=unique_name, ShardCount=1)
+    wait_active(kinesis_client, unique_name)
+    produce(kinesis_client, unique_name, range(0, 50))
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    df = leased(maxRecordsPerShard="20", failoverTime="3")
+    for _ in range(2):
+        query = (df.writeStream.foreachBatch(_batches_to(out))
+                 .option("checkpointLocation", str(checkpoint))
+                 .trigger(once=True).start())  # fmt: skip
+        assert query.awaitTermination(240) and query.exception() is None
+    batches = _read_batches(out)
+    assert [sorted(r["n"] for r in rows) for rows in batches.values()] == [
+        list(range(0, 20)), list(range(20, 40))
+    ]  # fmt: skip
+    table = DynamoDBLeaseTable(dynamodb_client, unique_name, create_if_missing=False)
+    [lease] = table.list_leases()
+    shard = lease.lease_key
+    records = kinesis_client.get_records(
+        ShardIterator=kinesis_client.get_shard_iterator(
+            StreamName=unique_name, ShardId=shard, ShardIteratorType="TRIM_HORIZON"
+        )["ShardIterator"]
+    )["Records"]
+    # the first run's batch, acknowledged by the second run (its own waits for the next)
+    assert lease.checkpoint.sequence_number == records[19]["SequenceNumber"]

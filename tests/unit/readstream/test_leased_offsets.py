@@ -377,3 +377,64 @@ def test_a_batchs_acknowledgments_run_side_by_side() -> None:
     assert acknowledge_all(leases, acks) == [True] * len(acks)
     assert Slow.most == ACK_THREADS
     assert all(cp.calls[-1] == ("checkpoint", ("2", 0)) for cp in checkpointers.values())
+
+
+def test_a_runs_first_plan_waits_for_its_leases_and_later_plans_do_not() -> None:
+    """A Trigger.Once run starts its worker at its first plan: no lease was taken yet, the plan
+    read nothing and Spark ended the run without a batch (every run, for good)."""
+    import threading
+    import time
+
+    worker = _FakeWorker([_lease("s0", None, 1)])
+    driver = _driver(worker)
+
+    def taken_later() -> None:
+        time.sleep(0.3)
+        worker.leases.register(_Entry(held("s0"), lambda item: None))
+        worker.leases.announce("s0", _Checkpointer())
+
+    threading.Thread(target=taken_later, daemon=True).start()
+    start = first_offset("run", 1_000)
+    planned = driver.plan(start, {}, [], None, set())
+    assert planned.read_shards() == ["s0"]
+    waits: list[int] = []
+    driver.settle = lambda *a, **k: waits.append(1) or False  # type: ignore[method-assign]
+    worker.leases = HeldLeases()  # nothing readable now
+    assert driver.plan(start, {}, [], None, set()) is start and waits == []
+
+
+def test_a_batch_an_earlier_run_completed_is_acknowledged_under_the_tenure_held_again(
+    tmp_path: Any,
+) -> None:
+    """Spark committed batch N, then the driver stopped: the next run acknowledged N under the
+    earlier run's tenure, refused, so the lease stayed behind (a quiet shard for good, and a
+    later move read the committed batch again); a Trigger.Once job never checkpointed."""
+    from kclpy_spark.readstream.pins import DirectoryPins
+
+    worker = _FakeWorker([])
+    checkpointer = _Checkpointer()
+    worker.leases.register(_Entry(held("s0", "me#t2", Start(ESN("150"))), lambda item: None))
+    worker.leases.announce("s0", checkpointer)
+    earlier = {"s0": held("s0", "query:old#t1", Start(ESN("150")))}
+    offset = next_leased_offset(first_offset("run", 1_000), {}, earlier)
+    _driver(worker).acknowledge(
+        offset, {"s0": Pin(ESN("160"), ESN("170"), 2)}, DirectoryPins(tmp_path), lambda s: []
+    )
+    assert ("checkpoint", ("170", 0)) in checkpointer.calls
+
+
+def test_an_earlier_runs_batch_is_not_acknowledged_when_the_lease_went_on_without_it(
+    tmp_path: Any,
+) -> None:
+    from kclpy_spark.readstream.pins import DirectoryPins
+
+    worker = _FakeWorker([])
+    checkpointer = _Checkpointer()
+    worker.leases.register(_Entry(held("s0", "me#t2", Start(ESN("300"))), lambda item: None))
+    worker.leases.announce("s0", checkpointer)
+    earlier = {"s0": held("s0", "query:old#t1", Start(ESN("150")))}
+    offset = next_leased_offset(first_offset("run", 1_000), {}, earlier)
+    _driver(worker).acknowledge(
+        offset, {"s0": Pin(ESN("160"), ESN("170"), 2)}, DirectoryPins(tmp_path), lambda s: []
+    )
+    assert checkpointer.calls == []  # another owner read on past it: nothing moves back
