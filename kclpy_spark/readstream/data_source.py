@@ -42,7 +42,7 @@ from kclpy_spark.readstream.offsets import (
 )
 from kclpy_spark.readstream.options import SourceOptions
 from kclpy_spark.readstream.pins import DirectoryPins
-from kclpy_spark.spark.ranges import PINNED_TIME_FACTOR, Pinned, RangeEnd, ReadRange
+from kclpy_spark.spark.ranges import PINNED_TIME_FACTOR, Pinned, RangeEnd, ReadRange, aged_out
 
 log = logging.getLogger(__name__)
 
@@ -288,6 +288,12 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             stored = pins.get(run, batch, rng.shard_id)
             ranges.append(rng if stored is None else _pinned(rng, stored))
         for rng, (chunks, end) in self._reads(ranges):
+            if rng.pinned is not None and aged_out(rng.pinned, end):
+                log.warning(
+                    "kinesis-kcl: shard %s: batch %d read again found %d of its %s records: "
+                    "the rest aged out of the stream's retention before it was written",
+                    rng.shard_id, batch, end.rows, rng.pinned.rows,
+                )  # fmt: skip
             if rng.pinned is None:
                 pin = Pin(end.first, end.last, end.rows, end.shard_ended,
                           caught_up=end.bounded
@@ -326,7 +332,8 @@ def _limits(limit: Any) -> tuple[int | None, int | None]:
 def _pinned(rng: ReadRange, pin: Pin) -> ReadRange:
     """``rng`` read again to ``pin`` exactly (more time: what it must read may have taken the
     first read all of its budget)."""
-    pinned = Pinned(pin.first, pin.last, pin.rows, pin.ended)
+    # what retention left of it, if it aged out meanwhile (one line, data_source.read)
+    pinned = Pinned(pin.first, pin.last, pin.rows, pin.ended, aged_out_ok=True)
     return replace(rng, pinned=pinned, until_millis=None, iterator=None,
                    max_seconds=rng.max_seconds * PINNED_TIME_FACTOR)  # fmt: skip
 

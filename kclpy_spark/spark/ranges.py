@@ -52,6 +52,10 @@ class Pinned:
     last: ESN | None
     rows: int | None
     shard_ended: bool = False
+    # A read again may find the oldest of its records aged out of the stream's retention (a
+    # readStream replay: nobody else holds them, and refusing fails the query for good): what
+    # is left of it, a suffix of its records, is its read (``aged_out``).
+    aged_out_ok: bool = False
 
     def __post_init__(self) -> None:
         if self.rows is None:
@@ -299,7 +303,8 @@ class RangeEnd:
 
 
 def check_pinned(rng: ReadRange, end: RangeEnd) -> None:
-    """Raise ``RangeMismatchError`` unless a pinned range's read found exactly its pin."""
+    """Raise ``RangeMismatchError`` unless a pinned range's read found exactly its pin (or,
+    when its pin allows, what retention left of it: ``aged_out``)."""
     pin = rng.pinned
     if pin is None:
         return
@@ -308,12 +313,24 @@ def check_pinned(rng: ReadRange, end: RangeEnd) -> None:
             return
     elif (end.first, end.last, end.rows) == (pin.first, pin.last, pin.rows):
         return
+    if pin.aged_out_ok and aged_out(pin, end):
+        return
     count = "?" if pin.rows is None else str(pin.rows)
     raise RangeMismatchError(
         f"lease {rng.lease_key}: the pinned range {_ends(pin.first, pin.last)} ({count} "
         f"records) read again gave {_ends(end.first, end.last)} ({end.rows} records): not the "
         "records its first read found"
     )
+
+
+def aged_out(pin: Pinned, end: RangeEnd) -> bool:
+    """Whether ``end`` read fewer of the pinned records and only those at its end: its oldest
+    aged out of the stream (nothing at all, or from a later first record to the same last)."""
+    if pin.first is None or pin.last is None or pin.rows is None or end.rows >= pin.rows:
+        return False
+    if end.rows == 0:
+        return end.first is None
+    return end.last == pin.last and end.first is not None and end.first > pin.first
 
 
 def next_range(previous: ReadRange, end: RangeEnd) -> ReadRange:
@@ -373,6 +390,7 @@ def _pin_json(pin: Pinned | None) -> dict[str, Any] | None:
         "last": _esn_json(pin.last),
         "rows": pin.rows,
         "shard_ended": pin.shard_ended,
+        "aged_out_ok": pin.aged_out_ok,
     }
 
 
@@ -384,4 +402,5 @@ def _pin_of(value: Any) -> Pinned | None:
         _esn_of(value["last"]),
         None if value["rows"] is None else int(value["rows"]),
         bool(value["shard_ended"]),
+        bool(value.get("aged_out_ok", False)),
     )

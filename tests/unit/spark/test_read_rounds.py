@@ -1133,3 +1133,38 @@ def test_the_relay_keeps_its_lease_registered_after_the_shard_end_until_cancelle
     got, registered, running, after = asyncio.run(scenario())
     assert [(b.announce, b.shard_ended) for b in got] == [(True, False), (False, True)]
     assert registered == 1 and running and after == 0
+
+
+@pytest.mark.parametrize(
+    ("answers", "kept"),
+    [
+        ([_answer([200, 300, 400], "it-1")], [200, 300]),  # 100 aged out
+        ([_answer([400, 500], "it-1")], []),  # all of it aged out
+        ([_answer([100, 300, 400], "it-1")], None),  # 200 missing in the middle: refused
+        ([_answer([100, 200, 300, 400], "it-1")], [100, 200, 300]),  # all there
+    ],
+)
+def test_a_pin_that_allows_it_reads_again_what_retention_left_of_its_records(
+    answers: list[dict[str, Any]], kept: list[int] | None
+) -> None:
+    """A readStream replay of a batch whose oldest records aged out failed every attempt (not
+    retriable), the query with it, and every restart replayed the same batch: for good."""
+    from kclpy_spark.spark.ranges import RangeMismatchError
+
+    pin = Pinned(esn(100), esn(300), 3, aged_out_ok=True)
+    rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, esn(99), pinned=pin)
+    assert ReadRange.from_json(rng.to_json()) == rng
+    if kept is None:
+        with pytest.raises(RangeMismatchError):
+            _read_range(list(answers), rng)
+    else:
+        assert _read_range(list(answers), rng)[1] == kept
+    strict = replace(rng, pinned=replace(pin, aged_out_ok=False))
+    if kept not in (None, [100, 200, 300]):
+        with pytest.raises(RangeMismatchError):  # the daemon's pins: a mismatch still fails
+            _read_range(list(answers), strict)
+    from kclpy_spark.readstream.data_source import _pinned
+    from kclpy_spark.readstream.offsets import Pin
+
+    replay = _pinned(replace(rng, pinned=None), Pin(esn(100), esn(300), 3))
+    assert replay.pinned is not None and replay.pinned.aged_out_ok  # readStream's replays
