@@ -55,7 +55,10 @@ class StartArgs:
     an iterator is replaced before the read's first record came (it expired unused, or a
     subscription ended early). LATEST is the one start that moves: the first ask is LATEST, and
     every later one AT_TIMESTAMP from when the first was made (``LATEST_RESTART_MARGIN``
-    earlier); a second LATEST skipped what arrived in between."""
+    earlier); a second LATEST skipped what arrived in between. A first ask made more than the
+    margin after these arguments were made (their read began: an enhanced fan-out consumer's
+    registration took that long) is AT_TIMESTAMP from then too: the lease was pinned there, and
+    what arrived meanwhile was read only if the read was started again."""
 
     def __init__(
         self,
@@ -66,6 +69,7 @@ class StartArgs:
         self._checkpoint = checkpoint
         self._initial = initial_position
         self._wall = wall
+        self._began = wall()
         self._latest_since: float | None = None
 
     def __call__(self) -> dict[str, Any]:
@@ -73,7 +77,10 @@ class StartArgs:
         if args["ShardIteratorType"] != "LATEST":
             return args
         if self._latest_since is None:
-            self._latest_since = self._wall() - LATEST_RESTART_MARGIN
-            return args
+            now = self._wall()
+            late = now - self._began > LATEST_RESTART_MARGIN
+            self._latest_since = (self._began if late else now) - LATEST_RESTART_MARGIN
+            if not late:
+                return args
         since = datetime.fromtimestamp(self._latest_since, tz=UTC)
         return {"ShardIteratorType": "AT_TIMESTAMP", "Timestamp": since}

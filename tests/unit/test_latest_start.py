@@ -22,12 +22,21 @@ SINCE = datetime.fromtimestamp(WALL - LATEST_RESTART_MARGIN, tz=UTC)
 
 
 def test_start_args_ask_latest_once_then_from_where_it_began() -> None:
-    walls = iter([WALL, WALL + 400.0, WALL + 800.0])
+    walls = iter([WALL - 1.0, WALL, WALL + 400.0, WALL + 800.0])  # made, then asked three times
     start = StartArgs(LATEST, InitialPosition.latest(), lambda: next(walls))
     assert start() == {"ShardIteratorType": "LATEST"}
     assert start() == start() == {"ShardIteratorType": "AT_TIMESTAMP", "Timestamp": SINCE}
     trim = StartArgs(TRIM_HORIZON, InitialPosition.latest(), lambda: WALL)
     assert trim() == trim() == {"ShardIteratorType": "TRIM_HORIZON"}
+
+
+def test_a_first_latest_ask_long_after_the_read_began_starts_where_it_began() -> None:
+    """An enhanced fan-out consumer registered for tens of seconds before its first subscription
+    at LATEST: the lease was pinned where the read began, and what arrived meanwhile was read only
+    if the read happened to start again before its first checkpoint."""
+    walls = iter([WALL, WALL + 30.0, WALL + 60.0])
+    start = StartArgs(LATEST, InitialPosition.latest(), lambda: next(walls))
+    assert start() == start() == {"ShardIteratorType": "AT_TIMESTAMP", "Timestamp": SINCE}
 
 
 class ExpiresUnused:
