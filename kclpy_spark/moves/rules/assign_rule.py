@@ -36,6 +36,7 @@ so a fleet that hovers around a threshold does not switch back and forth.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
@@ -128,7 +129,12 @@ def plan_assignments(
         return AssignPlan(reason="no running worker to assign to", counts={})
     free = _free(scan, rng)
     if free:
-        return _assign_free(free, counts, base, rng, max_leases_for_worker, takes)
+        # A lease being handed over counts for its new owner, but its old owner runs it until
+        # the handoff completes: at its cap meanwhile (given one, it gave it back, again and
+        # again until the handoff was done).
+        handing = Counter(o.lease.checkpoint_owner for o in scan.leases if o.lease.handoff_pending)
+        full = {t for t in targets if counts[t] + handing[t] >= max_leases_for_worker}
+        return _assign_free(free, counts, base, rng, max_leases_for_worker, takes, full)
     if max_moves == 0:
         return AssignPlan(reason="nothing free; moves off", counts=base.counts)
     if has_load(scan):
@@ -175,11 +181,12 @@ def _assign_free(
     rng: random.Random,
     cap: int,
     takes: Consumers,
+    full: Collection[str] = (),
 ) -> AssignPlan:
     chosen: list[Assignment] = []
     unconsumed = 0  # of a stream no running worker consumes
     for lease in free:
-        consumers = {t: n for t, n in counts.items() if takes(t, lease)}
+        consumers = {t: n if t not in full else cap for t, n in counts.items() if takes(t, lease)}
         to = _least(consumers, rng, cap)
         if to is None:
             unconsumed += not consumers

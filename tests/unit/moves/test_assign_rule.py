@@ -438,3 +438,27 @@ def test_load_moves_take_from_the_busiest_worker_holding_a_stream_the_thief_cons
         assert {(m.lease.lease_owner, m.to, m.lease.stream_key) for m in plan.moves} == {
             ("g2", "x", STREAM_A)
         }
+
+
+def test_a_worker_handing_a_lease_over_is_given_no_free_lease_past_its_cap() -> None:
+    """Its lease being handed over counts for the thief, but it runs it until the handoff
+    completes: the leader gave it a free lease at its cap, which it gave back, and the leader
+    gave it again, until the handoff was done."""
+    observer, clock = LeaseObserver(TIMING), ManualClock()
+    before = [
+        Lease("a", TRIM_HORIZON, "thief", 1, checkpoint_owner="w"),  # w hands it to thief
+        Lease("b", TRIM_HORIZON, "w", 1),
+        Lease("t", TRIM_HORIZON, "thief", 1),
+        Lease("free", TRIM_HORIZON, "gone", 1),
+    ]
+    observer.observe(before, clock.monotonic())
+    clock.advance(TIMING.lease_duration + 1)
+    after = [x.bumped(lease_owner=None) if x.lease_key == "free" else x.bumped() for x in before]
+    scan = observer.observe(after, clock.monotonic())
+    plan = plan_assignments(scan, {"w", "thief"}, rng=random.Random(1), max_leases_for_worker=2)
+    assert plan.assign == () and plan.spillover == 1, plan.reason
+    for seed in range(10):  # a worker with room gets it
+        plan = plan_assignments(
+            scan, {"w", "thief", "other"}, rng=random.Random(seed), max_leases_for_worker=2
+        )
+        assert [a.to for a in plan.assign] == ["other"], plan.reason
