@@ -436,9 +436,11 @@ class SubprocessProcessor(RecordProcessor):
                 await proc.stdin.wait_closed()
         # Its stdout is read while it exits: a full pipe would block it.
         drain = asyncio.ensure_future(self._drain_stdout(proc))
+        exited_before = proc.returncode is not None  # long ago maybe: its pid may be reused
         try:
             if await self._wait_exit(proc, self._spec.shutdown_grace) is not None:
-                _signal_leftovers(proc)
+                if not exited_before:  # just now: its group's id is still its own
+                    _signal_leftovers(proc)
                 return
             log.warning(
                 "shard %s: child process %d did not exit within %.1fs of its input ending; "
@@ -500,8 +502,10 @@ def _signal_group(proc: asyncio.subprocess.Process, sig: int) -> None:
 
 
 def _signal_leftovers(proc: asyncio.subprocess.Process) -> None:
-    """The child exited of itself: end the processes it started and left in its group. The
-    group's id cannot name another group while any of them lives (a pid is not reused while a
-    group bears it); with none left, ``killpg`` finds nothing."""
+    """The child exited of itself a moment ago (seen by a poll while its input ended): end the
+    processes it started and left in its group. The group's id cannot name another group while
+    any of them lives (a pid is not reused while a group bears it); with none left, ``killpg``
+    finds nothing unless the pid was reused within that moment. (A child that died earlier,
+    between calls, is not signalled so: its pid may be another child's by now.)"""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGTERM)

@@ -121,6 +121,7 @@ class LeaseDriver:
         under = self._read_under.get(key)
         if under is None:  # not replayed: an earlier run's batch is acknowledged as held again
             under = self._held_again(offset, skipped)[1]
+            self._read_under = {key: under}  # and the next plan goes on under those tenures
         acks = acknowledgments(offset, pins, skipped, under)
         acknowledge_all(leases, acks, children)
         for sid in ends_to_hand(offset, pins, leases.readable(), skipped):

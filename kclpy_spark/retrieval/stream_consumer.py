@@ -65,7 +65,8 @@ class ConsumerRegistry:
 
     def subscribed_at(self, consumer_arn: str, shard_id: str) -> float | None:
         """When a SubscribeToShard of this consumer on this shard was last answered (by the
-        fetchers' monotonic clock), if within the last ``AFTER_SUBSCRIBED`` seconds they noted."""
+        fetchers' monotonic clock), if noted since the last pruning (older ones are kept only
+        until the next note: they ask for no wait)."""
         return self._subscribed.get((consumer_arn, shard_id))
 
     def note_subscribed(self, consumer_arn: str, shard_id: str, at: float, keep: float) -> None:

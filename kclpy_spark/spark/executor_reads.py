@@ -171,6 +171,7 @@ class _Entry:
     lag: int | None = None
     failures: int = 0
     ended: bool = False
+    last_read: ESN | None = None  # the last record a read of it found (the shard's, once ended)
     behind: bool = False  # its last read left records waiting: it may join a round early
     # A lease that starts at LATEST: when (wall clock, the restart margin earlier) its first
     # range asked; every later range before its first record starts there (AT_TIMESTAMP), so an
@@ -307,9 +308,10 @@ class ExecutorReads:
         if not due and not ended:
             return 0
         slots, parked = self._feed.readable([*due, *ended])
-        # A lease read to its shard's end is read again only to re-form a piece whose rows were
-        # lost with an executor: its consumer's shard-end step waits for them.
-        slots = {k: slot for k, slot in slots.items() if k in due or slot.unfilled is not None}
+        # A lease read to its shard's end is read again only for records its lane lost (rows
+        # lost with an executor: the pieces to re-form, and the records after them it dropped
+        # to read again), which its consumer's shard-end step waits for.
+        slots = {k: slot for k, slot in slots.items() if k in due or _lost(ended[k], slot)}
         parked -= ended.keys()
         due |= ended
         for key in parked:  # its consumer's processor hears of the parking (SinkParkedError)
@@ -498,6 +500,8 @@ class ExecutorReads:
             entry.failures = 0
             entry.lag = lag
             entry.ended = entry.ended or end.shard_ended  # a pinned read never ends it
+            if end.last is not None and (entry.last_read is None or entry.last_read < end.last):
+                entry.last_read = end.last
             entry.iterator, entry.iterator_at = end.next_iterator, _continues_after(rng, end)
             entry.next_read_at = self._next_read(rng, end, now)
             entry.behind = is_behind(rng, end, self._s.idle_seconds)
@@ -557,6 +561,15 @@ class ExecutorReads:
             entry.iterator = entry.iterator_at = None
             soonest = self._clock.monotonic() + self._s.min_interval
             entry.next_read_at = max(now + self._backoff.delay(entry.failures), soonest)
+
+
+def _lost(entry: _Entry, slot: ReadSlot) -> bool:
+    """Whether a lease read to its shard's end has records to read again: a piece to re-form,
+    or records after where its lane's records now end (dropped with a piece put back)."""
+    if slot.unfilled is not None:
+        return True
+    last = entry.last_read
+    return last is not None and (slot.read_to is None or slot.read_to < last)
 
 
 def _outage(exc: BaseException) -> bool:

@@ -8,11 +8,12 @@ order. The checkpoint moves only over the contiguous prefix of written cuts, wha
 writes finish in (``claim_commit``). A cut that failed is put back at the head of the buffer with
 every cut after it, each to be re-formed exactly (replays.py).
 
-States: ACTIVE (buffering and cutting), PARKED (the sink gave up on a cut: the lease must be parked
-by its consumer, or re-armed at shard end), CLOSED (lease lost or handed over: the buffer is
-dropped, nothing is committed any more). A lane opened on a lease whose pending checkpoint is set
-*replays*: its first cuts end exactly where the pieces in flight ended, whatever the size limits,
-so they have the same keys, ids and content as the cuts that were being written before.
+States: ACTIVE (buffering and cutting), PARKED (the sink gave up on a cut, or a read again at the
+shard's end failed: the lease must be parked by its consumer, or re-armed at shard end), CLOSED
+(lease lost or handed over: the buffer is dropped, nothing is committed any more). A lane opened
+on a lease whose pending checkpoint is set *replays*: its first cuts end exactly where the pieces
+in flight ended, whatever the size limits, so they have the same keys, ids and content as the
+cuts that were being written before.
 
 Pure bookkeeping: no I/O, no locking (the batcher holds its lock around every call). The
 MicroBatcher only ever changes a lane through these methods.

@@ -175,7 +175,8 @@ class MicroBatcher:
     def drain(self, lane: Lane, timeout: float | None, *, final: bool) -> DrainResult:
         """Flush the lane now and wait until its records are written and checkpointed.
         ``final``: no more records will come (shard end), so a re-formed piece is cut at what
-        arrived, and a parked lane is re-armed to try its failed batch again. Without it, an
+        arrived (one whose rows were lost on the executors waits for its read again), and a
+        parked lane is re-armed to try its failed batch again. Without it, an
         incomplete re-formed piece is left for the next owner."""
         deadline = None if timeout is None else self._clock.monotonic() + timeout
         with self._cond:

@@ -622,3 +622,27 @@ def test_a_process_the_child_left_holding_its_stdout_neither_holds_the_close_nor
     took = asyncio.run(scenario())
     assert took < processor._spec.shutdown_grace / 2, f"the close took {took:.1f}s"
     assert _gone_soon(int(helper_pid.read_text())), "the helper outlived the child"
+
+
+def test_a_child_that_died_between_calls_has_no_group_signalled_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child reaped a while ago (killed between calls): its pid may be another child's by the
+    time the next call closes it, and that child leads a group of the same id."""
+    import signal
+
+    shard = held_shard()
+    processor = SubprocessProcessor(spec(tmp_path))
+    signalled: list[tuple[int, int]] = []
+
+    async def scenario() -> int:
+        await start(processor, shard)
+        pid = child_pid(processor)
+        await kill_child(processor)
+        await asyncio.sleep(0.2)
+        monkeypatch.setattr(os, "killpg", lambda pgid, sig: signalled.append((pgid, sig)))
+        await deliver(processor, shard, 1, 1)  # a new child takes the batch
+        return pid
+
+    pid = asyncio.run(scenario())
+    assert (pid, signal.SIGTERM) not in signalled

@@ -417,10 +417,13 @@ def test_a_batch_an_earlier_run_completed_is_acknowledged_under_the_tenure_held_
     worker.leases.announce("s0", checkpointer)
     earlier = {"s0": held("s0", "query:old#t1", Start(ESN("150")))}
     offset = next_leased_offset(first_offset("run", 1_000), {}, earlier)
-    _driver(worker).acknowledge(
+    driver = _driver(worker)
+    driver.acknowledge(
         offset, {"s0": Pin(ESN("160"), ESN("170"), 2)}, DirectoryPins(tmp_path), lambda s: []
     )
     assert ("checkpoint", ("170", 0)) in checkpointer.calls
+    # the next plan goes on under the tenure held now (not the earlier run's: a new iterator)
+    assert driver._read_under == {(offset.run, offset.batch): {"s0": "me#t2"}}
 
 
 def test_an_earlier_runs_batch_is_not_acknowledged_when_the_lease_went_on_without_it(

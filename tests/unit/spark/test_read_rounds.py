@@ -467,6 +467,7 @@ def test_a_read_its_lane_took_is_counted_for_the_lease() -> None:
     [batch] = posted
     assert batch.records == [] and batch.millis_behind_latest == 70
     assert batch.elsewhere == ReadElsewhere(3, 30, esn(9).sequence_number, 2)
+    assert entry.last_read == esn(9)  # what a lease read to its end reads again up to
 
 
 def test_the_relay_counts_a_reads_throttled_calls_for_the_shard() -> None:
@@ -1168,3 +1169,44 @@ def test_a_pin_that_allows_it_reads_again_what_retention_left_of_its_records(
 
     replay = _pinned(replace(rng, pinned=None), Pin(esn(100), esn(300), 3))
     assert replay.pinned is not None and replay.pinned.aged_out_ok  # readStream's replays
+
+
+def test_records_a_lane_dropped_behind_a_lost_piece_at_the_shards_end_are_read_again() -> None:
+    """The last read (40..60) found the shard's end while the piece before it (10..30) was out;
+    that piece's stored rows were lost, and putting it back dropped 40..60 to read again after
+    it. Only the piece was read again (the lease had ended): 40..60 were never read, and the
+    SHARD_END checkpoint went past them."""
+    reads_planned: list[ReadRange] = []
+    answers = {None: RangeEnd(KEY, esn(10), esn(30), 3, 30, millis_behind_latest=0)}
+
+    def read(session: Any, ranges: Any, aws: Any, **kw: Any) -> RangeRead:
+        [rng] = ranges
+        reads_planned.append(rng)
+        if rng.pinned is not None:
+            return RangeRead(None, {KEY: answers[None]})
+        end = RangeEnd(KEY, esn(40), esn(60), 3, 30, shard_ended=True, millis_behind_latest=0)
+        return RangeRead(None, {KEY: end})
+
+    lane = make_lane(depth=2)
+    lane.add(range_chunk(10, 30, 3), now=0.0)
+    out = lane.cut(10, 10**9)
+    lane.prepared(out)
+    lane.add(range_chunk(40, 60, 3), now=0.0)  # the last read, with the shard's end
+    lane.force(final=True)
+    feed, _ = feed_with(lane)
+    reads_, entry, _ = started(feed, ExecutorReads(
+        lambda: None, AwsTarget("us-east-1"), ReadSettings(), read=read, tasks=lambda s: 1,
+    ))  # fmt: skip
+    entry.ended, entry.last_read = True, esn(60)  # as the end's read left it
+    assert lane.put_back_unread(out, (out.key,), now=1.0)  # its rows lost with an executor
+    assert reads_.read_round() == 1  # the piece, pinned
+    again = lane.cut(10, 10**9)
+    lane.prepared(again)
+    entry.next_read_at = 0.0
+    assert reads_.read_round() == 1  # then what follows it, to the shard's end
+    assert [r.pinned is not None for r in reads_planned] == [True, False]
+    assert reads_planned[1].after == esn(30)
+    assert lane.read_to == esn(60) and lane.drained(final=True) is None
+    entry.next_read_at = 0.0
+    lane.cut(10, 10**9)
+    assert reads_.read_round() == 0  # read to its end: nothing more
