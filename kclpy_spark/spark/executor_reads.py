@@ -140,6 +140,7 @@ class ReadSlot:
     read_to: ESN | None
     unfilled: tuple[ESN, ESN | None] | None
     epoch: int = 0
+    owed_to: ESN | None = None  # the lane's records end here once read again (``Lane.owed_to``)
 
 
 class LaneFeed(Protocol):
@@ -171,7 +172,6 @@ class _Entry:
     lag: int | None = None
     failures: int = 0
     ended: bool = False
-    last_read: ESN | None = None  # the last record a read of it found (the shard's, once ended)
     behind: bool = False  # its last read left records waiting: it may join a round early
     # A lease that starts at LATEST: when (wall clock, the restart margin earlier) its first
     # range asked; every later range before its first record starts there (AT_TIMESTAMP), so an
@@ -311,7 +311,7 @@ class ExecutorReads:
         # A lease read to its shard's end is read again only for records its lane lost (rows
         # lost with an executor: the pieces to re-form, and the records after them it dropped
         # to read again), which its consumer's shard-end step waits for.
-        slots = {k: slot for k, slot in slots.items() if k in due or _lost(ended[k], slot)}
+        slots = {k: slot for k, slot in slots.items() if k in due or _lost(slot)}
         parked -= ended.keys()
         due |= ended
         for key in parked:  # its consumer's processor hears of the parking (SinkParkedError)
@@ -500,8 +500,6 @@ class ExecutorReads:
             entry.failures = 0
             entry.lag = lag
             entry.ended = entry.ended or end.shard_ended  # a pinned read never ends it
-            if end.last is not None and (entry.last_read is None or entry.last_read < end.last):
-                entry.last_read = end.last
             entry.iterator, entry.iterator_at = end.next_iterator, _continues_after(rng, end)
             entry.next_read_at = self._next_read(rng, end, now)
             entry.behind = is_behind(rng, end, self._s.idle_seconds)
@@ -563,13 +561,10 @@ class ExecutorReads:
             entry.next_read_at = max(now + self._backoff.delay(entry.failures), soonest)
 
 
-def _lost(entry: _Entry, slot: ReadSlot) -> bool:
+def _lost(slot: ReadSlot) -> bool:
     """Whether a lease read to its shard's end has records to read again: a piece to re-form,
-    or records after where its lane's records now end (dropped with a piece put back)."""
-    if slot.unfilled is not None:
-        return True
-    last = entry.last_read
-    return last is not None and (slot.read_to is None or slot.read_to < last)
+    or records its lane dropped with a piece put back (``owed_to``)."""
+    return slot.unfilled is not None or slot.owed_to is not None
 
 
 def _outage(exc: BaseException) -> bool:

@@ -146,6 +146,10 @@ class Lane:
         self.nbytes = 0
         self.oldest: float | None = None  # monotonic time the oldest buffered record arrived
         self.read_to: ExtendedSequenceNumber | None = None  # the last record it was given
+        # The last record it was given before records were put back to be read again: until
+        # it is given that far again, it is not done (a drain at the shard's end would have
+        # checkpointed SHARD_END past the records it dropped).
+        self.owed_to: ExtendedSequenceNumber | None = None
         self.reads_epoch = 0  # counts put_back_unread: reads planned before one are refused
         self.rereads = 0  # put_back_unread since the lane's checkpoint last moved
         self.forced = False  # flush without waiting (shard end, shutdown)
@@ -166,10 +170,10 @@ class Lane:
 
     @property
     def idle(self) -> bool:
-        """Nothing buffered, nothing out and no piece waiting to be re-formed (a drain at the
-        shard's end waits for one whose rows were lost on the executors: done without it, its
-        records would be skipped by the SHARD_END checkpoint)."""
-        return self.rows == 0 and not self._outs and not self._replays
+        """Nothing buffered, nothing out, no piece waiting to be re-formed and nothing dropped
+        to read again (``owed_to``): a drain at the shard's end waits for what was lost with an
+        executor, else the SHARD_END checkpoint would skip those records."""
+        return self.rows == 0 and not self._outs and not self._replays and self.owed_to is None
 
     @property
     def replaying(self) -> bool:
@@ -216,7 +220,9 @@ class Lane:
             return DrainResult.CLOSED
         if self._state is LaneState.PARKED:
             return DrainResult.PARKED
-        waiting_for_records = bool(self._replays) and not self._replays.all_ready
+        waiting_for_records = (
+            bool(self._replays) and not self._replays.all_ready
+        ) or self.owed_to is not None
         if self.idle or (not final and not self._outs and waiting_for_records):
             return DrainResult.DONE
         return None
@@ -227,6 +233,8 @@ class Lane:
         """Buffer ``chunk`` (the next records of the lease, in order). Counts are kept as the
         records come (no pass over the buffer: this runs for every delivery)."""
         self.read_to = chunk.last
+        if self.owed_to is not None and not chunk.last < self.owed_to:
+            self.owed_to = None
         rest, kept = self._replays.add(chunk) if self._replays else (chunk, 0)
         if rest is not None:
             self._chunks.append(rest)
@@ -383,7 +391,10 @@ class Lane:
             return False
         self._replays.unread()
         self._chunks.clear()
+        given = self.read_to if self.owed_to is None else self.owed_to
         self.read_to = self._replays.last_target
+        if given is not None and (self.read_to is None or self.read_to < given):
+            self.owed_to = given
         self.reads_epoch += 1
         self.rereads += 1
         self._recount()

@@ -43,7 +43,9 @@ class LanesFeed:
                     continue
                 unfilled = lane.unfilled()
                 if unfilled is not None or not lane.rows:
-                    slots[key] = ReadSlot(lane, lane.read_to, unfilled, lane.reads_epoch)
+                    slots[key] = ReadSlot(
+                        lane, lane.read_to, unfilled, lane.reads_epoch, lane.owed_to
+                    )
         return slots, parked
 
     def fill(self, lane: Lane, chunk: RangeChunk, epoch: int | None = None) -> bool:

@@ -259,3 +259,33 @@ def test_drained_leaves_an_incomplete_replay_to_the_next_owner_unless_final(
     a = lane(replay=(esn(90), (), None))
     a.add(chunk(1, 2), now=101.0)
     assert a.drained(final) is expected
+
+
+def test_records_dropped_behind_a_lost_piece_keep_a_final_drain_going_until_read_again() -> None:
+    """Records read after a piece (here with the shard's end) were dropped when the piece's rows
+    were lost; once the piece was read again and committed the lane looked idle, and the drain
+    at the shard's end let SHARD_END be checkpointed past the dropped records."""
+    a = lane(depth=2)
+    a.add(chunk(1, 3), now=101.0)
+    first = a.cut(10, 10**9)
+    a.prepared(first)
+    a.add(chunk(4, 3), now=102.0)  # 40..60, the shard's last records, behind the piece out
+    a.force(final=True)
+    assert a.put_back_unread(first, (first.key,), now=103.0)
+    assert a.read_to == esn(30) and a.owed_to == esn(60)
+    a.add(chunk(1, 3), now=104.0)  # the piece, read again
+    again = a.cut(10, 10**9)
+    a.prepared(again)
+    a.acknowledged(again)
+    assert a.claim_commit(now=105.0) is again
+    a.committed(again)
+    assert a.drained(final=True) is None  # not done: 40..60 are owed
+    assert a.drained(final=False) is DrainResult.DONE  # a hand-over leaves them to the next owner
+    a.add(chunk(4, 3), now=106.0)  # read again
+    assert a.owed_to is None and a.read_to == esn(60)
+    last = a.cut(10, 10**9)
+    a.prepared(last)
+    a.acknowledged(last)
+    assert a.claim_commit(now=107.0) is last
+    a.committed(last)
+    assert a.drained(final=True) is DrainResult.DONE

@@ -467,7 +467,6 @@ def test_a_read_its_lane_took_is_counted_for_the_lease() -> None:
     [batch] = posted
     assert batch.records == [] and batch.millis_behind_latest == 70
     assert batch.elsewhere == ReadElsewhere(3, 30, esn(9).sequence_number, 2)
-    assert entry.last_read == esn(9)  # what a lease read to its end reads again up to
 
 
 def test_the_relay_counts_a_reads_throttled_calls_for_the_shard() -> None:
@@ -1197,8 +1196,9 @@ def test_records_a_lane_dropped_behind_a_lost_piece_at_the_shards_end_are_read_a
     reads_, entry, _ = started(feed, ExecutorReads(
         lambda: None, AwsTarget("us-east-1"), ReadSettings(), read=read, tasks=lambda s: 1,
     ))  # fmt: skip
-    entry.ended, entry.last_read = True, esn(60)  # as the end's read left it
+    entry.ended = True
     assert lane.put_back_unread(out, (out.key,), now=1.0)  # its rows lost with an executor
+    assert lane.owed_to == esn(60)
     assert reads_.read_round() == 1  # the piece, pinned
     again = lane.cut(10, 10**9)
     lane.prepared(again)
