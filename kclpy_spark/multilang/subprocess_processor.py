@@ -440,7 +440,7 @@ class SubprocessProcessor(RecordProcessor):
         try:
             if await self._wait_exit(proc, self._spec.shutdown_grace) is not None:
                 if not exited_before:  # just now: its group's id is still its own
-                    _signal_leftovers(proc)
+                    _signal_group(proc, signal.SIGTERM, exited_just_now=True)
                 return
             log.warning(
                 "shard %s: child process %d did not exit within %.1fs of its input ending; "
@@ -487,25 +487,22 @@ class SubprocessProcessor(RecordProcessor):
         self._cancel_stderr()
 
 
-def _signal_group(proc: asyncio.subprocess.Process, sig: int) -> None:
+def _signal_group(
+    proc: asyncio.subprocess.Process, sig: int, *, exited_just_now: bool = False
+) -> None:
     """Signal the child and every process it started: it leads a session and process group of
     its own (``start_new_session``), so an app run by a wrapper script (``executableName =
     run.sh`` without ``exec``) goes with the wrapper instead of living on, orphaned. Only while
-    the child is not yet reaped (its pid, the group's id, cannot have been reused)."""
-    if proc.returncode is not None:
+    the child is not yet reaped (its pid, the group's id, cannot have been reused), or when it
+    ``exited_just_now`` (seen by a poll while its input ended): then the processes it left in
+    its group keep the id theirs (a pid is not reused while a group bears it), and with none
+    left ``killpg`` finds nothing unless the pid was reused within that moment. (A child that
+    died earlier, between calls, is not signalled so: its pid may be another child's by now.)"""
+    if proc.returncode is not None and not exited_just_now:
         return
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(sig)
-
-
-def _signal_leftovers(proc: asyncio.subprocess.Process) -> None:
-    """The child exited of itself a moment ago (seen by a poll while its input ended): end the
-    processes it started and left in its group. The group's id cannot name another group while
-    any of them lives (a pid is not reused while a group bears it); with none left, ``killpg``
-    finds nothing unless the pid was reused within that moment. (A child that died earlier,
-    between calls, is not signalled so: its pid may be another child's by now.)"""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGTERM)
+        if not exited_just_now:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
