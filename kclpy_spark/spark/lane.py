@@ -153,7 +153,6 @@ class Lane:
         self.reads_epoch = 0  # counts put_back_unread: reads planned before one are refused
         self.rereads = 0  # put_back_unread since the lane's checkpoint last moved
         self.forced = False  # flush without waiting (shard end, shutdown)
-        self.final = False  # no more records will come (shard end): force(final=True)
         self._outs: deque[Cut] = deque()  # cut and not yet committed, in lease order
         self._committing = False  # a commit of this lane is under way
         self.commit_due_at: float | None = None  # set while a failed commit waits for its retry
@@ -250,11 +249,9 @@ class Lane:
         rows lost on the executors) wait: cut so, they would be dropped. The reads go on for a
         lease at its shard's end until its consumer's shard-end step is done, pinned to them."""
         self.forced = True
-        if final:
-            self.final = True
-            if not self._replays.unread_waiting:
-                self._replays.reach_all()
-                self._recount()
+        if final and not self._replays.unread_waiting:
+            self._replays.reach_all()
+            self._recount()
 
     # --- cutting and writing ---------------------------------------------------------------------
 
