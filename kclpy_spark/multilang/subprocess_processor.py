@@ -420,10 +420,7 @@ class SubprocessProcessor(RecordProcessor):
         try:
             await self._end_and_wait(proc)
         except BaseException:
-            _signal_group(proc, signal.SIGKILL)
-            self._cancel_stderr()
-            with contextlib.suppress(Exception):
-                await self._wait_exit(proc, TERMINATE_WAIT)  # reaped, as _abort does
+            await self._kill(proc)
             raise
         await self._end_stderr()
         log.info("shard %s: child process %d exited with status %s", self.shard_id, proc.pid,
@@ -477,8 +474,11 @@ class SubprocessProcessor(RecordProcessor):
     async def _abort(self) -> None:
         """Kill the child at once (after a failure or a cancellation)."""
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
+        if proc is not None:
+            await self._kill(proc)
+
+    async def _kill(self, proc: asyncio.subprocess.Process) -> None:
+        """SIGKILL the child's group (while it runs), await its exit, stop reading its stderr."""
         if proc.returncode is None:
             _signal_group(proc, signal.SIGKILL)
             log.warning("shard %s: killed child process %d", self.shard_id, proc.pid)
