@@ -39,7 +39,7 @@ from kclpy_spark.readstream.leased import (
     owner_of,
     resume_start,
 )
-from kclpy_spark.readstream.offsets import Pin, SourceOffset
+from kclpy_spark.readstream.offsets import Pin, ShardPlan, SourceOffset
 from kclpy_spark.readstream.options import SourceOptions
 from kclpy_spark.readstream.pins import DirectoryPins
 from kclpy_spark.readstream.query_worker import QueryWorker, acknowledge_all, hand_end
@@ -119,9 +119,11 @@ class LeaseDriver:
         leases = self.worker().leases
         skipped = store.skipped(*key)
         under = self._read_under.get(key)
-        if under is None:  # not replayed: an earlier run's batch is acknowledged as held again
+        if under is None and self._plans(offset, skipped)[1]:
+            # An earlier run's batch, not replayed (completed before this run): acknowledged
+            # under the tenures held again, which the next plan then goes on under.
             under = self._held_again(offset, skipped)[1]
-            self._read_under = {key: under}  # and the next plan goes on under those tenures
+            self._read_under = {key: under}
         acks = acknowledgments(offset, pins, skipped, under)
         acknowledge_all(leases, acks, children)
         for sid in ends_to_hand(offset, pins, leases.readable(), skipped):
@@ -200,6 +202,18 @@ class LeaseDriver:
         self._read_under = {key: under}
         return [sid for sid in planned if sid in under]
 
+    def _plans(
+        self, offset: SourceOffset, skipped: Collection[str]
+    ) -> tuple[dict[str, ShardPlan], dict[str, str]]:
+        """The shards the batch ``offset`` planned under a tenure (not skipped), and those of
+        them an earlier run planned (shard -> that run's worker id)."""
+        planned = {sid: offset.shards[sid] for sid in offset.read_shards()
+                   if sid not in skipped and offset.shards[sid].tenure is not None}  # fmt: skip
+        me = self.worker().worker_id
+        earlier = {sid: owner for sid, p in planned.items()
+                   if (owner := owner_of(str(p.tenure))) != me}  # fmt: skip
+        return planned, earlier
+
     def _held_again(
         self, offset: SourceOffset, skipped: Collection[str]
     ) -> tuple[list[str], dict[str, str]]:
@@ -207,14 +221,10 @@ class LeaseDriver:
         this worker holds each lease at the batch's start: the planned one for a batch of this
         run (while it lasts); for a batch an earlier run planned, the one held again, once all
         its leases were waited for."""
-        worker = self.worker()
-        planned = {sid: offset.shards[sid] for sid in offset.read_shards()
-                   if sid not in skipped and offset.shards[sid].tenure is not None}  # fmt: skip
-        earlier = {sid: owner_of(str(p.tenure)) for sid, p in planned.items()
-                   if owner_of(str(p.tenure)) != worker.worker_id}  # fmt: skip
+        planned, earlier = self._plans(offset, skipped)
         if earlier:  # a batch an earlier run planned: wait for its leases
             self._wait(earlier)
-        readable = worker.leases.readable()
+        readable = self.worker().leases.readable()
         under = {}
         for sid, plan in planned.items():
             held = readable.get(sid)
