@@ -6,10 +6,10 @@ could open connections faster than the idle timeout closes them (it closes a con
 request has not ended that long after it opened, or after its last answer) until the process ran
 out of file descriptors, and then every AWS call of the worker failed (its leases lost). Past
 ``MAX_CONNECTIONS`` a new connection is closed as soon as it is accepted; those open are served
-as before. (A peer that opens as many again each idle timeout still holds the port: probes are
-refused meanwhile, and the worker goes on.) (Connections accepted in one
-pass of the event loop, up to its listen backlog of 128, are counted together once made: the
-bound is ``MAX_CONNECTIONS`` plus that backlog.)
+as before: a peer that opens as many again each idle timeout still holds the port (probes are
+refused meanwhile, and the worker goes on). Connections accepted in one pass of the event loop,
+up to its listen backlog of 128, are counted together once made: the bound is
+``MAX_CONNECTIONS`` plus that backlog.
 """
 
 from __future__ import annotations
