@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from test_readstream import _split
 from worker_procs import produce, spark_warnings, wait_active, worker_env
 
 
@@ -133,15 +134,7 @@ def test_a_resharded_stream_read_on_the_executors_parents_first(
     kinesis_client.create_stream(StreamName=unique_name, ShardCount=1)
     wait_active(kinesis_client, unique_name)
     produce(kinesis_client, unique_name, range(200))
-    shard = kinesis_client.describe_stream(StreamName=unique_name)["StreamDescription"]["Shards"][0]
-    low = int(shard["HashKeyRange"]["StartingHashKey"])
-    high = int(shard["HashKeyRange"]["EndingHashKey"])
-    kinesis_client.split_shard(
-        StreamName=unique_name,
-        ShardToSplit=shard["ShardId"],
-        NewStartingHashKey=str((low + high) // 2),
-    )
-    wait_active(kinesis_client, unique_name)
+    _split(kinesis_client, unique_name)
     produce(kinesis_client, unique_name, range(200, 400))
     config, parquet = _config(tmp_path, unique_name, localstack_endpoint)
     result = _job(config, tmp_path)
@@ -281,15 +274,7 @@ def test_rows_lost_after_a_parents_end_was_read_are_read_again_before_its_shard_
     kinesis_client.create_stream(StreamName=unique_name, ShardCount=1)
     wait_active(kinesis_client, unique_name)
     produce(kinesis_client, unique_name, range(150))
-    shard = kinesis_client.describe_stream(StreamName=unique_name)["StreamDescription"]["Shards"][0]
-    low = int(shard["HashKeyRange"]["StartingHashKey"])
-    high = int(shard["HashKeyRange"]["EndingHashKey"])
-    kinesis_client.split_shard(
-        StreamName=unique_name,
-        ShardToSplit=shard["ShardId"],
-        NewStartingHashKey=str((low + high) // 2),
-    )
-    wait_active(kinesis_client, unique_name)
+    _split(kinesis_client, unique_name)
     produce(kinesis_client, unique_name, range(150, 300))
     result = _function_job(tmp_path, unique_name, localstack_endpoint, 1000, {"FN_FREE": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
