@@ -290,8 +290,13 @@ def test_trigger_once_reads_one_batch_per_run(
     kinesis_client.create_stream(StreamName=unique_name, ShardCount=1)
     wait_active(kinesis_client, unique_name)
     produce(kinesis_client, unique_name, range(0, 50))
+    _two_once_runs_read_two_batches(source(unique_name, maxRecordsPerShard="20"), tmp_path)
+
+
+def _two_once_runs_read_two_batches(df: Any, tmp_path: Path) -> None:
+    """Two Trigger.Once runs of ``df`` (a stream of 0..49, 20 records a shard a batch) on one
+    Spark checkpoint: each wrote one batch, 0..19 then 20..39."""
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
-    df = source(unique_name, maxRecordsPerShard="20")
     for _ in range(2):
         query = (df.writeStream.foreachBatch(_batches_to(out))
                  .option("checkpointLocation", str(checkpoint))

@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_readstream import _batches_to, _parents_first, _read_batches, _split, _write
+from test_readstream import (
+    _batches_to,
+    _parents_first,
+    _read_batches,
+    _split,
+    _two_once_runs_read_two_batches,
+    _write,
+)
 from worker_procs import produce, wait_active, worker_env
 
 from checkpoint.base.errors import ResourceNotFoundError
@@ -243,17 +250,7 @@ def test_trigger_once_runs_read_and_checkpoint_through_their_leases(
     kinesis_client.create_stream(StreamName=unique_name, ShardCount=1)
     wait_active(kinesis_client, unique_name)
     produce(kinesis_client, unique_name, range(0, 50))
-    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
-    df = leased(maxRecordsPerShard="20", failoverTime="3")
-    for _ in range(2):
-        query = (df.writeStream.foreachBatch(_batches_to(out))
-                 .option("checkpointLocation", str(checkpoint))
-                 .trigger(once=True).start())  # fmt: skip
-        assert query.awaitTermination(240) and query.exception() is None
-    batches = _read_batches(out)
-    assert [sorted(r["n"] for r in rows) for rows in batches.values()] == [
-        list(range(0, 20)), list(range(20, 40))
-    ]  # fmt: skip
+    _two_once_runs_read_two_batches(leased(maxRecordsPerShard="20", failoverTime="3"), tmp_path)
     table = DynamoDBLeaseTable(dynamodb_client, unique_name, create_if_missing=False)
     [lease] = table.list_leases()
     shard = lease.lease_key
