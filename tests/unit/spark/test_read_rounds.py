@@ -538,8 +538,6 @@ def test_a_read_job_that_hangs_is_cancelled_and_fails_its_ranges() -> None:
 def test_a_read_job_that_does_not_return_after_its_cancel_is_told_to_readiness() -> None:
     """A JVM that answers no more: the cancelled job never returned, every lease waited on the
     one read thread, and nothing said so (no records, so no write to hang)."""
-    from kclpy_spark.spark.sink_processor import READ_CANCEL_GRACE, SparkSinkProcessorFactory
-
     clock = ManualClock()
     jobs = Jobs()
     gone = threading.Event()
@@ -552,23 +550,43 @@ def test_a_read_job_that_does_not_return_after_its_cancel_is_told_to_readiness()
         lambda: None, AwsTarget("us-east-1"), ReadSettings(max_seconds=0.05, job_grace=0.05),
         jobs=jobs, read=stuck_read, tasks=lambda session: 1, clock=clock,
     ))  # fmt: skip
+    with _round_on_a_thread(reads_, gone) as factory:
+        _wait_until(lambda: bool(jobs.interrupted))
+        _told_to_readiness_past_the_grace(factory, clock)
+
+
+@contextlib.contextmanager
+def _round_on_a_thread(reads_: ExecutorReads, gone: threading.Event) -> Iterator[Any]:
+    """A read round on a thread of its own, stuck until ``gone`` is set (at the end); yields
+    the Spark sink's factory whose readiness tells of it. Ready again once the round returned."""
+    from kclpy_spark.spark.sink_processor import SparkSinkProcessorFactory
+
     batcher = SimpleNamespace(hung_writes=0, writes=SimpleNamespace(max_hung_writes=2))
     factory = SparkSinkProcessorFactory(batcher, "s", reads=reads_)  # type: ignore[arg-type]
     job = threading.Thread(target=reads_.read_round)
     job.start()
     try:
-        deadline = time.monotonic() + 10
-        while not jobs.interrupted and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert factory.readiness() == (True, "ready")  # cancelled a moment ago
-        clock.advance(READ_CANCEL_GRACE + 1)
-        ready, why = factory.readiness()
-        assert not ready and "has not returned" in why
+        yield factory
     finally:
         gone.set()
         job.join(10)
         reads_.close()
     assert factory.readiness() == (True, "ready") and reads_.hung_for() is None
+
+
+def _wait_until(condition: Any) -> None:
+    deadline = time.monotonic() + 10
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _told_to_readiness_past_the_grace(factory: Any, clock: ManualClock) -> None:
+    from kclpy_spark.spark.sink_processor import READ_CANCEL_GRACE
+
+    assert factory.readiness() == (True, "ready")  # it ran over a moment ago
+    clock.advance(READ_CANCEL_GRACE + 1)
+    ready, why = factory.readiness()
+    assert not ready and "has not returned" in why
 
 
 class _StuckJvm:
@@ -598,8 +616,6 @@ def test_a_driver_jvm_call_around_a_read_job_that_never_answers_is_told_to_readi
     """The calls a round makes to the driver's JVM outside its read job (freeing the stored
     reads, asking the cluster's cores) had no deadline: a JVM that stopped answering there held
     every lease's reads and readiness said "ready"."""
-    from kclpy_spark.spark.sink_processor import READ_CANCEL_GRACE, SparkSinkProcessorFactory
-
     clock = ManualClock()
     gone = threading.Event()
     jvm = _StuckJvm(gone)
@@ -616,23 +632,10 @@ def test_a_driver_jvm_call_around_a_read_job_that_never_answers_is_told_to_readi
     ))  # fmt: skip
     if stuck == "unpersisting a read":
         reads_.stored._gone.append(jvm)
-    batcher = SimpleNamespace(hung_writes=0, writes=SimpleNamespace(max_hung_writes=2))
-    factory = SparkSinkProcessorFactory(batcher, "s", reads=reads_)  # type: ignore[arg-type]
-    job = threading.Thread(target=reads_.read_round)
-    job.start()
-    try:
-        deadline = time.monotonic() + 10
-        while reads_.hung_for() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+    with _round_on_a_thread(reads_, gone) as factory:
+        _wait_until(lambda: reads_.hung_for() is not None)
         assert reads_.hung_for() == 0.0  # noted at its deadline, by the reader's clock
-        clock.advance(READ_CANCEL_GRACE + 1)
-        ready, why = factory.readiness()
-        assert not ready and "has not returned" in why
-    finally:
-        gone.set()
-        job.join(10)
-        reads_.close()
-    assert factory.readiness() == (True, "ready") and reads_.hung_for() is None
+        _told_to_readiness_past_the_grace(factory, clock)
 
 
 @pytest.mark.parametrize(
