@@ -403,17 +403,16 @@ def test_a_runs_first_plan_waits_for_its_leases_and_later_plans_do_not() -> None
     assert driver.plan(start, {}, [], None, set()) is start and waits == []
 
 
-def test_a_batch_an_earlier_run_completed_is_acknowledged_under_the_tenure_held_again(
-    tmp_path: Any,
-) -> None:
-    """Spark committed batch N, then the driver stopped: the next run acknowledged N under the
-    earlier run's tenure, refused, so the lease stayed behind (a quiet shard for good, and a
-    later move read the committed batch again); a Trigger.Once job never checkpointed."""
+def _acknowledged_after_a_restart(
+    tmp_path: Any, held_from: str
+) -> tuple[Any, _Checkpointer, SourceOffset]:
+    """The earlier run's batch (s0 from 150, its pin 160..170) acknowledged by this run, which
+    holds s0 again from ``held_from``: the driver, the lease's checkpointer and the batch."""
     from kclpy_spark.readstream.pins import DirectoryPins
 
     worker = _FakeWorker([])
     checkpointer = _Checkpointer()
-    worker.leases.register(_Entry(held("s0", "me#t2", Start(ESN("150"))), lambda item: None))
+    worker.leases.register(_Entry(held("s0", "me#t2", Start(ESN(held_from))), lambda item: None))
     worker.leases.announce("s0", checkpointer)
     earlier = {"s0": held("s0", "query:old#t1", Start(ESN("150")))}
     offset = next_leased_offset(first_offset("run", 1_000), {}, earlier)
@@ -421,6 +420,16 @@ def test_a_batch_an_earlier_run_completed_is_acknowledged_under_the_tenure_held_
     driver.acknowledge(
         offset, {"s0": Pin(ESN("160"), ESN("170"), 2)}, DirectoryPins(tmp_path), lambda s: []
     )
+    return driver, checkpointer, offset
+
+
+def test_a_batch_an_earlier_run_completed_is_acknowledged_under_the_tenure_held_again(
+    tmp_path: Any,
+) -> None:
+    """Spark committed batch N, then the driver stopped: the next run acknowledged N under the
+    earlier run's tenure, refused, so the lease stayed behind (a quiet shard for good, and a
+    later move read the committed batch again); a Trigger.Once job never checkpointed."""
+    driver, checkpointer, offset = _acknowledged_after_a_restart(tmp_path, held_from="150")
     assert ("checkpoint", ("170", 0)) in checkpointer.calls
     # the next plan goes on under the tenure held now (not the earlier run's: a new iterator)
     assert driver._read_under == {(offset.run, offset.batch): {"s0": "me#t2"}}
@@ -429,15 +438,5 @@ def test_a_batch_an_earlier_run_completed_is_acknowledged_under_the_tenure_held_
 def test_an_earlier_runs_batch_is_not_acknowledged_when_the_lease_went_on_without_it(
     tmp_path: Any,
 ) -> None:
-    from kclpy_spark.readstream.pins import DirectoryPins
-
-    worker = _FakeWorker([])
-    checkpointer = _Checkpointer()
-    worker.leases.register(_Entry(held("s0", "me#t2", Start(ESN("300"))), lambda item: None))
-    worker.leases.announce("s0", checkpointer)
-    earlier = {"s0": held("s0", "query:old#t1", Start(ESN("150")))}
-    offset = next_leased_offset(first_offset("run", 1_000), {}, earlier)
-    _driver(worker).acknowledge(
-        offset, {"s0": Pin(ESN("160"), ESN("170"), 2)}, DirectoryPins(tmp_path), lambda s: []
-    )
+    _, checkpointer, _ = _acknowledged_after_a_restart(tmp_path, held_from="300")
     assert checkpointer.calls == []  # another owner read on past it: nothing moves back
