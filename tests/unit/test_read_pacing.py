@@ -202,9 +202,9 @@ class SteadyShard:
         return {"Records": [], "NextShardIterator": "it", "MillisBehindLatest": lag}
 
 
-def _pauses(shard: Any, idle: float) -> list[float]:
+def _pauses(shard: Any, idle: float, seed: int = 7) -> list[float]:
     """The pauses a fetcher with ``idle_time`` makes between its calls on ``shard`` (until the
-    shard raises CancelledError)."""
+    shard raises CancelledError); ``seed``: its backoff's."""
     pauses: list[float] = []
 
     async def record_pause(seconds: float) -> None:
@@ -213,7 +213,7 @@ def _pauses(shard: Any, idle: float) -> list[float]:
     fetcher = PollingFetcher(
         shard, {"StreamName": "s"}, "shardId-000000000000", TRIM_HORIZON,
         InitialPosition.trim_horizon(), asyncio.Queue[FetchedBatch](), idle_time=idle,
-        sleep=record_pause, clock=lambda: 0.0, rng=random.Random(7),
+        sleep=record_pause, clock=lambda: 0.0, rng=random.Random(seed),
     )  # fmt: skip
     with contextlib.suppress(asyncio.CancelledError):
         asyncio.run(fetcher.run())
@@ -281,17 +281,5 @@ class RefusingShard(SteadyShard):
 def test_a_refused_call_is_tried_again_no_sooner_than_5_calls_a_second_allow(seed: int) -> None:
     """The backoff's first delays are random in [0, 0.5 s): a retry after a refused call came as
     soon as 0.1 s later, itself over the shard's 5 calls a second."""
-    shard = RefusingShard(times=3)
-    pauses: list[float] = []
-
-    async def record_pause(seconds: float) -> None:
-        pauses.append(seconds)
-
-    fetcher = PollingFetcher(
-        shard, {"StreamName": "s"}, "shardId-000000000000", TRIM_HORIZON,
-        InitialPosition.trim_horizon(), asyncio.Queue[FetchedBatch](), idle_time=1.0,
-        sleep=record_pause, clock=lambda: 0.0, rng=random.Random(seed),
-    )  # fmt: skip
-    with contextlib.suppress(asyncio.CancelledError):
-        asyncio.run(fetcher.run())
+    pauses = _pauses(RefusingShard(times=3), idle=1.0, seed=seed)
     assert len(pauses) >= 3 and min(pauses[:3]) >= MIN_INTERVAL_WHILE_BEHIND, pauses
