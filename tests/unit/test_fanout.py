@@ -662,3 +662,14 @@ def test_a_permanent_error_inside_the_event_stream_is_not_retried_forever() -> N
     assert not isinstance(raised.value, Enough), (
         f"{len(kinesis.subscribes)} subscriptions, each ended by KMSAccessDeniedException"
     )
+
+
+def test_the_registry_keeps_only_the_last_five_seconds_of_subscriptions() -> None:
+    """Kept per consumer and shard for a daemon's weeks: one entry a shard ever subscribed would
+    grow with every shard of every reshard; only those a wait may still need are kept."""
+    registry = ConsumerRegistry()
+    for i in range(1_000):
+        registry.note_subscribed(CONSUMER_ARN, f"shardId-{i:012d}", float(i), 5.0)
+    assert len(registry._subscribed) == 5  # answered within 5 s of the last
+    assert registry.subscribed_at(CONSUMER_ARN, f"shardId-{999:012d}") == 999.0
+    assert registry.subscribed_at(CONSUMER_ARN, f"shardId-{0:012d}") is None
