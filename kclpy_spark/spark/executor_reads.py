@@ -159,6 +159,11 @@ class LaneFeed(Protocol):
         """Park the lane (a read its consumer no longer hears of failed)."""
         ...
 
+    def reached_end(self, lane: Lane, epoch: int) -> ESN | None:
+        """The lane's shard was read to its end after its records: what it still owed (records
+        aged out of retention) is forgiven and returned; None if nothing was."""
+        ...
+
 
 @dataclass
 class _Entry:
@@ -496,6 +501,8 @@ class ExecutorReads:
         lag = None if end.left_behind and not end.millis_behind_latest else end.millis_behind_latest
         if end.unanswered and rng.pinned is None:
             return self._unanswered(entry, rng, end, now)
+        if end.shard_ended and slot.owed_to is not None and rng.pinned is None:
+            self._owed_gone(entry, slot)
         with self._lock:
             entry.failures = 0
             entry.lag = lag
@@ -507,6 +514,19 @@ class ExecutorReads:
         last = end.last.sequence_number if end.last is not None else None
         counted = ReadElsewhere(end.rows, end.nbytes, last, end.throttled)
         entry.post(FetchedBatch([], lag, end.shard_ended, children, elsewhere=counted))
+
+    def _owed_gone(self, entry: _Entry, slot: ReadSlot) -> None:
+        """Read to the shard's end short of what its lane owed (records dropped behind a piece
+        lost with an executor): those records aged out of retention meanwhile. Waiting for them
+        would hold the shard-end step, and the lease's children, for good."""
+        assert self._feed is not None
+        owed = self._feed.reached_end(slot.lane, slot.epoch)
+        if owed is not None:
+            log.warning(
+                "shard %s: records up to %s, read once and lost with an executor, aged out of "
+                "the stream's retention before they were read again; its shard-end step goes on",
+                entry.source.shard_id, owed.sequence_number,
+            )  # fmt: skip
 
     def _unanswered(self, entry: _Entry, rng: ReadRange, end: RangeEnd, now: float) -> None:
         """The range got no GetRecords answer within its time: every call throttled (other

@@ -243,6 +243,12 @@ class Lane:
         if self.oldest is None:
             self.oldest = now
 
+    def read_to_end(self) -> ExtendedSequenceNumber | None:
+        """The shard's end was read after the records it gave: what the lane still owed is no
+        longer in the shard (aged out of retention), so nothing is owed. Returns what was."""
+        owed, self.owed_to = self.owed_to, None
+        return owed
+
     def force(self, *, final: bool) -> None:
         """Flush without waiting. ``final``: no more records will come (shard end), so the
         replays are cut at what arrived; but not while records put back to be read again (their

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable, Collection
 
 from checkpoint.base.clock import Clock
+from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.spark.executor_reads import ReadSlot
 from kclpy_spark.spark.frames import RangeChunk
 from kclpy_spark.spark.lane import Lane, LaneState
@@ -66,6 +67,16 @@ class LanesFeed:
             lane.add(chunk, self._clock.monotonic())
             self._cond.notify_all()
             return True
+
+    def reached_end(self, lane: Lane, epoch: int) -> ExtendedSequenceNumber | None:
+        """The lane's shard was read to its end after its last records (``Lane.read_to_end``);
+        what it still owed, if anything (None too if its records were put back since)."""
+        with self._cond:
+            if self._lanes.get(lane.lease_key) is not lane or epoch != lane.reads_epoch:
+                return None
+            owed = lane.read_to_end()
+            self._cond.notify_all()
+            return owed
 
     def park(self, lane: Lane, reason: str) -> None:
         with self._cond:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -1213,3 +1214,44 @@ def test_records_a_lane_dropped_behind_a_lost_piece_at_the_shards_end_are_read_a
     entry.next_read_at = 0.0
     lane.cut(10, 10**9)
     assert reads_.read_round() == 0  # read to its end: nothing more
+
+
+@pytest.mark.parametrize("left", [0, 1])
+def test_records_owed_at_the_shards_end_that_aged_out_do_not_hold_its_drain(
+    left: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As above, but retention took 40..60 (or 40..50) before they were read again: the read
+    after the piece found the shard's end short of 60, and the lane waited for 60 for good,
+    holding the shard-end step and the lease's children."""
+
+    def read(session: Any, ranges: Any, aws: Any, **kw: Any) -> RangeRead:
+        [rng] = ranges
+        if rng.pinned is not None:
+            return RangeRead(None, {KEY: RangeEnd(KEY, esn(10), esn(30), 3, 30)})
+        first = last = esn(55) if left else None
+        end = RangeEnd(KEY, first, last, left, 10 * left, shard_ended=True)
+        return RangeRead(None, {KEY: end})
+
+    lane = make_lane(depth=2)
+    lane.add(range_chunk(10, 30, 3), now=0.0)
+    out = lane.cut(10, 10**9)
+    lane.prepared(out)
+    lane.add(range_chunk(40, 60, 3), now=0.0)
+    lane.force(final=True)
+    feed, _ = feed_with(lane)
+    reads_, entry, _ = started(feed, ExecutorReads(
+        lambda: None, AwsTarget("us-east-1"), ReadSettings(), read=read, tasks=lambda s: 1,
+    ))  # fmt: skip
+    entry.ended = True
+    assert lane.put_back_unread(out, (out.key,), now=1.0)
+    assert reads_.read_round() == 1  # the piece, pinned
+    lane.prepared(lane.cut(10, 10**9))
+    entry.next_read_at = 0.0
+    with caplog.at_level(logging.WARNING):
+        assert reads_.read_round() == 1  # what follows it: the shard's end, short of 60
+    assert lane.owed_to is None
+    assert "aged out of the stream's retention" in caplog.text
+    if left:  # what retention left is written too
+        lane.prepared(lane.cut(10, 10**9))
+    lane.committed(lane.outs[-1])
+    assert lane.drained(final=True) is DrainResult.DONE
