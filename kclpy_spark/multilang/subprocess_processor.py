@@ -271,9 +271,11 @@ class SubprocessProcessor(RecordProcessor):
         self, message: dict[str, Any] | bytes, action: str, checkpointer: Checkpointer | None
     ) -> None:
         """Send ``message`` and serve checkpoint requests until the child's status for it."""
+        assert self._proc is not None
+        began_running = self._proc.returncode is None
         await self._send(message)
         while True:
-            reply = await self._next_message(action)
+            reply = await self._next_message(action, began_running)
             if isinstance(reply, protocol.CheckpointRequest):
                 error = await self._checkpoint(reply, checkpointer)
                 await self._send(
@@ -289,9 +291,10 @@ class SubprocessProcessor(RecordProcessor):
                 )
             return
 
-    async def _next_message(self, action: str) -> protocol.ChildMessage:
+    async def _next_message(self, action: str, began_running: bool) -> protocol.ChildMessage:
         """The child's next message; ``timeoutInSeconds`` counts until it comes, however many
-        stray lines come first (as the MultiLangDaemon waits for a message, not a line)."""
+        stray lines come first (as the MultiLangDaemon waits for a message, not a line). A child
+        that ends during the call (it ``began_running``) takes what it left running with it."""
         proc = self._proc
         assert proc is not None and proc.stdout is not None
         loop = asyncio.get_running_loop()
@@ -314,6 +317,8 @@ class SubprocessProcessor(RecordProcessor):
                 continue
             if not line:
                 status = await self._wait_exit(proc, 1.0)
+                if began_running and status is not None:  # its group's id is still its own
+                    await self._end_leftovers(proc)
                 raise ChildFailedError(
                     f"shard {self.shard_id}: the child process ended (status {status}) while "
                     f"{action!r} was waiting for its status{await self._last_words()}"
@@ -437,7 +442,7 @@ class SubprocessProcessor(RecordProcessor):
         try:
             if await self._wait_exit(proc, self._spec.shutdown_grace) is not None:
                 if not exited_before:  # just now: its group's id is still its own
-                    _signal_group(proc, signal.SIGTERM, exited_just_now=True)
+                    await self._end_leftovers(proc)
                 return
             log.warning(
                 "shard %s: child process %d did not exit within %.1fs of its input ending; "
@@ -452,11 +457,30 @@ class SubprocessProcessor(RecordProcessor):
                 await asyncio.wait_for(asyncio.shield(drain), STDOUT_AFTER_EXIT)
             drain.cancel()
 
+    async def _end_leftovers(self, proc: asyncio.subprocess.Process) -> None:
+        """The child exited just now: what it started and left running in its group (orphans
+        now) gets SIGTERM, and SIGKILL if still there ``TERMINATE_WAIT`` later (a helper that
+        ignores SIGTERM lived on, one more each time a lease ended)."""
+        if not _signal_group(proc, signal.SIGTERM, exited_just_now=True):
+            return  # none left
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + TERMINATE_WAIT
+        while _group_alive(proc.pid) and loop.time() < deadline:
+            await asyncio.sleep(EXIT_POLL)
+        if _group_alive(proc.pid):
+            _signal_group(proc, signal.SIGKILL, exited_just_now=True)
+            log.warning(
+                "shard %s: killed what child process %d left running (it ignored SIGTERM)",
+                self.shard_id, proc.pid,
+            )  # fmt: skip
+
     async def _stop(self, proc: asyncio.subprocess.Process) -> None:
         _signal_group(proc, signal.SIGTERM)
-        if await self._wait_exit(proc, TERMINATE_WAIT) is None:
-            _signal_group(proc, signal.SIGKILL)
-            await self._wait_exit(proc, TERMINATE_WAIT)
+        if await self._wait_exit(proc, TERMINATE_WAIT) is not None:
+            await self._end_leftovers(proc)  # any that ignore SIGTERM
+            return
+        _signal_group(proc, signal.SIGKILL)
+        await self._wait_exit(proc, TERMINATE_WAIT)
 
     async def _end_stderr(self) -> None:
         task, self._stderr = self._stderr, None
@@ -489,7 +513,7 @@ class SubprocessProcessor(RecordProcessor):
 
 def _signal_group(
     proc: asyncio.subprocess.Process, sig: int, *, exited_just_now: bool = False
-) -> None:
+) -> bool:
     """Signal the child and every process it started: it leads a session and process group of
     its own (``start_new_session``), so an app run by a wrapper script (``executableName =
     run.sh`` without ``exec``) goes with the wrapper instead of living on, orphaned. Only while
@@ -497,12 +521,24 @@ def _signal_group(
     ``exited_just_now`` (seen by a poll while its input ended): then the processes it left in
     its group keep the id theirs (a pid is not reused while a group bears it), and with none
     left ``killpg`` finds nothing unless the pid was reused within that moment. (A child that
-    died earlier, between calls, is not signalled so: its pid may be another child's by now.)"""
+    died earlier, between calls, is not signalled so: its pid may be another child's by now.)
+    Whether the group was there to signal."""
     if proc.returncode is not None and not exited_just_now:
-        return
+        return False
     try:
         os.killpg(proc.pid, sig)
+        return True
     except (ProcessLookupError, PermissionError):
         if not exited_just_now:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(sig)
+        return False
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of ours is left in group ``pgid``."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True

@@ -646,3 +646,39 @@ def test_a_child_that_died_between_calls_has_no_group_signalled_after(
 
     pid = asyncio.run(scenario())
     assert (pid, signal.SIGTERM) not in signalled
+
+
+def _helper_script(tmp_path: Path, helper: str, then: str) -> SubprocessProcessor:
+    """A child that starts ``helper`` in the background (its pid in ``helper.pid``, its output
+    away from the child's pipes), then runs ``then``."""
+    pid_file = tmp_path / "helper.pid"
+    script = f'({helper}) >/dev/null 2>&1 </dev/null &\necho $! > "{pid_file}"\n{then}'
+    return _wrapped(tmp_path, script)
+
+
+def test_a_helper_that_ignores_sigterm_does_not_outlive_the_child(tmp_path: Path) -> None:
+    """What the child left running got SIGTERM only when it exited: a helper that ignores it
+    lived on, one more each time a lease ended."""
+    shard = held_shard()
+    processor = _helper_script(tmp_path, "trap '' TERM; exec sleep 30", 'eval "exec $APP"')
+
+    async def scenario() -> None:
+        await start(processor, shard)
+        await processor.lease_lost(LeaseLostInput())
+
+    asyncio.run(scenario())
+    assert _gone_soon(int((tmp_path / "helper.pid").read_text())), "the helper outlived the child"
+
+
+def test_a_child_that_dies_during_a_call_takes_its_helpers_with_it(tmp_path: Path) -> None:
+    """A child that died while a call waited for its answer was reaped by then (``_abort`` had
+    nothing to signal): what it started lived on, one more at each restart."""
+    shard = held_shard()
+    processor = _helper_script(tmp_path, "exec sleep 30", "read line\nexit 3")
+
+    async def scenario() -> None:
+        with pytest.raises(ChildFailedError, match="ended"):
+            await start(processor, shard)
+
+    asyncio.run(scenario())
+    assert _gone_soon(int((tmp_path / "helper.pid").read_text())), "the helper outlived the child"
