@@ -42,6 +42,7 @@ from kclpy_spark.readstream.offsets import (
 )
 from kclpy_spark.readstream.options import SourceOptions
 from kclpy_spark.readstream.pins import DirectoryPins
+from kclpy_spark.retrieval.positions import LATEST_RESTART_MARGIN
 from kclpy_spark.spark.ranges import PINNED_TIME_FACTOR, Pinned, RangeEnd, ReadRange, aged_out
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,11 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     # --- the driver side ---------------------------------------------------------------------
 
     def initialOffset(self) -> dict[str, Any]:
-        return first_offset(uuid.uuid4().hex, int(time.time() * 1000)).to_json()
+        """A new query's first offset. LATEST's moment is a margin before this host's clock
+        says now (arrival times are the service's clock): records that came at the start may
+        come twice with a later start from there, none is skipped."""
+        began = time.time() - LATEST_RESTART_MARGIN
+        return first_offset(uuid.uuid4().hex, int(began * 1000)).to_json()
 
     def getDefaultReadLimit(self) -> Any:
         """``maxRecordsPerTrigger`` / ``maxBytesPerTrigger`` as Spark's read limit (Spark passes

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -390,3 +391,14 @@ def test_lease_options_make_a_worker_configuration(tmp_path: Path) -> None:
     assert first.application_name == "app" and first.failover_time == 4.0
     assert first.worker_id.startswith("query:") and first.worker_id != second.worker_id
     assert SourceOptions.parse({"streamName": "s", "region": "us-east-1"}).lease_store is None
+
+
+def test_a_new_querys_latest_moment_is_a_margin_before_the_drivers_clock(tmp_path: Path) -> None:
+    """Its LATEST was the driver's clock as it was: a driver ahead of the service skipped the
+    records that arrived in the difference (the daemon starts a margin earlier)."""
+    from kclpy_spark.retrieval.positions import LATEST_RESTART_MARGIN
+
+    reader: Any = _reader(tmp_path)
+    before = time.time()
+    started = SourceOffset.from_json(reader.initialOffset()).started_ms / 1000
+    assert before - LATEST_RESTART_MARGIN - 0.01 <= started <= time.time() - LATEST_RESTART_MARGIN
