@@ -160,8 +160,7 @@ class LaneFeed(Protocol):
         ...
 
     def reached_end(self, lane: Lane, epoch: int) -> ESN | None:
-        """The lane's shard was read to its end after its records: what it still owed (records
-        aged out of retention) is forgiven and returned; None if nothing was."""
+        """The lane's shard was read to its end: what it still owed (aged out), if anything."""
         ...
 
 
@@ -516,9 +515,8 @@ class ExecutorReads:
         entry.post(FetchedBatch([], lag, end.shard_ended, children, elsewhere=counted))
 
     def _owed_gone(self, entry: _Entry, slot: ReadSlot) -> None:
-        """Read to the shard's end short of what its lane owed (records dropped behind a piece
-        lost with an executor): those records aged out of retention meanwhile. Waiting for them
-        would hold the shard-end step, and the lease's children, for good."""
+        """Read to the shard's end short of what its lane owed (dropped behind a piece lost
+        with an executor): aged out meanwhile. Waiting would hold the shard-end step for good."""
         assert self._feed is not None
         owed = self._feed.reached_end(slot.lane, slot.epoch)
         if owed is not None:

@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from checkpoint.base.clock import Clock, SystemClock
@@ -262,7 +262,7 @@ class MicroBatcher:
                 }
                 for key, lane in self._lanes.items()
             }
-            stats = dict(vars(self.stats))
+            stats = asdict(self.stats)  # a copy, by-sink figures too
         stats["hung_writes"] = self._writer.hung_writes
         return {"lanes": lanes, "stats": stats, "sinks": list(self._writer.sink_names)}
 

@@ -71,7 +71,8 @@ class SinkSpec:
 
     # Where this sink writes: parquet:<path>, delta:<path> or module:function.
     sink: str
-    # The sink's name in logs (default: from its kind).
+    # The sink's name in logs and in the `kclpy_spark_sinks_*` metrics' `sink` label (default:
+    # from its kind).
     name: str = ""
     # park or dead-letter:<path>, for this sink's failures.
     failure_policy: str = "park"

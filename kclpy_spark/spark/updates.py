@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -41,6 +41,25 @@ class BatcherStats:
     write_seconds: float = 0.0
     commit_seconds: float = 0.0
     last_error: str = ""
+    # By ``[[sinks]]`` name (one entry a configured sink): the figures above that differ by sink.
+    by_sink: dict[str, SinkFigures] = field(default_factory=dict)
+
+    def sink(self, name: str) -> SinkFigures:
+        figures = self.by_sink.get(name)
+        if figures is None:
+            figures = self.by_sink[name] = SinkFigures()
+        return figures
+
+
+@dataclass
+class SinkFigures:
+    """One sink's share of the writes: attempts, failed ones, their seconds, and each batch's
+    answer (``acks``: written, dead-lettered or failed)."""
+
+    attempts: int = 0
+    failed_attempts: int = 0
+    write_seconds: float = 0.0
+    answers: dict[str, int] = field(default_factory=dict)
 
 
 class BatcherStatsCollector(Collector):
@@ -82,6 +101,7 @@ class BatcherStatsCollector(Collector):
             yield CounterMetricFamily(
                 f"kclpy_spark_sink_{name}", help_text, value=float(getattr(self._stats, name))
             )
+        yield from self._by_sink()
         yield GaugeMetricFamily(
             "kclpy_spark_sink_hung_writes",
             "Sink writes given up on for giving no answer within their timeout, still running",
@@ -117,6 +137,32 @@ class BatcherStatsCollector(Collector):
                 yield GaugeMetricFamily(
                     f"kclpy_spark_sink_jvm_heap_{name}_bytes", help_text, value=float(value)
                 )
+
+    def _by_sink(self) -> Iterable[CounterMetricFamily]:
+        """Each ``[[sinks]]`` sink's figures, labelled with its name (the sink-wide figures above
+        add every sink's together)."""
+        attempts = CounterMetricFamily(
+            "kclpy_spark_sinks_write_attempts", "Write attempts, by sink", labels=["sink"]
+        )
+        failed = CounterMetricFamily(
+            "kclpy_spark_sinks_failed_attempts", "Write attempts that raised, by sink",
+            labels=["sink"],
+        )  # fmt: skip
+        seconds = CounterMetricFamily(
+            "kclpy_spark_sinks_write_seconds", "Seconds spent in writes, by sink", labels=["sink"]
+        )
+        answers = CounterMetricFamily(
+            "kclpy_spark_sinks_batches",
+            "Batches each sink answered: written, dead-lettered or failed (its policy parks)",
+            labels=["sink", "outcome"],
+        )
+        for name, figures in sorted(self._stats.by_sink.items()):
+            attempts.add_metric([name], float(figures.attempts))
+            failed.add_metric([name], float(figures.failed_attempts))
+            seconds.add_metric([name], figures.write_seconds)
+            for outcome, count in sorted(figures.answers.items()):
+                answers.add_metric([name, outcome], float(count))
+        yield from (attempts, failed, seconds, answers)
 
 
 class LaneUpdates:
@@ -192,7 +238,10 @@ class LaneUpdates:
         with self._cond:
             return all(lane.state is LaneState.CLOSED for lane, _ in batch.parts)
 
-    def attempt(self, error: BaseException | None, prepare_s: float, write_s: float) -> None:
+    def attempt(
+        self, error: BaseException | None, prepare_s: float, write_s: float, sink: str = ""
+    ) -> None:
+        """One attempt: preparing the batch, then (``sink`` named) writing it to that sink."""
         with self._cond:
             stats = self.stats
             stats.prepare_seconds += prepare_s
@@ -200,6 +249,16 @@ class LaneUpdates:
             if error is not None:
                 stats.failed_attempts += 1
                 stats.last_error = repr(error)
+            if sink:
+                figures = stats.sink(sink)
+                figures.attempts += 1
+                figures.write_seconds += write_s
+                figures.failed_attempts += error is not None
+
+    def answered(self, sink: str, outcome: str) -> None:
+        with self._cond:
+            answers = self.stats.sink(sink).answers
+            answers[outcome] = answers.get(outcome, 0) + 1
 
     def written(self, batch: Batch, *, dead_lettered: bool) -> list[Lane]:
         """Every sink acknowledged the batch: its cuts are marked written; returns the lanes

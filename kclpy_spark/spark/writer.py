@@ -224,7 +224,7 @@ class BatchWriter:
         if unprepared is not None:  # its prepare gave up: nothing of it was written
             batch.error = unprepared
             dead = self._dead_letter(batch, route, unprepared) and self._retire_tokens(batch, route)
-            acks.answer(route.name, DEAD_LETTERED if dead else FAILED, unprepared)
+            self._answer(acks, route, DEAD_LETTERED if dead else FAILED, unprepared)
             return dead
         try:
             self._retrying(batch, route.max_attempts, route)(self._attempt, batch, route)
@@ -246,12 +246,18 @@ class BatchWriter:
                 and self._dead_letter(batch, route, exc)
                 and self._retire_tokens(batch, route)
             ):
-                acks.answer(route.name, DEAD_LETTERED, exc)
+                self._answer(acks, route, DEAD_LETTERED, exc)
                 return True
-            acks.answer(route.name, FAILED, exc)
+            self._answer(acks, route, FAILED, exc)
             return False
-        acks.answer(route.name, WRITTEN)
+        self._answer(acks, route, WRITTEN)
         return True
+
+    def _answer(
+        self, acks: AckSet, route: SinkRoute, outcome: str, error: BaseException | None = None
+    ) -> None:
+        acks.answer(route.name, outcome, error)
+        self._events.answered(route.name, outcome)  # counted by sink
 
     def _dead_letter(self, batch: Batch, route: SinkRoute, error: BaseException) -> bool:
         """The sink's failure policy: True when the batch is now in its dead-letter location."""
@@ -336,9 +342,11 @@ class BatchWriter:
                 batch.attempts[route.name] = batch.attempts.get(route.name, 0) + 1
                 self._write_once(self._view(batch, route), route)
         except Exception as exc:
-            self._events.attempt(exc, prepared - started, time.perf_counter() - prepared)
+            self._events.attempt(
+                exc, prepared - started, time.perf_counter() - prepared, route.name
+            )
             raise
-        self._events.attempt(None, prepared - started, time.perf_counter() - prepared)
+        self._events.attempt(None, prepared - started, time.perf_counter() - prepared, route.name)
 
     def _view(self, batch: Batch, route: SinkRoute) -> SinkBatch:
         """The batch as one sink sees this attempt: its own tokens and attempt count (a copy:

@@ -461,3 +461,36 @@ def test_a_re_formed_piece_gets_a_token_from_a_sink_whose_prepare_had_failed() -
     assert env.b.written, "b never written"
     # b (a Delta sink, say) writes the re-formed piece with no version: not idempotent.
     assert env.b.written[-1].tokens[SHARDS[0]] is not None, env.b.written[-1].tokens
+
+
+def test_each_sinks_attempts_failures_and_answers_are_metrics_labelled_with_its_name() -> None:
+    """The sink-wide figures added every sink's together: which of two sinks kept failing (and
+    was dead-lettered) could be read only from the logs."""
+    import json
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from kclpy_spark.spark.updates import BatcherStatsCollector
+
+    env = two_sinks(max_attempts=2, dead_letter=DeadLetters())
+    env.take(SHARDS[0])
+    env.b.fail = lambda batch: True
+    env.deliver(SHARDS[0], records(1, 3))
+    env.batcher.step()
+    registry = CollectorRegistry()
+    registry.register(BatcherStatsCollector(env.batcher.stats))
+    exposed = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in generate_latest(registry).decode().splitlines()
+        if line.startswith("kclpy_spark_sinks_") and "_created" not in line
+    }
+    assert {k: v for k, v in exposed.items() if "seconds" not in k} == {
+        'kclpy_spark_sinks_write_attempts_total{sink="a"}': 1.0,
+        'kclpy_spark_sinks_write_attempts_total{sink="b"}': 2.0,
+        'kclpy_spark_sinks_failed_attempts_total{sink="a"}': 0.0,
+        'kclpy_spark_sinks_failed_attempts_total{sink="b"}': 2.0,
+        'kclpy_spark_sinks_batches_total{outcome="written",sink="a"}': 1.0,
+        'kclpy_spark_sinks_batches_total{outcome="dead-lettered",sink="b"}': 1.0,
+    }
+    assert env.batcher.stats.failed_attempts == 2  # the sink-wide figure, as before
+    json.dumps(env.batcher.status())  # the status page's copy holds plain values
