@@ -126,8 +126,30 @@ class DynamoCalls:
 
         return self._retried(what, once)
 
+    def _every_item(self, what: str, operation: str, **kwargs: Any) -> list[dict[str, Any]]:
+        """Every item of a Scan or Query, retried page by page: a page that fails is asked
+        again, not the pages before it (a throttled scan of a big table read its first pages
+        again at each retry, spending the read units that throttled it, and a retry budget
+        counted whole scans)."""
+        items: list[dict[str, Any]] = []
+        start: dict[str, Any] | None = None
+
+        def rest() -> list[dict[str, Any]]:
+            nonlocal start
+            while True:
+                if start is not None:
+                    kwargs["ExclusiveStartKey"] = start
+                page = self._call(operation, **kwargs)
+                items.extend(page.get("Items", []))
+                start = page.get("LastEvaluatedKey") or None
+                if start is None:
+                    return items
+
+        return self._retried(what, rest)
+
     def _pages(self, operation: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
-        """Every item of a Scan or Query, page by page."""
+        """Every item of a Scan or Query, page by page, as they are asked for (a failed page
+        fails the whole: for a reader that may stop early, ``is_empty``)."""
         while True:
             page = self._call(operation, **kwargs)
             yield from page.get("Items", [])

@@ -130,13 +130,10 @@ class KclMetricsTable(_KclSideTable):
         if not self._looked_for():
             return []
 
-        def attempt() -> list[KclWorkerSighting]:
-            items = self._pages("Scan", ConsistentRead=False)
+        try:
+            items = self._every_item(f"scan {self._table!r}", "Scan", ConsistentRead=False)
             found = (kcl_worker_of(i, METRICS_TABLE_KEY) for i in items)
             return [s for s in found if s is not None]
-
-        try:
-            return self._retried(f"scan {self._table!r}", attempt)
         except ResourceNotFoundError:  # the KCL fleet is gone and its table with it
             self.present = False
         except KclpySparkError as exc:  # a round without them: a steal is then a KCL 2.x take

@@ -137,13 +137,10 @@ class DynamoRecords(DynamoCalls):
         if self.absent:
             return ()
 
-        def attempt() -> tuple[CoordinationRecord, ...]:
-            start = codec.record_item_key(prefix)
-            items = self._pages("Scan", ConsistentRead=False)
-            return tuple(
-                codec.record_from_item(i)
-                for i in items
-                if codec.is_record_item(i) and i[codec.LEASE_KEY]["S"].startswith(start)
-            )
-
-        return self._retried(f"scan {self._table!r}", attempt)
+        start = codec.record_item_key(prefix)
+        items = self._every_item(f"scan {self._table!r}", "Scan", ConsistentRead=False)
+        return tuple(
+            codec.record_from_item(i)
+            for i in items
+            if codec.is_record_item(i) and i[codec.LEASE_KEY]["S"].startswith(start)
+        )

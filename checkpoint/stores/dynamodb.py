@@ -38,7 +38,7 @@ from checkpoint.base.clock import Clock, SystemClock
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.base.retry import DEFAULT_POLICY, RetryPolicy
 from checkpoint.lease import Lease, WriteStamp, refuse_regression
-from checkpoint.port import CoordinationRecord, KclWorkerSighting, TableScan
+from checkpoint.port import CoordinationRecord, TableScan
 from checkpoint.sequence import ExtendedSequenceNumber
 from checkpoint.stores import dynamo_codec as codec
 from checkpoint.stores.dynamo_calls import DynamoCalls, written_item
@@ -126,15 +126,15 @@ class DynamoDBLeaseTable(DynamoCalls):
     # -- reads ----------------------------------------------------------------------------------
 
     def list_leases(self) -> list[Lease]:
-        return self._retried(f"list leases in {self._table!r}", self._try_list_leases)
+        return _leases_in(self._scan())
 
-    def _try_list_leases(self) -> list[Lease]:
+    def _scan(self) -> list[dict[str, Any]]:
         # Eventually consistent, as the KCL's scans: half the read units of a consistent Scan,
         # which every worker runs every take interval. A scan may show a lease as it stood a moment
         # ago; every decision taken from one is a write conditional on the counter it saw (a stale
         # one loses), and the observer dates an older counter no earlier than it saw the newer one,
         # so staleness can delay a take but never make a live lease look expired.
-        return _leases_in(list(self._pages("Scan", ConsistentRead=False)))
+        return self._every_item(f"list leases in {self._table!r}", "Scan", ConsistentRead=False)
 
     def scan_table(self, record_prefix: str) -> TableScan:
         """``list_leases``'s Scan (which also yields the KCL 3.x workers' metrics entities and
@@ -142,13 +142,10 @@ class DynamoDBLeaseTable(DynamoCalls):
         3.0-3.4 fleet keeps them in tables of their own, one of its metrics table and a read of
         its migration item."""
 
-        def attempt() -> tuple[list[Lease], list[KclWorkerSighting], str | None]:
-            items = list(self._pages("Scan", ConsistentRead=False))  # as list_leases
-            workers = [s for s in map(kcl_worker_of, items) if s is not None]
-            versions = [v for v in map(client_version_of, items) if v is not None]
-            return _leases_in(items), workers, next(iter(versions), None)
-
-        leases, workers, version = self._retried(f"list leases in {self._table!r}", attempt)
+        items = self._scan()  # as list_leases
+        workers = [s for s in map(kcl_worker_of, items) if s is not None]
+        version = next((v for v in map(client_version_of, items) if v is not None), None)
+        leases = _leases_in(items)
         workers += self.kcl_metrics.sightings()  # KCL 3.0-3.4's table, if there is one
         if version is None:
             version = self.kcl_coordinator.client_version()
@@ -190,18 +187,11 @@ class DynamoDBLeaseTable(DynamoCalls):
         """
         expr = Expr()
         condition = expr.owner_is(owner)
-        return self._retried(
-            f"list leases of {owner!r}",
-            lambda: [
-                i[codec.LEASE_KEY]["S"]
-                for i in self._pages(
-                    "Query",
-                    IndexName=OWNER_INDEX,
-                    KeyConditionExpression=condition,
-                    **expr.kwargs(),
-                )
-            ],
-        )
+        items = self._every_item(
+            f"list leases of {owner!r}", "Query", IndexName=OWNER_INDEX,
+            KeyConditionExpression=condition, **expr.kwargs(),
+        )  # fmt: skip
+        return [i[codec.LEASE_KEY]["S"] for i in items]
 
     # -- conditional writes ---------------------------------------------------------------------
 

@@ -935,6 +935,49 @@ def test_dynamodb_scans_paginate(dynamo: DynamoDBLeaseTable, dynamodb_client: An
     assert len(dynamo.list_leases()) == 8
 
 
+class SecondPageThrottled:
+    """Wraps a real client: the first Scan call that asks for a later page is throttled."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.first_pages = 0
+        self.throttled = False
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._real, name)
+        if name != "scan":
+            return method
+
+        def scan(**kwargs: Any) -> Any:
+            if "ExclusiveStartKey" not in kwargs:
+                self.first_pages += 1
+            elif not self.throttled:
+                self.throttled = True
+                code = "ProvisionedThroughputExceededException"
+                raise ClientError({"Error": {"Code": code, "Message": "injected"}}, "Scan")
+            return method(**kwargs)
+
+        return scan
+
+
+def test_dynamodb_a_failed_scan_page_is_asked_again_not_the_pages_before_it(
+    dynamo: DynamoDBLeaseTable, dynamodb_client: Any
+) -> None:
+    """A throttled page sent the whole scan back to its first page (the read units spent again
+    on the pages read, at each retry)."""
+    for i in range(8):
+        dynamo.create_lease_if_absent(
+            Lease(f"shardId-{i}", TRIM_HORIZON, pending_checkpoint=ExtendedSequenceNumber(SEQ),
+                  pending_checkpoint_state=b"x" * 300_000)
+        )  # fmt: skip
+    client = SecondPageThrottled(dynamodb_client)
+    table = DynamoDBLeaseTable(client, dynamo.table_name, retry=FAST, sleep=no_sleep)  # type: ignore[arg-type]
+    assert sorted(lease.lease_key for lease in table.list_leases()) == [
+        f"shardId-{i}" for i in range(8)
+    ]
+    assert client.throttled and client.first_pages == 1
+
+
 @pytest.mark.parametrize(
     ("counter", "at", "expected"),
     [
