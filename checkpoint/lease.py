@@ -29,6 +29,9 @@ class HashKeyRange:
     def from_strings(cls, start: str, end: str) -> HashKeyRange:
         return cls(int(start), int(end))
 
+    def overlaps(self, other: HashKeyRange) -> bool:
+        return self.start <= other.end and other.start <= self.end
+
 
 class LeaseState(enum.StrEnum):
     """The coordination view of a lease (after OpenSearch Data Prepper's source coordination)."""

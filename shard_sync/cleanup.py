@@ -233,30 +233,31 @@ class LeaderMaintenance:
             log.warning("garbage cleanup: ListShards answered no shard at all; deleting nothing")
             return []
         deleted = []
-        fresh = [
-            lease
-            for lease in self._table.list_leases()
-            if lease.lease_key in candidates and self._syncer.owns(lease)
-        ]
+        owned = [lease for lease in self._table.list_leases() if self._syncer.owns(lease)]
+        fresh = [lease for lease in owned if lease.lease_key in candidates]
+        leased = {lease.shard_id for lease in owned}
         for lease in self._to_probe(garbage_leases(fresh, listed)):
-            if not self._confirmed_gone(lease) or not self._lease_children_first(lease, shards):
+            if not self._confirmed_gone(lease):
+                continue
+            if not self._lease_children_first(lease, shards, leased):
                 continue
             if self._table.delete_lease(lease):
                 deleted.append(lease.lease_key)
                 log.warning("deleted lease %s: its shard no longer exists", lease.lease_key)
         return deleted
 
-    def _lease_children_first(self, lease: Lease, shards: Mapping[str, Shard]) -> bool:
+    def _lease_children_first(
+        self, lease: Lease, shards: Mapping[str, Shard], leased: Collection[str]
+    ) -> bool:
         """Before the lease of a shard that aged out unfinished goes (workers down longer than
-        the retention, across a reshard): lease its listed children at TRIM_HORIZON, as its
-        shard end would have made them (children that aged out too leave their own children to
-        the sync, as the KCL does: it cannot tell whose they were). Deleted without, its
-        children were leased as roots at the initial position by the next sync: at LATEST, all
-        they still held was skipped. False when that failed (the lease then stays until a later
-        round)."""
+        the retention, across a reshard): lease its oldest listed descendants at TRIM_HORIZON,
+        as its shard end would have made its children (``oldest_descendants``). Deleted
+        without, they were leased as roots at the initial position by the next sync: at LATEST,
+        all they still held was skipped. False when that failed (the lease then stays until a
+        later round)."""
         if lease.checkpoint.is_shard_end:
             return True
-        children = [sid for sid, shard in shards.items() if lease.shard_id in shard.parent_ids]
+        children = oldest_descendants(lease, shards, leased)
         try:
             for spec in new_leases(shards, children, TRIM_HORIZON):
                 if self._table.create_lease_if_absent(spec.to_lease(lease.stream_key)):
@@ -292,3 +293,25 @@ class LeaderMaintenance:
             log.info("lease %s: its shard is missing from the listing but exists; kept",
                      lease.lease_key)  # fmt: skip
         return gone
+
+
+def oldest_descendants(
+    lease: Lease, shards: Mapping[str, Shard], leased: Collection[str]
+) -> list[str]:
+    """The listed shards that are the oldest left of the aged-out ``lease``'s descendants: its
+    children, and, where children aged out too, the listed shards none of whose parents is
+    listed or leased, within its hash range (a shard in it, listed while it is not, came after
+    it: the key space's open shards never overlap, and an ancestor ages out first). The KCL
+    leaves those to the sync, as roots at the initial position."""
+    mine = lease.hash_key_range
+    found = []
+    for sid, shard in shards.items():
+        parents = shard.parent_ids
+        if lease.shard_id in parents or (
+            mine is not None
+            and parents
+            and not any(p in shards or p in leased for p in parents)
+            and mine.overlaps(shard.hash_key_range)
+        ):
+            found.append(sid)
+    return found

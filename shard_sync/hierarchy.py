@@ -153,6 +153,7 @@ def leases_to_create(
     initial_position: InitialPosition,
     *,
     ignore_unexpected_child_shards: bool = False,
+    unfinished_ranges: Collection[HashKeyRange] = (),
 ) -> list[NewLease]:
     """The leases a shard sync must create, sorted by starting sequence number then shard id.
 
@@ -160,7 +161,8 @@ def leases_to_create(
     leases. Empty means the empty-table rule: pass the listing made with the ShardFilter for
     ``initial_position``. Otherwise pass the full listing. Raises InconsistentShardGraphError (see
     the module docstring) and ValueError for a listing that is not a graph (a shard id listed twice
-    with different details, or a parent cycle).
+    with different details, or a parent cycle). ``unfinished_ranges``: the hash ranges of the
+    stream's leases not at SHARD_END (``_AncestryWalk.read_above``).
     """
     if leased_shard_ids:
         return non_empty_table_leases(
@@ -168,6 +170,7 @@ def leases_to_create(
             leased_shard_ids,
             initial_position,
             ignore_unexpected_child_shards=ignore_unexpected_child_shards,
+            unfinished_ranges=unfinished_ranges,
         )
     return empty_table_leases(
         shards, initial_position, ignore_unexpected_child_shards=ignore_unexpected_child_shards
@@ -192,6 +195,7 @@ def non_empty_table_leases(
     initial_position: InitialPosition,
     *,
     ignore_unexpected_child_shards: bool = False,
+    unfinished_ranges: Collection[HashKeyRange] = (),
 ) -> list[NewLease]:
     """The KCL's NonEmptyLeaseTableSynchronizer, whatever the size of ``leased_shard_ids``.
 
@@ -201,7 +205,7 @@ def non_empty_table_leases(
     by_id = index_shards(shards)
     inconsistent = _check_consistent(by_id, ignore_unexpected_child_shards)
     leased = leased_shard_ids if isinstance(leased_shard_ids, Set) else frozenset(leased_shard_ids)
-    walk = _AncestryWalk(by_id, leased, initial_position.position)
+    walk = _AncestryWalk(by_id, leased, initial_position.position, unfinished_ranges)
     chosen: set[str] = set()
     for shard in by_id.values():
         sid = shard.shard_id
@@ -217,9 +221,16 @@ class _AncestryWalk:
     """The memoized parent walk behind the non-empty rule (the KCL's MemoizationContext plus
     checkIfDescendantAndAddNewLeasesForAncestors), with an explicit stack instead of recursion."""
 
-    def __init__(self, by_id: Mapping[str, Shard], leased: Set[str], position: Position) -> None:
+    def __init__(
+        self,
+        by_id: Mapping[str, Shard],
+        leased: Set[str],
+        position: Position,
+        unfinished_ranges: Collection[HashKeyRange] = (),
+    ) -> None:
         self._by_id = by_id
         self._leased = leased
+        self._unfinished = tuple(unfinished_ranges)
         self._marks_uncovered = position in (Position.TRIM_HORIZON, Position.AT_TIMESTAMP)
         self._covered: dict[str, bool] = {}  # the KCL's isDescendant memo
         self._from_start: set[str] = set()  # the KCL's shouldCreateLease marks
@@ -236,6 +247,18 @@ class _AncestryWalk:
             if parent_id not in by_id and parent_id not in leased:
                 return tuple(p for p in parents if p in by_id or p in leased)
         return parents
+
+    def read_above(self, sid: str) -> bool:
+        """Whether a shard whose parents are all gone from the listing and the table (the KCL
+        takes it for a root) lies in the hash range of an unfinished lease: a listed shard
+        there came after that lease's shard (open shards never overlap, and an ancestor ages
+        out first), so it is that lease's descendant, its line read above it. It waits, as a
+        child of a leased parent does: leased now as a root, at LATEST, it would skip what it
+        holds (its lease comes from the shard ends between, or from garbage cleanup at
+        TRIM_HORIZON when that lease's shard aged out unfinished)."""
+        shard = self._by_id[sid]
+        mine = shard.hash_key_range
+        return bool(shard.parent_ids) and any(mine.overlaps(r) for r in self._unfinished)
 
     def is_covered(self, start: str) -> bool:
         covered, leased, from_start = self._covered, self._leased, self._from_start
@@ -270,6 +293,8 @@ class _AncestryWalk:
                 if covered[parent_id] or parent_id in from_start:
                     is_covered = True
                     break
+            if not parents and self.read_above(sid):
+                is_covered = True
             covered[sid] = is_covered
             if is_covered:
                 # An uncovered, unleased parent is the oldest shard on its line that nothing

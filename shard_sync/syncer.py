@@ -143,6 +143,17 @@ class ShardSyncer:
         """True for the leases of this syncer's stream (all leases in single-stream mode)."""
         return in_stream(lease.lease_key, self.stream_key)
 
+    def _unfinished_ranges(self, leases: list[Lease]) -> list[HashKeyRange]:
+        """The hash ranges of ``leases`` not at SHARD_END (from the listing for a lease without
+        one; unknown, it is left out)."""
+        ranges = []
+        for lease in leases:
+            if not lease.checkpoint.is_shard_end:
+                known = lease.hash_key_range or self.known_ranges.get(lease.shard_id)
+                if known is not None:
+                    ranges.append(known)
+        return ranges
+
     def sync(self, leases: list[Lease] | None = None) -> SyncResult:
         """Run one sync; ``leases`` may pass a fresh scan of the table to save a read."""
         scanned = self._table.list_leases() if leases is None else leases
@@ -156,8 +167,9 @@ class ShardSyncer:
         }
         try:
             new = leases_to_create(
-                shards, leased, self._position, ignore_unexpected_child_shards=self._ignore
-            )
+                shards, leased, self._position, ignore_unexpected_child_shards=self._ignore,
+                unfinished_ranges=self._unfinished_ranges(current),
+            )  # fmt: skip
             finished = {x.shard_id for x in current if x.checkpoint.is_shard_end}
             orphans = children_of_finished_parents(shards, leased, finished) if current else []
         except ValueError as exc:  # a shard graph no stream can have (a cycle, say)

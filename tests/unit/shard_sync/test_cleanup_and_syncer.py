@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from checkpoint.base.errors import DependencyError, MalformedAnswerError
 from checkpoint.lease import MAX_HASH_KEY, HashKeyRange, Lease
 from checkpoint.sequence import (
+    LATEST,
     SHARD_END,
     TRIM_HORIZON,
     ExtendedSequenceNumber,
@@ -631,3 +633,42 @@ def test_a_leader_that_lapsed_deletes_nothing() -> None:
     with pytest.raises(LeadershipLapsed):
         LeaderMaintenance(syncer, writes).run_once()
     assert {x.lease_key for x in table.list_leases()} == {"p", "a"}
+
+
+@pytest.mark.parametrize("with_range", [True, False])
+def test_grandchildren_of_an_aged_out_parent_whose_children_aged_out_too_start_at_their_start(
+    with_range: bool,
+) -> None:
+    """As above, two levels down: p split into c1 and c2, c1 into g1 and g2, and p and c1 both
+    aged out. Only c2 was leased at TRIM_HORIZON; g1 and g2, whose parent c1 is neither listed
+    nor leased, were leased as roots at LATEST by the next sync, skipping what they held. A
+    shard outside p's hash range is not p's (left to the sync as before), nor are g1 and g2 for
+    a lease without a hash range (an old KCL's)."""
+    table = MemoryLeaseTable()
+    parent = lease("p", ExtendedSequenceNumber("5"), hi=HALF)
+    table.create_lease_if_absent(parent if with_range else replace(parent, hash_key_range=None))
+    quarter = HALF // 2
+    lister = ListedShards(
+        [
+            shard("c2", 100, None, quarter + 1, HALF, parent="p"),
+            shard("g1", 300, None, 0, quarter // 2, parent="c1"),
+            shard("g2", 300, None, quarter // 2 + 1, quarter, parent="c1"),
+            shard("o1", 50, None, HALF + 1, MAX_HASH_KEY, parent="q"),  # q: neither p's nor leased
+        ]
+    )
+    m = LeaderMaintenance(
+        ShardSyncer(lister, table, InitialPosition.latest()),
+        table,
+        hole_threshold=3,
+        lister=lister,
+        shard_gone=lambda x: x.shard_id == "p",
+        garbage_every=10,
+    )
+    for _ in range(13):
+        m.run_once()
+    made = {x.lease_key: x.checkpoint for x in table.list_leases()}
+    assert "p" not in made
+    grandchildren = TRIM_HORIZON if with_range else LATEST
+    assert made == {
+        "c2": TRIM_HORIZON, "g1": grandchildren, "g2": grandchildren, "o1": LATEST
+    }, made  # fmt: skip

@@ -374,6 +374,27 @@ def test_children_of_a_leased_parent_the_listing_left_out_wait_for_its_shard_end
     assert created(leases_to_create(listing(children), {sid(9)}, position)) == ids(1, 2)
 
 
+@pytest.mark.parametrize("position", [LATEST, TRIM, AT200], ids=["LATEST", "TRIM", "AT200"])
+def test_grandchildren_under_an_unfinished_lease_wait_when_their_parent_is_unlisted(
+    position: InitialPosition,
+) -> None:
+    """0 (leased, unfinished) split into 1 and 2, and 1 into 3 and 4; a listing without 1 made
+    3 and 4 roots: leased at the initial position and read before 0 and 1 ended. Within an
+    unfinished lease's hash range they wait; a shard outside it (5, whose parent 9 is gone) and
+    a lease without a range change nothing."""
+    entries = [
+        shard_dict(0, 10, 20, keys=(0, M // 2)),
+        shard_dict(2, 22, None, 0, keys=(M // 4 + 1, M // 2)),
+        shard_dict(3, 31, None, 1, keys=(0, M // 8)),
+        shard_dict(4, 32, None, 1, keys=(M // 8 + 1, M // 4)),
+        shard_dict(5, 33, None, 9, keys=(M // 2 + 1, M)),
+    ]
+    unfinished = [HashKeyRange(0, M // 2)]
+    made = leases_to_create(listing(entries), {sid(0)}, position, unfinished_ranges=unfinished)
+    assert created(made) == ids(5)
+    assert created(leases_to_create(listing(entries), {sid(0)}, position)) == ids(3, 4, 5)
+
+
 # Shard 5 of graph A still open: its children 9 and 10 are inconsistent.
 A_WITH_OPEN_5 = [
     shard_dict(5, 11, None, keys=(500, M)) if e["ShardId"] == sid(5) else e for e in GRAPH_A
