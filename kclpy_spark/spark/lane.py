@@ -179,6 +179,15 @@ class Lane:
         return bool(self._replays)
 
     @property
+    def gathering(self) -> bool:
+        """Replaying, and records of a piece to re-form have yet to arrive."""
+        return bool(self._replays) and not self._replays.all_ready
+
+    def reforms(self, group: tuple[PieceKey, ...]) -> bool:
+        """Whether it re-forms a piece of the batch ``group`` (its piece will come back)."""
+        return self._replays.reforms(group)
+
+    @property
     def replay_ready(self) -> bool:
         """Replaying, and every record of the next cut to re-form has arrived."""
         first = self._replays.first

@@ -345,8 +345,10 @@ class MicroBatcher:
             raise LaneClosedError(f"lease {lane.lease_key}: the sink lane is closed")
 
     def _must_wait(self, lane: Lane) -> bool:
-        if lane.replaying:
-            return False  # it may need more records before anything can be flushed
+        if lane.gathering:
+            return False  # it needs more records before its re-formed piece can go
+        # Re-formed pieces whole, it waits as any lane: records it took meanwhile (its piece
+        # waiting up to regroup_wait for its batch's other pieces) grew past every limit.
         active = [x for x in self._lanes.values() if x.state is LaneState.ACTIVE]
         limit, buffered = self.settings.buffer_limit, sum(x.nbytes for x in active)
         # Full: only a lane holding at least an equal share waits. A lease whose write is slow

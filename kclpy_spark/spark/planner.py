@@ -4,8 +4,9 @@ The planner only reads lanes; the batcher cuts the lanes it names, in the order 
 
 * A replayed cut (a pending checkpoint re-formed) goes first, exactly as it was: in ``worker``
   scope with the other pieces of its original batch once they are all back (same ``batch_id``),
-  or alone after ``regroup_wait`` seconds, at once when this worker holds none of its batch's
-  other leases (their pieces will not come back here), or when it is drained.
+  or alone after ``regroup_wait`` seconds, at once when none of its batch's other pieces can
+  come back here (their leases not held here, or their lanes with nothing of that batch to
+  re-form), or when it is drained.
 * Fresh records: in ``worker`` scope one batch over every lease with records, oldest first, up to
   ``max_records``/``max_bytes``; in ``lease`` scope one batch per lease. Due when the records reach
   either limit, the oldest has waited ``max_wait``, a lease is drained, or the buffer is full.
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from kclpy_spark.spark.lane import Lane, LaneState
+from kclpy_spark.spark.pieces import PieceKey
 from kclpy_spark.spark.settings import BatcherSettings
 
 
@@ -46,10 +48,15 @@ def plan_due(
         return limit is None or len(plans) < limit
 
     ready = [x for x in lanes if x.can_cut() and x.replay_ready]
-    open_keys = {x.lease_key for x in lanes if x.state is not LaneState.CLOSED}
+    open_lanes = {x.lease_key: x for x in lanes if x.state is not LaneState.CLOSED}
 
-    def coming(key: str) -> bool:
-        return key in open_keys or expected(key)
+    def coming(key: str, group: tuple[PieceKey, ...]) -> bool:
+        """Whether the piece of lease ``key`` in ``group`` may still come back here: its lane
+        re-forms it, or it is held here and its lane not open yet. An open lane with nothing
+        of ``group`` to re-form (its piece committed before a crash) never brings it: waiting
+        for it held the others' pieces the whole ``regroup_wait``."""
+        lane = open_lanes.get(key)
+        return expected(key) if lane is None else lane.reforms(group)
 
     done: set[int] = set()
     for lane in ready:
@@ -70,7 +77,7 @@ def plan_due(
             partners = {k.lease_key for k in group} - {lane.lease_key}
             waited = (
                 now >= since + s.regroup_wait
-                or not any(coming(key) for key in partners)
+                or not any(coming(key, group) for key in partners)
                 or any(m.forced for m in members)
             )
             if not complete and not waited:

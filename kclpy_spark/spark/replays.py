@@ -75,6 +75,10 @@ class Replays:
     def first(self) -> Replay | None:
         return self._queue[0] if self._queue else None
 
+    def reforms(self, group: tuple[PieceKey, ...]) -> bool:
+        """Whether one of them re-forms a piece of the batch ``group``."""
+        return any(r.group == group for r in self._queue)
+
     @property
     def all_ready(self) -> bool:
         return all(r.ready for r in self._queue)

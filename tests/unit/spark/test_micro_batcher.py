@@ -735,6 +735,44 @@ def test_a_reformed_piece_whose_partners_moved_elsewhere_goes_at_once() -> None:
     assert alone.pieces[0].key == PieceKey(SHARDS[0], esn(10), esn(30))
 
 
+def test_a_reformed_piece_whose_partner_committed_before_the_crash_does_not_wait_for_it() -> None:
+    """The batch had landed and one lease's commit too before the crash: that lease's lane
+    opens with nothing of the batch to re-form, so its piece never comes back, and the other
+    piece waited the whole regroup_wait for it (its records piling up meanwhile)."""
+    env = manual(max_records=100, max_attempts=1, max_wait=1.0, regroup_wait=30.0)
+    crash_during_write(env, SHARDS, 3)
+    env.cps[SHARDS[1]].checkpoint(str(30))  # its commit had landed (pending cleared)
+    env.batcher = env.new_batcher()
+    env.take(SHARDS[0], worker="worker-b")
+    env.take(SHARDS[1])  # open, nothing to re-form
+    env.deliver(SHARDS[0], records(1, 3))
+    assert env.batcher.step() == 1  # at once
+    [alone] = env.sink.written
+    assert alone.pieces[0].key == PieceKey(SHARDS[0], esn(10), esn(30)) and alone.rows == 3
+    assert env.lease(SHARDS[0]).checkpoint == esn(30)
+
+
+def test_a_lane_whose_reformed_piece_waits_for_its_partner_feels_the_buffers_pressure() -> None:
+    """A lane that had every record of its re-formed piece skipped back-pressure while the piece
+    waited (up to regroup_wait) for its batch's other piece: the consumer read on, its records
+    grew past every limit, and at twice the buffer every other lease's delivery stopped."""
+    env = manual(max_records=100, max_attempts=1, max_wait=1.0, regroup_wait=30.0,
+                 buffer_bytes=2_000)  # fmt: skip
+    crash_during_write(env, SHARDS, 3)
+    env.batcher = env.new_batcher()
+    env.take(SHARDS[0], worker="worker-b")
+    env.take_lease_only(SHARDS[1])  # held here: its piece may come back
+    env.deliver(SHARDS[0], records(1, 3))  # the piece to re-form, whole
+    lane = env.lanes[SHARDS[0]]
+    assert lane.replay_ready and not env.batcher._must_wait(lane)
+    n = 4
+    while not env.batcher._must_wait(lane):
+        env.deliver(SHARDS[0], records(n, 10))
+        n += 10
+        assert n < 1_000, "the re-forming lane never waited"
+    assert env.batcher.step() == 0  # its piece still waits for its partner's
+
+
 # --- threads: out-of-order completion, backpressure, timeouts -----------------------------------
 
 
