@@ -197,6 +197,12 @@ def _writer(df: Any) -> Any:
     return df.write.options(**WRITE_OPTIONS, **local_fs.write_options(df))
 
 
+# A DeltaTable object brought up to date this many times is loaded afresh instead: one kept and
+# updated grew by ~50 KB at each commit, and each commit took longer (this sink over 2,000
+# writes: 76 MB of growth against 21, CPU per write 0.31x; bench/results/delta-table-refresh.md).
+DELTA_TABLE_UPDATES = 100
+
+
 class DeltaSink:
     # A lease's versions must commit in order (a later one committed first would make Delta skip
     # the earlier), so the batcher keeps one batch of a lease in flight at a time.
@@ -220,6 +226,7 @@ class DeltaSink:
         self._partition_by = list(partition_by) if partition_by else None
         self._via_spark = via_spark
         self._table: Any = None
+        self._updates = 0  # of ``_table`` since it was loaded
         self._lock = threading.Lock()  # one DeltaTable object, refreshed by concurrent writers
         self._per_thread = threading.local()  # each writer thread's own, to commit from
 
@@ -234,13 +241,15 @@ class DeltaSink:
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
-        if self._table is None:
-            try:
-                self._table = DeltaTable(self.path, storage_options=self._options)
-            except TableNotFoundError:
-                return None
-        else:
+        if self._table is not None and self._updates < DELTA_TABLE_UPDATES:
             self._table.update_incremental()
+            self._updates += 1
+            return self._table
+        try:
+            self._table = DeltaTable(self.path, storage_options=self._options)
+        except TableNotFoundError:
+            return None
+        self._updates = 0
         return self._table
 
     def committed_versions(self, lease_keys: Iterable[str]) -> dict[str, int]:
@@ -266,19 +275,22 @@ class DeltaSink:
         since then (an old owner whose write outlived its lease) makes delta-rs refuse this one
         as a concurrent transaction; a write from a newer snapshot would commit it twice. One
         object per writer thread (they are few and long-lived): an update reads only the commits
-        since its last write, where a fresh load reads the log from its last checkpoint."""
+        since its last write, where a fresh load reads the log from its last checkpoint; loaded
+        afresh after ``DELTA_TABLE_UPDATES`` updates (a kept one grows)."""
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
-        table = getattr(self._per_thread, "table", None)
-        if table is not None:
+        mine = self._per_thread
+        table = getattr(mine, "table", None)
+        if table is not None and mine.updates < DELTA_TABLE_UPDATES:
             table.update_incremental()
+            mine.updates += 1
             return table
         try:
             table = DeltaTable(self.path, storage_options=self._options)
         except TableNotFoundError:
             return None
-        self._per_thread.table = table
+        mine.table, mine.updates = table, 0
         return table
 
     def write(self, batch: SinkBatch) -> None:

@@ -247,3 +247,36 @@ def test_a_write_that_read_the_table_before_its_version_was_retired_commits_noth
     with pytest.raises(deltalake.exceptions.CommitFailedError, match="Concurrent transaction"):
         hung.write(batch(tokens))
     assert rows(tmp_path / "delta") == 2 and retirer.prepare([PIECE]) == {"shardId-0": 2}
+
+
+def test_the_sinks_table_objects_are_loaded_afresh_after_a_bounded_number_of_updates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One DeltaTable object kept and updated at every prepare and write grew ~65 KB and took
+    more CPU at each commit (bench/results/delta-table-refresh.md): a daemon's driver grew for
+    weeks. Each is loaded afresh after DELTA_TABLE_UPDATES updates; every piece still commits
+    once, at its version."""
+    from kclpy_spark.spark import sinks
+
+    loads: list[int] = []
+
+    class CountedTable(deltalake.DeltaTable):  # type: ignore[misc, name-defined]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            loads.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(deltalake, "DeltaTable", CountedTable)
+    monkeypatch.setattr(sinks, "DELTA_TABLE_UPDATES", 3)
+    path = str(tmp_path / "delta")
+    sink = DeltaSink(path)
+    sink.write(batch({}, "shardId-9"))  # makes the table
+    for n in range(1, 13):
+        key = PieceKey("shardId-0", ExtendedSequenceNumber(str(2 * n)),
+                       ExtendedSequenceNumber(str(2 * n + 1)))  # fmt: skip
+        tokens = sink.prepare([Piece(key, "shardId-0", 2)])
+        assert tokens == {"shardId-0": n}
+        sink.write(SinkBatch(n, (Piece(key, "shardId-0", 2),), batch({}).table, tokens=tokens))
+    # 12 prepares and 12 writes, each object updated at most 3 times between loads
+    assert 6 <= len(loads) <= 8, len(loads)
+    assert rows(tmp_path / "delta") == 2 + 12 * 2
+    assert sink.committed_version("shardId-0") == 12
