@@ -51,12 +51,7 @@ def plan_due(
     open_lanes = {x.lease_key: x for x in lanes if x.state is not LaneState.CLOSED}
 
     def coming(key: str, group: tuple[PieceKey, ...]) -> bool:
-        """Whether the piece of lease ``key`` in ``group`` may still come back here: its lane
-        re-forms it, or it is held here and its lane not open yet. An open lane with nothing
-        of ``group`` to re-form (its piece committed before a crash) never brings it: waiting
-        for it held the others' pieces the whole ``regroup_wait``."""
-        lane = open_lanes.get(key)
-        return expected(key) if lane is None else lane.reforms(group)
+        return _may_come_back(open_lanes.get(key), key, group, expected)
 
     done: set[int] = set()
     for lane in ready:
@@ -97,6 +92,16 @@ def plan_due(
     elif fresh and room() and _due(fresh, s, now, pressure):
         plans.append(Plan(tuple(by_age), budgeted=True))
     return plans
+
+
+def _may_come_back(
+    lane: Lane | None, key: str, group: tuple[PieceKey, ...], expected: Callable[[str], bool]
+) -> bool:
+    """Whether the piece of lease ``key`` in ``group`` may still come back here: its open
+    ``lane`` re-forms it, or the lease is held here and its lane not open yet. An open lane with
+    nothing of ``group`` to re-form (its piece committed before a crash) never brings it:
+    waiting for it held the others' pieces the whole ``regroup_wait``."""
+    return expected(key) if lane is None else lane.reforms(group)
 
 
 def _due(lanes: list[Lane], s: BatcherSettings, now: float, pressure: bool) -> bool:
