@@ -131,13 +131,6 @@ class _Seen:
 # time, and renews a found lease up to a third of one later (about 13 s after the move at the
 # default 10 s); the KCL's own leader judges expiry over two failover times for the same reason.
 MOVED_EXPIRY_FACTOR = 2.0
-# The oldest a first sight dates a change by its stamp, as a share of the lease duration. A stamp
-# is the writer's clock: a worker whose own clock is ahead of a live holder's by more than
-# ``max_clock_skew`` took every lease for expired at its start (or when it became the assigning
-# leader), the whole fleet's. Dated at most this old, a live holder (a write at least every 0.52
-# of the duration) shows a newer counter before the look at its would-be expiry; a dead one's
-# lease moves at most 0.6 duration later than its stamp alone would say.
-FIRST_SIGHT_MAX_AGE = 0.4
 
 
 class LeaseObserver:
@@ -228,11 +221,8 @@ class LeaseObserver:
         self._note_moves(before, lease, now)
         if before is None:
             # First sight (the KCL's rule): unowned = never renewed; owned = renewed now, or
-            # when its stamp says, but no older than FIRST_SIGHT_MAX_AGE.
-            if lease.lease_owner is None:
-                return None
-            oldest = now - self._timing.lease_duration * FIRST_SIGHT_MAX_AGE
-            return self._written(lease, now, wall, oldest)
+            # when its stamp says.
+            return None if lease.lease_owner is None else self._written(lease, now, wall, None)
         previous_owner, owner = before.owner, lease.lease_owner
         # An owner change is a move even without a counter change (a graceful handoff begun).
         if previous_owner is not None and owner is not None and owner != previous_owner:
