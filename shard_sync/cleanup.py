@@ -258,6 +258,8 @@ class LeaderMaintenance:
         if lease.checkpoint.is_shard_end:
             return True
         children = oldest_descendants(lease, shards, leased)
+        if not self._parents_gone(lease, shards, children):
+            return False
         try:
             for spec in new_leases(shards, children, TRIM_HORIZON):
                 if self._table.create_lease_if_absent(spec.to_lease(lease.stream_key)):
@@ -271,6 +273,20 @@ class LeaderMaintenance:
             )
             return False
         return True
+
+    def _parents_gone(
+        self, lease: Lease, shards: Mapping[str, Shard], descendants: list[str]
+    ) -> bool:
+        """Whether the parents of ``descendants`` that the listing left out (besides ``lease``'s
+        own shard) are gone from the stream, each confirmed as ``lease``'s was: a listing that
+        lost a page left out a child still in retention, and its children, leased in its stead,
+        were read before it while it never was."""
+        missing = {p for sid in descendants for p in shards[sid].parent_ids if p not in shards}
+        missing.discard(lease.shard_id)
+        return all(
+            self._confirmed_gone(replace(lease, lease_key=lease.sibling_key(parent)))
+            for parent in sorted(missing)
+        )
 
     def _to_probe(self, candidates: list[Lease]) -> list[Lease]:
         """At most ``max_garbage_probes`` of ``candidates``, taking turns round by round (so

@@ -153,7 +153,7 @@ def leases_to_create(
     initial_position: InitialPosition,
     *,
     ignore_unexpected_child_shards: bool = False,
-    unfinished_ranges: Collection[HashKeyRange] = (),
+    unfinished_ranges: Mapping[str, HashKeyRange] | None = None,
 ) -> list[NewLease]:
     """The leases a shard sync must create, sorted by starting sequence number then shard id.
 
@@ -162,7 +162,7 @@ def leases_to_create(
     ``initial_position``. Otherwise pass the full listing. Raises InconsistentShardGraphError (see
     the module docstring) and ValueError for a listing that is not a graph (a shard id listed twice
     with different details, or a parent cycle). ``unfinished_ranges``: the hash ranges of the
-    stream's leases not at SHARD_END (``_AncestryWalk.read_above``).
+    stream's leases not at SHARD_END, by shard id (``_AncestryWalk.read_above``).
     """
     if leased_shard_ids:
         return non_empty_table_leases(
@@ -195,7 +195,7 @@ def non_empty_table_leases(
     initial_position: InitialPosition,
     *,
     ignore_unexpected_child_shards: bool = False,
-    unfinished_ranges: Collection[HashKeyRange] = (),
+    unfinished_ranges: Mapping[str, HashKeyRange] | None = None,
 ) -> list[NewLease]:
     """The KCL's NonEmptyLeaseTableSynchronizer, whatever the size of ``leased_shard_ids``.
 
@@ -226,11 +226,11 @@ class _AncestryWalk:
         by_id: Mapping[str, Shard],
         leased: Set[str],
         position: Position,
-        unfinished_ranges: Collection[HashKeyRange] = (),
+        unfinished_ranges: Mapping[str, HashKeyRange] | None = None,
     ) -> None:
         self._by_id = by_id
         self._leased = leased
-        self._unfinished = tuple(unfinished_ranges)
+        self._unfinished = dict(unfinished_ranges or {})
         self._marks_uncovered = position in (Position.TRIM_HORIZON, Position.AT_TIMESTAMP)
         self._covered: dict[str, bool] = {}  # the KCL's isDescendant memo
         self._from_start: set[str] = set()  # the KCL's shouldCreateLease marks
@@ -250,15 +250,23 @@ class _AncestryWalk:
 
     def read_above(self, sid: str) -> bool:
         """Whether a shard whose parents are all gone from the listing and the table (the KCL
-        takes it for a root) lies in the hash range of an unfinished lease: a listed shard
-        there came after that lease's shard (open shards never overlap, and an ancestor ages
-        out first), so it is that lease's descendant, its line read above it. It waits, as a
-        child of a leased parent does: leased now as a root, at LATEST, it would skip what it
-        holds (its lease comes from the shard ends between, or from garbage cleanup at
-        TRIM_HORIZON when that lease's shard aged out unfinished)."""
+        takes it for a root) lies under an unfinished lease: in its hash range, of a shard that
+        aged out (not listed) or that began before it. Hash ranges overlap only along a line of
+        descent, and an ancestor ages out first, so that lease's shard is its ancestor, its line
+        read above it. It waits, as a child of a leased parent does: leased now as a root, at
+        LATEST, it would skip what it holds (its lease comes from the shard ends between, or
+        from garbage cleanup at TRIM_HORIZON when that lease's shard aged out unfinished). A
+        lease of a listed shard that began after it is of its descendants (a sync that leased
+        one child and not its sibling): not above it."""
         shard = self._by_id[sid]
-        mine = shard.hash_key_range
-        return bool(shard.parent_ids) and any(mine.overlaps(r) for r in self._unfinished)
+        if not shard.parent_ids:
+            return False
+        mine, began = shard.hash_key_range, shard.starting_sequence_int
+        for lease_shard, held in self._unfinished.items():
+            listed = self._by_id.get(lease_shard)
+            if mine.overlaps(held) and (listed is None or listed.starting_sequence_int < began):
+                return True
+        return False
 
     def is_covered(self, start: str) -> bool:
         covered, leased, from_start = self._covered, self._leased, self._from_start
@@ -305,6 +313,13 @@ class _AncestryWalk:
             elif self._marks_uncovered:
                 from_start.add(sid)
         return covered[start]
+
+
+def parents_gone(shard: Shard, listed: Mapping[str, Shard], leased: Collection[str]) -> bool:
+    """Whether ``shard`` names parents and every one is gone from the listing and the table
+    (aged out, or a listing that lost a page): the KCL takes it for a root."""
+    parents = shard.parent_ids
+    return bool(parents) and not any(p in listed or p in leased for p in parents)
 
 
 def index_shards(shards: Iterable[Shard]) -> dict[str, Shard]:

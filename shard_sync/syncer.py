@@ -143,15 +143,15 @@ class ShardSyncer:
         """True for the leases of this syncer's stream (all leases in single-stream mode)."""
         return in_stream(lease.lease_key, self.stream_key)
 
-    def _unfinished_ranges(self, leases: list[Lease]) -> list[HashKeyRange]:
-        """The hash ranges of ``leases`` not at SHARD_END (from the listing for a lease without
-        one; unknown, it is left out)."""
-        ranges = []
+    def _unfinished_ranges(self, leases: list[Lease]) -> dict[str, HashKeyRange]:
+        """The hash ranges of ``leases`` not at SHARD_END, by shard id (from the listing for a
+        lease without one; unknown, it is left out)."""
+        ranges = {}
         for lease in leases:
             if not lease.checkpoint.is_shard_end:
                 known = lease.hash_key_range or self.known_ranges.get(lease.shard_id)
                 if known is not None:
-                    ranges.append(known)
+                    ranges[lease.shard_id] = known
         return ranges
 
     def sync(self, leases: list[Lease] | None = None) -> SyncResult:

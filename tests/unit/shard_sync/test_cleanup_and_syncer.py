@@ -661,7 +661,7 @@ def test_grandchildren_of_an_aged_out_parent_whose_children_aged_out_too_start_a
         table,
         hole_threshold=3,
         lister=lister,
-        shard_gone=lambda x: x.shard_id == "p",
+        shard_gone=lambda x: x.shard_id in ("p", "c1"),  # both aged out
         garbage_every=10,
     )
     for _ in range(13):
@@ -672,3 +672,58 @@ def test_grandchildren_of_an_aged_out_parent_whose_children_aged_out_too_start_a
     assert made == {
         "c2": TRIM_HORIZON, "g1": grandchildren, "g2": grandchildren, "o1": LATEST
     }, made  # fmt: skip
+
+
+def test_a_sibling_of_a_leased_child_is_leased_though_their_parent_lies_above_it() -> None:
+    """A sync leased x and not its sibling z (throttled, a lapsed leadership, a crash), y their
+    parent listed, its own parent aged out: y counted as under x's unfinished lease (a lease of
+    its descendant), so z waited for a shard end nobody would make, until y aged out."""
+    shards = [
+        shard("y", 10, 50, 0, MAX_HASH_KEY, parent="p"),  # p aged out
+        shard("x", 60, None, 0, HALF, parent="y"),
+        shard("z", 61, None, HALF + 1, MAX_HASH_KEY, parent="y"),
+    ]
+    table = MemoryLeaseTable()
+    table.create_lease_if_absent(lease("x", LATEST, parents=("y",), hi=HALF))
+    lister = ListedShards(shards)
+    m = LeaderMaintenance(
+        ShardSyncer(lister, table, InitialPosition.latest()),
+        table,
+        hole_threshold=3,
+        lister=lister,
+        shard_gone=lambda x: False,
+    )
+    for _ in range(6):
+        m.run_once()
+    assert {x.lease_key for x in table.list_leases()} >= {"x", "z"}
+
+
+def test_a_child_a_listing_left_out_is_not_passed_over_by_the_garbage_cleanup() -> None:
+    """One listing lost the page of c1 (p's child, still in retention): the cleanup leased c1's
+    children at TRIM_HORIZON in its stead and deleted p, so c1 was never read and its children
+    were read before it. A missing parent must be confirmed gone first."""
+    quarter = HALF // 2
+    full = [
+        shard("c1", 100, 200, 0, quarter, parent="p"),
+        shard("c2", 100, None, quarter + 1, HALF, parent="p"),
+        shard("g1", 300, None, 0, quarter // 2, parent="c1"),
+        shard("g2", 300, None, quarter // 2 + 1, quarter, parent="c1"),
+        shard("o", 50, None, HALF + 1, MAX_HASH_KEY),
+    ]
+    table = MemoryLeaseTable()
+    table.create_lease_if_absent(lease("p", ExtendedSequenceNumber("5"), hi=HALF))
+    table.create_lease_if_absent(lease("o", ExtendedSequenceNumber("60"), lo=HALF + 1))
+    lister = ListedShards([s for s in full if s.shard_id != "c1"])  # c1's page lost
+    m = LeaderMaintenance(
+        ShardSyncer(lister, table, InitialPosition.trim_horizon()),
+        table,
+        lister=lister,
+        shard_gone=lambda x: x.shard_id == "p",
+        garbage_every=1,
+    )
+    m.run_once()
+    assert table.get_lease("p") is not None and table.get_lease("g1") is None
+    lister.shards = full
+    for _ in range(12):
+        m.run_once()
+    assert "c1" in {x.lease_key for x in table.list_leases()}

@@ -389,7 +389,7 @@ def test_grandchildren_under_an_unfinished_lease_wait_when_their_parent_is_unlis
         shard_dict(4, 32, None, 1, keys=(M // 8 + 1, M // 4)),
         shard_dict(5, 33, None, 9, keys=(M // 2 + 1, M)),
     ]
-    unfinished = [HashKeyRange(0, M // 2)]
+    unfinished = {sid(0): HashKeyRange(0, M // 2)}
     made = leases_to_create(listing(entries), {sid(0)}, position, unfinished_ranges=unfinished)
     assert created(made) == ids(5)
     assert created(leases_to_create(listing(entries), {sid(0)}, position)) == ids(3, 4, 5)
