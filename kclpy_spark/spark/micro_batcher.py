@@ -114,6 +114,8 @@ class MicroBatcher:
             routes, self.settings, self._updates, to_df=to_df, parse=parse,
             interrupter=interrupter or NoInterrupter(), sleep=sleep,
         )  # fmt: skip
+        for route in routes:  # each sink's figures exist before any write (BatcherStats)
+            self.stats.sink(route.name)
         # Sinks that need one lease's batches in order (Delta's versions) get one at a time.
         ordered = any(needs_order(r.sink) for r in routes)
         self._depth = 1 if ordered else self.settings.batches_in_flight

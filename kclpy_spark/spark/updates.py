@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from checkpoint.base.clock import Clock
 from checkpoint.checkpointer import SHUTDOWN, CheckpointError
 from checkpoint.sequence import ExtendedSequenceNumber
+from kclpy_spark.spark.acks import DEAD_LETTERED, FAILED, WRITTEN
 from kclpy_spark.spark.batch_life import Batch, BatchState
 from kclpy_spark.spark.jvm_heap import HeapFigures
 from kclpy_spark.spark.lane import Cut, Lane, LaneState
@@ -41,7 +42,8 @@ class BatcherStats:
     write_seconds: float = 0.0
     commit_seconds: float = 0.0
     last_error: str = ""
-    # By ``[[sinks]]`` name (one entry a configured sink): the figures above that differ by sink.
+    # By ``[[sinks]]`` name, one entry a configured sink, each made before the first write
+    # (``sink``): a scrape reads them without the lock, so none is added while it may run.
     by_sink: dict[str, SinkFigures] = field(default_factory=dict)
 
     def sink(self, name: str) -> SinkFigures:
@@ -49,6 +51,9 @@ class BatcherStats:
         if figures is None:
             figures = self.by_sink[name] = SinkFigures()
         return figures
+
+
+ANSWERS = (WRITTEN, DEAD_LETTERED, FAILED)
 
 
 @dataclass
@@ -59,7 +64,7 @@ class SinkFigures:
     attempts: int = 0
     failed_attempts: int = 0
     write_seconds: float = 0.0
-    answers: dict[str, int] = field(default_factory=dict)
+    answers: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ANSWERS, 0))
 
 
 class BatcherStatsCollector(Collector):
@@ -258,7 +263,7 @@ class LaneUpdates:
     def answered(self, sink: str, outcome: str) -> None:
         with self._cond:
             answers = self.stats.sink(sink).answers
-            answers[outcome] = answers.get(outcome, 0) + 1
+            answers[outcome] += 1
 
     def written(self, batch: Batch, *, dead_lettered: bool) -> list[Lane]:
         """Every sink acknowledged the batch: its cuts are marked written; returns the lanes

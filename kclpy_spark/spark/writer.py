@@ -335,18 +335,18 @@ class BatchWriter:
             raise LeasesGoneError(f"{batch!r}: every lease was lost before its next attempt")
         started = time.perf_counter()
         prepared = started
+        sink = ""  # named once the sink is called: its own figures count only its writes
         try:
             self._prep.prepare(batch)
             prepared = time.perf_counter()
             if batch.parts:
                 batch.attempts[route.name] = batch.attempts.get(route.name, 0) + 1
+                sink = route.name
                 self._write_once(self._view(batch, route), route)
         except Exception as exc:
-            self._events.attempt(
-                exc, prepared - started, time.perf_counter() - prepared, route.name
-            )
+            self._events.attempt(exc, prepared - started, time.perf_counter() - prepared, sink)
             raise
-        self._events.attempt(None, prepared - started, time.perf_counter() - prepared, route.name)
+        self._events.attempt(None, prepared - started, time.perf_counter() - prepared, sink)
 
     def _view(self, batch: Batch, route: SinkRoute) -> SinkBatch:
         """The batch as one sink sees this attempt: its own tokens and attempt count (a copy:

@@ -491,6 +491,11 @@ def test_each_sinks_attempts_failures_and_answers_are_metrics_labelled_with_its_
         'kclpy_spark_sinks_failed_attempts_total{sink="b"}': 2.0,
         'kclpy_spark_sinks_batches_total{outcome="written",sink="a"}': 1.0,
         'kclpy_spark_sinks_batches_total{outcome="dead-lettered",sink="b"}': 1.0,
+        # every sink and outcome from the start (a scrape never sees the figures grow)
+        'kclpy_spark_sinks_batches_total{outcome="dead-lettered",sink="a"}': 0.0,
+        'kclpy_spark_sinks_batches_total{outcome="failed",sink="a"}': 0.0,
+        'kclpy_spark_sinks_batches_total{outcome="failed",sink="b"}': 0.0,
+        'kclpy_spark_sinks_batches_total{outcome="written",sink="b"}': 0.0,
     }
     assert env.batcher.stats.failed_attempts == 2  # the sink-wide figure, as before
     json.dumps(env.batcher.status())  # the status page's copy holds plain values
