@@ -228,9 +228,7 @@ class Lane:
             return DrainResult.CLOSED
         if self._state is LaneState.PARKED:
             return DrainResult.PARKED
-        waiting_for_records = (
-            bool(self._replays) and not self._replays.all_ready
-        ) or self.owed_to is not None
+        waiting_for_records = self.gathering or self.owed_to is not None
         if self.idle or (not final and not self._outs and waiting_for_records):
             return DrainResult.DONE
         return None

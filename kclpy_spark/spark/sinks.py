@@ -203,6 +203,32 @@ def _writer(df: Any) -> Any:
 DELTA_TABLE_UPDATES = 100
 
 
+class _TableCopy:
+    """One DeltaTable object of a table, brought up to date at each use and loaded afresh after
+    ``DELTA_TABLE_UPDATES`` updates (not thread-safe: one owner, or its lock held)."""
+
+    def __init__(self, path: str, options: dict[str, str] | None) -> None:
+        self._path, self._options = path, options
+        self._table: Any = None
+        self._updates = 0  # since it was loaded
+
+    def current(self) -> Any:
+        """The table as it is now, or None when it does not exist (yet)."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        if self._table is not None and self._updates < DELTA_TABLE_UPDATES:
+            self._table.update_incremental()
+            self._updates += 1
+            return self._table
+        try:
+            self._table = DeltaTable(self._path, storage_options=self._options)
+        except TableNotFoundError:
+            return None
+        self._updates = 0
+        return self._table
+
+
 class DeltaSink:
     # A lease's versions must commit in order (a later one committed first would make Delta skip
     # the earlier), so the batcher keeps one batch of a lease in flight at a time.
@@ -225,8 +251,7 @@ class DeltaSink:
         self._options = dict(storage_options) if storage_options else None
         self._partition_by = list(partition_by) if partition_by else None
         self._via_spark = via_spark
-        self._table: Any = None
-        self._updates = 0  # of ``_table`` since it was loaded
+        self._shared = _TableCopy(self.path, self._options)
         self._lock = threading.Lock()  # one DeltaTable object, refreshed by concurrent writers
         self._per_thread = threading.local()  # each writer thread's own, to commit from
 
@@ -238,19 +263,7 @@ class DeltaSink:
 
     def _load(self) -> Any:
         """The table, refreshed (call with the lock held), or None when it does not exist."""
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
-
-        if self._table is not None and self._updates < DELTA_TABLE_UPDATES:
-            self._table.update_incremental()
-            self._updates += 1
-            return self._table
-        try:
-            self._table = DeltaTable(self.path, storage_options=self._options)
-        except TableNotFoundError:
-            return None
-        self._updates = 0
-        return self._table
+        return self._shared.current()
 
     def committed_versions(self, lease_keys: Iterable[str]) -> dict[str, int]:
         """The last version committed for each lease's app id (0: none yet), read from one
@@ -277,21 +290,10 @@ class DeltaSink:
         object per writer thread (they are few and long-lived): an update reads only the commits
         since its last write, where a fresh load reads the log from its last checkpoint; loaded
         afresh after ``DELTA_TABLE_UPDATES`` updates (a kept one grows)."""
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
-
-        mine = self._per_thread
-        table = getattr(mine, "table", None)
-        if table is not None and mine.updates < DELTA_TABLE_UPDATES:
-            table.update_incremental()
-            mine.updates += 1
-            return table
-        try:
-            table = DeltaTable(self.path, storage_options=self._options)
-        except TableNotFoundError:
-            return None
-        mine.table, mine.updates = table, 0
-        return table
+        copy = getattr(self._per_thread, "copy", None)
+        if copy is None:
+            copy = self._per_thread.copy = _TableCopy(self.path, self._options)
+        return copy.current()
 
     def write(self, batch: SinkBatch) -> None:
         snapshot = self._snapshot()

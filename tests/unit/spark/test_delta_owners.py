@@ -252,7 +252,7 @@ def test_a_write_that_read_the_table_before_its_version_was_retired_commits_noth
 def test_the_sinks_table_objects_are_loaded_afresh_after_a_bounded_number_of_updates(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One DeltaTable object kept and updated at every prepare and write grew ~65 KB and took
+    """One DeltaTable object kept and updated at every prepare and write grew ~50 KB and took
     more CPU at each commit (bench/results/delta-table-refresh.md): a daemon's driver grew for
     weeks. Each is loaded afresh after DELTA_TABLE_UPDATES updates; every piece still commits
     once, at its version."""
