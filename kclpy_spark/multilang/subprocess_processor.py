@@ -45,6 +45,7 @@ from checkpoint.checkpointer import DEPENDENCY, INVALID_STATE, CheckpointError
 from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.multilang import protocol
 from kclpy_spark.multilang.child import ChildSpec
+from kclpy_spark.multilang.exit_watch import ExitWatch
 from kclpy_spark.processor import (
     Checkpointer,
     InitializeInput,
@@ -90,6 +91,7 @@ class SubprocessProcessor(RecordProcessor):
     def __init__(self, spec: ChildSpec) -> None:
         self._spec = spec
         self._proc: asyncio.subprocess.Process | None = None
+        self._watch: ExitWatch | None = None  # the running child's stdout reads (exit_watch.py)
         self._stderr: asyncio.Task[None] | None = None
         # The child's last stderr lines: an error that ends it says what it printed last.
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
@@ -198,6 +200,7 @@ class SubprocessProcessor(RecordProcessor):
                 f"shard {self.shard_id}: cannot start {shlex.join(spec.command)}: {exc}"
             ) from exc
         self._proc = proc
+        self._watch = ExitWatch(proc.pid, STDOUT_AFTER_EXIT)
         self._given_end = None
         self.children_started += 1
         assert proc.stderr is not None
@@ -303,7 +306,8 @@ class SubprocessProcessor(RecordProcessor):
         while True:
             left = None if deadline is None else max(0.0, deadline - loop.time())
             try:
-                line = await asyncio.wait_for(proc.stdout.readline(), left)
+                assert self._watch is not None
+                line = await self._watch.read_line(proc.stdout, left)
             except TimeoutError:
                 raise ChildTimeoutError(
                     f"shard {self.shard_id}: no answer from the child for "
@@ -420,6 +424,7 @@ class SubprocessProcessor(RecordProcessor):
         running goes with it. Cancelled meanwhile (the worker's stop ran out of time), it is
         killed: it was out of ``_abort``'s reach and ran on."""
         proc, self._proc = self._proc, None
+        self._unwatch()
         if proc is None:
             return
         try:
@@ -495,9 +500,15 @@ class SubprocessProcessor(RecordProcessor):
         if task is not None:
             task.cancel()
 
+    def _unwatch(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.close()
+
     async def _abort(self) -> None:
         """Kill the child at once (after a failure or a cancellation)."""
         proc, self._proc = self._proc, None
+        self._unwatch()
         if proc is not None:
             await self._kill(proc)
 

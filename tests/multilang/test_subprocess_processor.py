@@ -682,3 +682,24 @@ def test_a_child_that_dies_during_a_call_takes_its_helpers_with_it(tmp_path: Pat
 
     asyncio.run(scenario())
     assert _gone_soon(int((tmp_path / "helper.pid").read_text())), "the helper outlived the child"
+
+
+def test_a_child_that_dies_during_a_call_while_a_helper_holds_its_stdout_ends_the_call(
+    tmp_path: Path,
+) -> None:
+    """A helper started with ``&`` keeps the child's stdout open: its end never came, so a death
+    during a call waited ``timeoutInSeconds`` (for ever without one) and the helper lived on."""
+    shard = held_shard()
+    processor = _wrapped(
+        tmp_path, f'(exec sleep 30) &\necho $! > "{tmp_path / "helper.pid"}"\nread line\nexit 3'
+    )
+    began = time.monotonic()
+
+    async def scenario() -> None:
+        with pytest.raises(ChildFailedError, match="ended"):
+            await start(processor, shard)
+
+    asyncio.run(scenario())
+    took = time.monotonic() - began
+    assert took < processor._spec.timeout / 2, f"the call waited {took:.1f}s"
+    assert _gone_soon(int((tmp_path / "helper.pid").read_text())), "the helper outlived the child"

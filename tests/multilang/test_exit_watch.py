@@ -1,0 +1,65 @@
+"""ExitWatch: a child's stdout read ends at the child's exit though a process it started holds
+the pipe open (real processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from kclpy_spark.multilang.exit_watch import ExitWatch
+
+# The child prints a line and exits; its background helper keeps stdout open for 30 s.
+SCRIPT = "sleep 30 & echo $! >&2; echo last-words; exit 0"
+
+
+async def _lines(cancel_from_outside: bool = False) -> tuple[list[bytes], float, int]:
+    proc = await asyncio.create_subprocess_exec(
+        "sh", "-c", SCRIPT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    watch = ExitWatch(proc.pid, grace=0.5)
+    helper = int((await proc.stderr.readline()).decode())
+    began = time.monotonic()
+    try:
+        got = [await watch.read_line(proc.stdout, 10.0)]  # written before its exit
+        if cancel_from_outside:
+            read = asyncio.ensure_future(watch.read_line(proc.stdout, 10.0))
+            await asyncio.sleep(0.1)
+            read.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await read
+            return got, time.monotonic() - began, helper
+        got.append(await watch.read_line(proc.stdout, 10.0))  # then its end, in the grace
+        return got, time.monotonic() - began, helper
+    finally:
+        watch.close()
+        watch.close()  # idempotent
+        os.kill(helper, signal.SIGKILL)
+        await proc.communicate()  # the pipes end with the helper
+
+
+def test_a_read_after_the_child_exited_ends_within_the_grace_though_a_helper_holds_stdout() -> None:
+    got, took, _ = asyncio.run(_lines())
+    assert got == [b"last-words\n", b""]
+    assert took < 5.0, f"the end took {took:.1f}s"
+
+
+def test_a_read_cancelled_by_its_caller_stays_cancelled() -> None:
+    got, _, _ = asyncio.run(_lines(cancel_from_outside=True))
+    assert got == [b"last-words\n"]
+
+
+def test_a_child_reaped_before_it_is_watched_counts_as_exited() -> None:
+    async def scenario() -> bool:
+        proc = await asyncio.create_subprocess_exec("true")
+        await proc.wait()
+        watch = ExitWatch(proc.pid, grace=0.5)
+        watch.close()
+        return watch.exited
+
+    assert asyncio.run(scenario())
