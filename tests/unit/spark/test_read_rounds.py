@@ -1174,6 +1174,24 @@ def test_a_pin_that_allows_it_reads_again_what_retention_left_of_its_records(
     assert replay.pinned is not None and replay.pinned.aged_out_ok  # readStream's replays
 
 
+def _piece_lost_behind_the_shards_end(read: Any) -> tuple[Lane, ExecutorReads, _Entry]:
+    """A lease read to its shard's end (its last read 40..60 buffered) whose piece before it
+    (10..30, out) had its stored rows lost with an executor: put back, 40..60 dropped."""
+    lane = make_lane(depth=2)
+    lane.add(range_chunk(10, 30, 3), now=0.0)
+    out = lane.cut(10, 10**9)
+    lane.prepared(out)
+    lane.add(range_chunk(40, 60, 3), now=0.0)  # the last read, with the shard's end
+    lane.force(final=True)
+    feed, _ = feed_with(lane)
+    reads_, entry, _ = started(feed, ExecutorReads(
+        lambda: None, AwsTarget("us-east-1"), ReadSettings(), read=read, tasks=lambda s: 1,
+    ))  # fmt: skip
+    entry.ended = True
+    assert lane.put_back_unread(out, (out.key,), now=1.0)  # its rows lost with an executor
+    return lane, reads_, entry
+
+
 def test_records_a_lane_dropped_behind_a_lost_piece_at_the_shards_end_are_read_again() -> None:
     """The last read (40..60) found the shard's end while the piece before it (10..30) was out;
     that piece's stored rows were lost, and putting it back dropped 40..60 to read again after
@@ -1190,18 +1208,7 @@ def test_records_a_lane_dropped_behind_a_lost_piece_at_the_shards_end_are_read_a
         end = RangeEnd(KEY, esn(40), esn(60), 3, 30, shard_ended=True, millis_behind_latest=0)
         return RangeRead(None, {KEY: end})
 
-    lane = make_lane(depth=2)
-    lane.add(range_chunk(10, 30, 3), now=0.0)
-    out = lane.cut(10, 10**9)
-    lane.prepared(out)
-    lane.add(range_chunk(40, 60, 3), now=0.0)  # the last read, with the shard's end
-    lane.force(final=True)
-    feed, _ = feed_with(lane)
-    reads_, entry, _ = started(feed, ExecutorReads(
-        lambda: None, AwsTarget("us-east-1"), ReadSettings(), read=read, tasks=lambda s: 1,
-    ))  # fmt: skip
-    entry.ended = True
-    assert lane.put_back_unread(out, (out.key,), now=1.0)  # its rows lost with an executor
+    lane, reads_, entry = _piece_lost_behind_the_shards_end(read)
     assert lane.owed_to == esn(60)
     assert reads_.read_round() == 1  # the piece, pinned
     again = lane.cut(10, 10**9)
@@ -1232,18 +1239,7 @@ def test_records_owed_at_the_shards_end_that_aged_out_do_not_hold_its_drain(
         end = RangeEnd(KEY, first, last, left, 10 * left, shard_ended=True)
         return RangeRead(None, {KEY: end})
 
-    lane = make_lane(depth=2)
-    lane.add(range_chunk(10, 30, 3), now=0.0)
-    out = lane.cut(10, 10**9)
-    lane.prepared(out)
-    lane.add(range_chunk(40, 60, 3), now=0.0)
-    lane.force(final=True)
-    feed, _ = feed_with(lane)
-    reads_, entry, _ = started(feed, ExecutorReads(
-        lambda: None, AwsTarget("us-east-1"), ReadSettings(), read=read, tasks=lambda s: 1,
-    ))  # fmt: skip
-    entry.ended = True
-    assert lane.put_back_unread(out, (out.key,), now=1.0)
+    lane, reads_, entry = _piece_lost_behind_the_shards_end(read)
     assert reads_.read_round() == 1  # the piece, pinned
     lane.prepared(lane.cut(10, 10**9))
     entry.next_read_at = 0.0
