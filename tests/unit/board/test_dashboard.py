@@ -31,8 +31,10 @@ def dashboard() -> dict[str, Any]:
 def exported() -> dict[str, set[str]]:
     """Every sample name a worker with a Spark sink exports, with its label names."""
     m = WorkerMetrics(CoordinationCounters(), application="app", worker="w1", stream="s")
+    stats = BatcherStats()
+    stats.sink("sink")  # each configured sink's figures, made by the batcher at its start
     m.registry.register(
-        BatcherStatsCollector(BatcherStats(), heap=lambda: HeapFigures(1, 1, 1), gc_runs=lambda: 0)
+        BatcherStatsCollector(stats, heap=lambda: HeapFigures(1, 1, 1), gc_runs=lambda: 0)
     )
     m.watch_resources(lambda: 1)
     m.watch_readiness(lambda: (True, "ready"))
