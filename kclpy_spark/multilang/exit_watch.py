@@ -20,6 +20,7 @@ class ExitWatch:
         self._loop = asyncio.get_running_loop()
         self._grace = grace
         self.exited = False
+        self._exited_at = 0.0  # loop time the exit was seen
         self._reader: asyncio.Task[object] | None = None  # the task in a read begun before exit
         self._ended_read = False  # ``_end_read`` cancelled it
         self._timer: asyncio.TimerHandle | None = None
@@ -27,32 +28,48 @@ class ExitWatch:
         try:
             self._fd = os.pidfd_open(pid)
         except ProcessLookupError:  # gone (reaped) already
-            self.exited = True
+            self.exited, self._exited_at = True, self._loop.time()
             return
         except (AttributeError, OSError):
             return
         self._loop.add_reader(self._fd, self._exit_seen)
 
     async def read_line(self, stream: asyncio.StreamReader, timeout: float | None) -> bytes:
-        """``stream``'s next line (b"" at its end); TimeoutError after ``timeout``."""
-        if self.exited:  # what it wrote before it exited is read; then nothing comes
+        """``stream``'s next line (b"" at its end); TimeoutError after ``timeout``. Once the
+        child has exited, lines come only for ``grace`` seconds from its exit: what it wrote
+        before it (a child writes nothing while it waits for a checkpoint's answer, so the
+        reads of its call take them in time); a process it started may write on for ever."""
+        if self.exited:
+            left = self._exited_at + self._grace - self._loop.time()
+            if left <= 0:
+                return b""
+            if timeout is not None and timeout < left:
+                return await asyncio.wait_for(stream.readline(), timeout)  # the caller's limit
             try:
-                return await asyncio.wait_for(stream.readline(), self._grace)
+                return await asyncio.wait_for(stream.readline(), left)
             except TimeoutError:
                 return b""
         task = asyncio.current_task()
         self._reader = task
         try:
-            return await asyncio.wait_for(stream.readline(), timeout)
+            line = await asyncio.wait_for(stream.readline(), timeout)
         except asyncio.CancelledError:
-            if not self._ended_read or task is None:
-                raise
-            self._ended_read = False
-            if task.uncancel() > 0:  # cancelled by another too: that one stands
+            if not self._own_cancel(task):
                 raise
             return b""
         finally:
             self._reader = None
+        if self._ended_read:  # our cancel came as the line did: wait_for returned the line
+            self._own_cancel(task)
+        return line
+
+    def _own_cancel(self, task: asyncio.Task[object] | None) -> bool:
+        """Take back the cancel ``_end_read`` made; False if there was none, or another's
+        cancel stands too."""
+        if not self._ended_read or task is None:
+            return False
+        self._ended_read = False
+        return task.uncancel() == 0
 
     def close(self) -> None:
         """Stop watching (the child is done with); idempotent."""
@@ -65,7 +82,7 @@ class ExitWatch:
             self._fd = None
 
     def _exit_seen(self) -> None:
-        self.exited = True
+        self.exited, self._exited_at = True, self._loop.time()
         if self._fd is not None:
             self._loop.remove_reader(self._fd)
             os.close(self._fd)

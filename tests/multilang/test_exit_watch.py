@@ -63,3 +63,32 @@ def test_a_child_reaped_before_it_is_watched_counts_as_exited() -> None:
         return watch.exited
 
     assert asyncio.run(scenario())
+
+
+def test_its_own_cancel_swallowed_by_a_read_that_returned_does_not_linger() -> None:
+    """The grace timer's cancel and the helper's line came in one loop iteration: wait_for gave
+    the line and the cancel stayed counted on the task, so the next child's own cancel there was
+    taken for the worker's and raised."""
+
+    async def scenario() -> tuple[bytes, int, bytes]:
+        first, second = ExitWatch(os.getpid(), 0.5), ExitWatch(os.getpid(), 0.5)
+        stream = asyncio.StreamReader()
+        try:
+            read = asyncio.ensure_future(first.read_line(stream, 10.0))
+            await asyncio.sleep(0.05)
+            stream.feed_data(b"late line\n")
+            first._end_read()  # in the same iteration as the line
+            line = await read
+            left = read.cancelling()
+            again = asyncio.StreamReader()
+
+            async def next_child() -> bytes:
+                asyncio.get_running_loop().call_later(0.05, second._end_read)
+                return await second.read_line(again, 10.0)
+
+            return line, left, await asyncio.ensure_future(next_child())
+        finally:
+            first.close()
+            second.close()
+
+    assert asyncio.run(scenario()) == (b"late line\n", 0, b"")

@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -703,3 +704,23 @@ def test_a_child_that_dies_during_a_call_while_a_helper_holds_its_stdout_ends_th
     took = time.monotonic() - began
     assert took < processor._spec.timeout / 2, f"the call waited {took:.1f}s"
     assert _gone_soon(int((tmp_path / "helper.pid").read_text())), "the helper outlived the child"
+
+
+def test_a_dead_childs_chatty_helper_does_not_keep_the_call_reading(tmp_path: Path) -> None:
+    """After the child's death a helper wrote a stray line every 0.3 s: each read after the
+    exit waited only the grace and got one, so the call skipped lines for ever (timeoutInSeconds
+    no longer counted)."""
+    shard = held_shard()
+    script = "(while true; do echo stray; sleep 0.3; done) &\nread line\nexit 3"
+    processor = _wrapped(tmp_path, script)
+    began = time.monotonic()
+
+    async def scenario() -> None:
+        with pytest.raises(ChildFailedError, match="ended"):
+            await asyncio.wait_for(start(processor, shard), 30)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        subprocess.run(["pkill", "-f", "echo stray"], check=False)
+    assert time.monotonic() - began < processor._spec.timeout / 2
