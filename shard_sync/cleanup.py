@@ -130,6 +130,8 @@ class LeaderMaintenance:
         self._shard_gone = shard_gone
         self._max_probes = max_garbage_probes
         self._probe_from = 0  # where the next round's probes start among the candidates
+        # Missing parents of an aged-out lease's descendants, probed this garbage round.
+        self._parents_seen_gone: dict[str, bool] = {}
         self._rounds = 0
         # Why the last shard sync failed (None: it succeeded, or none ran yet). A sync has retried
         # ListShards for about a minute before it fails; other steps of a round do not count.
@@ -227,6 +229,7 @@ class LeaderMaintenance:
         always has an open shard, so it is a wrong answer, not an empty stream.
         """
         candidates = {lease.lease_key for lease in scanned_before}
+        self._parents_seen_gone = {}
         shards = index_shards(lister.list_shards())
         listed = set(shards)
         if not listed:
@@ -283,10 +286,14 @@ class LeaderMaintenance:
         were read before it while it never was."""
         missing = {p for sid in descendants for p in shards[sid].parent_ids if p not in shards}
         missing.discard(lease.shard_id)
-        return all(
-            self._confirmed_gone(replace(lease, lease_key=lease.sibling_key(parent)))
-            for parent in sorted(missing)
-        )
+        for parent in sorted(missing):
+            key = lease.sibling_key(parent)
+            if key not in self._parents_seen_gone:  # asked once a round (merges share them)
+                probe = replace(lease, lease_key=key)
+                self._parents_seen_gone[key] = self._confirmed_gone(probe)
+            if not self._parents_seen_gone[key]:
+                return False
+        return True
 
     def _to_probe(self, candidates: list[Lease]) -> list[Lease]:
         """At most ``max_garbage_probes`` of ``candidates``, taking turns round by round (so
