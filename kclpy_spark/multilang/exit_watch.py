@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import os
 
+# However fast lines come after the child's exit, reading ends this long after it.
+AFTER_EXIT_MOST = 30.0
+
 
 class ExitWatch:
     """Reads one child's stdout lines (``read_line``); once the child has exited, a read that
@@ -21,6 +24,7 @@ class ExitWatch:
         self._grace = grace
         self.exited = False
         self._exited_at = 0.0  # loop time the exit was seen
+        self._waited = 0.0  # seconds reads waited since
         self._reader: asyncio.Task[object] | None = None  # the task in a read begun before exit
         self._ended_read = False  # ``_end_read`` cancelled it
         self._timer: asyncio.TimerHandle | None = None
@@ -36,32 +40,40 @@ class ExitWatch:
 
     async def read_line(self, stream: asyncio.StreamReader, timeout: float | None) -> bytes:
         """``stream``'s next line (b"" at its end); TimeoutError after ``timeout``. Once the
-        child has exited, lines come only for ``grace`` seconds from its exit: what it wrote
-        before it (a child writes nothing while it waits for a checkpoint's answer, so the
-        reads of its call take them in time); a process it started may write on for ever."""
+        child has exited, a read waits at most what is left of ``grace`` (waits added up: a
+        backlog of lines the child wrote before its exit is read however long its handling
+        takes) and reading ends ``AFTER_EXIT_MOST`` seconds after it at the latest (a process it
+        started may write on for ever). A child writes nothing while it waits for a
+        checkpoint's answer, so the reads of its call take all it wrote."""
         if self.exited:
-            left = self._exited_at + self._grace - self._loop.time()
-            if left <= 0:
-                return b""
-            if timeout is not None and timeout < left:
-                return await asyncio.wait_for(stream.readline(), timeout)  # the caller's limit
-            try:
-                return await asyncio.wait_for(stream.readline(), left)
-            except TimeoutError:
-                return b""
+            return await self._read_after_exit(stream, timeout)
         task = asyncio.current_task()
         self._reader = task
         try:
-            line = await asyncio.wait_for(stream.readline(), timeout)
+            async with asyncio.timeout(timeout):  # no inner task: no cancel can be swallowed
+                return await stream.readline()
         except asyncio.CancelledError:
             if not self._own_cancel(task):
                 raise
-            return b""
+            return b""  # a line come with the cancel stays buffered: not the dead child's
         finally:
             self._reader = None
-        if self._ended_read:  # our cancel came as the line did: wait_for returned the line
-            self._own_cancel(task)
-        return line
+
+    async def _read_after_exit(self, stream: asyncio.StreamReader, timeout: float | None) -> bytes:
+        now = self._loop.time()
+        left = min(self._grace - self._waited, self._exited_at + AFTER_EXIT_MOST - now)
+        if left <= 0:
+            return b""
+        limit = left if timeout is None else min(left, timeout)
+        try:
+            async with asyncio.timeout(limit):
+                return await stream.readline()
+        except TimeoutError:
+            if timeout is not None and timeout <= left:
+                raise  # the caller's limit
+            return b""
+        finally:
+            self._waited += self._loop.time() - now
 
     def _own_cancel(self, task: asyncio.Task[object] | None) -> bool:
         """Take back the cancel ``_end_read`` made; False if there was none, or another's

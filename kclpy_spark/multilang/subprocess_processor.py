@@ -380,9 +380,8 @@ class SubprocessProcessor(RecordProcessor):
     async def _last_words(self) -> str:
         """The ended child's last stderr lines, for the error that reports its end."""
         task = self._stderr
-        if task is not None:
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(task), 1.0)
+        if task is not None:  # never raises for the task; the caller's cancel goes through
+            await asyncio.wait({task}, timeout=1.0)
         if not self._stderr_tail:
             return ""
         return "; its stderr ended with: " + " | ".join(self._stderr_tail)
@@ -491,9 +490,10 @@ class SubprocessProcessor(RecordProcessor):
         task, self._stderr = self._stderr, None
         if task is None:
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(task), 1.0)
-        task.cancel()
+        try:
+            await asyncio.wait({task}, timeout=1.0)
+        finally:
+            task.cancel()  # cancelled meanwhile too: nothing else holds it
 
     def _cancel_stderr(self) -> None:
         task, self._stderr = self._stderr, None

@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -91,4 +92,49 @@ def test_its_own_cancel_swallowed_by_a_read_that_returned_does_not_linger() -> N
             first.close()
             second.close()
 
-    assert asyncio.run(scenario()) == (b"late line\n", 0, b"")
+    # the late line (not the dead child's: it came at the grace's end) is left unread
+    assert asyncio.run(scenario()) == (b"", 0, b"")
+
+
+def test_a_backlog_the_child_wrote_before_its_exit_is_read_however_long_its_handling_takes() -> (
+    None
+):
+    """Reading after the exit ended at the exit plus the grace by the clock: a child that wrote
+    many stray lines, then its status, then exited had its status dropped while the caller was
+    still logging the strays."""
+
+    async def scenario() -> list[bytes]:
+        proc = await asyncio.create_subprocess_exec("true")
+        await proc.wait()
+        watch = ExitWatch(proc.pid, grace=0.2)  # reaped already: exited
+        stream = asyncio.StreamReader()
+        stream.feed_data(b"stray\n" * 5 + b"status\n")
+        got = []
+        while line := await watch.read_line(stream, None):
+            got.append(line)
+            await asyncio.sleep(0.1)  # handling each line: 0.6 s in all, past the grace
+        return got
+
+    assert asyncio.run(scenario()) == [b"stray\n"] * 5 + [b"status\n"]
+
+
+def test_a_stop_while_the_ended_childs_last_words_are_awaited_stays_a_stop(tmp_path: Path) -> None:
+    """The wait for an ended child's last stderr lines (a helper holding its stderr) swallowed
+    the caller's cancel (a worker stopping): the call failed as a dead child's instead, and the
+    batch went the failure way."""
+    from kclpy_spark.multilang.child import ChildSpec
+    from kclpy_spark.multilang.subprocess_processor import SubprocessProcessor
+
+    processor = SubprocessProcessor(ChildSpec(command=("true",), cwd=tmp_path, timeout=10.0))
+
+    async def scenario() -> None:
+        held = asyncio.Event()
+        processor._stderr = asyncio.ensure_future(held.wait())  # its stderr never ends
+        words = asyncio.ensure_future(processor._last_words())
+        await asyncio.sleep(0.1)
+        words.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await words
+        held.set()
+
+    asyncio.run(scenario())
