@@ -15,7 +15,7 @@ from checkpoint.base.errors import KclpySparkError
 from checkpoint.lease import Lease, stream_key_parts
 from checkpoint.sequence import TRIM_HORIZON
 from shard_sync.discovery import ShardLister
-from shard_sync.hierarchy import index_shards, lease_hash_range_holes, new_leases
+from shard_sync.hierarchy import index_shards, lease_hash_range_holes, new_leases, parents_gone
 from shard_sync.shards import Shard
 from shard_sync.syncer import LeadershipLapsed, ShardSyncer, ShardSyncTable, SyncResult
 
@@ -261,7 +261,7 @@ class LeaderMaintenance:
         if lease.checkpoint.is_shard_end:
             return True
         children = oldest_descendants(lease, shards, leased)
-        if not self._parents_gone(lease, shards, children):
+        if not self._parents_confirmed_gone(lease, shards, children):
             return False
         try:
             for spec in new_leases(shards, children, TRIM_HORIZON):
@@ -277,7 +277,7 @@ class LeaderMaintenance:
             return False
         return True
 
-    def _parents_gone(
+    def _parents_confirmed_gone(
         self, lease: Lease, shards: Mapping[str, Shard], descendants: list[str]
     ) -> bool:
         """Whether the parents of ``descendants`` that the listing left out (besides ``lease``'s
@@ -329,11 +329,9 @@ def oldest_descendants(
     mine = lease.hash_key_range
     found = []
     for sid, shard in shards.items():
-        parents = shard.parent_ids
-        if lease.shard_id in parents or (
+        if lease.shard_id in shard.parent_ids or (
             mine is not None
-            and parents
-            and not any(p in shards or p in leased for p in parents)
+            and parents_gone(shard, shards, leased)
             and mine.overlaps(shard.hash_key_range)
         ):
             found.append(sid)
