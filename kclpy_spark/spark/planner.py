@@ -50,9 +50,6 @@ def plan_due(
     ready = [x for x in lanes if x.can_cut() and x.replay_ready]
     open_lanes = {x.lease_key: x for x in lanes if x.state is not LaneState.CLOSED}
 
-    def coming(key: str, group: tuple[PieceKey, ...]) -> bool:
-        return _may_come_back(open_lanes.get(key), key, group, expected)
-
     done: set[int] = set()
     for lane in ready:
         if id(lane) in done or not room():
@@ -72,7 +69,9 @@ def plan_due(
             partners = {k.lease_key for k in group} - {lane.lease_key}
             waited = (
                 now >= since + s.regroup_wait
-                or not any(coming(key, group) for key in partners)
+                or not any(
+                    _may_come_back(open_lanes.get(key), key, group, expected) for key in partners
+                )
                 or any(m.forced for m in members)
             )
             if not complete and not waited:
