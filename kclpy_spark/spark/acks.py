@@ -24,6 +24,7 @@ WRITTEN = "written"
 DEAD_LETTERED = "dead-lettered"
 FAILED = "failed"
 _POSITIVE = frozenset({WRITTEN, DEAD_LETTERED})
+OUTCOMES = (WRITTEN, DEAD_LETTERED, FAILED)  # every answer a sink may give
 
 
 @dataclass
@@ -39,7 +40,7 @@ class AckSet:
     def answer(self, name: str, outcome: str, error: BaseException | None = None) -> None:
         if name not in self.expected:
             raise KeyError(f"no sink named {name!r} in this batch")
-        if outcome not in (*_POSITIVE, FAILED):
+        if outcome not in OUTCOMES:
             raise ValueError(f"unknown acknowledgment {outcome!r}")
         if name in self.answers:
             raise ValueError(f"sink {name!r} already answered {self.answers[name]!r}")

@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from checkpoint.base.clock import Clock
 from checkpoint.checkpointer import SHUTDOWN, CheckpointError
 from checkpoint.sequence import ExtendedSequenceNumber
-from kclpy_spark.spark.acks import DEAD_LETTERED, FAILED, WRITTEN
+from kclpy_spark.spark.acks import OUTCOMES
 from kclpy_spark.spark.batch_life import Batch, BatchState
 from kclpy_spark.spark.jvm_heap import HeapFigures
 from kclpy_spark.spark.lane import Cut, Lane, LaneState
@@ -53,9 +53,6 @@ class BatcherStats:
         return figures
 
 
-ANSWERS = (WRITTEN, DEAD_LETTERED, FAILED)
-
-
 @dataclass
 class SinkFigures:
     """One sink's share of the writes: attempts, failed ones, their seconds, and each batch's
@@ -64,7 +61,7 @@ class SinkFigures:
     attempts: int = 0
     failed_attempts: int = 0
     write_seconds: float = 0.0
-    answers: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ANSWERS, 0))
+    answers: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
 
 
 class BatcherStatsCollector(Collector):
@@ -144,8 +141,8 @@ class BatcherStatsCollector(Collector):
                 )
 
     def _by_sink(self) -> Iterable[CounterMetricFamily]:
-        """Each ``[[sinks]]`` sink's figures, labelled with its name (the sink-wide figures above
-        add every sink's together)."""
+        """Each ``[[sinks]]`` sink's figures, labelled with its name: its own writes and
+        answers (the sink-wide figures above count a batch once, whatever its sinks)."""
         attempts = CounterMetricFamily(
             "kclpy_spark_sinks_write_attempts", "Write attempts, by sink", labels=["sink"]
         )
