@@ -88,6 +88,9 @@ class ExitWatch:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._unwatch()
+
+    def _unwatch(self) -> None:
         if self._fd is not None:
             self._loop.remove_reader(self._fd)
             os.close(self._fd)
@@ -95,10 +98,7 @@ class ExitWatch:
 
     def _exit_seen(self) -> None:
         self.exited, self._exited_at = True, self._loop.time()
-        if self._fd is not None:
-            self._loop.remove_reader(self._fd)
-            os.close(self._fd)
-            self._fd = None
+        self._unwatch()
         self._timer = self._loop.call_later(self._grace, self._end_read)
 
     def _end_read(self) -> None:
