@@ -40,9 +40,12 @@ class Daemon:
         self.worker_id, self.config, self.out, self.work = worker_id, config, out, work
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
-        self.port = free_port()
+        self.port = 0
 
     def start(self, stall: Path | None = None) -> None:
+        # A port of its own each start: the last one, free since the kill -9, may have become
+        # another connection's (an ephemeral port to LocalStack), and the restart failed on it.
+        self.port = free_port()
         env = worker_env()
         env["PYTHONPATH"] = os.pathsep.join([str(HERE), env["PYTHONPATH"]])
         env[OUT_ENV] = str(self.out)
