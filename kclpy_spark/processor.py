@@ -218,9 +218,13 @@ class ShardEndedInput:
 
 @dataclass(frozen=True, slots=True)
 class ShutdownRequestedInput:
-    """The worker is shutting down: a last chance to checkpoint before the lease is released."""
+    """The worker is shutting down: a last chance to checkpoint before the lease is released.
+    ``caught_up``: not a stop but the end of the lease's part in an ``--until-caught-up`` job:
+    nothing waits for the lease, so there is no hurry (the Spark sink waits for its writes' own
+    deadlines, not ``shutdown_timeout``)."""
 
     checkpointer: Checkpointer
+    caught_up: bool = False
     action: ClassVar[str] = "shutdownRequested"
 
 

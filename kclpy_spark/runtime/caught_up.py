@@ -64,7 +64,7 @@ class CaughtUp:
         """A caught-up lease: the processor's chance to checkpoint (``shutdown_requested``),
         then done if the stored checkpoint covers every record delivered, failed otherwise."""
         if processor is not None:
-            arg = ShutdownRequestedInput(tenure.checkpointer)
+            arg = ShutdownRequestedInput(tenure.checkpointer, caught_up=True)
             await safe(processor.shutdown_requested, arg, "shutdown_requested")
             # Then lease_lost, as after every shutdown_requested (the lease is released below).
             await safe(processor.lease_lost, LeaseLostInput(), "lease_lost")

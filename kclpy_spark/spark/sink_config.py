@@ -121,7 +121,8 @@ class SinkConfig:
     # A batch that keeps failing: park (its leases parked, redelivered later) or dead-letter:<path>
     # (written there, then acknowledged).
     failure_policy: str = "park"
-    # On stop: how long batches in flight may finish.
+    # On stop: how long batches in flight may finish (a lease caught up in an --until-caught-up
+    # job waits for its writes' own deadlines instead).
     shutdown_timeout: float = 15.0
     # A Spark DDL schema: each record's data parsed as JSON into these columns (unparsed ones kept
     # in unparsed_data).

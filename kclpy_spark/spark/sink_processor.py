@@ -132,7 +132,11 @@ class SparkSinkProcessor(RecordProcessor):
         lane = self._lane
         if lane is None:
             return
-        result = self._batcher.drain(lane, self._shutdown_timeout, final=False)
+        # A job's caught-up lease: its batches end by their own rules (written, or failed
+        # after their write deadlines and attempts); a first Spark write slower than the
+        # stop's timeout failed the job.
+        timeout = None if shutdown_requested_input.caught_up else self._shutdown_timeout
+        result = self._batcher.drain(lane, timeout, final=False)
         if result is not DrainResult.DONE:
             log.warning(
                 "lease %s: not everything was written before the hand-over (%s); the rest is "

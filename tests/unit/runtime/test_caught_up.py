@@ -162,12 +162,14 @@ def test_a_checkpoint_in_shutdown_requested_is_enough() -> None:
             self.seen += [r.sequence_number for r in process_records_input.records]
 
         def shutdown_requested(self, shutdown_requested_input: Any) -> None:
+            self.told_caught_up = shutdown_requested_input.caught_up  # no hurry: a job's end
             shutdown_requested_input.checkpointer.checkpoint()
 
     env = Env(processor=AtShutdown())
     env.lease()
     _, job = run_job(env, FakeSources([batch(10, 11, lag=0)]))
     assert job.done == {SHARD} and env.stored().checkpoint == ExtendedSequenceNumber("11")
+    assert env.processor.told_caught_up is True
 
 
 def test_an_idle_shard_is_caught_up_by_an_empty_read_at_the_tip() -> None:

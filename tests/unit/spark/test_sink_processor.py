@@ -168,6 +168,34 @@ def test_shutdown_waits_only_so_long_for_a_stuck_write(sink: Sink) -> None:
     assert c.checkpoint() == TRIM_HORIZON  # the lane was closed: the late write commits nothing
 
 
+def test_a_caught_up_job_lease_waits_for_its_write_past_the_shutdown_timeout(
+    sink: Sink,
+) -> None:
+    """``--until-caught-up``: nothing waits for the lease, so a first Spark write slower than
+    ``shutdown_timeout`` is waited for (it failed the job: "not caught up")."""
+    batcher = MicroBatcher(sink, BatcherSettings(max_records=1000, max_wait=3600.0))
+    factory = SparkSinkProcessorFactory(batcher, "stream", shutdown_timeout=0.05)
+    try:
+        c = consumer(factory)
+        sink.gate.clear()
+        c.deliver(2)
+        done = threading.Event()
+
+        def conclude() -> None:
+            c.processor.shutdown_requested(ShutdownRequestedInput(c.cp, caught_up=True))
+            done.set()
+
+        threading.Thread(target=conclude, daemon=True).start()
+        assert sink.entered.wait(10.0)
+        assert not done.wait(0.5)  # ten times the shutdown timeout: still waiting
+        sink.gate.set()
+        assert done.wait(10.0)
+        assert c.checkpoint() == ExtendedSequenceNumber("20")
+    finally:
+        sink.gate.set()
+        factory.close()
+
+
 def test_lease_lost_drops_the_buffered_records(
     factory: SparkSinkProcessorFactory, sink: Sink
 ) -> None:
