@@ -26,7 +26,7 @@ from kclpy_spark.config_checks import CHOICES, INT_BOUNDS, READ_RATE_BOUNDS, bou
 from kclpy_spark.config_rules import DURATIONS
 from kclpy_spark.multilang.kcl_keys import FIELDS as KCL_FIELDS
 from kclpy_spark.multilang.kcl_keys import SPECIAL as KCL_SPECIAL
-from kclpy_spark.spark.settings import MAX_SECONDS, MAX_WRITERS, BatcherSettings
+from kclpy_spark.spark.settings import MAX_SECONDS, MAX_STATE_PIECES, MAX_WRITERS, BatcherSettings
 from kclpy_spark.spark.sink_config import SinkConfig, SinkSpec, sink_config_from_mapping
 
 # .properties keys read with rules of their own (kcl_keys.SPECIAL), by the key they set.
@@ -123,7 +123,10 @@ def _sink_bounds(name: str) -> str:
         return ">= 0"
     if name == "writers":
         return f"1..{MAX_WRITERS}"
-    if name in {"max_records", "max_bytes", "max_attempts", "batches_in_flight"}:
+    if name in {"max_leases", "batches_in_flight"}:
+        most = MAX_STATE_PIECES
+        return f">= 1; a function in worker scope: max_leases x batches_in_flight <= {most}"
+    if name in {"max_records", "max_bytes", "max_attempts"}:
         return ">= 1"
     if name == "read_on":
         return "`driver` \\| `executors`"

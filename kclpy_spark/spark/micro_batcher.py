@@ -59,6 +59,7 @@ from kclpy_spark.spark.sink_batch import (
     SinkRoute,
     ToDataFrame,
     needs_order,
+    per_piece,
 )
 from kclpy_spark.spark.updates import BatcherStats, LaneUpdates
 from kclpy_spark.spark.writer import BatchWriter, single_route
@@ -122,7 +123,7 @@ class MicroBatcher:
         self._on_batch_done = on_batch_done
         self._threaded = threaded
         self._reads = reads
-        self._plan_settings = replace(self.settings, max_wait=0.0) if reads else self.settings
+        self._plan_settings = _plan_settings(self.settings, routes, self._depth, reads is not None)
         self._threads = [
             threading.Thread(
                 target=self._writer_loop, name=f"kclpy-spark-sink-writer-{i}", daemon=True
@@ -408,3 +409,17 @@ class MicroBatcher:
             bytes_left -= cut.nbytes
             parts.append((lane, cut))
         return Batch(sorted(parts, key=lambda part: part[1].key))
+
+
+def _plan_settings(
+    s: BatcherSettings, routes: list[SinkRoute], depth: int, executors: bool
+) -> BatcherSettings:
+    """The settings the planner sees: lanes read on the executors are due as soon as filled (a
+    read round is their batching); ``max_leases`` only where a lease's pending checkpoint names
+    its whole batch (a sink not written once per piece: ``check_groups``, ``depth`` batches of a
+    lease out at once)."""
+    if not all(per_piece(route.sink) for route in routes):
+        s.check_groups(depth)
+    else:
+        s = replace(s, max_leases=sys.maxsize)
+    return replace(s, max_wait=0.0) if executors else s

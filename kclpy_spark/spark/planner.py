@@ -8,7 +8,8 @@ The planner only reads lanes; the batcher cuts the lanes it names, in the order 
   come back here (their leases not held here, or their lanes with nothing of that batch to
   re-form), or when it is drained.
 * Fresh records: in ``worker`` scope one batch over every lease with records, oldest first, up to
-  ``max_records``/``max_bytes``; in ``lease`` scope one batch per lease. Due when the records reach
+  ``max_records``/``max_bytes`` and ``max_leases`` (the next leases in the next batch); in
+  ``lease`` scope one batch per lease. Due when the records reach
   either limit, the oldest has waited ``max_wait``, a lease is drained, or the buffer is full.
 """
 
@@ -80,16 +81,30 @@ def plan_due(
         plans.append(Plan(tuple(members), budgeted=False))
 
     fresh = [x for x in lanes if x.can_cut() and not x.replaying]
+    rooms = None if limit is None else limit - len(plans)
+    return plans + _fresh_plans(fresh, s, now, rooms)
+
+
+def _fresh_plans(
+    fresh: list[Lane], s: BatcherSettings, now: float, limit: int | None
+) -> list[Plan]:
+    """The batches of fresh records due now (at most ``limit``): one a lease in ``lease``
+    scope; in ``worker`` scope oldest first, ``max_leases`` leases a batch."""
     # A full buffer cuts now, counting the lanes a cut can free: a lane whose write is slow (it
     # cannot cut) kept the buffer full, and every other lane was cut at each delivery.
     pressure = sum(x.nbytes for x in fresh) >= s.buffer_limit
     by_age = sorted(fresh, key=lambda x: x.oldest if x.oldest is not None else now)
-    if s.scope == "lease":
-        for lane in by_age:
-            if room() and _due([lane], s, now, pressure):
-                plans.append(Plan((lane,), budgeted=True))
-    elif fresh and room() and _due(fresh, s, now, pressure):
-        plans.append(Plan(tuple(by_age), budgeted=True))
+    size = 1 if s.scope == "lease" else s.max_leases
+    plans: list[Plan] = []
+    for start in range(0, len(by_age), size):
+        if limit is not None and len(plans) >= limit:
+            break
+        if s.scope == "lease" and _due([by_age[start]], s, now, pressure):
+            plans.append(Plan((by_age[start],), budgeted=True))
+        elif s.scope == "worker":  # the leases after a batch not due are younger: none is
+            if not _due(by_age[start:], s, now, pressure):
+                break
+            plans.append(Plan(tuple(by_age[start : start + size]), budgeted=True))
     return plans
 
 

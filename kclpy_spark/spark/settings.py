@@ -11,6 +11,11 @@ from checkpoint.base.errors import ConfigError
 # only contend (bench/results/history.md "Two writers by default"), and 20,000 exhausted the
 # process.
 MAX_WRITERS = 64
+# Pieces a lease's pending checkpoint may name when it names its whole batch (a function sink):
+# ``max_leases`` a batch, ``batches_in_flight`` batches out (``check_groups``). A piece is
+# its lease key and two positions, ~150-350 bytes of JSON; a lease re-forming a former owner's
+# pieces lists those too, so the state stays well under DynamoDB's 400 KB an item.
+MAX_STATE_PIECES = 500
 # The longest each duration may be (seconds): records wait at most ``max_wait`` to be written, so
 # ``inf`` would hold them unwritten (and the lease unacknowledged) for ever.
 MAX_SECONDS = {
@@ -43,6 +48,11 @@ class BatcherSettings:
     max_wait: float = 5.0
     # worker: one batch across the worker's leases; lease: one lease per batch.
     scope: Literal["worker", "lease"] = "worker"
+    # With a function among the sinks, a worker-scope batch holds at most this many leases (more
+    # leases with records: more batches): each lease's pending checkpoint then names every piece
+    # of its batch, and DynamoDB caps an item at 400 KB (past ~1,400 leases in a batch, two in
+    # flight, every pending write failed). parquet: and delta: name only their own piece.
+    max_leases: int = 250
     # Write attempts of a batch before the failure policy applies.
     max_attempts: int = 5
     # The first retry's delay; doubled each time (with jitter).
@@ -64,7 +74,7 @@ class BatcherSettings:
     def __post_init__(self) -> None:
         if self.scope not in {"worker", "lease"}:
             raise ConfigError(f"config 'scope' must be 'worker' or 'lease', got {self.scope!r}")
-        for name in ("max_records", "max_bytes", "max_attempts", "batches_in_flight"):
+        for name in ("max_records", "max_bytes", "max_attempts", "batches_in_flight", "max_leases"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"config {name!r} must be >= 1, got {getattr(self, name)}")
         if not 1 <= self.writers <= MAX_WRITERS:  # each writer is a thread and a Spark job
@@ -87,3 +97,17 @@ class BatcherSettings:
     @property
     def buffer_limit(self) -> int:
         return self.buffer_bytes or 2 * self.max_bytes
+
+    def check_groups(self, in_flight: int) -> None:
+        """For sinks whose pieces' pending checkpoints name their whole batch (a function's):
+        ConfigError unless ``max_leases`` (worker scope) x ``in_flight`` (the batches of a lease
+        out at once: ``batches_in_flight``, or 1 for a sink that needs them in order) is at
+        most ``MAX_STATE_PIECES``."""
+        group = self.max_leases if self.scope == "worker" else 1
+        if group * in_flight > MAX_STATE_PIECES:
+            raise ConfigError(
+                f"config 'max_leases' x 'batches_in_flight' must be at most {MAX_STATE_PIECES} "
+                f"with a function sink in worker scope (each lease's pending checkpoint names "
+                f"every piece of its batches in flight; DynamoDB caps an item at 400 KB), got "
+                f"{group} x {in_flight}"
+            )

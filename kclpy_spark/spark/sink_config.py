@@ -244,7 +244,11 @@ def _defaults_for(sinks: list[str], given: Mapping[str, Any] = {}) -> BatcherSet
         defaults |= {"scope": "worker", "regroup_wait": 0.0}
     else:
         defaults |= {"scope": "lease", "batches_in_flight": 1}
-    return BatcherSettings(**{**defaults, **given})
+    settings = BatcherSettings(**{**defaults, **given})
+    if not builtin:  # its pieces name their batch (MicroBatcher checks it again, sinks known)
+        delta = any(sink.startswith("delta:") for sink in sinks)  # one batch of a lease at once
+        settings.check_groups(1 if delta else settings.batches_in_flight)
+    return settings
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(SinkConfig) if f.name not in ("batching", "sinks")}

@@ -27,6 +27,8 @@ from checkpoint.sequence import (
 from checkpoint.stores.dynamodb import DynamoDBLeaseTable
 from checkpoint.stores.memory import MemoryLeaseTable
 from checkpoint.stores.sqlite import SQLiteLeaseTable
+from kclpy_spark.spark.pieces import InFlight, PendingState, PieceKey
+from kclpy_spark.spark.settings import MAX_STATE_PIECES
 
 SEQ_1 = "49590338271490256608559692538361571095921575989136588898"
 SEQ_2 = "49590338271490256608559692540925702759324208523137515618"
@@ -325,6 +327,24 @@ def test_update_checkpoint_with_a_pending_checkpoint(table: Any) -> None:
     assert cleared is not None
     assert cleared.pending_checkpoint is None and cleared.pending_checkpoint_state is None
     assert stored(table) == cleared
+
+
+def test_the_largest_pending_state_the_spark_sink_writes_is_stored(table: Any) -> None:
+    """A lease's pending checkpoint names every piece of its batches in flight (worker scope:
+    every lease of each batch), at most ``MAX_STATE_PIECES`` twice over (a former owner's pieces
+    re-formed beside its own), here with multi-stream lease keys of the longest stream name:
+    DynamoDB stores it (its items end at 400 KB; 1,400 leases in each of two batches do not)."""
+    prefix = f"123456789012:{'s' * 128}:1700000000:"
+    at = ExtendedSequenceNumber(SEQ_2, 2**63 - 1)
+    group = tuple(
+        PieceKey(f"{prefix}shardId-{i:012d}", at, at) for i in range(MAX_STATE_PIECES // 2)
+    )
+    state = PendingState((InFlight(group, None),) * 4).encode()
+    table.create_lease_if_absent(lease(lease_owner="a"))
+    updated = table.update_lease(
+        replace(stored(table), pending_checkpoint=at, pending_checkpoint_state=state)
+    )
+    assert updated is not None and stored(table).pending_checkpoint_state == state
 
 
 def test_update_checkpoint_is_fenced_by_the_counter(table: Any) -> None:

@@ -303,7 +303,9 @@ def test_a_crash_with_two_batches_in_flight_reforms_both_exactly() -> None:
 
 def test_a_sink_that_needs_a_leases_batches_in_order_gets_one_at_a_time() -> None:
     release_first = threading.Event()
-    with threaded_env(max_records=3, max_wait=0.0, writers=2, batches_in_flight=4) as env:
+    with threaded_env(
+        max_records=3, max_wait=0.0, writers=2, batches_in_flight=4, max_leases=100
+    ) as env:
         env.sink.ordered_per_lease = True  # type: ignore[attr-defined]
         env.batcher.close(timeout=5.0)
         env.batcher = env.new_batcher()

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.processor import Record
 from kclpy_spark.spark.lane import Lane
-from kclpy_spark.spark.pieces import Chunk, PieceKey, records_to_chunk
+from kclpy_spark.spark.pieces import Chunk, InFlight, PendingState, PieceKey, records_to_chunk
 from kclpy_spark.spark.planner import Plan, next_wakeup, plan_due
-from kclpy_spark.spark.settings import BatcherSettings
+from kclpy_spark.spark.settings import MAX_STATE_PIECES, BatcherSettings
 
 A, B = "shardId-000000000000", "shardId-000000000001"
 WORKER = BatcherSettings(scope="worker", max_records=1000, max_wait=5.0, regroup_wait=30.0)
@@ -96,3 +99,56 @@ def test_a_full_buffer_held_by_a_lane_that_cannot_cut_does_not_cut_the_others_ea
     assert plan_due([slow, healthy], settings, now=1.0, limit=None) == [
         Plan((healthy,), budgeted=True)
     ]
+
+
+def test_a_worker_scope_batch_holds_at_most_max_leases_leases_oldest_first() -> None:
+    """Each lease's pending checkpoint names every piece of its batch: without a cap, a batch of
+    1,400 leases passed DynamoDB's 400 KB an item and every pending write failed."""
+    settings = BatcherSettings(scope="worker", max_records=10**6, max_wait=5.0, max_leases=2)
+    keys = [f"shardId-{i:012d}" for i in range(5)]
+    lanes = [lane(k) for k in keys]
+    for age, (k, x) in enumerate(zip(keys, lanes, strict=True)):
+        x.add(chunk(k, 1, 1), now=float(4 - age))  # the last lane is the oldest
+    assert plan_due(lanes, settings, now=4.0, limit=None) == []  # the oldest waited 4 s
+    oldest_first = lanes[::-1]
+    plans = plan_due(lanes, settings, now=5.0, limit=None)  # the oldest is due: its batch only
+    assert plans == [Plan(tuple(oldest_first[:2]), budgeted=True)]
+    plans = plan_due(lanes, settings, now=20.0, limit=2)  # all due: two batches, as room allows
+    assert plans == [
+        Plan(tuple(oldest_first[:2]), budgeted=True),
+        Plan(tuple(oldest_first[2:4]), budgeted=True),
+    ]
+    assert plan_due(lanes, settings, now=20.0, limit=None)[2] == Plan(
+        (oldest_first[4],), budgeted=True
+    )
+
+
+def test_a_pending_state_of_the_most_pieces_allowed_fits_in_a_dynamodb_item() -> None:
+    """``max_leases`` x ``batches_in_flight`` <= MAX_STATE_PIECES, twice over (a lease re-forming
+    a former owner's pieces lists those too), with the longest lease keys and positions: under
+    DynamoDB's 400 KB an item; 1,400 leases of one stream in each of two batches are past it.
+    With the longest stream names and sub-sequence numbers."""
+    longest = "9" * 56  # Kinesis's sequence numbers have 56 digits
+    stream_key = f"123456789012:{'s' * 128}:1700000000"  # a multi-stream lease key's prefix
+
+    def state(leases: int, batches: int, prefix: str) -> bytes:
+        group = tuple(
+            PieceKey(f"{prefix}shardId-{i:012d}", ExtendedSequenceNumber(longest, 2**63 - 1),
+                     ExtendedSequenceNumber(longest, 2**63 - 1))
+            for i in range(leases)
+        )  # fmt: skip
+        return PendingState(tuple(InFlight(group, None) for _ in range(batches))).encode()
+
+    with pytest.raises(ConfigError, match="max_leases"):
+        BatcherSettings(max_leases=MAX_STATE_PIECES).check_groups(2)
+    BatcherSettings(scope="lease", max_leases=MAX_STATE_PIECES).check_groups(2)
+    most = BatcherSettings(max_leases=MAX_STATE_PIECES // 2, batches_in_flight=2)
+    most.check_groups(most.batches_in_flight)
+    worst = state(most.max_leases, 2 * most.batches_in_flight, f"{stream_key}:")
+    assert len(worst) < 400 * 1024 - 10 * 1024  # room for the lease's other attributes
+    plain = "49590338271490256608559692538361571095921575989136588898"
+    group = tuple(
+        PieceKey(f"shardId-{i:012d}", ExtendedSequenceNumber(plain), ExtendedSequenceNumber(plain))
+        for i in range(1_400)
+    )
+    assert len(PendingState((InFlight(group, None),) * 2).encode()) > 400 * 1024

@@ -86,6 +86,16 @@ def test_bad_values_name_their_key(changes: dict[str, Any], key: str) -> None:
         sink_config_from_mapping(values)
 
 
+def test_a_function_in_worker_scope_is_held_to_what_a_lease_table_item_holds() -> None:
+    """Its pieces' pending checkpoints name every piece of their batches in flight."""
+    fn = {"sink": "app:write", "scope": "worker", "batches_in_flight": 2}
+    with pytest.raises(ConfigError, match="'max_leases' x 'batches_in_flight'"):
+        sink_config_from_mapping({**fn, "max_leases": 300})
+    assert sink_config_from_mapping({**fn, "max_leases": 250}).batching.max_leases == 250
+    parquet = {**fn, "sink": "parquet:/x", "max_leases": 300}  # names its own piece only
+    assert sink_config_from_mapping(parquet).batching.max_leases == 300
+
+
 def test_types_are_checked_and_unknown_keys_refused() -> None:
     with pytest.raises(ConfigError, match="max_records"):
         sink_config_from_mapping({"sink": "parquet:/x", "max_records": "10"})
