@@ -59,6 +59,15 @@ class StreamSpec:
         return self.stream_arn or str(self.stream_name)
 
     @property
+    def name(self) -> str:
+        """The stream's name (from its ARN when only that is given)."""
+        if self.stream_name:
+            return self.stream_name
+        match = STREAM_ARN.match(str(self.stream_arn))
+        assert match is not None  # checked in __post_init__
+        return match.group(1)
+
+    @property
     def request(self) -> dict[str, str]:
         """The stream argument of Kinesis calls."""
         return (

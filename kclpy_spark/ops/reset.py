@@ -14,7 +14,7 @@ from typing import Any
 
 from checkpoint import coordination
 from checkpoint.base.errors import ConfigError, KclpySparkError
-from checkpoint.lease import Lease
+from checkpoint.lease import Lease, stream_name_of
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.config_rules import check_not_in_future
@@ -82,10 +82,23 @@ def plan_reset(
 
 
 def reset_lease(lease: Lease, target: InitialPosition) -> Lease:
-    """``lease`` checkpointed at ``target`` (its time stored for AT_TIMESTAMP)."""
+    """``lease`` checkpointed at ``target`` (its time stored for AT_TIMESTAMP), and reopened if
+    it was parked: a reset is the mending a parking waits for (an aged checkpoint, a record to
+    skip), and the lease otherwise sat out the rest of its ``park_duration``."""
     checkpoint = ExtendedSequenceNumber.of(target.position.value)
     start = None if target.timestamp is None else target.timestamp.timestamp()
-    return replace(lease.checkpointed(checkpoint), start_timestamp=start)
+    return replace(
+        lease.checkpointed(checkpoint), start_timestamp=start, closed_until=None, closed_count=0
+    )
+
+
+def of_streams(leases: Iterable[Lease], streams: Iterable[str] | None) -> list[Lease]:
+    """The leases of the named streams (None: a single-stream application, whose lease keys
+    are plain shard ids). Another application's stream in a shared table, or a stream
+    removed from ``[[streams]]`` that another worker may still read, is never reset."""
+    names = None if streams is None else set(streams)
+    return [x for x in leases if (stream_name_of(x.lease_key) is None) == (names is None)
+            and (names is None or stream_name_of(x.lease_key) in names)]  # fmt: skip
 
 
 FORCED_TRIES = 3  # --force: a held lease's counter moves at every renewal; read again and write
@@ -117,7 +130,7 @@ def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
     whole = not cfg.streams and args.shard is None
     # Built before any write: a region or profile problem is one line with nothing changed.
     lister = _stream_lister(cfg) if whole else None
-    leases = store.list_leases()
+    leases = of_streams(store.list_leases(), _stream_names(cfg))
     owners = {o for x in leases for o in (x.lease_owner, x.checkpoint_owner) if o}
     live = set(live_workers(store, owners, cfg))
     unknown = {
@@ -197,6 +210,13 @@ def renewing_owners(
         if x.actual_owner in owners and x.lease_key in watched
         and x.lease_counter != watched[x.lease_key]
     }  # fmt: skip
+
+
+def _stream_names(cfg: WorkerConfig) -> list[str] | None:
+    """The names of a multi-stream application's streams; None for a single stream."""
+    if not cfg.streams:
+        return None
+    return [spec.name for spec in cfg.streams]
 
 
 def _stream_lister(cfg: WorkerConfig) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from checkpoint.coordination import is_live
 from checkpoint.lease import Lease
 from checkpoint.sequence import (
     AT_TIMESTAMP,
+    LATEST,
     SHARD_END,
     TRIM_HORIZON,
     ExtendedSequenceNumber,
@@ -21,8 +23,9 @@ from checkpoint.sequence import (
 )
 from checkpoint.stores.memory import MemoryLeaseTable
 from kclpy_spark.logs import ContextFilter, JsonFormatter, redact, set_application, shard_context
-from kclpy_spark.ops.reset import plan_reset
+from kclpy_spark.ops.reset import plan_reset, reset_lease
 from kclpy_spark.ops.status import lease_rows, render_json, render_table
+from kclpy_spark.stream_spec import StreamSpec
 
 SEQ = ExtendedSequenceNumber("49600000000000000000000000000000000000000000000000000002")
 
@@ -1012,3 +1015,38 @@ def test_a_drain_loses_and_reorders_no_line_another_thread_logs_meanwhile() -> N
         told = sum(int(line.split(" log line(s) were dropped")[0].rsplit(" ", 1)[1])
                    for line in err.splitlines() if "log line(s) were dropped" in line)  # fmt: skip
         assert numbers == sorted(numbers) and len(numbers) + told == 20_000, (len(numbers), told)
+
+
+def test_a_reset_changes_only_the_leases_of_the_configured_streams(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A shared table's other streams (another application's, or one removed from
+    [[streams]] that another worker still reads) were reset too: their records skipped."""
+    import argparse
+
+    from kclpy_spark.config import WorkerConfig
+    from kclpy_spark.ops import reset
+
+    keys = ["1:a:100:shardId-0", "1:b:200:shardId-0", "shardId-7"]
+    store = _memory_store_with(*(Lease(key, SEQ) for key in keys))
+    monkeypatch.setattr(reset, "open_store", lambda cfg, writes_records=False: store)
+    args = argparse.Namespace(to="LATEST", shard=None, force=False, yes=True)
+    arn = "arn:aws:kinesis:us-east-1:123456789012:stream/a"
+    multi = WorkerConfig(streams=(StreamSpec(stream_arn=arn),), lease_store="memory")
+    assert reset.reset_command(args, multi) == 0
+    after = {key: store.get_lease(key).checkpoint for key in keys}  # type: ignore[union-attr]
+    assert after == {keys[0]: LATEST, keys[1]: SEQ, keys[2]: SEQ}
+    monkeypatch.setattr(reset, "_stream_lister", lambda cfg: None)
+    single = WorkerConfig(stream_name="s1", lease_store="memory")
+    assert reset.reset_command(args, single) == 0
+    after = {key: store.get_lease(key).checkpoint for key in keys}  # type: ignore[union-attr]
+    assert after == {keys[0]: LATEST, keys[1]: SEQ, keys[2]: LATEST}
+
+
+def test_a_reset_reopens_a_parked_lease() -> None:
+    """Parked until a reset (an aged checkpoint under aged_checkpoint_policy = "fail"), it sat
+    out the rest of its park_duration after the reset."""
+    parked = Lease("shardId-0", SEQ).parked(time.time() + 86_400)
+    moved = reset_lease(parked, InitialPosition.trim_horizon())
+    assert moved.closed_until is None and moved.closed_count == 0
+    assert moved.checkpoint == TRIM_HORIZON
