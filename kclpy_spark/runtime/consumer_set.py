@@ -90,6 +90,7 @@ class ConsumerSet:
         self._hand_back: set[str] = set()  # leases to release when their consumer has stopped
         self._handing_over: set[str] = set()
         self._background: set[asyncio.Future[None]] = set()
+        self._cancelling = False  # shutdown_all cancels what outlived its grace (no one else)
         # Leases whose consumer was cancelled while a processor call ran on its thread (a
         # suspend's grace ran out): no consumer of the lease starts until that call returns.
         self._draining: dict[str, tuple[asyncio.Future[Any], float]] = {}  # -> (its end, since)
@@ -263,6 +264,9 @@ class ConsumerSet:
             self._remember(key, running.consumer.stats)
         if task.cancelled():
             self._drain(key, None if running is None else running.consumer.call_running())
+            if not self._cancelling:  # a CancelledError nobody here asked for ended the task
+                log.error("shard consumer for %s was cancelled unasked; releasing the lease", key)
+                self._in_background(key, "its consumer was cancelled unasked")
             return
         exc = task.exception()
         if exc is not None:  # run() handles every failure; this is a bug in the handling itself
@@ -331,9 +335,13 @@ class ConsumerSet:
         if not running:
             return
         _, pending = await asyncio.wait([r.task for r in running], timeout=grace)
-        for task in pending:
-            log.warning("shard task %s did not stop within the grace time; cancelling", task)
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        self._cancelling = True
+        try:
+            for task in pending:
+                log.warning("shard task %s did not stop within the grace time; cancelling", task)
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        finally:
+            self._cancelling = False
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)

@@ -12,6 +12,7 @@ LATEST lease began; after those the tenure goes on.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
 import enum
@@ -267,10 +268,12 @@ def call_processor(
         with processor_code():
             try:
                 result = await _on_loop_or_thread(method, arg, on_thread)
+                if asyncio.iscoroutine(result):
+                    await result
             except SystemExit as exc:
                 raise exited(method, exc) from exc
-            if asyncio.iscoroutine(result):
-                await result
+            except asyncio.CancelledError as exc:
+                _unless_ours(method, exc)
 
     return run()
 
@@ -350,11 +353,25 @@ def _set_done(future: asyncio.Future[None]) -> None:
 
 
 def in_thread(method: Callable[[Any], Any], arg: object) -> Any:
-    """``method(arg)`` on a worker thread; KeyboardInterrupt there is the user code's own."""
+    """``method(arg)`` on a worker thread; KeyboardInterrupt there is the user code's own, and
+    so is a cancelled future's CancelledError (an Exception there, which the loop's wrapper of
+    the thread's future turns into asyncio's, a cancel of the consumer's task)."""
     try:
         return method(arg)
     except (SystemExit, KeyboardInterrupt) as exc:
         raise exited(method, exc) from exc
+    except (asyncio.CancelledError, concurrent.futures.CancelledError) as exc:
+        raise exited(method, exc) from exc
+
+
+def _unless_ours(method: Callable[[Any], Any], exc: asyncio.CancelledError) -> None:
+    """Raise ``exc`` again if the calling task is being cancelled; else it is the processor's
+    own (an ``async def`` awaiting something cancelled): a failed call. Taken for a cancel of
+    the consumer, it ended the lease's task without a release, the lease renewed unread."""
+    task = asyncio.current_task()
+    if task is None or task.cancelling():
+        raise exc
+    raise exited(method, exc) from exc
 
 
 def exited(what: object, exc: BaseException) -> ProcessorExitError:
@@ -366,4 +383,5 @@ def exited(what: object, exc: BaseException) -> ProcessorExitError:
 
 class ProcessorExitError(KclpySparkError):
     """A processor method raised SystemExit or KeyboardInterrupt: counted as a failed call (it
-    ended the whole daemon with the exit status the processor chose, 0 for ``sys.exit()``)."""
+    ended the whole daemon with the exit status the processor chose, 0 for ``sys.exit()``); or
+    a CancelledError of its own (it ended the lease's task as if the worker had cancelled it)."""

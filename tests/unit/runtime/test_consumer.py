@@ -5,6 +5,7 @@ child blocked on its other parent), failures of every step, and how each tenure 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -989,6 +990,41 @@ def test_sys_exit_in_process_records_is_a_failure_not_the_daemons_end() -> None:
     assert env.run(consumer) is Outcome.PARKED
     assert env.processor.calls.count("process_records") == ATTEMPTS
     assert "SystemExit(0)" in consumer.stats.park_reason
+
+
+class CancelledInside(Recorder):
+    """process_records meets a cancelled future of its own (a pool shut down with
+    ``cancel_futures``, a producer library's future): CancelledError, plain or async."""
+
+    def __init__(self, use_async: bool) -> None:
+        super().__init__()
+        self.use_async = use_async
+
+    def process_records(self, process_records_input: ProcessRecordsInput) -> Any:
+        self.calls.append("process_records")
+        if not self.use_async:
+            future: concurrent.futures.Future[None] = concurrent.futures.Future()
+            future.cancel()
+            future.result()  # concurrent.futures.CancelledError: an Exception, in a thread
+
+        async def awaits_a_cancelled_task() -> None:
+            task = asyncio.get_running_loop().create_task(asyncio.sleep(10))
+            task.cancel()
+            await task  # asyncio.CancelledError, though nobody cancelled the consumer
+
+        return awaits_a_cancelled_task()
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_cancelled_error_of_the_processors_own_is_a_failed_call(use_async: bool) -> None:
+    """It ended the consumer's task as a cancel of the worker's: no outcome, no lease_lost, no
+    release, and the lease renewed here for good with nobody reading it."""
+    env = Env(processor=CancelledInside(use_async))
+    env.lease()
+    consumer = env.consumer(FakeSources([batch(10)]))
+    assert env.run(consumer) is Outcome.PARKED
+    assert env.processor.calls.count("process_records") == ATTEMPTS
+    assert "CancelledError" in consumer.stats.park_reason
 
 
 def test_keyboard_interrupt_on_the_loop_is_not_taken_for_the_processors() -> None:

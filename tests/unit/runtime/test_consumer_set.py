@@ -345,6 +345,28 @@ def test_a_cancelled_consumer_whose_call_runs_on_keeps_its_lease_from_a_second_o
         release.set()
 
 
+def test_a_consumer_cancelled_by_no_one_here_releases_its_lease() -> None:
+    """A CancelledError nobody here asked for (a source's, a library's) ended the consumer's
+    task as if ``shutdown_all`` had: no release, the lease renewed here unread for good."""
+    release = threading.Event()
+    env = Env(HeldUntil(release))
+    key = "shardId-000000000000"
+
+    async def go() -> None:
+        env.start(key, [batch(10)])
+        await settle(env.processor.entered.is_set)
+        env.set.running[key].task.cancel()
+        release.set()
+        await settle(lambda: key not in env.set and not env.set._background)
+        assert env.holder.get_if_held(key) is None
+        assert env.table.get_lease(key).lease_owner is None  # type: ignore[union-attr]
+
+    try:
+        asyncio.run(go())
+    finally:
+        release.set()
+
+
 def test_a_shard_whose_reads_went_silent_shows_no_lag_rather_than_its_last() -> None:
     """The lag gauge kept its last value (often 0) while reads failed or were throttled: a lag
     alert never fired while the shard fell behind. Past the stall time its series goes, until
