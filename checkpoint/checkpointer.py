@@ -325,7 +325,12 @@ class Checkpointer:
             )
 
     def _commit(self, target: ExtendedSequenceNumber) -> None:
+        """A prepared checkpoint committed: SHARD_END when it is a closed shard's last record
+        (as ``checkpoint()`` there; stored as that record, the shard-end step never finished)."""
         self._held_or_raise()
+        with self._lock:
+            if self._at_shard_end is not None and target == self._at_shard_end:
+                target = SHARD_END
         self._run(lambda: self._try_checkpoint(target))
         self._checkpointed(target)
 

@@ -276,6 +276,19 @@ def test_prepare_at_shard_end_prepares_shard_end(table: FaultyTable, cp: Checkpo
     assert stored(table).checkpoint == SHARD_END
 
 
+@pytest.mark.parametrize(("prepared_at", "expected"), [("200", SHARD_END), ("150", esn("150"))])
+def test_a_commit_after_the_shard_end_of_the_last_record_prepared_is_shard_end(
+    table: FaultyTable, cp: Checkpointer, prepared_at: str, expected: ExtendedSequenceNumber
+) -> None:
+    """Prepared at the closed shard's last record in process_records, committed in
+    shard_ended: it was stored as that record, the shard-end step failed every time (it wants
+    SHARD_END) and parked the lease, tenure after tenure; its children never started."""
+    prepared = cp.prepare_checkpoint(prepared_at)
+    cp.mark_shard_end()
+    prepared.checkpoint()
+    assert stored(table).checkpoint == expected and stored(table).pending_checkpoint is None
+
+
 def test_prepare_at_the_last_checkpoint_writes_nothing(
     table: FaultyTable, cp: Checkpointer
 ) -> None:
