@@ -181,9 +181,10 @@ class RangeReader:
             over = self._take(answer, found, on_records)
             # A page that went on past the range, or a full one, says nothing of the tip.
             found.left_behind = over or self._page_records >= limit
-            if found.children is not None:
-                break
             if found.bounded:  # the next record arrived after the bound: nothing more is ours
+                found.children = None  # nor the shard's end, which comes after that record
+                break
+            if found.children is not None:
                 break
             iterator = str(answer["NextShardIterator"])
             if pin is not None:

@@ -156,24 +156,26 @@ class TaskReads:
                 limit = rng.max_seconds + GRACE_SECONDS
                 return chunks, await asyncio.wait_for(RangeReader(client, rng).read(keep), limit)
 
-        started = {asyncio.run_coroutine_threadsafe(one(r), self._loop): r for r in ranges}
+        # A future given back is let go of, with its records (as_completed lets go too): they
+        # were all kept until the last range ended, a task's memory every range's records.
+        waiting = {asyncio.run_coroutine_threadsafe(one(r), self._loop): r for r in ranges}
         longest = max(r.max_seconds for r in ranges) + GRACE_SECONDS
         limit = max(r.delay for r in ranges) + waves(len(ranges), 1) * longest + GRACE_SECONDS
-        given: set[concurrent.futures.Future[Read]] = set()
         try:
-            for future in concurrent.futures.as_completed(started, timeout=limit):
-                given.add(future)
+            for future in concurrent.futures.as_completed(list(waiting), timeout=limit):
+                rng = waiting.pop(future)
                 try:
                     outcome: Read | BaseException = future.result()
                 except BaseException as exc:  # this range's failure, whatever it is
                     outcome = exc
-                yield started[future], outcome
+                del future
+                yield rng, outcome
+                del outcome
         except concurrent.futures.TimeoutError as exc:
-            for future, rng in started.items():
-                if future not in given:
-                    yield rng, exc
+            for rng in waiting.values():
+                yield rng, exc
         finally:
-            for future in started:
+            for future in waiting:
                 future.cancel()
         if not self._frozen:
             self._frozen = True
@@ -193,7 +195,9 @@ class TaskReads:
 
         context = get_session().create_client(
             "kinesis",
-            config=botocore_config(max_pool_connections=16),
+            # No retries of the SDK's own: the reader's loop retries, paced and within the
+            # range's time (four requests a call, 20 ms apart, to a throttled shard).
+            config=botocore_config(max_pool_connections=16, attempts=1),
             **endpoint_kwargs(aws.region, aws.endpoint_url),
         )
         client = await context.__aenter__()

@@ -723,6 +723,25 @@ def test_a_range_with_an_arrival_bound_stops_before_the_first_later_record() -> 
     assert kept == [20, 30] and not end.bounded
 
 
+def test_a_bounded_read_of_the_shards_last_page_does_not_end_the_shard() -> None:
+    """AvailableNow's bound met on the page that also ends the shard (a reshard after the
+    bound): the read said the shard ended, so the records after the bound were never read, in
+    this run or any later one (the children started instead)."""
+    from datetime import UTC, datetime
+
+    child = {"ShardId": "shardId-000000000001", "ParentShards": [KEY],
+             "HashKeyRange": {"StartingHashKey": "0", "EndingHashKey": "9"}}  # fmt: skip
+    records = [{"Data": b"d", "PartitionKey": "k", "SequenceNumber": str(s),
+                "ApproximateArrivalTimestamp": datetime.fromtimestamp(ms / 1000, tz=UTC)}
+               for s, ms in ((20, 1_000), (30, 3_000))]  # fmt: skip
+    last_page = {"Records": records, "MillisBehindLatest": 0, "ChildShards": [child]}
+    rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, esn(10), until_millis=2_000)
+    end, kept = _read_range([last_page], rng)
+    assert kept == [20] and end.bounded and not end.shard_ended and not end.child_shards
+    end, kept = _read_range([last_page], ReadRange(KEY, "s", {"StreamName": "s"}, KEY, esn(10)))
+    assert kept == [20, 30] and end.shard_ended  # unbounded: the end is read with its records
+
+
 # --- leases gathered into fewer read jobs ---------------------------------------------------------
 
 
@@ -834,6 +853,106 @@ def test_a_delayed_range_is_not_called_before_its_delay_on_the_executor(
     assert [key for key, _ in done] == ["n", "w"]  # the one without delay came back first
     assert not any(isinstance(outcome, BaseException) for _, outcome in done)
     assert calls["shard-w"] - began >= 0.3 and calls["shard-n"] < calls["shard-w"]
+
+
+def test_a_task_lets_go_of_each_ranges_records_once_given_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every range's records stayed held (its future, in the task's own maps) until the task's
+    last range ended: a task's memory was the sum of its ranges', not ``READS_AT_ONCE`` of them."""
+    import threading
+
+    import pyarrow as pa
+
+    from kclpy_spark.processor import Record
+    from kclpy_spark.retrieval import range_reader
+    from kclpy_spark.spark import range_tasks
+
+    last_may_end = threading.Event()
+
+    class MegabyteReader:
+        def __init__(self, client: Any, rng: ReadRange, **_: Any) -> None:
+            self.rng = rng
+
+        async def read(self, on_records: Any) -> RangeEnd:
+            if self.rng.lease_key == "last":
+                while not last_may_end.is_set():
+                    await asyncio.sleep(0.01)
+            on_records([Record(b"x" * 100_000, "k", str(100 + i)) for i in range(10)])
+            return RangeEnd(self.rng.lease_key, esn(100), esn(109), 10, 1_000_000)
+
+    monkeypatch.setattr(range_reader, "RangeReader", MegabyteReader)
+    reads_ = range_tasks.TaskReads()
+    reads_._frozen = True  # not this test process's heap
+
+    async def client(aws: Any) -> Any:
+        return object()
+
+    reads_._client = client  # type: ignore[method-assign]
+    keys = [f"r{i}" for i in range(6)] + ["last"]
+    ranges = [ReadRange(k, "s", {"StreamName": "s"}, k, TRIM, max_pages=1) for k in keys]
+    before = pa.total_allocated_bytes()
+    held: list[int] = []
+    try:
+        for n, (rng, outcome) in enumerate(reads_.reads(ranges, AwsTarget("us-east-1")), 1):
+            assert not isinstance(outcome, BaseException) and rng.lease_key == keys[n - 1]
+            del outcome  # the caller is done with these records
+            held.append(pa.total_allocated_bytes() - before)
+            if n == 6:
+                last_may_end.set()
+    finally:
+        reads_._loop.call_soon_threadsafe(reads_._loop.stop)
+        reads_._thread.join(5)
+    assert held[5] < 2_500_000, held  # six ranges given back, one running: at most two held
+
+
+def test_an_executors_client_makes_one_request_a_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK's own retries ran inside each call: a throttled shard got four GetRecords 20 ms
+    apart, unseen by the reader's pacing and counts. A local HTTP stub throttles every call."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from kclpy_spark.spark import range_tasks
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    targets: list[str] = []
+
+    class Throttling(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            targets.append(self.headers.get("X-Amz-Target", ""))
+            if targets[-1].endswith("GetShardIterator"):
+                code, body = 200, {"ShardIterator": "it-0"}
+            else:
+                code, body = 400, {"__type": "ProvisionedThroughputExceededException"}
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("content-type", "application/x-amz-json-1.1")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Throttling)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    reads_ = range_tasks.TaskReads()
+    reads_._frozen = True  # not this test process's heap
+    target = AwsTarget("us-east-1", f"http://127.0.0.1:{server.server_port}")
+    rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, esn(10), max_pages=1)
+    try:
+        [(_, outcome)] = list(reads_.reads([rng], target))
+    finally:
+        reads_._loop.call_soon_threadsafe(reads_._loop.stop)
+        reads_._thread.join(5)
+        server.shutdown()
+    assert not isinstance(outcome, BaseException)
+    end = outcome[1]
+    assert end.throttled == end.calls == 1  # it gave way at once, as the reader means to
+    assert sum(t.endswith("GetRecords") for t in targets) == 1
 
 
 # --- reads nobody answers (from a review) -----------------------------------------------------
