@@ -324,6 +324,9 @@ class Worker:
 
     async def _take_loop(self) -> None:
         while True:
+            # Cleared before the round: a wake-up asked during it (a shard ended, leases
+            # created) starts the next round at once instead of an interval later.
+            self._take_now.clear()
             try:
                 if not self.run_state.suspended:
                     await self.taker.round()
@@ -331,7 +334,6 @@ class Worker:
                 self._failed(exc, "lease taking failed: ")
             except Exception:
                 log.exception("worker %s: unexpected error taking leases", self.cfg.worker_id)
-            self._take_now.clear()
             await self.taker.wait(self._take_now, self.taker.interval())
 
     async def _renew_round(self) -> None:

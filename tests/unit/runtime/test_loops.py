@@ -136,3 +136,31 @@ def test_a_blocked_event_loop_is_told_of_and_counted(caplog: pytest.LogCaptureFi
     assert len(stalls) == 1
     assert [r.getMessage() for r in caplog.records if "event loop was blocked for 3.0 s" in
             r.getMessage()]  # fmt: skip
+
+
+def test_a_wake_up_asked_during_a_take_round_starts_the_next_round_at_once() -> None:
+    """The event was cleared after the round: a shard's end (its children to take) or new
+    leases told meanwhile waited out a whole take interval."""
+    wake = asyncio.Event()
+    rounds: list[int] = []
+
+    async def one_round() -> None:
+        rounds.append(len(rounds))
+        if len(rounds) == 1:
+            wake.set()  # a shard ended while this round ran
+        elif len(rounds) == 2:
+            raise asyncio.CancelledError
+
+    async def wait(event: asyncio.Event, interval: float) -> None:
+        if not event.is_set():
+            raise AssertionError(f"waited the interval ({interval} s) for a wake-up already told")
+
+    fake = SimpleNamespace(
+        run_state=SimpleNamespace(suspended=False),
+        taker=SimpleNamespace(round=one_round, wait=wait, interval=lambda: 30.0),
+        _take_now=wake,
+        cfg=SimpleNamespace(worker_id="w"),
+    )
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(Worker._take_loop(fake))  # type: ignore[arg-type]
+    assert rounds == [0, 1]
