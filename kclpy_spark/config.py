@@ -177,7 +177,10 @@ class WorkerConfig:
     @property
     def sqlite_path(self) -> Path | None:
         if self.lease_store.startswith("sqlite:"):  # "~" is the home folder, as in a shell
-            return Path(self.lease_store.removeprefix("sqlite:")).expanduser()
+            try:
+                return Path(self.lease_store.removeprefix("sqlite:")).expanduser()
+            except RuntimeError as exc:  # ~nosuchuser, or no home folder
+                raise ConfigError(f"config 'lease_store' {self.lease_store!r}: {exc}") from None
         return None
 
     def with_overrides(self, **overrides: Any) -> WorkerConfig:
@@ -232,9 +235,9 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         if not isinstance(value, str):
             raise TypeError
         return value
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # 1e400 is no float, nor inf an int
         raise ConfigError(
-            f"config {name!r} in {source} must be of type {kind}, got {value!r}"
+            f"config {name!r} in {source} must be of type {kind}, got {repr(value)[:100]}"
         ) from None
 
 

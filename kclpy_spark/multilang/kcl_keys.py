@@ -30,12 +30,17 @@ def as_bool(key: str, value: str) -> bool:
     raise ConfigError(f"property {key!r} must be true or false, got {value!r}")
 
 
-def as_int(key: str, value: str, *, low: int = 1, high: int | None = None) -> int:
-    if not re.fullmatch(r"[+-]?\d+", value):
-        raise ConfigError(f"property {key!r} must be a whole number, got {value!r}")
+JAVA_LONG_MAX = 2**63 - 1  # the KCL's largest number; a longer one overflowed float()
+
+
+def as_int(key: str, value: str, *, low: int = 1, high: int = JAVA_LONG_MAX) -> int:
+    if not re.fullmatch(r"[+-]?\d{1,30}", value):
+        raise ConfigError(f"property {key!r} must be a whole number, got {value[:40]!r}")
     number = int(value)
-    if number < low or (high is not None and number > high):
-        bounds = f">= {low}" if high is None else f"between {low} and {high}"
+    if number < low or number > high:
+        bounds = (
+            f">= {low}" if number < low and high == JAVA_LONG_MAX else f"between {low} and {high}"
+        )
         raise ConfigError(f"property {key!r} must be {bounds}, got {number}")
     return number
 

@@ -107,7 +107,8 @@ def live_workers(store: LeaseStore, owners: set[str], cfg: WorkerConfig) -> dict
     statuses = {owner: coordination.worker_status(store, owner) for owner in owners}
     max_age = status_max_age(cfg)
     now = time.time()
-    return {w: s for w, s in statuses.items() if is_live(s, now, max_age)}
+    # A record that says its worker stopped is no live worker, however fresh (as ``status``).
+    return {w: s for w, s in statuses.items() if is_live(s, now, max_age) and not s.get("stopped")}
 
 
 def open_store(cfg: WorkerConfig, *, writes_records: bool = False) -> LeaseStore:

@@ -409,6 +409,9 @@ def test_overrides_win_over_the_file() -> None:
         ({"maxRecords": "20000"}, "'maxRecords' must be between 1 and 10000"),
         ({"ignoreUnexpectedChildShards": "maybe"}, "'ignoreUnexpectedChildShards' must be true"),
         ({"timeoutInSeconds": "0"}, "'timeoutInSeconds' must be >= 1"),
+        # A traceback (OverflowError: int too large to convert to float), not one line:
+        ({"timeoutInSeconds": "1" + "0" * 400}, "'timeoutInSeconds' must be a whole number"),
+        ({"timeoutInSeconds": str(2**63)}, "'timeoutInSeconds' must be between 1 and"),
         ({"shutdownGraceMillis": "soon"}, "'shutdownGraceMillis' must be a whole number"),
         ({"initialPositionInStream": "EARLIEST"}, "'initialPositionInStream' must be"),
         ({"initialPositionInStream": "AT_TIMESTAMP"}, "initialPositionInStreamExtended"),

@@ -365,3 +365,16 @@ def test_a_sqlite_lease_store_under_the_home_folder(
     monkeypatch.setenv("HOME", str(tmp_path))
     cfg = WorkerConfig(stream_name="s", lease_store="sqlite:~/leases.db")
     assert cfg.sqlite_path == tmp_path / "leases.db"
+
+
+def test_a_home_folder_of_no_user_is_one_line() -> None:
+    """``sqlite:~nosuchuser/x.db``: a traceback (RuntimeError) instead of one line."""
+    cfg = WorkerConfig(stream_name="s", lease_store="sqlite:~no-such-user-here/leases.db")
+    with pytest.raises(ConfigError, match="'lease_store'"):
+        _ = cfg.sqlite_path
+
+
+def test_a_number_too_large_for_a_float_in_the_file_is_one_line(tmp_path: Path) -> None:
+    """A traceback (OverflowError) from the file, where a flag or variable gave one line."""
+    with pytest.raises(ConfigError, match="'failover_time'"):
+        layered(_toml(tmp_path, f'stream_name = "s"\nfailover_time = 1{"0" * 400}\n'), {}, {})

@@ -1050,3 +1050,17 @@ def test_a_reset_reopens_a_parked_lease() -> None:
     moved = reset_lease(parked, InitialPosition.trim_horizon())
     assert moved.closed_until is None and moved.closed_count == 0
     assert moved.checkpoint == TRIM_HORIZON
+
+
+def test_a_worker_whose_fresh_record_says_it_stopped_is_not_live() -> None:
+    """``status`` said "live workers: none" while ``reset`` refused for up to ~41 s: its
+    leases' owner had published ``stopped`` a moment ago."""
+    from kclpy_spark.config import WorkerConfig
+    from kclpy_spark.ops.commands import live_workers
+
+    store = _memory_store_with()
+    now = time.time()
+    coordination.publish_worker_status(store, "w-stopped", {"stopped": True}, now)
+    coordination.publish_worker_status(store, "w-running", {}, now)
+    live = live_workers(store, {"w-stopped", "w-running"}, WorkerConfig(stream_name="s1"))
+    assert set(live) == {"w-running"}
