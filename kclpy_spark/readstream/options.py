@@ -15,7 +15,7 @@ from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import InitialPosition
 from kclpy_spark.aws import arn_region, resolve_region
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.config_rules import APP_NAME, check_endpoint
+from kclpy_spark.config_rules import APP_NAME, REGION, check_endpoint
 from kclpy_spark.stream_spec import check_stream
 
 # option (as documented) -> what it sets; every value is a string, as Spark passes them
@@ -175,6 +175,8 @@ def _lease_store(given: str) -> str | None:
 
 
 def _region(given: str | None, arn: str | None, endpoint: str | None) -> str:
+    if given is not None and not REGION.match(given):  # taken as it was, failing much later
+        raise ConfigError(f"kinesis-kcl: option region is not an AWS region name: {given!r}")
     try:
         return resolve_region(given, arn_region(arn), None, endpoint)
     except ConfigError as exc:

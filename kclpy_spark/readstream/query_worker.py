@@ -37,7 +37,7 @@ from checkpoint.sequence import (
 from kclpy_spark.processor import ProcessRecordsInput, RecordProcessor, ShardEndedInput
 from kclpy_spark.readstream.leased import Ack, HeldShard
 from kclpy_spark.readstream.offsets import Start
-from kclpy_spark.retrieval.positions import LATEST_RESTART_MARGIN
+from kclpy_spark.retrieval.positions import LATEST_RESTART_MARGIN, no_time_of_its_own
 from kclpy_spark.retrieval.source import FetchedBatch, FetchProgress
 
 log = logging.getLogger(__name__)
@@ -121,9 +121,11 @@ def start_of(checkpoint: ESN, position: InitialPosition, wall: float) -> Start:
         return Start(checkpoint)
     if checkpoint == TRIM_HORIZON:
         return Start()
-    if checkpoint == AT_TIMESTAMP and position.timestamp is not None:
+    if checkpoint == AT_TIMESTAMP:  # without a time: as the daemon, never "now" (skipping)
+        if position.timestamp is None:
+            raise no_time_of_its_own()
         return Start(AT_TIMESTAMP, int(position.timestamp.timestamp() * 1000))
-    assert checkpoint in (LATEST, AT_TIMESTAMP)
+    assert checkpoint == LATEST
     # The consumer pinned ``wall - margin`` (a moment earlier) in the lease: twice the margin is
     # before that, so records between the two may come twice, never be skipped.
     return Start(AT_TIMESTAMP, int((wall - 2 * LATEST_RESTART_MARGIN) * 1000))

@@ -35,11 +35,7 @@ def iterator_args(
         return {"ShardIteratorType": "LATEST"}
     if sentinel is Sentinel.AT_TIMESTAMP:
         if initial_position.timestamp is None:  # a Java KCL's lease keeps no time
-            raise ConfigError(
-                "the lease is checkpointed at AT_TIMESTAMP without a time of its own, and no "
-                "AT_TIMESTAMP initial position (with its time) is configured: set one, or "
-                "`kclpy-spark reset` the lease"
-            )
+            raise no_time_of_its_own()
         return {"ShardIteratorType": "AT_TIMESTAMP", "Timestamp": initial_position.timestamp}
     # Always AT, as the KCL does: the checkpointed record may be a KPL aggregate whose later
     # sub-records were not processed yet (a checkpoint at (seq, 0) covers only its first one).
@@ -84,3 +80,12 @@ class StartArgs:
                 return args
         since = datetime.fromtimestamp(self._latest_since, tz=UTC)
         return {"ShardIteratorType": "AT_TIMESTAMP", "Timestamp": since}
+
+
+def no_time_of_its_own() -> ConfigError:
+    """An AT_TIMESTAMP lease (a Java KCL's keeps no time) under no AT_TIMESTAMP position."""
+    return ConfigError(
+        "the lease is checkpointed at AT_TIMESTAMP without a time of its own, and no "
+        "AT_TIMESTAMP initial position (with its time) is configured: set one, or "
+        "`kclpy-spark reset` the lease"
+    )

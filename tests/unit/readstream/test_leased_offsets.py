@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import (
     AT_TIMESTAMP,
     LATEST,
@@ -163,6 +164,15 @@ def test_a_consumers_start_becomes_a_planned_start(
     checkpoint: ESN, position: InitialPosition, expected: Start
 ) -> None:
     assert start_of(checkpoint, position, 100.0) == expected
+
+
+def test_an_at_timestamp_lease_without_a_time_is_refused_not_read_from_now() -> None:
+    """A Java KCL's AT_TIMESTAMP lease keeps no time: the query read it from the moment it took
+    it, skipping what came while no worker ran (the daemon refuses it with one line)."""
+    with pytest.raises(ConfigError, match="AT_TIMESTAMP without a time of its own"):
+        start_of(AT_TIMESTAMP, InitialPosition.latest(), 100.0)
+    at = InitialPosition.parse("AT_TIMESTAMP:1700000000")
+    assert start_of(AT_TIMESTAMP, at, 100.0) == Start(AT_TIMESTAMP, 1_700_000_000_000)
 
 
 class _Checkpointer:

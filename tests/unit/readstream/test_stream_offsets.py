@@ -312,6 +312,10 @@ def test_the_region_is_resolved_once_at_load_and_none_is_one_line(
     monkeypatch.setenv("AWS_REGION", "eu-west-1")
     assert SourceOptions.parse({"streamName": "s"}).region == "eu-west-1"
     assert SourceOptions.parse({"streamName": "s", "region": "us-west-2"}).region == "us-west-2"
+    # Taken as given: a botocore error from inside latestOffset, or blamed on leaseStore.
+    for extra in ({}, {"leaseStore": "sqlite:/tmp/x.db", "applicationName": "app"}):
+        with pytest.raises(ConfigError, match=r"^kinesis-kcl: option region is not an AWS region"):
+            SourceOptions.parse({"streamName": "s", "region": "eu west 1", **extra})
 
 
 @pytest.mark.parametrize(
