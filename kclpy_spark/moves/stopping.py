@@ -55,12 +55,12 @@ async def announce_stopping(w: StoppingWorker, io: Io) -> None:
             await io(w.leader.resign)
 
 
-async def let_new_owners_see(w: StoppingWorker) -> float:
+async def let_new_owners_see(w: StoppingWorker, left: float) -> float:
     """After handoffs were begun on stopping: keep processing for one of the new owners' scan
-    intervals and a second (at most half the shutdown grace), so that each has found the lease
-    being handed to it and watches it when our processor checkpoints; it then starts within
-    HANDOFF_POLL. Returns the seconds waited."""
-    wait = min(w.timing.take_interval + 2 * HANDOFF_POLL, w.cfg.shutdown_grace / 2)
+    intervals and a second (at most half the grace ``left``: the processors' checkpoints need
+    the rest), so that each has found the lease being handed to it and watches it when our
+    processor checkpoints; it then starts within HANDOFF_POLL. Returns the seconds waited."""
+    wait = max(0.0, min(w.timing.take_interval + 2 * HANDOFF_POLL, left / 2))
     log.info("worker %s: processing on for %.1f s while the new owners find the leases handed "
              "to them", w.cfg.worker_id, wait)  # fmt: skip
     await w.sleep(wait)

@@ -263,8 +263,8 @@ class Worker:
             # failover time on a slow table) come out of the same grace.
             grace -= self.clock.monotonic() - began
             if handed:  # lease moves now wait for the processors' checkpoints
-                grace -= await let_new_owners_see(self)
-            await self.consumers.shutdown_all(grace)
+                grace -= await let_new_owners_see(self, grace)
+            await self.consumers.shutdown_all(max(0.0, grace))
             try:  # renewals go on until each lease is given back (none expires meanwhile)
                 await release_all(self, self._io)
             finally:

@@ -1018,3 +1018,25 @@ def test_a_handoff_to_a_worker_that_is_stopping_too_is_taken_back_at_release() -
     assert owners == {"to-stopping": (None, None), "to-running": ("c", None),
                       "to-kcl": ("java", None), "to-suspended": (None, None)}  # fmt: skip
     assert not w.holder.held()
+
+
+@pytest.mark.parametrize(("left", "waited"), [(20.0, 6.5), (4.0, 2.0), (-3.0, 0.0)])
+def test_a_stop_lets_new_owners_see_for_at_most_half_the_grace_left(
+    left: float, waited: float
+) -> None:
+    """It waited a share of the configured grace whatever the stop's slow writes had spent of
+    it, and the processors then got none (cancelled without their shutdown checkpoint)."""
+    from kclpy_spark.moves.stopping import let_new_owners_see
+
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    w = SimpleNamespace(
+        timing=SimpleNamespace(take_interval=5.5),
+        cfg=SimpleNamespace(worker_id="w", shutdown_grace=20.0),
+        sleep=sleep,
+    )
+    assert asyncio.run(let_new_owners_see(w, left)) == waited  # type: ignore[arg-type]
+    assert slept == [waited]
