@@ -69,6 +69,28 @@ async def let_new_owners_see(w: StoppingWorker, left: float) -> float:
     return wait
 
 
+async def _give_back_untaken(w: StoppingWorker, io: Io) -> None:
+    """Evict the leases the table says are ours that this worker never took (assigned by the
+    leader, or handed to us, after its last look): nobody read them until they counted as
+    expired, twice the failover time for a lease just moved. A lease mid-handoff is left to its
+    old owner (it releases instead of handing to a worker that stopped). Each conditional on
+    its counter; a failure leaves that lease to expire, as before."""
+    me = w.cfg.worker_id
+    try:
+        keys = await io(w.store.list_lease_keys_by_owner, me)
+        held = {h.lease_key for h in w.holder.held()}
+        for key in sorted(set(keys) - held):
+            lease = await io(w.store.get_lease, key)
+            if lease is None or lease.lease_owner != me or lease.checkpoint_owner is not None:
+                continue
+            if await io(w.store.evict_lease, lease) is not None:
+                w.events.add(key, "released", "assigned to a stopping worker, never taken")
+                log.info("worker %s gave back lease %s, ours but never taken", me, key)
+    except KclpySparkError as exc:
+        log.warning("worker %s: leases ours but never taken were not given back (%s); they "
+                    "expire instead", me, exc)  # fmt: skip
+
+
 async def _release(w: StoppingWorker, io: Io, held: HeldLease, stopping: set[str]) -> None:
     target = held.lease.lease_owner if held.lease.handoff_pending else None
     take_back = target in stopping
@@ -125,6 +147,7 @@ async def release_all(w: StoppingWorker, io: Io, *, resign: bool = True) -> None
     to expire (the caller keeps renewing meanwhile)."""
     stopping = await _stopping_targets(w, io)
     await asyncio.gather(*(_release(w, io, held, stopping) for held in w.holder.held()))
+    await _give_back_untaken(w, io)
     if not resign:
         return
     with contextlib.suppress(KclpySparkError):

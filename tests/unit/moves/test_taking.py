@@ -1040,3 +1040,23 @@ def test_a_stop_lets_new_owners_see_for_at_most_half_the_grace_left(
     )
     assert asyncio.run(let_new_owners_see(w, left)) == waited  # type: ignore[arg-type]
     assert slept == [waited]
+
+
+def test_a_stopping_worker_gives_back_the_leases_ours_that_it_never_took() -> None:
+    """Assigned to us by the leader (or handed to us) after our last look, and then we stop:
+    nobody read them until they counted as expired, twice the failover time for a lease just
+    moved. A lease still mid-handoff to us is its old owner's to settle."""
+    from kclpy_spark.moves.stopping import release_all
+
+    table = MemoryLeaseTable()
+    w = worker(table, Consumers())
+    held = w.holder.add_taken(table.take_lease(put(table, "held"), ME))  # type: ignore[arg-type]
+    assert held is not None
+    table.take_lease(put(table, "assigned"), ME)  # the leader's write: ours, never taken here
+    peer = table.take_lease(put(table, "handing"), "peer")
+    assert peer is not None and table.initiate_handoff(peer, ME) is not None
+    table.take_lease(put(table, "theirs"), "peer")
+    asyncio.run(release_all(w, io, resign=False))
+    owners = {x.lease_key: (x.lease_owner, x.checkpoint_owner) for x in table.list_leases()}
+    assert owners == {"held": (None, None), "assigned": (None, None),
+                      "handing": (ME, "peer"), "theirs": ("peer", None)}  # fmt: skip
