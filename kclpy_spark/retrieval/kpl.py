@@ -61,7 +61,7 @@ class KplCounters:
     aggregates: int = 0  # valid aggregated records seen
     sub_records: int = 0  # sub-records delivered
     skipped_resumed: int = 0  # records at or before the resume checkpoint
-    skipped_out_of_range: int = 0  # sub-records whose hash key is outside the shard's range
+    skipped_out_of_range: int = 0  # sub-records of aggregates with one outside the shard's range
     corrupt: int = 0  # aggregates that could not be decoded
 
 
@@ -226,8 +226,11 @@ def partition_key_hash(partition_key: str) -> int:
 def _split(
     record: Record, hash_range: HashKeyRange | None, counters: KplCounters, shard_id: str | None
 ) -> list[Record]:
-    """The sub-records of one aggregated record that lie in ``hash_range``; raises
-    CorruptAggregateError. Each sub-record left out is logged at WARNING and counted."""
+    """The sub-records of one aggregated record, or none when one of them lies outside
+    ``hash_range`` (as the KCL: the KPL puts every user record of an aggregate that reached
+    the wrong shard again, each to its own shard; its in-range ones delivered from here too
+    came twice); raises CorruptAggregateError. An aggregate left out is logged at WARNING and
+    its sub-records counted."""
     pks, ehks, subs = decode(_aggregate_body(record))
     # Check every index before making any record: an aggregate is delivered whole or not at all.
     for pk_index, ehk_index, _ in subs:
@@ -248,7 +251,8 @@ def _split(
             continue
         out.append(Record(data, pks[pk_index], seq, i, millis))
     if outside:
-        counters.skipped_out_of_range += len(outside)
+        counters.skipped_out_of_range += len(subs)
+        out = []
         pk_index, ehk_index, _ = subs[outside[0]]
         hash_key = (
             f"explicit hash key {ehks[ehk_index]}"
@@ -258,9 +262,10 @@ def _split(
         # One line an aggregate (a producer aggregating across shards gave one a sub-record).
         log.warning(
             "shard %s: %d of the %d KPL sub-records of %s lie outside the shard's hash range "
-            "%d..%d (the first, %d, has %s); skipped, as the KCL skips them: the KPL sends "
-            "such records again to their own shard, another aggregator may not, and then no "
-            "reader delivers them (counted in kclpy_spark_kpl_subrecords_out_of_range)",
+            "%d..%d (the first, %d, has %s); the aggregate is skipped whole, as the KCL skips "
+            "it: the KPL puts its records again, each to its own shard; another aggregator may "
+            "not, and then no reader delivers them (counted in "
+            "kclpy_spark_kpl_subrecords_out_of_range)",
             shard_id or "?",
             len(outside),
             len(subs),

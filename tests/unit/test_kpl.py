@@ -204,7 +204,10 @@ def test_an_aggregate_checkpointed_part_way_is_given_whole_when_not_deaggregated
 # --- hash-range filtering -----------------------------------------------------------------------
 
 
-def test_sub_records_with_explicit_hash_keys_outside_the_range_are_skipped() -> None:
+def test_an_aggregate_with_a_sub_record_outside_the_range_is_skipped_whole() -> None:
+    """As the KCL (AggregatorUtil.deaggregate): the KPL puts every user record of an aggregate
+    that reached the wrong shard again, each to its own shard; delivering its in-range ones
+    from here too delivered them twice."""
     users = [
         UserRecord("a", b"in-low", str(HALF - 1)),
         UserRecord("b", b"out", str(HALF)),
@@ -212,18 +215,18 @@ def test_sub_records_with_explicit_hash_keys_outside_the_range_are_skipped() -> 
         UserRecord("d", b"out-max", str(MAX_HASH_KEY)),
     ]
     counters = KplCounters()
+    routed_well = [UserRecord("e", b"in", "7"), UserRecord("f", b"in-too", str(HALF - 2))]
     out = deaggregate(
-        [agg_record(users, "3")],
+        [agg_record(users, "3"), agg_record(routed_well, "4")],
         hash_range=HashKeyRange(0, HALF - 1),
         after=None,
         counters=counters,
     )
-    # Survivors keep their index in the aggregate as sub-sequence number.
-    assert [(r.sub_sequence_number, r.binary_data) for r in out] == [
-        (0, b"in-low"),
-        (2, b"in-zero"),
+    assert [(r.sequence_number, r.sub_sequence_number, r.binary_data) for r in out] == [
+        ("4", 0, b"in"),
+        ("4", 1, b"in-too"),
     ]
-    assert counters.skipped_out_of_range == 2 and counters.sub_records == 2
+    assert counters.skipped_out_of_range == 4 and counters.sub_records == 2
 
 
 def test_skipped_sub_records_are_logged_once_an_aggregate_and_reported(
@@ -244,8 +247,8 @@ def test_skipped_sub_records_are_logged_once_an_aggregate_and_reported(
     )
     caplog.set_level(logging.WARNING, logger="kclpy_spark.retrieval.kpl")
     out = deagg([agg_record(users, "77")], None)
-    assert [r.binary_data for r in out] == [b"in"]
-    assert reported == [2]
+    assert out == []  # skipped whole
+    assert reported == [3]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "shardId-000000000007" in warnings[0] and "2 of the 3" in warnings[0]
@@ -254,18 +257,23 @@ def test_skipped_sub_records_are_logged_once_an_aggregate_and_reported(
 
 def test_without_an_explicit_key_the_partition_key_md5_decides() -> None:
     low, high = keys_by_half(3)
-    users = [UserRecord(k, k.encode()) for pair in zip(low, high, strict=True) for k in pair]
     upper = HashKeyRange(HALF, MAX_HASH_KEY)
-    out = deaggregate([agg_record(users)], hash_range=upper, after=None)
+    highs = [UserRecord(k, k.encode()) for k in high]
+    out = deaggregate([agg_record(highs)], hash_range=upper, after=None)
     assert [r.partition_key for r in out] == high
-    assert [r.sub_sequence_number for r in out] == [1, 3, 5]
+    assert [r.sub_sequence_number for r in out] == [0, 1, 2]
+    mixed = [UserRecord(k, k.encode()) for k in (*high, low[0])]
+    assert deaggregate([agg_record(mixed)], hash_range=upper, after=None) == []
 
 
 def test_an_explicit_key_wins_over_the_partition_key() -> None:
     low, high = keys_by_half(1)
-    users = [UserRecord(low[0], b"kept", str(HALF + 5)), UserRecord(high[0], b"gone", "1")]
-    out = deaggregate([agg_record(users)], hash_range=HashKeyRange(HALF, MAX_HASH_KEY), after=None)
+    upper = HashKeyRange(HALF, MAX_HASH_KEY)
+    kept = [UserRecord(low[0], b"kept", str(HALF + 5))]
+    out = deaggregate([agg_record(kept)], hash_range=upper, after=None)
     assert [r.binary_data for r in out] == [b"kept"]
+    gone = [UserRecord(high[0], b"gone", "1")]
+    assert deaggregate([agg_record(gone)], hash_range=upper, after=None) == []
 
 
 @pytest.mark.parametrize("hash_range", [None, HashKeyRange(0, MAX_HASH_KEY)])
@@ -354,7 +362,7 @@ def test_a_deaggregator_keeps_running_totals() -> None:
     users = [UserRecord("a", b"1", "1"), UserRecord("b", b"2", str(HALF))]
     deagg([agg_record(users, "1")], None)
     deagg([agg_record(users, "2"), plain("3")], ExtendedSequenceNumber("1", 5))
-    assert deagg.counters == KplCounters(aggregates=2, sub_records=2, skipped_out_of_range=2)
+    assert deagg.counters == KplCounters(aggregates=2, sub_records=0, skipped_out_of_range=4)
 
 
 # --- wiring: the polling fetcher deaggregates and resumes inside an aggregate ---------------------
