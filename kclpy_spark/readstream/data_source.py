@@ -187,12 +187,31 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             found[sid] = pin
         return found
 
+    def _check_pins_kept(self, offset: SourceOffset, pins: DirectoryPins) -> None:
+        """A batch Spark replays after a restart (not planned by this process) needs the pins
+        of the run: the batch's own, or at least its predecessor's (kept while the batch after
+        it is planned). Neither there: the folder is not the one the query ran with (a new
+        working folder, pod or ``pinLocation``); read afresh, the replay would read other
+        records than the batch it replaces (a sink keeping the first write of a batch id then
+        skips or doubles the difference)."""
+        run, batch = offset.run, offset.batch
+        if (run, batch) == self._planned_here or batch < 1 or pins.planned(run, batch):
+            return
+        if not pins.planned(run, batch - 1):
+            raise KclpySparkError(
+                f"kinesis-kcl: batch {batch} of run {run} is replayed, but the pins of its run "
+                f"are not in {self._options.pin_location} (pinLocation changed, or a relative "
+                "one under another working folder: give the query's pinLocation, an absolute "
+                "folder the driver and the executors share)"
+            )
+
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[RangePartition]:
         """The batch's ranges, ``shardsPerTask`` to a partition: a task reads its ranges side by
         side (each paced by its shard's limits, so one shard alone leaves a core waiting)."""
         offset = SourceOffset.from_json(end)
         o = self._options
         pins = self._pins()
+        self._check_pins_kept(offset, pins)
         pins.mark_planned(offset.run, offset.batch)
         leases = self._lease_driver()
         if leases is not None:

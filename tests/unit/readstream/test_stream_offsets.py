@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from checkpoint.base.errors import ConfigError
+from checkpoint.base.errors import ConfigError, KclpySparkError
 from checkpoint.lease import HashKeyRange
 from checkpoint.sequence import AT_TIMESTAMP, ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.readstream.offsets import (
@@ -281,6 +281,20 @@ def test_a_batch_puts_shards_per_task_ranges_in_each_partition(tmp_path: Path) -
     assert reader._pins().planned("run", 4)
 
 
+def test_a_replay_without_its_runs_pins_is_one_line_not_other_records(tmp_path: Path) -> None:
+    """Restarted with another pin folder (a relative pinLocation under a new working folder, a
+    new pod): the replayed batch was planned and read afresh, other records than the batch it
+    replaced, and a sink keeping the first write of a batch id skipped or doubled them."""
+    reader: Any = _reader(tmp_path)
+    reader._lister = CountingLister()
+    plans = {"s0": ShardPlan(Start(ESN("150")), True)}
+    end = SourceOffset("run", 4, 1_000, None, plans).to_json()
+    with pytest.raises(KclpySparkError, match="batch 4 of run run is replayed, but the pins"):
+        reader.partitions(end, end)
+    first = SourceOffset("run", 0, 1_000, None, plans).to_json()
+    assert reader.partitions(first, first)  # a run's first batch has no predecessor to ask
+
+
 def test_a_replayed_batch_leaves_out_a_shard_that_aged_out_since(tmp_path: Path) -> None:
     """A query down past the retention across a reshard: Spark replays the batch it planned
     before, with a shard the stream no longer holds, whose read failed every task, and the
@@ -289,6 +303,7 @@ def test_a_replayed_batch_leaves_out_a_shard_that_aged_out_since(tmp_path: Path)
     reader._lister = lister = CountingLister()  # lists s0 only
     plans = {sid: ShardPlan(Start(ESN("150")), True) for sid in ("s0", "gone")}
     end = SourceOffset("run", 4, 1_000, None, plans).to_json()
+    reader._pins().mark_planned("run", 3)  # the run's pin folder, as the query left it
     parts = reader.partitions(end, end)  # not planned here: a replay
     read = [json.loads(r)["shard_id"] for p in parts for r in json.loads(p.value)["ranges"]]
     assert read == ["s0"] and lister.calls == 1
