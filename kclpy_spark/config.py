@@ -266,9 +266,18 @@ def layered(
     environment (set and not empty), else the file, else its default (``streams`` only from the
     file)."""
     values = toml_table(path) if path is not None else {}
-    values.update(environment_values(environ))
-    values.update({k: _coerce(k, v, "command line") for k, v in flags.items() if v is not None})
+    given = {k: _coerce(k, v, "command line") for k, v in flags.items() if v is not None}
+    for layer in (environment_values(environ), given):
+        # The stream is one setting in three keys: a layer that names it replaces the lower
+        # layers' (a flag's stream_name beside the file's stream_arn was refused as two streams).
+        if STREAM_KEYS & layer.keys():
+            for key in STREAM_KEYS:
+                values.pop(key, None)
+        values.update(layer)
     return WorkerConfig(**values)
+
+
+STREAM_KEYS = frozenset({"stream_name", "stream_arn", "streams"})
 
 
 def environment_values(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -202,7 +202,9 @@ def render() -> str:
         "",
         "Top-level keys of the TOML file (or a `[kclpy_spark]` table). Each can also be set as "
         "`KCLPY_SPARK_<KEY>` in the environment; a flag beats the variable, the variable beats "
-        "the file, the file beats the default. For an amazon-kclpy `.properties` file, the "
+        "the file, the file beats the default (the stream is one setting: a layer naming "
+        "`stream_name`, `stream_arn` or `[[streams]]` replaces the stream of the layers below "
+        "it). For an amazon-kclpy `.properties` file, the "
         "KCL's key is named where one exists; `kclpyspark.<key>` sets any key there.",
         "",
         *_table(WorkerConfig, worker_rows, defaults={}, worker=True),

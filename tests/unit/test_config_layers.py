@@ -51,6 +51,20 @@ def test_a_flag_beats_the_environment_which_beats_the_file(tmp_path: Path) -> No
     assert cfg.max_leases_to_steal == WorkerConfig.max_leases_to_steal  # the default
 
 
+def test_a_flag_or_variable_naming_the_stream_replaces_the_files_stream(tmp_path: Path) -> None:
+    """The stream is one setting in three keys: a flag's stream_name beside the file's
+    stream_arn (or [[streams]]) was refused as two streams, against the documented order."""
+    arn_file = _toml(tmp_path, f'stream_arn = "{ARN}"\nregion = "ap-south-1"\n')
+    assert layered(arn_file, {}, {"stream_name": "new"}).stream == "new"
+    assert layered(arn_file, {"KCLPY_SPARK_STREAM_NAME": "new"}, {}).stream == "new"
+    many = tmp_path / "many.toml"
+    many.write_text('[[streams]]\nstream_name = "a"\n[[streams]]\nstream_name = "b"\n')
+    cfg = layered(many, {}, {"stream_name": "one"})
+    assert (cfg.streams, cfg.stream) == ((), "one")
+    named = _toml(tmp_path, 'stream_name = "old"\n')
+    assert layered(named, {}, {"stream_arn": ARN}).stream_arn == ARN
+
+
 def test_the_environment_alone_can_name_the_stream(tmp_path: Path) -> None:
     cfg = layered(None, {"KCLPY_SPARK_STREAM_NAME": "s", "KCLPY_SPARK_LEASE_STORE": "memory",
                          "KCLPY_SPARK_INITIAL_POSITION": "TRIM_HORIZON"}, {})  # fmt: skip
