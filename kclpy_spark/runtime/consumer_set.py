@@ -260,6 +260,8 @@ class ConsumerSet:
     def _done(self, key: str, task: asyncio.Task[Outcome]) -> None:
         running = self.running.pop(key, None)
         self.changes += 1
+        hand_back = key in self._hand_back
+        self._hand_back.discard(key)  # whatever the end: a later tenure is not handed back
         if running is not None:
             self._remember(key, running.consumer.stats)
         if task.cancelled():
@@ -277,12 +279,11 @@ class ConsumerSet:
         if outcome is Outcome.SHARD_END:
             self._counters.increment(Counter.PARTITIONS_COMPLETED)
             self._on_shard_end()  # the children may be ready for someone: look now
-        elif outcome is Outcome.SHUTDOWN and key in self._hand_back:
+        elif outcome is Outcome.SHUTDOWN and hand_back:
             self._in_background(key, "its stream is no longer configured")
         elif outcome is Outcome.LEASE_LOST:
             self._counters.increment(Counter.PARTITION_NOT_OWNED_ERRORS)
             self._holder.drop(key, None if running is None else running.consumer.token)
-        self._hand_back.discard(key)
 
     def _drain(self, key: str, thread: asyncio.Future[Any] | None) -> None:
         if thread is None:

@@ -367,6 +367,30 @@ def test_a_consumer_cancelled_by_no_one_here_releases_its_lease() -> None:
         release.set()
 
 
+def test_a_lease_to_hand_back_is_forgotten_however_its_consumer_ends() -> None:
+    """A removed stream's consumer cancelled by a stop's grace (or failing) kept its key in
+    the hand-back set for good: a later tenure of that lease ending at a handoff was released
+    again in the background, racing the handoff."""
+    release = threading.Event()
+    env = Env(HeldUntil(release))
+    key = "shardId-000000000000"
+
+    async def go() -> None:
+        env.start(key, [batch(10)])
+        await settle(env.processor.entered.is_set)
+        env.set.hand_back(SimpleNamespace(owns=lambda held: True))  # type: ignore[arg-type]
+        assert env.set._hand_back == {key}
+        await env.set.shutdown_all(0.05)  # the grace ran out: cancelled
+        release.set()
+        await settle(lambda: key not in env.set)
+        assert env.set._hand_back == set()
+
+    try:
+        asyncio.run(go())
+    finally:
+        release.set()
+
+
 def test_a_shard_whose_reads_went_silent_shows_no_lag_rather_than_its_last() -> None:
     """The lag gauge kept its last value (often 0) while reads failed or were throttled: a lag
     alert never fired while the shard fell behind. Past the stall time its series goes, until
