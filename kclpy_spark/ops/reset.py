@@ -115,9 +115,23 @@ def _write_reset(store: LeaseStore, before: Lease, after: Lease, target: Initial
         fresh = store.get_lease(before.lease_key)
         if fresh is None or fresh.checkpoint.is_shard_end:
             return False
-        if store.update_lease(reset_lease(fresh, target)) is not None:
+        if fresh.lease_owner is None:
+            if store.update_lease(reset_lease(fresh, target)) is not None:
+                return True
+            continue
+        # Held: taken from its holder first. A write that keeps the owner at the next counter
+        # is what a KCL worker takes for its own renewal landed late: it processed on from
+        # memory and its next checkpoint wrote over the reset. An owner change is the lease
+        # lost to every worker; reset, the lease is then left free for anyone to take.
+        taken = store.take_lease(fresh, RESET_OWNER)
+        written = None if taken is None else store.update_lease(reset_lease(taken, target))
+        if written is not None:
+            store.evict_lease(written)  # else it expires, unrenewed, a failover time later
             return True
     return False
+
+
+RESET_OWNER = "kclpy-spark-reset"  # the owner of a held lease while `reset --force` writes it
 
 
 def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
