@@ -399,7 +399,10 @@ class Taker:
         workers (those the scan shows renewing: a stopping worker hands its leases to them) and
         their lease counts."""
         w = self._w
-        scan = self._observer.observe(open_leases, w.clock.monotonic(), w.clock.wall())
+        ours = self._status_written  # our workers take what is moved to them within seconds
+        scan = self._observer.observe(
+            open_leases, w.clock.monotonic(), w.clock.wall(), prompt=ours.__contains__
+        )
         self.suspects.observe(scan, self.running)
         self._live = {o: n for o, n in scan.owner_counts.items() if o != w.cfg.worker_id}
         self._ours = {str(x.lease_owner) for x in open_leases if x.write_time is not None}
