@@ -21,7 +21,7 @@ from typing import Any
 from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import InitialPosition
 from kclpy_spark.config_checks import check
-from kclpy_spark.stream_spec import StreamSpec
+from kclpy_spark.stream_spec import STREAM_ARN, StreamSpec
 
 DEFAULT_LEASE_STORE = "sqlite:.kclpy-spark/leases.db"
 # us-east-1, eu-central-2, us-gov-west-1, cn-northwest-1, us-isob-east-1 ...
@@ -268,16 +268,33 @@ def layered(
     values = toml_table(path) if path is not None else {}
     given = {k: _coerce(k, v, "command line") for k, v in flags.items() if v is not None}
     for layer in (environment_values(environ), given):
-        # The stream is one setting in three keys: a layer that names it replaces the lower
-        # layers' (a flag's stream_name beside the file's stream_arn was refused as two streams).
-        if STREAM_KEYS & layer.keys():
-            for key in STREAM_KEYS:
-                values.pop(key, None)
+        drop_other_streams(values, layer)
         values.update(layer)
     return WorkerConfig(**values)
 
 
 STREAM_KEYS = frozenset({"stream_name", "stream_arn", "streams"})
+
+
+def drop_other_streams(values: dict[str, Any], layer: Mapping[str, Any]) -> None:
+    """The stream is one setting in three keys: a layer that names a stream drops the lower
+    layers' keys that name another (a flag's stream_name beside the file's stream_arn of
+    another stream was refused as two streams); a key naming the same stream stays (the
+    file's ARN of a stream in another account, with its name given again)."""
+    if not STREAM_KEYS & layer.keys():
+        return
+    names = {_stream_name(k, v) for k, v in layer.items() if k in ("stream_name", "stream_arn")}
+    for key in STREAM_KEYS - layer.keys():
+        if key in values and (key == "streams" or _stream_name(key, values[key]) not in names):
+            del values[key]
+
+
+def _stream_name(key: str, value: Any) -> str | None:
+    """The stream a ``stream_name`` or ``stream_arn`` value names (None: none, or malformed)."""
+    if key == "stream_name":
+        return value if isinstance(value, str) and value else None
+    match = STREAM_ARN.match(value) if isinstance(value, str) else None
+    return match.group(1) if match else None
 
 
 def environment_values(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -68,6 +68,11 @@ class StreamSpec:
         return match.group(1)
 
     @property
+    def account(self) -> str | None:
+        """The stream's account, when its ARN names it."""
+        return str(self.stream_arn).split(":")[4] if self.stream_arn else None
+
+    @property
     def request(self) -> dict[str, str]:
         """The stream argument of Kinesis calls."""
         return (

@@ -36,7 +36,13 @@ from typing import Any
 from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import InitialPosition, Position
 from kclpy_spark.aws import is_aws_host
-from kclpy_spark.config import ENV_PREFIX, WorkerConfig, environment_values, from_mapping
+from kclpy_spark.config import (
+    ENV_PREFIX,
+    WorkerConfig,
+    drop_other_streams,
+    environment_values,
+    from_mapping,
+)
 from kclpy_spark.multilang.javaprops import parse_properties, read_properties_file
 from kclpy_spark.multilang.kcl_keys import (
     CHAIN_PROVIDERS,
@@ -404,12 +410,16 @@ def _over_the_file(
     environ: Mapping[str, str],
     overrides: Mapping[str, Any],
 ) -> None:
-    """The environment's ``KCLPY_SPARK_<KEY>`` over the file's keys, then the flags'."""
-    for name, value in environment_values(environ).items():
+    """The environment's ``KCLPY_SPARK_<KEY>`` over the file's keys, then the flags' (a layer
+    naming another stream drops the file's stream keys, as over a TOML file)."""
+    env = environment_values(environ)
+    drop_other_streams(values, env)
+    for name, value in env.items():
         values[name], keys[name] = value, f"{ENV_PREFIX}{name.upper()}"
-    for name, value in overrides.items():
-        if value is not None:
-            values[name], keys[name] = value, f"--{name.replace('_', '-')}"
+    given = {name: value for name, value in overrides.items() if value is not None}
+    drop_other_streams(values, given)
+    for name, value in given.items():
+        values[name], keys[name] = value, f"--{name.replace('_', '-')}"
 
 
 def config_from_properties(

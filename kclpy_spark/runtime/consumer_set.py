@@ -265,10 +265,15 @@ class ConsumerSet:
         if running is not None:
             self._remember(key, running.consumer.stats)
         if task.cancelled():
-            self._drain(key, None if running is None else running.consumer.call_running())
+            call = None if running is None else running.consumer.call_running()
+            self._drain(key, call)
             if not self._cancelling:  # a CancelledError nobody here asked for ended the task
                 log.error("shard consumer for %s was cancelled unasked; releasing the lease", key)
-                self._in_background(key, "its consumer was cancelled unasked")
+                why = "its consumer was cancelled unasked"
+                if call is None:
+                    self._in_background(key, why)
+                else:  # not while its call still runs: another worker would run the shard too
+                    call.add_done_callback(lambda _: self._in_background(key, why))
             return
         exc = task.exception()
         if exc is not None:  # run() handles every failure; this is a bug in the handling itself

@@ -386,6 +386,18 @@ def test_worker_identifier_is_the_kcls_name_for_worker_id() -> None:
     assert cfg.worker_id == "host-7"
 
 
+def test_a_variable_or_flag_naming_another_stream_replaces_the_files() -> None:
+    """As over a TOML file: the file's streamName beside a KCLPY_SPARK_STREAM_ARN of another
+    stream was refused as two streams."""
+    arn = "arn:aws:kinesis:eu-west-1:123456789012:stream/other"
+    env = {"KCLPY_SPARK_STREAM_ARN": arn, "KCLPY_SPARK_REGION": "eu-west-1"}
+    cfg, _ = config_from_properties(BASE, folder=Path("."), environ=env)
+    assert (cfg.stream_arn, cfg.stream_name) == (arn, None)
+    cfg, _ = config_from_properties(BASE, folder=Path("."), environ={},
+                                    overrides={"stream_name": "third"})  # fmt: skip
+    assert cfg.stream == "third"
+
+
 def test_overrides_win_over_the_file() -> None:
     cfg, _ = config_from_properties(
         {**BASE, "workerId": "from-file", "kinesisEndpoint": "http://a:1"},

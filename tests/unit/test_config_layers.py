@@ -63,6 +63,10 @@ def test_a_flag_or_variable_naming_the_stream_replaces_the_files_stream(tmp_path
     assert (cfg.streams, cfg.stream) == ((), "one")
     named = _toml(tmp_path, 'stream_name = "old"\n')
     assert layered(named, {}, {"stream_arn": ARN}).stream_arn == ARN
+    # Naming the same stream again keeps the file's ARN (another account's stream).
+    arn_file = _toml(tmp_path, f'stream_arn = "{ARN}"\nregion = "ap-south-1"\n')
+    same = layered(arn_file, {"KCLPY_SPARK_STREAM_NAME": "orders"}, {"stream_name": "orders"})
+    assert (same.stream_arn, same.stream_name) == (ARN, "orders")
 
 
 def test_the_environment_alone_can_name_the_stream(tmp_path: Path) -> None:

@@ -1030,7 +1030,8 @@ def test_a_reset_changes_only_the_leases_of_the_configured_streams(
     from kclpy_spark.config import WorkerConfig
     from kclpy_spark.ops import reset
 
-    keys = ["1:a:100:shardId-0", "1:b:200:shardId-0", "shardId-7"]
+    keys = ["123456789012:a:100:shardId-0", "123456789012:b:200:shardId-0", "shardId-7",
+            "999999999999:a:300:shardId-0"]  # fmt: skip
     store = _memory_store_with(*(Lease(key, SEQ) for key in keys))
     monkeypatch.setattr(reset, "open_store", lambda cfg, writes_records=False: store)
     args = argparse.Namespace(to="LATEST", shard=None, force=False, yes=True)
@@ -1038,12 +1039,15 @@ def test_a_reset_changes_only_the_leases_of_the_configured_streams(
     multi = WorkerConfig(streams=(StreamSpec(stream_arn=arn),), lease_store="memory")
     assert reset.reset_command(args, multi) == 0
     after = {key: store.get_lease(key).checkpoint for key in keys}  # type: ignore[union-attr]
-    assert after == {keys[0]: LATEST, keys[1]: SEQ, keys[2]: SEQ}
+    assert after == {keys[0]: LATEST, keys[1]: SEQ, keys[2]: SEQ, keys[3]: SEQ}
+    by_name = WorkerConfig(streams=(StreamSpec(stream_name="a"),), lease_store="memory")
+    assert reset.reset_command(args, by_name) == 0  # no account named: each stream "a"
+    assert store.get_lease(keys[3]).checkpoint == LATEST  # type: ignore[union-attr]
     monkeypatch.setattr(reset, "_stream_lister", lambda cfg: None)
     single = WorkerConfig(stream_name="s1", lease_store="memory")
     assert reset.reset_command(args, single) == 0
     after = {key: store.get_lease(key).checkpoint for key in keys}  # type: ignore[union-attr]
-    assert after == {keys[0]: LATEST, keys[1]: SEQ, keys[2]: LATEST}
+    assert after == {keys[0]: LATEST, keys[1]: SEQ, keys[2]: LATEST, keys[3]: LATEST}
 
 
 def test_a_reset_reopens_a_parked_lease() -> None:

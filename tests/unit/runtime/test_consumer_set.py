@@ -356,6 +356,10 @@ def test_a_consumer_cancelled_by_no_one_here_releases_its_lease() -> None:
         env.start(key, [batch(10)])
         await settle(env.processor.entered.is_set)
         env.set.running[key].task.cancel()
+        await settle(lambda: key not in env.set.running)
+        for _ in range(20):  # not while its call runs on: another worker would run it too
+            await asyncio.sleep(0.005)
+        assert env.table.get_lease(key).lease_owner == "worker-a"  # type: ignore[union-attr]
         release.set()
         await settle(lambda: key not in env.set and not env.set._background)
         assert env.holder.get_if_held(key) is None
