@@ -287,6 +287,8 @@ class Checkpointer:
         self._held_or_raise()
         with self._lock:
             largest, at_end = self._largest_permitted, self._at_shard_end
+        if sequence_number == SHARD_END.sequence_number and at_end is not None:
+            return SHARD_END  # the KCL takes the sentinel's own name at a closed shard's end
         if sequence_number is None:
             target = largest
         else:

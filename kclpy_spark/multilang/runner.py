@@ -204,6 +204,13 @@ def build_factory(
                 "kcl.KCLProcess(SomeClass())); name it: --in-process module:Class"
             )
         processor = f"{script}:{name}"
+    if settings.timeout is not None:  # a thread cannot be killed as a child is
+        log.warning(
+            "timeoutInSeconds = %g is not applied on the in-process path (a processor call "
+            "that hangs holds its lease; processor_stall_timeout makes the worker not ready): "
+            "use the subprocess path to have a hung call end the child",
+            settings.timeout,
+        )
     cls = load_processor_class(processor, settings.cwd)
     if issubclass(cls, RecordProcessor):  # ours, maybe async: run as the daemon runs it
         from kclpy_spark.runtime.daemon import factory_of

@@ -261,6 +261,20 @@ def test_build_factory_chooses_the_path(amazon_kclpy: ModuleType, tmp_path: Path
         build_factory(config, in_process=False, processor="myapp:RecordProcessor")
 
 
+def test_the_in_process_path_says_it_does_not_apply_timeout_in_seconds(
+    amazon_kclpy: ModuleType, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The subprocess path ends a child whose call outlives timeoutInSeconds; a thread cannot
+    be ended so: the key was ignored without a word, a hung call holding its lease."""
+    raw = {"executableName": f"python3 {KCLPY_APP}", "streamName": "s", "timeoutInSeconds": "5",
+           "applicationName": "app", "retrievalMode": "POLLING"}  # fmt: skip
+    worker, settings = config_from_properties(raw, folder=tmp_path)
+    config = PropertiesConfig(worker, settings, tmp_path / "app.properties", raw)
+    with caplog.at_level(logging.WARNING, logger="kclpy_spark.multilang.runner"):
+        build_factory(config, in_process=True)
+    assert any("timeoutInSeconds = 5 is not applied" in m for m in caplog.messages)
+
+
 @pytest.mark.parametrize(
     ("target", "message"),
     [

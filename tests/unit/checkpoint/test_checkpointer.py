@@ -243,6 +243,18 @@ def test_shard_end_conversion(
     assert stored(table).checkpoint == expected
 
 
+def test_a_checkpoint_at_the_name_shard_end_at_a_closed_shards_end_is_shard_end(
+    table: FaultyTable, cp: Checkpointer
+) -> None:
+    """The KCL accepts ``checkpoint("SHARD_END")`` there (a MultiLang app's way): it was refused
+    as no sequence number, the shard-end step failed until the lease parked, children waited."""
+    with raises(ILLEGAL_ARGUMENT):
+        cp.checkpoint("SHARD_END")  # not at the shard's end yet
+    cp.mark_shard_end()
+    cp.checkpoint("SHARD_END")
+    assert stored(table).checkpoint == SHARD_END
+
+
 def test_checkpoint_at_shard_end_is_final(table: FaultyTable, cp: Checkpointer) -> None:
     cp.mark_shard_end()
     cp.checkpoint()
