@@ -261,5 +261,7 @@ def _record_stream(store: LeaseStore, cfg: WorkerConfig, lister: Any) -> None:
     except KclpySparkError as exc:
         print(f"note: the stream's creation time was not recorded ({exc})")
         return
-    if created is not None:
-        coordination.set_stream_created(store, cfg.stream, created, now_wall=time.time())
+    if created is not None:  # under the label the config gives, and under the stream's name:
+        spec = cfg.stream_specs[0]  # workers naming it by ARN accept the record of its name
+        for label in dict.fromkeys((spec.label, spec.name)):
+            coordination.set_stream_created(store, label, created, now_wall=time.time())

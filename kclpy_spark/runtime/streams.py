@@ -269,7 +269,7 @@ class StreamSet:
             stream_key = await asyncio.to_thread(stream_identity, self._kinesis_sync, spec)
             created = float(stream_key.rsplit(":", 1)[1])  # whole seconds: within the 1 s leeway
         else:
-            created = await asyncio.to_thread(self._check_identity, lister, spec.label)
+            created = await asyncio.to_thread(self._check_identity, lister, spec)
         cfg = self._cfg
         context = StreamContext(
             spec,
@@ -289,19 +289,29 @@ class StreamSet:
         context.created = created
         return context
 
-    def _check_identity(self, lister: KinesisShardLister, label: str) -> float | None:
+    def _check_identity(self, lister: KinesisShardLister, spec: StreamSpec) -> float | None:
         """The stream's creation time; raises StreamRecreatedError if the leases belong to an
-        earlier stream of that name."""
+        earlier stream of that name. The record is the spec's label's (its ARN, else its name);
+        one under its name written since (a `reset` whose config names the stream by name, the
+        workers' by ARN) that knows this stream is as good."""
         _, created = lister.describe()
         if created is None:
             return None
+        label = spec.label
         known = coordination.stream_created(self._table, label)
         if known is None:
             coordination.set_stream_created(
                 self._table, label, created, now_wall=self._clock.wall()
             )
         elif abs(known - created) > 1.0:
-            raise StreamRecreatedError(recreated_message(label, known, created))
+            by_name = None
+            if spec.stream_arn:
+                by_name = coordination.stream_created(self._table, spec.name)
+            if by_name is None or abs(by_name - created) > 1.0:
+                raise StreamRecreatedError(recreated_message(label, known, created))
+            coordination.set_stream_created(
+                self._table, label, created, now_wall=self._clock.wall()
+            )
         return created
 
     def close(self) -> None:

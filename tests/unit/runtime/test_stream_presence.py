@@ -201,3 +201,38 @@ def test_a_stream_that_cannot_be_opened_for_good_counts_as_missing(
     asyncio.run(found.refresh(first=True))
     assert set(found.contexts) == {"a"}
     assert found.gone() == ({"b": clock.monotonic()} if counted else {})
+
+
+def test_a_reset_naming_the_stream_by_name_lets_workers_naming_it_by_arn_start(
+    monkeypatch: Any,
+) -> None:
+    """`reset` (a config naming the stream) recorded the new stream under its name; workers
+    naming it by ARN read their ARN's record, still the old stream's, and refused to start
+    however often the reset was run."""
+    import argparse
+
+    from checkpoint import coordination
+    from checkpoint.lease import Lease
+    from checkpoint.sequence import ExtendedSequenceNumber
+    from kclpy_spark.config import WorkerConfig
+    from kclpy_spark.ops import reset
+    from kclpy_spark.runtime.streams import StreamRecreatedError, StreamSet
+    from kclpy_spark.stream_spec import StreamSpec
+
+    arn = "arn:aws:kinesis:us-east-1:123456789012:stream/orders"
+    clock = ManualClock()
+    store = reset.open_store(WorkerConfig(stream_name="orders", lease_store="memory"))
+    store.create_lease_if_absent(Lease("shardId-0", ExtendedSequenceNumber("5")))
+    coordination.set_stream_created(store, arn, 100.0, now_wall=clock.wall())  # the old stream
+    worker = SimpleNamespace(_table=store, _clock=clock)
+    new_stream = SimpleNamespace(describe=lambda: ("ACTIVE", 200.0))
+    by_arn = StreamSpec(stream_arn=arn)
+    with pytest.raises(StreamRecreatedError):
+        StreamSet._check_identity(worker, new_stream, by_arn)  # type: ignore[arg-type]
+    cfg = WorkerConfig(stream_name="orders", lease_store="memory")
+    args = argparse.Namespace(to="TRIM_HORIZON", shard=None, force=False, yes=True)
+    monkeypatch.setattr(reset, "open_store", lambda cfg, writes_records=False: store)
+    monkeypatch.setattr(reset, "_stream_lister", lambda cfg: new_stream)
+    assert reset.reset_command(args, cfg) == 0
+    assert StreamSet._check_identity(worker, new_stream, by_arn) == 200.0  # type: ignore[arg-type]
+    assert coordination.stream_created(store, arn) == 200.0  # and the ARN's record follows
