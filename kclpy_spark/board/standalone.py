@@ -66,7 +66,7 @@ async def serve(
 ) -> None:
     from aiohttp import web
 
-    from kclpy_spark.runtime.http_site import CappedSite
+    from kclpy_spark.runtime.http_site import CappedSite, status_runner
 
     error: list[str] = []
 
@@ -75,7 +75,7 @@ async def serve(
 
     app = web.Application(middlewares=[host_guard(names)])
     add_routes(app, snapshot)
-    runner = web.AppRunner(app, access_log=None, keepalive_timeout=IDLE_CONNECTION_SECONDS)
+    runner = status_runner(app, IDLE_CONNECTION_SECONDS)
     await runner.setup()
     site = CappedSite(runner, host, port)
     try:

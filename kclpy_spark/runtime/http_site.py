@@ -10,6 +10,12 @@ as before: a peer that opens as many again each idle timeout still holds the por
 refused meanwhile, and the worker goes on). Connections accepted in one pass of the event loop,
 up to its listen backlog of 128, are counted together once made: the bound is
 ``MAX_CONNECTIONS`` plus that backlog.
+
+The idle timeout watches requests, not answers: a peer that asks for a large answer and never
+reads it (a zero receive window) held its connection, and its slot, for ever, and the server's
+stop waited aiohttp's minute for each such answer. Each connection is aborted
+``CONNECTION_LIFETIME`` after it opened (a keep-alive client such as Prometheus connects again),
+and a stop waits ``STOP_SECONDS`` for answers in flight.
 """
 
 from __future__ import annotations
@@ -20,6 +26,17 @@ from typing import Any
 from aiohttp import web
 
 MAX_CONNECTIONS = 64
+CONNECTION_LIFETIME = 60.0  # seconds a connection may stay open, whatever it does
+STOP_SECONDS = 2.0  # a stop's wait for the answers in flight
+
+
+def status_runner(app: web.Application, idle_seconds: float) -> web.AppRunner:
+    """The runner of a status server: no access log, ``idle_seconds`` for a request to come,
+    a stop that waits ``STOP_SECONDS`` for answers in flight (a pod's termination grace is
+    short; aiohttp's own minute for each unread answer took two minutes past it)."""
+    return web.AppRunner(
+        app, access_log=None, keepalive_timeout=idle_seconds, shutdown_timeout=STOP_SECONDS
+    )
 
 
 class _Refused(asyncio.Protocol):
@@ -31,11 +48,19 @@ class CappedSite(web.BaseSite):
     """``web.TCPSite(runner, host, port)`` serving at most ``max_connections`` at once."""
 
     def __init__(
-        self, runner: web.BaseRunner, host: str, port: int, max_connections: int = MAX_CONNECTIONS
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        max_connections: int = MAX_CONNECTIONS,
+        lifetime: float = CONNECTION_LIFETIME,
     ) -> None:
         super().__init__(runner)
         self._host, self._port, self._cap = host, port, max_connections
+        self._lifetime = lifetime
         self._listening: asyncio.Server | None = None
+        self._opened: dict[Any, float] = {}  # the connections served -> when (loop time)
+        self._sweeping: asyncio.TimerHandle | None = None
 
     @property
     def name(self) -> str:
@@ -50,11 +75,43 @@ class CappedSite(web.BaseSite):
         server = self._runner.server
         assert server is not None
 
-        def protocol() -> asyncio.BaseProtocol:
-            return _Refused() if len(server.connections) >= self._cap else server()
-
         loop = asyncio.get_running_loop()
+
+        def protocol() -> asyncio.BaseProtocol:
+            if len(server.connections) >= self._cap:
+                return _Refused()
+            handler = server()
+            self._opened[handler] = loop.time()
+            return handler
+
+        def sweep() -> None:
+            """Abort the connections past their lifetime; forget the closed ones (what is
+            remembered: the connections open, and those opened since the last sweep)."""
+            now, open_now = loop.time(), set(server.connections)
+            for handler, opened in list(self._opened.items()):
+                if handler not in open_now:
+                    del self._opened[handler]
+                elif now - opened >= self._lifetime:
+                    del self._opened[handler]
+                    _abort(handler)
+            self._sweeping = loop.call_later(min(5.0, self._lifetime / 4), sweep)
+
+        sweep()
         self._listening = await loop.create_server(
             protocol, self._host, self._port, backlog=self._backlog
         )
         self._server = self._listening  # what the site's stop closes
+
+    async def stop(self) -> None:
+        if self._sweeping is not None:
+            self._sweeping.cancel()
+            self._sweeping = None
+        self._opened.clear()
+        await super().stop()
+
+
+def _abort(handler: Any) -> None:
+    """End a connection at its lifetime, unsent bytes and all (a close waits for them)."""
+    transport = getattr(handler, "transport", None)
+    if transport is not None:
+        transport.abort()

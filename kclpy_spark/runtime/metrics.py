@@ -396,7 +396,7 @@ class StatusServer:
     async def start(self) -> None:
         from aiohttp import web
 
-        from kclpy_spark.runtime.http_site import CappedSite
+        from kclpy_spark.runtime.http_site import CappedSite, status_runner
 
         async def metrics(_: web.Request) -> web.Response:
             body = self._metrics.exposition()
@@ -415,7 +415,7 @@ class StatusServer:
         app.router.add_get("/readyz", readyz)
         if self._board is not None:
             add_routes(app, self._board)
-        self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=self._idle_seconds)
+        self._runner = status_runner(app, self._idle_seconds)
         await self._runner.setup()
         site = CappedSite(self._runner, self._host, self._port)
         try:

@@ -243,3 +243,60 @@ def test_connections_past_the_cap_are_closed_and_those_open_still_served() -> No
                     conn.close()
 
     asyncio.run(main())
+
+
+def test_a_peer_that_never_reads_its_answer_loses_its_connection_at_its_lifetime() -> None:
+    """A large answer never read (a zero receive window) held its connection, and its slot, for
+    ever: with the cap's worth of them no probe was answered, and the stop waited aiohttp's
+    minute for each unread answer (two minutes past a pod's termination grace)."""
+    import time
+
+    from aiohttp import web
+
+    from kclpy_spark.runtime.http_site import CappedSite, status_runner
+
+    def never_reading(port: int) -> socket.socket:
+        conn = socket.socket()
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+        conn.connect(("127.0.0.1", port))
+        conn.sendall(b"GET /big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        return conn
+
+    async def main() -> tuple[bool, float]:
+        async def big(_: web.Request) -> web.Response:
+            return web.Response(body=b"x" * 8_000_000)
+
+        async def small(_: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        app = web.Application()
+        app.router.add_get("/big", big)
+        app.router.add_get("/healthz", small)
+        runner = status_runner(app, idle_seconds=0.5)
+        await runner.setup()
+        site = CappedSite(runner, "127.0.0.1", 0, max_connections=2, lifetime=1.0)
+        await site.start()
+        port = site.sockets[0].getsockname()[1]
+        held = [await asyncio.to_thread(never_reading, port) for _ in range(2)]
+        try:
+            await asyncio.sleep(2.5)  # past their lifetime: aborted, their slots free
+            answered = False
+            for _ in range(30):
+                with contextlib.suppress(http.client.HTTPException, ConnectionError):
+                    answered = (await asyncio.to_thread(_get, port, "/healthz", "127.0.0.1"))[
+                        0
+                    ] == 200
+                    break
+                await asyncio.sleep(0.1)
+            more = [await asyncio.to_thread(never_reading, port) for _ in range(2)]
+            held += more
+            began = time.monotonic()
+            await runner.cleanup()  # two answers unread: the stop waits STOP_SECONDS, not minutes
+            return answered, time.monotonic() - began
+        finally:
+            for conn in held:
+                conn.close()
+
+    answered, stop_took = asyncio.run(main())
+    assert answered
+    assert stop_took < 10.0
