@@ -13,7 +13,7 @@ forever.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from checkpoint.base.errors import CorruptLeaseError, KclpySparkError, ResourceNotFoundError
@@ -56,6 +56,10 @@ class Health:
         self._gone: dict[str, float] = {}
         self.all_parked = False
         self.duplicate_worker: str | None = None
+        # Since when every renewal of a round failed (a throttled table, writes denied by IAM),
+        # and the last error: reads (scans) may still succeed while no lease is kept.
+        self.renewals_failing_since: float | None = None
+        self._renewal_error = ""
         # A lease item no code can read (CorruptLeaseError): every scan fails on it, so no lease
         # is taken until an operator mends or deletes it. Cleared by a scan that read every item.
         self.corrupt_lease: str | None = None
@@ -100,6 +104,16 @@ class Health:
             self._gone[table] = self._monotonic()
             log.error("the %s is gone: %s", self._label(table), exc)
 
+    def renewals(self, succeeded: int, failed: Mapping[str, KclpySparkError]) -> None:
+        """A renewal round's outcome: ``succeeded`` renewals done (or skipped: a checkpoint had
+        just renewed the lease), ``failed`` the ones an error stopped."""
+        if succeeded or not failed:
+            self.renewals_failing_since = None
+            return
+        if self.renewals_failing_since is None:
+            self.renewals_failing_since = self._monotonic()
+        self._renewal_error = str(next(iter(failed.values())))[:200]
+
     def _label(self, table: str) -> str:
         if table == self._table_name:
             return f"lease table {table}"
@@ -134,6 +148,9 @@ class Health:
             limit = max(limit, 3 * self._quiet_interval)
         if age > limit:
             return False, f"lease table unreachable for {age:.0f}s"
+        since = self.renewals_failing_since
+        if since is not None and not suspended and now - since > limit:
+            return False, f"lease renewals failing for {now - since:.0f}s: {self._renewal_error}"
         missing = sorted(missing_streams)
         if missing:
             return False, f"stream(s) gone or not readable: {', '.join(missing)}"

@@ -168,3 +168,23 @@ def test_a_gone_coordination_table_is_named_as_such_not_as_the_lease_table() -> 
     assert reason is not None
     assert reason.startswith("the coordination table app-KclpySparkState has been gone for 60s")
     assert "checkpoints are lost" not in reason
+
+
+def test_renewals_failing_for_three_intervals_are_not_ready_though_scans_answer() -> None:
+    """A throttled lease table, or writes denied by IAM: every renewal and take failed, the
+    worker kept no lease and read nothing, and was ready all along (its scans answered)."""
+    clock = ManualClock()
+    h = health(clock)
+    denied = DependencyError("AccessDenied: UpdateItem on table app")
+    for _ in range(4):
+        h.renewals(0, {"shardId-0": denied})
+        h.store_ok(scanned=True)  # the take loop's scans still answer
+        clock.advance(3.0)
+    ok, why = ready(h)
+    assert not ok and why.startswith("lease renewals failing for 12s") and "AccessDenied" in why
+    h.renewals(1, {"shardId-0": denied})  # one renewed: the table takes writes
+    assert ready(h) == (True, "ready")
+    h.renewals(0, {"shardId-0": denied})
+    clock.advance(3.0)
+    h.store_ok()
+    assert ready(h) == (True, "ready")  # failing since 3 s only
