@@ -189,6 +189,13 @@ class ShardConsumer:
             outcome = Outcome.PARKED
         return await self._finish(outcome)
 
+    async def after_cancel(self) -> None:
+        """Cancelled (a stop's or suspend's grace ran out, its call returned since): the
+        processor never heard of it; ``lease_lost`` now, so it lets go of what it holds (a
+        MultiLang child and its pipes, a Spark sink's lane and the reads it keeps)."""
+        if self._processor is not None:
+            await self._safe(self._processor.lease_lost, LeaseLostInput(), "lease_lost")
+
     async def _lifecycle(self) -> Outcome:
         self.stats.state = "waiting_on_parents"
         await parents_ended(self.tenure, self._cfg.parent_shard_poll_interval)

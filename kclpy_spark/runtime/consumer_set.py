@@ -91,6 +91,7 @@ class ConsumerSet:
         self._handing_over: set[str] = set()
         self._background: set[asyncio.Future[None]] = set()
         self._cancelling = False  # shutdown_all cancels what outlived its grace (no one else)
+        self._telling: set[asyncio.Future[None]] = set()  # lease_lost to cancelled consumers
         # Leases whose consumer was cancelled while a processor call ran on its thread (a
         # suspend's grace ran out): no consumer of the lease starts until that call returns.
         self._draining: dict[str, tuple[asyncio.Future[Any], float]] = {}  # -> (its end, since)
@@ -267,13 +268,17 @@ class ConsumerSet:
         if task.cancelled():
             call = None if running is None else running.consumer.call_running()
             self._drain(key, call)
+            after: list[Callable[[], None]] = []
+            if running is not None:  # its processor lets go of what it holds
+                after.append(functools.partial(self._tell_cancelled, running.consumer))
             if not self._cancelling:  # a CancelledError nobody here asked for ended the task
                 log.error("shard consumer for %s was cancelled unasked; releasing the lease", key)
-                why = "its consumer was cancelled unasked"
-                if call is None:
-                    self._in_background(key, why)
-                else:  # not while its call still runs: another worker would run the shard too
-                    call.add_done_callback(lambda _: self._in_background(key, why))
+                after.append(functools.partial(self._in_background, key, "cancelled unasked"))
+            for step in after:  # not while its call still runs (another worker would run the
+                if call is None:  # shard too; two calls of one processor would overlap)
+                    step()
+                else:
+                    call.add_done_callback(functools.partial(_then, step))
             return
         exc = task.exception()
         if exc is not None:  # run() handles every failure; this is a bug in the handling itself
@@ -289,6 +294,13 @@ class ConsumerSet:
         elif outcome is Outcome.LEASE_LOST:
             self._counters.increment(Counter.PARTITION_NOT_OWNED_ERRORS)
             self._holder.drop(key, None if running is None else running.consumer.token)
+
+    def _tell_cancelled(self, consumer: ShardConsumer) -> None:
+        """``lease_lost`` to a cancelled consumer's processor, on a task of its own (kept in
+        ``_telling``, never awaited by a stop: a processor that hangs there holds nothing)."""
+        task = asyncio.ensure_future(consumer.after_cancel())
+        self._telling.add(task)
+        task.add_done_callback(self._telling.discard)
 
     def _drain(self, key: str, thread: asyncio.Future[Any] | None) -> None:
         if thread is None:
@@ -351,3 +363,7 @@ class ConsumerSet:
             self._cancelling = False
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
+
+
+def _then(step: Callable[[], None], _: asyncio.Future[Any]) -> None:
+    step()

@@ -395,6 +395,29 @@ def test_a_lease_to_hand_back_is_forgotten_however_its_consumer_ends() -> None:
         release.set()
 
 
+def test_a_consumer_cancelled_by_the_grace_tells_its_processor_once_its_call_returns() -> None:
+    """A suspend whose grace ran out cancelled the consumer: its processor never heard, and
+    kept what it held until the process exited (a MultiLang child and its pipes, a Spark
+    sink's lane with the reads it keeps)."""
+    release = threading.Event()
+    env = Env(HeldUntil(release))
+    key = "shardId-000000000000"
+
+    async def go() -> None:
+        env.start(key, [batch(10)])
+        await settle(env.processor.entered.is_set)
+        await env.set.shutdown_all(0.05)  # the grace ran out: cancelled mid-call
+        assert "lease_lost" not in env.processor.calls  # not while process_records runs
+        release.set()
+        await settle(lambda: "lease_lost" in env.processor.calls and not env.set._telling)
+        assert env.processor.calls.count("lease_lost") == 1
+
+    try:
+        asyncio.run(go())
+    finally:
+        release.set()
+
+
 def test_a_shard_whose_reads_went_silent_shows_no_lag_rather_than_its_last() -> None:
     """The lag gauge kept its last value (often 0) while reads failed or were throttled: a lag
     alert never fired while the shard fell behind. Past the stall time its series goes, until
