@@ -27,6 +27,7 @@ never written twice even when it comes back in a batch of another composition:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -52,6 +53,8 @@ _INDEX_COLUMN = "kcl_piece_index"
 # longer write_timeout (``stale_staging_after``), so that no cleanup, this worker's or another's,
 # removes the folder of a write still under way.
 STALE_STAGING_SECONDS = 3600.0
+# A dead-letter write's temporary file untouched this long was left by a write cut short.
+STALE_TMP_SECONDS = 3600.0
 
 
 def stale_staging_after(write_timeout: float) -> float:
@@ -380,9 +383,25 @@ class DeadLetterDirectory:
         name and metadata, so that sinks sharing a location keep their own files)."""
         self.path = _local_path(path, "the dead-letter location")
         self.sink_name = sink_name
+        with contextlib.suppress(OSError):  # a folder not reachable yet: its writes will say
+            self.sweep_stale()
 
     def __repr__(self) -> str:
         return f"DeadLetterDirectory({str(self.path)!r})"
+
+    def sweep_stale(self, now: float | None = None) -> int:
+        """Delete the temporary files of dead-letter writes a crash or a stop cut short (a
+        failed write deletes its own), each up to a batch's size and kept for good: those not
+        written to for ``STALE_TMP_SECONDS`` (a write takes seconds; another worker's writing
+        now is left alone). Returns how many went; called when the sink is set up."""
+        gone = 0
+        cutoff = (time.time() if now is None else now) - STALE_TMP_SECONDS
+        for stale in self.path.glob(".batch-*.tmp") if self.path.is_dir() else ():
+            with contextlib.suppress(FileNotFoundError):
+                if stale.stat().st_mtime < cutoff:
+                    stale.unlink()
+                    gone += 1
+        return gone
 
     def write(self, batch: SinkBatch, error: BaseException) -> None:
         import pyarrow.parquet as pq  # type: ignore[import-untyped, unused-ignore]

@@ -140,3 +140,22 @@ def test_a_dead_letter_write_that_fails_leaves_no_temporary_file(
         with pytest.raises(OSError, match="No space"):
             dead.write(batch, RuntimeError("boom"))
     assert list((tmp_path / "dlq").iterdir()) == []
+
+
+def test_a_dead_letter_write_cut_short_leaves_no_file_for_good(tmp_path: Path) -> None:
+    """A crash or a stop in the middle of a dead-letter write left its temporary file, up to a
+    batch's size, for good (a failed write deletes its own); the sink's set-up sweeps the old
+    ones, and leaves alone one another worker may be writing now."""
+    folder = tmp_path / "dlq"
+    folder.mkdir()
+    cut_short = folder / ".batch-0000000000000007.parquet.1a2b3c4d.tmp"
+    cut_short.write_bytes(b"x" * 1000)
+    two_hours_ago = time.time() - 2 * 3600
+    os.utime(cut_short, (two_hours_ago, two_hours_ago))
+    writing_now = folder / ".batch-0000000000000008.parquet.5e6f7a8b.tmp"
+    writing_now.write_bytes(b"y")
+    kept = folder / "batch-0000000000000009.parquet"
+    kept.write_bytes(b"z")
+    os.utime(kept, (two_hours_ago, two_hours_ago))
+    DeadLetterDirectory(folder)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([writing_now.name, kept.name])
