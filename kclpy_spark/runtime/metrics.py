@@ -36,7 +36,7 @@ from prometheus_client.samples import Sample
 
 from checkpoint.base.errors import ConfigError
 from checkpoint.counters import CoordinationCounters
-from checkpoint.lease import split_lease_key, stream_name_of
+from checkpoint.lease import split_lease_key, stream_key_parts
 from checkpoint.port import CountsConnections, MetersCapacity
 from checkpoint.stores.capacity import CapacityMeter
 from kclpy_spark._version import __version__
@@ -138,10 +138,14 @@ class WorkerMetrics:
         application: str = "",
         worker: str = "",
         stream: str = "",
+        shared_names: frozenset[str] = frozenset(),
     ) -> None:
         # Recent lease events (takes, losses, parkings, ...) for the published status and page.
         self.events = events or EventLog(worker, time.time)
         self._stream = stream  # the stream of a plain shard-id lease key
+        # Names of configured streams in more than one account: their ``stream`` label is
+        # ``account:name`` (two streams' series were one, and one tenure's end dropped both).
+        self._shared_names = shared_names
         self._constant = {"application": application, "worker": worker}
         self._retired: dict[str, float] = {}  # totals of the shards whose series were dropped
         self.registry = CollectorRegistry()
@@ -276,7 +280,12 @@ class WorkerMetrics:
 
     def shard(self, lease_key: str) -> tuple[str, str]:
         """The (stream, shard) label values of a lease key."""
-        return stream_name_of(lease_key) or self._stream, split_lease_key(lease_key)[1]
+        stream_key, shard_id = split_lease_key(lease_key)
+        parts = stream_key_parts(stream_key)
+        if parts is None:
+            return self._stream, shard_id
+        account, name, _ = parts
+        return (f"{account}:{name}" if name in self._shared_names else name), shard_id
 
     def forget(self, lease_key: str) -> None:
         """A tenure ended: drop every series of the shard, so what a worker exports is bounded
@@ -336,6 +345,13 @@ def _sum(counter: Counter, shard: tuple[str, str] | None) -> float:
     return total
 
 
+def shared_stream_names(cfg: WorkerConfig) -> frozenset[str]:
+    """The names of configured streams that more than one configured stream has (in other
+    accounts, named by their ARNs)."""
+    names = [spec.name for spec in cfg.streams]
+    return frozenset(name for name in names if names.count(name) > 1)
+
+
 def worker_metrics(
     cfg: WorkerConfig,
     counters: CoordinationCounters,
@@ -351,6 +367,7 @@ def worker_metrics(
         application=cfg.application_name,
         worker=cfg.worker_id,
         stream=cfg.stream_name or cfg.stream.rsplit("/", 1)[-1],
+        shared_names=shared_stream_names(cfg),
     )
     if isinstance(processor_factory, ExportsMetrics):
         metrics.registry.register(processor_factory.metrics_collector())

@@ -122,3 +122,24 @@ def test_the_workers_totals_keep_what_shards_that_left_counted() -> None:
     assert m.totals() == {"bytes": 150, "failures": 1, "throttled": 3}
     m.bytes.labels(*one).inc(10)  # the shard came back: its series counts from 0 again
     assert m.totals()["bytes"] == 160
+
+
+def test_two_streams_of_one_name_in_two_accounts_keep_their_own_series() -> None:
+    """Their series were one: both lags wrote one gauge, and one tenure's end dropped the other
+    lease's series (its lag gone, its throttles no longer exported)."""
+    from kclpy_spark.config import WorkerConfig
+    from kclpy_spark.runtime.metrics import shared_stream_names
+    from kclpy_spark.stream_spec import StreamSpec
+
+    arns = [f"arn:aws:kinesis:us-east-1:{n * 12}:stream/orders" for n in ("1", "2")]
+    specs = (*(StreamSpec(stream_arn=arn) for arn in arns), StreamSpec(stream_name="clicks"))
+    shared = shared_stream_names(WorkerConfig(streams=specs, lease_store="memory"))
+    assert shared == {"orders"}
+    m = WorkerMetrics(CoordinationCounters(), application="app", worker="w1", shared_names=shared)
+    a, b = (f"{account * 12}:orders:1700000000:shardId-0" for account in ("1", "2"))
+    clicks = "111111111111:clicks:1700000000:shardId-0"
+    for key, lag in ((a, 10), (b, 20), (clicks, 30)):
+        m.behind.labels(*m.shard(key)).set(lag)
+    m.forget(a)
+    exported = series(m)["kclpy_spark_behind_latest_seconds"]
+    assert sorted(x["stream"] for x in exported) == ["222222222222:orders", "clicks"]
