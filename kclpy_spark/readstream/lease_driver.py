@@ -193,6 +193,9 @@ class LeaseDriver:
         batch's start (all waited for at once), the others left out for good
         (``store.mark_skipped``)."""
         key = (offset.run, offset.batch)
+        decided = self._read_under.get(key)
+        if decided is not None:  # planned again (another action of the batch, a MERGE's plans):
+            return list(decided)  # the same shards, whatever happened to a tenure since
         planned, under = self._held_again(offset, store.skipped(*key))
         for sid in planned:
             if sid not in under:

@@ -450,3 +450,27 @@ def test_an_earlier_runs_batch_is_not_acknowledged_when_the_lease_went_on_withou
 ) -> None:
     _, checkpointer, _ = _acknowledged_after_a_restart(tmp_path, held_from="300")
     assert checkpointer.calls == []  # another owner read on past it: nothing moves back
+
+
+def test_a_batch_planned_again_reads_the_same_shards_whatever_a_tenure_did_since(
+    tmp_path: Any,
+) -> None:
+    """Spark plans a batch once per action (a foreachBatch with two actions, a Delta MERGE): the
+    lease expired and was taken again here between two plans, and the second left the shard
+    out for good, so the acknowledgment skipped it and the next batch read again what the
+    first action had written (and the two actions saw different inputs)."""
+    from kclpy_spark.readstream.pins import DirectoryPins
+
+    worker = _FakeWorker([])
+    first = _Entry(held("s0", "me#t1", Start(ESN("150"))), lambda item: None)
+    worker.leases.register(first)
+    worker.leases.announce("s0", _Checkpointer())
+    offset = next_leased_offset(first_offset("run", 1_000), {}, worker.leases.readable())
+    driver = _driver(worker)
+    store = DirectoryPins(tmp_path)
+    assert driver.replay_reads(offset, store) == ["s0"]
+    worker.leases.unregister(first)  # expired, and taken again by this worker at the same start
+    worker.leases.register(_Entry(held("s0", "me#t2", Start(ESN("150"))), lambda item: None))
+    worker.leases.announce("s0", _Checkpointer())
+    assert driver.replay_reads(offset, store) == ["s0"]
+    assert store.skipped(offset.run, offset.batch) == set()
