@@ -142,6 +142,15 @@ class RangeReader:
         return self._clock() < self._deadline
 
     async def read(self, on_records: Callable[[list[Record]], None]) -> RangeEnd:
+        """The range read; a failure carries ``next_call_at`` (when the shard may be called
+        again by this read's pacing): a retry after a big page waited only the backoff."""
+        try:
+            return await self._read(on_records)
+        except Exception as exc:
+            exc.next_call_at = self._next_call_at()  # type: ignore[attr-defined]
+            raise
+
+    async def _read(self, on_records: Callable[[list[Record]], None]) -> RangeEnd:
         rng, pin = self._rng, self._rng.pinned
         if pin is not None and not pin.needs_read:
             return RangeEnd(rng.lease_key, None, None, 0, 0, shard_ended=pin.shard_ended)

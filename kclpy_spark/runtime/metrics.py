@@ -143,9 +143,7 @@ class WorkerMetrics:
         # Recent lease events (takes, losses, parkings, ...) for the published status and page.
         self.events = events or EventLog(worker, time.time)
         self._stream = stream  # the stream of a plain shard-id lease key
-        # Names of configured streams in more than one account: their ``stream`` label is
-        # ``account:name`` (two streams' series were one, and one tenure's end dropped both).
-        self._shared_names = shared_names
+        self._shared_names = shared_names  # stream names of two accounts: ``shard``'s labels
         self._constant = {"application": application, "worker": worker}
         self._retired: dict[str, float] = {}  # totals of the shards whose series were dropped
         self.registry = CollectorRegistry()
@@ -279,7 +277,9 @@ class WorkerMetrics:
         )
 
     def shard(self, lease_key: str) -> tuple[str, str]:
-        """The (stream, shard) label values of a lease key."""
+        """The (stream, shard) label values of a lease key; the stream ``account:name`` for a
+        name configured streams of two accounts share (their series were one, and one tenure's
+        end dropped both)."""
         stream_key, shard_id = split_lease_key(lease_key)
         parts = stream_key_parts(stream_key)
         if parts is None:

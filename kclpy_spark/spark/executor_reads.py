@@ -9,9 +9,8 @@ executors (cluster_read.py); each lane gets its records as one ``RangeChunk`` (t
 size; the rows stay on the executors) and the batcher writes and acknowledges them exactly as it
 does records read on the driver. A lease read to its tip waits ``idle_seconds`` before its next
 read; one that is behind is read again as soon as Kinesis allows its shard another call. A round
-that starts also takes the leases behind whose call comes due within the last job's length (they
-would wait for this job to end otherwise); their tasks wait out the rest, so leases fall into the
-same jobs instead of alternating between half-full ones.
+also takes the leases behind whose call comes due within the last job's length (their tasks wait
+out the rest): leases fall into the same jobs instead of alternating between half-full ones.
 
 The lease's consumer still runs the lease's life (parents first, shard end, loss, hand-over,
 parking); its record source is a ``relay.LeaseRelay`` that registers the lease here and hands it
@@ -480,9 +479,9 @@ class ExecutorReads:
         self, entry: _Entry, slot: ReadSlot, rng: ReadRange, read: RangeRead, now: float
     ) -> None:
         end = read.ends[rng.lease_key]
-        if end.error is not None:
-            self._failed(entry, end.error, now, slot.lane)
-            return
+        if end.error is not None:  # not before its reader's pacing allows (a big page read)
+            paced = self._paced(end, now + rng.delay) if end.next_call_at else 0.0
+            return self._failed(entry, end.error, now, slot.lane, paced)
         if end.rows and end.first is not None and end.last is not None:
             chunk = RangeChunk(
                 None, end.first, end.last,
@@ -557,8 +556,8 @@ class ExecutorReads:
         return paced(end, began, done=self._clock.monotonic(), wall=self._clock.wall(),
                      min_interval=s.min_interval, read_rate=s.read_rate)  # fmt: skip
 
-    def _failed(self, entry: _Entry, why: str, now: float, lane: Lane) -> None:
-        self._back_off(entry, now)
+    def _failed(self, entry: _Entry, why: str, now: float, lane: Lane, paced: float = 0) -> None:
+        self._back_off(entry, now, paced)
         if entry.ended:
             # Its relay tells its consumer nothing more: the lane is parked instead, which the
             # shard-end step counts toward the lease's failure budget (SinkParkedError), then
@@ -568,14 +567,15 @@ class ExecutorReads:
             return
         entry.post(RangeReadError(f"shard {entry.source.shard_id}: {why}"))
 
-    def _back_off(self, entry: _Entry, now: float) -> None:
+    def _back_off(self, entry: _Entry, now: float, paced: float = 0) -> None:
         """One more failure: read again after the growing backoff, counted from the round's
-        start ``now``, and at least one call's interval from now."""
+        start ``now``, at least one call's interval from now, not before ``paced`` (the failed
+        read's own pacing: a retry after a big page read waited only the backoff)."""
         with self._lock:
             entry.failures += 1
             entry.behind = False
             entry.iterator = entry.iterator_at = None
-            soonest = self._clock.monotonic() + self._s.min_interval
+            soonest = max(self._clock.monotonic() + self._s.min_interval, paced)
             entry.next_read_at = max(now + self._backoff.delay(entry.failures), soonest)
 
 

@@ -82,7 +82,10 @@ def read_partition(
         return
     for rng, outcome in task_reads().reads(ranges, aws):
         if isinstance(outcome, BaseException):  # this range's failure, told to the driver
-            yield end_row(RangeEnd(rng.lease_key, None, None, 0, 0, error=one_line(outcome)))
+            paced = getattr(outcome, "next_call_at", None)  # with when the shard may be called
+            failed = RangeEnd(rng.lease_key, None, None, 0, 0, error=one_line(outcome),
+                              next_call_at=paced if isinstance(paced, float) else None)  # fmt: skip
+            yield end_row(failed)
             continue
         chunks, end = outcome
         for chunk in chunks:

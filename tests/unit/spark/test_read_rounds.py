@@ -364,6 +364,44 @@ def test_a_failed_read_is_tried_again_no_sooner_than_one_calls_interval_after_it
     assert entry.next_read_at >= clock.monotonic() + ReadSettings().min_interval
 
 
+def test_a_failed_read_is_tried_again_no_sooner_than_its_own_pacing_allows() -> None:
+    """A pinned read that failed after reading a big page (its records did not match the pin):
+    it was read again after the backoff only, a throttled call into a shard still blocked."""
+    clock = ManualClock()
+    reader = ExecutorReads(lambda: None, AwsTarget("us-east-1"), ReadSettings(), clock=clock)
+    reader_, entry, _ = started(RefusingFeed(), reader)
+    rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, esn(5))
+    failed = RangeEnd(KEY, None, None, 0, 0, error="RangeMismatchError: ...",
+                      next_call_at=clock.wall() + 4.0)  # fmt: skip
+    reader_._found(entry, ReadSlot(make_lane(), esn(5), None), rng, RangeRead(None, {KEY: failed}),
+                   clock.monotonic())  # fmt: skip
+    assert entry.next_read_at >= clock.monotonic() + 4.0 and entry.failures == 1
+
+
+def test_a_failed_range_read_tells_when_its_shard_may_be_called_again() -> None:
+    from kclpy_spark.retrieval.range_reader import RangeReader
+
+    class Mismatch(Exception):
+        pass
+
+    async def nap(seconds: float) -> None:
+        return None
+
+    async def run() -> BaseException:
+        reader = RangeReader(Scripted([_answer([6, 7], "it-1")]), ReadRange(KEY, "s",
+                             {"StreamName": "s"}, KEY, esn(5)), sleep=nap)  # fmt: skip
+
+        def broken(records: Any) -> None:
+            raise Mismatch("the records differ")
+
+        with pytest.raises(Mismatch) as caught:
+            await reader.read(broken)
+        return caught.value
+
+    failure = asyncio.run(run())
+    assert isinstance(getattr(failure, "next_call_at", None), float)
+
+
 def test_a_throttled_first_call_is_paced_from_that_call() -> None:
     from kclpy_spark.retrieval.range_reader import RangeReader
 
