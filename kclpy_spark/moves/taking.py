@@ -172,6 +172,11 @@ class Taker:
         if scan is None:
             return
         w = self._w
+        if (
+            w.clock.monotonic() - w.run_state.resumed_at
+            < w.timing.lease_duration + w.timing.max_clock_skew
+        ):
+            return  # the others' status still says suspended: each would count itself alone
         self.hint.after_scan(w, self.running, scan.total)
         plan = plan_takes(
             scan,

@@ -140,6 +140,10 @@ def plan_takes(
     counts = dict(scan.owner_counts)
     counts.setdefault(worker_id, 0)
     n_workers = len(counts)
+    if n_workers == 1:  # nobody else holds a lease (a cold start, a resume): the known count
+        # (alone, the first worker to scan took every lease; the others then stole back one a
+        # round, a processor restart each)
+        n_workers += len(set(workers) - stalled(scan) - {worker_id})
     target = 1 if n_workers >= total else math.ceil(total / n_workers)
     spillover = max(0, target - max_leases_for_worker)
     target = min(target, max_leases_for_worker)

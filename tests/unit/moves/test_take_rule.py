@@ -396,7 +396,7 @@ def test_a_lease_already_being_handed_over_is_not_stolen_again() -> None:
 
 # live leases, expired leases, very old leases, workers known from status -> target, taken
 KNOWN_TABLE = [
-    ("fresh table: a quarter of it", {}, {}, 12, {"a", "b", "c"}, 12, 3),
+    ("fresh table: a quarter of it", {}, {}, 12, {"a", "b", "c"}, 3, 3),
     ("known worker holding nothing shares", {"a": 4}, {}, 4, {"a", "b"}, 4, 2),
     ("a phantom never holds back expired leases", {"a": 2}, {"dead": 4}, 0, {"a", "phantom"}, 3, 3),
     ("stalled worker shares nothing", {"a": 1}, {"gone": 1}, 4, {"a", "gone"}, 3, 4),
@@ -420,6 +420,17 @@ def test_workers_known_from_their_status_share_the_very_old_leases_only(
     scan = scan_of(live, very_old=old, expired=expired)
     plan = plan_takes(scan, ME, rng=random.Random(3), workers=known)
     assert (plan.target, len(plan.take)) == (target, taken), plan.reason
+
+
+def test_after_a_resume_the_first_to_scan_takes_its_share_not_every_lease() -> None:
+    """A suspend released every lease (none very old: renewed until then): the first worker to
+    scan counted itself alone and took them all; the others then stole back one a round."""
+    scan = scan_of({}, free=12)  # released by the suspend: unowned, seen changing
+    assert not scan.very_old
+    plan = plan_takes(scan, ME, rng=random.Random(3), workers={"a", "b"})
+    assert (plan.target, len(plan.take)) == (4, 4), plan.reason
+    alone = plan_takes(scan, ME, rng=random.Random(3))
+    assert (alone.target, len(alone.take)) == (12, 12)
 
 
 @pytest.mark.parametrize(("workers", "leases"), [(4, 1000), (3, 10), (5, 7), (4, 40)])

@@ -1060,3 +1060,24 @@ def test_a_stopping_worker_gives_back_the_leases_ours_that_it_never_took() -> No
     owners = {x.lease_key: (x.lease_owner, x.checkpoint_owner) for x in table.list_leases()}
     assert owners == {"held": (None, None), "assigned": (None, None),
                       "handing": (ME, "peer"), "theirs": ("peer", None)}  # fmt: skip
+
+
+def test_a_worker_just_resumed_takes_its_share_once_the_others_say_they_run_again() -> None:
+    """Worker mode: the first to resume scanned while the others' status still said suspended,
+    counted itself alone and took every released lease (then gave them back one a round)."""
+    table = MemoryLeaseTable()
+    for i in range(9):
+        put(table, f"s{i}")
+    w = worker(table, Consumers())
+    for other in ("b", "c"):
+        status(table, other, w.clock.wall(), suspended=True)
+    w.run_state.suspend()
+    w.run_state.resume()
+    taker = Taker(w, io)
+    asyncio.run(taker.round())
+    assert all(x.lease_owner is None for x in table.list_leases())  # the others still suspended
+    w.clock.advance(w.timing.lease_duration + w.timing.max_clock_skew)
+    for other in ("b", "c"):
+        status(table, other, w.clock.wall())  # their control rounds: running again
+    asyncio.run(taker.round())
+    assert [x.lease_owner for x in table.list_leases()].count(ME) == 3
