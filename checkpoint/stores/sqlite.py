@@ -137,6 +137,22 @@ class SQLiteLeaseTable:
     def ensure_table(self) -> None:
         self._run(f"ensure_table {str(self._path)!r}", self._ensure_table, write=True)
 
+    def check_table(self) -> None:
+        """``ensure_table`` for a reader that writes nothing (``status``): the tables exist in
+        this version's form, or a one-line error; a file it may only read is enough."""
+        self._run(f"check_table {str(self._path)!r}", self._check_table, write=False)
+
+    def _check_table(self, conn: sqlite3.Connection) -> None:
+        for name, expected in ((LEASES, LEASE_COLUMNS), (RECORDS, RECORD_COLUMNS)):
+            found = tuple(row[1] for row in conn.execute(f"PRAGMA table_info({name})"))
+            if not found:
+                raise ResourceNotFoundError(f"{self._where} has no lease tables")
+            if found[: len(expected)] != expected:
+                raise InvalidStateError(
+                    f"{self._where}: table {name} has columns {list(found)}, expected "
+                    f"{list(expected)} (a worker of this version adds the missing ones)"
+                )
+
     def _ensure_table(self, conn: sqlite3.Connection) -> None:
         # A write that changes nothing: a file this process may read but not write fails here,
         # at start, not at the first renewal (SQLite opens such a file read-only, silently).

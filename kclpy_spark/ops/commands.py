@@ -119,6 +119,7 @@ def open_store(cfg: WorkerConfig, *, writes_records: bool = False) -> LeaseStore
         cfg if not cfg.create_lease_table else cfg.with_overrides(create_lease_table=False),
         create_records=writes_records and cfg.create_lease_table,
         records_optional=not writes_records,
+        reads_only=not writes_records,  # status: a SQLite file it may only read will do
     )
 
 

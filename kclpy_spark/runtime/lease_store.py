@@ -49,7 +49,11 @@ class CallBudget:
 
 
 def open_lease_store(
-    cfg: WorkerConfig, *, create_records: bool | None = None, records_optional: bool = False
+    cfg: WorkerConfig,
+    *,
+    create_records: bool | None = None,
+    records_optional: bool = False,
+    reads_only: bool = False,
 ) -> LeaseStore:
     """The store, with its table ensured (created if allowed). Raises ResourceNotFoundError or
     InvalidStateError naming the table when it is missing (and creation is off) or malformed.
@@ -87,12 +91,16 @@ def open_lease_store(
                     f"config 'lease_store': cannot make the folder for {path}: {exc.strerror} "
                     f"({exc.filename})"
                 ) from None
-        store = SQLiteLeaseTable(
+        sqlite = SQLiteLeaseTable(
             path,
             namespace=cfg.application_name,
             create_if_missing=cfg.create_lease_table,
             retry=budget.retry_policy(),
             busy_timeout=budget.attempt,
         )
+        if reads_only:  # a file it may only read will do
+            sqlite.check_table()
+            return sqlite
+        store = sqlite
     store.ensure_table()
     return store

@@ -1071,3 +1071,33 @@ def test_a_worker_whose_fresh_record_says_it_stopped_is_not_live() -> None:
     coordination.publish_worker_status(store, "w-running", {}, now)
     live = live_workers(store, {"w-stopped", "w-running"}, WorkerConfig(stream_name="s1"))
     assert set(live) == {"w-running"}
+
+
+def test_status_reads_a_sqlite_lease_file_it_may_not_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator account that may only read the file: `status` failed with "attempt to write
+    a readonly database" (its table check wrote the schema version back)."""
+    import contextlib as cl
+
+    from checkpoint.stores.sqlite import SQLiteLeaseTable
+    from kclpy_spark.config import WorkerConfig
+    from kclpy_spark.ops.commands import open_store
+
+    cfg = WorkerConfig(stream_name="s1", lease_store=f"sqlite:{tmp_path / 'leases.db'}")
+    worker_store = SQLiteLeaseTable(tmp_path / "leases.db", namespace=cfg.application_name)
+    worker_store.ensure_table()
+    worker_store.create_lease_if_absent(Lease("shardId-0", SEQ))
+    worker_store.close()
+    reading = SQLiteLeaseTable._transaction
+
+    @cl.contextmanager
+    def read_only(self: Any, *, write: bool) -> Any:
+        if write:
+            raise AssertionError("a write to a file `status` may only read")
+        with reading(self, write=write) as conn:
+            yield conn
+
+    monkeypatch.setattr(SQLiteLeaseTable, "_transaction", read_only)
+    store = open_store(cfg)
+    assert [x.lease_key for x in store.list_leases()] == ["shardId-0"]
