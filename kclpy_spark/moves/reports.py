@@ -10,6 +10,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from checkpoint.base.errors import KclpySparkError
 from checkpoint.counters import Counter
 from checkpoint.lease import Lease
 from checkpoint.port import CoordinationRecord
@@ -67,6 +68,11 @@ class TakeReports:
     def table_answered(self, *, every_lease_read: bool = False) -> None:
         """The lease table answered (``every_lease_read``: each lease looked at was read whole)."""
         self._health.store_ok(scanned=every_lease_read)
+
+    def write_answered(self, failure: KclpySparkError | None = None) -> None:
+        """A take's write came back (won or lost), or ``failure`` stopped it (health's
+        readiness: writes failing while scans answer)."""
+        self._health.writes(0 if failure else 1, [failure] if failure else [])
 
     def all_parked(self, parked: bool) -> None:
         """Whether every unfinished lease of ours is parked (health reports it)."""

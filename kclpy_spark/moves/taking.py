@@ -404,10 +404,7 @@ class Taker:
         workers (those the scan shows renewing: a stopping worker hands its leases to them) and
         their lease counts."""
         w = self._w
-        ours = self._status_written  # our workers take what is moved to them within seconds
-        scan = self._observer.observe(
-            open_leases, w.clock.monotonic(), w.clock.wall(), prompt=ours.__contains__
-        )
+        scan = self._observer.observe(open_leases, w.clock.monotonic(), w.clock.wall())
         self.suspects.observe(scan, self.running)
         self._live = {o: n for o, n in scan.owner_counts.items() if o != w.cfg.worker_id}
         self._ours = {str(x.lease_owner) for x in open_leases if x.write_time is not None}
@@ -471,6 +468,9 @@ class Taker:
         take = asyncio.ensure_future(self._io(w.store.take_lease, lease, w.cfg.worker_id))
         try:
             taken = await asyncio.shield(take)
+        except KclpySparkError as exc:
+            w.reports.write_answered(exc)
+            raise
         except asyncio.CancelledError:
             # Stopping: the take may still win in its thread. Hold what it took, so the stop's
             # release gives it back at once instead of leaving it owned by nobody alive.
@@ -479,6 +479,7 @@ class Taker:
                 if late is not None:
                     w.holder.add_taken(late, started)
             raise
+        w.reports.write_answered()
         if taken is None:
             log.info("lease %s: another worker took it first", lease.lease_key)
             return

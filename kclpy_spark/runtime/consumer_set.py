@@ -267,18 +267,21 @@ class ConsumerSet:
             self._remember(key, running.consumer.stats)
         if task.cancelled():
             call = None if running is None else running.consumer.call_running()
-            self._drain(key, call)
-            after: list[Callable[[], None]] = []
-            if running is not None:  # its processor lets go of what it holds
-                after.append(functools.partial(self._tell_cancelled, running.consumer))
+            if call is not None:
+                log.warning("lease %s: its consumer was cancelled while a processor call still "
+                            "runs on its thread; the lease is not run here again until that "
+                            "call returns", key)  # fmt: skip
+            # Its processor is told (lease_lost: it lets go of what it holds) once that call
+            # returned, and the lease is not run here again until it was told.
+            settled = self._tell_cancelled(running.consumer, call) if running else call
+            self._drain(key, settled)
             if not self._cancelling:  # a CancelledError nobody here asked for ended the task
                 log.error("shard consumer for %s was cancelled unasked; releasing the lease", key)
-                after.append(functools.partial(self._in_background, key, "cancelled unasked"))
-            for step in after:  # not while its call still runs (another worker would run the
-                if call is None:  # shard too; two calls of one processor would overlap)
-                    step()
+                release = functools.partial(self._in_background, key, "cancelled unasked")
+                if settled is None:  # not while its processor runs: another worker would too
+                    release()
                 else:
-                    call.add_done_callback(functools.partial(_then, step))
+                    settled.add_done_callback(functools.partial(_then, release))
             return
         exc = task.exception()
         if exc is not None:  # run() handles every failure; this is a bug in the handling itself
@@ -295,21 +298,28 @@ class ConsumerSet:
             self._counters.increment(Counter.PARTITION_NOT_OWNED_ERRORS)
             self._holder.drop(key, None if running is None else running.consumer.token)
 
-    def _tell_cancelled(self, consumer: ShardConsumer) -> None:
-        """``lease_lost`` to a cancelled consumer's processor, on a task of its own (kept in
-        ``_telling``, never awaited by a stop: a processor that hangs there holds nothing)."""
-        task = asyncio.ensure_future(consumer.after_cancel())
+    def _tell_cancelled(
+        self, consumer: ShardConsumer, call: asyncio.Future[Any] | None
+    ) -> asyncio.Future[None]:
+        """``lease_lost`` to a cancelled consumer's processor once ``call`` (the one it was in)
+        returned, on a task of its own (kept in ``_telling``, never awaited by a stop); the
+        task, which ends when the processor was told."""
+
+        async def tell() -> None:
+            if call is not None:
+                await asyncio.wait([call])
+            await consumer.after_cancel()
+
+        task = asyncio.ensure_future(tell())
         self._telling.add(task)
         task.add_done_callback(self._telling.discard)
+        return task
 
     def _drain(self, key: str, thread: asyncio.Future[Any] | None) -> None:
+        """The lease ``key`` is not run here again until ``thread`` (its processor's last call
+        and its ``lease_lost``) is done; it shows as hung meanwhile if that takes too long."""
         if thread is None:
             return
-        log.warning(
-            "lease %s: its consumer was cancelled while a processor call still runs on its "
-            "thread; the lease is not run here again until that call returns",
-            key,
-        )
         self._draining[key] = (thread, self._clock.monotonic())
 
         def returned(done: asyncio.Future[Any]) -> None:

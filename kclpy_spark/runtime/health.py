@@ -13,7 +13,7 @@ forever.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from checkpoint.base.errors import CorruptLeaseError, KclpySparkError, ResourceNotFoundError
@@ -56,10 +56,12 @@ class Health:
         self._gone: dict[str, float] = {}
         self.all_parked = False
         self.duplicate_worker: str | None = None
-        # Since when every renewal of a round failed (a throttled table, writes denied by IAM),
-        # and the last error: reads (scans) may still succeed while no lease is kept.
-        self.renewals_failing_since: float | None = None
-        self._renewal_error = ""
+        # Since when the lease table's writes (renewals, takes) have failed with none done in
+        # between (a throttled table, writes denied by IAM), the last failure and its error:
+        # reads (scans) may still answer while no lease is kept.
+        self.writes_failing_since: float | None = None
+        self._write_failed_at = 0.0
+        self._write_error = ""
         # A lease item no code can read (CorruptLeaseError): every scan fails on it, so no lease
         # is taken until an operator mends or deletes it. Cleared by a scan that read every item.
         self.corrupt_lease: str | None = None
@@ -104,15 +106,19 @@ class Health:
             self._gone[table] = self._monotonic()
             log.error("the %s is gone: %s", self._label(table), exc)
 
-    def renewals(self, succeeded: int, failed: Mapping[str, KclpySparkError]) -> None:
-        """A renewal round's outcome: ``succeeded`` renewals done (or skipped: a checkpoint had
-        just renewed the lease), ``failed`` the ones an error stopped."""
-        if succeeded or not failed:
-            self.renewals_failing_since = None
-            return
-        if self.renewals_failing_since is None:
-            self.renewals_failing_since = self._monotonic()
-        self._renewal_error = str(next(iter(failed.values())))[:200]
+    def writes(self, succeeded: int, failed: Sequence[KclpySparkError]) -> None:
+        """Lease-table writes came back: ``succeeded`` answered (won or lost their condition;
+        a renewal skipped because a checkpoint had just renewed the lease counts), ``failed``
+        the ones an error stopped. A round with neither (nothing held, nothing to take)
+        changes nothing."""
+        if succeeded:
+            self.writes_failing_since = None
+        elif failed:
+            now = self._monotonic()
+            if self.writes_failing_since is None:
+                self.writes_failing_since = now
+            self._write_failed_at = now
+            self._write_error = str(failed[-1])[:200]
 
     def _label(self, table: str) -> str:
         if table == self._table_name:
@@ -148,9 +154,12 @@ class Health:
             limit = max(limit, 3 * self._quiet_interval)
         if age > limit:
             return False, f"lease table unreachable for {age:.0f}s"
-        since = self.renewals_failing_since
-        if since is not None and not suspended and now - since > limit:
-            return False, f"lease renewals failing for {now - since:.0f}s: {self._renewal_error}"
+        # Failing longer than the limit, and lately (a worker holding nothing, wanting nothing,
+        # writes nothing: an old failure must not keep it not ready).
+        since = self.writes_failing_since
+        lately = now - self._write_failed_at <= 2 * limit
+        if since is not None and not suspended and now - since > limit and lately:
+            return False, f"lease-table writes failing for {now - since:.0f}s: {self._write_error}"
         missing = sorted(missing_streams)
         if missing:
             return False, f"stream(s) gone or not readable: {', '.join(missing)}"

@@ -13,9 +13,10 @@ up to its listen backlog of 128, are counted together once made: the bound is
 
 The idle timeout watches requests, not answers: a peer that asks for a large answer and never
 reads it (a zero receive window) held its connection, and its slot, for ever, and the server's
-stop waited aiohttp's minute for each such answer. Each connection is aborted
-``CONNECTION_LIFETIME`` after it opened (a keep-alive client such as Prometheus connects again),
-and a stop waits ``STOP_SECONDS`` for answers in flight.
+stop waited aiohttp's minute for each such answer. ``CONNECTION_LIFETIME`` after it opened a
+connection is closed once its answer in flight is written (a keep-alive client such as
+Prometheus connects again), and aborted ``ABORT_AFTER`` later if still open; a stop waits
+``STOP_SECONDS`` for answers in flight.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from typing import Any
 from aiohttp import web
 
 MAX_CONNECTIONS = 64
-CONNECTION_LIFETIME = 60.0  # seconds a connection may stay open, whatever it does
+CONNECTION_LIFETIME = 60.0  # seconds a connection is kept open (then closed once it has answered)
+ABORT_AFTER = 10.0  # seconds past its lifetime a connection still open is aborted (unread answer)
+STARTING_SECONDS = 1.0  # a connection just made is among the server's within this
 STOP_SECONDS = 2.0  # a stop's wait for the answers in flight
 
 
@@ -54,10 +57,11 @@ class CappedSite(web.BaseSite):
         port: int,
         max_connections: int = MAX_CONNECTIONS,
         lifetime: float = CONNECTION_LIFETIME,
+        abort_after: float = ABORT_AFTER,
     ) -> None:
         super().__init__(runner)
         self._host, self._port, self._cap = host, port, max_connections
-        self._lifetime = lifetime
+        self._lifetime, self._abort_after = lifetime, abort_after
         self._listening: asyncio.Server | None = None
         self._opened: dict[Any, float] = {}  # the connections served -> when (loop time)
         self._sweeping: asyncio.TimerHandle | None = None
@@ -85,15 +89,21 @@ class CappedSite(web.BaseSite):
             return handler
 
         def sweep() -> None:
-            """Abort the connections past their lifetime; forget the closed ones (what is
-            remembered: the connections open, and those opened since the last sweep)."""
+            """Close the connections past their lifetime once their answer is written, abort
+            those still open ``abort_after`` later; forget the closed ones. A connection is
+            counted open from its first sight among the server's (aiohttp adds it a turn of the
+            loop after it is made: forgotten then, it escaped its lifetime)."""
             now, open_now = loop.time(), set(server.connections)
             for handler, opened in list(self._opened.items()):
+                age = now - opened
                 if handler not in open_now:
-                    del self._opened[handler]
-                elif now - opened >= self._lifetime:
+                    if age >= STARTING_SECONDS:  # closed (or never started)
+                        del self._opened[handler]
+                elif age >= self._lifetime + self._abort_after:
                     del self._opened[handler]
                     _abort(handler)
+                elif age >= self._lifetime:
+                    handler.close()  # after the answer in flight: a scrape is not cut
             self._sweeping = loop.call_later(min(5.0, self._lifetime / 4), sweep)
 
         sweep()

@@ -350,7 +350,7 @@ class Worker:
         self.metrics.leases_lost.inc(len(report.lost))
         for exc in report.failed.values():
             self.health.store_failed(exc)
-        self.health.renewals(len(report.renewed) + len(report.skipped), report.failed)
+        self.health.writes(len(report.renewed) + len(report.skipped), list(report.failed.values()))
         # Nothing held proves nothing about the table (a skip: a checkpoint landed lately).
         if (report.renewed or report.skipped) and not report.failed:
             self.health.store_ok()

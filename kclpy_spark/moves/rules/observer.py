@@ -36,7 +36,7 @@ steal, or a take after expiry); the taker uses that to damp stealing back (see t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from checkpoint.lease import Lease
@@ -144,19 +144,12 @@ class LeaseObserver:
         self._moved_at: dict[str, float] = {}
 
     def observe(
-        self,
-        leases: Iterable[Lease],
-        now: float,
-        wall: float | None = None,
-        prompt: Callable[[str], bool] = lambda owner: False,
+        self, leases: Iterable[Lease], now: float, wall: float | None = None
     ) -> ObservedScan:
         """Update the memory with a fresh, complete scan of the table made at monotonic ``now``
         and wall time ``wall`` (both read after the scan returned, as the KCL does, or later,
         which only dates changes later; without ``wall`` write stamps are not used) and classify
-        every lease. ``prompt(owner)``: a worker that takes a lease moved to it within a lease
-        duration (ours: a take round every few seconds), so such a lease expires after one
-        duration, not MOVED_EXPIRY_FACTOR of them (a receiver killed right after a move left
-        the lease unread for two failover times)."""
+        every lease."""
         very_old_after = self._timing.very_old
         seen: dict[str, _Seen] = {}
         live: list[ObservedLease] = []
@@ -166,8 +159,7 @@ class LeaseObserver:
             moved = self._moved(lease)
             since = self._since(lease, now, wall)
             age = None if since is None else now - since
-            slow = moved and not (lease.lease_owner is not None and prompt(lease.lease_owner))
-            expired = age is None or age > self._limit(slow)
+            expired = age is None or age > self._limit(moved)
             seen[lease.lease_key] = self._seen_now(lease, since, now, expired=expired, moved=moved)
             if lease.checkpoint.is_shard_end:
                 finished.append(lease)

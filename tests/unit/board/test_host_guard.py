@@ -274,12 +274,12 @@ def test_a_peer_that_never_reads_its_answer_loses_its_connection_at_its_lifetime
         app.router.add_get("/healthz", small)
         runner = status_runner(app, idle_seconds=0.5)
         await runner.setup()
-        site = CappedSite(runner, "127.0.0.1", 0, max_connections=2, lifetime=1.0)
+        site = CappedSite(runner, "127.0.0.1", 0, max_connections=2, lifetime=0.5, abort_after=1)
         await site.start()
         port = site.sockets[0].getsockname()[1]
         held = [await asyncio.to_thread(never_reading, port) for _ in range(2)]
         try:
-            await asyncio.sleep(2.5)  # past their lifetime: aborted, their slots free
+            await asyncio.sleep(3.0)  # past their lifetime and the abort: their slots free
             answered = False
             for _ in range(30):
                 with contextlib.suppress(http.client.HTTPException, ConnectionError):

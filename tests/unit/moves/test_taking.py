@@ -99,7 +99,7 @@ def worker(table: MemoryLeaseTable, consumers: Consumers, clock: ManualClock | N
         rng=random.Random(1),
         leader=Looks(),
         suspend_flag=Looks(),
-        health=SimpleNamespace(store_ok=lambda **_: None, all_parked=False),
+        health=SimpleNamespace(store_ok=lambda **_: None, writes=lambda *_: None, all_parked=False),
         board=None,
     )
 
@@ -645,7 +645,7 @@ def test_a_round_counts_the_workers_whose_status_says_they_run() -> None:
     w = worker(table, Consumers(), clock)
     w.streams = SimpleNamespace(context_of=lambda lease: object())
     w.board = SimpleNamespace(on_scan=lambda leases: None)
-    w.health = SimpleNamespace(store_ok=lambda **_: None, all_parked=False)
+    w.health = SimpleNamespace(store_ok=lambda **_: None, writes=lambda *_: None, all_parked=False)
     asyncio.run(Taker(w, io).round())
     assert len(w.consumers) == 4  # a third: "peer", "another" and us
 
@@ -668,7 +668,7 @@ def test_a_round_hands_the_scans_coordination_records_to_the_leader_and_suspend_
     coordination.set_suspended(table, False, by="op", now_wall=clock.wall())
     w = worker(table, Consumers(), clock)
     w.board = SimpleNamespace(on_scan=lambda leases: None)
-    w.health = SimpleNamespace(store_ok=lambda **_: None, all_parked=False)
+    w.health = SimpleNamespace(store_ok=lambda **_: None, writes=lambda *_: None, all_parked=False)
     asyncio.run(Taker(w, io).round())
     keys = (coordination.SUSPEND_KEY, coordination.worker_key("peer"))
     assert w.leader.seen == w.suspend_flag.seen == [(tuple(sorted(keys)), clock.monotonic())]
@@ -775,7 +775,7 @@ def test_a_round_balances_by_the_cpu_the_status_records_publish(
     w = worker(table, consumers, clock)
     w.cfg = WorkerConfig(stream_name="s", worker_id=ME, load_metric=metric)
     w.board = SimpleNamespace(on_scan=lambda leases: None)
-    w.health = SimpleNamespace(store_ok=lambda **_: None, all_parked=False)
+    w.health = SimpleNamespace(store_ok=lambda **_: None, writes=lambda *_: None, all_parked=False)
     asyncio.run(Taker(w, io).round())
     moved = [
         x.lease_key for x in table.list_leases() if x.lease_owner == ME and x.lease_key != "m0"
@@ -815,7 +815,7 @@ def test_a_steal_asks_a_graceful_handoff_only_of_a_kclpy_spark_worker(
     w = worker(table, Consumers(), clock)
     w.cfg = WorkerConfig(stream_name="s", worker_id=ME, graceful_handoff=True)
     w.board = SimpleNamespace(on_scan=lambda leases: None)
-    w.health = SimpleNamespace(store_ok=lambda **_: None, all_parked=False)
+    w.health = SimpleNamespace(store_ok=lambda **_: None, writes=lambda *_: None, all_parked=False)
     asyncio.run(Taker(w, io).round())  # first seen: live (the peer's writes are unstamped)
     moved = [x for x in table.list_leases() if x.lease_owner == ME]
     assert moved and all(x.checkpoint_owner == checkpoint_owner for x in moved), moved
@@ -841,7 +841,7 @@ def round_worker(table: MemoryLeaseTable, clock: ManualClock) -> Any:
     w = worker(table, Consumers(), clock)
     w.cfg = WorkerConfig(stream_name="s", worker_id=ME, graceful_handoff=True)
     w.board = SimpleNamespace(on_scan=lambda leases: None)
-    w.health = SimpleNamespace(store_ok=lambda **_: None, all_parked=False)
+    w.health = SimpleNamespace(store_ok=lambda **_: None, writes=lambda *_: None, all_parked=False)
     return w
 
 
@@ -1081,3 +1081,28 @@ def test_a_worker_just_resumed_takes_its_share_once_the_others_say_they_run_agai
         status(table, other, w.clock.wall())  # their control rounds: running again
     asyncio.run(taker.round())
     assert [x.lease_owner for x in table.list_leases()].count(ME) == 3
+
+
+def test_a_take_tells_health_whether_its_write_answered() -> None:
+    """Readiness counts failing writes (scans answering kept a worker whose writes were all
+    denied ready): a take's write is one."""
+    table = MemoryLeaseTable()
+    put(table, "s0")
+    w = worker(table, Consumers())
+    told: list[tuple[int, list[Any]]] = []
+    w.health = SimpleNamespace(
+        store_ok=lambda **_: None, writes=lambda n, failed: told.append((n, failed)),
+        all_parked=False,
+    )  # fmt: skip
+    denied = DependencyError("AccessDenied: UpdateItem")
+
+    def refuse(lease: Lease, owner: str) -> Lease | None:
+        raise denied
+
+    table.take_lease = refuse  # type: ignore[method-assign]
+    with pytest.raises(DependencyError):
+        asyncio.run(Taker(w, io).round())
+    assert told == [(0, [denied])]
+    del table.take_lease  # the real one again
+    asyncio.run(Taker(w, io).round())
+    assert told[-1] == (1, [])

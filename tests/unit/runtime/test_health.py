@@ -170,21 +170,32 @@ def test_a_gone_coordination_table_is_named_as_such_not_as_the_lease_table() -> 
     assert "checkpoints are lost" not in reason
 
 
-def test_renewals_failing_for_three_intervals_are_not_ready_though_scans_answer() -> None:
+def test_lease_table_writes_failing_are_not_ready_though_scans_answer() -> None:
     """A throttled lease table, or writes denied by IAM: every renewal and take failed, the
-    worker kept no lease and read nothing, and was ready all along (its scans answered)."""
+    worker kept no lease and read nothing, and was ready all along (its scans answered). The
+    holder drops a lease whose renewals failed once it expires locally (~10 s): the rounds after
+    that renew nothing, which must not clear the failure; the next take fails in turn."""
     clock = ManualClock()
     h = health(clock)
     denied = DependencyError("AccessDenied: UpdateItem on table app")
-    for _ in range(4):
-        h.renewals(0, {"shardId-0": denied})
+    for _ in range(3):  # renewals fail from 0 to 6 s; the lease is dropped then
+        h.writes(0, [denied])
         h.store_ok(scanned=True)  # the take loop's scans still answer
         clock.advance(3.0)
+    for _ in range(2):  # 9 to 12 s: nothing held, nothing renewed
+        h.writes(0, [])
+        h.store_ok(scanned=True)
+        clock.advance(1.5)
     ok, why = ready(h)
-    assert not ok and why.startswith("lease renewals failing for 12s") and "AccessDenied" in why
-    h.renewals(1, {"shardId-0": denied})  # one renewed: the table takes writes
+    assert not ok and why.startswith("lease-table writes failing for 12s") and "AccessDenied" in why
+    h.writes(0, [denied])  # the take of its expired lease fails too
+    assert not ready(h)[0]
+    h.writes(1, [])  # one write answered: the table takes writes again
     assert ready(h) == (True, "ready")
-    h.renewals(0, {"shardId-0": denied})
+    h.writes(0, [denied])
     clock.advance(3.0)
     h.store_ok()
     assert ready(h) == (True, "ready")  # failing since 3 s only
+    clock.advance(60.0)  # an old failure, and no write since (nothing to hold or take)
+    h.store_ok()
+    assert ready(h) == (True, "ready")
