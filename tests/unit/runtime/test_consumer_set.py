@@ -9,7 +9,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -345,9 +345,9 @@ def test_a_cancelled_consumer_whose_call_runs_on_keeps_its_lease_from_a_second_o
         release.set()
 
 
-def test_a_consumer_cancelled_by_no_one_here_releases_its_lease() -> None:
-    """A CancelledError nobody here asked for (a source's, a library's) ended the consumer's
-    task as if ``shutdown_all`` had: no release, the lease renewed here unread for good."""
+def with_a_call_held(body: Callable[[Env, str, threading.Event], Awaitable[None]]) -> None:
+    """``body(env, key, release)`` while the consumer of ``key`` is in ``process_records``,
+    which returns once ``release`` is set."""
     release = threading.Event()
     env = Env(HeldUntil(release))
     key = "shardId-000000000000"
@@ -355,6 +355,19 @@ def test_a_consumer_cancelled_by_no_one_here_releases_its_lease() -> None:
     async def go() -> None:
         env.start(key, [batch(10)])
         await settle(env.processor.entered.is_set)
+        await body(env, key, release)
+
+    try:
+        asyncio.run(go())
+    finally:
+        release.set()
+
+
+def test_a_consumer_cancelled_by_no_one_here_releases_its_lease() -> None:
+    """A CancelledError nobody here asked for (a source's, a library's) ended the consumer's
+    task as if ``shutdown_all`` had: no release, the lease renewed here unread for good."""
+
+    async def body(env: Env, key: str, release: threading.Event) -> None:
         env.set.running[key].task.cancel()
         await settle(lambda: key not in env.set.running)
         for _ in range(20):  # not while its call runs on: another worker would run it too
@@ -365,23 +378,15 @@ def test_a_consumer_cancelled_by_no_one_here_releases_its_lease() -> None:
         assert env.holder.get_if_held(key) is None
         assert env.table.get_lease(key).lease_owner is None  # type: ignore[union-attr]
 
-    try:
-        asyncio.run(go())
-    finally:
-        release.set()
+    with_a_call_held(body)
 
 
 def test_a_lease_to_hand_back_is_forgotten_however_its_consumer_ends() -> None:
     """A removed stream's consumer cancelled by a stop's grace (or failing) kept its key in
     the hand-back set for good: a later tenure of that lease ending at a handoff was released
     again in the background, racing the handoff."""
-    release = threading.Event()
-    env = Env(HeldUntil(release))
-    key = "shardId-000000000000"
 
-    async def go() -> None:
-        env.start(key, [batch(10)])
-        await settle(env.processor.entered.is_set)
+    async def body(env: Env, key: str, release: threading.Event) -> None:
         env.set.hand_back(SimpleNamespace(owns=lambda held: True))  # type: ignore[arg-type]
         assert env.set._hand_back == {key}
         await env.set.shutdown_all(0.05)  # the grace ran out: cancelled
@@ -389,33 +394,22 @@ def test_a_lease_to_hand_back_is_forgotten_however_its_consumer_ends() -> None:
         await settle(lambda: key not in env.set)
         assert env.set._hand_back == set()
 
-    try:
-        asyncio.run(go())
-    finally:
-        release.set()
+    with_a_call_held(body)
 
 
 def test_a_consumer_cancelled_by_the_grace_tells_its_processor_once_its_call_returns() -> None:
     """A suspend whose grace ran out cancelled the consumer: its processor never heard, and
     kept what it held until the process exited (a MultiLang child and its pipes, a Spark
     sink's lane with the reads it keeps)."""
-    release = threading.Event()
-    env = Env(HeldUntil(release))
-    key = "shardId-000000000000"
 
-    async def go() -> None:
-        env.start(key, [batch(10)])
-        await settle(env.processor.entered.is_set)
+    async def body(env: Env, key: str, release: threading.Event) -> None:
         await env.set.shutdown_all(0.05)  # the grace ran out: cancelled mid-call
         assert "lease_lost" not in env.processor.calls  # not while process_records runs
         release.set()
         await settle(lambda: "lease_lost" in env.processor.calls and not env.set._telling)
         assert env.processor.calls.count("lease_lost") == 1
 
-    try:
-        asyncio.run(go())
-    finally:
-        release.set()
+    with_a_call_held(body)
 
 
 def test_a_shard_whose_reads_went_silent_shows_no_lag_rather_than_its_last() -> None:

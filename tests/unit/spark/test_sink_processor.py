@@ -149,13 +149,20 @@ def test_shutdown_flushes_and_checkpoints_what_was_written(
     assert sink.rows == ["10", "20", "30", "40"] and c.checkpoint() == ExtendedSequenceNumber("40")
 
 
-def test_shutdown_waits_only_so_long_for_a_stuck_write(sink: Sink) -> None:
+def two_records_behind_a_stuck_write(sink: Sink) -> tuple[SparkSinkProcessorFactory, Consumer]:
+    """A factory whose shutdown timeout is 50 ms, and a consumer that delivered two records
+    whose write waits for ``sink.gate``."""
     batcher = MicroBatcher(sink, BatcherSettings(max_records=1000, max_wait=3600.0))
     factory = SparkSinkProcessorFactory(batcher, "stream", shutdown_timeout=0.05)
+    c = consumer(factory)
+    sink.gate.clear()
+    c.deliver(2)
+    return factory, c
+
+
+def test_shutdown_waits_only_so_long_for_a_stuck_write(sink: Sink) -> None:
+    factory, c = two_records_behind_a_stuck_write(sink)
     try:
-        c = consumer(factory)
-        sink.gate.clear()
-        c.deliver(2)
         c.processor.shutdown_requested(ShutdownRequestedInput(c.cp))  # returns: timed out
         assert c.checkpoint() == TRIM_HORIZON
         # The drain cut the batch; its write (after the pending checkpoint) may start only now.
@@ -173,12 +180,8 @@ def test_a_caught_up_job_lease_waits_for_its_write_past_the_shutdown_timeout(
 ) -> None:
     """``--until-caught-up``: nothing waits for the lease, so a first Spark write slower than
     ``shutdown_timeout`` is waited for (it failed the job: "not caught up")."""
-    batcher = MicroBatcher(sink, BatcherSettings(max_records=1000, max_wait=3600.0))
-    factory = SparkSinkProcessorFactory(batcher, "stream", shutdown_timeout=0.05)
+    factory, c = two_records_behind_a_stuck_write(sink)
     try:
-        c = consumer(factory)
-        sink.gate.clear()
-        c.deliver(2)
         done = threading.Event()
 
         def conclude() -> None:
