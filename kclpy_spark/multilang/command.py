@@ -68,6 +68,10 @@ def run(args: argparse.Namespace) -> int:
     """Run the subcommand; raises ConfigError (the caller prints it and exits 2)."""
     from kclpy_spark.multilang.runner import run_properties
 
+    if args.in_process and ":" not in args.in_process and not args.file:
+        # `--in-process app.properties`: argparse gave the file to the flag (its value is
+        # optional); a processor is module:Class
+        args.file, args.in_process = args.in_process, ""
     if args.file and args.properties and args.file != args.properties:
         log.warning("the --properties file wins over %s", args.file)
     path = args.properties or args.file

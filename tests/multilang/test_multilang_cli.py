@@ -6,6 +6,7 @@ import argparse
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,6 +37,30 @@ def test_argument_spellings(argv: list[str], path: str | None, in_process: str |
     assert args.properties == path
     assert args.in_process == in_process
     assert (args.properties or args.file).endswith(".properties")
+
+
+@pytest.mark.parametrize(
+    ("argv", "path", "processor"),
+    [
+        (["--in-process", "app.properties"], "app.properties", None),  # the flag took the file
+        (["app.properties", "--in-process", "app:Processor"], "app.properties", "app:Processor"),
+    ],
+)
+def test_in_process_before_the_file_runs_that_file(
+    argv: list[str], path: str, processor: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--in-process app.properties``: argparse gave the file to the flag (its value is
+    optional), and the command said "a .properties file is required"."""
+    from kclpy_spark.multilang import command, runner
+
+    ran: list[tuple[str, bool, str | None]] = []
+
+    def run_properties(p: str, *, in_process: bool, processor: str | None, **_: Any) -> None:
+        ran.append((p, in_process, processor))
+
+    monkeypatch.setattr(runner, "run_properties", run_properties)
+    assert command.run(parse(*argv)) == 0
+    assert ran == [(path, True, processor)]
 
 
 def _cli(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
