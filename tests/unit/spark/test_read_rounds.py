@@ -1218,6 +1218,16 @@ def _put_back_unread_at_the_end() -> Lane:
     return lane
 
 
+def read_to_its_end(lane: Lane, read: Any) -> tuple[ExecutorReads, _Entry]:
+    """A reader (its read job ``read``, one task) of ``lane``'s lease, read to its shard's end."""
+    feed, _ = feed_with(lane)
+    reads_, entry, _ = started(feed, ExecutorReads(
+        lambda: None, AwsTarget("us-east-1"), ReadSettings(), read=read, tasks=lambda s: 1,
+    ))  # fmt: skip
+    entry.ended = True
+    return reads_, entry
+
+
 @pytest.mark.parametrize("lost", [False, True])
 def test_a_lease_read_to_its_end_is_read_again_only_to_re_form_a_lost_piece(lost: bool) -> None:
     """Its relay had ended with the shard's end, so a piece lost with an executor then had no
@@ -1235,11 +1245,7 @@ def test_a_lease_read_to_its_end_is_read_again_only_to_re_form_a_lost_piece(lost
     else:
         lane = make_lane()
         lane.force(final=True)
-    feed, _ = feed_with(lane)
-    reads_, entry, _ = started(feed, ExecutorReads(
-        lambda: None, AwsTarget("us-east-1"), ReadSettings(), read=read, tasks=lambda s: 1,
-    ))  # fmt: skip
-    entry.ended = True
+    reads_, entry = read_to_its_end(lane, read)
     lane.checkpointer.set_largest_permitted(SHARD_END)  # the consumer marked the shard's end
     assert reads_.read_round() == (1 if lost else 0)
     if not lost:
@@ -1340,11 +1346,7 @@ def _piece_lost_behind_the_shards_end(read: Any) -> tuple[Lane, ExecutorReads, _
     lane.prepared(out)
     lane.add(range_chunk(40, 60, 3), now=0.0)  # the last read, with the shard's end
     lane.force(final=True)
-    feed, _ = feed_with(lane)
-    reads_, entry, _ = started(feed, ExecutorReads(
-        lambda: None, AwsTarget("us-east-1"), ReadSettings(), read=read, tasks=lambda s: 1,
-    ))  # fmt: skip
-    entry.ended = True
+    reads_, entry = read_to_its_end(lane, read)
     assert lane.put_back_unread(out, (out.key,), now=1.0)  # its rows lost with an executor
     return lane, reads_, entry
 
