@@ -21,7 +21,7 @@ from typing import Any
 from checkpoint.base.errors import ConfigError
 from checkpoint.sequence import InitialPosition
 from kclpy_spark.config_checks import check
-from kclpy_spark.stream_spec import STREAM_ARN, StreamSpec
+from kclpy_spark.stream_spec import StreamSpec, arn_stream_name
 
 DEFAULT_LEASE_STORE = "sqlite:.kclpy-spark/leases.db"
 # us-east-1, eu-central-2, us-gov-west-1, cn-northwest-1, us-isob-east-1 ...
@@ -293,8 +293,7 @@ def _stream_name(key: str, value: Any) -> str | None:
     """The stream a ``stream_name`` or ``stream_arn`` value names (None: none, or malformed)."""
     if key == "stream_name":
         return value if isinstance(value, str) and value else None
-    match = STREAM_ARN.match(value) if isinstance(value, str) else None
-    return match.group(1) if match else None
+    return arn_stream_name(value)
 
 
 def environment_values(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -14,6 +14,12 @@ STREAM_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
 STREAM_ARN = re.compile(r"^arn:[a-z-]+:kinesis:[a-z0-9-]+:\d{12}:stream/([a-zA-Z0-9_.-]{1,128})$")
 
 
+def arn_stream_name(arn: object) -> str | None:
+    """The stream name a Kinesis stream ARN carries; None for anything else."""
+    match = STREAM_ARN.match(arn) if isinstance(arn, str) else None
+    return match.group(1) if match else None
+
+
 def check_stream(
     name: object, arn: object, where: str, keys: tuple[str, str] = ("stream_name", "stream_arn")
 ) -> None:
@@ -61,11 +67,9 @@ class StreamSpec:
     @property
     def name(self) -> str:
         """The stream's name (from its ARN when only that is given)."""
-        if self.stream_name:
-            return self.stream_name
-        match = STREAM_ARN.match(str(self.stream_arn))
-        assert match is not None  # checked in __post_init__
-        return match.group(1)
+        name = self.stream_name or arn_stream_name(self.stream_arn)
+        assert name is not None  # checked in __post_init__
+        return name
 
     @property
     def account(self) -> str | None:
