@@ -19,7 +19,7 @@ from kclpy_spark.spark.batch_life import Batch, LaneEvents
 from kclpy_spark.spark.frames import ExecutorFrames, RangeChunk
 from kclpy_spark.spark.lane import TwoPhaseCheckpointer
 from kclpy_spark.spark.pieces import SCHEMA, PendingState, Piece, batch_id_of
-from kclpy_spark.spark.sink_batch import SinkBatch, SinkRoute, ToDataFrame, per_piece
+from kclpy_spark.spark.sink_batch import SinkBatch, SinkRoute, ToDataFrame, own_pieces_only
 from kclpy_spark.spark.timed_write import TimedWrites, WriteHungError, WriteThreadsClosedError
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class BatchPreparer:
         self._to_df = to_df
         self._parse = parse  # a DataFrame read on the executors into the value schema
         # Whether a lease's pending checkpoint names its batch's other pieces (IdempotentPerPiece).
-        self._own_groups = all(per_piece(r.sink) for r in self._routes)
+        self._own_groups = own_pieces_only(self._routes)
 
     def prepare(self, batch: Batch) -> None:
         """Tokens, then each cut's pending checkpoint (once per batch), then the SinkBatch."""

@@ -59,7 +59,7 @@ from kclpy_spark.spark.sink_batch import (
     SinkRoute,
     ToDataFrame,
     needs_order,
-    per_piece,
+    own_pieces_only,
 )
 from kclpy_spark.spark.updates import BatcherStats, LaneUpdates
 from kclpy_spark.spark.writer import BatchWriter, single_route
@@ -418,7 +418,7 @@ def _plan_settings(
     read round is their batching); ``max_leases`` only where a lease's pending checkpoint names
     its whole batch (a sink not written once per piece: ``check_groups``, ``depth`` batches of a
     lease out at once)."""
-    if not all(per_piece(route.sink) for route in routes):
+    if not own_pieces_only(routes):
         s.check_groups(depth)
     else:
         s = replace(s, max_leases=sys.maxsize)

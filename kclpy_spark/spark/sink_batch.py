@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -147,6 +147,12 @@ class IdempotentPerPiece(Protocol):
 def per_piece(sink: object) -> bool:
     """True if ``sink`` writes a piece at most once whatever batch it comes in."""
     return isinstance(sink, IdempotentPerPiece) and sink.idempotent_per_piece
+
+
+def own_pieces_only(routes: Iterable[SinkRoute]) -> bool:
+    """Whether a lease's pending checkpoint names only its own piece with these sinks (each
+    writes a piece once whatever its batch), not every piece of its batch."""
+    return all(per_piece(route.sink) for route in routes)
 
 
 @runtime_checkable
