@@ -299,16 +299,14 @@ class StreamSet:
             return None
         label = spec.label
         known = coordination.stream_created(self._table, label)
-        if known is None:
-            coordination.set_stream_created(
-                self._table, label, created, now_wall=self._clock.wall()
+        if known is not None and abs(known - created) > 1.0:
+            by_name = (
+                coordination.stream_created(self._table, spec.name) if spec.stream_arn else None
             )
-        elif abs(known - created) > 1.0:
-            by_name = None
-            if spec.stream_arn:
-                by_name = coordination.stream_created(self._table, spec.name)
             if by_name is None or abs(by_name - created) > 1.0:
                 raise StreamRecreatedError(recreated_message(label, known, created))
+            known = None  # this stream by its name's record: the label's record follows it
+        if known is None:
             coordination.set_stream_created(
                 self._table, label, created, now_wall=self._clock.wall()
             )

@@ -358,9 +358,12 @@ def in_thread(method: Callable[[Any], Any], arg: object) -> Any:
     the thread's future turns into asyncio's, a cancel of the consumer's task)."""
     try:
         return method(arg)
-    except (SystemExit, KeyboardInterrupt) as exc:
-        raise exited(method, exc) from exc
-    except (asyncio.CancelledError, concurrent.futures.CancelledError) as exc:
+    except (
+        SystemExit,
+        KeyboardInterrupt,
+        asyncio.CancelledError,
+        concurrent.futures.CancelledError,
+    ) as exc:
         raise exited(method, exc) from exc
 
 
