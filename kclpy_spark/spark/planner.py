@@ -94,17 +94,21 @@ def _fresh_plans(
     # cannot cut) kept the buffer full, and every other lane was cut at each delivery.
     pressure = sum(x.nbytes for x in fresh) >= s.buffer_limit
     by_age = sorted(fresh, key=lambda x: x.oldest if x.oldest is not None else now)
-    size = 1 if s.scope == "lease" else s.max_leases
     plans: list[Plan] = []
+    if s.scope == "lease":
+        for lane in by_age:
+            if limit is not None and len(plans) >= limit:
+                break
+            if _due([lane], s, now, pressure):
+                plans.append(Plan((lane,), budgeted=True))
+        return plans
+    size = s.max_leases
     for start in range(0, len(by_age), size):
         if limit is not None and len(plans) >= limit:
             break
-        if s.scope == "lease" and _due([by_age[start]], s, now, pressure):
-            plans.append(Plan((by_age[start],), budgeted=True))
-        elif s.scope == "worker":  # the leases after a batch not due are younger: none is
-            if not _due(by_age[start:], s, now, pressure):
-                break
-            plans.append(Plan(tuple(by_age[start : start + size]), budgeted=True))
+        if not _due(by_age[start:], s, now, pressure):
+            break  # the leases after it are younger: none of them is due either
+        plans.append(Plan(tuple(by_age[start : start + size]), budgeted=True))
     return plans
 
 
