@@ -101,6 +101,8 @@ class MultiLangSettings:
     timeout: float | None = None
     shutdown_grace: float = DEFAULT_CHILD_GRACE
     processing_language: str | None = None
+    # callProcessRecordsEvenForEmptyRecordList: processRecords also after each read with none
+    empty_record_lists: bool = False
 
 
 @dataclass(frozen=True)
@@ -236,12 +238,6 @@ def _arn_region(arn: str | None) -> str | None:
 
 
 def _behaviour_checks(props: Mapping[str, str]) -> None:
-    empty = props.get("callProcessRecordsEvenForEmptyRecordList")
-    if empty and as_bool("callProcessRecordsEvenForEmptyRecordList", empty):
-        log.warning(
-            "callProcessRecordsEvenForEmptyRecordList = true is not supported yet: "
-            "processRecords is called only with records"
-        )
     cleanup = props.get("cleanupLeasesUponShardCompletion")
     if cleanup and not as_bool("cleanupLeasesUponShardCompletion", cleanup):
         log.warning(
@@ -346,6 +342,9 @@ def _credentials_profile(named: Mapping[str, str | None]) -> str | None:
     return main
 
 
+EMPTY_LISTS = "callProcessRecordsEvenForEmptyRecordList"
+
+
 def _multilang(props: Mapping[str, str], folder: Path) -> MultiLangSettings:
     executable = props.get("executableName")
     if not executable:
@@ -356,6 +355,7 @@ def _multilang(props: Mapping[str, str], folder: Path) -> MultiLangSettings:
     timeout = props.get("timeoutInSeconds")
     grace = props.get("shutdownGraceMillis")
     language = props.get("processingLanguage")
+    empty = props.get(EMPTY_LISTS)
     if language:
         log.info("processingLanguage = %s (only sent in the user agent by the KCL)", language)
     return MultiLangSettings(
@@ -366,6 +366,7 @@ def _multilang(props: Mapping[str, str], folder: Path) -> MultiLangSettings:
         if not grace
         else as_seconds("shutdownGraceMillis", grace),
         processing_language=language or None,
+        empty_record_lists=as_bool(EMPTY_LISTS, empty) if empty else False,
     )
 
 

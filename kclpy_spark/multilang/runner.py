@@ -181,6 +181,24 @@ def build_factory(
     retry_failed_batches: bool = False,
 ) -> tuple[ProcessorFactory, str]:
     """The worker's processor factory for ``config`` and a description of the path chosen."""
+    factory, description = _factory(config, in_process, processor, retry_failed_batches)
+    if not config.multilang.empty_record_lists:
+        return factory, description
+
+    def asking_for_empty_lists() -> RecordProcessor:  # callProcessRecordsEvenForEmptyRecordList
+        made = factory()
+        made.call_process_records_even_for_empty_record_list = True
+        return made
+
+    return asking_for_empty_lists, f"{description}, processRecords after empty reads too"
+
+
+def _factory(
+    config: PropertiesConfig,
+    in_process: bool | None,
+    processor: str | None,
+    retry_failed_batches: bool,
+) -> tuple[ProcessorFactory, str]:
     if in_process is None:
         in_process = processor is not None
     settings = config.multilang

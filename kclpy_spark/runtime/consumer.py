@@ -349,10 +349,10 @@ class ShardConsumer:
                     await self._pin_earlier(batch.records[0].timestamp_millis)
                 if batch.records or batch.announce:
                     await self._deliver(processor, batch)
-                elif batch.millis_behind_latest is not None:  # an empty read at the tip
+                elif batch.millis_behind_latest is not None:  # an empty read
                     self._lag(batch.millis_behind_latest)
-                    if isinstance(processor, IdleAware):
-                        await self._no_records(processor)
+                    if not batch.shard_ended:
+                        await self._no_records(processor, batch.millis_behind_latest)
                 if batch.shard_ended:
                     return await self._shard_end(processor, batch)
                 if self._caught_up is not None and self._caught_up.reached(batch):
@@ -436,14 +436,28 @@ class ShardConsumer:
         self._start.delivered(end)
         self._count(batch)
 
-    async def _no_records(self, processor: IdleAware) -> None:
-        """Tell an IdleAware processor of an empty read; what it raises counts as a failure."""
+    async def _no_records(self, processor: RecordProcessor, lag: int) -> None:
+        """After a read with no records: ``process_records`` with none for a processor that asks
+        for it (the KCL's callProcessRecordsEvenForEmptyRecordList), else ``no_records`` for an
+        IdleAware one. What it raises counts as a failure (nothing is offered again)."""
+        if getattr(processor, "call_process_records_even_for_empty_record_list", False) is True:
+            what = "process_records"
+            arg = ProcessRecordsInput([], lag, self.tenure.checkpointer)
+            call = functools.partial(self._call, processor.process_records, arg)
+        elif isinstance(processor, IdleAware):
+            what, call = "no_records", functools.partial(self._idle, processor)
+        else:
+            return
+        self.tenure.current()  # as before a delivery: not called for a lease lost meanwhile
         try:
-            await self._call(lambda _: processor.no_records(), None)
+            await call()
         except RedeliverFromCheckpoint:
             raise  # read again from the checkpoint (_process): it lost what it held
         except Exception as exc:
-            await self.budget.failed("no_records", exc, " (after a read with no new records)")
+            await self.budget.failed(what, exc, " (after a read with no new records)")
+
+    async def _idle(self, processor: IdleAware) -> None:
+        await self._call(lambda _: processor.no_records(), None)
 
     def _count(self, batch: FetchedBatch) -> None:
         label = self._shard_labels

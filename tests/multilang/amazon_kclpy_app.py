@@ -68,7 +68,8 @@ class RecordProcessor(processor.RecordProcessorBase):
 
     def process_records(self, process_records_input):
         records = process_records_input.records
-        if not records:
+        if not records:  # callProcessRecordsEvenForEmptyRecordList = true
+            _event(self.shard_id, "no_records", lag=process_records_input.millis_behind_latest)
             return
         lines = [
             json.dumps(

@@ -261,6 +261,25 @@ def test_build_factory_chooses_the_path(amazon_kclpy: ModuleType, tmp_path: Path
         build_factory(config, in_process=False, processor="myapp:RecordProcessor")
 
 
+@pytest.mark.parametrize("in_process", [False, True])
+def test_both_paths_ask_for_empty_record_lists_when_the_file_does(
+    amazon_kclpy: ModuleType, tmp_path: Path, in_process: bool
+) -> None:
+    """callProcessRecordsEvenForEmptyRecordList = true was warned about and not honoured: an
+    app that flushes or checkpoints on a timer from processRecords never ran it on a quiet
+    shard."""
+    raw = {"executableName": f"python3 {KCLPY_APP}", "streamName": "s", "applicationName": "app",
+           "callProcessRecordsEvenForEmptyRecordList": "true"}  # fmt: skip
+    worker, settings = config_from_properties(raw, folder=tmp_path)
+    factory, description = build_factory(
+        PropertiesConfig(worker, settings, tmp_path / "app.properties", raw), in_process=in_process
+    )
+    assert factory().call_process_records_even_for_empty_record_list is True
+    assert "after empty reads too" in description
+    factory, _ = build_factory(_config(tmp_path, f"python3 {KCLPY_APP}"), in_process=in_process)
+    assert factory().call_process_records_even_for_empty_record_list is False
+
+
 def test_the_in_process_path_says_it_does_not_apply_timeout_in_seconds(
     amazon_kclpy: ModuleType, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

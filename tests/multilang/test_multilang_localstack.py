@@ -192,3 +192,36 @@ def test_a_silent_child_is_timed_out_and_its_lease_released(
     assert "timeoutInSeconds" in log and "killed child process" in log
     assert "parked" in log
     assert not read_records(output)
+
+
+def test_an_app_that_asks_for_empty_record_lists_gets_them_on_a_quiet_shard(
+    amazon_kclpy: ModuleType,
+    kinesis_client: Any,
+    localstack_endpoint: str,
+    stream_name: str,
+    tmp_path: Path,
+) -> None:
+    """callProcessRecordsEvenForEmptyRecordList = true: once its records are read, the child
+    is sent processRecords with no records after each empty read, with the shard's lag."""
+    output = tmp_path / "out"
+    create_stream(kinesis_client, stream_name, 1)
+    produce(kinesis_client, stream_name, range(2))
+    props = properties_text(
+        name=stream_name,
+        endpoint=localstack_endpoint,
+        executable=f"{sys.executable} {KCLPY_APP}",
+        extra={"callProcessRecordsEvenForEmptyRecordList": "true"},
+    )
+    with daemon(tmp_path, props, output) as running:
+
+        def empty_calls() -> list[dict[str, Any]]:
+            events = read_events(output) if output.exists() else []
+            return [e for e in events if e["event"] == "no_records"]
+
+        wait_for("two empty record lists", lambda: len(empty_calls()) >= 2, 60)
+        assert running.stop() == 0
+        log = running.text()
+    assert {r["data"] for r in read_records(output)} == {"n0", "n1"}
+    assert all(isinstance(e["lag"], int) for e in empty_calls())
+    assert "processRecords after empty reads too" in log
+    assert "not supported" not in log

@@ -330,12 +330,22 @@ def test_credentials_providers_that_would_run_as_another_identity_are_refused(
 
 
 def test_behaviour_keys_we_do_not_support_warn(caplog: pytest.LogCaptureFixture) -> None:
-    build(callProcessRecordsEvenForEmptyRecordList="false", cleanupLeasesUponShardCompletion="true")
+    build(cleanupLeasesUponShardCompletion="true")
     assert not warnings(caplog)
-    build(callProcessRecordsEvenForEmptyRecordList="true", cleanupLeasesUponShardCompletion="false")
-    found = " | ".join(warnings(caplog))
-    assert "callProcessRecordsEvenForEmptyRecordList = true is not supported" in found
-    assert "cleanupLeasesUponShardCompletion = false is not supported" in found
+    build(cleanupLeasesUponShardCompletion="false")
+    assert "cleanupLeasesUponShardCompletion = false is not supported" in " | ".join(
+        warnings(caplog)
+    )
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, False), ("false", False), ("TRUE", True)])
+def test_empty_record_lists_are_asked_for_as_the_kcl_reads_the_key(
+    caplog: pytest.LogCaptureFixture, value: str | None, expected: bool
+) -> None:
+    props = {} if value is None else {"callProcessRecordsEvenForEmptyRecordList": value}
+    _, settings = build(**props)
+    assert settings.empty_record_lists is expected
+    assert not warnings(caplog)
 
 
 def test_retrieval_mode() -> None:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from multilang_helpers import (
@@ -121,6 +122,30 @@ def test_records_checkpoints_shard_end_and_exit(
             "TRIM_HORIZON"
             for r in child
         )
+
+
+def test_an_amazon_kclpy_child_is_sent_an_empty_record_list_with_its_lag(
+    tmp_path: Path, amazon_kclpy: ModuleType
+) -> None:
+    """callProcessRecordsEvenForEmptyRecordList: the consumer calls process_records with no
+    records; the child gets a processRecords message with an empty list and the read's lag,
+    and what it was given last stays what it holds."""
+    shard = held_shard()
+    processor = SubprocessProcessor(spec(tmp_path, KCLPY_APP))
+
+    async def scenario() -> None:
+        await start(processor, shard)
+        await deliver(processor, shard, 1, 2)
+        await processor.process_records(ProcessRecordsInput([], 1234, shard.checkpointer))
+        await processor.lease_lost(LeaseLostInput())
+
+    asyncio.run(scenario())
+    assert [(e["event"], e.get("lag")) for e in read_events(tmp_path / "out")] == [
+        ("initialize", None),
+        ("no_records", 1234),
+        ("lease_lost", None),
+    ]
+    assert shard.stored() == ExtendedSequenceNumber(seq(2))
 
 
 def test_a_failed_checkpoint_is_answered_with_the_error_name(tmp_path: Path) -> None:

@@ -955,6 +955,53 @@ def test_a_plain_processor_is_not_called_for_empty_reads() -> None:
     ]
 
 
+class EmptyListsToo(Recorder):
+    """Asks for the KCL's callProcessRecordsEvenForEmptyRecordList; records the lag it is told."""
+
+    call_process_records_even_for_empty_record_list = True
+
+    def __init__(self, fail: Callable[[str, object], bool] = lambda name, arg: False) -> None:
+        super().__init__(fail)
+        self.lags: list[tuple[int, int]] = []  # (records, millis behind) of each call
+
+    def process_records(self, process_records_input: ProcessRecordsInput) -> None:
+        self.lags.append(
+            (len(process_records_input.records), process_records_input.millis_behind_latest)
+        )
+        super().process_records(process_records_input)
+
+
+def test_a_processor_asking_for_empty_lists_is_called_after_each_empty_read() -> None:
+    """The KCL's callProcessRecordsEvenForEmptyRecordList: process_records with no records and
+    the read's lag; its checkpoint() stays at the last record delivered."""
+    env = Env(processor=EmptyListsToo())
+    env.lease()
+    script: Script = [FetchedBatch([], 500), batch(10, lag=40), FetchedBatch([], 0)]
+    consumer = env.consumer(FakeSources(script))
+    env.run(consumer, until=lambda: len(env.processor.lags) == 3)
+    assert env.processor.lags == [(0, 500), (1, 40), (0, 0)]
+    assert env.stored().checkpoint == ExtendedSequenceNumber("10")
+
+
+def test_no_empty_list_at_the_shard_end() -> None:
+    """As the KCL: a read that ends the shard with no records goes to shard_ended only."""
+    env = Env(processor=EmptyListsToo())
+    env.lease()
+    consumer = env.consumer(FakeSources([batch(10), ended([])]))
+    assert env.run(consumer) is Outcome.SHARD_END
+    assert env.processor.lags == [(1, 0)]
+    assert "shard_ended" in env.processor.calls
+
+
+def test_an_empty_list_call_that_keeps_failing_parks_the_lease() -> None:
+    env = Env(processor=EmptyListsToo(fail=lambda name, arg: name == "process_records"))
+    env.lease()
+    consumer = env.consumer(FakeSources([FetchedBatch([], 0)] * (ATTEMPTS + 1)))
+    assert env.run(consumer) is Outcome.PARKED
+    assert env.processor.calls.count("process_records") == ATTEMPTS
+    assert "process_records failed" in consumer.stats.park_reason
+
+
 def test_records_read_elsewhere_are_counted_for_the_lease_not_delivered() -> None:
     """read_on = executors: the records go to the sink on the executors; the lease's figures
     (status, /metrics) still count them."""
