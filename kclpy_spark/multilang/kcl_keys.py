@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import fields
 from typing import Any
 
@@ -108,6 +108,11 @@ SPECIAL = frozenset(
 )
 
 _NO_EFFECT = "not needed here"
+_NO_KCL3_TABLES = "no coordinator state or worker metrics entities are written, none to migrate"
+_MADE_PLAIN = (
+    "the lease table is made without deletion protection or point-in-time recovery: turn them on "
+    "on the table itself (update-table, update-continuous-backups)"
+)
 # Known keys we ignore, with why. WARNING: ignoring it changes what the application gets.
 IGNORED_INFO: dict[str, str] = {
     "maxActiveThreads": "processors run on one asyncio loop; no thread pool to size",
@@ -131,6 +136,9 @@ IGNORED_INFO: dict[str, str] = {
     "metricsBufferTimeMillis": "no CloudWatch metrics are published",
     "metricsMaxQueueSize": "no CloudWatch metrics are published",
     "metricsEnabledDimensions": "no CloudWatch metrics are published",
+    "leaseTableScanTotalSegments": "the lease table is scanned as one segment",
+    "migrateAllEntitiesToLeaseTable": _NO_KCL3_TABLES,
+    "tableMigrationCompleteBakeTimeSeconds": _NO_KCL3_TABLES,
 }
 KCL3_NOTE = (
     "KCL 3.x's lease assignment settings are not read: lease_assignment (auto by default) "
@@ -180,6 +188,12 @@ IGNORED_WARNING: dict[str, str] = {
         ],
         _FANOUT,
     ),
+    "leaseTableDeletionProtectionEnabled": _MADE_PLAIN,
+    "leaseTablePitrEnabled": _MADE_PLAIN,
+    "millisBehindLatestThresholdForReducedTps": (
+        "a read within idle_time_between_reads of the shard's tip waits "
+        "idleTimeBetweenReadsInMillis before the next; set that instead"
+    ),
 }
 CREDENTIALS = re.compile(r"^awscredentialsprovider(dynamodb|cloudwatch)?$", re.IGNORECASE)
 DEFAULT_PROVIDERS = {"DefaultCredentialsProvider", "DefaultAWSCredentialsProviderChain"}
@@ -199,7 +213,23 @@ POLLING_KEYS = (
     "idleTimeBetweenReadsInMillis",
     "retryGetRecordsInSeconds",
     "maxGetRecordsThreadPool",
+    "millisBehindLatestThresholdForReducedTps",
 )
+# Those the bean holds as Java numbers, not objects: 0 is as if not set.
+_PRIMITIVE_POLLING_KEYS = frozenset(
+    {"maxRecords", "idleTimeBetweenReadsInMillis", "millisBehindLatestThresholdForReducedTps"}
+)
+
+
+def polling_keys_set(props: Mapping[str, str]) -> list[str]:
+    """The polling keys set, as PollingConfigBean.anyPropertiesSet counts them."""
+    return [
+        key
+        for key in POLLING_KEYS
+        if props.get(key)
+        and not (key in _PRIMITIVE_POLLING_KEYS and re.fullmatch(r"\s*[+-]?0+\s*", props[key]))
+    ]
+
 
 KNOWN_KEYS = frozenset(FIELDS) | SPECIAL | frozenset(IGNORED_INFO) | frozenset(IGNORED_WARNING)
 WORKER_FIELDS = frozenset(f.name for f in fields(WorkerConfig))

@@ -53,13 +53,13 @@ from kclpy_spark.multilang.kcl_keys import (
     IGNORED_WARNING,
     KCL3_NOTE,
     KNOWN_KEYS,
-    POLLING_KEYS,
     SPECIAL,
     STREAM_ARN,
     WORKER_FIELDS,
     as_bool,
     as_int,
     as_seconds,
+    polling_keys_set,
 )
 
 log = logging.getLogger(__name__)
@@ -262,7 +262,7 @@ def _retrieval(props: Mapping[str, str], values: dict[str, Any], keys: dict[str,
             f"property 'retrievalMode' must be POLLING, FANOUT or DEFAULT, got {given!r}"
         )
     if mode == "DEFAULT":
-        polling = [k for k in POLLING_KEYS if props.get(k)]
+        polling = polling_keys_set(props)
         mode = "POLLING" if polling else "FANOUT"
         log.info(
             "retrievalMode DEFAULT: %s",

@@ -367,6 +367,46 @@ def test_retrieval_mode() -> None:
 
 
 @pytest.mark.skipif(not FANOUT_SUPPORTED, reason="this version polls")
+@pytest.mark.parametrize(
+    ("props", "mode"),
+    [
+        ({"millisBehindLatestThresholdForReducedTps": "1000"}, "polling"),
+        ({"millisBehindLatestThresholdForReducedTps": "0"}, "fanout"),
+        ({"idleTimeBetweenReadsInMillis": "0"}, "fanout"),
+        ({"idleTimeBetweenReadsInMillis": "500"}, "polling"),
+        ({"retryGetRecordsInSeconds": "0"}, "polling"),  # an object in the bean: set is set
+    ],
+)
+def test_default_retrieval_counts_polling_keys_as_the_kcl_does(
+    props: dict[str, str], mode: str
+) -> None:
+    """PollingConfigBean.anyPropertiesSet: the reduced-TPS threshold is a polling key (the
+    daemon chose fan-out where the KCL polls), and a Java number 0 is as if not set."""
+    cfg, _ = build(retrievalMode="DEFAULT", **props)
+    assert getattr(cfg, "retrieval_mode") == mode  # noqa: B009
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "leaseTableDeletionProtectionEnabled",
+        "leaseTablePitrEnabled",
+        "leaseTableScanTotalSegments",
+        "migrateAllEntitiesToLeaseTable",
+        "tableMigrationCompleteBakeTimeSeconds",
+        "millisBehindLatestThresholdForReducedTps",
+    ],
+)
+def test_kcl_3_keys_are_known_and_say_why_they_are_not_applied(
+    caplog: pytest.LogCaptureFixture, key: str
+) -> None:
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        build(**{key: "1"})
+    said = [r.getMessage() for r in caplog.records if key in r.getMessage()]
+    assert said and all("is ignored: " in m and "unknown" not in m for m in said)
+
+
+@pytest.mark.skipif(not FANOUT_SUPPORTED, reason="this version polls")
 def test_the_fan_out_consumer_is_named_after_the_application_whatever_the_table() -> None:
     named, _ = build(retrievalMode="FANOUT", tableName="orders-leases")
     given, _ = build(retrievalMode="FANOUT", tableName="orders-leases", consumerName="efo")
