@@ -42,6 +42,7 @@ from kclpy_spark.readstream.offsets import (
 )
 from kclpy_spark.readstream.options import SourceOptions
 from kclpy_spark.readstream.pins import DirectoryPins
+from kclpy_spark.retrieval.polling import MAX_READ_PAUSE
 from kclpy_spark.retrieval.positions import LATEST_RESTART_MARGIN
 from kclpy_spark.spark.ranges import PINNED_TIME_FACTOR, Pinned, RangeEnd, ReadRange, aged_out
 
@@ -221,6 +222,7 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         else:
             shards = offset.read_shards()
         ranges = []
+        pauses = self._pauses(offset)
         for sid in shards:
             plan = offset.shards[sid]
             ranges.append(ReadRange(
@@ -232,6 +234,7 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 hash_range=plan.hash_range,
                 timestamp=None if plan.start.at_ms is None else plan.start.at_ms / 1000,
                 until_millis=offset.until_ms, iterator=plan.iterator,
+                delay=pauses.get(sid, 0.0),
             ).to_json())  # fmt: skip
         step = o.shards_per_task
         parts = []
@@ -239,6 +242,22 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             value = {"ranges": ranges[i : i + step], "run": offset.run, "batch": offset.batch}
             parts.append(RangePartition(json.dumps(value)))
         return parts
+
+    def _pauses(self, offset: SourceOffset) -> dict[str, float]:
+        """How long each shard's read in the batch planned here waits first: what is left of
+        the pause its read in the batch before asked (5 calls and 2 MiB a second; read at once,
+        a read after a big page was throttled and gave way, an empty batch for the shard). On
+        the executor's wall clock, so at most the longest pause a reader waits."""
+        before, found = self._found  # the pins of the batch this one follows
+        if (
+            (offset.run, offset.batch) != self._planned_here
+            or before is None
+            or (before[0] != offset.run)
+        ):
+            return {}  # a replay: its reads wait only for what Kinesis says
+        now = time.time()
+        return {sid: min(MAX_READ_PAUSE, max(0.0, pin.next_call_at - now))
+                for sid, pin in found.items() if pin.next_call_at is not None}  # fmt: skip
 
     def _still_listed(self, offset: SourceOffset, shards: Sequence[str]) -> list[str]:
         """A batch planned before a restart, replayed: the shards of it the stream still
@@ -323,7 +342,8 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                           caught_up=end.bounded
                           or (end.millis_behind_latest == 0 and not end.left_behind),
                           bounded=end.bounded, next_iterator=end.next_iterator,
-                          children=tuple(end.child_shards))  # fmt: skip
+                          children=tuple(end.child_shards),
+                          next_call_at=end.next_call_at)  # fmt: skip
                 winner = pins.put_first(run, batch, rng.shard_id, pin)
                 if not winner.same_records(pin):  # another attempt pinned first: its records
                     ((_, (chunks, _)),) = self._reads([_pinned(rng, winner)])

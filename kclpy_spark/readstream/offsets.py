@@ -77,6 +77,9 @@ class Pin:
     # The children an ended shard's last answer named (ShardId, ParentShards, HashKeyRange): a
     # query holding leases creates their leases at the shard's end, as the KCL does.
     children: tuple[Mapping[str, Any], ...] = ()
+    # When the shard may be called again (the executor's wall clock, epoch seconds): its
+    # pacing after this read (5 calls and 2 MiB a second), kept for the next batch's read.
+    next_call_at: float | None = None
 
     def same_records(self, other: Pin) -> bool:
         """Whether a read to ``other`` gives this pin's records (the rest, such as the next
@@ -86,7 +89,7 @@ class Pin:
     def to_json(self) -> dict[str, Any]:
         return {"first": _esn_text(self.first), "last": _esn_text(self.last), "rows": self.rows,
                 "ended": self.ended, "caught_up": self.caught_up, "bounded": self.bounded,
-                "next_iterator": self.next_iterator,
+                "next_iterator": self.next_iterator, "next_call_at": self.next_call_at,
                 "children": [dict(c) for c in self.children]}  # fmt: skip
 
     @classmethod
@@ -94,7 +97,8 @@ class Pin:
         return cls(_esn_of(value.get("first")), _esn_of(value.get("last")), int(value["rows"]),
                    bool(value.get("ended")), bool(value.get("caught_up")),
                    bool(value.get("bounded")), value.get("next_iterator"),
-                   tuple(value.get("children") or ()))  # fmt: skip
+                   tuple(value.get("children") or ()),
+                   _number(value.get("next_call_at")))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -356,3 +360,7 @@ def _esn_of(value: Any) -> ESN | None:
         return None
     sequence, _, sub = str(value).partition("/")
     return ESN(sequence, int(sub or 0))
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None else float(value)

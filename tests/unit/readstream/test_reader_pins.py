@@ -4,6 +4,8 @@ reads of the same records are told apart from two different reads."""
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ from checkpoint.sequence import ExtendedSequenceNumber as ESN
 from kclpy_spark.readstream.data_source import KinesisKclStreamReader, _pinned
 from kclpy_spark.readstream.offsets import Pin
 from kclpy_spark.readstream.options import SourceOptions
-from kclpy_spark.spark.ranges import PINNED_TIME_FACTOR, ReadRange
+from kclpy_spark.spark.ranges import PINNED_TIME_FACTOR, RangeEnd, ReadRange
 from shard_sync.shards import Shard
 
 
@@ -66,3 +68,35 @@ def test_two_pins_name_the_same_records_whatever_their_iterators(other: Pin, sam
     """A second attempt that lost the race to pin read again only when its records differ
     (the next iterator always differs between two reads)."""
     assert Pin(ESN("1"), ESN("9"), 9, next_iterator="one").same_records(other) is same
+
+
+def _read_once(source: Any, partition: Any, next_call_at: float) -> None:
+    """The task of ``partition``: one page of 9 records that asks the shard be left alone until
+    ``next_call_at`` (a 2 MiB page: a second of the shard's read limit)."""
+
+    def reads(ranges: list[ReadRange]) -> list[Any]:
+        end = RangeEnd("s0", ESN("1"), ESN("9"), 9, 2 << 20, millis_behind_latest=5000,
+                       next_iterator="it", calls=1, next_call_at=next_call_at)  # fmt: skip
+        return [(rng, ([], end)) for rng in ranges]
+
+    source._reads = reads
+    list(source.read(partition))
+
+
+def test_a_shard_read_in_one_batch_waits_its_pacing_in_the_next(tmp_path: Path) -> None:
+    """A batch planned right after one that read a big page called the shard at once: Kinesis
+    throttled it and the read gave way, an empty batch for that shard. The next batch's range
+    now waits what is left of the pause the last read asked (a replay waits nothing)."""
+    driver = reader(tmp_path / "pins")
+    start = driver.initialOffset()
+    end = driver.latestOffset(start, None)
+    (first,) = driver.partitions(start, end)
+    assert ReadRange.from_json(json.loads(first.value)["ranges"][0]).delay == 0.0
+    _read_once(driver, first, time.time() + 0.8)
+    following = driver.latestOffset(end, None)
+    (second,) = driver.partitions(end, following)
+    delay = ReadRange.from_json(json.loads(second.value)["ranges"][0]).delay
+    assert 0.5 < delay <= 0.8
+    replayed = reader(tmp_path / "pins")  # a restarted driver, the same batch again
+    (again,) = replayed.partitions(end, following)
+    assert ReadRange.from_json(json.loads(again.value)["ranges"][0]).delay == 0.0
