@@ -39,6 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from checkpoint.base.errors import KclpySparkError
 from kclpy_spark.spark import local_fs
 from kclpy_spark.spark.pieces import Piece
 from kclpy_spark.spark.sink_batch import SinkBatch
@@ -160,6 +161,7 @@ class ParquetSink:
                 batch.batch_id,
                 len(batch.pieces) - len(todo),
             )
+            self._make_durable([p for p in batch.pieces if p not in todo])
         if not todo:
             return
         staging = self.path / "_staging" / f"{batch.batch_id:016x}-{uuid.uuid4().hex[:8]}"
@@ -178,6 +180,13 @@ class ParquetSink:
                                for i, piece in enumerate(todo)])  # fmt: skip
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+    def _make_durable(self, written: Sequence[Piece]) -> None:
+        """Pieces found in place: a write a crash cut short between its rename and the fsync
+        after it left them there but maybe not on disk; fsynced before they are acknowledged."""
+        for piece in written:
+            fsync_tree(self.piece_dir(piece))
+        fsync_path(self.path)
 
     def _publish(self, moves: Sequence[tuple[Path, Path]]) -> None:
         """Make each piece's files durable, rename its folder into place, then make the renames
@@ -206,6 +215,18 @@ def _writer(df: Any) -> Any:
 DELTA_TABLE_UPDATES = 100
 
 
+class DeltaTableGoneError(KclpySparkError):
+    """A Delta table this sink has seen was not found when loaded again: its log could not be
+    listed (a storage or mount hiccup), or it was removed. Retriable: the batch is not written."""
+
+    retriable = True
+
+
+class DeltaVersionBehindError(KclpySparkError):
+    """A piece's version is below what the table holds for its lease: skipping it as committed
+    would acknowledge records never written."""
+
+
 class _TableCopy:
     """One DeltaTable object of a table, brought up to date at each use and loaded afresh after
     ``DELTA_TABLE_UPDATES`` updates (not thread-safe: one owner, or its lock held)."""
@@ -216,7 +237,9 @@ class _TableCopy:
         self._updates = 0  # since it was loaded
 
     def current(self) -> Any:
-        """The table as it is now, or None when it does not exist (yet)."""
+        """The table as it is now, or None when it does not exist (yet). Once seen, a table not
+        found raises: taken for "no table yet", every lease's next version was 1, which a write
+        from a snapshot at a later version skipped as already committed, and acknowledged."""
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
@@ -225,10 +248,14 @@ class _TableCopy:
             self._updates += 1
             return self._table
         try:
-            self._table = DeltaTable(self._path, storage_options=self._options)
-        except TableNotFoundError:
-            return None
-        self._updates = 0
+            fresh = DeltaTable(self._path, storage_options=self._options)
+        except TableNotFoundError as exc:
+            if self._table is None:
+                return None
+            raise DeltaTableGoneError(
+                f"Delta table {self._path} is not found any more ({exc}); its batches wait"
+            ) from exc
+        self._table, self._updates = fresh, 0
         return self._table
 
 
@@ -325,7 +352,14 @@ class DeltaSink:
             committed = 0 if snapshot is None else int(snapshot.transaction_version(app_id) or 0)
             token = batch.tokens.get(piece.lease_key)
             version = int(token) if token is not None else committed + 1
-            if committed >= version:
+            if committed > version:  # a lease commits its versions one by one, in order
+                raise DeltaVersionBehindError(
+                    f"{self.path}: lease {piece.lease_key}'s piece has version {version} but the "
+                    f"table holds {committed} for it (a version given while the table could not "
+                    "be read, or a table replaced under the application): not written; reset the "
+                    "lease to read it again with new versions"
+                )
+            if committed == version:
                 log.info(
                     "batch %d: piece %s already committed (version %d); skipped",
                     batch.batch_id,
@@ -409,8 +443,10 @@ class DeadLetterDirectory:
         self.path.mkdir(parents=True, exist_ok=True)
         suffix = f"-{self.sink_name}" if self.sink_name else ""
         final = self.path / f"batch-{batch.batch_id:016x}{suffix}.parquet"
-        if final.exists():
-            return  # a replay of a batch already dead-lettered
+        if final.exists():  # a replay of a batch already dead-lettered (maybe not fsynced)
+            fsync_path(final)
+            fsync_path(self.path)
+            return
         pieces = [
             {
                 "piece_id": p.piece_id,

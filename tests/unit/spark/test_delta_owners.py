@@ -280,3 +280,51 @@ def test_the_sinks_table_objects_are_loaded_afresh_after_a_bounded_number_of_upd
     assert 6 <= len(loads) <= 8, len(loads)
     assert rows(tmp_path / "delta") == 2 + 12 * 2
     assert sink.committed_version("shardId-0") == 12
+
+
+def test_a_table_not_found_on_a_reload_is_an_error_not_a_first_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reload of a table the sink had seen that found no log (a storage or mount hiccup) was
+    taken for "no table yet": the lease's next version was 1, the write's own snapshot (at
+    version 3) skipped the piece as committed, and the batch was acknowledged with its records
+    written nowhere. It is a retriable error now; once the table is found again the piece
+    commits at its version."""
+    from kclpy_spark.spark import sinks
+
+    sink = DeltaSink(str(tmp_path / "delta"))
+    for _ in range(3):
+        sink.write(batch(sink.prepare([PIECE])))
+    real = deltalake.DeltaTable
+    hiccups = [deltalake.exceptions.TableNotFoundError("no files in log segment")]
+
+    def loaded(*args: Any, **kwargs: Any) -> Any:
+        if hiccups:
+            raise hiccups.pop()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(deltalake, "DeltaTable", loaded)
+    sink._shared._updates = sinks.DELTA_TABLE_UPDATES  # due for a reload
+    with pytest.raises(sinks.DeltaTableGoneError, match="not found any more"):
+        sink.prepare([PIECE])
+    tokens = sink.prepare([PIECE])
+    assert tokens == {"shardId-0": 4}
+    sink.write(batch(tokens))
+    assert rows(tmp_path / "delta") == 4 * 2
+
+
+def test_a_piece_whose_version_is_below_the_tables_is_refused_not_skipped(
+    tmp_path: Path,
+) -> None:
+    """A version given while the table could not be read (a process started during a storage
+    hiccup gives version 1): skipped as "already committed", its records were acknowledged and
+    written nowhere."""
+    from kclpy_spark.spark import sinks
+
+    sink = DeltaSink(str(tmp_path / "delta"))
+    for _ in range(3):
+        sink.write(batch(sink.prepare([PIECE])))
+    with pytest.raises(sinks.DeltaVersionBehindError, match="version 1 but the table holds 3"):
+        sink.write(batch({"shardId-0": 1}))
+    sink.write(batch({"shardId-0": 3}))  # its own version again: a retry, skipped
+    assert rows(tmp_path / "delta") == 3 * 2

@@ -109,6 +109,30 @@ def test_a_dead_letter_file_and_its_folder_are_fsynced(
         assert name.encode() in metadata[b"kclpy_spark.error"]
 
 
+def test_pieces_found_in_place_are_fsynced_before_they_are_acknowledged(
+    tmp_path: Path, synced: list[tuple[str, Path]]
+) -> None:
+    """A kill -9 between a piece's rename and the fsync of the sink's folder left the piece in
+    place but maybe not on disk: the retry (or the new owner) skipped it as written and its
+    checkpoint moved; an OS crash then lost it. Found in place, it is fsynced first."""
+    sink = ParquetSink(tmp_path / "out")
+    key = PieceKey("shardId-0", ExtendedSequenceNumber("1"), ExtendedSequenceNumber("1"))
+    piece = Piece(key, "shardId-0", 1)
+    placed = sink.piece_dir(piece)
+    placed.mkdir(parents=True)
+    (placed / "part-0.parquet").write_bytes(b"data")
+    sink.write(SinkBatch(7, (piece,), pa.Table.from_pylist([], schema=SCHEMA)))
+    assert [path for _, path in synced] == [placed / "part-0.parquet", placed, tmp_path / "out"]
+    # A dead-letter file found in place (a replay) is fsynced, with its folder, as well.
+    dead = DeadLetterDirectory(tmp_path / "dlq")
+    final = tmp_path / "dlq" / f"batch-{7:016x}.parquet"
+    final.parent.mkdir()
+    final.write_bytes(b"data")
+    synced.clear()
+    dead.write(SinkBatch(7, (piece,), pa.Table.from_pylist([], schema=SCHEMA)), RuntimeError())
+    assert synced == [("fsync", final), ("fsync", final.parent)]
+
+
 def test_staging_folders_of_crashed_writers_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
     staging = tmp_path / "out" / "_staging"
     old, fresh = staging / "crashed", staging / "writing"
