@@ -105,6 +105,8 @@ class Cut:
     replayed: bool = False  # re-formed from a pending checkpoint: its token is the stored one
     token: Any = None  # the sink's token for this lease in the batch
     group: tuple[PieceKey, ...] | None = None  # its batch, once its pending write started
+    # A re-formed cut: the batch its stored pending checkpoint names, until its own is written.
+    stored_group: tuple[PieceKey, ...] | None = None
     prepared: bool = False  # a pending checkpoint listing it is written
     written: bool = False  # every sink acknowledged it
 
@@ -278,7 +280,8 @@ class Lane:
         rows = sum(c.rows for c in taken)
         piece = Piece(PieceKey(self.lease_key, taken[0].first, taken[-1].last), self.shard_id, rows)
         kept = rep if rep is not None and rep.stored else None  # its token is stored
-        cut = Cut(piece, taken, replayed=kept is not None, token=kept and kept.token)
+        cut = Cut(piece, taken, replayed=kept is not None, token=kept and kept.token,
+                  stored_group=kept.group if kept is not None else None)  # fmt: skip
         self._outs.append(cut)
         return cut
 
@@ -291,13 +294,21 @@ class Lane:
         self, cut: Cut, group: tuple[PieceKey, ...]
     ) -> tuple[ExtendedSequenceNumber, PendingState] | None:
         """The pending checkpoint to write for ``cut`` (in the batch ``group``): every cut out
-        whose pending write started, then every range waiting to be re-formed whose pending
-        checkpoint was stored (its records may be in a sink already), in order; the position is
-        the last one's end. None if the cut is no longer out (put back or closed)."""
+        whose pending write started or that re-forms a stored piece, then every range waiting
+        to be re-formed whose pending checkpoint was stored (its records may be in a sink
+        already), in order; the position is the last one's end. None if the cut is no longer
+        out (put back or closed)."""
         if cut not in self._outs:
             return None
         cut.group = group
-        listed = [(c.key, c.group or (), c.token) for c in self._outs if c.group is not None]
+        # A re-formed cut whose own pending write has not started is listed as stored: left
+        # out, a rewrite of an earlier cut's pending dropped its piece (read again after a
+        # crash, cut elsewhere: written twice).
+        listed = [
+            (c.key, group_of, c.token)
+            for c in self._outs
+            if (group_of := c.group if c.group is not None else c.stored_group) is not None
+        ]
         # A range still to re-form is named by its batch's piece (records lost with an executor
         # wait for a pinned read while earlier cuts are out, and their pending is rewritten).
         listed += [

@@ -289,3 +289,26 @@ def test_records_dropped_behind_a_lost_piece_keep_a_final_drain_going_until_read
     assert a.claim_commit(now=107.0) is last
     a.committed(last)
     assert a.drained(final=True) is DrainResult.DONE
+
+
+def test_a_rewritten_pending_state_keeps_a_re_formed_cut_whose_own_is_not_written_yet() -> None:
+    """Two stored pieces re-formed (two batches of a lease in flight): the second was cut, its
+    pending write not started, when the first's batch lost another lease's cut and the first's
+    pending was written again. That state listed the first piece only: the stored position fell
+    back and the second piece and its token were gone, so after a crash its records were read
+    again, cut elsewhere and written twice."""
+    other = PieceKey("shardId-9", esn(1), esn(2))
+    first, second = PieceKey(KEY, esn(10), esn(30)), PieceKey(KEY, esn(40), esn(60))
+    a = lane(replays=[(esn(30), (first, other), "t1"), (esn(60), (second, other), "t2")], depth=2)
+    a.add(chunk(1, 6), now=101.0)
+    c1 = a.cut(10**9, 10**9)
+    written = a.pending_state(c1, (c1.key, other))
+    a.prepared(c1)
+    c2 = a.cut(10**9, 10**9)
+    assert c2.replayed and c2.key == second
+    again = a.pending_state(c1, (c1.key,))  # the batch went on without the other lease's cut
+    assert written is not None and again is not None
+    position, state = again
+    assert position == written[0] == esn(60)
+    assert [(e.piece_of(KEY), e.token) for e in state.pieces] == [(first, "t1"), (second, "t2")]
+    assert state.pieces[1].group == (second, other)  # as stored until its own write
