@@ -266,14 +266,27 @@ class Taker:
             if key in self._incoming or not w.run_state.may_take:
                 continue
             if lease.checkpoint_owner == w.cfg.worker_id and not self.running_here(key):
-                log.info("lease %s: ending a handoff from us to %s", key, lease.lease_owner)
-                await self._io(w.store.complete_handoff, lease)
+                await self._end_handoff(lease)
             elif self._ours_to_take(lease):
                 await self._take_handed(lease)
             elif self._handed_to_us(lease):
                 log.info("lease %s: %s is handing it over to us; watching it",
                          key, lease.checkpoint_owner)  # fmt: skip
                 self._watch_incoming(key)
+
+    async def _end_handoff(self, lease: Lease) -> None:
+        """End a handoff from us of a lease we do not run, so that its new owner can start;
+        unless that owner does not follow hand-offs (a KCL 2.x worker took the lease meanwhile,
+        leaving our name as its checkpoint owner): the completion's counter move made it lose
+        a lease it holds (a stalled shard, then records again). Left as it is, the next take
+        of it clears the name."""
+        key, owner = lease.lease_key, lease.lease_owner
+        if not self.kclpy(owner):
+            log.debug("lease %s: held by %s, which does not follow hand-offs; left to it",
+                      key, owner)  # fmt: skip
+            return
+        log.info("lease %s: ending a handoff from us to %s", key, owner)
+        await self._io(self._w.store.complete_handoff, lease)
 
     async def _take_handed(self, lease: Lease) -> None:
         """Take a lease the table says is ours (handed or assigned to us), unless we hold our

@@ -204,10 +204,23 @@ def test_a_handoff_from_us_of_a_lease_we_do_not_hold_is_ended() -> None:
     table = MemoryLeaseTable()
     orphan = put(table, "s", lease_owner="thief", checkpoint_owner=ME, lease_counter=7)
     w = worker(table, Consumers())
-    asyncio.run(Taker(w, io).adopt([orphan]))
+    taker = Taker(w, io)
+    taker.running["thief"] = 0.0  # a kclpy-spark worker (its status record): it waits for us
+    asyncio.run(taker.adopt([orphan]))
     after = table.get_lease("s")
     assert after is not None and after.lease_owner == "thief" and not after.handoff_pending
     assert after.lease_counter == 8 and not w.consumers
+
+
+def test_a_lease_a_kcl_2x_worker_took_in_the_middle_of_our_handoff_is_left_to_it() -> None:
+    """A KCL 2.x take leaves checkpointOwner as it was: our name stayed on a lease that worker
+    holds and renews, and ending "our" handoff moved the counter under it (it lost the lease:
+    a stalled shard, then records again)."""
+    table = MemoryLeaseTable()
+    taken = put(table, "s", lease_owner="java-2x", checkpoint_owner=ME, lease_counter=9)
+    w = worker(table, Consumers())
+    asyncio.run(Taker(w, io).adopt([taken]))
+    assert table.get_lease("s") == taken and not w.consumers
 
 
 def test_a_handoff_from_a_lease_we_hold_is_left_to_its_consumer() -> None:
