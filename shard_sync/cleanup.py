@@ -325,7 +325,10 @@ def oldest_descendants(
     children, and, where children aged out too, the listed shards none of whose parents is
     listed or leased, within its hash range (a shard in it, listed while it is not, came after
     it: the key space's open shards never overlap, and an ancestor ages out first). The KCL
-    leaves those to the sync, as roots at the initial position."""
+    leaves those to the sync, as roots at the initial position. A shard with a leased
+    descendant is left out: it was read to its end and its lease deleted (leased again by a
+    later round for another aged-out lease of the same range, it was read twice, after its
+    children)."""
     mine = lease.hash_key_range
     found = []
     for sid, shard in shards.items():
@@ -335,4 +338,25 @@ def oldest_descendants(
             and mine.overlaps(shard.hash_key_range)
         ):
             found.append(sid)
-    return found
+    if not found:
+        return found
+    children: dict[str, list[str]] = {}
+    for sid, shard in shards.items():
+        for parent in shard.parent_ids:
+            children.setdefault(parent, []).append(sid)
+    return [sid for sid in found if not _descendant_leased(sid, children, leased)]
+
+
+def _descendant_leased(
+    shard_id: str, children: Mapping[str, list[str]], leased: Collection[str]
+) -> bool:
+    """Whether a listed descendant of ``shard_id`` (a child, a child's child...) has a lease."""
+    todo, seen = list(children.get(shard_id, ())), set()
+    while todo:
+        sid = todo.pop()
+        if sid in leased:
+            return True
+        if sid not in seen:
+            seen.add(sid)
+            todo.extend(children.get(sid, ()))
+    return False

@@ -18,7 +18,12 @@ from checkpoint.sequence import (
 )
 from checkpoint.stores.memory import MemoryLeaseTable
 from shard_sync.children import children_of_finished_parents
-from shard_sync.cleanup import LeaderMaintenance, completed_leases_to_delete, garbage_leases
+from shard_sync.cleanup import (
+    LeaderMaintenance,
+    completed_leases_to_delete,
+    garbage_leases,
+    oldest_descendants,
+)
 from shard_sync.false_ends import false_shard_ends
 from shard_sync.shards import Shard
 from shard_sync.syncer import ShardSyncer
@@ -727,3 +732,24 @@ def test_a_child_a_listing_left_out_is_not_passed_over_by_the_garbage_cleanup() 
     for _ in range(12):
         m.run_once()
     assert "c1" in {x.lease_key for x in table.list_leases()}
+
+
+@pytest.mark.parametrize("child", [True, False])
+def test_a_descendant_read_to_its_end_is_not_leased_again_for_a_later_aged_out_lease(
+    child: bool,
+) -> None:
+    """Two unfinished leases of one line of descent aged out, cleaned in two garbage rounds (a
+    probe throttled, more candidates than probes): the first round leased their descendant d;
+    d was read to its end, its children started and its lease was deleted; the second round
+    leased d again at TRIM_HORIZON: its records came twice, after its children's. A shard with
+    a leased descendant is left out, whether it is the aged-out lease's child or a shard in its
+    range whose parents are neither listed nor leased (``child`` False)."""
+    listed = {
+        "d": shard("d", 40, 50, parent="g" if child else "p4", adjacent=None if child else "p5"),
+        "d1": shard("d1", 51, None, 0, HALF, parent="d"),
+        "d2": shard("d2", 52, None, HALF + 1, MAX_HASH_KEY, parent="d"),
+    }
+    aged_out = lease("g")
+    assert oldest_descendants(aged_out, listed, leased=set()) == ["d"]
+    assert oldest_descendants(aged_out, listed, leased={"d1", "d2"}) == []
+    assert oldest_descendants(aged_out, listed, leased={"d2"}) == []
