@@ -18,19 +18,23 @@ from typing import Protocol
 from checkpoint.base.errors import DependencyError, KclpySparkError, MalformedAnswerError
 from checkpoint.counters import CoordinationCounters, Counter
 from checkpoint.lease import HashKeyRange, Lease, in_stream
-from checkpoint.sequence import InitialPosition
+from checkpoint.sequence import InitialPosition, Position
 from shard_sync.children import children_of_finished_parents
 from shard_sync.discovery import ShardLister, shard_filter_for
 from shard_sync.false_ends import false_shard_ends, reopened
 from shard_sync.hierarchy import leases_to_create
-from shard_sync.shards import Shard, find_hash_range_holes
+from shard_sync.shards import Shard, find_hash_range_holes, find_hash_range_overlaps
 
 log = logging.getLogger(__name__)
 
 # The KCL lists an empty table's shards up to 3 times until they cover the whole hash range
-# (a listing taken mid-reshard can miss a range). The KCL also rejects overlaps; we accept them,
-# because LocalStack answers AT_TRIM_HORIZON with every shard (parents and children overlap), and
-# overlapping leases are safe: children wait for their parents.
+# (a listing taken mid-reshard can miss a range). The KCL also rejects overlaps; we reject them
+# at LATEST only: an AT_TRIM_HORIZON listing holds every shard (parents and children overlap,
+# LocalStack's as Kinesis's), and from TRIM_HORIZON or a timestamp overlapping leases are safe,
+# children wait for their parents. At LATEST open shards that overlap come from a listing whose
+# pages straddle a split (the parent open on one page, its children on the next): leased
+# together, the children waited at LATEST behind their parent, and what came to them before
+# their first read, after the parent's end, was skipped.
 EMPTY_TABLE_LIST_ATTEMPTS = 3
 EMPTY_TABLE_LIST_DELAY = 1.0
 
@@ -121,10 +125,13 @@ class ShardSyncer:
         for attempt in range(1, EMPTY_TABLE_LIST_ATTEMPTS + 1):
             shards = self._lister.list_shards(shard_filter)
             holes = find_hash_range_holes(s.hash_key_range for s in shards)
+            if self._position.position is Position.LATEST:
+                holes += find_hash_range_overlaps(s.hash_key_range for s in shards if s.is_open)
             if not holes:
                 return shards
             log.warning(
-                "shard listing (attempt %d) leaves %d hash-range hole(s); listing again",
+                "shard listing (attempt %d) leaves %d hash-range hole(s) or overlap(s); "
+                "listing again",
                 attempt,
                 len(holes),
             )
@@ -135,6 +142,7 @@ class ShardSyncer:
         # LATEST, what it got in between is never read); the leader's next round lists again.
         raise DependencyError(
             f"the shards listed for an empty lease table leave {len(holes)} hash-range hole(s) "
+            "or overlap(s) "
             f"after {EMPTY_TABLE_LIST_ATTEMPTS} listings; no lease created (the next shard sync "
             "lists again)"
         )
