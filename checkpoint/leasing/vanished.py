@@ -6,8 +6,12 @@ minute, or three audit rounds) at the *initial position*: with LATEST, every rec
 between is skipped for good. The holder knows better: its last write of the lease holds the
 checkpoint (and pending checkpoint) the table lost. So after a lost write it reads the item once;
 if it is gone, it creates it again from that last write, unowned, so any worker takes it and reads
-on from there. If shard sync re-created it first (still unowned and not started), its position is
-moved to ours with a write conditional on its counter.
+on from there. If shard sync re-creates it between that read and the create (still unowned and
+not started), its position is moved to ours with a write conditional on its counter. A lease
+found in the table at that read is left alone, though it may have been re-created at the
+initial position before: an operator's ``reset`` (unowned, at a start position) looks the same,
+and must not be undone. Shard sync re-creates a vanished lease rounds later, so the holder,
+which reads at its next lost write (within half a failover time), is nearly always first.
 
 Not put back: a lease at SHARD_END (its deletion is the leader's cleanup of a finished shard); a
 lease a child of whose shard has started (``children_started``: the leader's cleanup deletes a
