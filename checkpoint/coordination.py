@@ -18,6 +18,7 @@ few times by re-reading, since these are single-writer records or idempotent fla
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
@@ -377,6 +378,21 @@ def live_workers(
         for worker, data in _statuses(records)
         if is_live(data, now_wall, max_age)
     }
+
+
+def clocks_ahead(
+    records: Iterable[CoordinationRecord], now_wall: float, allowance: float
+) -> dict[str, float]:
+    """The workers whose status record is stamped more than ``allowance`` seconds past
+    ``now_wall``: their clock runs ahead of ours by at least that much (a record is read after
+    it is written). Worker id -> seconds ahead."""
+    ahead = {}
+    for worker, data in _statuses(records):
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            by = float(data["updated_at"]) - now_wall
+            if by > allowance:
+                ahead[worker] = by
+    return ahead
 
 
 # A KCL 3.x worker writes its metrics entity every 30 s; its leader counts it as gone after two

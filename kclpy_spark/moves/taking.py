@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+CLOCK_WARNING_EVERY = 600.0  # seconds between two warnings of one worker's clock
+
 Io = Callable[..., Awaitable[Any]]
 
 HANDOFF_POLL = 0.5
@@ -64,6 +66,7 @@ class Taker:
         led = worker.cfg.lease_assignment in ("leader", "auto")
         self.led: Led | None = Led(self) if led else None
         self._pruned_at = -math.inf  # when the leader last deleted gone workers' records
+        self._clock_told: dict[str, float] = {}  # workers warned of a clock ahead -> when
 
     async def wait(self, wake: asyncio.Event, interval: float) -> None:
         """Until ``wake`` is set or ``interval`` passed; meanwhile take each lease handed to us
@@ -407,6 +410,7 @@ class Taker:
         self.running = coordination.live_kcl_workers(kcl, w.clock.wall())
         self._status_written = coordination.live_workers(records, w.clock.wall(), max_age)
         self.running |= self._status_written
+        self._tell_clocks_ahead(table)
         figures = coordination.cpu_figures(records, w.clock.wall(), max_age)
         use = w.cfg.load_metric == "auto"  # else the load rule balances throughput only
         self.cpu = FleetCpu(figures if use else {}, w.clock.wall(), w.timing.max_clock_skew)
@@ -442,6 +446,26 @@ class Taker:
     def _trusted(self) -> frozenset[str]:
         """The running workers (status records, KCL metrics entities) not suspected."""
         return frozenset(o for o in self.running if o not in self.suspects)
+
+    def _tell_clocks_ahead(self, table: TableScan) -> None:
+        """Warn (once in CLOCK_WARNING_EVERY a worker) of a worker whose clock runs ahead of
+        ours past ``max_clock_skew``: lease expiry dates writes by their stamps, so its leases
+        look fresher than they are (moved late) and ours older (moved early: records twice)."""
+        w = self._w
+        now, allowance = w.clock.monotonic(), w.timing.max_clock_skew
+        self._clock_told = {k: t for k, t in self._clock_told.items()
+                            if now - t < CLOCK_WARNING_EVERY}  # fmt: skip
+        for worker, by in coordination.clocks_ahead(
+            table.records, w.clock.wall(), allowance
+        ).items():
+            if worker not in self._clock_told:
+                self._clock_told[worker] = now
+                log.warning(
+                    "worker %s's clock runs at least %.1f s ahead of this worker's (its status "
+                    "record is stamped in our future), past max_clock_skew (%g s): leases may "
+                    "move early (records twice) or late; synchronise the clocks (NTP) or raise "
+                    "max_clock_skew", worker, by, allowance,
+                )  # fmt: skip
 
     def kclpy(self, owner: str | None) -> bool:
         """A worker that follows hand-offs: ours (a status record, or our stores' stamp on its

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import random
 from dataclasses import replace
 from types import SimpleNamespace
@@ -29,7 +30,7 @@ from kclpy_spark.config import WorkerConfig
 from kclpy_spark.moves.assigning import leader_election, lease_timing
 from kclpy_spark.moves.lease_worker import Placement
 from kclpy_spark.moves.reports import TakeReports
-from kclpy_spark.moves.taking import MAX_LOOKS, PRUNE_EVERY, Taker
+from kclpy_spark.moves.taking import CLOCK_WARNING_EVERY, MAX_LOOKS, PRUNE_EVERY, Taker
 from kclpy_spark.runtime.events import EventLog
 from kclpy_spark.runtime.metrics import WorkerMetrics
 from kclpy_spark.runtime.run_state import RunState
@@ -640,6 +641,34 @@ def status(table: MemoryLeaseTable, worker_id: str, updated_at: float, **data: A
 
 def lease_election(cfg: WorkerConfig, table: MemoryLeaseTable, clock: ManualClock) -> Any:
     return leader_election(cfg, table, lease_timing(cfg), clock)
+
+
+def test_a_worker_whose_clock_runs_ahead_past_the_allowance_is_warned_of_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Expiry dates writes by their stamps: two clocks apart by more than max_clock_skew moved
+    leases early (records twice) or late, with nothing said. A status record stamped in our
+    future says so, once per worker every CLOCK_WARNING_EVERY seconds."""
+    clock = ManualClock()
+    table = MemoryLeaseTable(clock)
+    put(table, "s00")
+    now = clock.wall()
+    status(table, "ahead", now + 8.0)
+    status(table, "in-time", now + 0.5)  # within the 1 s allowed
+    w = worker(table, Consumers(), clock)
+    w.streams = SimpleNamespace(context_of=lambda lease: object())
+    w.board = SimpleNamespace(on_scan=lambda leases: None)
+    w.health = SimpleNamespace(store_ok=lambda **_: None, writes=lambda *_: None, all_parked=False)
+    taker = Taker(w, io)
+    with caplog.at_level(logging.WARNING, logger="kclpy_spark.moves.taking"):
+        asyncio.run(taker.scan())
+        asyncio.run(taker.scan())
+        told = [r.getMessage() for r in caplog.records if "clock runs" in r.getMessage()]
+        assert len(told) == 1 and "worker ahead's clock runs at least 8.0 s ahead" in told[0]
+        clock.advance(CLOCK_WARNING_EVERY)
+        status(table, "ahead", clock.wall() + 8.0)
+        asyncio.run(taker.scan())
+    assert len([r for r in caplog.records if "clock runs" in r.getMessage()]) == 2
 
 
 def test_a_round_counts_the_workers_whose_status_says_they_run() -> None:
