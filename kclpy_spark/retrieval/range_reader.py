@@ -96,6 +96,7 @@ class RangeReader:
         self._page_records = 0  # and how many records it held
         self._replacement: str | None = None  # an iterator that replaced an expired one
         self._gave_way = False  # the last GetRecords was throttled: the range ends there
+        self._expired = False  # ... or its iterator expired and no new one could be had
         self._deadline = math.inf  # the range's time budget ends (monotonic), set by read()
 
     async def _iterator(self, resume: ESN | None) -> str | None:
@@ -121,7 +122,7 @@ class RangeReader:
                 )
                 return shard_iterator_of(answer)
             except Exception as exc:
-                if resume is None and rng.pinned is None and is_throttling(exc):
+                if rng.pinned is None and is_throttling(exc):
                     self.throttled += 1  # gives way at once, as a throttled GetRecords does
                     return None
                 if not await self._failed(exc, "GetShardIterator"):
@@ -182,7 +183,7 @@ class RangeReader:
             answer = await self._page(iterator, limit, found)
             if answer is None:  # failed, backed off; throttled; or the iterator was replaced
                 if self._gave_way:  # the next round reads on with the same iterator
-                    found.next_iterator = iterator
+                    found.next_iterator = None if self._expired else iterator
                     break
                 iterator = self._replacement or iterator
                 continue
@@ -244,7 +245,7 @@ class RangeReader:
         """One GetRecords answer with its shard end settled (``found.children``); None after a
         failure (backed off) or an expired iterator (``_replacement`` holds the new one)."""
         self._replacement = None
-        self._gave_way = False
+        self._gave_way = self._expired = False
         self._called = self._clock()
         try:
             self.calls += 1
@@ -260,6 +261,12 @@ class RangeReader:
         except Exception as exc:
             if error_code(exc) == "ExpiredIteratorException":
                 self._replacement = await self._iterator(found.seen or _start_of(self._rng))
+                # None: throttled, or out of time. Unpinned, the range ends with what it has
+                # and the next round starts after it: read on with the expired iterator, it
+                # called the shard twice each pause until the range's time was spent, and
+                # handed that iterator to the next round, which did the same.
+                self._gave_way = self._replacement is None and self._rng.pinned is None
+                self._expired = self._gave_way
             elif is_throttling(exc) and self._rng.pinned is None:
                 # Another reader takes the shard's allowance: the range ends here with what it
                 # has (its planner backs the lease off). Retried until the range's time ran

@@ -211,3 +211,51 @@ def test_a_range_that_got_no_iterator_for_throttling_backs_off_without_a_failure
     # Its consumer counts the throttled calls, nothing that parks a lease, and no read at the tip.
     assert posted == [NoAnswer(7)] * 3
     assert entry.failures == 3 and waits[0] >= ReadSettings().min_interval
+
+
+class ExpiresThenThrottled(Client):
+    """GetRecords: ``pages`` answers (a record each), then the iterator has expired; each
+    GetShardIterator throttled."""
+
+    def __init__(self, pages: int) -> None:
+        super().__init__(throttle=True)
+        self.answers, self.calls = pages, 0
+
+    async def get_records(self, **_: Any) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls <= self.answers:
+            record = {"Data": b"d", "PartitionKey": "k", "SequenceNumber": str(10 + self.calls),
+                      "ApproximateArrivalTimestamp": None}  # fmt: skip
+            return {"Records": [record], "NextShardIterator": "it-2", "MillisBehindLatest": 9}
+        error = {"Code": "ExpiredIteratorException", "Message": "expired"}
+        raise ClientError({"Error": error}, "GetRecords")
+
+
+def test_an_expired_iterator_whose_replacement_is_throttled_gives_way() -> None:
+    """The iterator carried from the last round had expired and the shard throttled the new
+    GetShardIterator: the read went on with the expired iterator, two calls to a throttled
+    shard each pause until its budget was spent (its read job waited that long), and handed it
+    to the next round, which did the same. It ends at once and hands on no iterator; the reads
+    carry none."""
+    clock = ManualClock()
+    executor_reads, _, entry, slot, _ = one_lease(clock)
+    entry.iterator, entry.iterator_at = "it-1", esn(10)  # carried from the last round
+    rng = executor_reads._range(entry, slot, leases=1, behind=0, now=clock.monotonic())
+    assert rng.iterator == "it-1"
+    client = ExpiresThenThrottled(pages=0)
+    end = read(client, rng, clock)
+    assert (client.calls, client.iterator_calls) == (1, 1)
+    assert (end.rows, end.next_iterator, end.throttled, end.unanswered) == (0, None, 1, True)
+    executor_reads._found(entry, slot, rng, RangeRead(None, {KEY: end}), clock.monotonic())
+    assert entry.iterator is None
+
+
+def test_a_range_whose_iterator_expires_after_records_ends_with_them() -> None:
+    clock = ManualClock()
+    rng = ReadRange(KEY, "s", STREAM, KEY, esn(10), max_seconds=10.0, max_pages=0,
+                    iterator="it-1")  # fmt: skip
+    client = ExpiresThenThrottled(pages=2)
+    started = clock.monotonic()
+    end = read(client, rng, clock)
+    assert clock.monotonic() - started < 1.0
+    assert (end.rows, end.last, end.next_iterator, end.throttled) == (2, esn(12), None, 1)
