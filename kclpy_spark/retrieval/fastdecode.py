@@ -77,7 +77,11 @@ def page_bytes(records: list[Record]) -> int:
     partition keys (UTF-8)."""
     if isinstance(records, FastRecords):
         return records.data_bytes
-    return sum(len(r.binary_data) + len(r.partition_key.encode()) for r in records)
+    # surrogatepass: a key with a lone surrogate (an emulator stores one; botocore parses it)
+    # failed every read of its page, the shard stopped for good.
+    return sum(
+        len(r.binary_data) + len(r.partition_key.encode("utf-8", "surrogatepass")) for r in records
+    )
 
 
 def _looks_like_json_object(body: bytes) -> bool:

@@ -222,11 +222,6 @@ class DeltaTableGoneError(KclpySparkError):
     retriable = True
 
 
-class DeltaVersionBehindError(KclpySparkError):
-    """A piece's version is below what the table holds for its lease: skipping it as committed
-    would acknowledge records never written."""
-
-
 class _TableCopy:
     """One DeltaTable object of a table, brought up to date at each use and loaded afresh after
     ``DELTA_TABLE_UPDATES`` updates (not thread-safe: one owner, or its lock held)."""
@@ -352,14 +347,10 @@ class DeltaSink:
             committed = 0 if snapshot is None else int(snapshot.transaction_version(app_id) or 0)
             token = batch.tokens.get(piece.lease_key)
             version = int(token) if token is not None else committed + 1
-            if committed > version:  # a lease commits its versions one by one, in order
-                raise DeltaVersionBehindError(
-                    f"{self.path}: lease {piece.lease_key}'s piece has version {version} but the "
-                    f"table holds {committed} for it (a version given while the table could not "
-                    "be read, or a table replaced under the application): not written; reset the "
-                    "lease to read it again with new versions"
-                )
-            if committed == version:
+            # Skipped at or below what the table holds: committed by an earlier attempt or
+            # owner (a lease that moved since its batch failed may be past it: its new owner
+            # re-formed the piece and went on; refusing failed the batch's other leases too).
+            if committed >= version:
                 log.info(
                     "batch %d: piece %s already committed (version %d); skipped",
                     batch.batch_id,

@@ -445,3 +445,10 @@ def _error_code(client: Any) -> str:
     with pytest.raises(botocore.exceptions.ClientError) as caught:
         client.get_records(ShardIterator="not-an-iterator")
     return str(caught.value.response["Error"]["Code"])
+
+
+def test_the_size_of_a_page_with_a_lone_surrogate_in_a_key_is_counted() -> None:
+    """botocore parses a key holding a lone surrogate (an emulator stores one) into a str that
+    does not encode as UTF-8: counting the page's bytes raised, and every read of the page
+    failed (the shard stopped for good)."""
+    assert fastdecode.page_bytes([Record(b"abc", "k\ud800", "1")]) == 3 + 4

@@ -313,18 +313,18 @@ def test_a_table_not_found_on_a_reload_is_an_error_not_a_first_version(
     assert rows(tmp_path / "delta") == 4 * 2
 
 
-def test_a_piece_whose_version_is_below_the_tables_is_refused_not_skipped(
-    tmp_path: Path,
-) -> None:
-    """A version given while the table could not be read (a process started during a storage
-    hiccup gives version 1): skipped as "already committed", its records were acknowledged and
-    written nowhere."""
-    from kclpy_spark.spark import sinks
-
+def test_a_retry_after_one_of_its_leases_moved_on_writes_the_others(tmp_path: Path) -> None:
+    """A batch of two leases failed its first attempt; meanwhile one lease moved, and its new
+    owner re-formed that piece and committed the next one too. The retry skips that piece (the
+    table is past its version) and writes the other lease's: refused instead, the whole batch
+    failed, and the other lease's records went to the dead letter or parked."""
     sink = DeltaSink(str(tmp_path / "delta"))
-    for _ in range(3):
-        sink.write(batch(sink.prepare([PIECE])))
-    with pytest.raises(sinks.DeltaVersionBehindError, match="version 1 but the table holds 3"):
-        sink.write(batch({"shardId-0": 1}))
-    sink.write(batch({"shardId-0": 3}))  # its own version again: a retry, skipped
-    assert rows(tmp_path / "delta") == 3 * 2
+    moved, kept = piece("shardId-0"), piece("shardId-1")
+    for _ in range(2):  # the new owner: the re-formed piece at 1, its next one at 2
+        sink.write(batch(sink.prepare([moved])))
+    rows_of = [*batch({}, "shardId-0").table.to_pylist(), *batch({}, "shardId-1").table.to_pylist()]
+    retry = SinkBatch(7, (moved, kept), pa.Table.from_pylist(rows_of, schema=SCHEMA),
+                      tokens={"shardId-0": 1, "shardId-1": 1})  # fmt: skip
+    sink.write(retry)
+    assert sink.committed_versions(["shardId-0", "shardId-1"]) == {"shardId-0": 2, "shardId-1": 1}
+    assert rows(tmp_path / "delta") == 2 * 2 + 2
