@@ -281,8 +281,9 @@ class Taker:
         """End a handoff from us of a lease we do not run, so that its new owner can start;
         unless that owner does not follow hand-offs (a KCL 2.x worker took the lease meanwhile,
         leaving our name as its checkpoint owner): the completion's counter move made it lose
-        a lease it holds (a stalled shard, then records again). Left as it is, the next take
-        of it clears the name."""
+        a lease it holds (a stalled shard, then records again). Left as it is: our name stays
+        on it (the lease counts as ours mid-handoff, never stolen) until a worker of ours or a
+        KCL 3.x one takes it, after the KCL 2.x worker let it expire."""
         key, owner = lease.lease_key, lease.lease_owner
         if not self.kclpy(owner):
             log.debug("lease %s: held by %s, which does not follow hand-offs; left to it",

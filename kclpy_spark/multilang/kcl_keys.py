@@ -195,6 +195,12 @@ IGNORED_WARNING: dict[str, str] = {
         "idleTimeBetweenReadsInMillis before the next; set that instead"
     ),
 }
+# Ignored keys set to what this project does anyway (the KCL's defaults): said at INFO only.
+AS_DONE_HERE: dict[str, str] = {
+    "leaseTableDeletionProtectionEnabled": "false",
+    "leaseTablePitrEnabled": "false",
+    "millisBehindLatestThresholdForReducedTps": "0",
+}
 CREDENTIALS = re.compile(r"^awscredentialsprovider(dynamodb|cloudwatch)?$", re.IGNORECASE)
 DEFAULT_PROVIDERS = {"DefaultCredentialsProvider", "DefaultAWSCredentialsProviderChain"}
 # Providers whose source the AWS SDK for Python's default chain reads as well.

@@ -45,6 +45,7 @@ from kclpy_spark.config import (
 )
 from kclpy_spark.multilang.javaprops import parse_properties, read_properties_file
 from kclpy_spark.multilang.kcl_keys import (
+    AS_DONE_HERE,
     CHAIN_PROVIDERS,
     CREDENTIALS,
     FANOUT_SUPPORTED,
@@ -117,10 +118,11 @@ class PropertiesConfig:
 
 
 def _ignored(key: str, value: str) -> None:
-    if key in IGNORED_WARNING:
+    if key in IGNORED_WARNING and AS_DONE_HERE.get(key) != value.strip().lower():
         log.warning("property %s = %s is ignored: %s", key, value, IGNORED_WARNING[key])
-    elif key in IGNORED_INFO:
-        log.info("property %s = %s is ignored: %s", key, value, IGNORED_INFO[key])
+    elif key in IGNORED_INFO or key in IGNORED_WARNING:
+        why = IGNORED_INFO.get(key) or IGNORED_WARNING[key]
+        log.info("property %s = %s is ignored: %s", key, value, why)
 
 
 def _unknown(key: str) -> None:

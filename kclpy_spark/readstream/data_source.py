@@ -246,8 +246,7 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def _pauses(self, offset: SourceOffset) -> dict[str, float]:
         """How long each shard's read in the batch planned here waits first: what is left of
         the pause its read in the batch before asked (5 calls and 2 MiB a second; read at once,
-        a read after a big page was throttled and gave way, an empty batch for the shard). On
-        the executor's wall clock, so at most the longest pause a reader waits."""
+        a read after a big page was throttled and gave way, an empty batch for the shard)."""
         before, found = self._found  # the pins of the batch this one follows
         if (
             (offset.run, offset.batch) != self._planned_here
@@ -256,8 +255,7 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         ):
             return {}  # a replay: its reads wait only for what Kinesis says
         now = time.time()
-        return {sid: min(MAX_READ_PAUSE, max(0.0, pin.next_call_at - now))
-                for sid, pin in found.items() if pin.next_call_at is not None}  # fmt: skip
+        return {sid: min(MAX_READ_PAUSE, pin.pause_left(now)) for sid, pin in found.items()}
 
     def _still_listed(self, offset: SourceOffset, shards: Sequence[str]) -> list[str]:
         """A batch planned before a restart, replayed: the shards of it the stream still
@@ -342,8 +340,7 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                           caught_up=end.bounded
                           or (end.millis_behind_latest == 0 and not end.left_behind),
                           bounded=end.bounded, next_iterator=end.next_iterator,
-                          children=tuple(end.child_shards),
-                          next_call_at=end.next_call_at)  # fmt: skip
+                          children=tuple(end.child_shards), **_pacing(end))  # fmt: skip
                 winner = pins.put_first(run, batch, rng.shard_id, pin)
                 if not winner.same_records(pin):  # another attempt pinned first: its records
                     ((_, (chunks, _)),) = self._reads([_pinned(rng, winner)])
@@ -371,6 +368,14 @@ def _limits(limit: Any) -> tuple[int | None, int | None]:
     the limits a Python source cannot honour (minimum rows, files) read all available."""
     rows, size = getattr(limit, "max_rows", None), getattr(limit, "max_bytes", None)
     return (None if rows is None else int(rows)), (None if size is None else int(size))
+
+
+def _pacing(end: RangeEnd) -> dict[str, float | None]:
+    """A read's pause, relative, and when it ended, both on this executor's clock."""
+    if end.next_call_at is None:
+        return {}
+    now = time.time()
+    return {"pause": max(0.0, end.next_call_at - now), "ended_at": now}
 
 
 def _pinned(rng: ReadRange, pin: Pin) -> ReadRange:

@@ -77,9 +77,18 @@ class Pin:
     # The children an ended shard's last answer named (ShardId, ParentShards, HashKeyRange): a
     # query holding leases creates their leases at the shard's end, as the KCL does.
     children: tuple[Mapping[str, Any], ...] = ()
-    # When the shard may be called again (the executor's wall clock, epoch seconds): its
-    # pacing after this read (5 calls and 2 MiB a second), kept for the next batch's read.
-    next_call_at: float | None = None
+    # The shard's pacing after this read (5 calls and 2 MiB a second), kept for the next
+    # batch's read: how long it asked to be left alone when the read ended, and when that was
+    # (the executor's wall clock, epoch seconds; the pause is never stretched by a clock ahead).
+    pause: float | None = None
+    ended_at: float | None = None
+
+    def pause_left(self, now: float) -> float:
+        """What is left at ``now`` (another clock, maybe) of the pause the read asked: never
+        more than the pause itself, whatever the clocks."""
+        if self.pause is None or self.ended_at is None:
+            return 0.0
+        return self.pause - min(max(now - self.ended_at, 0.0), self.pause)
 
     def same_records(self, other: Pin) -> bool:
         """Whether a read to ``other`` gives this pin's records (the rest, such as the next
@@ -89,7 +98,8 @@ class Pin:
     def to_json(self) -> dict[str, Any]:
         return {"first": _esn_text(self.first), "last": _esn_text(self.last), "rows": self.rows,
                 "ended": self.ended, "caught_up": self.caught_up, "bounded": self.bounded,
-                "next_iterator": self.next_iterator, "next_call_at": self.next_call_at,
+                "next_iterator": self.next_iterator, "pause": self.pause,
+                "ended_at": self.ended_at,
                 "children": [dict(c) for c in self.children]}  # fmt: skip
 
     @classmethod
@@ -97,8 +107,8 @@ class Pin:
         return cls(_esn_of(value.get("first")), _esn_of(value.get("last")), int(value["rows"]),
                    bool(value.get("ended")), bool(value.get("caught_up")),
                    bool(value.get("bounded")), value.get("next_iterator"),
-                   tuple(value.get("children") or ()),
-                   _number(value.get("next_call_at")))  # fmt: skip
+                   tuple(value.get("children") or ()), _number(value.get("pause")),
+                   _number(value.get("ended_at")))  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -530,3 +530,24 @@ def test_two_names_of_one_key_set_differently_are_one_line() -> None:
         build(workerId="a", workerIdentifier="b")
     cfg, _ = build(workerId="a", workerIdentifier="a")
     assert cfg.worker_id == "a"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "warned"),
+    [
+        ("leaseTableDeletionProtectionEnabled", "false", False),
+        ("leaseTableDeletionProtectionEnabled", "true", True),
+        ("leaseTablePitrEnabled", "FALSE", False),
+        ("millisBehindLatestThresholdForReducedTps", "0", False),
+        ("millisBehindLatestThresholdForReducedTps", "500", True),
+    ],
+)
+def test_ignored_keys_left_at_what_is_done_here_are_not_warned_about(
+    caplog: pytest.LogCaptureFixture, key: str, value: str, warned: bool
+) -> None:
+    """KCL 3.x property files carry these at their defaults: a WARNING to turn on what is
+    off was noise."""
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        build(**{key: value})
+    assert bool(warnings(caplog)) is warned
+    assert any(key in r.getMessage() and "is ignored" in r.getMessage() for r in caplog.records)

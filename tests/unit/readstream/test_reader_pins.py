@@ -92,11 +92,21 @@ def test_a_shard_read_in_one_batch_waits_its_pacing_in_the_next(tmp_path: Path) 
     end = driver.latestOffset(start, None)
     (first,) = driver.partitions(start, end)
     assert ReadRange.from_json(json.loads(first.value)["ranges"][0]).delay == 0.0
-    _read_once(driver, first, time.time() + 0.8)
+    _read_once(driver, first, time.time() + 5.0)
     following = driver.latestOffset(end, None)
     (second,) = driver.partitions(end, following)
     delay = ReadRange.from_json(json.loads(second.value)["ranges"][0]).delay
-    assert 0.5 < delay <= 0.8
+    assert 3.0 < delay <= 5.0
     replayed = reader(tmp_path / "pins")  # a restarted driver, the same batch again
     (again,) = replayed.partitions(end, following)
     assert ReadRange.from_json(json.loads(again.value)["ranges"][0]).delay == 0.0
+
+
+@pytest.mark.parametrize(("ahead", "left"), [(0.0, 0.6), (3600.0, 1.0), (-3600.0, 0.0)])
+def test_what_is_left_of_a_pause_is_never_more_than_the_pause(ahead: float, left: float) -> None:
+    """The executor's clock ahead of the driver's by an hour: an absolute "call again at" time
+    made every batch wait the longest pause; the pin keeps the pause itself and when the read
+    ended, so another clock can only shorten it (to nothing, for a clock far behind)."""
+    pin = Pin(ESN("1"), ESN("9"), 9, pause=1.0, ended_at=1000.0 + ahead)
+    assert pin.pause_left(1000.4) == pytest.approx(left)
+    assert Pin.from_json(pin.to_json()) == pin

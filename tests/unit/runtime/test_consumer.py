@@ -972,15 +972,28 @@ class EmptyListsToo(Recorder):
 
 
 def test_a_processor_asking_for_empty_lists_is_called_after_each_empty_read() -> None:
-    """The KCL's callProcessRecordsEvenForEmptyRecordList: process_records with no records and
-    the read's lag; its checkpoint() stays at the last record delivered."""
+    """The KCL's callProcessRecordsEvenForEmptyRecordList: process_records with no records after
+    an empty read at the tip (the only empty reads a source passes on); its checkpoint() stays
+    at the last record delivered."""
     env = Env(processor=EmptyListsToo())
     env.lease()
-    script: Script = [FetchedBatch([], 500), batch(10, lag=40), FetchedBatch([], 0)]
+    script: Script = [FetchedBatch([], 0), batch(10, lag=40), FetchedBatch([], 0)]
     consumer = env.consumer(FakeSources(script))
     env.run(consumer, until=lambda: len(env.processor.lags) == 3)
-    assert env.processor.lags == [(0, 500), (1, 40), (0, 0)]
+    assert env.processor.lags == [(0, 0), (1, 40), (0, 0)]
     assert env.stored().checkpoint == ExtendedSequenceNumber("10")
+
+
+def test_rare_failures_of_empty_list_calls_never_add_up_to_a_park() -> None:
+    """A successful empty call did not start the count again: one failure in three quiet reads
+    parked the lease after max_processing_attempts of them, "in a row"."""
+    calls = iter(range(10**6))
+    env = Env(processor=EmptyListsToo(fail=lambda name, arg: next(calls) % 3 == 2))
+    env.lease()
+    quiet = [FetchedBatch([], 0)] * (ATTEMPTS * 4)
+    consumer = env.consumer(FakeSources(quiet))
+    outcome = env.run(consumer, until=lambda: len(env.processor.lags) >= ATTEMPTS * 4)
+    assert outcome is Outcome.SHUTDOWN and not consumer.stats.park_reason
 
 
 def test_no_empty_list_at_the_shard_end() -> None:
