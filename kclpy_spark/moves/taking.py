@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CLOCK_WARNING_EVERY = 600.0  # seconds between two warnings of one worker's clock
+CLOCK_MARGIN = 0.5  # seconds past max_clock_skew before a clock is said to run ahead
 
 Io = Callable[..., Awaitable[Any]]
 
@@ -453,13 +454,12 @@ class Taker:
         ours past ``max_clock_skew``: lease expiry dates writes by their stamps, so its leases
         look fresher than they are (moved late) and ours older (moved early: records twice)."""
         w = self._w
-        now, allowance = w.clock.monotonic(), w.timing.max_clock_skew
+        now, allowance = w.clock.monotonic(), w.timing.max_clock_skew + CLOCK_MARGIN
         self._clock_told = {k: t for k, t in self._clock_told.items()
                             if now - t < CLOCK_WARNING_EVERY}  # fmt: skip
-        for worker, by in coordination.clocks_ahead(
-            table.records, w.clock.wall(), allowance
-        ).items():
-            if worker not in self._clock_told:
+        ahead = coordination.clocks_ahead(table.records, w.clock.wall(), allowance)
+        for worker, by in ahead.items():
+            if worker not in self._clock_told and worker != w.cfg.worker_id:
                 self._clock_told[worker] = now
                 log.warning(
                     "worker %s's clock runs at least %.1f s ahead of this worker's (its status "

@@ -197,10 +197,30 @@ IGNORED_WARNING: dict[str, str] = {
 }
 # Ignored keys set to what this project does anyway (the KCL's defaults): said at INFO only.
 AS_DONE_HERE: dict[str, str] = {
-    "leaseTableDeletionProtectionEnabled": "false",
-    "leaseTablePitrEnabled": "false",
+    **dict.fromkeys(
+        [
+            "leaseTableDeletionProtectionEnabled",
+            "leaseTablePitrEnabled",
+            "coordinatorStatePointInTimeRecoveryEnabled",
+            "coordinatorStateDeletionProtectionEnabled",
+            "workerMetricsPointInTimeRecoveryEnabled",
+            "workerMetricsDeletionProtectionEnabled",
+        ],
+        "false",
+    ),
     "millisBehindLatestThresholdForReducedTps": "0",
 }
+
+
+def done_here(key: str, value: str) -> bool:
+    """Whether an ignored key is set to what this project does anyway."""
+    default = AS_DONE_HERE.get(key)
+    text = value.strip().lower()
+    if default == "0":
+        return re.fullmatch(r"[+-]?0+", text) is not None
+    return default is not None and text == default
+
+
 CREDENTIALS = re.compile(r"^awscredentialsprovider(dynamodb|cloudwatch)?$", re.IGNORECASE)
 DEFAULT_PROVIDERS = {"DefaultCredentialsProvider", "DefaultAWSCredentialsProviderChain"}
 # Providers whose source the AWS SDK for Python's default chain reads as well.

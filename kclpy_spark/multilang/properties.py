@@ -45,7 +45,6 @@ from kclpy_spark.config import (
 )
 from kclpy_spark.multilang.javaprops import parse_properties, read_properties_file
 from kclpy_spark.multilang.kcl_keys import (
-    AS_DONE_HERE,
     CHAIN_PROVIDERS,
     CREDENTIALS,
     FANOUT_SUPPORTED,
@@ -60,6 +59,7 @@ from kclpy_spark.multilang.kcl_keys import (
     as_bool,
     as_int,
     as_seconds,
+    done_here,
     polling_keys_set,
 )
 
@@ -118,7 +118,7 @@ class PropertiesConfig:
 
 
 def _ignored(key: str, value: str) -> None:
-    if key in IGNORED_WARNING and AS_DONE_HERE.get(key) != value.strip().lower():
+    if key in IGNORED_WARNING and not done_here(key, value):
         log.warning("property %s = %s is ignored: %s", key, value, IGNORED_WARNING[key])
     elif key in IGNORED_INFO or key in IGNORED_WARNING:
         why = IGNORED_INFO.get(key) or IGNORED_WARNING[key]

@@ -95,13 +95,14 @@ class RangeReader:
         self._page_size = 0  # its records' bytes, for the read rate
         self._page_records = 0  # and how many records it held
         self._replacement: str | None = None  # an iterator that replaced an expired one
-        self._gave_way = False  # the last GetRecords was throttled: the range ends there
+        self._gave_way = False  # the last call was throttled (or timed out): the range ends
         self._expired = False  # ... or its iterator expired and no new one could be had
         self._deadline = math.inf  # the range's time budget ends (monotonic), set by read()
 
     async def _iterator(self, resume: ESN | None) -> str | None:
         """An iterator at the range's start, or at ``resume`` (the last record a page held);
-        None when the range's time ran out first (a throttled shard: its budget counts this)."""
+        None when the range's time ran out first, or, unpinned, at once when throttled (the
+        range gives way, as for a throttled GetRecords)."""
         rng = self._rng
         if resume is not None:
             args: dict[str, Any] = {
@@ -182,7 +183,7 @@ class RangeReader:
             limit = PAGE_LIMIT if pin is not None else min(PAGE_LIMIT, rng.max_records - found.rows)
             answer = await self._page(iterator, limit, found)
             if answer is None:  # failed, backed off; throttled; or the iterator was replaced
-                if self._gave_way:  # the next round reads on with the same iterator
+                if self._gave_way:  # the next round reads on with the same iterator, if valid
                     found.next_iterator = None if self._expired else iterator
                     break
                 iterator = self._replacement or iterator

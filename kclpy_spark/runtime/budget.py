@@ -54,16 +54,25 @@ class FailureBudget:
         self._label = label  # the lease key: the metrics' shard label
         self.failures = 0  # in a row
         self._failed_at = float("-inf")  # monotonic time of the last failure counted
+        self._steps: set[str] = set()  # the steps that failed in this row
 
     def succeeded(self) -> None:
         self.failures = 0
+        self._steps.clear()
+
+    def succeeded_at(self, step: str) -> None:
+        """``step`` succeeded: the count starts again if only ``step`` failed in this row (a
+        call after an empty read says nothing of the reads: a source that answers once, empty,
+        then fails, still parks)."""
+        if self._steps <= {step}:
+            self.succeeded()
 
     def answered_since(self, last_ok: float | None) -> None:
         """The source's last answer (``FetchProgress.last_ok``): answers going on for
         ANSWERED_FOR seconds after the last failure mean the failures before were not in a
         row."""
         if last_ok is not None and last_ok - self._failed_at >= ANSWERED_FOR:
-            self.failures = 0
+            self.succeeded()
 
     async def retrying(
         self, what: str, step: Callable[[], Awaitable[T]], *, progress: bool = True
@@ -98,6 +107,7 @@ class FailureBudget:
         not the records'."""
         self._tenure.current()
         self.failures += 1
+        self._steps.add(what)
         self._failed_at = self._monotonic()
         self._stats.failures += 1
         self._metrics.processing_failures.labels(*self._metrics.shard(self._label)).inc()

@@ -456,7 +456,9 @@ class ShardConsumer:
         except Exception as exc:
             await self.budget.failed(what, exc, " (after a read with no new records)")
         else:
-            self.budget.succeeded()  # failures count in a row: rare ones never add up
+            self.budget.succeeded_at(
+                what
+            )  # its own failures count in a row: rare ones never add up
 
     async def _idle(self, processor: IdleAware) -> None:
         await self._call(lambda _: processor.no_records(), None)

@@ -536,8 +536,9 @@ class ExecutorReads:
         (GetRecords throttled) is kept for the next range: another GetShardIterator would spend
         the shard's allowance of those too."""
         self._back_off(entry, now)
-        with self._lock:  # none: the one it was given expired (dropped, not tried again)
-            entry.iterator, entry.iterator_at = end.next_iterator, _continues_after(rng, end)
+        if end.next_iterator is not None:
+            with self._lock:
+                entry.iterator, entry.iterator_at = end.next_iterator, _continues_after(rng, end)
         entry.post(NoAnswer(end.throttled))
 
     def _next_read(self, rng: ReadRange, end: RangeEnd, began: float) -> float:

@@ -217,7 +217,8 @@ DELTA_TABLE_UPDATES = 100
 
 class DeltaTableGoneError(KclpySparkError):
     """A Delta table this sink has seen was not found when loaded again: its log could not be
-    listed (a storage or mount hiccup), or it was removed. Retriable: the batch is not written."""
+    listed (a storage or mount hiccup), or it was removed. The batch's write fails (retried,
+    then its failure policy), never taken for a first write into a new table."""
 
     retriable = True
 
@@ -248,10 +249,21 @@ class _TableCopy:
             if self._table is None:
                 return None
             raise DeltaTableGoneError(
-                f"Delta table {self._path} is not found any more ({exc}); its batches wait"
+                f"Delta table {self._path} is not found any more ({exc}): its batches fail "
+                "until it is back (or the process restarts, which makes a new one)"
             ) from exc
         self._table, self._updates = fresh, 0
         return self._table
+
+    def stale(self) -> None:
+        """A use of the table failed: load it afresh next time (removed or replaced, its kept
+        object failed at every use, until a restart)."""
+        self._updates = DELTA_TABLE_UPDATES
+
+
+def _version(table: Any, app_id: str) -> int:
+    """The app id's last version committed in ``table`` (None: no table; 0: none)."""
+    return 0 if table is None else int(table.transaction_version(app_id) or 0)
 
 
 class DeltaSink:
@@ -286,19 +298,16 @@ class DeltaSink:
     def app_id(self, lease_key: str) -> str:
         return f"{self._prefix}:{lease_key}"
 
-    def _load(self) -> Any:
-        """The table, refreshed (call with the lock held), or None when it does not exist."""
-        return self._shared.current()
-
     def committed_versions(self, lease_keys: Iterable[str]) -> dict[str, int]:
         """The last version committed for each lease's app id (0: none yet), read from one
         refreshed snapshot under the lock (writer threads share the table object)."""
         with self._lock:
-            table = self._load()
-            return {
-                key: 0 if table is None else int(table.transaction_version(self.app_id(key)) or 0)
-                for key in lease_keys
-            }
+            try:
+                table = self._shared.current()
+                return {key: _version(table, self.app_id(key)) for key in lease_keys}
+            except BaseException:
+                self._shared.stale()
+                raise
 
     def committed_version(self, lease_key: str) -> int:
         return self.committed_versions([lease_key])[lease_key]
@@ -306,6 +315,12 @@ class DeltaSink:
     def prepare(self, pieces: Sequence[Piece]) -> Mapping[str, Any]:
         committed = self.committed_versions(p.lease_key for p in pieces)
         return {p.lease_key: committed[p.lease_key] + 1 for p in pieces}
+
+    def _copy(self) -> _TableCopy:
+        copy = getattr(self._per_thread, "copy", None)
+        if copy is None:
+            copy = self._per_thread.copy = _TableCopy(self.path, self._options)
+        return copy
 
     def _snapshot(self) -> Any:
         """This writer thread's table object, brought up to date (None: no table yet). The write
@@ -315,12 +330,16 @@ class DeltaSink:
         object per writer thread (they are few and long-lived): an update reads only the commits
         since its last write, where a fresh load reads the log from its last checkpoint; loaded
         afresh after ``DELTA_TABLE_UPDATES`` updates (a kept one grows)."""
-        copy = getattr(self._per_thread, "copy", None)
-        if copy is None:
-            copy = self._per_thread.copy = _TableCopy(self.path, self._options)
-        return copy.current()
+        return self._copy().current()
 
     def write(self, batch: SinkBatch) -> None:
+        try:
+            self._write(batch)
+        except BaseException:
+            self._copy().stale()
+            raise
+
+    def _write(self, batch: SinkBatch) -> None:
         snapshot = self._snapshot()
         if snapshot is not None:
             self._write_from(snapshot, batch)
@@ -344,7 +363,7 @@ class DeltaSink:
         todo, versions = [], {}
         for piece in batch.pieces:
             app_id = self.app_id(piece.lease_key)
-            committed = 0 if snapshot is None else int(snapshot.transaction_version(app_id) or 0)
+            committed = _version(snapshot, app_id)
             token = batch.tokens.get(piece.lease_key)
             version = int(token) if token is not None else committed + 1
             # Skipped at or below what the table holds: committed by an earlier attempt or
@@ -390,7 +409,7 @@ class DeltaSink:
         txns = []
         for piece in batch.pieces:
             app_id, token = self.app_id(piece.lease_key), batch.tokens.get(piece.lease_key)
-            if token is not None and int(snapshot.transaction_version(app_id) or 0) < int(token):
+            if token is not None and _version(snapshot, app_id) < int(token):
                 txns.append(Transaction(app_id, int(token)))
         if txns:
             import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]

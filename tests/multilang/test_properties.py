@@ -538,7 +538,8 @@ def test_two_names_of_one_key_set_differently_are_one_line() -> None:
         ("leaseTableDeletionProtectionEnabled", "false", False),
         ("leaseTableDeletionProtectionEnabled", "true", True),
         ("leaseTablePitrEnabled", "FALSE", False),
-        ("millisBehindLatestThresholdForReducedTps", "0", False),
+        ("millisBehindLatestThresholdForReducedTps", "00", False),
+        ("workerMetricsDeletionProtectionEnabled", "false", False),
         ("millisBehindLatestThresholdForReducedTps", "500", True),
     ],
 )

@@ -328,3 +328,28 @@ def test_a_retry_after_one_of_its_leases_moved_on_writes_the_others(tmp_path: Pa
     sink.write(retry)
     assert sink.committed_versions(["shardId-0", "shardId-1"]) == {"shardId-0": 2, "shardId-1": 1}
     assert rows(tmp_path / "delta") == 2 * 2 + 2
+
+
+def test_a_table_removed_under_the_sink_fails_its_writes_until_it_is_back(tmp_path: Path) -> None:
+    """A removed table failed every update of the sink's kept table objects, and they were never
+    loaded afresh: every write failed until the process restarted, even once another worker had
+    made the table again. Now the next use loads it afresh: not found (the writes fail, never
+    taken for a first write), then found again once it is back."""
+    import shutil
+
+    from kclpy_spark.spark import sinks
+
+    path = tmp_path / "delta"
+    sink = DeltaSink(str(path))
+    for _ in range(2):
+        sink.write(batch(sink.prepare([PIECE])))
+    shutil.rmtree(path)
+    failures = 0
+    for _ in range(3):  # the failed update, then fresh loads that find nothing
+        with pytest.raises(Exception) as raised:
+            sink.prepare([PIECE])
+        failures += isinstance(raised.value, sinks.DeltaTableGoneError)
+    assert failures >= 2
+    other = DeltaSink(str(path))  # another worker makes it again
+    other.write(batch(other.prepare([piece("shardId-5")]), "shardId-5"))
+    assert sink.prepare([PIECE]) == {"shardId-0": 1}
