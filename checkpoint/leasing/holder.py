@@ -414,7 +414,10 @@ class LeaseHolder:
                     return None
                 lease = updated
             if lease.handoff_pending and take_back_handoff:
-                back = self.table.take_lease(lease, self.worker_id)
+                # Taken back from our own view (a take is conditional on the counter only): it
+                # never left us, so no owner switch is counted.
+                ours = replace(lease, lease_owner=self.worker_id)
+                back = self.table.take_lease(ours, self.worker_id)
                 return None if back is None else self.table.evict_lease(back)
             if lease.handoff_pending:
                 return self.table.complete_handoff(lease)

@@ -1061,6 +1061,9 @@ def test_a_handoff_to_a_worker_that_is_stopping_too_is_taken_back_at_release() -
     assert owners == {"to-stopping": (None, None), "to-running": ("c", None),
                       "to-kcl": ("java", None), "to-suspended": (None, None)}  # fmt: skip
     assert not w.holder.held()
+    # Taken back, the lease never left us: no owner switch counted (ownerSwitchesSinceCheckpoint).
+    switches = {x.lease_key: x.owner_switches_since_checkpoint for x in table.list_leases()}
+    assert switches["to-stopping"] == switches["to-suspended"] == 0
 
 
 @pytest.mark.parametrize(("left", "waited"), [(20.0, 6.5), (4.0, 2.0), (-3.0, 0.0)])
