@@ -53,7 +53,7 @@ def _stop_localstack() -> None:
     subprocess.run([sys.executable, str(LSCTL), "stop"], check=False, capture_output=True)
 
 
-# Under pytest-xdist (scripts/test.sh runs two test processes) the workers share one LocalStack:
+# Under pytest-xdist (scripts/test.sh runs three test processes) the workers share one LocalStack:
 # the first to need it starts it under a lock and leaves this file in the folder the run's
 # workers share; the controlling process stops it when the whole run ends (pytest_sessionfinish).
 STARTED_MARK = "localstack-started-by-this-run"
@@ -204,7 +204,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 # The files that take longest (a minute or more of one test process, from the durations every run
-# prints), started first: the two test processes (one file each at a time) then finish about
+# prints), started first: the three test processes (one file each at a time) then finish about
 # together instead of one running a long file alone at the end. Order only; nothing is skipped.
 LONGEST_FIRST = (
     "test_readstream_kill9.py", "test_executor_chaos.py", "test_chaos.py",
