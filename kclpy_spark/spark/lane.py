@@ -385,7 +385,7 @@ class Lane:
             [
                 Replay(
                     c.key.last,
-                    group if c is cut else (c.group or (c.key,)),
+                    group if c is cut else (c.group or c.stored_group or (c.key,)),
                     c.token,
                     now,
                     # A pending write that started may still land, naming its token.

@@ -669,3 +669,45 @@ def test_a_checkpoint_in_the_slot_a_release_left_writes_nothing(
     )
     assert result.loss is LeaseLoss.NOT_HELD
     assert stored(table).lease_counter == counter and stored(table).checkpoint == TRIM_HORIZON
+
+
+class HeldRenewTable(MemoryLeaseTable):
+    """Each renewal waits for ``go`` once ``armed``: a slow lease-table call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed, self.entered, self.go = False, threading.Event(), threading.Event()
+
+    def renew_lease(self, lease: Lease) -> Lease | None:
+        if self.armed:
+            self.entered.set()
+            assert self.go.wait(10)
+        return super().renew_lease(lease)
+
+
+def test_a_write_refused_as_expired_ends_the_tenure_a_late_renewal_cannot_revive(
+    clock: ManualClock,
+) -> None:
+    """A renewal began before local expiry and its call was slow; a checkpoint write just past
+    expiry was refused (the Spark sink closed the lease's lane for good), then the renewal
+    landed and the lease was held again, same token: its consumer read on, nothing written or
+    checkpointed, until the shard's end. The refusal ends the tenure; the late renewal is
+    reported lost."""
+    table = HeldRenewTable()
+    holder = LeaseHolder(table, "worker-a", clock, DURATION)
+    held = holder.add_taken(take(table, "worker-a"))
+    clock.advance(DURATION - 1.0)
+    table.armed = True
+    reports: list[RenewalReport] = []
+    renewer = threading.Thread(target=lambda: reports.append(holder.renew_all(wait=5.0)))
+    renewer.start()
+    assert table.entered.wait(5)
+    clock.advance(1.5)  # past local expiry while the renewal's call is under way
+    result = holder.update(KEY, held.token, lambda lease: table.update_checkpoint(
+        lease, ExtendedSequenceNumber("5")))  # fmt: skip
+    assert result.loss is LeaseLoss.EXPIRED
+    table.go.set()
+    renewer.join(5)
+    assert holder.get_if_held(KEY) is None and not holder.held()
+    (report,) = reports
+    assert [x.lease_key for x in report.lost] == [KEY] and report.renewed == ()

@@ -312,3 +312,21 @@ def test_a_rewritten_pending_state_keeps_a_re_formed_cut_whose_own_is_not_writte
     assert position == written[0] == esn(60)
     assert [(e.piece_of(KEY), e.token) for e in state.pieces] == [(first, "t1"), (second, "t2")]
     assert state.pieces[1].group == (second, other)  # as stored until its own write
+
+
+def test_an_earlier_cut_put_back_keeps_a_later_re_formed_cuts_stored_batch() -> None:
+    """The later cut went back named as a batch of its own: every later pending state said so,
+    its partner no longer waited for it, and the batch was never formed again whole (a function
+    keyed by batch_id in worker scope got a new id)."""
+    other = "shardId-000000000009"
+    g1 = (PieceKey(KEY, esn(10), esn(30)), PieceKey(other, esn(1), esn(2)))
+    g2 = (PieceKey(KEY, esn(40), esn(60)), PieceKey(other, esn(3), esn(4)))
+    a = lane(replays=[(esn(30), g1, "t1"), (esn(60), g2, "t2")], depth=2)
+    a.add(chunk(1, 6), now=101.0)
+    c1 = a.cut(1, 1)
+    a.pending_state(c1, g1)
+    a.prepared(c1)
+    c2 = a.cut(1, 1)  # re-formed; its own pending write not started
+    assert c2.replayed and c2.group is None
+    assert a.put_back(c1, g1, now=150.0)
+    assert [r.group for r in a._replays] == [g1, g2]
