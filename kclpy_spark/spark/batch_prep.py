@@ -124,6 +124,7 @@ class BatchPreparer:
                     return False
             except CheckpointError as exc:
                 if exc.retry_may_help:
+                    exc.unprepared = (lane, cut)  # type: ignore[attr-defined]  # whose write
                     raise
                 log.warning("lease %s: cannot prepare its checkpoint (%s)", lane.lease_key, exc)
                 batch.parts.remove((lane, cut))  # put back by write_pending (not_prepared)

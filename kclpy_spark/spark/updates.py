@@ -220,6 +220,12 @@ class LaneUpdates:
             lane.prepared(cut)
             self._cond.notify_all()  # the lane may cut again
 
+    def leave_unprepared(self, lane: Lane, cut: Cut, error: CheckpointError) -> None:
+        """``not_prepared`` for a cut whose pending write kept failing with retriable errors,
+        under its lane's pending-write lock (as ``write_pending`` puts one back)."""
+        with lane.pending_lock:
+            self.not_prepared(lane, cut, error)
+
     def not_prepared(self, lane: Lane, cut: Cut, error: CheckpointError) -> None:
         with self._cond:
             if error.value == SHUTDOWN:

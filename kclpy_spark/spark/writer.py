@@ -23,6 +23,7 @@ from tenacity.stop import stop_base
 
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.base.retry import Backoff
+from checkpoint.checkpointer import CheckpointError
 from kclpy_spark.spark.acks import DEAD_LETTERED, FAILED, WRITTEN, AckSet, PrepareFailedError
 from kclpy_spark.spark.batch_life import Batch, LaneEvents
 from kclpy_spark.spark.batch_prep import BatchPreparer, is_wrapped, stored_token
@@ -199,9 +200,28 @@ class BatchWriter:
                 self._events.attempt(exc, time.perf_counter() - started, 0.0)
                 if self._dead_letters_unprepared(batch, exc):
                     continue  # prepared again without that sink
+                if self._leaves_unprepared(batch, exc):
+                    continue  # prepared again without that lease
                 batch.error = exc
                 return False
         self._events.batch_prepared(batch)
+        return True
+
+    def _leaves_unprepared(self, batch: Batch, exc: BaseException) -> bool:
+        """One lease's pending checkpoint kept failing with errors a retry may mend (its item
+        throttled, its lock held by a slow renewal): that lease leaves the batch and parks, the
+        others' are written again without it (True). It gave up on the whole batch, parking
+        every lease of it (in worker scope, every lease of the worker)."""
+        part = getattr(exc, "unprepared", None)
+        if not isinstance(exc, CheckpointError) or part not in batch.parts or len(batch.parts) < 2:
+            return False
+        lane, cut = part
+        log.warning("%r: lease %s leaves it, its pending checkpoint kept failing (%s); the "
+                    "others are prepared again without it", batch, lane.lease_key, exc)  # fmt: skip
+        self._events.leave_unprepared(lane, cut, exc)
+        batch.parts.remove(part)
+        batch.prepared.clear()  # the others' pending checkpoints name it: written again
+        batch.sink_batch = None
         return True
 
     def _dead_letters_unprepared(self, batch: Batch, exc: BaseException) -> bool:

@@ -22,7 +22,7 @@ import pytest
 from checkpoint.base.clock import ManualClock
 from checkpoint.base.errors import ThrottledError
 from checkpoint.base.retry import RetryPolicy
-from checkpoint.checkpointer import INVALID_STATE, Checkpointer, CheckpointError
+from checkpoint.checkpointer import INVALID_STATE, THROTTLING, Checkpointer, CheckpointError
 from checkpoint.lease import Lease
 from checkpoint.leasing.holder import LeaseHolder
 from checkpoint.sequence import TRIM_HORIZON, ExtendedSequenceNumber
@@ -613,6 +613,36 @@ def test_a_pending_checkpoint_no_retry_can_write_puts_the_cut_back_and_parks_the
     assert "cannot prepare the checkpoint" in lane.park_reason
     assert lane.rows == 3  # the cut is back in its lane, to be re-formed whole
     assert env.lease(SHARDS[0]).checkpoint == TRIM_HORIZON
+
+
+class ThrottledPending(Checkpointer):
+    """A lease whose pending checkpoint is throttled at every try (its item alone)."""
+
+    def prepare_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        raise CheckpointError(THROTTLING, "throttled (this lease's item only)")
+
+
+def test_one_lease_whose_pending_checkpoint_keeps_being_throttled_parks_alone() -> None:
+    """Its retriable failure gave up on the whole batch after the retries: in worker scope
+    every lease of the worker parked with it. It leaves the batch and parks; the others are
+    written and checkpointed."""
+    env = manual(max_records=100, max_wait=1.0, max_attempts=3)  # worker scope
+    env.take(SHARDS[0])
+    env.take_lease_only(SHARDS[1])
+    held = env.holder.get_if_held(SHARDS[1])
+    assert held is not None
+    env.cps[SHARDS[1]] = ThrottledPending(env.holder, SHARDS[1], held.token, TRIM_HORIZON)
+    env.open(SHARDS[1])
+    for shard in SHARDS[:2]:
+        env.deliver(shard, records(1, 3))
+    env.clock.advance(1.0)
+    env.batcher.run_until_idle()
+    assert [p.lease_key for p in env.sink.attempts_pieces] == [SHARDS[0]]
+    assert env.batcher.lane_state(env.lanes[SHARDS[0]]) is LaneState.ACTIVE
+    assert env.lease(SHARDS[0]).checkpoint == ExtendedSequenceNumber(str(3 * 10))
+    throttled = env.lanes[SHARDS[1]]
+    assert env.batcher.lane_state(throttled) is LaneState.PARKED and throttled.rows == 3
+    assert env.lease(SHARDS[1]).checkpoint == TRIM_HORIZON
 
 
 def test_a_commit_that_raises_something_unexpected_is_retried_not_written_again() -> None:
