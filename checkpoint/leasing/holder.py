@@ -301,9 +301,10 @@ class LeaseHolder:
             slot.held = HeldLease(new, held.token, started)
             slot.renewed_at = started
             with self._lock:
-                if not self._current(key, slot):  # a write refused it as expired meanwhile
-                    log.warning("lease %s: renewed after it expired locally; not held", key)
-                    return Renewal.LOST, slot.held
+                ended = slot.ended_expired and not self._current(key, slot)
+            if ended:  # a write of it was refused as expired meanwhile
+                log.warning("lease %s: renewed after it expired locally; not held", key)
+                return Renewal.LOST, slot.held
             return Renewal.RENEWED, slot.held
         finally:
             slot.lock.release()
@@ -318,11 +319,17 @@ class LeaseHolder:
         log.warning("lease %s expired locally before renewal; dropping it", key)
         return True
 
-    def _refused_expired(self, lease_key: str, slot: Slot) -> UpdateResult:
-        """A write refused because the lease expired locally ends its tenure here: a renewal
-        still under way that lands later must not revive it (the writer was told the lease was
-        gone, a Spark sink closed its lane, while its consumer went on reading it, unwritten)."""
-        if self._drop_slot(lease_key, slot):
+    def _refused_expired(self, lease_key: str, slot: Slot, token: uuid.UUID) -> UpdateResult:
+        """A write refused because the lease expired locally ends its tenure here (if it is the
+        writer's: a retake may have put a new one in the slot): a renewal still under way that
+        lands later must not revive it (the writer was told the lease was gone, a Spark sink
+        closed its lane, while its consumer went on reading it, unwritten)."""
+        with self._lock:
+            ours = self._current(lease_key, slot) and slot.held.token == token
+            if ours:
+                slot.ended_expired = True
+                del self._slots[lease_key]
+        if ours:
             log.warning("lease %s expired locally before a write of it; dropping it", lease_key)
         return UpdateResult(None, LeaseLoss.EXPIRED)
 
@@ -349,7 +356,7 @@ class LeaseHolder:
         left = slot.held.last_counter_change + self.lease_duration - self._clock.monotonic()
         if not slot.lock.acquire(timeout=max(0.0, left)):
             if slot.held.is_expired(self._clock.monotonic(), self.lease_duration):
-                return self._refused_expired(lease_key, slot)
+                return self._refused_expired(lease_key, slot, token)
             raise LeaseBusyError(f"lease {lease_key}: a write of it held its lock too long")
         try:
             return self._update_locked(lease_key, slot, token, write)
@@ -365,7 +372,7 @@ class LeaseHolder:
         held = slot.held
         started = self._clock.monotonic()
         if held.is_expired(started, self.lease_duration):
-            return self._refused_expired(lease_key, slot)
+            return self._refused_expired(lease_key, slot, token)
         if held.token != token:
             return UpdateResult(None, LeaseLoss.TOKEN_CHANGED)
         if held.lease.actual_owner != self.worker_id:  # released or handed over meanwhile

@@ -103,6 +103,9 @@ class Slot:
     # as held was stored: their stamps (at most held_lease.UNSURE_KEPT; every one was
     # conditional on the held counter, so at most one of them landed).
     unsure: tuple[WriteStamp, ...] = ()
+    # A write of this tenure was refused as expired: the tenure ended there (a renewal still
+    # under way that lands later is reported lost, not renewed).
+    ended_expired: bool = False
 
 
 def due_now(slot: Slot, now: float, lease_duration: float, lazy: bool) -> bool:

@@ -47,6 +47,11 @@ class BatchPreparer:
         # Whether a lease's pending checkpoint names its batch's other pieces (IdempotentPerPiece).
         self._own_groups = own_pieces_only(self._routes)
 
+    @property
+    def own_groups(self) -> bool:
+        """Each pending checkpoint names its own piece alone (sinks written once per piece)."""
+        return self._own_groups
+
     def prepare(self, batch: Batch) -> None:
         """Tokens, then each cut's pending checkpoint (once per batch), then the SinkBatch."""
         if not batch.tokens_ready:

@@ -209,19 +209,25 @@ class BatchWriter:
 
     def _leaves_unprepared(self, batch: Batch, exc: BaseException) -> bool:
         """One lease's pending checkpoint kept failing with errors a retry may mend (its item
-        throttled, its lock held by a slow renewal): that lease leaves the batch and parks, the
-        others' are written again without it (True). It gave up on the whole batch, parking
-        every lease of it (in worker scope, every lease of the worker)."""
+        throttled) while another lease's of the batch was written: that lease leaves the batch
+        and parks, the others go on (True). It gave up on the whole batch, parking every lease
+        of it (in worker scope, every lease of the worker). Only where each pending checkpoint
+        names its own piece alone (the built-in sinks): where it names the whole batch, one
+        that leaves would change the batch re-formed after a crash (a function keyed by
+        batch_id got a new id); and not when no other lease's was written (the whole table
+        refusing: shed one at a time, the batch waited a round of retries for each lease)."""
         part = getattr(exc, "unprepared", None)
-        if not isinstance(exc, CheckpointError) or part not in batch.parts or len(batch.parts) < 2:
+        if not isinstance(exc, CheckpointError) or not self._prep.own_groups:
+            return False
+        others = [p for p in batch.parts if p != part]
+        if part not in batch.parts or not any(id(c) in batch.prepared for _, c in others):
             return False
         lane, cut = part
-        log.warning("%r: lease %s leaves it, its pending checkpoint kept failing (%s); the "
-                    "others are prepared again without it", batch, lane.lease_key, exc)  # fmt: skip
+        log.warning("%r: lease %s leaves it, its pending checkpoint kept failing (%s)",
+                    batch, lane.lease_key, exc)  # fmt: skip
         self._events.leave_unprepared(lane, cut, exc)
         batch.parts.remove(part)
-        batch.prepared.clear()  # the others' pending checkpoints name it: written again
-        batch.sink_batch = None
+        batch.sink_batch = None  # made again without it (the others' pending name them alone)
         return True
 
     def _dead_letters_unprepared(self, batch: Batch, exc: BaseException) -> bool:

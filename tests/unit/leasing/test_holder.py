@@ -711,3 +711,19 @@ def test_a_write_refused_as_expired_ends_the_tenure_a_late_renewal_cannot_revive
     assert holder.get_if_held(KEY) is None and not holder.held()
     (report,) = reports
     assert [x.lease_key for x in report.lost] == [KEY] and report.renewed == ()
+
+
+def test_a_write_of_an_old_tenure_refused_as_expired_leaves_a_retaken_one(
+    table: FaultyRenewTable, holder: LeaseHolder, clock: ManualClock
+) -> None:
+    """The refusal ends the writer's tenure only: an old tenure's write that found the slot
+    just filled by a retake (its lock held by add_taken) dropped the new tenure, whose
+    consumer then lost a lease still ours in the table."""
+    old = holder.add_taken(take(table, "worker-a"))
+    clock.advance(DURATION + 1.0)
+    new = holder.add_taken(table.take_lease(stored(table), "worker-a"))  # type: ignore[arg-type]
+    slot = holder._slots[KEY]
+    assert holder._refused_expired(KEY, slot, old.token).loss is LeaseLoss.EXPIRED
+    assert holder.get_if_held(KEY) == new
+    assert holder._refused_expired(KEY, slot, new.token).loss is LeaseLoss.EXPIRED
+    assert holder.get_if_held(KEY) is None

@@ -622,11 +622,20 @@ class ThrottledPending(Checkpointer):
         raise CheckpointError(THROTTLING, "throttled (this lease's item only)")
 
 
-def test_one_lease_whose_pending_checkpoint_keeps_being_throttled_parks_alone() -> None:
+class PieceSink(FakeSink):
+    idempotent_per_piece = True  # as the built-in sinks: each pending names its own piece
+
+
+@pytest.mark.parametrize("sink", [PieceSink, FakeSink])
+def test_one_lease_whose_pending_checkpoint_keeps_being_throttled_parks_alone(
+    sink: type[FakeSink],
+) -> None:
     """Its retriable failure gave up on the whole batch after the retries: in worker scope
-    every lease of the worker parked with it. It leaves the batch and parks; the others are
-    written and checkpointed."""
-    env = manual(max_records=100, max_wait=1.0, max_attempts=3)  # worker scope
+    every lease of the worker parked with it. With a sink written once per piece it leaves
+    the batch and parks, the others are written and checkpointed; with one whose pending
+    checkpoints name the whole batch (a function keyed by batch_id), the batch still gives up
+    whole, so the same batch is re-formed after a crash."""
+    env = Env(BatcherSettings(max_records=100, max_wait=1.0, max_attempts=3), sink=sink())
     env.take(SHARDS[0])
     env.take_lease_only(SHARDS[1])
     held = env.holder.get_if_held(SHARDS[1])
@@ -637,10 +646,14 @@ def test_one_lease_whose_pending_checkpoint_keeps_being_throttled_parks_alone() 
         env.deliver(shard, records(1, 3))
     env.clock.advance(1.0)
     env.batcher.run_until_idle()
+    throttled = env.lanes[SHARDS[1]]
+    if sink is FakeSink:
+        assert env.sink.attempts == []
+        assert env.batcher.lane_state(env.lanes[SHARDS[0]]) is LaneState.PARKED
+        return
     assert [p.lease_key for p in env.sink.attempts_pieces] == [SHARDS[0]]
     assert env.batcher.lane_state(env.lanes[SHARDS[0]]) is LaneState.ACTIVE
     assert env.lease(SHARDS[0]).checkpoint == ExtendedSequenceNumber(str(3 * 10))
-    throttled = env.lanes[SHARDS[1]]
     assert env.batcher.lane_state(throttled) is LaneState.PARKED and throttled.rows == 3
     assert env.lease(SHARDS[1]).checkpoint == TRIM_HORIZON
 
