@@ -238,9 +238,9 @@ class RecordProcessor(abc.ABC):
     # amazon-kclpy's processor-version attribute; this API is its version 3.
     version: ClassVar[int] = 3
     # The KCL's callProcessRecordsEvenForEmptyRecordList: True, ``process_records`` is also
-    # called, with no records, after each read at the shard's tip that found none (the KCL: after
-    # every empty read; not at the shard's end), e.g. to flush or checkpoint on a quiet shard;
-    # instead of ``no_records`` for an IdleAware one. Set on the class or an instance.
+    # called, with no records, after each read that found none (as the KCL; not at the shard's
+    # end), e.g. to flush or checkpoint on a quiet shard; instead of ``no_records`` for an
+    # IdleAware one. Set on the class or an instance.
     call_process_records_even_for_empty_record_list: bool = False
 
     def initialize(self, initialize_input: InitializeInput) -> MaybeAwaitable:
@@ -273,8 +273,8 @@ class RecordProcessor(abc.ABC):
 
 @runtime_checkable
 class IdleAware(Protocol):
-    """A processor that is also called after a read at the shard's tip that returned no records
-    (kclpy-spark's own; the Spark sink's processor is one). It may raise to fail like
+    """A processor that is also called after a read that returned no records (kclpy-spark's
+    own; the Spark sink's processor is one). It may raise to fail like
     ``process_records`` does (counted, then the lease parked): a sink that gave up on a batch
     parks its lease even while no records come."""
 

@@ -274,7 +274,7 @@ class FanOutFetcher:
         records = await self._filter.on_loop_or_thread(raw)
         continuation = body.get("ContinuationSequenceNumber")
         self._advance(raw, continuation)
-        if records or ended or body.get("MillisBehindLatest") == 0:  # at the tip: see polling
+        if records or ended or body.get("MillisBehindLatest") is not None:  # see polling
             await self._put(
                 FetchedBatch(
                     records=records,

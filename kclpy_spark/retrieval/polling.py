@@ -224,9 +224,11 @@ class PollingFetcher:
             full = len(raw) >= self._max_records
             behind = full or (lag or 0) > self._idle * 1000.0
             size = page_bytes(raw) if self._read_rate > 0 else 0
-            # An empty answer at the tip goes out too: it says where the shard's lag is (0) and
-            # tells a job that runs until caught up that this shard is (caught_up.py).
-            if records or ended or lag == 0:
+            # An empty answer goes out too: it says where the shard's lag is (at the tip, 0: a
+            # job that runs until caught up learns that this shard is, caught_up.py), and a
+            # processor may ask to be called after it (callProcessRecordsEvenForEmptyRecordList:
+            # the KCL calls it after every empty read, behind the tip too).
+            if records or ended or lag is not None:
                 await self._put(
                     FetchedBatch(
                         records=records,

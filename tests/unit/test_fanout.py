@@ -673,3 +673,16 @@ def test_the_registry_keeps_only_the_last_five_seconds_of_subscriptions() -> Non
     assert len(registry._subscribed) == 5  # answered within 5 s of the last
     assert registry.subscribed_at(CONSUMER_ARN, f"shardId-{999:012d}") == 999.0
     assert registry.subscribed_at(CONSUMER_ARN, f"shardId-{0:012d}") is None
+
+
+def test_empty_events_behind_the_tip_go_out_with_their_lag() -> None:
+    """As polling's: an empty event behind the tip was dropped, so the lag shown stayed where
+    the last records left it and a processor asking to be called after every empty read (the
+    KCL's callProcessRecordsEvenForEmptyRecordList) was not."""
+    clock = FakeClock()
+    events = iter([event([], "15", MillisBehindLatest=4_000), event([record(20)], None)])
+    kinesis = FakeKinesis(clock, [FakeEventStream(clock, events)])
+    queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()
+    asyncio.run(fetcher(kinesis, clock, queue).run())
+    batches = drain(queue)
+    assert [(len(b.records), b.millis_behind_latest) for b in batches] == [(0, 4_000), (1, 0)]

@@ -283,3 +283,23 @@ def test_a_refused_call_is_tried_again_no_sooner_than_5_calls_a_second_allow(see
     soon as 0.1 s later, itself over the shard's 5 calls a second."""
     pauses = _pauses(RefusingShard(times=3), idle=1.0, seed=seed)
     assert len(pauses) >= 3 and min(pauses[:3]) >= MIN_INTERVAL_WHILE_BEHIND, pauses
+
+
+def test_empty_answers_behind_the_tip_go_to_the_consumer_with_their_lag() -> None:
+    """Only an empty answer at the tip went out: catching up over a quiet stretch, the lag
+    shown stayed where the last records left it, and a processor that asked to be called after
+    every empty read (the KCL's callProcessRecordsEvenForEmptyRecordList) was not."""
+    queue: asyncio.Queue[FetchedBatch] = asyncio.Queue()
+
+    async def no_pause(seconds: float) -> None:
+        return None
+
+    fetcher = PollingFetcher(
+        SteadyShard([3_000, 900, 0]), {"StreamName": "s"}, "shardId-000000000000",
+        TRIM_HORIZON, InitialPosition.trim_horizon(), queue, idle_time=1.0, sleep=no_pause,
+        clock=lambda: 0.0, rng=random.Random(7),
+    )  # fmt: skip
+    with contextlib.suppress(asyncio.CancelledError):
+        asyncio.run(fetcher.run())
+    got = [queue.get_nowait() for _ in range(queue.qsize())]
+    assert [(b.records, b.millis_behind_latest) for b in got] == [([], 3_000), ([], 900), ([], 0)]
