@@ -179,12 +179,17 @@ class ConsumerSet:
         if running is not None and (token is None or running.consumer.token == token):
             running.consumer.lease_lost()
 
-    def lost_unless_held(self, held_keys: set[str]) -> None:
-        """A lease can also go between renewals (a checkpoint's conditional write lost, local
-        expiry): its consumer must stop too."""
+    def lost_unless_held(self, held_keys: set[str]) -> list[str]:
+        """A lease can also go between renewals (a checkpoint's conditional write lost, a write
+        refused as expired): its consumer must stop too. The keys of those told now."""
+        told = []
         for key, running in list(self.running.items()):
-            if key not in held_keys and not running.consumer.finishing:
-                running.consumer.lease_lost()
+            consumer = running.consumer
+            if key not in held_keys and not consumer.finishing:
+                if not consumer.tenure.lost.is_set():
+                    told.append(key)
+                consumer.lease_lost()
+        return told
 
     def hand_back(self, context: StreamContext) -> None:
         """The stream was removed from the configuration: stop its consumers (after

@@ -359,7 +359,9 @@ class Worker:
             self.consumers.lost(lease.lease_key, report.lost_tokens.get(lease.lease_key))
         for held in () if self.handing_out else report.handoffs:
             self.consumers.hand_over(held, self.cfg.handoff_timeout)
-        self.consumers.lost_unless_held(self.holder.held_keys())
+        for key in self.consumers.lost_unless_held(self.holder.held_keys()):  # between rounds
+            self.metrics.leases_lost.inc()
+            log.warning("worker %s lost lease %s (a write of it)", self.cfg.worker_id, key)
 
     async def _control_round(self) -> None:
         """The steps; then the page's view, whatever they came to; then the status record."""

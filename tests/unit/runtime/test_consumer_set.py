@@ -514,3 +514,21 @@ def test_a_kpl_count_reported_while_its_ended_tenure_drains_makes_no_series_agai
         asyncio.run(go())
     finally:
         release.set()
+
+
+def test_a_lease_gone_between_renewals_is_told_once_and_reported() -> None:
+    """A loss first seen by a write (a checkpoint's conditional write lost, a write refused as
+    expired) stopped the consumer without a word: no lost-lease line, not counted in
+    leases_lost. The keys told are returned once, for the worker to count and log."""
+    env = Env()
+    key = "shardId-000000000000"
+
+    async def go() -> None:
+        env.start(key, [batch(10)])
+        await settle(lambda: env.processor.seen)  # type: ignore[attr-defined]
+        assert env.set.lost_unless_held({key}) == []
+        assert env.set.lost_unless_held(set()) == [key]
+        assert env.set.lost_unless_held(set()) == []  # told already: not again
+        await settle(lambda: key not in env.set)
+
+    asyncio.run(go())
