@@ -26,6 +26,7 @@ from shard_sync.hierarchy import (
     BlockedOnParentShardError,
     NewLease,
     child_leases_at_shard_end,
+    children_by_parent,
     index_shards,
     new_leases,
 )
@@ -103,10 +104,7 @@ def children_of_finished_parents(
     has passed. The hole audit then synced every third round for ever, and the child's range was
     never read. (The KCL has the same gap.)"""
     by_id = index_shards(shards)
-    children: dict[str, list[str]] = {}
-    for shard in by_id.values():
-        for parent in shard.parent_ids:
-            children.setdefault(parent, []).append(shard.shard_id)
+    children = children_by_parent(by_id.values())
     chosen = []
     for shard in by_id.values():
         sid, parents = shard.shard_id, shard.parent_ids

@@ -15,7 +15,13 @@ from checkpoint.base.errors import KclpySparkError
 from checkpoint.lease import Lease, stream_key_parts
 from checkpoint.sequence import TRIM_HORIZON
 from shard_sync.discovery import ShardLister
-from shard_sync.hierarchy import index_shards, lease_hash_range_holes, new_leases, parents_gone
+from shard_sync.hierarchy import (
+    children_by_parent,
+    index_shards,
+    lease_hash_range_holes,
+    new_leases,
+    parents_gone,
+)
 from shard_sync.shards import Shard
 from shard_sync.syncer import LeadershipLapsed, ShardSyncer, ShardSyncTable, SyncResult
 
@@ -340,10 +346,7 @@ def oldest_descendants(
             found.append(sid)
     if not found:
         return found
-    children: dict[str, list[str]] = {}
-    for sid, shard in shards.items():
-        for parent in shard.parent_ids:
-            children.setdefault(parent, []).append(sid)
+    children = children_by_parent(shards.values())
     return [sid for sid in found if not _descendant_leased(sid, children, leased)]
 
 

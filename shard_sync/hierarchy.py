@@ -333,6 +333,15 @@ def index_shards(shards: Iterable[Shard]) -> dict[str, Shard]:
     return by_id
 
 
+def children_by_parent(shards: Iterable[Shard]) -> dict[str, list[str]]:
+    """The listed children of each shard id named as a parent, in listing order."""
+    children: dict[str, list[str]] = {}
+    for shard in shards:
+        for parent in shard.parent_ids:
+            children.setdefault(parent, []).append(shard.shard_id)
+    return children
+
+
 def find_inconsistent_shard_ids(by_id: Mapping[str, Shard]) -> set[str]:
     """Listed shards that have a listed parent which is still open (the KCL's inconsistent ids)."""
     inconsistent: set[str] = set()
