@@ -212,13 +212,17 @@ AS_DONE_HERE: dict[str, str] = {
 }
 
 
+def _java_zero(value: str) -> bool:
+    """A Java number property that reads as 0 ("0", "00", "+0")."""
+    return re.fullmatch(r"\s*[+-]?0+\s*", value) is not None
+
+
 def done_here(key: str, value: str) -> bool:
     """Whether an ignored key is set to what this project does anyway."""
     default = AS_DONE_HERE.get(key)
-    text = value.strip().lower()
     if default == "0":
-        return re.fullmatch(r"[+-]?0+", text) is not None
-    return default is not None and text == default
+        return _java_zero(value)
+    return default is not None and value.strip().lower() == default
 
 
 CREDENTIALS = re.compile(r"^awscredentialsprovider(dynamodb|cloudwatch)?$", re.IGNORECASE)
@@ -252,8 +256,7 @@ def polling_keys_set(props: Mapping[str, str]) -> list[str]:
     return [
         key
         for key in POLLING_KEYS
-        if props.get(key)
-        and not (key in _PRIMITIVE_POLLING_KEYS and re.fullmatch(r"\s*[+-]?0+\s*", props[key]))
+        if props.get(key) and not (key in _PRIMITIVE_POLLING_KEYS and _java_zero(props[key]))
     ]
 
 

@@ -248,11 +248,8 @@ class KinesisKclStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         the pause its read in the batch before asked (5 calls and 2 MiB a second; read at once,
         a read after a big page was throttled and gave way, an empty batch for the shard)."""
         before, found = self._found  # the pins of the batch this one follows
-        if (
-            (offset.run, offset.batch) != self._planned_here
-            or before is None
-            or (before[0] != offset.run)
-        ):
+        planned_here = (offset.run, offset.batch) == self._planned_here
+        if not planned_here or before is None or before[0] != offset.run:
             return {}  # a replay: its reads wait only for what Kinesis says
         now = time.time()
         return {sid: min(MAX_READ_PAUSE, pin.pause_left(now)) for sid, pin in found.items()}

@@ -455,10 +455,8 @@ class ShardConsumer:
             raise  # read again from the checkpoint (_process): it lost what it held
         except Exception as exc:
             await self.budget.failed(what, exc, " (after a read with no new records)")
-        else:
-            self.budget.succeeded_at(
-                what
-            )  # its own failures count in a row: rare ones never add up
+        else:  # its own failures count in a row: rare ones never add up
+            self.budget.succeeded_at(what)
 
     async def _idle(self, processor: IdleAware) -> None:
         await self._call(lambda _: processor.no_records(), None)
