@@ -154,14 +154,14 @@ class ParquetSink:
             clean = self._writes % _CLEAN_EVERY == 0
         if clean:
             self.clean_staging()
-        todo = [p for p in batch.pieces if not self.piece_dir(p).exists()]
-        if len(todo) < len(batch.pieces):
-            log.info(
-                "batch %d: %d piece(s) already written; skipped",
-                batch.batch_id,
-                len(batch.pieces) - len(todo),
-            )
-            self._make_durable([p for p in batch.pieces if p not in todo])
+        todo: list[Piece] = []
+        written: list[Piece] = []
+        for piece in batch.pieces:
+            (written if self.piece_dir(piece).exists() else todo).append(piece)
+        if written:
+            log.info("batch %d: %d piece(s) already written; skipped",
+                     batch.batch_id, len(written))  # fmt: skip
+            self._make_durable(written)
         if not todo:
             return
         staging = self.path / "_staging" / f"{batch.batch_id:016x}-{uuid.uuid4().hex[:8]}"
