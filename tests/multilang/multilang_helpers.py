@@ -102,6 +102,11 @@ def read_events(output: Path) -> list[dict[str, Any]]:
     return sorted(events, key=lambda e: e["t"])
 
 
+def events_named(output: Path, name: str) -> list[dict[str, Any]]:
+    """The events called ``name`` so far (none while the child has not made ``output``)."""
+    return [e for e in read_events(output) if e["event"] == name] if output.exists() else []
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

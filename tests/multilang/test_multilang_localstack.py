@@ -17,6 +17,7 @@ from multilang_helpers import (
     PROTOCOL_SCRIPT,
     create_stream,
     daemon,
+    events_named,
     pid_alive,
     produce,
     properties_text,
@@ -170,11 +171,7 @@ def test_a_silent_child_is_timed_out_and_its_lease_released(
         table = DynamoDBLeaseTable(dynamodb_client, name, create_if_missing=False)
 
         def hanging() -> list[dict[str, Any]]:
-            return (
-                [e for e in read_events(output) if e["event"] == "hanging"]
-                if output.exists()
-                else []
-            )
+            return events_named(output, "hanging")
 
         wait_for("the child to stop answering", lambda: bool(hanging()), 60)
 
@@ -213,15 +210,10 @@ def test_an_app_that_asks_for_empty_record_lists_gets_them_on_a_quiet_shard(
         extra={"callProcessRecordsEvenForEmptyRecordList": "true"},
     )
     with daemon(tmp_path, props, output) as running:
-
-        def empty_calls() -> list[dict[str, Any]]:
-            events = read_events(output) if output.exists() else []
-            return [e for e in events if e["event"] == "no_records"]
-
-        wait_for("two empty record lists", lambda: len(empty_calls()) >= 2, 60)
+        wait_for("two empty record lists", lambda: len(events_named(output, "no_records")) >= 2, 60)
         assert running.stop() == 0
         log = running.text()
     assert {r["data"] for r in read_records(output)} == {"n0", "n1"}
-    assert all(isinstance(e["lag"], int) for e in empty_calls())
+    assert all(isinstance(e["lag"], int) for e in events_named(output, "no_records"))
     assert "processRecords after empty reads too" in log
     assert "not supported" not in log
