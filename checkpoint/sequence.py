@@ -22,6 +22,8 @@ class Sentinel(enum.StrEnum):
 # The last moment a datetime can hold (9999-12-31T23:59:59Z), as epoch seconds.
 LATEST_EPOCH_SECONDS = 253_402_300_799.0
 
+_SENTINELS: dict[str, Sentinel] = {s.value: s for s in Sentinel}  # Sentinel(v) raises when not
+
 _SENTINEL_RANK = {
     Sentinel.AT_TIMESTAMP: -3,
     Sentinel.TRIM_HORIZON: -2,
@@ -64,10 +66,7 @@ class ExtendedSequenceNumber:
 
     @property
     def sentinel(self) -> Sentinel | None:
-        try:
-            return Sentinel(self.sequence_number)
-        except ValueError:
-            return None
+        return _SENTINELS.get(self.sequence_number)
 
     @property
     def is_sentinel(self) -> bool:
@@ -78,12 +77,19 @@ class ExtendedSequenceNumber:
         return self.sequence_number == Sentinel.SHARD_END.value
 
     def _key(self) -> tuple[int, int, int]:
-        sentinel = self.sentinel
-        if sentinel is Sentinel.SHARD_END:
-            return (2, 0, 0)
-        if sentinel is not None:
-            return (0, _SENTINEL_RANK[sentinel], 0)
-        return (1, int(self.sequence_number), self.sub_sequence_number)
+        """The sort key, worked out once (a batch's checkpoint writes compare positions ~20
+        times each; not a field: equality and the hash stay the fields')."""
+        key: tuple[int, int, int] | None = self.__dict__.get("_sort_key")
+        if key is None:
+            sentinel = self.sentinel
+            if sentinel is Sentinel.SHARD_END:
+                key = (2, 0, 0)
+            elif sentinel is not None:
+                key = (0, _SENTINEL_RANK[sentinel], 0)
+            else:
+                key = (1, int(self.sequence_number), self.sub_sequence_number)
+            object.__setattr__(self, "_sort_key", key)
+        return key
 
     def __lt__(self, other: object) -> bool:
         if not isinstance(other, ExtendedSequenceNumber):

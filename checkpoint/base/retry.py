@@ -133,11 +133,12 @@ class _Wait:
 class _Deadline(stop_base):
     """Stop when the upcoming sleep plus one more attempt would end past ``max_elapsed``."""
 
-    def __init__(self, policy: RetryPolicy) -> None:
+    def __init__(self, policy: RetryPolicy, *, before: float = 0.0) -> None:
         self._policy = policy
+        self._before = before  # seconds spent before the loop began (its first attempt)
 
     def __call__(self, state: RetryCallState) -> bool:
-        elapsed = state.seconds_since_start or 0.0
+        elapsed = (state.seconds_since_start or 0.0) + self._before
         upcoming = state.upcoming_sleep or 0.0
         return elapsed + upcoming + self._policy.attempt_timeout >= self._policy.max_elapsed
 
@@ -167,12 +168,26 @@ def call_with_retry(
             exc,
         )
 
+    started = time.monotonic()
+    try:  # the first attempt without a retry loop: most calls need none, and one costs ~15 us
+        return fn()
+    except Exception as exc:
+        if policy.max_attempts <= 1 or not is_retriable(exc):
+            raise
+        first: list[Exception] = [exc]
+
+    def attempt() -> T:  # the loop's first attempt is the one just made
+        if first:
+            raise first.pop()
+        return fn()
+
     retrying = Retrying(
         retry=retry_if_exception(is_retriable),
         wait=_Wait(policy),
-        stop=stop_after_attempt(policy.max_attempts) | _Deadline(policy),
+        stop=stop_after_attempt(policy.max_attempts)
+        | _Deadline(policy, before=time.monotonic() - started),
         before_sleep=log_retry,
         sleep=sleep,
         reraise=True,
     )
-    return retrying(fn)
+    return retrying(attempt)

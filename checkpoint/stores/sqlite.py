@@ -7,6 +7,9 @@ share the file: it runs in WAL mode with a busy timeout, and every conditional w
 ``BEGIN IMMEDIATE``, so the row count says who won and the stored row is read back in the same
 transaction. A write that fails rolls back whole, so a retried write never finds its own earlier
 attempt. Connections come from a small fixed pool (sqlite_pool.py), never one per thread.
+A commit waits for the disk (``synchronous=FULL``), except a write inside
+``durability.durable_on_exit()``: committed without waiting, made durable with the block's
+others by one sync of the write-ahead log when the block ends (``sync``).
 
 Sequence numbers and hash keys are TEXT (they exceed 64-bit integers), shard-id sets JSON text.
 ``database is locked`` becomes a retriable DependencyError, retried by ``checkpoint.base.retry``.
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from checkpoint.base.clock import Clock, SystemClock
+from checkpoint.base.durability import deferred
 from checkpoint.base.errors import (
     InvalidStateError,
     ResourceNotFoundError,
@@ -104,12 +108,19 @@ class SQLiteLeaseTable:
         """Close the store's connections (a later call opens new ones)."""
         self._pool.close()
 
+    def sync(self) -> None:
+        """Every write committed so far on disk (the durability block's end): one sync of the
+        write-ahead log, which holds each commit not yet copied into the database file."""
+        self._pool.sync_log()
+
     # -- plumbing -------------------------------------------------------------------------------
 
     @contextmanager
     def _transaction(self, *, write: bool) -> Iterator[sqlite3.Connection]:
-        """One transaction; IMMEDIATE takes the write lock first, so its reads are current."""
-        with sqlite_errors(self._where), self._pool.connection() as conn:
+        """One transaction; IMMEDIATE takes the write lock first, so its reads are current. A
+        write inside a durability block commits without waiting for the disk (``sync``)."""
+        synced = not (write and deferred(self))
+        with sqlite_errors(self._where), self._pool.connection(synced=synced) as conn:
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
                 yield conn

@@ -94,6 +94,9 @@ class ConnectionPool:
         # first, so the ones at the bottom are those nobody needed lately.
         self._idle: list[tuple[sqlite3.Connection, float]] = []
         self._open = 0
+        # Connections whose commits do not wait for the disk now (synchronous=NORMAL); each of
+        # the others commits with FULL.
+        self._unsynced: set[sqlite3.Connection] = set()
         self._cond = threading.Condition()
         self.where = f"SQLite lease database {str(path)!r}"
 
@@ -104,12 +107,35 @@ class ConnectionPool:
             return self._open
 
     @contextmanager
-    def connection(self) -> Iterator[sqlite3.Connection]:
+    def connection(self, *, synced: bool = True) -> Iterator[sqlite3.Connection]:
+        """A connection for one transaction. ``synced``: its commit returns once on disk (FULL);
+        False: once written to the log, not waiting for the disk (NORMAL), which ``sync_log``
+        makes durable later."""
         conn = self._checkout()
         try:
+            if synced == (conn in self._unsynced):
+                conn.execute(f"PRAGMA synchronous={'FULL' if synced else 'NORMAL'}")
+                (self._unsynced.discard if synced else self._unsynced.add)(conn)
             yield conn
         finally:
             self._checkin(conn)
+
+    def sync_log(self) -> None:
+        """Every commit so far on disk: the write-ahead log synced (commits not yet copied into
+        the database file are there). No log: the last connection to close copied every commit
+        into the database file and synced it."""
+        try:
+            fd = os.open(f"{self._path}-wal", os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise DependencyError(f"{self.where}: cannot open its log to sync it: {exc}") from exc
+        try:
+            os.fdatasync(fd)
+        except OSError as exc:
+            raise DependencyError(f"{self.where}: syncing its log failed: {exc}") from exc
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         """Close the idle connections now; those in use come back to the pool and are closed
@@ -119,6 +145,7 @@ class ConnectionPool:
             idle, self._idle = self._idle, []
             self._open -= len(idle)
         for conn, _ in idle:
+            self._unsynced.discard(conn)
             conn.close()
 
     def _checkout(self) -> sqlite3.Connection:
@@ -157,6 +184,7 @@ class ConnectionPool:
             self._open -= len(stale)
             self._cond.notify_all()
         for old in stale:
+            self._unsynced.discard(old)
             old.close()
 
     def _stat(self) -> tuple[int, int] | None:

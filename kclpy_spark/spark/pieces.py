@@ -19,6 +19,7 @@ batch) and this lease's sink token in it (e.g. the Delta version the piece commi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections import deque
@@ -74,8 +75,9 @@ class PieceKey:
             ExtendedSequenceNumber(str(lseq), int(lsub)),
         )
 
-    @property
+    @functools.cached_property
     def piece_id(self) -> str:
+        """Worked out once (a sink names a piece's files after it several times a write)."""
         text = json.dumps(self.as_json(), separators=(",", ":"))
         return "p" + hashlib.sha256(text.encode()).hexdigest()[:32]
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from checkpoint.base.clock import ManualClock
-from checkpoint.base.errors import ThrottledError
+from checkpoint.base.errors import DependencyError, ThrottledError
 from checkpoint.base.retry import RetryPolicy
 from checkpoint.checkpointer import INVALID_STATE, THROTTLING, Checkpointer, CheckpointError
 from checkpoint.lease import Lease
@@ -333,6 +333,48 @@ def test_a_failed_attempt_is_retried_with_backoff_and_written_once() -> None:
     assert len(env.sleeps) == 2 and all(0 <= s <= 8.0 for s in env.sleeps)
     assert len(env.sink.written) == 1 and env.lease(SHARDS[0]).checkpoint == esn(30)
     assert env.batcher.stats.failed_attempts == 2
+
+
+class SyncFailsOnce(SQLiteLeaseTable):
+    """A SQLite store whose first sync of a durability block fails (an fsync error); it notes
+    its syncs, its pending checkpoint writes and (through the sink) the writes, in order."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, namespace="app")
+        self.ensure_table()
+        self.events: list[str] = []
+
+    def sync(self) -> None:
+        if "sync failed" not in self.events:
+            self.events.append("sync failed")
+            raise DependencyError("fsync: input/output error")
+        self.events.append("synced")
+        super().sync()
+
+    def update_lease(self, lease: Lease) -> Lease | None:
+        self.events.append("pending")
+        return super().update_lease(lease)
+
+
+def test_a_batchs_pending_checkpoints_are_on_disk_before_any_sink_writes(tmp_path: Path) -> None:
+    """A batch's pending checkpoints are committed without waiting for the disk, then synced
+    together. A sync that failed leaves them maybe not on disk: they are written again and
+    synced before the sink writes (retried, as a failed write is), never skipped as prepared."""
+    table = SyncFailsOnce(tmp_path / "leases.db")
+    env = Env(BatcherSettings(max_records=3, max_attempts=3), table=table)  # type: ignore[arg-type]
+    env.sink.on_write = lambda batch: table.events.append("write")
+    env.take(SHARDS[0])
+    env.take(SHARDS[1])
+    env.deliver(SHARDS[0], records(1, 2))
+    env.deliver(SHARDS[1], records(5, 1))
+    env.batcher.step()
+    assert len(env.sink.written) == 1 and len(env.sleeps) == 1
+    written = table.events.index("write")
+    assert table.events[:written] == ["pending", "pending", "sync failed",
+                                      "pending", "pending", "synced"]  # fmt: skip
+    assert table.events[written + 1 :] == ["synced"]  # the checkpoints', one sync for both
+    assert env.lease(SHARDS[0]).checkpoint == esn(20) and env.lease(SHARDS[1]).checkpoint == esn(50)
+    table.close()
 
 
 def test_after_the_last_attempt_the_lease_is_parked_and_nothing_is_checkpointed() -> None:
