@@ -12,22 +12,27 @@ the memory store) never join: the block costs them nothing.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
-from checkpoint.base.errors import DependencyError
+from checkpoint.base.errors import KclpySparkError
+
+log = logging.getLogger(__name__)
 
 
-class SyncError(DependencyError):
+class SyncError(KclpySparkError):
     """A durability block's sync failed: its writes that won are committed but maybe not on
-    disk. Whoever would act on them writes them again in a new block (retriable)."""
+    disk, and not made so by writing them again (after a failed sync the kernel may have
+    dropped the pages it could not write, and a write-ahead log read back after a power cut
+    stops at the first frame missing). Not retried: whoever would act on the writes gives up."""
 
 
 class DeferredSync(Protocol):
     def sync(self) -> None:
-        """Make every write this store committed so far durable (raises a DependencyError)."""
+        """Make every write this store committed so far durable (raises on failure)."""
         ...
 
 
@@ -39,7 +44,8 @@ def durable_on_exit() -> Iterator[None]:
     """Writes of this thread inside the block are durable when it ends, synced once per store;
     a failed sync raises ``SyncError``. Nested blocks belong to the outermost. A body that
     raises is synced as well (its writes that won are committed); if that sync fails too, the
-    ``SyncError`` propagates (the body's error as its cause)."""
+    ``SyncError`` propagates, the body's error as its cause (an interrupt or exit stays itself,
+    the sync's failure logged)."""
     if getattr(_scope, "stores", None) is not None:
         yield
         return
@@ -49,10 +55,16 @@ def durable_on_exit() -> Iterator[None]:
         yield
     except BaseException as failed:
         _scope.stores = None
-        _sync(stores, failed)
+        unsynced = _sync(stores)
+        if unsynced is not None:
+            if isinstance(failed, Exception):
+                raise unsynced from failed
+            log.error("%s (while %r ended the block)", unsynced, failed)
         raise
     _scope.stores = None
-    _sync(stores, None)
+    unsynced = _sync(stores)
+    if unsynced is not None:
+        raise unsynced
 
 
 def deferred(store: DeferredSync) -> bool:
@@ -66,9 +78,14 @@ def deferred(store: DeferredSync) -> bool:
     return True
 
 
-def _sync(stores: list[DeferredSync], failed: BaseException | None) -> None:
+def _sync(stores: list[DeferredSync]) -> SyncError | None:
+    """Sync each store; the first failure as a ``SyncError`` (the rest are not tried: the
+    block's writes are not all durable either way)."""
     for store in stores:
         try:
             store.sync()
         except Exception as exc:
-            raise SyncError(f"lease table writes not made durable: {exc}") from (failed or exc)
+            error = SyncError(f"lease table writes not made durable: {exc}")
+            error.__cause__ = exc
+            return error
+    return None

@@ -122,11 +122,15 @@ class ConnectionPool:
 
     def sync_log(self) -> None:
         """Every commit so far on disk: the write-ahead log synced (commits not yet copied into
-        the database file are there). No log: the last connection to close copied every commit
-        into the database file and synced it."""
+        the database file are there). SQLite keeps it beside the file a link names. No log:
+        the last connection to close copied every commit into the database file and synced it
+        (while one of ours is open, a log missing is an error)."""
+        log_path = f"{os.path.realpath(self._path)}-wal"
         try:
-            fd = os.open(f"{self._path}-wal", os.O_RDONLY)
+            fd = os.open(log_path, os.O_RDONLY)
         except FileNotFoundError:
+            if self.open_connections:
+                raise DependencyError(f"{self.where}: its log {log_path} is missing") from None
             return
         except OSError as exc:
             raise DependencyError(f"{self.where}: cannot open its log to sync it: {exc}") from exc

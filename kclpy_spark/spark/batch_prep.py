@@ -80,7 +80,7 @@ class BatchPreparer:
                     batch.prepared.clear()
                     batch.sink_batch = None
         except SyncError:
-            batch.prepared.clear()  # maybe not on disk: written again before any sink writes
+            batch.prepared.clear()  # maybe not on disk: never taken for prepared
             raise
         if batch.sink_batch is None and batch.parts:
             chunks = [c for _, cut in batch.parts for c in cut.chunks]

@@ -175,11 +175,12 @@ class BatchWriter:
 
     def _retrying(self, batch: Batch, attempts: int, route: SinkRoute | None) -> Retrying:
         """Retries with backoff until ``attempts``, every lease of the batch lost, the sink
-        closing, a write of this batch hung (not resubmitted while it may still run), or the
-        rows its reads stored on the executors gone (the same write would fail again)."""
+        closing, a write of this batch hung (not resubmitted while it may still run), the rows
+        its reads stored on the executors gone (the same write would fail again), or the lease
+        table's disk failing a sync (pending checkpoints written again would not be durable)."""
         return Retrying(
             stop=stop_after_attempt(attempts) | _LanesGone(batch, self._events),
-            retry=retry_if_not_exception_type((WriteThreadsClosedError, WriteHungError))
+            retry=retry_if_not_exception_type((WriteThreadsClosedError, WriteHungError, SyncError))
             & retry_if_exception(lambda exc: not _rereadable(batch, exc)),
             wait=lambda state: self._backoff.delay(state.attempt_number),
             sleep=self._sleep,

@@ -55,12 +55,22 @@ def test_a_block_nobody_joined_syncs_nothing_and_blocks_are_per_thread() -> None
     assert seen == [False] and store.syncs == 0
 
 
-def test_a_failed_sync_is_a_retriable_sync_error() -> None:
+def test_a_failed_sync_is_a_sync_error_no_retry_mends() -> None:
+    """After a failed fsync the kernel may have dropped what it could not write: writing the
+    same again and syncing does not make the first writes durable."""
     store = Store(fail=1)
     with pytest.raises(SyncError, match="disk says no") as caught, durable_on_exit():
         deferred(store)
-    assert caught.value.retriable and store.syncs == 1
+    assert not caught.value.retriable and store.syncs == 1
     assert deferred(store) is False  # the block is closed even so
+
+
+def test_an_interrupt_in_a_block_whose_sync_fails_stays_an_interrupt() -> None:
+    failing = Store(fail=1)
+    with pytest.raises(KeyboardInterrupt), durable_on_exit():
+        deferred(failing)
+        raise KeyboardInterrupt
+    assert failing.syncs == 1
 
 
 def test_a_body_that_raises_is_synced_and_its_error_kept_unless_the_sync_fails_too() -> None:
@@ -120,6 +130,40 @@ def test_sqlite_commits_in_a_block_without_waiting_then_syncs_its_log_once(
 def _level_of_last_write(store: SQLiteLeaseTable) -> int:
     conn = store._pool._idle[-1][0]  # the connection the write returned
     return int(conn.execute("PRAGMA synchronous").fetchone()[0])
+
+
+def test_sqlite_syncs_the_log_beside_the_file_a_link_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite keeps the log beside the database file a symbolic link names, not beside the
+    link: a sync that looked beside the link found none and synced nothing."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "links").mkdir()
+    store = SQLiteLeaseTable(tmp_path / "real" / "leases.db", namespace="app")
+    store.ensure_table()
+    lease = _lease(store, "shard-0")
+    store.close()
+    (tmp_path / "links" / "leases.db").symlink_to(tmp_path / "real" / "leases.db")
+    linked = SQLiteLeaseTable(tmp_path / "links" / "leases.db", namespace="app")
+    synced: list[str] = []
+    real = sqlite_pool.os.fdatasync
+    monkeypatch.setattr(sqlite_pool.os, "fdatasync", lambda fd: (synced.append("log"), real(fd)))
+    with durable_on_exit():
+        assert linked.update_checkpoint(lease, ExtendedSequenceNumber("10"), None) is not None
+    assert synced == ["log"] and (tmp_path / "real" / "leases.db-wal").exists()
+    assert not (tmp_path / "links" / "leases.db-wal").exists()
+    linked.close()
+
+
+def test_sqlite_sync_of_a_log_gone_while_the_file_is_open_fails(tmp_path: Path) -> None:
+    store = SQLiteLeaseTable(tmp_path / "leases.db", namespace="app")
+    store.ensure_table()
+    _lease(store, "shard-0")
+    assert store.open_connections
+    (tmp_path / "leases.db-wal").unlink()
+    with pytest.raises(DependencyError, match="missing"):
+        store.sync()
+    store.close()
 
 
 def test_sqlite_sync_without_a_log_has_nothing_to_do(tmp_path: Path) -> None:
