@@ -23,7 +23,7 @@ import contextlib
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,6 +37,7 @@ from kclpy_spark.spark.cluster_read import RangeRead, StoredReads, cluster_cores
 from kclpy_spark.spark.frames import RangeChunk
 from kclpy_spark.spark.jvm_garbage import JvmGarbage
 from kclpy_spark.spark.lane import Lane
+from kclpy_spark.spark.lane_feed import LaneFeed, ReadSlot
 from kclpy_spark.spark.range_tasks import AwsTarget
 from kclpy_spark.spark.ranges import PINNED_TIME_FACTOR, Pinned, RangeEnd, ReadRange
 from kclpy_spark.spark.read_timing import is_behind, paced, read_job_limit, round_leases
@@ -126,41 +127,6 @@ class ReadSettings:
     # ranges its busiest task reads (``range_tasks.waves``), is cancelled: a task gives up on a
     # range's Kinesis read 60 s after its budget; this bounds a Spark-level hang.
     job_grace: float = 90.0
-
-
-@dataclass(frozen=True)
-class ReadSlot:
-    """A lane that can take records now: where its records end (None: none yet) and, when it
-    re-forms a piece, that piece's last record and maybe its first; ``epoch``: the lane's
-    ``reads_epoch`` then (a read planned before its records were put back to be read again is
-    refused)."""
-
-    lane: Lane
-    read_to: ESN | None
-    unfilled: tuple[ESN, ESN | None] | None
-    epoch: int = 0
-    owed_to: ESN | None = None  # the lane's records end here once read again (``Lane.owed_to``)
-
-
-class LaneFeed(Protocol):
-    """The batcher's side (MicroBatcher): its lanes, under its lock."""
-
-    def readable(self, lease_keys: Collection[str]) -> tuple[dict[str, ReadSlot], set[str]]:
-        """The slots of lanes that can take records now, and the keys of parked lanes."""
-        ...
-
-    def fill(self, lane: Lane, chunk: RangeChunk, epoch: int | None = None) -> bool:
-        """Give the lane its records (False: the lane is closed, parked or replaced, or, given
-        the ``epoch`` its read was planned in, its records were put back to be read since)."""
-        ...
-
-    def park(self, lane: Lane, reason: str) -> None:
-        """Park the lane (a read its consumer no longer hears of failed)."""
-        ...
-
-    def reached_end(self, lane: Lane, epoch: int) -> ESN | None:
-        """The lane's shard was read to its end: what it still owed (aged out), if anything."""
-        ...
 
 
 @dataclass
@@ -342,8 +308,9 @@ class ExecutorReads:
                 self._back_off(entry, now)
                 entry.post(ReadJobFailedError(f"shard {entry.source.shard_id}: {why}"))
             return len(ranges)
-        for rng in ranges:
-            self._found(due[rng.lease_key], slots[rng.lease_key], rng, read, now)
+        with self._feed.together():  # the round's lanes filled at once: cut as one batch
+            for rng in ranges:
+                self._found(due[rng.lease_key], slots[rng.lease_key], rng, read, now)
         if log.isEnabledFor(logging.DEBUG):
             rows = sum(e.rows for e in read.ends.values())
             log.debug("read round %d: %d range(s), %d record(s)", self.rounds, len(ranges), rows)

@@ -401,9 +401,11 @@ class MicroBatcher:
         rows_left, bytes_left = s.max_records, s.max_bytes
         parts: list[tuple[Lane, Cut]] = []
         for lane in plan.lanes:
-            if plan.budgeted and (rows_left <= 0 or bytes_left <= 0):
+            # Records read on the executors are cut whole, every lane of the plan in one batch:
+            # their reads were kept to the budget (a round reads at most 1.5 times it); split by
+            # it, a round's lanes went in two batches (a write job, a sync and commits each).
+            if plan.budgeted and not self._reads and (rows_left <= 0 or bytes_left <= 0):
                 break
-            # Records read on the executors are cut whole (their read kept to the budget).
             cut = lane.cut(*((sys.maxsize,) * 2 if self._reads else (rows_left, bytes_left)))
             rows_left -= cut.piece.rows
             bytes_left -= cut.nbytes

@@ -451,6 +451,30 @@ def test_rows_lost_on_the_executors_are_read_again_not_retried_parked_or_dead_le
     assert env.lease(SHARDS[0]).checkpoint == esn(30)
 
 
+def test_reading_on_the_executors_a_rounds_lanes_go_in_one_batch_past_the_budget() -> None:
+    """A round's reads are kept to the budget (at most 1.5 times it); cut by it again, the
+    round's lanes went in two batches, each a write job, a sync and commits of its own."""
+    from kclpy_spark.spark.executor_reads import ExecutorReads, ReadSettings
+    from kclpy_spark.spark.frames import RangeChunk
+    from kclpy_spark.spark.range_tasks import AwsTarget
+
+    env = manual(max_records=4, scope="worker")
+    reads = ExecutorReads(lambda: None, AwsTarget("us-east-1"), ReadSettings(max_records=4))
+    env.batcher = env.new_batcher(reads=reads)
+    try:
+        for shard in SHARDS:
+            lane = env.take(shard)
+            env.cps[shard].set_largest_permitted(esn(30))
+            chunk = RangeChunk(None, esn(10), esn(30), read=object(), lease_key=shard,
+                               row_count=4, byte_count=40)  # fmt: skip
+            env.batcher.add(lane, chunk)
+        assert env.batcher.step() == 1
+    finally:
+        reads.close()
+    [batch] = env.sink.written
+    assert sorted(p.lease_key for p in batch.pieces) == sorted(SHARDS)
+
+
 def test_a_batch_whose_rows_keep_being_lost_is_given_up_on_after_max_attempts_reads() -> None:
     """A batch whose write itself kills executors (each time its rows are lost again) is read
     again at most ``max_attempts`` times without its checkpoint moving, then parked as any
@@ -1036,6 +1060,15 @@ def _threads_but_sink_writes() -> int:
     return sum(not name.startswith("kclpy-spark-sink-write") for name in names)
 
 
+def _settles(condition: Callable[[], bool], seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def test_n_batches_leave_resources_bounded_by_a_constant(tmp_path: Path) -> None:
     """Every batch used to run in a thread of its own, and the SQLite store kept a connection
     (two descriptors with WAL) per thread that ever used it: 200 batches left ~400 descriptors.
@@ -1074,7 +1107,9 @@ def test_n_batches_leave_resources_bounded_by_a_constant(tmp_path: Path) -> None
         descriptors, threads = _descriptors(), _threads_but_sink_writes()
         run_batches(150)
         assert len(sink.written) >= 2 * 150
-        assert _descriptors() <= descriptors
+        # A writer may still be in the sync that ends its commits (one descriptor, to the
+        # store's log, for the call): what is alive once they settle is what counts.
+        assert _settles(lambda: _descriptors() <= descriptors)
         assert _threads_but_sink_writes() <= threads
         assert batcher.writes.write_threads <= 2  # one per writer (a hung write would add one)
         assert store.open_connections <= POOL_SIZE

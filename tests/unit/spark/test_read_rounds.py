@@ -452,6 +452,9 @@ class RefusingFeed:
     def readable(self, lease_keys: Any) -> tuple[dict[str, ReadSlot], set[str]]:
         return {}, set()
 
+    def together(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
     def fill(self, lane: Lane, chunk: RangeChunk, epoch: int | None = None) -> bool:
         return False  # parked or closed while the read ran
 
@@ -1410,3 +1413,41 @@ def test_records_owed_at_the_shards_end_that_aged_out_do_not_hold_its_drain(
         lane.prepared(lane.cut(10, 10**9))
     lane.committed(lane.outs[-1])
     assert lane.drained(final=True) is DrainResult.DONE
+
+
+class LockSeeingFeed(LanesFeed):
+    """Notes, for each fill, whether the batcher's lock was already held by the read thread."""
+
+    def __init__(self, *lanes: Lane) -> None:
+        super().__init__(threading.Condition(), {x.lease_key: x for x in lanes}, ManualClock(),
+                         lambda: False)  # fmt: skip
+        self.held_at_fill: list[bool] = []
+
+    def fill(self, lane: Lane, chunk: RangeChunk, epoch: int | None = None) -> bool:
+        self.held_at_fill.append(self._cond._is_owned())  # type: ignore[attr-defined]
+        return super().fill(lane, chunk, epoch)
+
+
+def test_a_rounds_lanes_are_filled_under_one_hold_of_the_batchers_lock() -> None:
+    """A writer that woke at the first lane filled cut a batch of it alone and the round's
+    other lanes went in more batches, each a write job, a sync and commits of its own (4.2
+    batches a second from 1.6 read rounds at 24 shards): the round fills them all at once."""
+    other = "shardId-000000000077"
+    feed = LockSeeingFeed(make_lane(KEY), make_lane(other))
+
+    def read(session: Any, ranges: Any, aws: Any, **kw: Any) -> RangeRead:
+        return RangeRead(None, {r.lease_key: RangeEnd(r.lease_key, esn(6), esn(9), 3, 30)
+                                for r in ranges})  # fmt: skip
+
+    reader = ExecutorReads(lambda: None, AwsTarget("us-east-1"), ReadSettings(), read=read,
+                           tasks=lambda session: 1)  # fmt: skip
+    reader.start(feed, threaded=False)
+    posted: list[Any] = []
+    reader.register(SOURCE, posted.append)
+    reader.register(replace(SOURCE, lease_key=other, shard_id=other), posted.append)
+    try:
+        assert reader.read_round() == 2
+    finally:
+        reader.close()
+    assert feed.held_at_fill == [True, True]
+    assert all(lane.rows == 3 for lane in feed._lanes.values())
