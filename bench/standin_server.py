@@ -217,6 +217,11 @@ class StandIn:
             self._served_bytes = 0
             return [json.dumps(empty).encode()]
         count = self.per_page - start if limit is None else min(limit, self.per_page - start)
+        if count <= 0:  # Kinesis refuses a Limit under 1: answered empty, counted as no call
+            self._served_bytes = 0
+            rest = {"Records": [], "NextShardIterator": f"{shard}:{page}.{start}",
+                    "MillisBehindLatest": 1000}  # fmt: skip
+            return [json.dumps(rest).encode()]
         self.calls += 1
         self.records += count
         self._served_bytes = self.page_bytes * count // self.per_page
@@ -240,11 +245,13 @@ class StandIn:
         ]
         end = start + count
         after = f"{shard}:{page + 1}" if end == self.per_page else f"{shard}:{page}.{end}"
+        # Behind until the stream's last record: an answer shorter than its Limit with no lag
+        # is a reader's sign of the tip (it waited as there at every page's last part).
+        lag = 0 if page == (self.pages or 0) - 1 and end == self.per_page else 1000
         return [
             b'{"Records":['
             + b",".join(records)
-            + b'],"MillisBehindLatest":0,'
-            + f'"NextShardIterator":"{after}"}}'.encode()
+            + f'],"MillisBehindLatest":{lag},"NextShardIterator":"{after}"}}'.encode()
         ]
 
     def answer(self, target: str, request: bytes) -> list[bytes]:

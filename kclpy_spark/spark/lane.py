@@ -237,6 +237,12 @@ class Lane:
 
     # --- buffering -------------------------------------------------------------------------------
 
+    @property
+    def reads_from(self) -> object | None:
+        """The read its first records waiting to be cut came from (a round's read on the
+        executors), or None."""
+        return getattr(self._chunks[0], "read", None) if self._chunks else None
+
     def add(self, chunk: Chunk, now: float) -> None:
         """Buffer ``chunk`` (the next records of the lease, in order). Counts are kept as the
         records come (no pass over the buffer: this runs for every delivery)."""

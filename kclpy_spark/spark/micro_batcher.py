@@ -400,12 +400,17 @@ class MicroBatcher:
         s = self.settings
         rows_left, bytes_left = s.max_records, s.max_bytes
         parts: list[tuple[Lane, Cut]] = []
+        first_read = None
         for lane in plan.lanes:
-            # Records read on the executors are cut whole, every lane of the plan in one batch:
-            # their reads were kept to the budget (a round reads at most 1.5 times it); split by
-            # it, a round's lanes went in two batches (a write job, a sync and commits each).
-            if plan.budgeted and not self._reads and (rows_left <= 0 or bytes_left <= 0):
-                break
+            if plan.budgeted and (rows_left <= 0 or bytes_left <= 0):
+                if not self._reads:
+                    break
+                # Records read on the executors are cut whole, a round's lanes together past the
+                # budget (its reads kept to it: at most 1.5 times); split by it, a round went in
+                # two batches, a write job, a sync and commits each. Other rounds' lanes wait.
+                if lane.reads_from is not first_read:
+                    continue
+            first_read = first_read or lane.reads_from
             cut = lane.cut(*((sys.maxsize,) * 2 if self._reads else (rows_left, bytes_left)))
             rows_left -= cut.piece.rows
             bytes_left -= cut.nbytes

@@ -40,7 +40,8 @@ def check_write_timeout(value: float, what: str) -> None:
 class BatcherSettings:
     """Seconds as floats, sizes in bytes of Arrow data."""
 
-    # A batch closes at this many records...
+    # A batch closes at this many records (read on the executors: a round reads about this many,
+    # at most 1.5 times, one batch)...
     max_records: int = 100_000
     # ...or this many bytes of Arrow data...
     max_bytes: int = 64 * 1024 * 1024

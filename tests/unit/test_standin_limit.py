@@ -27,15 +27,17 @@ def _iterator(standin: StandIn, **asked: str) -> str:
 
 def test_a_limit_below_a_page_is_honoured_and_the_next_read_goes_on_inside_the_page() -> None:
     standin = StandIn(synthetic_body(10, 50), shards=1, pages=2, read_limit=None)
-    iterator, seen = _iterator(standin, ShardIteratorType="TRIM_HORIZON"), []
+    iterator, seen, lags = _iterator(standin, ShardIteratorType="TRIM_HORIZON"), [], []
     for limit in (4, 4, 4, 100, 3):
         answer = _get(standin, iterator, limit)
+        lags.append(answer["MillisBehindLatest"])
         records = answer["Records"]
         assert isinstance(records, list) and len(records) <= limit
         seen += [r["SequenceNumber"] for r in records]
         iterator = str(answer["NextShardIterator"])
     # 4 + 4 + 2 (the page's end), then page 1 whole, then the tip
     assert len(seen) == 20 and seen == sorted(seen) and len(set(seen)) == 20
+    assert lags[:3] == [1000, 1000, 1000]  # behind: a short answer with no lag is the tip
     assert standin.records == 20
     assert _get(standin, iterator, 3)["Records"] == []
 

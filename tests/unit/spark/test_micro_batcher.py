@@ -453,7 +453,9 @@ def test_rows_lost_on_the_executors_are_read_again_not_retried_parked_or_dead_le
 
 def test_reading_on_the_executors_a_rounds_lanes_go_in_one_batch_past_the_budget() -> None:
     """A round's reads are kept to the budget (at most 1.5 times it); cut by it again, the
-    round's lanes went in two batches, each a write job, a sync and commits of its own."""
+    round's lanes went in two batches, each a write job, a sync and commits of its own. Lanes
+    of another round wait for the next batch once the budget is spent: rounds that piled up
+    while the writers were busy are not one batch of several budgets."""
     from kclpy_spark.spark.executor_reads import ExecutorReads, ReadSettings
     from kclpy_spark.spark.frames import RangeChunk
     from kclpy_spark.spark.range_tasks import AwsTarget
@@ -461,18 +463,23 @@ def test_reading_on_the_executors_a_rounds_lanes_go_in_one_batch_past_the_budget
     env = manual(max_records=4, scope="worker")
     reads = ExecutorReads(lambda: None, AwsTarget("us-east-1"), ReadSettings(max_records=4))
     env.batcher = env.new_batcher(reads=reads)
+    third = "shardId-000000000002"
+    env.table.create_lease_if_absent(Lease(third, TRIM_HORIZON))
+    round_one, round_two = object(), object()
     try:
-        for shard in SHARDS:
+        for shard, read in ((SHARDS[0], round_one), (third, round_two), (SHARDS[1], round_one)):
             lane = env.take(shard)
             env.cps[shard].set_largest_permitted(esn(30))
-            chunk = RangeChunk(None, esn(10), esn(30), read=object(), lease_key=shard,
+            chunk = RangeChunk(None, esn(10), esn(30), read=read, lease_key=shard,
                                row_count=4, byte_count=40)  # fmt: skip
             env.batcher.add(lane, chunk)
         assert env.batcher.step() == 1
+        first = env.sink.written[0]
+        assert env.batcher.step() == 1
     finally:
         reads.close()
-    [batch] = env.sink.written
-    assert sorted(p.lease_key for p in batch.pieces) == sorted(SHARDS)
+    assert sorted(p.lease_key for p in first.pieces) == sorted(SHARDS)
+    assert [p.lease_key for p in env.sink.written[1].pieces] == [third]
 
 
 def test_a_batch_whose_rows_keep_being_lost_is_given_up_on_after_max_attempts_reads() -> None:
