@@ -286,10 +286,11 @@ class StandIn:
     def _records(self, shard: str, request: bytes) -> list[bytes]:
         """A GetRecords answer: three chunks with records, one without."""
         if self.pages is not None:
-            found = _ITERATOR_AT.search(request.decode("utf-8", "replace"))
+            text = request.decode("utf-8", "replace")
+            found = _ITERATOR_AT.search(text)
             if found is None:
                 raise ValueError("a finite stand-in stream reads only its own iterators")
-            limit = _LIMIT.search(request.decode("utf-8", "replace"))
+            limit = _LIMIT.search(text)
             return self._page(
                 found.group(1),
                 int(found.group(2)),

@@ -113,9 +113,12 @@ class ConnectionPool:
         makes durable later."""
         conn = self._checkout()
         try:
-            if synced == (conn in self._unsynced):
-                conn.execute(f"PRAGMA synchronous={'FULL' if synced else 'NORMAL'}")
-                (self._unsynced.discard if synced else self._unsynced.add)(conn)
+            if synced and conn in self._unsynced:
+                conn.execute("PRAGMA synchronous=FULL")
+                self._unsynced.discard(conn)
+            elif not synced and conn not in self._unsynced:
+                conn.execute("PRAGMA synchronous=NORMAL")
+                self._unsynced.add(conn)
             yield conn
         finally:
             self._checkin(conn)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from checkpoint.base.durability import SyncError, durable_on_exit
+from checkpoint.base.durability import durable_on_exit
 from checkpoint.checkpointer import CheckpointError
 from checkpoint.sequence import ExtendedSequenceNumber
 from kclpy_spark.spark.acks import PrepareFailedError
@@ -72,16 +72,14 @@ class BatchPreparer:
                     self._events.tokened(lane, cut, token)
             self._tokens_for_replays(batch)
             batch.tokens_ready = True
-        try:
-            with durable_on_exit():  # one wait for the disk for the batch's pending checkpoints
-                while not self._prepare_pending(batch):
-                    # A cut left the batch: the pending checkpoints written so far name the old
-                    # composition, so the survivors' are written again with the new one.
-                    batch.prepared.clear()
-                    batch.sink_batch = None
-        except SyncError:
-            batch.prepared.clear()  # maybe not on disk: never taken for prepared
-            raise
+        # One wait for the disk for the batch's pending checkpoints; a failed one (SyncError)
+        # gives the batch up, never retried (BatchWriter._retrying).
+        with durable_on_exit():
+            while not self._prepare_pending(batch):
+                # A cut left the batch: the pending checkpoints written so far name the old
+                # composition, so the survivors' are written again with the new one.
+                batch.prepared.clear()
+                batch.sink_batch = None
         if batch.sink_batch is None and batch.parts:
             chunks = [c for _, cut in batch.parts for c in cut.chunks]
             pieces = tuple(cut.piece for _, cut in batch.parts)
