@@ -124,7 +124,11 @@ def test_sqlite_commits_in_a_block_without_waiting_then_syncs_its_log_once(
     assert again is not None
     assert store.update_checkpoint(again, ExtendedSequenceNumber("20"), None) is not None
     assert _level_of_last_write(store) == 2 and synced == ["log"]  # FULL: SQLite syncs itself
+    with durable_on_exit():  # the pool notes a connection's level only while it is open
+        assert store.update_checkpoint(again, ExtendedSequenceNumber("30"), None) is None
+    assert len(store._pool._unsynced) == 1
     store.close()
+    assert store._pool._unsynced == set() and store.open_connections == 0
 
 
 def _level_of_last_write(store: SQLiteLeaseTable) -> int:
