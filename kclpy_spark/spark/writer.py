@@ -190,11 +190,13 @@ class BatchWriter:
 
     def _prepared_with_retries(self, batch: Batch) -> bool:
         """Tokens and pending checkpoints before any sink writes (retried as a write is);
-        False when the batch was given up on here."""
-        started = time.perf_counter()
+        False when the batch was given up on here. Each try's time counts once toward
+        ``prepare_seconds``, a successful one too."""
         while True:
+            started = time.perf_counter()
             try:
                 self._retrying(batch, self._s.max_attempts, None)(self._prep.prepare, batch)
+                self._events.attempt(None, time.perf_counter() - started, 0.0)
                 break
             except WriteThreadsClosedError:
                 raise  # closing: the batch is abandoned, not failed

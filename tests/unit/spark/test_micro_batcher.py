@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -738,6 +738,42 @@ def test_one_lease_whose_pending_checkpoint_keeps_being_throttled_parks_alone(
     assert env.lease(SHARDS[0]).checkpoint == ExtendedSequenceNumber(str(3 * 10))
     assert env.batcher.lane_state(throttled) is LaneState.PARKED and throttled.rows == 3
     assert env.lease(SHARDS[1]).checkpoint == TRIM_HORIZON
+
+
+class SlowThrottledPending(ThrottledPending):
+    """Each try of its pending checkpoint takes a second of the writer's clock, then fails."""
+
+    clock: ClassVar[list[float]] = [0.0]
+
+    def prepare_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        self.clock[0] += 1.0
+        super().prepare_checkpoint(*args, **kwargs)
+
+
+def test_prepare_seconds_counts_each_try_of_a_batch_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two leases whose pending checkpoints fail each leave the batch after three tries of a
+    second: six seconds of preparing (counted from the first try, the second lease's were
+    counted as nine)."""
+    import kclpy_spark.spark.writer as writer_module
+
+    SlowThrottledPending.clock[0] = 0.0
+    monkeypatch.setattr(writer_module.time, "perf_counter", lambda: SlowThrottledPending.clock[0])
+    env = Env(BatcherSettings(max_records=100, max_wait=1.0, max_attempts=3), sink=PieceSink())
+    shards = (*SHARDS, "shardId-000000000002")
+    env.table.create_lease_if_absent(Lease(shards[2], TRIM_HORIZON))
+    env.take(shards[0])
+    for shard in shards[1:]:
+        env.take_lease_only(shard)
+        held = env.holder.get_if_held(shard)
+        assert held is not None
+        env.cps[shard] = SlowThrottledPending(env.holder, shard, held.token, TRIM_HORIZON)
+        env.open(shard)
+    for shard in shards:
+        env.deliver(shard, records(1, 3))
+    env.clock.advance(1.0)
+    env.batcher.run_until_idle()
+    assert [p.lease_key for p in env.sink.attempts_pieces] == [shards[0]]
+    assert env.batcher.stats.prepare_seconds == 6.0
 
 
 def test_a_commit_that_raises_something_unexpected_is_retried_not_written_again() -> None:
