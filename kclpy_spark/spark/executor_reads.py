@@ -11,6 +11,8 @@ does records read on the driver. A lease read to its tip waits ``idle_seconds`` 
 read; one that is behind is read again as soon as Kinesis allows its shard another call. A round
 also takes the leases behind whose call comes due within the last job's length (their tasks wait
 out the rest): leases fall into the same jobs instead of alternating between half-full ones.
+With a full page a lease a round, a round due also waits (``align``) for leases behind coming
+due a little later (``read_timing.round_start``): one round a pause, not one per phase.
 
 The lease's consumer still runs the lease's life (parents first, shard end, loss, hand-over,
 parking); its record source is a ``relay.LeaseRelay`` that registers the lease here and hands it
@@ -32,6 +34,7 @@ from checkpoint.base.errors import KclpySparkError
 from checkpoint.base.retry import Backoff
 from checkpoint.sequence import AT_TIMESTAMP, LATEST, ExtendedSequenceNumber
 from kclpy_spark.retrieval.positions import LATEST_RESTART_MARGIN
+from kclpy_spark.retrieval.range_reader import PAGE_LIMIT
 from kclpy_spark.retrieval.source import FetchedBatch, ReadElsewhere, SourceOutage
 from kclpy_spark.spark.cluster_read import RangeRead, StoredReads, cluster_cores, read_ranges
 from kclpy_spark.spark.frames import RangeChunk
@@ -40,7 +43,13 @@ from kclpy_spark.spark.lane import Lane
 from kclpy_spark.spark.lane_feed import LaneFeed, ReadSlot
 from kclpy_spark.spark.range_tasks import AwsTarget
 from kclpy_spark.spark.ranges import PINNED_TIME_FACTOR, Pinned, RangeEnd, ReadRange
-from kclpy_spark.spark.read_timing import is_behind, paced, read_job_limit, round_leases
+from kclpy_spark.spark.read_timing import (
+    is_behind,
+    paced,
+    read_job_limit,
+    round_leases,
+    round_start,
+)
 from kclpy_spark.spark.sink_batch import Interrupter, NoInterrupter
 from kclpy_spark.spark.watchdog import Watchdog
 
@@ -122,6 +131,10 @@ class ReadSettings:
     # wait for it anyway): their tasks wait out the rest of their pause. Fewer, fuller jobs; the
     # look-ahead is the last job's length, at most this.
     max_gather: float = 0.5
+    # When a round's share of the budget is a full page a lease (``PAGE_LIMIT`` records), a
+    # round due now waits up to this long for leases behind that come due (``round_start``):
+    # one round a pause instead of one per phase the leases drifted into.
+    align: float = 0.5
     kpl: bool = True
     # A read job still running this long past its ranges' ``max_seconds``, for each wave of
     # ranges its busiest task reads (``range_tasks.waves``), is cancelled: a task gives up on a
@@ -188,6 +201,7 @@ class ExecutorReads:
         self._thread: threading.Thread | None = None
         self.rounds = 0
         self._gather = 0.0  # how far ahead a round takes leases (the last job's own length)
+        self._start_at = 0.0  # when the round due waits for (round_start), under the lock
         self.stored = StoredReads()  # the executors' copies of reads some batch still holds
         self._id = uuid.uuid4().hex[:8]
         self.overran_at: float | None = None  # the read thread's running call to Spark overran then
@@ -260,8 +274,18 @@ class ExecutorReads:
 
     def _wait(self) -> float:
         now = self._clock.monotonic()
+        if self._start_at > now:  # a round waits for the leases behind that come due
+            return max(0.05, min(0.5, self._start_at - now))
         times = [e.next_read_at - now for e in self._entries.values() if not e.ended]
         return max(0.05, min([0.5, *times]))
+
+    def _align(self) -> float:
+        """How long a round may wait for leases coming due (``ReadSettings.align``): only
+        while a lease's share of the round's budget is a full page, so a round reads what
+        Kinesis gives a call whatever its leases (with less, each read of a lease is cut short
+        by its share and a lease read less often reads less)."""
+        live = sum(1 for e in self._entries.values() if not e.ended)
+        return self._s.align if live and self._s.max_records // live >= PAGE_LIMIT else 0.0
 
     # --- one round ------------------------------------------------------------------------------
 
@@ -272,6 +296,9 @@ class ExecutorReads:
             self.stored.release()  # calls to the driver's JVM
         now = self._clock.monotonic()
         with self._lock:
+            self._start_at = round_start(self._entries, now, self._align(), self._gather)
+            if self._start_at > now:
+                return 0
             due = round_leases(self._entries, now, self._gather)
             ended = {k: e for k, e in self._entries.items() if e.ended and e.next_read_at <= now}
         if not due and not ended:

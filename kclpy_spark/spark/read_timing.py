@@ -34,6 +34,24 @@ def round_leases(entries: Mapping[str, T], now: float, ahead: float) -> dict[str
             if e.next_read_at <= now or (e.behind and e.next_read_at <= now + ahead)}  # fmt: skip
 
 
+def round_start(entries: Mapping[str, Timed], now: float, align: float, ahead: float) -> float:
+    """When the round due now begins: now, or later while leases behind come due within
+    ``align`` of its first lease, until the last of them is within the round's look-ahead
+    (``ahead``, see ``round_leases``: those are read in it, their tasks waiting the difference).
+    Leases each read to their own pace drift into several rounds a pause, and with a full page
+    a lease a round every round costs the driver the same whatever its leases (the job, the
+    batch's write and frame). Once merged, leases reading full pages come due together again,
+    within one job's length of each other, so the wait is paid once. ``align`` 0 (or nothing
+    due, or none coming): now."""
+    live = [e for e in entries.values() if not e.ended]
+    due = [e.next_read_at for e in live if e.next_read_at <= now]
+    if align <= 0 or not due:
+        return now
+    deadline = min(due) + align
+    coming = [e.next_read_at for e in live if e.behind and now < e.next_read_at <= deadline]
+    return max(now, max(coming) - ahead) if coming else now
+
+
 def is_behind(rng: ReadRange, end: RangeEnd, idle_seconds: float) -> bool:
     """More records are waiting: the range stopped at its budget, or the shard is more than
     ``idle_seconds`` behind (a few milliseconds under steady traffic is at the tip: reading it

@@ -38,7 +38,7 @@ from kclpy_spark.spark.lane_feed import LanesFeed
 from kclpy_spark.spark.pieces import PieceKey
 from kclpy_spark.spark.range_tasks import AwsTarget
 from kclpy_spark.spark.ranges import Pinned, RangeEnd, ReadRange
-from kclpy_spark.spark.read_timing import is_behind, read_job_limit, round_leases
+from kclpy_spark.spark.read_timing import is_behind, read_job_limit, round_leases, round_start
 from kclpy_spark.spark.relay import LeaseRelay, _Inbox
 
 TRIM = ExtendedSequenceNumber("TRIM_HORIZON")
@@ -812,6 +812,63 @@ def test_a_round_takes_the_leases_due_now_and_those_behind_due_before_its_job_wo
     assert set(round_leases(entries, 10.0, ahead)) == want
 
 
+@pytest.mark.parametrize(
+    ("due_at", "align", "ahead", "want"),
+    [
+        ({"a": 10.0, "b": 10.3}, 0.5, 0.0, 10.3),  # waits for b, behind, coming due
+        ({"a": 10.0, "b": 10.3}, 0.5, 0.2, 10.1),  # until b is within the look-ahead
+        ({"a": 10.0, "b": 10.3}, 0.5, 0.4, 10.0),  # already within it: no wait
+        ({"a": 10.0, "b": 10.3, "c": 10.4}, 0.5, 0.0, 10.4),  # for the last of those coming
+        ({"a": 10.0, "b": 10.7}, 0.5, 0.0, 10.0),  # b comes past the wait: no wait
+        ({"a": 9.8, "b": 10.2, "c": 10.4}, 0.5, 0.0, 10.2),  # c comes past align after a
+        ({"a": 9.4, "b": 10.3}, 0.5, 0.0, 10.0),  # waited enough already
+        ({"a": 10.0, "tip": 10.3}, 0.5, 0.0, 10.0),  # one at its tip is not waited for
+        ({"a": 10.0, "ended": 10.3}, 0.5, 0.0, 10.0),  # nor an ended one
+        ({"a": 10.0, "b": 10.3}, 0.0, 0.0, 10.0),  # no alignment
+        ({"a": 10.1, "b": 10.3}, 0.5, 0.0, 10.0),  # nothing due: the round (none) is not deferred
+    ],
+)
+def test_a_round_due_waits_a_little_for_leases_behind_coming_due(
+    due_at: dict[str, float], align: float, ahead: float, want: float
+) -> None:
+    entries = {k: _entry_due(at, ended=k == "ended", behind=k != "tip")
+               for k, at in due_at.items()}  # fmt: skip
+    assert round_start(entries, 10.0, align, ahead) == pytest.approx(want)
+
+
+@pytest.mark.parametrize(("max_records", "aligned"), [(40_000, True), (39_999, False)])
+def test_leases_in_two_phases_merge_into_one_round_when_each_reads_a_full_page(
+    max_records: int, aligned: bool
+) -> None:
+    """Four leases behind, two due now and two 0.4 s later: with a full page each (40,000
+    records over four) the round waits for the later two and reads all four; with less, each
+    lease's read is cut by its share, and the two due read at once."""
+    clock = ManualClock()
+    planned: list[set[str]] = []
+
+    def job(session: Any, ranges: list[ReadRange], aws: Any, **kw: Any) -> RangeRead:
+        planned.append({r.lease_key for r in ranges})
+        return RangeRead(None, {r.lease_key: RangeEnd(r.lease_key, None, None, 0, 0,
+                                                       millis_behind_latest=0)
+                                for r in ranges})  # fmt: skip
+
+    settings = ReadSettings(max_records=max_records, max_gather=0.0, align=0.5)
+    reader = ExecutorReads(lambda: None, AwsTarget("us-east-1"), settings,
+                           clock=clock, read=job, tasks=lambda session: 1)  # fmt: skip
+    reader.start(AllSlotsFeed(), threaded=False)
+    now = clock.monotonic()
+    for key, at in (("a", now), ("b", now), ("c", now + 0.4), ("d", now + 0.4)):
+        entry = reader.register(replace(SOURCE, lease_key=key), lambda item: None)
+        entry.next_read_at, entry.behind = at, True
+    if not aligned:
+        assert reader.read_round() == 2 and planned == [{"a", "b"}]
+        return
+    assert reader.read_round() == 0 and planned == []
+    assert reader._wait() == pytest.approx(0.4)
+    clock.advance(0.4)
+    assert reader.read_round() == 4 and planned == [{"a", "b", "c", "d"}]
+
+
 class AllSlotsFeed(RefusingFeed):
     def readable(self, lease_keys: Any) -> tuple[dict[str, ReadSlot], set[str]]:
         return {k: ReadSlot(make_lane(k), None, None) for k in lease_keys}, set()
@@ -832,7 +889,8 @@ def test_a_lease_taken_early_waits_on_its_task_and_its_pause_counts_from_then() 
                                                        millis_behind_latest=0)
                                 for r in ranges})  # fmt: skip
 
-    reader = ExecutorReads(lambda: None, AwsTarget("us-east-1"), ReadSettings(max_gather=0.4),
+    settings = ReadSettings(max_gather=0.4, align=0.0)  # the look-ahead alone
+    reader = ExecutorReads(lambda: None, AwsTarget("us-east-1"), settings,
                            clock=clock, read=job, tasks=lambda session: 1)  # fmt: skip
     reader.start(AllSlotsFeed(), threaded=False)
     now = clock.monotonic()
