@@ -387,7 +387,9 @@ def deaggregate(
     counters = counters if counters is not None else KplCounters()
     out: list[Record] = []
     for record in records:
-        if record.head(4) != MAGIC:  # a plain record
+        # A plain record; as the KCL's, so is one of the magic bytes and no more than a digest's
+        # length after them (an empty aggregate's 20 bytes too: delivered whole, not dropped).
+        if record.head(4) != MAGIC or record.data_size <= _MIN_SIZE:
             out.append(record)
             continue
         try:

@@ -116,11 +116,11 @@ def test_plain_records_pass_through_unchanged_and_in_order() -> None:
     assert counters == KplCounters(aggregates=1, sub_records=2)
 
 
-def test_an_empty_aggregate_yields_no_records() -> None:
+def test_an_aggregate_of_no_records_yields_none() -> None:
+    """A key table and no records (an empty one, 20 bytes, is a plain record: below)."""
     counters = KplCounters()
-    out = deaggregate(
-        [agg_record([]), plain("101")], hash_range=None, after=None, counters=counters
-    )
+    empty = Record(with_digest(b"\x0a\x01a"), "pk", "100")
+    out = deaggregate([empty, plain("101")], hash_range=None, after=None, counters=counters)
     assert summary(out) == [("101", 0, "pk", b"plain")]
     assert counters.aggregates == 1 and counters.sub_records == 0 and counters.corrupt == 0
 
@@ -298,7 +298,6 @@ def corrupt_variants() -> dict[str, bytes]:
     return {
         "bad md5": good[:-1] + bytes([good[-1] ^ 1]),
         "truncated protobuf": with_digest(body[:-2]),
-        "too short": MAGIC + b"\x00" * 5,
         "index outside table": with_digest(b"\x0a\x01a" + b"\x1a\x05\x08\x05\x1a\x01x"),
         "missing data": with_digest(b"\x0a\x01a" + b"\x1a\x02\x08\x00"),
         "wrong wire type": with_digest(b"\x08\x01"),
@@ -325,6 +324,23 @@ def test_a_corrupt_aggregate_is_delivered_whole_with_a_warning(
     assert [r.sequence_number for r in out] == ["77", "78"]
     assert counters.corrupt == 1 and counters.aggregates == 0
     assert any("77" in m and "not a valid aggregate" in m for m in caplog.messages)
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [MAGIC, MAGIC + b"\x00" * 5, MAGIC + hashlib.md5(b"").digest(), MAGIC + b"\x01" * 16],
+    ids=["magic alone", "5 bytes after", "an empty aggregate", "16 bytes after"],
+)
+def test_magic_bytes_with_no_more_than_a_digest_after_them_are_a_plain_record(
+    blob: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As the KCL's deaggregation: not an aggregate (no warning, not counted), delivered whole
+    whatever the corrupt-record policy (an empty aggregate was dropped)."""
+    raw = Record(blob, "a", "77")
+    deagg = Deaggregator(policy=CorruptPolicy.DROP)
+    with caplog.at_level(logging.WARNING, logger="kclpy_spark.retrieval.kpl"):
+        assert deagg([raw, plain("78")], None) == [raw, plain("78")]
+    assert deagg.counters.corrupt == 0 and deagg.counters.aggregates == 0 and not caplog.messages
 
 
 def test_the_drop_policy_delivers_nothing_of_a_corrupt_aggregate() -> None:
