@@ -151,6 +151,7 @@ class _Entry:
     iterator: str | None = None  # continues exactly after ``iterator_at``
     iterator_at: ESN | None = None
     next_read_at: float = 0.0
+    period: float = 0.0  # from its last read's start to next_read_at (read_timing.Timed)
     lag: int | None = None
     failures: int = 0
     ended: bool = False
@@ -501,6 +502,7 @@ class ExecutorReads:
             entry.ended = entry.ended or end.shard_ended  # a pinned read never ends it
             entry.iterator, entry.iterator_at = end.next_iterator, _continues_after(rng, end)
             entry.next_read_at = self._next_read(rng, end, now)
+            entry.period = entry.next_read_at - (now + rng.delay)
             entry.behind = is_behind(rng, end, self._s.idle_seconds)
         children = [dict(c) for c in end.child_shards]
         last = end.last.sequence_number if end.last is not None else None

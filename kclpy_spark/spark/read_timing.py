@@ -18,9 +18,13 @@ class Timed(Protocol):
     next_read_at: float
     behind: bool  # its last read left records waiting: it may join a round early
     ended: bool  # read to its shard's end: never read again
+    period: float  # from its last read's start to the next read it was given (0: none yet)
 
 
 T = TypeVar("T", bound=Timed)
+
+# Two leases whose periods differ by more than this factor drift apart again once read together.
+SAME_PACE = 1.25
 
 
 def round_leases(entries: Mapping[str, T], now: float, ahead: float) -> dict[str, T]:
@@ -40,16 +44,27 @@ def round_start(entries: Mapping[str, Timed], now: float, align: float, ahead: f
     (``ahead``, see ``round_leases``: those are read in it, their tasks waiting the difference).
     Leases each read to their own pace drift into several rounds a pause, and with a full page
     a lease a round every round costs the driver the same whatever its leases (the job, the
-    batch's write and frame). Once merged, leases reading full pages come due together again,
-    within one job's length of each other, so the wait is paid once. ``align`` 0 (or nothing
-    due, or none coming): now."""
-    live = [e for e in entries.values() if not e.ended]
-    due = [e.next_read_at for e in live if e.next_read_at <= now]
+    batch's write and frame). Only leases of the same pace as every lease due are waited for
+    (``SAME_PACE``): those come due together again once merged, so the wait is paid once; a
+    lease of another pace (pages of other sizes) would be waited for every round, each wait a
+    read its leases due lost. A lease read to its shard's end, read again for rows lost with
+    an executor, may wait too (at most ``align``). ``align`` 0 (or nothing due, or none
+    coming): now."""
+    due = [e for e in entries.values() if e.next_read_at <= now and not e.ended]
     if align <= 0 or not due:
         return now
-    deadline = min(due) + align
-    coming = [e.next_read_at for e in live if e.behind and now < e.next_read_at <= deadline]
+    deadline = min(e.next_read_at for e in due) + align
+    coming = [
+        e.next_read_at
+        for e in entries.values()
+        if e.behind and not e.ended and now < e.next_read_at <= deadline
+        and all(_same_pace(e.period, d.period) for d in due)
+    ]  # fmt: skip
     return max(now, max(coming) - ahead) if coming else now
+
+
+def _same_pace(a: float, b: float) -> bool:
+    return a > 0 and b > 0 and max(a, b) <= SAME_PACE * min(a, b)
 
 
 def is_behind(rng: ReadRange, end: RangeEnd, idle_seconds: float) -> bool:

@@ -190,18 +190,27 @@ class BatchWriter:
 
     def _prepared_with_retries(self, batch: Batch) -> bool:
         """Tokens and pending checkpoints before any sink writes (retried as a write is);
-        False when the batch was given up on here. Each try's time counts once toward
-        ``prepare_seconds``, a successful one too."""
-        while True:
+        False when the batch was given up on here. Each try's own time (not the backoff between
+        tries) counts once toward ``prepare_seconds``, a successful one too."""
+        spent = [0.0]
+
+        def prepare(batch: Batch) -> None:
             started = time.perf_counter()
             try:
-                self._retrying(batch, self._s.max_attempts, None)(self._prep.prepare, batch)
-                self._events.attempt(None, time.perf_counter() - started, 0.0)
+                self._prep.prepare(batch)
+            finally:
+                spent[0] += time.perf_counter() - started
+
+        while True:
+            spent[0] = 0.0
+            try:
+                self._retrying(batch, self._s.max_attempts, None)(prepare, batch)
+                self._events.attempt(None, spent[0], 0.0)
                 break
             except WriteThreadsClosedError:
                 raise  # closing: the batch is abandoned, not failed
             except Exception as exc:
-                self._events.attempt(exc, time.perf_counter() - started, 0.0)
+                self._events.attempt(exc, spent[0], 0.0)
                 if self._dead_letters_unprepared(batch, exc):
                     continue  # prepared again without that sink
                 if self._leaves_unprepared(batch, exc):

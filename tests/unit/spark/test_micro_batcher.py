@@ -753,12 +753,19 @@ class SlowThrottledPending(ThrottledPending):
 def test_prepare_seconds_counts_each_try_of_a_batch_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two leases whose pending checkpoints fail each leave the batch after three tries of a
     second: six seconds of preparing (counted from the first try, the second lease's were
-    counted as nine)."""
+    counted as nine), the backoff between tries not counted."""
     import kclpy_spark.spark.writer as writer_module
 
-    SlowThrottledPending.clock[0] = 0.0
-    monkeypatch.setattr(writer_module.time, "perf_counter", lambda: SlowThrottledPending.clock[0])
+    clock = SlowThrottledPending.clock
+    clock[0] = 0.0
+    monkeypatch.setattr(writer_module.time, "perf_counter", lambda: clock[0])
     env = Env(BatcherSettings(max_records=100, max_wait=1.0, max_attempts=3), sink=PieceSink())
+
+    def sleep(seconds: float) -> None:  # the backoff passes on the writer's clock too
+        clock[0] += seconds
+        env.sleeps.append(seconds)
+
+    env.batcher = MicroBatcher(env.sink, env.settings, clock=env.clock, sleep=sleep)
     shards = (*SHARDS, "shardId-000000000002")
     env.table.create_lease_if_absent(Lease(shards[2], TRIM_HORIZON))
     env.take(shards[0])
@@ -773,7 +780,8 @@ def test_prepare_seconds_counts_each_try_of_a_batch_once(monkeypatch: pytest.Mon
     env.clock.advance(1.0)
     env.batcher.run_until_idle()
     assert [p.lease_key for p in env.sink.attempts_pieces] == [shards[0]]
-    assert env.batcher.stats.prepare_seconds == 6.0
+    assert env.batcher.stats.prepare_seconds == pytest.approx(6.0)
+    assert clock[0] > 6.0 and len(env.sleeps) == 4
 
 
 def test_a_commit_that_raises_something_unexpected_is_retried_not_written_again() -> None:

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from types import SimpleNamespace
@@ -786,9 +787,9 @@ def test_a_bounded_read_of_the_shards_last_page_does_not_end_the_shard() -> None
 # --- leases gathered into fewer read jobs ---------------------------------------------------------
 
 
-def _entry_due(at: float, ended: bool = False, behind: bool = True) -> _Entry:
+def _entry_due(at: float, ended: bool = False, behind: bool = True, period: float = 1.0) -> _Entry:
     entry = _Entry(SOURCE, lambda item: None)
-    entry.next_read_at, entry.ended, entry.behind = at, ended, behind
+    entry.next_read_at, entry.ended, entry.behind, entry.period = at, ended, behind, period
     return entry
 
 
@@ -826,12 +827,18 @@ def test_a_round_takes_the_leases_due_now_and_those_behind_due_before_its_job_wo
         ({"a": 10.0, "ended": 10.3}, 0.5, 0.0, 10.0),  # nor an ended one
         ({"a": 10.0, "b": 10.3}, 0.0, 0.0, 10.0),  # no alignment
         ({"a": 10.1, "b": 10.3}, 0.5, 0.0, 10.0),  # nothing due: the round (none) is not deferred
+        ({"a": 10.0, "half": 10.3}, 0.5, 0.0, 10.0),  # another pace: never in step
+        ({"half": 10.0, "b": 10.3}, 0.5, 0.0, 10.0),  # nor the other way round
+        ({"a": 10.0, "near": 10.3}, 0.5, 0.0, 10.3),  # within SAME_PACE: waited for
+        ({"a": 10.0, "half": 10.0, "b": 10.3}, 0.5, 0.0, 10.0),  # every lease due must match
+        ({"a": 10.0, "new": 10.3}, 0.5, 0.0, 10.0),  # none read yet: no pace known
     ],
 )
 def test_a_round_due_waits_a_little_for_leases_behind_coming_due(
     due_at: dict[str, float], align: float, ahead: float, want: float
 ) -> None:
-    entries = {k: _entry_due(at, ended=k == "ended", behind=k != "tip")
+    periods = {"half": 0.5, "near": 1.2, "new": 0.0}
+    entries = {k: _entry_due(at, ended=k == "ended", behind=k != "tip", period=periods.get(k, 1.0))
                for k, at in due_at.items()}  # fmt: skip
     assert round_start(entries, 10.0, align, ahead) == pytest.approx(want)
 
@@ -859,7 +866,7 @@ def test_leases_in_two_phases_merge_into_one_round_when_each_reads_a_full_page(
     now = clock.monotonic()
     for key, at in (("a", now), ("b", now), ("c", now + 0.4), ("d", now + 0.4)):
         entry = reader.register(replace(SOURCE, lease_key=key), lambda item: None)
-        entry.next_read_at, entry.behind = at, True
+        entry.next_read_at, entry.behind, entry.period = at, True, 1.0
     if not aligned:
         assert reader.read_round() == 2 and planned == [{"a", "b"}]
         return
@@ -872,6 +879,55 @@ def test_leases_in_two_phases_merge_into_one_round_when_each_reads_a_full_page(
 class AllSlotsFeed(RefusingFeed):
     def readable(self, lease_keys: Any) -> tuple[dict[str, ReadSlot], set[str]]:
         return {k: ReadSlot(make_lane(k), None, None) for k in lease_keys}, set()
+
+
+def _simulate(
+    align: float, page_bytes: dict[str, int], seconds: float = 30.0
+) -> tuple[Counter[str], int]:
+    """Leases always behind, each page of ``page_bytes[lease]`` (paced at 2 MiB/s), half of them
+    first read 0.45 s after the others (two phases), each read job 0.1 s: reads per lease and
+    read jobs in ``seconds``."""
+    clock = ManualClock()
+    reads: Counter[str] = Counter()
+    jobs = [0]
+
+    def job(session: Any, ranges: list[ReadRange], aws: Any, **kw: Any) -> RangeRead:
+        jobs[0] += 1
+        clock.advance(max(r.delay for r in ranges) + 0.1)
+        reads.update(r.lease_key for r in ranges)
+        return RangeRead(None, {r.lease_key: RangeEnd(r.lease_key, None, None, 10_000,
+                                                       page_bytes[r.lease_key],
+                                                       millis_behind_latest=60_000)
+                                for r in ranges})  # fmt: skip
+
+    settings = ReadSettings(max_records=10_000 * len(page_bytes), align=align)
+    reader = ExecutorReads(lambda: None, AwsTarget("us-east-1"), settings,
+                           clock=clock, read=job, tasks=lambda session: 1)  # fmt: skip
+    reader.start(AllSlotsFeed(), threaded=False)
+    began = clock.monotonic()
+    for i, key in enumerate(page_bytes):
+        entry = reader.register(replace(SOURCE, lease_key=key), lambda item: None)
+        entry.next_read_at, entry.behind = began + 0.45 * (i % 2), True
+    while clock.monotonic() - began < seconds:
+        if reader.read_round() == 0:
+            with reader._lock:
+                clock.advance(reader._wait())
+    return reads, jobs[0]
+
+
+def test_aligned_rounds_cost_no_lease_a_read_and_take_fewer_jobs() -> None:
+    """Leases of one page size merge into fewer read jobs, each read as often; a lease of half
+    the page size (twice the pace) is never held to the other's pace."""
+    mib = 1024 * 1024
+    same = {f"s{i}": 2 * mib for i in range(6)}
+    mixed = {**{f"h{i}": mib for i in range(3)}, **{f"f{i}": 2 * mib for i in range(3)}}
+    for sizes in (same, mixed):
+        free, free_jobs = _simulate(0.0, sizes)
+        aligned, aligned_jobs = _simulate(0.5, sizes)
+        for key in sizes:
+            assert aligned[key] >= 0.95 * free[key], (key, aligned[key], free[key])
+        assert aligned_jobs <= free_jobs
+    assert _simulate(0.5, same)[1] < 0.8 * _simulate(0.0, same)[1]
 
 
 def test_a_lease_taken_early_waits_on_its_task_and_its_pause_counts_from_then() -> None:
