@@ -109,7 +109,10 @@ class DynamoCalls:
                     **expr.kwargs(),
                 )  # fmt: skip
             except DependencyError as exc:
-                unknown = unknown or not isinstance(exc, ThrottledError)
+                # A throttle refused the write before it was applied, unless botocore had tried
+                # it before (a client with SDK retries): an earlier try may have landed.
+                throttled = isinstance(exc, ThrottledError) and not _tried_before(exc)
+                unknown = unknown or not throttled
                 raise
             if not isinstance(response, _Lost):
                 try:
@@ -179,3 +182,11 @@ class _Lost:
 def _snake(operation: str) -> str:
     """``UpdateItem`` -> ``update_item``: boto3's method for an API operation."""
     return "".join(f"_{c.lower()}" if c.isupper() else c for c in operation).lstrip("_")
+
+
+def _tried_before(exc: BaseException) -> bool:
+    """Whether botocore sent the call more than once before ``exc`` (its own retries)."""
+    cause = exc.__cause__
+    if not isinstance(cause, ClientError):
+        return False
+    return bool(cause.response.get("ResponseMetadata", {}).get("RetryAttempts", 0))

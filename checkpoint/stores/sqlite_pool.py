@@ -241,7 +241,16 @@ class ConnectionPool:
                     check_same_thread=False,  # pooled: used by one thread at a time, any thread
                 )
                 try:
-                    conn.execute("PRAGMA journal_mode=WAL").fetchone()
+                    mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+                    if not mode or str(mode[0]).lower() != "wal":
+                        # Left as it was where the file system cannot share memory between
+                        # processes (some network or overlay file systems): scans would block
+                        # renewals, and a batch's wait for the disk syncs the write-ahead log.
+                        raise ConfigError(
+                            f"{self.where}: its file system does not take SQLite's write-ahead "
+                            f"log (journal mode stays {mode[0] if mode else None!r}); put the "
+                            "lease table on a local disk, or use DynamoDB"
+                        )
                     # FULL: a commit that returned is on disk, even after a power cut, so a won
                     # checkpoint or take is never rolled back behind the worker's back.
                     conn.execute("PRAGMA synchronous=FULL")

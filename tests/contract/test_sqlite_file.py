@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from checkpoint.base.errors import InvalidStateError, ResourceNotFoundError
+from checkpoint.base.errors import ConfigError, InvalidStateError, ResourceNotFoundError
 from checkpoint.base.retry import RetryPolicy
 from checkpoint.lease import Lease
 from checkpoint.sequence import TRIM_HORIZON
@@ -163,3 +163,22 @@ def test_a_folder_it_cannot_make_is_a_config_error(tmp_path: Path) -> None:
     kind, retriable, text = _as_nobody(tmp_path / "sub" / "leases.db")
     assert (kind, retriable) == ("ConfigError", False), text
     assert "cannot make its folder" in text
+
+
+def test_a_file_system_without_the_write_ahead_log_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite leaves the journal mode as it was, without a word, where it cannot share memory
+    between processes: scans then blocked renewals, and every batch's wait for the disk failed
+    (no log to sync). SQLite's ``unix-none`` file system (no locking, so no shared memory) stands
+    in for such a mount."""
+    import checkpoint.stores.sqlite_pool as pool_module
+
+    real_connect = pool_module.sqlite3.connect
+
+    def connect(database: str, **kwargs: Any) -> Any:
+        return real_connect(f"{database}&vfs=unix-none", **kwargs)
+
+    monkeypatch.setattr(pool_module.sqlite3, "connect", connect)
+    with pytest.raises(ConfigError, match=r"write-ahead log .*'delete'"):
+        SQLiteLeaseTable(str(tmp_path / "leases.db")).ensure_table()

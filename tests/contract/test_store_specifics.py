@@ -351,7 +351,8 @@ class FaultyClient:
     ``after_call`` makes the real call first and fails afterwards: a write whose outcome the caller
     cannot know (a 500 after DynamoDB applied it). ``hidden_retry`` imitates botocore retrying
     such a write by itself: the call lands, is sent again, and that real second answer (a failed
-    condition) is returned, marked with ``RetryAttempts`` as botocore marks it.
+    condition) is returned, marked with ``RetryAttempts`` as botocore marks it; with ``code``,
+    botocore's last try failed with that error instead (a throttle after its first try landed).
     """
 
     def __init__(
@@ -378,6 +379,11 @@ class FaultyClient:
             if self._failures.get(name, 0) <= 0:
                 return method(**kwargs)
             self._failures[name] -= 1
+            if self._hidden_retry and self._code:
+                method(**kwargs)
+                error = {"Error": {"Code": self._code, "Message": "injected"},
+                         "ResponseMetadata": {"RetryAttempts": 2}}  # fmt: skip
+                raise ClientError(error, name)  # type: ignore[arg-type]
             if self._hidden_retry:
                 method(**kwargs)
                 try:
@@ -828,6 +834,22 @@ def test_dynamodb_a_write_that_landed_before_an_error_still_wins(
     other = DynamoDBLeaseTable(faulty2, dynamo.table_name, retry=FAST, sleep=no_sleep)  # type: ignore[arg-type]
     assert dynamo.take_lease(done, "b") is not None
     assert other.update_checkpoint(done, SHARD_END) is None
+
+
+def test_dynamodb_a_write_botocore_retried_into_a_throttle_after_it_landed_still_wins(
+    dynamo: DynamoDBLeaseTable, dynamodb_client: Any
+) -> None:
+    """A client with SDK retries: its first try landed unanswered, its last was throttled. Our
+    retry's failed condition finds our own write: a win (it was taken for a refusal before any
+    write, and the lease, renewed in the table, was dropped here)."""
+    dynamo.create_lease_if_absent(Lease("shardId-0", TRIM_HORIZON, lease_owner="a"))
+    lease = dynamo.get_lease("shardId-0")
+    assert lease is not None
+    faulty = FaultyClient(dynamodb_client, {"update_item": 1},
+                          "ProvisionedThroughputExceededException", hidden_retry=True)  # fmt: skip
+    table = DynamoDBLeaseTable(faulty, dynamo.table_name, retry=FAST, sleep=no_sleep)  # type: ignore[arg-type]
+    assert table.renew_lease(lease) == replace(lease, lease_counter=1)
+    assert faulty.calls == {"update_item": 2}
 
 
 @pytest.mark.parametrize("operation", ["renew", "take", "evict", "create", "delete", "record"])
