@@ -111,6 +111,8 @@ class Led:
         self._role = "worker"
         self._declined: dict[str, float] = {}  # key -> monotonic time it was declined
         self._assigned: dict[str, float] = {}  # key -> monotonic time the leader assigned it
+        # key -> (its owner at our last scan, when we first saw that owner; -inf: at our first)
+        self._owners: dict[str, tuple[str | None, float]] = {}
         # Until when (monotonic) to take as every worker does: the owner index was missing.
         self._no_index_until = float("-inf")
 
@@ -132,6 +134,7 @@ class Led:
                      self._role, role)  # fmt: skip
             self._role = role
             self._assigned = {}  # the taker's suspects stay: a status record proves them wrong
+            self._owners = {}
             self._t.observer.forget()  # a led worker watches no lease; a new leader starts fresh
             w.reports.all_parked(False)  # judged from scans, which a led worker does not make
             if role == "leader" and not await self._index_answers():
@@ -196,7 +199,7 @@ class Led:
             rng=w.rng,
             max_leases_for_worker=w.cfg.max_leases_for_worker,
             max_moves=max(1, len(targets)) * w.cfg.max_leases_to_steal,
-            keep=self._assigned,
+            keep={*self._assigned, *self._moved_lately(scan, now, window)},
             max_load_moves=w.cfg.max_leases_to_steal,
             cpu=t.cpu,
             foreign=t.foreign,
@@ -222,6 +225,25 @@ class Led:
                 await t.take(m.lease, how="stole")
             else:
                 await self._assign(m.lease, m.to)
+
+    def _moved_lately(self, scan: ObservedScan, now: float, window: float) -> set[str]:
+        """The leases whose owner changed between two of our scans within ``window``: handed
+        over (a stopping worker's handoff completed) or taken, maybe not yet by their new owner
+        (ours, running here, are taken).
+        Asked to move on before it took one, that owner, which never held it, never ended the
+        handoff from it (the owner index no longer names it), and the shard waited for the
+        lease to expire twice."""
+        owners: dict[str, tuple[str | None, float]] = {}
+        for o in scan.leases:
+            before = self._owners.get(o.key)
+            since = float("-inf") if before is None else before[1]
+            if before is not None and before[0] != o.owner:
+                since = now
+            owners[o.key] = (o.owner, since)
+        self._owners = owners  # the leases of this scan only
+        t = self._t
+        return {key for key, (_, since) in owners.items()
+                if now - since < window and not t.running_here(key)}  # fmt: skip
 
     async def _assign(self, lease: Lease, to: str) -> None:
         t = self._t

@@ -141,6 +141,9 @@ class Taker:
                 continue
             if lease is None or lease.lease_owner != w.cfg.worker_id:
                 self._incoming.pop(key, None)  # gone, or taken by another
+                asked = lease is not None and lease.checkpoint_owner == w.cfg.worker_id
+                if asked and not self.running_here(key):  # asked of us before we took it
+                    await self._end_handoff(lease)
             elif not lease.handoff_pending:
                 self._incoming.pop(key, None)
                 if w.run_state.may_take and self._ours_to_take(lease):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 from types import SimpleNamespace
 from typing import Any
 
@@ -315,6 +316,7 @@ def test_what_the_roles_remember_stays_bounded_over_many_rounds() -> None:
     assert lead.led is not None
     now, window = clock.monotonic(), lead.worker.timing.lease_duration
     keys = {x.lease_key for x in table.list_leases()}
+    assert set(lead.led._owners) <= keys  # owners seen: the last scan's leases only
     assert set(lead.led._assigned) <= keys  # only leases alive in the table...
     assert all(now - at < window + lead.worker.timing.take_interval  # ...and recent
                for at in lead.led._assigned.values())  # fmt: skip
@@ -494,3 +496,59 @@ def test_the_auto_thresholds_are_checked(key: str) -> None:
     with pytest.raises(ConfigError, match=f"'{key}' must be >= 1, got 0"):
         from_mapping({"stream_name": "s", key: 0})
     assert from_mapping({"stream_name": "s"}).lease_assignment == "auto"
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_lease_just_handed_over_is_not_moved_on_before_its_new_owner_takes_it(seed: int) -> None:
+    """A stopping worker x handed h to w, who had not taken it yet (its next look at the owner
+    index is up to a renewal interval away), when the leader moved one of w's leases to a
+    joiner: asked of h, the handoff from w, which never held it, was never ended (w's owner
+    index no longer named it) and h waited to expire twice. The leader keeps leases whose owner
+    changed between two of its scans from moves for a lease duration; w then takes h."""
+    clock, table, takers = fleet(4, ["lead", "w"])
+    lead, w = takers["lead"], takers["w"]
+    lead.worker.rng = random.Random(seed)
+    held_by_x = table.take_lease(put(table, "h"), "x")
+    assert held_by_x is not None
+    run(lead)  # s00-s03 shared; h held by x
+    run(w)
+    for _ in range(12):  # past the window in which the leader keeps what it assigned
+        clock.advance(1.0)
+        for t in (lead, w):
+            t.worker.holder.renew_all()
+        held_by_x = table.renew_lease(held_by_x)
+        assert held_by_x is not None
+        run(lead)  # h seen held by x, renewed
+    handing = table.initiate_handoff(held_by_x, "w")
+    assert handing is not None and table.complete_handoff(handing) is not None  # x stopping
+    status(table, "v", clock.wall())  # a joiner: w (three) gives to it
+    clock.advance(1.0)
+    for t in (lead, w):
+        t.worker.holder.renew_all()
+    run(lead)
+    assert any(x.handoff_pending for x in table.list_leases())  # the leader moved one of w's
+    h = table.get_lease("h")
+    assert h is not None and h.lease_owner == "w" and not h.handoff_pending
+    run(w)
+    assert "h" in w.worker.consumers
+
+
+def test_a_lease_handed_to_us_and_asked_of_us_before_we_took_it_has_its_handoff_ended() -> None:
+    """w watches h, which the stopping x hands it; before w takes h, a handoff of it to v is
+    asked of w (the lease's owner by then). w never held it, and its owner index no longer
+    names it: w ends that handoff as soon as it looks at h again, so v can take it (v known to
+    w as one of ours, as from a scan before leader assignment began)."""
+    clock, table, takers = fleet(0, ["lead", "w", "v"])
+    w = takers["w"]
+    w.running["v"] = clock.wall()
+    held_by_x = table.take_lease(put(table, "h"), "x")
+    assert held_by_x is not None
+    handing = table.initiate_handoff(held_by_x, "w")  # x stopping: hands h to w
+    assert handing is not None
+    run(w)  # w sees h coming and watches it
+    assert "h" in w._incoming and "h" not in w.worker.consumers
+    done = table.complete_handoff(handing)
+    assert done is not None and table.initiate_handoff(done, "v") is not None
+    asyncio.run(w._look_at_incoming())
+    h = table.get_lease("h")
+    assert h is not None and h.lease_owner == "v" and not h.handoff_pending
