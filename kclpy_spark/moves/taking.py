@@ -140,10 +140,14 @@ class Taker:
                 log.warning("lease %s: reading it, handed to us, failed: %s", key, exc)
                 continue
             if lease is None or lease.lease_owner != w.cfg.worker_id:
-                self._incoming.pop(key, None)  # gone, or taken by another
                 asked = lease is not None and lease.checkpoint_owner == w.cfg.worker_id
                 if asked and not self.running_here(key):  # asked of us before we took it
-                    await self._end_handoff(lease)
+                    try:
+                        await self._end_handoff(lease)
+                    except KclpySparkError as exc:  # kept: the next pass tries again
+                        log.warning("lease %s: ending a handoff from us failed: %s", key, exc)
+                        continue
+                self._incoming.pop(key, None)  # gone, taken by another, or its handoff ended
             elif not lease.handoff_pending:
                 self._incoming.pop(key, None)
                 if w.run_state.may_take and self._ours_to_take(lease):
@@ -289,7 +293,10 @@ class Taker:
         on it (the lease counts as ours mid-handoff, never stolen) until a worker of ours or a
         KCL 3.x one takes it, after the KCL 2.x worker let it expire."""
         key, owner = lease.lease_key, lease.lease_owner
-        if not self.kclpy(owner):
+        # The handoff's ask moved no counter: a stamp of our stores still dates the lease's
+        # counter (a KCL 2.x take moves it unstamped); a led worker, which scans nothing, may
+        # not know its new owner's status record.
+        if not self.kclpy(owner) and lease.write_time is None:
             log.debug("lease %s: held by %s, which does not follow hand-offs; left to it",
                       key, owner)  # fmt: skip
             return

@@ -46,6 +46,7 @@ from kclpy_spark.spark.ranges import PINNED_TIME_FACTOR, Pinned, RangeEnd, ReadR
 from kclpy_spark.spark.read_timing import (
     is_behind,
     paced,
+    page_pace,
     read_job_limit,
     round_leases,
     round_start,
@@ -151,7 +152,7 @@ class _Entry:
     iterator: str | None = None  # continues exactly after ``iterator_at``
     iterator_at: ESN | None = None
     next_read_at: float = 0.0
-    period: float = 0.0  # from its last read's start to next_read_at (read_timing.Timed)
+    pace: float = 0.0  # the pause its last page asked for (read_timing.page_pace)
     lag: int | None = None
     failures: int = 0
     ended: bool = False
@@ -502,7 +503,8 @@ class ExecutorReads:
             entry.ended = entry.ended or end.shard_ended  # a pinned read never ends it
             entry.iterator, entry.iterator_at = end.next_iterator, _continues_after(rng, end)
             entry.next_read_at = self._next_read(rng, end, now)
-            entry.period = entry.next_read_at - (now + rng.delay)
+            entry.pace = page_pace(end.nbytes, min_interval=self._s.min_interval,
+                                   read_rate=self._s.read_rate)  # fmt: skip
             entry.behind = is_behind(rng, end, self._s.idle_seconds)
         children = [dict(c) for c in end.child_shards]
         last = end.last.sequence_number if end.last is not None else None

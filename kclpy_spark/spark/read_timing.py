@@ -18,13 +18,14 @@ class Timed(Protocol):
     next_read_at: float
     behind: bool  # its last read left records waiting: it may join a round early
     ended: bool  # read to its shard's end: never read again
-    period: float  # from its last read's start to the next read it was given (0: none yet)
+    pace: float  # the pause its last page's bytes asked for (``page_pace``; 0: none read yet)
 
 
 T = TypeVar("T", bound=Timed)
 
-# Two leases whose periods differ by more than this factor drift apart again once read together.
-SAME_PACE = 1.25
+# Leases whose paces differ by more than this factor drift apart again once read together, and a
+# round waiting for the slower costs the faster a share of its reads each time (the difference).
+SAME_PACE = 1.02
 
 
 def round_leases(entries: Mapping[str, T], now: float, ahead: float) -> dict[str, T]:
@@ -45,11 +46,11 @@ def round_start(entries: Mapping[str, Timed], now: float, align: float, ahead: f
     Leases each read to their own pace drift into several rounds a pause, and with a full page
     a lease a round every round costs the driver the same whatever its leases (the job, the
     batch's write and frame). Only leases of the same pace as every lease due are waited for
-    (``SAME_PACE``): those come due together again once merged, so the wait is paid once; a
-    lease of another pace (pages of other sizes) would be waited for every round, each wait a
-    read its leases due lost. A lease read to its shard's end, read again for rows lost with
-    an executor, may wait too (at most ``align``). ``align`` 0 (or nothing due, or none
-    coming): now."""
+    (``SAME_PACE``, by their pages' bytes): those come due together again once merged, within
+    the look-ahead, so the wait is paid once; waiting for a lease of another pace (pages of
+    other sizes) cost the faster leases the difference, every round. A lease read to its
+    shard's end, read again for rows lost with an executor, may wait too (at most ``align``).
+    ``align`` 0 (or nothing due, or none coming): now."""
     due = [e for e in entries.values() if e.next_read_at <= now and not e.ended]
     if align <= 0 or not due:
         return now
@@ -58,13 +59,19 @@ def round_start(entries: Mapping[str, Timed], now: float, align: float, ahead: f
         e.next_read_at
         for e in entries.values()
         if e.behind and not e.ended and now < e.next_read_at <= deadline
-        and all(_same_pace(e.period, d.period) for d in due)
+        and all(_same_pace(e.pace, d.pace) for d in due)
     ]  # fmt: skip
     return max(now, max(coming) - ahead) if coming else now
 
 
 def _same_pace(a: float, b: float) -> bool:
     return a > 0 and b > 0 and max(a, b) <= SAME_PACE * min(a, b)
+
+
+def page_pace(nbytes: int, *, min_interval: float, read_rate: float) -> float:
+    """The pause a shard's page of ``nbytes`` asks for before the next call (``paced``'s, from
+    the call): its pace while behind, whatever the order its read took in its job."""
+    return pause_before_next_call(min_interval, 0.0, nbytes, 0.0, read_rate)
 
 
 def is_behind(rng: ReadRange, end: RangeEnd, idle_seconds: float) -> bool:
@@ -90,7 +97,7 @@ def paced(
     off: the result is never before the pause counted from ``began`` (before any of the job's
     calls) nor later than the longest pause a reader waits from ``done``. Without the task's
     figure, the pause counts from ``done``."""
-    pause = pause_before_next_call(min_interval, 0.0, end.nbytes, 0.0, read_rate)
+    pause = page_pace(end.nbytes, min_interval=min_interval, read_rate=read_rate)
     if end.next_call_at is None:
         return done + pause
     longest = max(min_interval, MAX_READ_PAUSE)

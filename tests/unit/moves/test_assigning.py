@@ -15,7 +15,7 @@ import pytest
 
 from checkpoint import coordination
 from checkpoint.base.clock import ManualClock
-from checkpoint.base.errors import InvalidStateError
+from checkpoint.base.errors import InvalidStateError, ThrottledError
 from checkpoint.port import CoordinationRecord
 from checkpoint.sequence import SHARD_END
 from checkpoint.stores.memory import MemoryLeaseTable
@@ -536,11 +536,11 @@ def test_a_lease_just_handed_over_is_not_moved_on_before_its_new_owner_takes_it(
 def test_a_lease_handed_to_us_and_asked_of_us_before_we_took_it_has_its_handoff_ended() -> None:
     """w watches h, which the stopping x hands it; before w takes h, a handoff of it to v is
     asked of w (the lease's owner by then). w never held it, and its owner index no longer
-    names it: w ends that handoff as soon as it looks at h again, so v can take it (v known to
-    w as one of ours, as from a scan before leader assignment began)."""
-    clock, table, takers = fleet(0, ["lead", "w", "v"])
+    names it: w ends that handoff as soon as it looks at h again, so v can take it (v unknown
+    to w, which scans nothing: the lease's counter still bears our stores' stamp)."""
+    _, table, takers = fleet(0, ["lead", "w", "v"])
     w = takers["w"]
-    w.running["v"] = clock.wall()
+    assert "v" not in w.running
     held_by_x = table.take_lease(put(table, "h"), "x")
     assert held_by_x is not None
     handing = table.initiate_handoff(held_by_x, "w")  # x stopping: hands h to w
@@ -552,3 +552,32 @@ def test_a_lease_handed_to_us_and_asked_of_us_before_we_took_it_has_its_handoff_
     asyncio.run(w._look_at_incoming())
     h = table.get_lease("h")
     assert h is not None and h.lease_owner == "v" and not h.handoff_pending
+
+
+def test_a_handoff_asked_of_us_whose_end_failed_is_ended_at_the_next_look() -> None:
+    """The key stayed on the watch list until the end landed: dropped before it, nothing looked
+    at the lease again (the owner index no longer names it to us)."""
+    _, table, takers = fleet(0, ["lead", "w", "v"])
+    w = takers["w"]
+    held_by_x = table.take_lease(put(table, "h"), "x")
+    assert held_by_x is not None
+    handing = table.initiate_handoff(held_by_x, "w")
+    assert handing is not None
+    run(w)
+    done = table.complete_handoff(handing)
+    assert done is not None and table.initiate_handoff(done, "v") is not None
+    real, failures = table.complete_handoff, [ThrottledError("throttled")]
+
+    def flaky(lease: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return real(lease)
+
+    table.complete_handoff = flaky  # type: ignore[method-assign]
+    asyncio.run(w._look_at_incoming())
+    h = table.get_lease("h")
+    assert h is not None and h.handoff_pending and "h" in w._incoming
+    asyncio.run(w._look_at_incoming())
+    h = table.get_lease("h")
+    assert h is not None and h.lease_owner == "v" and not h.handoff_pending
+    assert "h" not in w._incoming

@@ -787,9 +787,9 @@ def test_a_bounded_read_of_the_shards_last_page_does_not_end_the_shard() -> None
 # --- leases gathered into fewer read jobs ---------------------------------------------------------
 
 
-def _entry_due(at: float, ended: bool = False, behind: bool = True, period: float = 1.0) -> _Entry:
+def _entry_due(at: float, ended: bool = False, behind: bool = True, pace: float = 1.0) -> _Entry:
     entry = _Entry(SOURCE, lambda item: None)
-    entry.next_read_at, entry.ended, entry.behind, entry.period = at, ended, behind, period
+    entry.next_read_at, entry.ended, entry.behind, entry.pace = at, ended, behind, pace
     return entry
 
 
@@ -830,6 +830,7 @@ def test_a_round_takes_the_leases_due_now_and_those_behind_due_before_its_job_wo
         ({"a": 10.0, "half": 10.3}, 0.5, 0.0, 10.0),  # another pace: never in step
         ({"half": 10.0, "b": 10.3}, 0.5, 0.0, 10.0),  # nor the other way round
         ({"a": 10.0, "near": 10.3}, 0.5, 0.0, 10.3),  # within SAME_PACE: waited for
+        ({"a": 10.0, "slower": 10.3}, 0.5, 0.0, 10.0),  # 5% slower: not waited for
         ({"a": 10.0, "half": 10.0, "b": 10.3}, 0.5, 0.0, 10.0),  # every lease due must match
         ({"a": 10.0, "new": 10.3}, 0.5, 0.0, 10.0),  # none read yet: no pace known
     ],
@@ -837,8 +838,8 @@ def test_a_round_takes_the_leases_due_now_and_those_behind_due_before_its_job_wo
 def test_a_round_due_waits_a_little_for_leases_behind_coming_due(
     due_at: dict[str, float], align: float, ahead: float, want: float
 ) -> None:
-    periods = {"half": 0.5, "near": 1.2, "new": 0.0}
-    entries = {k: _entry_due(at, ended=k == "ended", behind=k != "tip", period=periods.get(k, 1.0))
+    paces = {"half": 0.5, "near": 1.015, "slower": 1.05, "new": 0.0}
+    entries = {k: _entry_due(at, ended=k == "ended", behind=k != "tip", pace=paces.get(k, 1.0))
                for k, at in due_at.items()}  # fmt: skip
     assert round_start(entries, 10.0, align, ahead) == pytest.approx(want)
 
@@ -866,7 +867,7 @@ def test_leases_in_two_phases_merge_into_one_round_when_each_reads_a_full_page(
     now = clock.monotonic()
     for key, at in (("a", now), ("b", now), ("c", now + 0.4), ("d", now + 0.4)):
         entry = reader.register(replace(SOURCE, lease_key=key), lambda item: None)
-        entry.next_read_at, entry.behind, entry.period = at, True, 1.0
+        entry.next_read_at, entry.behind, entry.pace = at, True, 1.0
     if not aligned:
         assert reader.read_round() == 2 and planned == [{"a", "b"}]
         return
@@ -916,18 +917,22 @@ def _simulate(
 
 
 def test_aligned_rounds_cost_no_lease_a_read_and_take_fewer_jobs() -> None:
-    """Leases of one page size merge into fewer read jobs, each read as often; a lease of half
-    the page size (twice the pace) is never held to the other's pace."""
+    """Leases of one page size merge into fewer read jobs, each read as often; a lease of pages
+    half or five sixths the size of the others' is never held to their pace (waited for every
+    round, it lost up to half its reads, or a sixth)."""
     mib = 1024 * 1024
     same = {f"s{i}": 2 * mib for i in range(6)}
-    mixed = {**{f"h{i}": mib for i in range(3)}, **{f"f{i}": 2 * mib for i in range(3)}}
-    for sizes in (same, mixed):
-        free, free_jobs = _simulate(0.0, sizes)
-        aligned, aligned_jobs = _simulate(0.5, sizes)
-        for key in sizes:
-            assert aligned[key] >= 0.95 * free[key], (key, aligned[key], free[key])
-        assert aligned_jobs <= free_jobs
-    assert _simulate(0.5, same)[1] < 0.8 * _simulate(0.0, same)[1]
+    for smaller in (mib, 2 * mib * 5 // 6):
+        mixed = {**{f"h{i}": smaller for i in range(3)}, **{f"f{i}": 2 * mib for i in range(3)}}
+        free, _ = _simulate(0.0, mixed)
+        aligned, _ = _simulate(0.5, mixed)
+        for key in mixed:
+            assert aligned[key] >= 0.95 * free[key], (smaller, key, aligned[key], free[key])
+    free, free_jobs = _simulate(0.0, same)
+    aligned, aligned_jobs = _simulate(0.5, same)
+    for key in same:
+        assert aligned[key] >= 0.95 * free[key], (key, aligned[key], free[key])
+    assert aligned_jobs < 0.8 * free_jobs
 
 
 def test_a_lease_taken_early_waits_on_its_task_and_its_pause_counts_from_then() -> None:
