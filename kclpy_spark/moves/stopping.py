@@ -141,6 +141,33 @@ async def runs_no_more(store: LeaseStore, io: Io, worker: str, now: float, max_a
     return worker not in coordination.live_workers([record], now, max_age)
 
 
+class StoppedReleases:
+    """Each lease given back (its handoff ended, or released) as soon as its own consumer
+    stopped (``ConsumerSet.shutdown_all``'s ``on_stopped``), not after the slowest consumer's
+    shutdown; each receiver's status record read once (``runs_no_more``). ``release_all``
+    gives back what is left."""
+
+    def __init__(self, w: StoppingWorker, io: Io) -> None:
+        self._w, self._io = w, io
+        self._gone: dict[str, asyncio.Future[bool]] = {}  # receiver -> runs no more
+
+    async def __call__(self, key: str) -> None:
+        w = self._w
+        held = w.holder.get_if_held(key)
+        if held is None:  # lost, or given back already
+            return
+        target = held.lease.lease_owner if held.lease.handoff_pending else None
+        gone = target is not None and await self._runs_no_more(target)
+        await _release(w, self._io, held, {target} if gone and target else set())
+
+    async def _runs_no_more(self, target: str) -> bool:
+        if target not in self._gone:
+            w = self._w
+            read = runs_no_more(w.store, self._io, target, w.clock.wall(), w.timing.status_max_age)
+            self._gone[target] = asyncio.ensure_future(read)
+        return await asyncio.shield(self._gone[target])
+
+
 async def release_all(w: StoppingWorker, io: Io, *, resign: bool = True) -> None:
     """Release every lease held (or end its hand-off), all at once on the lease threads: one
     after another, with hundreds held, the last ones passed their expiry first and were left

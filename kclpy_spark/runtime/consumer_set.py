@@ -361,13 +361,23 @@ class ConsumerSet:
         self._background.add(future)
         future.add_done_callback(self._background.discard)
 
-    async def shutdown_all(self, grace: float) -> None:
-        running = list(self.running.values())
-        for r in running:
+    async def shutdown_all(
+        self, grace: float, on_stopped: Callable[[str], Awaitable[None]] | None = None
+    ) -> None:
+        """Ask every consumer to shut down and wait up to ``grace`` for them, then cancel the
+        rest. ``on_stopped(key)`` runs as soon as a consumer ended by itself (not cancelled:
+        its call may still run): its lease is given back then, not after the slowest one's
+        shutdown (which held every other lease renewed and unread up to the grace)."""
+        running = list(self.running.items())
+        for _, r in running:
             r.consumer.request_shutdown()
         if not running:
             return
-        _, pending = await asyncio.wait([r.task for r in running], timeout=grace)
+        ends: list[asyncio.Future[None]] = []
+        if on_stopped is not None:
+            for key, r in running:
+                r.task.add_done_callback(functools.partial(self._stopped, key, on_stopped, ends))
+        _, pending = await asyncio.wait([r.task for _, r in running], timeout=grace)
         self._cancelling = True
         try:
             for task in pending:
@@ -376,8 +386,19 @@ class ConsumerSet:
             await asyncio.gather(*pending, return_exceptions=True)
         finally:
             self._cancelling = False
+        await asyncio.gather(*ends, return_exceptions=True)
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
+
+    @staticmethod
+    def _stopped(
+        key: str,
+        on_stopped: Callable[[str], Awaitable[None]],
+        ends: list[asyncio.Future[None]],
+        task: asyncio.Task[Outcome],
+    ) -> None:
+        if not task.cancelled():
+            ends.append(asyncio.ensure_future(on_stopped(key)))
 
 
 def _then(step: Callable[[], None], _: asyncio.Future[Any]) -> None:

@@ -35,6 +35,7 @@ from kclpy_spark.moves.assigning import leader_election, lease_timing
 from kclpy_spark.moves.lease_worker import Placement
 from kclpy_spark.moves.reports import TakeReports
 from kclpy_spark.moves.stopping import (
+    StoppedReleases,
     announce_stopping,
     let_new_owners_see,
     release_all,
@@ -264,7 +265,9 @@ class Worker:
             grace -= self.clock.monotonic() - began
             if handed:  # lease moves now wait for the processors' checkpoints
                 grace -= await let_new_owners_see(self, grace)
-            await self.consumers.shutdown_all(max(0.0, grace))
+            # Each lease is given back as its own consumer stops; renewals go on until then.
+            early = StoppedReleases(self, self._io)
+            await self.consumers.shutdown_all(max(0.0, grace), on_stopped=early)
             try:  # renewals go on until each lease is given back (none expires meanwhile)
                 await release_all(self, self._io)
             finally:

@@ -121,6 +121,52 @@ print("LEFT OWNED", sum(l.lease_owner == "w1" for l in STORE.list_leases()), flu
 """
 
 
+ONE_SLOW = """
+other_released = threading.Event()
+ready = set()
+
+
+class Watching:
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def evict_lease(self, lease):
+        done = self._inner.evict_lease(lease)
+        if lease.lease_key.endswith("1"):
+            other_released.set()
+        return done
+
+
+class OneSlow(RecordProcessor):
+    def initialize(self, initialize_input):
+        self.shard = initialize_input.shard_id
+        ready.add(self.shard)
+
+    def process_records(self, process_records_input):
+        pass
+
+    def shutdown_requested(self, shutdown_requested_input):
+        if self.shard.endswith("0"):  # a slow flush: until the other lease is given back
+            seen = other_released.wait(5.0)
+            print("OTHER GIVEN BACK", "BEFORE" if seen else "NOT BEFORE", flush=True)
+
+
+async def on_started(worker):
+    while len(worker.holder.held()) < SHARDS or len(ready) < SHARDS:
+        await asyncio.sleep(0.05)
+    worker.request_shutdown()
+
+
+asyncio.run(run_worker(config(shutdown_grace=20.0), OneSlow, on_started=on_started,
+                       install_signal_handlers=False, wrap_store=Watching,
+                       record_sources=lambda spec, key: FakeSources(*[[] for _ in range(8)])))
+print("LEFT OWNED", sum(l.lease_owner == "w1" for l in STORE.list_leases()), flush=True)
+"""
+
+
 STARTUP = """
 lease_store.open_lease_store = OPEN_STORE  # the real SQLite store: the parent reads it after
 listing = threading.Event()
@@ -209,6 +255,16 @@ def test_a_graceful_stop_gives_back_every_lease_of_many() -> None:
     for a failover time). Scaled down: failover 2 s, 60 leases, 50 ms a release."""
     result = _child(MANY, shards=60)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "LEFT OWNED 0" in result.stdout, result.stdout[-500:]
+
+
+def test_a_stop_gives_each_lease_back_as_its_own_consumer_stops() -> None:
+    """Leases were given back only once every consumer had stopped: one slow shutdown (a big
+    flush) held the others renewed and unread up to the grace. The slow one waits (at most
+    5 s) for the other lease to be released before it returns."""
+    result = _child(ONE_SLOW, shards=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "OTHER GIVEN BACK BEFORE" in result.stdout, result.stdout[-500:]
     assert "LEFT OWNED 0" in result.stdout, result.stdout[-500:]
 
 
