@@ -149,7 +149,9 @@ class StoppedReleases:
 
     def __init__(self, w: StoppingWorker, io: Io) -> None:
         self._w, self._io = w, io
-        self._gone: dict[str, asyncio.Future[bool]] = {}  # receiver -> runs no more
+        # receiver -> (whether it runs no more, when asked): read again after HANDOFF_POLL,
+        # a receiver may begin to stop while our consumers do
+        self._gone: dict[str, tuple[asyncio.Future[bool], float]] = {}
 
     async def __call__(self, key: str) -> None:
         w = self._w
@@ -161,11 +163,13 @@ class StoppedReleases:
         await _release(w, self._io, held, {target} if gone and target else set())
 
     async def _runs_no_more(self, target: str) -> bool:
-        if target not in self._gone:
-            w = self._w
+        w = self._w
+        now = w.clock.monotonic()
+        known = self._gone.get(target)
+        if known is None or now - known[1] > HANDOFF_POLL:
             read = runs_no_more(w.store, self._io, target, w.clock.wall(), w.timing.status_max_age)
-            self._gone[target] = asyncio.ensure_future(read)
-        return await asyncio.shield(self._gone[target])
+            known = self._gone[target] = (asyncio.ensure_future(read), now)
+        return await asyncio.shield(known[0])
 
 
 async def release_all(w: StoppingWorker, io: Io, *, resign: bool = True) -> None:

@@ -373,10 +373,10 @@ class ConsumerSet:
             r.consumer.request_shutdown()
         if not running:
             return
-        ends: list[asyncio.Future[None]] = []
-        if on_stopped is not None:
-            for key, r in running:
-                r.task.add_done_callback(functools.partial(self._stopped, key, on_stopped, ends))
+        ends = [] if on_stopped is None else [
+            asyncio.ensure_future(self._when_stopped(key, r.task, on_stopped))
+            for key, r in running
+        ]  # fmt: skip
         _, pending = await asyncio.wait([r.task for _, r in running], timeout=grace)
         self._cancelling = True
         try:
@@ -386,19 +386,25 @@ class ConsumerSet:
             await asyncio.gather(*pending, return_exceptions=True)
         finally:
             self._cancelling = False
-        await asyncio.gather(*ends, return_exceptions=True)
+        for end in await asyncio.gather(*ends, return_exceptions=True):
+            if isinstance(end, BaseException):  # a bug; release_all gives back what is left
+                log.error("giving a lease back as its consumer stopped failed: %r", end)
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
-    @staticmethod
-    def _stopped(
-        key: str,
-        on_stopped: Callable[[str], Awaitable[None]],
-        ends: list[asyncio.Future[None]],
-        task: asyncio.Task[Outcome],
+    async def _when_stopped(
+        self, key: str, task: asyncio.Task[Outcome], on_stopped: Callable[[str], Awaitable[None]]
     ) -> None:
-        if not task.cancelled():
-            ends.append(asyncio.ensure_future(on_stopped(key)))
+        """``on_stopped(key)`` once ``task`` ended by itself with a shutdown or its shard's end:
+        not cancelled (its call may still run) nor failed (``_done`` gives that one back), nor
+        being handed over by ``_hand_over``. (A lease of a stream no longer configured, which
+        ``_done`` gives back too, is given back twice: the second finds it gone.)"""
+        await asyncio.wait([task])
+        if task.cancelled() or task.exception() is not None:
+            return
+        ended = task.result() in (Outcome.SHUTDOWN, Outcome.SHARD_END)
+        if ended and key not in self._handing_over:
+            await on_stopped(key)
 
 
 def _then(step: Callable[[], None], _: asyncio.Future[Any]) -> None:
