@@ -144,8 +144,8 @@ async def runs_no_more(store: LeaseStore, io: Io, worker: str, now: float, max_a
 class StoppedReleases:
     """Each lease given back (its handoff ended, or released) as soon as its own consumer
     stopped (``ConsumerSet.shutdown_all``'s ``on_stopped``), not after the slowest consumer's
-    shutdown; each receiver's status record read once (``runs_no_more``). ``release_all``
-    gives back what is left."""
+    shutdown; each receiver's status record read at most once every ``HANDOFF_POLL``
+    (``runs_no_more``). ``release_all`` gives back what is left."""
 
     def __init__(self, w: StoppingWorker, io: Io) -> None:
         self._w, self._io = w, io
