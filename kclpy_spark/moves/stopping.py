@@ -91,9 +91,10 @@ async def _give_back_untaken(w: StoppingWorker, io: Io) -> None:
                     "expire instead", me, exc)  # fmt: skip
 
 
-async def _release(w: StoppingWorker, io: Io, held: HeldLease, stopping: set[str]) -> None:
-    target = held.lease.lease_owner if held.lease.handoff_pending else None
-    take_back = target in stopping
+async def _release(w: StoppingWorker, io: Io, held: HeldLease, take_back: bool) -> None:
+    """Give ``held`` back: end its handoff, or release it (one never handed, or with
+    ``take_back`` one whose receiver stopped too: its handoff is taken back)."""
+    target = held.lease.lease_owner  # the receiver of a handoff
     try:
         release = functools.partial(w.holder.release, take_back_handoff=take_back)
         result = await io(release, held.lease_key, held.token)
@@ -114,20 +115,6 @@ async def _release(w: StoppingWorker, io: Io, held: HeldLease, stopping: set[str
     log.info("worker %s released lease %s%s", w.cfg.worker_id, held.lease_key, outcome)
 
 
-async def _stopping_targets(w: StoppingWorker, io: Io) -> set[str]:
-    """The workers our hand-offs go to that run no more by their status records (stopping,
-    stopped, suspended, or not written lately) since we chose them: they would never take the
-    lease (their take loop has ended), which then waited to expire with nobody reading it. One
-    read of each receiver's record; a worker without a record of ours (a KCL 3.x one) is
-    trusted as it was when chosen."""
-    held = w.holder.held()
-    targets = sorted({o for h in held if h.lease.handoff_pending and (o := h.lease.lease_owner)})
-    now, max_age = w.clock.wall(), w.timing.status_max_age
-    # side by side: one read's time (a lease-table call's budget), whatever the receivers
-    answers = await asyncio.gather(*(runs_no_more(w.store, io, t, now, max_age) for t in targets))
-    return {t for t, gone in zip(targets, answers, strict=True) if gone}
-
-
 async def runs_no_more(store: LeaseStore, io: Io, worker: str, now: float, max_age: float) -> bool:
     """Whether ``worker`` runs no more by its status record (stopping, stopped, suspended, or
     not written within ``max_age``): one read. A worker without a record of ours (a KCL 3.x
@@ -142,10 +129,14 @@ async def runs_no_more(store: LeaseStore, io: Io, worker: str, now: float, max_a
 
 
 class StoppedReleases:
-    """Each lease given back (its handoff ended, or released) as soon as its own consumer
-    stopped (``ConsumerSet.shutdown_all``'s ``on_stopped``), not after the slowest consumer's
-    shutdown; each receiver's status record read at most once every ``HANDOFF_POLL``
-    (``runs_no_more``). ``release_all`` gives back what is left."""
+    """Gives a lease back (its handoff ended, or released): as soon as its own consumer stopped
+    (``ConsumerSet.shutdown_all``'s ``on_stopped``), not after the slowest consumer's shutdown,
+    and then every lease left (``release_all``). A handoff whose receiver runs no more by its
+    status record (stopping, stopped, suspended, or not written lately) since we chose it is
+    taken back and the lease released: that worker would never take it (its take loop has
+    ended), and it waited to expire with nobody reading it. Each receiver's record is read at
+    most once every ``HANDOFF_POLL`` (``runs_no_more``; calls side by side share the read); a
+    worker without a record of ours (a KCL 3.x one) is trusted as it was when chosen."""
 
     def __init__(self, w: StoppingWorker, io: Io) -> None:
         self._w, self._io = w, io
@@ -160,7 +151,7 @@ class StoppedReleases:
             return
         target = held.lease.lease_owner if held.lease.handoff_pending else None
         gone = target is not None and await self._runs_no_more(target)
-        await _release(w, self._io, held, {target} if gone and target else set())
+        await _release(w, self._io, held, gone)
 
     async def _runs_no_more(self, target: str) -> bool:
         w = self._w
@@ -176,8 +167,8 @@ async def release_all(w: StoppingWorker, io: Io, *, resign: bool = True) -> None
     """Release every lease held (or end its hand-off), all at once on the lease threads: one
     after another, with hundreds held, the last ones passed their expiry first and were left
     to expire (the caller keeps renewing meanwhile)."""
-    stopping = await _stopping_targets(w, io)
-    await asyncio.gather(*(_release(w, io, held, stopping) for held in w.holder.held()))
+    releases = StoppedReleases(w, io)
+    await asyncio.gather(*(releases(held.lease_key) for held in w.holder.held()))
     await _give_back_untaken(w, io)
     if not resign:
         return
