@@ -51,15 +51,20 @@ def round_start(entries: Mapping[str, Timed], now: float, align: float, ahead: f
     other sizes) cost the faster leases the difference, every round. A lease read to its
     shard's end, read again for rows lost with an executor, may wait too (at most ``align``).
     ``align`` 0 (or nothing due, or none coming): now."""
+    if align <= 0:
+        return now
     due = [e for e in entries.values() if e.next_read_at <= now and not e.ended]
-    if align <= 0 or not due:
+    if not due:
         return now
     deadline = min(e.next_read_at for e in due) + align
+    # Of the same pace as every lease due: as the slowest and the fastest of them (one pass,
+    # not one a lease due for each lease coming: a round with many leases).
+    slowest, fastest = max(d.pace for d in due), min(d.pace for d in due)
     coming = [
         e.next_read_at
         for e in entries.values()
         if e.behind and not e.ended and now < e.next_read_at <= deadline
-        and all(_same_pace(e.pace, d.pace) for d in due)
+        and _same_pace(e.pace, slowest) and _same_pace(e.pace, fastest)
     ]  # fmt: skip
     return max(now, max(coming) - ahead) if coming else now
 
