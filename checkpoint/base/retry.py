@@ -109,6 +109,40 @@ class RetryPolicy:
 DEFAULT_POLICY = RetryPolicy()
 NO_RETRY = RetryPolicy(max_attempts=1)
 
+# The KCL's default failoverTimeMillis, in seconds: how long a lease lasts unrenewed.
+DEFAULT_FAILOVER_TIME = 10.0
+
+
+@dataclass(frozen=True)
+class CallBudget:
+    """Seconds one lease-table call may take: per attempt (connect, and read, each) and in all."""
+
+    attempt: float
+    total: float
+
+    @classmethod
+    def for_failover(cls, failover_time: float) -> CallBudget:
+        # A sixth of the failover time per connect and per read (10 s -> 1.7 s, far above a
+        # DynamoDB request's usual tens of milliseconds), at most 5 s; half of it in all. No
+        # floor: one attempt must fit in half the lease, however short a failover is set.
+        return cls(attempt=min(5.0, failover_time / 6), total=failover_time / 2)
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            base_delay=0.05,
+            max_delay=min(1.0, self.total / 4),
+            max_attempts=8,
+            max_elapsed=self.total,
+            attempt_timeout=2 * self.attempt,
+        )
+
+
+# A lease-table store's budget when its maker gives none (library use): a call with its retries
+# ends within half a lease of the default failover time. The daemon budgets its stores by the
+# configured failover time (kclpy_spark.runtime.lease_store).
+DEFAULT_CALL_BUDGET = CallBudget.for_failover(DEFAULT_FAILOVER_TIME)
+LEASE_TABLE_POLICY = DEFAULT_CALL_BUDGET.retry_policy()
+
 
 def is_retriable(exc: BaseException) -> bool:
     """True for this package's exceptions that say a retry may succeed."""

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from checkpoint.base.clock import Clock, SystemClock
 from checkpoint.base.errors import KclpySparkError
-from checkpoint.base.retry import DEFAULT_POLICY, RetryPolicy
+from checkpoint.base.retry import LEASE_TABLE_POLICY, RetryPolicy
 from checkpoint.lease import Lease, WriteStamp, refuse_regression
 from checkpoint.port import CoordinationRecord, TableScan
 from checkpoint.sequence import ExtendedSequenceNumber
@@ -74,7 +74,7 @@ class DynamoDBLeaseTable(DynamoCalls):
         create_if_missing: bool = True,
         ttl_attribute: str | None = None,
         clock: Clock | None = None,
-        retry: RetryPolicy = DEFAULT_POLICY,
+        retry: RetryPolicy = LEASE_TABLE_POLICY,
         sleep: Callable[[float], None] = time.sleep,
         create_timeout: float = 300.0,
         coordination_table: str | None = None,
@@ -86,7 +86,10 @@ class DynamoDBLeaseTable(DynamoCalls):
         ``create_if_missing``); ``records_optional``: if it is missing and not created, read no
         records instead of failing (``status`` on a KCL application's table);
         ``kcl_application``: the Java KCL application whose 3.0-3.4 tables name its workers
-        (None: ``table_name``, as the KCL names the lease table after its application)."""
+        (None: ``table_name``, as the KCL names the lease table after its application);
+        ``retry`` defaults to a budget that ends a call with its retries within half a lease of the
+        KCL's default failover time, given a ``client`` whose connect and read timeouts are at most
+        ``DEFAULT_CALL_BUDGET.attempt`` each (``kclpy_spark.aws.lease_table_client`` makes one)."""
         super().__init__(client, table_name, retry, sleep)
         self._create = create_if_missing
         self._create_records = create_if_missing if create_records is None else create_records

@@ -31,7 +31,12 @@ from checkpoint.base.errors import (
     InvalidStateError,
     ResourceNotFoundError,
 )
-from checkpoint.base.retry import DEFAULT_POLICY, RetryPolicy, call_with_retry
+from checkpoint.base.retry import (
+    DEFAULT_CALL_BUDGET,
+    LEASE_TABLE_POLICY,
+    RetryPolicy,
+    call_with_retry,
+)
 from checkpoint.lease import Lease, OwnerFigures, refuse_regression
 from checkpoint.port import CoordinationRecord, TableScan
 from checkpoint.sequence import ExtendedSequenceNumber
@@ -59,10 +64,6 @@ _SCHEMA = [
     for table, types, key in ((LEASES, LEASE_TYPES, "lease_key"), (RECORDS, RECORD_TYPES, "key"))
 ]
 
-# Long enough to ride out another process's write transaction (a few milliseconds each) even on a
-# slow disk; past it, "database is locked" surfaces as a retriable DependencyError.
-_BUSY_TIMEOUT_SECONDS = 5.0
-
 
 class SQLiteLeaseTable:
     """Implements LeaseTable and CoordinationStore in one SQLite file (one namespace of it)."""
@@ -73,11 +74,14 @@ class SQLiteLeaseTable:
         *,
         namespace: str = "default",
         create_if_missing: bool = True,
-        retry: RetryPolicy = DEFAULT_POLICY,
+        retry: RetryPolicy = LEASE_TABLE_POLICY,
         sleep: Callable[[float], None] = time.sleep,
-        busy_timeout: float = _BUSY_TIMEOUT_SECONDS,
+        busy_timeout: float = DEFAULT_CALL_BUDGET.attempt,
         clock: Clock | None = None,
     ) -> None:
+        """``retry`` and ``busy_timeout`` (how long an attempt waits for another process's write
+        transaction, then fails as a retriable DependencyError) default to a budget that ends a
+        call with its retries within half a lease of the KCL's default failover time."""
         self._path = Path(path)
         self._clock = clock or SystemClock()  # stamps the writes that move a counter
         self._busy_timeout = busy_timeout

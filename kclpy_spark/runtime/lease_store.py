@@ -9,43 +9,21 @@ answers again, and a table that stays silent lets the lease expire on our own cl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from checkpoint.base.errors import ConfigError
-from checkpoint.base.retry import RetryPolicy
+from checkpoint.base.retry import CallBudget
 from checkpoint.port import CoordinationStore, LeaseTable, TableReader
 
 if TYPE_CHECKING:
     from kclpy_spark.config import WorkerConfig
 
 
+__all__ = ["CallBudget", "LeaseStore", "open_lease_store"]
+
+
 class LeaseStore(LeaseTable, CoordinationStore, TableReader, Protocol):
     """A lease table that also keeps the application's coordination records."""
-
-
-@dataclass(frozen=True)
-class CallBudget:
-    """Seconds one lease-table call may take: per attempt (connect, and read, each) and in all."""
-
-    attempt: float
-    total: float
-
-    @classmethod
-    def for_failover(cls, failover_time: float) -> CallBudget:
-        # A sixth of the failover time per connect and per read (10 s -> 1.7 s, far above a
-        # DynamoDB request's usual tens of milliseconds), at most 5 s; half of it in all. No
-        # floor: one attempt must fit in half the lease, however short a failover is set.
-        return cls(attempt=min(5.0, failover_time / 6), total=failover_time / 2)
-
-    def retry_policy(self) -> RetryPolicy:
-        return RetryPolicy(
-            base_delay=0.05,
-            max_delay=min(1.0, self.total / 4),
-            max_attempts=8,
-            max_elapsed=self.total,
-            attempt_timeout=2 * self.attempt,
-        )
 
 
 def open_lease_store(

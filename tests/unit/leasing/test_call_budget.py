@@ -6,14 +6,22 @@ accepts connections and never answers stands in for a hung DynamoDB.
 
 from __future__ import annotations
 
+import inspect
 import socket
+import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from checkpoint.base.errors import DependencyError
+from checkpoint.base.retry import DEFAULT_FAILOVER_TIME
+from checkpoint.lease import Lease
+from checkpoint.sequence import TRIM_HORIZON
+from checkpoint.stores.dynamodb import DynamoDBLeaseTable
+from checkpoint.stores.sqlite import SQLiteLeaseTable
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.runtime.lease_store import CallBudget, open_lease_store
 
@@ -80,3 +88,35 @@ def test_a_silent_dynamodb_endpoint_fails_the_call_instead_of_hanging(
     thread.join(30.0)  # not a timing assertion: only a hang fails here
     assert outcome, "the lease-table call hung past 30 s against a silent endpoint"
     assert isinstance(outcome[0], DependencyError), outcome[0]
+
+
+def test_a_store_made_without_a_budget_gives_up_within_half_a_default_lease(
+    tmp_path: Path,
+) -> None:
+    """Library use and the bench scripts make stores without the daemon's budget. Their default
+    retry loop ran for 20 s with no bound on an attempt (SQLite waited 5 s for a lock each
+    time), twice the lease a renewal protects. Another process's write transaction holds the
+    file here for the whole call."""
+    path = tmp_path / "leases.db"
+    store = SQLiteLeaseTable(path, namespace="app")
+    store.ensure_table()
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # holds the write lock, as a stuck writer would
+    try:
+        started = time.monotonic()
+        with pytest.raises(DependencyError):
+            store.create_lease_if_absent(Lease(lease_key="shardId-0", checkpoint=TRIM_HORIZON))
+        elapsed = time.monotonic() - started
+    finally:
+        blocker.rollback()
+        blocker.close()
+        store.close()
+    # A bound the store promises, not a speed: the call may not outlast half a default lease.
+    assert elapsed <= DEFAULT_FAILOVER_TIME / 2 + 1.0, elapsed
+
+
+@pytest.mark.parametrize("store", [SQLiteLeaseTable, DynamoDBLeaseTable])
+def test_the_stores_default_budget_fits_half_a_default_lease(store: type) -> None:
+    retry = inspect.signature(store).parameters["retry"].default
+    assert retry.max_elapsed <= DEFAULT_FAILOVER_TIME / 2
+    assert 0 < retry.attempt_timeout <= retry.max_elapsed
