@@ -836,6 +836,36 @@ def test_dynamodb_a_write_that_landed_before_an_error_still_wins(
     assert other.update_checkpoint(done, SHARD_END) is None
 
 
+def test_dynamodb_a_take_answered_late_wins_though_a_handoff_was_asked_of_it_since(
+    dynamo: DynamoDBLeaseTable, dynamodb_client: Any
+) -> None:
+    """Our take landed unanswered; before the retry the leader asked a handoff of us (to "c").
+    The retry's failed condition finds the lease owner renamed and a checkpoint owner: still our
+    take (it was judged lost, the lease left ours in the table while we thought it gone)."""
+    dynamo.create_lease_if_absent(Lease("shardId-0", TRIM_HORIZON, lease_owner="a"))
+    lease = dynamo.get_lease("shardId-0")
+    assert lease is not None
+
+    def leader_moves_it(_: float) -> None:  # between the attempts
+        taken = dynamo.get_lease("shardId-0")
+        assert taken is not None and taken.lease_owner == "b"
+        assert dynamo.initiate_handoff(taken, "c") is not None
+
+    faulty = FaultyClient(
+        dynamodb_client, {"update_item": 1}, "InternalServerError", after_call=True
+    )
+    table = DynamoDBLeaseTable(faulty, dynamo.table_name, retry=FAST, sleep=leader_moves_it)  # type: ignore[arg-type]
+    taken = table.take_lease(lease, "b")
+    assert taken is not None
+    assert (taken.actual_owner, taken.lease_owner, taken.lease_counter) == ("b", "c", 1)
+    assert faulty.calls == {"update_item": 2}
+    # A take of someone else's after the unknown outcome is still a lost race.
+    faulty2 = FaultyClient(dynamodb_client, {"update_item": 1}, "InternalServerError")
+    other = DynamoDBLeaseTable(faulty2, dynamo.table_name, retry=FAST, sleep=no_sleep)  # type: ignore[arg-type]
+    assert dynamo.take_lease(taken, "d") is not None
+    assert other.take_lease(taken, "b") is None
+
+
 def test_dynamodb_a_write_botocore_retried_into_a_throttle_after_it_landed_still_wins(
     dynamo: DynamoDBLeaseTable, dynamodb_client: Any
 ) -> None:
