@@ -30,7 +30,7 @@ renewer, taker and checkpointer threads.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -236,11 +236,6 @@ class DynamoDBLeaseTable(DynamoCalls):
         if stamp is not None:
             sets.update(codec.counter_values(stamp))
         expect = dict(sets)  # what the item holds once this write landed
-        # A handoff asked after this write landed (uncounted: the stamp stays) renames the lease
-        # owner and adds a checkpoint owner; a write that is not itself a handoff is judged by
-        # the item as it stood before (a take answered late was taken for lost, its lease left
-        # held in the table by a worker that thought it had none until it expired).
-        undo_handoff = codec.CHECKPOINT_OWNER not in sets
 
         def build(expr: Expr) -> dict[str, Any]:
             terms = [expr.counter_is(lease.lease_counter)] if counted else [expr.exists()]
@@ -262,7 +257,7 @@ class DynamoDBLeaseTable(DynamoCalls):
             if item is None:
                 return None
             found = codec.lease_from_item(item)
-            normal = codec.lease_to_item(_before_handoff(found) if undo_handoff else found)
+            normal = codec.lease_to_item(_before_handoff(found, sets))
             done = all(normal.get(k) == v for k, v in expect.items())
             # The actual owner, not leaseOwner: a handoff begun after our write landed renames it.
             owners_removed = {codec.LEASE_OWNER, codec.CHECKPOINT_OWNER} & set(removes)
@@ -380,8 +375,13 @@ def _leases_in(items: list[dict[str, Any]]) -> list[Lease]:
     return [codec.lease_from_item(i) for i in items if codec.is_lease_item(i)]
 
 
-def _before_handoff(lease: Lease) -> Lease:
-    """The lease as it stood before a handoff was asked of it (no handoff: itself)."""
-    if lease.checkpoint_owner is None:
+def _before_handoff(lease: Lease, sets: Mapping[str, object]) -> Lease:
+    """The lease as it stood before a handoff was asked of it, unless the write that ``sets``
+    those attributes is itself one (judged as it stands; no handoff: itself). A handoff
+    asked after a write landed (uncounted: the write's stamp stays) renames the lease owner and
+    adds a checkpoint owner, so a write that is not itself a handoff is judged by the item as it
+    stood before (a take answered late was taken for lost, its lease left held in the table by
+    a worker that thought it had none, until it expired)."""
+    if lease.checkpoint_owner is None or codec.CHECKPOINT_OWNER in sets:
         return lease
     return replace(lease, lease_owner=lease.checkpoint_owner, checkpoint_owner=None)
