@@ -43,7 +43,9 @@ from kclpy_spark.spark.lane import Lane
 from kclpy_spark.spark.lane_feed import LaneFeed, ReadSlot
 from kclpy_spark.spark.range_tasks import AwsTarget
 from kclpy_spark.spark.ranges import PINNED_TIME_FACTOR, Pinned, RangeEnd, ReadRange
+from kclpy_spark.spark.read_settings import ReadSettings
 from kclpy_spark.spark.read_timing import (
+    cut_short,
     is_behind,
     paced,
     page_pace,
@@ -117,32 +119,6 @@ class LeaseSource:
     hash_range: tuple[int, int] | None = None
 
 
-@dataclass(frozen=True)
-class ReadSettings:
-    max_records: int = 100_000  # a round's budget, split over its leases
-    max_bytes: int = 64 * 1024 * 1024
-    max_seconds: float = 10.0  # one range's read
-    # A range is one GetRecords answer: a task never sleeps between calls (its core would idle);
-    # the driver spaces a shard's reads instead (min_interval, read_rate).
-    max_pages: int = 1
-    min_interval: float = 0.2  # Kinesis: 5 GetRecords a second per shard
-    read_rate: float = 2 * 1024 * 1024  # bytes a second per shard (0: no limit)
-    idle_seconds: float = 1.0  # before reading again a lease read to its tip
-    # A round also takes the leases behind that come due before its job would end (they would
-    # wait for it anyway): their tasks wait out the rest of their pause. Fewer, fuller jobs; the
-    # look-ahead is the last job's length, at most this.
-    max_gather: float = 0.5
-    # When a round's share of the budget is a full page a lease (``PAGE_LIMIT`` records), a
-    # round due now waits up to this long for leases behind that come due (``round_start``):
-    # one round a pause instead of one per phase the leases drifted into.
-    align: float = 0.5
-    kpl: bool = True
-    # A read job still running this long past its ranges' ``max_seconds``, for each wave of
-    # ranges its busiest task reads (``range_tasks.waves``), is cancelled: a task gives up on a
-    # range's Kinesis read 60 s after its budget; this bounds a Spark-level hang.
-    job_grace: float = 90.0
-
-
 @dataclass
 class _Entry:
     """One lease as the reader knows it (owned by ExecutorReads, under its lock)."""
@@ -153,6 +129,7 @@ class _Entry:
     iterator_at: ESN | None = None
     next_read_at: float = 0.0
     pace: float = 0.0  # the pause its last page asked for (read_timing.page_pace)
+    record_bytes: int = 0  # its last page's bytes a record (0: none read yet)
     lag: int | None = None
     failures: int = 0
     ended: bool = False
@@ -287,7 +264,8 @@ class ExecutorReads:
         Kinesis gives a call whatever its leases (with less, each read of a lease is cut short
         by its share and a lease read less often reads less)."""
         live = sum(1 for e in self._entries.values() if not e.ended)
-        return self._s.align if live and self._s.max_records // live >= PAGE_LIMIT else 0.0
+        full = self._s.page_per_lease or self._s.max_records // max(live, 1) >= PAGE_LIMIT
+        return self._s.align if live and full else 0.0
 
     # --- one round ------------------------------------------------------------------------------
 
@@ -420,12 +398,16 @@ class ExecutorReads:
         an equal share of the round's budget, and a lease behind at least half the budget
         shared by those behind: leases at their tip read little, and their equal share capped a
         busy shard among many idle ones (100 records a round at 1,000 leases) below what Kinesis
-        takes in. A round reads at most one and a half times its budget."""
+        takes in. A round reads at most one and a half times its budget. With
+        ``page_per_lease`` a lease may read up to a page within its share of the bytes, as its
+        last page's records measured (a range is one page, its ``Limit`` in records)."""
         s, src = self._s, entry.source
         records, nbytes = s.max_records // leases, s.max_bytes // leases
         if entry.behind:
             records = max(records, s.max_records // (2 * behind))
             nbytes = max(nbytes, s.max_bytes // (2 * behind))
+        if s.page_per_lease and entry.record_bytes > 0:
+            records = max(records, min(PAGE_LIMIT, nbytes // entry.record_bytes))
         after, timestamp = slot.read_to or src.start, src.timestamp
         if after == LATEST:
             if entry.latest_since is None:
@@ -503,8 +485,11 @@ class ExecutorReads:
             entry.ended = entry.ended or end.shard_ended  # a pinned read never ends it
             entry.iterator, entry.iterator_at = end.next_iterator, _continues_after(rng, end)
             entry.next_read_at = self._next_read(rng, end, now)
-            entry.pace = page_pace(end.nbytes, min_interval=self._s.min_interval,
-                                   read_rate=self._s.read_rate)  # fmt: skip
+            if end.rows:
+                entry.record_bytes = max(1, end.nbytes // end.rows)
+            entry.pace = 0.0 if cut_short(rng, end) else page_pace(
+                end.nbytes, min_interval=self._s.min_interval, read_rate=self._s.read_rate
+            )  # fmt: skip
             entry.behind = is_behind(rng, end, self._s.idle_seconds)
         children = [dict(c) for c in end.child_shards]
         last = end.last.sequence_number if end.last is not None else None

@@ -406,8 +406,10 @@ class MicroBatcher:
                 if not self._reads:
                     break
                 # Records read on the executors are cut whole, a round's lanes together past the
-                # budget (its reads kept to it: at most 1.5 times); split by it, a round went in
-                # two batches, a write job, a sync and commits each. Other rounds' lanes wait.
+                # budget (its reads kept to it: at most 1.5 times its records, or with
+                # page_per_lease a page a lease within 1.5 times its bytes); split by it, a
+                # round went in two batches, a write job, a sync and commits each. Other rounds'
+                # lanes wait.
                 if lane.reads_from is not first_read:
                     continue
             first_read = first_read or lane.reads_from

@@ -8,6 +8,7 @@ from collections.abc import Collection, Mapping
 from typing import Protocol, TypeVar
 
 from kclpy_spark.retrieval.polling import MAX_READ_PAUSE, pause_before_next_call
+from kclpy_spark.retrieval.range_reader import PAGE_LIMIT
 from kclpy_spark.spark.range_tasks import waves
 from kclpy_spark.spark.ranges import RangeEnd, ReadRange
 
@@ -77,6 +78,14 @@ def page_pace(nbytes: int, *, min_interval: float, read_rate: float) -> float:
     """The pause a shard's page of ``nbytes`` asks for before the next call (``paced``'s, from
     the call): its pace while behind, whatever the order its read took in its job."""
     return pause_before_next_call(min_interval, 0.0, nbytes, 0.0, read_rate)
+
+
+def cut_short(rng: ReadRange, end: RangeEnd) -> bool:
+    """The read stopped at its share of the round's records, short of a full page: its pace
+    says nothing of its shard's (read more often, it reads more), so a round never waits for
+    it, nor for others with it due (``round_start``). A range is one page: its bytes are what
+    the page brought, never cut by the share."""
+    return end.rows < PAGE_LIMIT and end.rows >= rng.max_records
 
 
 def is_behind(rng: ReadRange, end: RangeEnd, idle_seconds: float) -> bool:

@@ -41,10 +41,15 @@ class BatcherSettings:
     """Seconds as floats, sizes in bytes of Arrow data."""
 
     # A batch closes at this many records (read on the executors: a round reads about this many,
-    # at most 1.5 times, one batch)...
+    # at most 1.5 times, or a page a lease with page_per_lease; one batch)...
     max_records: int = 100_000
     # ...or this many bytes of Arrow data...
     max_bytes: int = 64 * 1024 * 1024
+    # Read on the executors: a lease may read a full GetRecords page (10,000 records) a round,
+    # past its share of max_records, within its share of max_bytes (as its last page measured
+    # its records); false: max_records bounds a round. A config file's [sink] gets true unless it
+    # sets max_records (sink_config._defaults_for).
+    page_per_lease: bool = False
     # ...or when its first record has waited this long.
     max_wait: float = 5.0
     # worker: one batch across the worker's leases; lease: one lease per batch.

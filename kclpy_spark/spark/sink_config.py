@@ -237,9 +237,14 @@ def _defaults_for(sinks: list[str], given: Mapping[str, Any] = {}) -> BatcherSet
     of the built-in sinks only when every sink is one. Two writers for every sink (a batch is
     built and written while another is; bench/results/history.md "Two writers by default"); with a
     function among the sinks one batch of a lease in flight, so the function gets a lease's
-    batches one after another, in order, while other leases' batches use the second writer."""
+    batches one after another, in order, while other leases' batches use the second writer;
+    ``page_per_lease`` unless ``max_records`` is given."""
     builtin = all(sink.startswith(("parquet:", "delta:")) for sink in sinks)
-    defaults: dict[str, Any] = {"writers": DEFAULT_WRITERS}
+    # Read on the executors, a round of a page a lease unless a max_records given says otherwise.
+    defaults: dict[str, Any] = {
+        "writers": DEFAULT_WRITERS,
+        "page_per_lease": "max_records" not in given,
+    }
     if builtin:
         defaults |= {"scope": "worker", "regroup_wait": 0.0}
     else:

@@ -223,8 +223,9 @@ def _executor_reads(
         )
     from kclpy_spark.aws import region_of
     from kclpy_spark.spark.executor_probe import probe_executors
-    from kclpy_spark.spark.executor_reads import ExecutorReads, ReadSettings
+    from kclpy_spark.spark.executor_reads import ExecutorReads
     from kclpy_spark.spark.range_tasks import AwsTarget
+    from kclpy_spark.spark.read_settings import ReadSettings
 
     aws = AwsTarget(region_of(worker_cfg), worker_cfg.endpoint_url)
     if probe:
@@ -235,6 +236,7 @@ def _executor_reads(
                     "so its batches are collected there (read_on = driver costs less)")  # fmt: skip
     read = ReadSettings(
         max_records=settings.max_records,
+        page_per_lease=settings.page_per_lease,
         max_bytes=settings.max_bytes,
         read_rate=float(worker_cfg.max_read_bytes_per_second),
         idle_seconds=worker_cfg.idle_time_between_reads,

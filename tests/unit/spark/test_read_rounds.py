@@ -218,6 +218,31 @@ def test_a_lease_behind_gets_a_share_of_the_budget_of_those_behind(
     assert rng.max_bytes == records * 400
 
 
+@pytest.mark.parametrize(
+    ("leases", "behind", "record_bytes", "records"),
+    [
+        (24, 24, 200, 10_000),  # 100,000 over 24 leases: 4,166 each, a page cut short each read
+        (24, 24, 0, 4_166),  # no page read yet: its size unknown, the records share
+        (24, 24, 20_000, 4_166),  # big records: the bytes share (2.8 MB) holds fewer
+        (250, 250, 1_000, 400),  # 1 KB records: 268 in a share of the bytes, 400 of the records
+        (4, 4, 200, 25_000),  # max_records gives more: it stands
+        (1000, 1, 200, 50_000),  # the busy shard: half the round's records (a page caps it)
+    ],
+)
+def test_a_lease_may_read_a_page_a_round_past_its_records_share_within_its_bytes(
+    leases: int, behind: int, record_bytes: int, records: int
+) -> None:
+    """With ``page_per_lease`` (a config file's default) a lease reads up to a page a round,
+    within its share of ``max_bytes`` as its last page measured its records: a range is one
+    page, asked for in records, so the bytes share alone bounded nothing."""
+    entry = _Entry(SOURCE, lambda item: None)
+    entry.behind, entry.record_bytes = True, record_bytes
+    reader = reads(max_records=100_000, max_bytes=64 * 1024 * 1024, page_per_lease=True)
+    rng = reader._range(entry, ReadSlot(make_lane(), None, None), leases=leases, behind=behind,
+                        now=0.0)  # fmt: skip
+    assert rng.max_records == records
+
+
 def ended(rows: int, nbytes: int, lag: int | None) -> RangeEnd:
     return RangeEnd(KEY, esn(1) if rows else None, esn(rows) if rows else None, rows, nbytes,
                     millis_behind_latest=lag)  # fmt: skip
@@ -875,6 +900,50 @@ def test_leases_in_two_phases_merge_into_one_round_when_each_reads_a_full_page(
     assert reader._wait() == pytest.approx(0.4)
     clock.advance(0.4)
     assert reader.read_round() == 4 and planned == [{"a", "b", "c", "d"}]
+
+
+@pytest.mark.parametrize("cut", [True, False])
+def test_a_round_never_waits_for_leases_whose_reads_their_share_cut_short(cut: bool) -> None:
+    """A page a lease allowed (``page_per_lease``), but the round's ``max_bytes`` share holds
+    fewer of the leases' records than a page, so each read stops at its share: the pace of such
+    a read says nothing of its shard's, and a lease read less often reads less. Two leases due,
+    two 0.4 s later: the round reads the two due at once; with whole pages it waits for the
+    other two."""
+    clock = ManualClock()
+    planned: list[set[str]] = []
+
+    def job(session: Any, ranges: list[ReadRange], aws: Any, **kw: Any) -> RangeRead:
+        planned.append({r.lease_key for r in ranges})
+        return RangeRead(None, {r.lease_key: RangeEnd(r.lease_key, None, None, r.max_records,
+                                                       r.max_records * 100,
+                                                       millis_behind_latest=60_000)
+                                for r in ranges})  # fmt: skip
+
+    share = 5_000 if cut else 10_000  # records of 100 bytes in a lease's share of the bytes
+    settings = ReadSettings(max_records=4_000, max_bytes=4 * share * 100, page_per_lease=True,
+                            max_gather=0.0, align=0.5)  # fmt: skip
+    reader = ExecutorReads(lambda: None, AwsTarget("us-east-1"), settings,
+                           clock=clock, read=job, tasks=lambda session: 1)  # fmt: skip
+    reader.start(AllSlotsFeed(), threaded=False)
+    now = clock.monotonic()
+    for key in "abcd":
+        entry = reader.register(replace(SOURCE, lease_key=key), lambda item: None)
+        entry.next_read_at, entry.behind = now, True
+    for _ in range(2):  # the first read measures the records, the second reads its share
+        clock.advance(max(0.0, min(e.next_read_at for e in reader._entries.values())
+                          - clock.monotonic()))  # fmt: skip
+        assert reader.read_round() == 4
+    entries = reader._entries
+    for key in "cd":
+        entries[key].next_read_at = entries["a"].next_read_at + 0.4
+    clock.advance(entries["a"].next_read_at - clock.monotonic())
+    planned.clear()
+    if not cut:
+        assert reader.read_round() == 0
+        clock.advance(0.4)
+        assert reader.read_round() == 4 and planned == [set("abcd")]
+    else:
+        assert reader.read_round() == 2 and planned == [{"a", "b"}]
 
 
 class AllSlotsFeed(RefusingFeed):

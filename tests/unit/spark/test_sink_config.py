@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -406,3 +407,25 @@ def test_enhanced_fan_out_with_reads_on_the_executors_is_one_line_at_start_up() 
             SinkConfig("parquet:/tmp/out", read_on="executors"), worker, None, None, probe=False
         )  # type: ignore[arg-type]
     assert _executor_reads(SinkConfig("parquet:/tmp/out"), worker, None, None, probe=False) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("given", "pages", "budget"),
+    [
+        ({}, True, 100_000),  # up to a page a lease within max_bytes (test_read_rounds.py)
+        ({"page_per_lease": False}, False, 100_000),
+        ({"max_records": 50_000}, False, 50_000),  # a budget given is kept to
+        ({"max_records": 50_000, "page_per_lease": True}, True, 50_000),
+    ],
+)
+def test_the_executors_reads_get_a_page_a_lease_unless_max_records_or_the_key_says(
+    given: dict[str, Any], pages: bool, budget: int
+) -> None:
+    from kclpy_spark.spark.sink_setup import _executor_reads
+
+    cfg = sink_config("parquet:/tmp/out", read_on="executors", **given)
+    worker = WorkerConfig(stream_name="s", region="us-east-1")
+    holder = SimpleNamespace(session=lambda: None, jvm_garbage=None)  # no Spark asked here
+    reads = _executor_reads(cfg, worker, holder, cfg.batching, probe=False)  # type: ignore[arg-type]
+    assert reads is not None
+    assert (reads._s.page_per_lease, reads._s.max_records) == (pages, budget)
