@@ -66,6 +66,20 @@ def targets_of(scan: ObservedScan, running: Collection[str]) -> list[str]:
     return sorted(set(running) - stalled(scan))
 
 
+def quiet(scan: ObservedScan, after: float) -> set[str]:
+    """The workers of ours (their leases' counters stamped) holding leases in ``scan`` none of
+    which is expired yet and none renewed for more than ``after`` seconds: killed or stalled a
+    moment ago (a holder renews every third of a lease duration). KCL workers' counters are
+    unstamped, dated only by the scans that saw them move: never judged so."""
+    latest: dict[str, float] = {}
+    for o in scan.leases:
+        owner = o.lease.actual_owner
+        if owner is None or o.available or o.last_change is None or o.lease.write_time is None:
+            continue
+        latest[owner] = max(latest.get(owner, o.last_change), o.last_change)
+    return {worker for worker, at in latest.items() if scan.now - at > after}
+
+
 class Suspects:
     """A worker's memory of the workers that stopped renewing. Once a stalled worker's leases
     have moved on, no scan shows it stalled any more, yet its status record stays fresh for two
@@ -73,19 +87,31 @@ class Suspects:
     stopping worker would hand it its leases, and the take rule would count it in the even share;
     each lease given to it then waits a lease duration more. A suspect is a target again only
     once its status record has been written after it was suspected (it runs again), or when its
-    record is gone."""
+    record is gone. A worker whose leases the last scan shows unrenewed for more than
+    ``quiet_after`` seconds (``quiet``: killed a moment ago, its leases not yet expired) is no
+    target either while it stays so (a lease given to it in those seconds waited for its own
+    expiry again), though still counted in the take rule's even share (a holder a moment slow
+    would otherwise have its leases stolen)."""
 
-    def __init__(self) -> None:
+    def __init__(self, quiet_after: float = float("inf")) -> None:
         self._since: dict[str, float] = {}  # worker -> its status time when suspected
         self._stalled: set[str] = set()  # stalled in the last scan shown
+        self._quiet: set[str] = set()  # quiet in the last scan shown
+        self._quiet_after = quiet_after
 
     def __contains__(self, worker: object) -> bool:
         """Suspected, or stalled in the last scan shown (a lease of it expired there)."""
         return worker in self._since or worker in self._stalled
 
+    @property
+    def quiet(self) -> frozenset[str]:
+        """The workers quiet in the last scan shown (``quiet``)."""
+        return frozenset(self._quiet)
+
     def observe(self, scan: ObservedScan, running: Mapping[str, float]) -> None:
         """Remember who ``scan`` shows stalled; ``running``: worker -> the time its status
         record was written."""
+        self._quiet = quiet(scan, self._quiet_after)
         now_stalled = self._stalled = stalled(scan)
         for worker in now_stalled:
             if worker in running:
@@ -93,9 +119,10 @@ class Suspects:
         self._since = {w: t for w, t in self._since.items() if w in running and running[w] <= t}
 
     def targets(self, scan: ObservedScan, running: Mapping[str, float]) -> list[str]:
-        """The ``running`` workers not suspected after ``scan`` (``observe``), sorted."""
+        """The ``running`` workers not suspected nor quiet after ``scan`` (``observe``),
+        sorted."""
         self.observe(scan, running)
-        return sorted(w for w in running if w not in self)
+        return sorted(w for w in running if w not in self and w not in self._quiet)
 
 
 def plan_assignments(

@@ -11,7 +11,7 @@ import pytest
 
 from checkpoint.base.clock import ManualClock
 from checkpoint.coordination import CpuFigure
-from checkpoint.lease import Lease
+from checkpoint.lease import Lease, WriteStamp
 from checkpoint.leasing import LeaseTiming
 from checkpoint.sequence import TRIM_HORIZON
 from kclpy_spark.moves.rules import LeaseObserver
@@ -19,10 +19,11 @@ from kclpy_spark.moves.rules.assign_rule import (
     Suspects,
     leader_assigns,
     plan_assignments,
+    quiet,
     targets_of,
 )
 from kclpy_spark.moves.rules.load import FleetCpu
-from kclpy_spark.moves.rules.observer import ObservedScan
+from kclpy_spark.moves.rules.observer import ObservedLease, ObservedScan
 from tests.unit.moves.test_take_rule import scan_of
 
 TIMING = LeaseTiming(failover=10.0)
@@ -462,3 +463,41 @@ def test_a_worker_handing_a_lease_over_is_given_no_free_lease_past_its_cap() -> 
             scan, {"w", "thief", "other"}, rng=random.Random(seed), max_leases_for_worker=2
         )
         assert [a.to for a in plan.assign] == ["other"], plan.reason
+
+
+def _held(key: str, owner: str, changed: float, *, stamped: bool = True, expired: bool = False,
+          handing_to: str | None = None) -> ObservedLease:  # fmt: skip
+    lease = Lease(key, TRIM_HORIZON, lease_owner=handing_to or owner, lease_counter=3,
+                  checkpoint_owner=owner if handing_to else None,
+                  written=WriteStamp(3, 1_000.0) if stamped else None)  # fmt: skip
+    return ObservedLease(lease, changed, expired=expired, very_old=False)
+
+
+@pytest.mark.parametrize(
+    ("leases", "quiet_ones"),
+    [
+        ([_held("a1", "a", 95.0), _held("b1", "b", 90.0)], {"b"}),  # b: 10 s unrenewed
+        ([_held("b1", "b", 90.0), _held("b2", "b", 99.0)], set()),  # one of its leases renewed
+        ([_held("b1", "b", 95.1)], set()),  # a renewal 4.9 s ago: within the allowance
+        ([_held("k1", "kcl", 80.0, stamped=False)], set()),  # a KCL worker's: dated by scans
+        ([_held("b1", "b", 80.0, expired=True)], set()),  # expired: stalled, the older rule
+        # Mid-handoff the worker still processing it is judged, not its new owner.
+        ([_held("b1", "b", 90.0, handing_to="c"), _held("c1", "c", 99.0)], {"b"}),
+    ],
+)
+def test_a_worker_whose_leases_went_unrenewed_a_while_is_quiet(
+    leases: list[ObservedLease], quiet_ones: set[str]
+) -> None:
+    assert quiet(ObservedScan(now=100.0, leases=tuple(leases)), after=5.0) == quiet_ones
+
+
+def test_a_worker_killed_a_moment_ago_is_no_target_until_it_renews_again() -> None:
+    """Its leases not yet expired, its status record fresh for two lease durations: a lease
+    the leader gave it, or a stopping worker handed it, waited for its expiry again."""
+    suspects = Suspects(quiet_after=5.0)
+    running = {"a": 10.0, "b": 10.0}
+    quiet_b = ObservedScan(now=100.0, leases=(_held("a1", "a", 98.0), _held("b1", "b", 93.0)))
+    assert suspects.targets(quiet_b, running) == ["a"]
+    assert suspects.quiet == {"b"} and "b" not in suspects  # the take rule still counts it
+    renewed = ObservedScan(now=103.0, leases=(_held("a1", "a", 101.0), _held("b1", "b", 102.0)))
+    assert suspects.targets(renewed, running) == ["a", "b"]
