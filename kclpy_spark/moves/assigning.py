@@ -192,7 +192,7 @@ class Led:
         running = dict(t.running)
         if w.run_state.may_take:  # we run, whether or not our last status write landed
             running.setdefault(me, w.clock.wall())
-        targets = self._t.suspects.targets(scan, running)
+        targets = self._t.suspects.targets(scan, running, exempt={me, *t.foreign})
         plan = plan_assignments(
             scan,
             targets,

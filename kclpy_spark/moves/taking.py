@@ -363,7 +363,7 @@ class Taker:
         # Only to workers known to run (a status record not saying "stopping", a KCL 3.x
         # metrics entity): one stopping too would never take it (its take loop has ended), nor
         # would one over its max_leases_for_worker.
-        trusted = self._trusted() - self.suspects.quiet  # not one killed a moment ago
+        trusted = self._trusted() - (self.suspects.quiet - self.foreign)  # not one killed lately
         cap = w.cfg.max_leases_for_worker
         load = {o: self._live.get(o, 0) for o in trusted if o != w.cfg.worker_id}
         load = {o: n for o, n in load.items() if n < cap and not self._quiet_and_empty(o, n)}

@@ -67,17 +67,21 @@ def targets_of(scan: ObservedScan, running: Collection[str]) -> list[str]:
 
 
 def quiet(scan: ObservedScan, after: float) -> set[str]:
-    """The workers of ours (their leases' counters stamped) holding leases in ``scan`` none of
-    which is expired yet and none renewed for more than ``after`` seconds: killed or stalled a
-    moment ago (a holder renews every third of a lease duration). KCL workers' counters are
-    unstamped, dated only by the scans that saw them move: never judged so."""
+    """The workers of ours holding leases in ``scan`` none of which is expired yet and none
+    renewed for more than ``after`` seconds: killed or stalled a moment ago. A worker with a
+    lease whose counter is unstamped is a KCL worker (dated only by the scans that saw its
+    counters move): never judged so (a lease just moved to one still bears our stamp until its
+    first renewal; ``Suspects.targets`` exempts the known ones too)."""
     latest: dict[str, float] = {}
+    kcl: set[str] = set()
     for o in scan.leases:
         owner = o.lease.actual_owner
-        if owner is None or o.available or o.last_change is None or o.lease.write_time is None:
+        if owner is None or o.available or o.last_change is None:
             continue
+        if o.lease.write_time is None:
+            kcl.add(owner)
         latest[owner] = max(latest.get(owner, o.last_change), o.last_change)
-    return {worker for worker, at in latest.items() if scan.now - at > after}
+    return {worker for worker, at in latest.items() if scan.now - at > after} - kcl
 
 
 class Suspects:
@@ -118,11 +122,14 @@ class Suspects:
                 self._since[worker] = max(running[worker], self._since.get(worker, running[worker]))
         self._since = {w: t for w, t in self._since.items() if w in running and running[w] <= t}
 
-    def targets(self, scan: ObservedScan, running: Mapping[str, float]) -> list[str]:
+    def targets(
+        self, scan: ObservedScan, running: Mapping[str, float], exempt: Collection[str] = ()
+    ) -> list[str]:
         """The ``running`` workers not suspected nor quiet after ``scan`` (``observe``),
-        sorted."""
+        sorted; those in ``exempt`` are never judged quiet (the leader itself, KCL workers)."""
         self.observe(scan, running)
-        return sorted(w for w in running if w not in self and w not in self._quiet)
+        quiet_now = self._quiet - set(exempt)
+        return sorted(w for w in running if w not in self and w not in quiet_now)
 
 
 def plan_assignments(

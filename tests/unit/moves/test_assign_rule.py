@@ -480,6 +480,8 @@ def _held(key: str, owner: str, changed: float, *, stamped: bool = True, expired
         ([_held("b1", "b", 90.0), _held("b2", "b", 99.0)], set()),  # one of its leases renewed
         ([_held("b1", "b", 95.1)], set()),  # a renewal 4.9 s ago: within the allowance
         ([_held("k1", "kcl", 80.0, stamped=False)], set()),  # a KCL worker's: dated by scans
+        # A KCL worker renewing its own; a lease just moved to it still bears our stamp.
+        ([_held("k1", "kcl", 99.0, stamped=False), _held("k2", "kcl", 90.0)], set()),
         ([_held("b1", "b", 80.0, expired=True)], set()),  # expired: stalled, the older rule
         # Mid-handoff the worker still processing it is judged, not its new owner.
         ([_held("b1", "b", 90.0, handing_to="c"), _held("c1", "c", 99.0)], {"b"}),
@@ -499,5 +501,6 @@ def test_a_worker_killed_a_moment_ago_is_no_target_until_it_renews_again() -> No
     quiet_b = ObservedScan(now=100.0, leases=(_held("a1", "a", 98.0), _held("b1", "b", 93.0)))
     assert suspects.targets(quiet_b, running) == ["a"]
     assert suspects.quiet == {"b"} and "b" not in suspects  # the take rule still counts it
+    assert suspects.targets(quiet_b, running, exempt={"b"}) == ["a", "b"]  # the leader itself
     renewed = ObservedScan(now=103.0, leases=(_held("a1", "a", 101.0), _held("b1", "b", 102.0)))
     assert suspects.targets(renewed, running) == ["a", "b"]

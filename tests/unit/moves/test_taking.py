@@ -1152,3 +1152,25 @@ def test_a_take_tells_health_whether_its_write_answered() -> None:
     del table.take_lease  # the real one again
     asyncio.run(Taker(w, io).round())
     assert told[-1] == (1, [])
+
+
+def test_a_stopping_worker_hands_nothing_to_a_worker_whose_leases_went_unrenewed_lately() -> None:
+    """Killed 9 s ago, its lease not yet expired and its status record fresh, "killed" holds the
+    fewest leases; a lease handed to it waited for its own expiry again. A KCL worker's are
+    never judged so (test_assign_rule.py)."""
+    clock = ManualClock()
+    table = CountingTable(clock)
+    mine = table.take_lease(put(table, "mine"), ME)
+    theirs = table.take_lease(put(table, "theirs"), "killed")
+    peers = [table.take_lease(put(table, f"peer{i}"), "peer") for i in range(2)]
+    assert mine is not None and theirs is not None and all(peers)
+    w, taker = stopping(table, clock, mine)
+    for wait in (9, 0):  # a round, then one 9 s later: "killed" renewed nothing since
+        for worker_id in ("killed", "peer"):
+            status(table, worker_id, clock.wall())
+        peers = [table.renew_lease(p) for p in peers if p is not None]
+        assert asyncio.run(taker.scan()) is not None
+        tick(w, clock, wait)
+    assert asyncio.run(taker.hand_out()) == 1
+    handed = table.get_lease("mine")
+    assert handed is not None and handed.lease_owner == "peer"
