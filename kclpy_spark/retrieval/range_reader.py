@@ -291,6 +291,8 @@ class RangeReader:
         raw = records_from_response(answer, self._fast)
         self._page_size = page_bytes(raw)
         self._page_records = len(raw)
+        found.read_records += len(raw)
+        found.read_bytes += self._page_size
         if raw:
             found.seen = ESN(raw[-1].sequence_number, 0)
         records = self._deaggregator(raw, None) if self._deaggregator else raw
@@ -370,6 +372,8 @@ class _Found:
     # from an emulator, or at the same millisecond) does not say the range reached the tip.
     left_behind: bool = False
     pages: int = 0  # GetRecords answers taken
+    read_records: int = 0  # Kinesis records those answers held (before deaggregation)
+    read_bytes: int = 0  # and their bytes
     bounded: bool = False  # a record after the range's ``until_millis`` was met
 
     def note(self, first_key: Key, first: Record, last_key: Key, last: Record) -> None:
@@ -401,6 +405,8 @@ class _Found:
             unanswered=not self.pages and not self.rows and not ended,
             bounded=self.bounded,
             next_call_at=next_call_at,
+            read_records=self.read_records,
+            read_bytes=self.read_bytes,
         )
 
 

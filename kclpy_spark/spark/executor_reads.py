@@ -485,8 +485,8 @@ class ExecutorReads:
             entry.ended = entry.ended or end.shard_ended  # a pinned read never ends it
             entry.iterator, entry.iterator_at = end.next_iterator, _continues_after(rng, end)
             entry.next_read_at = self._next_read(rng, end, now)
-            if end.rows:
-                entry.record_bytes = max(1, end.nbytes // end.rows)
+            if end.read_records:  # by the Kinesis records the Limit counts (an aggregate: one)
+                entry.record_bytes = max(1, end.read_bytes // end.read_records)
             entry.pace = 0.0 if cut_short(rng, end) else page_pace(
                 end.nbytes, min_interval=self._s.min_interval, read_rate=self._s.read_rate
             )  # fmt: skip

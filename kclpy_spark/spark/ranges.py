@@ -252,6 +252,10 @@ class RangeEnd:
     # says (0 on a full page from an emulator, or in the same millisecond). The lag itself is
     # still the shard's (a backlog reads full pages: its lag must show).
     left_behind: bool = False
+    # The Kinesis records its pages held (what GetRecords' ``Limit`` counts: a KPL aggregate is
+    # one, its sub-records ``rows``) and their bytes, those it kept or not.
+    read_records: int = 0
+    read_bytes: int = 0
 
     @property
     def pin(self) -> Pinned:
@@ -276,6 +280,8 @@ class RangeEnd:
                 "bounded": self.bounded,
                 "next_call_at": self.next_call_at,
                 "left_behind": self.left_behind,
+                "read_records": self.read_records,
+                "read_bytes": self.read_bytes,
             }
         )
 
@@ -298,6 +304,8 @@ class RangeEnd:
             error=v.get("error"),
             bounded=bool(v.get("bounded", False)),
             next_call_at=v.get("next_call_at"),
+            read_records=int(v.get("read_records", 0)),
+            read_bytes=int(v.get("read_bytes", 0)),
             left_behind=bool(v.get("left_behind", False)),
         )
 

@@ -47,8 +47,8 @@ class BatcherSettings:
     max_bytes: int = 64 * 1024 * 1024
     # Read on the executors: a lease may read a full GetRecords page (10,000 records) a round,
     # past its share of max_records, within its share of max_bytes (as its last page measured
-    # its records); false: max_records bounds a round. A config file's [sink] gets true unless it
-    # sets max_records (sink_config._defaults_for).
+    # its Kinesis records: an estimate); false: max_records bounds a round. A config file's
+    # [sink] gets true unless it sets max_records (sink_config._defaults_for).
     page_per_lease: bool = False
     # ...or when its first record has waited this long.
     max_wait: float = 5.0

@@ -256,3 +256,19 @@ def test_a_range_whose_iterator_expires_after_records_ends_with_them() -> None:
     end = read(client, rng, clock)
     assert clock.monotonic() - started < 1.0
     assert (end.rows, end.last, end.next_iterator, end.throttled) == (2, esn(12), None, 1)
+
+
+def test_a_range_reports_the_kinesis_records_and_bytes_its_pages_held_beside_its_rows() -> None:
+    """GetRecords' ``Limit`` counts Kinesis records: a KPL aggregate is one, its sub-records
+    rows. The next range of the lease is sized by bytes a Kinesis record."""
+    from kclpy_spark.retrieval.kpl_aggregate import UserRecord, aggregate
+
+    blob = aggregate([UserRecord("k", bytes(200)) for _ in range(5)])
+    records = [{"Data": blob, "PartitionKey": "k", "SequenceNumber": str(s),
+                "ApproximateArrivalTimestamp": None} for s in (20, 30)]  # fmt: skip
+    page = {"Records": records, "NextShardIterator": "it-1", "MillisBehindLatest": 0}
+    rng = ReadRange(KEY, "s", STREAM, KEY, esn(10), max_records=100, max_pages=1)
+    end = read(Client(page), rng, ManualClock())
+    assert (end.rows, end.read_records) == (10, 2)
+    assert end.read_bytes == 2 * (len(blob) + 1)  # each page record's data and partition key
+    assert RangeEnd.from_json(end.to_json()) == end

@@ -902,6 +902,29 @@ def test_leases_in_two_phases_merge_into_one_round_when_each_reads_a_full_page(
     assert reader.read_round() == 4 and planned == [{"a", "b", "c", "d"}]
 
 
+def test_a_leases_record_size_is_measured_in_the_kinesis_records_the_limit_counts() -> None:
+    """KPL aggregates of five 200-byte records: a page of 2,000 aggregates is 10,000 rows. By
+    rows a record looked 200 bytes, and the next range asked a page of aggregates five times
+    its share of the bytes (a 2.8 MB share, a 10 MB read)."""
+
+    def job(session: Any, ranges: list[ReadRange], aws: Any, **kw: Any) -> RangeRead:
+        return RangeRead(None, {r.lease_key: RangeEnd(r.lease_key, None, None, 10_000, 2_000_000,
+                                                       millis_behind_latest=60_000,
+                                                       read_records=2_000, read_bytes=2_000_000)
+                                for r in ranges})  # fmt: skip
+
+    settings = ReadSettings(max_records=100_000, page_per_lease=True)
+    reader = ExecutorReads(lambda: None, AwsTarget("us-east-1"), settings, read=job,
+                           tasks=lambda session: 1)  # fmt: skip
+    reader.start(AllSlotsFeed(), threaded=False)
+    entry = reader.register(SOURCE, lambda item: None)
+    assert reader.read_round() == 1
+    assert entry.record_bytes == 1_000
+    share = 64 * 1024 * 1024 // 24
+    rng = reader._range(entry, ReadSlot(make_lane(), None, None), leases=24, behind=24, now=0.0)
+    assert rng.max_records == max(100_000 // 24, share // 1_000)
+
+
 @pytest.mark.parametrize("cut", [True, False])
 def test_a_round_never_waits_for_leases_whose_reads_their_share_cut_short(cut: bool) -> None:
     """A page a lease allowed (``page_per_lease``), but the round's ``max_bytes`` share holds
@@ -916,7 +939,9 @@ def test_a_round_never_waits_for_leases_whose_reads_their_share_cut_short(cut: b
         planned.append({r.lease_key for r in ranges})
         return RangeRead(None, {r.lease_key: RangeEnd(r.lease_key, None, None, r.max_records,
                                                        r.max_records * 100,
-                                                       millis_behind_latest=60_000)
+                                                       millis_behind_latest=60_000,
+                                                       read_records=r.max_records,
+                                                       read_bytes=r.max_records * 100)
                                 for r in ranges})  # fmt: skip
 
     share = 5_000 if cut else 10_000  # records of 100 bytes in a lease's share of the bytes
