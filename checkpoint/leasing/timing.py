@@ -178,6 +178,14 @@ class LeaseTiming:
         return self.very_old_multiplier * self.failover
 
     @property
+    def quiet_after(self) -> float:
+        """A worker none of whose leases moved for this long is given no lease (a leader's
+        assignment, a stopping worker's handoff: ``Suspects``), killed a moment ago: a live
+        holder's counters move at most ``RENEW_AFTER`` and a round apart (0.52 of a lease
+        duration), and a quarter of a duration more allows for a slow write."""
+        return (RENEW_AFTER + 1 / ROUNDS_PER_DURATION + 0.25) * self.lease_duration
+
+    @property
     def status_max_age(self) -> float:
         """How long a worker's status record says it runs after it was written (by the writer's
         clock): two status intervals (one lease duration each) and the clock skew allowed."""

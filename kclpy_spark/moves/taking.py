@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 from checkpoint import coordination
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.lease import Lease, LeaseState
-from checkpoint.leasing.timing import RENEW_AFTER, ROUNDS_PER_DURATION
 from checkpoint.port import TableScan
 from kclpy_spark.moves.assigning import AssignmentHint, Led
 from kclpy_spark.moves.rules.assign_rule import Consumers, Suspects
@@ -36,11 +35,6 @@ if TYPE_CHECKING:
     from kclpy_spark.moves.lease_worker import LeaseWorker
 
 log = logging.getLogger(__name__)
-
-# A worker none of whose leases moved for this many lease durations is no target for a lease
-# (Suspects): a live holder's counters move at most RENEW_AFTER + a round apart (0.52), and a
-# quarter more allows for a slow write.
-QUIET_AFTER = RENEW_AFTER + 1 / ROUNDS_PER_DURATION + 0.25
 
 CLOCK_WARNING_EVERY = 600.0  # seconds between two warnings of one worker's clock
 CLOCK_MARGIN = 0.5  # seconds past max_clock_skew before a clock is said to run ahead
@@ -66,7 +60,7 @@ class Taker:
         self._status_written: dict[str, float] = {}  # ours of them (status records) -> when
         # Workers seen to stop renewing whose status has not been written since (dead, or
         # stalled): never handed a lease, nor counted in our share, until it is.
-        self.suspects = Suspects(quiet_after=QUIET_AFTER * worker.timing.lease_duration)
+        self.suspects = Suspects(quiet_after=worker.timing.quiet_after)
         self.cpu = FleetCpu({})  # their CPU figures (the load rule's), from the same scan
         self.consumes = Consumers({})  # which of them consume which streams, from the same scan
         self.hint = AssignmentHint()
