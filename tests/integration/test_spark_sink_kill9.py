@@ -66,20 +66,34 @@ def worker_toml(stream: str, endpoint: str, db: Path) -> str:
 
 
 def wait_for(
-    condition: Any, timeout: float, what: str, proc: subprocess.Popen[bytes], log: Path
+    condition: Any,
+    timeout: float,
+    what: str,
+    proc: subprocess.Popen[bytes],
+    log: Path,
+    progress: Any = None,
 ) -> None:
-    deadline = time.monotonic() + timeout
+    """Poll ``condition`` until true. With ``progress`` (a callable whose value changes as work
+    gets done), ``timeout`` counts from the last change, up to four times ``timeout`` in all: a
+    stalled worker fails as before, a slow one on a loaded machine is waited for."""
+    start = last_change = time.monotonic()
+    seen = progress() if progress else None
     while not condition():
         if proc.poll() is not None:
             raise AssertionError(
                 f"worker exited ({proc.returncode}) before {what}:\n"
                 + log.read_text(errors="replace")[-4000:]
             )
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if progress is not None and (value := progress()) != seen:
+            seen, last_change = value, now
+        if now - last_change > timeout or now - start > 4 * timeout:
             raise AssertionError(
-                f"timed out waiting for {what}:\n" + log.read_text(errors="replace")[-4000:]
+                f"timed out waiting for {what} ({now - start:.0f} s, progress {seen}, last "
+                f"change {now - last_change:.0f} s ago):\n"
+                + log.read_text(errors="replace")[-4000:]
             )
-        time.sleep(0.3)
+        time.sleep(0.3 if progress is None else 1.0)
 
 
 def delta_sequences(path: Path) -> dict[str, list[str]]:
@@ -104,6 +118,14 @@ def _all_in_both(out: Path, produced: dict[str, list[str]]) -> bool:
     return all(
         set(seqs) <= set(p.get(s, [])) and set(seqs) <= set(d.get(s, []))
         for s, seqs in produced.items()
+    )
+
+
+def _in_both(out: Path) -> tuple[int, int]:
+    """How many records the Parquet output and the Delta table hold (progress while waiting)."""
+    return (
+        sum(map(len, written(out).values())),
+        sum(map(len, delta_sequences(out / "delta").values())),
     )
 
 
@@ -148,7 +170,8 @@ def test_kill9_during_a_write_then_restart_loses_nothing_and_duplicates_nothing(
         second = start_worker(config, out, log, None)
         try:
             wait_for(lambda: _all_in_both(out, produced), 150,
-                     "every record in Parquet and Delta", second, log)  # fmt: skip
+                     "every record in Parquet and Delta", second, log,
+                     progress=lambda: _in_both(out))  # fmt: skip
         finally:
             os.killpg(second.pid, signal.SIGTERM)  # graceful: flush, checkpoint, release
             assert second.wait(60) == 0, log.read_text(errors="replace")[-4000:]
@@ -226,7 +249,8 @@ def test_kill9_with_a_later_batch_written_before_an_earlier_one_reforms_both_exa
                 got = written(out)
                 return all(set(seqs) <= set(got.get(s, [])) for s, seqs in produced.items())
 
-            wait_for(all_written, 150, "every record in Parquet", second, log)
+            wait_for(all_written, 150, "every record in Parquet", second, log,
+                     progress=lambda: _in_both(out))  # fmt: skip
         finally:
             os.killpg(second.pid, signal.SIGTERM)  # graceful: flush, checkpoint, release
             assert second.wait(60) == 0, log.read_text(errors="replace")[-4000:]
@@ -292,7 +316,8 @@ def test_kill9_between_two_sinks_then_restart_each_sink_gets_every_record(
                     set(seqs) <= set(got.get(s, [])) for s, seqs in produced.items()
                 )
 
-            wait_for(all_in_both, 150, "every record in both sinks", second, log)
+            wait_for(all_in_both, 150, "every record in both sinks", second, log,
+                     progress=lambda: (_in_both(out), _noted(notes)))  # fmt: skip
         finally:
             os.killpg(second.pid, signal.SIGTERM)
             assert second.wait(60) == 0, log.read_text(errors="replace")[-4000:]
@@ -410,7 +435,8 @@ def test_kill9_with_the_built_in_sinks_at_their_defaults_writes_each_record_once
         last = start_worker(config, out, log, None)
         try:
             wait_for(lambda: _all_in_both(out, produced), 150,
-                     "every record in Parquet and Delta", last, log)  # fmt: skip
+                     "every record in Parquet and Delta", last, log,
+                     progress=lambda: _in_both(out))  # fmt: skip
         finally:
             os.killpg(last.pid, signal.SIGTERM)
             assert last.wait(60) == 0, log.read_text(errors="replace")[-4000:]
