@@ -795,6 +795,12 @@ def runtime_env(p: int, shim: bool) -> dict[str, str]:
         for k, v in os.environ.items()
         if k not in dropped and not k.startswith("AWS_ENDPOINT_URL")
     }
+    # The test suite's options for its short-lived JVMs (scripts/_test_jvm.sh), not for ours.
+    test_options = env.get("KCLPY_SPARK_TEST_JAVA_OPTIONS", "")
+    if test_options and "JDK_JAVA_OPTIONS" in env:
+        kept = env.pop("JDK_JAVA_OPTIONS").replace(test_options, "").strip()
+        if kept:
+            env["JDK_JAVA_OPTIONS"] = kept
     env.update(
         PATH=f"{VENV / 'bin'}{os.pathsep}{env.get('PATH', '')}",
         OVERRIDE_IN_DOCKER="0",  # this sandbox has /.dockerenv; LocalStack must act as on a host
