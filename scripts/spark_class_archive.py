@@ -19,13 +19,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _work(folder: Path, archive: Path) -> None:
+def _work(folder: Path, archive: Path) -> int:
     import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
     from kclpy_spark.spark.session import SparkSessionHolder
 
     # The driver's own option (the launcher JVM that spark-submit runs first must not dump).
-    conf = {"spark.driver.extraJavaOptions": f"-XX:ArchiveClassesAtExit={archive}"}
+    conf = {"spark.driver.extraJavaOptions": f'-XX:ArchiveClassesAtExit="{archive}"'}
     holder = SparkSessionHolder("local[2]", conf=conf)
     spark = holder.session()
     try:
@@ -43,19 +43,20 @@ def _work(folder: Path, archive: Path) -> None:
         spark.read.parquet(str(folder / "out0")).groupBy("s").count().collect()
     finally:
         holder.stop()
-        _wait_for_jvm_exit()
+    return _wait_for_jvm_exit()
 
 
-def _wait_for_jvm_exit() -> None:
-    """The driver JVM writes the archive as it exits, which it does once its stdin closes."""
+def _wait_for_jvm_exit() -> int:
+    """The driver JVM writes the archive as it exits, which it does once its stdin closes;
+    returns its exit status (an archive of a JVM that failed is not used)."""
     from pyspark import SparkContext
 
     proc = getattr(SparkContext._gateway, "proc", None)
     if proc is None:
-        return
+        return 1
     if proc.stdin is not None:
         proc.stdin.close()
-    proc.wait(timeout=300)
+    return int(proc.wait(timeout=300))
 
 
 def main(argv: list[str]) -> int:
@@ -67,9 +68,9 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT))
     with tempfile.TemporaryDirectory(prefix=".cds-", dir=target.parent) as tmp:
         partial = Path(tmp) / "spark.jsa"
-        _work(Path(tmp), partial)
-        if not partial.exists():
-            print(f"spark_class_archive: the JVM wrote no archive to {partial}", file=sys.stderr)
+        status = _work(Path(tmp), partial)
+        if status != 0 or not partial.exists():
+            print(f"spark_class_archive: no archive (JVM exit status {status})", file=sys.stderr)
             return 1
         os.replace(partial, target)
     return 0

@@ -75,8 +75,8 @@ def test_py4j_objects_stay_bounded_over_many_batches(
     counts = _write_batches(holder, tmp_path, 32)
     assert garbage.collections == 3
     # After the first cycle of eight frames the count never rises above that cycle's peak. (The
-    # count is process-wide: the threads alive are named in case another test's thread made
-    # JavaObjects meanwhile; seen once in CI with three Spark-heavy files at a time.)
+    # count is process-wide: the threads alive are named in case a thread an earlier test in
+    # this process left behind made JavaObjects meanwhile; failed once in a CI trial.)
     threads = sorted(t.name for t in threading.enumerate())
     assert max(counts[8:]) <= max(counts[:8]), (counts, threads)
 
