@@ -9,7 +9,7 @@
 if [ "${KCLPY_SPARK_TEST_JVM:-fast}" != default ]; then
   # The key: the JDK and every Spark jar as installed (CDS refuses a jar of another size or time).
   _jvm_key="$({ env -u JDK_JAVA_OPTIONS -u JAVA_TOOL_OPTIONS java -version 2>&1; echo "${JAVA_HOME:-}"; command -v java
-                python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))' | xargs -I{} sh -c 'stat -c "%n %s %Y" {}/jars/*'
+                stat -c "%n %s %Y" "$(python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')"/jars/*
               } | sha256sum | cut -c1-16)" || true
   _jvm_archive="$ROOT/.cache/spark-classes-$_jvm_key.jsa"
   if [ ! -f "$_jvm_archive" ]; then
