@@ -159,8 +159,11 @@ def test_worker_processes_everything_across_a_split_and_shuts_down_cleanly(
             "child started before its parent ended"
         )
     leases = result["leases"]
-    assert leases[parent].checkpoint.is_shard_end
-    assert set(leases[parent].child_shard_ids) >= set(children)
+    if parent in leases:
+        assert leases[parent].checkpoint.is_shard_end
+        assert set(leases[parent].child_shard_ids) >= set(children)
+    else:  # the audit deleted it already: allowed only once every child's lease has started
+        assert all(child in leases and leases[child].started for child in children), leases
     # Graceful shutdown: processors were asked, leases released.
     from checkpoint.stores.sqlite import SQLiteLeaseTable
 
