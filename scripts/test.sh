@@ -6,9 +6,22 @@
 # timers, not on the CPU; at most two run a CPU-heavy file at once (tests/conftest.py, CPU_HEAVY).
 # KCLPY_SPARK_TEST_WORKERS=0 runs everything in one process.
 # Test JVMs start cheaper: scripts/_test_jvm.sh.
-source "$(dirname "$0")/_venv.sh"
-python localstack/lsctl.py install
-source "$ROOT/scripts/_browser.sh"
-source "$ROOT/scripts/_promtool.sh"
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+# What the project's own install does not need runs beside it (a fresh machine's minute or two;
+# nothing once installed): LocalStack's install (its own virtualenv and npm packages), and apt's
+# chromium and promtool for two tests. Each is waited for before pytest starts.
+BESIDE=()
+trap 'kill "${BESIDE[@]}" 2>/dev/null || true' EXIT
+if LSCTL_PYTHON="$(command -v python3)"; then
+  "$LSCTL_PYTHON" "$ROOT/localstack/lsctl.py" install & BESIDE+=($!)
+fi
+(source "$ROOT/scripts/_browser.sh"; source "$ROOT/scripts/_promtool.sh") & BESIDE+=($!)
+source "$ROOT/scripts/_venv.sh"
 source "$ROOT/scripts/_test_jvm.sh"
+for pid in "${BESIDE[@]}"; do
+  wait "$pid" || { echo "kclpy-spark: an install step failed (its lines above)" >&2; exit 2; }
+done
+trap - EXIT
+[ -n "${LSCTL_PYTHON:-}" ] || python localstack/lsctl.py install
 exec python -m pytest -n "${KCLPY_SPARK_TEST_WORKERS:-3}" --dist loadfile "$@"

@@ -204,13 +204,17 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 # The files that take longest (a minute or more of one test process, from the durations every run
-# prints), started first: the three test processes (one file each at a time) then finish about
-# together instead of one running a long file alone at the end. Order only; nothing is skipped.
+# prints; CPU-heavy ones first, though the order only matters within each kind: heavy_slots.py),
+# started first: the test processes then finish about together instead of one running a long
+# file alone at the end. Order only; nothing is skipped.
 LONGEST_FIRST = (
-    "test_readstream_kill9.py", "test_executor_chaos.py", "test_chaos.py",
-    "test_spark_sink_kill9.py", "test_executor_reads.py", "test_leader_failover.py",
-    "test_bad_input_running.py", "test_demo.py", "test_faults.py", "test_kcl_rs_fleet.py",
-    "test_readstream_leases.py", "test_cluster_read_executors.py", "test_worker_fleet.py",
+    "test_spark_sink_kill9.py", "test_executor_reads.py", "test_core_install.py",
+    "test_spark_sink_e2e.py", "test_cluster_read_executors.py", "test_readstream_kill9.py",
+    "test_executor_chaos.py", "test_readstream.py", "test_readstream_leases.py",
+    "test_until_caught_up.py",
+    "test_faults.py", "test_leader_failover.py", "test_chaos.py", "test_worker_fleet.py",
+    "test_bad_input_running.py", "test_kcl_rs_fleet.py", "test_demo.py", "test_operations.py",
+    "test_lease_table_contract.py",
 )  # fmt: skip
 
 
@@ -228,6 +232,19 @@ CPU_HEAVY = frozenset({
     "test_spark_sink_local.py", "test_until_caught_up.py",
 })  # fmt: skip
 CPU_HEAVY_SLOTS = 2
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` that hands out a heavy file whenever a slot is free, else a light one
+    (``heavy_slots.py``): no test process waits on a slot while light files are left."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from heavy_slots import HeavySlotScheduling
+
+    return HeavySlotScheduling(
+        config, log, is_heavy=lambda scope: Path(scope).name in CPU_HEAVY, slots=CPU_HEAVY_SLOTS
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)
