@@ -4,7 +4,8 @@ while it runs: ``tests/conftest.py``). With xdist's own order a process given a 
 while both slots were taken sat waiting for one, minutes in a run, while light files were
 left; here a process that asks for work gets the first heavy file in line while fewer than
 ``slots`` are out, and otherwise the first light one (a heavy one once no light one is left:
-it then waits on the lock, as before). Files keep the collection's order within each kind."""
+it then waits on the lock, as before). Files keep the collection's order within each kind
+(``scripts/test.sh`` passes ``--no-loadscope-reorder``: xdist would sort them by test count)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,15 @@ class HeavySlotScheduling(LoadFileScheduling):
             for node, work in self.assigned_work.items()
             if node is not asking
         )
+
+    def remove_node(self, node: Any) -> str | None:
+        """A test process that died: its unfinished files go back in line, not the ones it
+        finished (xdist puts back all; handed out again first here, a finished file sends the
+        asking process nothing, and it never asks again: the run hung)."""
+        work = self.assigned_work.get(node, {})
+        for scope in [scope for scope, tests in work.items() if all(tests.values())]:
+            del work[scope]
+        return super().remove_node(node)
 
     def _assign_work_unit(self, node: Any) -> None:
         want_heavy = self.heavy_out(node) < self._slots

@@ -19,7 +19,7 @@ class FakeProcess:
         self.sent.append(indices)
 
 
-FILES = ("heavy_a.py", "light_a.py", "heavy_b.py", "heavy_c.py", "light_b.py")
+FILES = ("heavy_a.py", "light_a.py", "heavy_b.py", "heavy_c.py", "light_b.py", "light_c.py")
 
 
 def scheduler(processes: list[FakeProcess]) -> HeavySlotScheduling:
@@ -30,6 +30,7 @@ def scheduler(processes: list[FakeProcess]) -> HeavySlotScheduling:
     sched.registered_collections = {p: collection for p in processes}
     sched._is_heavy = lambda scope: scope.startswith("heavy")
     sched._slots = 2
+    sched.log = lambda *args: None
     return sched
 
 
@@ -67,20 +68,32 @@ def test_a_process_holding_no_slot_gets_a_light_file_though_heavy_ones_wait() ->
     sched, (_, _, three) = started()
     finish(sched, three, "light_a.py")
     assert given(sched, three) == "light_b.py"
-    assert list(sched.workqueue) == ["heavy_c.py"]
+    assert list(sched.workqueue) == ["heavy_c.py", "light_c.py"]
 
 
-def test_a_slot_freed_goes_to_the_next_process_that_asks() -> None:
+def test_a_finished_heavy_file_frees_its_slot_for_the_next_process_that_asks() -> None:
     sched, (one, two, three) = started()
-    finish(sched, one, "heavy_a.py")
+    finish(sched, three, "light_a.py", left=1)
+    assert given(sched, three) == "light_b.py"  # both slots held
+    finish(sched, two, "heavy_b.py")  # two finished, and has not asked yet
+    finish(sched, three, "light_a.py")
+    finish(sched, three, "light_b.py", left=1)
+    assert given(sched, three) == "heavy_c.py"  # two's slot is free: three takes it
+    finish(sched, one, "heavy_a.py", left=1)
+    assert given(sched, one) == "light_c.py"
+
+
+def test_the_files_of_a_process_that_died_go_back_in_line_unless_finished() -> None:
+    sched, (one, _, three) = started()
+    finish(sched, one, "heavy_a.py", left=2)
     assert given(sched, one) == "heavy_c.py"
-    finish(sched, one, "heavy_c.py")
-    assert given(sched, one) == "light_b.py"  # no heavy file left
-    finish(sched, two, "heavy_b.py")
-    sched.workqueue["heavy_d.py"] = {"heavy_d.py::t0": False}
-    for p in (one, two, three):
-        sched.registered_collections[p] = [*sched.registered_collections[p], "heavy_d.py::t0"]
-    assert given(sched, three) == "heavy_d.py"  # only a light file and a finished one are out
+    finish(sched, one, "heavy_a.py")
+    finish(sched, one, "heavy_c.py", left=1)
+    assert sched.remove_node(one) == "heavy_c.py::t2"  # the test it died in
+    assert "heavy_c.py" in sched.workqueue
+    assert "heavy_a.py" not in sched.workqueue  # finished: never sent again (nothing to run)
+    assert given(sched, three) == "heavy_c.py"  # one's slot is free
+    assert three.sent[-1] == [11]  # only its test left to run
 
 
 def test_with_no_light_file_left_a_heavy_one_is_given_and_waits_for_its_slot() -> None:
@@ -88,6 +101,8 @@ def test_with_no_light_file_left_a_heavy_one_is_given_and_waits_for_its_slot() -
     finish(sched, three, "light_a.py")
     assert given(sched, three) == "light_b.py"
     finish(sched, three, "light_b.py")
+    assert given(sched, three) == "light_c.py"
+    finish(sched, three, "light_c.py")
     assert given(sched, three) == "heavy_c.py"  # both slots held: its lock waits
 
 
