@@ -49,6 +49,61 @@ def _start_localstack() -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
+def _warm_up(endpoint: str) -> None:
+    """A few rounds of the calls the tests make most, on a LocalStack just started: its DynamoDB
+    Local is a JVM, and its first calls took over a second while Spark JVMs started beside it (a
+    worker with a 3 s failover time, its calls 0.5 s each, once gave up opening its table)."""
+    import boto3
+
+    kwargs: dict[str, Any] = dict(
+        endpoint_url=endpoint, region_name=REGION, aws_access_key_id="test",
+        aws_secret_access_key="test",
+    )  # fmt: skip
+    dynamodb = boto3.client("dynamodb", **kwargs)
+    kinesis = boto3.client("kinesis", **kwargs)
+    name = f"warm-up-{uuid.uuid4().hex[:8]}"
+    dynamodb.create_table(
+        TableName=name, BillingMode="PAY_PER_REQUEST",
+        KeySchema=[{"AttributeName": "k", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "k", "AttributeType": "S"}],
+    )  # fmt: skip
+    kinesis.create_stream(StreamName=name, ShardCount=1)
+    try:
+        for i in range(30):
+            key = {"k": {"S": f"k{i % 3}"}}
+            dynamodb.put_item(TableName=name, Item={**key, "n": {"N": str(i)}})
+            dynamodb.update_item(
+                TableName=name, Key=key, UpdateExpression="SET n = n + :one",
+                ConditionExpression="attribute_exists(k)",
+                ExpressionAttributeValues={":one": {"N": "1"}},
+            )  # fmt: skip
+            dynamodb.get_item(TableName=name, Key=key, ConsistentRead=True)
+            dynamodb.scan(TableName=name)
+            dynamodb.describe_table(TableName=name)
+        for _ in range(100):
+            if (
+                kinesis.describe_stream_summary(StreamName=name)["StreamDescriptionSummary"][
+                    "StreamStatus"
+                ]
+                == "ACTIVE"
+            ):
+                break
+            time.sleep(0.1)
+        shard = kinesis.list_shards(StreamName=name)["Shards"][0]["ShardId"]
+        for i in range(10):
+            kinesis.put_record(StreamName=name, Data=b"x", PartitionKey=str(i))
+        iterator = kinesis.get_shard_iterator(
+            StreamName=name, ShardId=shard, ShardIteratorType="TRIM_HORIZON"
+        )["ShardIterator"]
+        for _ in range(10):
+            iterator = kinesis.get_records(ShardIterator=iterator)["NextShardIterator"]
+    finally:
+        with contextlib.suppress(Exception):
+            dynamodb.delete_table(TableName=name)
+        with contextlib.suppress(Exception):
+            kinesis.delete_stream(StreamName=name, EnforceConsumerDeletion=True)
+
+
 def _stop_localstack() -> None:
     subprocess.run([sys.executable, str(LSCTL), "stop"], check=False, capture_output=True)
 
@@ -87,6 +142,7 @@ def localstack_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
             if not _healthy(endpoint):
                 endpoint = _start_localstack()
                 (shared / STARTED_MARK).write_text(endpoint)
+                _warm_up(endpoint)
         yield endpoint
         return
     if _healthy(endpoint):
@@ -95,6 +151,7 @@ def localstack_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
         yield endpoint
         return
     endpoint = _start_localstack()
+    _warm_up(endpoint)
     try:
         yield endpoint
     finally:
