@@ -4,8 +4,11 @@ while it runs: ``tests/conftest.py``). With xdist's own order a process given a 
 while both slots were taken sat waiting for one, minutes in a run, while light files were
 left; here a process that asks for work gets the first heavy file in line while fewer than
 ``slots`` are out, and otherwise the first light one (a heavy one once no light one is left:
-it then waits on the lock, as before). Files keep the collection's order within each kind
-(``scripts/test.sh`` passes ``--no-loadscope-reorder``: xdist would sort them by test count)."""
+it then waits on the lock, as before). Within each kind files keep xdist's order: most tests
+first, and among files with as many tests the collection's (``LONGEST_FIRST`` in conftest).
+Without xdist's reordering (``--no-loadscope-reorder``, longest files first) pytest took 710-745 s
+instead of 850-880 s on 2026-12-07, but ran the unit tests beside the Spark files and two tests
+failed under that load, one each run: not the default until those are understood."""
 
 from __future__ import annotations
 
