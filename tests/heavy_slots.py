@@ -7,8 +7,9 @@ left; here a process that asks for work gets the first heavy file in line while 
 it then waits on the lock, as before). Within each kind files keep xdist's order: most tests
 first, and among files with as many tests the collection's (``LONGEST_FIRST`` in conftest).
 Without xdist's reordering (``--no-loadscope-reorder``, longest files first) pytest took 710-745 s
-instead of 850-880 s on 2026-12-07, but ran the unit tests beside the Spark files and two tests
-failed under that load, one each run: not the default until those are understood."""
+instead of 850-880 s on 2026-12-07, but one test failed in each of those two runs (a cold
+LocalStack at the start, now warmed up; test_micro_batcher's prepare_seconds test, not
+understood): not the default until the second is."""
 
 from __future__ import annotations
 
