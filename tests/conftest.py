@@ -49,18 +49,24 @@ def _start_localstack() -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
+def _client_kwargs(endpoint: str) -> dict[str, Any]:
+    """Keyword arguments that point a boto3/aiobotocore client at the LocalStack at ``endpoint``."""
+    return {
+        "endpoint_url": endpoint,
+        "region_name": REGION,
+        "aws_access_key_id": "test",
+        "aws_secret_access_key": "test",
+    }
+
+
 def _warm_up(endpoint: str) -> None:
     """A few rounds of the calls the tests make most, on a LocalStack just started: its DynamoDB
     Local is a JVM, and its first calls took over a second while Spark JVMs started beside it (a
     worker with a 3 s failover time, its calls 0.5 s each, once gave up opening its table)."""
     import boto3
 
-    kwargs: dict[str, Any] = dict(
-        endpoint_url=endpoint, region_name=REGION, aws_access_key_id="test",
-        aws_secret_access_key="test",
-    )  # fmt: skip
-    dynamodb = boto3.client("dynamodb", **kwargs)
-    kinesis = boto3.client("kinesis", **kwargs)
+    dynamodb = boto3.client("dynamodb", **_client_kwargs(endpoint))
+    kinesis = boto3.client("kinesis", **_client_kwargs(endpoint))
     name = f"warm-up-{uuid.uuid4().hex[:8]}"
     dynamodb.create_table(
         TableName=name, BillingMode="PAY_PER_REQUEST",
@@ -80,15 +86,9 @@ def _warm_up(endpoint: str) -> None:
             dynamodb.get_item(TableName=name, Key=key, ConsistentRead=True)
             dynamodb.scan(TableName=name)
             dynamodb.describe_table(TableName=name)
-        for _ in range(100):
-            if (
-                kinesis.describe_stream_summary(StreamName=name)["StreamDescriptionSummary"][
-                    "StreamStatus"
-                ]
-                == "ACTIVE"
-            ):
-                break
-            time.sleep(0.1)
+        kinesis.get_waiter("stream_exists").wait(
+            StreamName=name, WaiterConfig={"Delay": 0.1, "MaxAttempts": 100}
+        )
         shard = kinesis.list_shards(StreamName=name)["Shards"][0]["ShardId"]
         for i in range(10):
             kinesis.put_record(StreamName=name, Data=b"x", PartitionKey=str(i))
@@ -174,12 +174,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 @pytest.fixture(scope="session")
 def aws_client_kwargs(localstack_endpoint: str) -> dict[str, Any]:
     """Keyword arguments that point a boto3/aiobotocore client at LocalStack."""
-    return {
-        "endpoint_url": localstack_endpoint,
-        "region_name": REGION,
-        "aws_access_key_id": "test",
-        "aws_secret_access_key": "test",
-    }
+    return _client_kwargs(localstack_endpoint)
 
 
 @pytest.fixture(scope="session")
