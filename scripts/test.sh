@@ -28,4 +28,5 @@ for pid in "${BESIDE[@]}"; do
 done
 trap - EXIT
 [ -n "$LSCTL_PYTHON" ] || python localstack/lsctl.py install
-exec python -m pytest -n "${KCLPY_SPARK_TEST_WORKERS:-3}" --dist loadfile "$@"
+# Files in the order tests/conftest.py gives them (xdist would sort them by test count).
+exec python -m pytest -n "${KCLPY_SPARK_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@"

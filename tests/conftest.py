@@ -256,9 +256,9 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 # The files that take longest (a minute or more of one test process, from the durations every run
-# prints). xdist hands out files with the most tests first (its loadscope reordering); among
-# files with as many tests (most of these have one) this order holds, and the heavy ones are
-# handed out as slots free up (heavy_slots.py). Order only; nothing is skipped.
+# prints; CPU-heavy ones first, though the order only matters within each kind: heavy_slots.py),
+# started first: the test processes then finish about together instead of one running a long
+# file alone at the end. Order only; nothing is skipped.
 LONGEST_FIRST = (
     "test_spark_sink_kill9.py", "test_executor_reads.py", "test_core_install.py",
     "test_spark_sink_e2e.py", "test_cluster_read_executors.py", "test_readstream_kill9.py",

@@ -4,12 +4,12 @@ while it runs: ``tests/conftest.py``). With xdist's own order a process given a 
 while both slots were taken sat waiting for one, minutes in a run, while light files were
 left; here a process that asks for work gets the first heavy file in line while fewer than
 ``slots`` are out, and otherwise the first light one (a heavy one once no light one is left:
-it then waits on the lock, as before). Within each kind files keep xdist's order: most tests
-first, and among files with as many tests the collection's (``LONGEST_FIRST`` in conftest).
-Without xdist's reordering (``--no-loadscope-reorder``, longest files first) pytest took 710-745 s
-instead of 850-880 s on 2026-12-07, but one test failed in each of those two runs (a cold
-LocalStack at the start, now warmed up; test_micro_batcher's prepare_seconds test, not
-understood): not the default until the second is."""
+it then waits on the lock, as before). Files keep the collection's order within each kind,
+longest first (``LONGEST_FIRST`` in conftest; ``scripts/test.sh`` passes
+``--no-loadscope-reorder``, or xdist would sort them by test count): pytest took 710-745 s
+instead of 850-880 s on 2026-12-07. That order runs unit tests beside the Spark files; the two
+that failed under that load had met a cold DynamoDB Local (now warmed up) or raced their own
+threads (mended)."""
 
 from __future__ import annotations
 
