@@ -6,7 +6,10 @@ finds the ``kinesis-kcl`` readStream source registered by its module's name alon
 
 pip resolves ``[spark]`` for real in the second one, but the Spark packages themselves (pyspark,
 pyarrow, pandas and what they need, ~700 MB) are linked from the test's own virtualenv rather
-than unpacked again: that copy would cost CI a minute and tests nothing of ours."""
+than unpacked again: that copy would cost CI a minute and tests nothing of ours. Each virtualenv
+is made without pip of its own, this virtualenv's pip installing into it (``--python``), and
+nothing is byte-compiled: ensurepip and compiling botocore were two thirds of the core install's
+time, and neither is anything of ours."""
 
 from __future__ import annotations
 
@@ -56,12 +59,23 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return next(work.glob("kclpy_spark-*.whl"))
 
 
+def _venv(work: Path) -> Path:
+    """A fresh virtualenv without pip (this one's installs into it: ``_pip_install``)."""
+    _sh(sys.executable, "-m", "venv", "--without-pip", work / "venv", cwd=work)
+    return work / "venv"
+
+
+def _pip_install(venv: Path, requirement: str | Path, cwd: Path) -> None:
+    _sh(sys.executable, "-m", "pip", "--python", venv / "bin/python", "install", "-q",
+        "--no-compile", requirement, cwd=cwd)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def core_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("core-install")
-    _sh(sys.executable, "-m", "venv", work / "venv", cwd=work)
-    _sh(work / "venv/bin/python", "-m", "pip", "install", "-q", wheel, cwd=work)
-    return work / "venv"
+    venv = _venv(work)
+    _pip_install(venv, wheel, work)
+    return venv
 
 
 def _spark_closure() -> set[str]:
@@ -89,15 +103,15 @@ def spark_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     import sysconfig
 
     work = tmp_path_factory.mktemp("spark-install")
-    _sh(sys.executable, "-m", "venv", work / "venv", cwd=work)
+    venv = _venv(work)
     here = Path(sysconfig.get_paths()["purelib"])
-    there = next((work / "venv/lib").glob("python3*/site-packages"))
+    there = next((venv / "lib").glob("python3*/site-packages"))
     for name in _spark_closure():
         files = md.distribution(name).files or []
         for top in {str(f).split("/")[0] for f in files} - {"..", "__pycache__"}:
             (there / top).symlink_to(here / top)
-    _sh(work / "venv/bin/python", "-m", "pip", "install", "-q", f"{wheel}[spark]", cwd=work)
-    return work / "venv"
+    _pip_install(venv, f"{wheel}[spark]", work)
+    return venv
 
 
 def test_the_core_install_runs_readmes_processor_without_spark(
