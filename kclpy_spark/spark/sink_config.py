@@ -60,6 +60,9 @@ _FUNCTION = re.compile(r"^[\w.]+:[\w.]+$")
 # with one that competes for its two cores (bench/results/history.md "Two writers by default").
 DEFAULT_WRITERS = 2
 READ_ON = ("driver", "executors")
+# The shortest txn id retention: a lease's pending batch is re-formed by its next owner within a
+# failover, or by the same worker at its restart; a day covers a fleet down overnight.
+MIN_TXN_RETENTION_DAYS = 1.0
 # The default ``batching``: replaced in __post_init__ by the defaults of the sink's kind.
 _BY_SINK = BatcherSettings()
 
@@ -132,6 +135,10 @@ class SinkConfig:
     # The Delta sink's txn appId prefix (idempotent writes per lease); each id is
     # <prefix>:<application_name>:<lease key>.
     delta_app_id_prefix: str = "kclpy-spark"
+    # Days a lease's Delta txn id stays in a table the sink creates after its last write (Delta's
+    # delta.setTransactionRetentionDuration): the ids of ended leases then leave it. Unset: kept
+    # for ever. A batch re-formed from a pending checkpoint later than this is written again.
+    delta_txn_retention_days: float | None = None
     # Where records are read: "driver" (the worker's own process) or "executors" (Spark tasks).
     read_on: str = "driver"
     # Several sinks ([[sinks]]): each batch goes to all of them; then ``sink`` is left empty.
@@ -226,6 +233,12 @@ def _check(cfg: SinkConfig) -> None:
         raise ConfigError(f"config 'max_wait' must be > 0, got {cfg.batching.max_wait}")
     if not cfg.shutdown_timeout > 0:
         raise ConfigError(f"config 'shutdown_timeout' must be > 0, got {cfg.shutdown_timeout}")
+    days = cfg.delta_txn_retention_days
+    if days is not None and not days >= MIN_TXN_RETENTION_DAYS:
+        raise ConfigError(
+            f"config 'delta_txn_retention_days' must be >= {MIN_TXN_RETENTION_DAYS} (a batch "
+            f"re-formed after it is written again), got {days}"
+        )
     if cfg.read_on not in READ_ON:
         raise ConfigError(
             f"config 'read_on' must be one of {', '.join(READ_ON)}, got {cfg.read_on!r}"

@@ -56,6 +56,7 @@ def load_sink(cfg: SinkConfig, spec: SinkSpec | None = None, application: str = 
             spec.path,
             app_id_prefix=":".join(p for p in (cfg.delta_app_id_prefix, application) if p),
             via_spark=cfg.value_schema is not None,
+            txn_retention_days=cfg.delta_txn_retention_days,
         )
     return _user_sink(spec.sink)
 

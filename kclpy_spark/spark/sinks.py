@@ -19,7 +19,11 @@ never written twice even when it comes back in a batch of another composition:
   daemon's prefix names its application: ``<delta_app_id_prefix>:<application_name>``), version
   = the lease's previous version + 1, chosen in ``prepare`` and stored with the pending checkpoint,
   so a replayed piece finds its version already committed and is skipped. One batch of a lease
-  is in flight at a time (``ordered_per_lease``): versions must commit in order.
+  is in flight at a time (``ordered_per_lease``): versions must commit in order. Each transaction
+  carries its commit time; with ``txn_retention_days`` the table the sink creates gets Delta's
+  ``delta.setTransactionRetentionDuration``, so the ids of leases gone (a reshard's parents)
+  leave it instead of staying for ever. A lease's id then lasts that long after its last write:
+  a piece re-formed from a pending checkpoint later than that is written again.
 * ``DeadLetterDirectory(path)``: a failed batch as ``batch-<id>[-<sink>].parquet`` (pyarrow),
   with the error and the pieces in the file's metadata; the file and the folder are fsynced before
   the batch counts as handled (its checkpoint moves after that).
@@ -35,7 +39,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -261,6 +265,15 @@ class _TableCopy:
         self._updates = DELTA_TABLE_UPDATES
 
 
+# The table property that expires application transactions (Delta's protocol; delta-rs honours
+# it when reading a table: an id whose last commit is older is read as never committed).
+TXN_RETENTION = "delta.setTransactionRetentionDuration"
+
+
+def txn_retention_value(days: float) -> str:
+    return f"interval {round(days * 86_400)} seconds"
+
+
 def _version(table: Any, app_id: str) -> int:
     """The app id's last version committed in ``table`` (None: no table; 0: none)."""
     return 0 if table is None else int(table.transaction_version(app_id) or 0)
@@ -280,11 +293,19 @@ class DeltaSink:
         storage_options: Mapping[str, str] | None = None,
         partition_by: Sequence[str] | None = None,
         via_spark: bool = False,
+        txn_retention_days: float | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         """``via_spark``: write ``batch.dataframe(...)`` (decoded) converted to Arrow instead of
-        the raw record columns."""
+        the raw record columns. ``txn_retention_days``: the transaction ids' retention in a table
+        this sink creates (None: kept for ever); ``wall_clock``: the commit time they carry."""
         self.path = str(path)
         self._prefix = app_id_prefix
+        self._retention = (
+            None if txn_retention_days is None else txn_retention_value(txn_retention_days)
+        )
+        self._wall_clock = wall_clock
+        self._retention_checked = False
         self._options = dict(storage_options) if storage_options else None
         self._partition_by = list(partition_by) if partition_by else None
         self._via_spark = via_spark
@@ -304,10 +325,32 @@ class DeltaSink:
         with self._lock:
             try:
                 table = self._shared.current()
+                self._check_retention(table)
                 return {key: _version(table, self.app_id(key)) for key in lease_keys}
             except BaseException:
                 self._shared.stale()
                 raise
+
+    def _check_retention(self, table: Any) -> None:
+        """Once: a retention configured for a table made before (by another tool, or before it
+        was configured) is not set by this sink; say so, and how to set it."""
+        if self._retention is None or table is None or self._retention_checked:
+            return
+        self._retention_checked = True
+        found = table.metadata().configuration.get(TXN_RETENTION)
+        if found != self._retention:
+            log.warning(
+                "Delta table %s has %s = %r, not the configured %r (set only on a table this "
+                "sink creates): set it with DeltaTable(path).alter.set_table_properties(...)",
+                self.path, TXN_RETENTION, found, self._retention,
+            )  # fmt: skip
+
+    def _txns(self, versions: Mapping[str, int]) -> list[Any]:
+        """The application transactions of ``versions`` (lease key -> version), stamped now."""
+        from deltalake import Transaction
+
+        now = int(self._wall_clock() * 1000)
+        return [Transaction(self.app_id(k), v, last_updated=now) for k, v in versions.items()]
 
     def committed_version(self, lease_key: str) -> int:
         return self.committed_versions([lease_key])[lease_key]
@@ -358,7 +401,7 @@ class DeltaSink:
     def _write_from(self, snapshot: Any, batch: SinkBatch) -> None:
         """The batch's pieces not committed in ``snapshot`` (None: no table), committed from it
         with their versions."""
-        from deltalake import CommitProperties, Transaction, write_deltalake
+        from deltalake import CommitProperties, write_deltalake
 
         todo, versions = [], {}
         for piece in batch.pieces:
@@ -382,15 +425,16 @@ class DeltaSink:
         if not todo:
             return
         data = batch.frame(todo).toArrow() if self._via_spark else batch.arrow(todo)
-        txns = [Transaction(self.app_id(key), version) for key, version in versions.items()]
+        created = snapshot is None and self._retention is not None
         write_deltalake(
             self.path if snapshot is None else snapshot,
             data,
             mode="error" if snapshot is None else "append",
             partition_by=self._partition_by,
             storage_options=self._options,
+            configuration={TXN_RETENTION: self._retention} if created else None,
             commit_properties=CommitProperties(
-                app_transactions=txns,
+                app_transactions=self._txns(versions),
                 custom_metadata={"kclpy_spark.batch_id": str(batch.batch_id)},
             ),
         )
@@ -401,23 +445,23 @@ class DeltaSink:
         write of the same version). Its own commit then conflicts and is refused, and the
         lease's next batch gets the version after. Without a table, raises (the batch is not
         acknowledged: parked), as a late first write could make it with the version."""
-        from deltalake import CommitProperties, Transaction, write_deltalake
+        from deltalake import CommitProperties, write_deltalake
 
         snapshot = self._snapshot()
         if snapshot is None:  # the first write of the table may still make it, with a version
             raise RuntimeError(f"{self.path}: no Delta table yet to retire versions in")
-        txns = []
+        versions = {}
         for piece in batch.pieces:
-            app_id, token = self.app_id(piece.lease_key), batch.tokens.get(piece.lease_key)
-            if token is not None and _version(snapshot, app_id) < int(token):
-                txns.append(Transaction(app_id, int(token)))
-        if txns:
+            key, token = piece.lease_key, batch.tokens.get(piece.lease_key)
+            if token is not None and _version(snapshot, self.app_id(key)) < int(token):
+                versions[key] = int(token)
+        if versions:
             import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
             empty = pa.schema(snapshot.schema().to_arrow()).empty_table()
             write_deltalake(
                 snapshot, empty, mode="append", storage_options=self._options,
-                commit_properties=CommitProperties(app_transactions=txns),
+                commit_properties=CommitProperties(app_transactions=self._txns(versions)),
             )  # fmt: skip
 
 
