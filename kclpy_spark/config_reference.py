@@ -128,6 +128,8 @@ def _sink_bounds(name: str) -> str:
         return f">= 1; a function in worker scope: max_leases x batches_in_flight <= {most}"
     if name in {"max_records", "max_bytes", "max_attempts"}:
         return ">= 1"
+    if name == "delta_txn_retention_days":
+        return "1..36500, >= 2 x write_timeout"
     if name == "read_on":
         return "`driver` \\| `executors`"
     if name == "scope":

@@ -63,6 +63,7 @@ READ_ON = ("driver", "executors")
 # The shortest txn id retention: a lease's pending batch is re-formed by its next owner within a
 # failover, or by the same worker at its restart; a day covers a fleet down overnight.
 MIN_TXN_RETENTION_DAYS = 1.0
+MAX_TXN_RETENTION_DAYS = 36_500.0  # delta-rs fails every read past an i64 of milliseconds
 # The default ``batching``: replaced in __post_init__ by the defaults of the sink's kind.
 _BY_SINK = BatcherSettings()
 
@@ -136,8 +137,9 @@ class SinkConfig:
     # <prefix>:<application_name>:<lease key>.
     delta_app_id_prefix: str = "kclpy-spark"
     # Days a lease's Delta txn id stays in a table the sink creates after its last write (Delta's
-    # delta.setTransactionRetentionDuration): the ids of ended leases then leave it. Unset: kept
-    # for ever. A batch re-formed from a pending checkpoint later than this is written again.
+    # delta.setTransactionRetentionDuration, for every writer of the table): the ids of ended
+    # leases then leave it. Unset: the sink sets nothing. A batch re-formed from a pending
+    # checkpoint later than this is written again.
     delta_txn_retention_days: float | None = None
     # Where records are read: "driver" (the worker's own process) or "executors" (Spark tasks).
     read_on: str = "driver"
@@ -233,15 +235,26 @@ def _check(cfg: SinkConfig) -> None:
         raise ConfigError(f"config 'max_wait' must be > 0, got {cfg.batching.max_wait}")
     if not cfg.shutdown_timeout > 0:
         raise ConfigError(f"config 'shutdown_timeout' must be > 0, got {cfg.shutdown_timeout}")
-    days = cfg.delta_txn_retention_days
-    if days is not None and not days >= MIN_TXN_RETENTION_DAYS:
-        raise ConfigError(
-            f"config 'delta_txn_retention_days' must be >= {MIN_TXN_RETENTION_DAYS} (a batch "
-            f"re-formed after it is written again), got {days}"
-        )
+    _check_txn_retention(cfg)
     if cfg.read_on not in READ_ON:
         raise ConfigError(
             f"config 'read_on' must be one of {', '.join(READ_ON)}, got {cfg.read_on!r}"
+        )
+
+
+def _check_txn_retention(cfg: SinkConfig) -> None:
+    """A retention at least a day and twice the longest write timeout (a write stamps its
+    transaction before its data: one that ends after the retention lands expired), and finite."""
+    days = cfg.delta_txn_retention_days
+    if days is None:
+        return
+    timeouts = [cfg.batching.write_timeout, *(s.write_timeout or 0.0 for s in cfg.specs)]
+    least = max(MIN_TXN_RETENTION_DAYS, 2 * max(timeouts) / 86_400)
+    if not least <= days <= MAX_TXN_RETENTION_DAYS:
+        raise ConfigError(
+            f"config 'delta_txn_retention_days' must be {least:g}..{MAX_TXN_RETENTION_DAYS:g} "
+            f"(at least a day and twice the longest write_timeout: a batch re-formed after it "
+            f"is written again), got {days}"
         )
 
 

@@ -274,6 +274,24 @@ def txn_retention_value(days: float) -> str:
     return f"interval {round(days * 86_400)} seconds"
 
 
+_INTERVAL_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86_400, "week": 604_800}
+
+
+def interval_seconds(text: str | None) -> float | None:
+    """A Delta interval property's seconds (``interval 7 days``; None: unset; NaN, equal to
+    nothing, when not understood)."""
+    if text is None:
+        return None
+    words = text.lower().split()
+    if words[:1] == ["interval"]:
+        words = words[1:]
+    try:
+        pairs = [(float(n), u.rstrip("s")) for n, u in zip(words[::2], words[1::2], strict=True)]
+        return sum(n * _INTERVAL_UNITS[u] for n, u in pairs) if pairs else float("nan")
+    except (ValueError, KeyError):
+        return float("nan")
+
+
 def _version(table: Any, app_id: str) -> int:
     """The app id's last version committed in ``table`` (None: no table; 0: none)."""
     return 0 if table is None else int(table.transaction_version(app_id) or 0)
@@ -332,16 +350,20 @@ class DeltaSink:
                 raise
 
     def _check_retention(self, table: Any) -> None:
-        """Once: a retention configured for a table made before (by another tool, or before it
-        was configured) is not set by this sink; say so, and how to set it."""
-        if self._retention is None or table is None or self._retention_checked:
+        """Once: the table's txn retention (every writer's: set by another application, or
+        before this one configured it) differs from this sink's; say so, and what it does."""
+        if table is None or self._retention_checked:
             return
         self._retention_checked = True
         found = table.metadata().configuration.get(TXN_RETENTION)
-        if found != self._retention:
+        if interval_seconds(found) != interval_seconds(self._retention):
             log.warning(
-                "Delta table %s has %s = %r, not the configured %r (set only on a table this "
-                "sink creates): set it with DeltaTable(path).alter.set_table_properties(...)",
+                "Delta table %s has %s = %r, this sink's config %r (set only on a table it "
+                "creates; the table's applies to every writer): a piece re-formed from a "
+                "pending checkpoint later than the table's retention after its commit is "
+                "written again. To set it: DeltaTable(path).alter.set_table_properties(...), "
+                "after a clean stop (an id written without a time, as before kclpy-spark "
+                "stamped them, is kept by delta-rs and dropped at once by Spark's Delta)",
                 self.path, TXN_RETENTION, found, self._retention,
             )  # fmt: skip
 
@@ -384,23 +406,32 @@ class DeltaSink:
 
     def _write(self, batch: SinkBatch) -> None:
         snapshot = self._snapshot()
-        if snapshot is not None:
-            self._write_from(snapshot, batch)
-            return
-        try:  # no table yet: made by this write, or it fails (made by another meanwhile)
-            self._write_from(None, batch)
-        except Exception:
-            # Another writer made it since our look (another lease's first batch, or an old
-            # owner's commit of this very piece, which an append without a snapshot would have
-            # written again): look again, and append from what it committed.
+        if snapshot is None:
+            # No table yet: made empty first (or found made by another meanwhile), then appended
+            # to from a snapshot, as every write. Two writers whose first writes each made the
+            # table with theirs both committed (delta-rs retries a losing create as the next
+            # version): a piece written by an old and a new owner at once was in it twice.
+            self._create(self._data(batch, list(batch.pieces)).schema)
             snapshot = self._snapshot()
             if snapshot is None:
-                raise
-            self._write_from(snapshot, batch)
+                raise DeltaTableGoneError(f"Delta table {self.path} is not found just after made")
+        self._write_from(snapshot, batch)
+
+    def _create(self, schema: Any) -> None:
+        from deltalake import DeltaTable
+
+        retention = {TXN_RETENTION: self._retention} if self._retention is not None else None
+        DeltaTable.create(
+            self.path, schema, mode="ignore", partition_by=self._partition_by,
+            configuration=retention, storage_options=self._options,
+        )  # fmt: skip
+
+    def _data(self, batch: SinkBatch, pieces: list[Piece]) -> Any:
+        return batch.frame(pieces).toArrow() if self._via_spark else batch.arrow(pieces)
 
     def _write_from(self, snapshot: Any, batch: SinkBatch) -> None:
-        """The batch's pieces not committed in ``snapshot`` (None: no table), committed from it
-        with their versions."""
+        """The batch's pieces not committed in ``snapshot``, committed from it with their
+        versions."""
         from deltalake import CommitProperties, write_deltalake
 
         todo, versions = [], {}
@@ -424,15 +455,12 @@ class DeltaSink:
             versions[piece.lease_key] = version
         if not todo:
             return
-        data = batch.frame(todo).toArrow() if self._via_spark else batch.arrow(todo)
-        created = snapshot is None and self._retention is not None
         write_deltalake(
-            self.path if snapshot is None else snapshot,
-            data,
-            mode="error" if snapshot is None else "append",
+            snapshot,
+            self._data(batch, todo),
+            mode="append",
             partition_by=self._partition_by,
             storage_options=self._options,
-            configuration={TXN_RETENTION: self._retention} if created else None,
             commit_properties=CommitProperties(
                 app_transactions=self._txns(versions),
                 custom_metadata={"kclpy_spark.batch_id": str(batch.batch_id)},

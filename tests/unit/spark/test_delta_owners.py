@@ -270,6 +270,7 @@ def test_the_sinks_table_objects_are_loaded_afresh_after_a_bounded_number_of_upd
     path = str(tmp_path / "delta")
     sink = DeltaSink(path)
     sink.write(batch({}, "shardId-9"))  # makes the table
+    loads.clear()  # counted from here: making it loads objects too
     for n in range(1, 13):
         key = PieceKey("shardId-0", ExtendedSequenceNumber(str(2 * n)),
                        ExtendedSequenceNumber(str(2 * n + 1)))  # fmt: skip
@@ -277,7 +278,7 @@ def test_the_sinks_table_objects_are_loaded_afresh_after_a_bounded_number_of_upd
         assert tokens == {"shardId-0": n}
         sink.write(SinkBatch(n, (Piece(key, "shardId-0", 2),), batch({}).table, tokens=tokens))
     # 12 prepares and 12 writes, each object updated at most 3 times between loads
-    assert 6 <= len(loads) <= 8, len(loads)
+    assert 6 <= len(loads) <= 8, len(loads)  # kept for ever: 0 or 1
     assert rows(tmp_path / "delta") == 2 + 12 * 2
     assert sink.committed_version("shardId-0") == 12
 

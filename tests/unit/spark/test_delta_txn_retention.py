@@ -6,6 +6,7 @@ transaction stamped with its commit time. Real deltalake, no Spark."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from kclpy_spark.spark.pieces import SCHEMA, Piece, PieceKey
 from kclpy_spark.spark.sink_batch import SinkBatch
 from kclpy_spark.spark.sink_config import sink_config
 from kclpy_spark.spark.sink_setup import load_sink
-from kclpy_spark.spark.sinks import TXN_RETENTION, DeltaSink
+from kclpy_spark.spark.sinks import TXN_RETENTION, DeltaSink, interval_seconds
 
 deltalake = pytest.importorskip("deltalake")
 DAY = 86_400.0
@@ -76,18 +77,76 @@ def test_a_retired_version_carries_its_commit_time_too(tmp_path: Path) -> None:
     assert DeltaSink(path).committed_version("a") == 3
 
 
-def test_a_table_made_before_without_it_is_named_once(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+def _warned(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if TXN_RETENTION in r.getMessage()]
+
+
+@pytest.mark.parametrize(
+    ("made_with", "configured", "warned"),
+    [
+        (None, 30.0, True),  # made before it was configured
+        (30.0, None, True),  # made by another application: its retention is this one's too
+        (30.0, 7.0, True),
+        (30.0, 30.0, False),  # made by this sink
+        (None, None, False),
+    ],
+)
+def test_a_table_whose_retention_differs_from_the_config_is_named_once(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    made_with: float | None,
+    configured: float | None,
+    warned: bool,
 ) -> None:
     path = str(tmp_path / "delta")
-    DeltaSink(path).write(batch("a", 1))
-    sink = DeltaSink(path, txn_retention_days=30.0)
     with caplog.at_level(logging.WARNING):
+        DeltaSink(path, txn_retention_days=made_with).write(batch("a", 1))
+        assert not _warned(caplog)  # the sink that made it
+        sink = DeltaSink(path, txn_retention_days=configured)
+        assert sink.committed_versions(["a"]) == {"a": 1}
         sink.write(batch("a", 2))
         assert sink.committed_versions(["a"]) == {"a": 2}
-        sink.write(batch("a", 3))
-    warned = [r.getMessage() for r in caplog.records if TXN_RETENTION in r.getMessage()]
-    assert len(warned) == 1 and "set_table_properties" in warned[0]
+    assert len(_warned(caplog)) == (1 if warned else 0)
+    if warned:
+        assert "set_table_properties" in _warned(caplog)[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("interval 7 days", 604_800.0), ("interval 604800 seconds", 604_800.0),
+     ("INTERVAL 1 week 2 hours", 612_000.0), (None, None)],
+)  # fmt: skip
+def test_delta_intervals_compare_by_their_seconds(text: str | None, seconds: float | None) -> None:
+    assert interval_seconds(text) == seconds
+
+
+def test_an_interval_not_understood_equals_nothing() -> None:
+    assert interval_seconds("7 fortnights") != interval_seconds("7 fortnights")
+
+
+def test_two_writers_making_the_table_at_once_commit_a_piece_once(tmp_path: Path) -> None:
+    """Both first writes made the table with their rows (delta-rs retried the losing create as
+    the next version): an old and a new owner writing the same piece into a table not yet
+    there wrote it twice. Each now makes it empty (or finds it) and appends from a snapshot;
+    a refused append is tried again, as the batcher would."""
+
+    def write(sink: DeltaSink, start: threading.Barrier) -> None:
+        start.wait()
+        try:
+            sink.write(batch("a", 1))
+        except Exception:  # refused as a concurrent transaction: the retry finds it committed
+            sink.write(batch("a", 1))
+
+    for attempt in range(8):
+        path = str(tmp_path / f"delta-{attempt}")
+        start = threading.Barrier(2)
+        threads = [threading.Thread(target=write, args=(DeltaSink(path), start)) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert deltalake.DeltaTable(path).to_pyarrow_table().num_rows == 1, attempt
+        assert DeltaSink(path).committed_version("a") == 1
 
 
 def test_the_config_key_reaches_the_sink_and_a_short_retention_is_refused(
@@ -99,5 +158,11 @@ def test_the_config_key_reaches_the_sink_and_a_short_retention_is_refused(
     sink.write(batch("a", 1))
     configuration = deltalake.DeltaTable(str(tmp_path / "delta")).metadata().configuration
     assert configuration[TXN_RETENTION] == "interval 604800 seconds"
-    with pytest.raises(ConfigError, match="delta_txn_retention_days' must be >= 1"):
-        sink_config(f"delta:{tmp_path / 'delta'}", delta_txn_retention_days=0.5)
+    for bad in (0.5, float("inf"), float("nan"), 40_000.0):
+        with pytest.raises(ConfigError, match=r"delta_txn_retention_days' must be 1\.\.36500"):
+            sink_config(f"delta:{tmp_path / 'delta'}", delta_txn_retention_days=bad)
+    # A write may end up to its timeout after it stamped its transaction: twice that at least.
+    with pytest.raises(ConfigError, match=r"must be 2\.\.36500"):
+        sink_config(
+            f"delta:{tmp_path / 'delta'}", delta_txn_retention_days=1.5, write_timeout=86_400
+        )
