@@ -4,6 +4,7 @@ the protocol, checkpoint errors, stray lines, stderr, timeouts and child restart
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -205,13 +206,19 @@ def test_shutdown_requested_then_lease_lost_then_end_of_input(tmp_path: Path) ->
     ]
 
 
+def quick_from_now(processor: SubprocessProcessor) -> None:
+    """A second's timeoutInSeconds from here on: the child's start (a Python process, a second
+    or more under the suite's load) had the spec's own."""
+    processor._spec = dataclasses.replace(processor._spec, timeout=1)
+
+
 def test_a_silent_child_is_timed_out_and_killed(tmp_path: Path) -> None:
     shard = held_shard()
-    quick = ChildSpec(**{**spec(tmp_path, SAMPLE_HANG_ON="processRecords").__dict__, "timeout": 1})
-    processor = SubprocessProcessor(quick)
+    processor = SubprocessProcessor(spec(tmp_path, SAMPLE_HANG_ON="processRecords"))
 
     async def scenario() -> tuple[int, float]:
         await start(processor, shard)
+        quick_from_now(processor)
         pid = child_pid(processor)
         began = time.monotonic()
         with pytest.raises(ChildTimeoutError, match="timeoutInSeconds"):
@@ -229,10 +236,11 @@ def test_stray_lines_do_not_restart_the_childs_timeout(tmp_path: Path) -> None:
     whose background thread keeps printing is still timed out."""
     shard = held_shard()
     chatty = spec(tmp_path, SAMPLE_HANG_ON="processRecords", SAMPLE_HANG_CHATTY="1")
-    processor = SubprocessProcessor(ChildSpec(**{**chatty.__dict__, "timeout": 1}))
+    processor = SubprocessProcessor(chatty)
 
     async def scenario() -> float:
         await start(processor, shard)
+        quick_from_now(processor)
         began = time.monotonic()
         with pytest.raises(ChildTimeoutError, match="timeoutInSeconds"):
             await asyncio.wait_for(deliver(processor, shard, 1, 1), 20)
@@ -250,12 +258,11 @@ def test_a_timed_out_child_takes_the_processes_it_started_with_it(tmp_path: Path
     wrapper.write_text(f'#!/bin/sh\n"{sys.executable}" "{PROTOCOL_SCRIPT}"\necho done\n')
     wrapper.chmod(0o755)
     wrapped = spec(tmp_path, SAMPLE_HANG_ON="processRecords")
-    processor = SubprocessProcessor(
-        ChildSpec(**{**wrapped.__dict__, "command": (str(wrapper),), "timeout": 1})
-    )
+    processor = SubprocessProcessor(ChildSpec(**{**wrapped.__dict__, "command": (str(wrapper),)}))
 
     async def scenario() -> None:
         await start(processor, shard)
+        quick_from_now(processor)
         with pytest.raises(ChildTimeoutError):
             await deliver(processor, shard, 1, 1)
 
@@ -637,7 +644,10 @@ def test_a_process_the_child_left_holding_its_stdout_neither_holds_the_close_nor
     time a lease ended."""
     shard = held_shard()
     helper_pid = tmp_path / "helper.pid"
-    processor = _wrapped(tmp_path, f'sleep 30 &\necho $! > "{helper_pid}"\neval "exec $APP"')
+    processor = _wrapped(tmp_path, f'sleep 60 &\necho $! > "{helper_pid}"\neval "exec $APP"')
+    # A grace far past what a close may take under load (a second for each pipe's end): the
+    # bug waited all of it.
+    processor._spec = dataclasses.replace(processor._spec, shutdown_grace=30.0)
 
     async def scenario() -> float:
         await start(processor, shard)

@@ -45,7 +45,9 @@ def burst(pool: RetiringThreadPool, n: int) -> None:
 
 
 def test_threads_follow_the_calls_in_flight_and_end_when_idle() -> None:
-    pool = RetiringThreadPool(64, "t-follow", idle_seconds=0.2)
+    # Idle for 2 s before a thread ends: this thread may be held up that long under the
+    # suite's load before it counts them (0.2 s was not always enough).
+    pool = RetiringThreadPool(64, "t-follow", idle_seconds=2.0)
     try:
         burst(pool, 20)
         assert named("t-follow") == 20 == pool.thread_count
@@ -68,6 +70,9 @@ def test_many_bursts_never_hold_more_threads_than_the_largest_recent_one() -> No
         while done < 1000:
             n = rng.randint(1, 6)
             burst(pool, n)
+            # Every thread back in line before the next burst: one that answered its call but
+            # was held up before it went back was passed by, and another thread started.
+            assert wait_for(lambda: len(pool._idle_stack) == pool.thread_count)
             done += n
             seen = max(seen, pool.thread_count)
             if rng.random() < 0.2:
@@ -192,7 +197,7 @@ def test_after_a_burst_a_steady_trickle_of_calls_keeps_one_thread_not_the_peak()
     woke first, kept every thread busy within its idle time, so none ever ended: the count
     followed the highest burst since start, not the calls in flight. Idle threads are handed
     calls most recently idle first, so the surplus ones stay idle and end."""
-    pool = RetiringThreadPool(16, "t-trickle", idle_seconds=0.3)
+    pool = RetiringThreadPool(16, "t-trickle", idle_seconds=1.0)
     try:
         burst(pool, 8)
         assert pool.thread_count == 8
@@ -200,7 +205,7 @@ def test_after_a_burst_a_steady_trickle_of_calls_keeps_one_thread_not_the_peak()
         while pool.thread_count > 1 and time.monotonic() < deadline:
             pool.submit(lambda: None).result(timeout=10)  # one at a time, every ~10 ms
             time.sleep(0.01)
-        assert pool.thread_count == 1
+        assert pool.thread_count <= 1  # 0 too, if this thread was held up past the idle time
     finally:
         pool.shutdown()
 

@@ -92,11 +92,11 @@ def test_a_shard_read_in_one_batch_waits_its_pacing_in_the_next(tmp_path: Path) 
     end = driver.latestOffset(start, None)
     (first,) = driver.partitions(start, end)
     assert ReadRange.from_json(json.loads(first.value)["ranges"][0]).delay == 0.0
-    _read_once(driver, first, time.time() + 5.0)
+    _read_once(driver, first, time.time() + 10.0)  # the longest pause; this thread may lag
     following = driver.latestOffset(end, None)
     (second,) = driver.partitions(end, following)
     delay = ReadRange.from_json(json.loads(second.value)["ranges"][0]).delay
-    assert 3.0 < delay <= 5.0
+    assert 5.0 < delay <= 10.0
     replayed = reader(tmp_path / "pins")  # a restarted driver, the same batch again
     (again,) = replayed.partitions(end, following)
     assert ReadRange.from_json(json.loads(again.value)["ranges"][0]).delay == 0.0

@@ -204,7 +204,7 @@ def test_a_note_never_waits_for_a_request_in_flight() -> None:
     class Slow(MemoryLeaseTable):
         def put_record(self, record: CoordinationRecord, expected_version: int | None) -> bool:
             entered.set()
-            release.wait(5)
+            release.wait(60)  # set once the note is done: a note behind it waits the minute
             return super().put_record(record, expected_version)
 
     a = LeaderElection(Slow(), "A", lease_duration=10.0, clock=ManualClock())
@@ -213,7 +213,7 @@ def test_a_note_never_waits_for_a_request_in_flight() -> None:
     assert entered.wait(5)
     done = threading.Event()
     threading.Thread(target=lambda: (a.note_later(last_sync=1.0), done.set())).start()
-    assert done.wait(1.0)  # while the tick's write is still in flight
+    assert done.wait(30.0)  # while the tick's write is still in flight
     release.set()
     ticking.join(5)
 

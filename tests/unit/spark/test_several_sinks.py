@@ -265,7 +265,7 @@ def test_a_write_with_no_answer_within_its_timeout_is_a_negative_acknowledgment(
     counts as failed and is left running; the lease parks, nothing is checkpointed; the threads
     are bounded by the writers plus the writes still hung, and go back down when it returns."""
     release = threading.Event()
-    env = two_sinks(max_attempts=1, write_timeout=0.2)
+    env = two_sinks(max_attempts=1, write_timeout=1.0)  # 0.2 s failed calls due under load
     hung_calls: list[int] = []
 
     def hang(batch: SinkBatch) -> None:
@@ -326,7 +326,9 @@ def test_hung_writes_are_capped_and_a_closing_sink_abandons_instead_of_failing()
     After close, a batch is abandoned, never dead-lettered or checkpointed for it."""
     release = threading.Event()
     dead = DeadLetters()
-    env = two_sinks(max_attempts=1, write_timeout=0.05, dead_letter=dead)
+    # A second's timeout (and a second's grace): the writes that should answer or be picked up
+    # in time do so under the suite's load too (0.05 s did not always).
+    env = two_sinks(max_attempts=1, write_timeout=1.0, dead_letter=dead)
     env.b.on_write = lambda batch: release.wait(30.0) and None
     try:
         for n, shard in enumerate(SHARDS):
@@ -375,7 +377,7 @@ import sys, threading, time
 sys.path[:0] = [{repo!r}, {tests!r}]
 from test_several_sinks import two_sinks
 from test_micro_batcher import SHARDS, records
-env = two_sinks(max_attempts=1, write_timeout=0.1)
+env = two_sinks(max_attempts=1, write_timeout=1.0)
 env.b.on_write = lambda batch: time.sleep(3600)
 env.take(SHARDS[0])
 env.deliver(SHARDS[0], records(1, 3))
@@ -410,10 +412,10 @@ def test_a_hung_prepare_of_one_of_two_sinks_is_not_tried_again() -> None:
         return {}
 
     b.prepare = stuck  # type: ignore[method-assign]
-    env = Env(BatcherSettings(max_records=3, max_attempts=3, write_timeout=0.2,
+    env = Env(BatcherSettings(max_records=3, max_attempts=3, write_timeout=1.0,
                               retry_base_delay=0.0, retry_max_delay=0.0))  # fmt: skip
     env.batcher = MicroBatcher(
-        [SinkRoute("a", a, 3, 0.2), SinkRoute("b", b, 3, 0.2)], env.settings,
+        [SinkRoute("a", a, 3, 1.0), SinkRoute("b", b, 3, 1.0)], env.settings,
         clock=env.clock, sleep=env.sleeps.append, threaded=False,
     )  # fmt: skip
     env.take(SHARDS[0])

@@ -24,8 +24,9 @@ def test_a_deadline_fires_and_a_cancelled_one_never() -> None:
     fired = threading.Event()
     cancelled: list[str] = []
     try:
-        early = dog.after(0.02, lambda: cancelled.append("fired"))
-        early.cancel()  # due before the one that fires: the loop passes it by
+        with dog._cond:  # the loop cannot fire it before it is cancelled, however late this runs
+            early = dog.after(0.02, lambda: cancelled.append("fired"))
+            early.cancel()  # due before the one that fires: the loop passes it by
         later = dog.after(0.1, fired.set)
         assert fired.wait(10.0) and later.fired.is_set()
         time.sleep(0.05)
