@@ -315,8 +315,8 @@ class DeltaSink:
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         """``via_spark``: write ``batch.dataframe(...)`` (decoded) converted to Arrow instead of
-        the raw record columns. ``txn_retention_days``: the transaction ids' retention in a table
-        this sink creates (None: kept for ever); ``wall_clock``: the commit time they carry."""
+        the raw record columns. ``txn_retention_days``: the transaction ids' retention set on a
+        table this sink creates (None: none set); ``wall_clock``: the commit time they carry."""
         self.path = str(path)
         self._prefix = app_id_prefix
         self._retention = (
