@@ -30,6 +30,10 @@ class PathTrace:
     crossings: int = 0
     _names: dict[str, str | None] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # The scenario's threads: the one that installed the hook and those started from them. A
+    # thread another test left running in this process may start threads meanwhile (its pool
+    # growing, its watchdog): they carry the hook too, and their calls counted under load.
+    _threads: set[threading.Thread] = field(default_factory=set)
 
     def _module(self, filename: str) -> str | None:
         if filename not in self._names:
@@ -50,6 +54,8 @@ class PathTrace:
             return
         back = frame.f_back
         caller = None if back is None else self._module(back.f_code.co_filename)
+        if threading.current_thread() not in self._threads:
+            return
         with self._lock:
             self.modules.add(callee)
             if caller is not None and caller != callee:
@@ -57,7 +63,18 @@ class PathTrace:
 
     @contextmanager
     def installed(self) -> Iterator[PathTrace]:
-        """The hook on this thread and on every thread started meanwhile (off until ``on``)."""
+        """The hook on this thread and on every thread started meanwhile (off until ``on``),
+        counting on this thread and the threads it starts, and they start, only."""
+        start = threading.Thread.start
+        traced = self._threads
+
+        def started_by_a_traced_thread(thread: threading.Thread) -> None:
+            if threading.current_thread() in traced:
+                traced.add(thread)
+            start(thread)
+
+        traced.add(threading.current_thread())
+        threading.Thread.start = started_by_a_traced_thread  # type: ignore[method-assign]
         threading.setprofile(self._hook)
         sys.setprofile(self._hook)
         try:
@@ -65,6 +82,7 @@ class PathTrace:
         finally:
             sys.setprofile(None)
             threading.setprofile(None)  # type: ignore[arg-type]
+            threading.Thread.start = start  # type: ignore[method-assign]
 
 
 def record_path() -> PathTrace:
