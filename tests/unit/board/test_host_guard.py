@@ -145,8 +145,12 @@ def test_polls_during_a_slow_snapshot_share_it_instead_of_starting_more(
             gate.clear()
             assert await poll() == 503 and len(started) == 2  # the served one is not reused
             gate.set()
-            while len(ended) < 2:
-                await asyncio.sleep(0.01)
+
+            async def second_ended() -> None:
+                while len(ended) < 2:
+                    await asyncio.sleep(0.01)
+
+            await asyncio.wait_for(second_ended(), 10.0)
             await asyncio.sleep(0.3)  # it ended, then aged past the deadline
             gate.clear()
             assert await poll() == 503 and len(started) == 3  # a fresh one was begun

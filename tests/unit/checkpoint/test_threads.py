@@ -45,13 +45,13 @@ def burst(pool: RetiringThreadPool, n: int) -> None:
 
 
 def test_threads_follow_the_calls_in_flight_and_end_when_idle() -> None:
-    # Idle for 2 s before a thread ends: this thread may be held up that long under the
+    # Idle for 5 s before a thread ends: this thread may be held up that long under the
     # suite's load before it counts them (0.2 s was not always enough).
-    pool = RetiringThreadPool(64, "t-follow", idle_seconds=2.0)
+    pool = RetiringThreadPool(64, "t-follow", idle_seconds=5.0)
     try:
         burst(pool, 20)
         assert named("t-follow") == 20 == pool.thread_count
-        assert wait_for(lambda: named("t-follow") == 0 and pool.thread_count == 0)
+        assert wait_for(lambda: named("t-follow") == 0 and pool.thread_count == 0, 30.0)
         burst(pool, 3)
         assert pool.thread_count == 3
     finally:
@@ -202,10 +202,18 @@ def test_after_a_burst_a_steady_trickle_of_calls_keeps_one_thread_not_the_peak()
         burst(pool, 8)
         assert pool.thread_count == 8
         deadline = time.monotonic() + 20.0
+        last, longest_gap = time.monotonic(), 0.0
         while pool.thread_count > 1 and time.monotonic() < deadline:
             pool.submit(lambda: None).result(timeout=10)  # one at a time, every ~10 ms
+            now = time.monotonic()
+            last, longest_gap = now, max(longest_gap, now - last)
             time.sleep(0.01)
-        assert pool.thread_count <= 1  # 0 too, if this thread was held up past the idle time
+        # One thread kept busy; none if this thread was held up past the idle time (then the
+        # trickle had a pause, and every thread may rightly have ended).
+        if longest_gap < 0.9:
+            assert pool.thread_count == 1
+        else:
+            assert pool.thread_count <= 1
     finally:
         pool.shutdown()
 

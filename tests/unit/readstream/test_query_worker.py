@@ -46,10 +46,12 @@ def test_a_worker_that_starts_after_its_start_timed_out_stops_at_once(
     monkeypatch.setattr("kclpy_spark.runtime.daemon.run_worker", slow.run_worker)
     monkeypatch.setattr(query_worker, "START_SECONDS", 0.05)
     worker = QueryWorker(SimpleNamespace(worker_id="query-worker"))
-    with pytest.raises(KclpySparkError, match="did not start"):
-        worker.start()
-    assert not worker.running()
-    slow.go.set()
+    try:
+        with pytest.raises(KclpySparkError, match="did not start"):
+            worker.start()
+        assert not worker.running()
+    finally:
+        slow.go.set()
     assert slow.started.wait(5.0) and slow.stopped.wait(5.0)  # it came up late, and stopped
     assert not worker.running()
     worker.stop(timeout=5.0)

@@ -213,8 +213,10 @@ def test_a_note_never_waits_for_a_request_in_flight() -> None:
     assert entered.wait(5)
     done = threading.Event()
     threading.Thread(target=lambda: (a.note_later(last_sync=1.0), done.set())).start()
-    assert done.wait(30.0)  # while the tick's write is still in flight
-    release.set()
+    try:
+        assert done.wait(30.0)  # while the tick's write is still in flight
+    finally:
+        release.set()
     ticking.join(5)
 
 

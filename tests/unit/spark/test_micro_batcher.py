@@ -1109,10 +1109,21 @@ def test_a_write_that_overruns_its_timeout_is_interrupted_and_retried() -> None:
 # --- resources are bounded by what is alive (issue 14, finding 1) -------------------------------
 
 
-def _threads_but_sink_writes() -> int:
-    """Sink-write threads start on demand, up to one per writer: counted apart."""
-    names = (t.name for t in threading.enumerate())
-    return sum(not name.startswith("kclpy-spark-sink-write") for name in names)
+def _own_threads_since(before: set[threading.Thread]) -> list[str]:
+    """Threads alive now and not in ``before`` that the project started (named kclpy-spark...,
+    or running one of its functions), but sink-write ones (started on demand, up to one per
+    writer, counted apart). Other tests' leftovers in this process may start threads too."""
+    own = ("kclpy_spark.", "checkpoint.", "shard_sync.")
+    return [
+        t.name
+        for t in threading.enumerate()
+        if t not in before
+        and not t.name.startswith("kclpy-spark-sink-write")
+        and (
+            t.name.startswith("kclpy-spark")
+            or getattr(getattr(t, "_target", None), "__module__", "").startswith(own)
+        )
+    ]
 
 
 def _settles(condition: Callable[[], bool], seconds: float = 5.0) -> bool:
@@ -1159,14 +1170,14 @@ def test_n_batches_leave_resources_bounded_by_a_constant(tmp_path: Path) -> None
 
     try:
         run_batches(25)  # warm-up: pools and writer threads reach their size
-        descriptors, threads = descriptors_under(tmp_path), _threads_but_sink_writes()
+        descriptors, threads = descriptors_under(tmp_path), set(threading.enumerate())
         run_batches(150)
         assert len(sink.written) >= 2 * 150
         # A writer may still be in the sync that ends its commits (one descriptor, to the
         # store's log, for the call): what is alive once they settle is what counts.
         assert descriptors >= 2  # the database and its log, at least
         assert _settles(lambda: descriptors_under(tmp_path) <= descriptors)
-        assert _threads_but_sink_writes() <= threads
+        assert _own_threads_since(threads) == []
         assert batcher.writes.write_threads <= 2  # one per writer (a hung write would add one)
         assert store.open_connections <= POOL_SIZE
         assert batcher.threads == 2
