@@ -20,6 +20,7 @@ from checkpoint.sequence import InitialPosition
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.processor import InitializeInput, ProcessRecordsInput, RecordProcessor
 from kclpy_spark.runtime.daemon import run_worker
+from kclpy_spark.runtime.lease_store import open_lease_store
 from kclpy_spark.runtime.worker import Worker
 
 
@@ -164,6 +165,12 @@ def test_endpoint_unreachable_for_30_seconds(
     wait_active(kinesis_client, unique_name)
     first = set(produce(kinesis_client, unique_name, range(30)))
     url = urlparse(localstack_endpoint)
+    # The lease table made first, straight and with seconds a call: through the proxy the
+    # worker's CreateTable has 0.5 s a try (3 s failover), which DynamoDB Local under the
+    # suite's start-up load (Spark JVMs starting) overran (CI, twice). The outage is the test.
+    direct = _cfg(unique_name, localstack_endpoint, tmp_path, lease_store="dynamodb",
+                  failover_time=30.0)  # fmt: skip
+    open_lease_store(direct)
     proxy = Proxy(url.hostname or "127.0.0.1", url.port or 4566)
     collector = Collector()
     during: set[str] = set()
