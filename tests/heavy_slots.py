@@ -8,8 +8,9 @@ it then waits on the lock, as before). Files keep the collection's order within 
 longest first (``LONGEST_FIRST`` in conftest; ``scripts/test.sh`` passes
 ``--no-loadscope-reorder``, or xdist would sort them by test count): pytest took 710-745 s
 instead of 850-880 s on 2026-12-07. That order runs unit tests beside the Spark files; the two
-that failed under that load had met a cold DynamoDB Local (now warmed up) or raced their own
-threads (mended)."""
+that failed under that load had met a DynamoDB Local slowed by the Spark JVMs starting (the test
+now makes its lease table before its outage, with seconds a call) or raced their own threads
+(mended)."""
 
 from __future__ import annotations
 
