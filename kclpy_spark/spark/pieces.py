@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -189,6 +190,21 @@ def take_chunks(chunks: deque[Chunk], max_rows: int, max_bytes: int) -> list[Chu
     return taken
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def partition_key_column(records: Sequence[Record]) -> pa.Array:
+    """The records' partition keys as Arrow strings. A key holding a lone surrogate (an emulator
+    stores one, botocore parses it) is not UTF-8, which Arrow and every Spark sink need: each
+    surrogate becomes U+FFFD there, the same way on every read, so the page is still written
+    (its data, sequence numbers and order untouched) instead of failing each time."""
+    keys = [r.partition_key for r in records]
+    try:
+        return pa.array(keys, pa.string())
+    except UnicodeEncodeError:
+        return pa.array([_LONE_SURROGATE.sub("\ufffd", k) for k in keys], pa.string())
+
+
 def records_to_chunk(records: Sequence[Record], stream: str, shard_id: str) -> Chunk:
     """Arrow columns for ``records`` (non-empty, in order). Runs in the caller's thread, so the
     conversion overlaps with the Spark write of the previous batch."""
@@ -198,7 +214,7 @@ def records_to_chunk(records: Sequence[Record], stream: str, shard_id: str) -> C
         pa.array([shard_id] * n, pa.string()),
         pa.array([r.sequence_number for r in records], pa.string()),
         pa.array([r.sub_sequence_number for r in records], pa.int64()),
-        pa.array([r.partition_key for r in records], pa.string()),
+        partition_key_column(records),
         pa.array([r.timestamp_millis for r in records], pa.int64()).cast(SCHEMA.field(5).type),
         pa.array([r.binary_data for r in records], pa.binary()),
     ]

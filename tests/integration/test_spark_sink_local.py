@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from spark_harness import LeaseEnv, make_records, written_numbers
 
+from kclpy_spark.processor import Record
 from kclpy_spark.spark.batch_life import Batch
 from kclpy_spark.spark.micro_batcher import BatcherSettings, MicroBatcher
 from kclpy_spark.spark.pieces import Piece, records_to_chunk
@@ -172,6 +173,31 @@ def test_a_batch_replayed_after_a_crash_is_not_duplicated(
     assert all(env.checkpoint_number(s) == 150 for s in SHARDS[:2])
 
 
+def test_a_key_arrow_cannot_encode_is_written_and_checkpointed(
+    holder: SparkSessionHolder, tmp_path: Path
+) -> None:
+    """A partition key with a lone surrogate (an emulator stores one) failed every write of its
+    batch: Arrow refused the key, so the lease never moved on."""
+    out = tmp_path / "out"
+    env = LeaseEnv(SHARDS[:1])
+    batcher = MicroBatcher(
+        ParquetSink(out),
+        BatcherSettings(max_records=10, max_wait=0.0),
+        to_df=holder.to_df,
+        threaded=False,
+    )
+    env.take(batcher, SHARDS[0])
+    records = make_records(1, 3)
+    records[1] = Record(records[1].binary_data, "odd-\udc80", records[1].sequence_number)
+    env.deliver(batcher, SHARDS[0], records)
+    batcher.run_until_idle()
+    table = pq.read_table(out, columns=["sequence_number", "partition_key"]).sort_by(
+        "sequence_number"
+    )
+    assert table.column("partition_key").to_pylist() == ["key-1", "odd-\ufffd", "key-3"]
+    assert env.checkpoint_number(SHARDS[0]) == 3
+
+
 # (data, (id, name) as parsed, whether the bytes are kept in unparsed_data)
 JSON_CASES = [
     (b'{"id": 0, "name": "n0"}', (0, "n0"), False),
@@ -203,7 +229,6 @@ def test_json_values_are_decoded_into_the_user_schema(spark: Any, tmp_path: Path
         threaded=False,
     )
     env.take(batcher, SHARDS[0])
-    from kclpy_spark.processor import Record
 
     recs = [
         Record(data, r.partition_key, r.sequence_number)
