@@ -156,7 +156,7 @@ class Lane:
         self.rereads = 0  # put_back_unread since the lane's checkpoint last moved
         self.forced = False  # flush without waiting (shard end, shutdown)
         self._outs: deque[Cut] = deque()  # cut and not yet committed, in lease order
-        self._committing = False  # a commit of this lane is under way
+        self._claimed: Cut | None = None  # the cut a commit under way moves the checkpoint to
         self.commit_due_at: float | None = None  # set while a failed commit waits for its retry
 
     @property
@@ -343,7 +343,7 @@ class Lane:
     def commit_ready(self, now: float) -> bool:
         head = self._outs[0] if self._outs else None
         due = self.commit_due_at is None or self.commit_due_at <= now
-        return head is not None and head.written and not self._committing and due
+        return head is not None and head.written and self._claimed is None and due
 
     def claim_commit(self, now: float) -> Cut | None:
         """The last cut of the written prefix, to commit now (claimed: no other commit of this
@@ -356,13 +356,13 @@ class Lane:
             if not c.written:
                 break
             last = c
-        self._committing = True
+        self._claimed = last
         self.commit_due_at = None
         return last
 
     def committed(self, cut: Cut) -> None:
         """The checkpoint moved to the cut's end: it and the cuts before it are done."""
-        self._committing = False
+        self._claimed = None
         self.rereads = 0
         if cut in self._outs:
             while self._outs and self._outs.popleft() is not cut:
@@ -371,9 +371,16 @@ class Lane:
     def commit_later(self, cut: Cut, at: float) -> None:
         """Written, but the commit failed in a way a retry may fix: retry at ``at``. The lane
         goes on cutting (each pending checkpoint lists every cut out)."""
-        self._committing = False
+        self._claimed = None
         if cut in self._outs:
             self.commit_due_at = at
+
+    def release_claim(self, cut: Cut, at: float) -> None:
+        """The commit claimed for ``cut`` ended without saying how (it raised something
+        unexpected, or was never tried): retried at ``at``, as a failed one. Nothing if the claim
+        was already settled (another commit of the lane may be under way by now)."""
+        if self._claimed is cut:
+            self.commit_later(cut, at)
 
     def put_back(self, cut: Cut, group: tuple[PieceKey, ...], now: float) -> bool:
         """The cut was not written (or not committed): put it back at the head of the buffer
@@ -405,7 +412,7 @@ class Lane:
         self._recount()
         self.oldest = now if self.oldest is None else self.oldest
         if not self._outs:
-            self._committing = False
+            self._claimed = None
             self.commit_due_at = None
         return True
 
@@ -465,5 +472,5 @@ class Lane:
         self.rows = self.nbytes = 0
         self.oldest = None
         self._outs.clear()
-        self._committing = False
+        self._claimed = None
         self.commit_due_at = None

@@ -276,8 +276,7 @@ class MicroBatcher:
         thread. Returns the number of batches written (attempted)."""
         with self._cond:
             commits = self._claim_commits()
-        for lane, cut in commits:
-            self._writer.commit(lane, cut)
+        self._writer.commit_claimed(commits)
         with self._cond:
             batches = self._form_due(limit=None)
             self._active += len(batches)
@@ -311,8 +310,7 @@ class MicroBatcher:
                     self._active += len(batches)
                     if batches:  # cutting freed buffer room: wake blocked adders
                         self._cond.notify_all()
-                for lane, cut in commits:
-                    self._writer.commit(lane, cut)
+                self._writer.commit_claimed(commits)
                 for batch in batches:
                     self._run(batch)
             except Exception:  # a bug must not silently stop every sink write

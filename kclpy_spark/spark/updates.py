@@ -311,6 +311,13 @@ class LaneUpdates:
                 lane.park(f"checkpoint failed: {error}")
             self._cond.notify_all()
 
+    def release_claim(self, lane: Lane, cut: Cut) -> None:
+        """A claimed commit that raised something unexpected or was never tried: retried later,
+        so the lane's checkpoint is not held back for good."""
+        with self._cond:
+            lane.release_claim(cut, self._clock.monotonic() + self._settings.commit_retry_delay)
+            self._cond.notify_all()
+
     def reread(self, batch: Batch, error: BaseException) -> bool:
         """The rows the batch's reads stored on the executors are gone (an executor lost): each
         cut goes back to be read again, pinned to its ends, and written in the same batch; the

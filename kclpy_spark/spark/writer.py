@@ -416,24 +416,46 @@ class BatchWriter:
         except SyncError as exc:
             log.warning("%r: its checkpoints are written, maybe not on disk yet: %s", batch, exc)
 
+    def commit_claimed(self, claimed: Sequence[tuple[Lane, Cut]]) -> None:
+        """Commit each lane's claimed cut in turn. If one raises, the claims not tried yet are
+        released before it propagates: a claim left standing would hold that lane's checkpoint
+        back for good."""
+        for i, (lane, cut) in enumerate(claimed):
+            try:
+                self.commit(lane, cut)
+            except BaseException:
+                for other, other_cut in claimed[i + 1 :]:
+                    self._events.release_claim(other, other_cut)
+                raise
+
     def commit(self, lane: Lane, claimed: Cut | None = None) -> None:
         """Move the lane's checkpoint over its written prefix (``claimed``: already claimed),
         then over what was written meanwhile, until nothing more is ready. A pending checkpoint
         beyond it (cuts still being written) stays."""
         cut = claimed or self._events.claim_commit(lane)
         while cut is not None:
-            started = time.perf_counter()
-            last = cut.key.last
             try:
-                lane.checkpointer.checkpoint_keeping_pending(
-                    last.sequence_number, last.sub_sequence_number
-                )
-            except Exception as exc:  # anything else than a CheckpointError is retried later
-                log.warning("lease %s: checkpoint after the write failed: %r", lane.lease_key, exc)
-                self._events.commit_failed(lane, cut, exc)
-                return
-            self._events.committed(lane, cut, time.perf_counter() - started)
+                if not self._commit_cut(lane, cut):
+                    return
+            except BaseException:
+                self._events.release_claim(lane, cut)
+                raise
             cut = self._events.claim_commit(lane)
+
+    def _commit_cut(self, lane: Lane, cut: Cut) -> bool:
+        """One claimed commit, settled either way; False if it failed (retried later)."""
+        started = time.perf_counter()
+        last = cut.key.last
+        try:
+            lane.checkpointer.checkpoint_keeping_pending(
+                last.sequence_number, last.sub_sequence_number
+            )
+        except Exception as exc:  # anything else than a CheckpointError is retried later
+            log.warning("lease %s: checkpoint after the write failed: %r", lane.lease_key, exc)
+            self._events.commit_failed(lane, cut, exc)
+            return False
+        self._events.committed(lane, cut, time.perf_counter() - started)
+        return True
 
 
 def _rereadable(batch: Batch, error: BaseException) -> bool:
