@@ -180,7 +180,7 @@ async def run_worker(
             # left a new table behind). Local stores open first: their checks cost nothing.
             # Several streams come and go while running.
             await asyncio.to_thread(_stream_lister(kinesis_sync, cfg).wait_until_active)
-        store = await asyncio.to_thread(open_lease_store, cfg)
+        store = await asyncio.to_thread(open_lease_store, cfg, patient=True)
         if wrap_store is not None:
             store = wrap_store(store)
         async with aio_client("kinesis", cfg) as kinesis:

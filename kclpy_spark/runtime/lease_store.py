@@ -5,21 +5,32 @@ attempt may take at most ``attempt`` seconds to connect and as long to read, and
 retries gives up after ``total`` seconds, half the failover time. So a hung table costs a renewal
 at most half a lease, never the lease: the next renewal round still lands in time once the table
 answers again, and a table that stays silent lets the lease expire on our own clock first.
+
+A daemon's start is patient where no lease is at stake yet: making the table ready (found, or made
+and waited for) is tried again for up to a minute, as the daemon waits for its stream, and as the
+KCL tries its initialization again 20 times. Operator commands fail at once.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from checkpoint.base.errors import ConfigError
-from checkpoint.base.retry import CallBudget
+from checkpoint.base.retry import CallBudget, RetryPolicy, call_with_retry
 from checkpoint.port import CoordinationStore, LeaseTable, TableReader
 
 if TYPE_CHECKING:
     from kclpy_spark.config import WorkerConfig
 
 
-__all__ = ["CallBudget", "LeaseStore", "open_lease_store"]
+__all__ = ["CallBudget", "LeaseStore", "open_lease_store", "ready_at_start"]
+
+# A start's patience with its lease table: the same as with its stream (shard_sync.discovery's
+# LIST_SHARDS_POLICY), each try with the store's own budget and retries.
+START_POLICY = RetryPolicy(base_delay=0.5, max_delay=5.0, max_attempts=15, max_elapsed=60.0)
+ONCE = RetryPolicy(max_attempts=1)  # the store's own budget and retries only
 
 
 class LeaseStore(LeaseTable, CoordinationStore, TableReader, Protocol):
@@ -32,11 +43,13 @@ def open_lease_store(
     create_records: bool | None = None,
     records_optional: bool = False,
     reads_only: bool = False,
+    patient: bool = False,
 ) -> LeaseStore:
     """The store, with its table ensured (created if allowed). Raises ResourceNotFoundError or
     InvalidStateError naming the table when it is missing (and creation is off) or malformed.
     DynamoDB's coordination table: ``create_records`` and ``records_optional`` as in
-    DynamoDBLeaseTable (the operator commands')."""
+    DynamoDBLeaseTable (the operator commands'). ``patient``: a daemon's start, which tries a
+    table that does not answer again (``ready_at_start``)."""
     budget = CallBudget.for_failover(cfg.failover_time)
     store: LeaseStore
     if cfg.lease_store == "memory":
@@ -80,5 +93,17 @@ def open_lease_store(
             sqlite.check_table()
             return sqlite
         store = sqlite
-    store.ensure_table()
+    ready_at_start(store, START_POLICY if patient else ONCE)
     return store
+
+
+def ready_at_start(
+    store: LeaseTable,
+    policy: RetryPolicy = START_POLICY,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """``store.ensure_table()``, tried again while it fails in a way a retry may fix (an endpoint
+    not answering yet, throttling, a table still being made): each failure is a WARNING line, and
+    the last one is raised when the policy runs out. Other errors are raised at once."""
+    call_with_retry(store.ensure_table, what="making the lease table ready", policy=policy,
+                    sleep=sleep)  # fmt: skip

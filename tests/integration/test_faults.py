@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import pytest
 from faults import FaultyKinesis, FaultyStore, Proxy, client_error, throttled
 from worker_procs import produce, wait_active
 
@@ -194,6 +195,31 @@ def test_endpoint_unreachable_for_30_seconds(
     finally:
         proxy.close()
     assert set(collector.seen) == first | during
+
+
+def test_a_start_waits_for_a_lease_table_endpoint_a_few_seconds_from_up(
+    localstack_endpoint: str, unique_name: str, tmp_path: Path
+) -> None:
+    """At start no lease is at stake: the daemon's start tries its lease table again for up to a
+    minute (as it waits for its stream). It gave up after half a failover time (1.5 s here), as
+    an operator command still does."""
+    url = urlparse(localstack_endpoint)
+    proxy = Proxy(url.hostname or "127.0.0.1", url.port or 4566)
+    try:
+        cfg = _cfg(unique_name, f"http://127.0.0.1:{proxy.port}", tmp_path,
+                   lease_store="dynamodb")  # fmt: skip
+        proxy.set("refuse")
+        with pytest.raises(DependencyError):
+            open_lease_store(cfg)  # an operator command: one budget, then the error
+        up = threading.Timer(4.0, proxy.set, args=("up",))
+        up.start()
+        started = time.monotonic()
+        store = open_lease_store(cfg, patient=True)
+        assert time.monotonic() - started >= 3.5
+        assert store.list_leases() == []
+        up.join()
+    finally:
+        proxy.close()
 
 
 def test_fake_200_answers_to_get_records_never_end_an_open_shard(

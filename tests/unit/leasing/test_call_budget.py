@@ -16,14 +16,24 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint.base.errors import DependencyError
-from checkpoint.base.retry import DEFAULT_FAILOVER_TIME
+from checkpoint.base.errors import (
+    DependencyError,
+    InvalidStateError,
+    ResourceNotFoundError,
+    ThrottledError,
+)
+from checkpoint.base.retry import DEFAULT_FAILOVER_TIME, RetryPolicy
 from checkpoint.lease import Lease
 from checkpoint.sequence import TRIM_HORIZON
 from checkpoint.stores.dynamodb import DynamoDBLeaseTable
 from checkpoint.stores.sqlite import SQLiteLeaseTable
 from kclpy_spark.config import WorkerConfig
-from kclpy_spark.runtime.lease_store import CallBudget, open_lease_store
+from kclpy_spark.runtime.lease_store import (
+    START_POLICY,
+    CallBudget,
+    open_lease_store,
+    ready_at_start,
+)
 
 
 @pytest.mark.parametrize("failover", [0.5, 0.8, 1.1, 3.0, 10.0, 60.0, 600.0])
@@ -120,3 +130,45 @@ def test_the_stores_default_budget_fits_half_a_default_lease(store: type) -> Non
     retry = inspect.signature(store).parameters["retry"].default
     assert retry.max_elapsed <= DEFAULT_FAILOVER_TIME / 2
     assert 0 < retry.attempt_timeout <= retry.max_elapsed
+
+
+class _SlowToAnswer:
+    """A store whose ``ensure_table`` raises the given errors first, then succeeds."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors = list(errors)
+        self.calls = 0
+
+    def ensure_table(self) -> None:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+
+
+def test_a_start_tries_a_lease_table_that_does_not_answer_again() -> None:
+    """A daemon's start gave up on its lease table after half a failover time (a table being
+    made on a busy DynamoDB, an endpoint a moment from up), though no lease was at stake yet."""
+    store = _SlowToAnswer(DependencyError("connection refused"), ThrottledError("slow down"))
+    slept: list[float] = []
+    ready_at_start(store, sleep=slept.append)  # type: ignore[arg-type]
+    assert store.calls == 3 and len(slept) == 2
+    assert sum(slept) <= START_POLICY.max_elapsed and START_POLICY.max_elapsed >= 30
+
+
+@pytest.mark.parametrize(
+    "error", [ResourceNotFoundError("no table"), InvalidStateError("not a lease table")]
+)
+def test_a_start_fails_at_once_where_trying_again_cannot_help(error: Exception) -> None:
+    store = _SlowToAnswer(error)
+    slept: list[float] = []
+    with pytest.raises(type(error)):
+        ready_at_start(store, sleep=slept.append)  # type: ignore[arg-type]
+    assert store.calls == 1 and slept == []
+
+
+def test_a_start_gives_up_when_its_patience_runs_out() -> None:
+    store = _SlowToAnswer(*[DependencyError(f"refused {i}") for i in range(100)])
+    policy = RetryPolicy(base_delay=0.0, max_delay=0.0, max_attempts=4, max_elapsed=60.0)
+    with pytest.raises(DependencyError, match="refused 3"):
+        ready_at_start(store, policy, sleep=lambda s: None)  # type: ignore[arg-type]
+    assert store.calls == 4
