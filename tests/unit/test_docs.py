@@ -87,3 +87,33 @@ def test_readme_is_a_short_front_page_whose_links_resolve() -> None:
     assert links, "README links to the docs"
     for link in links:
         assert (REPO / link).exists(), link
+
+
+def _test_names() -> tuple[set[str], set[str]]:
+    """Every test function's name and every test module's file name under tests/."""
+    functions: set[str] = set()
+    files: set[str] = set()
+    for path in (REPO / "tests").rglob("*.py"):
+        files.add(path.name)
+        functions.update(re.findall(r"def (test_\w+)", path.read_text()))
+    return functions, files
+
+
+def test_every_test_a_document_names_exists() -> None:
+    """A guarantee names the test that shows it (README, docs/, ARCHITECTURE, BENCHMARKS,
+    CHANGELOG): a test renamed or removed must take its mentions with it."""
+    functions, files = _test_names()
+    known = functions | {name.removesuffix(".py") for name in files}  # a module named bare too
+    pages = [
+        REPO / name for name in ("README.md", "ARCHITECTURE.md", "BENCHMARKS.md", "CHANGELOG.md")
+    ]
+    pages += sorted((REPO / "docs").rglob("*.md"))
+    missing = []
+    for page in pages:
+        text = page.read_text()
+        paths = re.findall(r"tests/[\w/]+\.py", text)
+        missing += [f"{page.name}: {p}" for p in paths if not (REPO / p).exists()]
+        for name, module in re.findall(r"\b(test_\w+)(\.py)?", text):
+            if (name + module not in files) if module else (name not in known):
+                missing.append(f"{page.name}: {name}{module}")
+    assert missing == []
