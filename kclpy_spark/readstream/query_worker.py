@@ -320,7 +320,7 @@ class QueryWorker:
 
         try:
             asyncio.run(run_worker(self.cfg, processors, on_started=started,
-                                   install_signal_handlers=False,
+                                   install_signal_handlers=False, patient_start=False,
                                    record_sources=self._relays))  # fmt: skip
         except BaseException as exc:  # told to the planner; the thread ends
             self.error = exc

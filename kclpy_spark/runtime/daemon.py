@@ -158,13 +158,16 @@ async def run_worker(
     wrap_kinesis: Callable[[Any], Any] | None = None,
     stream_tracker: Callable[[], tuple[StreamSpec, ...]] | None = None,
     record_sources: RecordSourcesFor | None = None,
+    patient_start: bool = True,
 ) -> None:
     """Run one worker until SIGTERM/SIGINT/SIGHUP (or ``worker.request_shutdown()``).
 
     ``wrap_store`` / ``wrap_kinesis`` wrap the real lease store and asyncio Kinesis client (tests
     inject faults through them); ``record_sources``: where records come from instead of the
-    worker's own reads (the Spark sink reading on the executors). Raises DependencyGoneError
-    when the worker gave up."""
+    worker's own reads (the Spark sink reading on the executors); ``patient_start``: a lease
+    table that does not answer yet is tried again for about a minute (``ready_at_start``), else
+    the start fails within half a failover time. Raises DependencyGoneError when the worker gave
+    up."""
     from kclpy_spark.aws import aio_client, kinesis_control_client
     from kclpy_spark.runtime.lease_store import open_lease_store
 
@@ -180,7 +183,7 @@ async def run_worker(
             # left a new table behind). Local stores open first: their checks cost nothing.
             # Several streams come and go while running.
             await asyncio.to_thread(_stream_lister(kinesis_sync, cfg).wait_until_active)
-        store = await asyncio.to_thread(open_lease_store, cfg, patient=True)
+        store = await asyncio.to_thread(open_lease_store, cfg, patient=patient_start)
         if wrap_store is not None:
             store = wrap_store(store)
         async with aio_client("kinesis", cfg) as kinesis:

@@ -7,8 +7,9 @@ at most half a lease, never the lease: the next renewal round still lands in tim
 answers again, and a table that stays silent lets the lease expire on our own clock first.
 
 A daemon's start is patient where no lease is at stake yet: making the table ready (found, or made
-and waited for) is tried again for up to a minute, as the daemon waits for its stream, and as the
-KCL tries its initialization again 20 times. Operator commands fail at once.
+and waited for) is tried again for about a minute (no new try after it), as the daemon waits for
+its stream, and as the KCL tries its initialization again 20 times. Operator commands fail at
+once.
 """
 
 from __future__ import annotations

@@ -313,7 +313,9 @@ class MicroBatcher:
                 self._writer.commit_claimed(commits)
                 for batch in batches:
                     self._run(batch)
-            except Exception:  # a bug must not silently stop every sink write
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException:  # a bug must not silently stop every sink write (nor its claims)
                 log.exception("a sink writer thread failed; going on")
                 with self._cond:
                     self._cond.wait(1.0)

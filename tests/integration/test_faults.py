@@ -205,20 +205,20 @@ def test_a_start_waits_for_a_lease_table_endpoint_a_few_seconds_from_up(
     an operator command still does."""
     url = urlparse(localstack_endpoint)
     proxy = Proxy(url.hostname or "127.0.0.1", url.port or 4566)
+    up = threading.Timer(4.0, proxy.set, args=("up",))
     try:
         cfg = _cfg(unique_name, f"http://127.0.0.1:{proxy.port}", tmp_path,
                    lease_store="dynamodb")  # fmt: skip
         proxy.set("refuse")
         with pytest.raises(DependencyError):
             open_lease_store(cfg)  # an operator command: one budget, then the error
-        up = threading.Timer(4.0, proxy.set, args=("up",))
         up.start()
         started = time.monotonic()
         store = open_lease_store(cfg, patient=True)
         assert time.monotonic() - started >= 3.5
         assert store.list_leases() == []
-        up.join()
     finally:
+        up.cancel()
         proxy.close()
 
 
