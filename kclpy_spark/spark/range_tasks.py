@@ -94,8 +94,11 @@ def read_partition(
 
 
 def one_line(exc: BaseException) -> str:
-    """A failure as one line (its type and the first line of its message)."""
-    return f"{type(exc).__name__}: {exc}".splitlines()[0][:1000]
+    """A failure as one line (its type and the first line of its message), in text that encodes
+    as UTF-8: a lone surrogate (a partition key an emulator stored, quoted in a message) is
+    written as its escape, or the range's end could not be sent back and the task would fail."""
+    line = f"{type(exc).__name__}: {exc}".splitlines()[0][:1000]
+    return line.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def spark_columns(batch: pa.RecordBatch) -> list[pa.Array]:
