@@ -28,9 +28,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   mkdir -p "$ROOT/.cache"
   LOG="$ROOT/.cache/pip-install.log"
   echo "kclpy-spark: installing kclpy-spark and its dependencies into .venv (log: .cache/pip-install.log)" >&2
-  # --no-compile: Python compiles what is imported, when first imported (most of pyspark's and
-  # botocore's modules never are); compiling every file here took half of the install's minute.
-  if ! { "$VENV/bin/python" -m pip install --upgrade pip && "$VENV/bin/python" -m pip install --no-compile -e ".[dev]"; } >"$LOG" 2>&1; then
+  if ! { "$VENV/bin/python" -m pip install --upgrade pip && "$VENV/bin/python" -m pip install -e ".[dev]"; } >"$LOG" 2>&1; then
     die "pip install failed; the last lines of .cache/pip-install.log say: $(tail -n 3 "$LOG" | tr '\n' ' ')"
   fi
   echo "$WANT" > "$STAMP"
