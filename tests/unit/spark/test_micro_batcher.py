@@ -178,6 +178,21 @@ def manual(**settings: Any) -> Env:
     return Env(BatcherSettings(**settings))
 
 
+def checkpoints_failing(env: Env, *errors: BaseException) -> list[BaseException]:
+    """The table's checkpoint writes raise ``errors`` first (the last one first), then pass.
+    Returns the errors not raised yet."""
+    original = env.table.update_checkpoint
+    left = list(errors)
+
+    def flaky(lease: Lease, cp: ExtendedSequenceNumber, pending: Any = None) -> Lease | None:
+        if left:
+            raise left.pop()
+        return original(lease, cp, pending)
+
+    env.table.update_checkpoint = flaky  # type: ignore[method-assign]
+    return left
+
+
 # --- ids ----------------------------------------------------------------------------------------
 
 
@@ -635,15 +650,9 @@ def test_a_commit_that_raises_unexpectedly_releases_its_claim_and_the_others() -
     env = manual(max_records=6, commit_retry_delay=2.0)
     for shard in SHARDS[:2]:
         env.take(shard)
-    original = env.table.update_checkpoint
-    raises = [Unexpected(), ThrottledError("slow down"), ThrottledError("slow down")]
-
-    def flaky(lease: Lease, cp: ExtendedSequenceNumber, pending: Any = None) -> Lease | None:
-        if raises:
-            raise raises.pop()
-        return original(lease, cp, pending)
-
-    env.table.update_checkpoint = flaky  # type: ignore[method-assign]
+    raises = checkpoints_failing(
+        env, Unexpected(), ThrottledError("slow down"), ThrottledError("slow down")
+    )
     for shard in SHARDS[:2]:
         env.deliver(shard, records(1, 3))
     assert env.batcher.step() == 1  # one batch of both; both commits throttled: retried in 2 s
@@ -826,15 +835,7 @@ def test_prepare_seconds_counts_each_try_of_a_batch_once(monkeypatch: pytest.Mon
 def test_a_commit_that_raises_something_unexpected_is_retried_not_written_again() -> None:
     env = manual(max_records=3, commit_retry_delay=2.0)
     lane = env.take(SHARDS[0])
-    original = env.table.update_checkpoint
-    failures = [RuntimeError("a bug in the store")]
-
-    def flaky(lease: Lease, cp: ExtendedSequenceNumber, pending: Any = None) -> Lease | None:
-        if failures:
-            raise failures.pop()
-        return original(lease, cp, pending)
-
-    env.table.update_checkpoint = flaky  # type: ignore[method-assign]
+    checkpoints_failing(env, RuntimeError("a bug in the store"))
     env.deliver(SHARDS[0], records(1, 3))
     assert env.batcher.step() == 1
     assert env.batcher.lane_state(lane) is LaneState.ACTIVE  # not parked, not put back
@@ -998,15 +999,7 @@ def test_a_writer_thread_lives_through_an_unexpected_error_in_a_commit() -> None
     ended the thread: no write and no commit ran again."""
     with threaded_env(max_records=3, commit_retry_delay=0.0) as env:
         env.take(SHARDS[0])
-        original = env.table.update_checkpoint
-        raises = [Unexpected()]
-
-        def flaky(lease: Lease, cp: ExtendedSequenceNumber, pending: Any = None) -> Lease | None:
-            if raises:
-                raise raises.pop()
-            return original(lease, cp, pending)
-
-        env.table.update_checkpoint = flaky  # type: ignore[method-assign]
+        raises = checkpoints_failing(env, Unexpected())
         env.deliver(SHARDS[0], records(1, 3))
         # Waited for on the real clock: the batcher's own (drain's deadline) is a manual one.
         assert _settles(lambda: env.lease(SHARDS[0]).checkpoint == esn(30), 20.0)
