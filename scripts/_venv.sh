@@ -29,7 +29,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   LOG="$ROOT/.cache/pip-install.log"
   echo "kclpy-spark: installing kclpy-spark and its dependencies into .venv (log: .cache/pip-install.log)" >&2
   # pip compiles every file it installs (half of this step's minute): keep it. Where
-  # PYTHONDONTWRITEBYTECODE is set (as here), nothing compiled later is kept, and every process
+  # PYTHONDONTWRITEBYTECODE is set (some CI images set it), nothing compiled later is kept; every process
   # would compile pyspark's and botocore's modules again (--no-compile made the suite 25% slower).
   if ! { "$VENV/bin/python" -m pip install --upgrade pip && "$VENV/bin/python" -m pip install -e ".[dev]"; } >"$LOG" 2>&1; then
     die "pip install failed; the last lines of .cache/pip-install.log say: $(tail -n 3 "$LOG" | tr '\n' ' ')"
