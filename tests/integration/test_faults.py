@@ -200,7 +200,7 @@ def test_endpoint_unreachable_for_30_seconds(
 def test_a_start_waits_for_a_lease_table_endpoint_a_few_seconds_from_up(
     localstack_endpoint: str, unique_name: str, tmp_path: Path
 ) -> None:
-    """At start no lease is at stake: the daemon's start tries its lease table again for up to a
+    """At start no lease is at stake: the daemon's start tries its lease table again for about a
     minute (as it waits for its stream). It gave up after half a failover time (1.5 s here), as
     an operator command still does."""
     url = urlparse(localstack_endpoint)
