@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 from checkpoint.base.errors import ConfigError
 from checkpoint.base.retry import CallBudget, RetryPolicy, call_with_retry
 from checkpoint.port import CoordinationStore, LeaseTable, TableReader
+from shard_sync.discovery import LIST_SHARDS_POLICY
 
 if TYPE_CHECKING:
     from kclpy_spark.config import WorkerConfig
@@ -28,9 +29,9 @@ if TYPE_CHECKING:
 
 __all__ = ["CallBudget", "LeaseStore", "open_lease_store", "ready_at_start"]
 
-# A start's patience with its lease table: the same as with its stream (shard_sync.discovery's
-# LIST_SHARDS_POLICY), each try with the store's own budget and retries.
-START_POLICY = RetryPolicy(base_delay=0.5, max_delay=5.0, max_attempts=15, max_elapsed=60.0)
+# A start's patience with its lease table: the same as with its stream (the stream lister's
+# policy, about a minute), each try with the store's own budget and retries.
+START_POLICY = LIST_SHARDS_POLICY
 ONCE = RetryPolicy(max_attempts=1)  # the store's own budget and retries only
 
 
