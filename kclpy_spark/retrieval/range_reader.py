@@ -204,9 +204,15 @@ class RangeReader:
             elif self._enough(found, limit):
                 found.next_iterator = iterator
                 break
-        end = found.end(rng, self.calls, self.throttled, self._next_call_at())
+        end = found.end(rng, self.calls, self.throttled, self._next_call_at(), self._out_of_range())
         check_pinned(rng, end)
         return end
+
+    def _out_of_range(self) -> int:
+        """The KPL sub-records skipped so far for lying outside the shard's hash range (their
+        aggregates whole)."""
+        deaggregator = self._deaggregator
+        return 0 if deaggregator is None else deaggregator.counters.skipped_out_of_range
 
     def _enough(self, found: _Found, limit: int) -> bool:
         """An unpinned range is done: its budget is read, or its last page was at the tip."""
@@ -383,7 +389,12 @@ class _Found:
         self.last, self.last_key = ESN(last.sequence_number, last_key[1]), last_key
 
     def end(
-        self, rng: ReadRange, calls: int, throttled: int, next_call_at: float | None
+        self,
+        rng: ReadRange,
+        calls: int,
+        throttled: int,
+        next_call_at: float | None,
+        out_of_range: int = 0,
     ) -> RangeEnd:
         if rng.pinned is not None:  # a pinned read says only what its pin says: records past
             ended, children = rng.pinned.shard_ended, None  # it are the next range's
@@ -407,6 +418,7 @@ class _Found:
             next_call_at=next_call_at,
             read_records=self.read_records,
             read_bytes=self.read_bytes,
+            out_of_range=out_of_range,
         )
 
 

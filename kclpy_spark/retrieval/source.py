@@ -89,12 +89,14 @@ def not_an_end(verdict: PageEnd) -> MalformedAnswerError:
 class ReadElsewhere:
     """Records of a lease read on Spark's executors and handed to its sink there: counted
     for the lease's figures, never delivered through this process (``throttled``: calls the
-    reads had refused for the shard's limits)."""
+    reads had refused for the shard's limits; ``out_of_range``: KPL sub-records skipped with
+    their aggregates, one of which lay outside the shard's hash range)."""
 
     rows: int
     nbytes: int
     last_sequence: str | None = None
     throttled: int = 0
+    out_of_range: int = 0
 
     def plus(self, later: ReadElsewhere | None) -> ReadElsewhere:
         if later is None:
@@ -102,7 +104,7 @@ class ReadElsewhere:
         last = later.last_sequence or self.last_sequence
         return ReadElsewhere(
             self.rows + later.rows, self.nbytes + later.nbytes, last,
-            self.throttled + later.throttled,
+            self.throttled + later.throttled, self.out_of_range + later.out_of_range,
         )  # fmt: skip
 
 

@@ -482,6 +482,15 @@ class ShardConsumer:
             self.stats.last_delivered = read.last_sequence or self.stats.last_delivered
             self._metrics.records.labels(*self._shard_labels).inc(read.rows)
             self._metrics.bytes.labels(*self._shard_labels).inc(read.nbytes)
+        if read.out_of_range:  # the executor's own line goes to its log, not this process's
+            self._metrics.kpl_out_of_range.labels(*self._shard_labels).inc(read.out_of_range)
+            log.warning(
+                "shard %s: %d KPL sub-record(s) read on the executors were skipped with their "
+                "aggregates, which held one outside the shard's hash range, as the KCL skips "
+                "them (each aggregate's line is in the executors' logs; counted in "
+                "kclpy_spark_kpl_subrecords_out_of_range)",
+                self.stats.shard_id, read.out_of_range,
+            )  # fmt: skip
 
     def lag_unknown(self) -> None:
         """Reads have been silent past the stall time (failing, throttled): the last lag no

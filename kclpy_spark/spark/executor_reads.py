@@ -493,7 +493,7 @@ class ExecutorReads:
             entry.behind = is_behind(rng, end, self._s.idle_seconds)
         children = [dict(c) for c in end.child_shards]
         last = end.last.sequence_number if end.last is not None else None
-        counted = ReadElsewhere(end.rows, end.nbytes, last, end.throttled)
+        counted = ReadElsewhere(end.rows, end.nbytes, last, end.throttled, end.out_of_range)
         entry.post(FetchedBatch([], lag, end.shard_ended, children, elsewhere=counted))
 
     def _owed_gone(self, entry: _Entry, slot: ReadSlot) -> None:

@@ -256,6 +256,9 @@ class RangeEnd:
     # one, its sub-records ``rows``) and their bytes, those it kept or not.
     read_records: int = 0
     read_bytes: int = 0
+    # KPL sub-records skipped as their aggregate had one outside the shard's hash range (the
+    # executor's warning reaches no log of the daemon's: the driver counts and tells these).
+    out_of_range: int = 0
 
     @property
     def pin(self) -> Pinned:
@@ -282,6 +285,7 @@ class RangeEnd:
                 "left_behind": self.left_behind,
                 "read_records": self.read_records,
                 "read_bytes": self.read_bytes,
+                "out_of_range": self.out_of_range,
             }
         )
 
@@ -307,6 +311,7 @@ class RangeEnd:
             read_records=int(v.get("read_records", 0)),
             read_bytes=int(v.get("read_bytes", 0)),
             left_behind=bool(v.get("left_behind", False)),
+            out_of_range=int(v.get("out_of_range", 0)),
         )
 
 

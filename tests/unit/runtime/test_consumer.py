@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -1034,6 +1035,24 @@ def test_records_read_elsewhere_are_counted_for_the_lease_not_delivered() -> Non
     assert sample("kclpy_spark_records_processed_total", labels) == 5
     assert sample("kclpy_spark_bytes_processed_total", labels) == 1000
     assert env.processor.seen == []  # nothing delivered through this process
+
+
+def test_kpl_sub_records_skipped_on_the_executors_are_counted_and_logged_here(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """docs/guarantees.md: such a skip is logged and counted, never silent. Read on the
+    executors, its line went to the executor's log only and the metric stayed 0."""
+    env = Env()
+    env.lease()
+    skipped = FetchedBatch([], 0, elsewhere=ReadElsewhere(0, 0, None, out_of_range=4))
+    consumer = env.consumer(FakeSources([FetchedBatch([], None, announce=True), skipped]))
+    labels = dict(zip(("stream", "shard"), env.metrics.shard(SHARD), strict=True))
+    sample = env.metrics.registry.get_sample_value
+    name = "kclpy_spark_kpl_subrecords_out_of_range_total"
+    with caplog.at_level(logging.WARNING, logger="kclpy_spark.runtime.consumer"):
+        env.run(consumer, until=lambda: sample(name, labels) is not None)
+    assert sample(name, labels) == 4 and consumer.stats.records == 0
+    assert any("4 KPL sub-record(s)" in r.getMessage() for r in caplog.records)
 
 
 class Exits(Recorder):

@@ -474,6 +474,27 @@ def test_an_unpinned_read_that_reaches_the_end_reports_it_with_its_children() ->
     assert kept == [20, 30] and end.shard_ended and end.child_shards == (CHILD,)
 
 
+def test_kpl_sub_records_skipped_on_an_executor_reach_the_lease_s_count() -> None:
+    """An aggregate holding a sub-record outside the child's hash range is skipped whole (as
+    the driver path and the KCL skip it); on the executors it was told only in the executor's
+    own log, and the daemon's metric said 0. Its two sub-records now come back in the range's
+    end, through its JSON, to what the lease is told."""
+    from kclpy_spark.retrieval.kpl_aggregate import UserRecord, aggregate
+
+    straddling = aggregate([UserRecord("a", b"x", explicit_hash_key="10"),
+                            UserRecord("b", b"y", explicit_hash_key="99999")])  # fmt: skip
+    answer = _answer([20, 30], "it-1")
+    answer["Records"][1]["Data"] = straddling
+    rng = ReadRange(KEY, "s", {"StreamName": "s"}, KEY, esn(10), hash_range=(0, 1000))
+    end, kept = _read_range([answer], rng)
+    assert kept == [20] and end.out_of_range == 2
+    end = RangeEnd.from_json(end.to_json())
+    reads_, entry, posted = started(TakingFeed())
+    reads_._found(entry, ReadSlot(make_lane(), esn(10), None), rng, RangeRead(None, {KEY: end}), 0)
+    [batch] = posted
+    assert batch.elsewhere is not None and batch.elsewhere.out_of_range == 2
+
+
 class RefusingFeed:
     def readable(self, lease_keys: Any) -> tuple[dict[str, ReadSlot], set[str]]:
         return {}, set()
