@@ -137,14 +137,14 @@ class PollingFetcher:
         return self._filter.deaggregator
 
     async def _iterator(self) -> str:
-        if self._last_delivered is not None:
-            args: dict[str, Any] = {
-                "ShardIteratorType": "AFTER_SEQUENCE_NUMBER",
-                "StartingSequenceNumber": self._last_delivered,
-            }
-        else:
-            args = self._start_args()
         while True:
+            if self._last_delivered is not None:
+                args: dict[str, Any] = {
+                    "ShardIteratorType": "AFTER_SEQUENCE_NUMBER",
+                    "StartingSequenceNumber": self._last_delivered,
+                }
+            else:  # asked again each try: a LATEST retried is AT_TIMESTAMP from the first ask
+                args = self._start_args()
             try:
                 resp = await self._client.get_shard_iterator(
                     **self._stream, ShardId=self._shard_id, **args

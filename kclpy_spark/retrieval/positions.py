@@ -73,13 +73,20 @@ class StartArgs:
         if args["ShardIteratorType"] != "LATEST":
             return args
         if self._latest_since is None:
-            now = self._wall()
-            late = now - self._began > LATEST_RESTART_MARGIN
-            self._latest_since = (self._began if late else now) - LATEST_RESTART_MARGIN
+            self._latest_since, late = first_latest_ask(self._began, self._wall())
             if not late:
                 return args
         since = datetime.fromtimestamp(self._latest_since, tz=UTC)
         return {"ShardIteratorType": "AT_TIMESTAMP", "Timestamp": since}
+
+
+def first_latest_ask(began: float, now: float) -> tuple[float, bool]:
+    """A read that began at ``began`` (wall clock) asks for its first LATEST iterator ``now``:
+    the time every later ask goes AT_TIMESTAMP from (``LATEST_RESTART_MARGIN`` before this
+    ask), and False; or, asked later than the margin after the read began, the margin before
+    its beginning, and True: this ask goes AT_TIMESTAMP from there too."""
+    late = now - began > LATEST_RESTART_MARGIN
+    return (began if late else now) - LATEST_RESTART_MARGIN, late
 
 
 def no_time_of_its_own() -> ConfigError:

@@ -331,6 +331,7 @@ class ShardConsumer:
         if since is not None:  # a first read at LATEST: store where it begins (resume.py)
             pin = functools.partial(self.tenure.pin_start, since)
             await self.budget.retrying("recording where the LATEST read starts", pin)
+            self._start.source_made(self._clock.wall())
         source = self._sources(
             self.stats.shard_id, self._start.checkpoint, self._start.position,
             lease.hash_key_range, queue,

@@ -60,6 +60,22 @@ class ReadStart:
         )
         return None
 
+    def source_made(self, wall_now: float) -> None:
+        """The first LATEST read's source is made at ``wall_now``: later than the margin after
+        that read began (its pin's write was retried), it reads AT_TIMESTAMP from the pin, as a
+        read started again does; its first ask at LATEST skipped what arrived since the pin,
+        which the lease says the read covers."""
+        since = self._latest_since
+        if self.checkpoint != LATEST or since is None:
+            return
+        if wall_now - (since + LATEST_RESTART_MARGIN) <= LATEST_RESTART_MARGIN:
+            return
+        self.checkpoint = AT_TIMESTAMP
+        self.position = InitialPosition.at_timestamp(since)
+        log.info("shard %s: its LATEST read starts %.0f s after it was pinned; reading from the "
+                 "pin (%s)", self._shard_id, wall_now - since - LATEST_RESTART_MARGIN,
+                 self.position.timestamp)  # fmt: skip
+
     def arrived(self, first_millis: int) -> float | None:
         """The first records of a pinned LATEST read arrived (Kinesis's clock) at
         ``first_millis``: if that is before the pin (this host's clock runs more than the margin

@@ -33,7 +33,7 @@ from checkpoint.base.clock import Clock, SystemClock
 from checkpoint.base.errors import KclpySparkError
 from checkpoint.base.retry import Backoff
 from checkpoint.sequence import AT_TIMESTAMP, LATEST, ExtendedSequenceNumber
-from kclpy_spark.retrieval.positions import LATEST_RESTART_MARGIN
+from kclpy_spark.retrieval.positions import first_latest_ask
 from kclpy_spark.retrieval.range_reader import PAGE_LIMIT
 from kclpy_spark.retrieval.source import FetchedBatch, ReadElsewhere, SourceOutage
 from kclpy_spark.spark.cluster_read import RangeRead, StoredReads, cluster_cores, read_ranges
@@ -135,9 +135,11 @@ class _Entry:
     ended: bool = False
     behind: bool = False  # its last read left records waiting: it may join a round early
     # A lease that starts at LATEST: when (wall clock, the restart margin earlier) its first
-    # range asked; every later range before its first record starts there (AT_TIMESTAMP), so an
-    # iterator replaced meanwhile (expired between rounds) skips nothing.
+    # range asked, or it was registered if that range came later than the margin (its consumer
+    # pinned the lease then); every later range before its first record starts there
+    # (AT_TIMESTAMP), so an iterator replaced meanwhile (expired between rounds) skips nothing.
     latest_since: float | None = None
+    began: float = 0.0  # when its relay registered it (wall clock)
 
 
 class ExecutorReads:
@@ -190,7 +192,7 @@ class ExecutorReads:
 
     def register(self, source: LeaseSource, post: Post) -> _Entry:
         with self._lock:
-            entry = _Entry(source, post)
+            entry = _Entry(source, post, began=self._clock.wall())
             paused = self._paused.pop(source.lease_key, None)
             if paused is not None and paused[0] > self._clock.monotonic():
                 entry.next_read_at, entry.failures = paused
@@ -409,10 +411,11 @@ class ExecutorReads:
         if s.page_per_lease and entry.record_bytes > 0:
             records = max(records, min(PAGE_LIMIT, nbytes // entry.record_bytes))
         after, timestamp = slot.read_to or src.start, src.timestamp
-        if after == LATEST:
+        if after == LATEST:  # a first range planned rounds after the lease came: from then
+            late = True
             if entry.latest_since is None:
-                entry.latest_since = self._clock.wall() - LATEST_RESTART_MARGIN
-            else:
+                entry.latest_since, late = first_latest_ask(entry.began, self._clock.wall())
+            if late:
                 after, timestamp = AT_TIMESTAMP, entry.latest_since
         pinned = None
         if slot.unfilled is not None:

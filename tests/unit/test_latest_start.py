@@ -80,6 +80,46 @@ def test_polling_replaces_an_expired_latest_iterator_from_where_it_began() -> No
     ]
 
 
+class RefusedAWhile(ExpiresUnused):
+    """GetShardIterator refused three times (throttled: other consumers of the shard), each
+    backoff ten seconds on the wall clock."""
+
+    def __init__(self, clock: list[float]) -> None:
+        super().__init__()
+        self.clock = clock
+
+    async def get_shard_iterator(self, **kw: Any) -> dict[str, Any]:
+        if len(self.asked) < 3:
+            self.asked.append({k: v for k, v in kw.items() if k not in {"StreamName", "ShardId"}})
+            self.clock[0] += 10.0
+            error = {"Code": "LimitExceededException", "Message": "rate exceeded"}
+            raise ClientError({"Error": error}, "GetShardIterator")
+        return await super().get_shard_iterator(**kw)
+
+    async def get_records(self, **_: Any) -> dict[str, Any]:
+        raise asyncio.CancelledError()
+
+
+def test_a_latest_ask_refused_and_retried_starts_where_the_first_ask_was_made() -> None:
+    """Each retry asked LATEST again: the iterator was the tip of the try that worked, 30 s
+    after the read began and was pinned, and what arrived between was never read."""
+    wall = [WALL]
+    shard = RefusedAWhile(wall)
+
+    async def nap(_: float) -> None:
+        pass
+
+    fetcher = PollingFetcher(
+        shard, {"StreamName": "s"}, "shardId-0", LATEST, InitialPosition.latest(),
+        asyncio.Queue[FetchedBatch](), sleep=nap, clock=lambda: 0.0, rng=random.Random(1),
+        wall=lambda: wall[0],
+    )  # fmt: skip
+    with contextlib.suppress(asyncio.CancelledError):
+        asyncio.run(fetcher.run())
+    since = {"ShardIteratorType": "AT_TIMESTAMP", "Timestamp": SINCE}
+    assert shard.asked == [{"ShardIteratorType": "LATEST"}, since, since, since]
+
+
 def test_fan_out_resubscribes_before_the_first_event_from_where_it_began() -> None:
     fetcher = FanOutFetcher(
         object(), {"StreamName": "s"}, "shardId-0", LATEST, InitialPosition.latest(),

@@ -774,6 +774,39 @@ def test_where_a_latest_read_began_is_stored_for_the_next_tenure() -> None:
     assert env.processor.seen == ["10"]
 
 
+def test_a_latest_read_pinned_only_after_retries_reads_from_the_pin() -> None:
+    """The pin's write was throttled for tens of seconds (retried); the source, made only then,
+    asked LATEST at that time: what arrived after the pin was skipped, though the lease said the
+    read covered it."""
+    from checkpoint.base.errors import ThrottledError
+
+    class ThrottlesThePin(MemoryLeaseTable):
+        left = 8
+
+        def update_lease(self, lease: Lease) -> Lease | None:
+            if lease.start_timestamp is not None and self.left:
+                self.left -= 1
+                raise ThrottledError("throttled")
+            return super().update_lease(lease)
+
+    env = Env(table=ThrottlesThePin())
+    env.holder.table = env.table
+    env.lease(checkpoint=LATEST)
+    pinned = env.clock.wall() - LATEST_RESTART_MARGIN  # where the read begins, as stored
+
+    class Made(FakeSources):  # when the source is made, and the pin stored by then
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            made.append((env.clock.wall(), env.stored().start_timestamp))
+            return super().__call__(*args, **kwargs)
+
+    made: list[tuple[float, float | None]] = []
+    sources = Made([batch(10)])
+    env.run(env.consumer(sources), until=lambda: env.processor.seen == ["10"])
+    [(at, stored)] = made
+    assert stored == pinned and at - pinned > 2 * LATEST_RESTART_MARGIN  # retried that long
+    assert sources.starts == [(AT_TIMESTAMP, InitialPosition.at_timestamp(pinned))]
+
+
 def test_an_idle_latest_lease_stays_one_a_java_kcl_worker_can_start() -> None:
     """A LATEST lease read once and left idle was stored at the AT_TIMESTAMP sentinel: a Java
     KCL worker configured LATEST (a rollback, a mixed fleet) builds that iterator from its own

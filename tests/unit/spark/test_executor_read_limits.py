@@ -138,6 +138,20 @@ def test_a_failed_lease_keeps_its_pause_when_its_consumer_starts_it_again() -> N
     assert (fresh.next_read_at, fresh.failures) == (0.0, 0)
 
 
+def test_a_lease_at_latest_first_read_rounds_after_it_came_reads_from_when_it_came() -> None:
+    """Its consumer pinned the lease when it registered; its first range, planned in a round
+    that came 20 s later (read jobs queued behind a slow one), asked LATEST then and skipped
+    what arrived in between, though the pin said the read covered it."""
+    clock = ManualClock()
+    executor_reads = reads(clock)
+    came = clock.wall()
+    entry = executor_reads.register(LeaseSource(KEY, "s", STREAM, KEY, LATEST), lambda _: None)
+    clock.advance(20.0)
+    slot = ReadSlot(make_lane(), None, None)
+    first = executor_reads._range(entry, slot, leases=1, behind=0, now=clock.monotonic())
+    assert (first.after, first.timestamp) == (AT_TIMESTAMP, came - LATEST_RESTART_MARGIN)
+
+
 def test_a_lease_at_latest_reads_from_where_its_first_range_began_until_a_record_comes() -> None:
     """Its iterator, carried from round to round, expired before the first record (a lease not
     read for five minutes): the replacement was LATEST again and skipped what came in between."""
