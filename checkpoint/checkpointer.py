@@ -269,8 +269,8 @@ class Checkpointer:
     # --- inside ----------------------------------------------------------------------------------
 
     def _held_or_raise(self) -> Lease:
-        held = self._holder.get_if_held(self.lease_key)
-        if held is None or held.token != self._token:
+        held = self._holder.held_to_write(self.lease_key, self._token)
+        if held is None:
             raise CheckpointError(
                 SHUTDOWN,
                 f"can't update checkpoint: this worker doesn't hold the lease for {self.lease_key}",

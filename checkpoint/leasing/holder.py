@@ -174,6 +174,21 @@ class LeaseHolder:
             return None
         return held
 
+    def held_to_write(self, lease_key: str, token: uuid.UUID) -> HeldLease | None:
+        """The lease of tenure ``token``, about to be written, or None: not held, held under
+        another token, or expired locally, which ends the tenure here as a write refused for it
+        does (``_refused_expired``): a renewal under way that lands later must not revive it
+        after its writer was told the lease is gone."""
+        with self._lock:
+            slot = self._slots.get(lease_key)
+            held = None if slot is None else slot.held
+        if slot is None or held is None or held.token != token:
+            return None
+        if held.is_expired(self._clock.monotonic(), self.lease_duration):
+            self._refused_expired(lease_key, slot, token)
+            return None
+        return held
+
     def held(self) -> list[HeldLease]:
         """Every lease held and not locally expired."""
         with self._lock:

@@ -6,12 +6,14 @@ import functools
 import sys
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
 
 from checkpoint.base.clock import ManualClock
 from checkpoint.base.errors import DependencyError, ThrottledError
+from checkpoint.checkpointer import Checkpointer, CheckpointError
 from checkpoint.lease import Lease
 from checkpoint.leasing.held_lease import LeaseLoss
 from checkpoint.leasing.holder import LeaseHolder
@@ -685,14 +687,33 @@ class HeldRenewTable(MemoryLeaseTable):
         return super().renew_lease(lease)
 
 
+def _checkpoint_through_the_holder(table: MemoryLeaseTable, holder: LeaseHolder,
+                                   token: uuid.UUID) -> None:  # fmt: skip
+    result = holder.update(KEY, token, lambda lease: table.update_checkpoint(
+        lease, ExtendedSequenceNumber("5")))  # fmt: skip
+    assert result.loss is LeaseLoss.EXPIRED
+
+
+def _checkpoint_through_a_checkpointer(table: MemoryLeaseTable, holder: LeaseHolder,
+                                       token: uuid.UUID) -> None:  # fmt: skip
+    """The Spark sink's pending checkpoints and commits: refused before any write is tried."""
+    checkpointer = Checkpointer(holder, KEY, token, ExtendedSequenceNumber("9"))
+    with pytest.raises(CheckpointError, match="doesn't hold the lease"):
+        checkpointer.prepare_checkpoint("5")
+
+
+@pytest.mark.parametrize(
+    "write", [_checkpoint_through_the_holder, _checkpoint_through_a_checkpointer]
+)
 def test_a_write_refused_as_expired_ends_the_tenure_a_late_renewal_cannot_revive(
-    clock: ManualClock,
+    clock: ManualClock, write: Callable[[MemoryLeaseTable, LeaseHolder, uuid.UUID], None]
 ) -> None:
     """A renewal began before local expiry and its call was slow; a checkpoint write just past
     expiry was refused (the Spark sink closed the lease's lane for good), then the renewal
     landed and the lease was held again, same token: its consumer read on, nothing written or
     checkpointed, until the shard's end. The refusal ends the tenure; the late renewal is
-    reported lost."""
+    reported lost. A checkpointer refuses such a write before it reaches the holder's update:
+    it ended nothing there (a helper's review found it)."""
     table = HeldRenewTable()
     holder = LeaseHolder(table, "worker-a", clock, DURATION)
     held = holder.add_taken(take(table, "worker-a"))
@@ -703,9 +724,7 @@ def test_a_write_refused_as_expired_ends_the_tenure_a_late_renewal_cannot_revive
     renewer.start()
     assert table.entered.wait(5)
     clock.advance(1.5)  # past local expiry while the renewal's call is under way
-    result = holder.update(KEY, held.token, lambda lease: table.update_checkpoint(
-        lease, ExtendedSequenceNumber("5")))  # fmt: skip
-    assert result.loss is LeaseLoss.EXPIRED
+    write(table, holder, held.token)
     table.go.set()
     renewer.join(5)
     assert holder.get_if_held(KEY) is None and not holder.held()
