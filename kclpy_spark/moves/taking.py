@@ -433,7 +433,10 @@ class Taker:
         workers (those the scan shows renewing: a stopping worker hands its leases to them) and
         their lease counts."""
         w = self._w
-        scan = self._observer.observe(open_leases, w.clock.monotonic(), w.clock.wall())
+        stamping = {*self._status_written, w.cfg.worker_id}  # ours: their writes are stamped
+        scan = self._observer.observe(
+            open_leases, w.clock.monotonic(), w.clock.wall(), stamping=stamping
+        )
         self.suspects.observe(scan, self.running)
         self._live = {o: n for o, n in scan.owner_counts.items() if o != w.cfg.worker_id}
         self._ours = {str(x.lease_owner) for x in open_leases if x.write_time is not None}

@@ -36,7 +36,7 @@ steal, or a take after expiry); the taker uses that to damp stealing back (see t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from checkpoint.lease import Lease
@@ -142,14 +142,24 @@ class LeaseObserver:
         self._seen: dict[str, _Seen] = {}
         self._taken_from: dict[str, float] = {}
         self._moved_at: dict[str, float] = {}
+        # The workers known to stamp their own writes (ours, by their status records), as the
+        # last scan showed them; None: not known (no lease is judged moved on first sight).
+        self._stamping: frozenset[str] | None = None
 
     def observe(
-        self, leases: Iterable[Lease], now: float, wall: float | None = None
+        self,
+        leases: Iterable[Lease],
+        now: float,
+        wall: float | None = None,
+        *,
+        stamping: Collection[str] | None = None,
     ) -> ObservedScan:
         """Update the memory with a fresh, complete scan of the table made at monotonic ``now``
         and wall time ``wall`` (both read after the scan returned, as the KCL does, or later,
         which only dates changes later; without ``wall`` write stamps are not used) and classify
-        every lease."""
+        every lease. ``stamping``: the workers known to stamp their own writes (``_moved``)."""
+        if stamping is not None:
+            self._stamping = frozenset(stamping)
         very_old_after = self._timing.very_old
         seen: dict[str, _Seen] = {}
         live: list[ObservedLease] = []
@@ -205,11 +215,22 @@ class LeaseObserver:
         until the counter moves on."""
         before = self._seen.get(lease.lease_key)
         if before is None:
-            return False
+            return self._moved_on_first_sight(lease)
         if before.counter == lease.lease_counter:
             return before.moved
         actual = lease.actual_owner  # a lease assigned from unowned (a KCL leader after a
         return actual is not None and actual != before.actual  # reshard) is moved too
+
+    def _moved_on_first_sight(self, lease: Lease) -> bool:
+        """A lease first seen (an empty memory: a start, a new leader) whose current counter one
+        of our stores stamped, owned by a worker that stamps nothing (a KCL worker: its renewals
+        leave an older stamp behind): that counter was written by a move to it (a hand-off
+        completed, an assignment), which it may take a failover time to find. Judged by one lease
+        duration from the stamp, it was taken from that worker just as it began to process it."""
+        owner = lease.lease_owner
+        if self._stamping is None or owner is None or lease.handoff_pending:
+            return False
+        return lease.write_time is not None and owner not in self._stamping
 
     def _limit(self, moved: bool) -> float:
         """How long a lease's counter may stay unchanged before it counts as expired."""

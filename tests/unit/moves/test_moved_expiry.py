@@ -24,8 +24,10 @@ def busy(counter: int) -> list[Lease]:
     return [lease("kcl-K", counter, key=f"shardId-{i}") for i in (2, 3)]
 
 
-def taken_by_q(observer: LeaseObserver, leases: list[Lease], now: float) -> bool:
-    scan = observer.observe(leases, now=now, wall=WALL0 + now)
+def taken_by_q(
+    observer: LeaseObserver, leases: list[Lease], now: float, ours: frozenset[str] = frozenset()
+) -> bool:
+    scan = observer.observe(leases, now=now, wall=WALL0 + now, stamping={"Q", *ours})
     plan = plan_takes(scan, "Q", rng=random.Random(0), workers={"kcl-K"})
     return "shardId-1" in {x.lease_key for x in plan.take}
 
@@ -59,3 +61,24 @@ def test_a_lease_assigned_from_unowned_to_a_kcl_worker_waits_for_its_first_renew
     assigned = [lease("kcl-K", 1, WALL0 + 0.5), *busy(5)]
     assert not taken_by_q(observer, assigned, 12.0)
     assert taken_by_q(observer, [lease("kcl-K", 1, WALL0 + 0.5), *busy(9)], 22.0)
+
+
+def test_a_worker_that_first_sees_a_lease_just_handed_to_a_kcl_worker_waits_for_it_too() -> None:
+    """A worker started (or a leader newly leading) after A handed the lease to K: the lease
+    carried A's stamp of the hand-off's counter, dated as K's own renewal, and was taken at 11 s,
+    as K began to process it (a review's finding). K stamps nothing of its own, so a stamp on
+    its lease's counter was written by a move."""
+    observer = LeaseObserver(TIMING)
+    handed = [lease("kcl-K", 6, WALL0 + 0.5), *busy(5)]  # A completed the hand-off at 0.5 s
+    assert not taken_by_q(observer, handed, 5.0)
+    assert not taken_by_q(observer, [lease("kcl-K", 6, WALL0 + 0.5), *busy(9)], 12.0)
+    assert taken_by_q(observer, [lease("kcl-K", 6, WALL0 + 0.5), *busy(13)], 22.0)  # never came
+
+
+def test_a_lease_of_ours_first_seen_expires_one_lease_duration_after_its_stamp() -> None:
+    """Our workers stamp their own renewals: a stamped lease of one first seen is judged from
+    its stamp by one lease duration, so a killed worker's leases fail over as before."""
+    observer = LeaseObserver(TIMING)
+    ours = frozenset({"B"})
+    assert not taken_by_q(observer, [lease("B", 6, WALL0 + 0.5), *busy(5)], 5.0, ours)
+    assert taken_by_q(observer, [lease("B", 6, WALL0 + 0.5), *busy(9)], 12.0, ours)
