@@ -209,14 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_pipeline_demo(args)
     except KclpySparkError as exc:
-        from kclpy_spark.runtime.daemon import DependencyGoneError, NotCaughtUpError
-
         _say_error(str(exc), args.log_format)
-        if isinstance(exc, NotCaughtUpError):
-            return 1
-        # 3: the environment failed (a table or stream gone, a service that kept failing through
-        # start-up's retries), so a supervisor restarts it later; 2: input a restart cannot mend.
-        return 3 if isinstance(exc, DependencyGoneError) or exc.retriable else 2
+        return exit_code(exc)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `kclpy-spark status --json | head`: the reader has gone
@@ -224,6 +218,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
         return 141  # 128 + SIGPIPE, as a shell reports a command a closed pipe ended
+
+
+def exit_code(exc: KclpySparkError) -> int:
+    """The exit code of a command that failed with ``exc``: 1 for a job not caught up; 3 when
+    the environment failed (a table or stream gone, a service that kept failing through
+    start-up's retries), so a supervisor restarts it later; 2 for input a restart cannot mend."""
+    from kclpy_spark.runtime.daemon import DependencyGoneError, NotCaughtUpError
+
+    if isinstance(exc, NotCaughtUpError):
+        return 1
+    return 3 if isinstance(exc, DependencyGoneError) or exc.retriable else 2
 
 
 def _say_error(message: str, log_format: str) -> None:

@@ -108,10 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args)
     except KclpySparkError as exc:
-        from kclpy_spark.cli import _say_error
+        from kclpy_spark.cli import _say_error, exit_code
 
         _say_error(str(exc), getattr(args, "log_format", "text"))
-        return 2
+        return exit_code(exc)  # as `kclpy-spark multilang` exits
     except KeyboardInterrupt:
         return 130
 

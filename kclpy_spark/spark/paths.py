@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from checkpoint.base.errors import ConfigError
 
@@ -24,10 +25,23 @@ _PARQUET_OWN = ("kcl_piece=", "_staging", "_SUCCESS", ".")
 
 
 def local_path(path: str) -> Path | None:
-    """The local path of ``path``, or None for a remote URL."""
-    if path.startswith("file://"):
-        return Path(path[len("file://") :])
+    """The local path of ``path``, or None for a remote URL. A ``file:`` URL is read as Spark
+    (Hadoop) and Delta read it: ``file:/x``, ``file:///x`` and ``file://localhost/x`` are all
+    ``/x`` (``file:/x`` was checked at ``./file:/x`` while Spark wrote to ``/x``)."""
+    if path.startswith("file:"):
+        url = urlsplit(path)
+        return Path(url.path) if url.netloc in ("", "localhost") else None
     return None if "://" in path else Path(path)
+
+
+def local_only(path: str, what: str) -> str | None:
+    """Why ``path`` cannot be ``what`` (a folder this process writes and renames in), or None."""
+    if local_path(path) is not None:
+        return None
+    return (
+        f"{what} must be a local or mounted folder (on a cluster, one every executor sees), "
+        f"got {path!r}"
+    )
 
 
 def check_writable(folder: Path, what: str) -> None:

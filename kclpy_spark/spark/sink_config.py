@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from checkpoint.base.errors import ConfigError
+from kclpy_spark.spark.paths import local_only
 from kclpy_spark.spark.settings import BatcherSettings, check_write_timeout
 
 _FUNCTION = re.compile(r"^[\w.]+:[\w.]+$")
@@ -207,13 +208,23 @@ def _check_sink(sink: str) -> None:
             )
     elif not sink.split(":", 1)[1]:
         raise ConfigError(f"config 'sink' {sink!r} needs a path after the colon")
+    elif _kind(sink) == "parquet":
+        problem = local_only(
+            sink.split(":", 1)[1], f"config 'sink' {sink!r}: a Parquet sink's path"
+        )
+        if problem is not None:
+            raise ConfigError(f"{problem}; delta:<url> writes to object storage")
 
 
 def _check_policy(policy: str) -> None:
-    if not (policy == "park" or (_dead_letter_path(policy) or "").strip()):
+    dead_letter = (_dead_letter_path(policy) or "").strip()
+    if not (policy == "park" or dead_letter):
         raise ConfigError(
             f"config 'failure_policy' must be 'park' or 'dead-letter:<path>', got {policy!r}"
         )
+    problem = local_only(dead_letter, "config 'failure_policy': the dead-letter location")
+    if dead_letter and problem is not None:
+        raise ConfigError(problem)
 
 
 def _check(cfg: SinkConfig) -> None:

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from checkpoint.base.errors import KclpySparkError
-from kclpy_spark.spark import local_fs
+from kclpy_spark.spark import local_fs, paths
 from kclpy_spark.spark.pieces import Piece
 from kclpy_spark.spark.sink_batch import SinkBatch
 from kclpy_spark.spark.timed_write import HUNG_GRACE
@@ -105,11 +105,10 @@ def fsync_tree(root: Path) -> None:
 
 def _local_path(path: str | os.PathLike[str], what: str) -> Path:
     text = os.fspath(path)
-    if text.startswith("file://"):
-        text = text[len("file://") :]
-    elif "://" in text:
+    local = paths.local_path(text)
+    if local is None:
         raise ValueError(f"{what} needs a local or mounted path, got {text!r}")
-    return Path(text)
+    return local
 
 
 class ParquetSink:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from checkpoint.base.errors import ConfigError, DependencyError
 from kclpy_spark.multilang.command import add_subcommand
 
 
@@ -94,3 +95,26 @@ def test_an_executable_that_is_not_there_fails_before_starting(tmp_path: Path) -
     result = _cli("-p", str(props), cwd=tmp_path)
     assert result.returncode == 2
     assert "executableName" in result.stderr and "missing_app.py' does not exist" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (DependencyError("DynamoDB unreachable through start-up's retries"), 3),
+        (ConfigError("bad input"), 2),
+    ],
+)
+def test_the_module_alone_exits_as_the_subcommand_does(
+    monkeypatch: pytest.MonkeyPatch, error: Exception, code: int
+) -> None:
+    """`python -m kclpy_spark.multilang.command` exited 2 for every error, where `kclpy-spark
+    multilang` exits 3 for one a restart may mend (a review's finding): a supervisor that
+    restarts on 3 only left it down."""
+    from kclpy_spark.multilang import command
+
+    def fails(args: argparse.Namespace) -> int:
+        raise error
+
+    monkeypatch.setattr(command, "run", fails)
+    monkeypatch.setattr("kclpy_spark.logs.configure", lambda *args: None)  # the tests' logging
+    assert command.main(["app.properties"]) == code

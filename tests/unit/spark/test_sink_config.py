@@ -79,6 +79,9 @@ def test_defaults_and_derived_values() -> None:
         ({"writers": 20_000}, "writers"),
         ({"writers": 100_000_000}, "writers"),
         ({"spark_conf": {"spark.master": "local[4]"}}, "spark_target"),  # bypassed its check
+        # A review's finding: each a traceback from the sink's constructor at start-up.
+        ({"sink": "parquet:s3a://bucket/out"}, "'sink'.*local or mounted folder"),
+        ({"failure_policy": "dead-letter:s3://bucket/dl"}, "failure_policy.*local or mounted"),
     ],
 )
 def test_bad_values_name_their_key(changes: dict[str, Any], key: str) -> None:
@@ -429,3 +432,21 @@ def test_the_executors_reads_get_a_page_a_lease_unless_max_records_or_the_key_sa
     reads = _executor_reads(cfg, worker, holder, cfg.batching, probe=False)  # type: ignore[arg-type]
     assert reads is not None
     assert (reads._s.page_per_lease, reads._s.max_records) == (pages, budget)
+
+
+@pytest.mark.parametrize(
+    ("path", "local"),
+    [
+        ("/data/out", "/data/out"),
+        ("out", "out"),
+        ("file:/data/out", "/data/out"),  # was ./file:/data/out, while Spark wrote to /data/out
+        ("file:///data/out", "/data/out"),
+        ("file://localhost/data/out", "/data/out"),
+        ("s3a://bucket/out", None),
+        ("file://otherhost/data", None),
+    ],
+)
+def test_a_sink_path_is_local_where_spark_reads_it_so(path: str, local: str | None) -> None:
+    from kclpy_spark.spark.paths import local_path
+
+    assert local_path(path) == (None if local is None else Path(local))
