@@ -184,7 +184,7 @@ def _admin(args: argparse.Namespace) -> int:
         from kclpy_spark.ops.reset import reset_command
 
         return reset_command(args, cfg)
-    return commands.suspend_command(cfg, args.command == "suspend")
+    return commands.suspend_command(cfg, args.command == "suspend", getattr(args, "wait", None))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

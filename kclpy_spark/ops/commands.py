@@ -67,6 +67,16 @@ def add_subcommands(sub: Any, add_table_flags: Callable[[argparse.ArgumentParser
                        ("resume", "let the workers take and process leases again")):  # fmt: skip
         p = sub.add_parser(name, help=what)
         add_table_flags(p)
+        if name == "suspend":
+            p.add_argument(
+                "--wait", type=_wait_seconds, metavar="SECONDS",
+                help="wait at most this long for the live workers to release their leases "
+                "(default: twice the failover time and the shutdown grace; 0: return at once)",
+            )  # fmt: skip
+
+
+def _wait_seconds(text: str) -> float:
+    return 0.0 if text.strip() in {"0", "0.0"} else _positive_seconds(text)
 
 
 def publishing_workers(
@@ -158,7 +168,10 @@ def status_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
         now = time.time()
         leases = list(table.leases)
         statuses = coordination.worker_statuses(table.records)
-        rows = lease_rows(leases, statuses, now)
+        # Its owner silent past the lease's expiry (by the owner's stamp): EXPIRED, no lag.
+        rows = lease_rows(
+            leases, statuses, now, silent_after=cfg.failover_time + cfg.max_clock_skew
+        )
         live = publishing_workers(statuses, now, cfg)
         extra = {
             "application": cfg.application_name,
@@ -183,13 +196,47 @@ def status_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
             print("\033[2J\033[H", end="")
 
 
-def suspend_command(cfg: WorkerConfig, suspended: bool) -> int:
+def suspend_command(
+    cfg: WorkerConfig,
+    suspended: bool,
+    wait: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Set (or clear) the suspend flag. Suspending then waits, at most ``wait`` seconds (None:
+    twice the failover time and the shutdown grace), until no live worker holds a lease: a
+    ``reset`` right after it was refused for leases the workers were still releasing."""
     store = open_store(cfg, writes_records=True)
     if not coordination.set_suspended(store, suspended, by="kclpy-spark CLI", now_wall=time.time()):
         raise ConfigError("could not write the suspend flag (too many concurrent writers)")
-    print(f"{cfg.application_name}: {'suspended' if suspended else 'resumed'}")
+    print(f"{cfg.application_name}: {'suspended' if suspended else 'resumed'}", flush=True)
     note_if_unknown(store, cfg)
+    if not suspended:
+        return 0
+    budget = 2 * cfg.failover_time + cfg.shutdown_grace if wait is None else wait
+    deadline = time.monotonic() + budget
+    while holders := _live_holders(store, cfg):
+        if time.monotonic() >= deadline:
+            if budget > 0:
+                print(f"kclpy-spark: live workers still hold leases after {budget:g} s: "
+                      f"{', '.join(sorted(holders))}", file=sys.stderr)  # fmt: skip
+            return 0 if budget == 0 else 1
+        sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+    if budget > 0:
+        print("every live worker released its leases")
     return 0
+
+
+def _live_holders(store: LeaseStore, cfg: WorkerConfig) -> set[str]:
+    """The live workers (fresh status records, not stopped) holding an unfinished lease."""
+    table = store.scan_table(coordination.WORKER_PREFIX)
+    live = publishing_workers(coordination.worker_statuses(table.records), time.time(), cfg)
+    return {
+        owner
+        for lease in table.leases
+        if not lease.checkpoint.is_shard_end
+        for owner in (lease.lease_owner, lease.checkpoint_owner)
+        if owner in live
+    }
 
 
 def note_if_unknown(store: LeaseStore, cfg: WorkerConfig) -> None:

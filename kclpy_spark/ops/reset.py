@@ -141,6 +141,18 @@ def _write_reset(store: LeaseStore, before: Lease, after: Lease, target: Initial
     return False
 
 
+def _held_by_live_workers(store: LeaseStore, owners: Iterable[str]) -> ConfigError:
+    """Why a reset without --force is refused: live workers hold the leases (releasing them, if
+    the application is suspended)."""
+    held = f"live workers hold leases to reset ({', '.join(owners)})"
+    if coordination.is_suspended(store):
+        return ConfigError(
+            f"{held}: the application is suspended and they are releasing them; try again in "
+            "a few seconds (`kclpy-spark suspend` waits for it), or pass --force"
+        )
+    return ConfigError(f"{held}: stop them, or `kclpy-spark suspend` first, or pass --force")
+
+
 RESET_OWNER = "kclpy-spark-reset"  # the owner of a held lease while `reset --force` writes it
 
 
@@ -176,10 +188,7 @@ def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
             "shows it)"
         )
     if plan.live_owners and not args.force:
-        raise ConfigError(
-            f"live workers hold leases to reset ({', '.join(plan.live_owners)}): stop them, "
-            "or `kclpy-spark suspend` first, or pass --force"
-        )
+        raise _held_by_live_workers(store, plan.live_owners)
     if not plan.changes:
         print("nothing to reset")
         if not leases:

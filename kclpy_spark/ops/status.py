@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from checkpoint.lease import Lease, stream_name_of
+from checkpoint.lease import Lease, LeaseState, stream_name_of
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,18 @@ class LeaseRow:
     sink_buffered: int | None = None
 
 
+# A lease whose owner last renewed it longer ago than its expiry (``silent_after``): its owner
+# stopped (killed, or the whole fleet is down). Its last figures are no news: a lag of 0 shown
+# on drew a stopped application as a healthy one while records piled up unread.
+EXPIRED = "EXPIRED"
+
+
 def lease_rows(
-    leases: Iterable[Lease], statuses: Mapping[str, Mapping[str, Any]], now_wall: float
+    leases: Iterable[Lease],
+    statuses: Mapping[str, Mapping[str, Any]],
+    now_wall: float,
+    *,
+    silent_after: float | None = None,
 ) -> list[LeaseRow]:
     rows = []
     for lease in sorted(leases, key=lambda x: x.lease_key):
@@ -43,12 +53,16 @@ def lease_rows(
         owner = lease.actual_owner  # the worker processing it (the old owner mid-handoff)
         if owner:
             published = owner_figures(lease, statuses.get(owner, {}))
+        state = lease.state(now_wall).value
+        if state == LeaseState.ASSIGNED and _silent(published, now_wall, silent_after):
+            state = EXPIRED
+            published = {**published, "millis_behind_latest": None}
         rows.append(
             LeaseRow(
                 shard_id=lease.shard_id,
                 lease_key=lease.lease_key,
                 owner=owner,
-                state=lease.state(now_wall).value,
+                state=state,
                 checkpoint=str(lease.checkpoint),
                 millis_behind_latest=published.get("millis_behind_latest"),
                 records=published.get("records"),
@@ -61,6 +75,14 @@ def lease_rows(
             )
         )
     return rows
+
+
+def _silent(published: Mapping[str, Any], now_wall: float, after: float | None) -> bool:
+    """Whether the owner's last renewal it published is more than ``after`` seconds old."""
+    renewed = published.get("last_renewal")
+    if after is None or not isinstance(renewed, int | float):
+        return False
+    return now_wall - float(renewed) > after
 
 
 def owner_figures(lease: Lease, status: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -1131,3 +1131,60 @@ def test_status_reads_a_sqlite_lease_file_it_may_not_write(
     monkeypatch.setattr(SQLiteLeaseTable, "_transaction", read_only)
     store = open_store(cfg)
     assert [x.lease_key for x in store.list_leases()] == ["shardId-0"]
+
+
+def test_a_lease_whose_owner_went_silent_shows_expired_with_no_lag() -> None:
+    """A review's finding: six minutes after its only worker was killed, `status` showed each
+    lease ASSIGNED with lag 0 while records piled up unread (the status page already dropped
+    such figures). Past the lease's expiry by its owner's last renewal: EXPIRED, no lag."""
+    figures = {"millis_behind_latest": 0, "records": 23, "last_renewal": 990.0}
+    statuses = {"w1": {"leases": {"shardId-0": figures}}}
+    [live, *_] = lease_rows(leases(), statuses, now_wall=1_000.0, silent_after=11.0)
+    assert (live.state, live.millis_behind_latest) == ("ASSIGNED", 0)
+    rows = lease_rows(leases(), statuses, now_wall=1_339.0, silent_after=11.0)
+    assert (rows[0].state, rows[0].millis_behind_latest, rows[0].records) == ("EXPIRED", None, 23)
+    assert [r.state for r in rows[1:]] == ["UNASSIGNED", "COMPLETED", "CLOSED"]  # not owned
+    assert "EXPIRED" in render_table(rows, 1_339.0)
+
+
+def _live_status(store: Any, worker: str) -> None:
+    import time as real_time
+
+    from checkpoint import coordination
+
+    now = real_time.time()
+    record = coordination.CoordinationRecord(
+        coordination.worker_key(worker), worker, 1, now, json.dumps({"updated_at": now})
+    )
+    assert store.put_record(record, None)
+
+
+def test_suspend_waits_for_the_live_workers_to_release_their_leases(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A review's finding: `suspend && reset` failed, as `suspend` returned before any worker
+    had released its leases (the reset then said to suspend first)."""
+    from kclpy_spark.config import WorkerConfig
+    from kclpy_spark.ops import commands
+
+    store = _memory_store_with(Lease("shardId-0", SEQ))
+    held = store.take_lease(store.get_lease("shardId-0"), "w1")
+    assert held is not None
+    _live_status(store, "w1")
+    monkeypatch.setattr(commands, "open_store", lambda cfg, writes_records=False: store)
+    cfg = WorkerConfig(stream_name="s1", lease_store="memory")
+    naps: list[float] = []
+
+    def worker_releases(seconds: float) -> None:  # w1 sees the flag on its second look
+        naps.append(seconds)
+        lease = store.get_lease("shardId-0")
+        if len(naps) == 2 and lease is not None:
+            assert store.evict_lease(lease) is not None
+
+    assert commands.suspend_command(cfg, True, sleep=worker_releases) == 0
+    assert len(naps) == 2 and store.get_lease("shardId-0").lease_owner is None
+    assert "every live worker released its leases" in capsys.readouterr().out
+    assert store.take_lease(store.get_lease("shardId-0"), "w1") is not None  # holds it again
+    assert commands.suspend_command(cfg, True, wait=0.05, sleep=lambda s: None) == 1
+    assert "live workers still hold leases after 0.05 s: w1" in capsys.readouterr().err
+    assert commands.suspend_command(cfg, True, wait=0.0) == 0  # --wait 0: returns at once
