@@ -210,9 +210,10 @@ class Checkpointer:
     @property
     def pending_checkpoint(self) -> tuple[ExtendedSequenceNumber, bytes | None] | None:
         """The pending checkpoint and its application state in the held lease (as the last
-        ``prepare_checkpoint`` of any tenure left them), or None. Read-only: it lets a processor
-        that starts on a lease re-form exactly the range (checkpoint, pending] it was writing.
-        Raises ``CheckpointError`` (``ShutdownException``) if the lease is no longer held."""
+        ``prepare_checkpoint`` of any tenure left them), or None. It writes nothing: it lets a
+        processor that starts on a lease re-form exactly the range (checkpoint, pending] it was
+        writing. Raises ``CheckpointError`` (``ShutdownException``) if the lease is no longer
+        held (one expired locally ends its tenure then, as a refused write does)."""
         lease = self._held_or_raise()
         if lease.pending_checkpoint is None:
             return None

@@ -115,10 +115,12 @@ DEFAULT_FAILOVER_TIME = 10.0
 
 @dataclass(frozen=True)
 class CallBudget:
-    """Seconds one lease-table call may take: per attempt (connect, and read, each) and in all."""
+    """Seconds one lease-table call may take: per attempt (connect, and read, each) and in all,
+    and at most how many attempts."""
 
     attempt: float
     total: float
+    attempts: int = 8
 
     @classmethod
     def for_failover(cls, failover_time: float) -> CallBudget:
@@ -131,7 +133,7 @@ class CallBudget:
         return RetryPolicy(
             base_delay=0.05,
             max_delay=min(1.0, self.total / 4),
-            max_attempts=8,
+            max_attempts=self.attempts,
             max_elapsed=self.total,
             attempt_timeout=2 * self.attempt,
         )

@@ -46,7 +46,10 @@ class WorkerBoard:
         self._io = io  # runs a lease-table call on the worker's lease executor
         self._published = published
         self._refresh = refresh
-        self.board = Board(cfg.application_name, cfg.stream, worker_ttl=3 * timing.lease_duration)
+        self.board = Board(
+            cfg.application_name, cfg.stream, worker_ttl=3 * timing.lease_duration,
+            silent_after=timing.lease_duration + timing.max_clock_skew,
+        )  # fmt: skip
         self._leases: Sequence[Lease] = ()
         self._scanned = -math.inf
         self._others: dict[str, dict[str, Any]] = {}

@@ -92,12 +92,16 @@ class Board:
         worker_ttl: float = 30.0,
         max_events: int = 200,
         max_series: int = 100,
+        silent_after: float | None = None,
     ) -> None:
+        """``silent_after``: a lease whose owner of ours last renewed it longer ago shows EXPIRED,
+        without its stale lag (``lease_rows``)."""
         self.application = application
         self.stream = stream
         self._window = window
         self._step = step
         self._worker_ttl = worker_ttl  # a worker silent this long is shown as gone
+        self._silent_after = silent_after
         self._series: dict[str, Series] = {}
         self._max_series = max_series
         self.series_limited = False  # some leases with figures have no series (max_series)
@@ -263,7 +267,7 @@ class Board:
         return rows
 
     def snapshot(self) -> dict[str, Any]:
-        rows = lease_rows(self._leases, self._statuses, self._at)
+        rows = lease_rows(self._leases, self._statuses, self._at, silent_after=self._silent_after)
         places = layout(
             {x.lease_key: [x.sibling_key(p) for p in x.parent_shard_ids] for x in self._leases}
         )

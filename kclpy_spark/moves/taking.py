@@ -56,6 +56,7 @@ class Taker:
         self._incoming: dict[str, float] = {}  # handoffs to us -> monotonic time to stop waiting
         self._live: dict[str, int] = {}  # other live workers -> leases, as of the last scan
         self._ours: set[str] = set()  # owners whose leases a kclpy-spark store stamped last
+        self._stamping: frozenset[str] = frozenset()  # workers with a status record of ours
         self.running: dict[str, float] = {}  # workers whose status record says they run -> when
         self._status_written: dict[str, float] = {}  # ours of them (status records) -> when
         # Workers seen to stop renewing whose status has not been written since (dead, or
@@ -422,6 +423,8 @@ class Taker:
         self.running = coordination.live_kcl_workers(kcl, w.clock.wall())
         self._status_written = coordination.live_workers(records, w.clock.wall(), max_age)
         self.running |= self._status_written
+        # Ours, whatever their records say (stopping, stopped, aged): their writes are stamped.
+        self._stamping = frozenset(coordination.worker_statuses(records))
         self._tell_clocks_ahead(table)
         figures = coordination.cpu_figures(records, w.clock.wall(), max_age)
         use = w.cfg.load_metric == "auto"  # else the load rule balances throughput only
@@ -433,7 +436,7 @@ class Taker:
         workers (those the scan shows renewing: a stopping worker hands its leases to them) and
         their lease counts."""
         w = self._w
-        stamping = {*self._status_written, w.cfg.worker_id}  # ours: their writes are stamped
+        stamping = {*self._stamping, w.cfg.worker_id}
         scan = self._observer.observe(
             open_leases, w.clock.monotonic(), w.clock.wall(), stamping=stamping
         )

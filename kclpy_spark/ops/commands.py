@@ -17,7 +17,7 @@ from checkpoint.base.errors import ConfigError, KclpySparkError
 from checkpoint.coordination import is_live
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.ops.status import lease_rows, render_json, render_table
-from kclpy_spark.runtime.lease_store import LeaseStore, open_lease_store
+from kclpy_spark.runtime.lease_store import CallBudget, LeaseStore, open_lease_store
 
 # How often ``status --watch`` / ``--serve`` may read the table: each read is a whole-table Scan.
 WATCH_SECONDS = (1.0, 86_400.0)
@@ -130,7 +130,14 @@ def open_store(cfg: WorkerConfig, *, writes_records: bool = False) -> LeaseStore
         create_records=writes_records and cfg.create_lease_table,
         records_optional=not writes_records,
         reads_only=not writes_records,  # status: a SQLite file it may only read will do
+        budget=OPERATOR_CALLS,
     )
+
+
+# An operator command's lease-table calls: no lease of its own to protect (its writes are
+# conditional on each lease's counter), so a slow table gets seconds and a few tries. With a
+# daemon's budget (half a lease: 1.5 s at a 3 s failover time) a `reset` failed on one slow read.
+OPERATOR_CALLS = CallBudget(attempt=5.0, total=15.0, attempts=30)
 
 
 def serve_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
@@ -141,7 +148,10 @@ def serve_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
 
     host, port = parse_address(args.serve)
     store = open_store(cfg)
-    board = Board(cfg.application_name, cfg.stream, worker_ttl=status_max_age(cfg))
+    board = Board(
+        cfg.application_name, cfg.stream, worker_ttl=status_max_age(cfg),
+        silent_after=cfg.failover_time + cfg.max_clock_skew,
+    )  # fmt: skip
     names = tuple(args.allow_host or ())
     asyncio.run(serve(board, Look(store), host, port, args.watch or 10.0, names))
     return 0
@@ -203,7 +213,7 @@ def suspend_command(
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Set (or clear) the suspend flag. Suspending then waits, at most ``wait`` seconds (None:
-    twice the failover time and the shutdown grace), until no live worker holds a lease: a
+    three failover times and the shutdown grace), until no live worker of ours holds a lease: a
     ``reset`` right after it was refused for leases the workers were still releasing."""
     store = open_store(cfg, writes_records=True)
     if not coordination.set_suspended(store, suspended, by="kclpy-spark CLI", now_wall=time.time()):
@@ -212,31 +222,49 @@ def suspend_command(
     note_if_unknown(store, cfg)
     if not suspended:
         return 0
-    budget = 2 * cfg.failover_time + cfg.shutdown_grace if wait is None else wait
+    budget = 3 * cfg.failover_time + cfg.shutdown_grace if wait is None else wait
     deadline = time.monotonic() + budget
-    while holders := _live_holders(store, cfg):
-        if time.monotonic() >= deadline:
-            if budget > 0:
-                print(f"kclpy-spark: live workers still hold leases after {budget:g} s: "
-                      f"{', '.join(sorted(holders))}", file=sys.stderr)  # fmt: skip
-            return 0 if budget == 0 else 1
-        sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-    if budget > 0:
-        print("every live worker released its leases")
+    while True:
+        ours, others = _lease_holders(store, cfg)
+        if not ours or time.monotonic() >= deadline:
+            break
+        sleep(min(max(0.5, cfg.failover_time / 3), max(0.0, deadline - time.monotonic())))
+    if others:
+        print(f"kclpy-spark: workers that publish no status record of ours (KCL workers?) hold "
+              f"leases and do not follow the suspend flag: {', '.join(sorted(others))}",
+              file=sys.stderr)  # fmt: skip
+    if budget == 0:
+        return 0
+    if ours:
+        print(f"kclpy-spark: live workers still hold leases after {budget:g} s: "
+              f"{', '.join(sorted(ours))}", file=sys.stderr)  # fmt: skip
+        return 1
+    print("the live workers released their leases")
     return 0
 
 
-def _live_holders(store: LeaseStore, cfg: WorkerConfig) -> set[str]:
-    """The live workers (fresh status records, not stopped) holding an unfinished lease."""
+def _lease_holders(store: LeaseStore, cfg: WorkerConfig) -> tuple[set[str], set[str]]:
+    """The live workers of ours (fresh status records, not stopped) holding an unfinished lease
+    their last renewal keeps (a killed one's lease, past its expiry by its stamp, is nobody's to
+    release), and the owners of others with no status record of ours (KCL workers)."""
     table = store.scan_table(coordination.WORKER_PREFIX)
-    live = publishing_workers(coordination.worker_statuses(table.records), time.time(), cfg)
-    return {
-        owner
-        for lease in table.leases
-        if not lease.checkpoint.is_shard_end
-        for owner in (lease.lease_owner, lease.checkpoint_owner)
-        if owner in live
-    }
+    now = time.time()
+    statuses = coordination.worker_statuses(table.records)
+    live = publishing_workers(statuses, now, cfg)
+    ours: set[str] = set()
+    others: set[str] = set()
+    for lease in table.leases:
+        stamp = lease.write_time
+        if lease.checkpoint.is_shard_end or (
+            stamp is not None and now - stamp > cfg.failover_time + cfg.max_clock_skew
+        ):
+            continue
+        for owner in filter(None, (lease.lease_owner, lease.checkpoint_owner)):
+            if owner in live:
+                ours.add(owner)
+            elif owner not in statuses:
+                others.add(owner)
+    return ours, others
 
 
 def note_if_unknown(store: LeaseStore, cfg: WorkerConfig) -> None:

@@ -141,14 +141,20 @@ def _write_reset(store: LeaseStore, before: Lease, after: Lease, target: Initial
     return False
 
 
-def _held_by_live_workers(store: LeaseStore, owners: Iterable[str]) -> ConfigError:
-    """Why a reset without --force is refused: live workers hold the leases (releasing them, if
-    the application is suspended)."""
+def _held_by_live_workers(store: LeaseStore, owners: Iterable[str], ours: set[str]) -> ConfigError:
+    """Why a reset without --force is refused: live workers hold the leases (ours releasing
+    them, if the application is suspended; others, KCL workers, never follow the flag)."""
     held = f"live workers hold leases to reset ({', '.join(owners)})"
-    if coordination.is_suspended(store):
+    if coordination.is_suspended(store) and set(owners) <= ours:
         return ConfigError(
             f"{held}: the application is suspended and they are releasing them; try again in "
             "a few seconds (`kclpy-spark suspend` waits for it), or pass --force"
+        )
+    if set(owners) - ours:
+        kcl = ", ".join(sorted(set(owners) - ours))
+        return ConfigError(
+            f"{held}: {kcl} publish(es) no status record of ours (a KCL worker?) and do(es) "
+            "not follow the suspend flag: stop them, or pass --force"
         )
     return ConfigError(f"{held}: stop them, or `kclpy-spark suspend` first, or pass --force")
 
@@ -169,6 +175,7 @@ def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
     leases = of_streams(store.list_leases(), _stream_names(cfg))
     owners = {o for x in leases for o in (x.lease_owner, x.checkpoint_owner) if o}
     live = set(live_workers(store, owners, cfg))
+    ours = set(live)  # with status records of ours (they follow the suspend flag)
     unknown = {
         o
         for x in leases
@@ -188,7 +195,7 @@ def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
             "shows it)"
         )
     if plan.live_owners and not args.force:
-        raise _held_by_live_workers(store, plan.live_owners)
+        raise _held_by_live_workers(store, plan.live_owners, ours)
     if not plan.changes:
         print("nothing to reset")
         if not leases:

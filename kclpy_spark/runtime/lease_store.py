@@ -46,13 +46,15 @@ def open_lease_store(
     records_optional: bool = False,
     reads_only: bool = False,
     patient: bool = False,
+    budget: CallBudget | None = None,
 ) -> LeaseStore:
     """The store, with its table ensured (created if allowed). Raises ResourceNotFoundError or
     InvalidStateError naming the table when it is missing (and creation is off) or malformed.
     DynamoDB's coordination table: ``create_records`` and ``records_optional`` as in
     DynamoDBLeaseTable (the operator commands'). ``patient``: a daemon's start, which tries a
-    table that does not answer again (``ready_at_start``)."""
-    budget = CallBudget.for_failover(cfg.failover_time)
+    table that does not answer again (``ready_at_start``). ``budget``: each call's (by default
+    a daemon's, within half a lease: ``CallBudget.for_failover``)."""
+    budget = budget or CallBudget.for_failover(cfg.failover_time)
     store: LeaseStore
     if cfg.lease_store == "memory":
         from checkpoint.stores.memory import MemoryLeaseTable

@@ -72,8 +72,8 @@ class ReadStart:
             return
         self.checkpoint = AT_TIMESTAMP
         self.position = InitialPosition.at_timestamp(since)
-        log.info("shard %s: its LATEST read starts %.0f s after it was pinned; reading from the "
-                 "pin (%s)", self._shard_id, wall_now - since - LATEST_RESTART_MARGIN,
+        log.info("shard %s: its LATEST read's reader came %.0f s after the read began; reading "
+                 "from the pin (%s)", self._shard_id, wall_now - since - LATEST_RESTART_MARGIN,
                  self.position.timestamp)  # fmt: skip
 
     def arrived(self, first_millis: int) -> float | None:

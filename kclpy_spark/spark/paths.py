@@ -14,6 +14,7 @@ itself reports them.
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -24,14 +25,20 @@ from checkpoint.base.errors import ConfigError
 _PARQUET_OWN = ("kcl_piece=", "_staging", "_SUCCESS", ".")
 
 
+# A URL's scheme (two letters at least: ``C:`` is a Windows drive).
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:")
+
+
 def local_path(path: str) -> Path | None:
-    """The local path of ``path``, or None for a remote URL. A ``file:`` URL is read as Spark
-    (Hadoop) and Delta read it: ``file:/x``, ``file:///x`` and ``file://localhost/x`` are all
-    ``/x`` (``file:/x`` was checked at ``./file:/x`` while Spark wrote to ``/x``)."""
+    """The local path of ``path``, or None for a URL of another file system (``s3a://...``, and
+    Hadoop's one-slash forms, ``dbfs:/mnt/x``, ``hdfs:/x``) or a ``file:`` URL with no path. A
+    ``file:`` URL is read as Spark (Hadoop) and Delta read it: ``file:/x``, ``file:///x`` and
+    ``file://localhost/x`` are all ``/x`` (``file:/x`` was checked at ``./file:/x`` while Spark
+    wrote to ``/x``)."""
     if path.startswith("file:"):
         url = urlsplit(path)
-        return Path(url.path) if url.netloc in ("", "localhost") else None
-    return None if "://" in path else Path(path)
+        return Path(url.path) if url.netloc in ("", "localhost") and url.path else None
+    return None if "://" in path or _SCHEME.match(path) else Path(path)
 
 
 def local_only(path: str, what: str) -> str | None:

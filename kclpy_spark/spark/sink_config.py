@@ -79,7 +79,7 @@ class SinkSpec:
     # The sink's name in logs and in the `kclpy_spark_sinks_*` metrics' `sink` label (default:
     # from its kind).
     name: str = ""
-    # park or dead-letter:<path>, for this sink's failures.
+    # park or dead-letter:<path> (a local or mounted folder), for this sink's failures.
     failure_policy: str = "park"
     # This sink's write attempts (default: the [sink] table's).
     max_attempts: int | None = None
@@ -124,7 +124,7 @@ class SinkConfig:
     # The batching keys below, in the same [sink] table.
     batching: BatcherSettings = _BY_SINK
     # A batch that keeps failing: park (its leases parked, redelivered later) or dead-letter:<path>
-    # (written there, then acknowledged).
+    # (written there, then acknowledged; a local or mounted folder).
     failure_policy: str = "park"
     # On stop: how long batches in flight may finish (a lease caught up in an --until-caught-up
     # job waits for its writes' own deadlines instead).

@@ -1183,8 +1183,13 @@ def test_suspend_waits_for_the_live_workers_to_release_their_leases(
 
     assert commands.suspend_command(cfg, True, sleep=worker_releases) == 0
     assert len(naps) == 2 and store.get_lease("shardId-0").lease_owner is None
-    assert "every live worker released its leases" in capsys.readouterr().out
+    assert "the live workers released their leases" in capsys.readouterr().out
     assert store.take_lease(store.get_lease("shardId-0"), "w1") is not None  # holds it again
     assert commands.suspend_command(cfg, True, wait=0.05, sleep=lambda s: None) == 1
     assert "live workers still hold leases after 0.05 s: w1" in capsys.readouterr().err
     assert commands.suspend_command(cfg, True, wait=0.0) == 0  # --wait 0: returns at once
+    lease = store.get_lease("shardId-0")
+    assert lease is not None and store.take_lease(lease, "kcl-java") is not None
+    assert commands.suspend_command(cfg, True, sleep=lambda s: None) == 0  # nothing of ours held
+    told = capsys.readouterr()
+    assert "the live workers released" in told.out and "kcl-java" in told.err

@@ -53,6 +53,18 @@ def test_a_dead_owners_last_rate_and_lag_are_not_shown_on() -> None:
     assert snap["series"].get("s0", {"t": []})["t"][-1:] != [2400.0]  # no new point
 
 
+def test_a_lease_whose_owner_went_silent_shows_expired_on_the_page() -> None:
+    """Its lease table row said ASSIGNED with the last lag (`status` had the same defect)."""
+    board = Board("app", "stream", silent_after=11.0)
+    published = status(110.0, {"s0": (1500, 0)})
+    published["leases"]["s0"]["last_renewal"] = 110.0
+    board.observe([lease("s0")], {"w1": published}, 115.0)
+    assert board.snapshot()["leases"][0]["state"] == "ASSIGNED"
+    board.observe([lease("s0")], {"w1": published}, 2400.0)
+    row = board.snapshot()["leases"][0]
+    assert (row["state"], row["millis_behind_latest"]) == ("EXPIRED", None)
+
+
 def test_the_same_publication_seen_twice_keeps_the_last_rate() -> None:
     board = Board("app", "stream", step=1.0)
     board.observe([lease("s0")], {"w1": status(100.0, {"s0": (0, 0)})}, 100.0)

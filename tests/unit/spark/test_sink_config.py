@@ -444,6 +444,11 @@ def test_the_executors_reads_get_a_page_a_lease_unless_max_records_or_the_key_sa
         ("file://localhost/data/out", "/data/out"),
         ("s3a://bucket/out", None),
         ("file://otherhost/data", None),
+        ("dbfs:/mnt/out", None),  # Hadoop's one-slash form: not ./dbfs:/mnt/out
+        ("hdfs:/data/out", None),
+        ("file:", None),  # no path: not the working folder
+        ("file://", None),
+        ("C:/data/out", "C:/data/out"),  # a drive letter is no scheme
     ],
 )
 def test_a_sink_path_is_local_where_spark_reads_it_so(path: str, local: str | None) -> None:
