@@ -15,6 +15,7 @@ from typing import Any
 from checkpoint import coordination
 from checkpoint.base.errors import ConfigError, KclpySparkError
 from checkpoint.coordination import is_live
+from checkpoint.lease import Lease
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.ops.status import lease_rows, render_json, render_table
 from kclpy_spark.runtime.lease_store import CallBudget, LeaseStore, open_lease_store
@@ -71,7 +72,7 @@ def add_subcommands(sub: Any, add_table_flags: Callable[[argparse.ArgumentParser
             p.add_argument(
                 "--wait", type=_wait_seconds, metavar="SECONDS",
                 help="wait at most this long for the live workers to release their leases "
-                "(default: twice the failover time and the shutdown grace; 0: return at once)",
+                "(default: three failover times and the shutdown grace; 0: return at once)",
             )  # fmt: skip
 
 
@@ -114,11 +115,25 @@ def status_max_age(cfg: WorkerConfig) -> float:
 
 
 def live_workers(store: LeaseStore, owners: set[str], cfg: WorkerConfig) -> dict[str, Any]:
-    statuses = {owner: coordination.worker_status(store, owner) for owner in owners}
+    return live_of({owner: coordination.worker_status(store, owner) for owner in owners}, cfg)
+
+
+def live_of(statuses: dict[str, dict[str, Any]], cfg: WorkerConfig) -> dict[str, Any]:
+    """The workers of ``statuses`` (worker -> its status record, {} for none) that are live."""
     max_age = status_max_age(cfg)
     now = time.time()
     # A record that says its worker stopped is no live worker, however fresh (as ``status``).
     return {w: s for w, s in statuses.items() if is_live(s, now, max_age) and not s.get("stopped")}
+
+
+def renewed_lately(lease: Lease, now_wall: float, cfg: WorkerConfig) -> bool:
+    """Whether ``lease`` is unfinished and its holder may still be processing it: its counter
+    was not stamped (a KCL worker's renewal, a lease never held) or was stamped within
+    ``failover_time + max_clock_skew`` (a killed worker of ours leaves an older stamp; it has
+    nothing left to release, though its status record counts it live for longer)."""
+    stamp = lease.write_time
+    fresh = stamp is None or now_wall - stamp <= cfg.failover_time + cfg.max_clock_skew
+    return fresh and not lease.checkpoint.is_shard_end
 
 
 def open_store(cfg: WorkerConfig, *, writes_records: bool = False) -> LeaseStore:
@@ -239,7 +254,7 @@ def suspend_command(
         print(f"kclpy-spark: live workers still hold leases after {budget:g} s: "
               f"{', '.join(sorted(ours))}", file=sys.stderr)  # fmt: skip
         return 1
-    print("the live workers released their leases")
+    print("no live worker of ours holds a lease")
     return 0
 
 
@@ -247,17 +262,16 @@ def _lease_holders(store: LeaseStore, cfg: WorkerConfig) -> tuple[set[str], set[
     """The live workers of ours (fresh status records, not stopped) holding an unfinished lease
     their last renewal keeps (a killed one's lease, past its expiry by its stamp, is nobody's to
     release), and the owners of others with no status record of ours (KCL workers)."""
+    from kclpy_spark.ops.reset import of_streams, stream_names
+
     table = store.scan_table(coordination.WORKER_PREFIX)
     now = time.time()
     statuses = coordination.worker_statuses(table.records)
     live = publishing_workers(statuses, now, cfg)
     ours: set[str] = set()
     others: set[str] = set()
-    for lease in table.leases:
-        stamp = lease.write_time
-        if lease.checkpoint.is_shard_end or (
-            stamp is not None and now - stamp > cfg.failover_time + cfg.max_clock_skew
-        ):
+    for lease in of_streams(table.leases, stream_names(cfg)):  # this application's, as reset
+        if not renewed_lately(lease, now, cfg):
             continue
         for owner in filter(None, (lease.lease_owner, lease.checkpoint_owner)):
             if owner in live:

@@ -18,7 +18,7 @@ from checkpoint.lease import Lease, split_lease_key, stream_key_parts, stream_na
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.config_rules import check_not_in_future
-from kclpy_spark.ops.commands import live_workers, note_if_unknown, open_store
+from kclpy_spark.ops.commands import live_of, note_if_unknown, open_store, renewed_lately
 from kclpy_spark.runtime.lease_store import LeaseStore
 
 
@@ -59,13 +59,15 @@ def plan_reset(
     *,
     shards: Iterable[str] | None,
     live_workers: Iterable[str],
+    held: Callable[[Lease], bool] = lambda lease: True,
 ) -> ResetPlan:
     """Which leases move to ``target`` (all, or those ``shards`` names: ``chosen_leases``), and
     who still holds them.
 
     Finished (SHARD_END) leases are left alone: their records are all delivered and their children
     depend on them being finished. A reset to AT_TIMESTAMP stores its time in each lease it moves
-    (``start_timestamp``), so it applies to exactly those leases.
+    (``start_timestamp``), so it applies to exactly those leases. ``held``: whether a lease's
+    live owner may still be processing it (``renewed_lately``; else it holds it no more).
     """
     chosen, unknown, ambiguous = chosen_leases(leases, shards)
     live = set(live_workers)
@@ -76,7 +78,8 @@ def plan_reset(
             continue
         # Mid-handoff the lease's old owner processes it still (its checkpoint owner), whoever
         # the new one is.
-        owners |= {o for o in (lease.lease_owner, lease.checkpoint_owner) if o and o in live}
+        if held(lease):
+            owners |= {o for o in (lease.lease_owner, lease.checkpoint_owner) if o and o in live}
         changes.append((lease, reset_lease(lease, target)))
     return ResetPlan(tuple(changes), tuple(sorted(owners)), unknown, ambiguous)
 
@@ -172,10 +175,11 @@ def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
     whole = not cfg.streams and args.shard is None
     # Built before any write: a region or profile problem is one line with nothing changed.
     lister = _stream_lister(cfg) if whole else None
-    leases = of_streams(store.list_leases(), _stream_names(cfg))
+    leases = of_streams(store.list_leases(), stream_names(cfg))
     owners = {o for x in leases for o in (x.lease_owner, x.checkpoint_owner) if o}
-    live = set(live_workers(store, owners, cfg))
-    ours = set(live)  # with status records of ours (they follow the suspend flag)
+    records = {owner: coordination.worker_status(store, owner) for owner in owners}
+    live = set(live_of(records, cfg))
+    ours = {owner for owner, record in records.items() if record}  # they follow the flag
     unknown = {
         o
         for x in leases
@@ -185,7 +189,9 @@ def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
     }
     if unknown and not args.force:  # a KCL worker publishes no status record: watch its renewals
         live |= renewing_owners(store, leases, unknown, cfg.failover_time / 3 + 0.5, time.sleep)
-    plan = plan_reset(leases, target, shards=args.shard, live_workers=live)
+    now = time.time()
+    plan = plan_reset(leases, target, shards=args.shard, live_workers=live,
+                      held=lambda lease: renewed_lately(lease, now, cfg))  # fmt: skip
     if plan.unknown_shards:
         raise ConfigError(f"no lease for shard(s): {', '.join(plan.unknown_shards)}")
     if plan.ambiguous_shards:
@@ -252,7 +258,7 @@ def renewing_owners(
     }  # fmt: skip
 
 
-def _stream_names(cfg: WorkerConfig) -> list[tuple[str | None, str]] | None:
+def stream_names(cfg: WorkerConfig) -> list[tuple[str | None, str]] | None:
     """A multi-stream application's streams, (account if its ARN names it, name); None for a
     single stream."""
     if not cfg.streams:

@@ -8,8 +8,9 @@ answers again, and a table that stays silent lets the lease expire on our own cl
 
 A daemon's start is patient where no lease is at stake yet: making the table ready (found, or made
 and waited for) is tried again for about a minute (no new try after it), as the daemon waits for
-its stream, and as the KCL tries its initialization again 20 times. Operator commands fail at
-once.
+its stream, and as the KCL tries its initialization again 20 times. Operator commands protect
+no lease: they give a call seconds and a few tries (``ops.commands.OPERATOR_CALLS``), and their
+start is one such call.
 """
 
 from __future__ import annotations
