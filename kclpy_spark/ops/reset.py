@@ -162,6 +162,13 @@ def _held_by_live_workers(store: LeaseStore, owners: Iterable[str], ours: set[st
     return ConfigError(f"{held}: stop them, or `kclpy-spark suspend` first, or pass --force")
 
 
+def _shown(target: InitialPosition) -> str:
+    """``target`` as a reset plan shows it: with its time as read (epoch seconds, ISO)."""
+    if target.timestamp is None:
+        return target.position.value
+    return f"{target.position.value} {target.timestamp.isoformat()}"
+
+
 RESET_OWNER = "kclpy-spark-reset"  # the owner of a held lease while `reset --force` writes it
 
 
@@ -209,7 +216,7 @@ def reset_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
         return 0
     print(f"reset {len(plan.changes)} lease(s) of {cfg.application_name} to {args.to}:")
     for before, _ in plan.changes:
-        print(f"  {before.lease_key}: {before.checkpoint} -> {target.position.value}")
+        print(f"  {before.lease_key}: {before.checkpoint} -> {_shown(target)}")
     if not args.yes and not _confirmed():
         print("cancelled")
         return 1

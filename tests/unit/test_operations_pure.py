@@ -1223,3 +1223,21 @@ def test_a_killed_workers_leases_hold_neither_suspend_nor_reset() -> None:
         return plan.live_owners
 
     assert owners(fresh) == ("w1",) and owners(killed) == ()
+
+
+def test_a_reset_plan_shows_the_time_it_resets_to(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A review's finding: each lease's line said `-> AT_TIMESTAMP` without the time, so what
+    was confirmed could not be checked (a time given in epoch seconds, say)."""
+    import argparse
+
+    from kclpy_spark.config import WorkerConfig
+    from kclpy_spark.ops import reset
+
+    store = _memory_store_with(Lease("shardId-0", SEQ))
+    monkeypatch.setattr(reset, "open_store", lambda cfg, writes_records=False: store)
+    monkeypatch.setattr(reset, "_stream_lister", lambda cfg: None)
+    args = argparse.Namespace(to="AT_TIMESTAMP:1700000000", shard=None, force=False, yes=True)
+    assert reset.reset_command(args, WorkerConfig(stream_name="s1", lease_store="memory")) == 0
+    assert "-> AT_TIMESTAMP 2023-11-14T22:13:20+00:00" in capsys.readouterr().out
