@@ -9,13 +9,13 @@ import argparse
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from checkpoint import coordination
 from checkpoint.base.errors import ConfigError, KclpySparkError
 from checkpoint.coordination import is_live
-from checkpoint.lease import Lease
+from checkpoint.lease import Lease, split_lease_key, stream_key_parts, stream_name_of
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.ops.status import lease_rows, render_json, render_table
 from kclpy_spark.runtime.lease_store import CallBudget, LeaseStore, open_lease_store
@@ -126,14 +126,47 @@ def live_of(statuses: dict[str, dict[str, Any]], cfg: WorkerConfig) -> dict[str,
     return {w: s for w, s in statuses.items() if is_live(s, now, max_age) and not s.get("stopped")}
 
 
+def silent_after(cfg: WorkerConfig) -> float:
+    """How long after a lease's last stamped renewal its owner of ours counts as stopped (the
+    lease expired by its stamp): ``failover_time + max_clock_skew``."""
+    return cfg.failover_time + cfg.max_clock_skew
+
+
 def renewed_lately(lease: Lease, now_wall: float, cfg: WorkerConfig) -> bool:
     """Whether ``lease`` is unfinished and its holder may still be processing it: its counter
     was not stamped (a KCL worker's renewal, a lease never held) or was stamped within
-    ``failover_time + max_clock_skew`` (a killed worker of ours leaves an older stamp; it has
-    nothing left to release, though its status record counts it live for longer)."""
+    ``silent_after`` (a killed worker of ours leaves an older stamp; it has nothing left to
+    release, though its status record counts it live for longer)."""
     stamp = lease.write_time
-    fresh = stamp is None or now_wall - stamp <= cfg.failover_time + cfg.max_clock_skew
+    fresh = stamp is None or now_wall - stamp <= silent_after(cfg)
     return fresh and not lease.checkpoint.is_shard_end
+
+
+def of_streams(
+    leases: Iterable[Lease], streams: Iterable[tuple[str | None, str]] | None
+) -> list[Lease]:
+    """The leases of ``streams``, each (its account, None when only a name is configured;
+    its name); None: a single-stream application, whose lease keys are plain shard ids.
+    Another application's stream in a shared table (another account's of the same name too,
+    when the configured one names its account by an ARN), or a stream removed from
+    ``[[streams]]`` that another worker may still read, is never reset."""
+    if streams is None:
+        return [x for x in leases if stream_name_of(x.lease_key) is None]
+    wanted = set(streams)
+    chosen = []
+    for lease in leases:
+        parts = stream_key_parts(split_lease_key(lease.lease_key)[0])
+        if parts is not None and {(parts[0], parts[1]), (None, parts[1])} & wanted:
+            chosen.append(lease)
+    return chosen
+
+
+def stream_names(cfg: WorkerConfig) -> list[tuple[str | None, str]] | None:
+    """A multi-stream application's streams, (account if its ARN names it, name); None for a
+    single stream."""
+    if not cfg.streams:
+        return None
+    return [(spec.account, spec.name) for spec in cfg.streams]
 
 
 def open_store(cfg: WorkerConfig, *, writes_records: bool = False) -> LeaseStore:
@@ -165,7 +198,7 @@ def serve_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
     store = open_store(cfg)
     board = Board(
         cfg.application_name, cfg.stream, worker_ttl=status_max_age(cfg),
-        silent_after=cfg.failover_time + cfg.max_clock_skew,
+        silent_after=silent_after(cfg),
     )  # fmt: skip
     names = tuple(args.allow_host or ())
     asyncio.run(serve(board, Look(store), host, port, args.watch or 10.0, names))
@@ -194,9 +227,7 @@ def status_command(args: argparse.Namespace, cfg: WorkerConfig) -> int:
         leases = list(table.leases)
         statuses = coordination.worker_statuses(table.records)
         # Its owner silent past the lease's expiry (by the owner's stamp): EXPIRED, no lag.
-        rows = lease_rows(
-            leases, statuses, now, silent_after=cfg.failover_time + cfg.max_clock_skew
-        )
+        rows = lease_rows(leases, statuses, now, silent_after=silent_after(cfg))
         live = publishing_workers(statuses, now, cfg)
         extra = {
             "application": cfg.application_name,
@@ -262,8 +293,6 @@ def _lease_holders(store: LeaseStore, cfg: WorkerConfig) -> tuple[set[str], set[
     """The live workers of ours (fresh status records, not stopped) holding an unfinished lease
     their last renewal keeps (a killed one's lease, past its expiry by its stamp, is nobody's to
     release), and the owners of others with no status record of ours (KCL workers)."""
-    from kclpy_spark.ops.reset import of_streams, stream_names
-
     table = store.scan_table(coordination.WORKER_PREFIX)
     now = time.time()
     statuses = coordination.worker_statuses(table.records)

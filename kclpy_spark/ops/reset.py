@@ -14,11 +14,18 @@ from typing import Any
 
 from checkpoint import coordination
 from checkpoint.base.errors import ConfigError, KclpySparkError
-from checkpoint.lease import Lease, split_lease_key, stream_key_parts, stream_name_of
+from checkpoint.lease import Lease
 from checkpoint.sequence import ExtendedSequenceNumber, InitialPosition
 from kclpy_spark.config import WorkerConfig
 from kclpy_spark.config_rules import check_not_in_future
-from kclpy_spark.ops.commands import live_of, note_if_unknown, open_store, renewed_lately
+from kclpy_spark.ops.commands import (
+    live_of,
+    note_if_unknown,
+    of_streams,
+    open_store,
+    renewed_lately,
+    stream_names,
+)
 from kclpy_spark.runtime.lease_store import LeaseStore
 
 
@@ -93,25 +100,6 @@ def reset_lease(lease: Lease, target: InitialPosition) -> Lease:
     return replace(
         lease.checkpointed(checkpoint), start_timestamp=start, closed_until=None, closed_count=0
     )
-
-
-def of_streams(
-    leases: Iterable[Lease], streams: Iterable[tuple[str | None, str]] | None
-) -> list[Lease]:
-    """The leases of ``streams``, each (its account, None when only a name is configured;
-    its name); None: a single-stream application, whose lease keys are plain shard ids.
-    Another application's stream in a shared table (another account's of the same name too,
-    when the configured one names its account by an ARN), or a stream removed from
-    ``[[streams]]`` that another worker may still read, is never reset."""
-    if streams is None:
-        return [x for x in leases if stream_name_of(x.lease_key) is None]
-    wanted = set(streams)
-    chosen = []
-    for lease in leases:
-        parts = stream_key_parts(split_lease_key(lease.lease_key)[0])
-        if parts is not None and {(parts[0], parts[1]), (None, parts[1])} & wanted:
-            chosen.append(lease)
-    return chosen
 
 
 FORCED_TRIES = 3  # --force: a held lease's counter moves at every renewal; read again and write
@@ -263,14 +251,6 @@ def renewing_owners(
         if x.actual_owner in owners and x.lease_key in watched
         and x.lease_counter != watched[x.lease_key]
     }  # fmt: skip
-
-
-def stream_names(cfg: WorkerConfig) -> list[tuple[str | None, str]] | None:
-    """A multi-stream application's streams, (account if its ARN names it, name); None for a
-    single stream."""
-    if not cfg.streams:
-        return None
-    return [(spec.account, spec.name) for spec in cfg.streams]
 
 
 def _stream_lister(cfg: WorkerConfig) -> Any:

@@ -222,8 +222,9 @@ def _check_policy(policy: str) -> None:
         raise ConfigError(
             f"config 'failure_policy' must be 'park' or 'dead-letter:<path>', got {policy!r}"
         )
-    problem = local_only(dead_letter, "config 'failure_policy': the dead-letter location")
-    if dead_letter and problem is not None:
+    where = "config 'failure_policy': the dead-letter location"
+    problem = local_only(dead_letter, where) if dead_letter else None
+    if problem is not None:
         raise ConfigError(problem)
 
 
